@@ -1,0 +1,57 @@
+"""Weighted parameter averaging (FedAvg), the arithmetic under every strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+State = dict[str, torch.Tensor]
+"""Model parameters by name (float32 tensors), as in :func:`har_models.model.get_state`."""
+
+
+def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:
+    """Parameter-wise weighted mean: theta = sum_k (n_k / sum_j n_j) theta_k.
+
+    FedAvg (McMahan et al., AISTATS 2017, Algorithm 1) with ``n_k`` the number of training
+    windows of client k. Entries with weight 0 are skipped entirely, so a client with no
+    training windows contributes nothing and its values (even non-finite ones) never reach
+    the result. Accumulates in float64, returns float32.
+
+    Parameters
+    ----------
+    states : sequence of K mappings name -> tensor, all with the same names and shapes
+    weights : sequence of K non-negative floats
+
+    Returns
+    -------
+    dict name -> float32 tensor
+
+    Raises
+    ------
+    ValueError
+        If the lengths differ, a weight is negative or not finite, all weights are 0, or the
+        states with positive weight disagree in names or shapes.
+    """
+    if len(states) != len(weights):
+        raise ValueError(f"weighted_average: {len(states)} states but {len(weights)} weights")
+    w = [float(x) for x in weights]
+    if any(not (x >= 0.0) or x == float("inf") for x in w):
+        raise ValueError(f"weighted_average: weights must be finite and >= 0, got {w}")
+    used = [(s, x) for s, x in zip(states, w, strict=True) if x > 0.0]
+    if not used:
+        raise ValueError("weighted_average: total weight is 0 (no client reported training windows); nothing to average")
+    total = sum(x for _, x in used)
+    ref = used[0][0]
+    out: State = {}
+    for name, t0 in ref.items():
+        acc = torch.zeros(t0.shape, dtype=torch.float64)
+        for s, x in used:
+            if name not in s or tuple(s[name].shape) != tuple(t0.shape):
+                raise ValueError(f"weighted_average: tensor {name!r} missing or of another shape in one of the states")
+            acc += s[name].double() * (x / total)
+        out[name] = acc.float()
+    for s, _ in used:
+        if set(s) != set(ref):
+            raise ValueError(f"weighted_average: tensor names differ: {sorted(set(s) ^ set(ref))}")
+    return out
