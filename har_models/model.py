@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from har_models.codec import check_tensors
 from har_models.windowing import N_CHANNELS, WINDOW
 
 PARAM_NAMES = ("conv.weight", "conv.bias", "hidden.weight", "hidden.bias", "out.weight", "out.bias")
@@ -114,9 +115,15 @@ class ArchSpec:
         """Number of trainable scalars (6,450,764 for the paper's CNN with 8 classes)."""
         return int(sum(np.prod(s) for s in self.shapes().values()))
 
+    def to_dict(self) -> dict[str, object]:
+        """Plain-JSON object form (as carried in round announcements)."""
+        d = asdict(self)
+        d["input_mean"], d["input_std"] = list(self.input_mean), list(self.input_std)
+        return d
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys), as carried in envelopes and stored in run folders."""
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, object]) -> ArchSpec:
@@ -230,19 +237,10 @@ def check_state(spec: ArchSpec, state: Mapping[str, object]) -> None:
 
     Raises
     ------
-    ValueError
-        Naming the missing, unexpected, mis-shaped or non-finite tensor and what was expected.
+    har_models.codec.WrongTensors
+        Naming the missing, unexpected or mis-shaped tensor and the expected shape.
+    har_models.codec.NonFinite
+        Naming the tensor that holds NaN or inf.
     """
-    want = spec.shapes()
-    missing = sorted(set(want) - set(state))
-    extra = sorted(set(state) - set(want))
-    if missing or extra:
-        raise ValueError(f"model tensors do not match architecture v{spec.version}: missing {missing}, unexpected {extra}")
-    for name, shape in want.items():
-        t = state[name]
-        got = tuple(t.shape)  # type: ignore[attr-defined]
-        if got != shape:
-            raise ValueError(f"tensor {name!r} has shape {got}, architecture v{spec.version} expects {shape}")
-        arr = t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-        if not np.isfinite(arr).all():
-            raise ValueError(f"tensor {name!r} holds non-finite values (NaN or inf)")
+    arrays = {n: t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t) for n, t in state.items()}
+    check_tensors(spec.shapes(), arrays)

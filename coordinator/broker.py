@@ -1,0 +1,131 @@
+"""The embedded MQTT broker (amqtt, MQTT 3.1.1) for simulations and tests.
+
+It runs in its own process (``python -m coordinator.broker --port N``), so its event loop
+is never starved by training or evaluation in another process. It listens on loopback
+only and allows anonymous access: it is a test harness, not a deployment broker (use
+Mosquitto with the configuration from ``firmware_scripts/`` for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+log = logging.getLogger("fedhar.broker")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
+    """True once something accepts TCP connections on ``host:port`` (polls for ``timeout_s``)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+async def _serve(host: str, port: int) -> None:
+    from amqtt.broker import Broker
+
+    broker = Broker(
+        {
+            "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        }
+    )
+    await broker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("embedded broker listening on %s:%d", host, port)
+    await stop.wait()
+    await broker.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the embedded broker until SIGTERM/SIGINT."""
+    ap = argparse.ArgumentParser(description="fedhar embedded MQTT broker (amqtt, loopback, anonymous)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("amqtt", "transitions"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    asyncio.run(_serve(args.host, args.port))
+    return 0
+
+
+class EmbeddedBroker:
+    """Start the embedded broker in a child process; stop it on exit.
+
+    Parameters
+    ----------
+    host : str
+        Loopback address to bind (default 127.0.0.1).
+    port : int, optional
+        Port; a free one is picked if omitted.
+    log_file : Path, optional
+        Where the broker's output goes (default: discarded).
+    start_timeout_s : float
+        How long to wait for it to accept connections.
+
+    Raises
+    ------
+    RuntimeError
+        If the broker does not accept connections within ``start_timeout_s``.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_file: Path | None = None, start_timeout_s: float = 30.0):
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_file = log_file
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 (closed by the child's exit)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "coordinator.broker", "--host", self.host, "--port", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        if not wait_for_port(self.host, self.port, self.start_timeout_s) or self.process.poll() is not None:
+            self.stop()
+            raise RuntimeError(f"embedded broker did not start on {self.host}:{self.port}; see {self.log_file or 'its output'}")
+        return self
+
+    def stop(self) -> None:
+        """Terminate the broker process (SIGTERM, then SIGKILL after 5 s)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Run reports: ``report.json``, ``report.md`` (a table per round) and ``metrics.png``.
+
+Rewritten after every round, so a run stopped at any moment still has a report of what
+it completed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MEASURES = ("global", "personalisation", "generalisation")
+
+MODEL_NOTES = {
+    "global": "global model after this round's aggregation (and growth) on the union of all clients' test sets "
+    "(under FedDWA and FedPer: the shadow FedAvg average of the clients' trained models, which no client uses)",
+    "personalisation": "each client's model after this round's local training, on its own test split; unweighted mean over clients",
+    "generalisation": "each client's model after this round's local training, on the union test set; unweighted mean over clients",
+    "received_union": "the model each client received this round (before FedALA/FedPer initialisation and training), "
+    "on the union of the clients' test sets (sum of their confusion matrices); for FedAvg this is the previous round's global model",
+}
+
+
+def _fmt(x: Any, pct: bool = True) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{100 * x:.1f}" if pct else f"{x}"
+
+
+def _mb(n: Any) -> str:
+    return "n/a" if n is None else f"{n / 1e6:.1f}"
+
+
+def best_and_final(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Final-round and best-round accuracy / macro-F1 of each measure."""
+    out: dict[str, Any] = {"final": {}, "best": {}}
+    for m in MEASURES:
+        rows = [(r["round"], r[m]) for r in rounds if r.get(m)]
+        if not rows:
+            continue
+        out["final"][m] = {"round": rows[-1][0], **{k: rows[-1][1][k] for k in ("accuracy", "macro_f1")}}
+        for k in ("accuracy", "macro_f1"):
+            rnd, v = max(rows, key=lambda rv: rv[1][k] if not math.isnan(rv[1][k]) else -1.0)
+            out["best"].setdefault(m, {})[k] = {"round": rnd, "value": v[k]}
+    return out
+
+
+def write_report(folder: Path, header: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]], plot: bool = True) -> dict[str, Any]:
+    """Write the three report files into ``folder``; return the JSON document.
+
+    Parameters
+    ----------
+    folder : Path
+    header : mapping
+        Run-level facts: run id, dataset, strategy switches, configuration, seed, wall
+        time, peak memory (whatever is known so far).
+    rounds : sequence of per-round summaries (as persisted by the coordinator)
+    plot : bool
+        Also draw ``metrics.png`` (matplotlib, Agg backend).
+    """
+    folder = Path(folder)
+    doc = {**header, "models_evaluated": MODEL_NOTES, "rounds": list(rounds), **best_and_final(rounds)}
+    _write(folder / "report.json", json.dumps(doc, indent=2, sort_keys=False, default=str))
+    _write(folder / "report.md", _markdown(doc))
+    if plot and rounds:
+        _plot(folder / "metrics.png", rounds, str(header.get("title", "")))
+    return doc
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _markdown(doc: Mapping[str, Any]) -> str:
+    lines = [f"# fedhar run {doc.get('run_id', '')}", ""]
+    facts = [("dataset", doc.get("dataset")), ("clients", doc.get("clients")), ("strategy", doc.get("strategy")),
+             ("seed", doc.get("seed")), ("rounds completed", len(doc["rounds"])), ("wall time (s)", doc.get("wall_seconds")),
+             ("peak memory, all processes", doc.get("peak_memory")), ("command", doc.get("command"))]
+    lines += [f"- **{k}**: {v}" for k, v in facts if v is not None]
+    lines += ["", "Accuracy and macro-F1 in %. Which model each number is from:", ""]
+    lines += [f"- **{k}**: {v}" for k, v in MODEL_NOTES.items()]
+    lines += ["", "| round | updates | rejected | arch (F, H) | up MB | down MB | s | global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |",
+              "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["rounds"]:
+        g, p, n = r.get("global") or {}, r.get("personalisation") or {}, r.get("generalisation") or {}
+        lines.append(
+            f"| {r['round']} | {r.get('updates', 0)}/{r.get('selected', 0)} | {r.get('rejected', 0)} | "
+            f"v{r.get('arch_version', 0)} ({r.get('conv_filters')}, {r.get('dense_units')}) | {_mb(r.get('bytes_up'))} | "
+            f"{_mb(r.get('bytes_down'))} | {r.get('seconds', 0):.1f} | {_fmt(g.get('accuracy'))} | {_fmt(g.get('macro_f1'))} | "
+            f"{_fmt(p.get('accuracy'))} | {_fmt(p.get('macro_f1'))} | {_fmt(n.get('accuracy'))} | {_fmt(n.get('macro_f1'))} |"
+        )
+    if doc.get("final"):
+        lines += ["", "## Final and best", "", "| measure | final acc | final F1 | best acc (round) | best F1 (round) |", "|---|---:|---:|---:|---:|"]
+        for m, f in doc["final"].items():
+            b = doc["best"][m]
+            lines.append(f"| {m} | {_fmt(f['accuracy'])} | {_fmt(f['macro_f1'])} | {_fmt(b['accuracy']['value'])} ({b['accuracy']['round']}) | "
+                         f"{_fmt(b['macro_f1']['value'])} ({b['macro_f1']['round']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, rounds: Sequence[Mapping[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, key, label in ((axes[0], "accuracy", "accuracy"), (axes[1], "macro_f1", "macro-F1")):
+        for m in MEASURES:
+            pts = [(r["round"], r[m][key]) for r in rounds if r.get(m) and r[m].get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=m)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title or "fedhar run")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)

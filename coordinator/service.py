@@ -1,0 +1,480 @@
+"""The coordinator's round loop over MQTT.
+
+One thread does all the work; paho's network thread only queues messages. Per round:
+
+1. select clients (online, with training windows, same label set);
+2. publish the model(s) (retained chunks) and then the round announcement (retained);
+3. collect one valid update per selected client until all arrived or the deadline passed
+   (invalid, stale, duplicate and late updates are logged with a reason and ignored);
+4. aggregate (strategy), check growth (FedDist; paper mode adds intermediate exchanges);
+5. evaluate (FedDist protocol), persist models and the round summary, rewrite the report,
+   log one summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from coordinator import feddist
+from coordinator.config import CoordinatorConfig
+from coordinator.evaluation import Evaluator, personalisation, union_of_clients
+from coordinator.report import write_report
+from coordinator.state import RunState
+from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
+from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
+from har_models import codec
+from har_models.growth import pad_state_like
+from har_models.labels import LABEL_SETS
+from har_models.model import ArchSpec, init_state
+from har_models.protocol import (
+    PROTOCOL_VERSION,
+    ChunkError,
+    ClientStatus,
+    MessageError,
+    Reassembler,
+    RoundAnnouncement,
+    Topics,
+    TrainingPlan,
+    transfer_id,
+)
+from har_models.transport import MqttLink
+from har_models.windowing import ChannelStats
+
+log = logging.getLogger("fedhar.coordinator")
+
+
+class CoordinatorError(RuntimeError):
+    """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
+
+
+class Coordinator:
+    """Runs a federation described by a :class:`CoordinatorConfig`.
+
+    Parameters
+    ----------
+    cfg : CoordinatorConfig
+    evaluator : Evaluator, optional
+        Union test set for the global and generalisation measures (research harness).
+    progress : bool
+        Show a progress bar on the terminal.
+    report_header : dict, optional
+        Extra run facts for the report (dataset, command, ...).
+    """
+
+    def __init__(self, cfg: CoordinatorConfig, evaluator: Evaluator | None = None, progress: bool = True,
+                 report_header: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.evaluator = evaluator
+        self.progress = progress
+        self.report_header = dict(report_header or {})
+        self.topics = Topics(cfg.federation)
+        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg.prox_mu, cfg.top_k)
+        self.feddist_cfg = feddist.FedDistConfig(
+            k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
+        )
+        self.state = RunState(cfg.run_dir)
+        self.clients: dict[str, ClientStatus] = {}
+        self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
+        self.attempt = uuid.uuid4().hex[:12]  # a fresh id per coordinator process: clients re-send stored updates after a restart
+        self.fed: Federation | None = None
+        self.label_set = ""
+        self._collect: dict[str, Any] | None = None  # the exchange being collected
+        self._header: dict[str, Any] = dict(self.report_header)
+        self._bar: tqdm | None = None
+        self._link = MqttLink(
+            cfg.broker,
+            f"fedhar-coordinator-{cfg.federation}",
+            subscriptions=[(self.topics.client_status("+"), 1), (self.topics.client_update("+", "+"), 1)],
+            will=(self.topics.coordinator_status, self._status_bytes("offline")),
+            on_connect=lambda link: link.publish_nowait(self.topics.coordinator_status, self._status_bytes("online"), retain=True),
+        )
+
+    # ------------------------------------------------------------------------------ helpers
+    def _status_bytes(self, state: str) -> bytes:
+        return json.dumps({"protocol": PROTOCOL_VERSION, "state": state, "run_id": self.cfg.run_id}).encode()
+
+    def _pump(self, timeout: float) -> None:
+        """Handle at most one incoming message (waiting up to ``timeout`` seconds)."""
+        try:
+            topic, payload, _ = self._link.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        parsed = self.topics.parse_client_topic(topic)
+        if parsed is None:
+            return
+        cid, kind = parsed
+        if kind == "status":
+            self._on_status(cid, payload)
+        elif kind == "update":
+            self._on_update_chunk(cid, payload)
+
+    def _on_status(self, cid: str, payload: bytes) -> None:
+        if not payload:
+            self.clients.pop(cid, None)
+            return
+        try:
+            st = ClientStatus.from_bytes(payload)
+        except MessageError as exc:
+            log.warning("ignoring malformed status of client %r: %s", cid, exc)
+            return
+        if st.client_id != cid:
+            log.warning("ignoring status on the topic of %r that claims to be %r", cid, st.client_id)
+            return
+        prev = self.clients.get(cid)
+        self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
+        if prev is None or prev.state != st.state:
+            log.debug("client %s is %s", cid, st.state)
+
+    def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+        try:
+            done = self.reassembler.add(f"update/{cid}", payload)
+        except ChunkError as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return
+        if done is None:
+            return
+        c = self._collect
+        if c is None:
+            self._reject(cid, "no_open_round", "an update arrived while no round was open")
+            return
+        try:
+            upd = validate_update(
+                done[1], topic_client=cid, run_id=self.cfg.run_id, round_=c["round"], stage=c["stage"], spec=c["spec"],
+                selected=c["selected"], want_guidance=c["guidance"], max_bytes=self.cfg.max_update_bytes,
+            )
+        except UpdateRejected as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return
+        if cid in c["updates"]:
+            log.debug("round %d: duplicate update from %s ignored", c["round"], cid)
+            return
+        c["updates"][cid] = upd
+        c["bytes_up"] += upd.size
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"round {c['round']}: {len(c['updates'])}/{len(c['selected'])} updates")
+
+    def _reject(self, cid: str, reason: str, detail: str) -> None:
+        c = self._collect
+        rnd = c["round"] if c else None
+        log.warning("round %s: rejected update from %s: %s (%s)", rnd if rnd is not None else "-", cid, reason, detail)
+        self.state.event(rnd, cid, "rejected", f"{reason}: {detail}")
+        if c is not None:
+            c["rejected"].append({"client": cid, "reason": reason})
+
+    # ------------------------------------------------------------------------------ setup
+    def _eligible(self) -> list[str]:
+        return sorted(cid for cid, st in self.clients.items()
+                      if st.state != "offline" and st.n_train > 0 and (not self.label_set or st.label_set == self.label_set))
+
+    def _wait_for_clients(self) -> None:
+        want = self.cfg.expected_clients
+        end = time.monotonic() + self.cfg.start_timeout_s
+        log.info("waiting for %s clients (up to %.0f s)", want if want else f"at least {self.cfg.min_clients}", self.cfg.start_timeout_s)
+        last = -1
+        while time.monotonic() < end:
+            n = len(self._eligible())
+            if n != last:
+                log.info("%d client(s) online with training windows", n)
+                last = n
+            if want is not None and n >= want:
+                return
+            self._pump(0.2)
+        if len(self._eligible()) < self.cfg.min_clients:
+            raise CoordinatorError(
+                f"only {len(self._eligible())} client(s) with training windows came online within {self.cfg.start_timeout_s:.0f} s; "
+                f"need {self.cfg.min_clients}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
+                f"and federation {self.cfg.federation!r}."
+            )
+
+    def _new_federation(self) -> Federation:
+        present = [self.clients[c] for c in self._eligible()]
+        names = sorted({st.label_set for st in present})
+        if len(names) != 1 or names[0] not in LABEL_SETS:
+            raise CoordinatorError(f"clients report label sets {names}; all must use one known set ({sorted(LABEL_SETS)})")
+        self.label_set = names[0]
+        stats = None
+        for st in present:
+            try:
+                s = ChannelStats.from_json(st.train_stats)
+            except ValueError as exc:
+                log.warning("client %s: unusable training statistics (%s); left out of the normalisation", st.client_id, exc)
+                continue
+            stats = s if stats is None else stats + s
+        if stats is None:
+            raise CoordinatorError("no client reported usable training statistics; cannot set the input normalisation")
+        mean, std = stats.mean_std()
+        spec = ArchSpec(n_classes=len(LABEL_SETS[self.label_set]), conv_filters=self.cfg.conv_filters,
+                        dense_units=self.cfg.dense_units, input_mean=mean, input_std=std)
+        log.info("new federation: %s, %d classes, %s parameters, normalisation from %d training samples of %d clients",
+                 self.label_set, spec.n_classes, f"{spec.n_parameters():,}", stats.count, len(present))
+        self.state.put("run_id", self.cfg.run_id)
+        self.state.put("label_set", self.label_set)
+        self.state.put("initial_spec", spec.to_json())
+        self.state.put("config", self.cfg.to_json())
+        return Federation(spec, spec, init_state(spec, self.cfg.seed), {})
+
+    def _resume(self) -> int:
+        last = self.state.last_completed_round()
+        if last < 0 or self.state.get("run_id") != self.cfg.run_id:
+            return -1
+        spec, g, personal = self.state.load_round_models(last)
+        self.label_set = self.state.get("label_set", "")
+        self.fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
+        log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
+        return last
+
+    # ------------------------------------------------------------------------------ a round
+    def _base_plan(self, round_: int) -> TrainingPlan:
+        return TrainingPlan(
+            local_epochs=self.cfg.local_epochs, lr=self.cfg.lr, batch_size=self.cfg.batch_size,
+            client_init=self.cfg.client_init, class_weights=self.cfg.class_weights, seed=self.cfg.seed, ala=dict(self.cfg.ala),
+        )
+
+    def _select(self, round_: int) -> list[str]:
+        eligible = self._eligible()
+        if len(eligible) < self.cfg.min_clients:
+            return []
+        k = max(self.cfg.min_clients, math.ceil(self.cfg.fraction * len(eligible)))
+        if k >= len(eligible):
+            return eligible
+        rng = np.random.default_rng([self.cfg.seed, round_])
+        return sorted(rng.choice(eligible, size=k, replace=False).tolist())
+
+    def _publish_models(self, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
+        """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered."""
+        assert self.fed is not None
+        fed, spec = self.fed, self.fed.spec
+        meta = {"arch": spec.to_dict()}
+        personal: dict[str, str] = {}
+        down = 0
+        need_global = [c for c in selected if c not in fed.personal]
+        global_id = ""
+        if need_global:
+            env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
+            self._link.publish_chunks(self.topics.global_model, env, retain=True)
+            global_id = transfer_id(env)
+            down += len(env) * len(need_global)
+        for cid in selected:
+            if cid in fed.personal:
+                env = codec.encode(fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta)
+                self._link.publish_chunks(lambda i, c=cid: self.topics.client_model(c, i), env, retain=True)
+                personal[cid] = transfer_id(env)
+                down += len(env)
+        return global_id, personal, down
+
+    def _exchange(self, round_: int, stage: int, selected: list[str], plan: TrainingPlan) -> tuple[dict[str, ClientUpdate], dict[str, Any]]:
+        """Publish models + announcement, collect updates until complete or the deadline."""
+        assert self.fed is not None
+        spec = self.fed.spec
+        global_id, personal, down = self._publish_models(round_, selected)
+        deadline = time.time() + self.cfg.round_timeout_s
+        ann = RoundAnnouncement(
+            run_id=self.cfg.run_id, round=round_, state="training", arch=spec.to_dict(),
+            label_set=self.label_set, selected=tuple(selected), plan=plan, global_model=global_id,
+            personal_models=personal, deadline_unix=deadline, stage=stage, attempt=self.attempt,
+        )
+        self._collect = {"round": round_, "stage": stage, "spec": spec, "selected": set(selected), "guidance": plan.guidance,
+                         "updates": {}, "rejected": [], "bytes_up": 0}
+        self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
+        end = time.monotonic() + self.cfg.round_timeout_s
+        c = self._collect
+        while len(c["updates"]) < len(selected) and time.monotonic() < end:
+            self._pump(0.25)
+        # Drain what already arrived without waiting, then close the exchange.
+        while not self._link.inbox.empty():
+            self._pump(0.0)
+        self._collect = None
+        missing = sorted(set(selected) - set(c["updates"]))
+        for cid in missing:
+            self.state.event(round_, cid, "missed_deadline", f"stage {stage}")
+        info = {"bytes_down": down, "bytes_up": c["bytes_up"], "rejected": c["rejected"], "missing": missing}
+        return c["updates"], info
+
+    def _run_round(self, round_: int) -> dict[str, Any] | None:
+        assert self.fed is not None
+        t0 = time.monotonic()
+        selected = self._select(round_)
+        if not selected:
+            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
+            self.state.event(round_, None, "round_skipped", "not enough clients")
+            return None
+        plan = self.strategy.plan(self._base_plan(round_))
+        spec0 = self.fed.spec
+        updates, info = self._exchange(round_, 0, selected, plan)
+        bytes_up, bytes_down, rejected = info["bytes_up"], info["bytes_down"], list(info["rejected"])
+        ups = [updates[c] for c in sorted(updates)]
+        try:
+            agg = self.strategy.aggregate(self.fed, ups)
+        except ValueError as exc:
+            log.error("round %d failed: %s", round_, exc)
+            self.state.event(round_, None, "round_failed", str(exc))
+            return None
+        self.fed.global_state = agg.global_state
+        self.fed.personal.update(agg.personal)
+        growth_log = self._grow(round_, agg, ups) if self.cfg.growth == "feddist" else None
+        if growth_log:
+            bytes_up += growth_log.pop("bytes_up", 0)
+            bytes_down += growth_log.pop("bytes_down", 0)
+            rejected += growth_log.pop("rejected", [])
+
+        summary: dict[str, Any] = {
+            "round": round_, "selected": len(selected), "updates": len(ups), "rejected": len(rejected),
+            "missing": info["missing"], "arch_version": self.fed.spec.version, "conv_filters": self.fed.spec.conv_filters,
+            "dense_units": self.fed.spec.dense_units, "bytes_up": bytes_up, "bytes_down": bytes_down,
+        }
+        if growth_log is not None:
+            summary["growth"] = growth_log
+        summary.update(self._evaluate(round_, spec0, ups))
+        summary["seconds"] = time.monotonic() - t0
+        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
+        g = summary.get("global") or {}
+        p = summary.get("personalisation") or {}
+        msg = (f"round {round_}: {len(selected)} selected, {len(ups)} updates, {len(rejected)} rejected, "
+               f"{len(info['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
+               f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
+               f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
+               f"up {bytes_up / 1e6:.1f} MB, down {bytes_down / 1e6:.1f} MB")
+        log.info(msg)
+        if self._bar is not None:
+            self._bar.write(msg)
+        return summary
+
+    def _grow(self, round_: int, agg: Aggregate, ups: list[ClientUpdate]) -> dict[str, Any]:
+        """FedDist: detect diverging neurons layer by layer, grow, run intermediate exchanges (paper mode)."""
+        assert self.fed is not None
+        fed = self.fed
+        by_id = {u.client_id: u for u in ups}
+        order = [c for c in agg.participants if c in by_id]
+        client_states = [by_id[c].state for c in order]
+        out: dict[str, Any] = {"k": self.feddist_cfg.k_at(round_), "n_clients": len(order), "layers": {}, "bytes_up": 0, "bytes_down": 0, "rejected": []}
+        if len(order) < 2:
+            return out
+        for layer in feddist.GROWABLE_LAYERS:
+            decision = feddist.detect_growth(fed.global_state, client_states, fed.spec, round_, self.feddist_cfg,
+                                             layers=(layer,), initial_spec=fed.initial_spec)
+            out["growth_possible"] = decision.growth_possible
+            if not decision.grew:
+                continue
+            targets_ids = sorted(fed.personal)
+            targets = [fed.global_state] + [fed.personal[c] for c in targets_ids]
+            grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=self.cfg.feddist_mode)
+            added = len(decision.for_layer(layer))
+            log.info("round %d: FedDist grew %s by %d unit(s) (architecture v%d -> v%d)", round_, layer, added, fed.spec.version, new_spec.version)
+            self.state.event(round_, None, "growth", f"{layer} +{added} -> v{new_spec.version}")
+            out["layers"][layer] = {"added": added, "per_client": {order[c]: n for c, n in
+                                    ((c, sum(1 for u in decision.for_layer(layer) if u.client == c)) for c in range(len(order))) if n}}
+            fed.spec, fed.global_state = new_spec, grown[0]
+            fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
+            if self.cfg.feddist_mode == "paper":
+                plan = replace(self._base_plan(round_), client_init="overwrite", frozen=feddist.frozen_tensors(layer), guidance=False, keep_local=())
+                stage = 1 + feddist.GROWABLE_LAYERS.index(layer)
+                inter, info = self._exchange(round_, stage, order, plan)
+                out["bytes_up"] += info["bytes_up"]
+                out["bytes_down"] += info["bytes_down"]
+                out["rejected"] += info["rejected"]
+                inter_ups = [inter[c] for c in order if c in inter]
+                if inter_ups:
+                    re = self.strategy.remix(fed, agg, inter_ups)
+                    fed.global_state = re.global_state
+                    fed.personal.update(re.personal)
+                    # The next layer's detection uses the intermediate models, as FedDist does.
+                    order = [u.client_id for u in inter_ups]
+                    client_states = [u.state for u in inter_ups]
+                    agg = re
+                else:
+                    log.warning("round %d: no intermediate updates after growing %s; keeping the grown model", round_, layer)
+                    client_states = [pad_state_like(s, fed.global_state) for s in client_states]
+            else:
+                # New slots take G's values, so the next layer compares clients on the grown shapes.
+                client_states = [pad_state_like(s, fed.global_state) for s in client_states]
+        return out
+
+    def _evaluate(self, round_: int, spec0: ArchSpec, ups: list[ClientUpdate]) -> dict[str, Any]:
+        assert self.fed is not None
+        out: dict[str, Any] = {}
+        trained = {u.client_id: u.confusion["trained"] for u in ups if "trained" in u.confusion}
+        received = {u.client_id: u.confusion["received"] for u in ups if "received" in u.confusion}
+        if trained:
+            mean, per = personalisation(trained)
+            out["personalisation"] = mean
+            out["personalisation_clients"] = per
+        out["received_union"] = union_of_clients(received)
+        if self.evaluator is not None:
+            out["global"] = self.evaluator.global_metrics(self.fed.spec, self.fed.global_state)
+            every = self.cfg.generalisation_every
+            last = round_ == self.cfg.rounds - 1
+            if last or (every > 0 and (round_ + 1) % every == 0):
+                mean, per = self.evaluator.generalisation(spec0, {u.client_id: u.state for u in ups})
+                out["generalisation"] = mean
+                out["generalisation_clients"] = per
+        return out
+
+    # ------------------------------------------------------------------------------ main
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) the federation to its last round; return the report document.
+
+        Raises
+        ------
+        CoordinatorError
+            If no usable clients come online in time.
+        """
+        t_start = time.monotonic()
+        if not self._link.start(wait_s=30.0):
+            raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
+        try:
+            last = self._resume() if self.cfg.resume else -1
+            if last < 0:
+                self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round
+            self._wait_for_clients()
+            if self.fed is None:
+                self.fed = self._new_federation()
+            header = self._header = {**self.report_header, "run_id": self.cfg.run_id, "strategy": self.cfg.strategy_label,
+                      "seed": self.cfg.seed, "config": self.cfg.to_json(), "label_set": self.label_set}
+            start = last + 1
+            with tqdm(total=self.cfg.rounds, initial=start, desc="rounds", unit="round", disable=not self.progress, dynamic_ncols=True) as bar:
+                self._bar = bar
+                r = start
+                failures = 0
+                while r < self.cfg.rounds:
+                    summary = self._run_round(r)
+                    if summary is None:
+                        failures += 1
+                        if failures >= 3:
+                            raise CoordinatorError(f"round {r} failed 3 times in a row; see the log and {self.cfg.run_dir}")
+                        self._wait_for_clients()
+                        continue
+                    failures = 0
+                    header["wall_seconds"] = round(time.monotonic() - t_start, 1)
+                    write_report(self.cfg.run_dir, header, self.state.rounds())
+                    bar.update(1)
+                    r += 1
+            self._bar = None
+            assert self.fed is not None
+            fin = RoundAnnouncement(run_id=self.cfg.run_id, round=self.cfg.rounds - 1, state="finished",
+                                    arch=self.fed.spec.to_dict(), label_set=self.label_set, attempt=self.attempt)
+            self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
+            header["wall_seconds"] = round(time.monotonic() - t_start, 1)
+            return write_report(self.cfg.run_dir, header, self.state.rounds())
+        finally:
+            self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
+
+    def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite the report with extra run facts (wall time, peak memory) known only at the end."""
+        self._header.update(extra)
+        return write_report(self.cfg.run_dir, self._header, self.state.rounds())
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"

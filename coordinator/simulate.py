@@ -1,0 +1,273 @@
+"""``fedhar-simulate``: the main job. A real federation on one machine.
+
+Starts an MQTT broker (the embedded amqtt one on a free loopback port, or ``--broker``
+for an external Mosquitto), one edge-client process per dataset subject (each replays
+its subject's recordings through the device pipeline into its own store), and the
+coordinator; they talk only over MQTT, exactly as on devices. The coordinator also
+holds the union of the subjects' test splits to measure global and generalisation
+accuracy (FedDist protocol). Prints the wall time and where the report is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from coordinator.broker import EmbeddedBroker
+from coordinator.config import AGGREGATIONS, CLIENT_INITS, GROWTH_MODES, GROWTHS, CoordinatorConfig
+from coordinator.evaluation import Evaluator
+from coordinator.service import Coordinator, CoordinatorError
+from har_models.subjects import SubjectSource, load_windows, parse_source, split
+from har_models.transport import BrokerConfig
+from har_models.windowing import WindowSet
+
+log = logging.getLogger("fedhar.simulate")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HAPT = PROJECT_ROOT / "datasets" / "hapt"
+
+
+def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, str]:
+    """Client id -> source text for every subject of the dataset under ``data``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no subject is found (the message says what was expected).
+    """
+    if dataset == "hapt":
+        from har_models.hapt import hapt_subject_ids
+
+        return {f"hapt-{sid}": f"hapt:{data / f'user{sid}.npz'}" for sid in hapt_subject_ids(data)}
+    from har_models.realworld import subject_ids
+
+    subjects = subject_ids(data)
+    if not subjects:
+        raise FileNotFoundError(f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder")
+    suffix = f":{positions}" if positions else ""
+    return {s: f"realworld:{data}:{s}{suffix}" for s in subjects}
+
+
+def union_test_set(sources: dict[str, str], seed: int) -> WindowSet:
+    """Concatenated test splits of all subjects (rebuilt exactly as each client splits its windows)."""
+    parts = []
+    labels = None
+    for text in sources.values():
+        src: SubjectSource = parse_source(text)
+        labels = src.labels
+        parts.append(split(load_windows(src), seed)[1])
+    assert labels is not None
+    return WindowSet.concat(parts, labels)
+
+
+@dataclass
+class MemoryMonitor:
+    """Samples the resident memory of this process and all its descendants (psutil).
+
+    ``peak_rss`` sums RSS (counts shared library pages once per process, so it
+    over-states); ``peak_pss`` sums proportional set sizes (shared pages split between
+    processes), the better figure for "memory the simulation needs". Bytes.
+    """
+
+    interval_s: float = 1.0
+    peak_rss: int = 0
+    peak_pss: int = 0
+    samples: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="memory-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            rss = pss = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    mi = p.memory_full_info()
+                    rss += mi.rss
+                    pss += getattr(mi, "pss", mi.rss)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.samples += 1
+            self._stop.wait(self.interval_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"peak_rss_mb": round(self.peak_rss / 2**20), "peak_pss_mb": round(self.peak_pss / 2**20), "samples": self.samples}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedhar-simulate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
+    ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
+    ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
+    ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--aggregation", choices=AGGREGATIONS, default="fedavg")
+    ap.add_argument("--growth", choices=GROWTHS, default="none")
+    ap.add_argument("--client-init", choices=CLIENT_INITS, default="overwrite")
+    ap.add_argument("--prox-mu", type=float, default=0.01, help="FedProx mu")
+    ap.add_argument("--top-k", type=int, default=5, help="FedDWA K")
+    ap.add_argument("--feddist-mode", choices=GROWTH_MODES, default="paper")
+    ap.add_argument("--feddist-k0", type=float, default=3.0)
+    ap.add_argument("--ala", default="{}", help='FedALA settings as JSON, e.g. \'{"eta": 1.0, "rand_percent": 80}\'')
+    ap.add_argument("--conv-filters", type=int, default=196)
+    ap.add_argument("--dense-units", type=int, default=1024)
+    ap.add_argument("--generalisation-every", type=int, default=5, help="rounds between generalisation evaluations (0 = last round only)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--broker", default=None, help="external broker HOST:PORT (e.g. Mosquitto); default: start the embedded broker")
+    ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
+    ap.add_argument("--max-message-bytes", type=int, default=1_000_000)
+    ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
+    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--round-timeout", type=float, default=900.0, help="seconds before a round closes without the missing updates")
+    ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for all clients to come online")
+    ap.add_argument("--threads-per-client", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("paho").setLevel(logging.WARNING)
+    t0 = time.monotonic()
+    try:
+        ala = json.loads(args.ala)
+        if not isinstance(ala, dict):
+            raise ValueError("--ala must be a JSON object")
+    except ValueError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 2
+    data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
+    if data is None:
+        print("fedhar-simulate: --dataset realworld needs --data PATH (the archive zip or its extracted folder)", file=sys.stderr)
+        return 2
+    try:
+        sources = subject_sources(args.dataset, Path(data), args.positions)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 3
+    if args.clients:
+        sources = dict(list(sources.items())[: args.clients])
+    run_id = args.run_id or f"{args.dataset}-{args.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = args.run_dir or Path("runs") / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
+    file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(file_log)
+    log.info("run %s: %d clients (%s), %d rounds, %s; folder %s", run_id, len(sources), args.dataset, args.rounds, args.aggregation, run_dir)
+
+    monitor = MemoryMonitor()
+    monitor.start()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    broker_ctx: EmbeddedBroker | None = None
+    ok = False
+    try:
+        if args.broker:
+            broker = BrokerConfig.parse(args.broker, max_message_bytes=args.max_message_bytes)
+        else:
+            broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
+            broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes)
+        federation = args.federation or run_id
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_client), "PYTHONUNBUFFERED": "1"}
+        for cid, text in sources.items():
+            cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, "--broker", f"{broker.host}:{broker.port}",
+                   "--federation", federation, "--source", text, "--state-dir", str(run_dir / "clients" / cid),
+                   "--threads", str(args.threads_per_client), "--exit-after-run", run_id,
+                   "--max-message-bytes", str(args.max_message_bytes)]
+            with open(run_dir / "logs" / f"{cid}.log", "ab") as out:
+                procs[cid] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT)
+        log.info("started %d client processes; building the union test set for evaluation", len(procs))
+        evaluator = Evaluator(union_test_set(sources, seed=1))
+        cfg = CoordinatorConfig(
+            run_dir=run_dir, broker=broker, federation=federation, run_id=run_id, rounds=args.rounds,
+            expected_clients=len(sources), start_timeout_s=args.start_timeout, round_timeout_s=args.round_timeout,
+            seed=args.seed, local_epochs=args.local_epochs, lr=args.lr, batch_size=args.batch_size,
+            aggregation=args.aggregation, growth=args.growth, client_init=args.client_init, prox_mu=args.prox_mu,
+            top_k=args.top_k, feddist_mode=args.feddist_mode, feddist_k0=args.feddist_k0, ala=ala,
+            conv_filters=args.conv_filters, dense_units=args.dense_units, generalisation_every=args.generalisation_every,
+        )
+        header = {"dataset": f"{args.dataset} ({data})", "clients": len(sources),
+                  "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+                  "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
+                  "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)"}
+        coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header)
+        doc = coord.run()
+        ok = True
+    except CoordinatorError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 5
+    except (RuntimeError, OSError) as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 4
+    except KeyboardInterrupt:
+        print(f"fedhar-simulate: interrupted; completed rounds are kept in {run_dir} (resume with fedhar-coordinator --resume)", file=sys.stderr)
+        return 130
+    finally:
+        _stop_clients(procs, grace_s=60.0 if ok else 0.0)
+        if broker_ctx is not None:
+            broker_ctx.stop()
+        monitor.stop()
+    wall = time.monotonic() - t0
+    header.update({"wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict()})
+    doc = coord.write_final_report(header)
+    summary = {"run_id": run_id, "run_dir": str(run_dir), "wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict(),
+               "final": doc.get("final"), "best": doc.get("best"),
+               "bytes_per_round": [{"round": r["round"], "up": r.get("bytes_up"), "down": r.get("bytes_down")} for r in doc["rounds"]]}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        fin = doc.get("final", {}).get("global", {})
+        print(f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(sources)} clients in {wall:.0f} s; "
+              f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
+              f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}")
+    return 0
+
+
+def _stop_clients(procs: dict[str, subprocess.Popen[bytes]], grace_s: float) -> None:
+    """Let clients exit by themselves (they do once the run is finished), then terminate the rest."""
+    end = time.monotonic() + grace_s
+    for cid, p in procs.items():
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("client %s still running; terminating it", cid)
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Persistent run state of the coordinator: SQLite for rounds and events, safetensors for models.
+
+Layout of a run folder::
+
+    state.sqlite                  meta (config, run id, architecture), rounds, events
+    models/r0005/global.safetensors
+    models/r0005/personal/<client>.safetensors
+
+A round's models go into their own folder first; only then does the SQLite transaction
+that marks the round completed commit. A crash at any moment therefore leaves the last
+completed round intact, and a restart resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from har_models.model import ArchSpec, check_state
+
+log = logging.getLogger("fedhar.coordinator.state")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (round INTEGER PRIMARY KEY, completed REAL NOT NULL, summary TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, t REAL NOT NULL, round INTEGER, client TEXT, kind TEXT NOT NULL, detail TEXT
+);
+"""
+
+
+def save_state_file(path: Path, spec: ArchSpec, state: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None) -> None:
+    """Write parameters with their architecture (JSON metadata) to ``path`` atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().numpy().astype(np.float32) for k, v in state.items()}, str(tmp),
+              metadata={"arch": spec.to_json(), **(extra or {})})
+    os.replace(tmp, path)
+
+
+def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
+    """Read :func:`save_state_file` output; checks tensors against the stored architecture.
+
+    Raises
+    ------
+    ValueError
+        If the file lacks an architecture or its tensors do not match it.
+    """
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if "arch" not in meta:
+            raise ValueError(f"{path}: no architecture in the file's metadata")
+        spec = ArchSpec.from_json(meta["arch"])
+        state = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+    check_state(spec, state)
+    return spec, state
+
+
+class RunState:
+    """The SQLite database and model folders of one run.
+
+    Parameters
+    ----------
+    folder : Path
+        Run folder (created if missing).
+    keep_rounds : int
+        How many completed rounds' model folders to keep (older ones are deleted).
+    """
+
+    def __init__(self, folder: Path, keep_rounds: int = 2):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "models").mkdir(exist_ok=True)
+        self.keep_rounds = keep_rounds
+        self._db = sqlite3.connect(self.folder / "state.sqlite", check_same_thread=False)
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def put(self, key: str, value: Any) -> None:
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def event(self, round_: int | None, client: str | None, kind: str, detail: str = "") -> None:
+        """Record something that happened (a rejected update, a growth, a failure)."""
+        with self._db:
+            self._db.execute("INSERT INTO events (t, round, client, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                             (time.time(), round_, client, kind, detail))
+
+    def events(self, kind: str | None = None) -> list[tuple[int | None, str | None, str, str]]:
+        """``(round, client, kind, detail)`` rows, oldest first."""
+        q = "SELECT round, client, kind, detail FROM events"
+        rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """Summaries of completed rounds, in order."""
+        return [json.loads(r[0]) for r in self._db.execute("SELECT summary FROM rounds ORDER BY round")]
+
+    def last_completed_round(self) -> int:
+        """Index of the last completed round, -1 if none."""
+        row = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()
+        return -1 if row[0] is None else int(row[0])
+
+    def complete_round(
+        self,
+        round_: int,
+        spec: ArchSpec,
+        global_state: Mapping[str, torch.Tensor],
+        personal: Mapping[str, Mapping[str, torch.Tensor]],
+        summary: dict[str, Any],
+        extra_meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Persist a completed round: models first, then the SQLite row (one transaction)."""
+        folder = self.folder / "models" / f"r{round_:04d}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        (folder / "personal").mkdir(parents=True)
+        save_state_file(folder / "global.safetensors", spec, global_state)
+        for cid, st in personal.items():
+            save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
+                             (round_, time.time(), json.dumps(summary)))
+            for key, value in (extra_meta or {}).items():
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        done = sorted(p for p in (self.folder / "models").glob("r[0-9][0-9][0-9][0-9]") if p.is_dir())
+        for old in done[: max(0, len(done) - self.keep_rounds)]:
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def load_round_models(self, round_: int) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """``(spec, global_state, personal_states)`` saved for ``round_``.
+
+        Raises
+        ------
+        FileNotFoundError
+            If that round's models are not on disk.
+        ValueError
+            If a file is inconsistent with its architecture.
+        """
+        folder = self.folder / "models" / f"r{round_:04d}"
+        spec, global_state = load_state_file(folder / "global.safetensors")
+        personal = {}
+        for path in sorted((folder / "personal").glob("*.safetensors")):
+            pspec, st = load_state_file(path)
+            if pspec.shapes() != spec.shapes():
+                raise ValueError(f"{path}: architecture differs from the global model's")
+            personal[path.stem] = st
+        return spec, global_state, personal

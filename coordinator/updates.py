@@ -1,0 +1,177 @@
+"""Validation of client updates: every way an upload can be wrong, with a reason code.
+
+An update is accepted only if it is an intact envelope of kind "update" from a client
+selected for this run, round and stage, at the current architecture version, with the
+expected tensor set and shapes, finite values and sane metadata. Anything else raises
+:class:`UpdateRejected`, which the coordinator logs (client, round, reason) and records;
+it never changes the federation's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from har_models import codec
+from har_models.model import ArchSpec
+from har_models.protocol import GUIDANCE_PREFIX
+
+
+class UpdateRejected(ValueError):
+    """An update that must be ignored; ``reason`` is a short code for logs and reports."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """A validated update.
+
+    Attributes
+    ----------
+    client_id : str
+    round, stage : int
+    n_train, n_test : int
+        Local training / test windows (FedAvg weight n_k).
+    state : dict name -> float32 tensor
+        The trained model w_i.
+    guidance : dict name -> float32 tensor, or None
+        The FedDWA guidance model (one more local pass from w_i).
+    confusion : dict of str -> (C, C) int64 array
+        Client-side evaluations on its own test split: ``received``, ``initial`` (after
+        FedALA / FedPer initialisation) and ``trained``.
+    meta : dict
+        The remaining metadata (loss, seconds, init mode).
+    size : int
+        Envelope size in bytes.
+    """
+
+    client_id: str
+    round: int
+    stage: int
+    n_train: int
+    n_test: int
+    state: dict[str, torch.Tensor]
+    guidance: dict[str, torch.Tensor] | None
+    confusion: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    size: int = 0
+
+
+def _confusions(meta: dict[str, Any], n_classes: int) -> dict[str, np.ndarray]:
+    raw = meta.get("confusion", {})
+    if not isinstance(raw, dict):
+        raise UpdateRejected("bad_metrics", "metadata 'confusion' is not an object")
+    out = {}
+    for key, value in raw.items():
+        if value is None:
+            continue
+        try:
+            m = np.asarray(value, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} is not numeric") from None
+        if m.shape != (n_classes, n_classes) or (m < 0).any():
+            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} must be {n_classes}x{n_classes} non-negative counts, got {m.shape}")
+        out[str(key)] = m
+    return out
+
+
+def validate_update(
+    data: bytes,
+    *,
+    topic_client: str,
+    run_id: str,
+    round_: int,
+    stage: int,
+    spec: ArchSpec,
+    selected: Collection[str],
+    want_guidance: bool,
+    max_bytes: int | None = None,
+) -> ClientUpdate:
+    """Decode and check one update envelope.
+
+    Parameters
+    ----------
+    data : bytes
+        The reassembled envelope.
+    topic_client : str
+        Client id taken from the topic it arrived on (the broker's ACL ties it to the sender).
+    run_id, round_, stage : the exchange the coordinator is collecting
+    spec : ArchSpec
+        Current architecture; tensors must match ``spec.shapes()``.
+    selected : collection of str
+        Clients selected for this exchange.
+    want_guidance : bool
+        Whether a FedDWA guidance model must be included.
+    max_bytes : int, optional
+        Largest envelope accepted.
+
+    Returns
+    -------
+    ClientUpdate
+
+    Raises
+    ------
+    UpdateRejected
+        ``reason`` is the envelope error's code (``sha256_mismatch``, ``truncated``,
+        ``unknown_version``, ``non_finite``, ...) or one of ``wrong_kind``,
+        ``client_mismatch``, ``not_selected``, ``wrong_run``, ``stale_round``,
+        ``future_round``, ``stale_stage``, ``wrong_arch_version``, ``wrong_tensors``,
+        ``missing_guidance``, ``bad_metrics``.
+    """
+    try:
+        env = codec.decode(data, max_bytes=max_bytes)
+    except codec.EnvelopeError as exc:
+        raise UpdateRejected(exc.reason, str(exc)) from None
+    meta = env.meta
+    if env.kind != "update":
+        raise UpdateRejected("wrong_kind", f"envelope kind {env.kind!r}, expected 'update'")
+    if env.client_id != topic_client:
+        raise UpdateRejected("client_mismatch", f"envelope says client {env.client_id!r}, topic says {topic_client!r}")
+    if topic_client not in selected:
+        raise UpdateRejected("not_selected", f"client {topic_client!r} is not selected for round {round_}")
+    if meta.get("run_id") != run_id:
+        raise UpdateRejected("wrong_run", f"update is for run {meta.get('run_id')!r}, the current run is {run_id!r}")
+    if env.round != round_:
+        reason = "stale_round" if env.round < round_ else "future_round"
+        raise UpdateRejected(reason, f"update is for round {env.round}, the open round is {round_}")
+    if meta.get("stage", 0) != stage:
+        raise UpdateRejected("stale_stage", f"update is for stage {meta.get('stage')}, the open stage is {stage}")
+    if env.arch_version != spec.version:
+        raise UpdateRejected("wrong_arch_version", f"update has architecture v{env.arch_version}, the current one is v{spec.version}")
+    shapes = spec.shapes()
+    trained = {k: v for k, v in env.tensors.items() if not k.startswith(GUIDANCE_PREFIX)}
+    guided = {k[len(GUIDANCE_PREFIX):]: v for k, v in env.tensors.items() if k.startswith(GUIDANCE_PREFIX)}
+    try:
+        codec.check_tensors(shapes, trained)
+        if want_guidance:
+            if not guided:
+                raise UpdateRejected("missing_guidance", "FedDWA needs the guidance model, the update has none")
+            codec.check_tensors(shapes, guided)
+    except codec.EnvelopeError as exc:
+        raise UpdateRejected(exc.reason, str(exc)) from None
+    n_train, n_test = meta.get("n_train"), meta.get("n_test")
+    if not isinstance(n_train, int) or not isinstance(n_test, int) or isinstance(n_train, bool) or n_train < 0 or n_test < 0:
+        raise UpdateRejected("bad_metrics", f"n_train/n_test must be non-negative integers, got {n_train!r}/{n_test!r}")
+
+    def to_torch(d: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in d.items()}
+
+    return ClientUpdate(
+        client_id=topic_client,
+        round=env.round,
+        stage=stage,
+        n_train=n_train,
+        n_test=n_test,
+        state=to_torch(trained),
+        guidance=to_torch(guided) if want_guidance else None,
+        confusion=_confusions(meta, spec.n_classes),
+        meta={k: v for k, v in meta.items() if k != "confusion"},
+        size=env.size,
+    )

@@ -1,0 +1,239 @@
+"""The edge client's MQTT agent: follows round announcements, trains, uploads.
+
+Threads: paho's network thread only queues messages (:class:`~har_models.transport.MqttLink`);
+this agent's own thread parses them, reassembles models and runs training, so a long
+training never stalls keep-alives or acknowledgements.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from edge_client.store import ClientStore
+from edge_client.trainer import LocalTrainer
+from har_models import codec
+from har_models.protocol import (
+    ChunkError,
+    ClientStatus,
+    MessageError,
+    Reassembler,
+    RoundAnnouncement,
+    Topics,
+    check_client_id,
+    offline_status,
+)
+from har_models.transport import BrokerConfig, MqttLink
+from har_models.windowing import ChannelStats
+
+log = logging.getLogger("fedhar.client")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Settings of one edge client.
+
+    Parameters
+    ----------
+    client_id : str
+        Stable device id (letters, digits, ``_ . -``); also its MQTT user name in deployments.
+    broker : BrokerConfig
+    federation : str
+        Federation name (topic prefix ``fedhar/v1/{federation}``).
+    max_model_bytes : int
+        Largest model envelope accepted (bytes).
+    exit_after_run : str, optional
+        Exit once the coordinator announces that this run id finished (used by simulations);
+        otherwise run until stopped.
+    """
+
+    client_id: str
+    broker: BrokerConfig
+    federation: str = "default"
+    max_model_bytes: int = 512 * 1024 * 1024
+    exit_after_run: str | None = None
+
+    def __post_init__(self) -> None:
+        check_client_id(self.client_id)
+
+
+class EdgeAgent:
+    """Runs one edge client against the broker until stopped (or its run finished).
+
+    Parameters
+    ----------
+    cfg : ClientConfig
+    store : ClientStore
+        Holds the windows (already ingested), the local model and bookkeeping.
+    """
+
+    def __init__(self, cfg: ClientConfig, store: ClientStore):
+        self.cfg = cfg
+        self.store = store
+        self.trainer = LocalTrainer(store, cfg.client_id)
+        self.topics = Topics(cfg.federation)
+        self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes)
+        self.announcement: RoundAnnouncement | None = None
+        self.models: OrderedDict[str, bytes] = OrderedDict()  # transfer id -> envelope (newest last)
+        self.rejected: set[str] = set()  # transfers that failed validation
+        self.rounds_done = 0
+        self._state = "online"
+        train = store.windows("train")
+        self._n_train, self._n_test = len(train), len(store.windows("test"))
+        self._train_stats = ChannelStats.of(train.x).to_json() if len(train) else {}
+        self._class_counts = tuple(int(c) for c in train.class_counts())
+        # Exchanges (run, round, stage) answered already, and the coordinator attempt each answer
+        # reached: a new attempt (coordinator restarted) gets the stored update again, not a retraining.
+        self._done: set[tuple[str, int, int]] = set()
+        self._sent_attempt: dict[tuple[str, int, int], str] = {}
+        last = store.load_last_update()
+        if last is not None:
+            self._done.add((last[0]["run_id"], last[0]["round"], last[0]["stage"]))
+        self._link = MqttLink(
+            cfg.broker,
+            f"fedhar-client-{cfg.client_id}",
+            subscriptions=[
+                (self.topics.round, 1),
+                (self.topics.global_model("+"), 1),
+                (self.topics.client_model(cfg.client_id, "+"), 1),
+            ],
+            will=(self.topics.client_status(cfg.client_id), offline_status(cfg.client_id)),
+            on_connect=lambda link: link.publish_nowait(self.topics.client_status(cfg.client_id), self._status_bytes(), retain=True),
+        )
+
+    def _status_bytes(self) -> bytes:
+        last = self.store.get_meta("last_update") or {}
+        return ClientStatus(
+            client_id=self.cfg.client_id,
+            state=self._state,
+            label_set=self.store.labels.name,
+            n_train=self._n_train,
+            n_test=self._n_test,
+            train_stats=self._train_stats,
+            class_counts=self._class_counts,
+            run_id=str(last.get("run_id", "")),
+            last_round=int(last.get("round", -1)),
+        ).to_bytes()
+
+    def _set_state(self, state: str) -> None:
+        self._state = state
+        if self._link.connected.is_set():
+            self._link.publish_nowait(self.topics.client_status(self.cfg.client_id), self._status_bytes(), retain=True)
+
+    def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:
+        """Serve until ``stop`` is set, ``max_seconds`` pass, or the awaited run finishes.
+
+        Returns
+        -------
+        int
+            0 on a normal end.
+        """
+        stop = stop or threading.Event()
+        end = None if max_seconds is None else time.monotonic() + max_seconds
+        log.info("[%s] starting: %d training / %d test windows; broker %s:%d",
+                 self.cfg.client_id, self._n_train, self._n_test, self.cfg.broker.host, self.cfg.broker.port)
+        self._link.start(wait_s=None)
+        try:
+            while not stop.is_set() and (end is None or time.monotonic() < end):
+                try:
+                    topic, payload, _ = self._link.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    self._maybe_work()  # retries a pending upload even when nothing arrives
+                    continue
+                self._handle(topic, payload)
+                if self._finished():
+                    log.info("[%s] run %s finished after %d rounds here; exiting", self.cfg.client_id, self.cfg.exit_after_run, self.rounds_done)
+                    break
+                self._maybe_work()
+        finally:
+            self._state = "offline"
+            self._link.stop(final=(self.topics.client_status(self.cfg.client_id), offline_status(self.cfg.client_id)))
+        return 0
+
+    def _finished(self) -> bool:
+        a = self.announcement
+        return a is not None and a.state == "finished" and self.cfg.exit_after_run is not None and a.run_id == self.cfg.exit_after_run
+
+    def _handle(self, topic: str, payload: bytes) -> None:
+        if not payload:  # a cleared retained message
+            return
+        if topic == self.topics.round:
+            try:
+                self.announcement = RoundAnnouncement.from_bytes(payload)
+            except MessageError as exc:
+                log.warning("[%s] ignoring malformed round announcement: %s", self.cfg.client_id, exc)
+            return
+        stream = "global" if topic.startswith(self.topics.global_model("")) else "personal"
+        try:
+            done = self.reassembler.add(stream, payload)
+        except ChunkError as exc:
+            log.warning("[%s] dropped a %s model chunk (%s): %s", self.cfg.client_id, stream, exc.reason, exc)
+            return
+        if done is not None:
+            transfer, envelope = done
+            self.models[transfer] = envelope
+            while len(self.models) > 3:
+                self.models.popitem(last=False)
+
+    def _maybe_work(self) -> None:
+        ann = self.announcement
+        cid = self.cfg.client_id
+        if ann is None or ann.state != "training" or cid not in ann.selected:
+            return
+        key = (ann.run_id, ann.round, ann.stage)
+        if key in self._done:
+            if self._sent_attempt.get(key) != ann.attempt and self._link.connected.is_set():
+                last = self.store.load_last_update()
+                if last is not None and (last[0]["run_id"], last[0]["round"], last[0]["stage"]) == key:
+                    log.info("[%s] round %d: sending the stored update for coordinator attempt %s", cid, ann.round, ann.attempt)
+                    if self._upload(key, last[1]):
+                        self._sent_attempt[key] = ann.attempt
+                else:
+                    self._sent_attempt[key] = ann.attempt
+            return
+        _, transfer = ann.model_for(cid)
+        if not transfer or transfer in self.rejected or transfer not in self.models:
+            return
+        try:
+            env = codec.decode(self.models[transfer], max_bytes=self.cfg.max_model_bytes)
+            if env.kind != "model" or env.round != ann.round or env.arch_version != ann.arch.get("version"):
+                raise codec.BadHeader(
+                    f"model is {env.kind} for round {env.round} v{env.arch_version}, "
+                    f"announcement says round {ann.round} v{ann.arch.get('version')}"
+                )
+            if env.client_id not in ("", cid):
+                raise codec.BadHeader(f"model is addressed to {env.client_id!r}")
+        except codec.EnvelopeError as exc:
+            log.error("[%s] round %d: rejected model %s (%s): %s", cid, ann.round, transfer[:12], exc.reason, exc)
+            self.rejected.add(transfer)
+            return
+        self._set_state("training")
+        try:
+            outcome = self.trainer.run_round(ann, env.tensors)
+        except ValueError as exc:
+            log.error("[%s] round %d: cannot train on the received model: %s", cid, ann.round, exc)
+            self.rejected.add(transfer)
+            self._set_state("idle")
+            return
+        self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
+        self._done.add(key)
+        if self._upload(key, outcome.envelope):
+            self._sent_attempt[key] = ann.attempt
+        self.rounds_done += 1
+        log.info("[%s] round %d%s: %s", cid, ann.round, f".{ann.stage}" if ann.stage else "", outcome.summary)
+        self._set_state("idle")
+
+    def _upload(self, key: tuple[str, int, int], envelope: bytes) -> bool:
+        """Send an update; False if it failed (it is tried again while its round is open)."""
+        cid = self.cfg.client_id
+        try:
+            n = self._link.publish_chunks(lambda i: self.topics.client_update(cid, i), envelope)
+        except (TimeoutError, RuntimeError) as exc:
+            log.error("[%s] round %d: upload failed (%s); will retry while the round is open", cid, key[1], exc)
+            return False
+        log.debug("[%s] round %d: update sent, %d bytes in %d chunks", cid, key[1], len(envelope), n)
+        return True

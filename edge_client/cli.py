@@ -1,0 +1,78 @@
+"""``fedhar-client``: run one edge client (a device, or a replayed dataset subject)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from edge_client.agent import ClientConfig, EdgeAgent
+from edge_client.sources import ingest_source
+from har_models.subjects import parse_source
+from edge_client.store import ClientStore
+from har_models.transport import BrokerConfig
+
+log = logging.getLogger("fedhar.client")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT")
+    ap.add_argument("--client-id", required=True, help="stable device id (letters, digits, _ . -)")
+    ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT (default %(default)s)")
+    ap.add_argument("--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)")
+    ap.add_argument("--source", required=True,
+                    help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]")
+    ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
+    ap.add_argument("--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
+    ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
+    ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
+    ap.add_argument("--username", default=None, help="MQTT user name (default: none)")
+    ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
+    ap.add_argument("--tls-ca", default=None, help="CA certificate: connect with TLS")
+    ap.add_argument("--tls-cert", default=None)
+    ap.add_argument("--tls-key", default=None)
+    ap.add_argument("--max-message-bytes", type=int, default=1_000_000, help="largest MQTT payload to publish (default %(default)s)")
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("paho").setLevel(logging.WARNING)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        password = args.password_file.read_text().strip() if args.password_file else None
+        broker = BrokerConfig.parse(args.broker, username=args.username, password=password, tls_ca=args.tls_ca,
+                                    tls_cert=args.tls_cert, tls_key=args.tls_key, max_message_bytes=args.max_message_bytes)
+        cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
+        source = parse_source(args.source)
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-client: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store = ClientStore(args.state_dir, source.labels)
+        n_train, n_test = ingest_source(store, source, split_seed=args.split_seed)
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
+        return 3
+    log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        return EdgeAgent(cfg, store).run(stop, max_seconds=args.max_seconds)
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The client's local store: labelled windows, local model, FedALA state, round bookkeeping.
+
+Everything a client needs to survive a restart lives in one folder:
+
+* ``store.sqlite`` — windows (with their train/test split) and key/value metadata;
+* ``local_model.safetensors`` — the last local model theta_i (architecture in its metadata);
+* ``ala_state.safetensors`` — FedALA weights W_i^p and flags;
+* ``last_update.bin`` — the last update envelope sent, so it can be re-sent after a crash.
+
+Files are written to a temporary name and renamed, so a crash leaves the old or the new
+version, never half of one. Raw sensor data never leaves this folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from har_models.labels import LabelSet
+from har_models.windowing import N_CHANNELS, WindowSet, stratified_split
+
+log = logging.getLogger("fedhar.client.store")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS windows (
+    id INTEGER PRIMARY KEY,
+    source TEXT NOT NULL,
+    t_start_ns INTEGER NOT NULL,
+    label INTEGER NOT NULL,
+    split TEXT NOT NULL CHECK (split IN ('train', 'test')),
+    x BLOB NOT NULL
+);
+"""
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ClientStore:
+    """Persistent state of one edge client.
+
+    Parameters
+    ----------
+    folder : Path
+        Created if missing.
+    labels : LabelSet
+        Label set of the windows kept here.
+    window : int
+        Samples per window T (128).
+
+    Raises
+    ------
+    ValueError
+        If the folder already holds windows of another label set or window length.
+    """
+
+    def __init__(self, folder: Path, labels: LabelSet, window: int = 128):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.labels = labels
+        self.window = window
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.folder / "store.sqlite", check_same_thread=False)
+        self._db.executescript(_SCHEMA)
+        stored = self.get_meta("labels")
+        if stored is not None and (stored["name"] != labels.name or stored["window"] != window):
+            raise ValueError(
+                f"store {self.folder} holds windows of label set {stored['name']!r} (T={stored['window']}), "
+                f"not {labels.name!r} (T={window}); use another --state-dir"
+            )
+        self.set_meta("labels", {"name": labels.name, "window": window})
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- metadata ------------------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    # -- windows -------------------------------------------------------------------------
+    def has_source(self, source: str) -> bool:
+        """True if windows from ``source`` (a fingerprint of the recording) were stored already."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM windows WHERE source = ? LIMIT 1", (source,)).fetchone() is not None
+
+    def replace_windows(self, source: str, data: WindowSet, test_fraction: float = 0.2, seed: int = 1) -> tuple[int, int]:
+        """Replace all stored windows by those of ``source``, with a stratified split.
+
+        The split is :func:`~har_models.windowing.stratified_split` over this source's windows
+        in order, so the coordinator's evaluation harness can rebuild the same test windows.
+
+        Returns
+        -------
+        (n_train, n_test)
+        """
+        if data.labels != self.labels:
+            raise ValueError(f"replace_windows: windows use label set {data.labels.name!r}, the store {self.labels.name!r}")
+        if data.x.shape[1:] != (N_CHANNELS, self.window):
+            raise ValueError(f"replace_windows: windows of shape {data.x.shape[1:]}, the store keeps (6, {self.window})")
+        train_idx, test_idx = stratified_split(data.y, test_fraction, seed)
+        split = np.full(len(data), "train", dtype=object)
+        split[test_idx] = "test"
+        assert data.t_start_ns is not None
+        rows = [
+            (source, int(data.t_start_ns[i]), int(data.y[i]), str(split[i]), data.x[i].astype("<f4").tobytes())
+            for i in range(len(data))
+        ]
+        with self._lock, self._db:
+            self._db.execute("DELETE FROM windows")
+            self._db.executemany("INSERT INTO windows (source, t_start_ns, label, split, x) VALUES (?, ?, ?, ?, ?)", rows)
+        return len(train_idx), len(test_idx)
+
+    def windows(self, split: str) -> WindowSet:
+        """All stored windows of ``split`` ("train" or "test"), in insertion order."""
+        if split not in ("train", "test"):
+            raise ValueError(f"windows: split must be 'train' or 'test', got {split!r}")
+        with self._lock:
+            rows = self._db.execute("SELECT t_start_ns, label, x FROM windows WHERE split = ? ORDER BY id", (split,)).fetchall()
+        if not rows:
+            return WindowSet(np.empty((0, N_CHANNELS, self.window), np.float32), np.empty(0, np.int64), self.labels)
+        x = np.stack([np.frombuffer(r[2], dtype="<f4").reshape(N_CHANNELS, self.window) for r in rows])
+        return WindowSet(x, np.array([r[1] for r in rows]), self.labels, np.array([r[0] for r in rows]))
+
+    # -- models --------------------------------------------------------------------------
+    def save_local_model(self, arch_json: str, state: dict[str, np.ndarray]) -> None:
+        """Persist theta_i with its architecture (JSON) atomically."""
+        tmp = self.folder / "local_model.safetensors.tmp"
+        save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}, str(tmp), metadata={"arch": arch_json})
+        os.replace(tmp, self.folder / "local_model.safetensors")
+
+    def load_local_model(self) -> tuple[str, dict[str, np.ndarray]] | None:
+        """``(arch_json, state)`` of the last local model, or None if there is none (or it is unreadable)."""
+        path = self.folder / "local_model.safetensors"
+        if not path.exists():
+            return None
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="numpy") as f:
+                arch = (f.metadata() or {}).get("arch", "")
+            return arch, load_file(str(path))
+        except Exception as exc:  # a damaged file must not stop the client: it restarts from the received model
+            log.error("local model %s is unreadable (%s); starting again from the next received model", path, exc)
+            return None
+
+    def save_tensors(self, name: str, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Persist a named tensor set (e.g. FedALA's W) with JSON metadata, atomically."""
+        tmp = self.folder / f"{name}.safetensors.tmp"
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata={"meta": json.dumps(meta)})
+        os.replace(tmp, self.folder / f"{name}.safetensors")
+
+    def load_tensors(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+        """The tensor set saved under ``name`` and its metadata, or None."""
+        path = self.folder / f"{name}.safetensors"
+        if not path.exists():
+            return None
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="numpy") as f:
+                meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+            return load_file(str(path)), meta
+        except Exception as exc:  # see load_local_model
+            log.error("%s is unreadable (%s); ignoring it", path, exc)
+            return None
+
+    def forget_run_state(self) -> None:
+        """Drop the local model, FedALA state and last update (a new run starts); windows stay."""
+        for name in ("local_model.safetensors", "ala_state.safetensors", "last_update.bin"):
+            (self.folder / name).unlink(missing_ok=True)
+        for key in ("run_id", "last_update"):
+            with self._lock, self._db:
+                self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes) -> None:
+        """Remember the last update sent (to re-send it after a restart)."""
+        _atomic_write(self.folder / "last_update.bin", envelope)
+        self.set_meta("last_update", {"run_id": run_id, "round": round_, "stage": stage})
+
+    def load_last_update(self) -> tuple[dict[str, Any], bytes] | None:
+        """``(info, envelope)`` of the last update sent, or None."""
+        info = self.get_meta("last_update")
+        path = self.folder / "last_update.bin"
+        if info is None or not path.exists():
+            return None
+        return info, path.read_bytes()
