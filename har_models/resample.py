@@ -18,7 +18,10 @@ gives bit-identical output:
   wins.
 * **Gaps.** A grid point whose bracketing samples on either stream are more than
   ``max_gap_ns`` apart is not invented: it is skipped, which the windower sees as a break
-  in the grid (timestamps jump), so no window spans a gap.
+  in the grid (timestamps jump), so no window spans a gap. Skipped points are counted, not
+  generated, so a gap of any length (a phone clock jumping by days) costs nothing.
+* **Non-finite values.** A sample with a NaN or infinite value is treated as missing (it
+  does not count as the stream's newest sample either).
 """
 
 from __future__ import annotations
@@ -30,16 +33,36 @@ import numpy as np
 PERIOD_50HZ_NS = 20_000_000
 """Grid period for 50 Hz, nanoseconds."""
 
+_INT64_MIN = int(np.iinfo(np.int64).min)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 @dataclass
 class ResampleStats:
-    """Counters of what the resampler did, for logs and tests."""
+    """Counters of what the resampler did, for logs and tests.
+
+    Attributes
+    ----------
+    accepted : int
+        Raw samples (both streams) used for interpolation.
+    late_dropped : int
+        Raw samples stamped ``reorder_ns`` or more before their stream's newest earlier arrival.
+    duplicates_dropped : int
+        Raw samples whose timestamp an earlier arrival of the same stream already had.
+    grid_points : int
+        Grid samples emitted.
+    gap_points_skipped : int
+        Grid points inside the common span of the streams that fell into a gap.
+    nonfinite_dropped : int
+        Raw samples with a NaN or infinite value.
+    """
 
     accepted: int = 0
     late_dropped: int = 0
     duplicates_dropped: int = 0
     grid_points: int = 0
     gap_points_skipped: int = 0
+    nonfinite_dropped: int = 0
 
 
 class _StreamBuffer:
@@ -47,7 +70,7 @@ class _StreamBuffer:
 
     def __init__(self, reorder_ns: int) -> None:
         self.reorder_ns = reorder_ns
-        self.newest = np.iinfo(np.int64).min  # newest timestamp seen (accepted or not)
+        self.newest = _INT64_MIN  # newest timestamp seen (accepted or not)
         self.pending_t = np.empty(0, np.int64)  # accepted, not yet released (arrival order)
         self.pending_v = np.empty((0, 3), np.float64)
         self.released_t = np.empty(0, np.int64)  # released, time-sorted, unique
@@ -57,7 +80,7 @@ class _StreamBuffer:
         if t.size == 0:
             return
         # A sample is late when it is not newer than (running max of earlier arrivals - reorder).
-        prev_max = np.maximum.accumulate(np.r_[self.newest, t[:-1]])
+        prev_max = np.maximum.accumulate(np.concatenate([np.array([self.newest], np.int64), t[:-1]]))
         late = t + self.reorder_ns <= prev_max  # written this way round: no int64 underflow
         # Also late if it is not newer than what was already released.
         if self.released_t.size:
@@ -65,13 +88,13 @@ class _StreamBuffer:
         stats.late_dropped += int(late.sum())
         self.newest = max(self.newest, int(t.max()))
         keep = ~late
-        self.pending_t = np.r_[self.pending_t, t[keep]]
+        self.pending_t = np.concatenate([self.pending_t, t[keep]])
         self.pending_v = np.vstack([self.pending_v, v[keep]])
 
     def release(self, final: bool, stats: ResampleStats) -> None:
         if self.pending_t.size == 0:
             return
-        cutoff = np.iinfo(np.int64).max if final else self.newest - self.reorder_ns
+        cutoff = _INT64_MAX if final else self.newest - self.reorder_ns
         ready = self.pending_t <= cutoff
         if not ready.any():
             return
@@ -79,12 +102,12 @@ class _StreamBuffer:
         self.pending_t, self.pending_v = self.pending_t[~ready], self.pending_v[~ready]
         order = np.argsort(t, kind="stable")  # stable: first arrival first among equal stamps
         t, v = t[order], v[order]
-        first = np.r_[True, t[1:] != t[:-1]]
+        first = np.concatenate([[True], t[1:] != t[:-1]])
         if self.released_t.size:
             first &= t != self.released_t[-1]
         stats.duplicates_dropped += int((~first).sum())
         stats.accepted += int(first.sum())
-        self.released_t = np.r_[self.released_t, t[first]]
+        self.released_t = np.concatenate([self.released_t, t[first]])
         self.released_v = np.vstack([self.released_v, v[first]])
 
     def trim_before(self, t_keep: int) -> None:
@@ -141,19 +164,35 @@ class Resampler:
         Parameters
         ----------
         sensor : {"acc", "gyro"}
-        t_ns : array of shape (n,), int64 nanoseconds
+        t_ns : array of shape (n,), int64 nanoseconds, in arrival order
+            Any order and repeats are allowed (see the module rules). Float arrays are
+            accepted only if every value is a whole number.
         xyz : array of shape (n, 3): m/s^2 (acc) or rad/s (gyro)
+
+        Returns
+        -------
+        t_ns : ndarray of shape (m,), int64
+            Grid times, multiples of ``period_ns``, increasing across calls.
+        values : ndarray of shape (m, 6), float64
+            acc x, y, z (m/s^2) then gyro x, y, z (rad/s).
+
+        Raises
+        ------
+        ValueError
+            After :meth:`close`, for an unknown sensor, mis-shaped samples, or timestamps
+            that are not integer nanoseconds.
         """
         if self._closed:
             raise ValueError("Resampler: push() after close(); create a new Resampler for a new recording")
         if sensor not in self._streams:
             raise ValueError(f"Resampler: unknown sensor {sensor!r}; expected one of {self.SENSORS}")
-        t = np.asarray(t_ns, dtype=np.int64).reshape(-1)
+        t = _as_ns(t_ns, sensor)
         v = np.asarray(xyz, dtype=np.float64)
         if v.shape != (t.shape[0], 3):
             raise ValueError(f"Resampler: {sensor} samples must have shape ({t.shape[0]}, 3), got {v.shape}")
         finite = np.isfinite(v).all(axis=1)
         if not finite.all():  # a non-finite sample is treated as missing, i.e. a possible gap
+            self.stats.nonfinite_dropped += int((~finite).sum())
             t, v = t[finite], v[finite]
         buf = self._streams[sensor]
         buf.push(t, v, self.stats)
@@ -181,16 +220,75 @@ class Resampler:
         end = min(int(acc.released_t[-1]), int(gyr.released_t[-1]))
         if end < self._next_grid:
             return np.empty(0, np.int64), np.empty((0, 6))
-        grid = np.arange(self._next_grid, end + 1, p, dtype=np.int64)
+        # Only grid points outside every gap are generated: materialising the whole range
+        # would cost memory and time proportional to a gap's length (a phone clock jump of
+        # days would mean billions of points).
+        n_range = (end - self._next_grid) // p + 1
+        grid = _grid_outside_gaps(self._next_grid, end, p, [acc.released_t, gyr.released_t], self.max_gap_ns)
+        if grid.size == 0:
+            self._next_grid += n_range * p
+            acc.trim_before(self._next_grid)
+            gyr.trim_before(self._next_grid)
+            self.stats.gap_points_skipped += int(n_range)
+            return np.empty(0, np.int64), np.empty((0, 6))
         va, ok_a = _interpolate(acc.released_t, acc.released_v, grid, self.max_gap_ns)
         vg, ok_g = _interpolate(gyr.released_t, gyr.released_v, grid, self.max_gap_ns)
-        ok = ok_a & ok_g
-        self._next_grid = int(grid[-1]) + p
+        ok = ok_a & ok_g  # all True by construction of the grid; kept as a guard
+        self._next_grid += n_range * p
         acc.trim_before(self._next_grid)
         gyr.trim_before(self._next_grid)
         self.stats.grid_points += int(ok.sum())
-        self.stats.gap_points_skipped += int((~ok).sum())
+        self.stats.gap_points_skipped += int(n_range - ok.sum())
         return grid[ok], np.hstack([va[ok], vg[ok]])
+
+
+def _grid_outside_gaps(lo: int, hi: int, p: int, streams: list[np.ndarray], max_gap_ns: int) -> np.ndarray:
+    """Multiples of ``p`` in ``[lo, hi]`` not strictly inside a gap of any stream.
+
+    A gap is a pair of consecutive samples ``(a, b)`` of one (sorted, unique) stream with
+    ``b - a > max_gap_ns``; the grid points ``a < g < b`` cannot be interpolated. ``lo``
+    is a multiple of ``p``. Cost is proportional to the number of points returned plus the
+    number of gaps, not to the length of the range.
+    """
+    starts, stops = [], []  # excluded ranges of grid indices, inclusive
+    for t in streams:
+        big = np.flatnonzero(np.diff(t) > max_gap_ns)
+        a, b = t[big], t[big + 1]
+        starts.append(a // p + 1)  # first multiple strictly after a
+        stops.append(-(-b // p) - 1)  # last multiple strictly before b
+    k_lo, k_hi = lo // p, hi // p
+    if not any(s.size for s in starts):
+        return np.arange(k_lo, k_hi + 1, dtype=np.int64) * p
+    ex_start, ex_stop = np.concatenate(starts), np.concatenate(stops)
+    order = np.argsort(ex_start, kind="stable")
+    segments, k = [], k_lo
+    for s, e in zip(ex_start[order].tolist(), ex_stop[order].tolist(), strict=True):
+        if e < k or s > e:
+            continue
+        if s > k_hi:
+            break
+        if s > k:
+            segments.append(np.arange(k, s, dtype=np.int64))
+        k = max(k, e + 1)
+    if k <= k_hi:
+        segments.append(np.arange(k, k_hi + 1, dtype=np.int64))
+    if not segments:
+        return np.empty(0, np.int64)
+    return np.concatenate(segments) * p
+
+
+def _as_ns(t_ns: np.ndarray, sensor: str) -> np.ndarray:
+    """Timestamps as a flat int64 array; floats are accepted only when they are whole numbers."""
+    raw = np.asarray(t_ns)
+    if raw.dtype.kind == "f":
+        if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)):
+            raise ValueError(
+                f"Resampler: {sensor} timestamps must be integer nanoseconds; got non-integer floats "
+                "(seconds or milliseconds?); convert with (t_s * 1e9).astype(np.int64)"
+            )
+    elif raw.dtype.kind not in "iu" and raw.size:
+        raise ValueError(f"Resampler: {sensor} timestamps must be integer nanoseconds, got dtype {raw.dtype}")
+    return raw.astype(np.int64).reshape(-1)
 
 
 def _interpolate(t: np.ndarray, v: np.ndarray, grid: np.ndarray, max_gap_ns: int) -> tuple[np.ndarray, np.ndarray]:

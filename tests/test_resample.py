@@ -1,0 +1,226 @@
+"""Streaming resampler: known answers, the rules for late, duplicated and gapped samples, and
+the claim that any chunking of the input gives bit-identical output."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from har_models.labels import REALWORLD_LABELS
+from har_models.pipeline import SensorPipeline, windows_from_recording
+from har_models.recording import LabelTrack, Recording, SensorStream
+from har_models.resample import Resampler, ResampleStats
+
+MS = 1_000_000
+P = 20 * MS
+
+
+def run_all(acc_t, acc_v, gyr_t, gyr_v, **kw):
+    r = Resampler(**kw)
+    out = [r.push("acc", acc_t, acc_v), r.push("gyro", gyr_t, gyr_v), r.close()]
+    return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out]), r.stats
+
+
+def ramp(t_ns, scale=1.0):
+    """Values linear in time: interpolation reproduces them exactly (up to rounding)."""
+    s = np.asarray(t_ns, np.float64) / 1e9
+    return np.stack([scale * s, 2 * scale * s, -scale * s], axis=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Known answers
+
+
+def test_exact_50hz_input_passes_through_unchanged():
+    t = 1_000 * P + P * np.arange(300)
+    acc, gyr = np.random.default_rng(0).normal(size=(2, 300, 3))
+    gt, gv, stats = run_all(t, acc, t, gyr)
+    assert np.array_equal(gt, t)
+    assert np.array_equal(gv, np.hstack([acc, gyr]))
+    assert stats == ResampleStats(accepted=600, grid_points=300)
+
+
+def test_linear_interpolation_by_hand():
+    # acc at 0, 30, 50 ms with x = 0, 3, 5; gyro at 10, 45 ms with x = 1, 8
+    acc_t = np.array([0, 30, 50]) * MS
+    acc_v = np.array([[0.0, 0, 0], [3, 0, 0], [5, 0, 0]])
+    gyr_t = np.array([10, 45]) * MS
+    gyr_v = np.array([[1.0, 0, 0], [8, 0, 0]])
+    t, v, _ = run_all(acc_t, acc_v, gyr_t, gyr_v)
+    assert t.tolist() == [20 * MS, 40 * MS]  # multiples of 20 ms covered by both (10..45 ms)
+    assert v[:, 0].tolist() == [2.0, 4.0]  # acc: 0 + 3 * 20/30; 3 + 2 * 10/20
+    assert v[:, 3].tolist() == [3.0, 7.0]  # gyro: 1 + 7 * 10/35; 1 + 7 * 30/35
+
+
+def test_grid_is_absolute_not_relative_to_the_first_sample():
+    t = 7 * MS + P * np.arange(100)
+    gt, _, _ = run_all(t, ramp(t), t, ramp(t))
+    assert gt[0] == 20 * MS and np.all(gt % P == 0) and np.all(np.diff(gt) == P)
+    assert gt[-1] == 1980 * MS  # last multiple of 20 ms before the last sample at 1987 ms
+
+
+def test_duplicates_first_arrival_wins():
+    t = P * np.arange(10)
+    acc = ramp(t)
+    acc_t = np.insert(t, 5, t[4])  # a second sample stamped 80 ms, arriving later
+    acc_v = np.insert(acc, 5, [99.0, 99.0, 99.0], axis=0)
+    gt, gv, stats = run_all(acc_t, acc_v, t, ramp(t))
+    assert np.array_equal(gt, t) and np.array_equal(gv[:, :3], acc)
+    assert stats.duplicates_dropped == 1 and stats.accepted == 20
+
+
+def test_out_of_order_within_horizon_is_sorted_and_beyond_is_dropped():
+    t = P * np.arange(50)
+    acc_t = t.copy()
+    acc_t[[10, 11]] = acc_t[[11, 10]]  # 20 ms out of order: re-sorted
+    acc_v = ramp(acc_t)
+    acc_t = np.insert(acc_t, 30, t[29] - 250 * MS)  # 250 ms behind the newest: late
+    acc_v = np.insert(acc_v, 30, [-9.0, -9.0, -9.0], axis=0)
+    gt, gv, stats = run_all(acc_t, acc_v, t, ramp(t))
+    assert np.array_equal(gt, t) and np.allclose(gv[:, :3], ramp(t), rtol=0, atol=1e-12)
+    assert stats.late_dropped == 1 and stats.duplicates_dropped == 0
+
+
+def test_gaps_are_skipped_not_interpolated():
+    t = P * np.arange(20)
+    acc_t = np.r_[t[:8], t[8:] + 80 * MS]  # acc jumps by 100 ms (allowed) between 140 and 240 ms
+    gyr_t = np.r_[t[:14], t[14:] + 120 * MS]  # gyro jumps by 140 ms (a gap) between 260 and 400 ms
+    gt, _, stats = run_all(acc_t, ramp(acc_t), gyr_t, ramp(gyr_t))
+    inside = (gt > 260 * MS) & (gt < 400 * MS)
+    assert not inside.any()
+    assert gt.tolist() == [k * P for k in range(14)] + [k * P for k in range(20, 24)]  # acc ends at 460 ms
+    assert stats.gap_points_skipped == 6  # 280, 300, ..., 380 ms
+
+
+def test_a_gap_of_days_costs_nothing():
+    t = P * np.arange(100)
+    far = t + 10 * 86_400 * 10**9  # the phone clock jumps by 10 days
+    both = np.r_[t, far]
+    start = time.perf_counter()
+    gt, _, stats = run_all(both, ramp(both), both, ramp(both))
+    assert time.perf_counter() - start < 1.0
+    assert np.array_equal(gt, both)
+    assert stats.gap_points_skipped == 10 * 86_400 * 50 - 100
+
+
+def test_non_finite_samples_are_missing():
+    t = P * np.arange(10)
+    acc = ramp(t)
+    acc[3] = np.nan
+    gt, gv, stats = run_all(t, acc, t, ramp(t))
+    assert np.array_equal(gt, t) and np.all(np.isfinite(gv))
+    assert gv[3, 0] == pytest.approx((acc[2, 0] + acc[4, 0]) / 2)
+    assert stats.nonfinite_dropped == 1
+
+
+def test_input_validation():
+    r = Resampler()
+    with pytest.raises(ValueError, match="unknown sensor 'mag'"):
+        r.push("mag", [0], [[0, 0, 0]])
+    with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
+        r.push("acc", [0, 1], [[0, 0, 0]])
+    with pytest.raises(ValueError, match="integer nanoseconds"):
+        r.push("acc", np.array([0.5, 1.0]), np.zeros((2, 3)))
+    r.push("acc", np.array([0.0, 20e6]), np.zeros((2, 3)))  # whole-number floats are fine
+    r.close()
+    with pytest.raises(ValueError, match=r"push\(\) after close\(\)"):
+        r.push("acc", [0], [[0, 0, 0]])
+    with pytest.raises(ValueError, match="must be > 0"):
+        Resampler(period_ns=0)
+
+
+# ---------------------------------------------------------------------------------------
+# Streaming equals offline, bit for bit
+
+
+def messy_stream(rng, n, start_ns):
+    """Irregular stamps as phones produce them: jitter, 1 ms bursts, gaps, reordering, repeats, NaN."""
+    steps = [1, 9, 10, 15, 19, 20, 21, 25, 40, 150, 700]
+    weights = [0.03, 0.05, 0.1, 0.05, 0.1, 0.45, 0.1, 0.05, 0.05, 0.018, 0.002]
+    dt = rng.choice(steps, size=n, p=weights).astype(np.int64) * MS
+    t = start_ns + np.cumsum(dt) + rng.integers(-2, 3, size=n) * MS
+    for i in rng.integers(1, n, size=6):  # out of order: some within the 200 ms horizon, some beyond
+        t[i] = t[i - 1] - int(rng.choice([5, 30, 150, 199, 200, 260, 900])) * MS
+    for i in rng.integers(1, n, size=6):  # exact repeats of the previous stamp
+        t[i] = t[i - 1]
+    v = rng.normal(size=(n, 3))
+    v[rng.integers(0, n, size=2)] = np.nan
+    return t, v
+
+
+def arrival_order(acc_t, gyr_t, rng=None):
+    """Interleave the two streams (each keeps its own order): by arrival, or at random."""
+    tags = np.r_[np.zeros(acc_t.size, int), np.ones(gyr_t.size, int)]
+    if rng is None:
+        key = np.r_[np.maximum.accumulate(acc_t), np.maximum.accumulate(gyr_t)]
+        return tags[np.argsort(key, kind="stable")]
+    return rng.permutation(tags)
+
+
+def stream_in_chunks(acc, gyr, order, chunk_sizes, pipeline=None, **kw):
+    """Feed events in the given sensor order, ``chunk_sizes`` consecutive same-sensor events per push at most."""
+    r = pipeline if pipeline is not None else Resampler(**kw)
+    pos = [0, 0]
+    outs = []
+    i = 0
+    k = 0
+    while i < order.size:
+        s = order[i]
+        size = int(chunk_sizes[k % len(chunk_sizes)])
+        k += 1
+        j = i
+        while j < order.size and order[j] == s and j - i < size:
+            j += 1
+        t, v = (acc, gyr)[s]
+        a, b = pos[s], pos[s] + (j - i)
+        outs.append(r.push(("acc", "gyro")[s], t[a:b], v[a:b]))
+        pos[s] = b
+        i = j
+    outs.append(r.close())
+    return outs, r
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_any_chunking_gives_bit_identical_grid(seed):
+    rng = np.random.default_rng(seed)
+    acc = messy_stream(rng, 500, 10**18)
+    gyr = messy_stream(rng, 600, 10**18 + 3 * MS)
+    ref_t, ref_v, ref_stats = run_all(*acc, *gyr)
+    assert ref_t.size > 200 and ref_stats.late_dropped > 0 and ref_stats.duplicates_dropped > 0
+    assert ref_stats.gap_points_skipped > 0 and ref_stats.nonfinite_dropped > 0
+    by_arrival = arrival_order(acc[0], gyr[0])
+    cases = {
+        "one by one": (by_arrival, [1]),
+        "random chunks": (by_arrival, rng.integers(1, 40, size=50)),
+        "random interleaving, random chunks": (arrival_order(acc[0], gyr[0], rng), rng.integers(1, 15, size=50)),
+        "one sensor after the other, one by one": (np.r_[np.zeros(500, int), np.ones(600, int)], [1]),
+    }
+    for name, (order, sizes) in cases.items():
+        outs, r = stream_in_chunks(acc, gyr, order, sizes)
+        t = np.concatenate([o[0] for o in outs])
+        v = np.concatenate([o[1] for o in outs])
+        assert np.array_equal(t, ref_t), name
+        assert np.array_equal(v, ref_v), name  # bit-identical, not merely close
+        assert r.stats == ref_stats, name
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_any_chunking_gives_bit_identical_windows(seed):
+    rng = np.random.default_rng(100 + seed)
+    acc = messy_stream(rng, 1500, 10**18)
+    gyr = messy_stream(rng, 1500, 10**18 + 1 * MS)
+    # the activity changes twice; windows never straddle a change
+    track = LabelTrack(np.array([0, 10**18 + 12 * 10**9, 10**18 + 18 * 10**9]), np.array([7, -1, 4]))
+    rec = Recording("s", "messy", SensorStream(*acc), SensorStream(*gyr), track)
+    ref = windows_from_recording(rec, REALWORLD_LABELS, max_gap_ns=200 * MS)
+    assert len(ref) >= 5 and set(ref.y.tolist()) == {4, 7}
+    by_arrival = arrival_order(acc[0], gyr[0])
+    for order, sizes in [(by_arrival, [1]), (by_arrival, rng.integers(1, 60, size=40)), (by_arrival, [10**6])]:
+        pipe = SensorPipeline(REALWORLD_LABELS, track, max_gap_ns=200 * MS)
+        outs, _ = stream_in_chunks(acc, gyr, order, sizes, pipeline=pipe)
+        x = np.concatenate([o.x for o in outs])
+        y = np.concatenate([o.y for o in outs])
+        t0 = np.concatenate([o.t_start_ns for o in outs])
+        assert np.array_equal(x, ref.x) and np.array_equal(y, ref.y) and np.array_equal(t0, ref.t_start_ns)
