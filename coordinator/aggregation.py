@@ -49,7 +49,7 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
         for s, x in used:
             if name not in s or tuple(s[name].shape) != tuple(t0.shape):
                 raise ValueError(f"weighted_average: tensor {name!r} missing or of another shape in one of the states")
-            acc += s[name].double() * (x / total)
+            acc.add_(s[name], alpha=x / total)  # accumulates in float64 without a float64 copy of the input
         out[name] = acc.float()
     for s, _ in used:
         if set(s) != set(ref):

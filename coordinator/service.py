@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from coordinator import feddist
 from coordinator.config import CoordinatorConfig
@@ -37,6 +38,7 @@ from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
 from har_models import codec
 from har_models.growth import pad_state_like
 from har_models.labels import LABEL_SETS
+from har_models.memory import release_free_memory
 from har_models.model import ArchSpec, init_state
 from har_models.protocol import (
     PROTOCOL_VERSION,
@@ -347,8 +349,8 @@ class Coordinator:
                f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
                f"up {bytes_up / 1e6:.1f} MB, down {bytes_down / 1e6:.1f} MB")
         log.info(msg)
-        if self._bar is not None:
-            self._bar.write(msg)
+        del updates, ups, agg
+        release_free_memory()
         return summary
 
     def _grow(self, round_: int, agg: Aggregate, ups: list[ClientUpdate]) -> dict[str, Any]:
@@ -443,7 +445,8 @@ class Coordinator:
             header = self._header = {**self.report_header, "run_id": self.cfg.run_id, "strategy": self.cfg.strategy_label,
                       "seed": self.cfg.seed, "config": self.cfg.to_json(), "label_set": self.label_set}
             start = last + 1
-            with tqdm(total=self.cfg.rounds, initial=start, desc="rounds", unit="round", disable=not self.progress, dynamic_ncols=True) as bar:
+            with logging_redirect_tqdm(), tqdm(total=self.cfg.rounds, initial=start, desc="rounds", unit="round",
+                                               disable=not self.progress, dynamic_ncols=True) as bar:
                 self._bar = bar
                 r = start
                 failures = 0

@@ -161,7 +161,8 @@ def validate_update(
         raise UpdateRejected("bad_metrics", f"n_train/n_test must be non-negative integers, got {n_train!r}/{n_test!r}")
 
     def to_torch(d: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in d.items()}
+        # The decoded arrays are fresh copies already; only a dtype change copies again.
+        return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in d.items()}
 
     return ClientUpdate(
         client_id=topic_client,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from edge_client.store import ClientStore
 from edge_client.trainer import LocalTrainer
 from har_models import codec
+from har_models.memory import release_free_memory
 from har_models.protocol import (
     ChunkError,
     ClientStatus,
@@ -176,7 +177,7 @@ class EdgeAgent:
         if done is not None:
             transfer, envelope = done
             self.models[transfer] = envelope
-            while len(self.models) > 3:
+            while len(self.models) > 2:
                 self.models.popitem(last=False)
 
     def _maybe_work(self) -> None:
@@ -211,6 +212,7 @@ class EdgeAgent:
             log.error("[%s] round %d: rejected model %s (%s): %s", cid, ann.round, transfer[:12], exc.reason, exc)
             self.rejected.add(transfer)
             return
+        self.models.pop(transfer, None)  # decoded: the 26 MB of envelope bytes are not needed any more
         self._set_state("training")
         try:
             outcome = self.trainer.run_round(ann, env.tensors)
@@ -225,6 +227,8 @@ class EdgeAgent:
             self._sent_attempt[key] = ann.attempt
         self.rounds_done += 1
         log.info("[%s] round %d%s: %s", cid, ann.round, f".{ann.stage}" if ann.stage else "", outcome.summary)
+        del env, outcome
+        release_free_memory()
         self._set_state("idle")
 
     def _upload(self, key: tuple[str, int, int], envelope: bytes) -> bool:

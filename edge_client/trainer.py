@@ -46,7 +46,8 @@ class RoundOutcome:
 
 
 def _to_torch(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.array(v, dtype=np.float32, copy=True)) for k, v in state.items()}
+    """float32 tensors sharing memory with the arrays where their dtype allows (they are never modified)."""
+    return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
 
 
 def _to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -120,11 +121,11 @@ class LocalTrainer:
         local = self._local_model(ann.run_id, spec, received)
         loss_fn = make_loss(balanced_class_weights(train.y, spec.n_classes) if plan.class_weights == "balanced" else None)
 
-        start = {k: v.clone() for k, v in received.items()}
+        start = dict(received)  # tensors are never modified in place: building a model copies them
         init_mode = "received"
         if plan.keep_local and local is not None:
             for name in plan.keep_local:
-                start[name] = local[name].clone()
+                start[name] = local[name]
             init_mode = "fedper"
         ala_note: dict[str, Any] = {}
         if plan.client_init == "ala" and ann.stage == 0:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.utils import skip_init
 
 from har_models.codec import check_tensors
 from har_models.windowing import N_CHANNELS, WINDOW
@@ -164,19 +165,38 @@ class HarCNN(nn.Module):
 
     Input ``(B, 6, T)`` or ``(B, 6, T, 1)`` raw windows (acc m/s^2, gyro rad/s); output
     logits ``(B, C)``.
+
+    Parameters
+    ----------
+    spec : ArchSpec
+    state : mapping name -> tensor, optional
+        Parameters to load (checked against ``spec``); default :func:`init_state` with seed 0.
+
+    Raises
+    ------
+    ValueError
+        If ``state`` does not match ``spec``.
     """
 
-    def __init__(self, spec: ArchSpec):
+    def __init__(self, spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None):
         super().__init__()
         self.spec = spec
         # Declared in forward order: FedALA's "higher layers" are the last registered tensors.
-        self.conv = nn.Conv2d(spec.n_channels, spec.conv_filters, (spec.kernel, 1))
-        self.hidden = nn.Linear(spec.conv_filters * spec.pooled_len, spec.dense_units)
-        self.out = nn.Linear(spec.dense_units, spec.n_classes)
+        # skip_init: the parameters are overwritten below, so PyTorch's own random init is wasted work.
+        self.conv = skip_init(nn.Conv2d, spec.n_channels, spec.conv_filters, (spec.kernel, 1))
+        self.hidden = skip_init(nn.Linear, spec.conv_filters * spec.pooled_len, spec.dense_units)
+        self.out = skip_init(nn.Linear, spec.dense_units, spec.n_classes)
         self.register_buffer("input_mean", torch.tensor(spec.input_mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("input_std", torch.tensor(spec.input_std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         # 'same' padding for an even kernel: (k-1)//2 before, the rest after (7 and 8 for k = 16), as Keras does.
         self._pad = ((spec.kernel - 1) // 2, spec.kernel - 1 - (spec.kernel - 1) // 2)
+        if state is None:
+            state = init_state(spec, 0)
+        else:
+            check_state(spec, state)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                p.copy_(torch.as_tensor(state[name], dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:
@@ -218,13 +238,7 @@ def build_model(spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None)
     ValueError
         If ``state`` does not match ``spec`` (see :func:`check_state`).
     """
-    model = HarCNN(spec)
-    if state is not None:
-        check_state(spec, state)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(torch.as_tensor(state[name], dtype=torch.float32))
-    return model
+    return HarCNN(spec, state)
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:

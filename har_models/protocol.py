@@ -13,9 +13,9 @@ Topics (``{p}`` = ``fedhar/v1/{federation}``)::
 
 Large envelopes travel in chunks of at most ``max_message_bytes`` so brokers with a 1 MB
 packet limit work. Each chunk carries the sha256 of the whole envelope (the transfer id),
-its index, the chunk count, the total length and the sha256 of its own payload; the
-receiver checks both digests, so a corrupted or mixed-up chunk can never produce a
-wrong envelope.
+its index, the chunk count, the total length and a CRC-32 of its own payload; the
+receiver drops a chunk whose CRC fails and checks the sha256 of the reassembled
+envelope, so a corrupted or mixed-up chunk can never produce a wrong envelope.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import json
 import re
 import struct
 import time
+import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,7 +110,7 @@ class Topics:
 # ---------------------------------------------------------------------------------------
 # Chunked transfers
 
-_CHUNK = struct.Struct("<4s32sIIQ32s")  # magic, transfer sha256, index, count, total_len, chunk sha256
+_CHUNK = struct.Struct("<4s32sIIQI")  # magic, transfer sha256, index, count, total_len, CRC-32 of the chunk payload
 CHUNK_MAGIC = b"FHC1"
 CHUNK_HEADER_BYTES = _CHUNK.size
 
@@ -137,20 +139,21 @@ def transfer_id(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
-def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[bytes]:
-    """Cut ``payload`` into chunk messages of at most ``max_message_bytes`` bytes each.
+def iter_chunks(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[bytes]:
+    """Cut ``payload`` into chunk messages of at most ``max_message_bytes`` bytes each, lazily.
 
     Parameters
     ----------
     payload : bytes
         The envelope.
     max_message_bytes : int
-        Largest MQTT payload allowed (bytes); must exceed the 84-byte chunk header.
+        Largest MQTT payload allowed (bytes); must exceed the 56-byte chunk header.
 
-    Returns
-    -------
-    list of bytes
-        ``ceil(len(payload) / (max_message_bytes - 84))`` messages (at least one).
+    Yields
+    ------
+    bytes
+        ``ceil(len(payload) / (max_message_bytes - 56))`` messages (at least one), each a
+        56-byte header and a slice of the payload.
 
     Raises
     ------
@@ -162,11 +165,15 @@ def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_B
         raise ValueError(f"max_message_bytes={max_message_bytes} must exceed the {CHUNK_HEADER_BYTES}-byte chunk header")
     digest = hashlib.sha256(payload).digest()
     count = max(1, -(-len(payload) // room))
-    out = []
+    view = memoryview(payload)
     for i in range(count):
-        part = payload[i * room : (i + 1) * room]
-        out.append(_CHUNK.pack(CHUNK_MAGIC, digest, i, count, len(payload), hashlib.sha256(part).digest()) + part)
-    return out
+        part = view[i * room : (i + 1) * room]
+        yield _CHUNK.pack(CHUNK_MAGIC, digest, i, count, len(payload), zlib.crc32(part)) + part
+
+
+def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[bytes]:
+    """All chunk messages of ``payload`` as a list (see :func:`iter_chunks`)."""
+    return list(iter_chunks(payload, max_message_bytes))
 
 
 def parse_chunk(message: bytes) -> Chunk:
@@ -176,18 +183,18 @@ def parse_chunk(message: bytes) -> Chunk:
     ------
     ChunkError
         reason ``"bad_chunk"`` for a short message, wrong magic or inconsistent counters,
-        ``"chunk_sha256_mismatch"`` when the payload does not match its digest.
+        ``"chunk_crc_mismatch"`` when the payload does not match its CRC-32.
     """
     if len(message) < CHUNK_HEADER_BYTES:
         raise ChunkError("bad_chunk", f"chunk of {len(message)} bytes is shorter than its {CHUNK_HEADER_BYTES}-byte header")
-    magic, transfer, index, count, total, digest = _CHUNK.unpack_from(message)
+    magic, transfer, index, count, total, crc = _CHUNK.unpack_from(message)
     if magic != CHUNK_MAGIC:
         raise ChunkError("bad_chunk", f"chunk starts with {magic!r}, expected {CHUNK_MAGIC!r}")
     if count == 0 or index >= count:
         raise ChunkError("bad_chunk", f"chunk index {index} out of range for count {count}")
     payload = bytes(message[CHUNK_HEADER_BYTES:])
-    if hashlib.sha256(payload).digest() != digest:
-        raise ChunkError("chunk_sha256_mismatch", f"chunk {index}/{count} of transfer {transfer.hex()[:12]} is corrupted")
+    if zlib.crc32(payload) != crc:
+        raise ChunkError("chunk_crc_mismatch", f"chunk {index}/{count} of transfer {transfer.hex()[:12]} is corrupted (CRC-32)")
     return Chunk(transfer.hex(), index, count, total, payload)
 
 
@@ -246,7 +253,7 @@ class Reassembler:
         Raises
         ------
         ChunkError
-            For a malformed or corrupted chunk (``bad_chunk``, ``chunk_sha256_mismatch``),
+            For a malformed or corrupted chunk (``bad_chunk``, ``chunk_crc_mismatch``),
             a chunk that contradicts earlier chunks of its transfer (``inconsistent_chunk``),
             a payload over the limit (``oversized``) or a reassembled payload whose digest is
             wrong (``transfer_sha256_mismatch``). Nothing is delivered in these cases.
@@ -515,6 +522,7 @@ class ClientStatus:
         d = _load_json(payload, "client status")
         d.pop("protocol")
         try:
+            d["class_counts"] = tuple(int(c) for c in d.get("class_counts", ()))
             st = cls(**d)
             check_client_id(st.client_id)
         except (TypeError, ValueError) as exc:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
 
-from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, split_payload
+from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
 
@@ -112,6 +112,7 @@ class MqttLink:
         self.connects = 0
         self._on_connect_hook = on_connect
         self._publish_lock = threading.Lock()
+        self._stopping = False
         c = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
             client_id=client_name,
@@ -146,7 +147,8 @@ class MqttLink:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
         self.connected.clear()
-        log.info("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
+        if not self._stopping:
+            log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         self.bytes_received += len(msg.payload)
@@ -172,6 +174,7 @@ class MqttLink:
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
         """Publish ``final`` (topic, payload; retained, QoS 1) if given, then disconnect cleanly."""
+        self._stopping = True
         if final is not None and self.connected.is_set():
             try:
                 self.publish(final[0], final[1], retain=True, timeout=5.0)
@@ -222,16 +225,17 @@ class MqttLink:
         TimeoutError
             If the chunks were not all acknowledged within ``timeout`` seconds.
         """
-        chunks = split_payload(payload, self.cfg.max_message_bytes)
         deadline = time.monotonic() + timeout
         pending: list[mqtt.MQTTMessageInfo] = []
-        for i, chunk in enumerate(chunks):
+        n = 0
+        for i, chunk in enumerate(iter_chunks(payload, self.cfg.max_message_bytes)):
             pending.append(self._send(topic_of(i), chunk, 1, retain, deadline))
+            n += 1
             if len(pending) >= 16:
                 self._wait(pending.pop(0), deadline)
         for info in pending:
             self._wait(info, deadline)
-        return len(chunks)
+        return n
 
     def _send(self, topic: str, payload: bytes, qos: int, retain: bool, deadline: float) -> mqtt.MQTTMessageInfo:
         while True:

@@ -1,0 +1,28 @@
+"""The README's two fresh-machine commands stay true: CI runs the second one verbatim."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    lines = (ROOT / "README.md").read_text().splitlines()[:12]
+    return [ln.strip() for ln in lines if ln.startswith("    ") and ln.strip()]
+
+
+def test_readme_opens_with_exactly_two_commands():
+    cmds = _readme_commands()
+    assert len(cmds) == 2, cmds
+    assert cmds[0].endswith("fedhar-simulate") and "pip install" in cmds[0]
+    assert "pytest" in cmds[1] and "'.[test]'" in cmds[1]
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert _readme_commands()[1] in [ln.strip() for ln in ci]
+
+
+def test_console_scripts_exist():
+    text = (ROOT / "pyproject.toml").read_text()
+    for script in ("fedhar-simulate", "fedhar-coordinator", "fedhar-client"):
+        assert f"{script} = " in text

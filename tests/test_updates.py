@@ -1,0 +1,66 @@
+"""Update validation: each way an upload can be wrong is rejected with its own reason."""
+
+import numpy as np
+import pytest
+
+from coordinator.updates import UpdateRejected, validate_update
+from har_models import codec
+from har_models.model import ArchSpec, init_state
+
+SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=2)
+STATE = {k: v.numpy() for k, v in init_state(SPEC, 0).items()}
+GOOD_META = {"run_id": "r", "stage": 0, "n_train": 40, "n_test": 10,
+             "confusion": {"trained": np.eye(6, dtype=int).tolist(), "received": None}}
+
+
+def make(tensors=None, *, round_=3, version=2, client="c1", meta=None, kind="update"):
+    return codec.encode(STATE if tensors is None else tensors, kind=kind, round=round_, arch_version=version,
+                        client_id=client, meta=GOOD_META if meta is None else meta)
+
+
+def check(data, *, topic_client="c1", guidance=False):
+    return validate_update(data, topic_client=topic_client, run_id="r", round_=3, stage=0, spec=SPEC,
+                           selected={"c1", "c2"}, want_guidance=guidance)
+
+
+def reason(data, **kw):
+    with pytest.raises(UpdateRejected) as e:
+        check(data, **kw)
+    return e.value.reason
+
+
+def test_a_good_update_is_accepted_with_its_metrics():
+    u = check(make())
+    assert (u.client_id, u.round, u.n_train, u.n_test) == ("c1", 3, 40, 10)
+    np.testing.assert_array_equal(u.confusion["trained"], np.eye(6))
+    assert "received" not in u.confusion
+    assert all(np.array_equal(u.state[k].numpy(), STATE[k]) for k in STATE)
+
+
+def test_each_defect_has_its_reason():
+    nan_state = {**STATE, "out.bias": np.full(6, np.nan, np.float32)}
+    corrupted = bytearray(make())
+    corrupted[-3] ^= 0x55
+    assert reason(bytes(corrupted)) == "sha256_mismatch"
+    assert reason(make()[:-10]) == "truncated"
+    assert reason(make(kind="model")) == "wrong_kind"
+    assert reason(make(client="c2")) == "client_mismatch"
+    assert reason(make(client="c9"), topic_client="c9") == "not_selected"
+    assert reason(make(meta={**GOOD_META, "run_id": "old"})) == "wrong_run"
+    assert reason(make(round_=2)) == "stale_round"
+    assert reason(make(round_=4)) == "future_round"
+    assert reason(make(meta={**GOOD_META, "stage": 1})) == "stale_stage"
+    assert reason(make(version=1)) == "wrong_arch_version"
+    assert reason(make({k: v for k, v in STATE.items() if k != "out.bias"})) == "wrong_tensors"
+    assert reason(make({**STATE, "out.bias": np.zeros(7, np.float32)})) == "wrong_tensors"
+    assert reason(make(nan_state)) == "non_finite"
+    assert reason(make(), guidance=True) == "missing_guidance"
+    assert reason(make(meta={**GOOD_META, "n_train": -1})) == "bad_metrics"
+    assert reason(make(meta={**GOOD_META, "confusion": {"trained": [[1, 2], [3, 4]]}})) == "bad_metrics"
+
+
+def test_guidance_model_is_split_off_by_prefix():
+    guided = {**STATE, **{f"guidance/{k}": v + 1 for k, v in STATE.items()}}
+    u = check(make(guided), guidance=True)
+    np.testing.assert_array_equal(u.guidance["out.bias"].numpy(), STATE["out.bias"] + 1)
+    np.testing.assert_array_equal(u.state["out.bias"].numpy(), STATE["out.bias"])
