@@ -94,7 +94,9 @@ class EmbeddedBroker:
         If the broker does not accept connections within ``start_timeout_s``.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_file: Path | None = None, start_timeout_s: float = 30.0):
+    def __init__(
+        self, host: str = "127.0.0.1", port: int | None = None, log_file: Path | None = None, start_timeout_s: float = 30.0
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.log_file = log_file
@@ -102,10 +104,12 @@ class EmbeddedBroker:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> EmbeddedBroker:
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 (closed by the child's exit)
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [sys.executable, "-m", "coordinator.broker", "--host", self.host, "--port", str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         if not wait_for_port(self.host, self.port, self.start_timeout_s) or self.process.poll() is not None:
             self.stop()

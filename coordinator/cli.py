@@ -41,7 +41,9 @@ def add_federation_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fraction", type=float, default=1.0, help="share of eligible clients selected per round")
     g.add_argument("--round-timeout", type=float, default=900.0, help="seconds before a round closes without the missing updates")
     g.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for clients before the first round")
-    g.add_argument("--generalisation-every", type=int, default=5, help="rounds between generalisation evaluations (0 = last only)")
+    g.add_argument(
+        "--generalisation-every", type=int, default=5, help="rounds between generalisation evaluations (0 = last only)"
+    )
 
 
 def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConfig:
@@ -59,19 +61,38 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     if not isinstance(ala, dict):
         raise ValueError("--ala must be a JSON object")
     return CoordinatorConfig(
-        rounds=args.rounds, local_epochs=args.local_epochs, lr=args.lr, batch_size=args.batch_size,
-        class_weights=args.class_weights, aggregation=args.aggregation, growth=args.growth,
-        client_init=args.client_init, prox_mu=args.prox_mu, top_k=args.top_k, feddist_mode=args.feddist_mode,
-        feddist_k0=args.feddist_k0, feddist_delta=args.feddist_delta, feddist_period=args.feddist_period, ala=ala,
-        conv_filters=args.conv_filters, dense_units=args.dense_units, seed=args.seed, fraction=args.fraction,
-        round_timeout_s=args.round_timeout, start_timeout_s=args.start_timeout,
-        generalisation_every=args.generalisation_every, **fields,
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        class_weights=args.class_weights,
+        aggregation=args.aggregation,
+        growth=args.growth,
+        client_init=args.client_init,
+        prox_mu=args.prox_mu,
+        top_k=args.top_k,
+        feddist_mode=args.feddist_mode,
+        feddist_k0=args.feddist_k0,
+        feddist_delta=args.feddist_delta,
+        feddist_period=args.feddist_period,
+        ala=ala,
+        conv_filters=args.conv_filters,
+        dense_units=args.dense_units,
+        seed=args.seed,
+        fraction=args.fraction,
+        round_timeout_s=args.round_timeout,
+        start_timeout_s=args.start_timeout,
+        generalisation_every=args.generalisation_every,
+        **fields,
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedhar-coordinator", description="fedhar coordinator: runs federated rounds over MQTT",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedhar-coordinator",
+        description="fedhar coordinator: runs federated rounds over MQTT",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT")
     ap.add_argument("--username", default=None)
     ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
@@ -85,9 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir after its last completed round")
     ap.add_argument("--min-clients", type=int, default=2, help="fewest clients a round may start with")
     ap.add_argument("--expected-clients", type=int, default=None, help="start as soon as this many clients are online")
-    ap.add_argument("--eval-data", default=None,
-                    help="research harness: dataset (hapt:FOLDER or realworld:PATH) whose subjects' test splits form the union "
-                         "test set for the global and generalisation measures")
+    ap.add_argument(
+        "--eval-data",
+        default=None,
+        help="research harness: dataset (hapt:FOLDER or realworld:PATH) whose subjects' test splits form the union "
+        "test set for the global and generalisation measures",
+    )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
     add_federation_arguments(ap)
@@ -105,10 +129,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         password = args.password_file.read_text().strip() if args.password_file else None
-        broker = BrokerConfig.parse(args.broker, username=args.username, password=password, tls_ca=args.tls_ca,
-                                    tls_cert=args.tls_cert, tls_key=args.tls_key, max_message_bytes=args.max_message_bytes)
-        cfg = config_from_args(args, run_dir=args.run_dir or Path("runs") / run_id, broker=broker, federation=args.federation,
-                               run_id=run_id, min_clients=args.min_clients, expected_clients=args.expected_clients, resume=args.resume)
+        broker = BrokerConfig.parse(
+            args.broker,
+            username=args.username,
+            password=password,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            max_message_bytes=args.max_message_bytes,
+        )
+        cfg = config_from_args(
+            args,
+            run_dir=args.run_dir or Path("runs") / run_id,
+            broker=broker,
+            federation=args.federation,
+            run_id=run_id,
+            min_clients=args.min_clients,
+            expected_clients=args.expected_clients,
+            resume=args.resume,
+        )
     except (ValueError, OSError) as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 2
@@ -124,13 +163,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedhar-coordinator: --eval-data {args.eval_data}: {exc}", file=sys.stderr)
             return 3
     try:
-        Coordinator(cfg, evaluator, progress=not args.no_progress,
-                    report_header={"command": "fedhar-coordinator " + " ".join(argv if argv is not None else sys.argv[1:])}).run()
+        Coordinator(
+            cfg,
+            evaluator,
+            progress=not args.no_progress,
+            report_header={"command": "fedhar-coordinator " + " ".join(argv if argv is not None else sys.argv[1:])},
+        ).run()
     except CoordinatorError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
-        print(f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr)
+        print(
+            f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr
+        )
         return 130
     print(f"fedhar-coordinator: run {run_id} finished; report: {cfg.run_dir / 'report.md'}")
     return 0

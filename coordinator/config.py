@@ -103,12 +103,19 @@ class CoordinatorConfig:
 
     def __post_init__(self) -> None:
         check_client_id(self.run_id)
-        for name, allowed in (("aggregation", AGGREGATIONS), ("growth", GROWTHS), ("client_init", CLIENT_INITS),
-                              ("feddist_mode", GROWTH_MODES), ("class_weights", ("balanced", "none"))):
+        for name, allowed in (
+            ("aggregation", AGGREGATIONS),
+            ("growth", GROWTHS),
+            ("client_init", CLIENT_INITS),
+            ("feddist_mode", GROWTH_MODES),
+            ("class_weights", ("balanced", "none")),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.rounds < 1 or self.min_clients < 1 or not 0 < self.fraction <= 1:
-            raise ValueError(f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}")
+            raise ValueError(
+                f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}"
+            )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
 

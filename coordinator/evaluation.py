@@ -44,7 +44,9 @@ class Evaluator:
         """Accuracy, macro-F1, weighted-F1 of one model on the union test set."""
         return summarise(evaluate(spec, state, self.union_test))
 
-    def generalisation(self, spec: ArchSpec, states: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    def generalisation(
+        self, spec: ArchSpec, states: Mapping[str, Mapping[str, torch.Tensor]]
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         """Each client's model on the union test set: ``(mean over clients, per client)``."""
         cms = {cid: evaluate(spec, st, self.union_test) for cid, st in states.items()}
         return mean_over_clients(list(cms.values())), {cid: summarise(cm) for cid, cm in cms.items()}

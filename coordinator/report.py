@@ -17,11 +17,15 @@ MEASURES = ("global", "personalisation", "generalisation")
 
 MODEL_NOTES = {
     "global": "global model after this round's aggregation (and growth) on the union of all clients' test sets "
-    "(under FedDWA and FedPer: the shadow FedAvg average of the clients' trained models, which no client uses)",
-    "personalisation": "each client's model after this round's local training, on its own test split; unweighted mean over clients",
-    "generalisation": "each client's model after this round's local training, on the union test set; unweighted mean over clients",
+    "(under FedDWA and FedPer: the shadow FedAvg average of the clients' trained models, "
+    "which no client uses)",
+    "personalisation": "each client's model after this round's local training, on its own test split; "
+    "unweighted mean over clients",
+    "generalisation": "each client's model after this round's local training, on the union test set; "
+    "unweighted mean over clients",
     "received_union": "the model each client received this round (before FedALA/FedPer initialisation and training), "
-    "on the union of the clients' test sets (sum of their confusion matrices); for FedAvg this is the previous round's global model",
+    "on the union of the clients' test sets (sum of their confusion matrices); "
+    "for FedAvg this is the previous round's global model",
 }
 
 
@@ -49,7 +53,9 @@ def best_and_final(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def write_report(folder: Path, header: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]], plot: bool = True) -> dict[str, Any]:
+def write_report(
+    folder: Path, header: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]], plot: bool = True
+) -> dict[str, Any]:
     """Write the three report files into ``folder``; return the JSON document.
 
     Parameters
@@ -79,14 +85,25 @@ def _write(path: Path, text: str) -> None:
 
 def _markdown(doc: Mapping[str, Any]) -> str:
     lines = [f"# fedhar run {doc.get('run_id', '')}", ""]
-    facts = [("dataset", doc.get("dataset")), ("clients", doc.get("clients")), ("strategy", doc.get("strategy")),
-             ("seed", doc.get("seed")), ("rounds completed", len(doc["rounds"])), ("wall time (s)", doc.get("wall_seconds")),
-             ("peak memory, all processes", doc.get("peak_memory")), ("command", doc.get("command"))]
+    facts = [
+        ("dataset", doc.get("dataset")),
+        ("clients", doc.get("clients")),
+        ("strategy", doc.get("strategy")),
+        ("seed", doc.get("seed")),
+        ("rounds completed", len(doc["rounds"])),
+        ("wall time (s)", doc.get("wall_seconds")),
+        ("peak memory, all processes", doc.get("peak_memory")),
+        ("command", doc.get("command")),
+    ]
     lines += [f"- **{k}**: {v}" for k, v in facts if v is not None]
     lines += ["", "Accuracy and macro-F1 in %. Which model each number is from:", ""]
     lines += [f"- **{k}**: {v}" for k, v in MODEL_NOTES.items()]
-    lines += ["", "| round | updates | rejected | arch (F, H) | up MB | down MB | s | global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |",
-              "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| round | updates | rejected | arch (F, H) | up MB | down MB | s "
+        "| global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |",
+        "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in doc["rounds"]:
         g, p, n = r.get("global") or {}, r.get("personalisation") or {}, r.get("generalisation") or {}
         lines.append(
@@ -96,11 +113,19 @@ def _markdown(doc: Mapping[str, Any]) -> str:
             f"{_fmt(p.get('accuracy'))} | {_fmt(p.get('macro_f1'))} | {_fmt(n.get('accuracy'))} | {_fmt(n.get('macro_f1'))} |"
         )
     if doc.get("final"):
-        lines += ["", "## Final and best", "", "| measure | final acc | final F1 | best acc (round) | best F1 (round) |", "|---|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Final and best",
+            "",
+            "| measure | final acc | final F1 | best acc (round) | best F1 (round) |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for m, f in doc["final"].items():
             b = doc["best"][m]
-            lines.append(f"| {m} | {_fmt(f['accuracy'])} | {_fmt(f['macro_f1'])} | {_fmt(b['accuracy']['value'])} ({b['accuracy']['round']}) | "
-                         f"{_fmt(b['macro_f1']['value'])} ({b['macro_f1']['round']}) |")
+            lines.append(
+                f"| {m} | {_fmt(f['accuracy'])} | {_fmt(f['macro_f1'])} | {_fmt(b['accuracy']['value'])} ({b['accuracy']['round']}) | "
+                f"{_fmt(b['macro_f1']['value'])} ({b['macro_f1']['round']}) |"
+            )
     return "\n".join(lines) + "\n"
 
 

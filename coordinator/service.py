@@ -13,6 +13,7 @@ One thread does all the work; paho's network thread only queues messages. Per ro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -21,10 +22,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -75,8 +75,13 @@ class Coordinator:
         Extra run facts for the report (dataset, command, ...).
     """
 
-    def __init__(self, cfg: CoordinatorConfig, evaluator: Evaluator | None = None, progress: bool = True,
-                 report_header: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        evaluator: Evaluator | None = None,
+        progress: bool = True,
+        report_header: dict[str, Any] | None = None,
+    ):
         self.cfg = cfg
         self.evaluator = evaluator
         self.progress = progress
@@ -100,7 +105,9 @@ class Coordinator:
             f"fedhar-coordinator-{cfg.federation}",
             subscriptions=[(self.topics.client_status("+"), 1), (self.topics.client_update("+", "+"), 1)],
             will=(self.topics.coordinator_status, self._status_bytes("offline")),
-            on_connect=lambda link: link.publish_nowait(self.topics.coordinator_status, self._status_bytes("online"), retain=True),
+            on_connect=lambda link: link.publish_nowait(
+                self.topics.coordinator_status, self._status_bytes("online"), retain=True
+            ),
         )
 
     # ------------------------------------------------------------------------------ helpers
@@ -153,8 +160,15 @@ class Coordinator:
             return
         try:
             upd = validate_update(
-                done[1], topic_client=cid, run_id=self.cfg.run_id, round_=c["round"], stage=c["stage"], spec=c["spec"],
-                selected=c["selected"], want_guidance=c["guidance"], max_bytes=self.cfg.max_update_bytes,
+                done[1],
+                topic_client=cid,
+                run_id=self.cfg.run_id,
+                round_=c["round"],
+                stage=c["stage"],
+                spec=c["spec"],
+                selected=c["selected"],
+                want_guidance=c["guidance"],
+                max_bytes=self.cfg.max_update_bytes,
             )
         except UpdateRejected as exc:
             self._reject(cid, exc.reason, str(exc))
@@ -177,13 +191,20 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ setup
     def _eligible(self) -> list[str]:
-        return sorted(cid for cid, st in self.clients.items()
-                      if st.state != "offline" and st.n_train > 0 and (not self.label_set or st.label_set == self.label_set))
+        return sorted(
+            cid
+            for cid, st in self.clients.items()
+            if st.state != "offline" and st.n_train > 0 and (not self.label_set or st.label_set == self.label_set)
+        )
 
     def _wait_for_clients(self) -> None:
         want = self.cfg.expected_clients
         end = time.monotonic() + self.cfg.start_timeout_s
-        log.info("waiting for %s clients (up to %.0f s)", want if want else f"at least {self.cfg.min_clients}", self.cfg.start_timeout_s)
+        log.info(
+            "waiting for %s clients (up to %.0f s)",
+            want if want else f"at least {self.cfg.min_clients}",
+            self.cfg.start_timeout_s,
+        )
         last = -1
         while time.monotonic() < end:
             n = len(self._eligible())
@@ -217,10 +238,21 @@ class Coordinator:
         if stats is None:
             raise CoordinatorError("no client reported usable training statistics; cannot set the input normalisation")
         mean, std = stats.mean_std()
-        spec = ArchSpec(n_classes=len(LABEL_SETS[self.label_set]), conv_filters=self.cfg.conv_filters,
-                        dense_units=self.cfg.dense_units, input_mean=mean, input_std=std)
-        log.info("new federation: %s, %d classes, %s parameters, normalisation from %d training samples of %d clients",
-                 self.label_set, spec.n_classes, f"{spec.n_parameters():,}", stats.count, len(present))
+        spec = ArchSpec(
+            n_classes=len(LABEL_SETS[self.label_set]),
+            conv_filters=self.cfg.conv_filters,
+            dense_units=self.cfg.dense_units,
+            input_mean=mean,
+            input_std=std,
+        )
+        log.info(
+            "new federation: %s, %d classes, %s parameters, normalisation from %d training samples of %d clients",
+            self.label_set,
+            spec.n_classes,
+            f"{spec.n_parameters():,}",
+            stats.count,
+            len(present),
+        )
         self.state.put("run_id", self.cfg.run_id)
         self.state.put("label_set", self.label_set)
         self.state.put("initial_spec", spec.to_json())
@@ -240,8 +272,13 @@ class Coordinator:
     # ------------------------------------------------------------------------------ a round
     def _base_plan(self, round_: int) -> TrainingPlan:
         return TrainingPlan(
-            local_epochs=self.cfg.local_epochs, lr=self.cfg.lr, batch_size=self.cfg.batch_size,
-            client_init=self.cfg.client_init, class_weights=self.cfg.class_weights, seed=self.cfg.seed, ala=dict(self.cfg.ala),
+            local_epochs=self.cfg.local_epochs,
+            lr=self.cfg.lr,
+            batch_size=self.cfg.batch_size,
+            client_init=self.cfg.client_init,
+            class_weights=self.cfg.class_weights,
+            seed=self.cfg.seed,
+            ala=dict(self.cfg.ala),
         )
 
     def _select(self, round_: int) -> list[str]:
@@ -270,25 +307,46 @@ class Coordinator:
             down += len(env) * len(need_global)
         for cid in selected:
             if cid in fed.personal:
-                env = codec.encode(fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta)
-                self._link.publish_chunks(lambda i, c=cid: self.topics.client_model(c, i), env, retain=True)
+                env = codec.encode(
+                    fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
+                )
+                self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
                 personal[cid] = transfer_id(env)
                 down += len(env)
         return global_id, personal, down
 
-    def _exchange(self, round_: int, stage: int, selected: list[str], plan: TrainingPlan) -> tuple[dict[str, ClientUpdate], dict[str, Any]]:
+    def _exchange(
+        self, round_: int, stage: int, selected: list[str], plan: TrainingPlan
+    ) -> tuple[dict[str, ClientUpdate], dict[str, Any]]:
         """Publish models + announcement, collect updates until complete or the deadline."""
         assert self.fed is not None
         spec = self.fed.spec
         global_id, personal, down = self._publish_models(round_, selected)
         deadline = time.time() + self.cfg.round_timeout_s
         ann = RoundAnnouncement(
-            run_id=self.cfg.run_id, round=round_, state="training", arch=spec.to_dict(),
-            label_set=self.label_set, selected=tuple(selected), plan=plan, global_model=global_id,
-            personal_models=personal, deadline_unix=deadline, stage=stage, attempt=self.attempt,
+            run_id=self.cfg.run_id,
+            round=round_,
+            state="training",
+            arch=spec.to_dict(),
+            label_set=self.label_set,
+            selected=tuple(selected),
+            plan=plan,
+            global_model=global_id,
+            personal_models=personal,
+            deadline_unix=deadline,
+            stage=stage,
+            attempt=self.attempt,
         )
-        self._collect = {"round": round_, "stage": stage, "spec": spec, "selected": set(selected), "guidance": plan.guidance,
-                         "updates": {}, "rejected": [], "bytes_up": 0}
+        self._collect = {
+            "round": round_,
+            "stage": stage,
+            "spec": spec,
+            "selected": set(selected),
+            "guidance": plan.guidance,
+            "updates": {},
+            "rejected": [],
+            "bytes_up": 0,
+        }
         self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
         c = self._collect
@@ -332,9 +390,16 @@ class Coordinator:
             rejected += growth_log.pop("rejected", [])
 
         summary: dict[str, Any] = {
-            "round": round_, "selected": len(selected), "updates": len(ups), "rejected": len(rejected),
-            "missing": info["missing"], "arch_version": self.fed.spec.version, "conv_filters": self.fed.spec.conv_filters,
-            "dense_units": self.fed.spec.dense_units, "bytes_up": bytes_up, "bytes_down": bytes_down,
+            "round": round_,
+            "selected": len(selected),
+            "updates": len(ups),
+            "rejected": len(rejected),
+            "missing": info["missing"],
+            "arch_version": self.fed.spec.version,
+            "conv_filters": self.fed.spec.conv_filters,
+            "dense_units": self.fed.spec.dense_units,
+            "bytes_up": bytes_up,
+            "bytes_down": bytes_down,
         }
         if growth_log is not None:
             summary["growth"] = growth_log
@@ -343,11 +408,13 @@ class Coordinator:
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
         g = summary.get("global") or {}
         p = summary.get("personalisation") or {}
-        msg = (f"round {round_}: {len(selected)} selected, {len(ups)} updates, {len(rejected)} rejected, "
-               f"{len(info['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
-               f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
-               f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
-               f"up {bytes_up / 1e6:.1f} MB, down {bytes_down / 1e6:.1f} MB")
+        msg = (
+            f"round {round_}: {len(selected)} selected, {len(ups)} updates, {len(rejected)} rejected, "
+            f"{len(info['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
+            f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
+            f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
+            f"up {bytes_up / 1e6:.1f} MB, down {bytes_down / 1e6:.1f} MB"
+        )
         log.info(msg)
         del updates, ups, agg
         release_free_memory()
@@ -360,27 +427,61 @@ class Coordinator:
         by_id = {u.client_id: u for u in ups}
         order = [c for c in agg.participants if c in by_id]
         client_states = [by_id[c].state for c in order]
-        out: dict[str, Any] = {"k": self.feddist_cfg.k_at(round_), "n_clients": len(order), "layers": {}, "bytes_up": 0, "bytes_down": 0, "rejected": []}
+        out: dict[str, Any] = {
+            "k": self.feddist_cfg.k_at(round_),
+            "n_clients": len(order),
+            "layers": {},
+            "bytes_up": 0,
+            "bytes_down": 0,
+            "rejected": [],
+        }
         if len(order) < 2:
             return out
         for layer in feddist.GROWABLE_LAYERS:
-            decision = feddist.detect_growth(fed.global_state, client_states, fed.spec, round_, self.feddist_cfg,
-                                             layers=(layer,), initial_spec=fed.initial_spec)
+            decision = feddist.detect_growth(
+                fed.global_state,
+                client_states,
+                fed.spec,
+                round_,
+                self.feddist_cfg,
+                layers=(layer,),
+                initial_spec=fed.initial_spec,
+            )
             out["growth_possible"] = decision.growth_possible
             if not decision.grew:
                 continue
             targets_ids = sorted(fed.personal)
             targets = [fed.global_state] + [fed.personal[c] for c in targets_ids]
-            grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=self.cfg.feddist_mode)
+            mode = cast(feddist.GrowthMode, self.cfg.feddist_mode)
+            grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=mode)
             added = len(decision.for_layer(layer))
-            log.info("round %d: FedDist grew %s by %d unit(s) (architecture v%d -> v%d)", round_, layer, added, fed.spec.version, new_spec.version)
+            log.info(
+                "round %d: FedDist grew %s by %d unit(s) (architecture v%d -> v%d)",
+                round_,
+                layer,
+                added,
+                fed.spec.version,
+                new_spec.version,
+            )
             self.state.event(round_, None, "growth", f"{layer} +{added} -> v{new_spec.version}")
-            out["layers"][layer] = {"added": added, "per_client": {order[c]: n for c, n in
-                                    ((c, sum(1 for u in decision.for_layer(layer) if u.client == c)) for c in range(len(order))) if n}}
+            out["layers"][layer] = {
+                "added": added,
+                "per_client": {
+                    order[c]: n
+                    for c, n in ((c, sum(1 for u in decision.for_layer(layer) if u.client == c)) for c in range(len(order)))
+                    if n
+                },
+            }
             fed.spec, fed.global_state = new_spec, grown[0]
             fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
             if self.cfg.feddist_mode == "paper":
-                plan = replace(self._base_plan(round_), client_init="overwrite", frozen=feddist.frozen_tensors(layer), guidance=False, keep_local=())
+                plan = replace(
+                    self._base_plan(round_),
+                    client_init="overwrite",
+                    frozen=feddist.frozen_tensors(layer),
+                    guidance=False,
+                    keep_local=(),
+                )
                 stage = 1 + feddist.GROWABLE_LAYERS.index(layer)
                 inter, info = self._exchange(round_, stage, order, plan)
                 out["bytes_up"] += info["bytes_up"]
@@ -442,11 +543,26 @@ class Coordinator:
             self._wait_for_clients()
             if self.fed is None:
                 self.fed = self._new_federation()
-            header = self._header = {**self.report_header, "run_id": self.cfg.run_id, "strategy": self.cfg.strategy_label,
-                      "seed": self.cfg.seed, "config": self.cfg.to_json(), "label_set": self.label_set}
+            header = self._header = {
+                **self.report_header,
+                "run_id": self.cfg.run_id,
+                "strategy": self.cfg.strategy_label,
+                "seed": self.cfg.seed,
+                "config": self.cfg.to_json(),
+                "label_set": self.label_set,
+            }
             start = last + 1
-            with logging_redirect_tqdm(), tqdm(total=self.cfg.rounds, initial=start, desc="rounds", unit="round",
-                                               disable=not self.progress, dynamic_ncols=True) as bar:
+            with (
+                logging_redirect_tqdm(),
+                tqdm(
+                    total=self.cfg.rounds,
+                    initial=start,
+                    desc="rounds",
+                    unit="round",
+                    disable=not self.progress,
+                    dynamic_ncols=True,
+                ) as bar,
+            ):
                 self._bar = bar
                 r = start
                 failures = 0
@@ -465,8 +581,14 @@ class Coordinator:
                     r += 1
             self._bar = None
             assert self.fed is not None
-            fin = RoundAnnouncement(run_id=self.cfg.run_id, round=self.cfg.rounds - 1, state="finished",
-                                    arch=self.fed.spec.to_dict(), label_set=self.label_set, attempt=self.attempt)
+            fin = RoundAnnouncement(
+                run_id=self.cfg.run_id,
+                round=self.cfg.rounds - 1,
+                state="finished",
+                arch=self.fed.spec.to_dict(),
+                label_set=self.label_set,
+                attempt=self.attempt,
+            )
             self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
             return write_report(self.cfg.run_dir, header, self.state.rounds())

@@ -11,6 +11,7 @@ accuracy (FedDist protocol). Prints the wall time and where the report is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -51,13 +52,15 @@ def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, 
         from har_models.hapt import hapt_subject_ids
 
         return {f"hapt-{sid}": f"hapt:{data / f'user{sid}.npz'}" for sid in hapt_subject_ids(data)}
-    from har_models.realworld import subject_ids
+    from har_models.realworld import realworld_subject_ids
 
-    subjects = subject_ids(data)
+    subjects = realworld_subject_ids(data)
     if not subjects:
-        raise FileNotFoundError(f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder")
+        raise FileNotFoundError(
+            f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder"
+        )
     suffix = f":{positions}" if positions else ""
-    return {s: f"realworld:{data}:{s}{suffix}" for s in subjects}
+    return {f"proband{k}": f"realworld:{data}:proband{k}{suffix}" for k in subjects}
 
 
 def union_test_set(sources: dict[str, str], seed: int) -> WindowSet:
@@ -117,13 +120,16 @@ class MemoryMonitor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedhar-simulate", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedhar-simulate", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
-    ap.add_argument("--broker", default=None, help="external broker HOST:PORT (e.g. Mosquitto); default: start the embedded broker")
+    ap.add_argument(
+        "--broker", default=None, help="external broker HOST:PORT (e.g. Mosquitto); default: start the embedded broker"
+    )
     ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
     ap.add_argument("--max-message-bytes", type=int, default=1_000_000)
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
@@ -160,7 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
     file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(file_log)
-    log.info("run %s: %d clients (%s), %d rounds, %s; folder %s", run_id, len(sources), args.dataset, args.rounds, args.aggregation, run_dir)
+    log.info(
+        "run %s: %d clients (%s), %d rounds, %s; folder %s",
+        run_id,
+        len(sources),
+        args.dataset,
+        args.rounds,
+        args.aggregation,
+        run_dir,
+    )
 
     monitor = MemoryMonitor()
     monitor.start()
@@ -177,22 +191,50 @@ def main(argv: list[str] | None = None) -> int:
         # MALLOC_ARENA_MAX: one arena per thread would keep each client's round peak resident.
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_client), "PYTHONUNBUFFERED": "1", "MALLOC_ARENA_MAX": "2"}
         for cid, text in sources.items():
-            cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, "--broker", f"{broker.host}:{broker.port}",
-                   "--federation", federation, "--source", text, "--state-dir", str(run_dir / "clients" / cid),
-                   "--threads", str(args.threads_per_client), "--exit-after-run", run_id,
-                   "--max-message-bytes", str(args.max_message_bytes)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "edge_client.cli",
+                "--client-id",
+                cid,
+                "--broker",
+                f"{broker.host}:{broker.port}",
+                "--federation",
+                federation,
+                "--source",
+                text,
+                "--state-dir",
+                str(run_dir / "clients" / cid),
+                "--threads",
+                str(args.threads_per_client),
+                "--exit-after-run",
+                run_id,
+                "--max-message-bytes",
+                str(args.max_message_bytes),
+            ]
             with open(run_dir / "logs" / f"{cid}.log", "ab") as out:
                 # Clients run at lower priority, so the broker and coordinator keep messages moving while they train.
-                procs[cid] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT,
-                                              preexec_fn=_lower_priority)
+                procs[cid] = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT, preexec_fn=_lower_priority
+                )
         log.info("started %d client processes; building the union test set for evaluation", len(procs))
         evaluator = Evaluator(union_test_set(sources, seed=1))
-        cfg = config_from_args(args, run_dir=run_dir, broker=broker, federation=federation, run_id=run_id,
-                               expected_clients=len(sources), min_clients=1)
-        header = {"dataset": f"{args.dataset} ({data})", "clients": len(sources),
-                  "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-                  "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
-                  "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)"}
+        cfg = config_from_args(
+            args,
+            run_dir=run_dir,
+            broker=broker,
+            federation=federation,
+            run_id=run_id,
+            expected_clients=len(sources),
+            min_clients=1,
+        )
+        header = {
+            "dataset": f"{args.dataset} ({data})",
+            "clients": len(sources),
+            "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
+            "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
+        }
         coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header)
         doc = coord.run()
         ok = True
@@ -206,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 4
     except KeyboardInterrupt:
-        print(f"fedhar-simulate: interrupted; completed rounds are kept in {run_dir} (resume with fedhar-coordinator --resume)", file=sys.stderr)
+        print(
+            f"fedhar-simulate: interrupted; completed rounds are kept in {run_dir} (resume with fedhar-coordinator --resume)",
+            file=sys.stderr,
+        )
         return 130
     finally:
         _stop_clients(procs, grace_s=60.0 if ok else 0.0)
@@ -218,24 +263,30 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     header.update({"wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict()})
     doc = coord.write_final_report(header)
-    summary = {"run_id": run_id, "run_dir": str(run_dir), "wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict(),
-               "final": doc.get("final"), "best": doc.get("best"),
-               "bytes_per_round": [{"round": r["round"], "up": r.get("bytes_up"), "down": r.get("bytes_down")} for r in doc["rounds"]]}
+    summary = {
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "wall_seconds": round(wall, 1),
+        "peak_memory": monitor.as_dict(),
+        "final": doc.get("final"),
+        "best": doc.get("best"),
+        "bytes_per_round": [{"round": r["round"], "up": r.get("bytes_up"), "down": r.get("bytes_down")} for r in doc["rounds"]],
+    }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         fin = doc.get("final", {}).get("global", {})
-        print(f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(sources)} clients in {wall:.0f} s; "
-              f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
-              f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}")
+        print(
+            f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(sources)} clients in {wall:.0f} s; "
+            f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
+            f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
+        )
     return 0
 
 
 def _lower_priority() -> None:
-    try:
+    with contextlib.suppress(OSError):  # not permitted: run at normal priority
         os.nice(5)
-    except OSError:  # not permitted: run at normal priority
-        pass
 
 
 def _stop_clients(procs: dict[str, subprocess.Popen[bytes]], grace_s: float) -> None:

@@ -41,11 +41,16 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-def save_state_file(path: Path, spec: ArchSpec, state: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None) -> None:
+def save_state_file(
+    path: Path, spec: ArchSpec, state: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None
+) -> None:
     """Write parameters with their architecture (JSON metadata) to ``path`` atomically."""
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().numpy().astype(np.float32) for k, v in state.items()}, str(tmp),
-              metadata={"arch": spec.to_json(), **(extra or {})})
+    save_file(
+        {k: v.detach().numpy().astype(np.float32) for k, v in state.items()},
+        str(tmp),
+        metadata={"arch": spec.to_json(), **(extra or {})},
+    )
     os.replace(tmp, path)
 
 
@@ -100,14 +105,16 @@ class RunState:
     def event(self, round_: int | None, client: str | None, kind: str, detail: str = "") -> None:
         """Record something that happened (a rejected update, a growth, a failure)."""
         with self._db:
-            self._db.execute("INSERT INTO events (t, round, client, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                             (time.time(), round_, client, kind, detail))
+            self._db.execute(
+                "INSERT INTO events (t, round, client, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), round_, client, kind, detail),
+            )
 
     def events(self, kind: str | None = None) -> list[tuple[int | None, str | None, str, str]]:
         """``(round, client, kind, detail)`` rows, oldest first."""
         q = "SELECT round, client, kind, detail FROM events"
         rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def rounds(self) -> list[dict[str, Any]]:
         """Summaries of completed rounds, in order."""
@@ -136,8 +143,10 @@ class RunState:
         for cid, st in personal.items():
             save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
         with self._db:
-            self._db.execute("INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
-                             (round_, time.time(), json.dumps(summary)))
+            self._db.execute(
+                "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
+                (round_, time.time(), json.dumps(summary)),
+            )
             for key, value in (extra_meta or {}).items():
                 self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
         done = sorted(p for p in (self.folder / "models").glob("r[0-9][0-9][0-9][0-9]") if p.is_dir())

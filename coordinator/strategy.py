@@ -229,4 +229,3 @@ def make_strategy(name: str, prox_mu: float = 0.01, top_k: int = 5) -> Strategy:
     if name == "feddwa":
         return FedDWA(top_k)
     raise ValueError(f"unknown aggregation {name!r}; choose fedavg, fedprox, fedper or feddwa")
-

@@ -77,7 +77,9 @@ def _confusions(meta: dict[str, Any], n_classes: int) -> dict[str, np.ndarray]:
         except (TypeError, ValueError):
             raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} is not numeric") from None
         if m.shape != (n_classes, n_classes) or (m < 0).any():
-            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} must be {n_classes}x{n_classes} non-negative counts, got {m.shape}")
+            raise UpdateRejected(
+                "bad_metrics", f"confusion matrix {key!r} must be {n_classes}x{n_classes} non-negative counts, got {m.shape}"
+            )
         out[str(key)] = m
     return out
 
@@ -144,10 +146,12 @@ def validate_update(
     if meta.get("stage", 0) != stage:
         raise UpdateRejected("stale_stage", f"update is for stage {meta.get('stage')}, the open stage is {stage}")
     if env.arch_version != spec.version:
-        raise UpdateRejected("wrong_arch_version", f"update has architecture v{env.arch_version}, the current one is v{spec.version}")
+        raise UpdateRejected(
+            "wrong_arch_version", f"update has architecture v{env.arch_version}, the current one is v{spec.version}"
+        )
     shapes = spec.shapes()
     trained = {k: v for k, v in env.tensors.items() if not k.startswith(GUIDANCE_PREFIX)}
-    guided = {k[len(GUIDANCE_PREFIX):]: v for k, v in env.tensors.items() if k.startswith(GUIDANCE_PREFIX)}
+    guided = {k[len(GUIDANCE_PREFIX) :]: v for k, v in env.tensors.items() if k.startswith(GUIDANCE_PREFIX)}
     try:
         codec.check_tensors(shapes, trained)
         if want_guidance:

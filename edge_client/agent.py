@@ -103,7 +103,9 @@ class EdgeAgent:
                 (self.topics.client_model(cfg.client_id, "+"), 1),
             ],
             will=(self.topics.client_status(cfg.client_id), offline_status(cfg.client_id)),
-            on_connect=lambda link: link.publish_nowait(self.topics.client_status(cfg.client_id), self._status_bytes(), retain=True),
+            on_connect=lambda link: link.publish_nowait(
+                self.topics.client_status(cfg.client_id), self._status_bytes(), retain=True
+            ),
         )
 
     def _status_bytes(self) -> bytes:
@@ -135,8 +137,14 @@ class EdgeAgent:
         """
         stop = stop or threading.Event()
         end = None if max_seconds is None else time.monotonic() + max_seconds
-        log.info("[%s] starting: %d training / %d test windows; broker %s:%d",
-                 self.cfg.client_id, self._n_train, self._n_test, self.cfg.broker.host, self.cfg.broker.port)
+        log.info(
+            "[%s] starting: %d training / %d test windows; broker %s:%d",
+            self.cfg.client_id,
+            self._n_train,
+            self._n_test,
+            self.cfg.broker.host,
+            self.cfg.broker.port,
+        )
         self._link.start(wait_s=None)
         try:
             while not stop.is_set() and (end is None or time.monotonic() < end):
@@ -147,7 +155,12 @@ class EdgeAgent:
                     continue
                 self._handle(topic, payload)
                 if self._finished():
-                    log.info("[%s] run %s finished after %d rounds here; exiting", self.cfg.client_id, self.cfg.exit_after_run, self.rounds_done)
+                    log.info(
+                        "[%s] run %s finished after %d rounds here; exiting",
+                        self.cfg.client_id,
+                        self.cfg.exit_after_run,
+                        self.rounds_done,
+                    )
                     break
                 self._maybe_work()
         finally:
@@ -157,7 +170,12 @@ class EdgeAgent:
 
     def _finished(self) -> bool:
         a = self.announcement
-        return a is not None and a.state == "finished" and self.cfg.exit_after_run is not None and a.run_id == self.cfg.exit_after_run
+        return (
+            a is not None
+            and a.state == "finished"
+            and self.cfg.exit_after_run is not None
+            and a.run_id == self.cfg.exit_after_run
+        )
 
     def _handle(self, topic: str, payload: bytes) -> None:
         if not payload:  # a cleared retained message

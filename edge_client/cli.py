@@ -11,22 +11,33 @@ from pathlib import Path
 
 from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.sources import ingest_source
-from har_models.subjects import parse_source
 from edge_client.store import ClientStore
+from har_models.subjects import parse_source
 from har_models.transport import BrokerConfig
 
 log = logging.getLogger("fedhar.client")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT")
+    ap = argparse.ArgumentParser(
+        prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT"
+    )
     ap.add_argument("--client-id", required=True, help="stable device id (letters, digits, _ . -)")
     ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT (default %(default)s)")
-    ap.add_argument("--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)")
-    ap.add_argument("--source", required=True,
-                    help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]")
-    ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
-    ap.add_argument("--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)")
+    ap.add_argument(
+        "--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)"
+    )
+    ap.add_argument(
+        "--source",
+        required=True,
+        help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]",
+    )
+    ap.add_argument(
+        "--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)"
+    )
+    ap.add_argument(
+        "--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
@@ -35,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tls-ca", default=None, help="CA certificate: connect with TLS")
     ap.add_argument("--tls-cert", default=None)
     ap.add_argument("--tls-key", default=None)
-    ap.add_argument("--max-message-bytes", type=int, default=1_000_000, help="largest MQTT payload to publish (default %(default)s)")
+    ap.add_argument(
+        "--max-message-bytes", type=int, default=1_000_000, help="largest MQTT payload to publish (default %(default)s)"
+    )
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -51,9 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         password = args.password_file.read_text().strip() if args.password_file else None
-        broker = BrokerConfig.parse(args.broker, username=args.username, password=password, tls_ca=args.tls_ca,
-                                    tls_cert=args.tls_cert, tls_key=args.tls_key, max_message_bytes=args.max_message_bytes)
-        cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
+        broker = BrokerConfig.parse(
+            args.broker,
+            username=args.username,
+            password=password,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            max_message_bytes=args.max_message_bytes,
+        )
+        cfg = ClientConfig(
+            client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run
+        )
         source = parse_source(args.source)
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)

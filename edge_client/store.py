@@ -146,7 +146,9 @@ class ClientStore:
     def save_local_model(self, arch_json: str, state: dict[str, np.ndarray]) -> None:
         """Persist theta_i with its architecture (JSON) atomically."""
         tmp = self.folder / "local_model.safetensors.tmp"
-        save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}, str(tmp), metadata={"arch": arch_json})
+        save_file(
+            {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}, str(tmp), metadata={"arch": arch_json}
+        )
         os.replace(tmp, self.folder / "local_model.safetensors")
 
     def load_local_model(self) -> tuple[str, dict[str, np.ndarray]] | None:

@@ -161,7 +161,14 @@ class LocalTrainer:
         tensors: dict[str, torch.Tensor] = dict(result.state)
         guidance_seconds = 0.0
         if plan.guidance:
-            g_cfg = TrainConfig(cfg.epochs, cfg.lr, cfg.batch_size, cfg.prox_mu, cfg.frozen, derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance"))
+            g_cfg = TrainConfig(
+                cfg.epochs,
+                cfg.lr,
+                cfg.batch_size,
+                cfg.prox_mu,
+                cfg.frozen,
+                derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance"),
+            )
             guided = train_local(spec, result.state, train, g_cfg, loss_fn, prox_ref=received if plan.prox_mu > 0 else None)
             tensors.update({GUIDANCE_PREFIX + k: v for k, v in guided.state.items()})
             guidance_seconds = guided.seconds
@@ -189,10 +196,17 @@ class LocalTrainer:
         envelope = codec.encode(
             tensors, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta
         )
-        acc = {k: (float(np.trace(m) / m.sum()) if m is not None and m.sum() else None) for k, m in
-               (("received", cm_received), ("initial", cm_init), ("trained", cm_trained))}
-        summary = {"loss": result.epoch_losses[-1] if result.epoch_losses else None, "seconds": round(result.seconds + guidance_seconds, 2),
-                   "accuracy": acc, "init": init_mode, "bytes": len(envelope)}
+        acc = {
+            k: (float(np.trace(m) / m.sum()) if m is not None and m.sum() else None)
+            for k, m in (("received", cm_received), ("initial", cm_init), ("trained", cm_trained))
+        }
+        summary = {
+            "loss": result.epoch_losses[-1] if result.epoch_losses else None,
+            "seconds": round(result.seconds + guidance_seconds, 2),
+            "accuracy": acc,
+            "init": init_mode,
+            "bytes": len(envelope),
+        }
         return RoundOutcome(envelope, summary)
 
     def _load_ala_state(self, has_local_model: bool) -> AlaState:

@@ -215,7 +215,14 @@ def peek_header(data: bytes) -> dict[str, Any]:
         raise BadHeader(f"envelope header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise BadHeader("envelope header is not a JSON object")
-    for key, typ in (("kind", str), ("round", int), ("arch_version", int), ("client_id", str), ("body_len", int), ("sha256", str)):
+    for key, typ in (
+        ("kind", str),
+        ("round", int),
+        ("arch_version", int),
+        ("client_id", str),
+        ("body_len", int),
+        ("sha256", str),
+    ):
         if not isinstance(header.get(key), typ) or isinstance(header.get(key), bool):
             raise BadHeader(f"envelope header field {key!r} missing or not a {typ.__name__}: {header.get(key)!r}")
     if header["kind"] not in KINDS:

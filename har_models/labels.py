@@ -46,9 +46,7 @@ class LabelSet:
         try:
             return self.names.index(activity)
         except ValueError:
-            raise KeyError(
-                f"activity {activity!r} is not in label set {self.name!r}; known: {', '.join(self.names)}"
-            ) from None
+            raise KeyError(f"activity {activity!r} is not in label set {self.name!r}; known: {', '.join(self.names)}") from None
 
 
 HAPT_LABELS = LabelSet(

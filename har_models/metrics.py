@@ -105,9 +105,14 @@ def mean_over_clients(cms: Sequence[np.ndarray]) -> dict[str, float]:
     """
     rows = [summarise(c) for c in cms if np.asarray(c).sum() > 0]
     if not rows:
-        return {"accuracy": float("nan"), "macro_f1": float("nan"), "weighted_f1": float("nan"),
-                "accuracy_weighted": float("nan"), "clients": 0}
-    total = sum(np.asarray(c, dtype=np.float64) for c in cms)
+        return {
+            "accuracy": float("nan"),
+            "macro_f1": float("nan"),
+            "weighted_f1": float("nan"),
+            "accuracy_weighted": float("nan"),
+            "clients": 0,
+        }
+    total = np.sum([np.asarray(c, dtype=np.float64) for c in cms], axis=0)
     return {
         "accuracy": float(np.mean([r["accuracy"] for r in rows])),
         "macro_f1": float(np.mean([r["macro_f1"] for r in rows])),

@@ -146,7 +146,7 @@ class ArchSpec:
         if unknown:
             raise ValueError(f"ArchSpec: unknown fields {sorted(unknown)}; known: {sorted(known)}")
         try:
-            return cls(**d)  # type: ignore[arg-type]
+            return cls(**d)
         except TypeError as exc:
             raise ValueError(f"ArchSpec: {exc}") from None
 
@@ -201,7 +201,7 @@ class HarCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:
             x = x.unsqueeze(-1)
-        x = (x - self.input_mean) / self.input_std
+        x = (x - self.get_buffer("input_mean")) / self.get_buffer("input_std")
         x = F.pad(x, (0, 0, self._pad[0], self._pad[1]))
         x = F.relu(self.conv(x))
         x = F.max_pool2d(x, (self.spec.pool, 1))

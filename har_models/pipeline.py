@@ -13,7 +13,7 @@ import numpy as np
 from har_models.labels import LabelSet
 from har_models.recording import LabelTrack, Recording
 from har_models.resample import PERIOD_50HZ_NS, Resampler, ResampleStats
-from har_models.windowing import STEP, WINDOW, N_CHANNELS, WindowSet, Windower
+from har_models.windowing import N_CHANNELS, STEP, WINDOW, Windower, WindowSet
 
 
 class SensorPipeline:

@@ -274,7 +274,9 @@ class Reassembler:
                 self._drop(k)
         elif (part.count, part.total_len) != (chunk.count, chunk.total_len):
             self._drop(key)
-            raise ChunkError("inconsistent_chunk", f"chunk {chunk.index} of transfer {chunk.transfer[:12]} disagrees on count/length")
+            raise ChunkError(
+                "inconsistent_chunk", f"chunk {chunk.index} of transfer {chunk.transfer[:12]} disagrees on count/length"
+            )
         if chunk.index not in part.parts:
             part.parts[chunk.index] = chunk.payload
             part.size += len(chunk.payload)
@@ -363,7 +365,7 @@ class TrainingPlan:
     frozen: tuple[str, ...] = ()
     class_weights: str = "balanced"
     seed: int = 1
-    ala: dict[str, float] = field(default_factory=dict)
+    ala: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.local_epochs < 0 or self.batch_size <= 0 or not (self.lr >= 0) or not (self.prox_mu >= 0):

@@ -37,9 +37,7 @@ class SensorStream:
         t = np.asarray(self.t_ns, dtype=np.int64)
         v = np.asarray(self.xyz, dtype=np.float64)
         if t.ndim != 1 or v.ndim != 2 or v.shape != (t.shape[0], 3):
-            raise ValueError(
-                f"SensorStream: expected t_ns of shape (n,) and xyz of shape (n, 3), got {t.shape} and {v.shape}"
-            )
+            raise ValueError(f"SensorStream: expected t_ns of shape (n,) and xyz of shape (n, 3), got {t.shape} and {v.shape}")
         object.__setattr__(self, "t_ns", t)
         object.__setattr__(self, "xyz", v)
 

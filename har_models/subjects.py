@@ -17,6 +17,7 @@ import numpy as np
 from har_models.hapt import read_hapt_recordings
 from har_models.labels import HAPT_LABELS, REALWORLD_LABELS, LabelSet
 from har_models.pipeline import windows_from_recording
+from har_models.realworld import RealWorldConfig, load_realworld_subject, read_realworld_subject
 from har_models.recording import Recording
 from har_models.windowing import WindowSet, stratified_split
 
@@ -81,17 +82,30 @@ def parse_source(text: str) -> SubjectSource:
     raise ValueError(f"source {text!r}: use hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]")
 
 
+def _realworld(spec: SubjectSource) -> tuple[int, RealWorldConfig]:
+    number = spec.subject.removeprefix("proband")
+    if not number.isdigit():
+        raise ValueError(f"REALWORLD subject {spec.subject!r}: use proband1 .. proband15")
+    return int(number), RealWorldConfig(positions=spec.positions) if spec.positions else RealWorldConfig()
+
+
 def recordings_of(spec: SubjectSource) -> list[Recording]:
     """The raw recordings a source names (dataset readers; no windowing yet)."""
     if spec.kind == "hapt":
         return read_hapt_recordings(spec.path)
-    from har_models.realworld import load_subject_recordings
-
-    return load_subject_recordings(spec.path, spec.subject, positions=spec.positions or None)
+    subject, cfg = _realworld(spec)
+    return list(read_realworld_subject(spec.path, subject, cfg).recordings)
 
 
 def load_windows(spec: SubjectSource) -> WindowSet:
-    """All windows of a source, through the device pipeline, in recording order."""
+    """All windows of a source, through the device pipeline, in recording order.
+
+    REALWORLD subjects come from the per-subject cache when it is still valid (parsing
+    the CSVs of a subject takes tens of seconds).
+    """
+    if spec.kind == "realworld":
+        subject, cfg = _realworld(spec)
+        return load_realworld_subject(spec.path, subject, cfg).windows
     parts = [windows_from_recording(r, spec.labels) for r in recordings_of(spec)]
     return WindowSet.concat(parts, spec.labels)
 

@@ -145,7 +145,9 @@ class MqttLink:
         if self._on_connect_hook is not None:
             self._on_connect_hook(self)
 
-    def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
+    def _on_disconnect(
+        self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object
+    ) -> None:
         self.connected.clear()
         if not self._stopping:
             log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
@@ -207,9 +209,7 @@ class MqttLink:
         if qos > 0:
             self._wait(info, deadline)
 
-    def publish_chunks(
-        self, topic_of: Callable[[int], str], payload: bytes, retain: bool = False, timeout: float = 300.0
-    ) -> int:
+    def publish_chunks(self, topic_of: Callable[[int], str], payload: bytes, retain: bool = False, timeout: float = 300.0) -> int:
         """Publish ``payload`` as chunks on ``topic_of(i)`` at QoS 1; wait for all acknowledgements.
 
         At most 16 chunks are unacknowledged at a time, so a slow link cannot make the

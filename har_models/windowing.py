@@ -7,6 +7,7 @@ class indices of a :class:`~har_models.labels.LabelSet`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,7 +149,7 @@ class Windower:
         prev = self._last_t
         jumps = np.flatnonzero(np.diff(t) != self.period_ns) + 1
         bounds = [0, *jumps.tolist(), t.size]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        for a, b in itertools.pairwise(bounds):
             if a == b:
                 continue
             if prev is not None and t[a] - prev != self.period_ns:
@@ -215,7 +216,7 @@ def stratified_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1) -
     test = []
     for c in np.unique(y):
         idx = np.flatnonzero(y == c)
-        n_test = int(round(test_fraction * idx.size))
+        n_test = round(test_fraction * idx.size)
         test.append(rng.permutation(idx)[:n_test])
     test_idx = np.sort(np.concatenate(test)) if test else np.empty(0, np.int64)
     mask = np.ones(y.shape[0], bool)

@@ -37,8 +37,14 @@ def test_roundtrip_of_non_contiguous_and_transposed_arrays_keeps_values():
 
 
 def test_header_fields_and_metadata_survive():
-    data = codec.encode({"a": np.ones(2, np.float32)}, kind="update", round=7, arch_version=2,
-                        client_id="hapt-01", meta={"n_train": 12, "x": [1, 2]})
+    data = codec.encode(
+        {"a": np.ones(2, np.float32)},
+        kind="update",
+        round=7,
+        arch_version=2,
+        client_id="hapt-01",
+        meta={"n_train": 12, "x": [1, 2]},
+    )
     env = codec.decode(data)
     assert (env.kind, env.round, env.arch_version, env.client_id) == ("update", 7, 2, "hapt-01")
     assert env.meta == {"n_train": 12, "x": [1, 2]}
@@ -82,7 +88,9 @@ def test_bad_magic_is_rejected():
 
 
 def test_non_finite_values_are_rejected_by_name():
-    bad = codec.encode({"ok": np.zeros(2, np.float32), "bad": np.array([1.0, np.nan], np.float32)}, kind="update", round=0, arch_version=0)
+    bad = codec.encode(
+        {"ok": np.zeros(2, np.float32), "bad": np.array([1.0, np.nan], np.float32)}, kind="update", round=0, arch_version=0
+    )
     with pytest.raises(codec.NonFinite, match="'bad'"):
         codec.decode(bad)
     assert codec.decode(bad, require_finite=False).tensors["bad"].shape == (2,)
@@ -111,8 +119,15 @@ def test_wrong_tensor_names_and_shapes_are_named():
 
 def test_body_that_is_not_safetensors_is_rejected():
     body = b"\x00" * 16
-    header = {"kind": "model", "round": 0, "arch_version": 0, "client_id": "", "body_len": len(body),
-              "sha256": hashlib.sha256(body).hexdigest(), "meta": {}}
+    header = {
+        "kind": "model",
+        "round": 0,
+        "arch_version": 0,
+        "client_id": "",
+        "body_len": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "meta": {},
+    }
     import json
 
     h = json.dumps(header).encode()

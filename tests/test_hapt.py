@@ -46,11 +46,11 @@ def test_units_are_metres_per_second_squared_and_sessions_are_separate():
 
 
 def test_missing_and_malformed_files_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="user99.npz"):
+    with pytest.raises(FileNotFoundError, match=r"user99\.npz"):
         read_hapt_recordings(tmp_path / "user99.npz")
     bad = tmp_path / "user98.npz"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="user98.npz.*not a readable"):
+    with pytest.raises(ValueError, match=r"user98\.npz.*not a readable"):
         read_hapt_recordings(bad)
     partial = tmp_path / "user97.npz"
     np.savez(partial, acc=np.zeros((5, 3)), gyro=np.zeros((5, 3)), label=np.zeros(5))

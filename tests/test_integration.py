@@ -19,8 +19,23 @@ from coordinator import simulate
 from har_models import codec
 from har_models.protocol import RoundAnnouncement, Topics, split_payload
 
-SMALL = ["--clients", "3", "--rounds", "2", "--conv-filters", "8", "--dense-units", "32", "--no-progress",
-         "--round-timeout", "120", "--start-timeout", "120", "--generalisation-every", "1"]
+SMALL = [
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--conv-filters",
+    "8",
+    "--dense-units",
+    "32",
+    "--no-progress",
+    "--round-timeout",
+    "120",
+    "--start-timeout",
+    "120",
+    "--generalisation-every",
+    "1",
+]
 
 
 def _run(tmp_path: Path, *extra: str) -> dict:
@@ -70,12 +85,21 @@ def _saboteur(port: int, federation: str, stop: threading.Event) -> None:
         done.set()
         client.publish(topics.client_status("evil"), b"{not json", qos=1)
         client.publish(topics.client_update("hapt-01", 0), b"\x00garbage", qos=1)
-        stale = codec.encode({"w": np.zeros(2, np.float32)}, kind="update", round=ann.round + 7, arch_version=0,
-                             client_id="hapt-02", meta={"run_id": ann.run_id, "stage": 0, "n_train": 1, "n_test": 0})
+        stale = codec.encode(
+            {"w": np.zeros(2, np.float32)},
+            kind="update",
+            round=ann.round + 7,
+            arch_version=0,
+            client_id="hapt-02",
+            meta={"run_id": ann.run_id, "stage": 0, "n_train": 1, "n_test": 0},
+        )
         for i, ch in enumerate(split_payload(stale, 200)):
             client.publish(topics.client_update("hapt-02", i), ch, qos=1)
-        corrupt = bytearray(codec.encode({"w": np.ones(4, np.float32)}, kind="update", round=ann.round, arch_version=0,
-                                         client_id="hapt-03", meta={}))
+        corrupt = bytearray(
+            codec.encode(
+                {"w": np.ones(4, np.float32)}, kind="update", round=ann.round, arch_version=0, client_id="hapt-03", meta={}
+            )
+        )
         corrupt[-1] ^= 0xFF
         for i, ch in enumerate(split_payload(bytes(corrupt), 200)):
             client.publish(topics.client_update("hapt-03", i), ch, qos=1)

@@ -95,15 +95,31 @@ def test_topics_are_versioned_and_parse_back():
 
 
 def test_announcement_round_trip_and_rejections():
-    ann = RoundAnnouncement(run_id="r1", round=2, state="training", arch={"n_classes": 6}, label_set="hapt6",
-                            selected=("a", "b"), plan=TrainingPlan(local_epochs=3, guidance=True), global_model="ab",
-                            personal_models={"b": "cd"}, deadline_unix=1.5, stage=1, attempt="x")
+    ann = RoundAnnouncement(
+        run_id="r1",
+        round=2,
+        state="training",
+        arch={"n_classes": 6},
+        label_set="hapt6",
+        selected=("a", "b"),
+        plan=TrainingPlan(local_epochs=3, guidance=True),
+        global_model="ab",
+        personal_models={"b": "cd"},
+        deadline_unix=1.5,
+        stage=1,
+        attempt="x",
+    )
     back = RoundAnnouncement.from_bytes(ann.to_bytes())
     assert back == ann
     assert back.model_for("a") == ("global", "ab") and back.model_for("b") == ("personal", "cd")
-    for bad in (b"{", b"[]", b'{"protocol": 2}', ann.to_bytes().replace(b'"training"', b'"dancing"'),
-                ann.to_bytes().replace(b'"local_epochs": 3', b'"local_epochs": -1'),
-                ann.to_bytes().replace(b'"selected": ["a", "b"]', b'"selected": ["a/../b"]')):
+    for bad in (
+        b"{",
+        b"[]",
+        b'{"protocol": 2}',
+        ann.to_bytes().replace(b'"training"', b'"dancing"'),
+        ann.to_bytes().replace(b'"local_epochs": 3', b'"local_epochs": -1'),
+        ann.to_bytes().replace(b'"selected": ["a", "b"]', b'"selected": ["a/../b"]'),
+    ):
         with pytest.raises(MessageError):
             RoundAnnouncement.from_bytes(bad)
 

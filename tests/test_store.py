@@ -51,5 +51,5 @@ def test_a_damaged_model_file_is_reported_not_fatal(tmp_path, caplog):
 
 def test_a_store_of_another_label_set_is_refused(tmp_path):
     ClientStore(tmp_path, HAPT_LABELS).close()
-    with pytest.raises(ValueError, match="realworld8.*--state-dir"):
+    with pytest.raises(ValueError, match=r"realworld8.*--state-dir"):
         ClientStore(tmp_path, REALWORLD_LABELS)

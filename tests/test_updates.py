@@ -9,18 +9,30 @@ from har_models.model import ArchSpec, init_state
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=2)
 STATE = {k: v.numpy() for k, v in init_state(SPEC, 0).items()}
-GOOD_META = {"run_id": "r", "stage": 0, "n_train": 40, "n_test": 10,
-             "confusion": {"trained": np.eye(6, dtype=int).tolist(), "received": None}}
+GOOD_META = {
+    "run_id": "r",
+    "stage": 0,
+    "n_train": 40,
+    "n_test": 10,
+    "confusion": {"trained": np.eye(6, dtype=int).tolist(), "received": None},
+}
 
 
 def make(tensors=None, *, round_=3, version=2, client="c1", meta=None, kind="update"):
-    return codec.encode(STATE if tensors is None else tensors, kind=kind, round=round_, arch_version=version,
-                        client_id=client, meta=GOOD_META if meta is None else meta)
+    return codec.encode(
+        STATE if tensors is None else tensors,
+        kind=kind,
+        round=round_,
+        arch_version=version,
+        client_id=client,
+        meta=GOOD_META if meta is None else meta,
+    )
 
 
 def check(data, *, topic_client="c1", guidance=False):
-    return validate_update(data, topic_client=topic_client, run_id="r", round_=3, stage=0, spec=SPEC,
-                           selected={"c1", "c2"}, want_guidance=guidance)
+    return validate_update(
+        data, topic_client=topic_client, run_id="r", round_=3, stage=0, spec=SPEC, selected={"c1", "c2"}, want_guidance=guidance
+    )
 
 
 def reason(data, **kw):

@@ -26,7 +26,7 @@ def test_one_label_300_samples_gives_three_windows_at_0_64_128():
 
 def test_no_window_crosses_a_label_change():
     t, v, y = _stream(300, [0] * 150 + [1] * 150)
-    x, yy, ts = Windower().push(t, v, y)
+    _, yy, ts = Windower().push(t, v, y)
     # starts 0, 64, 128 are tried; only [0, 128) lies inside one label.
     np.testing.assert_array_equal(ts, [t[0]])
     np.testing.assert_array_equal(yy, [0])
@@ -49,7 +49,7 @@ def test_a_gap_restarts_the_window_grid():
     t1, v1, y1 = _stream(200, [3] * 200)
     t2, v2, y2 = _stream(200, [3] * 200, t0=int(t1[-1]) + 5 * P)  # 4 missing samples
     w = Windower()
-    x, _, ts = w.push(np.r_[t1, t2], np.r_[v1, v2], np.r_[y1, y2])
+    _, _, ts = w.push(np.r_[t1, t2], np.r_[v1, v2], np.r_[y1, y2])
     # 2 windows per run of 200 (starts 0 and 64), none across the gap
     np.testing.assert_array_equal(ts, [t1[0], t1[64], t2[0], t2[64]])
 
@@ -84,7 +84,7 @@ def test_stratified_split_is_per_class_and_reproducible():
     tr, te = stratified_split(y, 0.2, seed=1)
     assert np.intersect1d(tr, te).size == 0 and np.union1d(tr, te).size == y.size
     np.testing.assert_array_equal(np.bincount(y[te], minlength=4), [10, 6, 1, 0])  # round(0.2 * n_c): 10, 6, 1.4->1, 0.2->0
-    tr2, te2 = stratified_split(y, 0.2, seed=1)
+    _, te2 = stratified_split(y, 0.2, seed=1)
     np.testing.assert_array_equal(te, te2)
     _, te3 = stratified_split(y, 0.2, seed=2)
     assert not np.array_equal(te, te3)

@@ -1,0 +1,53 @@
+"""A coordinator that stops after a completed round resumes from it, with the same clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from coordinator.broker import EmbeddedBroker
+from coordinator.config import CoordinatorConfig
+from coordinator.service import Coordinator
+from coordinator.state import RunState
+from har_models.transport import BrokerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _clients(broker: EmbeddedBroker, tmp_path: Path, n: int = 2) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for k in range(1, n + 1):
+        cid = f"hapt-{k:02d}"
+        cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, "--broker", f"127.0.0.1:{broker.port}",
+               "--federation", "resume", "--source", f"hapt:{ROOT / 'datasets' / 'hapt' / f'user{k:02d}.npz'}",
+               "--state-dir", str(tmp_path / cid), "--threads", "1", "--max-seconds", "240"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
+    return procs
+
+
+def test_resume_continues_after_the_last_completed_round(tmp_path):
+    run_dir = tmp_path / "run"
+    with EmbeddedBroker() as broker:
+        procs = _clients(broker, tmp_path)
+        try:
+            common = dict(run_dir=run_dir, broker=BrokerConfig(port=broker.port), federation="resume", run_id="r1",
+                          expected_clients=2, start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16)
+            Coordinator(CoordinatorConfig(rounds=1, **common), progress=False).run()
+            state = RunState(run_dir)
+            first_global = state.load_round_models(0)[1]
+            state.close()
+            # The same run, asked for 3 rounds, picks up at round 1 from round 0's models.
+            doc = Coordinator(CoordinatorConfig(rounds=3, resume=True, **common), progress=False).run()
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+    assert [r["round"] for r in doc["rounds"]] == [0, 1, 2]
+    assert all(r["updates"] == 2 for r in doc["rounds"])
+    state = RunState(run_dir)
+    assert state.last_completed_round() == 2
+    spec, g, _ = state.load_round_models(2)
+    assert spec.conv_filters == 8 and not all(bool((g[k] == first_global[k]).all()) for k in g)
+    assert json.loads((run_dir / "report.json").read_text())["run_id"] == "r1"
