@@ -38,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)"
     )
+    ap.add_argument(
+        "--replay-speed",
+        type=float,
+        default=None,
+        help="replay the recordings paced at this multiple of real time (1 = 50 Hz wall clock) before joining; "
+        "default: as fast as possible",
+    )
     ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         store = ClientStore(args.state_dir, source.labels)
-        n_train, n_test = ingest_source(store, source, split_seed=args.split_seed)
+        n_train, n_test = ingest_source(store, source, split_seed=args.split_seed, speed=args.replay_speed)
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
         return 3

@@ -1,0 +1,523 @@
+"""FedDist: grow the hidden layers with the neurons that diverge from the average.
+
+Ek, Portet, Lalanda, Vega, "A Federated Learning Aggregation Algorithm for Pervasive
+Computing: Evaluation and Comparison", PerCom 2021 (arXiv 2110.10223), section "FedDist";
+details from the authors' code as summarised in reference/algorithms.md section 3 [CODE].
+
+After the FedAvg step the server compares, for every growable layer l (conv, then hidden
+dense; the output layer never grows), each client's neuron j with neuron j of the average
+(no matching: the same index), as the Euclidean distance between the neurons' rows
+(incoming weights flattened, then bias):
+
+    d_{c,j} = || V_l^{(c)}[j] - V_l^{(avg)}[j] ||_2                          (algorithms.md 3.2)
+
+Per neuron, across clients, mu_j = mean_c d_{c,j} and sigma_j = population std (ddof 0).
+Neuron j of client c diverges iff (strict)
+
+    d_{c,j} > mu_j + k_r * sigma_j,     k_r = k_0 + delta * floor(r / period)   (algorithms.md 3.3)
+
+with k_0 = 3.0, delta = 0.25, period = 5 and r the 0-based round. Every diverging (c, j)
+becomes a new unit appended to layer l (see :mod:`har_models.growth`). By Samuelson's
+inequality no value of n exceeds their mean by more than sqrt(n - 1) population standard
+deviations, so nothing can be flagged while sqrt(n - 1) <= k_r: growth needs at least 11
+clients at k_r = 3, and stops for good once k_r reaches sqrt(n - 1).
+
+Driving a round (the pure functions here never train; the caller does):
+
+* ``"function_preserving"`` (the combined fedhar protocol, algorithms.md 5.2 step 6A):
+  ``decision = detect_growth(G, client_states, spec, r, cfg)`` over both layers against the
+  shadow average G, then ``apply_growth(decision, spec, [G, *P], client_states, mode=...)``.
+  No client's function changes, so no intermediate round is needed.
+* ``"paper"`` (pure FedDist, algorithms.md 3.5 and 3.6): layer by layer. For l in
+  :data:`GROWABLE_LAYERS`: ``detect_growth(..., layers=(l,))``; if it grew, ``apply_growth``,
+  then run an intermediate round in which every client starts from the grown model, freezes
+  the tensors :func:`frozen_tensors` ``(l)`` (layers 0..l), trains the rest for E epochs and
+  uploads; the caller averages those models into the new G, and uses the clients'
+  intermediate models as ``client_states`` for the detection in the next layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from har_models.growth import GROWTH_MODES, GrowthMode, NewUnitSource, append_units
+from har_models.model import ArchSpec
+
+log = logging.getLogger(__name__)
+
+State = dict[str, torch.Tensor]
+
+GROWABLE_LAYERS: tuple[str, ...] = ("conv", "hidden")
+"""Layers FedDist may widen, in the order they are treated (0 -> L-2). ``out`` never grows."""
+
+
+@dataclass(frozen=True)
+class FedDistConfig:
+    """Settings of the FedDist growth check.
+
+    Parameters
+    ----------
+    k0 : float
+        k_0, the threshold in population standard deviations at round 0 (``stdCount`` = 3.0).
+    delta : float
+        Increase of k every ``period`` rounds (0.25).
+    period : int
+        Rounds between increases (5).
+    max_conv_filters, max_dense_units : int, optional
+        Cap on the total width of each layer; flagged units beyond it are dropped (logged).
+        ``None``: ``max_width_factor`` times the width of the initial architecture.
+    max_width_factor : float
+        Default cap relative to the initial width (2.0), keeping models and MQTT payloads bounded.
+
+    Raises
+    ------
+    ValueError
+        If a value is out of range (negative k0 or delta, period < 1, caps < 1, factor < 1).
+    """
+
+    k0: float = 3.0
+    delta: float = 0.25
+    period: int = 5
+    max_conv_filters: int | None = None
+    max_dense_units: int | None = None
+    max_width_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.k0) and self.k0 >= 0):
+            raise ValueError(f"FedDistConfig.k0 must be finite and >= 0, got {self.k0}")
+        if not (math.isfinite(self.delta) and self.delta >= 0):
+            raise ValueError(f"FedDistConfig.delta must be finite and >= 0 (k_r never decreases), got {self.delta}")
+        if int(self.period) < 1:
+            raise ValueError(f"FedDistConfig.period must be >= 1 round, got {self.period}")
+        for name in ("max_conv_filters", "max_dense_units"):
+            v = getattr(self, name)
+            if v is not None and int(v) < 1:
+                raise ValueError(f"FedDistConfig.{name} must be >= 1 or None (= max_width_factor x initial), got {v}")
+        if not (math.isfinite(self.max_width_factor) and self.max_width_factor >= 1.0):
+            raise ValueError(f"FedDistConfig.max_width_factor must be >= 1.0, got {self.max_width_factor}")
+
+    def k_at(self, round_idx: int) -> float:
+        """k_r = k0 + delta * floor(r / period) for the 0-based round ``round_idx``."""
+        return threshold_k(round_idx, self.k0, self.delta, self.period)
+
+    def caps(self, initial_spec: ArchSpec) -> dict[str, int]:
+        """Maximum width per growable layer: ``{"conv": filters, "hidden": units}``."""
+        f = self.max_conv_filters
+        h = self.max_dense_units
+        return {
+            "conv": int(f) if f is not None else int(self.max_width_factor * initial_spec.conv_filters),
+            "hidden": int(h) if h is not None else int(self.max_width_factor * initial_spec.dense_units),
+        }
+
+
+@dataclass(frozen=True)
+class NewUnit:
+    """One diverging neuron: neuron ``neuron`` of client ``client`` becomes a new unit of ``layer``.
+
+    ``client`` indexes the ``client_states`` given to :func:`detect_growth`.
+    """
+
+    layer: str
+    client: int
+    neuron: int
+
+
+@dataclass(frozen=True)
+class GrowthDecision:
+    """What :func:`detect_growth` found in one round.
+
+    Attributes
+    ----------
+    round_idx : int
+        The 0-based round r.
+    k_r : float
+        The threshold used.
+    n_clients : int
+        Clients compared.
+    growth_possible : bool
+        ``sqrt(n_clients - 1) > k_r``; when False nothing was (or could be) flagged.
+    layers : tuple of str
+        Layers examined, in order.
+    units : tuple of NewUnit
+        Units to append, in order: layer (conv, hidden), then client, then neuron.
+    dropped : tuple of NewUnit
+        Flagged units not appended because the layer reached its width cap.
+    n_flagged : dict layer -> int
+        Units flagged per examined layer (appended + dropped).
+    """
+
+    round_idx: int
+    k_r: float
+    n_clients: int
+    growth_possible: bool
+    layers: tuple[str, ...]
+    units: tuple[NewUnit, ...] = ()
+    dropped: tuple[NewUnit, ...] = ()
+    n_flagged: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def grew(self) -> bool:
+        """True if at least one unit is to be appended."""
+        return bool(self.units)
+
+    def for_layer(self, layer: str) -> tuple[NewUnit, ...]:
+        """The units to append to ``layer``, in order."""
+        return tuple(u for u in self.units if u.layer == layer)
+
+    def per_client(self) -> dict[str, dict[int, int]]:
+        """Units triggered per layer and client (for the round log)."""
+        out: dict[str, dict[int, int]] = {}
+        for u in self.units:
+            out.setdefault(u.layer, {}).setdefault(u.client, 0)
+            out[u.layer][u.client] += 1
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able form, for the coordinator's decision log."""
+        return {
+            "round": self.round_idx,
+            "k_r": self.k_r,
+            "n_clients": self.n_clients,
+            "growth_possible": self.growth_possible,
+            "layers": list(self.layers),
+            "units": [[u.layer, u.client, u.neuron] for u in self.units],
+            "dropped": [[u.layer, u.client, u.neuron] for u in self.dropped],
+            "n_flagged": dict(self.n_flagged),
+        }
+
+
+def threshold_k(round_idx: int, k0: float = 3.0, delta: float = 0.25, period: int = 5) -> float:
+    """The FedDist threshold schedule k_r = k_0 + delta * floor(r / period).
+
+    Ek et al., PerCom 2021, authors' code (``stdCount`` 3.0, +0.25 every 5 rounds;
+    reference/algorithms.md 3.3 [CODE]).
+
+    Raises
+    ------
+    ValueError
+        If ``round_idx`` < 0 or ``period`` < 1.
+    """
+    if int(round_idx) < 0:
+        raise ValueError(f"threshold_k: round_idx must be >= 0 (0-based round), got {round_idx}")
+    if int(period) < 1:
+        raise ValueError(f"threshold_k: period must be >= 1, got {period}")
+    return float(k0) + float(delta) * (int(round_idx) // int(period))
+
+
+def samuelson_bound(n_clients: int) -> float:
+    """sqrt(n - 1): no value of a sample of n exceeds the mean by more than this many population stds.
+
+    Growth is possible in a round only if ``samuelson_bound(n) > k_r``.
+    """
+    return math.sqrt(max(int(n_clients) - 1, 0))
+
+
+def neuron_rows(state: Mapping[str, torch.Tensor], layer: str) -> torch.Tensor:
+    """The neuron matrix V_l of a growable layer: row j = incoming weights of unit j, flattened, then its bias.
+
+    ``conv``: ``conv.weight[j].reshape(-1) ‖ conv.bias[j]`` (length C_in * kernel + 1 = 97);
+    ``hidden``: ``hidden.weight[j] ‖ hidden.bias[j]`` (length F * T' + 1).
+    reference/algorithms.md 3.2 [CODE].
+
+    Returns
+    -------
+    Tensor of shape ``(n_units, fan_in + 1)``, dtype of the state.
+
+    Raises
+    ------
+    ValueError
+        If ``layer`` is not in :data:`GROWABLE_LAYERS` or its tensors are missing.
+    """
+    w, b = _layer_tensors(state, layer, "neuron_rows")
+    return torch.cat([w.reshape(w.shape[0], -1), b.reshape(-1, 1)], 1)
+
+
+def neuron_distances(
+    global_state: Mapping[str, torch.Tensor],
+    client_states: Sequence[Mapping[str, torch.Tensor]],
+    layer: str,
+) -> torch.Tensor:
+    """Distance of every client neuron to the same-index neuron of the average.
+
+    d_{c,j} = || V_l^{(c)}[j] - V_l^{(avg)}[j] ||_2 (reference/algorithms.md 3.2 [CODE]),
+    computed in float64 one client at a time (memory: one layer at a time).
+
+    Parameters
+    ----------
+    global_state : mapping name -> Tensor
+        The averaged model of the round (FedAvg of the clients, or the shadow average G).
+    client_states : sequence of n mappings name -> Tensor
+        The clients' trained models, same shapes as ``global_state`` for ``layer``.
+    layer : {"conv", "hidden"}
+
+    Returns
+    -------
+    Tensor of shape ``(n_clients, n_units)``, float64.
+
+    Raises
+    ------
+    ValueError
+        If ``layer`` is unknown, ``client_states`` is empty, or a client's layer has another shape.
+    """
+    if not client_states:
+        raise ValueError("neuron_distances: client_states is empty; pass the models uploaded this round")
+    ws, bs = (t.detach().double() for t in _layer_tensors(global_state, layer, "neuron_distances"))
+    ws = ws.reshape(ws.shape[0], -1)
+    out = torch.empty(len(client_states), ws.shape[0], dtype=torch.float64)
+    for c, st in enumerate(client_states):
+        wc, bc = _layer_tensors(st, layer, "neuron_distances")
+        if wc.numel() != ws.numel() or tuple(bc.shape) != tuple(bs.shape):
+            raise ValueError(
+                f"neuron_distances: client {c} has {layer} tensors of shapes {tuple(wc.shape)}, {tuple(bc.shape)}; "
+                f"the average has {tuple(ws.shape)}, {tuple(bs.shape)}. Pad or reject stale uploads first"
+            )
+        sq = (wc.detach().double().reshape(ws.shape) - ws).pow_(2).sum(1) + (bc.detach().double() - bs).pow(2)
+        out[c] = sq.sqrt_()
+    return out
+
+
+def flag_diverging(distances: torch.Tensor, k: float) -> torch.Tensor:
+    """The FedDist rule: client c's neuron j diverges iff d_{c,j} > mu_j + k * sigma_j (strict).
+
+    mu_j and sigma_j are the mean and the population standard deviation (ddof 0) of column j,
+    i.e. per neuron across clients (reference/algorithms.md 3.2-3.3 [CODE]).
+
+    Parameters
+    ----------
+    distances : Tensor of shape ``(n_clients, n_units)``
+        From :func:`neuron_distances`; finite, >= 0.
+    k : float
+        The threshold k_r in standard deviations.
+
+    Returns
+    -------
+    Tensor of shape ``(n_clients, n_units)``, bool.
+
+    Raises
+    ------
+    ValueError
+        If ``distances`` is not 2-D or holds NaN/inf, or ``k`` is not finite.
+    """
+    if distances.dim() != 2:
+        raise ValueError(f"flag_diverging: distances must be (n_clients, n_units), got shape {tuple(distances.shape)}")
+    if not math.isfinite(float(k)):
+        raise ValueError(f"flag_diverging: k must be finite, got {k}")
+    d = distances.detach().double()
+    if not torch.isfinite(d).all():
+        bad = sorted({int(i) for i in (~torch.isfinite(d)).nonzero()[:, 0]})
+        raise ValueError(f"flag_diverging: distances of clients {bad} are NaN/inf; exclude non-finite uploads first")
+    mu = d.mean(0)
+    sigma = d.std(0, correction=0)
+    return d > mu + float(k) * sigma
+
+
+def detect_growth(
+    global_state: Mapping[str, torch.Tensor],
+    client_states: Sequence[Mapping[str, torch.Tensor]],
+    spec: ArchSpec,
+    round_idx: int,
+    config: FedDistConfig | None = None,
+    *,
+    layers: Sequence[str] = GROWABLE_LAYERS,
+    initial_spec: ArchSpec | None = None,
+) -> GrowthDecision:
+    """Find the diverging neurons of one round (FedDist detection, algorithms.md 3.6 [CODE]).
+
+    For each layer in ``layers`` (in the order of :data:`GROWABLE_LAYERS`), computes the
+    ``(n_clients, n_units)`` distances (:func:`neuron_distances`) and flags them
+    (:func:`flag_diverging`) at k_r = ``config.k_at(round_idx)``. Units are listed layer by
+    layer, clients in order, then neurons in order, and accepted until the layer's width cap.
+    When ``sqrt(n - 1) <= k_r`` nothing can be flagged (Samuelson); a warning is logged, the
+    decision says ``growth_possible=False`` and the distances are not computed (this also keeps
+    float rounding at the exact bound from flagging anything).
+
+    Parameters
+    ----------
+    global_state : mapping name -> Tensor
+        The data-size-weighted average of ``client_states`` (state of ``spec``).
+    client_states : sequence of n mappings name -> Tensor
+        The round's trained client models, same shapes as ``global_state``; index c in the
+        result refers to this sequence.
+    spec : ArchSpec
+        Architecture of all the states.
+    round_idx : int
+        The 0-based communication round r.
+    config : FedDistConfig, optional
+        Threshold schedule and caps (defaults of :class:`FedDistConfig`).
+    layers : sequence of str
+        Layers to examine: both (one detection against one average, function-preserving mode),
+        or one at a time (paper mode, with an intermediate round in between).
+    initial_spec : ArchSpec, optional
+        The architecture before any growth, for the default caps; may be omitted only when
+        ``spec.version == 0`` or both caps are set in ``config``.
+
+    Returns
+    -------
+    GrowthDecision
+
+    Raises
+    ------
+    ValueError
+        If ``client_states`` is empty, a state does not match ``spec``, ``layers`` names an
+        unknown layer, distances are non-finite, or ``initial_spec`` is needed but missing.
+    """
+    cfg = config or FedDistConfig()
+    unknown = [layer for layer in layers if layer not in GROWABLE_LAYERS]
+    if unknown or not layers:
+        raise ValueError(f"detect_growth: layers must be a non-empty subset of {GROWABLE_LAYERS}, got {tuple(layers)}")
+    if not client_states:
+        raise ValueError("detect_growth: client_states is empty; pass the models uploaded this round")
+    _check_against(spec, global_state, "global_state")
+    for c, st in enumerate(client_states):
+        _check_against(spec, st, f"client_states[{c}]")
+    if initial_spec is None:
+        if spec.version != 0 and (cfg.max_conv_filters is None or cfg.max_dense_units is None):
+            raise ValueError(
+                f"detect_growth: spec is version {spec.version}; pass initial_spec (the version-0 architecture) "
+                "or set both FedDistConfig.max_conv_filters and max_dense_units"
+            )
+        initial_spec = spec
+    caps = cfg.caps(initial_spec)
+    ordered = tuple(layer for layer in GROWABLE_LAYERS if layer in layers)
+    n = len(client_states)
+    k_r = cfg.k_at(round_idx)
+    possible = samuelson_bound(n) > k_r
+    if not possible:
+        log.warning(
+            "FedDist round %d: growth impossible with %d clients at k_r=%.3f (sqrt(n-1)=%.3f <= k_r; needs >= %d clients)",
+            round_idx, n, k_r, samuelson_bound(n), math.floor(k_r * k_r + 1) + 1,
+        )
+        return GrowthDecision(round_idx, k_r, n, False, ordered)
+
+    widths = {"conv": spec.conv_filters, "hidden": spec.dense_units}
+    units: list[NewUnit] = []
+    dropped: list[NewUnit] = []
+    n_flagged: dict[str, int] = {}
+    for layer in ordered:
+        flags = flag_diverging(neuron_distances(global_state, client_states, layer), k_r)
+        flagged = [NewUnit(layer, int(c), int(j)) for c, j in flags.nonzero().tolist()]  # row-major: clients, then neurons
+        room = max(caps[layer] - widths[layer], 0)
+        units += flagged[:room]
+        dropped += flagged[room:]
+        n_flagged[layer] = len(flagged)
+        if len(flagged) > room:
+            log.warning(
+                "FedDist round %d: layer %s at cap %d (width %d): %d of %d flagged units dropped",
+                round_idx, layer, caps[layer], widths[layer], len(flagged) - room, len(flagged),
+            )
+    decision = GrowthDecision(round_idx, k_r, n, True, ordered, tuple(units), tuple(dropped), n_flagged)
+    log.info(
+        "FedDist round %d: k_r=%.3f, %d clients, new units per layer and client: %s",
+        round_idx, k_r, n, decision.per_client() or "none",
+    )
+    return decision
+
+
+def apply_growth(
+    decision: GrowthDecision,
+    spec: ArchSpec,
+    targets: Sequence[Mapping[str, torch.Tensor]],
+    client_states: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    mode: GrowthMode,
+) -> tuple[list[State], ArchSpec]:
+    """Append the decided units to every target state (the global model and any personalised ones).
+
+    Each target gets the same new units, in the decision's order: incoming weights and bias
+    from ``client_states[c]``'s neuron j; outgoing weights copied from that client
+    (``mode="paper"``, as FedDist does; algorithms.md 3.4 [CODE]) or zero
+    (``mode="function_preserving"``, no client's function changes; algorithms.md 5.2 step 6A
+    [PROPOSAL]). See :func:`har_models.growth.append_units`.
+
+    Parameters
+    ----------
+    decision : GrowthDecision
+        From :func:`detect_growth` on these ``client_states``.
+    spec : ArchSpec
+        Architecture of every target.
+    targets : sequence of mappings name -> Tensor
+        States to grow: e.g. ``[G, P_0, ..., P_{N-1}]`` (participants and absentees alike).
+    client_states : sequence of mappings name -> Tensor
+        The models the decision's client indices refer to.
+    mode : {"paper", "function_preserving"}
+
+    Returns
+    -------
+    states : list of dict name -> Tensor
+        The grown targets, in order (new tensors).
+    spec : ArchSpec
+        The grown architecture (version + 1), or ``spec`` if the decision is empty.
+
+    Raises
+    ------
+    ValueError
+        If ``mode`` is unknown, a unit's client index is out of range, or a state does not fit.
+    """
+    if mode not in GROWTH_MODES:
+        raise ValueError(f"apply_growth: mode must be one of {GROWTH_MODES}, got {mode!r}")
+    bad = [u for u in decision.units if not 0 <= u.client < len(client_states)]
+    if bad:
+        raise ValueError(
+            f"apply_growth: units {bad[:3]} refer to clients outside client_states (n={len(client_states)}); "
+            "pass the same client_states as to detect_growth"
+        )
+    conv: list[NewUnitSource] = [(client_states[u.client], u.neuron) for u in decision.for_layer("conv")]
+    dense: list[NewUnitSource] = [(client_states[u.client], u.neuron) for u in decision.for_layer("hidden")]
+    out: list[State] = []
+    new_spec = spec
+    for t in targets:
+        grown, new_spec = append_units(t, spec, conv=conv, dense=dense, mode=mode)
+        out.append(grown)
+    if decision.grew:
+        log.info(
+            "FedDist round %d: grew v%d -> v%d (%s): conv %d -> %d, hidden %d -> %d, %d states",
+            decision.round_idx, spec.version, new_spec.version, mode, spec.conv_filters, new_spec.conv_filters,
+            spec.dense_units, new_spec.dense_units, len(out),
+        )
+    return out, new_spec
+
+
+def frozen_tensors(layer: str) -> tuple[str, ...]:
+    """Tensors to freeze in the paper's intermediate round after ``layer`` grew: layers 0..l.
+
+    Ek et al., authors' code (reference/algorithms.md 3.5 [CODE]): every client starts from
+    the grown model, keeps these tensors fixed (``requires_grad = False``), trains all later
+    layers for E epochs and uploads; the server averages (the frozen tensors come out
+    unchanged). ``frozen_tensors("conv")`` = conv.*, ``frozen_tensors("hidden")`` = conv.* and
+    hidden.*.
+
+    Raises
+    ------
+    ValueError
+        If ``layer`` is not in :data:`GROWABLE_LAYERS`.
+    """
+    if layer not in GROWABLE_LAYERS:
+        raise ValueError(f"frozen_tensors: layer must be one of {GROWABLE_LAYERS}, got {layer!r}")
+    upto = GROWABLE_LAYERS[: GROWABLE_LAYERS.index(layer) + 1]
+    return tuple(f"{name}.{kind}" for name in upto for kind in ("weight", "bias"))
+
+
+def _layer_tensors(state: Mapping[str, torch.Tensor], layer: str, who: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layer not in GROWABLE_LAYERS:
+        raise ValueError(f"{who}: layer must be one of {GROWABLE_LAYERS} (the output layer never grows), got {layer!r}")
+    try:
+        return state[f"{layer}.weight"], state[f"{layer}.bias"]
+    except KeyError as exc:
+        raise ValueError(f"{who}: state has no tensor {exc.args[0]!r}") from None
+
+
+def _check_against(spec: ArchSpec, state: Mapping[str, torch.Tensor], what: str) -> None:
+    want = spec.shapes()
+    if set(state) != set(want):
+        raise ValueError(f"detect_growth: {what} has tensors {sorted(state)}, architecture v{spec.version} has {sorted(want)}")
+    for name, shape in want.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(
+                f"detect_growth: {what}[{name!r}] has shape {tuple(state[name].shape)}, architecture v{spec.version} "
+                f"expects {shape}; pad or reject stale uploads first"
+            )
