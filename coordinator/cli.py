@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.config import AGGREGATIONS, CLIENT_INITS, GROWTH_MODES, GROWTHS, CoordinatorConfig
 from coordinator.service import Coordinator, CoordinatorError
-from har_models.transport import BrokerConfig
+from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -30,7 +30,14 @@ def add_federation_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--client-init", choices=CLIENT_INITS, default="overwrite")
     g.add_argument("--prox-mu", type=float, default=0.01, help="FedProx mu")
     g.add_argument("--top-k", type=int, default=5, help="FedDWA K")
-    g.add_argument("--feddist-mode", choices=GROWTH_MODES, default="paper")
+    g.add_argument(
+        "--feddist-mode",
+        choices=GROWTH_MODES,
+        default="auto",
+        help="outgoing weights of new units: copied + intermediate rounds (paper) or zero (function_preserving); "
+        "auto = paper for plain FedDist, function_preserving when combined with FedDWA/FedPer/ALA",
+    )
+    g.add_argument("--feddist-max-width", type=float, default=2.0, help="cap on each layer's width, as a multiple of round 0's")
     g.add_argument("--feddist-k0", type=float, default=3.0, help="FedDist k_0 (k_r = k_0 + delta * floor(r / period))")
     g.add_argument("--feddist-delta", type=float, default=0.25)
     g.add_argument("--feddist-period", type=int, default=5)
@@ -41,9 +48,7 @@ def add_federation_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fraction", type=float, default=1.0, help="share of eligible clients selected per round")
     g.add_argument("--round-timeout", type=float, default=900.0, help="seconds before a round closes without the missing updates")
     g.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for clients before the first round")
-    g.add_argument(
-        "--generalisation-every", type=int, default=5, help="rounds between generalisation evaluations (0 = last only)"
-    )
+    g.add_argument("--generalisation-every", type=int, default=5, help="rounds between generalisation evaluations (0 = last only)")
 
 
 def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConfig:
@@ -75,6 +80,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
         feddist_k0=args.feddist_k0,
         feddist_delta=args.feddist_delta,
         feddist_period=args.feddist_period,
+        feddist_max_width_factor=args.feddist_max_width,
         ala=ala,
         conv_filters=args.conv_filters,
         dense_units=args.dense_units,
@@ -91,15 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fedhar-coordinator",
         description="fedhar coordinator: runs federated rounds over MQTT",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT")
-    ap.add_argument("--username", default=None)
-    ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
-    ap.add_argument("--tls-ca", default=None, help="CA certificate: connect with TLS")
-    ap.add_argument("--tls-cert", default=None)
-    ap.add_argument("--tls-key", default=None)
-    ap.add_argument("--max-message-bytes", type=int, default=1_000_000, help="largest MQTT payload published")
     ap.add_argument("--federation", default="default", help="topic namespace fedhar/v1/<federation>")
     ap.add_argument("--run-id", default=None, help="run identifier (default: <aggregation>-<timestamp>)")
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
@@ -114,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
+    add_broker_arguments(ap)
     add_federation_arguments(ap)
     return ap
 
@@ -121,23 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("paho").setLevel(logging.WARNING)
+    setup_logging(args.log_level)
     run_id = args.run_id or f"{args.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and args.run_dir is None:
         print("fedhar-coordinator: --resume needs --run-dir (and the same --run-id)", file=sys.stderr)
         return 2
     try:
-        password = args.password_file.read_text().strip() if args.password_file else None
-        broker = BrokerConfig.parse(
-            args.broker,
-            username=args.username,
-            password=password,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            max_message_bytes=args.max_message_bytes,
-        )
+        broker = broker_from_args(args)
         cfg = config_from_args(
             args,
             run_dir=args.run_dir or Path("runs") / run_id,
@@ -173,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
-        print(
-            f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr
-        )
+        print(f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr)
         return 130
     print(f"fedhar-coordinator: run {run_id} finished; report: {cfg.run_dir / 'report.md'}")
     return 0

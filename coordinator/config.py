@@ -12,7 +12,7 @@ from har_models.transport import BrokerConfig
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
 GROWTHS = ("none", "feddist")
 CLIENT_INITS = ("overwrite", "ala")
-GROWTH_MODES = ("paper", "function_preserving")
+GROWTH_MODES = ("auto", "paper", "function_preserving")
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,12 @@ class CoordinatorConfig:
         FedProx mu.
     top_k : int
         FedDWA K.
-    feddist_mode : {"paper", "function_preserving"}
+    feddist_mode : {"auto", "paper", "function_preserving"}
         Outgoing weights of new units copied from the source client (with the paper's
-        intermediate layer-wise rounds) or zero (no client's function changes).
+        intermediate layer-wise rounds) or zero (no client's function changes). "auto"
+        (default) picks "paper" for plain FedDist (FedAvg aggregation, overwrite
+        initialisation: comparable with the paper) and "function_preserving" when growth
+        is combined with personalisation (reference/algorithms.md section 5.2, step 6).
     feddist_k0, feddist_delta, feddist_period, feddist_max_width_factor :
         k_r = k0 + delta * floor(r / period); width cap relative to round 0.
     ala : dict
@@ -89,7 +92,7 @@ class CoordinatorConfig:
     client_init: str = "overwrite"
     prox_mu: float = 0.01
     top_k: int = 5
-    feddist_mode: str = "paper"
+    feddist_mode: str = "auto"
     feddist_k0: float = 3.0
     feddist_delta: float = 0.25
     feddist_period: int = 5
@@ -119,10 +122,19 @@ class CoordinatorConfig:
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
 
+    @property
+    def growth_mode(self) -> str:
+        """The FedDist mode in force ("paper" or "function_preserving"), with "auto" resolved."""
+        if self.feddist_mode != "auto":
+            return self.feddist_mode
+        plain = self.aggregation in ("fedavg", "fedprox") and self.client_init == "overwrite"
+        return "paper" if plain else "function_preserving"
+
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form for the state database and the report (password left out)."""
         d = asdict(self)
         d["run_dir"] = str(self.run_dir)
+        d["feddist_mode_in_force"] = self.growth_mode
         d["broker"] = {k: v for k, v in asdict(self.broker).items() if k != "password"}
         return d
 
@@ -131,7 +143,7 @@ class CoordinatorConfig:
         """Human-readable combination, e.g. ``feddwa + feddist(paper) + ala``."""
         parts = [self.aggregation]
         if self.growth != "none":
-            parts.append(f"{self.growth}({self.feddist_mode})")
+            parts.append(f"{self.growth}({self.growth_mode})")
         if self.client_init != "overwrite":
             parts.append(self.client_init)
         return " + ".join(parts)

@@ -452,7 +452,7 @@ class Coordinator:
                 continue
             targets_ids = sorted(fed.personal)
             targets = [fed.global_state] + [fed.personal[c] for c in targets_ids]
-            mode = cast(feddist.GrowthMode, self.cfg.feddist_mode)
+            mode = cast(feddist.GrowthMode, self.cfg.growth_mode)
             grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=mode)
             added = len(decision.for_layer(layer))
             log.info(
@@ -474,7 +474,7 @@ class Coordinator:
             }
             fed.spec, fed.global_state = new_spec, grown[0]
             fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
-            if self.cfg.feddist_mode == "paper":
+            if self.cfg.growth_mode == "paper":
                 plan = replace(
                     self._base_plan(round_),
                     client_init="overwrite",

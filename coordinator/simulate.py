@@ -30,6 +30,7 @@ from coordinator.broker import EmbeddedBroker
 from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator, CoordinatorError
+from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_models.subjects import SubjectSource, load_windows, parse_source, split
 from har_models.transport import BrokerConfig
 from har_models.windowing import WindowSet
@@ -56,9 +57,7 @@ def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, 
 
     subjects = realworld_subject_ids(data)
     if not subjects:
-        raise FileNotFoundError(
-            f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder"
-        )
+        raise FileNotFoundError(f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder")
     suffix = f":{positions}" if positions else ""
     return {f"proband{k}": f"realworld:{data}:proband{k}{suffix}" for k in subjects}
 
@@ -120,24 +119,21 @@ class MemoryMonitor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="fedhar-simulate", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
+    ap = argparse.ArgumentParser(prog="fedhar-simulate", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt", help="dataset to replay (default hapt)")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
-    ap.add_argument(
-        "--broker", default=None, help="external broker HOST:PORT (e.g. Mosquitto); default: start the embedded broker"
-    )
     ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
-    ap.add_argument("--max-message-bytes", type=int, default=1_000_000)
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
     ap.add_argument("--run-id", default=None)
-    ap.add_argument("--threads-per-client", type=int, default=1)
+    ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process (default 1)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
+    add_broker_arguments(
+        ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)"
+    )
     add_federation_arguments(ap)
     return ap
 
@@ -145,8 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("paho").setLevel(logging.WARNING)
+    setup_logging(args.log_level)
     t0 = time.monotonic()
     data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
     if data is None:
@@ -183,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         if args.broker:
-            broker = BrokerConfig.parse(args.broker, max_message_bytes=args.max_message_bytes)
+            broker = broker_from_args(args)
         else:
             broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
             broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes)

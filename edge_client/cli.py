@@ -12,32 +12,25 @@ from pathlib import Path
 from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
+from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_models.subjects import parse_source
-from har_models.transport import BrokerConfig
 
 log = logging.getLogger("fedhar.client")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT"
+        prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT", formatter_class=HelpFormatter
     )
     ap.add_argument("--client-id", required=True, help="stable device id (letters, digits, _ . -)")
-    ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT (default %(default)s)")
-    ap.add_argument(
-        "--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)"
-    )
+    ap.add_argument("--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)")
     ap.add_argument(
         "--source",
         required=True,
         help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]",
     )
-    ap.add_argument(
-        "--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)"
-    )
-    ap.add_argument(
-        "--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)"
-    )
+    ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
+    ap.add_argument("--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)")
     ap.add_argument(
         "--replay-speed",
         type=float,
@@ -48,41 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
-    ap.add_argument("--username", default=None, help="MQTT user name (default: none)")
-    ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
-    ap.add_argument("--tls-ca", default=None, help="CA certificate: connect with TLS")
-    ap.add_argument("--tls-cert", default=None)
-    ap.add_argument("--tls-key", default=None)
-    ap.add_argument(
-        "--max-message-bytes", type=int, default=1_000_000, help="largest MQTT payload to publish (default %(default)s)"
-    )
     ap.add_argument("--log-level", default="INFO")
+    add_broker_arguments(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("paho").setLevel(logging.WARNING)
+    setup_logging(args.log_level)
     if args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)
     try:
-        password = args.password_file.read_text().strip() if args.password_file else None
-        broker = BrokerConfig.parse(
-            args.broker,
-            username=args.username,
-            password=password,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            max_message_bytes=args.max_message_bytes,
-        )
-        cfg = ClientConfig(
-            client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run
-        )
+        broker = broker_from_args(args)
+        cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
         source = parse_source(args.source)
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)

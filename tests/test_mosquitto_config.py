@@ -1,0 +1,537 @@
+"""firmware_scripts/mosquitto_config.py writes a Mosquitto configuration that a real Mosquitto enforces.
+
+Every check runs real MQTT 3.1.1 traffic (paho-mqtt 2.x) through a Mosquitto started on a free
+loopback port with the generated files. Mosquitto drops an ACL-denied publish silently (the
+publisher still gets its PUBACK), so "not delivered" is asserted after a positive control
+message, published later on the same path, has arrived: QoS 1 messages from one publisher
+reach a subscriber in order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pwd
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from coordinator.broker import free_port, wait_for_port
+from coordinator.config import CoordinatorConfig
+from coordinator.service import Coordinator
+from har_models.transport import BrokerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
+FED = "acltest"
+P = f"fedhar/v1/{FED}"
+WAIT_S = 5.0
+"""Bound on every wait for a broker answer or an expected message (seconds)."""
+QUIET_S = 0.5
+"""How long a denied message is given to show up after its positive control arrived (seconds)."""
+# Started as root, Mosquitto switches to its `user` account, which cannot enter pytest's private
+# tmp folders; naming the account the tests run as keeps the broker on it.
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _tool(name: str, *extra: str) -> str:
+    """Path of a Mosquitto binary; skip (or fail under FEDHAR_REQUIRE_MOSQUITTO=1) when it is missing."""
+    found = shutil.which(name) or next((p for p in extra if os.access(p, os.X_OK)), None)
+    if found is None:
+        if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
+            pytest.fail(f"{name} is required (FEDHAR_REQUIRE_MOSQUITTO=1) but not installed; apt-get install mosquitto")
+        pytest.skip(f"{name} not installed (apt-get install mosquitto)")
+    return found
+
+
+def _mosquitto() -> str:
+    _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
+    return _tool("mosquitto", "/usr/sbin/mosquitto")
+
+
+def generate(out: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the generator as an operator would (``--json`` output)."""
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--broker-user", ME, "--public-host", "127.0.0.1", "--json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@dataclass
+class Broker:
+    """A running Mosquitto on the generated configuration in ``out``."""
+
+    out: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def password(self, user: str) -> str:
+        return (self.out / "credentials" / f"{user}.password").read_text().strip()
+
+    def reload(self) -> None:
+        """SIGHUP (re-read passwd and acl) and wait until the broker says so."""
+        before = self.log.read_text().count("Reloading config")
+        self.proc.send_signal(signal.SIGHUP)
+        end = time.monotonic() + WAIT_S
+        while self.log.read_text().count("Reloading config") == before:
+            assert time.monotonic() < end, "mosquitto did not reload"
+            time.sleep(0.05)
+
+
+@contextmanager
+def running(out: Path, *ports: int) -> Iterator[Broker]:
+    """Start Mosquitto on ``out/mosquitto.conf``; wait until every port in ``ports`` accepts connections."""
+    exe = _mosquitto()
+    log = out.parent / f"{out.name}-mosquitto.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([exe, "-c", str(out / "mosquitto.conf")], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        for port in ports:
+            if not wait_for_port("127.0.0.1", port, 10):
+                pytest.fail(f"mosquitto did not listen on {port}; log:\n{log.read_text()}")
+        yield Broker(out, ports[0], proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+class Peer:
+    """One paho-mqtt 2.x session (MQTT 3.1.1) with bounded waits on what the broker sends back."""
+
+    def __init__(self, port: int, user: str | None, password: str | None, client_id: str = "", **tls: Any):
+        self.messages: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.seen: list[tuple[str, bytes]] = []
+        self.connack: queue.Queue[Any] = queue.Queue()
+        self.subacks: dict[int, threading.Event] = {}
+        self.dropped = threading.Event()
+        self.port = port
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"test-{uuid.uuid4().hex[:8]}",
+                        protocol=mqtt.MQTTv311)  # fmt: skip
+        if user is not None:
+            c.username_pw_set(user, password)
+        if tls:
+            c.tls_set(**tls)
+        c.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
+        c.on_message = lambda _c, _u, m: self.messages.put((m.topic, bytes(m.payload)))
+        c.on_disconnect = lambda *_: self.dropped.set()
+        c.on_subscribe = lambda _c, _u, mid, _rc, _p: self.subacks.setdefault(mid, threading.Event()).set()
+        self.client = c
+
+    def connect(self, will: tuple[str, bytes] | None = None, background: bool = True) -> bool:
+        """True if the broker accepted the connection (a refused one is closed at once).
+
+        With ``background`` False nothing serves the session afterwards (see :meth:`vanish`).
+        """
+        if will is not None:
+            self.client.will_set(will[0], will[1], qos=1, retain=True)
+        self.client.connect("127.0.0.1", self.port, keepalive=30)
+        end = time.monotonic() + WAIT_S
+        while self.connack.empty():  # by hand until CONNACK: paho's thread would retry a refused login
+            assert time.monotonic() < end, "no CONNACK"
+            self.client.loop(0.05)
+        rc = self.connack.get()
+        if rc.is_failure:
+            self.client.disconnect()
+            return False
+        if background:
+            self.client.loop_start()
+        return True
+
+    def vanish(self) -> None:
+        """Drop the TCP connection without DISCONNECT, as a device that loses power: the broker sends the will."""
+        sock = self.client.socket()
+        assert sock is not None
+        sock.close()
+
+    def subscribe(self, *topics: str) -> None:
+        for topic in topics:
+            _, mid = self.client.subscribe(topic, qos=1)
+            assert self.subacks.setdefault(mid, threading.Event()).wait(WAIT_S), f"no SUBACK for {topic}"
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        info.wait_for_publish(WAIT_S)
+        assert info.is_published(), f"no PUBACK for {topic}"
+
+    def expect(self, topic: str, payload: bytes) -> None:
+        """Wait until (topic, payload) arrives; everything received meanwhile is kept in :attr:`seen`."""
+        end = time.monotonic() + WAIT_S
+        while (topic, payload) not in self.seen:
+            try:
+                self.seen.append(self.messages.get(timeout=max(0.0, end - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"{topic} {payload!r} never arrived; got {self.seen}") from None
+
+    def settle(self) -> list[tuple[str, bytes]]:
+        """Everything received, after :data:`QUIET_S` more seconds for stragglers."""
+        time.sleep(QUIET_S)
+        while not self.messages.empty():
+            self.seen.append(self.messages.get())
+        return self.seen
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """Federation ``acltest`` with devices hapt-01 and hapt-02 on a generated, running Mosquitto."""
+    _mosquitto()
+    out = tmp_path_factory.mktemp("mosq") / "broker"
+    port = free_port()
+    generate(out, "--federation", FED, "--clients", "hapt-01,hapt-02", "--port", str(port), "--bind", "127.0.0.1")
+    with running(out, port) as b:
+        yield b
+
+
+@pytest.fixture
+def peer(broker: Broker) -> Iterator[Callable[..., Peer]]:
+    """Connected sessions on :func:`broker` as a user (its own password unless given); closed after the test."""
+    made: list[Peer] = []
+
+    def connect(user: str, password: str | None = None, **kw: Any) -> Peer:
+        p = Peer(broker.port, user, broker.password(user) if password is None else password, **kw)
+        made.append(p)
+        assert p.connect(), f"{user} could not log in"
+        return p
+
+    yield connect
+    for p in made:
+        p.close()
+
+
+def _token() -> bytes:
+    return uuid.uuid4().hex.encode()
+
+
+# ------------------------------------------------------------------------------------- the files
+def test_generated_files_hash_passwords_and_keep_them_private(broker):
+    out = broker.out
+    users = ["coordinator", "hapt-01", "hapt-02"]
+    passwd = (out / "passwd").read_text().splitlines()
+    assert [ln.split(":", 1)[0] for ln in passwd] == users
+    for user, line in zip(users, passwd, strict=True):
+        assert line.split(":", 1)[1].startswith("$"), "mosquitto_passwd hashes every password"
+        assert broker.password(user) not in line
+        assert len(broker.password(user)) >= 32
+        assert (out / "credentials" / f"{user}.password").stat().st_mode & 0o777 == 0o600
+    assert (out / "credentials").stat().st_mode & 0o777 == 0o700
+    conf = (out / "mosquitto.conf").read_text().splitlines()
+    for line in ("allow_anonymous false", "per_listener_settings false", f"password_file {out / 'passwd'}",
+                 f"acl_file {out / 'acl'}", "max_packet_size 1065536", f"persistence_location {out / 'data'}/",
+                 f"listener {broker.port} 127.0.0.1", "use_username_as_clientid true"):  # fmt: skip
+        assert line in conf
+    # No listener the configuration does not name (an option in the wrong place opens one on 1883).
+    opened = {ln.rsplit("port ", 1)[1].rstrip(".") for ln in broker.log.read_text().splitlines() if "listen socket on port" in ln}
+    assert opened == {str(broker.port)}
+    warnings = [ln for ln in broker.log.read_text().splitlines() if "Warning" in ln and "run as root" not in ln]
+    assert warnings == [], "e.g. an ACL pattern without %u"
+
+
+def test_acl_rules_are_exactly_these(broker):
+    rules = [ln for ln in (broker.out / "acl").read_text().splitlines() if ln and not ln.startswith("#")]
+    shared = [f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/model/global/+"]
+    assert rules == [
+        "user coordinator", f"topic readwrite {P}/#",
+        "user hapt-01", *shared,
+        "user hapt-02", *shared,
+        f"pattern read {P}/client/%u/model/+",
+        f"pattern write {P}/client/%u/status",
+        f"pattern write {P}/client/%u/update/+",
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- authentication
+def test_anonymous_unknown_and_wrong_password_are_refused(broker):
+    assert not Peer(broker.port, None, None).connect()
+    assert not Peer(broker.port, "hapt-01", "wrong-password").connect()
+    assert not Peer(broker.port, "hapt-01", broker.password("hapt-02")).connect()
+    assert not Peer(broker.port, "hapt-99", broker.password("hapt-01")).connect()
+
+
+# ------------------------------------------------------------------------------------- what a device may do
+def test_device_publishes_its_status_and_update_and_the_coordinator_receives_them(peer):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/client/+/status", f"{P}/client/+/update/+")
+    dev = peer("hapt-01", client_id="fedhar-client-hapt-01")
+    status, chunk = _token(), _token()
+    dev.publish(f"{P}/client/hapt-01/status", status, retain=True)
+    dev.publish(f"{P}/client/hapt-01/update/0", chunk)
+    coord.expect(f"{P}/client/hapt-01/status", status)
+    coord.expect(f"{P}/client/hapt-01/update/0", chunk)
+
+
+def test_device_reads_round_coordinator_status_global_model_and_its_own_model(peer):
+    coord = peer("coordinator")
+    t = _token()
+    allowed = [f"{P}/round", f"{P}/coordinator/status", f"{P}/model/global/0", f"{P}/client/hapt-01/model/0"]
+    for topic in allowed:
+        coord.publish(topic, t + topic.encode(), retain=True)
+    dev = peer("hapt-01")
+    # The filters the edge client subscribes to (edge_client/agent.py), plus the coordinator's presence.
+    dev.subscribe(f"{P}/round", f"{P}/model/global/+", f"{P}/client/hapt-01/model/+", f"{P}/coordinator/status")
+    for topic in allowed:
+        dev.expect(topic, t + topic.encode())
+
+
+def test_a_device_cannot_publish_under_another_id_or_as_the_coordinator(peer):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/#")
+    dev = peer("hapt-01")
+    denied = _token()
+    forbidden = [
+        f"{P}/client/hapt-02/update/0",
+        f"{P}/client/hapt-02/status",
+        f"{P}/round",
+        f"{P}/model/global/0",
+        f"{P}/coordinator/status",
+        f"{P}/client/hapt-01/model/0",  # its own personalised model is the coordinator's to write
+        f"{P}/client/hapt-01/other",
+        "fedhar/v1/otherfed/client/hapt-01/update/0",
+    ]
+    for topic in forbidden:
+        dev.publish(topic, denied)
+    control = _token()
+    dev.publish(f"{P}/client/hapt-01/update/1", control)
+    coord.expect(f"{P}/client/hapt-01/update/1", control)
+    leaked = [topic for topic, payload in coord.settle() if payload == denied]
+    assert leaked == []
+    # A retained forgery would also reach later subscribers; none was stored.
+    late = peer("hapt-02")
+    late.subscribe(f"{P}/client/hapt-02/#", f"{P}/round", f"{P}/model/global/+")
+    assert [m for m in late.settle() if m[1] == denied] == []
+
+
+def test_a_device_cannot_read_another_devices_model_status_or_updates(peer):
+    coord = peer("coordinator")
+    theirs, mine, status = _token(), _token(), _token()
+    coord.publish(f"{P}/client/hapt-02/model/0", theirs, retain=True)
+    coord.publish(f"{P}/client/hapt-01/model/0", mine, retain=True)
+    other = peer("hapt-02")
+    other.publish(f"{P}/client/hapt-02/status", status, retain=True)
+    other.subscribe(f"{P}/client/hapt-02/model/#")
+    other.expect(f"{P}/client/hapt-02/model/0", theirs)  # the owner does receive it
+
+    dev = peer("hapt-01")
+    dev.subscribe(f"{P}/client/hapt-02/model/#", f"{P}/client/+/status", f"{P}/client/hapt-02/#", f"{P}/#")
+    dev.subscribe(f"{P}/client/hapt-01/model/+")
+    dev.expect(f"{P}/client/hapt-01/model/0", mine)
+    update = _token()
+    other.publish(f"{P}/client/hapt-02/update/0", update)
+    control = _token()
+    coord.publish(f"{P}/client/hapt-01/model/1", control)
+    dev.expect(f"{P}/client/hapt-01/model/1", control)
+    got = {payload for _, payload in dev.settle()}
+    assert theirs not in got and status not in got and update not in got
+
+
+def test_a_forged_last_will_is_not_delivered(peer, broker):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/client/+/status")
+    forged, own = _token(), _token()
+    liar = Peer(broker.port, "hapt-01", broker.password("hapt-01"))
+    if liar.connect(will=(f"{P}/client/hapt-02/status", forged), background=False):  # Mosquitto 2.0 accepts it, drops the will
+        liar.vanish()
+    honest = Peer(broker.port, "hapt-01", broker.password("hapt-01"))
+    assert honest.connect(will=(f"{P}/client/hapt-01/status", own), background=False)
+    honest.vanish()
+    coord.expect(f"{P}/client/hapt-01/status", own)
+    assert forged not in {payload for _, payload in coord.settle()}
+
+
+def test_a_device_cannot_take_over_another_devices_session(peer):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/client/+/status")
+    victim = peer("hapt-02", client_id="fedhar-client-hapt-02")
+    peer("hapt-01", client_id="fedhar-client-hapt-02")  # claims the victim's MQTT client id
+    assert not victim.dropped.wait(QUIET_S)
+    alive = _token()
+    victim.publish(f"{P}/client/hapt-02/status", alive, retain=True)
+    coord.expect(f"{P}/client/hapt-02/status", alive)
+
+
+def test_packets_up_to_fedhars_chunk_size_pass_and_larger_ones_are_cut(peer):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/client/+/update/+")
+    dev = peer("hapt-01")
+    chunk = os.urandom(1_000_000)  # the programs' default --max-message-bytes
+    dev.publish(f"{P}/client/hapt-01/update/0", chunk)
+    coord.expect(f"{P}/client/hapt-01/update/0", chunk)
+    dev.client.publish(f"{P}/client/hapt-01/update/1", os.urandom(1_065_537), qos=1)
+    assert dev.dropped.wait(WAIT_S), "the broker disconnects a client that sends a packet over max_packet_size"
+    assert all(topic != f"{P}/client/hapt-01/update/1" for topic, _ in coord.settle())
+
+
+# ------------------------------------------------------------------------------------- re-running the generator
+def test_rerun_adds_devices_keeps_passwords_and_settings_rotates_and_revokes(tmp_path):
+    out = tmp_path / "broker"
+    port = free_port()
+    first = json.loads(generate(out, "--federation", "home", "--clients", "hapt-01", "--port", str(port), "--bind", "127.0.0.1").stdout)
+    assert first["added"] == ["coordinator", "hapt-01"]
+    before = {u: Path(f).read_text() for u, f in first["password_files"].items()}
+    with running(out, port) as b:
+        (tmp_path / "more.txt").write_text("# kitchen devices\nhapt-02, hapt-03\n\n")
+        second = json.loads(generate(out, "--clients-file", str(tmp_path / "more.txt")).stdout)
+        assert second["added"] == ["hapt-02", "hapt-03"] and second["kept"] == ["coordinator", "hapt-01"]
+        assert second["settings"]["port"] == port and second["settings"]["federation"] == "home"
+        assert {u: Path(second["password_files"][u]).read_text() for u in before} == before
+        assert not Peer(port, "hapt-02", b.password("hapt-02")).connect(), "not before the broker reloads"
+        b.reload()
+        for user in ("coordinator", "hapt-01", "hapt-02", "hapt-03"):
+            p = Peer(port, user, b.password(user))
+            assert p.connect(), user
+            p.close()
+
+        old = b.password("hapt-01")
+        third = json.loads(generate(out, "--rotate", "hapt-01").stdout)
+        assert third["rotated"] == ["hapt-01"] and b.password("hapt-01") != old
+        assert b.password("coordinator") == before["coordinator"].strip()
+        b.reload()
+        assert not Peer(port, "hapt-01", old).connect()
+        assert Peer(port, "hapt-01", b.password("hapt-01")).connect()
+
+        revoked_pw = b.password("hapt-02")
+        fourth = json.loads(generate(out, "--revoke", "hapt-02").stdout)
+        assert fourth["revoked"] == ["hapt-02"] and fourth["clients"] == ["hapt-01", "hapt-03"]
+        assert not (out / "credentials" / "hapt-02.password").exists()
+        assert "user hapt-02" not in (out / "acl").read_text()
+        b.reload()
+        assert not Peer(port, "hapt-02", revoked_pw).connect()
+
+
+def test_clear_errors(tmp_path, monkeypatch):
+    r = generate(tmp_path / "a", "--federation", "home", "--clients", "ok-1,bad/id", check=False)
+    assert r.returncode == 2 and "'bad/id'" in r.stderr and "letters, digits" in r.stderr
+    r = generate(tmp_path / "a", "--clients", "x", check=False)
+    assert r.returncode == 2 and "--federation is required" in r.stderr
+    r = generate(tmp_path / "a", "--federation", "home", "--tls-cert", str(tmp_path / "none.crt"), check=False)
+    assert r.returncode == 2 and "--tls-key" in r.stderr
+    r = generate(tmp_path / "a", "--federation", "home", "--tls-cert", "no.crt", "--tls-key", "no.key", check=False)
+    assert r.returncode == 2 and "no.crt" in r.stderr and "openssl" in r.stderr
+    assert not (tmp_path / "a").exists(), "nothing is written when the arguments are wrong"
+
+    # mosquitto_passwd is missing: say how to get it.
+    spec = importlib.util.spec_from_file_location("mosquitto_config", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod: ModuleType = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up while it loads
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod.shutil, "which", lambda *_a, **_k: None)
+    monkeypatch.setattr(mod.os, "access", lambda *_a, **_k: False)
+    with pytest.raises(mod.SetupError, match=r"install Mosquitto.*apt-get install mosquitto") as err:
+        mod.find_mosquitto_passwd()
+    assert err.value.exit_code == 3
+    monkeypatch.undo()
+
+    _mosquitto()
+    generate(tmp_path / "b", "--federation", "home", "--clients", "hapt-01")
+    r = generate(tmp_path / "b", "--federation", "work", check=False)
+    assert r.returncode == 2 and "'home'" in r.stderr and "'work'" in r.stderr
+    r = generate(tmp_path / "b", "--clients", "coordinator", check=False)
+    assert r.returncode == 2 and "coordinator's user name" in r.stderr
+    r = generate(tmp_path / "b", "--revoke", "hapt-77", check=False)
+    assert r.returncode == 2 and "hapt-77" in r.stderr
+
+
+def test_the_printed_commands_use_the_generated_credentials(tmp_path):
+    _mosquitto()
+    doc = json.loads(generate(tmp_path / "c", "--federation", "home", "--clients", "hapt-01", "--port", "1999").stdout)
+    cmd = doc["commands"]
+    assert cmd["broker"] == f"mosquitto -c {tmp_path / 'c' / 'mosquitto.conf'}"
+    assert f"--username coordinator --password-file {tmp_path / 'c' / 'credentials' / 'coordinator.password'}" in cmd["coordinator"]
+    assert "--broker 127.0.0.1:1999" in cmd["clients"]["hapt-01"] and "--username hapt-01" in cmd["clients"]["hapt-01"]
+    text = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0 and cmd["coordinator"] in text.stdout and "no TLS" in text.stderr
+
+
+# ------------------------------------------------------------------------------------- TLS
+def test_tls_listener_with_openssl_made_certificates(tmp_path):
+    _mosquitto()
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    d = tmp_path / "pki"
+    d.mkdir()
+
+    def ssl(*args: str) -> None:
+        r = subprocess.run(["openssl", *args], cwd=d, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+    # The recipe from the generator's --help, for the broker's name 127.0.0.1.
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=fedhar CA",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key", "-out", "server.csr")
+    (d / "server.ext").write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "30",
+        "-extfile", "server.ext", "-out", "server.crt")  # fmt: skip
+    out, port, tls_port = tmp_path / "broker", free_port(), free_port()
+    generate(out, "--federation", FED, "--clients", "hapt-01", "--port", str(port), "--tls-port", str(tls_port),
+             "--tls-bind", "127.0.0.1", "--tls-cert", str(d / "server.crt"), "--tls-key", str(d / "server.key"),
+             "--tls-ca", str(d / "ca.crt"))  # fmt: skip
+    conf = (out / "mosquitto.conf").read_text().splitlines()
+    assert f"listener {port} 127.0.0.1" in conf, "with TLS the plain listener stays on loopback"
+    with running(out, port, tls_port) as b:
+        coord = Peer(port, "coordinator", b.password("coordinator"))
+        assert coord.connect()
+        coord.subscribe(f"{P}/client/+/status")
+        dev = Peer(tls_port, "hapt-01", b.password("hapt-01"), ca_certs=str(d / "ca.crt"))
+        assert dev.connect()
+        hello = _token()
+        dev.publish(f"{P}/client/hapt-01/status", hello)
+        coord.expect(f"{P}/client/hapt-01/status", hello)
+        assert not Peer(tls_port, "hapt-01", "wrong", ca_certs=str(d / "ca.crt")).connect()
+        dev.close()
+        coord.close()
+
+
+# ------------------------------------------------------------------------------------- a federation round
+def test_a_federation_round_runs_with_the_generated_credentials(tmp_path):
+    _mosquitto()
+    out, port, run_id = tmp_path / "broker", free_port(), "acl-e2e"
+    generate(out, "--federation", "e2e", "--clients", "hapt-01,hapt-02", "--port", str(port), "--bind", "127.0.0.1")
+    creds = out / "credentials"
+    with running(out, port) as b:
+        procs = []
+        for cid, user in (("hapt-01", "user01"), ("hapt-02", "user02")):
+            cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, "--username", cid,
+                   "--password-file", str(creds / f"{cid}.password"), "--broker", f"127.0.0.1:{port}", "--federation", "e2e",
+                   "--source", f"hapt:{ROOT / 'datasets' / 'hapt' / f'{user}.npz'}", "--state-dir", str(tmp_path / cid),
+                   "--threads", "1", "--max-seconds", "120", "--exit-after-run", run_id]  # fmt: skip
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT))
+        try:
+            broker_cfg = BrokerConfig(port=port, username="coordinator", password=b.password("coordinator"))
+            cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=broker_cfg, federation="e2e", run_id=run_id, rounds=1,
+                                    expected_clients=2, start_timeout_s=60, round_timeout_s=60, conv_filters=8, dense_units=16)  # fmt: skip
+            doc = Coordinator(cfg, progress=False).run()
+            codes = [p.wait(60) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    assert [(r["round"], r["updates"], r["rejected"]) for r in doc["rounds"]] == [(0, 2, 0)]
+    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs if p.stderr]
