@@ -27,10 +27,9 @@ import torch
 from tqdm import tqdm
 
 from coordinator.report import write_report
-from coordinator.simulate import DEFAULT_HAPT, subject_sources
 from har_models.metrics import mean_over_clients, summarise
 from har_models.model import ArchSpec, init_state
-from har_models.subjects import load_windows, parse_source, split
+from har_models.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
 

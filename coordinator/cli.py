@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = None
     if args.eval_data:
         from coordinator.evaluation import Evaluator
-        from coordinator.simulate import subject_sources, union_test_set
+        from har_models.subjects import subject_sources, union_test_set
 
         kind, _, path = args.eval_data.partition(":")
         try:

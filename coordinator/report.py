@@ -39,6 +39,12 @@ def _mb(n: Any) -> str:
     return "n/a" if n is None else f"{n / 1e6:.1f}"
 
 
+def _memory(m: Any) -> str | None:
+    if not isinstance(m, dict):
+        return None
+    return f"{m.get('peak_pss_mb', 0):,} MB PSS ({m.get('peak_rss_mb', 0):,} MB summed RSS)"
+
+
 def best_and_final(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Final-round and best-round accuracy / macro-F1 of each measure."""
     out: dict[str, Any] = {"final": {}, "best": {}}
@@ -92,7 +98,7 @@ def _markdown(doc: Mapping[str, Any]) -> str:
         ("seed", doc.get("seed")),
         ("rounds completed", len(doc["rounds"])),
         ("wall time (s)", doc.get("wall_seconds")),
-        ("peak memory, all processes", doc.get("peak_memory")),
+        ("peak memory, all processes", _memory(doc.get("peak_memory"))),
         ("command", doc.get("command")),
     ]
     lines += [f"- **{k}**: {v}" for k, v in facts if v is not None]

@@ -31,47 +31,12 @@ from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator, CoordinatorError
 from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
-from har_models.subjects import SubjectSource, load_windows, parse_source, split
+from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
 from har_models.transport import BrokerConfig
-from har_models.windowing import WindowSet
 
 log = logging.getLogger("fedhar.simulate")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_HAPT = PROJECT_ROOT / "datasets" / "hapt"
-
-
-def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, str]:
-    """Client id -> source text for every subject of the dataset under ``data``.
-
-    Raises
-    ------
-    FileNotFoundError
-        If no subject is found (the message says what was expected).
-    """
-    if dataset == "hapt":
-        from har_models.hapt import hapt_subject_ids
-
-        return {f"hapt-{sid}": f"hapt:{data / f'user{sid}.npz'}" for sid in hapt_subject_ids(data)}
-    from har_models.realworld import realworld_subject_ids
-
-    subjects = realworld_subject_ids(data)
-    if not subjects:
-        raise FileNotFoundError(f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder")
-    suffix = f":{positions}" if positions else ""
-    return {f"proband{k}": f"realworld:{data}:proband{k}{suffix}" for k in subjects}
-
-
-def union_test_set(sources: dict[str, str], seed: int) -> WindowSet:
-    """Concatenated test splits of all subjects (rebuilt exactly as each client splits its windows)."""
-    parts = []
-    labels = None
-    for text in sources.values():
-        src: SubjectSource = parse_source(text)
-        labels = src.labels
-        parts.append(split(load_windows(src), seed)[1])
-    assert labels is not None
-    return WindowSet.concat(parts, labels)
 
 
 @dataclass
@@ -131,9 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
-    add_broker_arguments(
-        ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)"
-    )
+    add_broker_arguments(ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)")
     add_federation_arguments(ap)
     return ap
 

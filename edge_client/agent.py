@@ -166,6 +166,7 @@ class EdgeAgent:
         finally:
             self._state = "offline"
             self._link.stop(final=(self.topics.client_status(self.cfg.client_id), offline_status(self.cfg.client_id)))
+            log.info("[%s] stopped after %d round(s)", self.cfg.client_id, self.rounds_done)
         return 0
 
     def _finished(self) -> bool:

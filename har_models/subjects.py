@@ -12,14 +12,15 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from har_models.hapt import read_hapt_recordings
+from har_models.hapt import hapt_subject_ids, read_hapt_recordings
 from har_models.labels import HAPT_LABELS, REALWORLD_LABELS, LabelSet
 from har_models.pipeline import windows_from_recording
-from har_models.realworld import RealWorldConfig, load_realworld_subject, read_realworld_subject
+from har_models.realworld import RealWorldConfig, load_realworld_subject, read_realworld_subject, realworld_subject_ids
 from har_models.recording import Recording
 from har_models.windowing import WindowSet, stratified_split
+
+DEFAULT_HAPT = Path(__file__).resolve().parents[1] / "datasets" / "hapt"
+"""The HAPT recordings committed with the project."""
 
 TEST_FRACTION = 0.2
 """Per-subject test share of the FedDist protocol (80/20, stratified)."""
@@ -116,6 +117,32 @@ def split(data: WindowSet, seed: int = 1) -> tuple[WindowSet, WindowSet]:
     return data.subset(tr), data.subset(te)
 
 
-def split_indices(data: WindowSet, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Index form of :func:`split`."""
-    return stratified_split(data.y, TEST_FRACTION, seed)
+def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, str]:
+    """Client id -> source text for every subject of the dataset under ``data``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no subject is found (the message says what was expected).
+    """
+    if dataset == "hapt":
+        return {f"hapt-{sid}": f"hapt:{data / f'user{sid}.npz'}" for sid in hapt_subject_ids(data)}
+    subjects = realworld_subject_ids(data)
+    if not subjects:
+        raise FileNotFoundError(f"no REALWORLD subjects (proband1..15) under {data}; pass the archive zip or its extracted folder")
+    suffix = f":{positions}" if positions else ""
+    return {f"proband{k}": f"realworld:{data}:proband{k}{suffix}" for k in subjects}
+
+
+def union_test_set(sources: dict[str, str], seed: int) -> WindowSet:
+    """Concatenated test splits of all subjects (rebuilt exactly as each client splits its windows).
+
+    Raises
+    ------
+    ValueError
+        If ``sources`` is empty.
+    """
+    if not sources:
+        raise ValueError("union_test_set: no subjects given")
+    specs = [parse_source(text) for text in sources.values()]
+    return WindowSet.concat([split(load_windows(src), seed)[1] for src in specs], specs[0].labels)
