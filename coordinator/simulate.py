@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
     ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
+    ap.add_argument(
+        "--credentials-dir",
+        type=Path,
+        default=None,
+        help="with --broker: folder of <user>.password files (firmware_scripts/mosquitto_config.py writes credentials/); "
+        "each client logs in as its id, the coordinator as --username (default coordinator)",
+    )
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process (default 1)")
@@ -140,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     broker_ctx: EmbeddedBroker | None = None
     ok = False
     try:
+        if args.credentials_dir is not None and not args.broker:
+            raise ValueError("--credentials-dir needs --broker (the embedded broker has no accounts)")
         if args.broker:
+            if args.credentials_dir is not None:
+                args.username = args.username or "coordinator"
+                args.password_file = args.credentials_dir / f"{args.username}.password"
             broker = broker_from_args(args)
         else:
             broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
@@ -170,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                 "--max-message-bytes",
                 str(args.max_message_bytes),
             ]
+            if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
+                cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
+            for opt in ("tls_ca", "tls_cert", "tls_key"):
+                if getattr(args, opt):
+                    cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
             with open(run_dir / "logs" / f"{cid}.log", "ab") as out:
                 # Clients run at lower priority, so the broker and coordinator keep messages moving while they train.
                 procs[cid] = subprocess.Popen(

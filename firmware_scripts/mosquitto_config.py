@@ -1,0 +1,853 @@
+#!/usr/bin/env python3
+"""Write a Mosquitto configuration for one fedhar federation: per-device passwords, ACLs, optional TLS.
+
+Usage (from a checkout; needs only Python and the ``mosquitto_passwd`` tool that ships with Mosquitto)::
+
+    python3 firmware_scripts/mosquitto_config.py --federation home --clients phone-anna,pi-kitchen --out broker/
+
+The output folder then holds:
+
+* ``mosquitto.conf``: listeners (plain, and TLS when a certificate is given), no anonymous
+  access, the password and ACL files, a packet limit sized for fedhar's chunked models,
+  persistence under ``data/``;
+* ``acl``: the coordinator may read and write the whole federation; a device may write only
+  its own status and update topics and read the round, the coordinator's status, the
+  global model and its own personalised model (its own topics through ``pattern`` rules with
+  ``%u`` = user name = fedhar client id);
+* ``passwd``: hashed by ``mosquitto_passwd`` (this script never hashes a password itself);
+* ``credentials/<user>.password``: each user's password (mode 0600), to copy to its device;
+* ``fedhar-broker.json``: the settings, so a re-run with only ``--out`` and new ``--clients``
+  keeps everything else.
+
+Re-running adds clients and keeps every existing password, unless ``--rotate`` asks for new
+ones; ``--revoke`` removes devices. Reload a running broker afterwards (``kill -HUP``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+try:
+    from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
+except ImportError:  # run from a checkout without `pip install -e .`: har_models.protocol needs only the stdlib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
+
+log = logging.getLogger("fedhar.mosquitto_config")
+
+MANIFEST_NAME = "fedhar-broker.json"
+PASSWORD_SUFFIX = ".password"
+PACKET_MARGIN_BYTES = 64 * 1024
+"""Room in ``max_packet_size`` above the largest fedhar payload for the topic and MQTT headers (bytes)."""
+PASSWORD_BYTES = 24
+"""Random bytes per password (``secrets.token_urlsafe``: 32 characters, 192 bits)."""
+
+OPENSSL_HELP = """\
+TLS certificates (once, on the operator's machine; keep ca.key offline). Replace homeserver and
+the address with the names and addresses devices use to reach the broker:
+
+  openssl req -x509 -newkey rsa:3072 -nodes -days 3650 -subj "/CN=fedhar CA" \\
+      -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout ca.key -out ca.crt
+  openssl req -newkey rsa:3072 -nodes -subj "/CN=homeserver" -keyout server.key -out server.csr
+  printf '%s\\n' "subjectAltName=DNS:homeserver,DNS:homeserver.local,IP:192.168.1.10" \\
+      "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" \\
+      "authorityKeyIdentifier=keyid,issuer" > server.ext
+  openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 \\
+      -extfile server.ext -out server.crt
+
+then pass --tls-cert server.crt --tls-key server.key --tls-ca ca.crt, and copy ca.crt (never a
+key) to every device (fedhar-client --tls-ca ca.crt). The broker's account must be able to read
+server.key (for the Debian service: sudo chgrp mosquitto server.key && sudo chmod 640 server.key).
+"""
+
+class SetupError(Exception):
+    """The configuration cannot be written; the message says what was wrong and how to fix it.
+
+    ``exit_code`` is 2 for bad arguments or files, 3 when ``mosquitto_passwd`` is missing or fails.
+    """
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Everything that shapes the generated broker configuration.
+
+    Parameters
+    ----------
+    federation : str
+        Federation name; topics live under ``fedhar/v1/{federation}``.
+    coordinator_user : str
+        User name of the coordinator (readwrite on the whole federation). No device may use it.
+    port : int
+        Port of the plain MQTT listener.
+    bind : str, optional
+        Address of the plain listener; None = 127.0.0.1 when TLS is on, else all interfaces ("").
+    tls_cert, tls_key, tls_ca : str, optional
+        Absolute paths of the server certificate, its key and the CA certificate (PEM). Cert and
+        key enable the TLS listener; the CA is what clients verify the broker with.
+    tls_port : int
+        Port of the TLS listener.
+    tls_bind : str
+        Address of the TLS listener ("" = all interfaces).
+    require_client_cert : bool
+        Mutual TLS: devices must also present a certificate signed by ``tls_ca``.
+    broker_user : str
+        Account the broker switches to when started as root (Mosquitto's ``user``).
+    max_message_bytes : int
+        Largest MQTT payload fedhar programs publish (their ``--max-message-bytes``), bytes.
+    max_queued_messages : int
+        QoS 1 messages Mosquitto queues per client beyond its in-flight window.
+    public_host : str, optional
+        Host name devices use for the broker, only for the printed commands; None = this host's name.
+    """
+
+    federation: str
+    coordinator_user: str = "coordinator"
+    port: int = 1883
+    bind: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_port: int = 8883
+    tls_bind: str = ""
+    require_client_cert: bool = False
+    broker_user: str = "mosquitto"
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_queued_messages: int = 10_000
+    public_host: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        """True when the TLS listener is configured."""
+        return self.tls_cert is not None
+
+    @property
+    def plain_bind(self) -> str:
+        """Address of the plain listener ("" = all interfaces)."""
+        if self.bind is not None:
+            return self.bind
+        return "127.0.0.1" if self.tls else ""
+
+    @property
+    def max_packet_size(self) -> int:
+        """Mosquitto's ``max_packet_size``: the largest fedhar payload plus room for topic and headers (bytes)."""
+        return self.max_message_bytes + PACKET_MARGIN_BYTES
+
+
+DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(BrokerSettings)}
+"""Every setting with its default (None: required or derived). The manifest remembers them, so a re-run takes
+each one not given on its command line from there."""
+
+
+@dataclass
+class Outcome:
+    """What one run of the generator did.
+
+    Attributes
+    ----------
+    out : Path
+        The output folder (absolute).
+    settings : BrokerSettings
+    clients : list of str
+        Device user names now configured, sorted.
+    added, rotated, revoked, kept : list of str
+        User names whose password was created, replaced, removed, or left as it was.
+    """
+
+    out: Path
+    settings: BrokerSettings
+    clients: list[str]
+    added: list[str] = field(default_factory=list)
+    rotated: list[str] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    def password_file(self, user: str) -> Path:
+        """Path of ``user``'s password file."""
+        return self.out / "credentials" / f"{user}{PASSWORD_SUFFIX}"
+
+
+# ----------------------------------------------------------------------------------- text of the files
+def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
+    """The Mosquitto ACL file for ``settings.federation`` and the devices ``clients``.
+
+    The coordinator reads and writes everything under the federation prefix. Each device (user
+    name = fedhar client id) reads the round announcement, the coordinator's status and the
+    global model, listed under its ``user`` line. The ``pattern`` rules apply to every user with
+    ``%u`` replaced by the user name: a device reads its own personalised model and writes only
+    its own status and update chunks. It cannot read other devices' statuses (they carry label
+    counts and data statistics), updates or models, nor write anything else. Whatever is not
+    granted is denied. (Shared topics are not patterns because Mosquitto warns about a pattern
+    without ``%u``/``%c``.)
+
+    Parameters
+    ----------
+    settings : BrokerSettings
+    clients : list of str
+        Device user names (validated client ids).
+
+    Returns
+    -------
+    str
+        The file's text.
+    """
+    t = Topics(settings.federation)
+    me = "%u"
+    lines = [
+        f"# Mosquitto ACL of the fedhar federation {settings.federation!r} (topics {t.prefix}/...).",
+        "# Written by firmware_scripts/mosquitto_config.py; re-run it rather than editing this file.",
+        "# Whatever is not granted here is denied.",
+        "",
+        "# The coordinator runs the federation: it reads statuses and updates, writes rounds, models and its status.",
+        f"user {settings.coordinator_user}",
+        f"topic readwrite {t.prefix}/#",
+        "",
+        "# Each device reads the round announcement, the coordinator's presence and the global model.",
+    ]
+    for cid in clients:
+        lines += [f"user {cid}", f"topic read {t.round}", f"topic read {t.coordinator_status}", f"topic read {t.global_model('+')}", ""]
+    lines += [
+        "# Every user, %u = its user name = its fedhar client id: it reads its own personalised model and writes",
+        "# only its own status (retained, and its last will) and its own update chunks.",
+        f"pattern read {t.client_model(me, '+')}",
+        f"pattern write {t.client_status(me)}",
+        f"pattern write {t.client_update(me, '+')}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def config_text(settings: BrokerSettings, out: Path) -> str:
+    """The ``mosquitto.conf`` for ``settings``, naming files inside the absolute folder ``out``.
+
+    Parameters
+    ----------
+    settings : BrokerSettings
+    out : Path
+        Absolute output folder; ``passwd``, ``acl`` and ``data/`` are referred to inside it.
+
+    Returns
+    -------
+    str
+        The file's text.
+    """
+    s = settings
+    lines = [
+        f"# Mosquitto configuration of the fedhar federation {s.federation!r}.",
+        "# Written by firmware_scripts/mosquitto_config.py; re-run it rather than editing this file.",
+        f"# Start: mosquitto -c {out / 'mosquitto.conf'}    Reload users and ACL: kill -HUP <pid of mosquitto>",
+        "",
+        "# Every client logs in with its own user name and password; the ACL decides what it may read and write.",
+        "# The same rules hold on every listener.",
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"password_file {out / 'passwd'}",
+        f"acl_file {out / 'acl'}",
+        "",
+        f"# fedhar publishes at most {s.max_message_bytes} payload bytes per message (models travel in chunks);",
+        f"# the topic and MQTT headers fit in the {PACKET_MARGIN_BYTES}-byte margin. A larger packet disconnects its sender.",
+        f"max_packet_size {s.max_packet_size}",
+        "# In a round the coordinator receives every selected device's update chunks at once. QoS 1 messages",
+        "# beyond this queue would be dropped and stall a transfer until the round's deadline.",
+        "max_inflight_messages 20",
+        f"max_queued_messages {s.max_queued_messages}",
+        "",
+        "# Retained rounds, models and presence survive a broker restart.",
+        "persistence true",
+        f"persistence_location {out / 'data'}/",
+        "autosave_interval 300",
+        "",
+        "# Started as root, the broker switches to this account (it must be able to read passwd, acl and the TLS key).",
+        f"user {s.broker_user}",
+        "# stderr is unbuffered (stdout is not): lines reach a terminal or the systemd journal at once.",
+        "log_dest stderr",
+        "log_timestamp_format %Y-%m-%dT%H:%M:%S",
+        "connection_messages true",
+        "",
+        "# Each listener takes the user name as the session id, so a device cannot take over another device's",
+        "# session by connecting with its MQTT client id: one connection per user name. (Set before any",
+        "# listener line, use_username_as_clientid would open an extra default listener on port 1883.)",
+        "",
+        "# Plain MQTT" + (" (loopback only by default: local programs such as the coordinator)" if s.tls else ""),
+        f"listener {s.port} {s.plain_bind}".rstrip(),
+        "protocol mqtt",
+        "use_username_as_clientid true",
+    ]
+    if s.tls:
+        lines += [
+            "",
+            "# MQTT over TLS, for devices",
+            f"listener {s.tls_port} {s.tls_bind}".rstrip(),
+            "protocol mqtt",
+            "use_username_as_clientid true",
+            f"certfile {s.tls_cert}",
+            f"keyfile {s.tls_key}",
+        ]
+        if s.tls_ca:
+            lines.append(f"cafile {s.tls_ca}")
+        lines += [
+            f"require_certificate {'true' if s.require_client_cert else 'false'}",
+            "tls_version tlsv1.2",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------- inputs
+def parse_ids(text: str) -> list[str]:
+    """Client ids from a comma- or whitespace-separated string, validated.
+
+    Parameters
+    ----------
+    text : str
+        E.g. ``"hapt-01, hapt-02"``.
+
+    Returns
+    -------
+    list of str
+        The ids in order, duplicates removed.
+
+    Raises
+    ------
+    SetupError
+        Naming the first invalid id and the allowed characters.
+    """
+    ids: list[str] = []
+    for raw in re.split(r"[,\s]+", text.strip()):
+        if not raw:
+            continue
+        try:
+            cid = check_client_id(raw)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        if cid not in ids:
+            ids.append(cid)
+    return ids
+
+
+def read_clients_file(path: Path) -> list[str]:
+    """Client ids from a text file: one or more per line (comma or space separated), ``#`` starts a comment.
+
+    Raises
+    ------
+    SetupError
+        If the file cannot be read, or naming an invalid id and its line.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise SetupError(f"--clients-file {path}: {exc.strerror or exc}") from None
+    ids: list[str] = []
+    for n, line in enumerate(lines, 1):
+        try:
+            ids += [c for c in parse_ids(line.split("#", 1)[0]) if c not in ids]
+        except SetupError as exc:
+            raise SetupError(f"--clients-file {path}, line {n}: {exc}") from None
+    return ids
+
+
+def check_settings(settings: BrokerSettings) -> BrokerSettings:
+    """Validate ``settings`` and return them with TLS paths made absolute.
+
+    Raises
+    ------
+    SetupError
+        For an invalid federation or coordinator name, a port outside 1..65535, equal ports,
+        a certificate without its key (or the reverse), a TLS file that cannot be read,
+        mutual TLS without a CA, or a message size too small for fedhar's chunks.
+    """
+    s = settings
+    try:
+        Topics(s.federation)
+    except ValueError as exc:
+        raise SetupError(f"--federation: {exc}") from None
+    try:
+        check_client_id(s.coordinator_user)
+    except ValueError as exc:
+        raise SetupError(f"--coordinator-user: {exc}") from None
+    for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
+        if not 0 < port < 65536:
+            raise SetupError(f"{name} {port} is not a TCP port (1..65535)")
+    if (s.tls_cert is None) != (s.tls_key is None):
+        raise SetupError("--tls-cert and --tls-key go together (the server certificate and its private key)")
+    if s.tls and s.port == s.tls_port:
+        raise SetupError(f"--port and --tls-port are both {s.port}; the plain and the TLS listener need different ports")
+    if s.require_client_cert and not (s.tls and s.tls_ca):
+        raise SetupError("--require-client-cert needs --tls-cert, --tls-key and --tls-ca (the CA that signs device certificates)")
+    if s.tls_ca and not s.tls:
+        raise SetupError("--tls-ca without --tls-cert/--tls-key: the broker needs its own certificate and key to offer TLS")
+    def readable(name: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        p = Path(value).expanduser().resolve()
+        if not p.is_file() or not os.access(p, os.R_OK):
+            raise SetupError(f"--{name} {value}: no readable file there (see --help for the openssl commands)")
+        return str(p)
+
+    if s.max_message_bytes < 1024:
+        raise SetupError(f"--max-message-bytes {s.max_message_bytes} is too small; fedhar's default is {DEFAULT_MAX_MESSAGE_BYTES}")
+    if s.max_queued_messages < 100:
+        raise SetupError(f"--max-queued-messages {s.max_queued_messages} is too small for chunked models; use 1000 or more")
+    return replace(
+        s, tls_cert=readable("tls-cert", s.tls_cert), tls_key=readable("tls-key", s.tls_key), tls_ca=readable("tls-ca", s.tls_ca)
+    )
+
+
+def find_mosquitto_passwd(explicit: str | None = None) -> str:
+    """Path of the ``mosquitto_passwd`` executable.
+
+    Parameters
+    ----------
+    explicit : str, optional
+        A path given by the user; else ``$PATH`` and ``/usr/bin`` are searched.
+
+    Raises
+    ------
+    SetupError
+        (exit code 3) If it is not found: it ships with Mosquitto.
+    """
+    if explicit:
+        if shutil.which(explicit):
+            return explicit
+        raise SetupError(f"--mosquitto-passwd {explicit}: not an executable file", exit_code=3)
+    found = shutil.which("mosquitto_passwd") or next(
+        (p for p in ("/usr/bin/mosquitto_passwd", "/usr/local/bin/mosquitto_passwd") if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        raise SetupError(
+            "mosquitto_passwd not found: install Mosquitto, which ships it (Debian, Ubuntu, Raspberry Pi OS: "
+            "sudo apt-get install mosquitto; macOS: brew install mosquitto), or pass --mosquitto-passwd PATH",
+            exit_code=3,
+        )
+    return found
+
+
+# ----------------------------------------------------------------------------------- writing
+def _write_atomic(path: Path, text: str, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -> None:
+    """Write Mosquitto's password file for ``passwords`` (user -> clear-text password), hashed by ``mosquitto_passwd``.
+
+    The clear-text lines go to a private temporary file next to ``path`` that ``mosquitto_passwd -U``
+    hashes in place (one process, and no password ever appears on a command line); it then
+    replaces ``path`` atomically. The temporary file is removed whatever happens.
+
+    Parameters
+    ----------
+    path : Path
+        The password file to (re)write.
+    passwords : dict of str to str
+        User names (fedhar ids, so never containing ``:``) and their passwords.
+    mosquitto_passwd : str
+        The executable (see :func:`find_mosquitto_passwd`).
+
+    Raises
+    ------
+    SetupError
+        (exit code 3) If ``mosquitto_passwd`` fails or leaves a line unhashed.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".passwd-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{user}:{pw}\n" for user, pw in sorted(passwords.items()))
+        r = subprocess.run([mosquitto_passwd, "-U", tmp], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise SetupError(f"{mosquitto_passwd} -U failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}", exit_code=3)
+        lines = Path(tmp).read_text().splitlines()
+        hashed = {ln.split(":", 1)[0] for ln in lines if re.match(r"^[^:]+:\$\d+\$", ln)}
+        if hashed != set(passwords) or len(lines) != len(passwords):
+            raise SetupError(f"{mosquitto_passwd} -U did not hash every password; is it Mosquitto's tool?", exit_code=3)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _read_password(path: Path) -> str:
+    password = path.read_text().strip()
+    if not password or any(c in password for c in ":\n\r"):
+        raise SetupError(f"{path}: not a password written by this tool (empty or containing ':'); delete it or use --rotate {path.stem}")
+    return password
+
+
+def _load_manifest(out: Path) -> dict[str, Any]:
+    path = out / MANIFEST_NAME
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SetupError(f"{path} is unreadable ({exc}); remove it and pass every option again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
+        raise SetupError(f"{path} is not a fedhar broker manifest; use another --out folder")
+    return doc
+
+
+def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
+    """Settings for this run: those ``given`` (None = not given), else the manifest's in ``out``, else the defaults.
+
+    Parameters
+    ----------
+    given : dict
+        Keys of :data:`DEFAULTS`; None means "not on the command line".
+    out : Path
+        The output folder, which may hold the manifest of an earlier run.
+
+    Raises
+    ------
+    SetupError
+        If no federation is known, or ``given`` changes the federation or the coordinator's user
+        name of an existing folder (that would orphan its credentials).
+    """
+    before = _load_manifest(out).get("settings", {})
+    merged: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        if given.get(key) is not None:
+            merged[key] = given[key]
+        elif before.get(key) is not None:
+            merged[key] = before[key]
+        else:
+            merged[key] = default
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        if merged[key] == "":  # --no-tls
+            merged[key] = None
+    if merged["federation"] is None:
+        raise SetupError("--federation is required on the first run in a folder")
+    for key in ("federation", "coordinator_user"):
+        if before.get(key) is not None and merged[key] != before[key]:
+            raise SetupError(
+                f"{out} was generated with {key.replace('_', '-')} {before[key]!r}, not {merged[key]!r}; "
+                "use another --out folder for a different one"
+            )
+    return BrokerSettings(**merged)
+
+
+def _grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings) -> None:
+    """Started as root, Mosquitto reads passwd and acl and writes data/ as ``broker_user``: give that account access."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return  # the broker runs as the operator, who owns the files
+    import pwd
+
+    try:
+        account = pwd.getpwnam(settings.broker_user)
+    except KeyError:
+        raise SetupError(
+            f"--broker-user {settings.broker_user}: no such account; install mosquitto (it creates the 'mosquitto' account) "
+            "or name the account the broker runs as"
+        ) from None
+    if account.pw_uid == 0:
+        return
+    gid = account.pw_gid
+    if created_out:
+        os.chown(out, 0, gid)
+        os.chmod(out, 0o750)
+    for name in ("passwd", "acl"):
+        os.chown(out / name, 0, gid)
+        os.chmod(out / name, 0o640)
+    os.chown(out / "data", account.pw_uid, gid)
+    os.chmod(out / "data", 0o700)
+
+
+def generate(
+    out: Path,
+    given: dict[str, Any],
+    clients: list[str],
+    rotate: list[str] | None = None,
+    revoke: list[str] | None = None,
+    mosquitto_passwd: str | None = None,
+) -> Outcome:
+    """Write (or update) the broker configuration in ``out``.
+
+    Parameters
+    ----------
+    out : Path
+        Output folder; created if missing.
+    given : dict
+        Settings from the command line (keys of :data:`DEFAULTS`, None = not given); see :func:`merge_settings`.
+    clients : list of str
+        Device ids to add (validated with :func:`har_models.protocol.check_client_id`). Devices
+        configured earlier stay configured.
+    rotate : list of str, optional
+        Users (devices or the coordinator) that get a new password; ``["*"]`` = everyone.
+    revoke : list of str, optional
+        Devices to remove: their password file is deleted and they can no longer log in once
+        the broker reloads.
+    mosquitto_passwd : str, optional
+        Path of ``mosquitto_passwd`` (default: searched, see :func:`find_mosquitto_passwd`).
+
+    Returns
+    -------
+    Outcome
+
+    Raises
+    ------
+    SetupError
+        For invalid ids or settings, a device named like the coordinator, rotating or revoking
+        an unknown user, or a missing/failing ``mosquitto_passwd``.
+    """
+    rotate = list(rotate or [])
+    revoke = list(revoke or [])
+    out = out.expanduser().resolve()
+    settings = check_settings(merge_settings(given, out))
+    coord = settings.coordinator_user
+    for cid in [*clients, *revoke]:
+        try:
+            check_client_id(cid)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        if cid == coord:
+            raise SetupError(f"client id {cid!r} is the coordinator's user name; rename the device or pass another --coordinator-user")
+    clash = sorted(set(clients) & set(revoke))
+    if clash:
+        raise SetupError(f"{', '.join(clash)}: both added and revoked; pick one")
+
+    tool = find_mosquitto_passwd(mosquitto_passwd)
+    created_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    creds = out / "credentials"
+    creds.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(creds, 0o700)
+    (out / "data").mkdir(exist_ok=True)
+
+    existing = {p.name[: -len(PASSWORD_SUFFIX)] for p in creds.glob(f"*{PASSWORD_SUFFIX}")} - {coord}
+    for user in sorted(existing):
+        try:
+            check_client_id(user)
+        except ValueError:
+            raise SetupError(f"{creds / (user + PASSWORD_SUFFIX)}: not a device's password file (invalid id); move it away") from None
+    unknown = sorted(set(revoke) - existing)
+    if unknown:
+        raise SetupError(f"--revoke {', '.join(unknown)}: no such device in {out}")
+    devices = sorted((existing | set(clients)) - set(revoke))
+    users = [coord, *devices]
+    everyone = rotate == ["*"]
+    if not everyone:
+        for user in rotate:
+            if user not in users:
+                raise SetupError(f"--rotate {user}: no such user in {out} (known: {', '.join(users)})")
+
+    outcome = Outcome(out, settings, devices, revoked=sorted(revoke))
+    passwords: dict[str, str] = {}
+    fresh: dict[str, str] = {}  # written to credentials/ only once passwd holds them, so the two never disagree
+    for user in users:
+        path = outcome.password_file(user)
+        if path.exists() and not (everyone or user in rotate):
+            passwords[user] = _read_password(path)
+            outcome.kept.append(user)
+            continue
+        passwords[user] = fresh[user] = secrets.token_urlsafe(PASSWORD_BYTES)
+        (outcome.rotated if path.exists() else outcome.added).append(user)
+    write_passwd(out / "passwd", passwords, tool)
+    for user, password in fresh.items():
+        _write_atomic(outcome.password_file(user), password + "\n", 0o600)
+    for cid in revoke:
+        outcome.password_file(cid).unlink()
+    _write_atomic(out / "acl", acl_text(settings, devices), 0o600)
+    _write_atomic(out / "mosquitto.conf", config_text(settings, out), 0o644)
+    _grant_broker_access(out, created_out, settings)
+    manifest = {"settings": asdict(settings), "clients": devices, "generator": "firmware_scripts/mosquitto_config.py"}
+    _write_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n", 0o644)
+    for user in outcome.added:
+        log.info("added %s", user)
+    for user in outcome.rotated:
+        log.info("new password for %s", user)
+    for user in outcome.revoked:
+        log.info("revoked %s", user)
+    return outcome
+
+
+# ----------------------------------------------------------------------------------- reporting
+def commands(outcome: Outcome) -> dict[str, Any]:
+    """Shell commands that start the broker and the fedhar programs with the generated credentials.
+
+    Returns
+    -------
+    dict
+        ``broker``, ``reload``, ``coordinator`` (strings) and ``clients`` (client id -> command).
+        Device commands name the password file as it is on this machine: copy it to the device.
+    """
+    s, out = outcome.settings, outcome.out
+    host = s.public_host or socket.gethostname()
+    local = s.plain_bind if s.plain_bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    coordinator = [
+        "fedhar-coordinator", "--broker", f"{local}:{s.port}", "--federation", s.federation,
+        "--username", s.coordinator_user, "--password-file", str(outcome.password_file(s.coordinator_user)),
+    ]  # fmt: skip
+    device_broker = f"{host}:{s.tls_port}" if s.tls else f"{host}:{s.port}"
+    tls = ["--tls-ca", s.tls_ca] if s.tls and s.tls_ca else []
+    clients = {
+        cid: shlex.join(
+            ["fedhar-client", "--client-id", cid, "--broker", device_broker, *tls, "--federation", s.federation,
+             "--username", cid, "--password-file", str(outcome.password_file(cid))]
+        ) + " --source SOURCE --state-dir STATE_DIR"
+        for cid in outcome.clients
+    }  # fmt: skip
+    return {
+        "broker": shlex.join(["mosquitto", "-c", str(out / "mosquitto.conf")]),
+        "reload": "kill -HUP $(pidof mosquitto)    # or: sudo systemctl reload mosquitto",
+        "coordinator": shlex.join(coordinator),
+        "clients": clients,
+    }
+
+
+def summary(outcome: Outcome) -> dict[str, Any]:
+    """Machine-readable account of ``outcome`` (what ``--json`` prints)."""
+    return {
+        "out": str(outcome.out),
+        "federation": outcome.settings.federation,
+        "config": str(outcome.out / "mosquitto.conf"),
+        "acl": str(outcome.out / "acl"),
+        "passwd": str(outcome.out / "passwd"),
+        "coordinator_user": outcome.settings.coordinator_user,
+        "clients": outcome.clients,
+        "password_files": {u: str(outcome.password_file(u)) for u in [outcome.settings.coordinator_user, *outcome.clients]},
+        "added": outcome.added,
+        "rotated": outcome.rotated,
+        "revoked": outcome.revoked,
+        "kept": outcome.kept,
+        "settings": asdict(outcome.settings),
+        "commands": commands(outcome),
+    }
+
+
+def report(outcome: Outcome) -> str:
+    """Human-readable account of ``outcome``: what changed and the commands to run next."""
+    s, cmd = outcome.settings, commands(outcome)
+    listeners = f"port {s.port} on {s.plain_bind or 'all interfaces'}"
+    if s.tls:
+        listeners += f", TLS port {s.tls_port} on {s.tls_bind or 'all interfaces'}"
+    lines = [
+        f"fedhar broker configuration for federation {s.federation!r} in {outcome.out}",
+        f"  listeners: {listeners}; {len(outcome.clients)} devices and the coordinator ({s.coordinator_user!r})",
+    ]
+    for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
+        if users:
+            lines.append(f"  {what}: {', '.join(users)}")
+    lines += [
+        "",
+        "Start the broker:",
+        f"  {cmd['broker']}",
+        "After any later run of this generator, reload a running broker:",
+        f"  {cmd['reload']}",
+        "",
+        "Coordinator (on the broker's host):",
+        f"  {cmd['coordinator']}",
+    ]
+    if cmd["clients"]:
+        lines += ["", "Devices (copy credentials/<id>.password" + (" and the CA certificate" if s.tls else "") + " to each device):"]
+        lines += [f"  {c}" for c in cmd["clients"].values()]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser (options left unset default to None so a re-run can keep earlier settings)."""
+    ap = argparse.ArgumentParser(
+        prog="mosquitto_config.py",
+        description="Write a Mosquitto configuration for a fedhar federation: no anonymous access, one password per "
+        "device, an ACL that lets each device write only under its own client id, optional TLS. Re-running on the same "
+        "--out folder adds devices and keeps existing passwords and every setting not given again.",
+        epilog=OPENSSL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+    ap.add_argument("--federation", help="federation name: topics under fedhar/v1/<name> (required on the first run)")
+    ap.add_argument("--clients", action="append", default=[], metavar="ID,ID,...", help="device ids to add (repeatable)")
+    ap.add_argument("--clients-file", type=Path, action="append", default=[], help="file of device ids, one per line, # comments")
+    ap.add_argument("--rotate", nargs="?", const="*", metavar="ID,ID,...", help="new passwords for these users (no value: all)")
+    ap.add_argument("--revoke", metavar="ID,ID,...", help="remove these devices")
+    ap.add_argument("--coordinator-user", help=f"the coordinator's user name (default {DEFAULTS['coordinator_user']})")
+    ap.add_argument("--port", type=int, help=f"plain MQTT port (default {DEFAULTS['port']})")
+    ap.add_argument("--bind", help="address of the plain listener (default: 127.0.0.1 with TLS, else all interfaces)")
+    ap.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key adds a TLS listener")
+    ap.add_argument("--tls-key", help="the server certificate's private key (PEM)")
+    ap.add_argument("--tls-ca", help="CA certificate (PEM) that signed the server (and device) certificates")
+    ap.add_argument("--tls-port", type=int, help=f"TLS port (default {DEFAULTS['tls_port']})")
+    ap.add_argument("--tls-bind", help="address of the TLS listener (default: all interfaces)")
+    ap.add_argument(
+        "--require-client-cert", action=argparse.BooleanOptionalAction, default=None, help="mutual TLS: devices present certificates"
+    )
+    ap.add_argument("--no-tls", action="store_true", help="drop the TLS listener configured by an earlier run")
+    ap.add_argument(
+        "--broker-user", help=f"account Mosquitto runs as after starting as root (default {DEFAULTS['broker_user']})"
+    )
+    ap.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help=f"largest payload the fedhar programs publish, their --max-message-bytes (default {DEFAULTS['max_message_bytes']})",
+    )
+    ap.add_argument(
+        "--max-queued-messages", type=int, help=f"QoS 1 messages queued per client (default {DEFAULTS['max_queued_messages']})"
+    )
+    ap.add_argument("--public-host", help="host name devices use for the broker, for the printed commands (default: this host)")
+    ap.add_argument("--mosquitto-passwd", help="path of mosquitto_passwd (default: searched on PATH)")
+    ap.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    ap.add_argument("--log-level", default="WARNING")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: 0 written, 2 bad arguments or files, 3 ``mosquitto_passwd`` missing or failed."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    given = {key: getattr(args, key, None) for key in DEFAULTS}
+    if args.no_tls:
+        if any(given[k] is not None for k in ("tls_cert", "tls_key", "tls_ca")):
+            print("mosquitto_config: error: --no-tls contradicts --tls-cert/--tls-key/--tls-ca", file=sys.stderr)
+            return 2
+        given.update(tls_cert="", tls_key="", tls_ca="", require_client_cert=False)
+    try:
+        clients: list[str] = []
+        for text in args.clients:
+            clients += [c for c in parse_ids(text) if c not in clients]
+        for path in args.clients_file:
+            clients += [c for c in read_clients_file(path) if c not in clients]
+        rotate = ["*"] if args.rotate == "*" else parse_ids(args.rotate or "")
+        outcome = generate(
+            args.out,
+            given,
+            clients,
+            rotate=rotate,
+            revoke=parse_ids(args.revoke or ""),
+            mosquitto_passwd=args.mosquitto_passwd,
+        )
+    except SetupError as exc:
+        print(f"mosquitto_config: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"mosquitto_config: error: {exc}", file=sys.stderr)
+        return 2
+    if not outcome.settings.tls:
+        log.warning("no TLS: passwords cross the network in clear text; add --tls-cert/--tls-key/--tls-ca for devices on a network")
+        sys.stderr.flush()
+    print(json.dumps(summary(outcome), indent=2) if args.json else report(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
