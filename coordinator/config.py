@@ -36,6 +36,9 @@ class CoordinatorConfig:
         Fewest clients a round may start with.
     start_timeout_s : float
         Seconds to wait for ``expected_clients`` before starting with those present.
+    start_settle_s : float
+        Without ``expected_clients``: start once ``min_clients`` are online and no further
+        client has come online for this many seconds.
     round_timeout_s : float
         Deadline of each exchange, seconds after its announcement.
     fraction : float
@@ -80,6 +83,7 @@ class CoordinatorConfig:
     expected_clients: int | None = None
     min_clients: int = 1
     start_timeout_s: float = 300.0
+    start_settle_s: float = 10.0
     round_timeout_s: float = 600.0
     fraction: float = 1.0
     seed: int = 1

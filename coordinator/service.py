@@ -205,13 +205,16 @@ class Coordinator:
             want if want else f"at least {self.cfg.min_clients}",
             self.cfg.start_timeout_s,
         )
-        last = -1
+        last, changed = -1, time.monotonic()
         while time.monotonic() < end:
             n = len(self._eligible())
             if n != last:
                 log.info("%d client(s) online with training windows", n)
-                last = n
+                last, changed = n, time.monotonic()
             if want is not None and n >= want:
+                return
+            # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
+            if want is None and n >= self.cfg.min_clients and time.monotonic() - changed >= self.cfg.start_settle_s:
                 return
             self._pump(0.2)
         if len(self._eligible()) < self.cfg.min_clients:

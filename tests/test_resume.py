@@ -33,13 +33,15 @@ def test_resume_continues_after_the_last_completed_round(tmp_path):
         procs = _clients(broker, tmp_path)
         try:
             common = dict(run_dir=run_dir, broker=BrokerConfig(port=broker.port), federation="resume", run_id="r1",
-                          expected_clients=2, start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16)
-            Coordinator(CoordinatorConfig(rounds=1, **common), progress=False).run()
+                          start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16)
+            Coordinator(CoordinatorConfig(rounds=1, expected_clients=2, **common), progress=False).run()
             state = RunState(run_dir)
             first_global = state.load_round_models(0)[1]
             state.close()
-            # The same run, asked for 3 rounds, picks up at round 1 from round 0's models.
-            doc = Coordinator(CoordinatorConfig(rounds=3, resume=True, **common), progress=False).run()
+            # The same run, asked for 3 rounds, picks up at round 1 from round 0's models. No expected count
+            # this time: it starts once 2 clients are online and nobody new came for 1 s.
+            cfg = CoordinatorConfig(rounds=3, resume=True, min_clients=2, start_settle_s=1.0, **common)
+            doc = Coordinator(cfg, progress=False).run()
         finally:
             for p in procs:
                 p.terminate()
