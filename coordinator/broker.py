@@ -42,6 +42,27 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
     return False
 
 
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL if it has not exited after ``grace_s`` seconds.
+
+    Waits for the process after either signal, so it never lingers as a zombie. A process
+    that has already exited is left alone.
+
+    Raises
+    ------
+    subprocess.TimeoutExpired
+        Only if the process survives SIGKILL for another ``grace_s`` seconds (stuck in the kernel).
+    """
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)
+
+
 async def _serve(host: str, port: int) -> None:
     from amqtt.broker import Broker
 
@@ -118,14 +139,8 @@ class EmbeddedBroker:
 
     def stop(self) -> None:
         """Terminate the broker process (SIGTERM, then SIGKILL after 5 s)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process)
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

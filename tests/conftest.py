@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import free_port, wait_for_port
+from coordinator.broker import free_port, stop_process, wait_for_port
 
 
 @pytest.fixture
@@ -35,8 +35,4 @@ def mosquitto(tmp_path: Path) -> Iterator[int]:
             pytest.fail(f"mosquitto did not start; log: {(tmp_path / 'mosquitto.log').read_text()}")
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)

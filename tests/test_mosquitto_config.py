@@ -33,7 +33,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from coordinator import simulate
-from coordinator.broker import free_port, wait_for_port
+from coordinator.broker import free_port, stop_process, wait_for_port
 from har_models.transport import BrokerConfig, MqttLink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,12 +108,7 @@ def running(out: Path, *ports: int) -> Iterator[Broker]:
                 pytest.fail(f"mosquitto did not listen on {port}; log:\n{log.read_text()}")
         yield Broker(out, ports[0], proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 class Peer:
