@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.config import AGGREGATIONS, CLIENT_INITS, GROWTH_MODES, GROWTHS, CoordinatorConfig
 from coordinator.service import Coordinator, CoordinatorError
-from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 
 log = logging.getLogger("fedhar.coordinator")
 

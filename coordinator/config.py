@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from har_io.mqtt_link import BrokerConfig
 from har_models.protocol import check_client_id
-from har_models.transport import BrokerConfig
 
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
 GROWTHS = ("none", "feddist")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from har_io.files import atomic_write, atomic_write_bytes
 
 MEASURES = ("global", "personalisation", "generalisation")
 
@@ -84,9 +85,7 @@ def write_report(
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text)
 
 
 def _markdown(doc: Mapping[str, Any]) -> str:
@@ -154,7 +153,7 @@ def _plot(path: Path, rounds: Sequence[Mapping[str, Any]], title: str) -> None:
     axes[0].legend(loc="lower right")
     fig.suptitle(title or "fedhar run")
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    finally:
+        plt.close(fig)

@@ -35,10 +35,11 @@ from coordinator.report import write_report
 from coordinator.state import RunState
 from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
+from har_io.memory import release_free_memory
+from har_io.mqtt_link import MqttLink
 from har_models import codec
 from har_models.growth import pad_state_like
 from har_models.labels import LABEL_SETS
-from har_models.memory import release_free_memory
 from har_models.model import ArchSpec, init_state
 from har_models.protocol import (
     PROTOCOL_VERSION,
@@ -51,7 +52,6 @@ from har_models.protocol import (
     TrainingPlan,
     transfer_id,
 )
-from har_models.transport import MqttLink
 from har_models.windowing import ChannelStats
 
 log = logging.getLogger("fedhar.coordinator")

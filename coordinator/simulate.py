@@ -30,9 +30,9 @@ from coordinator.broker import EmbeddedBroker
 from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator, CoordinatorError
-from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.mqtt_link import BrokerConfig
 from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
-from har_models.transport import BrokerConfig
 
 log = logging.getLogger("fedhar.simulate")
 

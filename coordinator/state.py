@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sqlite3
 import time
@@ -28,6 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from har_io.files import atomic_write
 from har_models.model import ArchSpec, check_state
 
 log = logging.getLogger("fedhar.coordinator.state")
@@ -44,14 +44,16 @@ CREATE TABLE IF NOT EXISTS events (
 def save_state_file(
     path: Path, spec: ArchSpec, state: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None
 ) -> None:
-    """Write parameters with their architecture (JSON metadata) to ``path`` atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(
-        {k: v.detach().numpy().astype(np.float32) for k, v in state.items()},
-        str(tmp),
-        metadata={"arch": spec.to_json(), **(extra or {})},
-    )
-    os.replace(tmp, path)
+    """Write parameters with their architecture (JSON metadata) to ``path`` atomically and durably.
+
+    Arrays are made C-contiguous float32 first (a transposed view would otherwise be stored
+    with its memory order and reload scrambled); the file and its folder are fsynced
+    (:func:`har_io.files.atomic_write`) before this returns, so the state database may
+    then record it.
+    """
+    arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in state.items()}
+    meta = {"arch": spec.to_json(), **(extra or {})}
+    atomic_write(path, lambda tmp: save_file(arrays, str(tmp), metadata=meta))
 
 
 def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:

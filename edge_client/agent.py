@@ -1,6 +1,6 @@
 """The edge client's MQTT agent: follows round announcements, trains, uploads.
 
-Threads: paho's network thread only queues messages (:class:`~har_models.transport.MqttLink`);
+Threads: paho's network thread only queues messages (:class:`~har_io.mqtt_link.MqttLink`);
 this agent's own thread parses them, reassembles models and runs training, so a long
 training never stalls keep-alives or acknowledgements.
 """
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from edge_client.store import ClientStore
 from edge_client.trainer import LocalTrainer
+from har_io.memory import release_free_memory
+from har_io.mqtt_link import BrokerConfig, MqttLink
 from har_models import codec
-from har_models.memory import release_free_memory
 from har_models.protocol import (
     ChunkError,
     ClientStatus,
@@ -28,7 +29,6 @@ from har_models.protocol import (
     check_client_id,
     offline_status,
 )
-from har_models.transport import BrokerConfig, MqttLink
 from har_models.windowing import ChannelStats
 
 log = logging.getLogger("fedhar.client")

@@ -12,7 +12,7 @@ from pathlib import Path
 from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
-from har_models.cli_common import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_models.subjects import parse_source
 
 log = logging.getLogger("fedhar.client")

@@ -42,9 +42,11 @@ from pathlib import Path
 from typing import Any
 
 try:
+    from har_io.files import atomic_write_bytes
     from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
-except ImportError:  # run from a checkout without `pip install -e .`: har_models.protocol needs only the stdlib
+except ImportError:  # run from a checkout without `pip install -e .`: both modules need only the stdlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from har_io.files import atomic_write_bytes
     from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
 
 log = logging.getLogger("fedhar.mosquitto_config")
@@ -440,15 +442,7 @@ def find_mosquitto_passwd(explicit: str | None = None) -> str:
 
 # ----------------------------------------------------------------------------------- writing
 def _write_atomic(path: Path, text: str, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text, mode=mode)
 
 
 def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -> None:

@@ -34,7 +34,7 @@ import pytest
 
 from coordinator import simulate
 from coordinator.broker import free_port, stop_process, wait_for_port
-from har_models.transport import BrokerConfig, MqttLink
+from har_io.mqtt_link import BrokerConfig, MqttLink
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"

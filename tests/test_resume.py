@@ -11,7 +11,7 @@ from coordinator.broker import EmbeddedBroker
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from coordinator.state import RunState
-from har_models.transport import BrokerConfig
+from har_io.mqtt_link import BrokerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

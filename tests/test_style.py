@@ -17,5 +17,5 @@ def test_ruff_is_clean():
 
 
 def test_mypy_is_clean():
-    r = _run("mypy", "har_models", "edge_client", "coordinator")
+    r = _run("mypy", "har_models", "har_io", "edge_client", "coordinator")
     assert r.returncode == 0, r.stdout + r.stderr

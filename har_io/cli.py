@@ -6,8 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from har_io.mqtt_link import BrokerConfig
 from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES
-from har_models.transport import BrokerConfig
 
 
 def add_broker_arguments(ap: argparse.ArgumentParser, default: str | None = "127.0.0.1:1883", broker_help: str = "") -> None:

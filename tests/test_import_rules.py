@@ -1,0 +1,57 @@
+"""The house rules of DESIGN.md section 1, checked on every module's imports (AST, so nothing is executed).
+
+- the core (``har_models``) holds math and formats: no network, command line, OS-call or UI
+  library, and none of the programs or adapters;
+- the adapters (``har_io``) serve both programs and import neither;
+- ``edge_client`` never imports ``coordinator``, nor the reverse.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FORBIDDEN: dict[str, set[str]] = {
+    "har_models": {"paho", "argparse", "socket", "ssl", "ctypes", "subprocess", "kivy", "jnius", "smbus2",
+                   "har_io", "edge_client", "coordinator"},
+    "har_io": {"edge_client", "coordinator"},
+    "edge_client": {"coordinator"},
+    "coordinator": {"edge_client"},
+}
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imported_roots(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, at any depth (function-local imports too)."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_follow_the_house_rules(package: str) -> None:
+    files = _modules(package)
+    assert files, f"no modules found under {package}/"
+    broken = {
+        str(f.relative_to(ROOT)): sorted(_imported_roots(f) & FORBIDDEN[package])
+        for f in files
+        if _imported_roots(f) & FORBIDDEN[package]
+    }
+    assert not broken, f"{package} imports what the house rules forbid: {broken}"
+
+
+def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("import os\n\ndef g():\n    from paho.mqtt import client\n    import argparse as a\n")
+    assert _imported_roots(f) == {"os", "paho", "argparse"}
