@@ -26,9 +26,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from coordinator.config import CoordinatorConfig
 from coordinator.report import write_report
 from har_models.metrics import mean_over_clients, summarise
 from har_models.model import ArchSpec, init_state
+from har_models.settings import LocalTraining
 from har_models.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
@@ -55,8 +57,8 @@ def _spec(subjects: dict[str, tuple[WindowSet, WindowSet]], conv_filters: int, d
 def centralised(
     subjects: dict[str, tuple[WindowSet, WindowSet]],
     epochs: int,
-    lr: float = 0.01,
-    batch_size: int = 32,
+    lr: float = LocalTraining.lr,
+    batch_size: int = LocalTraining.batch_size,
     seed: int = 1,
     conv_filters: int = 196,
     dense_units: int = 1024,
@@ -96,8 +98,8 @@ def centralised(
 def local_only(
     subjects: dict[str, tuple[WindowSet, WindowSet]],
     epochs: int,
-    lr: float = 0.01,
-    batch_size: int = 32,
+    lr: float = LocalTraining.lr,
+    batch_size: int = LocalTraining.batch_size,
     seed: int = 1,
     conv_filters: int = 196,
     dense_units: int = 1024,
@@ -138,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
     ap.add_argument("--epochs", type=int, default=10, help="passes over the training data (default %(default)s)")
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--conv-filters", type=int, default=196)
-    ap.add_argument("--dense-units", type=int, default=1024)
+    defaults = CoordinatorConfig(run_dir=Path("."))
+    ap.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=defaults.batch_size, help="(default %(default)s)")
+    ap.add_argument("--seed", type=int, default=defaults.seed, help="(default %(default)s)")
+    ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
+    ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--no-progress", action="store_true")

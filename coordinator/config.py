@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from har_io.mqtt_link import BrokerConfig
 from har_models.protocol import check_client_id
+from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
 
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
 GROWTHS = ("none", "feddist")
 CLIENT_INITS = ("overwrite", "ala")
 GROWTH_MODES = ("auto", "paper", "function_preserving")
+_LT = {f.name: f for f in fields(LocalTraining)}
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class CoordinatorConfig:
     expected_clients : int, optional
         Start as soon as this many clients are online (else wait ``start_timeout_s``).
     min_clients : int
-        Fewest clients a round may start with.
+        Quorum: fewest clients a round starts with and fewest updates it needs to change the
+        model; a round that closes with fewer leaves the model unchanged and is run again.
     start_timeout_s : float
         Seconds to wait for ``expected_clients`` before starting with those present.
     start_settle_s : float
@@ -45,6 +48,9 @@ class CoordinatorConfig:
         Share of eligible clients selected per round (1.0 = all, as FedDist).
     seed : int
         Seeds the initial model, client selection and the clients' local shuffling.
+    split_seed : int
+        Seed of every client's 80/20 train/test split; the evaluation's union test set uses
+        the same one.
     local_epochs, lr, batch_size, class_weights :
         Local training (FedDist: E = 5, lr 0.01, batch 32, balanced class weights).
     aggregation : {"fedavg", "fedprox", "fedper", "feddwa"}
@@ -62,8 +68,9 @@ class CoordinatorConfig:
         is combined with personalisation (reference/algorithms.md section 5.2, step 6).
     feddist_k0, feddist_delta, feddist_period, feddist_max_width_factor :
         k_r = k0 + delta * floor(r / period); width cap relative to round 0.
-    ala : dict
-        FedALA settings passed to clients (eta, rand_percent, layer_idx, threshold, ...).
+    ala : AlaConfig
+        FedALA settings sent to clients when ``client_init`` is "ala"; typed and checked here,
+        before anything is sent.
     conv_filters, dense_units : int
         Initial widths of the CNN (196, 1024).
     generalisation_every : int
@@ -75,41 +82,67 @@ class CoordinatorConfig:
         Continue the run found in ``run_dir`` after its last completed round.
     """
 
-    run_dir: Path
-    broker: BrokerConfig = field(default_factory=BrokerConfig)
-    federation: str = "default"
-    run_id: str = "run"
-    rounds: int = 10
-    expected_clients: int | None = None
-    min_clients: int = 1
-    start_timeout_s: float = 300.0
-    start_settle_s: float = 10.0
-    round_timeout_s: float = 600.0
-    fraction: float = 1.0
-    seed: int = 1
-    local_epochs: int = 1
-    lr: float = 0.01
-    batch_size: int = 32
-    class_weights: str = "balanced"
-    aggregation: str = "fedavg"
-    growth: str = "none"
-    client_init: str = "overwrite"
-    prox_mu: float = 0.01
-    top_k: int = 5
-    feddist_mode: str = "auto"
-    feddist_k0: float = 3.0
-    feddist_delta: float = 0.25
-    feddist_period: int = 5
-    feddist_max_width_factor: float = 2.0
-    ala: dict[str, Any] = field(default_factory=dict)
-    conv_filters: int = 196
-    dense_units: int = 1024
-    generalisation_every: int = 5
-    max_update_bytes: int = 512 * 1024 * 1024
-    resume: bool = False
+    run_dir: Path = field(metadata=doc("run folder: state database, models, report", cli=False))
+    broker: BrokerConfig = field(default_factory=BrokerConfig, metadata=doc("broker address and credentials", cli=False))
+    federation: str = field(default="default", metadata=doc("federation name, topic namespace fedhar/v1/<federation>", cli=False))
+    run_id: str = field(default="run", metadata=doc("run identifier", cli=False))
+    rounds: int = field(default=10, metadata=doc("communication rounds R", "rounds"))
+    expected_clients: int | None = field(default=None, metadata=doc("start as soon as this many clients are online", cli=False))
+    min_clients: int = field(default=2, metadata=doc("quorum: fewest updates a round needs to change the model", "clients"))
+    start_timeout_s: float = field(
+        default=300.0, metadata=doc("seconds to wait for clients before the first round", "s", flag="--start-timeout")
+    )
+    start_settle_s: float = field(
+        default=10.0,
+        metadata=doc("without --expected-clients: start once min_clients are online and nobody new came for this long", "s",
+                     flag="--start-settle"),
+    )
+    round_timeout_s: float = field(
+        default=900.0, metadata=doc("seconds before a round closes without the missing updates", "s", flag="--round-timeout")
+    )
+    fraction: float = field(default=1.0, metadata=doc("share of eligible clients selected per round (1.0 = all, as FedDist)"))
+    seed: int = field(default=1, metadata=doc("seeds the initial model, client selection and local shuffling"))
+    split_seed: int = field(default=1, metadata=doc("seed of each client's 80/20 train/test split (clients and evaluation)"))
+    local_epochs: int = field(default=LocalTraining.local_epochs, metadata=_LT["local_epochs"].metadata)
+    lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
+    batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)
+    class_weights: str = field(default=LocalTraining.class_weights, metadata=_LT["class_weights"].metadata)
+    aggregation: str = field(default="fedavg", metadata=doc("aggregation strategy", choices=AGGREGATIONS))
+    growth: str = field(default="none", metadata=doc("architecture growth", choices=GROWTHS))
+    client_init: str = field(default="overwrite", metadata=doc("how clients start from the received model", choices=CLIENT_INITS))
+    prox_mu: float = field(default=0.01, metadata=doc("FedProx mu"))
+    top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client"))
+    feddist_mode: str = field(
+        default="auto",
+        metadata=doc(
+            "outgoing weights of new units: copied + intermediate rounds (paper) or zero (function_preserving); "
+            "auto = paper for plain FedDist, function_preserving when combined with FedDWA/FedPer/ALA",
+            choices=GROWTH_MODES,
+        ),
+    )
+    feddist_k0: float = field(default=3.0, metadata=doc("FedDist k_0 (k_r = k_0 + delta * floor(r / period))"))
+    feddist_delta: float = field(default=0.25, metadata=doc("FedDist delta"))
+    feddist_period: int = field(default=5, metadata=doc("FedDist period", "rounds"))
+    feddist_max_width_factor: float = field(
+        default=2.0, metadata=doc("cap on each layer's width, as a multiple of round 0's", flag="--feddist-max-width")
+    )
+    ala: AlaConfig = field(
+        default_factory=AlaConfig, metadata=doc('FedALA settings as JSON, e.g. \'{"eta": 1.0, "rand_percent": 80}\'', kind="json")
+    )
+    conv_filters: int = field(default=196, metadata=doc("initial conv filters F"))
+    dense_units: int = field(default=1024, metadata=doc("initial hidden units H"))
+    generalisation_every: int = field(
+        default=5, metadata=doc("rounds between generalisation evaluations (0 = last only)", "rounds")
+    )
+    max_update_bytes: int = field(default=512 * 1024 * 1024, metadata=doc("largest update envelope accepted", "bytes"))
+    resume: bool = field(default=False, metadata=doc("continue the run in run_dir after its last completed round", cli=False))
 
     def __post_init__(self) -> None:
         check_client_id(self.run_id)
+        if isinstance(self.ala, dict):
+            object.__setattr__(self, "ala", from_mapping(AlaConfig, self.ala, "ala"))
+        if not isinstance(self.ala, AlaConfig):
+            raise ValueError(f"ala must be FedALA settings (AlaConfig or a mapping), got {type(self.ala).__name__}")
         for name, allowed in (
             ("aggregation", AGGREGATIONS),
             ("growth", GROWTHS),
@@ -133,6 +166,18 @@ class CoordinatorConfig:
             return self.feddist_mode
         plain = self.aggregation in ("fedavg", "fedprox") and self.client_init == "overwrite"
         return "paper" if plain else "function_preserving"
+
+    def ala_plan(self) -> dict[str, Any]:
+        """The ``ala`` object of the training plan: every FedALA setting when ALA is on, else empty."""
+        return to_mapping(self.ala) if self.client_init == "ala" else {}
+
+    def settings(self) -> dict[str, Any]:
+        """The federation settings a TOML file may hold (no run folder, broker or run identity)."""
+        d = to_mapping(self)
+        for f in fields(self):
+            if not f.metadata.get("cli", True):
+                d.pop(f.name, None)
+        return {k: v for k, v in d.items() if v is not None}
 
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form for the state database and the report (password left out)."""

@@ -35,6 +35,7 @@ from coordinator.report import write_report
 from coordinator.state import RunState
 from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
+from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import MqttLink
 from har_models import codec
@@ -260,6 +261,7 @@ class Coordinator:
         self.state.put("label_set", self.label_set)
         self.state.put("initial_spec", spec.to_json())
         self.state.put("config", self.cfg.to_json())
+        write_settings_file(self.cfg.run_dir / "config.toml", self.cfg.settings())
         return Federation(spec, spec, init_state(spec, self.cfg.seed), {})
 
     def _resume(self) -> int:
@@ -281,7 +283,7 @@ class Coordinator:
             client_init=self.cfg.client_init,
             class_weights=self.cfg.class_weights,
             seed=self.cfg.seed,
-            ala=dict(self.cfg.ala),
+            ala=self.cfg.ala_plan(),
         )
 
     def _select(self, round_: int) -> list[str]:

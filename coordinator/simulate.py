@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
-    run_id = args.run_id or f"{args.dataset}-{args.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        settings = config_from_args(args, run_dir=Path("."))
+    except ValueError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 2
+    run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = args.run_dir or Path("runs") / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -136,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         run_id,
         len(sources),
         args.dataset,
-        args.rounds,
-        args.aggregation,
+        settings.rounds,
+        settings.strategy_label,
         run_dir,
     )
 
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_id,
                 "--max-message-bytes",
                 str(args.max_message_bytes),
+                "--split-seed",
+                str(settings.split_seed),
             ]
             if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
                 cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
@@ -193,15 +200,15 @@ def main(argv: list[str] | None = None) -> int:
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT, preexec_fn=_lower_priority
                 )
         log.info("started %d client processes; building the union test set for evaluation", len(procs))
-        evaluator = Evaluator(union_test_set(sources, seed=1))
-        cfg = config_from_args(
-            args,
+        evaluator = Evaluator(union_test_set(sources, seed=settings.split_seed))
+        cfg = replace(
+            settings,
             run_dir=run_dir,
             broker=broker,
             federation=federation,
             run_id=run_id,
             expected_clients=len(sources),
-            min_clients=1,
+            min_clients=min(settings.min_clients, len(sources)),
         )
         header = {
             "dataset": f"{args.dataset} ({data})",

@@ -235,9 +235,12 @@ class EdgeAgent:
         self._set_state("training")
         try:
             outcome = self.trainer.run_round(ann, env.tensors)
-        except ValueError as exc:
-            log.error("[%s] round %d: cannot train on the received model: %s", cid, ann.round, exc)
+        except Exception as exc:
+            # Whatever a plan or model from the network contains, the client survives: it says
+            # why it cannot follow this one and waits for the next round.
+            log.error("[%s] round %d: cannot follow this round's plan: %s: %s", cid, ann.round, type(exc).__name__, exc)
             self.rejected.add(transfer)
+            self._done.add(key)
             self._set_state("idle")
             return
         self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)

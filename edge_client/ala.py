@@ -40,80 +40,19 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from har_models.growth import pad_state_like
+from har_models.settings import AlaConfig
 
 log = logging.getLogger(__name__)
 
 State = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ModelBuilder = Callable[[Mapping[str, torch.Tensor]], nn.Module]
-
-
-@dataclass(frozen=True)
-class AlaConfig:
-    """Settings of Adaptive Local Aggregation (FedALA).
-
-    Parameters
-    ----------
-    eta : float
-        eta, learning rate of the weights W (1.0 in the paper and the official code).
-    rand_percent : float
-        s, percentage of the local training windows sampled each round for learning W (80).
-    layer_idx : int
-        p counted in parameter *tensors* from the end of the model's registration order
-        (2 = ``out.weight`` and ``out.bias`` = the paper's p = 1 layer; 4 also blends
-        ``hidden.*``; 0 blends every tensor, the reference's convention).
-    threshold : float
-        tau: the first ALA round stops when the population std of the last ``num_pre_loss``
-        pass losses is below it. Default 0.1, the official code's effective value (the
-        client never overrides the class default); the README says the paper used 0.01. We
-        take 0.1 because the recorded loss is that of the last mini-batch of a pass, computed
-        with dropout active and on a reshuffled random sample, so its pass-to-pass noise is
-        typically above 0.01 and 0.01 would nearly always run to ``max_passes``.
-    num_pre_loss : int
-        M, the window of pass losses for the stop test (10); at least M + 1 passes are needed.
-    max_passes : int
-        Cap on the passes of the first ALA round (20, i.e. about twice the M + 1 minimum);
-        reaching it is logged. Not in the reference, which has no cap.
-    mode : {"train", "eval"}
-        Mode of the temporary model while learning W: "train" (dropout active, the common
-        path of the reference) or "eval".
-
-    Raises
-    ------
-    ValueError
-        If a value is out of range (the message names the field and the accepted range).
-    """
-
-    eta: float = 1.0
-    rand_percent: float = 80.0
-    layer_idx: int = 2
-    threshold: float = 0.1
-    num_pre_loss: int = 10
-    max_passes: int = 20
-    mode: Literal["train", "eval"] = "train"
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.eta) and self.eta >= 0):
-            raise ValueError(f"AlaConfig.eta must be finite and >= 0, got {self.eta}")
-        if not (0 < self.rand_percent <= 100):
-            raise ValueError(f"AlaConfig.rand_percent must be in (0, 100], got {self.rand_percent}")
-        if int(self.layer_idx) != self.layer_idx or self.layer_idx < 0:
-            raise ValueError(f"AlaConfig.layer_idx must be an integer >= 0 (0 = all tensors), got {self.layer_idx}")
-        if not (math.isfinite(self.threshold) and self.threshold >= 0):
-            raise ValueError(f"AlaConfig.threshold must be finite and >= 0, got {self.threshold}")
-        if int(self.num_pre_loss) != self.num_pre_loss or self.num_pre_loss < 1:
-            raise ValueError(f"AlaConfig.num_pre_loss must be an integer >= 1, got {self.num_pre_loss}")
-        if int(self.max_passes) != self.max_passes or self.max_passes < 1:
-            raise ValueError(f"AlaConfig.max_passes must be an integer >= 1, got {self.max_passes}")
-        if self.mode not in ("train", "eval"):
-            raise ValueError(f"AlaConfig.mode must be 'train' or 'eval', got {self.mode!r}")
 
 
 @dataclass(frozen=True)

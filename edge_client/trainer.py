@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_client.ala import AlaConfig, AlaState, adaptive_local_aggregation
+from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
 from har_models import codec
 from har_models.growth import pad_state_like
@@ -139,7 +139,7 @@ class LocalTrainer:
                 loss_fn=loss_fn,
                 batch_size=plan.batch_size,
                 seed=derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "ala"),
-                config=AlaConfig(**plan.ala),
+                config=plan.ala_config(),
                 context=f"[{self.client_id}] round {ann.round}",
             )
             start = res.state

@@ -3,11 +3,124 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
+import tomllib
+import typing
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
 
 from har_io.mqtt_link import BrokerConfig
 from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from har_models.settings import from_mapping, to_mapping
+
+T = TypeVar("T")
+
+
+def option_flag(f: dataclasses.Field[Any]) -> str:
+    """The command-line flag of a settings field: its metadata's ``flag`` or ``--field-name``."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
+
+
+def cli_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    """The fields of settings dataclass ``cls`` offered on the command line."""
+    return [f for f in dataclasses.fields(cls) if f.init and f.metadata.get("cli", True)]
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
+    """Add one option per field of the settings dataclass ``cls`` (metadata from :func:`har_models.settings.doc`).
+
+    The options default to "not given" so that a TOML file (:func:`settings_from`) can sit
+    between the dataclass defaults and the command line; ``--help`` still shows each
+    dataclass default, which is the only place it is written.
+    """
+    hints = typing.get_type_hints(cls)
+    for f in cli_fields(cls):
+        md = f.metadata
+        default = _default_of(f)
+        shown = json.dumps(to_mapping(default)) if dataclasses.is_dataclass(default) else default
+        text = md.get("help", "")
+        if md.get("unit"):
+            text += f" [{md['unit']}]"
+        text += f" (default {shown})"
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name, "help": text}
+        tp = hints[f.name]
+        if md.get("kind") == "json":
+            kw["type"] = _json_object
+            kw["metavar"] = "JSON"
+        elif tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            base = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+            kw["type"] = base[0] if base[0] in (int, float, str) else str
+            if md.get("choices"):
+                kw["choices"] = md["choices"]
+        group.add_argument(option_flag(f), **kw)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); give an object such as '{{\"eta\": 1.0}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object such as '{\"eta\": 1.0}'")
+    return value
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """Read a TOML settings file (``--config FILE``).
+
+    Raises
+    ------
+    ValueError
+        If the file is not valid TOML (the message names the file and the line).
+    OSError
+        If it cannot be read.
+    """
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+
+
+def settings_from(
+    cls: type[T], args: argparse.Namespace | None = None, file: Mapping[str, Any] | None = None, what: str = "", **fixed: Any
+) -> T:
+    """Resolve a settings dataclass: its defaults, then ``file`` (a TOML mapping), then the options given, then ``fixed``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown key or a wrong type in the file or the options (the key is named),
+        or a value the dataclass rejects.
+    """
+    merged: dict[str, Any] = dict(file or {})
+    if args is not None:
+        for f in cli_fields(cls):
+            if hasattr(args, f.name):
+                merged[f.name] = getattr(args, f.name)
+    return from_mapping(cls, merged, what or cls.__name__, **fixed)
+
+
+def write_settings_file(path: Path, settings: Mapping[str, Any]) -> None:
+    """Write ``settings`` as TOML atomically (the run folder's record of the resolved configuration)."""
+    from har_io.files import atomic_write_bytes
+
+    atomic_write_bytes(path, tomli_w.dumps(dict(settings)))
 
 
 def add_broker_arguments(ap: argparse.ArgumentParser, default: str | None = "127.0.0.1:1883", broker_help: str = "") -> None:

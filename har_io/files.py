@@ -29,7 +29,7 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[Path], None], mode: int | None = None) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object], mode: int | None = None) -> None:
     """Create or replace ``path`` atomically and durably.
 
     Parameters

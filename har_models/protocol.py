@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from har_models.settings import AlaConfig, LocalTraining, from_mapping
+
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 """Default largest MQTT payload we publish (EMQX's default packet limit is 1 MB)."""
@@ -355,15 +357,15 @@ class TrainingPlan:
         FedALA settings (eta, rand_percent, layer_idx, threshold, num_pre_loss, max_passes).
     """
 
-    local_epochs: int = 1
-    lr: float = 0.01
-    batch_size: int = 32
+    local_epochs: int = LocalTraining.local_epochs
+    lr: float = LocalTraining.lr
+    batch_size: int = LocalTraining.batch_size
     prox_mu: float = 0.0
     client_init: str = "overwrite"
     guidance: bool = False
     keep_local: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
-    class_weights: str = "balanced"
+    class_weights: str = LocalTraining.class_weights
     seed: int = 1
     ala: dict[str, Any] = field(default_factory=dict)
 
@@ -379,6 +381,19 @@ class TrainingPlan:
             raise ValueError(f"TrainingPlan.class_weights must be 'balanced' or 'none', got {self.class_weights!r}")
         object.__setattr__(self, "keep_local", tuple(self.keep_local))
         object.__setattr__(self, "frozen", tuple(self.frozen))
+        # Checked here, where the plan enters a client, so that a mistyped key is refused
+        # with its name instead of killing the trainer later.
+        self.ala_config()
+
+    def ala_config(self) -> AlaConfig:
+        """The typed FedALA settings of :attr:`ala`.
+
+        Raises
+        ------
+        ValueError
+            For an unknown key, a wrong type or a value out of range (named in the message).
+        """
+        return from_mapping(AlaConfig, self.ala, "training plan ala")
 
     @classmethod
     def from_json(cls, d: Any) -> TrainingPlan:
@@ -390,7 +405,7 @@ class TrainingPlan:
             raise MessageError(f"training plan: unknown fields {sorted(unknown)}")
         try:
             return cls(**d)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"training plan: {exc}") from None
 
 

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from har_models.metrics import confusion_matrix
 from har_models.model import ArchSpec, build_model, get_state
+from har_models.settings import LocalTraining
 from har_models.windowing import WindowSet
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,9 +78,9 @@ class TrainConfig:
         Seeds the shuffling and dropout.
     """
 
-    epochs: int = 1
-    lr: float = 0.01
-    batch_size: int = 32
+    epochs: int = LocalTraining.local_epochs
+    lr: float = LocalTraining.lr
+    batch_size: int = LocalTraining.batch_size
     prox_mu: float = 0.0
     frozen: tuple[str, ...] = field(default=())
     seed: int = 0

@@ -1,0 +1,102 @@
+"""One typed configuration: defaults written once, TOML round-trip, bad keys and types named at the start."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import build_parser, config_from_args, main
+from coordinator.config import CoordinatorConfig
+from har_io.cli import cli_fields, option_flag, read_settings_file, write_settings_file
+from har_models.protocol import MessageError, TrainingPlan
+from har_models.settings import AlaConfig, LocalTraining, from_mapping
+from har_models.training import TrainConfig
+
+
+def test_cli_without_options_gives_exactly_the_dataclass_defaults(tmp_path: Path) -> None:
+    args = build_parser().parse_args([])
+    assert config_from_args(args, run_dir=tmp_path) == CoordinatorConfig(run_dir=tmp_path)
+
+
+def test_help_shows_each_dataclass_default() -> None:
+    helps = {a.option_strings[0]: a.help or "" for a in build_parser()._actions if a.option_strings}
+    for f in cli_fields(CoordinatorConfig):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if default is None:
+            continue
+        m = re.search(r"\(default ([^)]*)\)$", helps[option_flag(f)])
+        assert m is not None, f"{option_flag(f)}: no default in its help"
+        assert m.group(1) == str(default), f"{option_flag(f)} shows {m.group(1)}, dataclass says {default}"
+
+
+def test_training_defaults_have_one_source() -> None:
+    # Hand-written copies of these numbers were what let six defaults drift apart.
+    plan, train, cfg = TrainingPlan(), TrainConfig(), CoordinatorConfig(run_dir=Path("."))
+    assert (plan.lr, train.lr, cfg.lr) == (LocalTraining.lr,) * 3 == (0.01,) * 3
+    assert (plan.batch_size, train.batch_size, cfg.batch_size) == (LocalTraining.batch_size,) * 3 == (32,) * 3
+    assert (plan.local_epochs, train.epochs, cfg.local_epochs) == (1, 1, 1)
+
+
+def test_options_override_the_file_which_overrides_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "fed.toml"
+    f.write_text('rounds = 3\nlr = 0.05\naggregation = "feddwa"\n[ala]\neta = 0.5\n')
+    args = build_parser().parse_args(["--config", str(f), "--lr", "0.2"])
+    cfg = config_from_args(args, run_dir=tmp_path)
+    assert (cfg.rounds, cfg.lr, cfg.aggregation, cfg.ala.eta, cfg.ala.rand_percent) == (3, 0.2, "feddwa", 0.5, 80.0)
+
+
+def test_resolved_settings_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = CoordinatorConfig(
+        run_dir=tmp_path, rounds=7, lr=0.03, client_init="ala", ala=AlaConfig(eta=0.25, layer_idx=4), split_seed=3,
+        expected_clients=None,
+    )
+    write_settings_file(tmp_path / "config.toml", cfg.settings())
+    back = config_from_args(build_parser().parse_args(["--config", str(tmp_path / "config.toml")]), run_dir=tmp_path)
+    assert back == cfg
+    assert read_settings_file(tmp_path / "config.toml")["ala"]["layer_idx"] == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("rnds = 3\n", "'rnds' (did you mean 'rounds'?)"),
+        ('rounds = "ten"\n', "CoordinatorConfig.rounds = 'ten': expected an integer"),
+        ("lr = true\n", "CoordinatorConfig.lr = True: expected a finite number"),
+        ('aggregation = "fedsgd"\n', "aggregation must be one of"),
+        ("[ala]\nrand_pct = 50\n", "'rand_pct' (did you mean 'rand_percent'?)"),
+        ("[ala]\neta = -1.0\n", "AlaConfig.eta must be finite and >= 0, got -1.0"),
+    ],
+)
+def test_a_bad_key_or_type_fails_at_start_with_the_key_named(tmp_path: Path, text: str, named: str) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ValueError) as err:
+        config_from_args(build_parser().parse_args(["--config", str(f)]), run_dir=tmp_path)
+    assert named in str(err.value)
+    assert str(f) in str(err.value)
+
+
+def test_coordinator_refuses_an_ala_typo_before_anything_is_sent(capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 1 is never a broker: had the options been accepted, the coordinator would fail later with exit 5.
+    rc = main(["--client-init", "ala", "--ala", '{"etaa": 1}', "--broker", "127.0.0.1:1"])
+    assert rc == 2
+    assert "unknown setting 'etaa' (did you mean 'eta'?)" in capsys.readouterr().err
+
+
+def test_a_plan_with_a_bad_ala_object_is_refused_where_it_enters_the_client() -> None:
+    ok = TrainingPlan.from_json({"client_init": "ala", "ala": {"eta": 0.5}})
+    assert ok.ala_config() == AlaConfig(eta=0.5)
+    for bad in ({"rand_pct": 50}, {"eta": "fast"}, {"layer_idx": 1.5}, {"mode": "test"}, [1, 2]):
+        with pytest.raises(MessageError, match="ala"):
+            TrainingPlan.from_json({"client_init": "ala", "ala": bad})
+
+
+def test_from_mapping_rejects_what_the_dataclass_does_not_declare() -> None:
+    assert from_mapping(LocalTraining, {"lr": 1}) == LocalTraining(lr=1.0)
+    with pytest.raises(ValueError, match="expected an integer"):
+        from_mapping(LocalTraining, {"batch_size": 32.0})
+    with pytest.raises(ValueError, match="one of"):
+        from_mapping(AlaConfig, {"mode": "sometimes"})
