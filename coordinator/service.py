@@ -16,15 +16,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import queue
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-import numpy as np
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -32,6 +31,7 @@ from coordinator import feddist
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.report import write_report
+from coordinator.round import Exchange, base_plan, check_quorum, select_clients, summary_line
 from coordinator.state import RunState
 from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
@@ -98,9 +98,10 @@ class Coordinator:
         self.attempt = uuid.uuid4().hex[:12]  # a fresh id per coordinator process: clients re-send stored updates after a restart
         self.fed: Federation | None = None
         self.label_set = ""
-        self._collect: dict[str, Any] | None = None  # the exchange being collected
+        self._collect: Exchange | None = None  # the exchange being collected
         self._header: dict[str, Any] = dict(self.report_header)
         self._bar: tqdm | None = None
+        self._rejected_outside: Counter[tuple[str, str]] = Counter()  # invalid messages while no exchange is open
         self._link = MqttLink(
             cfg.broker,
             f"fedhar-coordinator-{cfg.federation}",
@@ -115,20 +116,28 @@ class Coordinator:
     def _status_bytes(self, state: str) -> bytes:
         return json.dumps({"protocol": PROTOCOL_VERSION, "state": state, "run_id": self.cfg.run_id}).encode()
 
-    def _pump(self, timeout: float) -> None:
-        """Handle at most one incoming message (waiting up to ``timeout`` seconds)."""
+    def _pump(self, timeout: float) -> bool:
+        """Handle at most one incoming message (waiting up to ``timeout`` seconds); False if none came.
+
+        Whatever a message holds, its failure stays with it: it is logged (rate-limited),
+        counted and dropped, and the coordinator goes on.
+        """
         try:
             topic, payload, _ = self._link.inbox.get(timeout=timeout)
         except queue.Empty:
-            return
+            return False
         parsed = self.topics.parse_client_topic(topic)
         if parsed is None:
-            return
+            return True
         cid, kind = parsed
-        if kind == "status":
-            self._on_status(cid, payload)
-        elif kind == "update":
-            self._on_update_chunk(cid, payload)
+        try:
+            if kind == "status":
+                self._on_status(cid, payload)
+            elif kind == "update":
+                self._on_update_chunk(cid, payload)
+        except Exception as exc:
+            self._reject(cid, "internal_error", f"{type(exc).__name__}: {exc}")
+        return True
 
     def _on_status(self, cid: str, payload: bytes) -> None:
         if not payload:
@@ -144,6 +153,11 @@ class Coordinator:
             return
         prev = self.clients.get(cid)
         self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
+        if self._collect is not None and cid in self._collect.selected:
+            if st.state == "offline":
+                self._collect.offline.add(cid)
+            else:
+                self._collect.offline.discard(cid)
         if prev is None or prev.state != st.state:
             log.debug("client %s is %s", cid, st.state)
 
@@ -159,36 +173,38 @@ class Coordinator:
         if c is None:
             self._reject(cid, "no_open_round", "an update arrived while no round was open")
             return
+        status = self.clients.get(cid)
         try:
             upd = validate_update(
                 done[1],
                 topic_client=cid,
                 run_id=self.cfg.run_id,
-                round_=c["round"],
-                stage=c["stage"],
-                spec=c["spec"],
-                selected=c["selected"],
-                want_guidance=c["guidance"],
+                round_=c.round,
+                stage=c.stage,
+                spec=c.spec,
+                selected=c.selected,
+                want_guidance=c.guidance,
                 max_bytes=self.cfg.max_update_bytes,
+                reported_n_train=status.n_train if status is not None else None,
             )
         except UpdateRejected as exc:
             self._reject(cid, exc.reason, str(exc))
             return
-        if cid in c["updates"]:
-            log.debug("round %d: duplicate update from %s ignored", c["round"], cid)
+        if not c.add(upd):
+            log.debug("round %d: duplicate update from %s ignored", c.round, cid)
             return
-        c["updates"][cid] = upd
-        c["bytes_up"] += upd.size
         if self._bar is not None:
-            self._bar.set_postfix_str(f"round {c['round']}: {len(c['updates'])}/{len(c['selected'])} updates")
+            self._bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
 
     def _reject(self, cid: str, reason: str, detail: str) -> None:
+        """Count an invalid message; log the first of each (client, reason) per exchange, and the total at its close."""
         c = self._collect
-        rnd = c["round"] if c else None
-        log.warning("round %s: rejected update from %s: %s (%s)", rnd if rnd is not None else "-", cid, reason, detail)
-        self.state.event(rnd, cid, "rejected", f"{reason}: {detail}")
-        if c is not None:
-            c["rejected"].append({"client": cid, "reason": reason})
+        key = (cid[:64], reason)
+        counts = c.rejected if c is not None else self._rejected_outside
+        counts[key] += 1
+        if counts[key] == 1:
+            rnd = c.round if c is not None else "-"
+            log.warning("round %s: rejected update from %s: %s (%s); repeats are counted", rnd, key[0], reason, detail[:300])
 
     # ------------------------------------------------------------------------------ setup
     def _eligible(self) -> list[str]:
@@ -275,27 +291,6 @@ class Coordinator:
         return last
 
     # ------------------------------------------------------------------------------ a round
-    def _base_plan(self, round_: int) -> TrainingPlan:
-        return TrainingPlan(
-            local_epochs=self.cfg.local_epochs,
-            lr=self.cfg.lr,
-            batch_size=self.cfg.batch_size,
-            client_init=self.cfg.client_init,
-            class_weights=self.cfg.class_weights,
-            seed=self.cfg.seed,
-            ala=self.cfg.ala_plan(),
-        )
-
-    def _select(self, round_: int) -> list[str]:
-        eligible = self._eligible()
-        if len(eligible) < self.cfg.min_clients:
-            return []
-        k = max(self.cfg.min_clients, math.ceil(self.cfg.fraction * len(eligible)))
-        if k >= len(eligible):
-            return eligible
-        rng = np.random.default_rng([self.cfg.seed, round_])
-        return sorted(rng.choice(eligible, size=k, replace=False).tolist())
-
     def _publish_models(self, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
         """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered."""
         assert self.fed is not None
@@ -320,10 +315,8 @@ class Coordinator:
                 down += len(env)
         return global_id, personal, down
 
-    def _exchange(
-        self, round_: int, stage: int, selected: list[str], plan: TrainingPlan
-    ) -> tuple[dict[str, ClientUpdate], dict[str, Any]]:
-        """Publish models + announcement, collect updates until complete or the deadline."""
+    def _exchange(self, round_: int, stage: int, selected: list[str], plan: TrainingPlan) -> Exchange:
+        """Publish models + announcement, collect updates until every selected client answered or went offline, or the deadline."""
         assert self.fed is not None
         spec = self.fed.spec
         global_id, personal, down = self._publish_models(round_, selected)
@@ -342,64 +335,66 @@ class Coordinator:
             stage=stage,
             attempt=self.attempt,
         )
-        self._collect = {
-            "round": round_,
-            "stage": stage,
-            "spec": spec,
-            "selected": set(selected),
-            "guidance": plan.guidance,
-            "updates": {},
-            "rejected": [],
-            "bytes_up": 0,
-        }
+        c = self._collect = Exchange(round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down)
+        c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
-        c = self._collect
-        while len(c["updates"]) < len(selected) and time.monotonic() < end:
-            self._pump(0.25)
-        # Drain what already arrived without waiting, then close the exchange.
-        while not self._link.inbox.empty():
-            self._pump(0.0)
+        while not c.complete() and time.monotonic() < end:
+            self._pump(max(0.0, min(0.25, end - time.monotonic())))
+        # Handle what had already arrived at the close, but no more than that: under a flood of
+        # messages the inbox never empties, and the round must still close at its deadline.
+        for _ in range(self._link.inbox.qsize()):
+            if not self._pump(0.0):
+                break
         self._collect = None
-        missing = sorted(set(selected) - set(c["updates"]))
-        for cid in missing:
-            self.state.event(round_, cid, "missed_deadline", f"stage {stage}")
-        info = {"bytes_down": down, "bytes_up": c["bytes_up"], "rejected": c["rejected"], "missing": missing}
-        return c["updates"], info
+        for (cid, reason), n in sorted(c.rejected.items()):
+            self.state.event(round_, cid, "rejected", f"{reason} x{n}" if n > 1 else reason)
+            if n > 1:
+                log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
+        for f in c.failures():
+            kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
+            self.state.event(round_, f.client_id, kind, f"stage {stage}")
+        return c
 
     def _run_round(self, round_: int) -> dict[str, Any] | None:
+        """Run round ``round_`` (steps of :mod:`coordinator.round`); its summary, or None if it must be run again."""
         assert self.fed is not None
         t0 = time.monotonic()
-        selected = self._select(round_)
+        selected = select_clients(self._eligible(), round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed)
         if not selected:
             log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
             self.state.event(round_, None, "round_skipped", "not enough clients")
             return None
-        plan = self.strategy.plan(self._base_plan(round_))
+        plan = self.strategy.configure_fit(round_, base_plan(self.cfg))
         spec0 = self.fed.spec
-        updates, info = self._exchange(round_, 0, selected, plan)
-        bytes_up, bytes_down, rejected = info["bytes_up"], info["bytes_down"], list(info["rejected"])
-        ups = [updates[c] for c in sorted(updates)]
-        try:
-            agg = self.strategy.aggregate(self.fed, ups)
-        except ValueError as exc:
-            log.error("round %d failed: %s", round_, exc)
-            self.state.event(round_, None, "round_failed", str(exc))
+        ex = self._exchange(round_, 0, selected, plan)
+        results, failures = ex.results(), ex.failures()
+        bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
+        why = check_quorum(results, failures, self.cfg.min_clients)
+        agg = None
+        if why is None:
+            try:
+                agg = self.strategy.aggregate_fit(round_, self.fed, results, failures)
+            except ValueError as exc:
+                why = str(exc)
+        if agg is None:
+            log.error("round %d closed without changing the model: %s", round_, why)
+            self.state.event(round_, None, "round_failed", str(why))
             return None
         self.fed.global_state = agg.global_state
         self.fed.personal.update(agg.personal)
-        growth_log = self._grow(round_, agg, ups) if self.cfg.growth == "feddist" else None
+        growth_log = self._grow(round_, agg, results) if self.cfg.growth == "feddist" else None
         if growth_log:
             bytes_up += growth_log.pop("bytes_up", 0)
             bytes_down += growth_log.pop("bytes_down", 0)
-            rejected += growth_log.pop("rejected", [])
+            rejected += growth_log.pop("rejected", 0)
 
         summary: dict[str, Any] = {
             "round": round_,
             "selected": len(selected),
-            "updates": len(ups),
-            "rejected": len(rejected),
-            "missing": info["missing"],
+            "updates": len(results),
+            "rejected": rejected,
+            "missing": sorted(set(selected) - set(ex.updates)),
             "arch_version": self.fed.spec.version,
             "conv_filters": self.fed.spec.conv_filters,
             "dense_units": self.fed.spec.dense_units,
@@ -408,20 +403,11 @@ class Coordinator:
         }
         if growth_log is not None:
             summary["growth"] = growth_log
-        summary.update(self._evaluate(round_, spec0, ups))
+        summary.update(self._evaluate(round_, spec0, results))
         summary["seconds"] = time.monotonic() - t0
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
-        g = summary.get("global") or {}
-        p = summary.get("personalisation") or {}
-        msg = (
-            f"round {round_}: {len(selected)} selected, {len(ups)} updates, {len(rejected)} rejected, "
-            f"{len(info['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
-            f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
-            f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
-            f"up {bytes_up / 1e6:.1f} MB, down {bytes_down / 1e6:.1f} MB"
-        )
-        log.info(msg)
-        del updates, ups, agg
+        log.info(summary_line(summary))
+        del ex, results, agg
         release_free_memory()
         return summary
 
@@ -438,7 +424,7 @@ class Coordinator:
             "layers": {},
             "bytes_up": 0,
             "bytes_down": 0,
-            "rejected": [],
+            "rejected": 0,
         }
         if len(order) < 2:
             return out
@@ -481,20 +467,20 @@ class Coordinator:
             fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
             if self.cfg.growth_mode == "paper":
                 plan = replace(
-                    self._base_plan(round_),
+                    base_plan(self.cfg),
                     client_init="overwrite",
                     frozen=feddist.frozen_tensors(layer),
                     guidance=False,
                     keep_local=(),
                 )
                 stage = 1 + feddist.GROWABLE_LAYERS.index(layer)
-                inter, info = self._exchange(round_, stage, order, plan)
-                out["bytes_up"] += info["bytes_up"]
-                out["bytes_down"] += info["bytes_down"]
-                out["rejected"] += info["rejected"]
-                inter_ups = [inter[c] for c in order if c in inter]
+                inter = self._exchange(round_, stage, order, plan)
+                out["bytes_up"] += inter.bytes_up
+                out["bytes_down"] += inter.bytes_down
+                out["rejected"] += inter.n_rejected
+                inter_ups = [inter.updates[c] for c in order if c in inter.updates]
                 if inter_ups:
-                    re = self.strategy.remix(fed, agg, inter_ups)
+                    re = self.strategy.aggregate_intermediate(fed, agg, inter_ups)
                     fed.global_state = re.global_state
                     fed.personal.update(re.personal)
                     # The next layer's detection uses the intermediate models, as FedDist does.
@@ -605,6 +591,3 @@ class Coordinator:
         self._header.update(extra)
         return write_report(self.cfg.run_dir, self._header, self.state.rounds())
 
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"

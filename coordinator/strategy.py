@@ -1,8 +1,12 @@
 """Aggregation strategies: small classes over the pure functions of the papers.
 
-Each strategy says what clients must do in a round (:meth:`Strategy.plan`) and how the
-coordinator combines their updates (:meth:`Strategy.aggregate`). Growth (FedDist) and
-client initialisation (FedALA) are orthogonal switches handled beside them, so every
+A strategy has Flower's hooks (Beutel et al., arXiv 2007.14390, ``flwr.server.strategy``):
+:meth:`Strategy.configure_fit` says what the selected clients do in a round,
+:meth:`Strategy.aggregate_fit` combines their results and sees the failures (clients
+that missed the deadline, went offline or were rejected), and
+:meth:`Strategy.aggregate_intermediate` combines the updates of a FedDist intermediate
+exchange. Client selection and the round's bookkeeping are in :mod:`coordinator.round`;
+growth (FedDist) and client initialisation (FedALA) are orthogonal switches, so every
 combination runs.
 
 =========  ==============================================================  =================
@@ -25,7 +29,7 @@ import torch
 
 from coordinator import feddwa
 from coordinator.aggregation import State, weighted_average
-from coordinator.updates import ClientUpdate
+from coordinator.updates import ClientUpdate, Failure
 from har_models.model import ArchSpec
 from har_models.protocol import TrainingPlan
 
@@ -95,32 +99,31 @@ class Strategy:
     """
 
     name = "fedavg"
-    needs_guidance = False
-    personalised = False
 
-    def plan(self, base: TrainingPlan) -> TrainingPlan:
-        """The training plan clients follow under this strategy."""
+    def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
+        """The training plan the selected clients follow in round ``round_`` under this strategy."""
         return base
 
-    def describe(self) -> dict[str, object]:
-        """Settings for the run report."""
-        return {"name": self.name}
+    def aggregate_fit(
+        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
+    ) -> Aggregate:
+        """Combine the round's validated updates; ``failures`` are the selected clients that sent none.
 
-    def aggregate(self, fed: Federation, updates: Sequence[ClientUpdate]) -> Aggregate:
-        """Combine the round's validated updates.
+        theta = sum_k n_k / n * theta_k over the results with n_k > 0 (McMahan et al.,
+        AISTATS 2017, algorithm 1). Failures carry no weight.
 
         Raises
         ------
         ValueError
-            If no update carries training windows.
+            If no result carries training windows.
         """
-        used = _contributors(updates)
+        used = _contributors(results)
         g = weighted_average([u.state for u in used], [u.n_train for u in used])
         return Aggregate(g, {}, None, [u.client_id for u in used])
 
-    def remix(self, fed: Federation, first: Aggregate, updates: Sequence[ClientUpdate]) -> Aggregate:
-        """Aggregate the updates of a FedDist intermediate exchange (same as :meth:`aggregate` here)."""
-        return self.aggregate(fed, updates)
+    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
+        """Aggregate the updates of a FedDist intermediate exchange (as :meth:`aggregate_fit` here)."""
+        return self.aggregate_fit(-1, fed, results)
 
 
 class FedProx(Strategy):
@@ -139,11 +142,8 @@ class FedProx(Strategy):
             raise ValueError(f"FedProx: mu must be >= 0, got {mu}")
         self.mu = float(mu)
 
-    def plan(self, base: TrainingPlan) -> TrainingPlan:
+    def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
         return replace(base, prox_mu=self.mu)
-
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "mu": self.mu}
 
 
 class FedPer(Strategy):
@@ -155,7 +155,7 @@ class FedPer(Strategy):
 
     name = "fedper"
 
-    def plan(self, base: TrainingPlan) -> TrainingPlan:
+    def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
         return replace(base, keep_local=FEDPER_LOCAL)
 
 
@@ -174,31 +174,29 @@ class FedDWA(Strategy):
     """
 
     name = "feddwa"
-    needs_guidance = True
-    personalised = True
 
     def __init__(self, top_k: int = 5):
         if top_k < 1:
             raise ValueError(f"FedDWA: top_k must be >= 1, got {top_k}")
         self.top_k = int(top_k)
 
-    def plan(self, base: TrainingPlan) -> TrainingPlan:
+    def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
         return replace(base, guidance=True)
 
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "top_k": self.top_k}
-
-    def aggregate(self, fed: Federation, updates: Sequence[ClientUpdate]) -> Aggregate:
-        used = _contributors(updates)
+    def aggregate_fit(
+        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
+    ) -> Aggregate:
+        """P_i = sum_j p_ij w_j for every participant i (FedDWA eq. 7-9); G is the shadow FedAvg."""
+        used = _contributors(results)
         g = weighted_average([u.state for u in used], [u.n_train for u in used])
         guid = [u.guidance if u.guidance is not None else u.state for u in used]
         res = feddwa.aggregate([u.state for u in used], guid, top_k=self.top_k)
         personal = {u.client_id: st for u, st in zip(used, res.states, strict=True)}
         return Aggregate(g, personal, res.weights, [u.client_id for u in used])
 
-    def remix(self, fed: Federation, first: Aggregate, updates: Sequence[ClientUpdate]) -> Aggregate:
+    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
         """Mix intermediate-round models with this round's P (no new guidance models)."""
-        by_id = {u.client_id: u for u in updates}
+        by_id = {u.client_id: u for u in results}
         keep = [i for i, cid in enumerate(first.participants) if cid in by_id and by_id[cid].n_train > 0]
         if not keep:
             raise ValueError("no participant of the round sent an intermediate update")

@@ -18,7 +18,7 @@ import torch
 
 from har_models import codec
 from har_models.model import ArchSpec
-from har_models.protocol import GUIDANCE_PREFIX
+from har_models.protocol import GUIDANCE_PREFIX, check_count
 
 
 class UpdateRejected(ValueError):
@@ -64,7 +64,21 @@ class ClientUpdate:
     size: int = 0
 
 
-def _confusions(meta: dict[str, Any], n_classes: int) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class Failure:
+    """A selected client that sent no valid update in an exchange (Flower's ``failures``).
+
+    Attributes
+    ----------
+    client_id : str
+    reason : {"missed_deadline", "offline", "cannot_train"} or a rejection reason of :func:`validate_update`
+    """
+
+    client_id: str
+    reason: str
+
+
+def _confusions(meta: dict[str, Any], n_classes: int, n_test: int) -> dict[str, np.ndarray]:
     raw = meta.get("confusion", {})
     if not isinstance(raw, dict):
         raise UpdateRejected("bad_metrics", "metadata 'confusion' is not an object")
@@ -72,15 +86,22 @@ def _confusions(meta: dict[str, Any], n_classes: int) -> dict[str, np.ndarray]:
     for key, value in raw.items():
         if value is None:
             continue
+        # Every entry is range-checked as a Python int before numpy sees it: 10**30 or 2**63-1
+        # would otherwise overflow here or when matrices are summed.
+        ok = (
+            isinstance(value, list)
+            and len(value) == n_classes
+            and all(isinstance(row, list) and len(row) == n_classes for row in value)
+        )
+        if not ok:
+            raise UpdateRejected("bad_metrics", f"confusion matrix {str(key)[:40]!r} must be a {n_classes}x{n_classes} list of lists")
         try:
-            m = np.asarray(value, dtype=np.int64)
-        except (TypeError, ValueError):
-            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} is not numeric") from None
-        if m.shape != (n_classes, n_classes) or (m < 0).any():
-            raise UpdateRejected(
-                "bad_metrics", f"confusion matrix {key!r} must be {n_classes}x{n_classes} non-negative counts, got {m.shape}"
-            )
-        out[str(key)] = m
+            rows = [[check_count(c, f"confusion matrix {str(key)[:40]!r} entry") for c in row] for row in value]
+        except ValueError as exc:
+            raise UpdateRejected("bad_metrics", str(exc)) from None
+        if sum(map(sum, rows)) > n_test:
+            raise UpdateRejected("bad_metrics", f"confusion matrix {str(key)[:40]!r} counts more windows than n_test = {n_test}")
+        out[str(key)] = np.asarray(rows, dtype=np.int64)
     return out
 
 
@@ -95,6 +116,7 @@ def validate_update(
     selected: Collection[str],
     want_guidance: bool,
     max_bytes: int | None = None,
+    reported_n_train: int | None = None,
 ) -> ClientUpdate:
     """Decode and check one update envelope.
 
@@ -113,6 +135,9 @@ def validate_update(
         Whether a FedDWA guidance model must be included.
     max_bytes : int, optional
         Largest envelope accepted.
+    reported_n_train : int, optional
+        Training windows the client's status announced; an update claiming more is refused
+        (``bad_metrics``), so no device can outweigh the others by its word alone.
 
     Returns
     -------
@@ -160,9 +185,17 @@ def validate_update(
             codec.check_tensors(shapes, guided)
     except codec.EnvelopeError as exc:
         raise UpdateRejected(exc.reason, str(exc)) from None
-    n_train, n_test = meta.get("n_train"), meta.get("n_test")
-    if not isinstance(n_train, int) or not isinstance(n_test, int) or isinstance(n_train, bool) or n_train < 0 or n_test < 0:
-        raise UpdateRejected("bad_metrics", f"n_train/n_test must be non-negative integers, got {n_train!r}/{n_test!r}")
+    try:
+        n_train = check_count(meta.get("n_train"), "n_train")
+        n_test = check_count(meta.get("n_test"), "n_test")
+    except ValueError as exc:
+        raise UpdateRejected("bad_metrics", str(exc)) from None
+    if reported_n_train is not None and n_train > reported_n_train:
+        # The weight n_k of FedAvg must be what the device announced with its windows, not
+        # whatever an update claims: otherwise one device could make the aggregate its own model.
+        raise UpdateRejected(
+            "bad_metrics", f"update claims n_train = {n_train}, the client's status reported {reported_n_train} training windows"
+        )
 
     def to_torch(d: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         # The decoded arrays are fresh copies already; only a dtype change copies again.
@@ -176,7 +209,7 @@ def validate_update(
         n_test=n_test,
         state=to_torch(trained),
         guidance=to_torch(guided) if want_guidance else None,
-        confusion=_confusions(meta, spec.n_classes),
+        confusion=_confusions(meta, spec.n_classes, n_test),
         meta={k: v for k, v in meta.items() if k != "confusion"},
         size=env.size,
     )

@@ -34,6 +34,18 @@ from typing import Any
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
 
 PROTOCOL_VERSION = 1
+
+MAX_WINDOW_COUNT = 10**9
+"""Upper bound on any window count a device reports (n_train, n_test, class counts, confusion
+entries): 10^9 windows of 3 KB are 3 TB, far beyond a phone. Larger numbers from the network
+are refused where they enter, so no single device can take over a weighted average."""
+
+
+def check_count(value: Any, what: str) -> int:
+    """``value`` if it is an integer in [0, :data:`MAX_WINDOW_COUNT`] (not a bool or float), else ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WINDOW_COUNT:
+        raise ValueError(f"{what} must be an integer in [0, {MAX_WINDOW_COUNT}], got {value!r:.40}")
+    return value
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 """Default largest MQTT payload we publish (EMQX's default packet limit is 1 MB)."""
 
@@ -539,15 +551,22 @@ class ClientStatus:
         d = _load_json(payload, "client status")
         d.pop("protocol")
         try:
-            d["class_counts"] = tuple(int(c) for c in d.get("class_counts", ()))
+            counts = d.get("class_counts", ())
+            if not isinstance(counts, list):
+                raise ValueError("class_counts must be a list")
+            d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
             st = cls(**d)
             check_client_id(st.client_id)
-        except (TypeError, ValueError) as exc:
+            check_count(st.n_train, "n_train")
+            check_count(st.n_test, "n_test")
+            if isinstance(st.last_round, bool) or not isinstance(st.last_round, int):
+                raise ValueError(f"last_round must be an integer, got {st.last_round!r:.40}")
+            if not isinstance(st.label_set, str) or not isinstance(st.run_id, str) or not isinstance(st.train_stats, dict):
+                raise ValueError("label_set and run_id must be strings, train_stats an object")
+        except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
-            raise MessageError(f"client status: unknown state {st.state!r}")
-        if not isinstance(st.n_train, int) or not isinstance(st.n_test, int) or st.n_train < 0 or st.n_test < 0:
-            raise MessageError(f"client status: window counts must be non-negative integers, got {st.n_train}, {st.n_test}")
+            raise MessageError(f"client status: unknown state {st.state!r:.40}")
         return st
 
 

@@ -29,7 +29,7 @@ def test_fedprox_with_mu_zero_trains_exactly_like_fedavg():
     plain = train_local(SPEC, start, data, TrainConfig(2, 0.05, 8, seed=3), make_loss(None))
     prox0 = train_local(SPEC, start, data, TrainConfig(2, 0.05, 8, prox_mu=0.0, seed=3), make_loss(None), prox_ref=start)
     assert all(torch.equal(plain.state[k], prox0.state[k]) for k in start)
-    assert FedProx(0.0).plan(TrainingPlan()).prox_mu == 0.0 and Strategy().plan(TrainingPlan()) == TrainingPlan()
+    assert FedProx(0.0).configure_fit(0, TrainingPlan()).prox_mu == 0.0 and Strategy().configure_fit(0, TrainingPlan()) == TrainingPlan()
 
 
 def test_fedprox_pulls_towards_the_received_model():
@@ -51,7 +51,7 @@ def test_fedper_keeps_the_dense_layers_local(tmp_path):
     store.set_meta("run_id", "r")
     store.save_local_model(SPEC.to_json(), {k: v.numpy() for k, v in local.items()})
     received = init_state(SPEC, 8)
-    plan = FedPer().plan(TrainingPlan(local_epochs=0))  # no training: the upload is the initial model itself
+    plan = FedPer().configure_fit(0, TrainingPlan(local_epochs=0))  # no training: the upload is the initial model itself
     ann = RoundAnnouncement(run_id="r", round=1, state="training", arch=SPEC.to_dict(), label_set="hapt6", selected=("c",), plan=plan)
     out = LocalTrainer(store, "c").run_round(ann, {k: v.numpy() for k, v in received.items()})
     sent = codec.decode(out.envelope).tensors

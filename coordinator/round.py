@@ -1,0 +1,162 @@
+"""One round of a federation as pure steps over typed values: no MQTT, no files, no clocks.
+
+The service (:mod:`coordinator.service`) moves these values over the broker and persists
+them; everything a reader needs to follow a round is here, in the order it happens:
+
+1. :func:`select_clients`: the round's participants among the eligible clients;
+2. :func:`base_plan` then ``Strategy.configure_fit``: what they are asked to do;
+3. :class:`Exchange`: results and failures collected until every selected client has
+   answered or gone offline, or the deadline passed;
+4. :func:`check_quorum`: a round with fewer contributing results than the quorum leaves the
+   model unchanged (it is retried), so one client cannot move the federation alone;
+5. ``Strategy.aggregate_fit(results, failures)``, growth, evaluation;
+6. :func:`summary_line`: the one line each round logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coordinator.config import CoordinatorConfig
+from coordinator.updates import ClientUpdate, Failure
+from har_models.model import ArchSpec
+from har_models.protocol import TrainingPlan
+
+
+def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fraction: float, seed: int) -> list[str]:
+    """The clients selected for round ``round_``, sorted.
+
+    All eligible clients when ``fraction`` covers them (FedDist: C = 1); otherwise
+    max(min_clients, ceil(fraction * n)) drawn without replacement by a generator seeded
+    with (seed, round), so a resumed run selects the same clients. Empty below quorum.
+    """
+    eligible = sorted(eligible)
+    if len(eligible) < min_clients:
+        return []
+    k = max(min_clients, math.ceil(fraction * len(eligible)))
+    if k >= len(eligible):
+        return eligible
+    rng = np.random.default_rng([seed, round_])
+    return sorted(rng.choice(eligible, size=k, replace=False).tolist())
+
+
+def base_plan(cfg: CoordinatorConfig) -> TrainingPlan:
+    """The strategy-independent part of a round's training plan (local training and FedALA settings)."""
+    return TrainingPlan(
+        local_epochs=cfg.local_epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        client_init=cfg.client_init,
+        class_weights=cfg.class_weights,
+        seed=cfg.seed,
+        ala=cfg.ala_plan(),
+    )
+
+
+@dataclass
+class Exchange:
+    """One exchange being collected: round ``round``, stage ``stage`` (0 = the round's main exchange).
+
+    Attributes
+    ----------
+    round, stage : int
+    spec : ArchSpec
+        Architecture the updates must have.
+    selected : frozenset of str
+    guidance : bool
+        Whether updates must carry a FedDWA guidance model.
+    updates : dict client id -> ClientUpdate
+        The first valid update of each selected client.
+    rejected : Counter of (client id, reason)
+        Invalid messages, counted (a flood costs a counter increment, not a log line each).
+    offline : set of str
+        Selected clients whose status said offline while the exchange was open.
+    bytes_up, bytes_down : int
+        Bytes of valid updates received and of models published for this exchange.
+    """
+
+    round: int
+    stage: int
+    spec: ArchSpec
+    selected: frozenset[str]
+    guidance: bool
+    updates: dict[str, ClientUpdate] = field(default_factory=dict)
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    offline: set[str] = field(default_factory=set)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    def add(self, update: ClientUpdate) -> bool:
+        """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
+        if update.client_id in self.updates:
+            return False
+        self.updates[update.client_id] = update
+        self.bytes_up += update.size
+        return True
+
+    def complete(self) -> bool:
+        """True once every selected client has answered or gone offline: no reason to wait longer."""
+        return all(c in self.updates or c in self.offline for c in self.selected)
+
+    def results(self) -> list[ClientUpdate]:
+        """The valid updates, ordered by client id (the aggregation order, fixed for reproducibility)."""
+        return [self.updates[c] for c in sorted(self.updates)]
+
+    def failures(self) -> list[Failure]:
+        """Selected clients without a valid update, with why (offline, rejected, or missed the deadline)."""
+        out = []
+        rejected_by = {cid: reason for (cid, reason) in self.rejected}
+        for cid in sorted(self.selected - set(self.updates)):
+            reason = "offline" if cid in self.offline else rejected_by.get(cid, "missed_deadline")
+            out.append(Failure(cid, reason))
+        return out
+
+    @property
+    def n_rejected(self) -> int:
+        """Invalid messages in this exchange (each counted once)."""
+        return sum(self.rejected.values())
+
+
+def check_quorum(results: Sequence[ClientUpdate], failures: Sequence[Failure], min_clients: int) -> str | None:
+    """None if the results may change the model, else the reason the round must leave it unchanged.
+
+    A result counts towards the quorum only if it trained on at least one window.
+    """
+    contributing = [u for u in results if u.n_train > 0]
+    if len(contributing) >= min_clients:
+        return None
+    if not results:
+        why = Counter(f.reason for f in failures)
+        detail = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in sorted(why.items())) or "nobody selected"
+        return f"no update arrived ({detail})"
+    return (
+        f"{len(contributing)} update(s) with training windows, below the quorum of {min_clients} (--min-clients); "
+        f"the model is left unchanged"
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def summary_line(summary: Mapping[str, Any]) -> str:
+    """The one line a round logs, e.g. ``round 7: 30 selected, 30 updates, 0 rejected, ...``.
+
+    "n/a" means the measure was not taken: the global figures need a union test set
+    (``--eval-data`` or a simulation), the personalisation figures need client updates.
+    """
+    g = summary.get("global") or {}
+    p = summary.get("personalisation") or {}
+    return (
+        f"round {summary['round']}: {summary['selected']} selected, {summary['updates']} updates, "
+        f"{summary['rejected']} rejected, {len(summary['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
+        f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
+        f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
+        f"up {summary['bytes_up'] / 1e6:.1f} MB, down {summary['bytes_down'] / 1e6:.1f} MB"
+    )
