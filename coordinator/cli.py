@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.config import CoordinatorConfig
-from coordinator.service import Coordinator, CoordinatorError
+from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import (
     HelpFormatter,
     add_broker_arguments,
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed."""
+    """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
+    6 run folder unusable (systemd does not restart on it)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', 'fedavg')}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             report_header={"command": "fedhar-coordinator " + " ".join(argv if argv is not None else sys.argv[1:])},
         ).run()
+    except StateError as exc:
+        print(f"fedhar-coordinator: {exc}", file=sys.stderr)
+        return 6
     except CoordinatorError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 5

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import queue
+import sqlite3
 import time
 import uuid
 from collections import Counter
@@ -62,6 +63,10 @@ class CoordinatorError(RuntimeError):
     """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
 
 
+class StateError(CoordinatorError):
+    """The run folder cannot be used as asked (another run's folder, damaged state); restarting will not help."""
+
+
 class Coordinator:
     """Runs a federation described by a :class:`CoordinatorConfig`.
 
@@ -92,7 +97,10 @@ class Coordinator:
         self.feddist_cfg = feddist.FedDistConfig(
             k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
         )
-        self.state = RunState(cfg.run_dir)
+        try:
+            self.state = RunState(cfg.run_dir)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"{cfg.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run in another folder") from None
         self.clients: dict[str, ClientStatus] = {}
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         self.attempt = uuid.uuid4().hex[:12]  # a fresh id per coordinator process: clients re-send stored updates after a restart
@@ -281,10 +289,20 @@ class Coordinator:
         return Federation(spec, spec, init_state(spec, self.cfg.seed), {})
 
     def _resume(self) -> int:
-        last = self.state.last_completed_round()
-        if last < 0 or self.state.get("run_id") != self.cfg.run_id:
+        if self.state.get("run_id") not in (None, self.cfg.run_id):
+            raise StateError(
+                f"{self.cfg.run_dir} holds run {self.state.get('run_id')!r}, not {self.cfg.run_id!r}; "
+                f"resume it with --run-id {self.state.get('run_id')}"
+            )
+        if self.state.last_completed_round() < 0:
             return -1
-        spec, g, personal = self.state.load_round_models(last)
+        found = self.state.load_latest_intact()
+        if found is None:
+            raise StateError(
+                f"no completed round of run {self.cfg.run_id!r} in {self.cfg.run_dir} has intact model files "
+                f"(see the log for each damaged file); start a new run in another folder"
+            )
+        last, spec, g, personal = found
         self.label_set = self.state.get("label_set", "")
         self.fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
@@ -348,7 +366,7 @@ class Coordinator:
                 break
         self._collect = None
         for (cid, reason), n in sorted(c.rejected.items()):
-            self.state.event(round_, cid, "rejected", f"{reason} x{n}" if n > 1 else reason)
+            self.state.event(round_, cid, "rejected", f"{reason}: {n} message(s)")
             if n > 1:
                 log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
         for f in c.failures():
@@ -528,6 +546,12 @@ class Coordinator:
         if not self._link.start(wait_s=30.0):
             raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
         try:
+            if not self.cfg.resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
+                raise StateError(
+                    f"{self.cfg.run_dir} already belongs to run {self.state.get('run_id')!r} "
+                    f"({self.state.last_completed_round() + 1} completed rounds); continue it with --resume, "
+                    f"or give a new --run-dir"
+                )
             last = self._resume() if self.cfg.resume else -1
             if last < 0:
                 self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round

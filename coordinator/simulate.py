@@ -29,7 +29,7 @@ import psutil
 from coordinator.broker import EmbeddedBroker
 from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
-from coordinator.service import Coordinator, CoordinatorError
+from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
 from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed."""
+    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
+    6 run folder unusable (systemd does not restart on it)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     t0 = time.monotonic()
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header)
         doc = coord.run()
         ok = True
+    except StateError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 6
     except CoordinatorError as exc:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 5

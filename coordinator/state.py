@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from har_io.files import atomic_write
+from har_io.files import atomic_write, fsync_dir
 from har_models.model import ArchSpec, check_state
 
 log = logging.getLogger("fedhar.coordinator.state")
@@ -141,6 +141,7 @@ class RunState:
         if folder.exists():
             shutil.rmtree(folder)
         (folder / "personal").mkdir(parents=True)
+        fsync_dir(folder.parent)
         save_state_file(folder / "global.safetensors", spec, global_state)
         for cid, st in personal.items():
             save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
@@ -155,6 +156,28 @@ class RunState:
         for old in done[: max(0, len(done) - self.keep_rounds)]:
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def load_latest_intact(self) -> tuple[int, ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]] | None:
+        """The newest completed round whose model files all load and match their architecture.
+
+        Rounds recorded after it (whose files were lost or damaged, e.g. by a crash before a
+        file reached the disk or by a full disk) are forgotten, so they run again. Each
+        damaged file is logged with its path.
+
+        Returns
+        -------
+        tuple (round, spec, global_state, personal_states), or None if no completed round is intact.
+        """
+        for round_ in sorted((r for (r,) in self._db.execute("SELECT round FROM rounds")), reverse=True):
+            try:
+                spec, g, personal = self.load_round_models(round_)
+            except Exception as exc:  # any unreadable file: safetensors, OS and shape errors alike
+                log.error("round %d's saved models are unusable (%s: %s); trying the round before", round_, type(exc).__name__, exc)
+                continue
+            with self._db:
+                self._db.execute("DELETE FROM rounds WHERE round > ?", (round_,))
+            return round_, spec, g, personal
+        return None
 
     def load_round_models(self, round_: int) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """``(spec, global_state, personal_states)`` saved for ``round_``.
