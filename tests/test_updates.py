@@ -76,3 +76,30 @@ def test_guidance_model_is_split_off_by_prefix():
     u = check(make(guided), guidance=True)
     np.testing.assert_array_equal(u.guidance["out.bias"].numpy(), STATE["out.bias"] + 1)
     np.testing.assert_array_equal(u.state["out.bias"].numpy(), STATE["out.bias"])
+
+
+@pytest.mark.parametrize(
+    "bad_meta",
+    [
+        {"n_train": 10**400},  # OverflowError in FedAvg before the range check
+        {"n_train": 10**300},  # would make the aggregate exactly this one update
+        {"n_train": 40.0},
+        {"n_test": -1},
+        {"confusion": {"trained": [[10**30] * 6] * 6}},
+        {"confusion": {"trained": [[2**63 - 1] + [0] * 5] + [[0] * 6] * 5}},
+        {"confusion": {"trained": [[1.5] * 6] * 6}},
+        {"confusion": {"trained": [[1] * 6] * 6}},  # 36 windows counted, n_test is 10
+        {"confusion": {"trained": [[0] * 5] * 6}},
+    ],
+)
+def test_numbers_from_the_network_are_range_checked_where_they_enter(bad_meta):
+    assert reason(make(meta={**GOOD_META, **bad_meta})) == "bad_metrics"
+
+
+def test_an_update_may_not_claim_more_windows_than_its_status_reported():
+    data = make()
+    kw = dict(topic_client="c1", run_id="r", round_=3, stage=0, spec=SPEC, selected={"c1"}, want_guidance=False)
+    assert validate_update(data, reported_n_train=40, **kw).n_train == 40
+    with pytest.raises(UpdateRejected, match="status reported 39") as e:
+        validate_update(data, reported_n_train=39, **kw)
+    assert e.value.reason == "bad_metrics"
