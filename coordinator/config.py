@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from har_io.mqtt_link import BrokerConfig
-from har_models.protocol import check_client_id
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
+from har_models.topics import check_client_id
 
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
 GROWTHS = ("none", "feddist")

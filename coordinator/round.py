@@ -25,8 +25,8 @@ import numpy as np
 
 from coordinator.config import CoordinatorConfig
 from coordinator.updates import ClientUpdate, Failure
+from har_models.messages import TrainingPlan
 from har_models.model import ArchSpec
-from har_models.protocol import TrainingPlan
 
 
 def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fraction: float, seed: int) -> list[str]:

@@ -40,20 +40,12 @@ from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import MqttLink
 from har_models import codec
+from har_models.chunking import ChunkError, Reassembler, transfer_id
 from har_models.growth import pad_state_like
 from har_models.labels import LABEL_SETS
+from har_models.messages import PROTOCOL_VERSION, ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
 from har_models.model import ArchSpec, init_state
-from har_models.protocol import (
-    PROTOCOL_VERSION,
-    ChunkError,
-    ClientStatus,
-    MessageError,
-    Reassembler,
-    RoundAnnouncement,
-    Topics,
-    TrainingPlan,
-    transfer_id,
-)
+from har_models.topics import Topics
 from har_models.windowing import ChannelStats
 
 log = logging.getLogger("fedhar.coordinator")

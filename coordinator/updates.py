@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from har_models import codec
+from har_models.messages import GUIDANCE_PREFIX, check_count
 from har_models.model import ArchSpec
-from har_models.protocol import GUIDANCE_PREFIX, check_count
 
 
 class UpdateRejected(ValueError):

@@ -19,16 +19,9 @@ from edge_client.trainer import LocalTrainer
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, MqttLink
 from har_models import codec
-from har_models.protocol import (
-    ChunkError,
-    ClientStatus,
-    MessageError,
-    Reassembler,
-    RoundAnnouncement,
-    Topics,
-    check_client_id,
-    offline_status,
-)
+from har_models.chunking import ChunkError, Reassembler
+from har_models.messages import ClientStatus, MessageError, RoundAnnouncement, offline_status
+from har_models.topics import Topics, check_client_id
 from har_models.windowing import ChannelStats
 
 log = logging.getLogger("fedhar.client")

@@ -22,8 +22,8 @@ from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
 from har_models import codec
 from har_models.growth import pad_state_like
+from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
 from har_models.model import ArchSpec, build_model
-from har_models.protocol import GUIDANCE_PREFIX, RoundAnnouncement
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 
 log = logging.getLogger("fedhar.client.trainer")

@@ -43,11 +43,13 @@ from typing import Any
 
 try:
     from har_io.files import atomic_write_bytes
-    from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
+    from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.topics import Topics, check_client_id
 except ImportError:  # run from a checkout without `pip install -e .`: both modules need only the stdlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from har_io.files import atomic_write_bytes
-    from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, Topics, check_client_id
+    from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.mosquitto_config")
 
@@ -584,7 +586,7 @@ def generate(
     given : dict
         Settings from the command line (keys of :data:`DEFAULTS`, None = not given); see :func:`merge_settings`.
     clients : list of str
-        Device ids to add (validated with :func:`har_models.protocol.check_client_id`). Devices
+        Device ids to add (validated with :func:`har_models.topics.check_client_id`). Devices
         configured earlier stay configured.
     rotate : list of str, optional
         Users (devices or the coordinator) that get a new password; ``["*"]`` = everyone.

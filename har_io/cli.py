@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import tomli_w
 
 from har_io.mqtt_link import BrokerConfig
-from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
 from har_models.settings import from_mapping, to_mapping
 
 T = TypeVar("T")

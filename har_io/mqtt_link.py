@@ -6,7 +6,7 @@ Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md):
   all work happens in the program's own thread;
 * subscriptions and the retained "online" status are renewed on every (re)connect;
   paho reconnects by itself with a bounded back-off;
-* large payloads go out in chunks (:func:`har_models.protocol.split_payload`) at QoS 1,
+* large payloads go out in chunks (:func:`har_models.chunking.split_payload`) at QoS 1,
   and the publisher waits for the acknowledgements, so memory stays bounded;
 * MQTT 3.1.1 only, so the embedded broker and Mosquitto both work.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
 
-from har_models.protocol import DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
+from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
 

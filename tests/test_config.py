@@ -11,7 +11,7 @@ import pytest
 from coordinator.cli import build_parser, config_from_args, main
 from coordinator.config import CoordinatorConfig
 from har_io.cli import cli_fields, option_flag, read_settings_file, write_settings_file
-from har_models.protocol import MessageError, TrainingPlan
+from har_models.messages import MessageError, TrainingPlan
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
 from har_models.training import TrainConfig
 

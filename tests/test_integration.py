@@ -17,7 +17,9 @@ import paho.mqtt.client as mqtt
 
 from coordinator import simulate
 from har_models import codec
-from har_models.protocol import RoundAnnouncement, Topics, split_payload
+from har_models.chunking import split_payload
+from har_models.messages import RoundAnnouncement
+from har_models.topics import Topics
 
 SMALL = [
     "--clients",

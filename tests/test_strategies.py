@@ -10,8 +10,8 @@ from edge_client.store import ClientStore
 from edge_client.trainer import LocalTrainer
 from har_models import codec
 from har_models.labels import HAPT_LABELS
+from har_models.messages import RoundAnnouncement, TrainingPlan
 from har_models.model import ArchSpec, init_state
-from har_models.protocol import RoundAnnouncement, TrainingPlan
 from har_models.training import TrainConfig, make_loss, train_local
 from har_models.windowing import WindowSet
 

@@ -5,19 +5,9 @@ import random
 
 import pytest
 
-from har_models.protocol import (
-    CHUNK_HEADER_BYTES,
-    ChunkError,
-    ClientStatus,
-    MessageError,
-    Reassembler,
-    RoundAnnouncement,
-    Topics,
-    TrainingPlan,
-    parse_chunk,
-    split_payload,
-    transfer_id,
-)
+from har_models.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, parse_chunk, split_payload, transfer_id
+from har_models.messages import ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.topics import Topics
 
 
 def test_chunks_respect_the_size_limit_and_reassemble_in_any_order_with_duplicates():
