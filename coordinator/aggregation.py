@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-State = dict[str, torch.Tensor]
-"""Model parameters by name (float32 tensors), as in :func:`har_models.model.get_state`."""
+from har_models.model import State
 
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:

@@ -46,11 +46,10 @@ from dataclasses import dataclass, field
 import torch
 
 from har_models.growth import GROWTH_MODES, GrowthMode, NewUnitSource, append_units
-from har_models.model import ArchSpec
+from har_models.model import ArchSpec, State, check_state
 
 log = logging.getLogger(__name__)
 
-State = dict[str, torch.Tensor]
 
 GROWABLE_LAYERS: tuple[str, ...] = ("conv", "hidden")
 """Layers FedDist may widen, in the order they are treated (0 -> L-2). ``out`` never grows."""
@@ -512,12 +511,4 @@ def _layer_tensors(state: Mapping[str, torch.Tensor], layer: str, who: str) -> t
 
 
 def _check_against(spec: ArchSpec, state: Mapping[str, torch.Tensor], what: str) -> None:
-    want = spec.shapes()
-    if set(state) != set(want):
-        raise ValueError(f"detect_growth: {what} has tensors {sorted(state)}, architecture v{spec.version} has {sorted(want)}")
-    for name, shape in want.items():
-        if tuple(state[name].shape) != shape:
-            raise ValueError(
-                f"detect_growth: {what}[{name!r}] has shape {tuple(state[name].shape)}, architecture v{spec.version} "
-                f"expects {shape}; pad or reject stale uploads first"
-            )
+    check_state(spec, state, f"detect_growth: {what} (pad or reject stale uploads first)", finite=False)

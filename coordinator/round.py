@@ -9,7 +9,8 @@ them; everything a reader needs to follow a round is here, in the order it happe
    answered or gone offline, or the deadline passed;
 4. :func:`check_quorum`: a round with fewer contributing results than the quorum leaves the
    model unchanged (it is retried), so one client cannot move the federation alone;
-5. ``Strategy.aggregate_fit(results, failures)``, growth, evaluation;
+5. ``Strategy.aggregate_fit(results, failures)``, growth (:mod:`coordinator.feddist_steps`),
+   :func:`evaluate_round`;
 6. :func:`summary_line`: the one line each round logs.
 """
 
@@ -24,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from coordinator.config import CoordinatorConfig
+from coordinator.evaluation import Evaluator, personalisation, union_of_clients
+from coordinator.strategy import Federation
 from coordinator.updates import ClientUpdate, Failure
 from har_models.messages import TrainingPlan
 from har_models.model import ArchSpec
@@ -139,6 +142,57 @@ def check_quorum(results: Sequence[ClientUpdate], failures: Sequence[Failure], m
         f"{len(contributing)} update(s) with training windows, below the quorum of {min_clients} (--min-clients); "
         f"the model is left unchanged"
     )
+
+
+def evaluate_round(
+    round_: int,
+    fed: Federation,
+    spec0: ArchSpec,
+    results: Sequence[ClientUpdate],
+    evaluator: Evaluator | None,
+    cfg: CoordinatorConfig,
+) -> dict[str, Any]:
+    """The FedDist evaluation protocol for one round (Ek et al., PerCom 2021, section V-A; DESIGN.md section 6).
+
+    Parameters
+    ----------
+    round_ : int
+    fed : Federation
+        The federation after aggregation (and growth): G is measured.
+    spec0 : ArchSpec
+        Architecture the clients trained this round (their w_i are measured with it).
+    results : sequence of ClientUpdate
+        Each carries the client's own confusion matrices on its test split.
+    evaluator : Evaluator, optional
+        The union test set; without it there are no global or generalisation figures.
+    cfg : CoordinatorConfig
+        ``generalisation_every`` and ``rounds`` decide when generalisation is measured.
+
+    Returns
+    -------
+    dict
+        ``personalisation`` (mean over clients of each w_i on its own test split) and its
+        per-client values, ``received_union`` (the received models on the clients' test
+        splits, pooled), and with an evaluator ``global`` (G on the union test set) and, in
+        the rounds due, ``generalisation`` (each w_i on the union test set, mean over clients).
+    """
+    out: dict[str, Any] = {}
+    trained = {u.client_id: u.confusion["trained"] for u in results if "trained" in u.confusion}
+    received = {u.client_id: u.confusion["received"] for u in results if "received" in u.confusion}
+    if trained:
+        mean, per = personalisation(trained)
+        out["personalisation"] = mean
+        out["personalisation_clients"] = per
+    out["received_union"] = union_of_clients(received)
+    if evaluator is not None:
+        out["global"] = evaluator.global_metrics(fed.spec, fed.global_state)
+        every = cfg.generalisation_every
+        last = round_ == cfg.rounds - 1
+        if last or (every > 0 and (round_ + 1) % every == 0):
+            mean, per = evaluator.generalisation(spec0, {u.client_id: u.state for u in results})
+            out["generalisation"] = mean
+            out["generalisation_clients"] = per
+    return out
 
 
 def _pct(x: float | None) -> str:

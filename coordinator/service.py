@@ -21,18 +21,18 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from coordinator import feddist
+from coordinator import feddist, feddist_steps
 from coordinator.config import CoordinatorConfig
-from coordinator.evaluation import Evaluator, personalisation, union_of_clients
+from coordinator.evaluation import Evaluator
 from coordinator.report import write_report
-from coordinator.round import Exchange, base_plan, check_quorum, select_clients, summary_line
+from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
 from coordinator.state import RunState
 from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
@@ -41,7 +41,6 @@ from har_io.memory import release_free_memory
 from har_io.mqtt_link import MqttLink
 from har_models import codec
 from har_models.chunking import ChunkError, Reassembler, transfer_id
-from har_models.growth import pad_state_like
 from har_models.labels import LABEL_SETS
 from har_models.messages import PROTOCOL_VERSION, ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
 from har_models.model import ArchSpec, init_state
@@ -71,6 +70,10 @@ class Coordinator:
         Show a progress bar on the terminal.
     report_header : dict, optional
         Extra run facts for the report (dataset, command, ...).
+    clients_gone : callable, optional
+        For a launcher that started the clients itself (``fedhar-simulate``): returns the ids
+        of client processes that have exited and, if none is left, the error to stop with.
+        Exited clients are not waited for; with none left the run stops at once.
     """
 
     def __init__(
@@ -79,11 +82,13 @@ class Coordinator:
         evaluator: Evaluator | None = None,
         progress: bool = True,
         report_header: dict[str, Any] | None = None,
+        clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
     ):
         self.cfg = cfg
         self.evaluator = evaluator
         self.progress = progress
         self.report_header = dict(report_header or {})
+        self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
         self.strategy: Strategy = make_strategy(cfg.aggregation, cfg.prox_mu, cfg.top_k)
         self.feddist_cfg = feddist.FedDistConfig(
@@ -214,6 +219,15 @@ class Coordinator:
             if st.state != "offline" and st.n_train > 0 and (not self.label_set or st.label_set == self.label_set)
         )
 
+    def _check_clients_alive(self) -> set[str]:
+        """Ids of launcher-started clients that exited; raises CoordinatorError when none is left."""
+        if self._clients_gone is None:
+            return set()
+        gone, fatal = self._clients_gone()
+        if fatal:
+            raise CoordinatorError(fatal)
+        return gone
+
     def _wait_for_clients(self) -> None:
         want = self.cfg.expected_clients
         end = time.monotonic() + self.cfg.start_timeout_s
@@ -228,7 +242,10 @@ class Coordinator:
             if n != last:
                 log.info("%d client(s) online with training windows", n)
                 last, changed = n, time.monotonic()
-            if want is not None and n >= want:
+            gone = self._check_clients_alive()
+            if want is not None and n >= want - len(gone):
+                if gone:
+                    log.warning("not waiting for %d client(s) whose process exited: %s", len(gone), ", ".join(sorted(gone)))
                 return
             # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
             if want is None and n >= self.cfg.min_clients and time.monotonic() - changed >= self.cfg.start_settle_s:
@@ -349,8 +366,12 @@ class Coordinator:
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
+        next_check = 0.0
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
+            if time.monotonic() >= next_check:
+                c.offline.update(self._check_clients_alive() & c.selected)
+                next_check = time.monotonic() + 0.5
         # Handle what had already arrived at the close, but no more than that: under a flood of
         # messages the inbox never empties, and the round must still close at its deadline.
         for _ in range(self._link.inbox.qsize()):
@@ -413,7 +434,7 @@ class Coordinator:
         }
         if growth_log is not None:
             summary["growth"] = growth_log
-        summary.update(self._evaluate(round_, spec0, results))
+        summary.update(evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg))
         summary["seconds"] = time.monotonic() - t0
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
         log.info(summary_line(summary))
@@ -421,109 +442,26 @@ class Coordinator:
         release_free_memory()
         return summary
 
-    def _grow(self, round_: int, agg: Aggregate, ups: list[ClientUpdate]) -> dict[str, Any]:
-        """FedDist: detect diverging neurons layer by layer, grow, run intermediate exchanges (paper mode)."""
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> dict[str, Any]:
+        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for."""
         assert self.fed is not None
-        fed = self.fed
-        by_id = {u.client_id: u for u in ups}
-        order = [c for c in agg.participants if c in by_id]
-        client_states = [by_id[c].state for c in order]
-        out: dict[str, Any] = {
-            "k": self.feddist_cfg.k_at(round_),
-            "n_clients": len(order),
-            "layers": {},
-            "bytes_up": 0,
-            "bytes_down": 0,
-            "rejected": 0,
-        }
-        if len(order) < 2:
-            return out
-        for layer in feddist.GROWABLE_LAYERS:
-            decision = feddist.detect_growth(
-                fed.global_state,
-                client_states,
-                fed.spec,
-                round_,
-                self.feddist_cfg,
-                layers=(layer,),
-                initial_spec=fed.initial_spec,
-            )
-            out["growth_possible"] = decision.growth_possible
-            if not decision.grew:
-                continue
-            targets_ids = sorted(fed.personal)
-            targets = [fed.global_state] + [fed.personal[c] for c in targets_ids]
-            mode = cast(feddist.GrowthMode, self.cfg.growth_mode)
-            grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=mode)
-            added = len(decision.for_layer(layer))
-            log.info(
-                "round %d: FedDist grew %s by %d unit(s) (architecture v%d -> v%d)",
-                round_,
-                layer,
-                added,
-                fed.spec.version,
-                new_spec.version,
-            )
-            self.state.event(round_, None, "growth", f"{layer} +{added} -> v{new_spec.version}")
-            out["layers"][layer] = {
-                "added": added,
-                "per_client": {
-                    order[c]: n
-                    for c, n in ((c, sum(1 for u in decision.for_layer(layer) if u.client == c)) for c in range(len(order)))
-                    if n
-                },
-            }
-            fed.spec, fed.global_state = new_spec, grown[0]
-            fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
-            if self.cfg.growth_mode == "paper":
-                plan = replace(
-                    base_plan(self.cfg),
-                    client_init="overwrite",
-                    frozen=feddist.frozen_tensors(layer),
-                    guidance=False,
-                    keep_local=(),
-                )
-                stage = 1 + feddist.GROWABLE_LAYERS.index(layer)
-                inter = self._exchange(round_, stage, order, plan)
-                out["bytes_up"] += inter.bytes_up
-                out["bytes_down"] += inter.bytes_down
-                out["rejected"] += inter.n_rejected
-                inter_ups = [inter.updates[c] for c in order if c in inter.updates]
-                if inter_ups:
-                    re = self.strategy.aggregate_intermediate(fed, agg, inter_ups)
-                    fed.global_state = re.global_state
-                    fed.personal.update(re.personal)
-                    # The next layer's detection uses the intermediate models, as FedDist does.
-                    order = [u.client_id for u in inter_ups]
-                    client_states = [u.state for u in inter_ups]
-                    agg = re
-                else:
-                    log.warning("round %d: no intermediate updates after growing %s; keeping the grown model", round_, layer)
-                    client_states = [pad_state_like(s, fed.global_state) for s in client_states]
-            else:
-                # New slots take G's values, so the next layer compares clients on the grown shapes.
-                client_states = [pad_state_like(s, fed.global_state) for s in client_states]
-        return out
-
-    def _evaluate(self, round_: int, spec0: ArchSpec, ups: list[ClientUpdate]) -> dict[str, Any]:
-        assert self.fed is not None
-        out: dict[str, Any] = {}
-        trained = {u.client_id: u.confusion["trained"] for u in ups if "trained" in u.confusion}
-        received = {u.client_id: u.confusion["received"] for u in ups if "received" in u.confusion}
-        if trained:
-            mean, per = personalisation(trained)
-            out["personalisation"] = mean
-            out["personalisation_clients"] = per
-        out["received_union"] = union_of_clients(received)
-        if self.evaluator is not None:
-            out["global"] = self.evaluator.global_metrics(self.fed.spec, self.fed.global_state)
-            every = self.cfg.generalisation_every
-            last = round_ == self.cfg.rounds - 1
-            if last or (every > 0 and (round_ + 1) % every == 0):
-                mean, per = self.evaluator.generalisation(spec0, {u.client_id: u.state for u in ups})
-                out["generalisation"] = mean
-                out["generalisation_clients"] = per
-        return out
+        steps = feddist_steps.grow(
+            round_, self.fed, agg, results, self.strategy, base_plan(self.cfg), self.feddist_cfg, self.cfg.growth_mode
+        )
+        traffic = {"bytes_up": 0, "bytes_down": 0, "rejected": 0}
+        try:
+            ask = next(steps)
+            while True:
+                ex = self._exchange(round_, ask.stage, list(ask.selected), ask.plan)
+                traffic["bytes_up"] += ex.bytes_up
+                traffic["bytes_down"] += ex.bytes_down
+                traffic["rejected"] += ex.n_rejected
+                ask = steps.send(ex.results())
+        except StopIteration as done:
+            out: dict[str, Any] = done.value
+        for layer, info in out["layers"].items():
+            self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
+        return {**out, **traffic}
 
     # ------------------------------------------------------------------------------ main
     def run(self) -> dict[str, Any]:

@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     t0 = time.monotonic()
     data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
+    # Clients run in the project folder: every path they get must not depend on where this command was started.
+    data = Path(data).resolve() if data is not None else None
     if data is None:
         print("fedhar-simulate: --dataset realworld needs --data PATH (the archive zip or its extracted folder)", file=sys.stderr)
         return 2
@@ -125,13 +127,18 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
+    if args.credentials_dir is not None:
+        args.credentials_dir = args.credentials_dir.resolve()
+    for opt in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, opt):
+            setattr(args, opt, str(Path(getattr(args, opt)).resolve()))
     try:
         settings = config_from_args(args, run_dir=Path("."))
     except ValueError as exc:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 2
     run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = args.run_dir or Path("runs") / run_id
+    run_dir = (args.run_dir or Path("runs") / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
@@ -218,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
             "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
         }
-        coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header)
+        coord = Coordinator(
+            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=lambda: _clients_gone(procs, run_dir)
+        )
         doc = coord.run()
         ok = True
     except StateError as exc:
@@ -268,6 +277,24 @@ def main(argv: list[str] | None = None) -> int:
             f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
         )
     return 0
+
+
+def _clients_gone(procs: dict[str, subprocess.Popen[bytes]], run_dir: Path) -> tuple[set[str], str | None]:
+    """Client processes that exited; with none left, the error to stop with (the tail of one client's log)."""
+    gone = {cid for cid, p in procs.items() if p.poll() is not None}
+    if not procs or len(gone) < len(procs):
+        return gone, None
+    cid = sorted(gone)[0]
+    try:
+        lines = (run_dir / "logs" / f"{cid}.log").read_text(errors="replace").strip().splitlines()[-3:]
+    except OSError:
+        lines = []
+    codes = sorted({p.returncode for p in procs.values()})
+    return gone, (
+        f"every client process exited (exit codes {codes}) before the run ended; {cid} said: "
+        + (" | ".join(lines) or "nothing")
+        + f". Logs: {run_dir / 'logs'}"
+    )
 
 
 def _lower_priority() -> None:

@@ -46,11 +46,11 @@ import torch
 from torch import nn
 
 from har_models.growth import pad_state_like
+from har_models.model import State
 from har_models.settings import AlaConfig
 
 log = logging.getLogger(__name__)
 
-State = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ModelBuilder = Callable[[Mapping[str, torch.Tensor]], nn.Module]
 

@@ -68,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
         return 3
     log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
+    if n_train == 0:
+        store.close()
+        print(
+            f"fedhar-client: {args.client_id}: {args.source} gives no labelled training window (check that it holds "
+            f"both accelerometer and gyroscope recordings of known activities); nothing to train on",
+            file=sys.stderr,
+        )
+        return 3
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

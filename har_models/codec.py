@@ -285,8 +285,23 @@ def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = 
     )
 
 
-def check_tensors(expected: Mapping[str, tuple[int, ...]], tensors: Mapping[str, np.ndarray]) -> None:
-    """Check that ``tensors`` has exactly the names and shapes of ``expected``, all finite.
+def check_tensors(
+    expected: Mapping[str, tuple[int, ...]], tensors: Mapping[str, Any], what: str = "", finite: bool = True
+) -> None:
+    """Check that ``tensors`` has exactly the names and shapes of ``expected`` (and, by default, all finite).
+
+    The one shape validator of fedhar: envelopes, saved states, growth and FedDist detection
+    all check model states through it (directly or through :func:`har_models.model.check_state`).
+
+    Parameters
+    ----------
+    expected : mapping name -> shape
+        E.g. :meth:`har_models.model.ArchSpec.shapes`.
+    tensors : mapping name -> array or torch tensor
+    what : str
+        What is checked, prefixed to the message (``"grown state"``, ``"client state #2"``).
+    finite : bool
+        Also refuse NaN and inf.
 
     Raises
     ------
@@ -295,14 +310,16 @@ def check_tensors(expected: Mapping[str, tuple[int, ...]], tensors: Mapping[str,
     NonFinite
         Naming the first tensor with NaN or inf.
     """
+    prefix = f"{what}: " if what else ""
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise WrongTensors(f"tensor names differ from the architecture: missing {missing}, unexpected {extra}")
+        raise WrongTensors(f"{prefix}tensor names do not match the architecture: missing {missing}, unexpected {extra}")
     for name, shape in expected.items():
         got = tuple(np.shape(tensors[name]))
         if got != tuple(shape):
-            raise WrongTensors(f"tensor {name!r} has shape {got}, the architecture expects {tuple(shape)}")
-        arr = np.asarray(tensors[name])
-        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-            raise NonFinite(f"tensor {name!r} holds NaN or inf")
+            raise WrongTensors(f"{prefix}tensor {name!r} has shape {got}, the architecture expects {tuple(shape)}")
+        if finite:
+            arr = np.asarray(tensors[name])
+            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                raise NonFinite(f"{prefix}tensor {name!r} holds NaN or inf")

@@ -26,12 +26,10 @@ from typing import Literal
 
 import torch
 
-from har_models.model import ArchSpec
+from har_models.model import ArchSpec, State, check_state
 
 log = logging.getLogger(__name__)
 
-State = dict[str, torch.Tensor]
-"""Model parameters by name (float32 tensors), as in :func:`har_models.model.get_state`."""
 
 GrowthMode = Literal["paper", "function_preserving"]
 """How a new unit's outgoing weights are set: copied from the source client, or zero."""
@@ -264,13 +262,7 @@ def append_units(
 
 
 def _check_shapes(state: Mapping[str, torch.Tensor], spec: ArchSpec, what: str) -> None:
-    want = spec.shapes()
-    if set(state) != set(want):
-        raise ValueError(f"{what}: tensors {sorted(state)} do not match architecture v{spec.version} ({sorted(want)})")
-    for name, shape in want.items():
-        if tuple(state[name].shape) != shape:
-            got = tuple(state[name].shape)
-            raise ValueError(f"{what}: tensor {name!r} has shape {got}, architecture v{spec.version} expects {shape}")
+    check_state(spec, state, what, finite=False)
 
 
 def _source_width(src: Mapping[str, torch.Tensor], weight: str, j: int, max_width: int, k: int, layer: str) -> int:

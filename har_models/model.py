@@ -30,6 +30,9 @@ from torch.nn.utils import skip_init
 from har_models.codec import check_tensors
 from har_models.windowing import N_CHANNELS, WINDOW
 
+State = dict[str, torch.Tensor]
+"""A model state: parameter name -> float32 tensor (shapes from :meth:`ArchSpec.shapes`). The one such type in fedhar."""
+
 PARAM_NAMES = ("conv.weight", "conv.bias", "hidden.weight", "hidden.bias", "out.weight", "out.bias")
 """Trainable tensors in registration (= forward) order; FedALA's "top p" counts from the end."""
 
@@ -246,15 +249,16 @@ def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().float() for n, p in model.named_parameters()}
 
 
-def check_state(spec: ArchSpec, state: Mapping[str, object]) -> None:
-    """Check that ``state`` has exactly the tensors of ``spec``, with the right shapes, all finite.
+def check_state(spec: ArchSpec, state: Mapping[str, object], what: str = "", finite: bool = True) -> None:
+    """Check that ``state`` has exactly the tensors of ``spec``, with the right shapes (and all finite).
 
     Raises
     ------
     har_models.codec.WrongTensors
-        Naming the missing, unexpected or mis-shaped tensor and the expected shape.
+        Naming the missing, unexpected or mis-shaped tensor and the expected shape of
+        architecture v``spec.version``.
     har_models.codec.NonFinite
         Naming the tensor that holds NaN or inf.
     """
-    arrays = {n: t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t) for n, t in state.items()}
-    check_tensors(spec.shapes(), arrays)
+    arrays = {n: t.detach().numpy() if isinstance(t, torch.Tensor) else t for n, t in state.items()}
+    check_tensors(spec.shapes(), arrays, what=f"{what} (architecture v{spec.version})" if what else "", finite=finite)

@@ -1,0 +1,135 @@
+"""FedDist's growth phase of a round, as steps the service drives (no call back into it).
+
+Ek et al., PerCom 2021 (arXiv 2110.10223), algorithm 1 and section IV-B; reference/algorithms.md
+section 3 and 5.2. After the round's aggregation, each growable layer in turn:
+
+1. detect client neurons far from the aggregate (:func:`coordinator.feddist.detect_growth`,
+   threshold k_r = k_0 + delta * floor(r / period));
+2. append them as new units to G and to every personalised model
+   (:func:`coordinator.feddist.apply_growth`);
+3. in "paper" mode, run an intermediate exchange in which clients train with every layer
+   but the grown one frozen, and aggregate it (``Strategy.aggregate_intermediate``); the next
+   layer's detection uses those intermediate models, as FedDist does.
+
+:func:`grow` is a generator: it yields an :class:`IntermediateExchange` whenever step 3
+needs clients, receives the valid updates of that exchange (in any order; possibly none)
+through ``send``, and finally returns the growth log for the round summary. It changes
+the :class:`~coordinator.strategy.Federation` it is given; it never touches MQTT or files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from coordinator import feddist
+from coordinator.strategy import Aggregate, Federation, Strategy
+from coordinator.updates import ClientUpdate
+from har_models.growth import pad_state_like
+from har_models.messages import TrainingPlan
+
+log = logging.getLogger("fedhar.coordinator.feddist")
+
+
+@dataclass(frozen=True)
+class IntermediateExchange:
+    """What the service must run for FedDist paper mode: stage ``stage`` of the round with these clients.
+
+    Attributes
+    ----------
+    layer : str
+        The layer that just grew (``"conv"`` or ``"hidden"``).
+    stage : int
+        Exchange stage (1 + index of the layer in :data:`coordinator.feddist.GROWABLE_LAYERS`).
+    selected : tuple of str
+        The round's contributing clients, in aggregation order.
+    plan : TrainingPlan
+        Overwrite initialisation, every tensor but the grown layer's frozen.
+    """
+
+    layer: str
+    stage: int
+    selected: tuple[str, ...]
+    plan: TrainingPlan
+
+
+GrowthSteps = Generator[IntermediateExchange, Sequence[ClientUpdate], dict[str, Any]]
+
+
+def grow(
+    round_: int,
+    fed: Federation,
+    agg: Aggregate,
+    results: Sequence[ClientUpdate],
+    strategy: Strategy,
+    base: TrainingPlan,
+    cfg: feddist.FedDistConfig,
+    mode: str,
+) -> GrowthSteps:
+    """Run FedDist's growth for round ``round_`` on ``fed`` (changed in place); return the growth log.
+
+    Parameters
+    ----------
+    round_ : int
+    fed : Federation
+        The federation after this round's aggregation; its spec, G and P_i grow.
+    agg : Aggregate
+        This round's aggregation (FedDWA re-mixes intermediate models with its p_ij).
+    results : sequence of ClientUpdate
+        This round's valid updates (the client models compared with G).
+    strategy : Strategy
+    base : TrainingPlan
+        The round's base plan; intermediate exchanges derive theirs from it.
+    cfg : FedDistConfig
+        k_0, delta, period and the width cap.
+    mode : {"paper", "function_preserving"}
+        Outgoing weights of new units copied with intermediate exchanges, or zero.
+
+    Returns
+    -------
+    dict
+        ``{"k": k_r, "n_clients", "layers": {layer: {"added", "per_client"}}, "growth_possible"}``.
+    """
+    by_id = {u.client_id: u for u in results}
+    order = [c for c in agg.participants if c in by_id]
+    client_states = [by_id[c].state for c in order]
+    out: dict[str, Any] = {"k": cfg.k_at(round_), "n_clients": len(order), "layers": {}}
+    if len(order) < 2:
+        return out
+    for layer in feddist.GROWABLE_LAYERS:
+        decision = feddist.detect_growth(
+            fed.global_state, client_states, fed.spec, round_, cfg, layers=(layer,), initial_spec=fed.initial_spec
+        )
+        out["growth_possible"] = decision.growth_possible
+        if not decision.grew:
+            continue
+        targets_ids = sorted(fed.personal)
+        targets = [fed.global_state] + [fed.personal[c] for c in targets_ids]
+        grown, new_spec = feddist.apply_growth(decision, fed.spec, targets, client_states, mode=cast(feddist.GrowthMode, mode))
+        added = len(decision.for_layer(layer))
+        log.info("round %d: FedDist grew %s by %d unit(s) (architecture v%d -> v%d)", round_, layer, added, fed.spec.version,
+                 new_spec.version)
+        per_client = {order[c]: n for c in range(len(order)) if (n := sum(1 for u in decision.for_layer(layer) if u.client == c))}
+        out["layers"][layer] = {"added": added, "per_client": per_client, "version": new_spec.version}
+        fed.spec, fed.global_state = new_spec, grown[0]
+        fed.personal = dict(zip(targets_ids, grown[1:], strict=True))
+        if mode != "paper":
+            # New slots take G's values, so the next layer compares clients on the grown shapes.
+            client_states = [pad_state_like(s, fed.global_state) for s in client_states]
+            continue
+        plan = replace(base, client_init="overwrite", frozen=feddist.frozen_tensors(layer), guidance=False, keep_local=())
+        got = yield IntermediateExchange(layer, 1 + feddist.GROWABLE_LAYERS.index(layer), tuple(order), plan)
+        inter = {u.client_id: u for u in got}
+        inter_ups = [inter[c] for c in order if c in inter]
+        if not inter_ups:
+            log.warning("round %d: no intermediate updates after growing %s; keeping the grown model", round_, layer)
+            client_states = [pad_state_like(s, fed.global_state) for s in client_states]
+            continue
+        agg = strategy.aggregate_intermediate(fed, agg, inter_ups)
+        fed.global_state = agg.global_state
+        fed.personal.update(agg.personal)
+        order = [u.client_id for u in inter_ups]
+        client_states = [u.state for u in inter_ups]
+    return out

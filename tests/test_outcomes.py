@@ -1,0 +1,75 @@
+"""Outcomes, not mechanics: a small federation learns, and each switch changes what it should.
+
+Three HAPT subjects, a small CNN (8 filters, 32 units), real client processes and the
+embedded broker: the main job in miniature. Chance on six activities is 1/6 = 0.167.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from coordinator import simulate
+from coordinator.state import RunState
+
+BASE = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
+        "--start-timeout", "120", "--generalisation-every", "1", "--lr", "0.05", "--local-epochs", "2"]
+
+
+def _run(run_dir: Path, *extra: str) -> dict:
+    assert simulate.main([*BASE, "--run-dir", str(run_dir), "--run-id", run_dir.name, *extra]) == 0
+    return json.loads((run_dir / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def fedavg(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("fedavg") / "fedavg"
+    return d, _run(d, "--rounds", "2")
+
+
+def test_two_rounds_learn_well_above_chance(fedavg: tuple[Path, dict]) -> None:
+    _, doc = fedavg
+    first, last = doc["rounds"][0], doc["rounds"][-1]
+    assert last["global"]["accuracy"] > 0.5 and last["global"]["macro_f1"] > 0.4
+    assert last["global"]["accuracy"] > first["received_union"]["accuracy"]  # round 0 received the untrained model
+
+
+def test_feddwa_gives_each_client_its_own_model(tmp_path: Path) -> None:
+    doc = _run(tmp_path / "feddwa", "--rounds", "2", "--aggregation", "feddwa", "--top-k", "2")
+    assert doc["final"]["global"]["accuracy"] > 0.4
+    st = RunState(tmp_path / "feddwa")
+    _, g, personal = st.load_round_models(1)
+    assert sorted(personal) == ["hapt-01", "hapt-02", "hapt-03"]
+    # Each P_i is its own mix: none equals the shadow FedAvg model G, and no two are equal.
+    models = [g, *personal.values()]
+    for i in range(len(models)):
+        for j in range(i + 1, len(models)):
+            assert not torch.equal(models[i]["out.weight"], models[j]["out.weight"])
+
+
+def test_ala_changes_what_clients_start_from(tmp_path: Path, fedavg: tuple[Path, dict]) -> None:
+    _, plain = fedavg
+    doc = _run(tmp_path / "ala", "--rounds", "2", "--client-init", "ala", "--ala", '{"layer_idx": 4, "eta": 1.0}')
+    # Round 0 has no local model yet, so ALA takes the received one: identical to the plain run.
+    assert doc["rounds"][0]["personalisation"] == plain["rounds"][0]["personalisation"]
+    # From round 1 on, ALA blends the received and the local model: the clients' figures differ.
+    assert doc["rounds"][1]["personalisation_clients"] != plain["rounds"][1]["personalisation_clients"]
+
+
+def test_feddist_paper_mode_grows_with_intermediate_exchanges(tmp_path: Path) -> None:
+    # A low k_0 makes growth certain on a small model, so the service must drive the intermediate exchanges.
+    doc = _run(tmp_path / "feddist", "--rounds", "2", "--growth", "feddist", "--feddist-k0", "0.5", "--feddist-mode", "paper")
+    r0 = doc["rounds"][0]
+    assert r0["growth"]["layers"], r0["growth"]
+    grown = r0["growth"]["layers"]
+    assert r0["conv_filters"] == 8 + grown.get("conv", {}).get("added", 0)
+    assert r0["dense_units"] == 32 + grown.get("hidden", {}).get("added", 0)
+    assert r0["arch_version"] == len(grown)
+    st = RunState(tmp_path / "feddist")
+    spec, _, _ = st.load_round_models(1)
+    assert spec.conv_filters >= r0["conv_filters"] and doc["final"]["global"]["accuracy"] > 0.3
+    stages = {d.split()[-1] for _, _, k, d in st.events() if k == "growth"}
+    assert stages, "growth events recorded"

@@ -1,0 +1,61 @@
+"""The simulation launcher under faults a new user meets: clients with nothing to train on, another working folder."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from realworld_synth import build
+
+from coordinator import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--conv-filters", "4", "--dense-units", "8", "--rounds", "1", "--no-progress", "--round-timeout", "120",
+         "--start-timeout", "300", "--generalisation-every", "0"]
+
+
+def _without_accelerometer(archive: Path, subjects: set[int]) -> Path:
+    """Rewrite the synthetic archive so that ``subjects`` hold only gyroscope recordings."""
+    src = zipfile.ZipFile(io.BytesIO(archive.read_bytes()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name in src.namelist():
+            subject = int(name.split("/")[0].removeprefix("proband"))
+            if subject in subjects and "/acc_" in name:
+                continue
+            z.writestr(name, src.read(name))
+    archive.write_bytes(out.getvalue())
+    return archive
+
+
+def test_a_client_with_no_windows_is_not_waited_for(tmp_path: Path) -> None:
+    archive = _without_accelerometer(build(tmp_path / "rw", subjects=3, seconds=20.0), {3})
+    run_dir = tmp_path / "run"
+    rc = simulate.main(["--dataset", "realworld", "--data", str(archive), *SMALL, "--run-dir", str(run_dir), "--run-id", "nowin"])
+    assert rc == 0
+    doc = json.loads((run_dir / "report.json").read_text())
+    assert doc["rounds"][0]["selected"] == 2 and doc["rounds"][0]["updates"] == 2
+    assert "nothing to train on" in (run_dir / "logs" / "proband3.log").read_text()
+
+
+def test_when_every_client_exits_the_simulation_stops_with_their_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    archive = _without_accelerometer(build(tmp_path / "rw", subjects=2, seconds=20.0), {1, 2})
+    rc = simulate.main(["--dataset", "realworld", "--data", str(archive), *SMALL, "--run-dir", str(tmp_path / "run")])
+    assert rc == 5
+    err = capsys.readouterr().err
+    assert "every client process exited (exit codes [3])" in err and "nothing to train on" in err
+
+
+def test_relative_paths_work_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    data = os.path.relpath(ROOT / "datasets" / "hapt", elsewhere)
+    rc = simulate.main(["--data", data, "--clients", "2", *SMALL, "--run-dir", "run", "--run-id", "rel"])
+    assert rc == 0
+    doc = json.loads((elsewhere / "run" / "report.json").read_text())
+    assert doc["rounds"][0]["updates"] == 2
