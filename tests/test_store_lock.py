@@ -106,3 +106,18 @@ def test_a_refused_label_set_releases_the_folder(tmp_path):
     with pytest.raises(ValueError, match="realworld8"):
         ClientStore(tmp_path, REALWORLD_LABELS)
     ClientStore(tmp_path, HAPT_LABELS).close()  # the failed open did not keep the lock
+
+
+def test_a_client_with_nothing_to_train_on_says_so_and_exits(tmp_path, capsys, monkeypatch):
+    from test_realworld import standard_archives, write_dataset
+
+    from har_models.labels import REALWORLD_LABELS
+
+    monkeypatch.setenv("FEDHAR_CACHE_DIR", str(tmp_path / "cache"))
+    gyro_only = {name: data for name, data in standard_archives().items() if name.startswith("gyr_")}
+    root = write_dataset(tmp_path / "data", {2: gyro_only}, zipped=False)
+    source = f"realworld:{root}:proband2:chest,shin"
+    rc = cli.main(["--client-id", "proband2", "--source", source, "--state-dir", str(tmp_path / "state"), "--broker", "127.0.0.1:1"])
+    assert rc == 3
+    assert f"fedhar-client: {source} gives no labelled training windows; nothing to train on, not joining" in capsys.readouterr().err
+    ClientStore(tmp_path / "state", REALWORLD_LABELS).close()  # and it released its state folder
