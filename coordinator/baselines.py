@@ -31,6 +31,7 @@ from coordinator.report import write_report
 from har_models.metrics import mean_over_clients, summarise
 from har_models.model import ArchSpec, init_state
 from har_models.settings import LocalTraining
+from har_models.splits import DEFAULT_SPLIT_SEED
 from har_models.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
@@ -38,7 +39,7 @@ from har_models.windowing import ChannelStats, WindowSet
 log = logging.getLogger("fedhar.baselines")
 
 
-def load_subjects(sources: dict[str, str], seed: int = 1) -> dict[str, tuple[WindowSet, WindowSet]]:
+def load_subjects(sources: dict[str, str], seed: int = DEFAULT_SPLIT_SEED) -> dict[str, tuple[WindowSet, WindowSet]]:
     """``client id -> (train, test)`` for every subject, split as the clients split."""
     return {cid: split(load_windows(parse_source(text)), seed) for cid, text in sources.items()}
 
@@ -143,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     defaults = CoordinatorConfig(run_dir=Path("."))
     ap.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
     ap.add_argument("--batch-size", type=int, default=defaults.batch_size, help="(default %(default)s)")
-    ap.add_argument("--seed", type=int, default=defaults.seed, help="(default %(default)s)")
+    ap.add_argument("--seed", type=int, default=defaults.seed, help="training seed (default %(default)s)")
+    ap.add_argument(
+        "--split-seed", type=int, default=defaults.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
+    )
     ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
-    subjects = load_subjects(sources, seed=1)
+    subjects = load_subjects(sources, seed=args.split_seed)
     fn = centralised if args.mode == "centralised" else local_only
     t0 = time.monotonic()
     rows = fn(

@@ -8,6 +8,7 @@ from typing import Any
 
 from har_io.mqtt_link import BrokerConfig
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
+from har_models.splits import DEFAULT_SPLIT_SEED
 from har_models.topics import check_client_id
 
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
@@ -102,7 +103,7 @@ class CoordinatorConfig:
     )
     fraction: float = field(default=1.0, metadata=doc("share of eligible clients selected per round (1.0 = all, as FedDist)"))
     seed: int = field(default=1, metadata=doc("seeds the initial model, client selection and local shuffling"))
-    split_seed: int = field(default=1, metadata=doc("seed of each client's 80/20 train/test split (clients and evaluation)"))
+    split_seed: int = field(default=DEFAULT_SPLIT_SEED, metadata=doc("seed of every client's 80/20 train/test split"))
     local_epochs: int = field(default=LocalTraining.local_epochs, metadata=_LT["local_epochs"].metadata)
     lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
     batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)

@@ -32,7 +32,7 @@ from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
-from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
+from har_models.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 
 log = logging.getLogger("fedhar.simulate")
 
@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
+    sources, dropped = drop_empty_sources(sources)
+    for cid, why in dropped.items():
+        log.warning("client %s dropped at start: %s", cid, why)
+    if not sources:
+        print("fedhar-simulate: no subject has labelled windows to train on; check --data and --positions", file=sys.stderr)
+        return 3
     if args.credentials_dir is not None:
         args.credentials_dir = args.credentials_dir.resolve()
     for opt in ("tls_ca", "tls_cert", "tls_key"):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.sources import ingest_source
-from edge_client.store import ClientStore
+from edge_client.store import ClientStore, StoreInUseError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_models.splits import DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import parse_source
 
 log = logging.getLogger("fedhar.client")
@@ -30,7 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]",
     )
     ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
-    ap.add_argument("--split-seed", type=int, default=1, help="seed of the stratified 80/20 train/test split (default %(default)s)")
+    ap.add_argument(
+        "--split-seed",
+        type=int,
+        default=DEFAULT_SPLIT_SEED,
+        help="seed of the stratified 80/20 train/test split; the coordinator must use the same (default %(default)s)",
+    )
     ap.add_argument(
         "--replay-speed",
         type=float,
@@ -47,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data)."""
+    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data, 4 state folder in use)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     if args.threads > 0:
@@ -57,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         broker = broker_from_args(args)
         cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
-        source = parse_source(args.source)
+        source = parse_source(args.source, SplitSpec(seed=args.split_seed))
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return 2
     try:
-        store = ClientStore(args.state_dir, source.labels)
-        n_train, n_test = ingest_source(store, source, split_seed=args.split_seed, speed=args.replay_speed)
+        store = ClientStore(args.state_dir, source.labels, owner=args.client_id)
+        n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
+    except StoreInUseError as exc:
+        print(f"fedhar-client: {exc}", file=sys.stderr)
+        return 4
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
         return 3

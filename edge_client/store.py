@@ -9,23 +9,35 @@ Everything a client needs to survive a restart lives in one folder:
 
 Files are written to a temporary name and renamed, so a crash leaves the old or the new
 version, never half of one. Raw sensor data never leaves this folder.
+
+A folder has one owner at a time: :class:`ClientStore` holds an exclusive ``flock`` on
+``owner.lock`` (which names the owner's pid and client id) from opening to :meth:`~ClientStore.close`;
+a second store on the same folder, in this or another process, raises
+:class:`StoreInUseError` before it reads or writes anything. The kernel drops the lock
+when the owner exits, however it exits, so a crashed client never leaves a stale lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from har_models.labels import LabelSet
-from har_models.windowing import N_CHANNELS, WindowSet, stratified_split
+from har_models.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
+from har_models.windowing import N_CHANNELS, WindowSet
+
+LOCK_FILE = "owner.lock"
+"""Name of the lock file in a state folder; it holds ``{"pid": ..., "client_id": ...}`` of the owner."""
 
 log = logging.getLogger("fedhar.client.store")
 
@@ -40,6 +52,53 @@ CREATE TABLE IF NOT EXISTS windows (
     x BLOB NOT NULL
 );
 """
+
+
+class StoreInUseError(OSError):
+    """A state folder is already open by another :class:`ClientStore` (this or another process).
+
+    Attributes
+    ----------
+    folder : Path
+        The state folder.
+    pid : int or None
+        Process id of the running owner, if it recorded one.
+    owner : str
+        Client id of the running owner ("" if unknown).
+    """
+
+    def __init__(self, folder: Path, pid: int | None, owner: str) -> None:
+        self.folder, self.pid, self.owner = folder, pid, owner
+        who = f"pid {pid}" if pid is not None else "a process that has not written its pid yet"
+        super().__init__(
+            f"state folder {folder} is in use by a running fedhar client ({who}, client id {owner or 'unknown'}); "
+            "nothing was changed. Stop that client first, or give this one its own --state-dir"
+        )
+
+
+def _take_lock(folder: Path, owner: str) -> IO[str]:
+    """Open ``folder/owner.lock``, lock it exclusively without waiting, and write the owner into it."""
+    f = open(folder / LOCK_FILE, "a+")  # noqa: SIM115 - kept open while the store is open (the lock lives on this descriptor)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        text = f.read()
+        f.close()
+        try:
+            info = json.loads(text)
+            pid, who = int(info["pid"]), str(info.get("client_id", ""))
+        except (ValueError, KeyError, TypeError):
+            pid, who = None, ""
+        raise StoreInUseError(folder, pid, who) from None
+    except BaseException:
+        f.close()
+        raise
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "client_id": owner}) + "\n")
+    f.flush()
+    return f
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -62,31 +121,49 @@ class ClientStore:
         Label set of the windows kept here.
     window : int
         Samples per window T (128).
+    owner : str
+        Client id of the program opening the store, written into the lock file so that a
+        second instance can name it.
 
     Raises
     ------
+    StoreInUseError
+        If another store (this or another process) has the folder open; nothing is read
+        or written then.
     ValueError
         If the folder already holds windows of another label set or window length.
     """
 
-    def __init__(self, folder: Path, labels: LabelSet, window: int = 128):
+    def __init__(self, folder: Path, labels: LabelSet, window: int = 128, owner: str = ""):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.labels = labels
         self.window = window
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.folder / "store.sqlite", check_same_thread=False)
-        self._db.executescript(_SCHEMA)
-        stored = self.get_meta("labels")
-        if stored is not None and (stored["name"] != labels.name or stored["window"] != window):
-            raise ValueError(
-                f"store {self.folder} holds windows of label set {stored['name']!r} (T={stored['window']}), "
-                f"not {labels.name!r} (T={window}); use another --state-dir"
-            )
-        self.set_meta("labels", {"name": labels.name, "window": window})
+        self._lock_file: IO[str] | None = _take_lock(self.folder, owner)
+        try:
+            self._db = sqlite3.connect(self.folder / "store.sqlite", check_same_thread=False)
+            self._db.executescript(_SCHEMA)
+            stored = self.get_meta("labels")
+            if stored is not None and (stored["name"] != labels.name or stored["window"] != window):
+                raise ValueError(
+                    f"store {self.folder} holds windows of label set {stored['name']!r} (T={stored['window']}), "
+                    f"not {labels.name!r} (T={window}); use another --state-dir"
+                )
+            self.set_meta("labels", {"name": labels.name, "window": window})
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        self._db.close()
+        """Close the database and give up the folder (another store may open it from now on)."""
+        if getattr(self, "_db", None) is not None:
+            self._db.close()
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
 
     # -- metadata ------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -104,31 +181,59 @@ class ClientStore:
         with self._lock:
             return self._db.execute("SELECT 1 FROM windows WHERE source = ? LIMIT 1", (source,)).fetchone() is not None
 
-    def replace_windows(self, source: str, data: WindowSet, test_fraction: float = 0.2, seed: int = 1) -> tuple[int, int]:
+    def replace_windows(
+        self,
+        source: str,
+        data: WindowSet,
+        test_fraction: float = DEFAULT_TEST_FRACTION,
+        seed: int = DEFAULT_SPLIT_SEED,
+        *,
+        split: SplitSpec | None = None,
+    ) -> tuple[int, int]:
         """Replace all stored windows by those of ``source``, with a stratified split.
 
-        The split is :func:`~har_models.windowing.stratified_split` over this source's windows
-        in order, so the coordinator's evaluation harness can rebuild the same test windows.
+        The split is :meth:`SplitSpec.indices <har_models.splits.SplitSpec.indices>` over this
+        source's windows in order, so the coordinator's evaluation harness can rebuild the
+        same test windows with the same spec; the spec is recorded in the metadata
+        (``split``).
+
+        Parameters
+        ----------
+        source : str
+            Key of the source (files, settings and split), see ``SubjectSource.store_key``.
+        data : WindowSet
+            x (N, 6, T) float32, y (N,).
+        test_fraction, seed
+            The split, when ``split`` is not given.
+        split : SplitSpec, optional
+            The split.
 
         Returns
         -------
         (n_train, n_test)
+
+        Raises
+        ------
+        ValueError
+            If the windows' label set or shape differ from the store's.
         """
         if data.labels != self.labels:
             raise ValueError(f"replace_windows: windows use label set {data.labels.name!r}, the store {self.labels.name!r}")
         if data.x.shape[1:] != (N_CHANNELS, self.window):
             raise ValueError(f"replace_windows: windows of shape {data.x.shape[1:]}, the store keeps (6, {self.window})")
-        train_idx, test_idx = stratified_split(data.y, test_fraction, seed)
-        split = np.full(len(data), "train", dtype=object)
-        split[test_idx] = "test"
+        spec = split if split is not None else SplitSpec(test_fraction, seed)
+        train_idx, test_idx = spec.indices(data.y)
+        part = np.full(len(data), "train", dtype=object)
+        part[test_idx] = "test"
         assert data.t_start_ns is not None
         rows = [
-            (source, int(data.t_start_ns[i]), int(data.y[i]), str(split[i]), data.x[i].astype("<f4").tobytes())
+            (source, int(data.t_start_ns[i]), int(data.y[i]), str(part[i]), data.x[i].astype("<f4").tobytes())
             for i in range(len(data))
         ]
         with self._lock, self._db:
             self._db.execute("DELETE FROM windows")
             self._db.executemany("INSERT INTO windows (source, t_start_ns, label, split, x) VALUES (?, ?, ?, ?, ?)", rows)
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("split", json.dumps(spec.to_json())))
         return len(train_idx), len(test_idx)
 
     def windows(self, split: str) -> WindowSet:

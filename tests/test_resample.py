@@ -224,3 +224,115 @@ def test_any_chunking_gives_bit_identical_windows(seed):
         y = np.concatenate([o.y for o in outs])
         t0 = np.concatenate([o.t_start_ns for o in outs])
         assert np.array_equal(x, ref.x) and np.array_equal(y, ref.y) and np.array_equal(t0, ref.t_start_ns)
+
+
+# ---------------------------------------------------------------------------------------
+# Anti-aliasing of streams faster than the grid
+
+
+def test_anti_alias_factor_known_answers():
+    from har_models.resample import anti_alias_factor
+
+    ms = 1e6
+    assert anti_alias_factor(20 * ms) == 1  # 50 Hz: passed through
+    assert anti_alias_factor(16 * ms) == 1  # 62.5 Hz: within ANTI_ALIAS_RATIO
+    assert anti_alias_factor(15 * ms) == 2  # 66.7 Hz
+    assert anti_alias_factor(10 * ms) == 2  # 100 Hz
+    assert anti_alias_factor(10.3 * ms) == 2  # 97 Hz (jitter)
+    assert anti_alias_factor(20 / 3 * ms) == 4  # 150 Hz: 3 does not divide 20 ms, 4 does
+    assert anti_alias_factor(5 * ms) == 4  # 200 Hz
+    assert anti_alias_factor(2.5 * ms) == 8  # 400 Hz
+    assert anti_alias_factor(0.1 * ms) == 32  # 10 kHz: capped at MAX_OVERSAMPLING
+    assert anti_alias_factor(0.0) == 1
+
+
+def test_filter_response_by_scipy_freqz():
+    from scipy import signal
+
+    from har_models.resample import anti_alias_taps
+
+    for factor, n in ((2, 25), (4, 47)):
+        b = anti_alias_taps(P, factor)
+        assert b.size == n and np.allclose(b, b[::-1], rtol=0, atol=0)  # symmetric: linear phase
+        assert abs(b.sum() - 1.0) < 1e-12  # DC gain 1
+        _, h = signal.freqz(b, worN=[5.0, 14.0, 30.0, 40.0, 45.0], fs=50.0 * factor)
+        db = 20 * np.log10(np.abs(h))
+        assert np.all(np.abs(db[:2]) < 0.1)  # pass band
+        assert np.all(db[2:] < -60.0)  # everything that would alias below 20 Hz
+
+
+def _tone(freq_hz, rate_hz, seconds=10.0, start_ns=10**18):
+    t = start_ns + np.round(np.arange(int(seconds * rate_hz)) * 1e9 / rate_hz).astype(np.int64)
+    s = (t - start_ns) / 1e9
+    return t, np.stack([np.sin(2 * np.pi * freq_hz * s), np.zeros_like(s), np.ones_like(s)], axis=1)
+
+
+def test_40hz_at_100hz_does_not_alias_to_10hz():
+    t, v = _tone(40.0, 100.0)
+    # independent reference: plain decimation (every other sample) aliases the tone to 10 Hz at full amplitude
+    naive = v[::2, 0]
+    assert np.sqrt(np.mean(naive**2)) == pytest.approx(0.70, abs=0.02)
+    gt, gv, _ = run_all(t, v, t, v)
+    assert np.array_equal(gt, t[::2])  # the grid is unchanged: every 20 ms over the common span
+    rms = np.sqrt(np.mean(gv[:, 0] ** 2))
+    assert rms < 0.1
+    assert rms < 0.01  # 60 dB stop band; the rest is the two ends of the recording
+    assert np.abs(gv[10:-10, 0]).max() < 1e-3  # away from the ends: -60 dB
+    assert np.abs(gv[:, 2] - 1.0).max() < 1e-12  # a constant passes (DC gain 1, up to rounding)
+
+
+def test_slow_motion_passes_with_its_timing():
+    """A 1 Hz and a 5 Hz movement sampled at 200 Hz equal the same movement sampled at 50 Hz."""
+    for freq in (1.0, 5.0):
+        fast_t, fast_v = _tone(freq, 200.0)
+        slow_t, slow_v = _tone(freq, 50.0)
+        r = Resampler()
+        out = [r.push("acc", fast_t, fast_v), r.push("gyro", slow_t, slow_v), r.close()]
+        assert r.factors == {"acc": 4, "gyro": 1}
+        gt = np.concatenate([o[0] for o in out])
+        gv = np.concatenate([o[1] for o in out])
+        assert np.array_equal(gt, slow_t)
+        assert np.array_equal(gv[:, 3:], slow_v)  # the 50 Hz stream is untouched
+        # the filtered stream keeps amplitude and phase (delay compensated): within 1 % of the 50 Hz samples
+        inner = slice(10, -10)
+        assert np.abs(gv[inner, 0] - slow_v[inner, 0]).max() < 0.01
+
+
+def test_filtered_stream_keeps_gaps():
+    t, v = _tone(3.0, 200.0, seconds=6.0)
+    keep = (t - t[0] < 2 * 10**9) | (t - t[0] > 3 * 10**9)  # a 1 s gap from 2 s to 3 s
+    t, v = t[keep], v[keep]
+    slow_t, slow_v = _tone(3.0, 50.0, seconds=6.0)
+    r = Resampler()
+    out = [r.push("acc", t, v), r.push("gyro", slow_t, slow_v), r.close()]
+    gt = np.concatenate([o[0] for o in out])
+    inside = (gt > t[0] + 2 * 10**9) & (gt < t[0] + 3 * 10**9)
+    assert not inside.any()
+    assert gt.size == slow_t.size - 51  # grid points 2.00 .. 3.00 s lie between the samples at 1.995 and 3.005 s
+    assert r.stats.gap_points_skipped == 51
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_chunking_gives_bit_identical_grid_with_anti_aliasing(seed):
+    rng = np.random.default_rng(200 + seed)
+    n = 2400
+    # acc at ~200 Hz with jitter, bursts, repeats, reordering and gaps; gyro at ~50 Hz (messy)
+    dt = rng.choice([1, 4, 5, 6, 10, 150, 400], size=n, p=[0.03, 0.2, 0.6, 0.12, 0.03, 0.015, 0.005]).astype(np.int64) * MS
+    acc_t = 10**18 + np.cumsum(dt)
+    for i in rng.integers(1, n, size=8):
+        acc_t[i] = acc_t[i - 1] - int(rng.choice([0, 2, 30, 199, 260])) * MS
+    acc = (acc_t, rng.normal(size=(n, 3)))
+    gyr = messy_stream(rng, 700, 10**18 + 2 * MS)
+    ref = Resampler()
+    ref_out = [ref.push("acc", *acc), ref.push("gyro", *gyr), ref.close()]
+    ref_t = np.concatenate([o[0] for o in ref_out])
+    ref_v = np.concatenate([o[1] for o in ref_out])
+    assert ref.factors == {"acc": 4, "gyro": 1}
+    assert ref_t.size > 300 and ref.stats.gap_points_skipped > 0 and ref.stats.late_dropped > 0
+    by_arrival = arrival_order(acc[0], gyr[0])
+    for sizes in ([1], rng.integers(1, 40, size=50), [10**6]):
+        outs, r = stream_in_chunks(acc, gyr, by_arrival, sizes)
+        t = np.concatenate([o[0] for o in outs])
+        v = np.concatenate([o[1] for o in outs])
+        assert np.array_equal(t, ref_t) and np.array_equal(v, ref_v)  # bit for bit
+        assert r.stats == ref.stats and r.factors == ref.factors
