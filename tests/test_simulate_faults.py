@@ -12,6 +12,8 @@ import pytest
 from realworld_synth import build
 
 from coordinator import simulate
+from edge_client.store import ClientStore
+from har_models.labels import HAPT_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--conv-filters", "4", "--dense-units", "8", "--rounds", "1", "--no-progress", "--round-timeout", "120",
@@ -32,22 +34,31 @@ def _without_accelerometer(archive: Path, subjects: set[int]) -> Path:
     return archive
 
 
-def test_a_client_with_no_windows_is_not_waited_for(tmp_path: Path) -> None:
+def test_a_client_with_no_windows_is_dropped_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     archive = _without_accelerometer(build(tmp_path / "rw", subjects=3, seconds=20.0), {3})
     run_dir = tmp_path / "run"
     rc = simulate.main(["--dataset", "realworld", "--data", str(archive), *SMALL, "--run-dir", str(run_dir), "--run-id", "nowin"])
     assert rc == 0
     doc = json.loads((run_dir / "report.json").read_text())
+    assert doc["clients"] == 2
     assert doc["rounds"][0]["selected"] == 2 and doc["rounds"][0]["updates"] == 2
-    assert "nothing to train on" in (run_dir / "logs" / "proband3.log").read_text()
+    assert "client proband3 dropped at start: its data gives no labelled windows" in caplog.text
+    assert not (run_dir / "logs" / "proband3.log").exists()  # never started, so never waited for
 
 
 def test_when_every_client_exits_the_simulation_stops_with_their_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    archive = _without_accelerometer(build(tmp_path / "rw", subjects=2, seconds=20.0), {1, 2})
-    rc = simulate.main(["--dataset", "realworld", "--data", str(archive), *SMALL, "--run-dir", str(tmp_path / "run")])
+    # Another client holds both state folders, so each client process refuses to start (exit 4).
+    run_dir = tmp_path / "run"
+    held = [ClientStore(run_dir / "clients" / cid, HAPT_LABELS, owner="squatter") for cid in ("hapt-01", "hapt-02")]
+    try:
+        rc = simulate.main(["--clients", "2", *SMALL, "--run-dir", str(run_dir)])
+    finally:
+        for st in held:
+            st.close()
     assert rc == 5
     err = capsys.readouterr().err
-    assert "every client process exited (exit codes [3])" in err and "nothing to train on" in err
+    assert "every client process exited (exit codes [4])" in err
+    assert "is in use by a running fedhar client" in err and "client id squatter" in err
 
 
 def test_relative_paths_work_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
