@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from har_models.labels import LabelSet
+from har_models.safetensors_np import read_metadata
+
+try:
+    from safetensors.numpy import load_file, save_file
+except ImportError:  # a phone without the Rust wheel: the numpy reader writes the same bytes
+    from har_models.safetensors_np import load_file, save_file  # type: ignore[assignment]
 from har_models.windowing import N_CHANNELS, WindowSet, stratified_split
 
 log = logging.getLogger("fedhar.client.store")
@@ -157,10 +162,7 @@ class ClientStore:
         if not path.exists():
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="numpy") as f:
-                arch = (f.metadata() or {}).get("arch", "")
+            arch = read_metadata(path).get("arch", "")
             return arch, load_file(str(path))
         except Exception as exc:  # a damaged file must not stop the client: it restarts from the received model
             log.error("local model %s is unreadable (%s); starting again from the next received model", path, exc)
@@ -178,10 +180,7 @@ class ClientStore:
         if not path.exists():
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="numpy") as f:
-                meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+            meta = json.loads(read_metadata(path).get("meta", "{}"))
             return load_file(str(path)), meta
         except Exception as exc:  # see load_local_model
             log.error("%s is unreadable (%s); ignoring it", path, exc)
