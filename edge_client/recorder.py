@@ -29,6 +29,25 @@ from har_models.windowing import WindowSet
 
 log = logging.getLogger("fedhar.client.recorder")
 
+RECORDED_LOG = "recorded_windows.log"
+"""File name of the recorded-window log inside a device's state folder."""
+
+
+def recorded_labels(spec: str) -> LabelSet:
+    """The label set of a ``recorded:LABELSET`` source (``recorded:hapt6``).
+
+    Raises
+    ------
+    ValueError
+        If the text is not ``recorded:`` followed by a known label set.
+    """
+    from har_models.labels import LABEL_SETS
+
+    kind, _, name = spec.partition(":")
+    if kind != "recorded" or name not in LABEL_SETS:
+        raise ValueError(f"source {spec!r}: expected recorded:LABELSET with LABELSET one of {', '.join(sorted(LABEL_SETS))}")
+    return LABEL_SETS[name]
+
 
 class Recorder:
     """Labels windows with the activity the owner chose and keeps them in a :class:`WindowLog`.

@@ -24,7 +24,7 @@ import numpy as np
 
 from edge_client.app.predictor import Predictor, load_predictor
 from edge_client.power import is_charging
-from edge_client.recorder import Recorder, sync_to_store
+from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.replay import SensorChunk
 from edge_client.sensors.base import SensorSource
 from edge_client.store import ClientStore
@@ -162,7 +162,7 @@ class DeviceController:
         self.cfg = cfg
         self.source = source
         self.store = ClientStore(cfg.state_dir, cfg.labels)
-        self.window_log = WindowLog(cfg.state_dir / "recorded_windows.log", cfg.labels, max_windows=cfg.max_windows)
+        self.window_log = WindowLog(cfg.state_dir / RECORDED_LOG, cfg.labels, max_windows=cfg.max_windows)
         self.recorder = Recorder(self.window_log)
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)

@@ -60,7 +60,7 @@ class SensorSource(ABC):
         (sensor, t_ns (n,) int64, xyz (n, 3) float64)
         """
 
-    def start(self, on_chunk: Callable[[SensorChunk], None], on_end: Callable[[], None] | None = None) -> None:
+    def start(self, on_chunk: Callable[[SensorChunk], object], on_end: Callable[[], object] | None = None) -> None:
         """Deliver chunks to ``on_chunk`` from a background thread until :meth:`stop`.
 
         Parameters
