@@ -37,6 +37,8 @@ PHONE_MODULES = (
     "edge_client.power",
     "edge_client.app.controller",
     "edge_client.app.predictor",
+    "edge_client.app.service",
+    "edge_client.record_cli",
 )
 
 

@@ -279,11 +279,9 @@ class DeviceController:
         ValueError
             If the address is not ``host:port`` with a port in 1..65535.
         """
-        host, sep, port = host_port.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"broker address {host_port!r} is not HOST:PORT (e.g. 192.168.1.10:1883)")
+        broker = parse_broker(host_port)
         with self._fed_lock:
-            self.cfg = replace(self.cfg, broker=f"{host}:{int(port)}")
+            self.cfg = replace(self.cfg, broker=broker)
             self.federation.broker = self.cfg.broker
         self._stop_agent()
         self._wake()
@@ -384,6 +382,20 @@ class DeviceController:
         self._stop_agent()
         self._supervisor.join(10)
         self.store.close()
+
+
+def parse_broker(host_port: str) -> str:
+    """``"host:port"`` normalised.
+
+    Raises
+    ------
+    ValueError
+        If the address is not ``host:port`` with a port in 1..65535.
+    """
+    host, sep, port = host_port.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"broker address {host_port!r} is not HOST:PORT (e.g. 192.168.1.10:1883)")
+    return f"{host}:{int(port)}"
 
 
 def _trained_accuracy(envelope: bytes) -> float | None:

@@ -139,8 +139,22 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
     )
 
 
-def create_app(cfg: AppConfig, source: SensorSource, **controller_kwargs: Any) -> Any:
+def start_android_service() -> None:
+    """Start the foreground service "Sensing" declared in buildozer.spec (python-for-android names its class Service<Name>)."""
+    from jnius import autoclass
+
+    activity = autoclass("org.kivy.android.PythonActivity").mActivity
+    autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+
+
+def create_app(
+    cfg: AppConfig, source: SensorSource | None, controller_factory: Callable[..., Any] = DeviceController, **controller_kwargs: Any
+) -> Any:
     """Build the Kivy app object (imports Kivy: call after the options are parsed).
+
+    ``controller_factory`` is :class:`~edge_client.app.controller.DeviceController` (sensing in
+    this process) or :class:`~edge_client.app.service.RemoteController` (Android: the
+    foreground service senses, the UI shows its reports).
 
     Returns
     -------
@@ -316,9 +330,10 @@ def create_app(cfg: AppConfig, source: SensorSource, **controller_kwargs: Any) -
             root = BoxLayout(orientation="vertical")
             root.add_widget(nav)
             root.add_widget(self.sm)
-            self.footer = Label(text=f"{cfg.client_id} - sensor: {source.name}", size_hint_y=None, height=dp(26), font_size="12sp")
+            sensor = source.name if source is not None else "android (service)"
+            self.footer = Label(text=f"{cfg.client_id} - sensor: {sensor}", size_hint_y=None, height=dp(26), font_size="12sp")
             root.add_widget(self.footer)
-            self.controller = DeviceController(
+            self.controller = controller_factory(
                 cfg,
                 source,
                 on_live=on_ui(self.live.show),
@@ -350,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("KIVY_NO_ARGS", "1")
     try:
         cfg = config_from_args(args, default_data_dir())
+        if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
+            from edge_client.app.service import RemoteController
+
+            create_app(cfg, None, RemoteController, start_service=start_android_service).run()
+            return 0
         source = make_source(args.sensor, cfg.labels, args.replay_speed)
     except (ValueError, OSError) as exc:
         print(f"fedhar-app: {exc}", file=sys.stderr)
