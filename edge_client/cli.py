@@ -10,8 +10,10 @@ import threading
 from pathlib import Path
 
 from edge_client.agent import ClientConfig, EdgeAgent
+from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
+from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_models.splits import DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import parse_source
@@ -28,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--source",
         required=True,
-        help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]",
+        help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]; "
+        "or recorded:LABELSET for the windows recorded on this device (fedhar-record, fedhar-app) in --state-dir",
     )
     ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
     ap.add_argument(
@@ -63,13 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         broker = broker_from_args(args)
         cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
-        source = parse_source(args.source, SplitSpec(seed=args.split_seed))
+        split = SplitSpec(seed=args.split_seed)
+        source = None if args.source.startswith("recorded:") else parse_source(args.source, split)
+        labels = recorded_labels(args.source) if source is None else source.labels
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return 2
     try:
-        store = ClientStore(args.state_dir, source.labels, owner=args.client_id)
-        n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
+        store = ClientStore(args.state_dir, labels, owner=args.client_id)
+        if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
+            n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
+        else:
+            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
     except StoreInUseError as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return 4

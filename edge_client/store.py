@@ -30,11 +30,16 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from har_models.labels import LabelSet
+from har_models.safetensors_np import read_metadata
 from har_models.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
 from har_models.windowing import N_CHANNELS, WindowSet
+
+try:
+    from safetensors.numpy import load_file, save_file
+except ImportError:  # a phone without the Rust wheel: the numpy reader writes the same bytes
+    from har_models.safetensors_np import load_file, save_file  # type: ignore[assignment]
 
 LOCK_FILE = "owner.lock"
 """Name of the lock file in a state folder; it holds ``{"pid": ..., "client_id": ...}`` of the owner."""
@@ -262,10 +267,7 @@ class ClientStore:
         if not path.exists():
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="numpy") as f:
-                arch = (f.metadata() or {}).get("arch", "")
+            arch = read_metadata(path).get("arch", "")
             return arch, load_file(str(path))
         except Exception as exc:  # a damaged file must not stop the client: it restarts from the received model
             log.error("local model %s is unreadable (%s); starting again from the next received model", path, exc)
@@ -283,10 +285,7 @@ class ClientStore:
         if not path.exists():
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="numpy") as f:
-                meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+            meta = json.loads(read_metadata(path).get("meta", "{}"))
             return load_file(str(path)), meta
         except Exception as exc:  # see load_local_model
             log.error("%s is unreadable (%s); ignoring it", path, exc)

@@ -10,7 +10,9 @@ Wire layout of one envelope (all integers little-endian)::
     body               bytes    safetensors serialisation of the tensors
 
 Nothing is ever unpickled: the header is JSON and the body is safetensors, decoded with
-``safetensors.numpy`` so that a device without PyTorch can read a model. Every way an
+``safetensors.numpy`` so that a device without PyTorch can read a model; where the
+``safetensors`` wheel is missing (Android), :mod:`har_models.safetensors_np` reads and
+writes the same bytes. Every way an
 envelope can be wrong raises its own :class:`EnvelopeError` subclass with a ``reason``
 code that logs and tests can match.
 """
@@ -25,9 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
+
+try:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+    from safetensors.numpy import save as st_save
+except ImportError:  # a phone: python-for-android has no recipe for the Rust wheel; same bytes, pure numpy
+    from har_models.safetensors_np import SafetensorError  # type: ignore[assignment]
+    from har_models.safetensors_np import load as st_load
+    from har_models.safetensors_np import save as st_save  # type: ignore[assignment]
 
 MAGIC = b"FHAR"
 ENVELOPE_VERSION = 1

@@ -41,7 +41,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import signal
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +132,10 @@ def anti_alias_factor(median_spacing_ns: float, period_ns: int = PERIOD_50HZ_NS)
 
 @functools.lru_cache(maxsize=32)
 def _design_taps(period_ns: int, factor: int) -> np.ndarray:
+    # scipy is imported only where a stream needs the low-pass (input above 62.5 Hz): a phone
+    # whose sensors already deliver about 50 Hz runs the pipeline without it.
+    from scipy import signal
+
     f_out = 1e9 / period_ns
     fs = factor * f_out
     numtaps, beta = signal.kaiserord(FIR_STOPBAND_DB, 0.32 * f_out / (fs / 2))
@@ -231,6 +234,9 @@ class AntiAliasDecimator:
         # len(a) == 1 differs in the last bit between chunkings.
         self._a = np.zeros_like(self.taps)
         self._a[0] = 1.0
+        from scipy import signal
+
+        self._lfilter = signal.lfilter
         self._zi_unit = signal.lfilter_zi(self.taps, self._a)
         self._last_t: int | None = None  # last input sample (brackets the next fine points)
         self._last_v = np.zeros(3)
@@ -296,7 +302,7 @@ class AntiAliasDecimator:
     def _filter(self, x: np.ndarray, outs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         if self._zi is None:  # steady state for the run's first value: as if it had been held forever
             self._zi = self._zi_unit[:, None] * x[0][None, :]
-        y, self._zi = signal.lfilter(self.taps, self._a, x, axis=0, zi=self._zi)
+        y, self._zi = self._lfilter(self.taps, self._a, x, axis=0, zi=self._zi)
         j = self._n_fed + np.arange(x.shape[0], dtype=np.int64)
         k = self._run_k0 + j - self.delay  # fine point each output stands for
         keep = (j >= self.delay) & (k % self.factor == 0)

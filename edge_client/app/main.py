@@ -1,0 +1,382 @@
+"""``fedhar-app``: the Kivy app on the device (Android, Raspberry Pi with a screen, desktop Linux).
+
+Three screens:
+
+* **Record** — choose an activity, start and stop; windows recorded per activity.
+* **Live** — the activity the device's current model sees, with its confidence, refreshed
+  at every window hop (64 samples = 1.28 s at 50 Hz).
+* **Federation** — broker address, connection state, current round, last local accuracy,
+  a switch to take part and one to train only while charging.
+
+The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
+from its background threads; every report is moved onto the UI thread with
+``Clock.schedule_once`` before a widget is touched.
+
+Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main` parses the
+options first and imports Kivy afterwards (with ``KIVY_NO_ARGS=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView
+from edge_client.sensors.base import SensorSource
+from har_models.labels import LABEL_SETS, LabelSet
+
+log = logging.getLogger("fedhar.app")
+
+HOP_S = 1.28
+"""Seconds between live predictions: 64 samples at 50 Hz."""
+
+
+def pretty(activity: str) -> str:
+    """``"walking_upstairs"`` -> ``"walking upstairs"``."""
+    return activity.replace("_", " ")
+
+
+def make_source(spec: str, labels: LabelSet, speed: float | None = 1.0) -> SensorSource:
+    """The sensor source named by ``spec``.
+
+    Parameters
+    ----------
+    spec : str
+        ``android``; ``mpu6050[:BUS[:ADDRESS]]`` (e.g. ``mpu6050:1:0x68``); or
+        ``replay:SOURCE`` with a ``fedhar-client --source`` value (``hapt:PATH/user01.npz``),
+        replayed in a loop.
+    labels : LabelSet
+        Checked against the replayed recordings' label set.
+    speed : float or None
+        Replay speed (1.0 = real time).
+
+    Raises
+    ------
+    ValueError
+        On an unknown kind, a bad bus or address, or a replay of another label set.
+    """
+    kind, _, rest = spec.partition(":")
+    if kind == "android":
+        from edge_client.sensors.android import AndroidSensorSource
+
+        return AndroidSensorSource()
+    if kind == "mpu6050":
+        from edge_client.sensors.mpu6050 import Mpu6050Config, Mpu6050Source
+
+        parts = [p for p in rest.split(":") if p]
+        try:
+            bus = int(parts[0]) if parts else 1
+            addr = int(parts[1], 0) if len(parts) > 1 else 0x68
+        except ValueError:
+            raise ValueError(f"sensor {spec!r}: expected mpu6050[:BUS[:ADDRESS]], e.g. mpu6050:1:0x68") from None
+        return Mpu6050Source(config=Mpu6050Config(address=addr), bus_number=bus)
+    if kind == "replay":
+        from edge_client.sensors.base import ReplaySensor
+        from har_models.subjects import parse_source, recordings_of
+
+        src = parse_source(rest)
+        if src.labels != labels:
+            raise ValueError(f"sensor {spec!r} replays label set {src.labels.name!r}, the app records {labels.name!r}")
+        recs = recordings_of(src)
+        if not recs:
+            raise ValueError(f"sensor {spec!r}: no recordings found")
+        return ReplaySensor(recs[0], speed=speed, loop=True)
+    raise ValueError(f"sensor {spec!r}: expected android, mpu6050[:BUS[:ADDRESS]] or replay:SOURCE")
+
+
+def default_data_dir() -> Path:
+    """The platform's folder for app data: the app's private storage on Android, else ``$XDG_DATA_HOME`` or ~/.local/share."""
+    try:
+        from android.storage import app_storage_path  # python-for-android only
+
+        return Path(app_storage_path())
+    except ImportError:
+        return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``fedhar-app``."""
+    on_android = "ANDROID_ARGUMENT" in os.environ or "ANDROID_PRIVATE" in os.environ
+    ap = argparse.ArgumentParser(prog="fedhar-app", description="fedhar on a device: record activities, see live predictions, federate")
+    ap.add_argument("--state-dir", type=Path, default=None, help="device store (default: the app's data folder)")
+    ap.add_argument("--client-id", default=None, help="device id in the federation (default: this host's name)")
+    ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT (default %(default)s)")
+    ap.add_argument("--federation", default="default", help="federation name (default %(default)s)")
+    ap.add_argument("--username", default=None, help="MQTT user name (a device's is its client id)")
+    ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
+    ap.add_argument("--tls-ca", type=Path, default=None, help="CA certificate: connect with TLS")
+    ap.add_argument("--labels", default="hapt6", choices=sorted(LABEL_SETS), help="activities to record (default %(default)s)")
+    ap.add_argument(
+        "--sensor",
+        default="android" if on_android else "replay:hapt:datasets/hapt/user01.npz",
+        help="android | mpu6050[:BUS[:ADDRESS]] | replay:SOURCE (default %(default)s)",
+    )
+    ap.add_argument("--replay-speed", type=float, default=1.0, help="replay speed, 1 = real time (default %(default)s)")
+    ap.add_argument("--max-windows", type=int, default=20_000, help="bound of the recorded-window log (default %(default)s)")
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
+    """The app's settings from parsed options (``data_dir``: the platform's folder for app data)."""
+    cid = args.client_id or "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:64] or "device"
+    return AppConfig(
+        state_dir=args.state_dir or data_dir / "fedhar",
+        labels=LABEL_SETS[args.labels],
+        client_id=cid,
+        broker=args.broker,
+        federation=args.federation,
+        max_windows=args.max_windows,
+        username=args.username,
+        password_file=args.password_file,
+        tls_ca=args.tls_ca,
+    )
+
+
+def start_android_service() -> None:
+    """Start the foreground service "Sensing" declared in buildozer.spec (python-for-android names its class Service<Name>)."""
+    from jnius import autoclass
+
+    activity = autoclass("org.kivy.android.PythonActivity").mActivity
+    autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+
+
+def create_app(
+    cfg: AppConfig, source: SensorSource | None, controller_factory: Callable[..., Any] = DeviceController, **controller_kwargs: Any
+) -> Any:
+    """Build the Kivy app object (imports Kivy: call after the options are parsed).
+
+    ``controller_factory`` is :class:`~edge_client.app.controller.DeviceController` (sensing in
+    this process) or :class:`~edge_client.app.service.RemoteController` (Android: the
+    foreground service senses, the UI shows its reports).
+
+    Returns
+    -------
+    FedHarApp
+        ``app.run()`` opens the window; ``app.controller`` is created in ``build()``.
+    """
+    from kivy.app import App
+    from kivy.clock import Clock
+    from kivy.metrics import dp
+    from kivy.uix.boxlayout import BoxLayout
+    from kivy.uix.button import Button
+    from kivy.uix.gridlayout import GridLayout
+    from kivy.uix.label import Label
+    from kivy.uix.progressbar import ProgressBar
+    from kivy.uix.screenmanager import NoTransition, Screen, ScreenManager
+    from kivy.uix.spinner import Spinner
+    from kivy.uix.switch import Switch
+    from kivy.uix.textinput import TextInput
+    from kivy.uix.togglebutton import ToggleButton
+
+    def on_ui(fn: Callable[..., None]) -> Callable[..., None]:
+        """Run ``fn`` on the UI thread at the next frame (reports come from background threads)."""
+        return lambda *a: Clock.schedule_once(lambda _dt: fn(*a), 0)
+
+    def title(text: str) -> Label:
+        return Label(text=f"[b]{text}[/b]", markup=True, font_size="22sp", size_hint_y=None, height=dp(48))
+
+    def row(label: str, widget: Any, height: float = 44) -> BoxLayout:
+        box = BoxLayout(size_hint_y=None, height=dp(height), spacing=dp(8))
+        name = Label(text=label, halign="left", valign="middle", size_hint_x=0.5, padding=(dp(6), 0))
+        name.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap and align inside the cell
+        box.add_widget(name)
+        box.add_widget(widget)
+        return box
+
+    class RecordScreen(Screen):
+        def __init__(self, app: Any, **kw: Any):
+            super().__init__(name="record", **kw)
+            self.app = app
+            names = [pretty(n) for n in cfg.labels.names]
+            root = BoxLayout(orientation="vertical", padding=dp(12), spacing=dp(8))
+            root.add_widget(title("Record an activity"))
+            self.activity = Spinner(text=names[0], values=names, size_hint_y=None, height=dp(48))
+            root.add_widget(row("Activity", self.activity, 48))
+            self.button = Button(text="Start recording", size_hint_y=None, height=dp(56), background_color=(0.2, 0.7, 0.3, 1))
+            self.button.bind(on_release=lambda *_: self.toggle())
+            root.add_widget(self.button)
+            self.status = Label(text="Not recording", size_hint_y=None, height=dp(32))
+            root.add_widget(self.status)
+            root.add_widget(Label(text="Windows recorded per activity (2.56 s each)", size_hint_y=None, height=dp(28)))
+            grid = GridLayout(cols=2, size_hint_y=None, row_default_height=dp(30), row_force_default=True)
+            grid.bind(minimum_height=grid.setter("height"))
+            self.count_labels: dict[str, Label] = {}
+            for n in cfg.labels.names:
+                grid.add_widget(Label(text=pretty(n)))
+                self.count_labels[n] = Label(text="0")
+                grid.add_widget(self.count_labels[n])
+            root.add_widget(grid)
+            root.add_widget(Label())
+            self.add_widget(root)
+
+        def activity_name(self) -> str:
+            return cfg.labels.names[[pretty(n) for n in cfg.labels.names].index(self.activity.text)]
+
+        def toggle(self) -> None:
+            ctl = self.app.controller
+            if ctl.recorder.recording:
+                ctl.stop_recording()
+                self.button.text, self.button.background_color = "Start recording", (0.2, 0.7, 0.3, 1)
+                self.status.text = "Not recording"
+                self.activity.disabled = False
+            else:
+                ctl.start_recording(self.activity_name())
+                self.button.text, self.button.background_color = "Stop recording", (0.8, 0.25, 0.2, 1)
+                self.status.text = f"Recording: {self.activity.text}"
+                self.activity.disabled = True
+
+        def show_counts(self, counts: dict[str, int]) -> None:
+            for n, c in counts.items():
+                self.count_labels[n].text = str(c)
+            rec = self.app.controller.recorder
+            if rec.recording:
+                self.status.text = f"Recording: {pretty(rec.activity)} ({rec.session_windows} windows this session)"
+
+    class LiveScreen(Screen):
+        def __init__(self, **kw: Any):
+            super().__init__(name="live", **kw)
+            root = BoxLayout(orientation="vertical", padding=dp(12), spacing=dp(8))
+            root.add_widget(title("What the model sees"))
+            self.activity = Label(text="-", font_size="40sp", bold=True)
+            root.add_widget(self.activity)
+            self.confidence = Label(text="", font_size="18sp", size_hint_y=None, height=dp(32))
+            root.add_widget(self.confidence)
+            self.bar = ProgressBar(max=100, value=0, size_hint_y=None, height=dp(24))
+            root.add_widget(self.bar)
+            self.windows = Label(text="", size_hint_y=None, height=dp(28))
+            root.add_widget(self.windows)
+            self.note = Label(text="waiting for the first window (2.56 s)", size_hint_y=None, height=dp(28), color=(0.8, 0.8, 0.8, 1))
+            root.add_widget(self.note)
+            root.add_widget(Label(size_hint_y=0.3))
+            self.add_widget(root)
+
+        def show(self, v: LiveView) -> None:
+            self.activity.text = pretty(v.activity) if v.activity else "-"
+            self.confidence.text = f"confidence {v.confidence * 100:.0f} %" if v.activity else ""
+            self.bar.value = v.confidence * 100
+            self.windows.text = f"{v.windows} windows, a new one every {HOP_S} s"
+            self.note.text = v.note
+
+    class FederationScreen(Screen):
+        def __init__(self, app: Any, **kw: Any):
+            super().__init__(name="federation", **kw)
+            self.app = app
+            root = BoxLayout(orientation="vertical", padding=dp(12), spacing=dp(8))
+            root.add_widget(title("Federation"))
+            brow = BoxLayout(size_hint_y=None, height=dp(44), spacing=dp(8))
+            self.broker = TextInput(text=cfg.broker, multiline=False)
+            self.apply_button = apply = Button(text="Apply", size_hint_x=0.3)
+            apply.bind(on_release=lambda *_: self.apply_broker())
+            brow.add_widget(self.broker)
+            brow.add_widget(apply)
+            root.add_widget(row("Broker", brow))
+            self.state = Label(text="off")
+            root.add_widget(row("Connection", self.state))
+            self.round = Label(text="-")
+            root.add_widget(row("Current round", self.round))
+            self.accuracy = Label(text="-")
+            root.add_widget(row("Last local accuracy", self.accuracy))
+            self.take_part = Switch(active=False)
+            self.take_part.bind(active=lambda _w, on: app.controller.set_take_part(on))
+            root.add_widget(row("Take part in training", self.take_part))
+            self.charge_only = Switch(active=True)
+            self.charge_only.bind(active=lambda _w, on: app.controller.set_charge_only(on))
+            root.add_widget(row("Train only while charging", self.charge_only))
+            self.charging = Label(text="")
+            root.add_widget(row("Charging", self.charging))
+            self.error = Label(text="", color=(1, 0.4, 0.4, 1), size_hint_y=None, height=dp(28))
+            root.add_widget(self.error)
+            root.add_widget(Label())
+            self.add_widget(root)
+
+        def apply_broker(self) -> None:
+            try:
+                self.app.controller.set_broker(self.broker.text)
+                self.error.text = ""
+            except ValueError as exc:
+                self.error.text = str(exc)
+
+        def show(self, v: FederationView) -> None:
+            self.state.text = v.state
+            self.round.text = "-" if v.round is None else str(v.round)
+            self.accuracy.text = "-" if v.last_accuracy is None else f"{v.last_accuracy * 100:.1f} %"
+            self.charging.text = "yes" if v.charging else "no"
+
+    class FedHarApp(App):
+        title = "fedhar"
+
+        def build(self) -> Any:
+            self.controller: DeviceController | None = None
+            self.sm = ScreenManager(transition=NoTransition())
+            self.record = RecordScreen(self)
+            self.live = LiveScreen()
+            self.federation = FederationScreen(self)
+            for s in (self.record, self.live, self.federation):
+                self.sm.add_widget(s)
+            nav = BoxLayout(size_hint_y=None, height=dp(52))
+            self.tabs: dict[str, ToggleButton] = {}
+            for name, text in (("record", "Record"), ("live", "Live"), ("federation", "Federation")):
+                b = ToggleButton(text=text, group="screens", state="down" if name == "record" else "normal", allow_no_selection=False)
+                b.bind(on_release=lambda _b, n=name: self.show(n))
+                nav.add_widget(b)
+                self.tabs[name] = b
+            root = BoxLayout(orientation="vertical")
+            root.add_widget(nav)
+            root.add_widget(self.sm)
+            sensor = source.name if source is not None else "android (service)"
+            self.footer = Label(text=f"{cfg.client_id} - sensor: {sensor}", size_hint_y=None, height=dp(26), font_size="12sp")
+            root.add_widget(self.footer)
+            self.controller = controller_factory(
+                cfg,
+                source,
+                on_live=on_ui(self.live.show),
+                on_counts=on_ui(self.record.show_counts),
+                on_federation=on_ui(self.federation.show),
+                **controller_kwargs,
+            )
+            self.record.show_counts(self.controller.counts())
+            self.controller.start_sensing()
+            return root
+
+        def show(self, name: str) -> None:
+            """Switch to screen ``name`` ("record", "live", "federation")."""
+            self.sm.current = name
+            for n, b in self.tabs.items():
+                b.state = "down" if n == name else "normal"
+
+        def on_stop(self) -> None:
+            if self.controller is not None:
+                self.controller.close()
+
+    return FedHarApp()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-app``; returns the exit status (0 ok, 2 bad options)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("KIVY_NO_ARGS", "1")
+    try:
+        cfg = config_from_args(args, default_data_dir())
+        if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
+            from edge_client.app.service import RemoteController
+
+            create_app(cfg, None, RemoteController, start_service=start_android_service).run()
+            return 0
+        source = make_source(args.sensor, cfg.labels, args.replay_speed)
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-app: {exc}", file=sys.stderr)
+        return 2
+    create_app(cfg, source).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The app split in two processes, as on Android: a sensing service and the UI, talking through two files.
+
+On Android, sensing, recording and federated training must go on with the screen off, so
+they run in a python-for-android foreground service (``buildozer.spec``: ``services =
+Sensing:service.py:foreground:sticky``), which is a separate process from the Kivy UI.
+The two share the app's private folder, and talk through two small JSON files there,
+each written to a temporary name and renamed (so a reader sees the old or the new one):
+
+* ``app_settings.json`` — written by the UI: device id, broker, federation, label set, the
+  activity being recorded (or null), take part, train only while charging;
+* ``app_status.json`` — written by the service: counts per activity, the live prediction,
+  the federation state, what is being recorded.
+
+:func:`run_service` is the service; :class:`RemoteController` is what the UI uses instead of
+:class:`~edge_client.app.controller.DeviceController`, with the same methods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, parse_broker
+from edge_client.power import is_charging
+from edge_client.sensors.base import SensorSource
+from har_models.labels import LABEL_SETS
+
+log = logging.getLogger("fedhar.app.service")
+
+SETTINGS_FILE = "app_settings.json"
+STATUS_FILE = "app_status.json"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None if it is missing or unreadable (mid-rename on odd filesystems)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def settings_of(cfg: AppConfig) -> dict[str, Any]:
+    """The settings file's content for ``cfg``, nothing recorded, not taking part."""
+    return {
+        "client_id": cfg.client_id,
+        "broker": cfg.broker,
+        "federation": cfg.federation,
+        "labels": cfg.labels.name,
+        "recording": None,
+        "take_part": False,
+        "charge_only": True,
+    }
+
+
+def _android_wake_lock() -> Any:
+    """A partial wake lock on Android (batched sensor events arrive only while the CPU is awake); None elsewhere."""
+    try:
+        from jnius import autoclass
+    except ImportError:
+        return None
+    try:
+        service = autoclass("org.kivy.android.PythonService").mService
+        Context = autoclass("android.content.Context")
+        PowerManager = autoclass("android.os.PowerManager")
+        lock = service.getSystemService(Context.POWER_SERVICE).newWakeLock(PowerManager.PARTIAL_WAKE_LOCK, "fedhar:sensing")
+        lock.acquire()
+        return lock
+    except Exception as exc:  # keep sensing without it; the log says why batches may stall
+        log.warning("no wake lock (%s); sensor batches may stall while the screen is off", exc)
+        return None
+
+
+def run_service(
+    state_dir: Path | None = None,
+    source: SensorSource | None = None,
+    stop: threading.Event | None = None,
+    poll_s: float = 0.5,
+    charging: Callable[[], bool] = is_charging,
+) -> None:
+    """Run sensing, recording and the federation agent as the UI's settings say, until ``stop``.
+
+    Parameters
+    ----------
+    state_dir : Path, optional
+        The app's folder (default: the platform's app data folder + ``/fedhar``).
+    source : SensorSource, optional
+        Default: the Android sensors.
+    stop : threading.Event, optional
+        Set it to end the service (on Android the service runs until Android stops it).
+    poll_s : float
+        Seconds between looks at the settings file.
+    charging : callable returning bool
+        Charging state.
+    """
+    from edge_client.app.main import default_data_dir
+
+    folder = state_dir or default_data_dir() / "fedhar"
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = read_json(folder / SETTINGS_FILE) or {}
+    labels = LABEL_SETS.get(str(settings.get("labels", "hapt6")), LABEL_SETS["hapt6"])
+    cfg = AppConfig(
+        state_dir=folder,
+        labels=labels,
+        client_id=str(settings.get("client_id") or "phone"),
+        broker=str(settings.get("broker") or "127.0.0.1:1883"),
+        federation=str(settings.get("federation") or "default"),
+    )
+    if source is None:
+        from edge_client.sensors.android import AndroidSensorSource
+
+        source = AndroidSensorSource()
+    stop = stop or threading.Event()
+    status: dict[str, Any] = {"counts": {}, "live": asdict(LiveView()), "federation": asdict(FederationView()), "recording": None}
+    lock = threading.Lock()
+
+    holder: dict[str, DeviceController] = {}  # the controller reports before its constructor returns
+
+    def publish(key: str, value: Any) -> None:
+        with lock:
+            status[key] = value
+            rec = holder["ctl"].recorder if "ctl" in holder else None
+            status["recording"] = rec.activity if rec else None
+            status["session_windows"] = rec.session_windows if rec else 0
+            status["time"] = time.time()
+            write_json_atomic(folder / STATUS_FILE, status)
+
+    wake = _android_wake_lock()
+    ctl = DeviceController(
+        cfg,
+        source,
+        on_live=lambda v: publish("live", asdict(v)),
+        on_counts=lambda c: publish("counts", c),
+        on_federation=lambda v: publish("federation", asdict(v)),
+        charging=charging,
+        supervise_s=poll_s,
+    )
+    holder["ctl"] = ctl
+    publish("counts", ctl.counts())
+    ctl.start_sensing()
+    applied: dict[str, Any] = {}
+    try:
+        while not stop.wait(poll_s):
+            s = read_json(folder / SETTINGS_FILE)
+            if s is None:
+                continue
+            if s.get("broker") and s["broker"] != applied.get("broker", cfg.broker):
+                try:
+                    ctl.set_broker(str(s["broker"]))
+                except ValueError as exc:
+                    log.error("settings: %s", exc)
+                applied["broker"] = s["broker"]
+            for key, setter in (("take_part", ctl.set_take_part), ("charge_only", ctl.set_charge_only)):
+                if key in s and s[key] != applied.get(key):
+                    setter(bool(s[key]))
+                    applied[key] = s[key]
+            rec = s.get("recording")
+            if rec != ctl.recorder.activity:
+                if rec is None:
+                    ctl.stop_recording()
+                else:
+                    try:
+                        ctl.start_recording(str(rec))
+                    except KeyError as exc:
+                        log.error("settings: %s", exc)
+                publish("counts", ctl.counts())
+    finally:
+        ctl.close()
+        if wake is not None:
+            wake.release()
+
+
+class _RecorderState:
+    """What the UI knows of the service's recorder (mirrors :class:`~edge_client.recorder.Recorder`'s attributes)."""
+
+    def __init__(self) -> None:
+        self.activity: str | None = None
+        self.session_windows = 0
+
+    @property
+    def recording(self) -> bool:
+        return self.activity is not None
+
+
+class RemoteController:
+    """The UI's side: the :class:`~edge_client.app.controller.DeviceController` methods the screens use, over the two files.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+    source : SensorSource, optional
+        Unused (the service owns the sensors); accepted so both controllers build alike.
+    on_live, on_counts, on_federation : callables, optional
+        Called from the polling thread with what the service reported.
+    start_service : callable, optional
+        Starts the service (on Android, the p4a service class's ``start``); None: someone else does.
+    poll_s : float
+        Seconds between looks at the status file.
+    """
+
+    def __init__(
+        self,
+        cfg: AppConfig,
+        source: SensorSource | None = None,
+        on_live: Callable[[LiveView], None] | None = None,
+        on_counts: Callable[[dict[str, int]], None] | None = None,
+        on_federation: Callable[[FederationView], None] | None = None,
+        start_service: Callable[[], None] | None = None,
+        poll_s: float = 0.3,
+        **_: Any,
+    ):
+        self.cfg = cfg
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self._settings_path = cfg.state_dir / SETTINGS_FILE
+        self._status_path = cfg.state_dir / STATUS_FILE
+        old = read_json(self._settings_path) or {}
+        self.settings = settings_of(cfg) | {k: old[k] for k in ("take_part", "charge_only", "recording") if k in old}
+        self.settings["broker"] = cfg.broker
+        write_json_atomic(self._settings_path, self.settings)
+        self.recorder = _RecorderState()
+        self.recorder.activity = self.settings["recording"]
+        self.live = LiveView()
+        self.federation = FederationView(broker=cfg.broker)
+        self._counts = {n: 0 for n in cfg.labels.names}
+        self._on_live = on_live or (lambda v: None)
+        self._on_counts = on_counts or (lambda c: None)
+        self._on_federation = on_federation or (lambda v: None)
+        self._start_service = start_service
+        self._stop = threading.Event()
+        self._poll_s = poll_s
+        self._seen: float | None = None
+        self._thread = threading.Thread(target=self._poll, name="status-poll", daemon=True)
+        self._thread.start()
+
+    def _save(self) -> None:
+        write_json_atomic(self._settings_path, self.settings)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            st = read_json(self._status_path)
+            if st is None or st.get("time") == self._seen:
+                continue
+            self._seen = st.get("time")
+            self.recorder.activity = st.get("recording")
+            self.recorder.session_windows = int(st.get("session_windows", 0))
+            if st.get("counts"):
+                self._counts = {k: int(v) for k, v in st["counts"].items()}
+                self._on_counts(dict(self._counts))
+            self.live = LiveView(**st["live"])
+            self._on_live(self.live)
+            self.federation = FederationView(**st["federation"])
+            self._on_federation(self.federation)
+
+    def start_sensing(self) -> None:
+        """Start the service (it senses whether or not the UI is open)."""
+        if self._start_service is not None:
+            self._start_service()
+
+    def stop_sensing(self) -> None:
+        """The service keeps sensing; closing the UI does not stop it."""
+
+    def start_recording(self, activity: str) -> None:
+        """Ask the service to label what follows as ``activity``.
+
+        Raises
+        ------
+        KeyError
+            For an activity outside the label set.
+        """
+        self.cfg.labels.index(activity)
+        self.settings["recording"] = activity
+        self.recorder.activity = activity
+        self.recorder.session_windows = 0
+        self._save()
+
+    def stop_recording(self) -> None:
+        """Ask the service to stop labelling."""
+        self.settings["recording"] = None
+        self.recorder.activity = None
+        self._save()
+
+    def set_take_part(self, on: bool) -> None:
+        """Allow or forbid taking part in federated rounds."""
+        self.settings["take_part"] = bool(on)
+        self._save()
+
+    def set_charge_only(self, on: bool) -> None:
+        """Train only while charging."""
+        self.settings["charge_only"] = bool(on)
+        self._save()
+
+    def set_broker(self, host_port: str) -> None:
+        """Use another broker (``host:port``).
+
+        Raises
+        ------
+        ValueError
+            If the address is not ``host:port``.
+        """
+        self.settings["broker"] = parse_broker(host_port)
+        self._save()
+
+    def counts(self) -> dict[str, int]:
+        """Recorded windows per activity, as last reported."""
+        return dict(self._counts)
+
+    def close(self) -> None:
+        """Stop polling (the service goes on)."""
+        self._stop.set()
+        self._thread.join(5)

@@ -1,0 +1,89 @@
+"""Is the device charging? Android through ``BatteryManager`` (pyjnius), Linux through ``/sys/class/power_supply``.
+
+Federated training is heavy on the battery, so by the usual practice of cross-device
+federated learning a device takes part only while it charges, if its owner asks for that.
+
+Sources: Android developer reference, ``BatteryManager.isCharging()`` (API 23) and the
+``ACTION_BATTERY_CHANGED`` sticky intent's ``EXTRA_PLUGGED``; Linux kernel ABI
+``Documentation/ABI/testing/sysfs-class-power`` (``type``, ``online``, ``status``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fedhar.client.power")
+
+SYSFS_POWER = Path("/sys/class/power_supply")
+
+
+def charging_linux(root: Path = SYSFS_POWER) -> bool | None:
+    """Charging state from the Linux power-supply class.
+
+    True if an external supply (``type`` Mains, USB, USB_C, ...) reports ``online`` = 1
+    or a battery reports ``status`` Charging or Full; False if there is a battery and
+    neither holds; None if the machine reports no supplies at all (a desktop or a Pi
+    without a UPS HAT: always on mains, and the caller decides what that means).
+
+    Parameters
+    ----------
+    root : Path
+        The power-supply class folder (replaceable for tests).
+    """
+    if not root.is_dir():
+        return None
+    seen_battery = seen_any = False
+    for dev in sorted(root.iterdir()):
+        kind = _read(dev / "type")
+        if kind is None:
+            continue
+        seen_any = True
+        if kind == "Battery":
+            seen_battery = True
+            if _read(dev / "status") in ("Charging", "Full"):
+                return True
+        elif _read(dev / "online") == "1":
+            return True
+    if not seen_any:
+        return None
+    return False if seen_battery else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def charging_android() -> bool | None:
+    """Charging state from Android's ``BatteryManager`` (None where pyjnius or Android is missing)."""
+    try:
+        from jnius import autoclass
+    except ImportError:
+        return None
+    try:
+        ctx: Any = autoclass("org.kivy.android.PythonActivity").mActivity
+        Context = autoclass("android.content.Context")
+        manager = ctx.getSystemService(Context.BATTERY_SERVICE)
+        return bool(manager.isCharging())
+    except Exception as exc:  # a Java exception or a missing class: unknown, not a crash
+        log.warning("cannot read the battery state: %s", exc)
+        return None
+
+
+def is_charging(unknown_means: bool = True) -> bool:
+    """True if the device charges (Android first, then Linux sysfs).
+
+    Parameters
+    ----------
+    unknown_means : bool
+        What to answer when no source knows (a desktop or a board on mains): True by default,
+        since such a machine does not run on a battery.
+    """
+    state = charging_android()
+    if state is None:
+        state = charging_linux()
+    return unknown_means if state is None else state

@@ -1,0 +1,184 @@
+"""Android accelerometer and gyroscope through ``SensorManager``, reached with pyjnius.
+
+A ``SensorEventListener`` is registered for ``Sensor.TYPE_ACCELEROMETER`` (m/s^2, gravity
+included) and ``Sensor.TYPE_GYROSCOPE`` (rad/s) with a sampling period of 20,000 µs
+(50 Hz asked; Android treats it as a hint and may deliver faster, slower or in batches).
+Each sample keeps its ``SensorEvent.timestamp``: nanoseconds on the boot clock
+(``SystemClock.elapsedRealtimeNanos()``), not the time the callback ran. The callback
+only appends ``(type, timestamp, x, y, z)`` to a list; a Python loop drains the list
+every ``drain_s`` seconds and converts it with :func:`events_to_chunks`, a pure function
+tested off the phone.
+
+Sources: Android developer reference, ``SensorManager.registerListener(SensorEventListener,
+Sensor, int samplingPeriodUs, int maxReportLatencyUs)``, ``SensorEvent.timestamp``,
+``Sensor.TYPE_ACCELEROMETER`` (1) and ``Sensor.TYPE_GYROSCOPE`` (4).
+
+``jnius`` is imported only when the source starts, so this module imports anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from edge_client.replay import SensorChunk
+from edge_client.sensors.base import SensorSource
+
+log = logging.getLogger("fedhar.client.sensors.android")
+
+TYPE_ACCELEROMETER = 1
+"""``android.hardware.Sensor.TYPE_ACCELEROMETER``."""
+TYPE_GYROSCOPE = 4
+"""``android.hardware.Sensor.TYPE_GYROSCOPE``."""
+SAMPLING_PERIOD_US = 20_000
+"""Requested sampling period, microseconds (50 Hz)."""
+
+_NAMES = {TYPE_ACCELEROMETER: "acc", TYPE_GYROSCOPE: "gyro"}
+
+AndroidEvent = tuple[int, int, float, float, float]
+"""``(sensor type, timestamp ns, x, y, z)``: what the listener keeps of one ``SensorEvent``."""
+
+
+def events_to_chunks(events: Sequence[AndroidEvent]) -> list[SensorChunk]:
+    """Convert listener events, in arrival order, into one :data:`SensorChunk` per sensor.
+
+    Parameters
+    ----------
+    events : sequence of (type, timestamp_ns, x, y, z)
+        ``type`` is the Android sensor type; ``timestamp_ns`` the event's own timestamp
+        (boot clock, ns); x, y, z in m/s^2 (accelerometer) or rad/s (gyroscope). Events of
+        other sensor types are ignored.
+
+    Returns
+    -------
+    list of (sensor, t_ns (n,) int64, xyz (n, 3) float64)
+        At most one chunk per sensor, the sensor whose first event came first leading;
+        within a sensor the arrival order is kept (duplicates and out-of-order stamps are
+        the resampler's business, so nothing is sorted or dropped here).
+
+    Raises
+    ------
+    ValueError
+        If an event does not have five fields.
+    """
+    if not events:
+        return []
+    arr = np.asarray(events, dtype=object)
+    if arr.ndim != 2 or arr.shape[1] != 5:
+        raise ValueError(f"events_to_chunks: expected (type, timestamp_ns, x, y, z) tuples, got an array of shape {arr.shape}")
+    types = arr[:, 0].astype(np.int64)
+    t = np.array([int(v) for v in arr[:, 1]], dtype=np.int64)  # exact: no float detour for 64-bit stamps
+    xyz = arr[:, 2:].astype(np.float64)
+    out: list[SensorChunk] = []
+    present, first = np.unique(types, return_index=True)
+    for typ in present[np.argsort(first)].tolist():
+        name = _NAMES.get(int(typ))
+        if name is None:
+            continue
+        sel = types == typ
+        out.append((name, t[sel], xyz[sel]))
+    return out
+
+
+class AndroidSensorSource(SensorSource):
+    """Accelerometer and gyroscope of the Android device this runs on.
+
+    Parameters
+    ----------
+    sampling_period_us : int
+        Period asked of Android (default 20,000 µs = 50 Hz).
+    max_report_latency_us : int
+        Batching latency allowed (0 = deliver each event at once). Batched events are
+        only delivered while the CPU is awake: the foreground service holds a wake lock.
+    drain_s : float
+        How often the Python loop collects the buffered events (seconds).
+
+    Raises
+    ------
+    RuntimeError
+        From :meth:`chunks` when not running on Android (no ``jnius``) or when the device
+        lacks one of the two sensors.
+    """
+
+    def __init__(self, sampling_period_us: int = SAMPLING_PERIOD_US, max_report_latency_us: int = 0, drain_s: float = 0.25):
+        super().__init__()
+        if sampling_period_us <= 0 or max_report_latency_us < 0 or drain_s <= 0:
+            raise ValueError(
+                f"AndroidSensorSource: sampling_period_us ({sampling_period_us}) and drain_s ({drain_s}) must be > 0, "
+                f"max_report_latency_us ({max_report_latency_us}) >= 0"
+            )
+        self.name = "android"
+        self.sampling_period_us = int(sampling_period_us)
+        self.max_report_latency_us = int(max_report_latency_us)
+        self.drain_s = float(drain_s)
+        self._events: list[AndroidEvent] = []
+        self._lock = threading.Lock()
+
+    def _append(self, event: AndroidEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def _drain(self) -> list[AndroidEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
+        """Register the listener, yield buffered events every ``drain_s`` s, unregister on stop."""
+        try:
+            from jnius import autoclass
+        except ImportError as exc:
+            raise RuntimeError("AndroidSensorSource needs pyjnius on Android; use a replay or mpu6050 source elsewhere") from exc
+        context = _android_context(autoclass)
+        Context = autoclass("android.content.Context")
+        Sensor = autoclass("android.hardware.Sensor")
+        manager = context.getSystemService(Context.SENSOR_SERVICE)
+        sensors = [manager.getDefaultSensor(Sensor.TYPE_ACCELEROMETER), manager.getDefaultSensor(Sensor.TYPE_GYROSCOPE)]
+        if any(s is None for s in sensors):
+            raise RuntimeError("this device lacks an accelerometer or a gyroscope; fedhar needs both")
+        listener = _make_listener(self._append)  # kept referenced until unregistered
+        for s in sensors:
+            manager.registerListener(listener, s, self.sampling_period_us, self.max_report_latency_us)
+        log.info("android sensors registered at %d µs (latency %d µs)", self.sampling_period_us, self.max_report_latency_us)
+        try:
+            while not stop_event.wait(self.drain_s):
+                yield from events_to_chunks(self._drain())
+            yield from events_to_chunks(self._drain())
+        finally:
+            manager.unregisterListener(listener)
+            log.info("android sensors unregistered")
+
+
+def _android_context(autoclass: Any) -> Any:
+    """The running service's context if there is one (sensing in the foreground service), else the activity."""
+    try:
+        service = autoclass("org.kivy.android.PythonService").mService
+        if service is not None:
+            return service
+    except Exception:  # not running inside a python-for-android service
+        pass
+    return autoclass("org.kivy.android.PythonActivity").mActivity
+
+
+def _make_listener(append: Any) -> Any:
+    """A pyjnius ``SensorEventListener`` that copies type, timestamp and the first three values."""
+    from jnius import PythonJavaClass, java_method
+
+    class _Listener(PythonJavaClass):
+        __javainterfaces__ = ("android/hardware/SensorEventListener",)
+        __javacontext__ = "app"
+
+        @java_method("(Landroid/hardware/SensorEvent;)V")
+        def onSensorChanged(self, event: Any) -> None:  # noqa: N802 (the Java interface's name)
+            v = event.values
+            append((int(event.sensor.getType()), int(event.timestamp), float(v[0]), float(v[1]), float(v[2])))
+
+        @java_method("(Landroid/hardware/Sensor;I)V")
+        def onAccuracyChanged(self, sensor: Any, accuracy: int) -> None:  # noqa: N802
+            pass
+
+    return _Listener()

@@ -1,0 +1,155 @@
+"""The one sensor-source interface: timestamped 3-axis samples per sensor, start and stop.
+
+Every source (Android ``SensorManager``, an MPU-6050 on I2C, a replayed recording)
+delivers :data:`~edge_client.replay.SensorChunk` tuples ``(sensor, t_ns, xyz)``:
+
+* ``sensor`` is ``"acc"`` (m/s^2, gravity included) or ``"gyro"`` (rad/s);
+* ``t_ns`` (n,) int64 are the sensor's own timestamps in nanoseconds, in arrival order
+  (they may repeat or go backwards a little: the resampler copes);
+* ``xyz`` (n, 3) float64.
+
+These chunks go into :class:`~har_models.pipeline.SensorPipeline`, the same resampler and
+windower the replay and the dataset readers use, so a live device and a replay produce
+windows by one code path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+
+from edge_client.replay import ReplaySource, SensorChunk
+from har_models.pipeline import SensorPipeline
+from har_models.recording import Recording
+from har_models.windowing import WindowSet
+
+log = logging.getLogger("fedhar.client.sensors")
+
+SENSORS = ("acc", "gyro")
+"""Sensor names a source may deliver."""
+
+
+class SensorSource(ABC):
+    """A source of timestamped accelerometer and gyroscope samples.
+
+    Subclasses implement :meth:`chunks`, a blocking generator that ends when its stop
+    event is set (or the source runs dry). :meth:`start` runs it in a background thread
+    and hands every chunk to a callback; :meth:`stop` ends that thread.
+
+    Attributes
+    ----------
+    name : str
+        Short description for logs and the app ("android", "mpu6050@1:0x68", "replay ...").
+    """
+
+    name: str = "sensor"
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    @abstractmethod
+    def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
+        """Yield :data:`SensorChunk` batches until ``stop_event`` is set or the source ends.
+
+        Yields
+        ------
+        (sensor, t_ns (n,) int64, xyz (n, 3) float64)
+        """
+
+    def start(self, on_chunk: Callable[[SensorChunk], object], on_end: Callable[[], object] | None = None) -> None:
+        """Deliver chunks to ``on_chunk`` from a background thread until :meth:`stop`.
+
+        Parameters
+        ----------
+        on_chunk : callable taking a SensorChunk
+            Called in the source's thread; keep it short (no UI work).
+        on_end : callable, optional
+            Called in the source's thread once the source ended or was stopped.
+
+        Raises
+        ------
+        RuntimeError
+            If the source is already running.
+        """
+        if self.running:
+            raise RuntimeError(f"{self.name}: already running; stop() it first")
+        self._stop = threading.Event()
+        self.error = None
+
+        def loop() -> None:
+            try:
+                for chunk in self.chunks(self._stop):
+                    on_chunk(chunk)
+            except Exception as exc:  # reported, not raised into a dead thread
+                self.error = exc
+                log.exception("%s: sensor thread failed", self.name)
+            finally:
+                if on_end is not None:
+                    on_end()
+
+        self._thread = threading.Thread(target=loop, name=f"sensor-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the source to stop and wait up to ``timeout_s`` seconds for its thread."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """True while the background thread of :meth:`start` runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+
+class ReplaySensor(SensorSource):
+    """A recorded session replayed through the sensor interface (REALWORLD, HAPT, a saved session).
+
+    Parameters
+    ----------
+    recording : Recording
+    speed : float or None
+        Recording seconds per wall-clock second (1.0 = real time); None = as fast as possible.
+    loop : bool
+        Start again from the beginning when the recording ends (a demo device that never runs
+        dry). Timestamps of each pass are shifted past the previous one, so the pipeline sees
+        a gap, never time going backwards.
+    """
+
+    def __init__(self, recording: Recording, speed: float | None = 1.0, loop: bool = False):
+        super().__init__()
+        self.recording = recording
+        self.speed = speed
+        self.loop = loop
+        self.name = f"replay {recording.subject}/{recording.session}"
+
+    def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
+        """Yield the recording's events paced by ``speed`` (see :class:`~edge_client.replay.ReplaySource`)."""
+        shift = 0
+        rec = self.recording
+        t_lo = min(int(rec.acc.t_ns.min()), int(rec.gyro.t_ns.min())) if len(rec.acc) and len(rec.gyro) else 0
+        t_hi = max(int(rec.acc.t_ns.max()), int(rec.gyro.t_ns.max())) if len(rec.acc) and len(rec.gyro) else 0
+        while not stop_event.is_set():
+            for sensor, t, xyz in ReplaySource(rec, self.speed).chunks(stop_event):
+                yield sensor, t + shift, xyz
+            if not self.loop:
+                return
+            shift += t_hi - t_lo + 1_000_000_000  # one second of silence between passes
+
+
+def feed(pipeline: SensorPipeline, chunk: SensorChunk) -> WindowSet:
+    """Push one chunk into ``pipeline`` and return the windows it completed, (k, 6, T).
+
+    Raises
+    ------
+    ValueError
+        For an unknown sensor name or mis-shaped arrays (from the pipeline).
+    """
+    sensor, t, xyz = chunk
+    return pipeline.push(sensor, t, xyz)

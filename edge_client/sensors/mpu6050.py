@@ -1,0 +1,444 @@
+"""InvenSense MPU-6050 accelerometer + gyroscope over I2C (Raspberry Pi), read through its FIFO at 50 Hz.
+
+Register values are from the *MPU-6000 and MPU-6050 Register Map and Descriptions*,
+revision 4.2 (RM-MPU-6000A-00), sections 4.2 (SMPLRT_DIV), 4.3 (CONFIG), 4.4 (GYRO_CONFIG),
+4.5 (ACCEL_CONFIG), 4.6 (FIFO_EN), 4.15-4.16 (INT_ENABLE, INT_STATUS), 4.26 (USER_CTRL),
+4.28 (PWR_MGMT_1), 4.30-4.32 (FIFO_COUNT, FIFO_R_W, WHO_AM_I):
+
+* ``PWR_MGMT_1`` = 0x80 resets the chip, then 0x01 wakes it (SLEEP = 0) with the X-gyro
+  PLL as clock (CLKSEL = 1, steadier than the internal 8 MHz oscillator);
+* ``CONFIG`` DLPF_CFG = 4: accelerometer 21 Hz / gyroscope 20 Hz bandwidth, below the
+  25 Hz Nyquist limit of 50 Hz output, so the chip itself anti-aliases; with the DLPF on
+  the gyroscope output rate is 1 kHz;
+* ``SMPLRT_DIV`` = 19: sample rate = 1 kHz / (1 + 19) = 50 Hz;
+* ``GYRO_CONFIG`` FS_SEL and ``ACCEL_CONFIG`` AFS_SEL in bits 4:3 select the full-scale
+  range; sensitivities 131 / 65.5 / 32.8 / 16.4 LSB per °/s and 16384 / 8192 / 4096 /
+  2048 LSB per g;
+* ``FIFO_EN`` = 0x78 (XG, YG, ZG and ACCEL): each 50 Hz sample puts 12 bytes in the
+  1024-byte FIFO, accel X, Y, Z then gyro X, Y, Z, big-endian signed 16-bit;
+* ``USER_CTRL`` bit 2 resets the FIFO, bit 6 enables it; ``INT_ENABLE`` bit 4 flags
+  overflow in ``INT_STATUS`` bit 4 (cleared by reading it).
+
+The chip's sample clock, not the Pi's read time, spaces the samples: sample ``k`` after
+the FIFO was (re)started at host time ``t0`` is stamped ``t0 + (k + 1) * 20 ms``. Data that
+cannot be read back in order (a failed I2C transfer in the middle of the FIFO, an
+overflow) is a *gap*: it is logged and counted, the FIFO is reset and the timestamps
+restart from the host clock, so the pipeline sees a jump in time and no window spans it.
+A failed read never produces a zero sample. Busy buses fail now and then with
+errno 121 (EREMOTEIO); that is retried.
+
+``smbus2`` is imported only by :func:`open_bus`, so the driver runs against any object
+with the same methods (``read_byte_data``, ``write_byte_data``, ``read_i2c_block_data``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edge_client.replay import SensorChunk
+from edge_client.sensors.base import SensorSource
+
+log = logging.getLogger("fedhar.client.sensors.mpu6050")
+
+# Register addresses (register map rev 4.2).
+SMPLRT_DIV = 0x19
+CONFIG = 0x1A
+GYRO_CONFIG = 0x1B
+ACCEL_CONFIG = 0x1C
+FIFO_EN = 0x23
+INT_ENABLE = 0x38
+INT_STATUS = 0x3A
+ACCEL_XOUT_H = 0x3B
+GYRO_XOUT_H = 0x43
+USER_CTRL = 0x6A
+PWR_MGMT_1 = 0x6B
+FIFO_COUNTH = 0x72
+FIFO_R_W = 0x74
+WHO_AM_I = 0x75
+
+WHO_AM_I_VALUE = 0x68
+"""``WHO_AM_I`` of an MPU-6050 (bits 6:1 of the I2C address, whatever AD0 is)."""
+DEFAULT_ADDRESS = 0x68
+"""I2C address with AD0 low (0x69 with AD0 high)."""
+FIFO_SIZE = 1024
+"""FIFO capacity, bytes."""
+FRAME_BYTES = 12
+"""Bytes per sample in the FIFO: accel X, Y, Z then gyro X, Y, Z, int16 big-endian."""
+FIFO_EN_ACCEL_GYRO = 0x78
+"""``FIFO_EN`` bits XG_FIFO_EN (6), YG_FIFO_EN (5), ZG_FIFO_EN (4), ACCEL_FIFO_EN (3)."""
+USER_CTRL_FIFO_EN = 0x40
+USER_CTRL_FIFO_RESET = 0x04
+PWR_MGMT_1_RESET = 0x80
+PWR_MGMT_1_WAKE_PLL_X = 0x01
+INT_FIFO_OFLOW = 0x10
+GYRO_RATE_DLPF_HZ = 1000
+"""Gyroscope output rate with the DLPF on (DLPF_CFG 1-6), Hz."""
+MAX_BLOCK = 32
+"""Largest SMBus block read, bytes."""
+
+STANDARD_GRAVITY = 9.80665
+"""m/s^2 per g."""
+ACCEL_LSB_PER_G = {2: 16384.0, 4: 8192.0, 8: 4096.0, 16: 2048.0}
+"""Accelerometer sensitivity per full-scale range (±g -> LSB/g), register map 4.17."""
+GYRO_LSB_PER_DPS = {250: 131.0, 500: 65.5, 1000: 32.8, 2000: 16.4}
+"""Gyroscope sensitivity per full-scale range (±°/s -> LSB/(°/s)), register map 4.19."""
+
+
+class SMBusLike(Protocol):
+    """The part of ``smbus2.SMBus`` the driver uses."""
+
+    def read_byte_data(self, i2c_addr: int, register: int) -> int: ...
+
+    def write_byte_data(self, i2c_addr: int, register: int, value: int) -> None: ...
+
+    def read_i2c_block_data(self, i2c_addr: int, register: int, length: int) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Mpu6050Config:
+    """Settings of the MPU-6050.
+
+    Parameters
+    ----------
+    address : int
+        I2C address (0x68 with AD0 low, 0x69 high).
+    accel_range_g : {2, 4, 8, 16}
+        Accelerometer full scale, ±g.
+    gyro_range_dps : {250, 500, 1000, 2000}
+        Gyroscope full scale, ±°/s.
+    dlpf_cfg : int in 1..6
+        Digital low-pass setting (4: 21 Hz accel, 20 Hz gyro bandwidth).
+    sample_rate_hz : int
+        Output rate; must divide 1 kHz (50 by default: SMPLRT_DIV = 19).
+
+    Raises
+    ------
+    ValueError
+        On a range the chip does not have, a DLPF setting outside 1..6 (0 and 7 run the
+        gyroscope at 8 kHz), or a rate that 1 kHz is not a whole multiple of.
+    """
+
+    address: int = DEFAULT_ADDRESS
+    accel_range_g: int = 4
+    gyro_range_dps: int = 500
+    dlpf_cfg: int = 4
+    sample_rate_hz: int = 50
+
+    def __post_init__(self) -> None:
+        if self.accel_range_g not in ACCEL_LSB_PER_G:
+            raise ValueError(f"Mpu6050Config: accel_range_g must be one of {sorted(ACCEL_LSB_PER_G)}, got {self.accel_range_g}")
+        if self.gyro_range_dps not in GYRO_LSB_PER_DPS:
+            raise ValueError(f"Mpu6050Config: gyro_range_dps must be one of {sorted(GYRO_LSB_PER_DPS)}, got {self.gyro_range_dps}")
+        if not 1 <= self.dlpf_cfg <= 6:
+            raise ValueError(f"Mpu6050Config: dlpf_cfg must be 1..6 (the DLPF on, 1 kHz gyro rate), got {self.dlpf_cfg}")
+        if self.sample_rate_hz <= 0 or GYRO_RATE_DLPF_HZ % self.sample_rate_hz or GYRO_RATE_DLPF_HZ // self.sample_rate_hz > 256:
+            raise ValueError(f"Mpu6050Config: sample_rate_hz must divide 1000 Hz into 1..256, got {self.sample_rate_hz}")
+
+    @property
+    def smplrt_div(self) -> int:
+        """``SMPLRT_DIV`` for :attr:`sample_rate_hz`: 1 kHz / (1 + div) = rate."""
+        return GYRO_RATE_DLPF_HZ // self.sample_rate_hz - 1
+
+    @property
+    def period_ns(self) -> int:
+        """Sample period, nanoseconds."""
+        return 1_000_000_000 // self.sample_rate_hz
+
+    def register_writes(self) -> list[tuple[int, int]]:
+        """``(register, value)`` writes that configure the chip, in order (after the reset write)."""
+        afs = sorted(ACCEL_LSB_PER_G).index(self.accel_range_g)
+        fs = sorted(GYRO_LSB_PER_DPS).index(self.gyro_range_dps)
+        return [
+            (PWR_MGMT_1, PWR_MGMT_1_WAKE_PLL_X),
+            (SMPLRT_DIV, self.smplrt_div),
+            (CONFIG, self.dlpf_cfg),
+            (GYRO_CONFIG, fs << 3),
+            (ACCEL_CONFIG, afs << 3),
+            (INT_ENABLE, INT_FIFO_OFLOW),
+            (FIFO_EN, 0x00),
+            (USER_CTRL, USER_CTRL_FIFO_RESET),
+            (USER_CTRL, USER_CTRL_FIFO_EN),
+            (FIFO_EN, FIFO_EN_ACCEL_GYRO),
+        ]
+
+
+def counts_to_si(raw: np.ndarray, accel_range_g: int, gyro_range_dps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw FIFO counts to SI units.
+
+    Parameters
+    ----------
+    raw : array of shape (n, 6), int16 counts
+        accel X, Y, Z then gyro X, Y, Z, as read from the FIFO.
+    accel_range_g, gyro_range_dps : int
+        The configured full-scale ranges (see :class:`Mpu6050Config`).
+
+    Returns
+    -------
+    acc : ndarray of shape (n, 3), float64, m/s^2 (counts / LSB-per-g * 9.80665)
+    gyro : ndarray of shape (n, 3), float64, rad/s (counts / LSB-per-°/s * pi / 180)
+
+    Raises
+    ------
+    ValueError
+        On a mis-shaped array or an unknown range.
+    """
+    r = np.asarray(raw)
+    if r.ndim != 2 or r.shape[1] != 6:
+        raise ValueError(f"counts_to_si: raw counts must have shape (n, 6), got {r.shape}")
+    if accel_range_g not in ACCEL_LSB_PER_G or gyro_range_dps not in GYRO_LSB_PER_DPS:
+        raise ValueError(f"counts_to_si: unknown range ±{accel_range_g} g / ±{gyro_range_dps} °/s")
+    r64 = r.astype(np.float64)
+    acc = r64[:, :3] * (STANDARD_GRAVITY / ACCEL_LSB_PER_G[accel_range_g])
+    gyro = r64[:, 3:] * (math.pi / 180.0 / GYRO_LSB_PER_DPS[gyro_range_dps])
+    return acc, gyro
+
+
+@dataclass
+class Mpu6050Stats:
+    """What the driver has read and lost.
+
+    Attributes
+    ----------
+    samples : int
+        Samples delivered.
+    gaps : int
+        Times data was lost (overflow, a failed FIFO read): each restarts the timestamps.
+    io_errors : int
+        Failed I2C transfers (errno 121 and others), retried.
+    overflows : int
+        FIFO overflows (the reader fell more than 1024 bytes, about 1.7 s, behind).
+    last_error : str
+        The latest I/O error, for the app and logs.
+    """
+
+    samples: int = 0
+    gaps: int = 0
+    io_errors: int = 0
+    overflows: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class Mpu6050:
+    """Driver of one MPU-6050 on an SMBus.
+
+    Parameters
+    ----------
+    bus : SMBusLike
+        An open ``smbus2.SMBus`` (or anything with its methods).
+    config : Mpu6050Config
+    clock_ns : callable returning int
+        Host clock for anchoring the sample timestamps (default :func:`time.monotonic_ns`).
+    sleep : callable taking seconds
+        Used to wait after the reset (100 ms, register map 4.28).
+    """
+
+    bus: SMBusLike
+    config: Mpu6050Config = field(default_factory=Mpu6050Config)
+    clock_ns: Callable[[], int] = time.monotonic_ns
+    sleep: Callable[[float], None] = time.sleep
+    stats: Mpu6050Stats = field(default_factory=Mpu6050Stats)
+
+    def __post_init__(self) -> None:
+        self._t0 = 0
+        self._k = 0  # samples since the FIFO was (re)started
+        self._needs_reset = False  # a FIFO reset failed: try it again before reading
+        self._last_t = -(2**62)  # newest timestamp delivered, ns
+
+    def configure(self) -> None:
+        """Reset the chip and start 50 Hz sampling into the FIFO.
+
+        Raises
+        ------
+        RuntimeError
+            If ``WHO_AM_I`` is not 0x68 (another chip or a wrong address).
+        OSError
+            If the bus fails (the caller retries).
+        """
+        addr = self.config.address
+        who = self.bus.read_byte_data(addr, WHO_AM_I)
+        if who != WHO_AM_I_VALUE:
+            raise RuntimeError(
+                f"MPU-6050 at 0x{addr:02x}: WHO_AM_I reads 0x{who:02x}, expected 0x{WHO_AM_I_VALUE:02x}; "
+                "check the wiring and the address (0x68 with AD0 low, 0x69 high)"
+            )
+        self.bus.write_byte_data(addr, PWR_MGMT_1, PWR_MGMT_1_RESET)
+        self.sleep(0.1)
+        for reg, value in self.config.register_writes():
+            self.bus.write_byte_data(addr, reg, value)
+        self._restart_clock()
+        log.info(
+            "MPU-6050 at 0x%02x: %d Hz (SMPLRT_DIV %d, DLPF %d), ±%d g, ±%d °/s through the FIFO",
+            addr,
+            self.config.sample_rate_hz,
+            self.config.smplrt_div,
+            self.config.dlpf_cfg,
+            self.config.accel_range_g,
+            self.config.gyro_range_dps,
+        )
+
+    def _restart_clock(self) -> None:
+        # Never before the last stamp given out: the chip's clock may have run ahead of the host's.
+        self._t0 = max(self.clock_ns(), self._last_t)
+        self._k = 0
+
+    def _reset_fifo(self) -> None:
+        """Empty the FIFO and restart the timestamps (after lost data). A failure here is retried on the next read."""
+        addr = self.config.address
+        try:
+            self.bus.write_byte_data(addr, USER_CTRL, USER_CTRL_FIFO_RESET)
+            self.bus.write_byte_data(addr, USER_CTRL, USER_CTRL_FIFO_EN)
+        except OSError as exc:
+            self._io_error("FIFO reset", exc)
+            self._needs_reset = True
+            return
+        self._needs_reset = False
+        self._restart_clock()
+
+    def _io_error(self, what: str, exc: OSError) -> None:
+        self.stats.io_errors += 1
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        self.stats.last_error = f"{what}: {name} {exc}"
+        log.warning("MPU-6050: %s failed (%s: %s); retrying", what, name, exc)
+
+    def _gap(self, why: str) -> None:
+        self.stats.gaps += 1
+        log.warning("MPU-6050: gap in the data (%s) after %d samples; FIFO reset", why, self.stats.samples)
+        self._reset_fifo()
+
+    def read(self) -> list[SensorChunk]:
+        """Read every complete sample waiting in the FIFO.
+
+        Returns
+        -------
+        list of SensorChunk
+            ``[("acc", t_ns, xyz m/s^2), ("gyro", t_ns, xyz rad/s)]`` with equal timestamps,
+            or ``[]`` when nothing is waiting or the bus failed (logged, counted, retried on
+            the next call).
+        """
+        addr = self.config.address
+        if self._needs_reset:
+            self._reset_fifo()
+            return []
+        try:
+            status = self.bus.read_byte_data(addr, INT_STATUS)
+            hi, lo = self.bus.read_i2c_block_data(addr, FIFO_COUNTH, 2)
+        except OSError as exc:  # nothing was taken out of the FIFO: no data lost
+            self._io_error("status read", exc)
+            return []
+        count = (hi << 8) | lo
+        if status & INT_FIFO_OFLOW or count >= FIFO_SIZE:
+            self.stats.overflows += 1
+            self._gap(f"FIFO overflow, {count} bytes waiting")
+            return []
+        n_bytes = (count // FRAME_BYTES) * FRAME_BYTES
+        if n_bytes == 0:
+            return []
+        data = bytearray()
+        while len(data) < n_bytes:
+            try:
+                data += bytes(self.bus.read_i2c_block_data(addr, FIFO_R_W, min(MAX_BLOCK, n_bytes - len(data))))
+            except OSError as exc:
+                # The chip may or may not have popped the bytes of the failed transfer: the frame
+                # boundaries are lost. Keep the complete frames read so far, then start again.
+                self._io_error("FIFO read", exc)
+                data = data[: (len(data) // FRAME_BYTES) * FRAME_BYTES]
+                chunks = self._convert(bytes(data))
+                self._gap("FIFO read failed mid-stream")
+                return chunks
+        return self._convert(bytes(data))
+
+    def _convert(self, data: bytes) -> list[SensorChunk]:
+        if not data:
+            return []
+        raw = np.frombuffer(data, dtype=">i2").reshape(-1, 6)
+        n = raw.shape[0]
+        t = self._t0 + (self._k + 1 + np.arange(n, dtype=np.int64)) * self.config.period_ns
+        self._k += n
+        self._last_t = int(t[-1])
+        self.stats.samples += n
+        acc, gyro = counts_to_si(raw, self.config.accel_range_g, self.config.gyro_range_dps)
+        return [("acc", t, acc), ("gyro", t.copy(), gyro)]
+
+
+def open_bus(bus_number: int = 1) -> Any:
+    """Open ``/dev/i2c-<bus_number>`` with smbus2 (bus 1 on a Raspberry Pi's header pins 3 and 5).
+
+    Raises
+    ------
+    RuntimeError
+        If smbus2 is not installed (``pip install 'fedhar[pi]'``).
+    OSError
+        If the bus device does not exist (enable I2C: ``raspi-config nonint do_i2c 0``) or
+        is not readable (add the user to group ``i2c``).
+    """
+    try:
+        from smbus2 import SMBus
+    except ImportError as exc:
+        raise RuntimeError("the MPU-6050 source needs smbus2: pip install 'fedhar[pi]'") from exc
+    return SMBus(bus_number)
+
+
+class Mpu6050Source(SensorSource):
+    """An MPU-6050 as a :class:`~edge_client.sensors.base.SensorSource`, polled every ``poll_s``.
+
+    Parameters
+    ----------
+    bus : SMBusLike, optional
+        Default: :func:`open_bus` of ``bus_number`` when the source starts.
+    config : Mpu6050Config
+    bus_number : int
+        I2C bus (1 on a Raspberry Pi).
+    poll_s : float
+        Seconds between FIFO reads (0.2 s = 10 samples; the FIFO holds about 1.7 s).
+    retry_s : float
+        Wait before configuring again after the chip could not be set up.
+    clock_ns : callable returning int
+        Host clock for the timestamps.
+    """
+
+    def __init__(
+        self,
+        bus: SMBusLike | None = None,
+        config: Mpu6050Config | None = None,
+        bus_number: int = 1,
+        poll_s: float = 0.2,
+        retry_s: float = 1.0,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ):
+        super().__init__()
+        self.config = config or Mpu6050Config()
+        self.name = f"mpu6050@{bus_number}:0x{self.config.address:02x}"
+        self._bus = bus
+        self.bus_number = bus_number
+        self.poll_s = float(poll_s)
+        self.retry_s = float(retry_s)
+        self.clock_ns = clock_ns
+        self.driver: Mpu6050 | None = None
+
+    def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
+        """Configure the chip (retrying on I/O errors), then yield its samples every ``poll_s``."""
+        bus = self._bus if self._bus is not None else open_bus(self.bus_number)
+
+        def wait(seconds: float) -> None:
+            stop_event.wait(seconds)
+
+        self.driver = drv = Mpu6050(bus, self.config, clock_ns=self.clock_ns, sleep=wait)
+        while not stop_event.is_set():
+            try:
+                drv.configure()
+                break
+            except OSError as exc:
+                drv._io_error("configuration", exc)
+                stop_event.wait(self.retry_s)
+        while not stop_event.wait(self.poll_s):
+            yield from drv.read()

@@ -1,0 +1,164 @@
+"""Drives the real Kivy app in its own process (one window per process): the script of tests/test_app.py.
+
+Usage: python tests/app_driver.py OUT_DIR STATE_DIR BROKER_PORT
+
+Everything is done through Kivy's own event API (``dispatch("on_release")``, setting a
+``Spinner``'s text, a ``Switch``'s ``active``); the texts the widgets show are written to
+``OUT_DIR/results.json`` with screenshots of each screen. The pytest side asserts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("KIVY_NO_ARGS", "1")
+os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edge_client.app.controller import AppConfig  # noqa: E402
+from edge_client.app.main import create_app, make_source  # noqa: E402
+from edge_client.app.predictor import load_predictor  # noqa: E402
+from har_models.labels import HAPT_LABELS  # noqa: E402
+
+TIMEOUT_S = 240.0
+
+
+def main() -> int:
+    out, state, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"steps": [], "error": None}
+    seen: dict = {}
+
+    def loader(store):
+        pred = load_predictor(store)
+        if pred is None:
+            return None
+
+        class Spy:
+            def predict(self, x):
+                p = pred.predict(x)
+                seen["x"], seen["p"] = x.copy(), p.copy()
+                return p
+
+        return Spy()
+
+    cfg = AppConfig(state_dir=state, labels=HAPT_LABELS, client_id="app-under-test", broker="127.0.0.1:1", federation="apptest")
+    source = make_source(f"replay:hapt:{ROOT / 'datasets/hapt/user01.npz'}", HAPT_LABELS, speed=25.0)
+    app = create_app(cfg, source, predictor_loader=loader, charging=lambda: False, supervise_s=0.3)
+
+    from kivy.clock import Clock
+    from kivy.core.window import Window
+
+    Window.size = (480, 800)
+
+    def shot(name: str) -> None:
+        path = Window.screenshot(name=str(out / f"{name}.png"))
+        if path and Path(path).exists():
+            Path(path).rename(out / f"{name}.png")
+
+    def script():
+        """A generator: each yield is a condition to wait for (polled every 50 ms) or a number of seconds."""
+        rec, live, fed = app.record, app.live, app.federation
+        yield 1.0
+        # Record: walking, then sitting.
+        rec.activity.text = "walking"
+        rec.button.dispatch("on_release")
+        results["steps"].append({"status_while_recording": rec.status.text, "button": rec.button.text})
+        yield lambda: int(rec.count_labels["walking"].text) >= 12
+        rec.button.dispatch("on_release")
+        rec.activity.text = "sitting"
+        rec.button.dispatch("on_release")
+        yield lambda: int(rec.count_labels["sitting"].text) >= 8
+        rec.button.dispatch("on_release")
+        yield 1.0
+        counts = app.controller.counts()
+        results["counts_widget"] = {n: rec.count_labels[n].text for n in HAPT_LABELS.names}
+        results["counts_log"] = counts
+        results["status_after_stop"] = rec.status.text
+        shot("record")
+        # Live, before any model exists.
+        app.tabs["live"].dispatch("on_release")
+        yield lambda: live.note.text.startswith("no model")
+        results["live_before"] = {"activity": live.activity.text, "note": live.note.text, "current": app.sm.current}
+        # Federation: broker, switches.
+        app.tabs["federation"].dispatch("on_release")
+        results["federation_current"] = app.sm.current
+        fed.broker.text = "not a broker"
+        fed.apply_button.dispatch("on_release")
+        results["broker_error"] = fed.error.text
+        fed.broker.text = f"127.0.0.1:{port}"
+        fed.apply_button.dispatch("on_release")
+        results["broker_after"] = app.controller.cfg.broker
+        fed.take_part.active = True
+        yield lambda: fed.state.text == "waiting for charger"
+        results["state_on_battery"] = fed.state.text
+        fed.charge_only.active = False
+        yield lambda: fed.state.text in ("connected", "training") or fed.round.text not in ("-",)
+        results["state_connected"] = fed.state.text
+        store = app.controller.store
+        yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
+        results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text}
+        shot("federation")
+        # Live: the model from the federation now predicts.
+        app.tabs["live"].dispatch("on_release")
+        n0 = app.controller.live.windows
+        yield lambda: "x" in seen and app.controller.live.windows >= n0 + 2 and live.activity.text != "-"
+        yield 0.0
+        # Freeze what the screen shows and what the model saw for it, together.
+        app.controller.stop_sensing()
+        yield 0.5
+        results["live"] = {
+            "activity": live.activity.text,
+            "confidence": live.confidence.text,
+            "windows": live.windows.text,
+            "controller_activity": app.controller.live.activity,
+        }
+        np.save(out / "live_x.npy", seen["x"])
+        np.save(out / "live_p.npy", seen["p"])
+        shot("live")
+        results["last_update_round"] = app.controller.store.get_meta("last_update", {}).get("round")
+
+    gen = script()
+    state_ = {"wait": None, "until": 0.0, "deadline": time.monotonic() + TIMEOUT_S}
+
+    def tick(_dt):
+        try:
+            while True:
+                w = state_["wait"]
+                if callable(w):
+                    if not w():
+                        if time.monotonic() > state_["deadline"]:
+                            raise TimeoutError(f"waited {TIMEOUT_S} s for a condition at step {len(results)}")
+                        return
+                elif time.monotonic() < state_["until"]:
+                    return
+                nxt = next(gen)
+                if callable(nxt):
+                    state_["wait"] = nxt
+                else:
+                    state_["wait"], state_["until"] = None, time.monotonic() + float(nxt)
+        except StopIteration:
+            Clock.unschedule(tick)
+            app.stop()
+        except Exception:
+            results["error"] = traceback.format_exc()
+            Clock.unschedule(tick)
+            app.stop()
+
+    Clock.schedule_interval(tick, 0.05)
+    app.run()
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if results["error"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

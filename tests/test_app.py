@@ -1,0 +1,139 @@
+"""The Kivy app in a real window under Xvfb, driven through Kivy's event API, in a real federation.
+
+The app records labelled windows from a replayed HAPT session, takes part in a
+federation of one (a real coordinator over a real Mosquitto), and then shows live
+predictions of the model that federation trained. tests/app_driver.py runs the app in its
+own process (Kivy opens one window per process) and reports what the widgets showed;
+here those texts are checked against independent sources (the window log, the
+coordinator's report, the model file run through PyTorch), and the screenshots are
+copied to docs/screenshots/.
+
+Skipped when Kivy cannot be imported, unless FEDHAR_REQUIRE_APP=1 (set by .ci/run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.broker import stop_process
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "docs" / "screenshots"
+
+
+def _require(what: str) -> None:
+    if os.environ.get("FEDHAR_REQUIRE_APP") == "1":
+        pytest.fail(f"{what} (FEDHAR_REQUIRE_APP=1)")
+    pytest.skip(what)
+
+
+@pytest.fixture
+def display(tmp_path):
+    """An X display: the existing one, or an Xvfb started here on a free display number."""
+    if os.environ.get("DISPLAY"):
+        yield os.environ["DISPLAY"]
+        return
+    xvfb = shutil.which("Xvfb")
+    if xvfb is None:
+        _require("Xvfb is not installed (apt-get install xvfb)")
+    n = next(i for i in range(99, 199) if not Path(f"/tmp/.X11-unix/X{i}").exists() and not Path(f"/tmp/.X{i}-lock").exists())
+    with open(tmp_path / "xvfb.log", "wb") as logf:
+        proc = subprocess.Popen([xvfb, f":{n}", "-screen", "0", "480x800x24", "-nolisten", "tcp"], stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            if Path(f"/tmp/.X11-unix/X{n}").exists():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"Xvfb did not start: {(tmp_path / 'xvfb.log').read_text()}")
+        yield f":{n}"
+    finally:
+        stop_process(proc)
+
+
+def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
+    if importlib.util.find_spec("kivy") is None:  # not imported here: Kivy takes over logging when imported
+        _require("Kivy is not installed (pip install -e '.[app]')")
+    out, state, run_dir = tmp_path / "out", tmp_path / "state", tmp_path / "run"
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", "apptest"]
+    cmd += ["--run-dir", str(run_dir), "--run-id", "apptest", "--rounds", "2", "--min-clients", "1", "--expected-clients", "1"]
+    cmd += ["--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120", "--start-timeout", "240"]
+    with open(tmp_path / "coordinator.log", "wb") as coord_log:
+        coordinator = subprocess.Popen(cmd, cwd=ROOT, stdout=coord_log, stderr=subprocess.STDOUT)
+        try:
+            env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
+            r = subprocess.run(
+                [sys.executable, str(ROOT / "tests" / "app_driver.py"), str(out), str(state), str(mosquitto)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=420,
+            )
+            coordinator.wait(60)
+        finally:
+            stop_process(coordinator)
+    assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["error"] is None, res["error"]
+    assert r.returncode == 0
+
+    # Record screen: the counts shown are the window log's, per activity.
+    from edge_client.window_log import WindowLog
+    from har_models.labels import HAPT_LABELS
+
+    log_counts = WindowLog(state / "recorded_windows.log", HAPT_LABELS).counts()
+    assert res["counts_widget"] == {n: str(int(c)) for n, c in zip(HAPT_LABELS.names, log_counts, strict=True)}
+    assert log_counts[0] >= 12 and log_counts[3] >= 8 and log_counts.sum() == log_counts[0] + log_counts[3]
+    assert res["steps"][0] == {"status_while_recording": "Recording: walking", "button": "Stop recording"}
+    assert res["status_after_stop"] == "Not recording"
+
+    # Live before any model; screens switched.
+    assert res["live_before"] == {"activity": "-", "note": "no model yet: take part in a federation round first", "current": "live"}
+    assert res["federation_current"] == "federation"
+
+    # Federation: a bad address is refused, charging is respected, the rounds are the coordinator's.
+    assert "is not HOST:PORT" in res["broker_error"] and res["broker_after"] == f"127.0.0.1:{mosquitto}"
+    assert res["state_on_battery"] == "waiting for charger"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [rd["round"] for rd in report["rounds"]] == [0, 1]
+    assert res["federation"]["round"] == "1" and res["federation"]["state"] == "connected"
+    pers = report["rounds"][-1]["personalisation"]["accuracy"]
+    assert res["federation"]["accuracy"] == f"{pers * 100:.1f} %"  # this device is the federation's only member
+
+    # Live: the label and confidence are the stored model's own output on the window the app saw.
+    import torch
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    from har_models.model import ArchSpec, build_model
+
+    path = state / "local_model.safetensors"
+    with safe_open(str(path), framework="numpy") as f:
+        spec = ArchSpec.from_json(f.metadata()["arch"])
+    model = build_model(spec, {k: torch.from_numpy(v) for k, v in load_file(str(path)).items()}).eval()
+    x = np.load(out / "live_x.npy")
+    assert x.shape == (1, 6, 128)
+    with torch.no_grad():
+        p = torch.softmax(model(torch.from_numpy(x)), dim=1).numpy()[0]
+    k = int(np.argmax(p))
+    assert res["live"]["activity"] == HAPT_LABELS.names[k].replace("_", " ")
+    assert res["live"]["confidence"] == f"confidence {p[k] * 100:.0f} %"
+    np.testing.assert_allclose(np.load(out / "live_p.npy")[0], p, rtol=1e-5)
+    assert int(res["live"]["windows"].split()[0]) >= 2
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for name in ("record", "live", "federation"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        shutil.copy(png, SHOTS / f"{name}.png")

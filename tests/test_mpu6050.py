@@ -1,0 +1,197 @@
+"""MPU-6050 driver against an emulated bus with the chip's register map."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import numpy as np
+import pytest
+from mpu6050_emulator import EmulatedMpu6050Bus
+
+from edge_client.sensors.mpu6050 import Mpu6050, Mpu6050Config, Mpu6050Source, counts_to_si
+from har_models.labels import HAPT_LABELS
+from har_models.pipeline import SensorPipeline
+
+G = 9.80665
+
+
+class FakeClock:
+    def __init__(self, t: int = 5_000_000_000):
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def _driver(bus: EmulatedMpu6050Bus, **cfg) -> tuple[Mpu6050, FakeClock]:
+    clock = FakeClock()
+    drv = Mpu6050(bus, Mpu6050Config(**cfg), clock_ns=clock, sleep=lambda s: None)
+    drv.configure()
+    return drv, clock
+
+
+def test_configuration_writes_are_the_datasheet_values_for_50hz():
+    bus = EmulatedMpu6050Bus()
+    _driver(bus, accel_range_g=8, gyro_range_dps=1000)
+    assert bus.writes == [
+        (0x6B, 0x80),  # PWR_MGMT_1: DEVICE_RESET
+        (0x6B, 0x01),  # wake, CLKSEL = PLL with X gyro
+        (0x19, 19),  # SMPLRT_DIV: 1 kHz / (1 + 19) = 50 Hz
+        (0x1A, 0x04),  # CONFIG: DLPF_CFG 4 (21/20 Hz)
+        (0x1B, 0x10),  # GYRO_CONFIG: FS_SEL 2 = ±1000 °/s
+        (0x1C, 0x10),  # ACCEL_CONFIG: AFS_SEL 2 = ±8 g
+        (0x38, 0x10),  # INT_ENABLE: FIFO_OFLOW_EN
+        (0x23, 0x00),
+        (0x6A, 0x04),  # USER_CTRL: FIFO_RESET
+        (0x6A, 0x40),  # USER_CTRL: FIFO_EN
+        (0x23, 0x78),  # FIFO_EN: XG, YG, ZG, ACCEL
+    ]
+    assert bus.sample_rate_hz() == 50.0
+    assert not bus.regs[0x6B] & 0x40  # awake
+
+
+@pytest.mark.parametrize(("rng", "lsb"), [(2, 16384), (4, 8192), (8, 4096), (16, 2048)])
+def test_accel_counts_convert_exactly(rng, lsb):
+    raw = np.array([[lsb, -lsb, lsb // 2, 0, 0, 0], [-32768, 32767, 1, 0, 0, 0]], np.int16)
+    acc, _ = counts_to_si(raw, rng, 250)
+    assert acc[0].tolist() == [G, -G, G / 2]
+    assert acc[1, 0] == pytest.approx(-32768 / lsb * G, rel=1e-15)
+    assert acc[1, 0] == pytest.approx(-rng * G, rel=1e-15)  # full scale is ±rng g
+    assert acc[1, 2] == pytest.approx(G / lsb, rel=1e-15)
+
+
+@pytest.mark.parametrize(("rng", "lsb"), [(250, 131.0), (500, 65.5), (1000, 32.8), (2000, 16.4)])
+def test_gyro_counts_convert_exactly(rng, lsb):
+    raw = np.zeros((1, 6), np.int16)
+    raw[0, 3:] = [round(lsb * 10), -round(lsb * 10), 0]  # ±10 °/s where the count is whole
+    _, gyro = counts_to_si(raw, 2, rng)
+    want = round(lsb * 10) / lsb * math.pi / 180
+    assert gyro[0, 0] == pytest.approx(want, rel=1e-15)
+    assert gyro[0, 1] == pytest.approx(-want, rel=1e-15)
+    assert gyro[0, 2] == 0.0
+    if lsb * 10 == round(lsb * 10):
+        assert gyro[0, 0] == pytest.approx(10 * math.pi / 180, rel=1e-15)
+
+
+def test_fifo_frames_are_read_in_order_with_chip_clock_timestamps():
+    bus = EmulatedMpu6050Bus()
+    drv, clock = _driver(bus, accel_range_g=4, gyro_range_dps=500)
+    t0 = clock.t
+    bus.tick(30)  # 360 bytes: more than one 32-byte block, not a multiple of it
+    clock.t += 10**9  # the read happens later: the stamps still come from the sample count
+    acc, gyr = drv.read()
+    assert acc[0] == "acc" and gyr[0] == "gyro"
+    assert acc[1].tolist() == [t0 + (k + 1) * 20_000_000 for k in range(30)]
+    raw_a, raw_g = bus.signal(np.arange(30))
+    np.testing.assert_array_equal(acc[2], raw_a.astype(np.float64) * G / 8192)
+    np.testing.assert_allclose(gyr[2], raw_g.astype(np.float64) / 65.5 * math.pi / 180, rtol=1e-14, atol=0)
+    bus.tick(5)
+    acc2, _ = drv.read()
+    assert acc2[1][0] == t0 + 31 * 20_000_000  # continuous across reads
+    assert drv.read() == []
+
+
+def test_status_read_error_is_retried_without_losing_or_inventing_data(caplog):
+    bus = EmulatedMpu6050Bus()
+    drv, clock = _driver(bus)
+    t0 = clock.t
+    bus.tick(10)
+    bus.fail_reads.append(0x72)  # FIFO_COUNT fails once with errno 121
+    with caplog.at_level(logging.WARNING):
+        assert drv.read() == []
+    assert "EREMOTEIO" in caplog.text and drv.stats.io_errors == 1 and drv.stats.gaps == 0
+    bus.tick(10)
+    acc, _ = drv.read()
+    assert acc[1].tolist() == [t0 + (k + 1) * 20_000_000 for k in range(20)]  # nothing lost, nothing added
+
+
+def test_fifo_read_error_mid_stream_is_a_gap_never_zeros(caplog):
+    bus = EmulatedMpu6050Bus()
+    drv, clock = _driver(bus)
+    t0 = clock.t
+    bus.tick(20)  # 240 bytes: blocks of 32; the third block read fails
+    calls = {"n": 0}
+    orig = bus.read_i2c_block_data
+
+    def flaky(addr, reg, length):
+        if reg == 0x74:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                bus.fail_reads.append(0x74)
+        return orig(addr, reg, length)
+
+    bus.read_i2c_block_data = flaky  # type: ignore[method-assign]
+    clock.t = t0 + 7 * 10**9
+    with caplog.at_level(logging.WARNING):
+        chunks = drv.read()
+    acc = chunks[0]
+    assert len(acc[1]) == 5  # 64 bytes read before the failure = 5 whole frames
+    assert acc[1].tolist() == [t0 + (k + 1) * 20_000_000 for k in range(5)]
+    assert drv.stats.gaps == 1 and drv.stats.io_errors == 1 and "gap" in caplog.text
+    assert bus.fifo == bytearray()  # FIFO reset
+    bus.tick(3)
+    acc2, _ = drv.read()
+    assert acc2[1].tolist() == [clock.t + (k + 1) * 20_000_000 for k in range(3)]  # restarted from the host clock
+    for c in (acc, acc2):
+        assert np.all(np.abs(c[2]).sum(axis=1) > 0)  # no zero sample anywhere
+
+
+def test_overflow_is_a_gap_and_resets_the_fifo():
+    bus = EmulatedMpu6050Bus()
+    drv, _ = _driver(bus)
+    bus.tick(100)  # 1200 bytes > 1024
+    assert drv.read() == []
+    assert drv.stats.overflows == 1 and drv.stats.gaps == 1 and bus.fifo == bytearray()
+    bus.tick(4)
+    assert len(drv.read()[0][1]) == 4
+
+
+def test_wrong_chip_is_refused():
+    bus = EmulatedMpu6050Bus()
+    bus.regs[0x75] = 0x70  # an MPU-6500
+    with pytest.raises(RuntimeError, match="WHO_AM_I reads 0x70"):
+        Mpu6050(bus, sleep=lambda s: None).configure()
+
+
+def test_source_feeds_the_pipeline_with_50hz_windows():
+    """The source thread into the same pipeline as replay: 10 frames per poll, one failed transfer = one gap."""
+    bus = EmulatedMpu6050Bus()
+    bus.frames_per_count_read = 10
+    clock = FakeClock(10**9)
+    src = Mpu6050Source(bus, poll_s=0.001, clock_ns=clock)
+    pipe = SensorPipeline(HAPT_LABELS)
+    pipe.set_label(0, 3)
+    parts = []
+    done = threading.Event()
+    reads = {"n": 0}
+    orig = bus.read_i2c_block_data
+
+    def counted(addr, reg, length):
+        if reg == 0x72:
+            reads["n"] += 1
+            clock.t += 200_000_000  # the host's clock moves on by the 10 frames' worth
+            if reads["n"] == 40:
+                bus.fail_reads.append(0x74)  # the first FIFO transfer of poll 40 fails: its 10 frames are lost
+            if reads["n"] == 81:
+                bus.frames_per_count_read = 0
+            if reads["n"] >= 85:
+                done.set()
+        return orig(addr, reg, length)
+
+    bus.read_i2c_block_data = counted  # type: ignore[method-assign]
+    src.start(lambda ch: parts.append(pipe.push(*ch)))
+    assert done.wait(60)
+    src.stop()
+    parts.append(pipe.close())
+    drv = src.driver
+    assert drv is not None and drv.stats.gaps == 1 and drv.stats.samples == 390 + 400
+    x = np.concatenate([p.x for p in parts])
+    t = np.concatenate([p.t_start_ns for p in parts])
+    y = np.concatenate([p.y for p in parts])
+    # 390 contiguous samples, then 400: (390 - 128) // 64 + 1 = 5 and (400 - 128) // 64 + 1 = 5 windows.
+    assert len(t) == 10 and set(y.tolist()) == {3}
+    first_run_end = 10**9 + 390 * 20_000_000  # the stamp of the last sample of the first run
+    assert all(s + 127 * 20_000_000 <= first_run_end or s > first_run_end for s in t.tolist())
+    assert np.all(np.abs(x).sum(axis=(1, 2)) > 0)
