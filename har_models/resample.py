@@ -27,7 +27,9 @@ gives bit-identical output:
   before it is decimated onto the grid, or its content above 25 Hz would fold into the
   band the model sees (a 40 Hz vibration sampled at 50 Hz reappears at 10 Hz at full
   amplitude). The stream's rate is measured on its first :data:`RATE_PROBE_INTERVALS`
-  sample spacings (median); up to :data:`ANTI_ALIAS_RATIO` times the grid rate it passes
+  sample spacings (median), those alone and once, so the decision does not depend on how
+  the stream is chunked (a stream that changes rate later keeps its first decision); up to
+  :data:`ANTI_ALIAS_RATIO` times the grid rate it passes
   through untouched, so 50 Hz input (HAPT, REALWORLD, a phone that keeps its 20 ms
   period) gives bit for bit what it gave before the filter existed. Faster streams go
   through :class:`AntiAliasDecimator` (filter design and the reasons for it there), whose
@@ -381,7 +383,11 @@ class _StreamBuffer:
             self._probe_v = np.vstack([self._probe_v, v])
             if self._probe_t.size <= RATE_PROBE_INTERVALS and not final:
                 return
-            spacing = float(np.median(np.diff(self._probe_t))) if self._probe_t.size > 1 else 0.0
+            # Exactly the first RATE_PROBE_INTERVALS spacings, never "all held so far": how many
+            # samples one release brings depends on the chunking (one push of a whole recording
+            # releases it all at once), and so would the decision.
+            first = self._probe_t[: RATE_PROBE_INTERVALS + 1]
+            spacing = float(np.median(np.diff(first))) if first.size > 1 else 0.0
             self.factor = anti_alias_factor(spacing, self.period_ns)
             if self.factor > 1:
                 self._decimator = AntiAliasDecimator(self.period_ns, self.factor, self.max_gap_ns)

@@ -336,3 +336,44 @@ def test_any_chunking_gives_bit_identical_grid_with_anti_aliasing(seed):
         v = np.concatenate([o[1] for o in outs])
         assert np.array_equal(t, ref_t) and np.array_equal(v, ref_v)  # bit for bit
         assert r.stats == ref.stats and r.factors == ref.factors
+
+
+@pytest.mark.parametrize("slow_first", [True, False])
+def test_rate_decision_uses_the_first_spacings_whatever_the_chunking(slow_first):
+    """A stream whose rate changes after its first second (a phone that starts near its 20 ms
+    request, then bursts at 200 Hz, or the reverse) is judged on its first
+    RATE_PROBE_INTERVALS spacings in every chunking. Judging on "every sample held when the
+    probe fills" made one push of a whole recording see the 200 Hz part too (median 5 ms:
+    filtered) while small pushes saw the first second only (median ~23 ms: not filtered)."""
+    from har_models.resample import RATE_PROBE_INTERVALS, anti_alias_factor
+
+    rng = np.random.default_rng(7)
+    # the later part has the most samples, so a median over the whole stream sides with it
+    if slow_first:  # 9 s at ~44 Hz (5-40 ms, median ~22.5 ms), then 7.5 s at 200 Hz
+        dt_ms = np.r_[rng.uniform(5, 40, size=400), np.full(1500, 5.0)]
+    else:  # 1 s at 200 Hz, then 22.5 s at ~44 Hz
+        dt_ms = np.r_[np.full(200, 5.0), rng.uniform(5, 40, size=1000)]
+    acc_t = 10**18 + np.round(np.cumsum(dt_ms) * MS).astype(np.int64)
+    acc = (acc_t, np.sin(acc_t / 1e9)[:, None] * np.array([1.0, 2.0, -1.0]))
+    gyr_t = 10**18 + np.arange(1, 1 + int(acc_t[-1] - 10**18) // P) * P
+    gyr = (gyr_t, np.cos(gyr_t / 1e9)[:, None] * np.array([1.0, -1.0, 0.5]))
+
+    # independent reference: the factor of the median of the first 50 spacings (the stream is clean and sorted)
+    want = anti_alias_factor(float(np.median(np.diff(acc_t[: RATE_PROBE_INTERVALS + 1]))))
+    assert want == (1 if slow_first else 4)
+    whole_stream = anti_alias_factor(float(np.median(np.diff(acc_t))))
+    assert whole_stream != want  # the stream really is one a whole-stream median would judge otherwise
+
+    ref = Resampler()
+    ref_out = [ref.push("acc", *acc), ref.push("gyro", *gyr), ref.close()]
+    assert ref.factors == {"acc": want, "gyro": 1}
+    ref_t = np.concatenate([o[0] for o in ref_out])
+    ref_v = np.concatenate([o[1] for o in ref_out])
+    assert ref_t.size > 800  # 16.5 or 23.5 s of 50 Hz grid
+    by_arrival = arrival_order(acc[0], gyr[0])
+    for sizes in ([1], rng.integers(1, 80, size=30), [RATE_PROBE_INTERVALS], [10**6]):
+        outs, r = stream_in_chunks(acc, gyr, by_arrival, sizes)
+        assert r.factors == ref.factors
+        t = np.concatenate([o[0] for o in outs])
+        v = np.concatenate([o[1] for o in outs])
+        assert np.array_equal(t, ref_t) and np.array_equal(v, ref_v)  # bit for bit
