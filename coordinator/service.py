@@ -18,6 +18,7 @@ import json
 import logging
 import queue
 import sqlite3
+import sys
 import time
 import uuid
 from collections import Counter
@@ -504,7 +505,7 @@ class Coordinator:
                     initial=start,
                     desc="rounds",
                     unit="round",
-                    disable=not self.progress,
+                    disable=not self.progress or not sys.stderr.isatty(),
                     dynamic_ncols=True,
                 ) as bar,
             ):

@@ -11,12 +11,10 @@ accuracy (FedDist protocol). Prints the wall time and where the report is.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +27,7 @@ import psutil
 from coordinator.broker import EmbeddedBroker
 from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
+from coordinator.fleet import ENGINES, Fleet
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
@@ -99,7 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
     ap.add_argument("--run-id", default=None)
-    ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process (default 1)")
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="workers",
+        help="host the clients as virtual clients in --workers processes (each client keeps its own MQTT connection, "
+        "id and state folder; they train one at a time per worker), or as one process per client (default workers)",
+    )
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes of the workers engine (default: cores)")
+    ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process or worker (default 1)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     monitor = MemoryMonitor()
     monitor.start()
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    fleet: Fleet | None = None
     broker_ctx: EmbeddedBroker | None = None
     ok = False
     try:
@@ -177,13 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
             broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes)
         federation = args.federation or run_id
-        # MALLOC_ARENA_MAX: one arena per thread would keep each client's round peak resident.
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_client), "PYTHONUNBUFFERED": "1", "MALLOC_ARENA_MAX": "2"}
+        client_argv: dict[str, list[str]] = {}
         for cid, text in sources.items():
             cmd = [
-                sys.executable,
-                "-m",
-                "edge_client.cli",
                 "--client-id",
                 cid,
                 "--broker",
@@ -194,8 +197,6 @@ def main(argv: list[str] | None = None) -> int:
                 text,
                 "--state-dir",
                 str(run_dir / "clients" / cid),
-                "--threads",
-                str(args.threads_per_client),
                 "--exit-after-run",
                 run_id,
                 "--max-message-bytes",
@@ -208,12 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             for opt in ("tls_ca", "tls_cert", "tls_key"):
                 if getattr(args, opt):
                     cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
-            with open(run_dir / "logs" / f"{cid}.log", "ab") as out:
-                # Clients run at lower priority, so the broker and coordinator keep messages moving while they train.
-                procs[cid] = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT_ROOT, preexec_fn=_lower_priority
-                )
-        log.info("started %d client processes; building the union test set for evaluation", len(procs))
+            client_argv[cid] = cmd
+        fleet = Fleet(client_argv, args.engine, args.workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT)
+        fleet.start()
+        log.info("building the union test set for evaluation")
         evaluator = Evaluator(union_test_set(sources, seed=settings.split_seed))
         cfg = replace(
             settings,
@@ -229,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             "clients": len(sources),
             "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
             "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
+            "engine": args.engine if args.engine == "processes" else f"workers ({min(args.workers, len(sources))} processes)",
             "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
         }
         coord = Coordinator(
-            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=lambda: _clients_gone(procs, run_dir)
+            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=fleet.gone
         )
         doc = coord.run()
         ok = True
@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     finally:
-        _stop_clients(procs, grace_s=60.0 if ok else 0.0)
+        if fleet is not None:
+            fleet.stop(grace_s=60.0 if ok else 0.0)
         if broker_ctx is not None:
             broker_ctx.stop()
         monitor.stop()
@@ -283,45 +284,6 @@ def main(argv: list[str] | None = None) -> int:
             f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
         )
     return 0
-
-
-def _clients_gone(procs: dict[str, subprocess.Popen[bytes]], run_dir: Path) -> tuple[set[str], str | None]:
-    """Client processes that exited; with none left, the error to stop with (the tail of one client's log)."""
-    gone = {cid for cid, p in procs.items() if p.poll() is not None}
-    if not procs or len(gone) < len(procs):
-        return gone, None
-    cid = sorted(gone)[0]
-    try:
-        lines = (run_dir / "logs" / f"{cid}.log").read_text(errors="replace").strip().splitlines()[-3:]
-    except OSError:
-        lines = []
-    codes = sorted({p.returncode for p in procs.values()})
-    return gone, (
-        f"every client process exited (exit codes {codes}) before the run ended; {cid} said: "
-        + (" | ".join(lines) or "nothing")
-        + f". Logs: {run_dir / 'logs'}"
-    )
-
-
-def _lower_priority() -> None:
-    with contextlib.suppress(OSError):  # not permitted: run at normal priority
-        os.nice(5)
-
-
-def _stop_clients(procs: dict[str, subprocess.Popen[bytes]], grace_s: float) -> None:
-    """Let clients exit by themselves (they do once the run is finished), then terminate the rest."""
-    end = time.monotonic() + grace_s
-    for cid, p in procs.items():
-        try:
-            p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("client %s still running; terminating it", cid)
-            p.terminate()
-    for p in procs.values():
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 if __name__ == "__main__":

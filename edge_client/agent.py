@@ -7,6 +7,7 @@ training never stalls keep-alives or acknowledgements.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -63,11 +64,16 @@ class EdgeAgent:
     cfg : ClientConfig
     store : ClientStore
         Holds the windows (already ingested), the local model and bookkeeping.
+    train_lock : threading.Lock, optional
+        Shared by clients hosted in one worker process (:mod:`edge_client.worker`).
     """
 
-    def __init__(self, cfg: ClientConfig, store: ClientStore):
+    def __init__(self, cfg: ClientConfig, store: ClientStore, train_lock: threading.Lock | None = None):
         self.cfg = cfg
         self.store = store
+        # Clients hosted together in one worker process train one at a time: memory stays that of
+        # one training, and each training sees the same global RNG and thread settings as alone.
+        self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
         self.trainer = LocalTrainer(store, cfg.client_id)
         self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes)
@@ -227,7 +233,8 @@ class EdgeAgent:
         self.models.pop(transfer, None)  # decoded: the 26 MB of envelope bytes are not needed any more
         self._set_state("training")
         try:
-            outcome = self.trainer.run_round(ann, env.tensors)
+            with self._train_lock:
+                outcome = self.trainer.run_round(ann, env.tensors)
         except Exception as exc:
             # Whatever a plan or model from the network contains, the client survives: it says
             # why it cannot follow this one and waits for the next round.

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from edge_client.agent import ClientConfig, EdgeAgent
@@ -55,14 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data, 4 state folder in use)."""
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    if args.threads > 0:
-        import torch
+@dataclass
+class PreparedClient:
+    """A client ready to serve: its settings, its open store and its parsed options."""
 
-        torch.set_num_threads(args.threads)
+    cfg: ClientConfig
+    store: ClientStore
+    args: argparse.Namespace
+
+
+def prepare(argv: list[str] | None) -> PreparedClient | int:
+    """Parse ``fedhar-client`` options and ingest the client's windows; an exit status if it cannot serve.
+
+    Returns
+    -------
+    PreparedClient, or int
+        2 usage, 3 data (including "nothing to train on"), 4 state folder in use.
+    """
+    args = build_parser().parse_args(argv)
     try:
         broker = broker_from_args(args)
         cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
@@ -74,14 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
-        if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
-            n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
-        else:
-            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
     except StoreInUseError as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return 4
     except (ValueError, OSError) as exc:
+        print(f"fedhar-client: cannot open the state folder: {exc}", file=sys.stderr)
+        return 3
+    try:
+        if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
+            n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
+        else:
+            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
+    except (ValueError, OSError) as exc:
+        store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
         return 3
     log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
@@ -93,13 +109,32 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+    return PreparedClient(cfg, store, args)
+
+
+def serve(client: PreparedClient, stop: threading.Event, train_lock: threading.Lock | None = None) -> int:
+    """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store."""
+    try:
+        return EdgeAgent(client.cfg, client.store, train_lock=train_lock).run(stop, max_seconds=client.args.max_seconds)
+    finally:
+        client.store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data, 4 state folder in use)."""
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    client = prepare(argv)
+    if isinstance(client, int):
+        return client
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        return EdgeAgent(cfg, store).run(stop, max_seconds=args.max_seconds)
-    finally:
-        store.close()
+    return serve(client, stop)
 
 
 if __name__ == "__main__":

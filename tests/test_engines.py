@@ -1,0 +1,75 @@
+"""Virtual clients in worker processes: the same federation as one process per client, and robust to a dead worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from coordinator import simulate
+
+SMALL = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
+         "--start-timeout", "120", "--generalisation-every", "1"]
+
+
+def _figures(doc: dict) -> list[dict]:
+    """Every number of every round except wall times and upload bytes (an update's metadata holds its measured training time)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "bytes_up")} for r in doc["rounds"]]
+
+
+def test_workers_and_processes_give_the_same_figures_to_the_last_digit(tmp_path: Path) -> None:
+    docs = {}
+    for engine in ("processes", "workers"):
+        run = tmp_path / engine
+        argv = [*SMALL, "--rounds", "3", "--engine", engine, "--workers", "2", "--run-dir", str(run), "--run-id", "same"]
+        assert simulate.main(argv) == 0
+        docs[engine] = json.loads((run / "report.json").read_text())
+    assert docs["workers"]["engine"] == "workers (2 processes)"
+    assert _figures(docs["workers"]) == _figures(docs["processes"])
+    for a, b in zip(docs["workers"]["rounds"], docs["processes"]["rounds"], strict=True):
+        assert abs(a["bytes_up"] - b["bytes_up"]) < 64  # three metadata texts of a few digits each
+
+
+def _kill_worker_when_round_opens(run_dir: Path, round_: int, stop: threading.Event) -> None:
+    """SIGKILL worker-0 as round ``round_`` opens (the report is rewritten just before the next round is announced)."""
+    me = psutil.Process()
+    while not stop.is_set():
+        report = run_dir / "report.json"
+        try:
+            done = len(json.loads(report.read_text())["rounds"]) if report.exists() else 0
+        except (ValueError, KeyError):  # not a report yet: look again
+            done = 0
+        if done >= round_:
+            for p in me.children(recursive=True):
+                try:
+                    if "worker-0.clients.json" in " ".join(p.cmdline()):
+                        p.kill()
+                        return
+                except psutil.NoSuchProcess:
+                    continue
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_costs_its_clients_one_round_and_they_come_back(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_worker_when_round_opens, args=(run, 1, stop), daemon=True)
+    killer.start()
+    try:
+        # 30 local epochs make each client train for about a second, so the kill lands while round 1 trains.
+        argv = [*SMALL, "--rounds", "6", "--local-epochs", "30", "--workers", "2", "--min-clients", "1", "--run-dir", str(run)]
+        rc = simulate.main([*argv, "--run-id", "kill"])
+    finally:
+        stop.set()
+        killer.join(10)
+    assert rc == 0
+    rounds = json.loads((run / "report.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4, 5]
+    # worker-0 hosted hapt-01 and hapt-03 (round-robin): they missed the round the kill fell in, hapt-02 carried it.
+    hit = [r for r in rounds if r["updates"] < 3]
+    assert hit and all(set(r["missing"]) <= {"hapt-01", "hapt-03"} for r in hit)
+    assert rounds[-1]["updates"] == 3  # the restarted worker's clients are back
+    assert "restarting it (1/3)" in (run / "logs" / "coordinator.log").read_text()
