@@ -14,6 +14,7 @@ Android foreground service, on a Raspberry Pi and in tests.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -408,3 +409,13 @@ def _trained_accuracy(envelope: bytes) -> float | None:
         return None
     m = np.asarray(cm, dtype=np.float64)
     return float(np.trace(m) / m.sum()) if m.sum() else None
+
+
+def default_data_dir() -> Path:
+    """The platform's folder for app data: the app's private storage on Android, else ``$XDG_DATA_HOME`` or ~/.local/share."""
+    try:
+        from android.storage import app_storage_path  # python-for-android only
+
+        return Path(app_storage_path())
+    except ImportError:
+        return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")

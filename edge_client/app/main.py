@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView
+from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir
 from edge_client.sensors.base import SensorSource
 from har_models.labels import LABEL_SETS, LabelSet
 
@@ -88,16 +88,6 @@ def make_source(spec: str, labels: LabelSet, speed: float | None = 1.0) -> Senso
             raise ValueError(f"sensor {spec!r}: no recordings found")
         return ReplaySensor(recs[0], speed=speed, loop=True)
     raise ValueError(f"sensor {spec!r}: expected android, mpu6050[:BUS[:ADDRESS]] or replay:SOURCE")
-
-
-def default_data_dir() -> Path:
-    """The platform's folder for app data: the app's private storage on Android, else ``$XDG_DATA_HOME`` or ~/.local/share."""
-    try:
-        from android.storage import app_storage_path  # python-for-android only
-
-        return Path(app_storage_path())
-    except ImportError:
-        return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, parse_broker
+from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir, parse_broker
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
 from har_models.labels import LABEL_SETS
@@ -107,8 +107,6 @@ def run_service(
     charging : callable returning bool
         Charging state.
     """
-    from edge_client.app.main import default_data_dir
-
     folder = state_dir or default_data_dir() / "fedhar"
     folder.mkdir(parents=True, exist_ok=True)
     settings = read_json(folder / SETTINGS_FILE) or {}
