@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -34,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="labelled recordings to replay: hapt:PATH/userXX.npz or realworld:ROOT:probandN[:position,...]; "
         "or recorded:LABELSET for the windows recorded on this device (fedhar-record, fedhar-app) in --state-dir",
     )
-    ap.add_argument("--state-dir", type=Path, required=True, help="folder for windows, local model and round state (survives restarts)")
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="folder for windows, local model and round state (survives restarts); one client at a time may use it "
+        "(default: $XDG_DATA_HOME/fedhar/<client id>, or ~/.local/share/fedhar/<client id>)",
+    )
     ap.add_argument(
         "--split-seed",
         type=int,
@@ -56,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def default_state_dir(client_id: str) -> Path:
+    """A client's default state folder: per client id, so two clients on one machine never share one."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "fedhar" / client_id
+
+
 @dataclass
 class PreparedClient:
     """A client ready to serve: its settings, its open store and its parsed options."""
@@ -74,6 +87,8 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         2 usage, 3 data (including "nothing to train on"), 4 state folder in use.
     """
     args = build_parser().parse_args(argv)
+    if args.state_dir is None:
+        args.state_dir = default_state_dir(args.client_id)
     try:
         broker = broker_from_args(args)
         cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
