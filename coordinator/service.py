@@ -29,7 +29,7 @@ from typing import Any
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from coordinator import feddist, feddist_steps
+from coordinator import feddist, feddist_steps, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.report import write_report
@@ -108,6 +108,7 @@ class Coordinator:
         self._header: dict[str, Any] = dict(self.report_header)
         self._bar: tqdm | None = None
         self._rejected_outside: Counter[tuple[str, str]] = Counter()  # invalid messages while no exchange is open
+        self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
         self._link = MqttLink(
             cfg.broker,
             f"fedhar-coordinator-{cfg.federation}",
@@ -196,9 +197,14 @@ class Coordinator:
         except UpdateRejected as exc:
             self._reject(cid, exc.reason, str(exc))
             return
-        if not c.add(upd):
+        if cid in c.updates:
             log.debug("round %d: duplicate update from %s ignored", c.round, cid)
             return
+        try:
+            upd = spill.spill_update(upd, self._spill_dir / f"r{c.round:04d}-s{c.stage}")
+        except OSError as exc:  # a full disk: keep this update in memory rather than lose it
+            log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
+        c.add(upd)
         if self._bar is not None:
             self._bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
 
@@ -391,6 +397,7 @@ class Coordinator:
     def _run_round(self, round_: int) -> dict[str, Any] | None:
         """Run round ``round_`` (steps of :mod:`coordinator.round`); its summary, or None if it must be run again."""
         assert self.fed is not None
+        spill.clear(self._spill_dir)  # what a failed or interrupted round left
         t0 = time.monotonic()
         selected = select_clients(self._eligible(), round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed)
         if not selected:
@@ -440,6 +447,7 @@ class Coordinator:
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
         log.info(summary_line(summary))
         del ex, results, agg
+        spill.clear(self._spill_dir)
         release_free_memory()
         return summary
 

@@ -9,7 +9,7 @@ it never changes the federation's state.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +57,8 @@ class ClientUpdate:
     stage: int
     n_train: int
     n_test: int
-    state: dict[str, torch.Tensor]
-    guidance: dict[str, torch.Tensor] | None
+    state: Mapping[str, torch.Tensor]
+    guidance: Mapping[str, torch.Tensor] | None
     confusion: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     size: int = 0

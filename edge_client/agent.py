@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from edge_client.store import ClientStore
-from edge_client.trainer import LocalTrainer
+from edge_client.trainer import LocalTrainer, RoundOutcome
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, MqttLink
 from har_models import codec
@@ -217,6 +217,25 @@ class EdgeAgent:
         _, transfer = ann.model_for(cid)
         if not transfer or transfer in self.rejected or transfer not in self.models:
             return
+        # Decoding and training hold the worker's training lock: clients hosted together then hold
+        # one decoded model at a time, not one each while they wait.
+        with self._train_lock:
+            outcome = self._decode_and_train(ann, transfer, key)
+        if outcome is None:
+            return
+        self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
+        self._done.add(key)
+        if self._upload(key, outcome.envelope):
+            self._sent_attempt[key] = ann.attempt
+        self.rounds_done += 1
+        log.info("[%s] round %d%s: %s", cid, ann.round, f".{ann.stage}" if ann.stage else "", outcome.summary)
+        del outcome
+        release_free_memory()
+        self._set_state("idle")
+
+    def _decode_and_train(self, ann: RoundAnnouncement, transfer: str, key: tuple[str, int, int]) -> RoundOutcome | None:
+        """Check the received model against the announcement and run the round; None if the client cannot."""
+        cid = self.cfg.client_id
         try:
             env = codec.decode(self.models[transfer], max_bytes=self.cfg.max_model_bytes)
             if env.kind != "model" or env.round != ann.round or env.arch_version != ann.arch.get("version"):
@@ -229,12 +248,11 @@ class EdgeAgent:
         except codec.EnvelopeError as exc:
             log.error("[%s] round %d: rejected model %s (%s): %s", cid, ann.round, transfer[:12], exc.reason, exc)
             self.rejected.add(transfer)
-            return
+            return None
         self.models.pop(transfer, None)  # decoded: the 26 MB of envelope bytes are not needed any more
         self._set_state("training")
         try:
-            with self._train_lock:
-                outcome = self.trainer.run_round(ann, env.tensors)
+            return self.trainer.run_round(ann, env.tensors)
         except Exception as exc:
             # Whatever a plan or model from the network contains, the client survives: it says
             # why it cannot follow this one and waits for the next round.
@@ -242,16 +260,7 @@ class EdgeAgent:
             self.rejected.add(transfer)
             self._done.add(key)
             self._set_state("idle")
-            return
-        self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
-        self._done.add(key)
-        if self._upload(key, outcome.envelope):
-            self._sent_attempt[key] = ann.attempt
-        self.rounds_done += 1
-        log.info("[%s] round %d%s: %s", cid, ann.round, f".{ann.stage}" if ann.stage else "", outcome.summary)
-        del env, outcome
-        release_free_memory()
-        self._set_state("idle")
+            return None
 
     def _upload(self, key: tuple[str, int, int], envelope: bytes) -> bool:
         """Send an update; False if it failed (it is tried again while its round is open)."""
