@@ -1,0 +1,242 @@
+"""The ExecuTorch backend: the HAR CNN's exported programs run through the runtime's Python bindings.
+
+Programs come from :func:`har_models.export.ensure_programs` (cached per architecture). Training
+runs the training program's ``forward`` (forward, loss and backward in one call) and updates the
+program's own parameter tensors in place with plain SGD, ``p <- p - lr * (g + mu (p - p_ref))``
+(FedProx, Li et al., MLSys 2020, eq. 2); the update is written with torch's in-place
+``add_`` on the tensors the runtime hands out uncloned, which alias the program's memory, so the
+next call computes with the new values. (On Android the same program is driven by ExecuTorch's
+Java ``TrainingModule`` and ``SGD``; see :mod:`edge_client.backends.android_executorch`.)
+
+Inference (:meth:`ExecuTorchBackend.predict`, :meth:`ExecuTorchBackend.evaluate`) runs the
+XNNPACK-delegated inference program, with the current parameters passed as its weight inputs.
+
+Dropout masks come from ``numpy.random.default_rng(dropout_seed)`` exactly as in
+:mod:`edge_client.backends.numpy_ref` (one ``rng.random((B, H)) >= p`` draw per batch), so the
+ExecuTorch and numpy backends follow the same trajectory even with dropout active.
+
+The Python runtime imports torch; a torch-free phone uses the Java runtime instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from har_models.arch import PARAM_NAMES, ArchSpec
+from har_models.export import ProgramFiles, ensure_programs, param_fqn, read_program_spec
+from har_models.metrics import confusion_matrix
+from har_models.model import init_state
+
+from .base import ArchitectureMismatch, EvalResult, check_train_args, check_weights, check_windows, draw_dropout_masks
+from .numpy_ref import softmax, weighted_cross_entropy
+
+DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
+"""Default program cache folder (override with ``FEDHAR_PROGRAM_CACHE`` or ``cache_dir``)."""
+
+_GRAD_INDEX = "__et_training_gradients_index_forward"
+_PARAM_INDEX = "__et_training_parameters_index_forward"
+_FQN = "__et_training_fqn_forward"
+
+
+class ExecuTorchBackend:
+    """:class:`~edge_client.backends.base.TrainingBackend` on ExecuTorch programs (Python runtime).
+
+    Parameters
+    ----------
+    spec : ArchSpec
+    weights : name -> ndarray, optional
+        Initial parameters (default :func:`har_models.model.init_state` with seed 0).
+    cache_dir : folder, optional
+        Program cache (default :data:`DEFAULT_CACHE`); programs are exported there if absent.
+    train_batch : int
+        Largest training batch the training program accepts (32); ``train_epoch``'s batch size must not exceed it.
+    infer_batch : int
+        Largest inference batch (256); larger inputs are split.
+    programs : ProgramFiles, optional
+        Use these program files instead of the cache (their recorded spec must equal ``spec``).
+
+    Raises
+    ------
+    ArchitectureMismatch
+        If ``programs`` were exported for another architecture (version or widths) than ``spec``.
+    ValueError
+        If ``weights`` do not match ``spec``.
+    ImportError
+        If executorch is not installed (``pip install 'fedhar[executorch]'``).
+    """
+
+    def __init__(
+        self,
+        spec: ArchSpec,
+        weights: Mapping[str, np.ndarray] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        train_batch: int = 32,
+        infer_batch: int = 256,
+        programs: ProgramFiles | None = None,
+    ):
+        from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+        files = programs or ensure_programs(spec, DEFAULT_CACHE if cache_dir is None else cache_dir, train_batch, infer_batch)
+        program_spec, meta = read_program_spec(files.meta)
+        if program_spec != spec:
+            raise ArchitectureMismatch(
+                f"ExecuTorchBackend: the programs in {files.meta.parent} are for architecture version {program_spec.version} "
+                f"({program_spec.conv_filters} filters, {program_spec.dense_units} units), not version {spec.version} "
+                f"({spec.conv_filters}, {spec.dense_units}); export programs for this architecture (ensure_programs)"
+            )
+        self._spec = spec
+        self.files = files
+        self.train_batch = int(meta["train_batch"])  # type: ignore[call-overload]
+        self.infer_batch = int(meta["infer_batch"])  # type: ignore[call-overload]
+        self._train = _load_for_executorch(str(files.train))
+        self._infer = _load_for_executorch(str(files.infer))
+        self._gi = int(self._train.run_method(_GRAD_INDEX, ())[0])
+        self._pi = int(self._train.run_method(_PARAM_INDEX, ())[0])
+        fqns = list(self._train.run_method(_FQN, ()))
+        # One call to obtain the program's own parameter tensors (uncloned: they alias its memory).
+        outs = self._run_train(np.zeros((1, spec.n_channels, spec.window), np.float32), np.zeros(1, np.int64),
+                               np.ones(1, np.float32), np.ones((1, spec.dense_units), np.float32))
+        by_fqn = dict(zip(fqns, outs[self._pi :], strict=True))
+        self._fqn = {n: param_fqn(n) for n in PARAM_NAMES}
+        self._params: dict[str, torch.Tensor] = {n: by_fqn[self._fqn[n]] for n in PARAM_NAMES}
+        self._grad_pos = {n: fqns.index(self._fqn[n]) for n in PARAM_NAMES}
+        self._rng = np.random.default_rng(0)
+        self.set_weights({n: v.numpy() for n, v in init_state(spec, 0).items()} if weights is None else weights)
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The architecture of the loaded programs."""
+        return self._spec
+
+    def _run_train(self, x: np.ndarray, y: np.ndarray, sw: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
+        inputs = (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(sw), torch.from_numpy(mask))
+        return list(self._train.run_method("forward", inputs, clone_outputs=False))
+
+    def runtime_parameters(self) -> dict[str, torch.Tensor]:
+        """The program's own parameter tensors by name (they alias the runtime's memory; do not resize)."""
+        return dict(self._params)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
+        """Copy parameters by name into the program's memory; see :meth:`TrainingBackend.set_weights`."""
+        arrays = check_weights(self._spec, weights, arch_version, "ExecuTorchBackend.set_weights")
+        with torch.no_grad():
+            for n, p in self._params.items():
+                p.copy_(torch.from_numpy(arrays[n]))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Copies of the program's parameters by name (float32)."""
+        return {n: p.numpy().copy() for n, p in self._params.items()}
+
+    def _forward_backward(
+        self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None, mask: np.ndarray | None
+    ) -> tuple[float, dict[str, torch.Tensor]]:
+        b = len(y)
+        if b > self.train_batch:
+            raise ValueError(f"ExecuTorchBackend: batch of {b} exceeds the training program's limit {self.train_batch}; "
+                             "export with a larger train_batch")
+        sw = np.ones(b, np.float32) if class_weights is None else np.asarray(class_weights, np.float32)[y]
+        m = np.ones((b, self._spec.dense_units), np.float32) if mask is None else np.ascontiguousarray(mask, np.float32)
+        outs = self._run_train(x, y, np.ascontiguousarray(sw), m)
+        grads = {n: outs[self._gi + i] for n, i in self._grad_pos.items()}
+        return float(outs[0]), grads
+
+    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
+        if given is not None:
+            return np.asarray(given, np.float32)
+        if not train or self._spec.dropout <= 0:
+            return None
+        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
+
+    def train_epoch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        order: np.ndarray,
+        *,
+        lr: float,
+        batch_size: int,
+        class_weights: np.ndarray | None = None,
+        prox_mu: float = 0.0,
+        prox_ref: Mapping[str, np.ndarray] | None = None,
+        frozen: Sequence[str] = (),
+        dropout_seed: int | None = None,
+        dropout_masks: Sequence[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """One epoch of SGD on the program's parameters; see :meth:`TrainingBackend.train_epoch`.
+
+        Raises
+        ------
+        ValueError
+            Also when ``batch_size`` exceeds the program's ``train_batch``.
+        """
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.train_epoch")
+        assert ya is not None
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "ExecuTorchBackend")
+        if batch_size > self.train_batch:
+            raise ValueError(f"ExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's train_batch "
+                             f"{self.train_batch}; construct the backend with train_batch >= {batch_size}")
+        trained = [n for n in PARAM_NAMES if n not in frozen]
+        ref = {n: torch.from_numpy(np.asarray(prox_ref[n], np.float32)) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        losses = []
+        with torch.no_grad():
+            for i, s in enumerate(range(0, len(xa), batch_size)):
+                idx = o[s : s + batch_size]
+                mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+                loss, grads = self._forward_backward(xa[idx], ya[idx], class_weights, mask)
+                if ref:
+                    prox = sum(float(((self._params[n] - ref[n]) ** 2).sum()) for n in trained)
+                    loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+                for n in trained:
+                    g = grads[n] + prox_mu * (self._params[n] - ref[n]) if ref else grads[n]
+                    self._params[n].add_(g, alpha=-lr)  # torch.optim.SGD's update, in the program's memory
+                losses.append(loss)
+        return np.asarray(losses, dtype=np.float64)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(N, C)`` float32 from the inference program, in chunks of ``infer_batch``."""
+        xa, _ = check_windows(self._spec, x, None, "ExecuTorchBackend")
+        w = tuple(self._params[n] for n in PARAM_NAMES)
+        out = [self._infer.forward((torch.from_numpy(xa[s : s + self.infer_batch]), *w))[0].numpy()
+               for s in range(0, len(xa), self.infer_batch)]
+        return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
+        """Confusion matrix ``(C, C)`` and mean (weighted) CE from the inference program."""
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.evaluate")
+        assert ya is not None
+        z = self.logits(xa)
+        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
+        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(B, C)`` float32 from the inference program."""
+        return softmax(self.logits(x))
+
+    def top_layer_grads(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        names: Sequence[str],
+        *,
+        class_weights: np.ndarray | None = None,
+        dropout: bool = False,
+        dropout_seed: int | None = None,
+        dropout_mask: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Gradient of the batch loss w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.top_layer_grads")
+        assert ya is not None
+        unknown = set(names) - set(PARAM_NAMES)
+        if unknown:
+            raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        _, grads = self._forward_backward(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        return {n: grads[n].numpy().copy() for n in names}

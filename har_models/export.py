@@ -1,0 +1,250 @@
+"""ExecuTorch programs of the HAR CNN, one pair per architecture version, cached on disk.
+
+For an :class:`~har_models.arch.ArchSpec` this exports
+
+* a **training program** (``<key>.train.pte``): forward, loss and backward in one method, through
+  ExecuTorch's training export (``torch.export.export`` -> ``_export_forward_backward`` ->
+  ``to_edge`` -> ``to_executorch``). Method ``forward(x (B, 6, T), y (B,), sw (B,), mask (B, H))``
+  returns ``[loss, logits (B, C), grads..., params...]``; ``loss = mean_b(sw_b * CE_b)`` with
+  ``sw_b = w_{y_b}`` the class weight of the window (:func:`har_models.training.make_loss`), and
+  ``mask`` the dropout multipliers (0 or ``1/(1-p)``; ones for no dropout). The parameters live in
+  the program and are updated in place by the runtime's caller;
+* an **inference program** (``<key>.infer.pte``), XNNPACK-delegated: ``forward(x (B, 6, T),
+  conv.weight, conv.bias, hidden.weight, hidden.bias, out.weight, out.bias)`` -> logits ``(B, C)``.
+  The weights are inputs, so a new model loads by name without re-exporting (XNNPACK runs the
+  matrix products with non-static fp32 weights).
+
+Both take any batch size from 1 to their maximum (``train_batch``, ``infer_batch``): the batch
+dimension is exported dynamic.
+
+Formulation. The convolution is written as im2col plus one matrix product (a gather of the padded
+input at ``t + j`` for ``j < k``, then ``(B*T, C*k) @ (C*k, F)``), and max-pooling as a reshape and
+``amax``. This is the same function as :class:`~har_models.model.HarCNN` (same padding, same
+channel-first flatten, same parameter shapes) but avoids ``convolution_backward``, whose portable
+kernel in executorch 1.4.0 returned conv-weight gradients off by a factor of about 800 in our
+check (``tests/test_backends.py`` compares every gradient against PyTorch eager).
+
+Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
+the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
+them records the spec, so a program for architecture version v refuses weights of v + 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from har_models.arch import PARAM_NAMES, ArchSpec
+from har_models.model import init_state
+
+EXPORT_FORMAT = 1
+"""Bumped whenever the programs' signatures or formulation change (part of the cache key)."""
+
+
+@dataclass(frozen=True)
+class ProgramFiles:
+    """Paths of one architecture's exported programs.
+
+    Attributes
+    ----------
+    train, infer : Path
+        The training and the inference ``.pte`` files.
+    meta : Path
+        JSON with ``spec`` (the ArchSpec JSON), ``key``, ``train_batch``, ``infer_batch``, ``params``.
+    """
+
+    train: Path
+    infer: Path
+    meta: Path
+
+
+class _Functional(nn.Module):
+    """The HAR CNN as im2col + matrix products, with parameters as attributes or as inputs."""
+
+    def __init__(self, spec: ArchSpec, state: dict[str, torch.Tensor] | None = None):
+        super().__init__()
+        self.spec = spec
+        k = spec.kernel
+        self.pad = ((k - 1) // 2, k - 1 - (k - 1) // 2)  # 'same' padding as HarCNN (7 and 8 for k = 16)
+        self.register_buffer("idx", torch.arange(spec.window)[:, None] + torch.arange(k)[None, :], persistent=False)
+        self.register_buffer("mean", torch.tensor(spec.input_mean, dtype=torch.float32).view(1, -1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(spec.input_std, dtype=torch.float32).view(1, -1, 1), persistent=False)
+        if state is not None:
+            # Registered in PARAM_NAMES order under flat names ("conv_weight"); see _param_fqn.
+            for name in PARAM_NAMES:
+                self.register_parameter(_param_fqn(name), nn.Parameter(state[name].detach().clone().float()))
+
+    def logits(self, x: torch.Tensor, w: dict[str, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        s = self.spec
+        b = x.shape[0]
+        x = (x - self.get_buffer("mean")) / self.get_buffer("std")
+        x = F.pad(x, self.pad)
+        cols = x[:, :, self.get_buffer("idx")]  # (B, C, T, k): cols[b, c, t, j] = x_pad[b, c, t + j]
+        cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
+        z = F.relu(F.linear(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
+        z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
+        flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
+        h = F.relu(F.linear(flat, w["hidden.weight"], w["hidden.bias"]))
+        if mask is not None:
+            h = h * mask
+        return F.linear(h, w["out.weight"], w["out.bias"])
+
+
+def _param_fqn(name: str) -> str:
+    """Attribute name of a parameter inside the exported module ("conv.weight" -> "conv_weight")."""
+    return name.replace(".", "_")
+
+
+class _TrainGraph(_Functional):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, sw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = {n: getattr(self, _param_fqn(n)) for n in PARAM_NAMES}
+        logits = self.logits(x, w, mask)
+        loss = (F.cross_entropy(logits, y, reduction="none") * sw).mean()
+        return loss, logits.detach()
+
+
+class _InferGraph(_Functional):
+    def forward(
+        self,
+        x: torch.Tensor,
+        conv_weight: torch.Tensor,
+        conv_bias: torch.Tensor,
+        hidden_weight: torch.Tensor,
+        hidden_bias: torch.Tensor,
+        out_weight: torch.Tensor,
+        out_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        w = dict(zip(PARAM_NAMES, (conv_weight, conv_bias, hidden_weight, hidden_bias, out_weight, out_bias), strict=True))
+        return self.logits(x, w, None)
+
+
+def program_key(spec: ArchSpec, train_batch: int, infer_batch: int) -> str:
+    """Cache key: first 16 hex digits of SHA-256 over the spec JSON, format, executorch version and batch limits."""
+    from importlib.metadata import version
+
+    text = json.dumps(
+        {"spec": spec.to_json(), "format": EXPORT_FORMAT, "executorch": version("executorch"), "train_batch": train_batch,
+         "infer_batch": infer_batch},
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def param_fqn(name: str) -> str:
+    """Name under which the training program reports parameter ``name`` (see :data:`PARAM_NAMES`)."""
+    return _param_fqn(name)
+
+
+def export_training_program(spec: ArchSpec, train_batch: int = 32) -> bytes:
+    """The training program's bytes (see the module docstring), batch 1..``train_batch``.
+
+    Initial parameters are :func:`har_models.model.init_state` with seed 0; callers load theirs by name.
+
+    Raises
+    ------
+    ImportError
+        If executorch is not installed (``pip install 'fedhar[executorch]'``).
+    """
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from torch.export import Dim, export
+    from torch.export.experimental import _export_forward_backward
+
+    h = spec.dense_units
+    example = (torch.zeros(2, spec.n_channels, spec.window), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.ones(2, h))
+    batch = Dim("batch", min=1, max=int(train_batch))
+    dyn = {"x": {0: batch}, "y": {0: batch}, "sw": {0: batch}, "mask": {0: batch}}
+    ep = export(_TrainGraph(spec, init_state(spec, 0)), example, dynamic_shapes=dyn, strict=False)
+    ep = _export_forward_backward(ep)
+    return bytes(to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer)
+
+
+def export_inference_program(spec: ArchSpec, infer_batch: int = 256) -> bytes:
+    """The XNNPACK-delegated inference program's bytes (weights as inputs), batch 1..``infer_batch``.
+
+    Raises
+    ------
+    ImportError
+        If executorch is not installed.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from torch.export import Dim, export
+
+    state = init_state(spec, 0)
+    example = (torch.zeros(2, spec.n_channels, spec.window), *(state[n] for n in PARAM_NAMES))
+    batch = Dim("batch", min=1, max=int(infer_batch))
+    dyn = {"x": {0: batch}} | {_param_fqn(n): None for n in PARAM_NAMES}
+    ep = export(_InferGraph(spec).eval(), example, dynamic_shapes=dyn, strict=False)
+    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner(force_non_static_weights_for_f32_linear=True)])
+    return bytes(lowered.to_executorch().buffer)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_batch: int = 32, infer_batch: int = 256) -> ProgramFiles:
+    """The cached programs for ``spec`` under ``cache_dir``, exported first if absent.
+
+    Parameters
+    ----------
+    spec : ArchSpec
+    cache_dir : folder for ``<key>.train.pte``, ``<key>.infer.pte`` and ``<key>.json`` (created if missing)
+    train_batch, infer_batch : int >= 1, the largest batch each program accepts
+
+    Returns
+    -------
+    ProgramFiles
+
+    Raises
+    ------
+    ValueError
+        If a batch limit is < 1.
+    ImportError
+        If executorch is not installed.
+    """
+    if train_batch < 1 or infer_batch < 1:
+        raise ValueError(f"ensure_programs: train_batch and infer_batch must be >= 1, got {train_batch}, {infer_batch}")
+    folder = Path(cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = program_key(spec, train_batch, infer_batch)
+    files = ProgramFiles(folder / f"{key}.train.pte", folder / f"{key}.infer.pte", folder / f"{key}.json")
+    if not files.train.exists():
+        _atomic_write(files.train, export_training_program(spec, train_batch))
+    if not files.infer.exists():
+        _atomic_write(files.infer, export_inference_program(spec, infer_batch))
+    if not files.meta.exists():
+        meta = {"spec": spec.to_dict(), "key": key, "format": EXPORT_FORMAT, "train_batch": train_batch, "infer_batch": infer_batch,
+                "params": {n: _param_fqn(n) for n in PARAM_NAMES}}
+        _atomic_write(files.meta, json.dumps(meta, sort_keys=True, indent=1).encode())
+    return files
+
+
+def read_program_spec(meta_path: str | os.PathLike[str]) -> tuple[ArchSpec, dict[str, object]]:
+    """The ArchSpec and metadata recorded next to cached programs.
+
+    Raises
+    ------
+    ValueError
+        If the file is not valid metadata (names the file).
+    """
+    try:
+        meta = json.loads(Path(meta_path).read_text())
+        return ArchSpec.from_json(meta["spec"]), meta
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"read_program_spec: {meta_path} is not program metadata ({exc})") from None
