@@ -17,12 +17,22 @@ For an :class:`~har_models.arch.ArchSpec` this exports
 Both take any batch size from 1 to their maximum (``train_batch``, ``infer_batch``): the batch
 dimension is exported dynamic.
 
-Formulation. The convolution is written as im2col plus one matrix product (a gather of the padded
-input at ``t + j`` for ``j < k``, then ``(B*T, C*k) @ (C*k, F)``), and max-pooling as a reshape and
-``amax``. This is the same function as :class:`~har_models.model.HarCNN` (same padding, same
-channel-first flatten, same parameter shapes) but avoids ``convolution_backward``, whose portable
-kernel in executorch 1.4.0 returned conv-weight gradients off by a factor of about 800 in our
-check (``tests/test_backends.py`` compares every gradient against PyTorch eager).
+Formulation. The programs compute the same function as :class:`~har_models.model.HarCNN` (same
+padding, same channel-first flatten, same parameter shapes) in operators that ExecuTorch's
+kernels differentiate correctly and fast (``tests/test_backends.py`` checks every gradient
+against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
+
+* max-pooling is a reshape and ``amax``: in executorch 1.4.0 the portable
+  ``max_pool2d_with_indices_backward`` returned gradients about 200 times too large (checked on
+  a Conv2d + max_pool2d model against eager; Conv2d's own backward was correct);
+* the convolution is im2col plus one matrix product (a gather of the padded input at ``t + j``
+  for ``j < k``, then ``(B*T, C*k) @ (C*k, F)``), so its forward and backward run as ``mm``;
+* every dense layer is :class:`_Dense`, ``x @ W.T + b`` with a hand-written backward: the
+  ``linear`` -> ``addmm`` lowering ran the portable ``addmm`` kernel (a naive loop, the top entry
+  of a ``perf`` profile of the step) and copied the 6.4-M-entry ``hidden.weight`` through ``permute_copy`` several
+  times per step; ``mm`` without transposes of the weight runs through BLAS (in the pip
+  wheel, the MKL that the torch wheel loads). One batch-32 step of
+  the paper CNN went from about 1.9 s to about 0.15 s on the development machine.
 
 Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
 the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
@@ -89,13 +99,42 @@ class _Functional(nn.Module):
         x = F.pad(x, self.pad)
         cols = x[:, :, self.get_buffer("idx")]  # (B, C, T, k): cols[b, c, t, j] = x_pad[b, c, t + j]
         cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
-        z = F.relu(F.linear(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
+        z = F.relu(_dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
         z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
         flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
-        h = F.relu(F.linear(flat, w["hidden.weight"], w["hidden.bias"]))
+        h = F.relu(_dense(flat, w["hidden.weight"], w["hidden.bias"]))
         if mask is not None:
             h = h * mask
-        return F.linear(h, w["out.weight"], w["out.bias"])
+        return _dense(h, w["out.weight"], w["out.bias"])
+
+
+class _Dense(torch.autograd.Function):
+    """``x @ weight.T + bias`` with a hand-written backward that never transposes ``weight``.
+
+    Forward ``(weight @ x.T).T``; backward ``dx = g @ weight``, ``dweight = g.T @ x``, ``dbias = sum_b g``.
+    Only the small ``(B, n)`` operands are transposed, where autograd's own rule for ``linear``
+    copies the ``(H, F*T')`` weight or its gradient through ``permute_copy`` several times per step.
+    """
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.mm(weight, x.t()).t() + bias
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        x, weight, _ = inputs
+        ctx.save_for_backward(x, weight)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        return torch.mm(g, weight), torch.mm(g.t(), x), g.sum(0)
+
+
+def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T + bias`` (see :class:`_Dense`)."""
+    out: torch.Tensor = _Dense.apply(x, weight, bias)
+    return out
 
 
 def _param_fqn(name: str) -> str:
