@@ -334,3 +334,42 @@ def test_bad_inputs_are_named(name: str) -> None:
         backend.train_epoch(x, y, np.arange(8), lr=0.1, batch_size=4, dropout_masks=[np.ones((4, 16), np.float32)])
     with pytest.raises(ValueError, match="unknown backend 'jax'"):
         make_backend("jax", SPEC)
+
+
+# -- the Android adapter, against a stand-in of ExecuTorch's Java API --------------------------------
+
+
+def _android(weights: dict[str, np.ndarray], cache: Path):
+    import java_executorch_standin
+
+    from edge_client.backends.android_executorch import AndroidExecuTorchBackend
+    from har_models.export import ensure_programs
+
+    files = ensure_programs(SPEC, cache)
+    return AndroidExecuTorchBackend(SPEC, files.train, files.infer, files.meta, weights, autoclass=java_executorch_standin.autoclass)
+
+
+@pytest.mark.parametrize(("prox_mu", "frozen"), [(0.0, ()), (0.1, ()), (0.0, ("conv.weight", "conv.bias"))])
+def test_android_adapter_trains_like_torch(et_cache: Path, prox_mu: float, frozen: tuple[str, ...]) -> None:
+    x, y = _data()
+    cw = balanced_class_weights(y, SPEC.n_classes)
+    w0, ref = _weights(), _weights(seed=2)
+    order = epoch_orders(N, 1, 7)[0]
+    masks = draw_dropout_masks(np.random.default_rng(5), batch_sizes(N, 32), SPEC.dense_units, SPEC.dropout)
+    kw = dict(lr=0.05, batch_size=32, class_weights=cw, prox_mu=prox_mu, prox_ref=ref, frozen=frozen, dropout_masks=masks)
+    tb, ab = TorchBackend(SPEC, w0), _android(w0, et_cache)
+    assert np.array_equal(ab.get_weights()["hidden.weight"], w0["hidden.weight"])  # loaded through the raw buffer
+    want = tb.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
+    got = ab.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    _assert_close(ab.get_weights(), tb.get_weights(), 1e-5)
+    for k in frozen:
+        assert np.array_equal(ab.get_weights()[k], w0[k])
+    np.testing.assert_allclose(ab.predict(x), tb.predict(x), atol=1e-4)
+    _assert_close(ab.top_layer_grads(x[:32], y[:32], TOP), tb.top_layer_grads(x[:32], y[:32], TOP), 1e-5)
+
+
+def test_android_adapter_imports_no_torch() -> None:
+    code = "import sys; sys.modules['torch'] = None; import edge_client.backends.android_executorch"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
