@@ -45,6 +45,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,8 @@ from torch.nn import functional as F
 
 from har_models.arch import PARAM_NAMES, ArchSpec
 from har_models.model import init_state
+
+DenseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 EXPORT_FORMAT = 1
 """Bumped whenever the programs' signatures or formulation change (part of the cache key)."""
@@ -66,14 +69,21 @@ class ProgramFiles:
     Attributes
     ----------
     train, infer : Path
-        The training and the inference ``.pte`` files.
+        The training and the inference (weights as inputs) ``.pte`` files.
     meta : Path
-        JSON with ``spec`` (the ArchSpec JSON), ``key``, ``train_batch``, ``infer_batch``, ``params``.
+        JSON with ``spec`` (the ArchSpec JSON), ``key``, ``train_batch``, ``infer_batch``, ``params``
+        (name in the training program of each parameter) and ``weights_ptd`` (byte offset and length
+        of each parameter in the weights template).
+    infer_static, weights_ptd : Path
+        The inference program with weights in a separate file, and that file's template
+        (:func:`export_static_inference_program`).
     """
 
     train: Path
     infer: Path
     meta: Path
+    infer_static: Path
+    weights_ptd: Path
 
 
 class _Functional(nn.Module):
@@ -92,20 +102,23 @@ class _Functional(nn.Module):
             for name in PARAM_NAMES:
                 self.register_parameter(_param_fqn(name), nn.Parameter(state[name].detach().clone().float()))
 
-    def logits(self, x: torch.Tensor, w: dict[str, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+    def logits(
+        self, x: torch.Tensor, w: dict[str, torch.Tensor], mask: torch.Tensor | None, dense: DenseFn | None = None
+    ) -> torch.Tensor:
+        dense = dense or _dense
         s = self.spec
         b = x.shape[0]
         x = (x - self.get_buffer("mean")) / self.get_buffer("std")
         x = F.pad(x, self.pad)
         cols = x[:, :, self.get_buffer("idx")]  # (B, C, T, k): cols[b, c, t, j] = x_pad[b, c, t + j]
         cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
-        z = F.relu(_dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
+        z = F.relu(dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
         z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
         flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
-        h = F.relu(_dense(flat, w["hidden.weight"], w["hidden.bias"]))
+        h = F.relu(dense(flat, w["hidden.weight"], w["hidden.bias"]))
         if mask is not None:
             h = h * mask
-        return _dense(h, w["out.weight"], w["out.bias"])
+        return dense(h, w["out.weight"], w["out.bias"])
 
 
 class _Dense(torch.autograd.Function):
@@ -162,7 +175,12 @@ class _InferGraph(_Functional):
         out_bias: torch.Tensor,
     ) -> torch.Tensor:
         w = dict(zip(PARAM_NAMES, (conv_weight, conv_bias, hidden_weight, hidden_bias, out_weight, out_bias), strict=True))
-        return self.logits(x, w, None)
+        return self.logits(x, w, None, F.linear)
+
+
+class _InferStatic(_Functional):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x, {n: getattr(self, _param_fqn(n)) for n in PARAM_NAMES}, None, F.linear)
 
 
 def program_key(spec: ArchSpec, train_batch: int, infer_batch: int) -> str:
@@ -226,6 +244,59 @@ def export_inference_program(spec: ArchSpec, infer_batch: int = 256) -> bytes:
     return bytes(lowered.to_executorch().buffer)
 
 
+def export_static_inference_program(spec: ArchSpec, infer_batch: int = 256) -> tuple[bytes, bytes, dict[str, list[int]]]:
+    """An XNNPACK inference program whose weights live in a separate ``.ptd`` file, and where in it they are.
+
+    ``forward(x (B, 6, T))`` -> logits ``(B, C)``, batch 1..``infer_batch``. XNNPACK packs the
+    weights once when the program is loaded (the weights-as-inputs program repacks them on every
+    call). To load new weights, write them over the template's bytes at the returned offsets and
+    load the program with the patched file; no export is needed, and no PyTorch.
+
+    The template holds distinct random values in every tensor so that no two tensors are
+    deduplicated into one buffer and each can be found by its bytes.
+
+    Returns
+    -------
+    (pte bytes, ptd bytes, {name: [byte offset, byte length]} of each parameter in the ptd, float32 C order)
+
+    Raises
+    ------
+    RuntimeError
+        If a parameter's bytes are not found exactly once in the ptd (the layout assumption broke).
+    ImportError
+        If executorch is not installed.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+    from torch.export import Dim, export
+
+    g = torch.Generator().manual_seed(12345)
+    template = {n: torch.rand(shape, generator=g) - 0.5 for n, shape in spec.shapes().items()}
+    example = (torch.zeros(2, spec.n_channels, spec.window),)
+    dyn = ({0: Dim("batch", min=1, max=int(infer_batch))},)
+    module = export(_InferStatic(spec, template).eval(), example, dynamic_shapes=dyn, strict=False).module()
+
+    def tag(_node: object) -> str:
+        return "weights"
+
+    delegate_external_constants_pass_unlifted(module, gen_tag_fn=tag)
+    ep = export(module, example, dynamic_shapes=dyn, strict=False)
+    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+    prog = lowered.to_executorch(ExecutorchBackendConfig(external_constants=tag))
+    with tempfile.TemporaryDirectory() as tmp:
+        prog.write_tensor_data_to_file(tmp)
+        ptd = (Path(tmp) / "weights.ptd").read_bytes()
+    offsets: dict[str, list[int]] = {}
+    for n, t in template.items():
+        raw = t.numpy().astype("<f4").tobytes()
+        at = ptd.find(raw)
+        if at < 0 or ptd.find(raw, at + 1) >= 0:
+            raise RuntimeError(f"export_static_inference_program: {n} is not stored exactly once, verbatim, in the weights file")
+        offsets[n] = [at, len(raw)]
+    return bytes(prog.buffer), ptd, offsets
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
@@ -262,14 +333,20 @@ def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_bat
     folder = Path(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     key = program_key(spec, train_batch, infer_batch)
-    files = ProgramFiles(folder / f"{key}.train.pte", folder / f"{key}.infer.pte", folder / f"{key}.json")
+    files = ProgramFiles(
+        folder / f"{key}.train.pte", folder / f"{key}.infer.pte", folder / f"{key}.json",
+        folder / f"{key}.infer_static.pte", folder / f"{key}.weights.ptd",
+    )
     if not files.train.exists():
         _atomic_write(files.train, export_training_program(spec, train_batch))
     if not files.infer.exists():
         _atomic_write(files.infer, export_inference_program(spec, infer_batch))
-    if not files.meta.exists():
+    if not files.meta.exists():  # written last: its presence means the whole set is there
+        pte, ptd, offsets = export_static_inference_program(spec, infer_batch)
+        _atomic_write(files.infer_static, pte)
+        _atomic_write(files.weights_ptd, ptd)
         meta = {"spec": spec.to_dict(), "key": key, "format": EXPORT_FORMAT, "train_batch": train_batch, "infer_batch": infer_batch,
-                "params": {n: _param_fqn(n) for n in PARAM_NAMES}}
+                "params": {n: _param_fqn(n) for n in PARAM_NAMES}, "weights_ptd": offsets}
         _atomic_write(files.meta, json.dumps(meta, sort_keys=True, indent=1).encode())
     return files
 

@@ -373,3 +373,26 @@ def test_android_adapter_imports_no_torch() -> None:
     code = "import sys; sys.modules['torch'] = None; import edge_client.backends.android_executorch"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("arch", ["base", "grown"])
+def test_weights_as_inputs_program_equals_eager(et_cache: Path, arch: str) -> None:
+    spec, w = (SPEC, _weights()) if arch == "base" else _grown()
+    x, _ = _data(9, seed=4)
+    with torch.no_grad():
+        want = torch.softmax(build_model(spec, {k: torch.from_numpy(v) for k, v in w.items()}).eval()(torch.from_numpy(x)), 1).numpy()
+    backend = make_backend("executorch", spec, w, cache_dir=et_cache, inference="inputs")
+    np.testing.assert_allclose(backend.predict(x), want, atol=1e-4)
+
+
+def test_patch_weights_writes_each_tensor_in_its_slot() -> None:
+    from edge_client.backends.executorch_rt import patch_weights
+
+    template = bytes(range(40))
+    offsets = {"a": [4, 8], "b": [20, 4]}
+    out = patch_weights(template, offsets, {"a": np.array([1.0, 2.0], np.float32), "b": np.array([3.0], np.float32)})
+    assert np.frombuffer(out[4:12], "<f4").tolist() == [1.0, 2.0]
+    assert np.frombuffer(out[20:24], "<f4").tolist() == [3.0]
+    assert out[:4] == template[:4] and out[12:20] == template[12:20] and out[24:] == template[24:]
+    with pytest.raises(ValueError, match="slot"):
+        patch_weights(template, offsets, {"a": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)})

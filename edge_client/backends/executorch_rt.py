@@ -8,8 +8,16 @@ program's own parameter tensors in place with plain SGD, ``p <- p - lr * (g + mu
 next call computes with the new values. (On Android the same program is driven by ExecuTorch's
 Java ``TrainingModule`` and ``SGD``; see :mod:`edge_client.backends.android_executorch`.)
 
-Inference (:meth:`ExecuTorchBackend.predict`, :meth:`ExecuTorchBackend.evaluate`) runs the
-XNNPACK-delegated inference program, with the current parameters passed as its weight inputs.
+Inference (:meth:`ExecuTorchBackend.predict`, :meth:`ExecuTorchBackend.evaluate`) runs an
+XNNPACK-delegated inference program, in one of two forms (``inference=``):
+
+* ``"static"`` (default): the program whose weights live in a ``.ptd`` file. When the parameters
+  have changed since the last prediction (new weights, a training step), the current parameters
+  are written over the template file's bytes at the offsets recorded at export
+  (:func:`patch_weights`) into a private temporary file and the program is reloaded from it;
+  XNNPACK packs the weights once per load, so repeated predictions cost only the computation;
+* ``"inputs"``: the program that takes the weights as inputs on every call (no reload, but
+  XNNPACK repacks the weights on every call).
 
 Dropout masks come from ``numpy.random.default_rng(dropout_seed)`` exactly as in
 :mod:`edge_client.backends.numpy_ref` (one ``rng.random((B, H)) >= p`` draw per batch), so the
@@ -21,8 +29,10 @@ The Python runtime imports torch; a torch-free phone uses the Java runtime inste
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -39,6 +49,33 @@ DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cach
 """Default program cache folder (override with ``FEDHAR_PROGRAM_CACHE`` or ``cache_dir``)."""
 
 _GRAD_INDEX = "__et_training_gradients_index_forward"
+InferenceMode = Literal["static", "inputs"]
+
+
+def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights: Mapping[str, np.ndarray]) -> bytes:
+    """A copy of the weights template with every named tensor's bytes replaced (float32, C order, little-endian).
+
+    Parameters
+    ----------
+    template : bytes of the ``.ptd`` written by :func:`har_models.export.export_static_inference_program`
+    offsets : name -> (byte offset, byte length), as recorded in the program metadata
+    weights : name -> ndarray of the spec's shape
+
+    Raises
+    ------
+    ValueError
+        If a tensor's size differs from its slot or a name has no slot.
+    """
+    out = bytearray(template)
+    for name, (at, length) in offsets.items():
+        if name not in weights:
+            raise ValueError(f"patch_weights: no tensor named {name!r} among {sorted(weights)}")
+        raw = np.ascontiguousarray(weights[name], dtype="<f4").tobytes()
+        if len(raw) != length:
+            raise ValueError(f"patch_weights: {name} has {len(raw)} bytes, its slot in the weights file {length}")
+        out[at : at + length] = raw
+    return bytes(out)
+
 _PARAM_INDEX = "__et_training_parameters_index_forward"
 _FQN = "__et_training_fqn_forward"
 
@@ -59,6 +96,8 @@ class ExecuTorchBackend:
         Largest inference batch (256); larger inputs are split.
     programs : ProgramFiles, optional
         Use these program files instead of the cache (their recorded spec must equal ``spec``).
+    inference : {"static", "inputs"}
+        Which inference program to run (see the module docstring).
 
     Raises
     ------
@@ -78,6 +117,7 @@ class ExecuTorchBackend:
         train_batch: int = 32,
         infer_batch: int = 256,
         programs: ProgramFiles | None = None,
+        inference: InferenceMode = "static",
     ):
         from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
@@ -93,8 +133,15 @@ class ExecuTorchBackend:
         self.files = files
         self.train_batch = int(meta["train_batch"])  # type: ignore[call-overload]
         self.infer_batch = int(meta["infer_batch"])  # type: ignore[call-overload]
+        if inference not in ("static", "inputs"):
+            raise ValueError(f"ExecuTorchBackend: inference must be 'static' or 'inputs', got {inference!r}")
+        self.inference = inference
+        self._load = _load_for_executorch
         self._train = _load_for_executorch(str(files.train))
-        self._infer = _load_for_executorch(str(files.infer))
+        self._infer = _load_for_executorch(str(files.infer)) if inference == "inputs" else None
+        self._offsets: dict[str, list[int]] = dict(meta["weights_ptd"])  # type: ignore[call-overload]
+        self._static: Any = None  # the static program, loaded with the current weights; None when stale
+        self._tmp = tempfile.TemporaryDirectory(prefix="fedhar-weights-")
         self._gi = int(self._train.run_method(_GRAD_INDEX, ())[0])
         self._pi = int(self._train.run_method(_PARAM_INDEX, ())[0])
         fqns = list(self._train.run_method(_FQN, ()))
@@ -127,6 +174,7 @@ class ExecuTorchBackend:
         with torch.no_grad():
             for n, p in self._params.items():
                 p.copy_(torch.from_numpy(arrays[n]))
+        self._static = None
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Copies of the program's parameters by name (float32)."""
@@ -196,16 +244,33 @@ class ExecuTorchBackend:
                 for n in trained:
                     g = grads[n] + prox_mu * (self._params[n] - ref[n]) if ref else grads[n]
                     self._params[n].add_(g, alpha=-lr)  # torch.optim.SGD's update, in the program's memory
+                self._static = None
                 losses.append(loss)
         return np.asarray(losses, dtype=np.float64)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 from the inference program, in chunks of ``infer_batch``."""
         xa, _ = check_windows(self._spec, x, None, "ExecuTorchBackend")
-        w = tuple(self._params[n] for n in PARAM_NAMES)
-        out = [self._infer.forward((torch.from_numpy(xa[s : s + self.infer_batch]), *w))[0].numpy()
-               for s in range(0, len(xa), self.infer_batch)]
+        chunks = [torch.from_numpy(xa[s : s + self.infer_batch]) for s in range(0, len(xa), self.infer_batch)]
+        if self._infer is not None:
+            w = tuple(self._params[n] for n in PARAM_NAMES)
+            out = [self._infer.forward((c, *w))[0].numpy() for c in chunks]
+        else:
+            program = self._static_program()
+            out = [program.forward((c,))[0].numpy() for c in chunks]
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
+
+    def _static_program(self) -> Any:
+        """The static-weights inference program loaded with the current parameters (reloaded when stale)."""
+        if self._static is None:
+            data = patch_weights(self.files.weights_ptd.read_bytes(), self._offsets, self.get_weights())
+            fd, path = tempfile.mkstemp(dir=self._tmp.name, suffix=".ptd")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self._static = self._load(str(self.files.infer_static), data_path=path)
+            self._static.forward((torch.zeros(1, self._spec.n_channels, self._spec.window),))  # load the method now
+            Path(path).unlink()  # the runtime has read and packed the weights
+        return self._static
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
         """Confusion matrix ``(C, C)`` and mean (weighted) CE from the inference program."""
