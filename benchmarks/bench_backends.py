@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are taken over them (5)")
     ap.add_argument("--infer-calls", type=int, default=30, help="batch-1 predictions per round (30)")
     ap.add_argument("--cache-dir", default=None, help="program cache (default: a temporary folder)")
-    ap.add_argument("--threads", type=int, default=0, help="torch/BLAS threads for every backend (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (also MKL's, which the ExecuTorch runtime uses); numpy's BLAS follows OPENBLAS_NUM_THREADS")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON before the result line")
     args = ap.parse_args(argv)
 

@@ -1,4 +1,4 @@
-"""ExecuTorch programs of the HAR CNN, one pair per architecture version, cached on disk.
+"""ExecuTorch programs of the HAR CNN, one set per architecture version, cached on disk.
 
 For an :class:`~har_models.arch.ArchSpec` this exports
 
@@ -11,15 +11,20 @@ For an :class:`~har_models.arch.ArchSpec` this exports
   the program and are updated in place by the runtime's caller;
 * an **inference program** (``<key>.infer.pte``), XNNPACK-delegated: ``forward(x (B, 6, T),
   conv.weight, conv.bias, hidden.weight, hidden.bias, out.weight, out.bias)`` -> logits ``(B, C)``.
-  The weights are inputs, so a new model loads by name without re-exporting (XNNPACK runs the
-  matrix products with non-static fp32 weights).
+  The weights are inputs, so a new model loads by name without re-exporting or rewriting files
+  (the form for ExecuTorch's Java ``Module``); XNNPACK repacks them on every call;
+* a **static-weights inference program** (``<key>.infer_static.pte`` + ``<key>.weights.ptd``):
+  HarCNN's own layers, all delegated to XNNPACK, with the weights in a separate data file at byte
+  offsets recorded in the metadata. New weights are written over that file (no export, no
+  PyTorch) and XNNPACK packs them once per load (:func:`export_static_inference_program`).
 
-Both take any batch size from 1 to their maximum (``train_batch``, ``infer_batch``): the batch
-dimension is exported dynamic.
+The training program and the weights-as-inputs program take any batch from 1 to their maximum
+(``train_batch``, ``infer_batch``; the batch dimension is exported dynamic). The static program has
+fixed batches of 1 and ``infer_batch`` (see :func:`STATIC_METHODS`).
 
-Formulation. The programs compute the same function as :class:`~har_models.model.HarCNN` (same
-padding, same channel-first flatten, same parameter shapes) in operators that ExecuTorch's
-kernels differentiate correctly and fast (``tests/test_backends.py`` checks every gradient
+Formulation. The training program (and the weights-as-inputs program) compute the same function
+as :class:`~har_models.model.HarCNN` (same padding, same channel-first flatten, same parameter
+shapes) in operators that ExecuTorch's kernels differentiate correctly and fast (``tests/test_backends.py`` checks every gradient
 against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
 
 * max-pooling is a reshape and ``amax``: in executorch 1.4.0 the portable
@@ -27,12 +32,12 @@ against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
   a Conv2d + max_pool2d model against eager; Conv2d's own backward was correct);
 * the convolution is im2col plus one matrix product (a gather of the padded input at ``t + j``
   for ``j < k``, then ``(B*T, C*k) @ (C*k, F)``), so its forward and backward run as ``mm``;
-* every dense layer is :class:`_Dense`, ``x @ W.T + b`` with a hand-written backward: the
-  ``linear`` -> ``addmm`` lowering ran the portable ``addmm`` kernel (a naive loop, the top entry
-  of a ``perf`` profile of the step) and copied the 6.4-M-entry ``hidden.weight`` through ``permute_copy`` several
-  times per step; ``mm`` without transposes of the weight runs through BLAS (in the pip
-  wheel, the MKL that the torch wheel loads). One batch-32 step of
-  the paper CNN went from about 1.9 s to about 0.15 s on the development machine.
+* every dense layer of the training program is :class:`_Dense`, ``x @ W.T + b`` with a
+  hand-written backward: the ``linear`` -> ``addmm`` lowering ran the portable ``addmm`` kernel (a
+  naive loop, the top entry of a ``perf`` profile of the step) and copied the 6.4-M-entry
+  ``hidden.weight`` through ``permute_copy`` several times per step; ``mm`` without transposes of
+  the weight runs through BLAS (in the pip wheel, the MKL that the torch wheel loads). One
+  batch-32 step of the paper CNN went from about 1.9 s to about 0.15 s on the development machine.
 
 Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
 the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
@@ -179,8 +184,17 @@ class _InferGraph(_Functional):
 
 
 class _InferStatic(_Functional):
+    """HarCNN's own layers (Conv2d, max_pool2d with explicit stride), all of which XNNPACK runs."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits(x, {n: getattr(self, _param_fqn(n)) for n in PARAM_NAMES}, None, F.linear)
+        s = self.spec
+        w = {n: getattr(self, _param_fqn(n)) for n in PARAM_NAMES}
+        x = (x - self.get_buffer("mean")) / self.get_buffer("std")
+        x = F.pad(x, self.pad).unsqueeze(-1)  # (B, C, T + k - 1, 1)
+        z = F.relu(F.conv2d(x, w["conv.weight"], w["conv.bias"]))  # (B, F, T, 1)
+        z = F.max_pool2d(z, (s.pool, 1), (s.pool, 1))  # stride spelled out: the XNNPACK partitioner reads it
+        h = F.relu(F.linear(z.flatten(1), w["hidden.weight"], w["hidden.bias"]))
+        return F.linear(h, w["out.weight"], w["out.bias"])
 
 
 def program_key(spec: ArchSpec, train_batch: int, infer_batch: int) -> str:
@@ -223,7 +237,7 @@ def export_training_program(spec: ArchSpec, train_batch: int = 32) -> bytes:
     return bytes(to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer)
 
 
-def export_inference_program(spec: ArchSpec, infer_batch: int = 256) -> bytes:
+def export_inference_program(spec: ArchSpec, infer_batch: int = 64) -> bytes:
     """The XNNPACK-delegated inference program's bytes (weights as inputs), batch 1..``infer_batch``.
 
     Raises
@@ -244,10 +258,21 @@ def export_inference_program(spec: ArchSpec, infer_batch: int = 256) -> bytes:
     return bytes(lowered.to_executorch().buffer)
 
 
-def export_static_inference_program(spec: ArchSpec, infer_batch: int = 256) -> tuple[bytes, bytes, dict[str, list[int]]]:
+def STATIC_METHODS(infer_batch: int) -> dict[str, int]:  # noqa: N802 (reads as a table)
+    """Methods of the static-weights inference program and their fixed batch sizes.
+
+    XNNPACK's convolution in executorch 1.4.0 fails on a dynamic batch above about 15 windows
+    ("Attempted to resize a bounded tensor"), so this program has fixed batches: ``forward_1`` for
+    live inference and ``forward_batch`` (``infer_batch`` windows, zero-padded) for evaluation.
+    """
+    return {"forward_1": 1, "forward_batch": int(infer_batch)}
+
+
+def export_static_inference_program(spec: ArchSpec, infer_batch: int = 64) -> tuple[bytes, bytes, dict[str, list[int]]]:
     """An XNNPACK inference program whose weights live in a separate ``.ptd`` file, and where in it they are.
 
-    ``forward(x (B, 6, T))`` -> logits ``(B, C)``, batch 1..``infer_batch``. XNNPACK packs the
+    Methods (:func:`STATIC_METHODS`) ``forward_1(x (1, 6, T))`` and ``forward_batch(x (infer_batch, 6, T))``
+    -> logits; both read the same weights. XNNPACK packs the
     weights once when the program is loaded (the weights-as-inputs program repacks them on every
     call). To load new weights, write them over the template's bytes at the returned offsets and
     load the program with the patched file; no export is needed, and no PyTorch.
@@ -257,7 +282,9 @@ def export_static_inference_program(spec: ArchSpec, infer_batch: int = 256) -> t
 
     Returns
     -------
-    (pte bytes, ptd bytes, {name: [byte offset, byte length]} of each parameter in the ptd, float32 C order)
+    (pte bytes, ptd bytes, {name: [byte offset, byte length, *axis order]}): where each parameter sits in the
+    ptd, stored float32 little-endian as ``tensor.transpose(axis order)`` in C order (the convolution's
+    weight is stored channels-last, axis order 0, 2, 3, 1)
 
     Raises
     ------
@@ -269,31 +296,36 @@ def export_static_inference_program(spec: ArchSpec, infer_batch: int = 256) -> t
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
-    from torch.export import Dim, export
+    from torch.export import export
 
     g = torch.Generator().manual_seed(12345)
     template = {n: torch.rand(shape, generator=g) - 0.5 for n, shape in spec.shapes().items()}
-    example = (torch.zeros(2, spec.n_channels, spec.window),)
-    dyn = ({0: Dim("batch", min=1, max=int(infer_batch))},)
-    module = export(_InferStatic(spec, template).eval(), example, dynamic_shapes=dyn, strict=False).module()
 
     def tag(_node: object) -> str:
         return "weights"
 
-    delegate_external_constants_pass_unlifted(module, gen_tag_fn=tag)
-    ep = export(module, example, dynamic_shapes=dyn, strict=False)
-    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+    programs = {}
+    for method, batch in STATIC_METHODS(infer_batch).items():
+        example = (torch.zeros(batch, spec.n_channels, spec.window),)
+        module = export(_InferStatic(spec, template).eval(), example, strict=False).module()
+        delegate_external_constants_pass_unlifted(module, gen_tag_fn=tag)
+        programs[method] = export(module, example, strict=False)
+    lowered = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
     prog = lowered.to_executorch(ExecutorchBackendConfig(external_constants=tag))
     with tempfile.TemporaryDirectory() as tmp:
         prog.write_tensor_data_to_file(tmp)
         ptd = (Path(tmp) / "weights.ptd").read_bytes()
     offsets: dict[str, list[int]] = {}
     for n, t in template.items():
-        raw = t.numpy().astype("<f4").tobytes()
-        at = ptd.find(raw)
-        if at < 0 or ptd.find(raw, at + 1) >= 0:
-            raise RuntimeError(f"export_static_inference_program: {n} is not stored exactly once, verbatim, in the weights file")
-        offsets[n] = [at, len(raw)]
+        # XNNPACK stores a convolution's weights channels-last, (F, k, 1, C): try that order too.
+        for perm in [list(range(t.dim()))] + ([[0, 2, 3, 1]] if t.dim() == 4 else []):
+            raw = t.permute(perm).contiguous().numpy().astype("<f4").tobytes()
+            at = ptd.find(raw)
+            if at >= 0 and ptd.find(raw, at + 1) < 0:
+                offsets[n] = [at, len(raw), *perm]
+                break
+        else:
+            raise RuntimeError(f"export_static_inference_program: {n} is not stored exactly once in the weights file")
     return bytes(prog.buffer), ptd, offsets
 
 
@@ -308,14 +340,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_batch: int = 32, infer_batch: int = 256) -> ProgramFiles:
+def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_batch: int = 32, infer_batch: int = 64) -> ProgramFiles:
     """The cached programs for ``spec`` under ``cache_dir``, exported first if absent.
 
     Parameters
     ----------
     spec : ArchSpec
     cache_dir : folder for ``<key>.train.pte``, ``<key>.infer.pte`` and ``<key>.json`` (created if missing)
-    train_batch, infer_batch : int >= 1, the largest batch each program accepts
+    train_batch, infer_batch : int >= 1, the largest batch each program accepts (the static program's fixed batch)
 
     Returns
     -------

@@ -234,7 +234,7 @@ def test_inference_equals_eager(other: tuple[str, Path | None], arch: str) -> No
     name, cache = other
     spec, w = (SPEC, _weights()) if arch == "base" else _grown()
     assert spec.version == (0 if arch == "base" else 1)
-    x, _ = _data(40, seed=3)
+    x, _ = _data(70, seed=3)  # chunks of 64 and 6 windows
     with torch.no_grad():
         logits = build_model(spec, {k: torch.from_numpy(v) for k, v in w.items()}).eval()(torch.from_numpy(x))
     want = torch.softmax(logits, 1).numpy()
@@ -389,10 +389,11 @@ def test_patch_weights_writes_each_tensor_in_its_slot() -> None:
     from edge_client.backends.executorch_rt import patch_weights
 
     template = bytes(range(40))
-    offsets = {"a": [4, 8], "b": [20, 4]}
-    out = patch_weights(template, offsets, {"a": np.array([1.0, 2.0], np.float32), "b": np.array([3.0], np.float32)})
-    assert np.frombuffer(out[4:12], "<f4").tolist() == [1.0, 2.0]
-    assert np.frombuffer(out[20:24], "<f4").tolist() == [3.0]
-    assert out[:4] == template[:4] and out[12:20] == template[12:20] and out[24:] == template[24:]
+    offsets = {"a": [4, 16, 1, 0], "b": [20, 4, 0]}  # "a" stored transposed
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    out = patch_weights(template, offsets, {"a": a, "b": np.array([5.0], np.float32)})
+    assert np.frombuffer(out[4:20], "<f4").tolist() == [1.0, 3.0, 2.0, 4.0]
+    assert np.frombuffer(out[20:24], "<f4").tolist() == [5.0]
+    assert out[:4] == template[:4] and out[24:] == template[24:]
     with pytest.raises(ValueError, match="slot"):
-        patch_weights(template, offsets, {"a": np.zeros(3, np.float32), "b": np.zeros(1, np.float32)})
+        patch_weights(template, offsets, {"a": np.zeros((3, 2), np.float32), "b": np.zeros(1, np.float32)})

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from har_models.arch import PARAM_NAMES, ArchSpec
-from har_models.export import ProgramFiles, ensure_programs, param_fqn, read_program_spec
+from har_models.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
 from har_models.metrics import confusion_matrix
 from har_models.model import init_state
 
@@ -49,16 +49,19 @@ DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cach
 """Default program cache folder (override with ``FEDHAR_PROGRAM_CACHE`` or ``cache_dir``)."""
 
 _GRAD_INDEX = "__et_training_gradients_index_forward"
+_PARAM_INDEX = "__et_training_parameters_index_forward"
+_FQN = "__et_training_fqn_forward"
 InferenceMode = Literal["static", "inputs"]
 
 
 def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights: Mapping[str, np.ndarray]) -> bytes:
-    """A copy of the weights template with every named tensor's bytes replaced (float32, C order, little-endian).
+    """A copy of the weights template with every named tensor's bytes replaced.
 
     Parameters
     ----------
     template : bytes of the ``.ptd`` written by :func:`har_models.export.export_static_inference_program`
-    offsets : name -> (byte offset, byte length), as recorded in the program metadata
+    offsets : name -> (byte offset, byte length, *axis order), as recorded in the program metadata: the
+        tensor is stored as ``weights[name].transpose(axis order)``, float32 little-endian, C order
     weights : name -> ndarray of the spec's shape
 
     Raises
@@ -67,17 +70,15 @@ def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights
         If a tensor's size differs from its slot or a name has no slot.
     """
     out = bytearray(template)
-    for name, (at, length) in offsets.items():
+    for name, (at, length, *axes) in offsets.items():
         if name not in weights:
             raise ValueError(f"patch_weights: no tensor named {name!r} among {sorted(weights)}")
-        raw = np.ascontiguousarray(weights[name], dtype="<f4").tobytes()
+        a = np.asarray(weights[name])
+        raw = np.ascontiguousarray(a.transpose(axes) if axes else a, dtype="<f4").tobytes()
         if len(raw) != length:
             raise ValueError(f"patch_weights: {name} has {len(raw)} bytes, its slot in the weights file {length}")
         out[at : at + length] = raw
     return bytes(out)
-
-_PARAM_INDEX = "__et_training_parameters_index_forward"
-_FQN = "__et_training_fqn_forward"
 
 
 class ExecuTorchBackend:
@@ -93,7 +94,8 @@ class ExecuTorchBackend:
     train_batch : int
         Largest training batch the training program accepts (32); ``train_epoch``'s batch size must not exceed it.
     infer_batch : int
-        Largest inference batch (256); larger inputs are split.
+        Inference batch (64): larger inputs are split; the static program pads a partial chunk to it
+        (except a single window, which has its own method).
     programs : ProgramFiles, optional
         Use these program files instead of the cache (their recorded spec must equal ``spec``).
     inference : {"static", "inputs"}
@@ -115,7 +117,7 @@ class ExecuTorchBackend:
         weights: Mapping[str, np.ndarray] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         train_batch: int = 32,
-        infer_batch: int = 256,
+        infer_batch: int = 64,
         programs: ProgramFiles | None = None,
         inference: InferenceMode = "static",
     ):
@@ -257,7 +259,15 @@ class ExecuTorchBackend:
             out = [self._infer.forward((c, *w))[0].numpy() for c in chunks]
         else:
             program = self._static_program()
-            out = [program.forward((c,))[0].numpy() for c in chunks]
+            out = []
+            for c in chunks:
+                if len(c) == 1:
+                    out.append(program.run_method("forward_1", (c,))[0].numpy())
+                else:
+                    padded = torch.zeros(self.infer_batch, *c.shape[1:]) if len(c) < self.infer_batch else c
+                    if len(c) < self.infer_batch:
+                        padded[: len(c)] = c
+                    out.append(program.run_method("forward_batch", (padded,))[0].numpy()[: len(c)])
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
 
     def _static_program(self) -> Any:
@@ -268,7 +278,8 @@ class ExecuTorchBackend:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             self._static = self._load(str(self.files.infer_static), data_path=path)
-            self._static.forward((torch.zeros(1, self._spec.n_channels, self._spec.window),))  # load the method now
+            for method, batch in STATIC_METHODS(self.infer_batch).items():  # load both methods now
+                self._static.run_method(method, (torch.zeros(batch, self._spec.n_channels, self._spec.window),))
             Path(path).unlink()  # the runtime has read and packed the weights
         return self._static
 
