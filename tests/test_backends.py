@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from edge_client.backends import ArchitectureMismatch, draw_dropout_masks, epoch_orders, make_backend, train
-from edge_client.backends.base import batch_sizes
+from edge_client.backends.base import TorchRandperm, batch_sizes
 from edge_client.backends.numpy_ref import NumpyBackend, weighted_cross_entropy
 from edge_client.backends.torch_eager import TorchBackend
 from har_models.growth import append_units
@@ -83,6 +83,14 @@ def test_epoch_orders_equal_torch_randperm(n: int, seed: int) -> None:
     want = [torch.randperm(n, generator=gen).numpy() for _ in range(3)]
     got = epoch_orders(n, 3, seed)
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_torch_randperm_continues_the_stream_across_sizes() -> None:
+    # FedALA draws randperm(N) and then randperm(n) per pass from one generator.
+    gen = torch.Generator().manual_seed(77)
+    want = [torch.randperm(n, generator=gen).numpy() for n in (50, 40, 40, 1, 3)]
+    perm = TorchRandperm(77)
+    assert all(np.array_equal(perm(n), w) for n, w in zip((50, 40, 40, 1, 3), want, strict=True))
 
 
 def test_batch_sizes_keep_the_partial_last_batch() -> None:
@@ -208,15 +216,16 @@ def test_top_layer_grads_equal_torch(other: tuple[str, Path | None]) -> None:
     names = ("hidden.weight", "hidden.bias", *TOP)
     backend = _backend(name, w0, cache)
     for m in (None, mask):
-        want = TorchBackend(SPEC, w0).top_layer_grads(x, y, names, class_weights=cw, dropout_mask=m)
-        got = backend.top_layer_grads(x, y, names, class_weights=cw, dropout_mask=m)
+        want_loss, want = TorchBackend(SPEC, w0).top_layer_grads(x, y, names, class_weights=cw, dropout_mask=m)
+        got_loss, got = backend.top_layer_grads(x, y, names, class_weights=cw, dropout_mask=m)
         _assert_close(got, want, 1e-5)
+        assert got_loss == pytest.approx(want_loss, rel=1e-5)
     # Independent check of the out.bias gradient: mean_b w_y (softmax - onehot) from eager logits.
     with torch.no_grad():
         z = build_model(SPEC, {k: torch.from_numpy(v) for k, v in w0.items()}).eval()(torch.from_numpy(x))
     p = torch.softmax(z, 1).numpy()
     p[np.arange(32), y] -= 1
-    np.testing.assert_allclose(got_plain := backend.top_layer_grads(x, y, TOP, class_weights=cw)["out.bias"],
+    np.testing.assert_allclose(got_plain := backend.top_layer_grads(x, y, TOP, class_weights=cw)[1]["out.bias"],
                                (p * cw[y][:, None]).mean(axis=0), atol=1e-6)
     assert np.abs(got_plain).max() > 1e-3
     assert backend.get_weights()["out.bias"].tolist() == w0["out.bias"].tolist()  # gradients do not train
@@ -277,22 +286,22 @@ def test_executorch_trains_its_own_parameters(et_cache: Path) -> None:
     assert all(not np.array_equal(live[k].numpy(), before[k]) for k in PARAM_NAMES)
     # ... and the training program now computes with them: its gradients equal eager's at the new weights.
     new = eb.get_weights()
-    _assert_close(eb.top_layer_grads(x, y, TOP), TorchBackend(SPEC, new).top_layer_grads(x, y, TOP), 1e-5)
+    _assert_close(eb.top_layer_grads(x, y, TOP)[1], TorchBackend(SPEC, new).top_layer_grads(x, y, TOP)[1], 1e-5)
 
 
 def test_loading_weights_changes_what_programs_compute(other: tuple[str, Path | None]) -> None:
     name, cache = other
     x, y = _data(16)
     backend = _backend(name, _weights(seed=1), cache)
-    p1, g1 = backend.predict(x), backend.top_layer_grads(x, y, TOP)
+    p1, g1 = backend.predict(x), backend.top_layer_grads(x, y, TOP)[1]
     w2 = _weights(seed=2)
     backend.set_weights(w2, arch_version=SPEC.version)
-    p2, g2 = backend.predict(x), backend.top_layer_grads(x, y, TOP)
+    p2, g2 = backend.predict(x), backend.top_layer_grads(x, y, TOP)[1]
     assert np.abs(p2 - p1).max() > 1e-3
     assert np.abs(g2["out.weight"] - g1["out.weight"]).max() > 1e-4
     ref = TorchBackend(SPEC, w2)
     np.testing.assert_allclose(p2, ref.predict(x), atol=1e-4)
-    _assert_close(g2, ref.top_layer_grads(x, y, TOP), 1e-5)
+    _assert_close(g2, ref.top_layer_grads(x, y, TOP)[1], 1e-5)
 
 
 # -- refusals --------------------------------------------------------------------------------------
@@ -318,6 +327,22 @@ def test_program_of_another_version_is_refused(et_cache: Path) -> None:
         make_backend("executorch", grown_spec, programs=files_v0)
     again = ensure_programs(SPEC, et_cache)  # cached: the same files, not re-exported
     assert again == files_v0 and again.train.stat().st_mtime_ns == files_v0.train.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("name", ["torch", "numpy", "executorch"])
+def test_partial_weights_replace_only_the_named_tensors(name: str, request: pytest.FixtureRequest) -> None:
+    cache = request.getfixturevalue("et_cache") if name == "executorch" else None
+    w1, w2 = _weights(seed=1), _weights(seed=2)
+    backend = _backend(name, w1, cache)
+    backend.set_weights({"out.weight": w2["out.weight"]}, partial=True)
+    got = backend.get_weights()
+    assert np.array_equal(got["out.weight"], w2["out.weight"])
+    assert all(np.array_equal(got[k], w1[k]) for k in PARAM_NAMES if k != "out.weight")
+    np.testing.assert_allclose(backend.predict(_data(3)[0]), TorchBackend(SPEC, got).predict(_data(3)[0]), atol=1e-4)
+    with pytest.raises(ValueError, match=r"out\.weight"):
+        backend.set_weights({"out.weight": w2["out.bias"]}, partial=True)
+    with pytest.raises(ValueError, match="missing"):
+        backend.set_weights({"out.weight": w2["out.weight"]})  # a full load needs every tensor
 
 
 @pytest.mark.parametrize("name", ["torch", "numpy"])
@@ -366,7 +391,7 @@ def test_android_adapter_trains_like_torch(et_cache: Path, prox_mu: float, froze
     for k in frozen:
         assert np.array_equal(ab.get_weights()[k], w0[k])
     np.testing.assert_allclose(ab.predict(x), tb.predict(x), atol=1e-4)
-    _assert_close(ab.top_layer_grads(x[:32], y[:32], TOP), tb.top_layer_grads(x[:32], y[:32], TOP), 1e-5)
+    _assert_close(ab.top_layer_grads(x[:32], y[:32], TOP)[1], tb.top_layer_grads(x[:32], y[:32], TOP)[1], 1e-5)
 
 
 def test_android_adapter_imports_no_torch() -> None:

@@ -156,9 +156,9 @@ class AndroidExecuTorchBackend:
 
     # -- weights -----------------------------------------------------------------------------------
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Write parameters by name into the module's own tensors; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "AndroidExecuTorchBackend.set_weights")
+        arrays = check_weights(self._spec, weights, arch_version, "AndroidExecuTorchBackend.set_weights", partial)
         try:
             for n, a in arrays.items():
                 buf = self._params.get(self._fqn[n]).getRawDataBuffer()
@@ -169,8 +169,8 @@ class AndroidExecuTorchBackend:
             current = self.get_weights()
             sgd = self._SGD.create(self._params, 1.0, 0.0, 0.0, 0.0, False)
             grads = self._HashMap()
-            for n, a in arrays.items():
-                grads.put(self._fqn[n], self._tensor(current[n] - a))
+            for n in PARAM_NAMES:  # zero steps for tensors not being loaded
+                grads.put(self._fqn[n], self._tensor(current[n] - arrays[n] if n in arrays else np.zeros_like(current[n])))
             sgd.step(grads)
 
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -248,8 +248,8 @@ class AndroidExecuTorchBackend:
         dropout: bool = False,
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Gradient of the batch loss w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
         xa, ya = check_windows(self._spec, x, y, "AndroidExecuTorchBackend.top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(PARAM_NAMES)
@@ -257,9 +257,9 @@ class AndroidExecuTorchBackend:
             raise ValueError(f"AndroidExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters")
         if dropout_seed is not None:
             self._rng = np.random.default_rng(int(dropout_seed))
-        self._step_inputs(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        loss = self._step_inputs(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
         jgrads = self._train.namedGradients(METHOD)
-        return {n: self._array(jgrads.get(self._fqn[n]), n) for n in names}
+        return loss, {n: self._array(jgrads.get(self._fqn[n]), n) for n in names}
 
     # -- inference ---------------------------------------------------------------------------------
 

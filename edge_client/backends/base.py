@@ -88,8 +88,8 @@ class TrainingBackend(Protocol):
         """The architecture this backend runs (its ``version`` is checked on :meth:`set_weights`)."""
         ...
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
-        """Load parameters by name (exactly the tensors of ``spec.shapes()``).
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
+        """Load parameters by name: exactly the tensors of ``spec.shapes()``, or with ``partial`` any subset of them.
 
         Raises
         ------
@@ -168,8 +168,8 @@ class TrainingBackend(Protocol):
         dropout: bool = False,
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Gradient of ``mean_i(w_{y_i} CE_i)`` on one batch w.r.t. the named tensors, at the current weights.
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The loss ``mean_i(w_{y_i} CE_i)`` on one batch and its gradient w.r.t. the named tensors, at the current weights.
 
         What FedALA needs to update its blend weights W (Zhang et al., AAAI 2023, eq. 6:
         ``W <- clip(W - eta * grad_thetahat L ⊙ (theta - theta_i), 0, 1)``). The weights are not changed.
@@ -183,13 +183,17 @@ class TrainingBackend(Protocol):
 
         Returns
         -------
-        dict name -> ndarray of that tensor's shape, float32.
+        (loss, dict name -> ndarray of that tensor's shape, float32)
         """
         ...
 
 
-def check_weights(spec: ArchSpec, weights: Mapping[str, np.ndarray], arch_version: int | None, who: str) -> dict[str, np.ndarray]:
+def check_weights(
+    spec: ArchSpec, weights: Mapping[str, np.ndarray], arch_version: int | None, who: str, partial: bool = False
+) -> dict[str, np.ndarray]:
     """Validate weights for ``spec`` and return float32 C-contiguous copies.
+
+    With ``partial``, ``weights`` may hold any subset of the tensors (each still checked by name and shape).
 
     Raises
     ------
@@ -204,7 +208,13 @@ def check_weights(spec: ArchSpec, weights: Mapping[str, np.ndarray], arch_versio
             "build a backend (or export a program) for the new architecture first"
         )
     arrays = {n: np.asarray(v) for n, v in weights.items()}
-    codec.check_tensors(spec.shapes(), arrays)
+    shapes = spec.shapes()
+    if partial:
+        unknown = sorted(set(arrays) - set(shapes))
+        if unknown:
+            raise codec.WrongTensors(f"{who}: {unknown} are not tensors of the architecture; known {list(shapes)}")
+        shapes = {n: shapes[n] for n in arrays}
+    codec.check_tensors(shapes, arrays)
     return {n: np.array(v, dtype=np.float32, order="C", copy=True) for n, v in arrays.items()}
 
 
@@ -278,15 +288,53 @@ def batch_sizes(n: int, batch_size: int) -> list[int]:
     return [min(batch_size, n - s) for s in range(0, n, batch_size)]
 
 
-def epoch_orders(n: int, epochs: int, seed: int) -> list[np.ndarray]:
-    """The batch orders ``train_local`` uses: ``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` per epoch.
+class TorchRandperm:
+    """``torch.randperm(n, generator=g)`` for a generator ``g = torch.Generator().manual_seed(seed)``, in numpy.
 
-    Reimplemented in numpy so that backends without PyTorch draw the same permutations. PyTorch's
-    CPU generator is MT19937 initialised with ``init_genrand(seed mod 2^32)`` (numpy's legacy
-    seeding), and its CPU ``randperm`` (``aten/src/ATen/native/TensorFactories.cpp``, the path
-    for ``n < 2^32 / 20``) is a forward Fisher-Yates shuffle of ``0..n-1`` that swaps ``r[i]`` with
-    ``r[i + u_i mod (n - i)]``, ``u_i`` the next raw 32-bit output. ``tests/test_backends.py``
-    checks the equality against ``torch.randperm``.
+    PyTorch's CPU generator is MT19937 initialised with ``init_genrand(seed mod 2^32)`` (numpy's legacy
+    seeding), and its CPU ``randperm`` (``aten/src/ATen/native/TensorFactories.cpp``, the path for
+    ``n < 2^32 / 20``) is a forward Fisher-Yates shuffle of ``0..n-1`` that swaps ``r[i]`` with
+    ``r[i + u_i mod (n - i)]``, ``u_i`` the next raw 32-bit output. Successive calls continue the stream,
+    as successive ``randperm`` calls on one generator do. ``tests/test_backends.py`` checks the equality.
+
+    Parameters
+    ----------
+    seed : int >= 0
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is negative.
+    """
+
+    def __init__(self, seed: int):
+        if seed < 0:
+            raise ValueError(f"TorchRandperm: seed must be >= 0, got {seed}")
+        self._bitgen = np.random.MT19937()
+        self._bitgen._legacy_seeding(int(seed) & 0xFFFFFFFF)
+
+    def __call__(self, n: int) -> np.ndarray:
+        """The next permutation of ``range(n)``, int64 of shape (n,).
+
+        Raises
+        ------
+        ValueError
+            If ``n`` is negative or beyond the reproduced path (>= 2^32 / 20).
+        """
+        if not 0 <= n < (2**32 - 1) // 20:
+            raise ValueError(f"TorchRandperm: n = {n} is outside the reproduced randperm path [0, {(2**32 - 1) // 20})")
+        if n < 2:
+            return np.arange(n, dtype=np.int64)
+        z = (self._bitgen.random_raw(n - 1).astype(np.int64) % np.arange(n, 1, -1, dtype=np.int64)).tolist()
+        r = list(range(n))
+        for i, zi in enumerate(z):
+            j = i + zi
+            r[i], r[j] = r[j], r[i]
+        return np.asarray(r, dtype=np.int64)
+
+
+def epoch_orders(n: int, epochs: int, seed: int) -> list[np.ndarray]:
+    """The batch orders ``train_local`` uses: one ``torch.randperm(n)`` per epoch from a generator seeded with ``seed``.
 
     Parameters
     ----------
@@ -294,32 +342,17 @@ def epoch_orders(n: int, epochs: int, seed: int) -> list[np.ndarray]:
 
     Returns
     -------
-    list of ``epochs`` int64 arrays of shape (n,).
+    list of ``epochs`` int64 arrays of shape (n,) (see :class:`TorchRandperm`).
 
     Raises
     ------
     ValueError
-        If ``n`` is too large for the reproduced path (>= 2^32 / 20) or an argument is negative.
+        If an argument is negative or ``n`` is too large for the reproduced path.
     """
     if n < 0 or epochs < 0 or seed < 0:
         raise ValueError(f"epoch_orders: n, epochs and seed must be >= 0, got {n}, {epochs}, {seed}")
-    if n >= (2**32 - 1) // 20:
-        raise ValueError(f"epoch_orders: n = {n} is beyond the reproduced randperm path (< {(2**32 - 1) // 20})")
-    bitgen = np.random.MT19937()
-    bitgen._legacy_seeding(int(seed) & 0xFFFFFFFF)
-    out = []
-    for _ in range(epochs):
-        r = np.arange(n, dtype=np.int64)
-        if n > 1:
-            raw = bitgen.random_raw(n - 1).astype(np.int64)
-            z = raw % np.arange(n, 1, -1, dtype=np.int64)
-            rl = r.tolist()
-            for i, zi in enumerate(z.tolist()):
-                j = i + zi
-                rl[i], rl[j] = rl[j], rl[i]
-            r = np.asarray(rl, dtype=np.int64)
-        out.append(r)
-    return out
+    perm = TorchRandperm(seed)
+    return [perm(n) for _ in range(epochs)]
 
 
 def draw_dropout_masks(rng: np.random.Generator, sizes: Sequence[int], units: int, p: float) -> list[np.ndarray]:

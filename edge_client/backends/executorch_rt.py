@@ -170,12 +170,12 @@ class ExecuTorchBackend:
         """The program's own parameter tensors by name (they alias the runtime's memory; do not resize)."""
         return dict(self._params)
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Copy parameters by name into the program's memory; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "ExecuTorchBackend.set_weights")
+        arrays = check_weights(self._spec, weights, arch_version, "ExecuTorchBackend.set_weights", partial)
         with torch.no_grad():
-            for n, p in self._params.items():
-                p.copy_(torch.from_numpy(arrays[n]))
+            for n, a in arrays.items():
+                self._params[n].copy_(torch.from_numpy(a))
         self._static = None
 
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -305,8 +305,8 @@ class ExecuTorchBackend:
         dropout: bool = False,
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Gradient of the batch loss w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
         xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(PARAM_NAMES)
@@ -314,5 +314,5 @@ class ExecuTorchBackend:
             raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
         if dropout_seed is not None:
             self._rng = np.random.default_rng(int(dropout_seed))
-        _, grads = self._forward_backward(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
-        return {n: grads[n].numpy().copy() for n in names}
+        loss, grads = self._forward_backward(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        return loss, {n: grads[n].numpy().copy() for n in names}

@@ -193,9 +193,9 @@ class NumpyBackend:
         """The architecture this backend runs."""
         return self._spec
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Load parameters by name; see :meth:`TrainingBackend.set_weights`."""
-        self._w = check_weights(self._spec, weights, arch_version, "NumpyBackend.set_weights")
+        self._w.update(check_weights(self._spec, weights, arch_version, "NumpyBackend.set_weights", partial))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Copies of the parameters by name (float32)."""
@@ -276,8 +276,8 @@ class NumpyBackend:
         dropout: bool = False,
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Gradient of the batch loss w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
         xa, ya = check_windows(self._spec, x, y, "NumpyBackend.top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(self._spec.shapes())
@@ -287,8 +287,8 @@ class NumpyBackend:
             self._rng = np.random.default_rng(int(dropout_seed))
         mask = self._mask(len(xa), dropout_mask, train=dropout)
         logits, cache = forward(self._spec, self._w, xa, mask)
-        dlogits = weighted_cross_entropy(logits, ya, class_weights)[1]
-        return backward(self._spec, self._w, cache, dlogits, list(names))
+        loss, dlogits = weighted_cross_entropy(logits, ya, class_weights)
+        return loss, backward(self._spec, self._w, cache, dlogits, list(names))
 
 
 __all__ = ["NumpyBackend", "backward", "batch_sizes", "forward", "init_weights", "softmax", "weighted_cross_entropy"]

@@ -55,12 +55,13 @@ class TorchBackend:
         """The architecture this backend runs."""
         return self._spec
 
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None) -> None:
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Load parameters by name; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "TorchBackend.set_weights")
+        arrays = check_weights(self._spec, weights, arch_version, "TorchBackend.set_weights", partial)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
-                p.copy_(torch.from_numpy(arrays[name]))
+                if name in arrays:
+                    p.copy_(torch.from_numpy(arrays[name]))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Copies of the parameters by name (float32)."""
@@ -159,8 +160,8 @@ class TorchBackend:
         dropout: bool = False,
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Gradient of the batch loss w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
         xa, ya = check_windows(self._spec, x, y, "TorchBackend.top_layer_grads")
         assert ya is not None
         params = dict(self.model.named_parameters())
@@ -175,4 +176,4 @@ class TorchBackend:
         with torch.enable_grad(), self._masked(dropout_mask):
             loss = make_loss(class_weights)(self.model(torch.from_numpy(xa)), torch.from_numpy(ya))
             grads = torch.autograd.grad(loss, [params[n] for n in names])
-        return {n: g.detach().numpy().copy() for n, g in zip(names, grads, strict=True)}
+        return float(loss.detach()), {n: g.detach().numpy().copy() for n, g in zip(names, grads, strict=True)}
