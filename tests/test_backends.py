@@ -422,3 +422,47 @@ def test_patch_weights_writes_each_tensor_in_its_slot() -> None:
     assert out[:4] == template[:4] and out[24:] == template[24:]
     with pytest.raises(ValueError, match="slot"):
         patch_weights(template, offsets, {"a": np.zeros((3, 2), np.float32), "b": np.zeros(1, np.float32)})
+
+
+# -- FedALA over a backend ---------------------------------------------------------------------------
+
+
+ETA = 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "start_phase"),
+    [("torch", "train", True), ("torch", "eval", False), ("numpy", "eval", True), ("executorch", "eval", True)],
+)
+def test_ala_over_a_backend_learns_the_w_of_the_pytorch_ala(
+    name: str, mode: str, start_phase: bool, request: pytest.FixtureRequest
+) -> None:
+    import functools
+
+    from edge_client.ala import AlaConfig, AlaState, adaptive_local_aggregation
+    from edge_client.backends.ala_backend import learn_ala_weights
+
+    x, y = _data(40, seed=8)
+    x /= 3  # windows of unit scale: moderate losses, so float32 rounding is not amplified over the passes
+    cw = balanced_class_weights(y, SPEC.n_classes)
+    received, local = _weights(seed=3), _weights(seed=4)
+    shapes = SPEC.shapes()
+    w_in = {"out.weight": np.full(shapes["out.weight"], 0.7, np.float32), "out.bias": np.full(shapes["out.bias"], 0.3, np.float32)}
+    cfg = AlaConfig(eta=ETA, rand_percent=80, layer_idx=2, threshold=0.1, num_pre_loss=3, max_passes=5, mode=mode)  # type: ignore[arg-type]
+    want = adaptive_local_aggregation(
+        {k: torch.from_numpy(v) for k, v in received.items()}, {k: torch.from_numpy(v) for k, v in local.items()},
+        AlaState({k: torch.from_numpy(v) for k, v in w_in.items()}, start_phase, True), x, y,
+        build=functools.partial(build_model, SPEC), loss_fn=make_loss(cw), batch_size=8, seed=1234, config=cfg,
+    )
+    backend = _backend(name, received, request.getfixturevalue("et_cache") if name == "executorch" else None)
+    with torch.random.fork_rng(devices=[]):
+        got = learn_ala_weights(
+            backend, received, local, w_in, x, y, eta=ETA, rand_percent=80, batch_size=8, seed=1234,
+            start_phase=start_phase, threshold=0.1, num_pre_loss=3, max_passes=5, class_weights=cw, dropout=mode == "train",
+        )
+    assert got.n_sample == want.n_sample == 32 and len(got.losses) == want.passes
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-5)
+    _assert_close(got.weights, {k: v.numpy() for k, v in want.ala.weights.items()}, 1e-5)  # type: ignore[union-attr]
+    _assert_close(got.state, {k: v.numpy() for k, v in want.state.items()}, 1e-5)
+    moved = float(np.abs(got.weights["out.weight"] - w_in["out.weight"]).max())
+    assert moved > 1e-3  # W was really learned
