@@ -31,7 +31,10 @@ against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
   ``max_pool2d_with_indices_backward`` returned gradients about 200 times too large (checked on
   a Conv2d + max_pool2d model against eager; Conv2d's own backward was correct);
 * the convolution is im2col plus one matrix product (a gather of the padded input at ``t + j``
-  for ``j < k``, then ``(B*T, C*k) @ (C*k, F)``), so its forward and backward run as ``mm``;
+  for ``j < k``), so its forward and backward run as ``mm``. In the training program it is
+  :class:`_ConvT`, ``W (F, C*k) @ cols (C*k, B*T)``, filters first: pooling then reduces the
+  contiguous last axis and no ``(B*T, F)`` activation is transposed, which took about 30 % off a
+  step whose remaining time was mostly portable layout and reduction kernels;
 * every dense layer of the training program is :class:`_Dense`, ``x @ W.T + b`` with a
   hand-written backward: the ``linear`` -> ``addmm`` lowering ran the portable ``addmm`` kernel (a
   naive loop, the top entry of a ``perf`` profile of the step) and copied the 6.4-M-entry
@@ -116,10 +119,18 @@ class _Functional(nn.Module):
         x = (x - self.get_buffer("mean")) / self.get_buffer("std")
         x = F.pad(x, self.pad)
         cols = x[:, :, self.get_buffer("idx")]  # (B, C, T, k): cols[b, c, t, j] = x_pad[b, c, t + j]
-        cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
-        z = F.relu(dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
-        z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
-        flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
+        if dense is _dense:
+            # Filters-first layout (F, B*T): pooling reduces the contiguous last axis and no (B*T, F)
+            # activation is ever transposed (portable layout kernels dominated the step otherwise).
+            cols_t = cols.permute(1, 3, 0, 2).reshape(s.n_channels * s.kernel, b * s.window)
+            z = F.relu(_ConvT.apply(cols_t, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (F, B*T)
+            z = z.reshape(s.conv_filters, b, s.pooled_len, s.pool).amax(3)  # max-pool along time: (F, B, T')
+            flat = z.permute(1, 0, 2).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
+        else:
+            cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
+            z = F.relu(dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
+            z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
+            flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
         h = F.relu(dense(flat, w["hidden.weight"], w["hidden.bias"]))
         if mask is not None:
             h = h * mask
@@ -147,6 +158,23 @@ class _Dense(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
         return torch.mm(g, weight), torch.mm(g.t(), x), g.sum(0)
+
+
+class _ConvT(torch.autograd.Function):
+    """The convolution as ``W (F, C*k) @ cols_t (C*k, B*T) + b`` with outputs filters-first; no input gradient."""
+
+    @staticmethod
+    def forward(cols_t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.mm(weight, cols_t) + bias.unsqueeze(1)
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
+        (cols_t,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return None, torch.mm(g, cols_t.t()), g.sum(1)
 
 
 def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
