@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     label = "small CNN (8 filters, 16 units)" if args.small else "paper CNN (196 filters, 1024 units)"
     print(f"Backends vs PyTorch eager, {label}, {spec.n_parameters():,} parameters; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; medians of {args.rounds} interleaved rounds")
-    print(f"program export (training + inference, not cached before): {export_s:.1f} s")
+    print(f"programs ready (exported now unless cached in --cache-dir, then loaded): {export_s:.1f} s")
     print(f"{'backend':<11} {'infer b=1 ms':>13} {'vs eager':>9} {'train step b=32 ms':>19} {'vs eager':>9}")
     for row in rows:
         print(f"{row['backend']:<11} {row['infer_ms']:>13.3f} {row['infer_vs_eager']:>9.2f} {row['step_ms']:>19.1f} "
