@@ -699,8 +699,10 @@ def commands(outcome: Outcome) -> dict[str, Any]:
     clients = {
         cid: shlex.join(
             ["fedhar-client", "--client-id", cid, "--broker", device_broker, *tls, "--federation", s.federation,
-             "--username", cid, "--password-file", str(outcome.password_file(cid))]
-        ) + " --source SOURCE --state-dir STATE_DIR"
+             "--username", cid, "--password-file", str(outcome.password_file(cid)),
+             # The windows the device's owner recorded (fedhar-app, fedhar-record); state in ~/.local/share/fedhar/<id>.
+             "--source", "recorded:hapt6"]
+        )
         for cid in outcome.clients
     }  # fmt: skip
     return {

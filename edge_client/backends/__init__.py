@@ -1,0 +1,25 @@
+"""Training backends: one interface (:class:`TrainingBackend`) over PyTorch, numpy and ExecuTorch."""
+
+from edge_client.backends.base import (
+    BACKEND_NAMES,
+    ArchitectureMismatch,
+    EvalResult,
+    TrainingBackend,
+    TrainSummary,
+    draw_dropout_masks,
+    epoch_orders,
+    make_backend,
+    train,
+)
+
+__all__ = [
+    "BACKEND_NAMES",
+    "ArchitectureMismatch",
+    "EvalResult",
+    "TrainSummary",
+    "TrainingBackend",
+    "draw_dropout_masks",
+    "epoch_orders",
+    "make_backend",
+    "train",
+]

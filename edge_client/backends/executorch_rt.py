@@ -1,0 +1,318 @@
+"""The ExecuTorch backend: the HAR CNN's exported programs run through the runtime's Python bindings.
+
+Programs come from :func:`har_models.export.ensure_programs` (cached per architecture). Training
+runs the training program's ``forward`` (forward, loss and backward in one call) and updates the
+program's own parameter tensors in place with plain SGD, ``p <- p - lr * (g + mu (p - p_ref))``
+(FedProx, Li et al., MLSys 2020, eq. 2); the update is written with torch's in-place
+``add_`` on the tensors the runtime hands out uncloned, which alias the program's memory, so the
+next call computes with the new values. (On Android the same program is driven by ExecuTorch's
+Java ``TrainingModule`` and ``SGD``; see :mod:`edge_client.backends.android_executorch`.)
+
+Inference (:meth:`ExecuTorchBackend.predict`, :meth:`ExecuTorchBackend.evaluate`) runs an
+XNNPACK-delegated inference program, in one of two forms (``inference=``):
+
+* ``"static"`` (default): the program whose weights live in a ``.ptd`` file. When the parameters
+  have changed since the last prediction (new weights, a training step), the current parameters
+  are written over the template file's bytes at the offsets recorded at export
+  (:func:`patch_weights`) into a private temporary file and the program is reloaded from it;
+  XNNPACK packs the weights once per load, so repeated predictions cost only the computation;
+* ``"inputs"``: the program that takes the weights as inputs on every call (no reload, but
+  XNNPACK repacks the weights on every call).
+
+Dropout masks come from ``numpy.random.default_rng(dropout_seed)`` exactly as in
+:mod:`edge_client.backends.numpy_ref` (one ``rng.random((B, H)) >= p`` draw per batch), so the
+ExecuTorch and numpy backends follow the same trajectory even with dropout active.
+
+The Python runtime imports torch; a torch-free phone uses the Java runtime instead.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from har_models.arch import PARAM_NAMES, ArchSpec
+from har_models.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
+from har_models.metrics import confusion_matrix
+from har_models.model import init_state
+
+from .base import ArchitectureMismatch, EvalResult, check_train_args, check_weights, check_windows, draw_dropout_masks
+from .numpy_ref import softmax, weighted_cross_entropy
+
+DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
+"""Default program cache folder (override with ``FEDHAR_PROGRAM_CACHE`` or ``cache_dir``)."""
+
+_GRAD_INDEX = "__et_training_gradients_index_forward"
+_PARAM_INDEX = "__et_training_parameters_index_forward"
+_FQN = "__et_training_fqn_forward"
+InferenceMode = Literal["static", "inputs"]
+
+
+def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights: Mapping[str, np.ndarray]) -> bytes:
+    """A copy of the weights template with every named tensor's bytes replaced.
+
+    Parameters
+    ----------
+    template : bytes of the ``.ptd`` written by :func:`har_models.export.export_static_inference_program`
+    offsets : name -> (byte offset, byte length, *axis order), as recorded in the program metadata: the
+        tensor is stored as ``weights[name].transpose(axis order)``, float32 little-endian, C order
+    weights : name -> ndarray of the spec's shape
+
+    Raises
+    ------
+    ValueError
+        If a tensor's size differs from its slot or a name has no slot.
+    """
+    out = bytearray(template)
+    for name, (at, length, *axes) in offsets.items():
+        if name not in weights:
+            raise ValueError(f"patch_weights: no tensor named {name!r} among {sorted(weights)}")
+        a = np.asarray(weights[name])
+        raw = np.ascontiguousarray(a.transpose(axes) if axes else a, dtype="<f4").tobytes()
+        if len(raw) != length:
+            raise ValueError(f"patch_weights: {name} has {len(raw)} bytes, its slot in the weights file {length}")
+        out[at : at + length] = raw
+    return bytes(out)
+
+
+class ExecuTorchBackend:
+    """:class:`~edge_client.backends.base.TrainingBackend` on ExecuTorch programs (Python runtime).
+
+    Parameters
+    ----------
+    spec : ArchSpec
+    weights : name -> ndarray, optional
+        Initial parameters (default :func:`har_models.model.init_state` with seed 0).
+    cache_dir : folder, optional
+        Program cache (default :data:`DEFAULT_CACHE`); programs are exported there if absent.
+    train_batch : int
+        Largest training batch the training program accepts (32); ``train_epoch``'s batch size must not exceed it.
+    infer_batch : int
+        Inference batch (64): larger inputs are split; the static program pads a partial chunk to it
+        (except a single window, which has its own method).
+    programs : ProgramFiles, optional
+        Use these program files instead of the cache (their recorded spec must equal ``spec``).
+    inference : {"static", "inputs"}
+        Which inference program to run (see the module docstring).
+
+    Raises
+    ------
+    ArchitectureMismatch
+        If ``programs`` were exported for another architecture (version or widths) than ``spec``.
+    ValueError
+        If ``weights`` do not match ``spec``.
+    ImportError
+        If executorch is not installed (``pip install 'fedhar[executorch]'``).
+    """
+
+    def __init__(
+        self,
+        spec: ArchSpec,
+        weights: Mapping[str, np.ndarray] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        train_batch: int = 32,
+        infer_batch: int = 64,
+        programs: ProgramFiles | None = None,
+        inference: InferenceMode = "static",
+    ):
+        from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+        files = programs or ensure_programs(spec, DEFAULT_CACHE if cache_dir is None else cache_dir, train_batch, infer_batch)
+        program_spec, meta = read_program_spec(files.meta)
+        if program_spec != spec:
+            raise ArchitectureMismatch(
+                f"ExecuTorchBackend: the programs in {files.meta.parent} are for architecture version {program_spec.version} "
+                f"({program_spec.conv_filters} filters, {program_spec.dense_units} units), not version {spec.version} "
+                f"({spec.conv_filters}, {spec.dense_units}); export programs for this architecture (ensure_programs)"
+            )
+        self._spec = spec
+        self.files = files
+        self.train_batch = int(meta["train_batch"])  # type: ignore[call-overload]
+        self.infer_batch = int(meta["infer_batch"])  # type: ignore[call-overload]
+        if inference not in ("static", "inputs"):
+            raise ValueError(f"ExecuTorchBackend: inference must be 'static' or 'inputs', got {inference!r}")
+        self.inference = inference
+        self._load = _load_for_executorch
+        self._train = _load_for_executorch(str(files.train))
+        self._infer = _load_for_executorch(str(files.infer)) if inference == "inputs" else None
+        self._offsets: dict[str, list[int]] = dict(meta["weights_ptd"])  # type: ignore[call-overload]
+        self._static: Any = None  # the static program, loaded with the current weights; None when stale
+        self._tmp = tempfile.TemporaryDirectory(prefix="fedhar-weights-")
+        self._gi = int(self._train.run_method(_GRAD_INDEX, ())[0])
+        self._pi = int(self._train.run_method(_PARAM_INDEX, ())[0])
+        fqns = list(self._train.run_method(_FQN, ()))
+        # One call to obtain the program's own parameter tensors (uncloned: they alias its memory).
+        outs = self._run_train(np.zeros((1, spec.n_channels, spec.window), np.float32), np.zeros(1, np.int64),
+                               np.ones(1, np.float32), np.ones((1, spec.dense_units), np.float32))
+        by_fqn = dict(zip(fqns, outs[self._pi :], strict=True))
+        self._fqn = {n: param_fqn(n) for n in PARAM_NAMES}
+        self._params: dict[str, torch.Tensor] = {n: by_fqn[self._fqn[n]] for n in PARAM_NAMES}
+        self._grad_pos = {n: fqns.index(self._fqn[n]) for n in PARAM_NAMES}
+        self._rng = np.random.default_rng(0)
+        self.set_weights({n: v.numpy() for n, v in init_state(spec, 0).items()} if weights is None else weights)
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The architecture of the loaded programs."""
+        return self._spec
+
+    def _run_train(self, x: np.ndarray, y: np.ndarray, sw: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
+        inputs = (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(sw), torch.from_numpy(mask))
+        return list(self._train.run_method("forward", inputs, clone_outputs=False))
+
+    def runtime_parameters(self) -> dict[str, torch.Tensor]:
+        """The program's own parameter tensors by name (they alias the runtime's memory; do not resize)."""
+        return dict(self._params)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
+        """Copy parameters by name into the program's memory; see :meth:`TrainingBackend.set_weights`."""
+        arrays = check_weights(self._spec, weights, arch_version, "ExecuTorchBackend.set_weights", partial)
+        with torch.no_grad():
+            for n, a in arrays.items():
+                self._params[n].copy_(torch.from_numpy(a))
+        self._static = None
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Copies of the program's parameters by name (float32)."""
+        return {n: p.numpy().copy() for n, p in self._params.items()}
+
+    def _forward_backward(
+        self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None, mask: np.ndarray | None
+    ) -> tuple[float, dict[str, torch.Tensor]]:
+        b = len(y)
+        if b > self.train_batch:
+            raise ValueError(f"ExecuTorchBackend: batch of {b} exceeds the training program's limit {self.train_batch}; "
+                             "export with a larger train_batch")
+        sw = np.ones(b, np.float32) if class_weights is None else np.asarray(class_weights, np.float32)[y]
+        m = np.ones((b, self._spec.dense_units), np.float32) if mask is None else np.ascontiguousarray(mask, np.float32)
+        outs = self._run_train(x, y, np.ascontiguousarray(sw), m)
+        grads = {n: outs[self._gi + i] for n, i in self._grad_pos.items()}
+        return float(outs[0]), grads
+
+    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
+        if given is not None:
+            return np.asarray(given, np.float32)
+        if not train or self._spec.dropout <= 0:
+            return None
+        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
+
+    def train_epoch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        order: np.ndarray,
+        *,
+        lr: float,
+        batch_size: int,
+        class_weights: np.ndarray | None = None,
+        prox_mu: float = 0.0,
+        prox_ref: Mapping[str, np.ndarray] | None = None,
+        frozen: Sequence[str] = (),
+        dropout_seed: int | None = None,
+        dropout_masks: Sequence[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """One epoch of SGD on the program's parameters; see :meth:`TrainingBackend.train_epoch`.
+
+        Raises
+        ------
+        ValueError
+            Also when ``batch_size`` exceeds the program's ``train_batch``.
+        """
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.train_epoch")
+        assert ya is not None
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "ExecuTorchBackend")
+        if batch_size > self.train_batch:
+            raise ValueError(f"ExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's train_batch "
+                             f"{self.train_batch}; construct the backend with train_batch >= {batch_size}")
+        trained = [n for n in PARAM_NAMES if n not in frozen]
+        ref = {n: torch.from_numpy(np.asarray(prox_ref[n], np.float32)) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        losses = []
+        with torch.no_grad():
+            for i, s in enumerate(range(0, len(xa), batch_size)):
+                idx = o[s : s + batch_size]
+                mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+                loss, grads = self._forward_backward(xa[idx], ya[idx], class_weights, mask)
+                if ref:
+                    prox = sum(float(((self._params[n] - ref[n]) ** 2).sum()) for n in trained)
+                    loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+                for n in trained:
+                    g = grads[n] + prox_mu * (self._params[n] - ref[n]) if ref else grads[n]
+                    self._params[n].add_(g, alpha=-lr)  # torch.optim.SGD's update, in the program's memory
+                self._static = None
+                losses.append(loss)
+        return np.asarray(losses, dtype=np.float64)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(N, C)`` float32 from the inference program, in chunks of ``infer_batch``."""
+        xa, _ = check_windows(self._spec, x, None, "ExecuTorchBackend")
+        chunks = [torch.from_numpy(xa[s : s + self.infer_batch]) for s in range(0, len(xa), self.infer_batch)]
+        if self._infer is not None:
+            w = tuple(self._params[n] for n in PARAM_NAMES)
+            out = [self._infer.forward((c, *w))[0].numpy() for c in chunks]
+        else:
+            program = self._static_program()
+            out = []
+            for c in chunks:
+                if len(c) == 1:
+                    out.append(program.run_method("forward_1", (c,))[0].numpy())
+                else:
+                    padded = torch.zeros(self.infer_batch, *c.shape[1:]) if len(c) < self.infer_batch else c
+                    if len(c) < self.infer_batch:
+                        padded[: len(c)] = c
+                    out.append(program.run_method("forward_batch", (padded,))[0].numpy()[: len(c)])
+        return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
+
+    def _static_program(self) -> Any:
+        """The static-weights inference program loaded with the current parameters (reloaded when stale)."""
+        if self._static is None:
+            data = patch_weights(self.files.weights_ptd.read_bytes(), self._offsets, self.get_weights())
+            fd, path = tempfile.mkstemp(dir=self._tmp.name, suffix=".ptd")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self._static = self._load(str(self.files.infer_static), data_path=path)
+            for method, batch in STATIC_METHODS(self.infer_batch).items():  # load both methods now
+                self._static.run_method(method, (torch.zeros(batch, self._spec.n_channels, self._spec.window),))
+            Path(path).unlink()  # the runtime has read and packed the weights
+        return self._static
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
+        """Confusion matrix ``(C, C)`` and mean (weighted) CE from the inference program."""
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.evaluate")
+        assert ya is not None
+        z = self.logits(xa)
+        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
+        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(B, C)`` float32 from the inference program."""
+        return softmax(self.logits(x))
+
+    def top_layer_grads(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        names: Sequence[str],
+        *,
+        class_weights: np.ndarray | None = None,
+        dropout: bool = False,
+        dropout_seed: int | None = None,
+        dropout_mask: np.ndarray | None = None,
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
+        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.top_layer_grads")
+        assert ya is not None
+        unknown = set(names) - set(PARAM_NAMES)
+        if unknown:
+            raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        loss, grads = self._forward_backward(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        return loss, {n: grads[n].numpy().copy() for n in names}

@@ -1,0 +1,294 @@
+"""A numpy-only reference of the HAR CNN: forward, backward and SGD, with no PyTorch.
+
+The network of :mod:`har_models.model` (Ek et al., PerCom 2021, REALWORLD configuration), layer by
+layer in the same order and float32 arithmetic:
+
+1. normalise ``(x - mean_c) / std_c`` per channel (``ArchSpec.input_mean/std``);
+2. zero-pad time by ``(k - 1) // 2`` before and the rest after (7 and 8 for k = 16, Keras 'same'),
+   exactly as ``HarCNN.forward`` pads before its unpadded ``Conv2d``;
+3. convolution with the ``(F, C, k, 1)`` kernel as one matrix product over the im2col matrix
+   ``(B*T, C*k)`` (a sliding-window view), plus bias; ReLU;
+4. max-pool by ``pool`` along time (the gradient goes to the first maximum, as PyTorch's);
+5. flatten channel-first ``(B, F, T')`` -> ``(B, F*T')``;
+6. dense ``F*T' -> H`` + ReLU; dropout (multiplier 0 or ``1/(1-p)``); dense ``H -> C``;
+7. loss ``mean_b(w_{y_b} * CE_b)`` (the Keras reduction of :func:`har_models.training.make_loss`),
+   plus FedProx's ``(mu/2) ||w - w_ref||^2`` (Li et al., MLSys 2020, eq. 2) when training.
+
+Backward is the chain rule through the same steps; ReLU passes gradient only where its output is
+> 0 (as PyTorch's ``threshold_backward``). SGD is ``w <- w - lr * grad`` without momentum.
+
+Dropout masks in training mode come from ``numpy.random.default_rng(dropout_seed)``: per batch one
+``rng.random((B, H)) >= p`` draw (see :func:`edge_client.backends.base.draw_dropout_masks`). This
+is a different stream from PyTorch's, so with dropout active the numpy and PyTorch trajectories
+agree only in distribution; exact comparisons pass explicit ``dropout_masks`` (or use
+``dropout = 0``).
+
+This module and everything it imports are free of PyTorch, so the phone-side client can train
+where no PyTorch exists (``tests/test_backends.py`` runs it with ``torch`` blocked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from har_models.arch import ArchSpec
+from har_models.metrics import confusion_matrix
+
+from .base import EvalResult, batch_sizes, check_train_args, check_weights, check_windows, draw_dropout_masks
+
+Params = dict[str, np.ndarray]
+
+
+def init_weights(spec: ArchSpec, seed: int) -> Params:
+    """Glorot-uniform weights and zero biases (the Keras defaults), drawn with numpy.
+
+    The same distribution as :func:`har_models.model.init_state` but another random stream, so the
+    values differ from PyTorch's for the same seed.
+
+    Returns
+    -------
+    dict name -> float32 array with the shapes of ``spec.shapes()``.
+    """
+    rng = np.random.default_rng(int(seed))
+    out: Params = {}
+    for name, shape in spec.shapes().items():
+        if name.endswith(".bias"):
+            out[name] = np.zeros(shape, np.float32)
+        else:
+            fan_out, fan_in = shape[0] * int(np.prod(shape[2:])), int(np.prod(shape[1:]))
+            bound = np.sqrt(6.0 / (fan_in + fan_out))
+            out[name] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    return out
+
+
+@dataclass
+class _Cache:
+    """Intermediate values of one forward pass, kept for the backward pass."""
+
+    cols: np.ndarray  # (B*T, C*k) im2col matrix of the padded, normalised input
+    relu_conv: np.ndarray  # (B, T', pool, F) ReLU(conv) grouped by pooling window
+    pooled_arg: np.ndarray  # (B, T', 1, F) index of the max inside each window
+    flat: np.ndarray  # (B, F*T') flattened pooled features
+    hidden: np.ndarray  # (B, H) ReLU(dense) before dropout
+    dropped: np.ndarray  # (B, H) after dropout
+    mask: np.ndarray | None  # (B, H) dropout multipliers, or None
+
+
+def forward(spec: ArchSpec, w: Mapping[str, np.ndarray], x: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, _Cache]:
+    """Logits ``(B, C)`` float32 of raw windows ``x`` ``(B, 6, T)``; ``mask`` ``(B, H)`` applies dropout.
+
+    Returns the logits and the cache :func:`backward` needs.
+    """
+    b, c, t = x.shape
+    f, k, pool = spec.conv_filters, spec.kernel, spec.pool
+    mean = np.asarray(spec.input_mean, np.float32).reshape(1, c, 1)
+    std = np.asarray(spec.input_std, np.float32).reshape(1, c, 1)
+    xn = (x - mean) / std
+    before = (k - 1) // 2
+    xp = np.pad(xn, ((0, 0), (0, 0), (before, k - 1 - before)))
+    # (B, C, T, k) view -> (B, T, C, k) -> (B*T, C*k): row (b, t) holds the k samples under the kernel at t.
+    cols = np.ascontiguousarray(sliding_window_view(xp, k, axis=2).transpose(0, 2, 1, 3)).reshape(b * t, c * k)
+    conv = cols @ w["conv.weight"].reshape(f, c * k).T + w["conv.bias"]  # (B*T, F)
+    relu_conv = np.maximum(conv, 0.0).reshape(b, t // pool, pool, f)
+    arg = relu_conv.argmax(axis=2)[:, :, None, :]  # first maximum, as PyTorch's max_pool2d
+    pooled = np.take_along_axis(relu_conv, arg, axis=2)[:, :, 0, :]  # (B, T', F)
+    flat = np.ascontiguousarray(pooled.transpose(0, 2, 1)).reshape(b, f * (t // pool))  # channel-first
+    hidden = np.maximum(flat @ w["hidden.weight"].T + w["hidden.bias"], 0.0)
+    dropped = hidden * mask if mask is not None else hidden
+    logits = dropped @ w["out.weight"].T + w["out.bias"]
+    return logits.astype(np.float32, copy=False), _Cache(cols, relu_conv, arg, flat, hidden, dropped, mask)
+
+
+def weighted_cross_entropy(logits: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> tuple[float, np.ndarray]:
+    """``mean_b(w_{y_b} * CE_b)`` and its gradient w.r.t. the logits.
+
+    ``CE_b = logsumexp(z_b) - z_{b, y_b}``; the gradient is ``w_{y_b} (softmax(z_b) - onehot(y_b)) / B``.
+
+    Returns
+    -------
+    (loss, dlogits (B, C) float32)
+    """
+    b = logits.shape[0]
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    s = e.sum(axis=1, keepdims=True)
+    ce = np.log(s[:, 0]) - z[np.arange(b), y]
+    sw = np.ones(b, np.float32) if class_weights is None else np.asarray(class_weights, np.float32)[y]
+    loss = float(np.mean(ce * sw, dtype=np.float32))
+    d = e / s
+    d[np.arange(b), y] -= 1.0
+    d *= (sw / np.float32(b))[:, None]
+    return loss, d.astype(np.float32, copy=False)
+
+
+def backward(spec: ArchSpec, w: Mapping[str, np.ndarray], cache: _Cache, dlogits: np.ndarray, names: Sequence[str] | None = None) -> Params:
+    """Gradients of the loss w.r.t. the parameters, from ``dlogits`` ``(B, C)`` and a forward ``cache``.
+
+    ``names`` limits the result to those tensors (the pass stops as early as it can).
+
+    Returns
+    -------
+    dict name -> float32 gradient of that tensor's shape.
+    """
+    want = set(spec.shapes()) if names is None else set(names)
+    g: Params = {}
+    g["out.weight"] = dlogits.T @ cache.dropped
+    g["out.bias"] = dlogits.sum(axis=0)
+    if want <= {"out.weight", "out.bias"}:
+        return {n: g[n] for n in want}
+    dh = dlogits @ w["out.weight"]
+    if cache.mask is not None:
+        dh = dh * cache.mask
+    dh = dh * (cache.hidden > 0)
+    g["hidden.weight"] = dh.T @ cache.flat
+    g["hidden.bias"] = dh.sum(axis=0)
+    if want <= {"out.weight", "out.bias", "hidden.weight", "hidden.bias"}:
+        return {n: g[n] for n in want}
+    b, tp, pool, f = cache.relu_conv.shape
+    dflat = (dh @ w["hidden.weight"]).reshape(b, f, tp).transpose(0, 2, 1)  # (B, T', F)
+    drelu = np.zeros_like(cache.relu_conv)
+    np.put_along_axis(drelu, cache.pooled_arg, dflat[:, :, None, :], axis=2)
+    dconv = (drelu * (cache.relu_conv > 0)).reshape(b * tp * pool, f)
+    g["conv.weight"] = (dconv.T @ cache.cols).reshape(spec.shapes()["conv.weight"])
+    g["conv.bias"] = dconv.sum(axis=0)
+    return {n: g[n].astype(np.float32, copy=False) for n in want}
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``(B, C)`` logits, float32."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+class NumpyBackend:
+    """:class:`~edge_client.backends.base.TrainingBackend` in plain numpy (the reference and the torch-free path).
+
+    Parameters
+    ----------
+    spec : ArchSpec
+    weights : name -> ndarray, optional
+        Initial parameters (default :func:`init_weights` with seed 0).
+    eval_batch : int
+        Windows per forward pass in :meth:`evaluate` and :meth:`predict` (bounds memory).
+
+    Raises
+    ------
+    ValueError
+        If ``weights`` do not match ``spec``.
+    """
+
+    def __init__(self, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, eval_batch: int = 512):
+        self._spec = spec
+        self._w = check_weights(spec, init_weights(spec, 0) if weights is None else weights, None, "NumpyBackend")
+        self._rng = np.random.default_rng(0)
+        self.eval_batch = int(eval_batch)
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The architecture this backend runs."""
+        return self._spec
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
+        """Load parameters by name; see :meth:`TrainingBackend.set_weights`."""
+        self._w.update(check_weights(self._spec, weights, arch_version, "NumpyBackend.set_weights", partial))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Copies of the parameters by name (float32)."""
+        return {n: v.copy() for n, v in self._w.items()}
+
+    def train_epoch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        order: np.ndarray,
+        *,
+        lr: float,
+        batch_size: int,
+        class_weights: np.ndarray | None = None,
+        prox_mu: float = 0.0,
+        prox_ref: Mapping[str, np.ndarray] | None = None,
+        frozen: Sequence[str] = (),
+        dropout_seed: int | None = None,
+        dropout_masks: Sequence[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """One epoch of SGD; see :meth:`TrainingBackend.train_epoch`."""
+        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.train_epoch")
+        assert ya is not None
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "NumpyBackend")
+        trained = [n for n in self._spec.shapes() if n not in frozen]
+        ref = {n: np.asarray(prox_ref[n], np.float32) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        lr32, mu32 = np.float32(lr), np.float32(prox_mu)
+        losses = []
+        for i, s in enumerate(range(0, len(xa), batch_size)):
+            idx = o[s : s + batch_size]
+            mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+            logits, cache = forward(self._spec, self._w, xa[idx], mask)
+            loss, dlogits = weighted_cross_entropy(logits, ya[idx], class_weights)
+            grads = backward(self._spec, self._w, cache, dlogits, trained)
+            if ref:
+                prox = sum(float(np.sum((self._w[n] - ref[n]) ** 2, dtype=np.float32)) for n in trained)
+                loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+            for n in trained:
+                gn = grads[n] + mu32 * (self._w[n] - ref[n]) if ref else grads[n]
+                self._w[n] = self._w[n] - lr32 * gn
+            losses.append(loss)
+        return np.asarray(losses, dtype=np.float64)
+
+    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
+        if given is not None:
+            return np.asarray(given, np.float32)
+        if not train or self._spec.dropout <= 0:
+            return None
+        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(N, C)`` float32 of windows ``(N, 6, T)`` with dropout off, in chunks of ``eval_batch``."""
+        xa, _ = check_windows(self._spec, x, None, "NumpyBackend")
+        out = [forward(self._spec, self._w, xa[s : s + self.eval_batch])[0] for s in range(0, len(xa), self.eval_batch)]
+        return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
+        """Confusion matrix ``(C, C)`` and mean (weighted) CE with dropout off."""
+        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.evaluate")
+        assert ya is not None
+        z = self.logits(xa)
+        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
+        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(B, C)`` float32, dropout off."""
+        return softmax(self.logits(x))
+
+    def top_layer_grads(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        names: Sequence[str],
+        *,
+        class_weights: np.ndarray | None = None,
+        dropout: bool = False,
+        dropout_seed: int | None = None,
+        dropout_mask: np.ndarray | None = None,
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
+        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.top_layer_grads")
+        assert ya is not None
+        unknown = set(names) - set(self._spec.shapes())
+        if unknown:
+            raise ValueError(f"NumpyBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(self._spec.shapes())}")
+        if dropout_seed is not None:
+            self._rng = np.random.default_rng(int(dropout_seed))
+        mask = self._mask(len(xa), dropout_mask, train=dropout)
+        logits, cache = forward(self._spec, self._w, xa, mask)
+        loss, dlogits = weighted_cross_entropy(logits, ya, class_weights)
+        return loss, backward(self._spec, self._w, cache, dlogits, list(names))
+
+
+__all__ = ["NumpyBackend", "backward", "batch_sizes", "forward", "init_weights", "softmax", "weighted_cross_entropy"]
