@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from edge_client.store import ClientStore
-from edge_client.trainer import LocalTrainer, RoundOutcome
+from edge_client.trainer_common import RoundOutcome, Trainer
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, MqttLink
 from har_models import codec
@@ -26,6 +26,8 @@ from har_models.topics import Topics, check_client_id
 from har_models.windowing import ChannelStats
 
 log = logging.getLogger("fedhar.client")
+
+BACKENDS = ("torch", "numpy", "executorch")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,13 @@ class ClientConfig:
         Federation name (topic prefix ``fedhar/v1/{federation}``).
     max_model_bytes : int
         Largest model envelope accepted (bytes).
+    backend : {"torch", "numpy", "executorch"}
+        How the client trains: PyTorch eager (:class:`~edge_client.trainer.LocalTrainer`, boards,
+        desktop, the simulation), or through a training backend without PyTorch
+        (:class:`~edge_client.backend_trainer.BackendTrainer`: the numpy reference, or ExecuTorch
+        programs as on a phone).
+    program_cache : str, optional
+        Folder of the exported ExecuTorch programs (``executorch`` backend).
     exit_after_run : str, optional
         Exit once the coordinator announces that this run id finished (used by simulations);
         otherwise run until stopped.
@@ -51,9 +60,13 @@ class ClientConfig:
     federation: str = "default"
     max_model_bytes: int = 512 * 1024 * 1024
     exit_after_run: str | None = None
+    backend: str = "torch"
+    program_cache: str | None = None
 
     def __post_init__(self) -> None:
         check_client_id(self.client_id)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
 
 class EdgeAgent:
@@ -74,7 +87,16 @@ class EdgeAgent:
         # Clients hosted together in one worker process train one at a time: memory stays that of
         # one training, and each training sees the same global RNG and thread settings as alone.
         self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
-        self.trainer = LocalTrainer(store, cfg.client_id)
+        self.trainer: Trainer
+        if cfg.backend == "torch":
+            from edge_client.trainer import LocalTrainer  # the only path that imports PyTorch
+
+            self.trainer = LocalTrainer(store, cfg.client_id)
+        else:
+            from edge_client.backend_trainer import BackendTrainer
+
+            opts = {"cache_dir": cfg.program_cache} if cfg.backend == "executorch" and cfg.program_cache else {}
+            self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
         self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes)
         self.announcement: RoundAnnouncement | None = None

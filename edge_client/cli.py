@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_client.agent import ClientConfig, EdgeAgent
+from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default: as fast as possible",
     )
     ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
+    ap.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="torch",
+        help="training backend: PyTorch eager, the numpy reference (no PyTorch needed), or ExecuTorch programs (default %(default)s)",
+    )
+    ap.add_argument("--program-cache", default=None, help="folder for exported ExecuTorch programs (default: the backend's own)")
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
     ap.add_argument("--log-level", default="INFO")
@@ -91,7 +98,14 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         args.state_dir = default_state_dir(args.client_id)
     try:
         broker = broker_from_args(args)
-        cfg = ClientConfig(client_id=args.client_id, broker=broker, federation=args.federation, exit_after_run=args.exit_after_run)
+        cfg = ClientConfig(
+            client_id=args.client_id,
+            broker=broker,
+            federation=args.federation,
+            exit_after_run=args.exit_after_run,
+            backend=args.backend,
+            program_cache=args.program_cache,
+        )
         split = SplitSpec(seed=args.split_seed)
         source = None if args.source.startswith("recorded:") else parse_source(args.source, split)
         labels = recorded_labels(args.source) if source is None else source.labels
@@ -139,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data, 4 state folder in use)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    if args.threads > 0:
+    if args.threads > 0 and args.backend != "numpy":  # the numpy backend runs where PyTorch is absent
         import torch
 
         torch.set_num_threads(args.threads)

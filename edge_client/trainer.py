@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,7 @@ import torch
 
 from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
+from edge_client.trainer_common import RoundOutcome, derive_seed
 from har_models import codec
 from har_models.growth import pad_state_like
 from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
@@ -29,22 +28,6 @@ from har_models.training import TrainConfig, balanced_class_weights, evaluate, m
 log = logging.getLogger("fedhar.client.trainer")
 
 
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What :meth:`LocalTrainer.run_round` produced.
-
-    Attributes
-    ----------
-    envelope : bytes
-        The update envelope to upload.
-    summary : dict
-        Small JSON-able summary for logs (accuracy before/after, loss, seconds).
-    """
-
-    envelope: bytes
-    summary: dict[str, Any]
-
-
 def _to_torch(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """float32 tensors sharing memory with the arrays where their dtype allows (they are never modified)."""
     return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
@@ -52,11 +35,6 @@ def _to_torch(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 def _to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy() for k, v in state.items()}
-
-
-def derive_seed(base: int, client_id: str, round_: int, stage: int, purpose: str = "train") -> int:
-    """Deterministic per-client, per-round seed (CRC-32 of the tuple)."""
-    return zlib.crc32(f"{base}:{client_id}:{round_}:{stage}:{purpose}".encode())
 
 
 class LocalTrainer:
