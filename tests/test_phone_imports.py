@@ -108,3 +108,28 @@ def test_a_received_model_decodes_and_persists_without_torch_or_safetensors(tmp_
     back = load_file(str(tmp_path / "state" / "local_model.safetensors"))
     for k, v in tensors.items():
         np.testing.assert_array_equal(back[k], v)
+
+
+def test_live_predictions_without_pytorch_come_from_the_numpy_reference(tmp_path: Path) -> None:
+    """With torch blocked, the Live screen's predictor is the numpy CNN and gives probabilities."""
+    code = f"""
+import sys
+for name in ("torch",):
+    sys.modules[name] = None
+import numpy as np
+from edge_client.app.predictor import load_predictor
+from edge_client.backends.numpy_ref import NumpyBackend, init_weights
+from edge_client.store import ClientStore
+from har_models.arch import ArchSpec
+from har_models.labels import HAPT_LABELS
+spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+store = ClientStore({str(tmp_path / "state")!r}, HAPT_LABELS)
+store.save_local_model(spec.to_json(), init_weights(spec, 3))
+p = load_predictor(store)
+assert isinstance(p, NumpyBackend), type(p)
+probs = p.predict(np.random.default_rng(0).normal(size=(5, 6, 128)).astype(np.float32))
+assert probs.shape == (5, 6) and np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+print("numpy predictor ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and "numpy predictor ok" in r.stdout, r.stderr

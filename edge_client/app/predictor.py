@@ -1,10 +1,10 @@
 """The Live screen's predictor: the device's current local model, behind one function.
 
-:func:`load_predictor` returns an object with ``predict(x) -> probabilities``. Today it
-runs the model with PyTorch (``har_models.model``) where PyTorch is installed (desktop,
-Raspberry Pi); on a phone, where PyTorch does not exist, it returns None until the
-training backends (numpy reference, ExecuTorch) provide the same ``predict``; swapping
-this one function is all the app needs.
+:func:`load_predictor` returns an object with ``predict(x) -> probabilities``: PyTorch
+eager where it is installed (desktop, a board), else the numpy reference implementation of
+the same CNN (:mod:`edge_client.backends.numpy_ref`), which needs nothing but numpy (a
+phone). ``prefer=("executorch", ...)`` asks for the ExecuTorch inference program first. All three give the same probabilities to float32 rounding
+(``tests/test_backends.py``).
 """
 
 from __future__ import annotations
@@ -70,17 +70,32 @@ class TorchPredictor:
             return self._torch.softmax(logits, dim=1).numpy().astype(np.float32)
 
 
-def load_predictor(store: ClientStore) -> Predictor | None:
-    """A predictor for the store's current local model, or None (no model yet, or no runtime here)."""
+def load_predictor(store: ClientStore, prefer: tuple[str, ...] = ("torch", "numpy")) -> Predictor | None:
+    """A predictor for the store's current local model, or None (no model yet, or an unusable one).
+
+    Parameters
+    ----------
+    store : ClientStore
+    prefer : tuple of backend names
+        Tried in order; a backend whose runtime is not installed is skipped.
+    """
     loaded = store.load_local_model()
     if loaded is None:
         return None
     arch_json, state = loaded
-    try:
-        return TorchPredictor(arch_json, state)
-    except ImportError:
-        log.info("no PyTorch on this device: live predictions wait for a numpy or ExecuTorch backend")
-        return None
-    except ValueError as exc:
-        log.error("the stored local model cannot be used for predictions: %s", exc)
-        return None
+    for name in prefer:
+        try:
+            if name == "torch":
+                return TorchPredictor(arch_json, state)
+            from edge_client.backends.base import make_backend
+            from har_models.arch import ArchSpec
+
+            spec = ArchSpec.from_json(arch_json)
+            return make_backend(name, spec, state)
+        except ImportError:
+            log.debug("no %s runtime on this device", name)
+            continue
+        except ValueError as exc:
+            log.error("the stored local model cannot be used for predictions: %s", exc)
+            return None
+    return None
