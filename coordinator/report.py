@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from har_io.files import atomic_write, atomic_write_bytes
+from har_models.files import atomic_write, atomic_write_bytes
 
 MEASURES = ("global", "personalisation", "generalisation")
 

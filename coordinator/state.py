@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from har_io.files import atomic_write, fsync_dir
+from har_models.files import atomic_write, fsync_dir
 from har_models.model import ArchSpec, check_state
 
 log = logging.getLogger("fedhar.coordinator.state")
@@ -48,7 +48,7 @@ def save_state_file(
 
     Arrays are made C-contiguous float32 first (a transposed view would otherwise be stored
     with its memory order and reload scrambled); the file and its folder are fsynced
-    (:func:`har_io.files.atomic_write`) before this returns, so the state database may
+    (:func:`har_models.files.atomic_write`) before this returns, so the state database may
     then record it.
     """
     arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in state.items()}

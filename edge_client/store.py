@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from har_models.files import atomic_write, atomic_write_bytes
 from har_models.labels import LabelSet
 from har_models.safetensors_np import read_metadata
 from har_models.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
@@ -104,15 +105,6 @@ def _take_lock(folder: Path, owner: str) -> IO[str]:
     f.write(json.dumps({"pid": os.getpid(), "client_id": owner}) + "\n")
     f.flush()
     return f
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ClientStore:
@@ -255,11 +247,8 @@ class ClientStore:
     # -- models --------------------------------------------------------------------------
     def save_local_model(self, arch_json: str, state: dict[str, np.ndarray]) -> None:
         """Persist theta_i with its architecture (JSON) atomically."""
-        tmp = self.folder / "local_model.safetensors.tmp"
-        save_file(
-            {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}, str(tmp), metadata={"arch": arch_json}
-        )
-        os.replace(tmp, self.folder / "local_model.safetensors")
+        arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+        atomic_write(self.folder / "local_model.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"arch": arch_json}))
 
     def load_local_model(self) -> tuple[str, dict[str, np.ndarray]] | None:
         """``(arch_json, state)`` of the last local model, or None if there is none (or it is unreadable)."""
@@ -275,9 +264,8 @@ class ClientStore:
 
     def save_tensors(self, name: str, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Persist a named tensor set (e.g. FedALA's W) with JSON metadata, atomically."""
-        tmp = self.folder / f"{name}.safetensors.tmp"
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata={"meta": json.dumps(meta)})
-        os.replace(tmp, self.folder / f"{name}.safetensors")
+        arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        atomic_write(self.folder / f"{name}.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"meta": json.dumps(meta)}))
 
     def load_tensors(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """The tensor set saved under ``name`` and its metadata, or None."""
@@ -301,7 +289,7 @@ class ClientStore:
 
     def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes) -> None:
         """Remember the last update sent (to re-send it after a restart)."""
-        _atomic_write(self.folder / "last_update.bin", envelope)
+        atomic_write_bytes(self.folder / "last_update.bin", envelope)
         self.set_meta("last_update", {"run_id": run_id, "round": round_, "stage": stage})
 
     def load_last_update(self) -> tuple[dict[str, Any], bytes] | None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from har_models.files import atomic_write_bytes
 from har_models.labels import LabelSet
 from har_models.windowing import N_CHANNELS, WINDOW, WindowSet
 
@@ -147,13 +148,7 @@ class WindowLog:
 
     def _rewrite(self, x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
         """Replace the file by these windows atomically (temporary file, fsync, rename, fsync folder)."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(self._file_header() + self._records(x, y, t))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        atomic_write_bytes(self.path, self._file_header() + self._records(x, y, t))
         self._y, self._t = np.asarray(y, np.int64), np.asarray(t, np.int64)
 
     # -- public ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
 from har_io.cli import setup_logging
-from har_io.files import atomic_write_bytes
+from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.worker")
 

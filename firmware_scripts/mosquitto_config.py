@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from har_io.files import atomic_write_bytes
     from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.files import atomic_write_bytes
     from har_models.topics import Topics, check_client_id
 except ImportError:  # run from a checkout without `pip install -e .`: both modules need only the stdlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from har_io.files import atomic_write_bytes
     from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.files import atomic_write_bytes
     from har_models.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.mosquitto_config")

@@ -118,7 +118,7 @@ def settings_from(
 
 def write_settings_file(path: Path, settings: Mapping[str, Any]) -> None:
     """Write ``settings`` as TOML atomically (the run folder's record of the resolved configuration)."""
-    from har_io.files import atomic_write_bytes
+    from har_models.files import atomic_write_bytes
 
     atomic_write_bytes(path, tomli_w.dumps(dict(settings)))
 

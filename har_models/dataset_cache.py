@@ -15,12 +15,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+from har_models.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -124,16 +125,11 @@ def save_cached(path: Path, key: Mapping[str, object], arrays: Mapping[str, np.n
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {name: np.asarray(a) for name, a in arrays.items()}
     payload[_KEY_ARRAY] = np.array(_canonical({"format": CACHE_FORMAT, "key": key}))
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
             np.savez(f, allow_pickle=False, **payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)
 
 
 def _canonical(obj: object) -> str:

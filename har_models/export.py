@@ -62,6 +62,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from har_models.arch import PARAM_NAMES, ArchSpec
+from har_models.files import atomic_write_bytes
 from har_models.model import init_state
 
 DenseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -357,16 +358,6 @@ def export_static_inference_program(spec: ArchSpec, infer_batch: int = 64) -> tu
     return bytes(prog.buffer), ptd, offsets
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_batch: int = 32, infer_batch: int = 64) -> ProgramFiles:
     """The cached programs for ``spec`` under ``cache_dir``, exported first if absent.
@@ -398,16 +389,16 @@ def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_bat
         folder / f"{key}.infer_static.pte", folder / f"{key}.weights.ptd",
     )
     if not files.train.exists():
-        _atomic_write(files.train, export_training_program(spec, train_batch))
+        atomic_write_bytes(files.train, export_training_program(spec, train_batch))
     if not files.infer.exists():
-        _atomic_write(files.infer, export_inference_program(spec, infer_batch))
+        atomic_write_bytes(files.infer, export_inference_program(spec, infer_batch))
     if not files.meta.exists():  # written last: its presence means the whole set is there
         pte, ptd, offsets = export_static_inference_program(spec, infer_batch)
-        _atomic_write(files.infer_static, pte)
-        _atomic_write(files.weights_ptd, ptd)
+        atomic_write_bytes(files.infer_static, pte)
+        atomic_write_bytes(files.weights_ptd, ptd)
         meta = {"spec": spec.to_dict(), "key": key, "format": EXPORT_FORMAT, "train_batch": train_batch, "infer_batch": infer_batch,
                 "params": {n: _param_fqn(n) for n in PARAM_NAMES}, "weights_ptd": offsets}
-        _atomic_write(files.meta, json.dumps(meta, sort_keys=True, indent=1).encode())
+        atomic_write_bytes(files.meta, json.dumps(meta, sort_keys=True, indent=1).encode())
     return files
 
 

@@ -3,7 +3,8 @@
 :func:`load_predictor` returns an object with ``predict(x) -> probabilities``: PyTorch
 eager where it is installed (desktop, a board), else the numpy reference implementation of
 the same CNN (:mod:`edge_client.backends.numpy_ref`), which needs nothing but numpy (a
-phone). ``prefer=("executorch", ...)`` asks for the ExecuTorch inference program first. All three give the same probabilities to float32 rounding
+phone). ``prefer=("executorch", ...)`` asks for the ExecuTorch inference program first.
+All three give the same probabilities to float32 rounding
 (``tests/test_backends.py``).
 """
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir, parse_broker
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
+from har_models.files import atomic_write_bytes
 from har_models.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.app.service")
@@ -39,10 +39,8 @@ STATUS_FILE = "app_status.json"
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`har_models.files.atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(obj))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""Crash-safe file writes: the one way fedhar puts a file on disk.
+"""Crash-safe file writes: the one way fedhar puts a file on disk (standard library only, so the core may use it).
 
 A file is written under a temporary name in its own folder, flushed and ``fsync``-ed,
 renamed over the target (atomic on POSIX), and then the folder itself is ``fsync``-ed so
