@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data)."""
+    """Entry point of ``fedhar-client``; returns the exit status: 0 ok, 2 usage, 3 data, 4 the broker
+    refused the login or TLS failed, 5 another process uses this client id (4 and 5 are not retried)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     if args.threads > 0:

@@ -216,6 +216,7 @@ class MqttLink:
         self._refused: dict[int, str] = {}  # mid -> why the broker refused it
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._sweep: tuple[list[str], set[str]] | None = None  # filters being swept, retained topics found
         self._client = self._make_client()
 
     # -- construction ----------------------------------------------------------------------------
@@ -320,10 +321,15 @@ class MqttLink:
             n = self._inflight.pop(mid, 0)
         if getattr(reason_code, "is_failure", False):
             self._refused[mid] = f"the broker answered {reason_code}"
-            self._shrink(n)
+            self.note_refused(n)
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         self.bytes_received += len(msg.payload)
+        sweep = self._sweep
+        if sweep is not None and any(mqtt.topic_matches_sub(f, msg.topic) for f in sweep[0]):
+            if msg.retain and msg.payload:
+                sweep[1].add(msg.topic)
+            return
         self.inbox.put((msg.topic, bytes(msg.payload), bool(msg.retain)))
 
     def _forget(self, mids: dict[int, int], why: str) -> None:
@@ -338,9 +344,10 @@ class MqttLink:
         with self._state_lock:
             for mid in mids:
                 self._inflight.pop(mid, None)
-        self._shrink(max(mids.values()))
+        self.note_refused(max(mids.values()))
 
-    def _shrink(self, refused_payload: int) -> None:
+    def note_refused(self, refused_payload: int) -> None:
+        """Cut later chunks to half of ``refused_payload`` bytes (floor :data:`MIN_CHUNK_BYTES`): a message that size was lost."""
         if refused_payload <= 0:
             return
         new = max(MIN_CHUNK_BYTES, refused_payload // 2)
@@ -375,6 +382,25 @@ class MqttLink:
                 continue
             return
 
+    def _watch_connack(self, wait_s: float = 3.0) -> None:
+        """Fall back to MQTT 3.1.1 if a broker takes an MQTT 5 CONNECT but never answers it.
+
+        amqtt 0.12 misreads an MQTT 5 CONNECT that carries a last will and waits for bytes that
+        never come, instead of refusing the protocol version.
+        """
+        since: float | None = None
+        while self.protocol == "5" and self.connects == 0 and not self._stopping and not self.failed.is_set():
+            time.sleep(0.1)
+            if self._client.socket() is None:
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= wait_s and self.connects == 0:
+                log.info("%s: no answer to an MQTT 5 CONNECT within %.0f s; using MQTT 3.1.1", self.client_name, wait_s)
+                self._downgrade = True
+                self._client.disconnect()
+                return
+
     def start(self, wait_s: float | None = 30.0) -> bool:
         """Connect (in the background) and start the network thread.
 
@@ -391,6 +417,8 @@ class MqttLink:
         """
         self._thread = threading.Thread(target=self._serve, name=f"mqtt-{self.client_name}", daemon=True)
         self._thread.start()
+        if self.protocol == "5" and self.cfg.mqtt_version == "auto":
+            threading.Thread(target=self._watch_connack, name=f"mqtt-{self.client_name}-v5", daemon=True).start()
         if wait_s is None:
             return True
         end = time.monotonic() + wait_s
@@ -409,6 +437,54 @@ class MqttLink:
         self._client.disconnect()
         if self._thread is not None:
             self._thread.join(10.0)
+
+    def clear_retained(self, topics: Sequence[str], timeout: float = 60.0) -> None:
+        """Delete the retained messages of ``topics`` (an empty retained message each, QoS 1).
+
+        Raises
+        ------
+        TimeoutError, BrokerRefused
+            As :meth:`publish`.
+        """
+        deadline = time.monotonic() + timeout
+        infos = [self._send(t, b"", 1, True, deadline) for t in topics]
+        for info in infos:
+            self._wait(info, deadline)
+
+    def sweep_retained(self, filters: Sequence[str], quiet_s: float = 1.0, timeout: float = 60.0) -> list[str]:
+        """Delete every retained message under ``filters`` (e.g. the model chunks an earlier run left).
+
+        Subscribes to ``filters`` for as long as retained messages keep arriving (until
+        ``quiet_s`` pass without one), then unsubscribes and clears each topic found. Their
+        payloads never reach :attr:`inbox`.
+
+        Returns
+        -------
+        list of str
+            The topics cleared, sorted.
+        """
+        found: set[str] = set()
+        self._sweep = (list(filters), found)
+        try:
+            with self._publish_lock:
+                for f in filters:
+                    self._client.subscribe(f, 1)
+            last, seen = time.monotonic(), 0
+            end = last + timeout
+            while time.monotonic() < end and time.monotonic() - last < quiet_s:
+                time.sleep(0.05)
+                if len(found) != seen:
+                    last, seen = time.monotonic(), len(found)
+            with self._publish_lock:
+                for f in filters:
+                    self._client.unsubscribe(f)
+        finally:
+            self._sweep = None
+        topics = sorted(found)
+        if topics:
+            self.clear_retained(topics, timeout=timeout)
+            log.info("%s: cleared %d retained message(s) under %s", self.client_name, len(topics), ", ".join(filters))
+        return topics
 
     def payload_limit(self, topic: str) -> int:
         """Largest payload that fits one packet on ``topic`` (bytes): the configured

@@ -86,6 +86,13 @@ def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_B
     return list(iter_chunks(payload, max_message_bytes))
 
 
+def peek_transfer(message: bytes) -> str | None:
+    """The transfer id (hex sha256) a chunk message names, without verifying it; None if it is no chunk."""
+    if len(message) < CHUNK_HEADER_BYTES or message[:4] != CHUNK_MAGIC:
+        return None
+    return bytes(message[4:36]).hex()
+
+
 def parse_chunk(message: bytes) -> Chunk:
     """Parse and verify one chunk message.
 
@@ -192,6 +199,15 @@ class Reassembler:
     def completed(self, stream: str, transfer: str) -> bool:
         """True if ``transfer`` on ``stream`` was delivered whole (among the last 256 of all streams)."""
         return (stream, transfer) in self._done
+
+    def forget(self, stream: str, transfer: str) -> None:
+        """Forget that ``transfer`` completed on ``stream``, so the same bytes can be received again.
+
+        A transfer id is the payload's digest, so a later exchange may send byte-identical
+        data (the same initial model in two runs, an update re-sent after its receipt was
+        lost); the caller decides when that is a new delivery rather than a duplicate.
+        """
+        self._done.pop((stream, transfer), None)
 
     def add(self, stream: str, message: bytes) -> tuple[str, bytes] | None:
         """Add one chunk message; return ``(transfer, payload)`` when a transfer completes.
