@@ -272,7 +272,7 @@ class ClientStatus:
         d = _load_json(payload, "client status")
         d.pop("protocol")
         try:
-            counts = d.get("class_counts", ())
+            counts = d.get("class_counts", [])
             if not isinstance(counts, list):
                 raise ValueError("class_counts must be a list")
             d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
