@@ -244,8 +244,8 @@ class EdgeAgent:
         if not self._own_status_seen and self._link.connects <= 1 and self._predecessor is None:
             self._predecessor = st.instance  # left by the process before us (it may still send its will)
             return
-        if st.instance == self._predecessor or not st.instance:
-            return
+        if not st.instance or (st.instance == self._predecessor and (st.state == "offline" or not self._own_status_seen)):
+            return  # the process before us (its status, or its will arriving late); a dead one never comes back online
         if st.state == "offline" and self._link.connects <= 1:
             return  # a will we never saw the owner of, from before our first connection settled
         log.error(

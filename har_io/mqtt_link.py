@@ -27,6 +27,7 @@ import queue
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -214,6 +215,8 @@ class MqttLink:
         self._downgrade = False
         self._inflight: dict[int, int] = {}  # mid -> payload bytes, until acknowledged
         self._refused: dict[int, str] = {}  # mid -> why the broker refused it
+        self._acked: OrderedDict[int, None] = OrderedDict()  # mids the broker acknowledged (the newest 4096)
+        self._ack = threading.Condition()
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._sweep: tuple[list[str], set[str]] | None = None  # filters being swept, retained topics found
@@ -307,8 +310,11 @@ class MqttLink:
         self.connected.clear()
         if self._stopping or self._downgrade or self.fatal is not None:
             return
-        with self._state_lock:
-            big = {mid: n for mid, n in self._inflight.items() if n >= 2 * MIN_CHUNK_BYTES}
+        # paho's own queue is the authority on what is unacknowledged: a packet may be on the wire
+        # before publish() returned its id to us.
+        c = self._client
+        with c._out_message_mutex:
+            big = {mid: len(m.payload) for mid, m in c._out_messages.items() if m.qos > 0 and len(m.payload) >= 2 * MIN_CHUNK_BYTES}
         if big:
             # The broker closes the connection on a packet over its max_packet_size (MQTT 3.1.1),
             # and paho drops it on a refusal code it cannot parse (MQTT 5 + message_size_limit):
@@ -322,6 +328,11 @@ class MqttLink:
         if getattr(reason_code, "is_failure", False):
             self._refused[mid] = f"the broker answered {reason_code}"
             self.note_refused(n)
+        with self._ack:
+            self._acked[mid] = None
+            while len(self._acked) > 4096:
+                self._acked.popitem(last=False)
+            self._ack.notify_all()
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         self.bytes_received += len(msg.payload)
@@ -341,6 +352,8 @@ class MqttLink:
                 if msg is not None and msg.qos > 0:
                     c._inflight_messages = max(0, c._inflight_messages - 1)
                 self._refused[mid] = why
+        with self._ack:
+            self._ack.notify_all()
         with self._state_lock:
             for mid in mids:
                 self._inflight.pop(mid, None)
@@ -556,8 +569,10 @@ class MqttLink:
         Parameters
         ----------
         chunk_bytes : int, optional
-            Size of each chunk message (bytes); default :meth:`chunk_size` for these topics.
-            Give the size of an earlier send to re-send some of its chunks (``only``).
+            Size of each chunk message (bytes). Give the size of an earlier send to re-send some
+            of its chunks (``only``); a refusal then raises :class:`PacketRejected`. By default
+            :meth:`chunk_size` for these topics, and after a refusal everything is sent again
+            in the smaller chunks the link learned.
         only : collection of int, optional
             Send only these chunk indices (chunks the receiver reported missing).
 
@@ -571,12 +586,32 @@ class MqttLink:
         TimeoutError
             If the chunks were not all acknowledged within ``timeout`` seconds.
         PacketRejected
-            If the broker refused a chunk; :meth:`chunk_size` is smaller afterwards.
+            If the broker refused a chunk of the given ``chunk_bytes`` (or of the smallest
+            size); :meth:`chunk_size` is smaller afterwards.
         BrokerRefused
             If the link stopped for good.
         """
-        size = chunk_bytes or self.chunk_size(topic_of)
         deadline = time.monotonic() + timeout
+        if chunk_bytes is not None:
+            return self._publish_cut(topic_of, payload, retain, deadline, chunk_bytes, only)
+        while True:  # cut again, smaller, each time the broker refuses a size (a refused size is never re-sent)
+            size = self.chunk_size(topic_of)
+            try:
+                return self._publish_cut(topic_of, payload, retain, deadline, size, only)
+            except PacketRejected:
+                if self.chunk_size(topic_of) >= size:
+                    raise
+                log.info("%s: sending %s again in chunks of %d bytes", self.client_name, topic_of(0), self.chunk_size(topic_of))
+
+    def _publish_cut(
+        self,
+        topic_of: Callable[[int], str],
+        payload: bytes,
+        retain: bool,
+        deadline: float,
+        size: int,
+        only: Collection[int] | None,
+    ) -> int:
         pending: list[mqtt.MQTTMessageInfo] = []
         n = 0
         for i, chunk in enumerate(iter_chunks(payload, size)):
@@ -601,37 +636,51 @@ class MqttLink:
                     raise self.fatal
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"{self.client_name}: not connected to the broker; could not publish {topic}")
+            if self.size_cap is not None and len(payload) > self.size_cap:
+                # Cut before the broker refused this size (the refusal may have arrived while
+                # the rest was being queued): never hand paho a packet of a refused size.
+                raise PacketRejected(f"{self.client_name}: a {len(payload)}-byte message is over the {self.size_cap} bytes "
+                                     f"left after the broker refused a larger one")  # fmt: skip
             with self._publish_lock:
                 info = self._client.publish(topic, payload, qos=qos, retain=retain)
-                if qos > 0 and info.rc == mqtt.MQTT_ERR_SUCCESS:
+                # At QoS 1 paho keeps the message and sends it (again) after a reconnect when the
+                # link just dropped (NO_CONN, CONN_LOST): track it like a sent one, never publish a copy.
+                queued = qos > 0 and info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST)
+                if queued:
                     with self._state_lock:
                         self._inflight[info.mid] = len(payload)
-            if info.rc == mqtt.MQTT_ERR_NO_CONN:  # the link dropped just now: try again once reconnected
+            if not queued and info.rc in (mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST):  # QoS 0: try again once reconnected
                 time.sleep(0.1)
                 continue
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            if not queued and info.rc != mqtt.MQTT_ERR_SUCCESS:
                 raise RuntimeError(f"{self.client_name}: publishing to {topic} failed: {mqtt.error_string(info.rc)}")
             self.bytes_sent += len(payload)
             return info
 
     def _wait(self, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
-        while True:
-            # paho reports a refusal (on_publish) before it marks the message published, and a
-            # packet taken out of its queue is never published: check both, in this order.
-            if info.is_published() or info.mid in self._refused:
-                why = self._refused.pop(info.mid, None)
-                if why is None:
+        mid = info.mid
+        with self._ack:
+            while True:
+                # paho reports a refusal (on_publish) before the acknowledgement counts, and a packet
+                # taken out of its queue is never acknowledged: check the refusal first.
+                why = self._refused.pop(mid, None)
+                if why is not None:
+                    self._acked.pop(mid, None)
                     with self._state_lock:
-                        self._inflight.pop(info.mid, None)
+                        self._inflight.pop(mid, None)
+                    raise PacketRejected(
+                        f"{self.client_name}: the broker refused a message ({why}); chunks are now cut to "
+                        f"{self.size_cap} bytes. Its limit is below --max-message-bytes {self.cfg.max_message_bytes}: "
+                        f"lower that option, or raise max_packet_size / message_size_limit in mosquitto.conf"
+                    )
+                if mid in self._acked:
+                    del self._acked[mid]
+                    with self._state_lock:
+                        self._inflight.pop(mid, None)
                     return
-                raise PacketRejected(
-                    f"{self.client_name}: the broker refused a message ({why}); chunks are now cut to "
-                    f"{self.size_cap} bytes. Its limit is below --max-message-bytes {self.cfg.max_message_bytes}: "
-                    f"lower that option, or raise max_packet_size / message_size_limit in mosquitto.conf"
-                )
-            if self.fatal is not None:
-                raise self.fatal
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{self.client_name}: message not acknowledged before the deadline")
-            info.wait_for_publish(min(0.2, left))
+                if self.fatal is not None:
+                    raise self.fatal
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.client_name}: message not acknowledged before the deadline")
+                self._ack.wait(min(0.2, left))
