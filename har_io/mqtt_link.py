@@ -151,8 +151,10 @@ class _Client(mqtt.Client):
     """paho's client, with certificate failures reported to the link instead of retried silently."""
 
     on_fatal_tls: Callable[[ssl.SSLError], None] | None = None
+    attempts = 0
 
     def reconnect(self) -> mqtt.MQTTErrorCode:
+        self.attempts += 1
         try:
             return super().reconnect()
         except ssl.SSLError as exc:
@@ -498,6 +500,11 @@ class MqttLink:
             self.clear_retained(topics, timeout=timeout)
             log.info("%s: cleared %d retained message(s) under %s", self.client_name, len(topics), ", ".join(filters))
         return topics
+
+    @property
+    def attempts(self) -> int:
+        """Connection attempts of the current session object (each TCP connect and CONNECT)."""
+        return self._client.attempts
 
     def payload_limit(self, topic: str) -> int:
         """Largest payload that fits one packet on ``topic`` (bytes): the configured
