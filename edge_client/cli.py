@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -73,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        return EdgeAgent(cfg, store).run(stop, max_seconds=args.max_seconds)
+        try:
+            agent = EdgeAgent(cfg, store)
+        except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
+            print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
+            return 2
+        return agent.run(stop, max_seconds=args.max_seconds)
     finally:
         store.close()
 

@@ -369,7 +369,7 @@ class MqttLink:
         if self.size_cap is None or new < self.size_cap:
             self.size_cap = new
             log.warning(
-                "%s: the broker refused a %d-byte message; cutting chunks to %d bytes from now on. "
+                "%s: the broker refused or dropped a %d-byte message; cutting chunks to %d bytes from now on. "
                 "Set --max-message-bytes below the broker's limit (Mosquitto: max_packet_size / message_size_limit) "
                 "to avoid the failed attempt",
                 self.client_name,

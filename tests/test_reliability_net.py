@@ -275,7 +275,8 @@ def test_an_update_sent_while_the_coordinator_is_not_subscribed_is_sent_again_un
             procs.append(client)
             w.wait_for(_online("hapt-01"), 120)
             client.send_signal(signal.SIGSTOP)
-            coord = _coordinator("rs", tmp_path / "run", b.port, fed, tmp_path / "coord.log", "--expected-clients", "1")
+            coord = _coordinator("rs", tmp_path / "run", b.port, fed, tmp_path / "coord.log", "--expected-clients", "1",
+                                 "--min-clients", "1")
             procs.append(coord)
             w.wait_for(lambda t, p, r: t.endswith("/round") and bool(p) and RoundAnnouncement.from_bytes(p).state == "training", 120)
             w.close()
