@@ -262,31 +262,48 @@ def test_a_silently_dropping_broker_is_detected_end_to_end_and_the_update_arrive
 
 # ------------------------------------------------------------------------------------- item 5: end to end
 def test_an_update_sent_while_the_coordinator_is_not_subscribed_is_sent_again_until_acknowledged(tmp_path):
-    """Pause a client, stop the broker, resume the client, restart the broker later: the client
-    reconnects first and uploads before the coordinator has subscribed again; the broker's PUBACK
-    is not the coordinator's receipt, so the client sends again and the round counts it."""
+    """The broker restarts mid-round; the client reconnects first and uploads before the coordinator
+    has subscribed again. The broker acknowledges the update and drops it (nobody subscribed): its
+    PUBACK is not the coordinator's receipt, so the client sends again and the round counts it.
+
+    The broker is killed (a crash: no last wills, retained messages from its last autosave), and
+    the coordinator is held (SIGSTOP) until the client's first upload has gone through the broker,
+    so the order of reconnections is the one that lost updates, every time.
+    """
     fed = "restartfed"
-    b = Mosquitto(tmp_path / "b", persistence=True).start()
+    p = f"fedhar/v1/{fed}"
+    b = Mosquitto(tmp_path / "b", "autosave_interval 1", persistence=True).start()
     try:
         with _processes() as procs:
-            w = Watcher(b.port, f"fedhar/v1/{fed}/client/+/status", f"fedhar/v1/{fed}/round")
+            w = Watcher(b.port, f"{p}/client/+/status", f"{p}/round")
             client = _client("hapt-01", 1, tmp_path / "c1", b.port, fed, tmp_path / "c1.log", "--exit-after-run", "rs",
                              "--max-seconds", "400")  # fmt: skip
             procs.append(client)
             w.wait_for(_online("hapt-01"), 120)
-            client.send_signal(signal.SIGSTOP)
+            client.send_signal(signal.SIGSTOP)  # it will see the round only after the broker is gone
             coord = _coordinator("rs", tmp_path / "run", b.port, fed, tmp_path / "coord.log", "--expected-clients", "1",
-                                 "--min-clients", "1")
+                                 "--min-clients", "1")  # fmt: skip
             procs.append(coord)
-            w.wait_for(lambda t, p, r: t.endswith("/round") and bool(p) and RoundAnnouncement.from_bytes(p).state == "training", 120)
+            w.wait_for(lambda t, pl, r: t.endswith("/round") and bool(pl) and RoundAnnouncement.from_bytes(pl).state == "training", 120)
             w.close()
-            b.stop()
-            client.send_signal(signal.SIGCONT)
-            time.sleep(8)  # the client finishes its round and waits for the broker; the coordinator's back-off grows
+            time.sleep(2.5)  # past the broker's next autosave: the round and the model are on disk
+            coord.send_signal(signal.SIGSTOP)
+            assert b.proc is not None
+            b.proc.kill()
+            b.proc.wait(WAIT_S)
+            b.proc = None
+            client.send_signal(signal.SIGCONT)  # it trains on the round it had received, then waits for the broker
+            time.sleep(3)
             b.start()
+            spy = Watcher(b.port, f"{p}/client/hapt-01/update/+")
+            spy.wait_for(lambda *_: True, 120)  # the first upload went through the broker, to nobody but this spy
+            spy.close()
+            coord.send_signal(signal.SIGCONT)
             assert _wait(coord, 300, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
             assert _rounds(tmp_path / "run") == [(0, 1, 1)]
-            assert "the coordinator confirmed the update" in (tmp_path / "c1.log").read_text()
+            log = (tmp_path / "c1.log").read_text()
+            assert "no receipt from the coordinator yet; sending the update again" in log
+            assert "the coordinator confirmed the update" in log
     finally:
         b.stop()
 
