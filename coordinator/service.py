@@ -376,6 +376,7 @@ class Coordinator:
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
             self.receipts.request_missing(c.selected)
+            c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
         # Handle what had already arrived at the close, but no more than that: under a flood of
         # messages the inbox never empties, and the round must still close at its deadline.
         for _ in range(self._link.inbox.qsize()):

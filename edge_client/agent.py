@@ -120,7 +120,7 @@ class EdgeAgent:
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._pending: _Pending | None = None
-        self._next_refresh = 0.0
+        self._stopped = threading.Event()
         self._state = "online"
         train = store.windows("train")
         self._n_train, self._n_test = len(train), len(store.windows("test"))
@@ -192,12 +192,14 @@ class EdgeAgent:
             self.cfg.broker.port,
         )
         self._link.start(wait_s=None)
+        # Presence is refreshed from its own thread: a training round of several minutes blocks this one.
+        refresher = threading.Thread(target=self._refresh_status, args=(stop,), name="status-refresh", daemon=True)
+        refresher.start()
         try:
             while not stop.is_set() and (end is None or time.monotonic() < end) and not self.exit_code:
                 if self._link.fatal is not None:
                     self.exit_code = EXIT_BROKER_REFUSED
                     break
-                self._refresh_status()
                 try:
                     topic, payload, retained = self._link.inbox.get(timeout=0.5)
                 except queue.Empty:
@@ -218,6 +220,7 @@ class EdgeAgent:
         except BrokerRefused:
             self.exit_code = EXIT_BROKER_REFUSED  # logged once by the link, with the cause and the fix
         finally:
+            self._stopped.set()
             self._state = "offline"
             final = None
             if self.exit_code != EXIT_DUPLICATE_ID:  # the other process's status is not ours to overwrite
@@ -226,11 +229,11 @@ class EdgeAgent:
             log.info("[%s] stopped after %d round(s)", self.cfg.client_id, self.rounds_done)
         return self.exit_code
 
-    def _refresh_status(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_refresh and self._link.connected.is_set():
-            self._next_refresh = now + self.cfg.status_refresh_s
-            self._link.publish_nowait(self.topics.client_status(self.cfg.client_id), self._status_bytes(), retain=True)
+    def _refresh_status(self, stop: threading.Event) -> None:
+        """Republish the retained status every ``status_refresh_s`` seconds until the agent stops (own thread)."""
+        while not stop.wait(self.cfg.status_refresh_s) and not self._stopped.is_set():
+            if self._link.connected.is_set():
+                self._link.publish_nowait(self.topics.client_status(self.cfg.client_id), self._status_bytes(), retain=True)
 
     def _on_own_status(self, payload: bytes) -> None:
         """Watch our own retained status: another instance's there means a second process uses our id."""

@@ -746,6 +746,10 @@ def report(outcome: Outcome) -> str:
     for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
         if users:
             lines.append(f"  {what}: {', '.join(users)}")
+    if outcome.revoked:
+        # The broker sends no last will for a device it disconnects on reload; the coordinator stops
+        # counting it once its status is three refresh periods old (docs/reliability.md).
+        lines.append("  a revoked device stops counting as present within three status periods (90 s by default)")
     lines += [
         "",
         "Start the broker:",
