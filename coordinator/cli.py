@@ -20,6 +20,7 @@ from har_io.cli import (
     settings_from,
     setup_logging,
 )
+from har_io.mqtt_link import BrokerRefused
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -80,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
-    6 run folder unusable (systemd does not restart on it)."""
+    """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker refused the login or TLS
+    failed (not retried), 5 federation failed, 6 run folder unusable (systemd does not restart on 4 or 6)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', 'fedavg')}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except StateError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 6
+    except BrokerRefused as exc:
+        print(f"fedhar-coordinator: {exc}", file=sys.stderr)
+        return 4
     except CoordinatorError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return 5

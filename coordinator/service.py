@@ -14,7 +14,6 @@ One thread does all the work; paho's network thread only queues messages. Per ro
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import queue
 import sqlite3
@@ -32,6 +31,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from coordinator import feddist, feddist_steps, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
+from coordinator.presence import Presence
+from coordinator.receipts import ReceiptDesk
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
 from coordinator.state import RunState
@@ -43,7 +44,7 @@ from har_io.mqtt_link import MqttLink
 from har_models import codec
 from har_models.chunking import ChunkError, Reassembler, transfer_id
 from har_models.labels import LABEL_SETS
-from har_models.messages import PROTOCOL_VERSION, ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, TrainingPlan
 from har_models.model import ArchSpec, init_state
 from har_models.topics import Topics
 from har_models.windowing import ChannelStats
@@ -118,10 +119,13 @@ class Coordinator:
                 self.topics.coordinator_status, self._status_bytes("online"), retain=True
             ),
         )
+        self.presence = Presence()  # status expiry and duplicate client ids
+        self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
+        self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
 
     # ------------------------------------------------------------------------------ helpers
     def _status_bytes(self, state: str) -> bytes:
-        return json.dumps({"protocol": PROTOCOL_VERSION, "state": state, "run_id": self.cfg.run_id}).encode()
+        return CoordinatorStatus(state, self.cfg.run_id, self.attempt).to_bytes()
 
     def _pump(self, timeout: float) -> bool:
         """Handle at most one incoming message (waiting up to ``timeout`` seconds); False if none came.
@@ -129,8 +133,10 @@ class Coordinator:
         Whatever a message holds, its failure stays with it: it is logged (rate-limited),
         counted and dropped, and the coordinator goes on.
         """
+        if self._link.fatal is not None:
+            raise self._link.fatal
         try:
-            topic, payload, _ = self._link.inbox.get(timeout=timeout)
+            topic, payload, retained = self._link.inbox.get(timeout=timeout)
         except queue.Empty:
             return False
         parsed = self.topics.parse_client_topic(topic)
@@ -139,16 +145,17 @@ class Coordinator:
         cid, kind = parsed
         try:
             if kind == "status":
-                self._on_status(cid, payload)
+                self._on_status(cid, payload, retained)
             elif kind == "update":
                 self._on_update_chunk(cid, payload)
         except Exception as exc:
             self._reject(cid, "internal_error", f"{type(exc).__name__}: {exc}")
         return True
 
-    def _on_status(self, cid: str, payload: bytes) -> None:
+    def _on_status(self, cid: str, payload: bytes, retained: bool = False) -> None:
         if not payload:
             self.clients.pop(cid, None)
+            self.presence.forget(cid)
             return
         try:
             st = ClientStatus.from_bytes(payload)
@@ -158,6 +165,7 @@ class Coordinator:
         if st.client_id != cid:
             log.warning("ignoring status on the topic of %r that claims to be %r", cid, st.client_id)
             return
+        self.presence.note(st, retained)
         prev = self.clients.get(cid)
         self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
         if self._collect is not None and cid in self._collect.selected:
@@ -169,6 +177,10 @@ class Coordinator:
             log.debug("client %s is %s", cid, st.state)
 
     def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+        if cid in self.presence.conflicts:
+            self._reject(cid, "duplicate_identity", "two processes use this client id")
+            return
+        self.receipts.before_chunk(cid, payload)
         try:
             done = self.reassembler.add(f"update/{cid}", payload)
         except ChunkError as exc:
@@ -198,6 +210,7 @@ class Coordinator:
             self._reject(cid, exc.reason, str(exc))
             return
         if cid in c.updates:
+            self.receipts.accepted(cid, done[0])  # a re-sent update: acknowledge it again
             log.debug("round %d: duplicate update from %s ignored", c.round, cid)
             return
         try:
@@ -205,6 +218,7 @@ class Coordinator:
         except OSError as exc:  # a full disk: keep this update in memory rather than lose it
             log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
         c.add(upd)
+        self.receipts.accepted(cid, done[0])
         if self._bar is not None:
             self._bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
 
@@ -223,7 +237,10 @@ class Coordinator:
         return sorted(
             cid
             for cid, st in self.clients.items()
-            if st.state != "offline" and st.n_train > 0 and (not self.label_set or st.label_set == self.label_set)
+            if st.state != "offline"
+            and st.n_train > 0
+            and (not self.label_set or st.label_set == self.label_set)
+            and self.presence.fresh(cid)
         )
 
     def _check_clients_alive(self) -> set[str]:
@@ -336,7 +353,8 @@ class Coordinator:
         global_id = ""
         if need_global:
             env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
-            self._link.publish_chunks(self.topics.global_model, env, retain=True)
+            n = self._link.publish_chunks(self.topics.global_model, env, retain=True)
+            self._own_chunks(self.topics.global_model(0), n)
             global_id = transfer_id(env)
             down += len(env) * len(need_global)
         for cid in selected:
@@ -344,10 +362,15 @@ class Coordinator:
                 env = codec.encode(
                     fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
                 )
-                self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
+                n = self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
+                self._own_chunks(self.topics.client_model(cid, 0), n)
                 personal[cid] = transfer_id(env)
                 down += len(env)
         return global_id, personal, down
+
+    def _own_chunks(self, first_topic: str, n: int) -> None:
+        base = first_topic.rsplit("/", 1)[0]
+        self._owned_chunks[base] = max(n, self._owned_chunks.get(base, 0))
 
     def _exchange(self, round_: int, stage: int, selected: list[str], plan: TrainingPlan) -> Exchange:
         """Publish models + announcement, collect updates until every selected client answered or went offline, or the deadline."""
@@ -371,11 +394,14 @@ class Coordinator:
         )
         c = self._collect = Exchange(round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
+        self.receipts.open(round_, stage)
         self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
         next_check = 0.0
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
+            self.receipts.request_missing(c.selected)
+            c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
             if time.monotonic() >= next_check:
                 c.offline.update(self._check_clients_alive() & c.selected)
                 next_check = time.monotonic() + 0.5
@@ -385,6 +411,7 @@ class Coordinator:
             if not self._pump(0.0):
                 break
         self._collect = None
+        self.receipts.close()
         for (cid, reason), n in sorted(c.rejected.items()):
             self.state.event(round_, cid, "rejected", f"{reason}: {n} message(s)")
             if n > 1:
@@ -480,9 +507,13 @@ class Coordinator:
         ------
         CoordinatorError
             If no usable clients come online in time.
+        har_io.mqtt_link.BrokerRefused
+            If the broker refused the login or TLS failed (not retried; the message says how to fix it).
         """
         t_start = time.monotonic()
         if not self._link.start(wait_s=30.0):
+            if self._link.fatal is not None:
+                raise self._link.fatal
             raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
         try:
             if not self.cfg.resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
@@ -494,6 +525,8 @@ class Coordinator:
             last = self._resume() if self.cfg.resume else -1
             if last < 0:
                 self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round
+                # ... and the models it left retained (it may have crashed before clearing them)
+                self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
             self._wait_for_clients()
             if self.fed is None:
                 self.fed = self._new_federation()
@@ -544,6 +577,8 @@ class Coordinator:
                 attempt=self.attempt,
             )
             self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
+            # The run owns its retained model chunks: nobody may train on them once it ended.
+            self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
             return write_report(self.cfg.run_dir, header, self.state.rounds())
         finally:

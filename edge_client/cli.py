@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from dataclasses import dataclass
@@ -144,13 +145,19 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
 def serve(client: PreparedClient, stop: threading.Event, train_lock: threading.Lock | None = None) -> int:
     """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store."""
     try:
-        return EdgeAgent(client.cfg, client.store, train_lock=train_lock).run(stop, max_seconds=client.args.max_seconds)
+        try:
+            agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock)
+        except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
+            print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
+            return 2
+        return agent.run(stop, max_seconds=client.args.max_seconds)
     finally:
         client.store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (0 ok, 2 usage, 3 data, 4 state folder in use)."""
+    """Entry point of ``fedhar-client``; returns the exit status: 0 ok, 2 usage, 3 data, 4 the broker refused the
+    login, TLS failed or the state folder is in use, 5 another process uses this client id (2 to 5 are not retried)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     if args.threads > 0 and args.backend != "numpy":  # the numpy backend runs where PyTorch is absent

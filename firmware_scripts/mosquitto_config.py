@@ -228,10 +228,12 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     for cid in clients:
         lines += [f"user {cid}", f"topic read {t.round}", f"topic read {t.coordinator_status}", f"topic read {t.global_model('+')}", ""]
     lines += [
-        "# Every user, %u = its user name = its fedhar client id: it reads its own personalised model and writes",
-        "# only its own status (retained, and its last will) and its own update chunks.",
+        "# Every user, %u = its user name = its fedhar client id: it reads its own personalised model and the",
+        "# coordinator's receipts for its updates, reads and writes its own status (retained, and its last will;",
+        "# reading it shows a second process using the same id), and writes only its own update chunks.",
         f"pattern read {t.client_model(me, '+')}",
-        f"pattern write {t.client_status(me)}",
+        f"pattern read {t.client_receipt(me)}",
+        f"pattern readwrite {t.client_status(me)}",
         f"pattern write {t.client_update(me, '+')}",
         "",
     ]
@@ -746,6 +748,10 @@ def report(outcome: Outcome) -> str:
     for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
         if users:
             lines.append(f"  {what}: {', '.join(users)}")
+    if outcome.revoked:
+        # The broker sends no last will for a device it disconnects on reload; the coordinator stops
+        # counting it once its status is three refresh periods old (docs/reliability.md).
+        lines.append("  a revoked device stops counting as present within three status periods (90 s by default)")
     lines += [
         "",
         "Start the broker:",

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import tomli_w
 
-from har_io.mqtt_link import BrokerConfig
+from har_io.mqtt_link import MQTT_VERSIONS, BrokerConfig
 from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
 from har_models.settings import from_mapping, to_mapping
 
@@ -136,7 +136,14 @@ def add_broker_arguments(ap: argparse.ArgumentParser, default: str | None = "127
         "--max-message-bytes",
         type=int,
         default=DEFAULT_MAX_MESSAGE_BYTES,
-        help=f"largest MQTT payload to publish; envelopes are chunked to fit (default {DEFAULT_MAX_MESSAGE_BYTES})",
+        help=f"largest MQTT payload to publish; envelopes are chunked to fit. An MQTT 5 broker's stated maximum "
+        f"packet size wins when smaller (default {DEFAULT_MAX_MESSAGE_BYTES})",
+    )
+    g.add_argument(
+        "--mqtt-version",
+        choices=MQTT_VERSIONS,
+        default="auto",
+        help="MQTT protocol: auto tries 5 (the broker then states its packet limit) and falls back to 3.1.1 (default auto)",
     )
 
 
@@ -146,7 +153,7 @@ def broker_from_args(args: argparse.Namespace, address: str | None = None) -> Br
     Raises
     ------
     ValueError
-        For a malformed address.
+        For a malformed address, or inconsistent TLS options (e.g. ``--tls-cert`` without ``--tls-ca``).
     OSError
         If the password file cannot be read.
     """
@@ -159,6 +166,7 @@ def broker_from_args(args: argparse.Namespace, address: str | None = None) -> Br
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         max_message_bytes=args.max_message_bytes,
+        mqtt_version=getattr(args, "mqtt_version", "auto"),
     )
 
 

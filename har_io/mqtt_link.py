@@ -1,31 +1,70 @@
 """Thin MQTT adapter shared by the coordinator and the edge client (paho-mqtt 2.x).
 
-Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md):
+Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and docs/reliability.md):
 
 * callbacks never block: they only put ``(topic, payload, retained)`` on :attr:`MqttLink.inbox`;
   all work happens in the program's own thread;
 * subscriptions and the retained "online" status are renewed on every (re)connect;
-  paho reconnects by itself with a bounded back-off;
-* large payloads go out in chunks (:func:`har_models.chunking.split_payload`) at QoS 1,
-  and the publisher waits for the acknowledgements, so memory stays bounded;
-* MQTT 3.1.1 only, so the embedded broker and Mosquitto both work.
+  paho reconnects by itself with a bounded back-off, but only after transient failures:
+  a refused login or a certificate that does not verify stops the link (:attr:`MqttLink.fatal`)
+  with one message naming the cause and the fix;
+* MQTT 5 is tried first so the broker can state its maximum packet size (CONNACK property);
+  a broker that speaks only 3.1.1 (the embedded amqtt one) is then used over 3.1.1, where the
+  configured ``max_message_bytes`` is the limit;
+* large payloads go out in chunks (:func:`har_models.chunking.iter_chunks`) at QoS 1 that fit
+  the limit with their topic and packet header, and the publisher waits for the
+  acknowledgements, so memory stays bounded;
+* a packet the broker refused (MQTT 5 reason code, or the connection dropped while it was in
+  flight) is taken out of paho's queue, never re-sent unchanged, and the link's chunk size
+  is halved for the next attempt.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
+from har_models.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
+
+MIN_CHUNK_BYTES = 16 * 1024
+"""Smallest MQTT payload the link cuts chunks to after a broker refused bigger ones (bytes)."""
+
+PUBLISH_OVERHEAD_BYTES = 16
+"""Bytes of a PUBLISH packet besides its topic and payload, rounded up: fixed header (1),
+remaining length (up to 4), topic length (2), packet id (2), MQTT 5 property length (up to 4)."""
+
+MQTT_VERSIONS = ("auto", "5", "3.1.1")
+
+
+class BrokerRefused(RuntimeError):
+    """The broker refused us for a reason that retrying cannot fix (credentials, certificates, identity).
+
+    ``kind`` is ``"auth"``, ``"tls"`` or ``"identity"``; the message names the cause and the fix.
+    """
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class PacketRejected(RuntimeError):
+    """The broker refused or dropped a packet because of its size; the link now cuts smaller chunks."""
+
+
+class PayloadTooLarge(ValueError):
+    """A single (unchunked) message is larger than the broker accepts."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +80,21 @@ class BrokerConfig:
     tls_ca : str, optional
         CA certificate file; enables TLS.
     tls_cert, tls_key : str, optional
-        Client certificate and key for mutual TLS.
+        Client certificate and key for mutual TLS; both or neither, and only with ``tls_ca``.
     keepalive : int
         MQTT keep-alive, seconds.
     max_message_bytes : int
-        Largest payload published; envelopes are chunked to fit (bytes).
+        Largest MQTT payload published (bytes); envelopes are chunked to fit. A smaller
+        maximum packet size stated by an MQTT 5 broker wins.
+    mqtt_version : {"auto", "5", "3.1.1"}
+        "auto" tries MQTT 5 and falls back to 3.1.1 when the broker does not speak it.
+
+    Raises
+    ------
+    ValueError
+        For TLS options without ``tls_ca``, a certificate without its key (or the reverse),
+        a TLS file that does not exist, an unknown ``mqtt_version`` or a ``max_message_bytes``
+        too small for a chunk.
     """
 
     host: str = "127.0.0.1"
@@ -57,6 +106,23 @@ class BrokerConfig:
     tls_key: str | None = None
     keepalive: int = 30
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    mqtt_version: str = "auto"
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert or self.tls_key) and not self.tls_ca:
+            raise ValueError(
+                "--tls-cert/--tls-key need --tls-ca (the CA certificate that signed the broker's certificate): "
+                "without it the connection would not use TLS at all"
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together (mutual TLS); give both or neither")
+        for flag, path in (("--tls-ca", self.tls_ca), ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{flag} {path}: no such file")
+        if self.mqtt_version not in MQTT_VERSIONS:
+            raise ValueError(f"mqtt version {self.mqtt_version!r} is unknown; use one of {', '.join(MQTT_VERSIONS)}")
+        if self.max_message_bytes < MIN_CHUNK_BYTES:
+            raise ValueError(f"--max-message-bytes {self.max_message_bytes} is below the smallest chunk of {MIN_CHUNK_BYTES} bytes")
 
     @classmethod
     def parse(cls, address: str, **kwargs: object) -> BrokerConfig:
@@ -65,7 +131,7 @@ class BrokerConfig:
         Raises
         ------
         ValueError
-            If the port is not an integer in 1..65535.
+            If the port is not an integer in 1..65535, or an option is inconsistent (see the class).
         """
         host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
         try:
@@ -75,6 +141,26 @@ class BrokerConfig:
         if not 0 < p < 65536 or not host:
             raise ValueError(f"broker address {address!r}: use HOST:PORT with a port in 1..65535")
         return cls(host=host, port=p, **kwargs)  # type: ignore[arg-type]
+
+
+_AUTH_CODES = {"Bad user name or password", "Not authorized", "Bad authentication method", "Banned", "Client identifier not valid"}
+_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLSyscallError)
+
+
+class _Client(mqtt.Client):
+    """paho's client, with certificate failures reported to the link instead of retried silently."""
+
+    on_fatal_tls: Callable[[ssl.SSLError], None] | None = None
+    attempts = 0
+
+    def reconnect(self) -> mqtt.MQTTErrorCode:
+        self.attempts += 1
+        try:
+            return super().reconnect()
+        except ssl.SSLError as exc:
+            if not isinstance(exc, _TRANSIENT_TLS) and self.on_fatal_tls is not None:
+                self.on_fatal_tls(exc)
+            raise
 
 
 class MqttLink:
@@ -92,6 +178,15 @@ class MqttLink:
     on_connect : callable, optional
         Called (in paho's thread, must not block) after each successful connect, e.g. to
         publish a retained "online" status.
+
+    Attributes
+    ----------
+    fatal : BrokerRefused or None
+        Set when the broker refused us for good; the link has stopped and will not retry.
+    broker_max_packet : int or None
+        Maximum packet size the broker stated in its MQTT 5 CONNACK (bytes), if any.
+    protocol : str
+        "5" or "3.1.1": what the current session speaks.
     """
 
     def __init__(
@@ -107,58 +202,222 @@ class MqttLink:
         self.subscriptions = list(subscriptions)
         self.inbox: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
         self.connected = threading.Event()
+        self.failed = threading.Event()
+        self.fatal: BrokerRefused | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
         self.connects = 0
+        self.broker_max_packet: int | None = None
+        self.size_cap: int | None = None  # learned after a broker refused a size (bytes of payload)
+        self.protocol = "3.1.1" if cfg.mqtt_version == "3.1.1" else "5"
+        self._will = will
         self._on_connect_hook = on_connect
         self._publish_lock = threading.Lock()
         self._stopping = False
-        c = mqtt.Client(
+        self._downgrade = False
+        self._inflight: dict[int, int] = {}  # mid -> payload bytes, until acknowledged
+        self._refused: dict[int, str] = {}  # mid -> why the broker refused it
+        self._acked: OrderedDict[int, None] = OrderedDict()  # mids the broker acknowledged (the newest 4096)
+        self._ack = threading.Condition()
+        self._state_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._sweep: tuple[list[str], set[str]] | None = None  # filters being swept, retained topics found
+        self._client = self._make_client()
+
+    # -- construction ----------------------------------------------------------------------------
+    def _make_client(self) -> _Client:
+        cfg = self.cfg
+        v5 = self.protocol == "5"
+        c = _Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=client_name,
-            clean_session=True,
-            protocol=mqtt.MQTTv311,
+            client_id=self.client_name,
+            clean_session=None if v5 else True,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
         )
+        c.on_fatal_tls = self._on_fatal_tls
         if cfg.username is not None:
             c.username_pw_set(cfg.username, cfg.password)
         if cfg.tls_ca:
             c.tls_set(ca_certs=cfg.tls_ca, certfile=cfg.tls_cert, keyfile=cfg.tls_key, tls_version=ssl.PROTOCOL_TLS_CLIENT)
-        if will is not None:
-            c.will_set(will[0], will[1], qos=1, retain=True)
+        if self._will is not None:
+            c.will_set(self._will[0], self._will[1], qos=1, retain=True)
         c.reconnect_delay_set(min_delay=1, max_delay=30)
         c.max_inflight_messages_set(32)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
-        self._client = c
+        c.on_publish = self._on_publish
+        return c
 
     # -- paho callbacks (network thread; never block) ---------------------------------------
-    def _on_connect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object) -> None:
+    def _fail(self, exc: BrokerRefused) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("%s: %s", self.client_name, exc)
+        self.failed.set()
+        self._client.disconnect()  # ends paho's loop: no silent retries
+
+    def _on_fatal_tls(self, exc: ssl.SSLError) -> None:
+        where = f"{self.cfg.host}:{self.cfg.port}"
+        text = str(getattr(exc, "verify_message", "") or exc)
+        if "hostname" in text.lower() or "ip address mismatch" in text.lower():
+            fix = (
+                f"the broker's certificate is not valid for {self.cfg.host!r}: connect with the name the certificate "
+                f"was issued for (see its subjectAltName), or issue a certificate that names {self.cfg.host!r}"
+            )
+        elif "issuer" in text.lower() or "self-signed" in text.lower() or "verify failed" in text.lower():
+            fix = f"the broker's certificate was not signed by --tls-ca {self.cfg.tls_ca}: give the CA that signed it"
+        else:
+            fix = "check --tls-ca/--tls-cert/--tls-key against the broker's TLS listener"
+        self._fail(BrokerRefused("tls", f"TLS with {where} failed: {text}; {fix}"))
+
+    def _on_connect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: Any, properties: Any) -> None:
         if getattr(reason_code, "is_failure", False):
-            log.warning("%s: broker refused the connection: %s", self.client_name, reason_code)
+            name = str(reason_code)
+            if self.protocol == "5" and self.cfg.mqtt_version == "auto" and name == "Unsupported protocol version":
+                log.info("%s: broker speaks MQTT 3.1.1 only; using it (limit: --max-message-bytes)", self.client_name)
+                self._downgrade = True
+                client.disconnect()
+                return
+            if name in _AUTH_CODES:
+                self._fail(
+                    BrokerRefused(
+                        "auth",
+                        f"broker {self.cfg.host}:{self.cfg.port} refused the login of user {self.cfg.username!r}: {name}. "
+                        f"Check --username and --password-file (firmware_scripts/mosquitto_config.py writes "
+                        f"credentials/<user>.password; after --rotate or --revoke the old one no longer works)",
+                    )
+                )
+                return
+            log.warning("%s: broker refused the connection: %s; retrying", self.client_name, reason_code)
             return
+        self.broker_max_packet = getattr(properties, "MaximumPacketSize", None) if self.protocol == "5" else None
         self.connects += 1
         for topic, qos in self.subscriptions:
             client.subscribe(topic, qos)
         self.connected.set()
-        log.info("%s: connected to %s:%d (connect #%d)", self.client_name, self.cfg.host, self.cfg.port, self.connects)
+        log.info(
+            "%s: connected to %s:%d over MQTT %s (connect #%d%s)",
+            self.client_name,
+            self.cfg.host,
+            self.cfg.port,
+            self.protocol,
+            self.connects,
+            f", broker's maximum packet {self.broker_max_packet} bytes" if self.broker_max_packet else "",
+        )
         if self._on_connect_hook is not None:
             self._on_connect_hook(self)
 
-    def _on_disconnect(
-        self, client: mqtt.Client, userdata: object, flags: object, reason_code: object, properties: object
-    ) -> None:
+    def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: Any, properties: Any) -> None:
         self.connected.clear()
-        if not self._stopping:
-            log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
+        if self._stopping or self._downgrade or self.fatal is not None:
+            return
+        # paho's own queue is the authority on what is unacknowledged: a packet may be on the wire
+        # before publish() returned its id to us.
+        c = self._client
+        with c._out_message_mutex:
+            big = {mid: len(m.payload) for mid, m in c._out_messages.items() if m.qos > 0 and len(m.payload) >= 2 * MIN_CHUNK_BYTES}
+        if big:
+            # The broker closes the connection on a packet over its max_packet_size (MQTT 3.1.1),
+            # and paho drops it on a refusal code it cannot parse (MQTT 5 + message_size_limit):
+            # either way paho would send the same packet again after reconnecting, forever.
+            self._forget(big, f"the connection dropped ({reason_code}) while it was in flight")
+        log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
+
+    def _on_publish(self, client: mqtt.Client, userdata: object, mid: int, reason_code: Any, properties: Any) -> None:
+        with self._state_lock:
+            n = self._inflight.pop(mid, 0)
+        if getattr(reason_code, "is_failure", False):
+            self._refused[mid] = f"the broker answered {reason_code}"
+            self.note_refused(n)
+        with self._ack:
+            self._acked[mid] = None
+            while len(self._acked) > 4096:
+                self._acked.popitem(last=False)
+            self._ack.notify_all()
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
         self.bytes_received += len(msg.payload)
+        sweep = self._sweep
+        if sweep is not None and any(mqtt.topic_matches_sub(f, msg.topic) for f in sweep[0]):
+            if msg.retain and msg.payload:
+                sweep[1].add(msg.topic)
+            return
         self.inbox.put((msg.topic, bytes(msg.payload), bool(msg.retain)))
 
+    def _forget(self, mids: dict[int, int], why: str) -> None:
+        """Take packets out of paho's resend queue (paho 2.x keeps them in ``_out_messages``)."""
+        c = self._client
+        with c._out_message_mutex:
+            for mid in mids:
+                msg = c._out_messages.pop(mid, None)
+                if msg is not None and msg.qos > 0:
+                    c._inflight_messages = max(0, c._inflight_messages - 1)
+                self._refused[mid] = why
+        with self._ack:
+            self._ack.notify_all()
+        with self._state_lock:
+            for mid in mids:
+                self._inflight.pop(mid, None)
+        self.note_refused(max(mids.values()))
+
+    def note_refused(self, refused_payload: int) -> None:
+        """Cut later chunks to half of ``refused_payload`` bytes (floor :data:`MIN_CHUNK_BYTES`): a message that size was lost."""
+        if refused_payload <= 0:
+            return
+        new = max(MIN_CHUNK_BYTES, refused_payload // 2)
+        if self.size_cap is None or new < self.size_cap:
+            self.size_cap = new
+            log.warning(
+                "%s: the broker refused or dropped a %d-byte message; cutting chunks to %d bytes from now on. "
+                "Set --max-message-bytes below the broker's limit (Mosquitto: max_packet_size / message_size_limit) "
+                "to avoid the failed attempt",
+                self.client_name,
+                refused_payload,
+                new,
+            )
+
     # -- control -------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        """Network thread: paho's loop; rebuilt once over MQTT 3.1.1 if the broker refuses MQTT 5."""
+        while True:
+            c = self._client
+            c.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, clean_start=True)
+            try:
+                c.loop_forever(retry_first_connection=True)
+            except Exception as exc:  # paho raises only on programming errors; never die silently
+                log.error("%s: network loop stopped: %s: %s", self.client_name, type(exc).__name__, exc)
+                self.failed.set()
+                return
+            if self._downgrade and not self._stopping:
+                self.protocol = "3.1.1"
+                with self._publish_lock:
+                    self._client = self._make_client()
+                self._downgrade = False
+                continue
+            return
+
+    def _watch_connack(self, wait_s: float = 3.0) -> None:
+        """Fall back to MQTT 3.1.1 if a broker takes an MQTT 5 CONNECT but never answers it.
+
+        amqtt 0.12 misreads an MQTT 5 CONNECT that carries a last will and waits for bytes that
+        never come, instead of refusing the protocol version.
+        """
+        since: float | None = None
+        while self.protocol == "5" and self.connects == 0 and not self._stopping and not self.failed.is_set():
+            time.sleep(0.1)
+            if self._client.socket() is None:
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= wait_s and self.connects == 0:
+                log.info("%s: no answer to an MQTT 5 CONNECT within %.0f s; using MQTT 3.1.1", self.client_name, wait_s)
+                self._downgrade = True
+                self._client.disconnect()
+                return
+
     def start(self, wait_s: float | None = 30.0) -> bool:
-        """Connect (in the background) and start the network loop.
+        """Connect (in the background) and start the network thread.
 
         Parameters
         ----------
@@ -168,22 +427,95 @@ class MqttLink:
         Returns
         -------
         bool
-            True if connected within ``wait_s`` (reconnection goes on regardless).
+            True if connected within ``wait_s`` (reconnection goes on regardless, unless
+            :attr:`fatal` is set).
         """
-        self._client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive)
-        self._client.loop_start()
-        return True if wait_s is None else self.connected.wait(wait_s)
+        self._thread = threading.Thread(target=self._serve, name=f"mqtt-{self.client_name}", daemon=True)
+        self._thread.start()
+        if self.protocol == "5" and self.cfg.mqtt_version == "auto":
+            threading.Thread(target=self._watch_connack, name=f"mqtt-{self.client_name}-v5", daemon=True).start()
+        if wait_s is None:
+            return True
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end and not self.connected.is_set() and not self.failed.is_set():
+            self.connected.wait(0.05)
+        return self.connected.is_set()
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
         """Publish ``final`` (topic, payload; retained, QoS 1) if given, then disconnect cleanly."""
-        self._stopping = True
         if final is not None and self.connected.is_set():
             try:
                 self.publish(final[0], final[1], retain=True, timeout=5.0)
             except (RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("%s: could not publish final status: %s", self.client_name, exc)
+        self._stopping = True
         self._client.disconnect()
-        self._client.loop_stop()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def clear_retained(self, topics: Sequence[str], timeout: float = 60.0) -> None:
+        """Delete the retained messages of ``topics`` (an empty retained message each, QoS 1).
+
+        Raises
+        ------
+        TimeoutError, BrokerRefused
+            As :meth:`publish`.
+        """
+        deadline = time.monotonic() + timeout
+        infos = [self._send(t, b"", 1, True, deadline) for t in topics]
+        for info in infos:
+            self._wait(info, deadline)
+
+    def sweep_retained(self, filters: Sequence[str], quiet_s: float = 1.0, timeout: float = 60.0) -> list[str]:
+        """Delete every retained message under ``filters`` (e.g. the model chunks an earlier run left).
+
+        Subscribes to ``filters`` for as long as retained messages keep arriving (until
+        ``quiet_s`` pass without one), then unsubscribes and clears each topic found. Their
+        payloads never reach :attr:`inbox`.
+
+        Returns
+        -------
+        list of str
+            The topics cleared, sorted.
+        """
+        found: set[str] = set()
+        self._sweep = (list(filters), found)
+        try:
+            with self._publish_lock:
+                for f in filters:
+                    self._client.subscribe(f, 1)
+            last, seen = time.monotonic(), 0
+            end = last + timeout
+            while time.monotonic() < end and time.monotonic() - last < quiet_s:
+                time.sleep(0.05)
+                if len(found) != seen:
+                    last, seen = time.monotonic(), len(found)
+            with self._publish_lock:
+                for f in filters:
+                    self._client.unsubscribe(f)
+        finally:
+            self._sweep = None
+        topics = sorted(found)
+        if topics:
+            self.clear_retained(topics, timeout=timeout)
+            log.info("%s: cleared %d retained message(s) under %s", self.client_name, len(topics), ", ".join(filters))
+        return topics
+
+    @property
+    def attempts(self) -> int:
+        """Connection attempts of the current session object (each TCP connect and CONNECT)."""
+        return self._client.attempts
+
+    def payload_limit(self, topic: str) -> int:
+        """Largest payload that fits one packet on ``topic`` (bytes): the configured
+        ``max_message_bytes``, the broker's stated maximum packet size less topic and header,
+        and any smaller size learned from a refusal, whichever is least."""
+        limit = self.cfg.max_message_bytes
+        if self.broker_max_packet:
+            limit = min(limit, self.broker_max_packet - PUBLISH_OVERHEAD_BYTES - len(topic.encode()))
+        if self.size_cap is not None:
+            limit = min(limit, self.size_cap)
+        return limit
 
     def publish_nowait(self, topic: str, payload: bytes, retain: bool = False) -> None:
         """Queue a QoS 1 message without waiting (safe inside the ``on_connect`` hook)."""
@@ -199,59 +531,163 @@ class MqttLink:
 
         Raises
         ------
+        PayloadTooLarge
+            If the message is larger than the broker accepts (the message names the limit).
+        BrokerRefused
+            If the link stopped for good (see :attr:`fatal`).
         TimeoutError
             If not connected or not acknowledged within ``timeout`` seconds.
         RuntimeError
-            If paho rejected the message.
+            If paho rejected the message, or the broker refused it (:class:`PacketRejected`).
         """
+        limit = self.payload_limit(topic)
+        if len(payload) > limit:
+            raise PayloadTooLarge(self._too_large(topic, len(payload), limit))
         deadline = time.monotonic() + timeout
         info = self._send(topic, payload, qos, retain, deadline)
         if qos > 0:
             self._wait(info, deadline)
 
-    def publish_chunks(self, topic_of: Callable[[int], str], payload: bytes, retain: bool = False, timeout: float = 300.0) -> int:
+    def _too_large(self, topic: str, size: int, limit: int) -> str:
+        src = (
+            f"the broker's maximum packet size of {self.broker_max_packet} bytes"
+            if self.broker_max_packet and limit < self.cfg.max_message_bytes
+            else f"--max-message-bytes {self.cfg.max_message_bytes}"
+        )
+        return (
+            f"{self.client_name}: a {size}-byte message on {topic} exceeds {src} (payload room {limit} bytes); "
+            f"raise max_packet_size in mosquitto.conf and --max-message-bytes, or send less"
+        )
+
+    def publish_chunks(
+        self,
+        topic_of: Callable[[int], str],
+        payload: bytes,
+        retain: bool = False,
+        timeout: float = 300.0,
+        chunk_bytes: int | None = None,
+        only: Collection[int] | None = None,
+    ) -> int:
         """Publish ``payload`` as chunks on ``topic_of(i)`` at QoS 1; wait for all acknowledgements.
 
         At most 16 chunks are unacknowledged at a time, so a slow link cannot make the
         outgoing queue grow without bound (paho issue #483).
 
+        Parameters
+        ----------
+        chunk_bytes : int, optional
+            Size of each chunk message (bytes). Give the size of an earlier send to re-send some
+            of its chunks (``only``); a refusal then raises :class:`PacketRejected`. By default
+            :meth:`chunk_size` for these topics, and after a refusal everything is sent again
+            in the smaller chunks the link learned.
+        only : collection of int, optional
+            Send only these chunk indices (chunks the receiver reported missing).
+
         Returns
         -------
         int
-            Number of chunks.
+            Number of chunks the payload is cut into.
 
         Raises
         ------
         TimeoutError
             If the chunks were not all acknowledged within ``timeout`` seconds.
+        PacketRejected
+            If the broker refused a chunk of the given ``chunk_bytes`` (or of the smallest
+            size); :meth:`chunk_size` is smaller afterwards.
+        BrokerRefused
+            If the link stopped for good.
         """
         deadline = time.monotonic() + timeout
+        if chunk_bytes is not None:
+            return self._publish_cut(topic_of, payload, retain, deadline, chunk_bytes, only)
+        while True:  # cut again, smaller, each time the broker refuses a size (a refused size is never re-sent)
+            size = self.chunk_size(topic_of)
+            try:
+                return self._publish_cut(topic_of, payload, retain, deadline, size, only)
+            except PacketRejected:
+                if self.chunk_size(topic_of) >= size:
+                    raise
+                log.info("%s: sending %s again in chunks of %d bytes", self.client_name, topic_of(0), self.chunk_size(topic_of))
+
+    def _publish_cut(
+        self,
+        topic_of: Callable[[int], str],
+        payload: bytes,
+        retain: bool,
+        deadline: float,
+        size: int,
+        only: Collection[int] | None,
+    ) -> int:
         pending: list[mqtt.MQTTMessageInfo] = []
         n = 0
-        for i, chunk in enumerate(iter_chunks(payload, self.cfg.max_message_bytes)):
-            pending.append(self._send(topic_of(i), chunk, 1, retain, deadline))
+        for i, chunk in enumerate(iter_chunks(payload, size)):
             n += 1
+            if only is not None and i not in only:
+                continue
+            pending.append(self._send(topic_of(i), chunk, 1, retain, deadline))
             if len(pending) >= 16:
                 self._wait(pending.pop(0), deadline)
         for info in pending:
             self._wait(info, deadline)
         return n
 
+    def chunk_size(self, topic_of: Callable[[int], str]) -> int:
+        """Chunk message size for topics ``topic_of(i)`` under every known limit (bytes)."""
+        return max(CHUNK_HEADER_BYTES + 1, self.payload_limit(topic_of(10**9)))
+
     def _send(self, topic: str, payload: bytes, qos: int, retain: bool, deadline: float) -> mqtt.MQTTMessageInfo:
         while True:
-            if not self.connected.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"{self.client_name}: not connected to the broker; could not publish {topic}")
+            while not self.connected.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+                if self.fatal is not None:
+                    raise self.fatal
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{self.client_name}: not connected to the broker; could not publish {topic}")
+            if self.size_cap is not None and len(payload) > self.size_cap:
+                # Cut before the broker refused this size (the refusal may have arrived while
+                # the rest was being queued): never hand paho a packet of a refused size.
+                raise PacketRejected(f"{self.client_name}: a {len(payload)}-byte message is over the {self.size_cap} bytes "
+                                     f"left after the broker refused a larger one")  # fmt: skip
             with self._publish_lock:
                 info = self._client.publish(topic, payload, qos=qos, retain=retain)
-            if info.rc == mqtt.MQTT_ERR_NO_CONN:  # the link dropped just now: try again once reconnected
+                # At QoS 1 paho keeps the message and sends it (again) after a reconnect when the
+                # link just dropped (NO_CONN, CONN_LOST): track it like a sent one, never publish a copy.
+                queued = qos > 0 and info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST)
+                if queued:
+                    with self._state_lock:
+                        self._inflight[info.mid] = len(payload)
+            if not queued and info.rc in (mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST):  # QoS 0: try again once reconnected
                 time.sleep(0.1)
                 continue
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            if not queued and info.rc != mqtt.MQTT_ERR_SUCCESS:
                 raise RuntimeError(f"{self.client_name}: publishing to {topic} failed: {mqtt.error_string(info.rc)}")
             self.bytes_sent += len(payload)
             return info
 
     def _wait(self, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
-        info.wait_for_publish(max(0.0, deadline - time.monotonic()))
-        if not info.is_published():
-            raise TimeoutError(f"{self.client_name}: message not acknowledged before the deadline")
+        mid = info.mid
+        with self._ack:
+            while True:
+                # paho reports a refusal (on_publish) before the acknowledgement counts, and a packet
+                # taken out of its queue is never acknowledged: check the refusal first.
+                why = self._refused.pop(mid, None)
+                if why is not None:
+                    self._acked.pop(mid, None)
+                    with self._state_lock:
+                        self._inflight.pop(mid, None)
+                    raise PacketRejected(
+                        f"{self.client_name}: the broker refused a message ({why}); chunks are now cut to "
+                        f"{self.size_cap} bytes. Its limit is below --max-message-bytes {self.cfg.max_message_bytes}: "
+                        f"lower that option, or raise max_packet_size / message_size_limit in mosquitto.conf"
+                    )
+                if mid in self._acked:
+                    del self._acked[mid]
+                    with self._state_lock:
+                        self._inflight.pop(mid, None)
+                    return
+                if self.fatal is not None:
+                    raise self.fatal
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.client_name}: message not acknowledged before the deadline")
+                self._ack.wait(min(0.2, left))

@@ -86,6 +86,13 @@ def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_B
     return list(iter_chunks(payload, max_message_bytes))
 
 
+def peek_transfer(message: bytes) -> str | None:
+    """The transfer id (hex sha256) a chunk message names, without verifying it; None if it is no chunk."""
+    if len(message) < CHUNK_HEADER_BYTES or message[:4] != CHUNK_MAGIC:
+        return None
+    return bytes(message[4:36]).hex()
+
+
 def parse_chunk(message: bytes) -> Chunk:
     """Parse and verify one chunk message.
 
@@ -115,22 +122,53 @@ class _Partial:
     parts: dict[int, bytes] = field(default_factory=dict)
     size: int = 0
     started: float = field(default_factory=time.monotonic)
+    progressed: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """An unfinished transfer that has received nothing for a while (see :meth:`Reassembler.stalled`).
+
+    Attributes
+    ----------
+    stream : str
+    transfer : str
+        Hex sha256 of the whole payload.
+    count : int
+        Number of chunks the sender announced.
+    missing : tuple of int
+        Indices not received yet, ascending.
+    """
+
+    stream: str
+    transfer: str
+    count: int
+    missing: tuple[int, ...]
 
 
 class Reassembler:
     """Collects chunks into whole payloads, per stream (e.g. one client's update topic).
 
+    Memory is bounded twice, and never exceeded even for a moment:
+
+    * a transfer holds at most the total length its chunks declare: a chunk that would take
+      it past that is refused (``oversized``), the transfer is dropped, and its later chunks
+      are refused at once;
+    * all unfinished transfers together hold at most ``max_buffer_bytes``: before a chunk
+      is stored, the oldest unfinished transfers are dropped until it fits.
+
     Duplicated chunks (QoS 1 redelivery) are harmless; chunks of a transfer that already
     completed are ignored; a stream keeps at most ``max_partial_per_stream`` unfinished
-    transfers (the oldest is dropped), and all unfinished data is capped at
-    ``max_buffer_bytes``; transfers older than ``ttl_s`` are dropped.
+    transfers (the oldest is dropped); transfers older than ``ttl_s`` are dropped. A sender
+    may cut the same transfer again with another chunk size (after its broker refused the
+    first size): chunks announcing a new count restart that transfer.
 
     Parameters
     ----------
     max_payload_bytes : int
         Largest payload accepted (bytes); bigger announced totals are rejected.
     max_buffer_bytes : int
-        Cap on bytes held in unfinished transfers (bytes).
+        Cap on bytes held in unfinished transfers, all streams together (bytes).
     ttl_s : float
         Seconds an unfinished transfer may wait for its remaining chunks.
     max_partial_per_stream : int
@@ -150,12 +188,26 @@ class Reassembler:
         self.max_partial_per_stream = max_partial_per_stream
         self._partial: OrderedDict[tuple[str, str], _Partial] = OrderedDict()
         self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._refused: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._buffered = 0
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes currently held in unfinished transfers."""
         return self._buffered
+
+    def completed(self, stream: str, transfer: str) -> bool:
+        """True if ``transfer`` on ``stream`` was delivered whole (among the last 256 of all streams)."""
+        return (stream, transfer) in self._done
+
+    def forget(self, stream: str, transfer: str) -> None:
+        """Forget that ``transfer`` completed on ``stream``, so the same bytes can be received again.
+
+        A transfer id is the payload's digest, so a later exchange may send byte-identical
+        data (the same initial model in two runs, an update re-sent after its receipt was
+        lost); the caller decides when that is a new delivery rather than a duplicate.
+        """
+        self._done.pop((stream, transfer), None)
 
     def add(self, stream: str, message: bytes) -> tuple[str, bytes] | None:
         """Add one chunk message; return ``(transfer, payload)`` when a transfer completes.
@@ -164,45 +216,93 @@ class Reassembler:
         ------
         ChunkError
             For a malformed or corrupted chunk (``bad_chunk``, ``chunk_crc_mismatch``),
-            a chunk that contradicts earlier chunks of its transfer (``inconsistent_chunk``),
-            a payload over the limit (``oversized``) or a reassembled payload whose digest is
-            wrong (``transfer_sha256_mismatch``). Nothing is delivered in these cases.
+            a chunk that contradicts the total length of earlier chunks of its transfer
+            (``inconsistent_chunk``), a payload over the limit or a transfer that sent more
+            bytes than it declared (``oversized``) or a reassembled payload whose digest is
+            wrong (``transfer_sha256_mismatch``). Nothing is delivered in these cases, and
+            the reassembler holds no more than before the call.
         """
         chunk = parse_chunk(message)
         key = (stream, chunk.transfer)
         if key in self._done:
             return None
+        if key in self._refused:
+            raise ChunkError("oversized", f"transfer {chunk.transfer[:12]} was refused earlier (it sent more than it declared)")
         if chunk.total_len > self.max_payload_bytes:
             raise ChunkError("oversized", f"transfer of {chunk.total_len} bytes exceeds the limit of {self.max_payload_bytes}")
+        if len(chunk.payload) > chunk.total_len or chunk.count > max(1, chunk.total_len):
+            raise ChunkError(
+                "bad_chunk", f"chunk {chunk.index}/{chunk.count} of {len(chunk.payload)} bytes cannot belong to {chunk.total_len} bytes"
+            )
+        if len(chunk.payload) > self.max_buffer_bytes:
+            raise ChunkError("oversized", f"chunk of {len(chunk.payload)} bytes exceeds the buffer cap of {self.max_buffer_bytes}")
         self._expire()
         part = self._partial.get(key)
+        if part is not None and part.total_len != chunk.total_len:
+            self._drop(key)
+            raise ChunkError(
+                "inconsistent_chunk", f"chunk {chunk.index} of transfer {chunk.transfer[:12]} disagrees on the total length"
+            )
+        if part is not None and part.count != chunk.count:
+            self._drop(key)  # the sender cut the transfer again with another chunk size
+            part = None
         if part is None:
             part = _Partial(chunk.count, chunk.total_len)
             self._partial[key] = part
             same_stream = [k for k in self._partial if k[0] == stream]
             for k in same_stream[: max(0, len(same_stream) - self.max_partial_per_stream)]:
                 self._drop(k)
-        elif (part.count, part.total_len) != (chunk.count, chunk.total_len):
-            self._drop(key)
-            raise ChunkError(
-                "inconsistent_chunk", f"chunk {chunk.index} of transfer {chunk.transfer[:12]} disagrees on count/length"
-            )
         if chunk.index not in part.parts:
+            if part.size + len(chunk.payload) > part.total_len:
+                self._drop(key)
+                self._refused[key] = None
+                while len(self._refused) > 256:
+                    self._refused.popitem(last=False)
+                raise ChunkError(
+                    "oversized",
+                    f"transfer {chunk.transfer[:12]} sent more than the {part.total_len} bytes it declared; refused",
+                )
+            # Make room first, so the cap holds at every moment (the oldest transfers go).
+            while self._buffered + len(chunk.payload) > self.max_buffer_bytes:
+                oldest = next(k for k in self._partial if k != key) if len(self._partial) > 1 else key
+                if oldest == key:
+                    self._drop(key)
+                    raise ChunkError("oversized", f"transfer {chunk.transfer[:12]} does not fit in the buffer cap")
+                self._drop(oldest)
             part.parts[chunk.index] = chunk.payload
             part.size += len(chunk.payload)
+            part.progressed = time.monotonic()
             self._buffered += len(chunk.payload)
-        while self._buffered > self.max_buffer_bytes and self._partial:
-            self._drop(next(iter(self._partial)))
-        if key not in self._partial or len(part.parts) < part.count:
+        if len(part.parts) < part.count:
             return None
         payload = b"".join(part.parts[i] for i in range(part.count))
         self._drop(key)
+        if len(payload) != part.total_len or hashlib.sha256(payload).hexdigest() != chunk.transfer:
+            raise ChunkError("transfer_sha256_mismatch", f"reassembled transfer {chunk.transfer[:12]} does not match its digest")
         self._done[key] = None
         while len(self._done) > 256:
             self._done.popitem(last=False)
-        if len(payload) != part.total_len or hashlib.sha256(payload).hexdigest() != chunk.transfer:
-            raise ChunkError("transfer_sha256_mismatch", f"reassembled transfer {chunk.transfer[:12]} does not match its digest")
         return chunk.transfer, payload
+
+    def stalled(self, idle_s: float, now: float | None = None) -> list[Stalled]:
+        """Unfinished transfers that received no new chunk for ``idle_s`` seconds, with their missing indices.
+
+        Lets a receiver ask for exactly the chunks lost in transit instead of the whole set.
+        The missing list names at most the first 1024 indices.
+        """
+        now = time.monotonic() if now is None else now
+        out = []
+        for (stream, transfer), p in self._partial.items():
+            if now - p.progressed >= idle_s:
+                missing = tuple(i for i in range(p.count) if i not in p.parts)[:1024]
+                out.append(Stalled(stream, transfer, p.count, missing))
+        return out
+
+    def touch(self, stream: str, transfer: str, now: float | None = None) -> None:
+        """Restart the idle clock of an unfinished transfer (after asking its sender for the missing chunks)."""
+        p = self._partial.get((stream, transfer))
+        if p is not None:
+            p.progressed = time.monotonic() if now is None else now
 
     def _drop(self, key: tuple[str, str]) -> None:
         part = self._partial.pop(key, None)

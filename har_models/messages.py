@@ -230,6 +230,15 @@ class ClientStatus:
         Run the client last worked for.
     last_round : int
         Last round whose update the client sent (-1 if none).
+    instance : str
+        Random id of the client process (new at every start): two processes that use one
+        client id show two instances, which both sides detect (docs/reliability.md).
+    sent_unix : float
+        When the client published this status (s since the epoch, its clock).
+    refresh_s : float
+        The client republishes its status at least this often (s); 0 = never. A status
+        older than :data:`PRESENCE_PERIODS` periods counts as offline (a device revoked or
+        gone without a last will).
     """
 
     client_id: str
@@ -241,6 +250,9 @@ class ClientStatus:
     class_counts: tuple[int, ...] = ()
     run_id: str = ""
     last_round: int = -1
+    instance: str = ""
+    sent_unix: float = 0.0
+    refresh_s: float = 0.0
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -260,7 +272,7 @@ class ClientStatus:
         d = _load_json(payload, "client status")
         d.pop("protocol")
         try:
-            counts = d.get("class_counts", ())
+            counts = d.get("class_counts", [])
             if not isinstance(counts, list):
                 raise ValueError("class_counts must be a list")
             d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
@@ -272,6 +284,12 @@ class ClientStatus:
                 raise ValueError(f"last_round must be an integer, got {st.last_round!r:.40}")
             if not isinstance(st.label_set, str) or not isinstance(st.run_id, str) or not isinstance(st.train_stats, dict):
                 raise ValueError("label_set and run_id must be strings, train_stats an object")
+            if not isinstance(st.instance, str) or len(st.instance) > 64:
+                raise ValueError("instance must be a string of at most 64 characters")
+            for name in ("sent_unix", "refresh_s"):
+                v = getattr(st, name)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e11:
+                    raise ValueError(f"{name} must be a number of seconds in [0, 1e11), got {v!r:.40}")
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
@@ -279,6 +297,119 @@ class ClientStatus:
         return st
 
 
-def offline_status(cid: str) -> bytes:
-    """The last-will payload of a client: a minimal status saying it is offline."""
-    return ClientStatus(check_client_id(cid), "offline").to_bytes()
+def offline_status(cid: str, instance: str = "") -> bytes:
+    """The last-will payload of a client process ``instance``: a minimal status saying it is offline."""
+    return ClientStatus(check_client_id(cid), "offline", instance=instance).to_bytes()
+
+
+PRESENCE_PERIODS = 3
+"""A client status older than this many of its refresh periods counts as offline."""
+
+
+@dataclass(frozen=True)
+class CoordinatorStatus:
+    """Retained presence of the coordinator (last will: offline).
+
+    Parameters
+    ----------
+    state : {"online", "offline"}
+    run_id : str
+        The run it serves; a client acts only on announcements of this run.
+    attempt : str
+        The coordinator process's attempt id (as in :class:`RoundAnnouncement`).
+    """
+
+    state: str
+    run_id: str = ""
+    attempt: str = ""
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> CoordinatorStatus:
+        """Parse a coordinator status.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = _load_json(payload, "coordinator status")
+        d.pop("protocol")
+        try:
+            st = cls(**d)
+        except TypeError as exc:
+            raise MessageError(f"coordinator status: {exc}") from None
+        if st.state not in ("online", "offline") or not isinstance(st.run_id, str) or not isinstance(st.attempt, str):
+            raise MessageError(f"coordinator status: bad state {st.state!r:.40} or ids")
+        return st
+
+
+RECEIPT_STATES = ("accepted", "missing")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The coordinator's answer to an update, on the client's receipt topic (not retained).
+
+    The broker's PUBACK only says the broker took a message; a receipt says the coordinator
+    has the update. A client re-sends (with back-off, until the round's deadline) until it
+    gets ``accepted`` for its transfer.
+
+    Parameters
+    ----------
+    run_id : str
+    round, stage : int
+        The exchange the update was for.
+    transfer : str
+        Transfer id (hex sha256) of the update envelope.
+    state : {"accepted", "missing"}
+        ``accepted``: the update is valid and counted. ``missing``: the transfer stalled;
+        ``missing`` lists the chunk indices to send again (of ``count`` chunks).
+    missing : tuple of int
+    count : int
+        Number of chunks of the transfer the coordinator saw announced (``missing`` only).
+    """
+
+    run_id: str
+    round: int
+    stage: int
+    transfer: str
+    state: str
+    missing: tuple[int, ...] = ()
+    count: int = 0
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        d["missing"] = list(self.missing)
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Receipt:
+        """Parse a receipt.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = _load_json(payload, "receipt")
+        d.pop("protocol")
+        try:
+            missing = d.get("missing", [])
+            if not isinstance(missing, list) or len(missing) > 1024:
+                raise ValueError("missing must be a list of at most 1024 chunk indices")
+            d["missing"] = tuple(check_count(i, "missing[i]") for i in missing)
+            r = cls(**d)
+            check_count(r.round, "round")
+            check_count(r.stage, "stage")
+            check_count(r.count, "count")
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"receipt: {exc}") from None
+        if r.state not in RECEIPT_STATES or not isinstance(r.run_id, str) or not isinstance(r.transfer, str) or len(r.transfer) != 64:
+            raise MessageError(f"receipt: bad state {r.state!r:.40} or ids")
+        return r

@@ -8,6 +8,7 @@ Topics (``{p}`` = ``fedhar/v1/{federation}``)::
     {p}/client/{cid}/status         retained client status (JSON); last will "offline"
     {p}/client/{cid}/model/{i}      retained chunk i of the client's personalised model
     {p}/client/{cid}/update/{i}     chunk i of the client's update envelope (not retained)
+    {p}/client/{cid}/receipt        the coordinator's receipt for an update (not retained)
 
 Everything works on MQTT 3.1.1 (the embedded broker speaks nothing newer); see docs/protocol.md.
 """
@@ -76,6 +77,9 @@ class Topics:
 
     def client_update(self, cid: str, index: int | str) -> str:
         return f"{self.prefix}/client/{cid}/update/{index}"
+
+    def client_receipt(self, cid: str) -> str:
+        return f"{self.prefix}/client/{cid}/receipt"
 
     def parse_client_topic(self, topic: str) -> tuple[str, str] | None:
         """``(client_id, kind)`` for a ``{p}/client/{cid}/{kind}/...`` topic, else None."""

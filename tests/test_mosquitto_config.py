@@ -254,7 +254,8 @@ def test_acl_rules_are_exactly_these(broker):
         "user hapt-01", *shared,
         "user hapt-02", *shared,
         f"pattern read {P}/client/%u/model/+",
-        f"pattern write {P}/client/%u/status",
+        f"pattern read {P}/client/%u/receipt",
+        f"pattern readwrite {P}/client/%u/status",
         f"pattern write {P}/client/%u/update/+",
     ]  # fmt: skip
 

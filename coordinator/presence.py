@@ -1,0 +1,90 @@
+"""Which clients are present, and whether one client id is used by two processes.
+
+A client's retained status says "online" until its last will replaces it; a device that is
+revoked (the broker sends no will then) or whose will was lost would stay "online" forever.
+So presence expires: a client republishes its status every ``refresh_s`` seconds, and a
+status older than :data:`~har_models.messages.PRESENCE_PERIODS` periods counts as offline.
+The age of a live status is measured on the coordinator's clock from its arrival; the age
+of a retained one (received when subscribing) from the time the status carries.
+
+Each client process has its own ``instance`` id. A device that restarts shows a new
+instance after the old one went away; an instance that comes back (not as its last will)
+after another one replaced it means two processes are using one client id, which the broker turns into an
+endless session takeover: the id is then quarantined (never eligible, its updates refused)
+and the conflict is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from har_models.messages import PRESENCE_PERIODS, ClientStatus
+
+log = logging.getLogger("fedhar.coordinator")
+
+
+@dataclass
+class _Seen:
+    fresh_until: float | None  # monotonic time; None = no expiry (the client does not refresh)
+    instances: list[str] = field(default_factory=list)  # in order of appearance
+
+
+class Presence:
+    """Freshness and identity of client statuses.
+
+    Parameters
+    ----------
+    periods : int
+        A status older than ``periods * refresh_s`` seconds counts as offline.
+    """
+
+    def __init__(self, periods: int = PRESENCE_PERIODS):
+        self.periods = periods
+        self._seen: dict[str, _Seen] = {}
+        self.conflicts: dict[str, tuple[str, str]] = {}  # client id -> the two instances seen
+
+    def note(self, st: ClientStatus, retained: bool, now: float | None = None, now_unix: float | None = None) -> None:
+        """Record a status of ``st.client_id`` as it arrived (``retained``: delivered on subscribing)."""
+        now = time.monotonic() if now is None else now
+        now_unix = time.time() if now_unix is None else now_unix
+        seen = self._seen.setdefault(st.client_id, _Seen(None))
+        if st.refresh_s > 0:
+            age = max(0.0, now_unix - st.sent_unix) if retained else 0.0
+            seen.fresh_until = now + self.periods * st.refresh_s - age
+        else:
+            seen.fresh_until = None
+        inst = st.instance
+        if not inst:
+            return
+        if st.state == "offline" and inst in seen.instances:
+            return  # the will of a replaced instance can arrive after its successor's status: harmless
+        if seen.instances and inst != seen.instances[-1] and inst in seen.instances and st.client_id not in self.conflicts:
+            # An instance that another replaced came back: two live processes share this id.
+            self.conflicts[st.client_id] = (seen.instances[-1], inst)
+            log.error(
+                "client id %r is used by two processes at once (instances %s and %s): the broker keeps disconnecting "
+                "one for the other. It takes no further part in this run; give each device its own --client-id "
+                "(and its own credentials) and restart them",
+                st.client_id,
+                seen.instances[-1],
+                inst,
+            )
+        if inst in seen.instances:
+            seen.instances.remove(inst)
+        seen.instances.append(inst)
+        del seen.instances[:-8]
+
+    def fresh(self, cid: str, now: float | None = None) -> bool:
+        """True unless ``cid``'s last status has expired or its id is in conflict."""
+        if cid in self.conflicts:
+            return False
+        seen = self._seen.get(cid)
+        if seen is None or seen.fresh_until is None:
+            return True
+        return (time.monotonic() if now is None else now) < seen.fresh_until
+
+    def forget(self, cid: str) -> None:
+        """Drop what is known about ``cid`` (its retained status was cleared)."""
+        self._seen.pop(cid, None)

@@ -1,0 +1,123 @@
+"""End-to-end delivery of updates: the coordinator's receipts and its requests for missing chunks.
+
+The broker's PUBACK says only that the broker took a message; a subscriber that was not
+there (the coordinator reconnecting after a broker restart) never gets it. So the
+coordinator answers every update it counted with a :class:`~har_models.messages.Receipt`
+on the client's receipt topic, and the client re-sends until it has one. A transfer that
+stalls with chunks missing (lost in transit, dropped by a broker's size limit) is answered
+with the list of missing chunk indices, so only those travel again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+from har_io.mqtt_link import MqttLink
+from har_models.chunking import Reassembler, peek_transfer
+from har_models.messages import Receipt
+from har_models.topics import Topics
+
+log = logging.getLogger("fedhar.coordinator")
+
+STREAM_PREFIX = "update/"
+"""Reassembler stream of client ``cid``'s updates: ``update/{cid}``."""
+
+
+class ReceiptDesk:
+    """Receipts for one coordinator; one exchange open at a time.
+
+    Parameters
+    ----------
+    link : MqttLink
+    topics : Topics
+    run_id : str
+    reassembler : Reassembler
+        The coordinator's reassembler of update chunks (streams ``update/{cid}``).
+    resend_after_s : float
+        Seconds without a new chunk after which a transfer's missing chunks are requested.
+    reack_every_s : float
+        Least interval between two receipts for one client's repeated chunks (s).
+    """
+
+    def __init__(
+        self,
+        link: MqttLink,
+        topics: Topics,
+        run_id: str,
+        reassembler: Reassembler,
+        resend_after_s: float = 3.0,
+        reack_every_s: float = 2.0,
+    ):
+        self.link = link
+        self.topics = topics
+        self.run_id = run_id
+        self.reassembler = reassembler
+        self.resend_after_s = resend_after_s
+        self.reack_every_s = reack_every_s
+        self.exchange: tuple[int, int] | None = None
+        self.accepted_transfers: dict[str, str] = {}  # client id -> transfer counted in the open exchange
+        self._last_sent: dict[str, float] = {}
+        self.sent = 0
+
+    def open(self, round_: int, stage: int) -> None:
+        """An exchange opens: receipts from now on name ``(round_, stage)``."""
+        self.exchange = (round_, stage)
+        self.accepted_transfers.clear()
+        self._last_sent.clear()
+
+    def close(self) -> None:
+        """The exchange closed: no more receipts or requests until the next one opens."""
+        self.exchange = None
+
+    def before_chunk(self, cid: str, message: bytes) -> None:
+        """Look at a chunk before it is reassembled.
+
+        A chunk of the transfer already counted for ``cid`` means the client did not get its
+        receipt: answer again (at most every ``reack_every_s``). A chunk of a transfer that
+        completed but was not counted (it arrived between rounds, or was refused) is a new
+        delivery, so the reassembler forgets it and collects it again.
+        """
+        transfer = peek_transfer(message)
+        if transfer is None:
+            return
+        stream = STREAM_PREFIX + cid
+        if self.accepted_transfers.get(cid) == transfer:
+            now = time.monotonic()
+            if now - self._last_sent.get(cid, -1e9) >= self.reack_every_s:
+                self._send(cid, transfer, "accepted")
+            return
+        if self.reassembler.completed(stream, transfer):
+            self.reassembler.forget(stream, transfer)
+
+    def accepted(self, cid: str, transfer: str) -> None:
+        """The update ``transfer`` of ``cid`` is counted in the open exchange (or was already): say so."""
+        self.accepted_transfers[cid] = transfer
+        self._send(cid, transfer, "accepted")
+
+    def request_missing(self, selected: Collection[str]) -> int:
+        """Ask selected clients for the chunks of their stalled transfers; return how many requests went out."""
+        if self.exchange is None:
+            return 0
+        n = 0
+        for s in self.reassembler.stalled(self.resend_after_s):
+            if not s.stream.startswith(STREAM_PREFIX):
+                continue
+            cid = s.stream[len(STREAM_PREFIX) :]
+            if cid not in selected or self.accepted_transfers.get(cid) == s.transfer:
+                continue
+            self._send(cid, s.transfer, "missing", s.missing, s.count)
+            self.reassembler.touch(s.stream, s.transfer)
+            log.info("round %d: %s's update stalled with %d of %d chunks missing; asked for them", self.exchange[0], cid,
+                     len(s.missing), s.count)  # fmt: skip
+            n += 1
+        return n
+
+    def _send(self, cid: str, transfer: str, state: str, missing: tuple[int, ...] = (), count: int = 0) -> None:
+        if self.exchange is None or not self.link.connected.is_set():
+            return
+        r = Receipt(self.run_id, self.exchange[0], self.exchange[1], transfer, state, missing, count)
+        self.link.publish_nowait(self.topics.client_receipt(cid), r.to_bytes())
+        self._last_sent[cid] = time.monotonic()
+        self.sent += 1
