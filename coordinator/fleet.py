@@ -143,7 +143,10 @@ class Fleet:
             lines = (self.log_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
         except OSError:
             lines = []
-        codes = sorted({p.returncode for p in self._procs.values() if p.returncode is not None})
+        if self.engine == "workers":  # each hosted client's own status, as its worker recorded it
+            codes = sorted({int(f.read_text().strip() or 1) for f in self._status_dir.glob("*.exit")})
+        else:
+            codes = sorted({p.returncode for p in self._procs.values() if p.returncode is not None})
         return (
             f"every client process exited (exit codes {codes}) before the run ended; {name} said: "
             + (" | ".join(lines) or "nothing")

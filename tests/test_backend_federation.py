@@ -31,7 +31,8 @@ def _client(k: int, backend: str, port: int, tmp: Path) -> subprocess.Popen[byte
             "--backend", backend, "--program-cache", str(tmp / "programs"), "--max-seconds", "400", "--exit-after-run", "mixed"]
     # The numpy client runs with PyTorch made unimportable: any import of it would fail the client.
     cmd = [sys.executable, "-c", BLOCK_TORCH, *args] if backend == "numpy" else [sys.executable, "-m", "edge_client.cli", *args]
-    return subprocess.Popen(cmd, stdout=open(tmp / f"{cid}.log", "wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(tmp / f"{cid}.log", "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def test_torch_numpy_and_executorch_clients_learn_together(tmp_path: Path) -> None:

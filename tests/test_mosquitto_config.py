@@ -530,5 +530,6 @@ def test_a_simulation_runs_on_the_generated_broker_with_per_device_accounts(tmp_
     assert rc == 0
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert [(r["round"], r["updates"], r["rejected"]) for r in doc["rounds"]] == [(0, 2, 0)]
+    logs = "".join(f.read_text() for f in (tmp_path / "run" / "logs").glob("*.log"))  # one log per worker process
     for cid in ("hapt-01", "hapt-02"):
-        assert "stopped after 1 round(s)" in (tmp_path / "run" / "logs" / f"{cid}.log").read_text()
+        assert f"[{cid}] stopped after 1 round(s)" in logs
