@@ -31,24 +31,15 @@ import numpy as np
 from edge_client.backends.ala_backend import learn_ala_weights
 from edge_client.backends.base import TrainingBackend, make_backend, train
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, derive_seed
+from edge_client.trainer_common import RoundOutcome, derive_seed, stored_local_model
 from har_models import codec
 from har_models.arch import PARAM_NAMES, ArchSpec
+from har_models.labels import balanced_class_weights
 from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
 
 log = logging.getLogger("fedhar.client.trainer")
 
 Arrays = dict[str, np.ndarray]
-
-
-def balanced_class_weights(y: np.ndarray, n_classes: int) -> np.ndarray:
-    """w_c = n / (k * n_c) over the k classes present, 0 for absent ones (scikit-learn's "balanced"; FedDist)."""
-    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=n_classes).astype(np.float64)
-    present = counts > 0
-    w = np.zeros(n_classes)
-    if present.any():
-        w[present] = counts.sum() / (present.sum() * counts[present])
-    return w.astype(np.float32)
 
 
 def pad_like(local: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], fill: float | None = None) -> Arrays:
@@ -99,19 +90,10 @@ class BackendTrainer:
         return make_backend(self.backend_name, spec, dict(weights), **self.options)
 
     def _local_model(self, run_id: str, spec: ArchSpec, received: Mapping[str, np.ndarray]) -> Arrays | None:
-        if self.store.get_meta("run_id") != run_id:
-            self.store.forget_run_state()
+        found = stored_local_model(self.store, run_id, self.client_id)
+        if found is None:
             return None
-        loaded = self.store.load_local_model()
-        if loaded is None:
-            return None
-        arch_json, state = loaded
-        try:
-            old = ArchSpec.from_json(arch_json)
-            codec.check_tensors(old.shapes(), state)
-        except ValueError as exc:
-            log.error("[%s] stored local model is inconsistent (%s); using the received model", self.client_id, exc)
-            return None
+        old, state = found
         return pad_like(state, received) if old.shapes() != spec.shapes() else dict(state)
 
     def run_round(self, ann: RoundAnnouncement, received_np: Mapping[str, np.ndarray]) -> RoundOutcome:

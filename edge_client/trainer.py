@@ -18,7 +18,7 @@ import torch
 
 from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, derive_seed
+from edge_client.trainer_common import RoundOutcome, derive_seed, stored_local_model
 from har_models import codec
 from har_models.growth import pad_state_like
 from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
@@ -52,19 +52,10 @@ class LocalTrainer:
 
     def _local_model(self, run_id: str, spec: ArchSpec, received: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The previous local model of this run, padded to ``spec`` if the architecture grew."""
-        if self.store.get_meta("run_id") != run_id:
-            self.store.forget_run_state()  # a new run: nothing of the old one may leak in
+        found = stored_local_model(self.store, run_id, self.client_id)
+        if found is None:
             return None
-        loaded = self.store.load_local_model()
-        if loaded is None:
-            return None
-        arch_json, state = loaded
-        try:
-            old = ArchSpec.from_json(arch_json)
-            codec.check_tensors(old.shapes(), state)
-        except ValueError as exc:
-            log.error("[%s] stored local model is inconsistent (%s); using the received model", self.client_id, exc)
-            return None
+        old, state = found
         local = _to_torch(state)
         if old.shapes() != spec.shapes():
             local = pad_state_like(local, received)

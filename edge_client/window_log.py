@@ -250,16 +250,3 @@ def keep_mask_for_limit(y: np.ndarray, max_windows: int, n_classes: int) -> np.n
         keep[idx[: int(drop[cls])]] = False
     return keep
 
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class LabelSet:
@@ -63,3 +65,26 @@ REALWORLD_LABELS = LabelSet(
 
 LABEL_SETS = {ls.name: ls for ls in (HAPT_LABELS, REALWORLD_LABELS)}
 """Known label sets by name."""
+
+
+def balanced_class_weights(y: np.ndarray, n_classes: int) -> np.ndarray:
+    """Class weights w_c = n / (k * n_c) over the k classes present, 0 for absent classes.
+
+    This is scikit-learn's ``class_weight='balanced'``, which the FedDist authors apply
+    per client (Ek et al., PerCom 2021; algorithms.md section 3.7).
+
+    Parameters
+    ----------
+    y : array of shape (N,), int
+    n_classes : int
+
+    Returns
+    -------
+    ndarray of shape (n_classes,), float32
+    """
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    present = counts > 0
+    w = np.zeros(n_classes)
+    if present.any():
+        w[present] = counts.sum() / (present.sum() * counts[present])
+    return w.astype(np.float32)

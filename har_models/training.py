@@ -14,35 +14,15 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from har_models.labels import balanced_class_weights
 from har_models.metrics import confusion_matrix
 from har_models.model import ArchSpec, build_model, get_state
 from har_models.settings import LocalTraining
 from har_models.windowing import WindowSet
 
+__all__ = ["TrainConfig", "TrainResult", "balanced_class_weights", "evaluate", "make_loss", "predict", "train_local"]
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def balanced_class_weights(y: np.ndarray, n_classes: int) -> np.ndarray:
-    """Class weights w_c = n / (k * n_c) over the k classes present, 0 for absent classes.
-
-    This is scikit-learn's ``class_weight='balanced'``, which the FedDist authors apply
-    per client (Ek et al., PerCom 2021; algorithms.md section 3.7).
-
-    Parameters
-    ----------
-    y : array of shape (N,), int
-    n_classes : int
-
-    Returns
-    -------
-    ndarray of shape (n_classes,), float32
-    """
-    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=n_classes).astype(np.float64)
-    present = counts > 0
-    w = np.zeros(n_classes)
-    if present.any():
-        w[present] = counts.sum() / (present.sum() * counts[present])
-    return w.astype(np.float32)
 
 
 def make_loss(class_weights: np.ndarray | None) -> LossFn:
