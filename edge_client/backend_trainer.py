@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from edge_client.backends.ala_backend import learn_ala_weights
-from edge_client.backends.base import TrainingBackend, make_backend, train
+from edge_client.backends.base import TrainingBackend, train
+from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, derive_seed, stored_local_model
 from har_models import codec

@@ -88,7 +88,7 @@ def load_predictor(store: ClientStore, prefer: tuple[str, ...] = ("torch", "nump
         try:
             if name == "torch":
                 return TorchPredictor(arch_json, state)
-            from edge_client.backends.base import make_backend
+            from edge_client.backends.factory import make_backend
             from har_models.arch import ArchSpec
 
             spec = ArchSpec.from_json(arch_json)

@@ -8,9 +8,9 @@ from edge_client.backends.base import (
     TrainSummary,
     draw_dropout_masks,
     epoch_orders,
-    make_backend,
     train,
 )
+from edge_client.backends.factory import make_backend
 
 __all__ = [
     "BACKEND_NAMES",

@@ -409,36 +409,3 @@ def train(
             batch_losses.extend(float(v) for v in bl)
             steps += len(bl)
     return TrainSummary(tuple(losses), tuple(batch_losses), steps, time.perf_counter() - t0)
-
-
-def make_backend(name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, **options: object) -> TrainingBackend:
-    """The backend called ``name`` for ``spec``, loaded with ``weights`` if given.
-
-    Parameters
-    ----------
-    name : {"torch", "numpy", "executorch"}
-    spec : ArchSpec
-    weights : name -> ndarray, optional (default: the backend's deterministic init, seed 0)
-    **options
-        Passed to the backend's constructor (e.g. ``cache_dir`` and ``train_batch`` for ``"executorch"``).
-
-    Raises
-    ------
-    ValueError
-        On an unknown name (listing the known ones).
-    ImportError
-        If the backend's runtime (torch, executorch) is not installed.
-    """
-    if name == "numpy":
-        from edge_client.backends.numpy_ref import NumpyBackend
-
-        return NumpyBackend(spec, weights, **options)  # type: ignore[arg-type]
-    if name == "torch":
-        from edge_client.backends.torch_eager import TorchBackend
-
-        return TorchBackend(spec, weights, **options)  # type: ignore[arg-type]
-    if name == "executorch":
-        from edge_client.backends.executorch_rt import ExecuTorchBackend
-
-        return ExecuTorchBackend(spec, weights, **options)  # type: ignore[arg-type]
-    raise ValueError(f"make_backend: unknown backend {name!r}; choose one of {BACKEND_NAMES}")
