@@ -14,6 +14,9 @@ Usage (``fedhar-simulate --engine workers`` starts these)::
 where FILE holds a JSON list of ``fedhar-client`` argument lists. When a hosted client
 stops, its exit status is written to ``DIR/<client id>.exit`` so the launcher knows it is
 gone (a client that cannot train exits 3 there, like the command).
+
+:class:`HostedWorker` is the same host as an object, for ``fedhar-simulate --engine ray``,
+which runs one per Ray actor and asks it which clients stopped.
 """
 
 from __future__ import annotations
