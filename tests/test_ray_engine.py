@@ -158,7 +158,7 @@ def _kill_actor_when_round_opens(run_dir: Path, round_: int, stop: threading.Eve
 
 def test_a_killed_ray_actor_costs_its_clients_one_round_and_is_replaced(ray_cluster: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    stop, killed = threading.Event(), []
+    stop, killed = threading.Event(), list[int]()
     killer = threading.Thread(target=_kill_actor_when_round_opens, args=(run, 1, stop, killed), daemon=True)
     killer.start()
     try:
