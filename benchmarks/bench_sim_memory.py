@@ -8,7 +8,10 @@ broker, FedAvg) through ``benchmarks/sim_harness.py``, with HAPT subjects cut in
   ``peak_memory``: this process tree, sampled each second);
 - ``coord MB``: peak RSS of the coordinator process alone (``getrusage``; the broker and
   the workers are other processes);
-- ``round s``: mean duration of the rounds after round 0; ``wall s``: the whole command.
+- ``round s``: mean duration of the quiet rounds (after round 0 when there are any);
+  ``eval round s``: of the rounds in which the coordinator also evaluated every client's
+  model on the union test set (``--generalisation-every`` and the last round); ``wall s``:
+  the whole command.
 
 Baseline: the smallest N of the same model in the same invocation; ``xPSS`` and ``xcoord``
 are each row's figure over it. With a streaming aggregation the coordinator column stays
@@ -58,7 +61,11 @@ def row(run_dir: Path) -> dict[str, float | int | str]:
     """The figures of one finished run."""
     doc = json.loads((run_dir / "report.json").read_text())
     rounds = doc["rounds"]
-    later = [r["seconds"] for r in rounds if r["round"] >= 1] or [r["seconds"] for r in rounds]
+    # Quiet rounds: no generalisation evaluation (every client's model on the union test set, which the
+    # coordinator does every --generalisation-every rounds and in the last one); after round 0 when there are any.
+    quiet = [r for r in rounds if r.get("generalisation") is None]
+    quiet = [r for r in quiet if r["round"] >= 1] or quiet
+    evaluated = [r["seconds"] for r in rounds if r.get("generalisation") is not None]
     peak_file = run_dir / "coordinator_peak.json"
     coord = json.loads(peak_file.read_text())["coordinator_peak_rss_bytes"] / 2**20 if peak_file.exists() else float("nan")
     return {
@@ -66,7 +73,8 @@ def row(run_dir: Path) -> dict[str, float | int | str]:
         "model": f"F={rounds[0]['conv_filters']} H={rounds[0]['dense_units']}",
         "job_pss_mb": float(doc["peak_memory"]["peak_pss_mb"]),
         "coord_mb": coord,
-        "round_s": sum(later) / len(later),
+        "round_s": sum(r["seconds"] for r in quiet) / len(quiet) if quiet else float("nan"),
+        "eval_round_s": sum(evaluated) / len(evaluated) if evaluated else float("nan"),
         "wall_s": float(doc.get("wall_seconds", float("nan"))),
         "updates": f"{rounds[-1]['updates']}/{rounds[-1]['selected']}",
     }
@@ -82,7 +90,7 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, action="append", default=[], help="a finished run folder to add as a row")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders under this folder")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "" with --reuse: only re-tabulate
     base = args.keep or Path(tempfile.mkdtemp(prefix="bench-mem-"))
     rows = [row(d.resolve()) for d in args.reuse]
     for n in sizes:
@@ -96,13 +104,13 @@ def main() -> None:
         baseline.setdefault(str(r["model"]), r)
     print("\nsimulation memory (workers engine, FedAvg, HAPT; shards beyond 30 clients); baseline: smallest N of each model\n")
     print(f"{'clients':>7} {'model':>14} {'updates':>8} {'job PSS MB':>11} {'xPSS':>6} {'coord MB':>9} {'xcoord':>7} "
-          f"{'round s':>8} {'wall s':>7}")
+          f"{'round s':>8} {'eval round s':>13} {'wall s':>7}")
     summary = []
     for r in sorted(rows, key=lambda r: (str(r["model"]), r["clients"])):
         b = baseline[str(r["model"])]
         x_pss, x_coord = r["job_pss_mb"] / b["job_pss_mb"], r["coord_mb"] / b["coord_mb"]
         print(f"{r['clients']:>7} {r['model']:>14} {r['updates']:>8} {r['job_pss_mb']:>11.0f} {x_pss:>6.2f} {r['coord_mb']:>9.0f} "
-              f"{x_coord:>7.2f} {r['round_s']:>8.1f} {r['wall_s']:>7.0f}")
+              f"{x_coord:>7.2f} {r['round_s']:>8.1f} {r['eval_round_s']:>13.1f} {r['wall_s']:>7.0f}")
         tag = str(r["model"]).replace("F=", "f").replace(" H=", "h")
         summary += [f"job_pss_mb_{r['clients']}_{tag}={r['job_pss_mb']:.0f}", f"coord_x_{r['clients']}_{tag}={x_coord:.2f}"]
     print(" ".join(summary))
