@@ -103,9 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ENGINES,
         default="workers",
         help="host the clients as virtual clients in --workers processes (each client keeps its own MQTT connection, "
-        "id and state folder; they train one at a time per worker), or as one process per client (default workers)",
+        "id and state folder; they train one at a time per worker), as one process per client, or in --workers Ray actors "
+        "spread over the Ray cluster at --ray-address (default workers)",
     )
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes of the workers engine (default: cores)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (workers engine; default: cores) or Ray actors (ray engine; default: the cluster's CPUs "
+        "divided by --threads-per-client)",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="ray engine: the Ray cluster, HOST:PORT as `ray start --head` prints it, or auto. Clients must reach the broker "
+        "from every node: the embedded broker listens on loopback, so on a multi-machine cluster pass --broker HOST:PORT "
+        "of a Mosquitto that all nodes reach",
+    )
     ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process or worker (default 1)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     ap.add_argument("--no-progress", action="store_true")
@@ -210,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                 if getattr(args, opt):
                     cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
             client_argv[cid] = cmd
-        fleet = Fleet(client_argv, args.engine, args.workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT)
+        workers = args.workers if args.workers is not None else (0 if args.engine == "ray" else os.cpu_count() or 1)
+        fleet = Fleet(client_argv, args.engine, workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT,
+                      ray_address=args.ray_address)
         fleet.start()
         log.info("building the union test set for evaluation")
         evaluator = Evaluator(union_test_set(sources, seed=settings.split_seed))
@@ -228,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
             "clients": len(sources),
             "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
             "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
-            "engine": args.engine if args.engine == "processes" else f"workers ({min(args.workers, len(sources))} processes)",
+            "engine": fleet.describe(),
             "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
         }
+        if fleet.placement:
+            header["ray_workers"] = fleet.placement
         coord = Coordinator(
             cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=fleet.gone
         )

@@ -14,6 +14,9 @@ Usage (``fedhar-simulate --engine workers`` starts these)::
 where FILE holds a JSON list of ``fedhar-client`` argument lists. When a hosted client
 stops, its exit status is written to ``DIR/<client id>.exit`` so the launcher knows it is
 gone (a client that cannot train exits 3 there, like the command).
+
+:class:`HostedWorker` is the same host as an object, for ``fedhar-simulate --engine ray``,
+which runs one per Ray actor and asks it which clients stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
@@ -47,7 +51,12 @@ def _record_exit(status_dir: Path | None, cid: str, status: int) -> None:
             log.warning("cannot record the exit status of %s in %s: %s", cid, status_dir, exc)
 
 
-def host(client_argvs: list[list[str]], stop: threading.Event, status_dir: Path | None = None) -> int:
+def host(
+    client_argvs: list[list[str]],
+    stop: threading.Event,
+    status_dir: Path | None = None,
+    on_exit: Callable[[str, int], None] | None = None,
+) -> int:
     """Prepare and serve every client of ``client_argvs`` in threads until all stopped; 0 if all ended normally.
 
     Parameters
@@ -58,6 +67,8 @@ def host(client_argvs: list[list[str]], stop: threading.Event, status_dir: Path 
         Set to stop every client (SIGTERM/SIGINT do).
     status_dir : Path, optional
         Where each client's exit status is written as ``<client id>.exit``.
+    on_exit : callable (client id, exit status), optional
+        Called as each client stops (the Ray engine reports exits this way: its nodes share no folder).
     """
     lock = threading.Lock()
     statuses: dict[int, int] = {}
@@ -74,6 +85,8 @@ def host(client_argvs: list[list[str]], stop: threading.Event, status_dir: Path 
         finally:
             statuses[k] = status
             _record_exit(status_dir, _client_id(argv, k), status)
+            if on_exit is not None:
+                on_exit(_client_id(argv, k), status)
 
     for k, argv in enumerate(client_argvs):
         t = threading.Thread(target=run_one, args=(k, argv), name=f"client-{k}", daemon=True)
@@ -86,6 +99,67 @@ def host(client_argvs: list[list[str]], stop: threading.Event, status_dir: Path 
     if bad:
         log.warning("%d of %d hosted client(s) ended with a non-zero status", len(bad), len(client_argvs))
     return 0 if not bad else max(bad.values())
+
+
+class HostedWorker:
+    """One worker as a long-lived object: what a Ray actor of ``fedhar-simulate --engine ray`` runs.
+
+    The same :func:`host` as the worker process, driven by method calls instead of a
+    command line, so the launcher can ask a worker on another machine which clients
+    stopped (there is no shared status folder) and stop it. :meth:`run` blocks for the
+    whole run; the other methods are called from other threads meanwhile (the actor is
+    threaded), so they only touch a lock-guarded dict and an event.
+
+    Parameters
+    ----------
+    name : str
+        The worker's name (``worker-<k>``), used in its log.
+    threads : int
+        PyTorch CPU threads of this process (as ``--threads``); 0 leaves PyTorch's default.
+    """
+
+    def __init__(self, name: str, threads: int) -> None:
+        self.name = name
+        self._stop = threading.Event()
+        self._exits: dict[str, int] = {}
+        self._lock = threading.Lock()
+        if threads > 0:
+            import torch
+
+            torch.set_num_threads(threads)
+
+    def _on_exit(self, cid: str, status: int) -> None:
+        with self._lock:
+            self._exits[cid] = status
+
+    def run(self, client_argvs: list[list[str]], log_file: str, log_level: str = "INFO") -> int:
+        """Host ``client_argvs`` (one ``fedhar-client`` argument list each) until all stopped; :func:`host`'s status.
+
+        ``log_file`` is created on the node this runs on (its folder too): the worker's and
+        its clients' log lines go there.
+        """
+        path = Path(log_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(log_level)
+        try:
+            log.info("%s hosting %d client(s)", self.name, len(client_argvs))
+            return host(client_argvs, self._stop, on_exit=self._on_exit)
+        finally:
+            root.removeHandler(handler)
+            handler.close()
+
+    def exited(self) -> dict[str, int]:
+        """Exit status of each hosted client that stopped so far, by client id."""
+        with self._lock:
+            return dict(self._exits)
+
+    def stop(self) -> None:
+        """Ask every hosted client to stop (what SIGTERM does to a worker process)."""
+        self._stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:
