@@ -132,15 +132,15 @@ class Exchange:
 
 
 def published_models(fed: Federation) -> Callable[[str], Mapping[str, Any]]:
-    """Client id -> the model an exchange opened now publishes to it: P_i if it has one, else G.
+    """Client id -> the model published to it for the open exchange: P_i if it has one, else G.
 
-    The same choice the service makes when it publishes models; the states are captured
-    now, so a later aggregation or growth that replaces them does not change the answer.
+    The same choice the service makes when it publishes models. The states are looked up
+    when asked, not copied: they change only between exchanges (aggregation, growth), and
+    a closed exchange validates nothing, so holding no snapshot costs no memory.
     """
-    global_state, personal = fed.global_state, dict(fed.personal)
 
     def reference(cid: str) -> Mapping[str, Any]:
-        return personal.get(cid, global_state)
+        return fed.personal.get(cid, fed.global_state)
 
     return reference
 

@@ -229,8 +229,10 @@ def test_published_models_give_each_client_its_own_reference():
     p = init_state(SPEC, 9)
     fed = Federation(SPEC, SPEC, g, {"c2": p})
     ref = published_models(fed)
-    fed.global_state, fed.personal = init_state(SPEC, 3), {}  # replaced after the exchange opened: no effect
     assert ref("c1") is g and ref("c2") is p
+    grown = init_state(SPEC, 3)
+    fed.global_state = grown  # a FedDist intermediate stage publishes the grown G
+    assert ref("c1") is grown and ref("c2") is p
 
 
 # ------------------------------------------------------------------------------------ settings
