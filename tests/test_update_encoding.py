@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from coordinator import simulate
 from coordinator.config import CoordinatorConfig
@@ -335,3 +336,23 @@ def test_a_federation_in_int8_deltas_sends_a_quarter_of_the_bytes(tmp_path):
         assert 0.22 < ratio < 0.32, ratio  # 1/4 plus the metadata both carry
     f1 = [d["final"]["global"]["macro_f1"] for d in (docs["float32"], docs["int8_delta"])]
     assert all(0.0 <= v <= 1.0 for v in f1)
+
+
+def test_feddwa_personal_models_and_guidance_travel_as_int8_deltas(tmp_path):
+    # From round 1 on, each client starts from its personalised model P_i, and its deltas are
+    # against P_i: rebuilt against anything else (G, say), the models would drift apart by P_i - G.
+    models = {}
+    for encoding in ("float32", "int8_delta"):
+        run = tmp_path / encoding
+        argv = [*SMALL, "--aggregation", "feddwa", "--update-encoding", encoding, "--run-dir", str(run), "--run-id", "dwa"]
+        assert simulate.main(argv) == 0
+        doc = json.loads((run / "report.json").read_text())
+        assert [(r["updates"], r["rejected"], r["missing"]) for r in doc["rounds"]] == [(3, 0, [])] * 3
+        models[encoding] = {p.relative_to(run): load_file(p) for p in sorted((run / "models").rglob("*.safetensors"))}
+    assert set(models["float32"]) == set(models["int8_delta"]) and any("personal" in str(p) for p in models["float32"])
+    # Measured at this size: at most 1.2 % of a tensor's largest value apart; with G as every
+    # client's reference, 8.5 %.
+    for path, a in models["float32"].items():
+        b = models["int8_delta"][path]
+        for k in a:
+            assert np.abs(a[k] - b[k]).max() <= 0.03 * np.abs(a[k]).max(), (path, k)
