@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from har_io.mqtt_link import BrokerConfig
+from har_models.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
 from har_models.splits import DEFAULT_SPLIT_SEED
 from har_models.topics import check_client_id
@@ -79,6 +80,9 @@ class CoordinatorConfig:
         in the last round); it costs one full evaluation per client. 0 = last round only.
     max_update_bytes : int
         Largest update envelope accepted (bytes).
+    update_encoding : {"float32", "float16", "int8_delta"}
+        How clients encode their updates (:mod:`har_models.update_encoding`); float32,
+        the default, sends the trained tensors as they are.
     resume : bool
         Continue the run found in ``run_dir`` after its last completed round.
     """
@@ -136,6 +140,14 @@ class CoordinatorConfig:
         default=5, metadata=doc("rounds between generalisation evaluations (0 = last only)", "rounds")
     )
     max_update_bytes: int = field(default=512 * 1024 * 1024, metadata=doc("largest update envelope accepted", "bytes"))
+    update_encoding: str = field(
+        default=DEFAULT_UPDATE_ENCODING,
+        metadata=doc(
+            "how clients encode their updates: float32 as trained, float16, or int8_delta (8-bit deltas against the "
+            "received model, one scale per tensor, error feedback)",
+            choices=UPDATE_ENCODINGS,
+        ),
+    )
     resume: bool = field(default=False, metadata=doc("continue the run in run_dir after its last completed round", cli=False))
 
     def __post_init__(self) -> None:
@@ -150,6 +162,7 @@ class CoordinatorConfig:
             ("client_init", CLIENT_INITS),
             ("feddist_mode", GROWTH_MODES),
             ("class_weights", ("balanced", "none")),
+            ("update_encoding", UPDATE_ENCODINGS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ def base_plan(cfg: CoordinatorConfig) -> TrainingPlan:
         class_weights=cfg.class_weights,
         seed=cfg.seed,
         ala=cfg.ala_plan(),
+        update_encoding=cfg.update_encoding,
     )
 
 
@@ -82,6 +83,9 @@ class Exchange:
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int
         Bytes of valid updates received and of models published for this exchange.
+    reference : callable client id -> state, optional
+        The model published to each client for this exchange (see :func:`published_models`):
+        what int8_delta updates are deltas against.
     """
 
     round: int
@@ -94,6 +98,7 @@ class Exchange:
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
+    reference: Callable[[str], Mapping[str, Any]] | None = None
 
     def add(self, update: ClientUpdate) -> bool:
         """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
@@ -124,6 +129,20 @@ class Exchange:
     def n_rejected(self) -> int:
         """Invalid messages in this exchange (each counted once)."""
         return sum(self.rejected.values())
+
+
+def published_models(fed: Federation) -> Callable[[str], Mapping[str, Any]]:
+    """Client id -> the model published to it for the open exchange: P_i if it has one, else G.
+
+    The same choice the service makes when it publishes models. The states are looked up
+    when asked, not copied: they change only between exchanges (aggregation, growth), and
+    a closed exchange validates nothing, so holding no snapshot costs no memory.
+    """
+
+    def reference(cid: str) -> Mapping[str, Any]:
+        return fed.personal.get(cid, fed.global_state)
+
+    return reference
 
 
 def check_quorum(results: Sequence[ClientUpdate], failures: Sequence[Failure], min_clients: int) -> str | None:

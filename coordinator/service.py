@@ -34,7 +34,7 @@ from coordinator.evaluation import Evaluator
 from coordinator.presence import Presence
 from coordinator.receipts import ReceiptDesk
 from coordinator.report import write_report
-from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
+from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
 from coordinator.state import RunState
 from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
@@ -205,6 +205,7 @@ class Coordinator:
                 want_guidance=c.guidance,
                 max_bytes=self.cfg.max_update_bytes,
                 reported_n_train=status.n_train if status is not None else None,
+                reference=c.reference(cid) if c.reference is not None else None,
             )
         except UpdateRejected as exc:
             self._reject(cid, exc.reason, str(exc))
@@ -392,7 +393,9 @@ class Coordinator:
             stage=stage,
             attempt=self.attempt,
         )
-        c = self._collect = Exchange(round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down)
+        c = self._collect = Exchange(
+            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(self.fed)
+        )
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
         self._link.publish(self.topics.round, ann.to_bytes(), retain=True)

@@ -19,6 +19,7 @@ import torch
 from har_models import codec
 from har_models.messages import GUIDANCE_PREFIX, check_count
 from har_models.model import ArchSpec
+from har_models.update_encoding import decode_update
 
 
 class UpdateRejected(ValueError):
@@ -117,6 +118,7 @@ def validate_update(
     want_guidance: bool,
     max_bytes: int | None = None,
     reported_n_train: int | None = None,
+    reference: Mapping[str, Any] | None = None,
 ) -> ClientUpdate:
     """Decode and check one update envelope.
 
@@ -138,6 +140,10 @@ def validate_update(
     reported_n_train : int, optional
         Training windows the client's status announced; an update claiming more is refused
         (``bad_metrics``), so no device can outweigh the others by its word alone.
+    reference : mapping name -> tensor, optional
+        The model published to this client for this exchange (its P_i, else G; for a
+        FedDist intermediate stage the grown G). int8_delta updates are deltas against it
+        (:func:`har_models.update_encoding.decode_update`); without it they are refused.
 
     Returns
     -------
@@ -149,8 +155,8 @@ def validate_update(
         ``reason`` is the envelope error's code (``sha256_mismatch``, ``truncated``,
         ``unknown_version``, ``non_finite``, ...) or one of ``wrong_kind``,
         ``client_mismatch``, ``not_selected``, ``wrong_run``, ``stale_round``,
-        ``future_round``, ``stale_stage``, ``wrong_arch_version``, ``wrong_tensors``,
-        ``missing_guidance``, ``bad_metrics``.
+        ``future_round``, ``stale_stage``, ``wrong_arch_version``, ``unknown_encoding``,
+        ``bad_encoding``, ``wrong_tensors``, ``missing_guidance``, ``bad_metrics``.
     """
     try:
         env = codec.decode(data, max_bytes=max_bytes)
@@ -175,8 +181,12 @@ def validate_update(
             "wrong_arch_version", f"update has architecture v{env.arch_version}, the current one is v{spec.version}"
         )
     shapes = spec.shapes()
-    trained = {k: v for k, v in env.tensors.items() if not k.startswith(GUIDANCE_PREFIX)}
-    guided = {k[len(GUIDANCE_PREFIX) :]: v for k, v in env.tensors.items() if k.startswith(GUIDANCE_PREFIX)}
+    try:
+        tensors = decode_update(env.tensors, meta, reference)
+    except codec.EnvelopeError as exc:
+        raise UpdateRejected(exc.reason, str(exc)) from None
+    trained = {k: v for k, v in tensors.items() if not k.startswith(GUIDANCE_PREFIX)}
+    guided = {k[len(GUIDANCE_PREFIX) :]: v for k, v in tensors.items() if k.startswith(GUIDANCE_PREFIX)}
     try:
         codec.check_tensors(shapes, trained)
         if want_guidance:

@@ -32,7 +32,7 @@ from edge_client.backends.ala_backend import learn_ala_weights
 from edge_client.backends.base import TrainingBackend, train
 from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, derive_seed, stored_local_model
+from edge_client.trainer_common import RoundOutcome, derive_seed, encode_for_upload, stored_local_model
 from har_models import codec
 from har_models.arch import PARAM_NAMES, ArchSpec
 from har_models.labels import balanced_class_weights
@@ -164,7 +164,9 @@ class BackendTrainer:
             "backend": self.backend_name,
             "confusion": {"received": cm(cm_received), "initial": cm(cm_init), "trained": cm(cm_trained)},
         }
-        envelope = codec.encode(tensors, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta)
+        arrays, encoding_meta = encode_for_upload(self.store, ann, tensors, received)
+        meta.update(encoding_meta)
+        envelope = codec.encode(arrays, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta)
         acc = {
             k: (float(np.trace(m) / m.sum()) if m is not None and m.sum() else None)
             for k, m in (("received", cm_received), ("initial", cm_init), ("trained", cm_trained))

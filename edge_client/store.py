@@ -280,8 +280,8 @@ class ClientStore:
             return None
 
     def forget_run_state(self) -> None:
-        """Drop the local model, FedALA state and last update (a new run starts); windows stay."""
-        for name in ("local_model.safetensors", "ala_state.safetensors", "last_update.bin"):
+        """Drop the local model, FedALA state, update-encoding residual and last update (a new run starts); windows stay."""
+        for name in ("local_model.safetensors", "ala_state.safetensors", "encoding_residual.safetensors", "last_update.bin"):
             (self.folder / name).unlink(missing_ok=True)
         for key in ("run_id", "last_update"):
             with self._lock, self._db:

@@ -18,7 +18,7 @@ import torch
 
 from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, derive_seed, stored_local_model
+from edge_client.trainer_common import RoundOutcome, derive_seed, encode_for_upload, stored_local_model
 from har_models import codec
 from har_models.growth import pad_state_like
 from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
@@ -162,8 +162,10 @@ class LocalTrainer:
             "ala": ala_note,
             "confusion": {"received": cm(cm_received), "initial": cm(cm_init), "trained": cm(cm_trained)},
         }
+        arrays, encoding_meta = encode_for_upload(self.store, ann, tensors, received_np)
+        meta.update(encoding_meta)
         envelope = codec.encode(
-            tensors, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta
+            arrays, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta
         )
         acc = {
             k: (float(np.trace(m) / m.sum()) if m is not None and m.sum() else None)

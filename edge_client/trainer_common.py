@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,6 +14,10 @@ from edge_client.store import ClientStore
 from har_models import codec
 from har_models.arch import ArchSpec
 from har_models.messages import RoundAnnouncement
+from har_models.update_encoding import encode_update
+
+RESIDUAL_NAME = "encoding_residual"
+"""Store name of int8_delta's error-feedback residual (:meth:`ClientStore.save_tensors`)."""
 
 log = logging.getLogger("fedhar.client.trainer")
 
@@ -67,3 +72,54 @@ def stored_local_model(store: ClientStore, run_id: str, client_id: str) -> tuple
         log.error("[%s] stored local model is inconsistent (%s); using the received model", client_id, exc)
         return None
     return old, state
+
+
+def encode_for_upload(
+    store: ClientStore, ann: RoundAnnouncement, tensors: Mapping[str, Any], received: Mapping[str, np.ndarray]
+) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    """Apply the plan's update encoding to an update's tensors, keeping int8_delta's residual in ``store``.
+
+    Parameters
+    ----------
+    store : ClientStore
+        Holds the residual e under :data:`RESIDUAL_NAME`, tagged with the run id: a residual
+        of another run is ignored (and :meth:`ClientStore.forget_run_state` deletes it).
+    ann : RoundAnnouncement
+        ``ann.plan.update_encoding`` chooses the encoding.
+    tensors : mapping name -> array or torch tensor
+        The update's tensors (trained model, ``guidance/`` tensors).
+    received : mapping name -> float32 array
+        The model received in this exchange, as decoded from its envelope.
+
+    Returns
+    -------
+    arrays : mapping name -> array
+        For float32, ``tensors`` itself (the envelope stays byte for byte as without encodings).
+    meta : dict
+        Fields to add to the envelope metadata (``{}`` for float32).
+
+    Raises
+    ------
+    ValueError
+        From :func:`har_models.update_encoding.encode_update` (a value beyond float16, a
+        tensor the received model lacks); the caller skips the round as for any bad input.
+
+    Notes
+    -----
+    The residual is saved when the update is built. If the upload is then lost, the next
+    delta still carries e' (at most half a quantisation step per element): a small
+    correction the coordinator never needed, not an error that grows.
+    """
+    encoding = ann.plan.update_encoding
+    if encoding == "float32":
+        return tensors, {}
+    residual: dict[str, np.ndarray] = {}
+    if encoding == "int8_delta":
+        loaded = store.load_tensors(RESIDUAL_NAME)
+        if loaded is not None and loaded[1].get("run_id") == ann.run_id:
+            residual = loaded[0]
+    plain = {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)) for k, v in tensors.items()}
+    arrays, meta, new_residual = encode_update(plain, received, encoding, residual)
+    if encoding == "int8_delta":
+        store.save_tensors(RESIDUAL_NAME, new_residual, {"run_id": ann.run_id, "round": ann.round, "stage": ann.stage})
+    return arrays, meta

@@ -31,6 +31,12 @@ def check_count(value: Any, what: str) -> int:
 GUIDANCE_PREFIX = "guidance/"
 """Name prefix of the FedDWA guidance model's tensors inside an update envelope."""
 
+UPDATE_ENCODINGS = ("float32", "float16", "int8_delta")
+"""Encodings a client may upload its update in (:mod:`har_models.update_encoding` implements them)."""
+
+DEFAULT_UPDATE_ENCODING = "float32"
+"""The encoding of an envelope whose metadata names none (every envelope before encodings existed)."""
+
 
 class MessageError(ValueError):
     """A JSON control message that must be ignored (malformed or of another protocol)."""
@@ -76,6 +82,8 @@ class TrainingPlan:
         Base seed; each client derives its own from it, its id and the round.
     ala : dict
         FedALA settings (eta, rand_percent, layer_idx, threshold, num_pre_loss, max_passes).
+    update_encoding : {"float32", "float16", "int8_delta"}
+        How the client encodes its update (:mod:`har_models.update_encoding`).
     """
 
     local_epochs: int = LocalTraining.local_epochs
@@ -89,6 +97,7 @@ class TrainingPlan:
     class_weights: str = LocalTraining.class_weights
     seed: int = 1
     ala: dict[str, Any] = field(default_factory=dict)
+    update_encoding: str = DEFAULT_UPDATE_ENCODING
 
     def __post_init__(self) -> None:
         if self.local_epochs < 0 or self.batch_size <= 0 or not (self.lr >= 0) or not (self.prox_mu >= 0):
@@ -100,6 +109,8 @@ class TrainingPlan:
             raise ValueError(f"TrainingPlan.client_init must be 'overwrite' or 'ala', got {self.client_init!r}")
         if self.class_weights not in ("balanced", "none"):
             raise ValueError(f"TrainingPlan.class_weights must be 'balanced' or 'none', got {self.class_weights!r}")
+        if self.update_encoding not in UPDATE_ENCODINGS:
+            raise ValueError(f"TrainingPlan.update_encoding must be one of {UPDATE_ENCODINGS}, got {self.update_encoding!r:.40}")
         object.__setattr__(self, "keep_local", tuple(self.keep_local))
         object.__setattr__(self, "frozen", tuple(self.frozen))
         # Checked here, where the plan enters a client, so that a mistyped key is refused
@@ -184,6 +195,9 @@ class RoundAnnouncement:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
         d["selected"] = list(self.selected)
+        if d["plan"]["update_encoding"] == DEFAULT_UPDATE_ENCODING:
+            # Left out when it is the default, so clients built before encodings existed still take the plan.
+            del d["plan"]["update_encoding"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
