@@ -47,7 +47,7 @@ class ReceiptDesk:
         topics: Topics,
         run_id: str,
         reassembler: Reassembler,
-        resend_after_s: float = 3.0,
+        resend_after_s: float = 15.0,
         reack_every_s: float = 2.0,
     ):
         self.link = link

@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             broker = broker_from_args(args)
         else:
             broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
-            broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes)
+            # The embedded broker speaks MQTT 3.1.1 only: no one tries MQTT 5 against it.
+            broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes,
+                                  mqtt_version="3.1.1")  # fmt: skip
         federation = args.federation or run_id
         client_argv: dict[str, list[str]] = {}
         for cid, text in sources.items():
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.max_message_bytes),
                 "--split-seed",
                 str(settings.split_seed),
+                "--mqtt-version",
+                broker.mqtt_version,
             ]
             if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
                 cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]

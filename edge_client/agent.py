@@ -98,7 +98,7 @@ class ClientConfig:
     backend: str = "torch"
     program_cache: str | None = None
     status_refresh_s: float = 30.0
-    receipt_wait_s: float = 10.0
+    receipt_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         check_client_id(self.client_id)
