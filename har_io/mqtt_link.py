@@ -383,6 +383,11 @@ class MqttLink:
         while True:
             c = self._client
             c.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, clean_start=True)
+            # paho writes a publish straight to the socket from the caller's thread when it
+            # believes no network thread runs (``_thread is None``), which is what ``loop_start``
+            # would set. This thread is that network thread: say so, or two threads write to one
+            # socket and interleave their bytes under load (corrupt chunks, garbled sessions).
+            c._thread = threading.current_thread()
             try:
                 c.loop_forever(retry_first_connection=True)
             except Exception as exc:  # paho raises only on programming errors; never die silently
