@@ -407,23 +407,40 @@ def plot_clients(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
     return path
 
 
-def best_global_confusion(cells: Sequence[Cell], out: Path, s: StudySettings, split: str) -> tuple[Cell, int, np.ndarray] | None:
-    """Confusion matrix (C, C) of the best global model of a split: the federated cell and round with the
-    highest global macro-F1, its saved weights (``models/rNNNN/global.safetensors``) on the union test set."""
-    best: tuple[float, Cell, int] | None = None
+def best_global_confusion(
+    cells: Sequence[Cell], out: Path, s: StudySettings, split: str
+) -> tuple[Cell, int, np.ndarray, bool] | None:
+    """Confusion matrix (C, C) of the best global model of a split, recomputed on the union test set.
+
+    The federated cell with the highest best-round global macro-F1 is taken; the
+    coordinator keeps the models of its last two completed rounds only
+    (``models/rNNNN/global.safetensors``), so the matrix is of the best round when its
+    model is still on disk, else of the kept round with the highest global macro-F1.
+
+    Returns
+    -------
+    (cell, round, confusion matrix, whether it is the best round), or None when no model is on disk.
+    """
+    best: tuple[float, Cell, dict[str, Any]] | None = None
     for c in cells:
         doc = finished(c.folder(out))
         if c.split != split or doc is None or c.strategy in BASELINES:
             continue
         b = ((doc.get("best") or {}).get("global") or {}).get("macro_f1") or {}
         if b.get("value") is not None and (best is None or b["value"] > best[0]):
-            best = (float(b["value"]), c, int(b["round"]))
+            best = (float(b["value"]), c, doc)
     if best is None:
         return None
-    _, cell, rnd = best
-    path = cell.folder(out) / "models" / f"r{rnd:04d}" / "global.safetensors"
-    if not path.is_file():
+    _, cell, doc = best
+    kept = []
+    for r in doc["rounds"]:
+        path = cell.folder(out) / "models" / f"r{int(r['round']):04d}" / "global.safetensors"
+        f1 = (r.get("global") or {}).get("macro_f1")
+        if path.is_file() and f1 is not None:
+            kept.append((float(f1), int(r["round"]), path))
+    if not kept:
         return None
+    _, rnd, path = max(kept)
     from coordinator.state import load_state_file
     from har_models.splits import SplitSpec
     from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
@@ -434,7 +451,7 @@ def best_global_confusion(cells: Sequence[Cell], out: Path, s: StudySettings, sp
         sources = dict(list(sources.items())[: s.clients])
     union = union_test_set(sources, split=SplitSpec.parse(split, seed=s.split_seed))
     spec, state = load_state_file(path)
-    return cell, rnd, evaluate(spec, state, union)
+    return cell, rnd, evaluate(spec, state, union), rnd == doc["best"]["global"]["macro_f1"]["round"]
 
 
 def plot_confusion(cm: np.ndarray, labels: Sequence[str], title: str, path: Path) -> Path:
@@ -476,8 +493,9 @@ def write_outputs(cells: Sequence[Cell], s: StudySettings, out: Path, results: P
                 plots.append(p)
         found = best_global_confusion(cells, out, s, split)
         if found is not None:
-            cell, rnd, cm = found
-            title = f"split {split}: best global model, {cell.strategy} seed {cell.seed} round {rnd}"
+            cell, rnd, cm, is_best = found
+            which = "best global model" if is_best else "best kept global model (the best round's was not kept)"
+            title = f"split {split}: {which}, {cell.strategy} seed {cell.seed} round {rnd}"
             plots.append(plot_confusion(cm, labels, title, out / f"confusion-{split.replace('+', '-')}.png"))
             notes.append(f"Confusion matrix ({split}): {title}; {int(cm.sum())} union test windows.")
     w = plot_widths(cells, out)
