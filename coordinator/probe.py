@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     for lr, e, (srv, eta, beta) in itertools.product(lrs, eps, servers):
         p = ProbeSetting(lr, e, max(1, args.max_epochs // e), srv, eta, beta)
         results.append((p, run_setting(clients, p, args.conv_filters, args.dense_units, args.seed)))
+        if args.json is not None:  # after every setting, so a stopped search keeps what it measured
+            args.json.write_text(json.dumps({"split": split.text, "wall_seconds": time.monotonic() - t0,
+                                             "curves": [{"setting": asdict(q), "rows": r} for q, r in results]}, indent=2))
     best, rounds, row = choose(results, args.max_epochs)
     wall = time.monotonic() - t0
     if args.json is not None:
