@@ -494,10 +494,10 @@ def write_outputs(cells: Sequence[Cell], s: StudySettings, out: Path, results: P
         found = best_global_confusion(cells, out, s, split)
         if found is not None:
             cell, rnd, cm, is_best = found
-            which = "best global model" if is_best else "best kept global model (the best round's was not kept)"
+            which = "best global model" if is_best else "best kept global model\n(the best round's model was not kept)"
             title = f"split {split}: {which}, {cell.strategy} seed {cell.seed} round {rnd}"
             plots.append(plot_confusion(cm, labels, title, out / f"confusion-{split.replace('+', '-')}.png"))
-            notes.append(f"Confusion matrix ({split}): {title}; {int(cm.sum())} union test windows.")
+            notes.append(f"Confusion matrix ({split}): {title.replace(chr(10), ' ')}; {int(cm.sum())} union test windows.")
     w = plot_widths(cells, out)
     if w is not None:
         plots.append(w)
