@@ -200,10 +200,18 @@ class ServerOptStrategy(Strategy):
             self.m = {k: _fit(self.m[k], x_t[k].shape, 0.0) for k in x_t}
         if self.v is not None:
             self.v = {k: _fit(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
+        v_new: State | None = None
         if self.rule == "avgm":
-            x_new, self.m = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
+            x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
         else:
-            x_new, self.m, self.v = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
+            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
+        bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
+        if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
+            raise ValueError(
+                f"{self.name}: the server step gave non-finite values in {bad[:3]}; lower the client lr or the "
+                f"server lr/momentum (eta={self.eta}, beta={self.beta})"
+            )
+        self.m, self.v = m_new, v_new if v_new is not None else self.v
         return Aggregate(x_new, {}, None, [u.client_id for u in used])
 
     def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:

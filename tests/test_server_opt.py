@@ -113,3 +113,12 @@ def test_registry_and_settings_know_the_server_optimisers():
     assert make_server_opt("fedavgm").eta == 1.0 and make_server_opt("fedadam").eta == 0.01
     with pytest.raises(ValueError, match="unknown server optimiser"):
         make_server_opt("fedsgd")
+
+
+def test_a_diverged_step_is_refused_and_leaves_the_moments_alone():
+    opt = make_server_opt("fedavgm")
+    opt.aggregate_fit(0, _fed(_t(1.0, 2.0)), [_upd("a", 1, _t(0.5, 3.0))])
+    before = opt.optimizer_state()
+    with pytest.raises(ValueError, match="non-finite"):
+        opt.aggregate_fit(1, _fed(_t(0.5, 3.0)), [_upd("a", 1, _t(float("inf"), 3.0))])
+    assert all(torch.equal(before[k], v) for k, v in opt.optimizer_state().items())
