@@ -31,7 +31,7 @@ from coordinator.report import write_report
 from har_models.metrics import mean_over_clients, summarise
 from har_models.model import ArchSpec, init_state
 from har_models.settings import LocalTraining
-from har_models.splits import DEFAULT_SPLIT_SEED
+from har_models.splits import DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
@@ -39,9 +39,13 @@ from har_models.windowing import ChannelStats, WindowSet
 log = logging.getLogger("fedhar.baselines")
 
 
-def load_subjects(sources: dict[str, str], seed: int = DEFAULT_SPLIT_SEED) -> dict[str, tuple[WindowSet, WindowSet]]:
-    """``client id -> (train, test)`` for every subject, split as the clients split."""
-    return {cid: split(load_windows(parse_source(text)), seed) for cid, text in sources.items()}
+def load_subjects(
+    sources: dict[str, str], seed: int = DEFAULT_SPLIT_SEED, *, spec: SplitSpec | None = None
+) -> dict[str, tuple[WindowSet, WindowSet]]:
+    """``client id -> (train, test)`` for every subject, split as the clients split (``spec``, else the paper's with ``seed``)."""
+    if spec is None:
+        return {cid: split(load_windows(parse_source(text)), seed) for cid, text in sources.items()}
+    return {cid: parse_source(text, spec).train_test() for cid, text in sources.items()}
 
 
 def _spec(subjects: dict[str, tuple[WindowSet, WindowSet]], conv_filters: int, dense_units: int) -> ArchSpec:
@@ -148,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--split-seed", type=int, default=defaults.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
     )
+    ap.add_argument(
+        "--split", default="paper", help="paper | blocks, optionally +label_skew, as the clients' (default %(default)s)"
+    )
     ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
@@ -165,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
-    subjects = load_subjects(sources, seed=args.split_seed)
+    try:
+        spec = SplitSpec.parse(args.split, seed=args.split_seed)
+    except ValueError as exc:
+        print(f"fedhar-baseline: {exc}", file=sys.stderr)
+        return 2
+    subjects = load_subjects(sources, spec=spec)
     fn = centralised if args.mode == "centralised" else local_only
     t0 = time.monotonic()
     rows = fn(
@@ -179,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": len(subjects),
         "strategy": args.mode,
         "seed": args.seed,
+        "split": spec.text,
         "wall_seconds": round(time.monotonic() - t0, 1),
         "command": "fedhar-baseline " + " ".join(argv if argv is not None else sys.argv[1:]),
     }

@@ -12,7 +12,7 @@ from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_
 from har_models.splits import DEFAULT_SPLIT_SEED
 from har_models.topics import check_client_id
 
-AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa")
+AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi")
 GROWTHS = ("none", "feddist")
 CLIENT_INITS = ("overwrite", "ala")
 GROWTH_MODES = ("auto", "paper", "function_preserving")
@@ -55,7 +55,7 @@ class CoordinatorConfig:
         the same one.
     local_epochs, lr, batch_size, class_weights :
         Local training (FedDist: E = 5, lr 0.01, batch 32, balanced class weights).
-    aggregation : {"fedavg", "fedprox", "fedper", "feddwa"}
+    aggregation : {"fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi"}
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
     prox_mu : float

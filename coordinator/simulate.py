@@ -31,6 +31,7 @@ from coordinator.fleet import ENGINES, Fleet
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
+from har_models.splits import SplitSpec
 from har_models.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 
 log = logging.getLogger("fedhar.simulate")
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt", help="dataset to replay (default hapt)")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
+    ap.add_argument(
+        "--split",
+        default="paper",
+        help="every client's train/test split, also used for the union test set: paper (FedDist, random, leaky) or "
+        "blocks (leak-free contiguous blocks with a gap), optionally +label_skew (each client keeps 2-3 classes) "
+        "(default %(default)s)",
+    )
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
     ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
     ap.add_argument(
@@ -161,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, opt, str(Path(getattr(args, opt)).resolve()))
     try:
         settings = config_from_args(args, run_dir=Path("."))
+        split = SplitSpec.parse(args.split, seed=settings.split_seed)
     except ValueError as exc:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 2
@@ -221,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(settings.split_seed),
                 "--mqtt-version",
                 broker.mqtt_version,
+                "--split",
+                split.text,
             ]
             if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
                 cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
@@ -233,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                       ray_address=args.ray_address)
         fleet.start()
         log.info("building the union test set for evaluation")
-        evaluator = Evaluator(union_test_set(sources, seed=settings.split_seed))
+        evaluator = Evaluator(union_test_set(sources, split=split))
         cfg = replace(
             settings,
             run_dir=run_dir,
@@ -249,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
             "broker": "external " + args.broker if args.broker else "embedded amqtt (MQTT 3.1.1, loopback)",
             "engine": fleet.describe(),
+            "split": f"{split.text} (seed {split.seed}, test fraction {split.test_fraction})",
             "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
         }
         if fleet.placement:

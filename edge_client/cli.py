@@ -14,7 +14,7 @@ from pathlib import Path
 
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
-from edge_client.sources import ingest_source
+from edge_client.split_ingest import ingest_split_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_SPLIT_SEED,
         help="seed of the stratified 80/20 train/test split; the coordinator must use the same (default %(default)s)",
+    )
+    ap.add_argument(
+        "--split",
+        default="paper",
+        help="train/test split of a replayed source: paper (FedDist, random, leaky) or blocks (leak-free), "
+        "optionally +label_skew (keep 2-3 classes); the coordinator must use the same (default %(default)s)",
     )
     ap.add_argument(
         "--replay-speed",
@@ -107,7 +113,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             backend=args.backend,
             program_cache=args.program_cache,
         )
-        split = SplitSpec(seed=args.split_seed)
+        split = SplitSpec.parse(args.split, seed=args.split_seed)
         source = None if args.source.startswith("recorded:") else parse_source(args.source, split)
         labels = recorded_labels(args.source) if source is None else source.labels
     except (ValueError, OSError) as exc:
@@ -125,7 +131,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
             n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
         else:
-            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
+            n_train, n_test = ingest_split_source(store, source, speed=args.replay_speed)
     except (ValueError, OSError) as exc:
         store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)

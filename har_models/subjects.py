@@ -74,6 +74,11 @@ class SubjectSource:
         """Key under which a client's store keeps this source's windows: files, settings and split."""
         return self.fingerprint() + self.split.tag()
 
+    @property
+    def name(self) -> str:
+        """The subject's name, the same on every machine: ``user01`` (HAPT file stem) or ``proband3``."""
+        return self.path.stem if self.kind == "hapt" else self.subject
+
     def with_split(self, split: SplitSpec) -> SubjectSource:
         """The same subject with another split."""
         return replace(self, split=split)
@@ -87,8 +92,8 @@ class SubjectSource:
         return load_windows(self)
 
     def train_test(self) -> tuple[WindowSet, WindowSet]:
-        """``(train, test)`` windows, split with :attr:`split`."""
-        return self.split.apply(self.windows())
+        """``(train, test)`` windows, split with :attr:`split` (windows it drops are in neither)."""
+        return self.split.apply(self.windows(), self.name)
 
     def count_windows(self) -> int:
         """Number of windows (:func:`count_windows`)."""
@@ -255,7 +260,7 @@ def union_test_set(sources: dict[str, str], seed: int = DEFAULT_SPLIT_SEED, *, s
     seed : int
         Split seed the clients use (their ``--split-seed``); ignored when ``split`` is given.
     split : SplitSpec, optional
-        The clients' split (fraction and seed).
+        The clients' split (fraction, seed, kind and partition).
 
     Raises
     ------

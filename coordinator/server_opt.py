@@ -1,0 +1,260 @@
+"""Server-side optimisers: FedAvgM, FedAdam and FedYogi as aggregation switches.
+
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2 (FedOpt), with
+the clients' mean as a pseudo-gradient. In round t, with x_t the model sent to the
+clients and x_i their trained models (weighted by training windows n_i):
+
+    Delta_t = x_t - sum_i (n_i / n) x_i                      (pseudo-gradient)
+    FedAvgM:  m_t = beta * m_{t-1} + Delta_t
+              x_{t+1} = x_t - eta * m_t                      (Hsu et al., arXiv 1909.06335)
+    FedAdam:  m_t = beta1 m_{t-1} + (1 - beta1) Delta_t
+              v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2
+              x_{t+1} = x_t - eta m_t / (sqrt(v_t) + tau)
+    FedYogi:  as FedAdam but v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)
+
+m_0 = 0 and v_0 = tau^2 (the paper's initialisation; no bias correction, as Algorithm 2).
+Reddi et al. write Delta with the opposite sign and add it; the two are the same update.
+With eta = 1 and beta = 0, FedAvgM is FedAvg. The defaults are the paper's beta1 = 0.9,
+beta2 = 0.99, tau = 1e-3; the server learning rate eta is a setting (the paper tunes it
+per task, 10^-2.5..10^0 for Adam and Yogi).
+
+The arithmetic is in pure functions over ``dict[str, Tensor]``; the strategies keep the
+moments between rounds and can hand them out and take them back for persistence
+(:meth:`ServerOptStrategy.optimizer_state`, :meth:`ServerOptStrategy.load_optimizer_state`).
+When FedDist widens a layer, the moments of the new units start at their initial values
+(zero-padded at the end of each grown axis, where growth appends units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from coordinator.aggregation import State, weighted_average
+from coordinator.strategy import Aggregate, Federation, Strategy, _contributors
+from coordinator.updates import ClientUpdate, Failure
+
+BETA1 = 0.9
+"""First-moment decay beta1 (Reddi et al. 2021, section 5)."""
+BETA2 = 0.99
+"""Second-moment decay beta2 (Reddi et al. 2021, section 5)."""
+TAU = 1e-3
+"""Adaptivity tau (Reddi et al. 2021, section 5)."""
+
+
+def _check(x: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor], what: str) -> None:
+    if set(x) != set(other):
+        raise ValueError(f"{what}: tensor names differ: {sorted(set(x) ^ set(other))}")
+    for k, t in x.items():
+        if tuple(t.shape) != tuple(other[k].shape):
+            raise ValueError(f"{what}: tensor {k!r} has shape {tuple(other[k].shape)}, the model {tuple(t.shape)}")
+
+
+def pseudo_gradient(x_t: Mapping[str, torch.Tensor], average: Mapping[str, torch.Tensor]) -> State:
+    """Delta_t = x_t - avg(x_i), per tensor (float32, the shapes of ``x_t``).
+
+    Raises
+    ------
+    ValueError
+        If the names or shapes of the two differ.
+    """
+    _check(x_t, average, "pseudo_gradient")
+    return {k: (x_t[k].double() - average[k].double()).float() for k in x_t}
+
+
+def fedavgm_step(
+    x_t: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor], m: Mapping[str, torch.Tensor] | None,
+    eta: float = 1.0, beta: float = 0.9,
+) -> tuple[State, State]:
+    """One FedAvgM server step: ``m = beta m + Delta``, ``x = x_t - eta m``.
+
+    Parameters
+    ----------
+    x_t, delta : dict name -> tensor, same names and shapes
+    m : dict name -> tensor, or None (m_0 = 0)
+    eta : float > 0
+        Server learning rate.
+    beta : float in [0, 1)
+        Server momentum.
+
+    Returns
+    -------
+    (x_{t+1}, m_t)
+
+    Raises
+    ------
+    ValueError
+        On mismatched tensors or settings out of range.
+    """
+    if not eta > 0 or not 0 <= beta < 1:
+        raise ValueError(f"fedavgm_step: need eta > 0 and 0 <= beta < 1, got eta={eta}, beta={beta}")
+    _check(x_t, delta, "fedavgm_step")
+    m_prev = {k: torch.zeros_like(v) for k, v in x_t.items()} if m is None else m
+    _check(x_t, m_prev, "fedavgm_step (momentum)")
+    m_new = {k: beta * m_prev[k].float() + delta[k].float() for k in x_t}
+    return {k: x_t[k].float() - eta * m_new[k] for k in x_t}, m_new
+
+
+def adaptive_step(
+    x_t: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor],
+    m: Mapping[str, torch.Tensor] | None, v: Mapping[str, torch.Tensor] | None,
+    eta: float, rule: str = "adam", beta1: float = BETA1, beta2: float = BETA2, tau: float = TAU,
+) -> tuple[State, State, State]:
+    """One FedAdam or FedYogi server step (Reddi et al. 2021, Algorithm 2).
+
+    ``m = beta1 m + (1 - beta1) Delta``; Adam: ``v = beta2 v + (1 - beta2) Delta^2``;
+    Yogi: ``v = v - (1 - beta2) Delta^2 sign(v - Delta^2)``; ``x = x_t - eta m / (sqrt(v) + tau)``.
+
+    Parameters
+    ----------
+    x_t, delta : dict name -> tensor, same names and shapes
+    m, v : dict name -> tensor, or None (m_0 = 0, v_0 = tau^2)
+    eta : float > 0
+    rule : {"adam", "yogi"}
+    beta1, beta2 : float in [0, 1)
+    tau : float > 0
+
+    Returns
+    -------
+    (x_{t+1}, m_t, v_t)
+
+    Raises
+    ------
+    ValueError
+        On mismatched tensors, an unknown rule or settings out of range.
+    """
+    if rule not in ("adam", "yogi"):
+        raise ValueError(f"adaptive_step: rule must be 'adam' or 'yogi', got {rule!r}")
+    if not eta > 0 or not tau > 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1:
+        raise ValueError(f"adaptive_step: need eta, tau > 0 and betas in [0, 1), got {eta}, {tau}, {beta1}, {beta2}")
+    _check(x_t, delta, "adaptive_step")
+    m_prev = {k: torch.zeros_like(t) for k, t in x_t.items()} if m is None else m
+    v_prev = {k: torch.full_like(t, tau * tau) for k, t in x_t.items()} if v is None else v
+    _check(x_t, m_prev, "adaptive_step (first moment)")
+    _check(x_t, v_prev, "adaptive_step (second moment)")
+    x_new: State = {}
+    m_new: State = {}
+    v_new: State = {}
+    for k in x_t:
+        d = delta[k].double()
+        mk = beta1 * m_prev[k].double() + (1 - beta1) * d
+        d2 = d * d
+        vp = v_prev[k].double()
+        vk = beta2 * vp + (1 - beta2) * d2 if rule == "adam" else vp - (1 - beta2) * d2 * torch.sign(vp - d2)
+        x_new[k] = (x_t[k].double() - eta * mk / (vk.sqrt() + tau)).float()
+        m_new[k], v_new[k] = mk.float(), vk.float()
+    return x_new, m_new, v_new
+
+
+def _fit(buf: torch.Tensor, shape: torch.Size, fill: float) -> torch.Tensor:
+    """``buf`` zero- (or ``fill``-) padded at the end of each axis to ``shape`` (FedDist appends units)."""
+    if buf.shape == shape:
+        return buf
+    if buf.dim() != len(shape) or any(a > b for a, b in zip(buf.shape, shape, strict=True)):
+        raise ValueError(f"server optimiser state of shape {tuple(buf.shape)} cannot grow to {tuple(shape)}")
+    out = torch.full(shape, fill, dtype=buf.dtype)
+    out[tuple(slice(0, n) for n in buf.shape)] = buf
+    return out
+
+
+class ServerOptStrategy(Strategy):
+    """FedAvg clients, a server optimiser on the pseudo-gradient (Reddi et al. 2021, Algorithm 2).
+
+    Parameters
+    ----------
+    rule : {"avgm", "adam", "yogi"}
+    eta : float > 0
+        Server learning rate (FedAvgM 1.0; FedAdam/FedYogi 0.01 by default here).
+    beta : float
+        FedAvgM momentum (0.9), or FedAdam/FedYogi beta1 (0.9).
+    beta2, tau : float
+        FedAdam/FedYogi second-moment decay (0.99) and adaptivity (1e-3).
+    """
+
+    def __init__(self, rule: str, eta: float, beta: float = BETA1, beta2: float = BETA2, tau: float = TAU):
+        if rule not in ("avgm", "adam", "yogi"):
+            raise ValueError(f"ServerOptStrategy: rule must be avgm, adam or yogi, got {rule!r}")
+        if not eta > 0:
+            raise ValueError(f"ServerOptStrategy: server learning rate eta must be > 0, got {eta}")
+        self.rule, self.eta, self.beta, self.beta2, self.tau = rule, float(eta), float(beta), float(beta2), float(tau)
+        self.name = {"avgm": "fedavgm", "adam": "fedadam", "yogi": "fedyogi"}[rule]
+        self.m: State | None = None
+        self.v: State | None = None
+
+    def aggregate_fit(
+        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
+    ) -> Aggregate:
+        """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
+
+        Raises
+        ------
+        ValueError
+            If no result carries training windows, or the tensors do not match the model.
+        """
+        used = _contributors(results)
+        avg = weighted_average([u.state for u in used], [u.n_train for u in used])
+        x_t = fed.global_state
+        delta = pseudo_gradient(x_t, avg)
+        if self.m is not None:
+            self.m = {k: _fit(self.m[k], x_t[k].shape, 0.0) for k in x_t}
+        if self.v is not None:
+            self.v = {k: _fit(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
+        v_new: State | None = None
+        if self.rule == "avgm":
+            x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
+        else:
+            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
+        bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
+        if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
+            raise ValueError(
+                f"{self.name}: the server step gave non-finite values in {bad[:3]}; lower the client lr or the "
+                f"server lr/momentum (eta={self.eta}, beta={self.beta})"
+            )
+        self.m, self.v = m_new, v_new if v_new is not None else self.v
+        return Aggregate(x_new, {}, None, [u.client_id for u in used])
+
+    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
+        """FedDist intermediate exchanges are plain averages: one optimiser step per round."""
+        return Strategy.aggregate_fit(self, -1, fed, results)
+
+    def optimizer_state(self) -> State:
+        """The moments to persist (``m.<name>``, ``v.<name>``); empty before the first step."""
+        out: State = {}
+        for prefix, buf in (("m.", self.m), ("v.", self.v)):
+            out.update({prefix + k: t.clone() for k, t in (buf or {}).items()})
+        return out
+
+    def load_optimizer_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Take back what :meth:`optimizer_state` gave (after a restart).
+
+        Raises
+        ------
+        ValueError
+            If a key is neither ``m.*`` nor ``v.*``.
+        """
+        bad = [k for k in state if not k.startswith(("m.", "v."))]
+        if bad:
+            raise ValueError(f"load_optimizer_state: unexpected keys {bad[:3]} (expected m.<tensor>, v.<tensor>)")
+        m = {k[2:]: t.clone() for k, t in state.items() if k.startswith("m.")}
+        v = {k[2:]: t.clone() for k, t in state.items() if k.startswith("v.")}
+        self.m, self.v = m or None, v or None
+
+
+SERVER_OPTIMISERS = ("fedavgm", "fedadam", "fedyogi")
+"""Aggregation names of the server optimisers."""
+
+
+def make_server_opt(name: str, eta: float | None = None, beta: float | None = None) -> ServerOptStrategy:
+    """FedAvgM (eta 1.0, beta 0.9), FedAdam or FedYogi (eta 0.01, beta1 0.9, beta2 0.99, tau 1e-3) by name.
+
+    Raises
+    ------
+    ValueError
+        For a name outside :data:`SERVER_OPTIMISERS`.
+    """
+    if name == "fedavgm":
+        return ServerOptStrategy("avgm", 1.0 if eta is None else eta, 0.9 if beta is None else beta)
+    if name in ("fedadam", "fedyogi"):
+        return ServerOptStrategy(name[3:], 0.01 if eta is None else eta, BETA1 if beta is None else beta)
+    raise ValueError(f"unknown server optimiser {name!r}; choose one of {SERVER_OPTIMISERS}")

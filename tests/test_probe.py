@@ -1,0 +1,54 @@
+"""The tuning probe chooses on validation windows carved leak-free from training windows, within the epoch budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coordinator.probe import ProbeSetting, choose, load_clients, run_setting
+from har_models.splits import WINDOW_NS, SplitSpec, block_split
+from har_models.subjects import DEFAULT_HAPT, parse_source, subject_sources
+
+
+def test_choose_takes_the_best_validation_round_within_the_budget():
+    a = ProbeSetting(0.01, 1, 4)
+    b = ProbeSetting(0.1, 2, 3)
+    curves = [
+        (a, [{"round": r, "val_f1": f} for r, f in enumerate([0.5, 0.6, 0.7, 0.71])]),
+        (b, [{"round": r, "val_f1": f} for r, f in enumerate([0.65, 0.8, 0.9])]),  # 2, 4, 6 epochs
+    ]
+    p, rounds, row = choose(curves, max_epochs=4)
+    assert (p, rounds, row["val_f1"]) == (b, 2, 0.8)  # b's round 3 (6 epochs) is over budget
+    p, rounds, _ = choose(curves, max_epochs=3)
+    assert (p, rounds) == (a, 3)
+    with pytest.raises(ValueError, match="no setting fits"):
+        choose(curves, max_epochs=0)
+
+
+def test_validation_never_shares_samples_with_probe_training_nor_test_windows():
+    sources = dict(list(subject_sources("hapt", DEFAULT_HAPT).items())[:2])
+    spec = SplitSpec(kind="blocks")
+    clients = load_clients(sources, spec)
+    for cid, text in sources.items():
+        src = parse_source(text, spec)
+        full = src.windows()
+        t = full.t_start_ns
+        session = np.concatenate([[0], np.cumsum(np.diff(t) < 0)])  # the clock restarts with each recording
+        train_ids, test_ids = spec.assign(full.y, t, src.name)
+        tr, va = block_split(full.y[train_ids], t[train_ids], 0.2, spec.seed + 1000)
+        fit_ids, val_ids = train_ids[tr], train_ids[va]
+        c = clients[cid]
+        assert np.array_equal(c.val.t_start_ns, t[val_ids]) and np.array_equal(c.train.t_start_ns, t[fit_ids])
+        assert len(val_ids) > 0
+        for i in val_ids:
+            for other in (fit_ids, test_ids):
+                same = other[session[other] == session[i]]
+                assert not np.any(np.abs(t[same] - t[i]) < WINDOW_NS), f"{cid}: validation window {i} shares samples"
+
+
+def test_a_tiny_probe_runs_and_measures_every_round():
+    sources = dict(list(subject_sources("hapt", DEFAULT_HAPT).items())[:2])
+    clients = load_clients(sources, SplitSpec(kind="blocks"))
+    rows = run_setting(clients, ProbeSetting(0.05, 1, 2, "fedavgm", 1.0, 0.9), conv_filters=4, dense_units=8)
+    assert [r["round"] for r in rows] == [0, 1]
+    assert all(0.0 <= r["val_f1"] <= 1.0 and 0.0 <= r["test_f1"] <= 1.0 for r in rows)

@@ -1,0 +1,124 @@
+"""Server optimisers (Reddi et al., ICLR 2021, Algorithm 2): hand-computed steps, FedAvg as a special case, state across restarts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from coordinator.config import AGGREGATIONS, CoordinatorConfig
+from coordinator.server_opt import (
+    ServerOptStrategy,
+    adaptive_step,
+    fedavgm_step,
+    make_server_opt,
+    pseudo_gradient,
+)
+from coordinator.strategy import Federation, Strategy, make_strategy
+from coordinator.updates import ClientUpdate
+from har_models.model import ArchSpec
+
+
+def _t(*v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32)
+
+
+def _upd(cid: str, n: int, w: torch.Tensor) -> ClientUpdate:
+    return ClientUpdate(cid, 0, 0, n, 2, {"w": w}, None, size=100)
+
+
+def _fed(w: torch.Tensor) -> Federation:
+    spec = ArchSpec(n_classes=6)
+    return Federation(spec, spec, {"w": w})
+
+
+def test_pseudo_gradient_is_the_model_minus_the_mean():
+    d = pseudo_gradient({"w": _t(1.0, 2.0)}, {"w": _t(0.5, 3.0)})
+    assert d["w"].tolist() == [0.5, -1.0]
+    with pytest.raises(ValueError, match="shape"):
+        pseudo_gradient({"w": _t(1.0, 2.0)}, {"w": _t(1.0)})
+
+
+def test_fedavgm_two_rounds_by_hand():
+    # round 1: Delta = [0.5, -1], m = Delta, x = x_t - m = [0.5, 3] (the mean itself)
+    x1, m1 = fedavgm_step({"w": _t(1.0, 2.0)}, {"w": _t(0.5, -1.0)}, None, eta=1.0, beta=0.9)
+    assert x1["w"].tolist() == [0.5, 3.0] and m1["w"].tolist() == [0.5, -1.0]
+    # round 2: mean [0.3, 3.2] -> Delta = [0.2, -0.2]; m = 0.9 [0.5, -1] + [0.2, -0.2] = [0.65, -1.1]; x = [-0.15, 4.1]
+    d2 = pseudo_gradient(x1, {"w": _t(0.3, 3.2)})
+    x2, m2 = fedavgm_step(x1, d2, m1, eta=1.0, beta=0.9)
+    assert m2["w"].tolist() == pytest.approx([0.65, -1.1], abs=1e-6)
+    assert x2["w"].tolist() == pytest.approx([-0.15, 4.1], abs=1e-6)
+
+
+def test_fedadam_and_fedyogi_first_step_by_hand():
+    # Delta = 0.5, m0 = 0, v0 = tau^2 = 1e-6: m = 0.1 * 0.5 = 0.05
+    # Adam: v = 0.99e-6 + 0.01 * 0.25 = 0.00250099;  Yogi: v = 1e-6 - 0.01 * 0.25 * sign(1e-6 - 0.25) = 0.002501
+    x, d = {"w": _t(1.0)}, {"w": _t(0.5)}
+    xa, ma, va = adaptive_step(x, d, None, None, eta=0.01, rule="adam")
+    xy, my, vy = adaptive_step(x, d, None, None, eta=0.01, rule="yogi")
+    assert ma["w"].item() == pytest.approx(0.05) and my["w"].item() == pytest.approx(0.05)
+    assert va["w"].item() == pytest.approx(0.00250099, rel=1e-6)
+    assert vy["w"].item() == pytest.approx(0.002501, rel=1e-6)
+    assert xa["w"].item() == pytest.approx(1.0 - 0.01 * 0.05 / (math.sqrt(0.00250099) + 1e-3), rel=1e-6)
+    assert xy["w"].item() == pytest.approx(1.0 - 0.01 * 0.05 / (math.sqrt(0.002501) + 1e-3), rel=1e-6)
+    # Yogi's v differs from Adam's once Delta^2 < v: second step with Delta = 0 -> Adam decays v, Yogi adds (1-b2)*0
+    _, _, va2 = adaptive_step(xa, {"w": _t(0.0)}, ma, va, eta=0.01, rule="adam")
+    _, _, vy2 = adaptive_step(xy, {"w": _t(0.0)}, my, vy, eta=0.01, rule="yogi")
+    assert va2["w"].item() == pytest.approx(0.99 * 0.00250099, rel=1e-6) and vy2["w"].item() == pytest.approx(0.002501, rel=1e-6)
+    with pytest.raises(ValueError, match="rule must be"):
+        adaptive_step(x, d, None, None, eta=0.01, rule="sgd")
+
+
+def test_fedavgm_without_momentum_at_eta_one_is_fedavg():
+    x_t = {"w": _t(1.0, -1.0, 0.0)}
+    ups = [_upd("a", 10, _t(0.0, 1.0, 2.0)), _upd("b", 30, _t(4.0, 1.0, -2.0))]
+    avg = Strategy().aggregate_fit(0, _fed(x_t["w"]), ups).global_state
+    opt = ServerOptStrategy("avgm", eta=1.0, beta=0.0)
+    for _ in range(2):  # twice: no momentum carries over
+        got = opt.aggregate_fit(0, _fed(x_t["w"]), ups).global_state
+        assert torch.allclose(got["w"], avg["w"]) and got["w"].tolist() == pytest.approx([3.0, 1.0, -1.0])
+
+
+def test_moments_survive_a_restart_and_follow_growth():
+    ups1 = [_upd("a", 1, _t(0.5, 3.0))]
+    ups2 = [_upd("a", 1, _t(0.3, 3.2))]
+    for name in ("fedavgm", "fedadam", "fedyogi"):
+        straight = make_server_opt(name)
+        x1 = straight.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1).global_state
+        x2 = straight.aggregate_fit(1, _fed(x1["w"]), ups2).global_state
+        first = make_server_opt(name)
+        first.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1)
+        saved = first.optimizer_state()
+        assert set(saved) == ({"m.w"} if name == "fedavgm" else {"m.w", "v.w"})
+        restarted = make_server_opt(name)
+        restarted.load_optimizer_state(saved)
+        assert torch.equal(restarted.aggregate_fit(1, _fed(x1["w"]), ups2).global_state["w"], x2["w"])
+    # FedDist appended a unit: the momentum of the new entry starts at 0
+    grown = make_server_opt("fedavgm")
+    grown.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1)
+    grown.aggregate_fit(1, _fed(_t(0.5, 3.0, 7.0)), [_upd("a", 1, _t(0.3, 3.2, 7.0))])
+    assert grown.m is not None and grown.m["w"].tolist() == pytest.approx([0.65, -1.1, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="unexpected keys"):
+        grown.load_optimizer_state({"w": _t(1.0)})
+
+
+def test_registry_and_settings_know_the_server_optimisers():
+    for name in ("fedavgm", "fedadam", "fedyogi"):
+        assert name in AGGREGATIONS
+        s = make_strategy(name)
+        assert isinstance(s, ServerOptStrategy) and s.name == name
+        CoordinatorConfig(run_dir=".", aggregation=name)  # type: ignore[arg-type]
+    assert make_strategy("fedadam", server_lr=0.1).eta == 0.1  # type: ignore[attr-defined]
+    assert make_server_opt("fedavgm").eta == 1.0 and make_server_opt("fedadam").eta == 0.01
+    with pytest.raises(ValueError, match="unknown server optimiser"):
+        make_server_opt("fedsgd")
+
+
+def test_a_diverged_step_is_refused_and_leaves_the_moments_alone():
+    opt = make_server_opt("fedavgm")
+    opt.aggregate_fit(0, _fed(_t(1.0, 2.0)), [_upd("a", 1, _t(0.5, 3.0))])
+    before = opt.optimizer_state()
+    with pytest.raises(ValueError, match="non-finite"):
+        opt.aggregate_fit(1, _fed(_t(0.5, 3.0)), [_upd("a", 1, _t(float("inf"), 3.0))])
+    assert all(torch.equal(before[k], v) for k, v in opt.optimizer_state().items())
