@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from har_io.files import atomic_write_bytes
 
 from coordinator.config import AGGREGATIONS
+from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.study")
 

@@ -334,7 +334,10 @@ class EdgeAgent:
         try:
             done = self.reassembler.add(stream, payload)
         except ChunkError as exc:
-            log.warning("[%s] dropped a %s model chunk (%s): %s", self.cfg.client_id, stream, exc.reason, exc)
+            # A JSON message where a chunk belongs is another message type delivered on a model
+            # topic (amqtt's retained delivery at subscribe time does this): not worth a warning.
+            level = logging.DEBUG if payload[:1] == b"{" else logging.WARNING
+            log.log(level, "[%s] dropped a %s model chunk (%s): %s", self.cfg.client_id, stream, exc.reason, exc)
             return
         if done is not None:
             transfer, envelope = done
