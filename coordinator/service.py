@@ -36,7 +36,8 @@ from coordinator.receipts import ReceiptDesk
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
 from coordinator.state import RunState
-from coordinator.strategy import Aggregate, Federation, Strategy, make_strategy
+from coordinator.strategies import make_strategy
+from coordinator.strategy import Aggregate, Federation, Strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory

@@ -208,31 +208,3 @@ class FedDWA(Strategy):
         personal = dict(zip(ids, feddwa.personalise(states, p), strict=True))
         g = weighted_average(states, [by_id[c].n_train for c in ids])
         return Aggregate(g, personal, p, ids)
-
-
-def make_strategy(
-    name: str, prox_mu: float = 0.01, top_k: int = 5, server_lr: float | None = None, server_momentum: float | None = None
-) -> Strategy:
-    """The strategy called ``name`` (fedavg | fedprox | fedper | feddwa | fedavgm | fedadam | fedyogi).
-
-    ``server_lr`` and ``server_momentum`` set the server optimisers' eta and beta (None:
-    their defaults, :func:`coordinator.server_opt.make_server_opt`).
-
-    Raises
-    ------
-    ValueError
-        For an unknown name (the message lists the known ones).
-    """
-    if name == "fedavg":
-        return Strategy()
-    if name == "fedprox":
-        return FedProx(prox_mu)
-    if name == "fedper":
-        return FedPer()
-    if name == "feddwa":
-        return FedDWA(top_k)
-    if name in ("fedavgm", "fedadam", "fedyogi"):  # server optimisers (Reddi et al. 2021), coordinator/server_opt.py
-        from coordinator.server_opt import make_server_opt  # imported here: server_opt builds on this module
-
-        return make_server_opt(name, server_lr, server_momentum)
-    raise ValueError(f"unknown aggregation {name!r}; choose fedavg, fedprox, fedper, feddwa, fedavgm, fedadam or fedyogi")

@@ -15,7 +15,8 @@ from coordinator.server_opt import (
     make_server_opt,
     pseudo_gradient,
 )
-from coordinator.strategy import Federation, Strategy, make_strategy
+from coordinator.strategies import make_strategy
+from coordinator.strategy import Federation, Strategy
 from coordinator.updates import ClientUpdate
 from har_models.model import ArchSpec
 
