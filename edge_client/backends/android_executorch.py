@@ -58,7 +58,7 @@ import numpy as np
 from har_models.arch import PARAM_NAMES, ArchSpec
 from har_models.metrics import confusion_matrix
 
-from .base import ArchitectureMismatch, EvalResult, check_train_args, check_weights, check_windows, draw_dropout_masks
+from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
 
 METHOD = "forward"
@@ -179,13 +179,6 @@ class AndroidExecuTorchBackend:
 
     # -- training ----------------------------------------------------------------------------------
 
-    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
-        if given is not None:
-            return np.asarray(given, np.float32)
-        if not train or self._spec.dropout <= 0:
-            return None
-        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
-
     def train_epoch(
         self,
         x: np.ndarray,
@@ -215,7 +208,9 @@ class AndroidExecuTorchBackend:
         losses = []
         for i, s in enumerate(range(0, len(xa), batch_size)):
             idx = o[s : s + batch_size]
-            mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+            mask = batch_dropout_mask(
+                self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
+            )
             loss = self._step_inputs(xa[idx], ya[idx], class_weights, mask)
             jgrads = self._train.namedGradients(METHOD)
             if plain:
@@ -257,7 +252,7 @@ class AndroidExecuTorchBackend:
             raise ValueError(f"AndroidExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters")
         if dropout_seed is not None:
             self._rng = np.random.default_rng(int(dropout_seed))
-        loss = self._step_inputs(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        loss = self._step_inputs(xa, ya, class_weights, batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout))
         jgrads = self._train.namedGradients(METHOD)
         return loss, {n: self._array(jgrads.get(self._fqn[n]), n) for n in names}
 

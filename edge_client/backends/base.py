@@ -367,6 +367,21 @@ def draw_dropout_masks(rng: np.random.Generator, sizes: Sequence[int], units: in
     return [((rng.random((b, units)) >= p).astype(np.float32) * scale) for b in sizes]
 
 
+
+def batch_dropout_mask(
+    spec: ArchSpec, rng: np.random.Generator, b: int, given: np.ndarray | None, train: bool
+) -> np.ndarray | None:
+    """The dropout mask ``(b, H)`` float32 of one batch: ``given`` if any, else drawn from ``rng`` when training.
+
+    None when not training or the architecture has no dropout (p = 0). Masks are drawn as
+    :func:`draw_dropout_masks` draws them (inverted dropout, values 0 or 1 / (1 - p)).
+    """
+    if given is not None:
+        return np.asarray(given, np.float32)
+    if not train or spec.dropout <= 0:
+        return None
+    return draw_dropout_masks(rng, [b], spec.dense_units, spec.dropout)[0]
+
 def train(
     backend: TrainingBackend,
     x: np.ndarray,

@@ -42,7 +42,7 @@ from har_models.export import STATIC_METHODS, ProgramFiles, ensure_programs, par
 from har_models.metrics import confusion_matrix
 from har_models.model import init_state
 
-from .base import ArchitectureMismatch, EvalResult, check_train_args, check_weights, check_windows, draw_dropout_masks
+from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
 
 DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
@@ -195,13 +195,6 @@ class ExecuTorchBackend:
         grads = {n: outs[self._gi + i] for n, i in self._grad_pos.items()}
         return float(outs[0]), grads
 
-    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
-        if given is not None:
-            return np.asarray(given, np.float32)
-        if not train or self._spec.dropout <= 0:
-            return None
-        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
-
     def train_epoch(
         self,
         x: np.ndarray,
@@ -238,7 +231,9 @@ class ExecuTorchBackend:
         with torch.no_grad():
             for i, s in enumerate(range(0, len(xa), batch_size)):
                 idx = o[s : s + batch_size]
-                mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+                mask = batch_dropout_mask(
+                    self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
+                )
                 loss, grads = self._forward_backward(xa[idx], ya[idx], class_weights, mask)
                 if ref:
                     prox = sum(float(((self._params[n] - ref[n]) ** 2).sum()) for n in trained)
@@ -314,5 +309,6 @@ class ExecuTorchBackend:
             raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
         if dropout_seed is not None:
             self._rng = np.random.default_rng(int(dropout_seed))
-        loss, grads = self._forward_backward(xa, ya, class_weights, self._mask(len(xa), dropout_mask, train=dropout))
+        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
+        loss, grads = self._forward_backward(xa, ya, class_weights, mask)
         return loss, {n: grads[n].numpy().copy() for n in names}

@@ -38,7 +38,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from har_models.arch import ArchSpec
 from har_models.metrics import confusion_matrix
 
-from .base import EvalResult, batch_sizes, check_train_args, check_weights, check_windows, draw_dropout_masks
+from .base import EvalResult, batch_dropout_mask, batch_sizes, check_train_args, check_weights, check_windows
 
 Params = dict[str, np.ndarray]
 
@@ -228,7 +228,9 @@ class NumpyBackend:
         losses = []
         for i, s in enumerate(range(0, len(xa), batch_size)):
             idx = o[s : s + batch_size]
-            mask = self._mask(len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True)
+            mask = batch_dropout_mask(
+                self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
+            )
             logits, cache = forward(self._spec, self._w, xa[idx], mask)
             loss, dlogits = weighted_cross_entropy(logits, ya[idx], class_weights)
             grads = backward(self._spec, self._w, cache, dlogits, trained)
@@ -240,13 +242,6 @@ class NumpyBackend:
                 self._w[n] = self._w[n] - lr32 * gn
             losses.append(loss)
         return np.asarray(losses, dtype=np.float64)
-
-    def _mask(self, b: int, given: np.ndarray | None, train: bool) -> np.ndarray | None:
-        if given is not None:
-            return np.asarray(given, np.float32)
-        if not train or self._spec.dropout <= 0:
-            return None
-        return draw_dropout_masks(self._rng, [b], self._spec.dense_units, self._spec.dropout)[0]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 of windows ``(N, 6, T)`` with dropout off, in chunks of ``eval_batch``."""
@@ -285,7 +280,7 @@ class NumpyBackend:
             raise ValueError(f"NumpyBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(self._spec.shapes())}")
         if dropout_seed is not None:
             self._rng = np.random.default_rng(int(dropout_seed))
-        mask = self._mask(len(xa), dropout_mask, train=dropout)
+        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
         logits, cache = forward(self._spec, self._w, xa, mask)
         loss, dlogits = weighted_cross_entropy(logits, ya, class_weights)
         return loss, backward(self._spec, self._w, cache, dlogits, list(names))
