@@ -62,6 +62,10 @@ class CoordinatorConfig:
         FedProx mu.
     top_k : int
         FedDWA K.
+    server_lr, server_momentum : float
+        Server optimiser eta and beta (FedAvgM's momentum, FedAdam/FedYogi's beta1) of
+        Reddi et al., ICLR 2021, Algorithm 2; used only by fedavgm, fedadam and fedyogi.
+        ``server_lr`` 0 means the optimiser's default (:func:`coordinator.server_opt.make_server_opt`).
     feddist_mode : {"auto", "paper", "function_preserving"}
         Outgoing weights of new units copied from the source client (with the paper's
         intermediate layer-wise rounds) or zero (no client's function changes). "auto"
@@ -117,6 +121,14 @@ class CoordinatorConfig:
     client_init: str = field(default="overwrite", metadata=doc("how clients start from the received model", choices=CLIENT_INITS))
     prox_mu: float = field(default=0.01, metadata=doc("FedProx mu"))
     top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client"))
+    server_lr: float = field(
+        default=0.0,
+        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); 0 = its default: 1.0 for FedAvgM, 0.01 for "
+                     "FedAdam/FedYogi"),
+    )
+    server_momentum: float = field(
+        default=0.9, metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1)")
+    )
     feddist_mode: str = field(
         default="auto",
         metadata=doc(
@@ -169,6 +181,11 @@ class CoordinatorConfig:
         if self.rounds < 1 or self.min_clients < 1 or not 0 < self.fraction <= 1:
             raise ValueError(
                 f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}"
+            )
+        if self.server_lr < 0 or not 0 <= self.server_momentum < 1:
+            raise ValueError(
+                f"server_lr must be >= 0 (0 = the optimiser's default) and server_momentum in [0, 1); got "
+                f"{self.server_lr}, {self.server_momentum}"
             )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")

@@ -35,6 +35,7 @@ from coordinator.presence import Presence
 from coordinator.receipts import ReceiptDesk
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
+from coordinator.server_opt import ServerOptStrategy
 from coordinator.state import RunState
 from coordinator.strategies import make_strategy
 from coordinator.strategy import Aggregate, Federation, Strategy
@@ -93,7 +94,9 @@ class Coordinator:
         self.report_header = dict(report_header or {})
         self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
-        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg.prox_mu, cfg.top_k)
+        self.strategy: Strategy = make_strategy(
+            cfg.aggregation, cfg.prox_mu, cfg.top_k, cfg.server_lr or None, cfg.server_momentum
+        )
         self.feddist_cfg = feddist.FedDistConfig(
             k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
         )
@@ -341,7 +344,22 @@ class Coordinator:
         self.label_set = self.state.get("label_set", "")
         self.fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
+        if isinstance(self.strategy, ServerOptStrategy):
+            self._resume_server_opt(last, spec)
         return last
+
+    def _resume_server_opt(self, last: int, spec: ArchSpec) -> None:
+        """Give the server optimiser back the moments saved with round ``last`` (Reddi et al. 2021, Alg. 2: m_t, v_t)."""
+        assert isinstance(self.strategy, ServerOptStrategy)
+        try:
+            moments = self.state.load_server_opt(last, spec)
+        except ValueError as exc:
+            log.error("%s; the server optimiser's moments restart from zero", exc)
+            return
+        if moments is None:
+            log.warning("round %d has no saved server optimiser moments; %s restarts them from zero", last, self.strategy.name)
+            return
+        self.strategy.load_optimizer_state(moments)
 
     # ------------------------------------------------------------------------------ a round
     def _publish_models(self, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
@@ -473,9 +491,15 @@ class Coordinator:
         }
         if growth_log is not None:
             summary["growth"] = growth_log
+        if agg.mixing is not None:  # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
+            summary["feddwa_weights"] = {
+                "clients": list(agg.participants),
+                "p": [[round(float(x), 6) for x in row] for row in agg.mixing.t().tolist()],
+            }
         summary.update(evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg))
         summary["seconds"] = time.monotonic() - t0
-        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary)
+        moments = self.strategy.optimizer_state() if isinstance(self.strategy, ServerOptStrategy) else None
+        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary, server_opt=moments)
         log.info(summary_line(summary))
         del ex, results, agg
         spill.clear(self._spill_dir)

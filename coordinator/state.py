@@ -74,6 +74,10 @@ def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
     return spec, state
 
 
+SERVER_OPT_FILE = "server_opt.safetensors"
+"""Name of a round's server optimiser moments beside its models (``models/rNNNN/``)."""
+
+
 class RunState:
     """The SQLite database and model folders of one run.
 
@@ -135,8 +139,14 @@ class RunState:
         personal: Mapping[str, Mapping[str, torch.Tensor]],
         summary: dict[str, Any],
         extra_meta: Mapping[str, Any] | None = None,
+        server_opt: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        """Persist a completed round: models first, then the SQLite row (one transaction)."""
+        """Persist a completed round: models first, then the SQLite row (one transaction).
+
+        ``server_opt`` (a server optimiser's moments ``m.<tensor>``, ``v.<tensor>``; see
+        :meth:`coordinator.server_opt.ServerOptStrategy.optimizer_state`) is saved beside the
+        round's models as ``server_opt.safetensors`` when given and not empty.
+        """
         folder = self.folder / "models" / f"r{round_:04d}"
         if folder.exists():
             shutil.rmtree(folder)
@@ -145,6 +155,9 @@ class RunState:
         save_state_file(folder / "global.safetensors", spec, global_state)
         for cid, st in personal.items():
             save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
+        if server_opt:
+            arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in server_opt.items()}
+            atomic_write(folder / SERVER_OPT_FILE, lambda tmp: save_file(arrays, str(tmp), metadata={"round": str(round_)}))
         with self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
@@ -178,6 +191,39 @@ class RunState:
                 self._db.execute("DELETE FROM rounds WHERE round > ?", (round_,))
             return round_, spec, g, personal
         return None
+
+    def load_server_opt(self, round_: int, spec: ArchSpec) -> dict[str, torch.Tensor] | None:
+        """The server optimiser moments saved with ``round_`` (``m.<tensor>``, ``v.<tensor>``), or None if none were.
+
+        Each moment must name a tensor of ``spec`` and be finite; its shape may be smaller
+        than the tensor's (FedDist grew the layer after the step; the optimiser pads it).
+
+        Raises
+        ------
+        ValueError
+            If the file is unreadable, names an unknown tensor, has a wrong rank or holds
+            NaN/inf (the caller decides whether to restart the moments).
+        """
+        path = self.folder / "models" / f"r{round_:04d}" / SERVER_OPT_FILE
+        if not path.exists():
+            return None
+        shapes = spec.shapes()
+        out: dict[str, torch.Tensor] = {}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for k in f.keys():  # noqa: SIM118 (safe_open has no iterator)
+                    out[k] = f.get_tensor(k).float()
+        except Exception as exc:  # safetensors raises its own error types for a damaged header
+            raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+        for k, t in out.items():
+            name = k[2:]
+            if k[:2] not in ("m.", "v.") or name not in shapes:
+                raise ValueError(f"{path}: {k!r} is not a moment of a model tensor (m.<name> or v.<name>)")
+            if t.dim() != len(shapes[name]) or any(a > b for a, b in zip(t.shape, shapes[name], strict=True)):
+                raise ValueError(f"{path}: {k} has shape {tuple(t.shape)}, the model's {name} is {tuple(shapes[name])}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{path}: {k} holds NaN or inf")
+        return out
 
     def load_round_models(self, round_: int) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """``(spec, global_state, personal_states)`` saved for ``round_``.

@@ -48,6 +48,13 @@ def test_feddwa_gives_each_client_its_own_model(tmp_path: Path) -> None:
     for i in range(len(models)):
         for j in range(i + 1, len(models)):
             assert not torch.equal(models[i]["out.weight"], models[j]["out.weight"])
+    # The round summary records p_ij (row i = target client): rows sum to 1 with at most K = 2 sources each.
+    for r in doc["rounds"]:
+        w = r["feddwa_weights"]
+        assert w["clients"] == ["hapt-01", "hapt-02", "hapt-03"]
+        for row in w["p"]:
+            assert len(row) == 3 and all(0.0 <= x <= 1.0 for x in row)
+            assert abs(sum(row) - 1.0) < 1e-5 and sum(x > 0 for x in row) <= 2
 
 
 def test_ala_changes_what_clients_start_from(tmp_path: Path, fedavg: tuple[Path, dict]) -> None:

@@ -26,12 +26,12 @@ def test_strategy_names_become_simulate_switches():
 def test_study_end_to_end_and_resume(tmp_path):
     out = tmp_path / "study"
     argv = [
-        "--out", str(out), "--strategies", "fedavg,fedavgm", "--seeds", "1,2", "--splits", "blocks",
+        "--out", str(out), "--strategies", "fedavg,feddwa", "--seeds", "1,2", "--splits", "blocks",
         "--rounds", "2", "--clients", "3", "--conv-filters", "8", "--dense-units", "16",
         "--results", str(tmp_path / "results.md"), "--", "--workers", "1",
     ]
     assert main(argv) == 0
-    cells = [Cell("blocks", s, k) for s in ("fedavg", "fedavgm", "centralised", "local-only") for k in (1, 2)]
+    cells = [Cell("blocks", s, k) for s in ("fedavg", "feddwa", "centralised", "local-only") for k in (1, 2)]
     reports = {c: json.loads((c.folder(out) / "report.json").read_text()) for c in cells}
     for c in cells:
         assert reports[c]["seed"] == c.seed
@@ -45,12 +45,15 @@ def test_study_end_to_end_and_resume(tmp_path):
     assert row["final"]["global"]["macro_f1"] == pytest.approx([statistics.fmean(finals), statistics.stdev(finals)])
     assert row["seeds"] == [1, 2]
     text = (out / "study.md").read_text()
-    for name in ("| fedavg | 2 |", "| fedavgm | 2 |", "| centralised | 2 |", "| local-only | 2 |"):
+    for name in ("| fedavg | 2 |", "| feddwa | 2 |", "| centralised | 2 |", "| local-only | 2 |"):
         assert name in text
     assert (tmp_path / "results.md").read_text().count("| fedavg | 2 |") == 2  # final and best tables
-    for png in ("rounds-blocks.png", "clients-blocks.png", "confusion-blocks.png"):
+    for png in ("rounds-blocks.png", "clients-blocks.png", "confusion-blocks.png", "feddwa-weights-blocks.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "p_ij is not recorded" in text
+    # the heat map is of seed 1's last round, whose p_ij rows the report holds
+    p = np.array(reports[Cell("blocks", "feddwa", 1)]["rounds"][-1]["feddwa_weights"]["p"])
+    assert p.shape == (3, 3) and np.allclose(p.sum(axis=1), 1.0, atol=1e-5)
+    assert f"FedDWA p_ij, feddwa seed 1 round 1; mean self-weight p_ii = {np.mean(np.diag(p)):.2f}" in text
     # the confusion matrix covers exactly the union test set of the 3 clients under the blocks split
     sources = dict(list(subject_sources("hapt", DEFAULT_HAPT).items())[:3])
     n_union = len(union_test_set(sources, split=SplitSpec.parse("blocks")))
@@ -58,7 +61,7 @@ def test_study_end_to_end_and_resume(tmp_path):
 
     # resume: finished cells are not run again; a cell without its report is
     stamps = {c: (c.folder(out) / "report.json").stat().st_mtime_ns for c in cells}
-    redo = Cell("blocks", "fedavgm", 2)
+    redo = Cell("blocks", "feddwa", 2)
     (redo.folder(out) / "report.json").unlink()
     assert main(argv) == 0
     for c in cells:
