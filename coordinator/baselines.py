@@ -31,7 +31,7 @@ from coordinator.report import write_report
 from har_models.metrics import mean_over_clients, summarise
 from har_models.model import ArchSpec, init_state
 from har_models.settings import LocalTraining
-from har_models.splits import DEFAULT_SPLIT_SEED, SplitSpec
+from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split-seed", type=int, default=defaults.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
     )
     ap.add_argument(
-        "--split", default="paper", help="paper | blocks, optionally +label_skew, as the clients' (default %(default)s)"
+        "--split", default=DEFAULT_SPLIT, help="paper | blocks, optionally +label_skew, as the clients' (default %(default)s)"
     )
     ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")

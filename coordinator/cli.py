@@ -21,6 +21,7 @@ from har_io.cli import (
     setup_logging,
 )
 from har_io.mqtt_link import BrokerRefused
+from har_models.splits import DEFAULT_SPLIT
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -73,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="research harness: dataset (hapt:FOLDER or realworld:PATH) whose subjects' test splits form the union "
         "test set for the global and generalisation measures",
     )
+    ap.add_argument(
+        "--eval-split",
+        default=DEFAULT_SPLIT,
+        help="with --eval-data: the clients' --split (blocks, paper, optionally +label_skew), so the union test set holds "
+        "exactly their test windows (default %(default)s)",
+    )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--log-level", default="INFO")
     add_broker_arguments(ap)
@@ -106,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = None
     if args.eval_data:
         from coordinator.evaluation import Evaluator
+        from har_models.splits import SplitSpec
         from har_models.subjects import subject_sources, union_test_set
 
         kind, _, path = args.eval_data.partition(":")
         try:
-            evaluator = Evaluator(union_test_set(subject_sources(kind, Path(path)), seed=cfg.split_seed))
+            split = SplitSpec.parse(args.eval_split, seed=cfg.split_seed)
+            evaluator = Evaluator(union_test_set(subject_sources(kind, Path(path)), split=split))
         except (ValueError, OSError) as exc:
             print(f"fedhar-coordinator: --eval-data {args.eval_data}: {exc}", file=sys.stderr)
             return 3

@@ -31,7 +31,7 @@ from coordinator.fleet import ENGINES, Fleet
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
-from har_models.splits import SplitSpec
+from har_models.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 
 log = logging.getLogger("fedhar.simulate")
@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
     ap.add_argument(
         "--split",
-        default="paper",
-        help="every client's train/test split, also used for the union test set: paper (FedDist, random, leaky) or "
-        "blocks (leak-free contiguous blocks with a gap), optionally +label_skew (each client keeps 2-3 classes) "
+        default=DEFAULT_SPLIT,
+        help="every client's train/test split, also used for the union test set: blocks (leak-free contiguous blocks "
+        "with a gap) or paper (FedDist, random, leaky), optionally +label_skew (each client keeps 2-3 classes) "
         "(default %(default)s)",
     )
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")

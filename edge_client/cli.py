@@ -18,7 +18,7 @@ from edge_client.split_ingest import ingest_split_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
-from har_models.splits import DEFAULT_SPLIT_SEED, SplitSpec
+from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import parse_source
 
 log = logging.getLogger("fedhar.client")
@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--split",
-        default="paper",
-        help="train/test split of a replayed source: paper (FedDist, random, leaky) or blocks (leak-free), "
+        default=DEFAULT_SPLIT,
+        help="train/test split of a replayed source: blocks (leak-free) or paper (FedDist, random, leaky), "
         "optionally +label_skew (keep 2-3 classes); the coordinator must use the same (default %(default)s)",
     )
     ap.add_argument(

@@ -42,6 +42,9 @@ DEFAULT_TEST_FRACTION = 0.2
 DEFAULT_SPLIT_SEED = 1
 """Seed of the split (FedDist's notebooks: ``randomSeed = 1``)."""
 
+DEFAULT_SPLIT = "blocks"
+"""The ``--split`` every program uses unless told otherwise: leak-free (no test sample in any training window)."""
+
 SPLITS = ("paper", "blocks")
 """Train/test splits: the FedDist paper's random (leaky) one and the leak-free blocks."""
 

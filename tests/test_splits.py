@@ -12,6 +12,7 @@ import pytest
 from edge_client.split_ingest import ingest_split_source
 from edge_client.store import ClientStore
 from har_models.splits import (
+    DEFAULT_SPLIT,
     WINDOW_NS,
     SplitSpec,
     block_split,
@@ -162,3 +163,15 @@ def test_simulate_and_client_accept_the_split_option():
     for module in ("coordinator.simulate", "edge_client.cli", "coordinator.baselines"):
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, check=False)
         assert "--split " in out.stdout or "--split SPLIT" in out.stdout, module
+
+
+def test_every_program_defaults_to_the_leak_free_split():
+    """Clients, the simulation and the coordinator's evaluation harness must agree when nobody passes --split."""
+    from coordinator.cli import build_parser as coordinator_parser
+    from coordinator.simulate import build_parser as simulate_parser
+    from edge_client.cli import build_parser as client_parser
+
+    assert DEFAULT_SPLIT == "blocks"
+    assert client_parser().parse_args(["--client-id", "c1", "--source", "hapt:x.npz"]).split == "blocks"
+    assert simulate_parser().parse_args([]).split == "blocks"
+    assert coordinator_parser().parse_args([]).eval_split == "blocks"
