@@ -113,12 +113,14 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+            self.requested.set()
         if self._raised:
             log.warning("received %s while stopping; the clean-up is bounded, please wait", signal.Signals(signum).name)
             return
-        if self.signum is None:
-            self.signum = signum
-            self.requested.set()
+        if first:
             log.warning(
                 "received %s: stopping the simulation (the coordinator at its next safe point, then clients and broker)",
                 signal.Signals(signum).name,

@@ -127,3 +127,14 @@ def test_once_stopping_further_signals_are_only_recorded() -> None:
             time.sleep(0.01)
         stops.check()
     assert stops.signum == signal.SIGINT
+
+
+def test_a_signal_during_the_clean_up_is_recorded_but_raises_nothing() -> None:
+    with StopSignals(force_after_s=0.05) as stops:
+        stops.hold()  # e.g. a finished run waiting for its clients to exit
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not stops.requested.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stops.check()
+    assert stops.signum == signal.SIGTERM  # the launcher ends the clean-up early and exits 143
