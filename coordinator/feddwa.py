@@ -23,6 +23,13 @@ step 6B): :func:`distances` -> :func:`weights` -> :func:`personalise`; :func:`ag
 chains them. Non-finite uploads must not get here: the coordinator rejects them when it
 validates an upload (DESIGN.md section 3); :func:`finite_clients` is the same check for
 callers that hold models in memory, and :func:`distances` refuses non-finite input.
+
+Models need not be in memory: a state that also has the methods of :class:`FlatBlockSource`
+(the coordinator's spilled updates, :class:`coordinator.spill.SpilledState`, which read
+from memory-mapped files) is read one block of the parameter axis at a time, so
+:func:`distances` and :func:`personalise` hold one ``(n, b)`` block of all clients (plus
+the n personalised outputs) rather than every trained and guidance model. The numbers and
+their order of summation are the same either way, so the results are identical.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -41,6 +49,23 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 64 * 2**20
 """Memory of one float64 block of stacked parameters in :func:`distances` (per model set)."""
+
+
+@runtime_checkable
+class FlatBlockSource(Protocol):
+    """A model state that can hand out slices of its tensors without loading them whole.
+
+    :func:`distances` and :func:`personalise` read such a state block by block through these
+    two methods instead of ``state[name]``; other mappings are read into memory once.
+    """
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        """Shape of tensor ``name``."""
+        ...
+
+    def read_flat(self, name: str, lo: int, hi: int, out: np.ndarray) -> None:
+        """Copy elements ``[lo, hi)`` of tensor ``name`` (flattened, C order) into ``out`` (shape ``(hi - lo,)``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +136,8 @@ def distances(
     product W Ŵ^T is accumulated in float64 over blocks of the parameter axis (one
     ``(n, b) @ (b, n)`` matmul per block, a handful of tensor operations per block whatever n
     is), so the extra memory is a few reused ``(n, b)`` buffers rather than a stacked copy of
-    all models; cost O(n^2 * n_params) flops in BLAS instead of n^2 Python-level passes. In
+    all models (states that are :class:`FlatBlockSource` are read block by block and never
+    held whole); cost O(n^2 * n_params) flops in BLAS instead of n^2 Python-level passes. In
     float64 the cancellation error is of the order of 1e-16 * ||w||^2 (about 1e-12 for the
     6.45 M-parameter CNN at its initial scale), far below any distance between distinct models.
 
@@ -245,7 +271,8 @@ def personalise(
     ``(n, n_params)`` stacked trained models, accumulated in float64 and returned as float32
     (as :func:`coordinator.aggregation.weighted_average` does). Each column of P is divided
     by its sum first, which is 1 for the output of :func:`weights`. Extra memory: a few
-    reused ``(n, b)`` buffers besides the n output models.
+    reused ``(n, b)`` buffers besides the n output models (trained models that are
+    :class:`FlatBlockSource` are read block by block and never held whole).
 
     Parameters
     ----------
@@ -296,6 +323,8 @@ def aggregate(
     guidance_states: Sequence[Mapping[str, torch.Tensor]],
     top_k: int = 5,
     eps: float = 1e-12,
+    *,
+    block_size: int | None = None,
 ) -> DwaResult:
     """One FedDWA server step: :func:`distances` -> :func:`weights` -> :func:`personalise`.
 
@@ -304,6 +333,8 @@ def aggregate(
     trained_states, guidance_states : sequences of n mappings name -> Tensor
         w_j and ŵ_j of the round's participants (finite; same order).
     top_k, eps : see :func:`weights`.
+    block_size : int, optional
+        Parameters per block in :func:`distances` and :func:`personalise`.
 
     Returns
     -------
@@ -314,9 +345,9 @@ def aggregate(
     ValueError
         As the three steps.
     """
-    d = distances(guidance_states, trained_states)
+    d = distances(guidance_states, trained_states, block_size=block_size)
     p = weights(d, top_k=top_k, eps=eps)
-    states = personalise(trained_states, p)
+    states = personalise(trained_states, p, block_size=block_size)
     log.info(
         "FedDWA: %d clients, top_k=%d, self weight p_ii mean %.3f (min %.3f)",
         len(states), top_k, float(p.diagonal().mean()), float(p.diagonal().min()),
@@ -329,18 +360,25 @@ def _common_layout(
 ) -> tuple[list[str], list[tuple[int, ...]]]:
     """Names (in the first trained model's order) and shapes shared by every state."""
     names = list(trained[0])
-    shapes = [tuple(trained[0][k].shape) for k in names]
+    shapes = [_shape(trained[0], k) for k in names]
     for kind, states in (("trained", trained), ("guidance", guidance)):
         for idx, s in enumerate(states):
             if set(s) != set(names):
                 raise ValueError(f"{who}: {kind} model #{idx} has tensors {sorted(s)}, expected {sorted(names)}")
             for name, shape in zip(names, shapes, strict=True):
-                if tuple(s[name].shape) != shape:
+                if _shape(s, name) != shape:
                     raise ValueError(
-                        f"{who}: {kind} model #{idx} tensor {name!r} has shape {tuple(s[name].shape)}, expected {shape}; "
+                        f"{who}: {kind} model #{idx} tensor {name!r} has shape {_shape(s, name)}, expected {shape}; "
                         "all models of a round must share one architecture version"
                     )
     return names, shapes
+
+
+def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    """Shape of one tensor of a state, without reading it when the state can say so."""
+    if isinstance(state, FlatBlockSource):
+        return tuple(state.tensor_shape(name))
+    return tuple(state[name].shape)
 
 
 def _block_size(block_size: int | None, n: int, shapes: Sequence[tuple[int, ...]], who: str) -> int:
@@ -361,19 +399,34 @@ def _blocks(shapes: Sequence[tuple[int, ...]], b: int) -> Iterator[tuple[int, in
 class _BlockStacker:
     """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` float64 buffer.
 
-    Two tensor operations per block (stack in float32, widen to float64) whatever n is.
+    States in memory: two tensor operations per block (stack in float32, widen to float64)
+    whatever n is. States that are :class:`FlatBlockSource` (memory-mapped files) copy their
+    slice straight into their row of the buffer, so nothing but the block is ever read;
+    float32 -> float64 is exact either way, so the block holds the same numbers.
     """
 
     def __init__(self, states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], b: int):
         n = len(states)
-        self._flat = [[s[name].detach().float().reshape(-1) for name in names] for s in states]
-        self._buf32 = torch.empty(n * b, dtype=torch.float32)
+        self._names = list(names)
+        self._mapped: list[FlatBlockSource | None] = [s if isinstance(s, FlatBlockSource) else None for s in states]
+        self._flat = [[s[name].detach().float().reshape(-1) for name in names] if m is None else []
+                      for s, m in zip(states, self._mapped, strict=True)]
+        self._in_memory = all(m is None for m in self._mapped)
+        self._buf32 = torch.empty(n * b if self._in_memory else 0, dtype=torch.float32)
         self._buf64 = torch.empty(n * b, dtype=torch.float64)
         self._n = n
 
     def block(self, k: int, lo: int, hi: int) -> torch.Tensor:
         m = hi - lo
-        b32 = self._buf32[: self._n * m].view(self._n, m)
-        torch.stack([f[k][lo:hi] for f in self._flat], out=b32)
         b64 = self._buf64[: self._n * m].view(self._n, m)
-        return b64.copy_(b32)
+        if self._in_memory:
+            b32 = self._buf32[: self._n * m].view(self._n, m)
+            torch.stack([f[k][lo:hi] for f in self._flat], out=b32)
+            return b64.copy_(b32)
+        rows = b64.numpy()
+        for j, src in enumerate(self._mapped):
+            if src is not None:
+                src.read_flat(self._names[k], lo, hi, rows[j])
+            else:
+                b64[j].copy_(self._flat[j][k][lo:hi])
+        return b64

@@ -32,8 +32,10 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -263,7 +265,7 @@ class Fleet:
             gone |= set(members)
         return gone
 
-    def _stop_ray(self, grace_s: float) -> None:
+    def _stop_ray(self, grace_s: float, kill_after_s: float = 10.0) -> None:
         ray = self._ray
         pending = [r for n, r in self._runs.items() if n not in self._codes]
         if pending:
@@ -275,7 +277,7 @@ class Fleet:
                     self._actors[name].stop.remote()
         pending = [r for r in self._runs.values() if not ray.wait([r], timeout=0)[0]]
         if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=10)
+            ray.wait(pending, num_returns=len(pending), timeout=max(0.1, kill_after_s))
         for actor in self._actors.values():
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
@@ -345,25 +347,40 @@ class Fleet:
         """Process names (``worker-<k>`` or client ids)."""
         return list(self._actors if self.engine == "ray" else self._procs)
 
-    def stop(self, grace_s: float) -> None:
-        """Let clients exit by themselves (they do once the run is finished), then terminate the rest."""
+    def stop(self, grace_s: float, kill_after_s: float = 10.0, hurry: threading.Event | None = None) -> None:
+        """Let clients exit by themselves (they do once the run is finished), then terminate the rest.
+
+        Waits up to ``grace_s`` seconds in all (not per process) for the processes to exit, or
+        until ``hurry`` is set (a stop signal); then sends SIGTERM (and SIGCONT, so a stopped
+        process handles it) to those still running, and SIGKILL to those still running
+        ``kill_after_s`` seconds later. Returns once every process is reaped, so none is left
+        behind: at most ``grace_s + kill_after_s`` seconds plus the reaping of killed processes.
+        ``ray``: the actors get ``stop()`` and are killed likewise.
+        """
         self._stopping = True
         if self.engine == "ray":
             if self._ray is not None:
-                self._stop_ray(grace_s)
+                self._stop_ray(grace_s, kill_after_s)
             return
         end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(p.poll() is None for p in self._procs.values()):
+            if hurry is not None and hurry.is_set():
+                break
+            time.sleep(0.1)
+        for name, p in self._procs.items():
+            if p.poll() is None:
+                log.warning("%s still running; terminating it", name)
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+                    os.kill(p.pid, signal.SIGCONT)
+        end = time.monotonic() + kill_after_s
         for name, p in self._procs.items():
             try:
-                p.wait(max(0.1, end - time.monotonic()))
+                p.wait(max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s still running; terminating it", name)
-                p.terminate()
-        for p in self._procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
+                log.warning("%s did not exit %.0f s after SIGTERM; killing it", name, kill_after_s)
                 p.kill()
+                p.wait()
 
 
 class _RayNode:

@@ -6,20 +6,33 @@ its subject's recordings through the device pipeline into its own store), and th
 coordinator; they talk only over MQTT, exactly as on devices. The coordinator also
 holds the union of the subjects' test splits to measure global and generalisation
 accuracy (FedDist protocol). Prints the wall time and where the report is.
+
+SIGINT (Ctrl-C) and SIGTERM stop the run: the coordinator stops at its next safe point (it
+checks while it waits for clients or updates, at least every half second; if it is busy
+elsewhere, e.g. aggregating, it is interrupted where it is after :data:`FORCE_STOP_S`, which
+is safe too, since a round is recorded in one SQLite transaction after its model files).
+Every client process is terminated, then killed if still there after
+:data:`KILL_AFTER_S`; the embedded broker stops; the exit status is 128 + the signal number
+(130, 143), and ``--resume`` continues from the last completed round. A second signal stops
+at once.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import json
 import logging
 import os
 import shlex
+import signal
+import sqlite3
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 import psutil
@@ -29,6 +42,7 @@ from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
 from coordinator.fleet import ENGINES, Fleet
 from coordinator.service import Coordinator, CoordinatorError, StateError
+from coordinator.state import RunState
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
 from har_models.splits import DEFAULT_SPLIT, SplitSpec
@@ -37,6 +51,109 @@ from har_models.subjects import DEFAULT_HAPT, drop_empty_sources, subject_source
 log = logging.getLogger("fedhar.simulate")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+FORCE_STOP_S = 3.0
+"""Seconds after SIGINT/SIGTERM before the coordinator is interrupted wherever it is, if it reached no safe point."""
+KILL_AFTER_S = 5.0
+"""Seconds a client process has to exit after SIGTERM before it is killed, when the run was interrupted."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The simulation was asked to stop by a signal (raised in the main thread; a KeyboardInterrupt, so
+    every ``finally`` and ``except KeyboardInterrupt`` on the way applies).
+
+    Attributes
+    ----------
+    signum : int
+        The signal (``signal.SIGINT`` or ``signal.SIGTERM``); the exit status is 128 + signum.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT and SIGTERM handling of one simulation (a context manager; main thread only).
+
+    The first signal logs one line and sets :attr:`signum`; :meth:`check` (called at safe
+    points: the coordinator's wait loops, between start-up steps) then raises
+    :class:`Interrupted`. If no safe point comes within ``force_after_s`` seconds, the main
+    thread is interrupted wherever it is (``_thread.interrupt_main``); a second signal does
+    the same at once. Once :class:`Interrupted` is raised, further signals are logged and
+    ignored, so the clean-up that follows (bounded by its own timeouts) is not cut short.
+    The previous handlers are restored on exit.
+
+    Parameters
+    ----------
+    force_after_s : float
+        Seconds to wait for a safe point (:data:`FORCE_STOP_S`).
+    """
+
+    def __init__(self, force_after_s: float = FORCE_STOP_S):
+        self.force_after_s = force_after_s
+        self.signum: int | None = None
+        self.requested = threading.Event()
+        """Set by the first signal (for waits that should end early, e.g. :meth:`Fleet.stop`'s grace)."""
+        self._raised = False
+        self._timer: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach only the main thread; a caller in another thread handles them itself
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+            self.requested.set()
+        if self._raised:
+            log.warning("received %s while stopping; the clean-up is bounded, please wait", signal.Signals(signum).name)
+            return
+        if first:
+            log.warning(
+                "received %s: stopping the simulation (the coordinator at its next safe point, then clients and broker)",
+                signal.Signals(signum).name,
+            )
+            self._timer = threading.Timer(self.force_after_s, _thread.interrupt_main, args=(signum,))
+            self._timer.daemon = True
+            self._timer.start()
+            return
+        self._raise()  # a second signal, or no safe point in time
+
+    def _raise(self) -> None:
+        assert self.signum is not None
+        self._raised = True
+        if self._timer is not None:
+            self._timer.cancel()
+        raise Interrupted(self.signum)
+
+    def hold(self) -> None:
+        """From now on only record signals (for the clean-up, which must not be cut short)."""
+        self._raised = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def check(self) -> None:
+        """A safe point: raise :class:`Interrupted` if a stop signal came.
+
+        Raises
+        ------
+        Interrupted
+            After SIGINT or SIGTERM.
+        """
+        if self.signum is not None and not self._raised:
+            self._raise()
 
 
 @dataclass
@@ -105,7 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         "each client logs in as its id, the coordinator as --username (default coordinator)",
     )
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
-    ap.add_argument("--run-id", default=None)
+    ap.add_argument(
+        "--run-id", default=None, help="run identifier (default: <dataset>-<aggregation>-<timestamp>; with --resume: the run's own)"
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir after its last completed round (e.g. after Ctrl-C), with the same options",
+    )
     ap.add_argument(
         "--engine",
         choices=ENGINES,
@@ -173,6 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 2
+    if args.resume:
+        if args.run_dir is None or not (args.run_dir / "state.sqlite").is_file():
+            print("fedhar-simulate: --resume needs --run-dir of an earlier run (a folder with state.sqlite)", file=sys.stderr)
+            return 2
+        try:
+            earlier = RunState(args.run_dir)
+            args.run_id = args.run_id or earlier.get("run_id")
+            earlier.close()
+        except sqlite3.DatabaseError as exc:
+            print(f"fedhar-simulate: {args.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run", file=sys.stderr)
+            return 6
+        settings = replace(settings, resume=True)
     run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (args.run_dir or Path("runs") / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     monitor.start()
     fleet: Fleet | None = None
     broker_ctx: EmbeddedBroker | None = None
+    coord: Coordinator | None = None
     ok = False
+    stops = StopSignals().__enter__()  # left in the finally, after the clean-up
+    stopped_by: int | None = None
     try:
         if args.credentials_dir is not None and not args.broker:
             raise ValueError("--credentials-dir needs --broker (the embedded broker has no accounts)")
@@ -204,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.password_file = args.credentials_dir / f"{args.username}.password"
             broker = broker_from_args(args)
         else:
-            broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log").__enter__()
+            broker_ctx = EmbeddedBroker(log_file=run_dir / "logs" / "broker.log")
+            broker_ctx.__enter__()  # assigned first, so the finally stops a broker whose start was interrupted
+            stops.check()
             # The embedded broker speaks MQTT 3.1.1 only: no one tries MQTT 5 against it.
             broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes,
                                   mqtt_version="3.1.1")  # fmt: skip
@@ -243,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(client_argv, args.engine, workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT,
                       ray_address=args.ray_address)
         fleet.start()
+        stops.check()
         log.info("building the union test set for evaluation")
         evaluator = Evaluator(union_test_set(sources, split=split))
+        stops.check()
         cfg = replace(
             settings,
             run_dir=run_dir,
@@ -265,8 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         if fleet.placement:
             header["ray_workers"] = fleet.placement
+        running = fleet
+
+        def clients_gone() -> tuple[set[str], str | None]:
+            stops.check()  # called from the coordinator's wait loops: a safe point to stop at
+            return running.gone()
+
         coord = Coordinator(
-            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=fleet.gone
+            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone
         )
         doc = coord.run()
         ok = True
@@ -282,20 +431,31 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"fedhar-simulate: {exc}", file=sys.stderr)
         return 4
-    except KeyboardInterrupt:
-        print(
-            f"fedhar-simulate: interrupted; completed rounds are kept in {run_dir} (resume with fedhar-coordinator --resume)",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as exc:
+        stopped_by = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
     finally:
+        stops.hold()
         if fleet is not None:
-            fleet.stop(grace_s=60.0 if ok else 0.0)
+            clean = ok and stops.signum is None
+            fleet.stop(grace_s=60.0 if clean else 0.0, kill_after_s=10.0 if clean else KILL_AFTER_S, hurry=stops.requested)
         if broker_ctx is not None:
             broker_ctx.stop()
         monitor.stop()
+        if stopped_by is None and ok:  # a signal during the clean-up of a finished run
+            stopped_by = stops.signum
+        if stopped_by is not None:
+            done = coord.state.last_completed_round() + 1 if coord is not None else 0
+            log.warning(
+                "fedhar-simulate: stopped by %s with %d round(s) completed; clients and broker stopped; "
+                "continue with the same options plus --resume --run-dir %s (exit %d)",
+                signal.Signals(stopped_by).name, done, run_dir, 128 + stopped_by,
+            )
         logging.getLogger().removeHandler(file_log)
         file_log.close()
+        stops.__exit__(None, None, None)
+    if stopped_by is not None:
+        return 128 + stopped_by
+    assert coord is not None  # ok: the coordinator ran to its end
     wall = time.monotonic() - t0
     header.update({"wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict()})
     doc = coord.write_final_report(header)

@@ -6,11 +6,20 @@ file and replaced by a :class:`SpilledState`, a read-only mapping that reads a t
 the file when it is asked for. FedAvg's weighted average (:func:`coordinator.aggregation.weighted_average`)
 walks tensor by tensor, so it holds one tensor of one client at a time, and it adds the
 same numbers in the same order as with the states in memory: the result is identical.
+
+FedDWA needs every client's model at once (a Gram matrix over all of them, then one mix per
+client), so it reads them block by block instead: :meth:`SpilledState.read_flat` maps the
+byte range of one slice of one tensor (``mmap``, through the safetensors header's offsets),
+copies it into the caller's buffer and unmaps it, so neither the process's heap nor its
+resident file pages hold more than one block per client (:mod:`coordinator.feddwa`).
 """
 
 from __future__ import annotations
 
+import json
+import mmap
 import shutil
+import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +30,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from coordinator.updates import ClientUpdate
+
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1",
+              "BOOL": "?"}
+"""safetensors dtype names -> numpy dtypes (the format is little-endian); the ones numpy can hold."""
 
 
 class SpilledState(Mapping[str, torch.Tensor]):
@@ -38,6 +51,76 @@ class SpilledState(Mapping[str, torch.Tensor]):
 
     def __init__(self, path: Path, prefix: str, names: list[str]):
         self.path, self.prefix, self._names = Path(path), prefix, list(names)
+        self._layout: dict[str, tuple[np.dtype, tuple[int, ...], int]] | None = None
+
+    def _entry(self, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
+        """(dtype, shape, byte offset of the first element in the file) of tensor ``name``, from the header.
+
+        safetensors layout: 8 bytes little-endian header length N, N bytes of JSON
+        ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, then the data, offsets
+        counted from its start.
+        """
+        if name not in self._names:
+            raise KeyError(name)
+        if self._layout is None:
+            with open(self.path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            layout = {}
+            for key, meta in header.items():
+                if key == "__metadata__" or not key.startswith(self.prefix):
+                    continue
+                if meta["dtype"] not in _NP_DTYPES:
+                    raise ValueError(f"{self.path}: tensor {key!r} has dtype {meta['dtype']}, which numpy cannot map")
+                layout[key[len(self.prefix):]] = (np.dtype(_NP_DTYPES[meta["dtype"]]), tuple(meta["shape"]),
+                                                  8 + n + int(meta["data_offsets"][0]))
+            self._layout = layout
+        return self._layout[name]
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        """Shape of tensor ``name``, from the file's header (the tensor is not read).
+
+        Raises
+        ------
+        KeyError
+            If the state has no tensor ``name``.
+        """
+        return self._entry(name)[1]
+
+    def read_flat(self, name: str, lo: int, hi: int, out: np.ndarray) -> None:
+        """Copy elements ``[lo, hi)`` of tensor ``name`` (flattened, C order) into ``out``, through a memory map.
+
+        Only the pages of that byte range are mapped, and they are unmapped before this
+        returns, so reading a whole model block by block never keeps more than one block
+        resident. The copy casts to ``out``'s dtype (e.g. float32 -> float64, exact).
+
+        Parameters
+        ----------
+        name : str
+        lo, hi : int
+            Element range, ``0 <= lo <= hi <= numel``.
+        out : ndarray of shape ``(hi - lo,)``
+            Writable destination.
+
+        Raises
+        ------
+        KeyError
+            If the state has no tensor ``name``.
+        ValueError
+            If the range is outside the tensor or ``out`` has another length.
+        """
+        dtype, shape, start = self._entry(name)
+        numel = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= lo <= hi <= numel or out.shape != (hi - lo,):
+            raise ValueError(f"read_flat {name!r}: range [{lo}, {hi}) of {numel} elements into out of shape {out.shape}")
+        if hi == lo:
+            return
+        first, last = start + lo * dtype.itemsize, start + hi * dtype.itemsize
+        base = first - first % mmap.ALLOCATIONGRANULARITY  # mmap offsets must be page-aligned
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), last - base, access=mmap.ACCESS_READ, offset=base) as mm:
+            src = np.frombuffer(mm, dtype=dtype, count=hi - lo, offset=first - base)
+            np.copyto(out, src, casting="same_kind")
+            del src  # the map cannot close while a view of it exists
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._names:
