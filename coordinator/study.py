@@ -165,6 +165,12 @@ def run_grid(
         Study folder.
     runner : callable, optional
         ``runner(cell, argv) -> exit status``; default: ``fedhar-simulate``/``fedhar-baseline`` in-process.
+
+    Raises
+    ------
+    StudyInterrupted
+        When a cell's run exits with 130 or 143 (SIGINT/SIGTERM): the grid stops there
+        instead of going on with the next cell.
     """
     run = runner or _run_in_process
     done: list[Cell] = []
@@ -181,11 +187,22 @@ def run_grid(
         log.info("[%d/%d] %s: running", i + 1, len(cells), folder)
         rc = run(cell, argv)
         done.append(cell)
+        if rc in (130, 143):  # the cell's simulation was stopped by SIGINT/SIGTERM: stop the grid too, resumable
+            log.error("%s: stopped by a signal (exit status %d); run the same command again to continue", folder, rc)
+            raise StudyInterrupted(rc)
         if rc != 0 or not finished(folder):
             log.error("%s: exit status %d, no final report; it runs again next time", folder, rc)
         else:
             log.info("%s: done in %.0f s", folder, time.monotonic() - t0)
     return done
+
+
+class StudyInterrupted(Exception):
+    """A cell's run was stopped by SIGINT or SIGTERM; ``status`` is its exit status (130 or 143)."""
+
+    def __init__(self, status: int):
+        super().__init__(f"stopped by a signal (exit status {status})")
+        self.status = status
 
 
 def _run_in_process(cell: Cell, argv: list[str]) -> int:
@@ -582,7 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-study``: 0 when every cell finished, 1 when some did not, 2 on usage errors."""
+    """Entry point of ``fedhar-study``: 0 when every cell finished, 1 when some did not, 2 on usage errors,
+    130/143 when SIGINT/SIGTERM stopped it (finished cells are kept; the same command continues)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -606,7 +624,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not args.summary_only:
-        run_grid(cells, s, out)
+        try:
+            run_grid(cells, s, out)
+        except StudyInterrupted as stop:
+            print(f"fedhar-study: {stop}; finished cells are kept, the same command continues", file=sys.stderr)
+            return stop.status
     write_outputs(cells, s, out, args.results)
     missing = [c for c in cells if finished(c.folder(out)) is None]
     print(f"fedhar-study: {len(cells) - len(missing)}/{len(cells)} cells finished; {out / 'study.md'}")

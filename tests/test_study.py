@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from coordinator.study import Cell, main, strategy_args
+from coordinator.study import Cell, StudyInterrupted, StudySettings, main, run_grid, strategy_args
 from har_models.splits import SplitSpec
 from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
 
@@ -76,3 +76,18 @@ def test_bad_names_are_usage_errors(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--strategies", "fedsgd"]) == 2
     assert main(["--out", str(tmp_path), "--splits", "random"]) == 2
     assert "fedhar-study" in capsys.readouterr().err
+
+
+def test_a_signal_stops_the_grid_not_just_the_cell(tmp_path):
+    """A cell stopped by SIGTERM (exit 143) ends the study; the cells after it are not started."""
+    cells = [Cell("blocks", "fedavg", k) for k in (1, 2, 3)]
+    started: list[int] = []
+
+    def runner(cell: Cell, argv: list[str]) -> int:
+        started.append(cell.seed)
+        return 143 if cell.seed == 2 else 1
+
+    s = StudySettings(2, 1, 0.01, 8, 16, 3, "hapt", None, 1, ())
+    with pytest.raises(StudyInterrupted) as stop:
+        run_grid(cells, s, tmp_path, runner=runner)
+    assert stop.value.status == 143 and started == [1, 2]
