@@ -22,7 +22,10 @@ The client's local model is the model it trained in its first participation (one
 common initial model); the received model is one epoch of the same initial model on another
 subject (the next one of ``--subjects``), so theta - theta_i is not zero. Before each timed
 round the store's local model and ALA state are put back, so every repeat does the same work;
-the median over ``--repeats`` is reported. ``ala s`` is the time of the
+the median over ``--repeats`` is reported. Times are CPU seconds of this process
+(``time.process_time``; one PyTorch thread, so CPU time is the round's compute): on a shared
+machine the wall time of the same round moves by a factor of two with other jobs' load, the CPU
+time much less. ``ala s`` is the time of the
 :func:`~edge_client.ala.adaptive_local_aggregation` call alone inside the ALA round; the rest of
 the difference is the extra evaluation of the initial model on the test split that the round
 does when the initial model is not the received one.
@@ -80,9 +83,9 @@ class _TimedAla:
         self.passes = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> AlaResult:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         res = self.fn(*args, **kwargs)
-        self.seconds = time.perf_counter() - t0
+        self.seconds = time.process_time() - t0
         self.passes = res.passes
         return res
 
@@ -131,9 +134,9 @@ def bench_subject(
         def one(client_init: str, ala_state: tuple[dict[str, np.ndarray], dict[str, Any]]) -> tuple[float, float, int]:
             reset(ala_state)
             timed.seconds, timed.passes = 0.0, 0
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             agent.run_round(ann(2, client_init), received)
-            return time.perf_counter() - t0, timed.seconds, timed.passes
+            return time.process_time() - t0, timed.seconds, timed.passes
 
         one("overwrite", first_state)  # warm-up: allocator, code paths
         rows: dict[str, list[tuple[float, float, int]]] = {"none": [], "first": [], "later": []}
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> float:
           f"({n_params / 1e6:.2f} M parameters), E=1, batch {TrainingPlan().batch_size}, 1 thread, "
           f"median of {args.repeats}")
     print(f"ALA: {ala_cfg}")
-    print("baseline: the same round with client_init=overwrite (no ALA); ala s = the ALA call inside the round\n")
+    print("baseline: the same round with client_init=overwrite (no ALA); ala s = the ALA call inside the round; CPU seconds\n")
     print(f"{'subject':>7} {'train':>6} {'no ALA s':>9} {'first s':>8} {'ala s':>6} {'passes':>6} {'first %':>8} "
           f"{'later s':>8} {'ala s':>6} {'later %':>8}")
     results = []
