@@ -30,9 +30,9 @@ time much less. ``ala s`` is the time of the
 the difference is the extra evaluation of the initial model on the test split that the round
 does when the initial model is not the received one.
 
-Reference figure: the FedALA paper (Zhang et al., AAAI 2023, arXiv 2212.01197, section
-"Computation overhead") reports ALA adding about 21 % to the time per iteration of FedAvg
-(on its own models and data). Goal of issue 13: at most +10 % per later round.
+Reference figure: the FedALA paper (Zhang et al., AAAI 2023, arXiv 2212.01197) reports ALA
+adding about 21 % to FedAvg's time per iteration (on its own models and data; the figure as
+issue 13 quotes it). Goal of issue 13: at most +10 % per later round.
 
 Last line: ``ala_overhead=<median later-round time with ALA / without, over all subjects>``.
 
