@@ -72,7 +72,18 @@ class HarCNN(nn.Module):
             for name, p in self.named_parameters():
                 p.copy_(torch.as_tensor(state[name], dtype=torch.float32))
 
+    HEAD_PARAMS = ("out.weight", "out.bias")
+    """The parameters :meth:`head` uses; :meth:`features` uses none of them."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw windows ``(B, 6, T)`` or ``(B, 6, T, 1)`` -> hidden activations ``(B, H)`` (after ReLU, before dropout).
+
+        Deterministic (no dropout, no random draw) and independent of :attr:`HEAD_PARAMS`, so
+        FedALA can compute it once per window when only the output layer is blended.
+        """
         if x.dim() == 3:
             x = x.unsqueeze(-1)
         x = (x - self.get_buffer("input_mean")) / self.get_buffer("input_std")
@@ -80,9 +91,11 @@ class HarCNN(nn.Module):
         x = F.relu(self.conv(x))
         x = F.max_pool2d(x, (self.spec.pool, 1))
         x = torch.flatten(x, 1)  # (B, F, T', 1) -> (B, F*T'): filter j owns columns j*T' .. (j+1)*T'-1
-        x = F.relu(self.hidden(x))
-        x = F.dropout(x, self.spec.dropout, self.training)
-        return self.out(x)
+        return F.relu(self.hidden(x))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden activations ``(B, H)`` -> logits ``(B, C)``: dropout (training mode only; one draw) and the output layer."""
+        return self.out(F.dropout(h, self.spec.dropout, self.training))
 
 
 def init_state(spec: ArchSpec, seed: int) -> dict[str, torch.Tensor]:

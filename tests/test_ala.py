@@ -250,3 +250,65 @@ def test_blend_is_exact_at_both_ends() -> None:
     assert out["out.bias"][0] == RECEIVED["out.bias"][0] and out["out.bias"][1] == LOCAL["out.bias"][1]
     torch.testing.assert_close(out["out.bias"][2], 0.75 * LOCAL["out.bias"][2] + 0.25 * RECEIVED["out.bias"][2])
     assert torch.equal(out["conv.weight"], RECEIVED["conv.weight"])
+
+
+class _Unsplit(torch.nn.Module):
+    """The same CNN, parameters and names, but not a HarCNN: ALA runs the whole model every batch (no cached features)."""
+
+    def __init__(self, spec: ArchSpec, state: dict[str, torch.Tensor]):
+        super().__init__()
+        inner = build_model(spec, state)
+        self.conv, self.hidden, self.out = inner.conv, inner.hidden, inner.out
+        self.inner = [inner]  # a list: not registered again, its parameters are the ones above
+
+    def train(self, mode: bool = True) -> _Unsplit:
+        self.inner[0].train(mode)
+        return super().train(mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner[0](x)
+
+
+def _counting(build, calls: list[int]):
+    """``build`` whose models count their convolution's forward calls (PyTorch's forward hooks) into ``calls``."""
+
+    def make(state):
+        model = build(state)
+        model.conv.register_forward_hook(lambda *_: calls.append(1))
+        return model
+
+    return make
+
+
+@pytest.mark.parametrize("start_phase", [True, False])
+def test_cached_features_give_the_same_result_as_the_whole_model(start_phase: bool) -> None:
+    x, y = data(40)  # sample of 32 = 4 batches of 8
+    cfg = AlaConfig(max_passes=5, threshold=0.0, mode="train")  # dropout on; 5 passes in the start phase
+    state = AlaState({"out.weight": torch.full((3, 8), 0.7), "out.bias": torch.full((3,), 0.4)}, start_phase, True)
+    out = {}
+    for name, build in (("cached", functools.partial(build_model, SPEC)), ("whole", functools.partial(_Unsplit, SPEC))):
+        calls: list[int] = []
+        out[name] = adaptive_local_aggregation(
+            RECEIVED, LOCAL, state, x, y, build=_counting(build, calls), loss_fn=loss_fn, batch_size=8, seed=11, config=cfg
+        )
+        out[name + " conv calls"] = len(calls)  # type: ignore[assignment]
+    passes = 5 if start_phase else 1
+    assert out["cached"].passes == out["whole"].passes == passes
+    # The lower layers ran once over the sample instead of once per pass.
+    assert out["cached conv calls"] == 4 and out["whole conv calls"] == 4 * passes
+    torch.testing.assert_close(torch.tensor(out["cached"].losses), torch.tensor(out["whole"].losses), rtol=1e-5, atol=1e-6)
+    for k in RECEIVED:
+        torch.testing.assert_close(out["cached"].state[k], out["whole"].state[k], rtol=1e-5, atol=1e-6, msg=k)
+    for k in ("out.weight", "out.bias"):
+        torch.testing.assert_close(out["cached"].ala.weights[k], out["whole"].ala.weights[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert not torch.equal(out["cached"].ala.weights["out.weight"], state.weights["out.weight"])  # W did move
+
+
+def test_blending_below_the_head_runs_the_whole_model() -> None:
+    calls: list[int] = []
+    x, y = data(40)
+    res = adaptive_local_aggregation(
+        RECEIVED, LOCAL, RETURNING, x, y, build=_counting(functools.partial(build_model, SPEC), calls), loss_fn=loss_fn,
+        batch_size=8, seed=11, config=AlaConfig(layer_idx=4, max_passes=3, threshold=0.0),
+    )
+    assert res.passes == 3 and len(calls) == 3 * 4  # hidden.* blended: its input is not fixed, so no cache
