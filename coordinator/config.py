@@ -54,8 +54,11 @@ class CoordinatorConfig:
         Seed of every client's 80/20 train/test split; the evaluation's union test set uses
         the same one.
     local_epochs, lr, batch_size, class_weights :
-        Local training (FedDist: E = 5, lr 0.01, batch 32, balanced class weights).
+        Local training (defaults E = 1, lr 0.1, batch 32, balanced class weights; FedDist
+        used E = 5, lr 0.01).
     aggregation : {"fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi"}
+        Default "fedavgm": FedAvgM with eta 1 and beta 0.5, 15 rounds. This is the setting
+        with the best validation macro-F1 of the search in docs/results.md (HAPT, blocks split).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
     prox_mu : float
@@ -65,7 +68,7 @@ class CoordinatorConfig:
     server_lr, server_momentum : float
         Server optimiser eta and beta (FedAvgM's momentum, FedAdam/FedYogi's beta1) of
         Reddi et al., ICLR 2021, Algorithm 2; used only by fedavgm, fedadam and fedyogi.
-        ``server_lr`` 0 means the optimiser's default (:func:`coordinator.server_opt.make_server_opt`).
+        None means the optimiser's default (:func:`coordinator.server_opt.make_server_opt`).
     feddist_mode : {"auto", "paper", "function_preserving"}
         Outgoing weights of new units copied from the source client (with the paper's
         intermediate layer-wise rounds) or zero (no client's function changes). "auto"
@@ -95,7 +98,7 @@ class CoordinatorConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig, metadata=doc("broker address and credentials", cli=False))
     federation: str = field(default="default", metadata=doc("federation name, topic namespace fedhar/v1/<federation>", cli=False))
     run_id: str = field(default="run", metadata=doc("run identifier", cli=False))
-    rounds: int = field(default=10, metadata=doc("communication rounds R", "rounds"))
+    rounds: int = field(default=15, metadata=doc("communication rounds R", "rounds"))
     expected_clients: int | None = field(default=None, metadata=doc("start as soon as this many clients are online", cli=False))
     min_clients: int = field(default=2, metadata=doc("quorum: fewest updates a round needs to change the model", "clients"))
     start_timeout_s: float = field(
@@ -116,18 +119,20 @@ class CoordinatorConfig:
     lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
     batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)
     class_weights: str = field(default=LocalTraining.class_weights, metadata=_LT["class_weights"].metadata)
-    aggregation: str = field(default="fedavg", metadata=doc("aggregation strategy", choices=AGGREGATIONS))
+    aggregation: str = field(default="fedavgm", metadata=doc("aggregation strategy", choices=AGGREGATIONS))
     growth: str = field(default="none", metadata=doc("architecture growth", choices=GROWTHS))
     client_init: str = field(default="overwrite", metadata=doc("how clients start from the received model", choices=CLIENT_INITS))
     prox_mu: float = field(default=0.01, metadata=doc("FedProx mu"))
     top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client"))
-    server_lr: float = field(
-        default=0.0,
-        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); 0 = its default: 1.0 for FedAvgM, 0.01 for "
+    server_lr: float | None = field(
+        default=None,
+        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 1.0 for FedAvgM, 0.01 for "
                      "FedAdam/FedYogi"),
     )
-    server_momentum: float = field(
-        default=0.9, metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1)")
+    server_momentum: float | None = field(
+        default=None,
+        metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1); default: 0.5 for "
+                     "FedAvgM (tuned on HAPT, docs/results.md), 0.9 for FedAdam/FedYogi"),
     )
     feddist_mode: str = field(
         default="auto",
@@ -182,10 +187,12 @@ class CoordinatorConfig:
             raise ValueError(
                 f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}"
             )
-        if self.server_lr < 0 or not 0 <= self.server_momentum < 1:
+        if (self.server_lr is not None and not self.server_lr > 0) or (
+            self.server_momentum is not None and not 0 <= self.server_momentum < 1
+        ):
             raise ValueError(
-                f"server_lr must be >= 0 (0 = the optimiser's default) and server_momentum in [0, 1); got "
-                f"{self.server_lr}, {self.server_momentum}"
+                f"server_lr must be > 0 and server_momentum in [0, 1) (leave them out for the optimiser's defaults); "
+                f"got {self.server_lr}, {self.server_momentum}"
             )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")

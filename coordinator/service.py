@@ -95,7 +95,7 @@ class Coordinator:
         self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
         self.strategy: Strategy = make_strategy(
-            cfg.aggregation, cfg.prox_mu, cfg.top_k, cfg.server_lr or None, cfg.server_momentum
+            cfg.aggregation, cfg.prox_mu, cfg.top_k, cfg.server_lr, cfg.server_momentum
         )
         self.feddist_cfg = feddist.FedDistConfig(
             k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor

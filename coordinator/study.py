@@ -51,6 +51,10 @@ BASELINES = ("centralised", "local-only")
 def strategy_args(name: str) -> list[str]:
     """``fedhar-simulate`` switches of a strategy name (``feddwa+feddist+ala`` -> aggregation, growth, init).
 
+    A name without an aggregation part (``feddist``, ``ala``) aggregates with plain FedAvg,
+    whatever the simulation's default aggregation is, so a name means the same run on every
+    version.
+
     Raises
     ------
     ValueError
@@ -66,6 +70,8 @@ def strategy_args(name: str) -> list[str]:
             args += ["--client-init", "ala"]
         else:
             raise ValueError(f"strategy {name!r}: unknown part {part!r}; use {'|'.join(AGGREGATIONS)}, feddist, ala joined by +")
+    if "--aggregation" not in args:
+        args = ["--aggregation", "fedavg", *args]
     return args
 
 

@@ -18,7 +18,7 @@ def test_strategy_names_become_simulate_switches():
     assert strategy_args("feddwa+feddist+ala") == [
         "--aggregation", "feddwa", "--growth", "feddist", "--client-init", "ala"
     ]
-    assert strategy_args("feddist") == ["--growth", "feddist"]
+    assert strategy_args("feddist") == ["--aggregation", "fedavg", "--growth", "feddist"]  # not the simulation's default
     with pytest.raises(ValueError, match="unknown part 'fedsgd'"):
         strategy_args("fedsgd")
 
