@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 DEFAULT_BLOCK_BYTES = 64 * 2**20
 """Memory of one float64 block of stacked parameters in :func:`distances` (per model set)."""
 
+MIX_BLOCK_BYTES = 16 * 2**20
+"""Bytes of the n float32 source slices one block of a sparse :func:`personalise` reads
+(kept well inside a server's last-level cache, so the K reads of each slice hit it)."""
+
 
 @runtime_checkable
 class FlatBlockSource(Protocol):
@@ -80,11 +84,15 @@ class DwaResult:
         P[j, i] = p_ij; every column sums to 1.
     states : list of n dicts name -> float32 Tensor
         The personalised model of each client, in input order.
+    average : dict name -> float32 Tensor, or None
+        The shadow FedAvg average sum_j n_j / n w_j, if :func:`aggregate` was given the
+        weights n_j.
     """
 
     distances: torch.Tensor
     weights: torch.Tensor
     states: list[State]
+    average: State | None = None
 
 
 def finite_clients(*state_lists: Sequence[Mapping[str, torch.Tensor]]) -> list[int]:
@@ -267,54 +275,83 @@ def personalise(
 ) -> list[State]:
     """Personalised models w̄_i = sum_j P[j, i] w_j (Liu et al., Eq. (8), reconstructed).
 
-    Computed as one matrix product P^T W per block of the parameter axis, with W the
+    Computed as one product P^T W per block of the parameter axis, with W the
     ``(n, n_params)`` stacked trained models, accumulated in float64 and returned as float32
     (as :func:`coordinator.aggregation.weighted_average` does). Each column of P is divided
-    by its sum first, which is 1 for the output of :func:`weights`. Extra memory: a few
-    reused ``(n, b)`` buffers besides the n output models (trained models that are
-    :class:`FlatBlockSource` are read block by block and never held whole).
+    by its sum first, which is 1 for the output of :func:`weights`. P may have more columns
+    than rows: any column is one more mix of the same models (e.g. the FedAvg weights
+    n_j / n for the shadow average, see :func:`aggregate`). A P with at most a quarter of its
+    entries non-zero (FedDWA's top-K columns once n > 4K) is multiplied as a sparse matrix,
+    so the cost per block is (non-zeros x b) instead of (n x m x b); the sums are the same
+    up to float64 rounding order. Extra memory: one reused ``(n, b)`` float64 buffer and
+    its ``(m, b)`` product besides the m output models; trained models that are
+    :class:`FlatBlockSource` (memory-mapped files) are read block by block and never held whole.
 
     Parameters
     ----------
     trained_states : sequence of n mappings name -> Tensor
         w_j, the trained models of the round, same names and shapes.
-    P : Tensor or ndarray of shape ``(n, n)``
-        P[j, i] = p_ij (source j, target i), >= 0, every column with a positive sum.
+    P : Tensor or ndarray of shape ``(n, m)``
+        P[j, i] = p_ij (source j, target i), >= 0, every column with a positive sum; m >= 1
+        (m = n for FedDWA's weights).
     block_size : int, optional
         Parameters per block; default so that one float64 block is about 64 MiB.
 
     Returns
     -------
-    list of n dicts name -> float32 Tensor, index i = client i's personalised model.
+    list of m dicts name -> float32 Tensor, index i = the mix of column i (client i's
+    personalised model for FedDWA's P).
 
     Raises
     ------
     ValueError
-        If P is not ``(n, n)``, holds negative or non-finite values, or has a zero column,
-        or the states differ in names or shapes.
+        If P does not have n rows and at least one column, holds negative or non-finite
+        values, or has a zero column, or the states differ in names or shapes.
     """
     p = torch.as_tensor(np.asarray(P) if not isinstance(P, torch.Tensor) else P).detach().to(torch.float64)
     n = len(trained_states)
-    if tuple(p.shape) != (n, n) or n == 0:
-        raise ValueError(f"personalise: P must have shape ({n}, {n}) for {n} trained models, got {tuple(p.shape)}")
+    if p.dim() != 2 or p.shape[0] != n or p.shape[1] == 0 or n == 0:
+        raise ValueError(f"personalise: P must have shape ({n}, m) with m >= 1 for {n} trained models, got {tuple(p.shape)}")
     if not torch.isfinite(p).all() or (p < 0).any():
         raise ValueError("personalise: P must be finite and >= 0; compute it with weights()")
     zero_cols = (p.sum(0) <= 0).nonzero().flatten().tolist()
     if zero_cols:
         raise ValueError(f"personalise: columns {zero_cols} of P are all zero; every client needs at least one source model")
     names, shapes = _common_layout(trained_states, [], "personalise")
+    m = p.shape[1]
     pt = (p / p.sum(0, keepdim=True)).T.contiguous()  # pt[i, j] = p_ij, rows summing to 1
-    b = _block_size(block_size, n, shapes, "personalise")
-    stacker = _BlockStacker(trained_states, names, b)
-    res = torch.empty(n * b, dtype=torch.float64)
     out: list[State] = [{name: torch.empty(shape, dtype=torch.float32) for name, shape in zip(names, shapes, strict=True)}
-                        for _ in range(n)]
+                        for _ in range(m)]
     flat_out = [[o[name].view(-1) for name in names] for o in out]
+    if 4 * int(torch.count_nonzero(pt)) > n * m:
+        b = _block_size(block_size, n, shapes, "personalise")
+        stacker = _BlockStacker(trained_states, names, b)
+        res = torch.empty(m * b, dtype=torch.float64)
+        for k, lo, hi in _blocks(shapes, b):
+            r = res[: m * (hi - lo)].view(m, hi - lo)
+            torch.mm(pt, stacker.block(k, lo, hi), out=r)
+            for i in range(m):
+                flat_out[i][k][lo:hi].copy_(r[i])
+        return out
+    # Sparse P (FedDWA's top-K columns once n > 4K): each mix adds only its non-zero sources,
+    # in ascending j, into a float64 accumulator (as weighted_average does), K instead of n
+    # multiply-adds per parameter. Blocks are sized so that the n source slices of a block
+    # stay in cache while the m mixes read them.
+    terms = []
+    for i in range(m):
+        src = pt[i].nonzero().flatten()
+        terms.append(list(zip(src.tolist(), pt[i, src].tolist(), strict=True)))
+    b = _block_size(block_size, n, shapes, "personalise", block_bytes=MIX_BLOCK_BYTES)
+    stacker = _BlockStacker(trained_states, names, b)
+    acc = torch.empty(b, dtype=torch.float64)
     for k, lo, hi in _blocks(shapes, b):
-        r = res[: n * (hi - lo)].view(n, hi - lo)
-        torch.mm(pt, stacker.block(k, lo, hi), out=r)
-        for i in range(n):
-            flat_out[i][k][lo:hi].copy_(r[i])
+        rows = stacker.block(k, lo, hi)
+        a = acc[: hi - lo]
+        for i, ts in enumerate(terms):
+            a.zero_()
+            for j, v in ts:
+                a.add_(rows[j], alpha=v)
+            flat_out[i][k][lo:hi].copy_(a)
     return out
 
 
@@ -325,6 +362,7 @@ def aggregate(
     eps: float = 1e-12,
     *,
     block_size: int | None = None,
+    average_weights: Sequence[float] | None = None,
 ) -> DwaResult:
     """One FedDWA server step: :func:`distances` -> :func:`weights` -> :func:`personalise`.
 
@@ -335,6 +373,11 @@ def aggregate(
     top_k, eps : see :func:`weights`.
     block_size : int, optional
         Parameters per block in :func:`distances` and :func:`personalise`.
+    average_weights : sequence of n floats, optional
+        FedAvg weights n_j (training windows). If given, the shadow average
+        sum_j n_j / sum_k n_k w_j (McMahan et al. 2017) is mixed in the same pass over the
+        trained models as the personalised models, and returned as ``average``; it equals
+        :func:`coordinator.aggregation.weighted_average` up to float64 rounding order.
 
     Returns
     -------
@@ -343,16 +386,31 @@ def aggregate(
     Raises
     ------
     ValueError
-        As the three steps.
+        As the three steps; or if ``average_weights`` does not hold n finite values >= 0
+        with a positive sum.
     """
+    n = len(trained_states)
+    avg: torch.Tensor | None = None
+    if average_weights is not None:
+        avg = torch.tensor([float(x) for x in average_weights], dtype=torch.float64)
+        if avg.shape != (n,) or not torch.isfinite(avg).all() or (avg < 0).any() or not avg.sum() > 0:
+            raise ValueError(
+                f"aggregate: average_weights must be {n} finite values >= 0 with a positive sum, got {list(average_weights)}"
+            )
     d = distances(guidance_states, trained_states, block_size=block_size)
     p = weights(d, top_k=top_k, eps=eps)
-    states = personalise(trained_states, p, block_size=block_size)
+    if avg is None:
+        states = personalise(trained_states, p, block_size=block_size)
+        average = None
+    else:
+        *states, average = personalise(
+            trained_states, torch.cat([p, (avg / avg.sum())[:, None]], dim=1), block_size=block_size
+        )
     log.info(
         "FedDWA: %d clients, top_k=%d, self weight p_ii mean %.3f (min %.3f)",
         len(states), top_k, float(p.diagonal().mean()), float(p.diagonal().min()),
     )
-    return DwaResult(d, p, states)
+    return DwaResult(d, p, states, average)
 
 
 def _common_layout(
@@ -381,10 +439,19 @@ def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
     return tuple(state[name].shape)
 
 
-def _block_size(block_size: int | None, n: int, shapes: Sequence[tuple[int, ...]], who: str) -> int:
+def _block_size(
+    block_size: int | None,
+    n: int,
+    shapes: Sequence[tuple[int, ...]],
+    who: str,
+    block_bytes: int | None = None,
+    item_bytes: int = 8,
+) -> int:
+    """``block_size``, or the parameters per block that make n rows of ``item_bytes`` about ``block_bytes``."""
     if block_size is not None and int(block_size) < 1:
         raise ValueError(f"{who}: block_size must be >= 1, got {block_size}")
-    b = int(block_size) if block_size is not None else max(1024, DEFAULT_BLOCK_BYTES // (8 * n))
+    budget = DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes
+    b = int(block_size) if block_size is not None else max(1024, budget // (item_bytes * n))
     return max(1, min(b, max((math.prod(s) for s in shapes), default=1)))
 
 
@@ -399,10 +466,10 @@ def _blocks(shapes: Sequence[tuple[int, ...]], b: int) -> Iterator[tuple[int, in
 class _BlockStacker:
     """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` float64 buffer.
 
-    States in memory: two tensor operations per block (stack in float32, widen to float64)
-    whatever n is. States that are :class:`FlatBlockSource` (memory-mapped files) copy their
-    slice straight into their row of the buffer, so nothing but the block is ever read;
-    float32 -> float64 is exact either way, so the block holds the same numbers.
+    States in memory: one tensor operation per block whatever n is (the float32 slices are
+    widened as they are copied). States that are :class:`FlatBlockSource` (memory-mapped
+    files) copy their slice straight into their row of the buffer, so nothing but the block
+    is ever read. float32 -> float64 is exact either way, so the block holds the same numbers.
     """
 
     def __init__(self, states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], b: int):
@@ -412,7 +479,6 @@ class _BlockStacker:
         self._flat = [[s[name].detach().float().reshape(-1) for name in names] if m is None else []
                       for s, m in zip(states, self._mapped, strict=True)]
         self._in_memory = all(m is None for m in self._mapped)
-        self._buf32 = torch.empty(n * b if self._in_memory else 0, dtype=torch.float32)
         self._buf64 = torch.empty(n * b, dtype=torch.float64)
         self._n = n
 
@@ -420,9 +486,7 @@ class _BlockStacker:
         m = hi - lo
         b64 = self._buf64[: self._n * m].view(self._n, m)
         if self._in_memory:
-            b32 = self._buf32[: self._n * m].view(self._n, m)
-            torch.stack([f[k][lo:hi] for f in self._flat], out=b32)
-            return b64.copy_(b32)
+            return torch.stack([f[k][lo:hi] for f in self._flat], out=b64)
         rows = b64.numpy()
         for j, src in enumerate(self._mapped):
             if src is not None:

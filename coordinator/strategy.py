@@ -186,13 +186,17 @@ class FedDWA(Strategy):
     def aggregate_fit(
         self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
     ) -> Aggregate:
-        """P_i = sum_j p_ij w_j for every participant i (FedDWA eq. 7-9); G is the shadow FedAvg."""
+        """P_i = sum_j p_ij w_j for every participant i (FedDWA eq. 7-9); G is the shadow FedAvg.
+
+        G is mixed in the same pass over the trained models as the P_i (one more column of
+        FedAvg weights n_k / n), so it equals :func:`weighted_average` up to float64 rounding order.
+        """
         used = _contributors(results)
-        g = weighted_average([u.state for u in used], [u.n_train for u in used])
         guid = [u.guidance if u.guidance is not None else u.state for u in used]
-        res = feddwa.aggregate([u.state for u in used], guid, top_k=self.top_k)
+        res = feddwa.aggregate([u.state for u in used], guid, top_k=self.top_k, average_weights=[u.n_train for u in used])
+        assert res.average is not None
         personal = {u.client_id: st for u, st in zip(used, res.states, strict=True)}
-        return Aggregate(g, personal, res.weights, [u.client_id for u in used])
+        return Aggregate(res.average, personal, res.weights, [u.client_id for u in used])
 
     def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
         """Mix intermediate-round models with this round's P (no new guidance models)."""

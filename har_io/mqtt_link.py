@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -388,6 +389,15 @@ class MqttLink:
             # would set. This thread is that network thread: say so, or two threads write to one
             # socket and interleave their bytes under load (corrupt chunks, garbled sessions).
             c._thread = threading.current_thread()
+            if c._sockpairW is None:
+                # The other half of what ``loop_start`` sets up: a socket pair through which a publish
+                # from the program's thread wakes this thread's select(). Without it the packet waits
+                # for the next incoming byte or the loop's 1 s timeout, so a 26 MB model that could
+                # cross a loopback broker in 0.1 s took over a second, and every lone message (status,
+                # receipt, announcement) up to a second. Non-blocking, as paho's own pair is.
+                c._sockpairR, c._sockpairW = socket.socketpair()
+                c._sockpairR.setblocking(False)
+                c._sockpairW.setblocking(False)
             try:
                 c.loop_forever(retry_first_connection=True)
             except Exception as exc:  # paho raises only on programming errors; never die silently

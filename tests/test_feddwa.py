@@ -161,3 +161,65 @@ def test_distances_refuse_mismatched_architectures() -> None:
     b["a.weight"] = torch.zeros(4, 4)
     with pytest.raises(ValueError, match="architecture version"):
         distances([a, a], [a, b])
+
+
+def reference_mix(trained: list[dict[str, torch.Tensor]], p: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """sum_j p_ij w_j for every column i, in float64 by an independent einsum, rounded to float32."""
+    p = p / p.sum(0, keepdim=True)
+    return [
+        {k: torch.einsum("j,j...->...", p[:, i], torch.stack([s[k].double() for s in trained])).float() for k in SHAPES}
+        for i in range(p.shape[1])
+    ]
+
+
+@pytest.mark.parametrize("block_size", [None, 1, 5])
+@pytest.mark.parametrize("top_k", [2, 12])
+def test_sparse_and_dense_mixes_equal_the_float64_sum(block_size: int | None, top_k: int) -> None:
+    # 12 clients: top-2 columns keep 24 of 144 weights (the sparse path), top-12 all of them (the dense one).
+    trained = [random_state(100 + j) for j in range(12)]
+    d = torch.from_numpy(np.random.default_rng(3).exponential(1.0, size=(12, 12)))
+    p = weights(d, top_k=top_k)
+    got = personalise(trained, p, block_size=block_size)
+    want = reference_mix(trained, p)
+    for g, w in zip(got, want, strict=True):
+        for k in SHAPES:
+            torch.testing.assert_close(g[k], w[k], rtol=2e-7, atol=1e-7)  # float32 rounding of equal float64 sums
+    # Each personalised model uses only its top_k sources: moving a source it does not use changes nothing.
+    unused = int((p[:, 0] == 0).nonzero()[0]) if top_k < 12 else None
+    if unused is not None:
+        moved = [dict(s) for s in trained]
+        moved[unused] = {k: v + 100.0 for k, v in trained[unused].items()}
+        again = personalise(moved, p, block_size=block_size)
+        assert all(torch.equal(again[0][k], got[0][k]) for k in SHAPES)
+
+
+def test_personalise_takes_more_columns_than_sources() -> None:
+    trained = [with_bias(1.0), with_bias(2.0), with_bias(4.0)]
+    p = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    out = personalise(trained, p)
+    assert [float(s["a.bias"][0]) for s in out] == [1.0, 2.0, 4.0, 2.25]  # (1 + 2*2 + 4) / 4
+    with pytest.raises(ValueError, match=r"shape \(3, m\)"):
+        personalise(trained, torch.ones(2, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n", [5, 20])
+def test_aggregate_mixes_the_fedavg_average_in_the_same_pass(n: int) -> None:
+    from coordinator.aggregation import weighted_average
+
+    trained = [random_state(200 + j) for j in range(n)]
+    guidance = [{k: v + 0.01 * random_state(300 + i)[k] for k, v in trained[i].items()} for i in range(n)]
+    n_train = [10.0 + 7 * j for j in range(n)]
+    res = aggregate(trained, guidance, top_k=3, average_weights=n_train)
+    plain = aggregate(trained, guidance, top_k=3)
+    assert plain.average is None and res.average is not None
+    want = weighted_average(trained, n_train)
+    for k in SHAPES:
+        torch.testing.assert_close(res.average[k], want[k], rtol=2e-7, atol=1e-7)
+    # The personalised models are those of the plain step (the extra column is mixed on its own).
+    for a, b in zip(res.states, plain.states, strict=True):
+        for k in SHAPES:
+            torch.testing.assert_close(a[k], b[k], rtol=2e-7, atol=1e-7)
+    with pytest.raises(ValueError, match="average_weights"):
+        aggregate(trained, guidance, average_weights=[0.0] * n)
+    with pytest.raises(ValueError, match="average_weights"):
+        aggregate(trained, guidance, average_weights=[1.0] * (n + 1))

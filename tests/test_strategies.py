@@ -59,3 +59,29 @@ def test_fedper_keeps_the_dense_layers_local(tmp_path):
         want = local[k] if k in FEDPER_LOCAL else received[k]
         np.testing.assert_array_equal(sent[k], want.numpy(), err_msg=k)
     assert set(FEDPER_LOCAL) == {"hidden.weight", "hidden.bias", "out.weight", "out.bias"}
+
+
+def test_feddwa_global_model_is_the_fedavg_average_of_its_updates(tmp_path):
+    from coordinator.aggregation import weighted_average
+    from coordinator.spill import spill_update
+    from coordinator.strategy import FedDWA, Federation
+    from coordinator.updates import ClientUpdate
+
+    g = torch.Generator().manual_seed(0)
+    base = init_state(SPEC, 0)
+
+    def step(state, scale):
+        return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+    trained = [step(base, 0.1) for _ in range(8)]
+    ups = [
+        spill_update(ClientUpdate(f"c{j}", 1, 0, 20 + 3 * j, 5, w, step(w, 0.01), size=0), tmp_path)  # as the service does
+        for j, w in enumerate(trained)
+    ]
+    agg = FedDWA(top_k=2).aggregate_fit(1, Federation(SPEC, SPEC, base), ups)
+    want = weighted_average(trained, [u.n_train for u in ups])
+    assert set(agg.global_state) == set(want)
+    for k in want:
+        torch.testing.assert_close(agg.global_state[k], want[k], rtol=2e-7, atol=1e-7)
+    assert sorted(agg.personal) == agg.participants == [u.client_id for u in ups]
+    torch.testing.assert_close(agg.mixing.sum(0), torch.ones(8, dtype=torch.float64))

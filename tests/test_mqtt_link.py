@@ -1,0 +1,54 @@
+"""The MQTT adapter's network thread: a publish from the program's thread is written at once.
+
+The link runs paho's ``loop_forever`` in a thread of its own. paho wakes that loop through a
+socket pair when another thread queues a packet; the link creates the pair itself (paho only
+does in ``loop_start``). Here the loop's select() timeout is raised from paho's 1 s to an hour:
+with the pair, a publish and its acknowledgement go through at once; without it nothing wakes
+the loop and the publish is never sent (a bounded wait then fails), whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from har_io import mqtt_link
+from har_io.mqtt_link import BrokerConfig, MqttLink
+from har_models.chunking import Reassembler
+
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def slow_select(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the link's network loop wait up to an hour in select() when nothing wakes it."""
+
+    def loop_forever(self: mqtt.Client, timeout: float = 1.0, retry_first_connection: bool = False) -> mqtt.MQTTErrorCode:
+        return mqtt.Client.loop_forever(self, 3600.0, retry_first_connection)
+
+    monkeypatch.setattr(mqtt_link._Client, "loop_forever", loop_forever)
+
+
+def test_publishes_from_the_program_thread_wake_the_network_loop(mosquitto: int, slow_select: None) -> None:
+    cfg = BrokerConfig(host="127.0.0.1", port=mosquitto, mqtt_version="3.1.1", max_message_bytes=64 * 1024)
+    topic = "fedhar/v1/test/wake"
+    receiver = MqttLink(cfg, "wake-receiver", subscriptions=[(f"{topic}/+", 1)])
+    sender = MqttLink(cfg, "wake-sender")
+    try:
+        assert receiver.start(wait_s=WAIT_S) and sender.start(wait_s=WAIT_S)
+        # One lone QoS 1 message: nothing else is in flight that could wake the loop instead.
+        sender.publish(f"{topic}/lone", b"hello", timeout=WAIT_S)
+        # A chunked payload, each chunk acknowledged before the window moves on, arrives whole.
+        payload = bytes(range(256)) * 1024  # 256 KiB -> 5 chunks of 64 KiB
+        n = sender.publish_chunks(lambda i: f"{topic}/{i}", payload, timeout=WAIT_S)
+        assert n == 5
+        got = receiver.inbox.get(timeout=WAIT_S)
+        assert got[0] == f"{topic}/lone" and got[1] == b"hello"
+        reasm = Reassembler()
+        done = None
+        for _ in range(n):
+            done = reasm.add("test", receiver.inbox.get(timeout=WAIT_S)[1])
+        assert done is not None and done[1] == payload
+    finally:
+        sender.stop()
+        receiver.stop()
