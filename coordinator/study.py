@@ -318,12 +318,18 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> None:
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` as PNG (100 dpi, atomically) and close it; return ``path``."""
     import io
 
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=100, format="png")
-    atomic_write_bytes(path, buf.getvalue())
+    try:
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=100, format="png")
+        atomic_write_bytes(path, buf.getvalue())
+    finally:
+        _plt().close(fig)
+    return path
 
 
 def plot_rounds(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
@@ -360,12 +366,7 @@ def plot_rounds(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right", fontsize=8)
     fig.suptitle(f"split {split}: mean over seeds, band = min..max")
-    fig.tight_layout()
-    path = out / f"rounds-{split.replace('+', '-')}.png"
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
+    path = _save(fig, out / f"rounds-{split.replace('+', '-')}.png")
     return path
 
 
@@ -390,12 +391,7 @@ def plot_widths(cells: Sequence[Cell], out: Path) -> Path | None:
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "feddist-widths.png"
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
+    path = _save(fig, out / "feddist-widths.png")
     return path
 
 
@@ -433,12 +429,7 @@ def plot_feddwa_weights(cells: Sequence[Cell], out: Path, split: str) -> tuple[P
     ax.set_ylabel("target client i")
     what = f"split {split}: FedDWA p_ij, {c.strategy} seed {c.seed} round {last['round']}"
     ax.set_title(what, fontsize=9)
-    fig.tight_layout()
-    path = out / f"feddwa-weights-{split.replace('+', '-')}.png"
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
+    path = _save(fig, out / f"feddwa-weights-{split.replace('+', '-')}.png")
     own = float(np.mean(np.diag(p)))
     return path, f"{what}; mean self-weight p_ii = {own:.2f}, {int((p > 0).sum(axis=1).max())} sources at most per client."
 
@@ -465,12 +456,7 @@ def plot_clients(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
     ax.set_ylabel("personalisation accuracy (final round)")
     ax.set_title(f"split {split}: one dot per client and seed, bar = mean")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    path = out / f"clients-{split.replace('+', '-')}.png"
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
+    path = _save(fig, out / f"clients-{split.replace('+', '-')}.png")
     return path
 
 
@@ -535,11 +521,7 @@ def plot_confusion(cm: np.ndarray, labels: Sequence[str], title: str, path: Path
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
+    _save(fig, path)
     return path
 
 

@@ -35,7 +35,7 @@ def test_help_shows_each_dataclass_default() -> None:
 def test_training_defaults_have_one_source() -> None:
     # Hand-written copies of these numbers were what let six defaults drift apart.
     plan, train, cfg = TrainingPlan(), TrainConfig(), CoordinatorConfig(run_dir=Path("."))
-    assert (plan.lr, train.lr, cfg.lr) == (LocalTraining.lr,) * 3 == (0.01,) * 3
+    assert (plan.lr, train.lr, cfg.lr) == (LocalTraining.lr,) * 3 == (0.1,) * 3
     assert (plan.batch_size, train.batch_size, cfg.batch_size) == (LocalTraining.batch_size,) * 3 == (32,) * 3
     assert (plan.local_epochs, train.epochs, cfg.local_epochs) == (1, 1, 1)
 

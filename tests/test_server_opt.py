@@ -95,11 +95,12 @@ def test_moments_survive_a_restart_and_follow_growth():
         restarted = make_server_opt(name)
         restarted.load_optimizer_state(saved)
         assert torch.equal(restarted.aggregate_fit(1, _fed(x1["w"]), ups2).global_state["w"], x2["w"])
-    # FedDist appended a unit: the momentum of the new entry starts at 0
+    # FedDist appended a unit: the momentum of the new entry starts at 0. By hand with the default beta = 0.5:
+    # m1 = delta1 = (1 - 0.5, 2 - 3) = (0.5, -1); delta2 = (0.2, -0.2, 0); m2 = 0.5 m1 + delta2 = (0.45, -0.7, 0).
     grown = make_server_opt("fedavgm")
     grown.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1)
     grown.aggregate_fit(1, _fed(_t(0.5, 3.0, 7.0)), [_upd("a", 1, _t(0.3, 3.2, 7.0))])
-    assert grown.m is not None and grown.m["w"].tolist() == pytest.approx([0.65, -1.1, 0.0], abs=1e-6)
+    assert grown.m is not None and grown.m["w"].tolist() == pytest.approx([0.45, -0.7, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="unexpected keys"):
         grown.load_optimizer_state({"w": _t(1.0)})
 
@@ -112,6 +113,7 @@ def test_registry_and_settings_know_the_server_optimisers():
         CoordinatorConfig(run_dir=".", aggregation=name)  # type: ignore[arg-type]
     assert make_strategy("fedadam", server_lr=0.1).eta == 0.1  # type: ignore[attr-defined]
     assert make_server_opt("fedavgm").eta == 1.0 and make_server_opt("fedadam").eta == 0.01
+    assert make_server_opt("fedavgm").beta == 0.5 and make_server_opt("fedadam").beta == 0.9
     with pytest.raises(ValueError, match="unknown server optimiser"):
         make_server_opt("fedsgd")
 
