@@ -89,13 +89,23 @@ class Cell:
 
 
 def finished(folder: Path) -> dict[str, Any] | None:
-    """The report of a finished cell (``report.json`` with its final figures and wall time), else None."""
+    """The report of a finished cell, else None.
+
+    Finished means: ``report.json`` has its final figures and wall time, and a federated
+    run has every round its configuration asked for. A simulation stopped by a signal also
+    writes its report with a wall time, after fewer rounds; that cell is not finished.
+    """
     path = folder / "report.json"
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return doc if doc.get("final") and doc.get("wall_seconds") is not None else None
+    if not doc.get("final") or doc.get("wall_seconds") is None:
+        return None
+    planned = (doc.get("config") or {}).get("rounds")
+    if isinstance(planned, int) and len(doc.get("rounds") or []) < planned:
+        return None
+    return doc
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from coordinator.study import Cell, StudyInterrupted, StudySettings, main, run_grid, strategy_args
+from coordinator.study import Cell, StudyInterrupted, StudySettings, finished, main, run_grid, strategy_args
 from har_models.splits import SplitSpec
 from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
 
@@ -91,3 +91,17 @@ def test_a_signal_stops_the_grid_not_just_the_cell(tmp_path):
     with pytest.raises(StudyInterrupted) as stop:
         run_grid(cells, s, tmp_path, runner=runner)
     assert stop.value.status == 143 and started == [1, 2]
+
+
+def test_a_run_stopped_before_its_last_round_is_not_finished(tmp_path):
+    """A simulation stopped by a signal writes a report with a wall time after fewer rounds: the cell runs again."""
+    rounds = [{"round": r} for r in range(2)]
+    doc = {"final": {"global": {}}, "wall_seconds": 12.0, "config": {"rounds": 10}, "rounds": rounds}
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    assert finished(tmp_path) is None
+    doc["config"]["rounds"] = 2
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    assert finished(tmp_path) == doc
+    del doc["config"]  # a baseline's report has no federation configuration
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    assert finished(tmp_path) == doc
