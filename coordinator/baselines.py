@@ -144,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
-    ap.add_argument("--epochs", type=int, default=10, help="passes over the training data (default %(default)s)")
     defaults = CoordinatorConfig(run_dir=Path("."))
+    ap.add_argument(
+        "--epochs", type=int, default=defaults.rounds * defaults.local_epochs,
+        help="passes over the training data (default %(default)s: the federation's rounds x local epochs)",
+    )
     ap.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
     ap.add_argument("--batch-size", type=int, default=defaults.batch_size, help="(default %(default)s)")
     ap.add_argument("--seed", type=int, default=defaults.seed, help="training seed (default %(default)s)")

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from coordinator.aggregation import weighted_average
-from coordinator.server_opt import adaptive_step, fedavgm_step, pseudo_gradient
+from coordinator.server_opt import adaptive_step, fedavgm_step, make_server_opt, pseudo_gradient
 from har_models.metrics import summarise
 from har_models.model import ArchSpec, init_state
-from har_models.splits import SplitSpec, block_split
+from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec, block_split
 from har_models.subjects import DEFAULT_HAPT, parse_source, subject_sources
 from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
 from har_models.windowing import ChannelStats, WindowSet
@@ -104,7 +104,8 @@ def load_clients(sources: dict[str, str], split: SplitSpec, val_fraction: float 
 
 
 def run_setting(
-    clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = 196, dense_units: int = 1024, seed: int = 1,
+    clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
+    dense_units: int = ArchSpec.dense_units, seed: int = 1,
 ) -> list[dict[str, Any]]:
     """FedAvg (or a server optimiser) for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
 
@@ -178,18 +179,43 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
     return best[2], best[3], best[4]
 
 
+def parse_servers(text: str) -> list[tuple[str, float, float]]:
+    """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
+
+    A left-out eta or beta is the coordinator's default for that optimiser
+    (:func:`coordinator.server_opt.make_server_opt`), so the probe and the main job mean
+    the same thing by ``fedavgm``. FedAvg ignores both.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name or a number that does not parse.
+    """
+    out = []
+    for part in text.split(","):
+        name, *nums = part.split(":")
+        if name not in ("fedavg", "fedavgm", "fedadam", "fedyogi"):
+            raise ValueError(f"unknown server {name!r}; choose fedavg, fedavgm, fedadam or fedyogi")
+        default = make_server_opt(name) if name != "fedavg" else None
+        eta = float(nums[0]) if nums else (default.eta if default else ProbeSetting.server_lr)
+        beta = float(nums[1]) if len(nums) > 1 else (default.beta if default else ProbeSetting.server_momentum)
+        out.append((name, eta, beta))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the grid; print the curves and the chosen setting. 0 ok, 2 usage."""
     ap = argparse.ArgumentParser(prog="python -m coordinator.probe", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", default="blocks", help="paper | blocks (default %(default)s)")
-    ap.add_argument("--split-seed", type=int, default=1)
+    ap.add_argument("--split", default=DEFAULT_SPLIT, help="paper | blocks (default %(default)s)")
+    ap.add_argument("--split-seed", type=int, default=DEFAULT_SPLIT_SEED)
     ap.add_argument("--clients", type=int, default=0)
     ap.add_argument("--lrs", default="0.01,0.03,0.1", help="client learning rates (default %(default)s)")
     ap.add_argument("--epochs", default="1", help="local epochs E to try (default %(default)s)")
-    ap.add_argument("--servers", default="fedavg", help="fedavg, fedavgm:ETA:BETA, fedadam:ETA, fedyogi:ETA (comma-separated)")
+    ap.add_argument("--servers", default="fedavg", help="fedavg, fedavgm:ETA:BETA, fedadam:ETA:BETA, fedyogi:ETA:BETA (comma-separated; "
+                    "ETA and BETA left out: the coordinator's defaults)")
     ap.add_argument("--max-epochs", type=int, default=10, help="budget in rounds x E (default %(default)s)")
-    ap.add_argument("--conv-filters", type=int, default=196)
-    ap.add_argument("--dense-units", type=int, default=1024)
+    ap.add_argument("--conv-filters", type=int, default=ArchSpec.conv_filters)
+    ap.add_argument("--dense-units", type=int, default=ArchSpec.dense_units)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -198,14 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         split = SplitSpec.parse(args.split, seed=args.split_seed)
         lrs = [float(x) for x in args.lrs.split(",")]
         eps = [int(x) for x in args.epochs.split(",")]
-        servers = []
-        for text in args.servers.split(","):
-            name, *nums = text.split(":")
-            if name not in ("fedavg", "fedavgm", "fedadam", "fedyogi"):
-                raise ValueError(f"unknown server {name!r}")
-            eta = float(nums[0]) if nums else (1.0 if name in ("fedavg", "fedavgm") else 0.01)
-            beta = float(nums[1]) if len(nums) > 1 else 0.9
-            servers.append((name, eta, beta))
+        servers = parse_servers(args.servers)
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 2

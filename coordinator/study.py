@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import AGGREGATIONS
+from coordinator.config import AGGREGATIONS, CoordinatorConfig
 from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.study")
@@ -108,6 +108,10 @@ def finished(folder: Path) -> dict[str, Any] | None:
     return doc
 
 
+_FED = CoordinatorConfig(run_dir=Path("."))
+"""The federation's defaults, which a study's cells share unless told otherwise."""
+
+
 @dataclass(frozen=True)
 class StudySettings:
     """What every cell shares.
@@ -131,15 +135,15 @@ class StudySettings:
         Further ``fedhar-simulate`` options, given to every federated cell.
     """
 
-    rounds: int = 10
-    local_epochs: int = 1
-    lr: float = 0.01
-    conv_filters: int = 196
-    dense_units: int = 1024
+    rounds: int = _FED.rounds
+    local_epochs: int = _FED.local_epochs
+    lr: float = _FED.lr
+    conv_filters: int = _FED.conv_filters
+    dense_units: int = _FED.dense_units
     clients: int = 0
     dataset: str = "hapt"
     data: Path | None = None
-    split_seed: int = 1
+    split_seed: int = _FED.split_seed
     extra: tuple[str, ...] = ()
 
     def common(self) -> list[str]:
@@ -581,15 +585,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", default="1,2,3", help="comma-separated federation seeds (default %(default)s)")
     ap.add_argument("--splits", default="paper,blocks", help="comma-separated splits, e.g. paper,blocks,blocks+label_skew")
     ap.add_argument("--no-baselines", action="store_true", help="skip the centralised and local-only baselines")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--local-epochs", type=int, default=1)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--conv-filters", type=int, default=196)
-    ap.add_argument("--dense-units", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=StudySettings.rounds, help="(default %(default)s)")
+    ap.add_argument("--local-epochs", type=int, default=StudySettings.local_epochs, help="(default %(default)s)")
+    ap.add_argument("--lr", type=float, default=StudySettings.lr, help="(default %(default)s)")
+    ap.add_argument("--conv-filters", type=int, default=StudySettings.conv_filters, help="(default %(default)s)")
+    ap.add_argument("--dense-units", type=int, default=StudySettings.dense_units, help="(default %(default)s)")
     ap.add_argument("--clients", type=int, default=0, help="first N subjects (0 = all)")
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
     ap.add_argument("--data", type=Path, default=None)
-    ap.add_argument("--split-seed", type=int, default=1)
+    ap.add_argument("--split-seed", type=int, default=StudySettings.split_seed, help="(default %(default)s)")
     ap.add_argument("--results", type=Path, default=None, help="also write the Markdown table here (e.g. docs/study.md)")
     ap.add_argument("--summary-only", action="store_true", help="run nothing; summarise and plot the finished cells")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: further fedhar-simulate options for every cell")

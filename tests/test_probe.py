@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.probe import ProbeSetting, choose, load_clients, run_setting
+from coordinator.probe import ProbeSetting, choose, load_clients, parse_servers, run_setting
 from har_models.splits import WINDOW_NS, SplitSpec, block_split
 from har_models.subjects import DEFAULT_HAPT, parse_source, subject_sources
 
@@ -52,3 +52,12 @@ def test_a_tiny_probe_runs_and_measures_every_round():
     rows = run_setting(clients, ProbeSetting(0.05, 1, 2, "fedavgm", 1.0, 0.9), conv_filters=4, dense_units=8)
     assert [r["round"] for r in rows] == [0, 1]
     assert all(0.0 <= r["val_f1"] <= 1.0 and 0.0 <= r["test_f1"] <= 1.0 for r in rows)
+
+
+def test_server_settings_left_out_are_the_coordinators():
+    """``fedavgm`` alone means the main job's FedAvgM (eta 1, beta 0.5), not a value of the probe's own."""
+    assert parse_servers("fedavgm,fedavgm:0.5:0.9,fedadam") == [
+        ("fedavgm", 1.0, 0.5), ("fedavgm", 0.5, 0.9), ("fedadam", 0.01, 0.9)
+    ]
+    with pytest.raises(ValueError, match="unknown server 'fedsgd'"):
+        parse_servers("fedsgd")
