@@ -14,7 +14,7 @@ from pathlib import Path
 
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
-from edge_client.split_ingest import ingest_split_source
+from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
@@ -131,7 +131,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
             n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
         else:
-            n_train, n_test = ingest_split_source(store, source, speed=args.replay_speed)
+            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
     except (ValueError, OSError) as exc:
         store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)

@@ -5,6 +5,13 @@ client's train/test split; :func:`ingest_source` feeds the recordings through th
 sensor pipeline a device uses (resampling onto the 50 Hz grid, windowing) and stores the
 windows with that split in the client's store. A source already ingested (same files,
 same settings, same split) is not read again.
+
+Any split works. The FedDist paper's split is decided from labels alone, in the store. The
+leak-free ``blocks`` split needs the windows' start times and drops the gap windows, and
+the ``label_skew`` partition needs the subject's name and drops the classes the client does
+not keep: those are decided here with :func:`har_models.splits.kept_and_split` (the very
+function the coordinator's evaluation harness uses through :meth:`SubjectSource.train_test
+<har_models.subjects.SubjectSource.train_test>`), and only the kept windows reach the store.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 
 from edge_client.replay import replay_windows
 from edge_client.store import ClientStore
+from har_models.splits import kept_and_split
 from har_models.subjects import SubjectSource, load_windows, recordings_of
 from har_models.windowing import WindowSet
 
@@ -20,13 +28,13 @@ log = logging.getLogger("fedhar.client.sources")
 
 
 def ingest_source(store: ClientStore, spec: SubjectSource, speed: float | None = None) -> tuple[int, int]:
-    """Make sure the store holds this source's windows; return ``(n_train, n_test)``.
+    """Make sure the store holds this source's kept windows under ``spec.split``; return ``(n_train, n_test)``.
 
     Parameters
     ----------
     store : ClientStore
     spec : SubjectSource
-        The recordings and the split (``spec.split``: stratified 80/20 with its seed).
+        The recordings and the split (``spec.split``, any kind and partition).
     speed : float, optional
         Replay the recordings paced at ``speed`` times real time (1.0 = 50 Hz wall clock),
         sample batches arriving as from a sensor driver; None feeds them at once. Both give
@@ -50,4 +58,9 @@ def ingest_source(store: ClientStore, spec: SubjectSource, speed: float | None =
         data = WindowSet.concat(parts, spec.labels)
     if len(data) == 0:
         log.warning("source %s yielded no labelled windows", spec.path)
-    return store.replace_windows(fp, data, split=spec.split)
+    if spec.split.plain:
+        return store.replace_windows(fp, data, split=spec.split)
+    kept, split = kept_and_split(data, spec.split, spec.name)
+    log.info("%s: split %s keeps %d of %d windows", spec.name, spec.split.text, len(kept), len(data))
+    # The store only calls split.indices(y) and split.to_json(); FixedSplit answers both for exactly these windows.
+    return store.replace_windows(fp, kept, split=split)  # type: ignore[arg-type]

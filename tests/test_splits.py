@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_client.split_ingest import ingest_split_source
+from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
 from har_models.splits import (
     DEFAULT_SPLIT,
@@ -118,7 +118,7 @@ def test_client_store_and_evaluation_harness_split_identically(tmp_path, text):
     source_text = f"hapt:{HAPT / 'user05.npz'}"
     spec = SplitSpec.parse(text, seed=3)
     store = ClientStore(tmp_path / "client", parse_source(source_text).labels)
-    n_train, n_test = ingest_split_source(store, parse_source(source_text, spec))
+    n_train, n_test = ingest_source(store, parse_source(source_text, spec))
     client_train, client_test = store.windows("train"), store.windows("test")
     assert store.get_meta("split") == spec.to_json()
     store.close()
