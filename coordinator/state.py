@@ -51,9 +51,13 @@ def save_state_file(
     (:func:`har_models.files.atomic_write`) before this returns, so the state database may
     then record it.
     """
+    _save_tensors(path, state, {"arch": spec.to_json(), **(extra or {})})
+
+
+def _save_tensors(path: Path, state: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> None:
+    """Tensors as C-contiguous float32 safetensors with ``meta``, written atomically and durably."""
     arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in state.items()}
-    meta = {"arch": spec.to_json(), **(extra or {})}
-    atomic_write(path, lambda tmp: save_file(arrays, str(tmp), metadata=meta))
+    atomic_write(path, lambda tmp: save_file(arrays, str(tmp), metadata=dict(meta)))
 
 
 def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
@@ -156,8 +160,7 @@ class RunState:
         for cid, st in personal.items():
             save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
         if server_opt:
-            arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in server_opt.items()}
-            atomic_write(folder / SERVER_OPT_FILE, lambda tmp: save_file(arrays, str(tmp), metadata={"round": str(round_)}))
+            _save_tensors(folder / SERVER_OPT_FILE, server_opt, {"round": str(round_)})
         with self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
