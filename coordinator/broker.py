@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 log = logging.getLogger("fedhar.broker")
 
@@ -63,15 +64,52 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None
         process.wait(grace_s)
 
 
-async def _serve(host: str, port: int) -> None:
+class Payload(bytes):
+    """An application message's payload inside the embedded broker: plain bytes whose ``repr`` is short.
+
+    amqtt 0.12.1 logs every message it forwards with ``logger.debug(f"... {broadcast}")``, and the
+    f-string is built before the logger checks its level, so the payload's full ``repr`` (about
+    4 bytes of text per payload byte) is made and thrown away for every 1 MB model chunk, even
+    with debug logging off. That was three quarters of the broker's CPU while models were on the
+    wire. This type is what the broker forwards instead; its bytes are the same.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<payload of {len(self)} bytes>"
+
+
+def _broker_class() -> type:
+    """amqtt's ``Broker`` with every forwarded payload wrapped in :class:`Payload` (same bytes, short repr)."""
     from amqtt.broker import Broker
 
-    broker = Broker(
-        {
-            "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
-        }
-    )
+    class _Broker(Broker):
+        async def _broadcast_message(self, session: Any, topic: str | None, data: Any, force_qos: int | None = None) -> None:
+            if isinstance(data, (bytes, bytearray)) and not isinstance(data, Payload):
+                data = Payload(data)
+            await super()._broadcast_message(session, topic, data, force_qos)
+
+    if not callable(getattr(Broker, "_broadcast_message", None)):  # another amqtt: forward payloads as they come
+        return Broker
+    return _Broker
+
+
+def broker_config(host: str, port: int) -> dict[str, Any]:
+    """amqtt's configuration of the embedded broker: one TCP listener on ``host:port``, anonymous access."""
+    return {
+        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+    }
+
+
+def make_broker(host: str, port: int) -> Any:
+    """The embedded broker (not started; ``await broker.start()`` in an event loop), payloads wrapped in :class:`Payload`."""
+    return _broker_class()(broker_config(host, port))
+
+
+async def _serve(host: str, port: int) -> None:
+    broker = make_broker(host, port)
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
