@@ -341,6 +341,7 @@ class EdgeAgent:
             return
         if done is not None:
             transfer, envelope = done
+            log.debug("[%s] %s model %s received whole (%d bytes)", self.cfg.client_id, stream, transfer[:12], len(envelope))
             self.models[transfer] = envelope
             while len(self.models) > 2:
                 self.models.popitem(last=False)

@@ -87,7 +87,9 @@ class LocalTrainer:
         plan = ann.plan
         train, test = self.store.windows("train"), self.store.windows("test")
         received = _to_torch(received_np)
-        local = self._local_model(ann.run_id, spec, received)
+        use_ala = plan.client_init == "ala" and ann.stage == 0
+        # Only FedPer and FedALA start from the previous local model: reading it (one model's bytes) is wasted otherwise.
+        local = self._local_model(ann.run_id, spec, received) if plan.keep_local or use_ala else None
         loss_fn = make_loss(balanced_class_weights(train.y, spec.n_classes) if plan.class_weights == "balanced" else None)
 
         start = dict(received)  # tensors are never modified in place: building a model copies them
@@ -97,7 +99,7 @@ class LocalTrainer:
                 start[name] = local[name]
             init_mode = "fedper"
         ala_note: dict[str, Any] = {}
-        if plan.client_init == "ala" and ann.stage == 0:
+        if use_ala:
             res = adaptive_local_aggregation(
                 start,
                 local,
