@@ -28,7 +28,7 @@ from edge_client.trainer_common import RoundOutcome, Trainer
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, BrokerRefused, MqttLink, PacketRejected
 from har_models import codec
-from har_models.chunking import ChunkError, Reassembler, peek_transfer, transfer_id
+from har_models.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer, transfer_id
 from har_models.messages import ClientStatus, CoordinatorStatus, MessageError, Receipt, RoundAnnouncement, offline_status
 from har_models.topics import Topics, check_client_id
 from har_models.windowing import ChannelStats
@@ -116,9 +116,17 @@ class EdgeAgent:
         Holds the windows (already ingested), the local model and bookkeeping.
     train_lock : threading.Lock, optional
         Shared by clients hosted in one worker process (:mod:`edge_client.worker`).
+    shared_transfers : SharedTransfers, optional
+        Shared by clients hosted in one worker process: the model they all receive is held once.
     """
 
-    def __init__(self, cfg: ClientConfig, store: ClientStore, train_lock: threading.Lock | None = None):
+    def __init__(
+        self,
+        cfg: ClientConfig,
+        store: ClientStore,
+        train_lock: threading.Lock | None = None,
+        shared_transfers: SharedTransfers | None = None,
+    ):
         self.cfg = cfg
         self.store = store
         # Clients hosted together in one worker process train one at a time: memory stays that of
@@ -135,7 +143,7 @@ class EdgeAgent:
             opts = {"cache_dir": cfg.program_cache} if cfg.backend == "executorch" and cfg.program_cache else {}
             self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
         self.topics = Topics(cfg.federation)
-        self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes)
+        self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
         self.announcement: RoundAnnouncement | None = None
         self.coordinator: CoordinatorStatus | None = None
         self.models: OrderedDict[str, bytes] = OrderedDict()  # transfer id -> envelope (newest last)

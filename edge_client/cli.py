@@ -18,6 +18,7 @@ from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_models.chunking import SharedTransfers
 from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.subjects import parse_source
 
@@ -148,11 +149,19 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     return PreparedClient(cfg, store, args)
 
 
-def serve(client: PreparedClient, stop: threading.Event, train_lock: threading.Lock | None = None) -> int:
-    """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store."""
+def serve(
+    client: PreparedClient,
+    stop: threading.Event,
+    train_lock: threading.Lock | None = None,
+    shared_transfers: SharedTransfers | None = None,
+) -> int:
+    """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store.
+
+    ``train_lock`` and ``shared_transfers`` are shared by the clients one worker process hosts (:mod:`edge_client.worker`).
+    """
     try:
         try:
-            agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock)
+            agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers)
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
             print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
             return 2

@@ -5,7 +5,9 @@ connection, client id, state folder and random generators) running in its own th
 they share one training lock, so the worker trains one client at a time and holds only
 that client's training in memory. Under the lock each training sees the same PyTorch
 thread count and global RNG it would see alone, so a federation run in workers gives
-the same figures as one process per client, to the last digit.
+the same figures as one process per client, to the last digit. They also share a
+:class:`~har_models.chunking.SharedTransfers`: every hosted client receives the global
+model over its own connection, and the worker holds one copy of it, not one per client.
 
 Usage (``fedhar-simulate --engine workers`` starts these)::
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
 from har_io.cli import setup_logging
+from har_models.chunking import SharedTransfers
 from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.worker")
@@ -82,6 +85,7 @@ def host(
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lock = threading.Lock()
+    shared = SharedTransfers()  # the global model all hosted clients receive is held once
     statuses: dict[int, int] = {}
     threads = []
 
@@ -90,7 +94,7 @@ def host(
         try:
             with lock:  # ingesting also allocates: one client at a time
                 client: PreparedClient | int = prepare(argv)
-            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock)
+            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock, shared_transfers=shared)
         except Exception:
             log.exception("hosted client %s failed", _client_id(argv, k))
         finally:

@@ -1,0 +1,98 @@
+"""Reassemblers of one worker share what they receive: one copy of each chunk and of each payload.
+
+Each virtual client gets the global model over its own connection, as separate byte objects.
+With a :class:`SharedTransfers` the second client holds the first one's chunk objects and is
+handed the very payload object the first one verified. What each delivers is the same as
+without sharing, and a chunk that differs from the held one (CRC-valid, forged) never makes a
+reassembler deliver bytes that do not match the transfer id.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from har_models.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, SharedTransfers, split_payload, transfer_id
+
+PAYLOAD = np.random.default_rng(7).integers(0, 256, 10_000, dtype=np.uint8).tobytes()
+
+
+def fresh(chunks: list[bytes]) -> list[bytes]:
+    """New byte objects with the same contents: what a second MQTT connection delivers."""
+    return [bytes(bytearray(c)) for c in chunks]
+
+
+def feed(r: Reassembler, chunks: list[bytes]) -> tuple[str, bytes] | None:
+    done = None
+    for c in chunks:
+        done = r.add("global", c) or done
+    return done
+
+
+def forged(chunk: bytes) -> bytes:
+    """The same chunk with its data changed and its CRC-32 recomputed: passes the chunk check."""
+    body = bytearray(chunk[CHUNK_HEADER_BYTES:])
+    body[0] ^= 0xFF
+    header = bytearray(chunk[:CHUNK_HEADER_BYTES])
+    struct.pack_into("<I", header, CHUNK_HEADER_BYTES - 4, zlib.crc32(bytes(body)))
+    return bytes(header) + bytes(body)
+
+
+def test_clients_share_chunks_and_the_verified_payload() -> None:
+    chunks = split_payload(PAYLOAD, 1_000)  # 11 chunks
+    shared = SharedTransfers()
+    a, b = Reassembler(shared=shared), Reassembler(shared=shared)
+    half = len(chunks) // 2
+    feed(a, fresh(chunks[:half]))
+    feed(b, fresh(chunks[:half]))
+    tid = transfer_id(PAYLOAD)
+    held_a = a._partial[("global", tid)].parts
+    held_b = b._partial[("global", tid)].parts
+    assert all(held_a[i] is held_b[i] for i in range(half))  # one copy of each chunk
+    done_a = feed(a, fresh(chunks[half:]))
+    done_b = feed(b, fresh(chunks[half:]))
+    assert done_a is not None and done_b is not None
+    assert done_a[0] == done_b[0] == tid
+    assert done_a[1] == PAYLOAD and done_b[1] is done_a[1]  # one copy of the payload
+    assert a.buffered_bytes == b.buffered_bytes == 0
+
+
+def test_without_sharing_each_reassembler_has_its_own_copy() -> None:
+    chunks = split_payload(PAYLOAD, 1_000)
+    done_a, done_b = feed(Reassembler(), fresh(chunks)), feed(Reassembler(), fresh(chunks))
+    assert done_a is not None and done_b is not None
+    assert done_a[1] == done_b[1] == PAYLOAD and done_a[1] is not done_b[1]
+
+
+def test_a_forged_chunk_held_first_does_not_reach_another_client() -> None:
+    chunks = split_payload(PAYLOAD, 1_000)
+    shared = SharedTransfers()
+    bad, good = Reassembler(shared=shared), Reassembler(shared=shared)
+    with pytest.raises(ChunkError) as exc:
+        feed(bad, [forged(chunks[0]), *fresh(chunks[1:])])  # the forged chunk is the one held for index 0
+    assert exc.value.reason == "transfer_sha256_mismatch"
+    done = feed(good, fresh(chunks))
+    assert done is not None and done[1] == PAYLOAD
+
+
+def test_a_forged_chunk_after_verification_still_gets_the_verified_payload() -> None:
+    chunks = split_payload(PAYLOAD, 1_000)
+    shared = SharedTransfers()
+    first = feed(Reassembler(shared=shared), fresh(chunks))
+    later = feed(Reassembler(shared=shared), [forged(chunks[0]), *fresh(chunks[1:])])
+    assert first is not None and later is not None and later[1] is first[1] and later[1] == PAYLOAD
+
+
+def test_only_the_most_recent_transfers_are_held() -> None:
+    shared = SharedTransfers(max_transfers=2)
+    payloads = [bytes([k]) * 3_000 for k in range(3)]
+    for p in payloads:
+        assert feed(Reassembler(shared=shared), split_payload(p, 1_000)) is not None
+    assert shared.whole(transfer_id(payloads[0]), 3_000) is None
+    assert shared.whole(transfer_id(payloads[2]), 3_000) == payloads[2]
+    assert shared.whole(transfer_id(payloads[2]), 2_999) is None  # a length that does not match is no hit
+    with pytest.raises(ValueError, match="max_transfers"):
+        SharedTransfers(max_transfers=0)
