@@ -45,10 +45,15 @@ EXIT_DUPLICATE_ID = 5
 
 @dataclass
 class _Pending:
-    """An update sent and not yet acknowledged by the coordinator's receipt."""
+    """An update sent and not yet acknowledged by the coordinator's receipt.
+
+    The envelope is in memory only while it is first sent; later sends read it back from
+    the store (``last_update.bin``, written before the first send), so a worker whose
+    clients wait for receipts does not hold one update per client.
+    """
 
     key: tuple[str, int, int]  # run, round, stage
-    envelope: bytes
+    envelope: bytes | None
     transfer: str
     deadline_unix: float
     chunk_bytes: int = 0  # size of the last full send (bytes per chunk message)
@@ -184,6 +189,7 @@ class EdgeAgent:
             on_connect=lambda link: link.publish_nowait(
                 self.topics.client_status(cfg.client_id), self._status_bytes(), retain=True
             ),
+            intern=shared_transfers.message if shared_transfers is not None else None,
         )
 
     def _status_bytes(self) -> bytes:
@@ -424,9 +430,23 @@ class EdgeAgent:
 
     # -- end-to-end delivery -------------------------------------------------------------------------
     def _start_upload(self, key: tuple[str, int, int], envelope: bytes, deadline_unix: float) -> None:
-        """Send an update and keep it until the coordinator's receipt for it arrives."""
-        self._pending = _Pending(key, envelope, transfer_id(envelope), deadline_unix)
+        """Send an update (stored first: :meth:`ClientStore.save_last_update`) and follow it until the coordinator's receipt arrives."""
+        self._pending = p = _Pending(key, envelope, transfer_id(envelope), deadline_unix)
         self._send_full()
+        p.envelope = None  # sent; a re-send reads it back from the store
+
+    def _envelope(self, p: _Pending) -> bytes | None:
+        """The bytes of pending update ``p``: in memory while first sent, else the stored last update (checked against
+        its transfer id); None, with the pending update dropped, if the store no longer has it."""
+        if p.envelope is not None:
+            return p.envelope
+        stored = self.store.load_last_update()
+        same = stored is not None and (stored[0]["run_id"], stored[0]["round"], stored[0]["stage"]) == p.key
+        if stored is not None and same and transfer_id(stored[1]) == p.transfer:
+            return stored[1]
+        log.error("[%s] round %d: the stored update to send again is gone or changed; not sending it", self.cfg.client_id, p.key[1])
+        self._pending = None
+        return None
 
     def _topic_of(self, i: int) -> str:
         return self.topics.client_update(self.cfg.client_id, i)
@@ -435,6 +455,9 @@ class EdgeAgent:
         p = self._pending
         assert p is not None
         cid = self.cfg.client_id
+        envelope = self._envelope(p)
+        if envelope is None:
+            return
         size = self._link.chunk_size(self._topic_of)
         if p.unanswered >= 2 and p.chunk_bytes and size >= p.chunk_bytes:
             # Twice sent whole without a word back: the broker may drop messages of this size
@@ -447,7 +470,7 @@ class EdgeAgent:
         wait = min(60.0, self.cfg.receipt_wait_s * 2 ** (p.sends - 1))
         p.next_try = time.monotonic() + wait
         try:
-            p.count = self._link.publish_chunks(self._topic_of, p.envelope, chunk_bytes=size)
+            p.count = self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=size)
             p.chunk_bytes = size
         except PacketRejected as exc:
             log.warning("[%s] round %d: %s; sending again in smaller chunks", cid, p.key[1], exc)
@@ -457,7 +480,7 @@ class EdgeAgent:
         except TimeoutError as exc:
             log.warning("[%s] round %d: upload not finished (%s); trying again while the round is open", cid, p.key[1], exc)
             return
-        log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", cid, p.key[1], p.sends, len(p.envelope), p.count)
+        log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", cid, p.key[1], p.sends, len(envelope), p.count)
 
     def _retry_pending(self) -> None:
         p = self._pending
@@ -515,10 +538,13 @@ class EdgeAgent:
             self._link.note_refused(p.chunk_bytes)
             self._send_full()
             return
+        envelope = self._envelope(p)
+        if envelope is None:
+            return
         for i in again:
             p.resent[i] += 1
         try:
-            self._link.publish_chunks(self._topic_of, p.envelope, chunk_bytes=p.chunk_bytes, only=set(again))
+            self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=p.chunk_bytes, only=set(again))
         except PacketRejected:
             self._send_full()
         except TimeoutError as exc:

@@ -179,6 +179,11 @@ class MqttLink:
     on_connect : callable, optional
         Called (in paho's thread, must not block) after each successful connect, e.g. to
         publish a retained "online" status.
+    intern : callable (payload bytes) -> bytes, optional
+        Applied to every received payload before it is put on :attr:`inbox` (in paho's thread;
+        must be fast and must not block); it may return an equal object held elsewhere, e.g.
+        :meth:`har_models.chunking.SharedTransfers.message`, so that the same model chunk
+        waiting in the inboxes of many clients of one process is held once.
 
     Attributes
     ----------
@@ -197,8 +202,10 @@ class MqttLink:
         subscriptions: Sequence[tuple[str, int]] = (),
         will: tuple[str, bytes] | None = None,
         on_connect: Callable[[MqttLink], None] | None = None,
+        intern: Callable[[bytes], bytes] | None = None,
     ):
         self.cfg = cfg
+        self._intern = intern
         self.client_name = client_name
         self.subscriptions = list(subscriptions)
         self.inbox: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
@@ -344,7 +351,8 @@ class MqttLink:
             if msg.retain and msg.payload:
                 sweep[1].add(msg.topic)
             return
-        self.inbox.put((msg.topic, bytes(msg.payload), bool(msg.retain)))
+        payload = bytes(msg.payload)
+        self.inbox.put((msg.topic, self._intern(payload) if self._intern is not None else payload, bool(msg.retain)))
 
     def _forget(self, mids: dict[int, int], why: str) -> None:
         """Take packets out of paho's resend queue (paho 2.x keeps them in ``_out_messages``)."""

@@ -146,6 +146,29 @@ class SharedTransfers:
         self._lock = threading.Lock()
         self._chunks: OrderedDict[str, dict[tuple[int, int], bytes]] = OrderedDict()
         self._whole: OrderedDict[str, bytes] = OrderedDict()
+        self._messages: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()
+
+    def message(self, message: bytes) -> bytes:
+        """The held copy of chunk message ``message`` if one equal to it is held, else ``message`` (now held if none was).
+
+        For a client's MQTT link (``intern``): a model chunk waiting in the inboxes of many
+        clients of one process is then held once, not once per client, however far their
+        threads are behind. Anything that is not a chunk message is returned as it is. Nothing
+        is verified here (the reassembler verifies the chunk when it takes it).
+        """
+        if len(message) < CHUNK_HEADER_BYTES or message[:4] != CHUNK_MAGIC:
+            return message
+        transfer, header = bytes(message[4:36]), bytes(message[:CHUNK_HEADER_BYTES])
+        with self._lock:
+            held = self._messages.get(transfer)
+            if held is None:
+                held = self._messages[transfer] = {}
+                while len(self._messages) > self.max_transfers:
+                    self._messages.popitem(last=False)
+            else:
+                self._messages.move_to_end(transfer)
+            same = held.setdefault(header, message)
+            return same if same == message else message
 
     def chunk(self, transfer: str, count: int, index: int, payload: bytes) -> bytes:
         """The held copy of chunk ``index`` of ``count`` of ``transfer`` if it equals ``payload``, else ``payload``.

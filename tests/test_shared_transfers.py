@@ -96,3 +96,19 @@ def test_only_the_most_recent_transfers_are_held() -> None:
     assert shared.whole(transfer_id(payloads[2]), 2_999) is None  # a length that does not match is no hit
     with pytest.raises(ValueError, match="max_transfers"):
         SharedTransfers(max_transfers=0)
+
+
+def test_equal_chunk_messages_are_held_once_and_others_pass_through() -> None:
+    chunks = split_payload(PAYLOAD, 1_000)
+    shared = SharedTransfers()
+    first = [shared.message(c) for c in fresh(chunks)]
+    second = [shared.message(c) for c in fresh(chunks)]
+    assert all(a is b for a, b in zip(first, second, strict=True))  # the second client's copies are dropped
+    assert first == chunks
+    status = b'{"state": "online"}'
+    assert shared.message(status) is status  # not a chunk message
+    changed = forged(chunks[0])  # the same place with other bytes (and CRC): held apart, the reassembler judges it
+    assert shared.message(changed) is changed and shared.message(bytes(bytearray(chunks[0]))) is first[0]
+    # A reassembler fed the held messages delivers the payload as before.
+    done = feed(Reassembler(shared=shared), second)
+    assert done is not None and done[1] == PAYLOAD
