@@ -24,7 +24,7 @@ paper's CNN (F=196, H=1024); ``--conv-filters/--dense-units`` choose a smaller o
 quick runs. The last line gives the key figures as ``key=value`` pairs.
 
     python benchmarks/bench_sim_memory.py [--sizes 10,30,100,300] [--rounds 3] [--local-epochs 1]
-        [--conv-filters 196 --dense-units 1024] [--reuse DIR ...] [--keep DIR]
+        [--conv-filters 196 --dense-units 1024] [--local-broker amqtt|mosquitto] [--reuse DIR ...] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def run(n: int, args: argparse.Namespace, run_dir: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "sim_harness.py"), "--shards", str(shards), "--",
            "--clients", str(n), "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs),
            "--conv-filters", str(args.conv_filters), "--dense-units", str(args.dense_units), "--aggregation", "fedavg",
-           "--engine", "workers", "--no-progress", "--start-timeout", "1800", "--run-dir", str(run_dir), "--run-id", f"mem{n}"]
+           "--engine", "workers", "--no-progress", "--start-timeout", "1800", "--run-dir", str(run_dir), "--run-id", f"mem{n}",
+           "--local-broker", args.local_broker]
     t0 = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -89,6 +90,8 @@ def main() -> None:
     ap.add_argument("--dense-units", type=int, default=1024, help="H of the CNN (paper: 1024; e.g. 128 for a quick run)")
     ap.add_argument("--reuse", type=Path, action="append", default=[], help="a finished run folder to add as a row")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders under this folder")
+    ap.add_argument("--local-broker", choices=("amqtt", "mosquitto"), default="amqtt",
+                    help="the broker fedhar-simulate starts (default amqtt, the main job's; mosquitto beyond about 100 clients)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "" with --reuse: only re-tabulate
     base = args.keep or Path(tempfile.mkdtemp(prefix="bench-mem-"))
@@ -102,7 +105,8 @@ def main() -> None:
     baseline: dict[str, dict] = {}
     for r in sorted(rows, key=lambda r: r["clients"]):
         baseline.setdefault(str(r["model"]), r)
-    print("\nsimulation memory (workers engine, FedAvg, HAPT; shards beyond 30 clients); baseline: smallest N of each model\n")
+    print(f"\nsimulation memory (workers engine, FedAvg, HAPT; shards beyond 30 clients; broker {args.local_broker}); "
+          "baseline: smallest N of each model\n")
     print(f"{'clients':>7} {'model':>14} {'updates':>8} {'job PSS MB':>11} {'xPSS':>6} {'coord MB':>9} {'xcoord':>7} "
           f"{'round s':>8} {'eval round s':>13} {'wall s':>7}")
     summary = []

@@ -72,6 +72,14 @@ def test_two_rounds_of_three_clients_over_mosquitto(tmp_path, mosquitto):
     assert doc["broker"] == f"external 127.0.0.1:{mosquitto}"
 
 
+def test_two_rounds_of_three_clients_over_a_mosquitto_the_simulation_starts(tmp_path, mosquitto):
+    doc = _run(tmp_path, "--local-broker", "mosquitto")  # the fixture only makes sure Mosquitto is installed
+    _check_report(doc)
+    assert doc["broker"] == "embedded mosquitto (MQTT 3.1.1, loopback)"
+    assert "listener" in (tmp_path / "run" / "logs" / "mosquitto.conf").read_text()
+    assert b"mosquitto" in (tmp_path / "run" / "logs" / "broker.log").read_bytes()
+
+
 def _saboteur(port: int, federation: str, stop: threading.Event) -> None:
     """Publishes every kind of bad input once the first round opens."""
     topics = Topics(federation)
