@@ -17,6 +17,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 """Default largest MQTT payload we publish (EMQX's default packet limit is 1 MB)."""
@@ -158,33 +159,27 @@ class SharedTransfers:
         """
         if len(message) < CHUNK_HEADER_BYTES or message[:4] != CHUNK_MAGIC:
             return message
-        transfer, header = bytes(message[4:36]), bytes(message[:CHUNK_HEADER_BYTES])
-        with self._lock:
-            held = self._messages.get(transfer)
-            if held is None:
-                held = self._messages[transfer] = {}
-                while len(self._messages) > self.max_transfers:
-                    self._messages.popitem(last=False)
-            else:
-                self._messages.move_to_end(transfer)
-            same = held.setdefault(header, message)
-            return same if same == message else message
+        return self._hold(self._messages, bytes(message[4:36]), bytes(message[:CHUNK_HEADER_BYTES]), message)
 
     def chunk(self, transfer: str, count: int, index: int, payload: bytes) -> bytes:
         """The held copy of chunk ``index`` of ``count`` of ``transfer`` if it equals ``payload``, else ``payload``.
 
         The first chunk seen for a place is the one held.
         """
+        return self._hold(self._chunks, transfer, (count, index), payload)
+
+    def _hold(self, table: OrderedDict[Any, dict[Any, bytes]], transfer: Any, place: Any, data: bytes) -> bytes:
+        """What ``table`` holds for ``place`` of ``transfer`` if it equals ``data``, else ``data`` (held if the place was free)."""
         with self._lock:
-            held = self._chunks.get(transfer)
+            held = table.get(transfer)
             if held is None:
-                held = self._chunks[transfer] = {}
-                while len(self._chunks) > self.max_transfers:
-                    self._chunks.popitem(last=False)
+                held = table[transfer] = {}
+                while len(table) > self.max_transfers:
+                    table.popitem(last=False)
             else:
-                self._chunks.move_to_end(transfer)
-            same = held.setdefault((count, index), payload)
-            return same if same == payload else payload
+                table.move_to_end(transfer)
+            same = held.setdefault(place, data)
+            return same if same == data else data
 
     def whole(self, transfer: str, total_len: int) -> bytes | None:
         """The verified payload of ``transfer`` if one is held and has ``total_len`` bytes."""
