@@ -24,7 +24,7 @@ retained store costs.
 Throughput is the envelope's bytes over the time; the ratio is candidate / baseline
 (issue 13 asks for at least 0.8). Brokers: the embedded amqtt broker as the project starts it
 (:class:`coordinator.broker.EmbeddedBroker`, MQTT 3.1.1) and Mosquitto on 127.0.0.1 (as
-``tests/conftest.py`` starts it; skipped with a note where the binary is absent). The
+:class:`coordinator.broker.LocalMosquitto` starts it; skipped with a note where the binary is absent). The
 variants take turns within each repetition, so a slow moment of a shared machine falls on all.
 Where the time of the candidate goes is printed per broker (encoded, last chunk acknowledged,
 reassembled at the receiver, decoded; "transport" is encoded -> reassembled, the part that
@@ -46,11 +46,8 @@ import argparse
 import functools
 import hashlib
 import json
-import os
 import queue
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,7 +61,7 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from coordinator.broker import EmbeddedBroker, free_port, stop_process, wait_for_port
+from coordinator.broker import EmbeddedBroker, LocalMosquitto, find_mosquitto
 from har_io.mqtt_link import BrokerConfig, MqttLink
 from har_models import codec
 from har_models.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks
@@ -98,23 +95,12 @@ def model_envelope(state: Mapping[str, Any], round_: int, spec: ArchSpec = SPEC,
 # --------------------------------------------------------------------------------------- brokers
 @contextmanager
 def mosquitto() -> Iterator[int | None]:
-    """Mosquitto on 127.0.0.1:<free port> (the configuration tests/conftest.py writes); None if not installed."""
-    exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
-    if exe is None:
+    """Mosquitto on 127.0.0.1:<free port>, started as ``fedhar-simulate --local-broker mosquitto`` starts it; None if not installed."""
+    if find_mosquitto() is None:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
-        port = free_port()
-        conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stdout\n")
-        with open(Path(tmp) / "mosquitto.log", "wb") as out:
-            proc = subprocess.Popen([exe, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT)
-        try:
-            if not wait_for_port("127.0.0.1", port, 10):
-                raise RuntimeError(f"mosquitto did not start: {(Path(tmp) / 'mosquitto.log').read_text()}")
-            yield port
-        finally:
-            stop_process(proc)
+    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp, LocalMosquitto(log_file=Path(tmp) / "mosquitto.log") as broker:
+        yield broker.port
 
 
 @contextmanager
