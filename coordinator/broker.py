@@ -87,7 +87,7 @@ def _broker_class() -> type:
     - Retained messages go to a connecting client only for its own subscriptions. On every
       connection amqtt walks *all* topic filters any client subscribed to and, for each, every
       retained message, publishing the matches to the newcomer. With 300 clients that is
-      about 1,800 filters times 330 retained messages per connection: the clients' start-up
+      over a thousand filters times about 330 retained messages per connection: the clients' start-up
       crawled, the newcomer received other clients' retained statuses, and the walk, which
       awaits inside its loop over the filter dict, failed with "dictionary changed size during
       iteration" while others subscribed, dropping the connection (and the client reconnected).
@@ -214,11 +214,10 @@ class LocalMosquitto(EmbeddedBroker):
     """Start Mosquitto on a loopback port as a child process (anonymous, no persistence); stop it on exit.
 
     The same role and interface as :class:`EmbeddedBroker`, for simulations the Python broker
-    cannot carry: Mosquitto keeps one reference-counted copy of a message for all its
-    subscribers and queues at most ``max_queued_messages`` (default 1000) per client, where
-    amqtt 0.12.1 builds each subscriber's packet as a copy and writes it to that subscriber's
-    socket buffer without waiting for it to drain (in a 300-client round of the paper CNN the
-    broker held 4.1 GB and was still growing).
+    cannot carry: amqtt 0.12.1 builds each subscriber's packet as a copy and writes it to that
+    subscriber's socket buffer without waiting for it to drain, and four minutes into the
+    first round of 300 clients with the paper CNN it held 4.1 GB, the round unfinished; with
+    Mosquitto that round took 133 s and the broker's RSS stayed under 1.8 GB when sampled.
 
     Parameters
     ----------
