@@ -365,13 +365,12 @@ class Reassembler:
             self._buffered += len(chunk.payload)
         if len(part.parts) < part.count:
             return None
+        self._drop(key)  # complete: out of the buffer whatever the check below says (``part`` still holds the chunks)
         verified = self.shared.whole(chunk.transfer, part.total_len) if self.shared else None
         if verified is not None:
             payload = verified  # every chunk arrived; another reassembler here verified these bytes already
-            self._drop(key)
         else:
             payload = b"".join(part.parts[i] for i in range(part.count))
-            self._drop(key)
             if len(payload) != part.total_len or hashlib.sha256(payload).hexdigest() != chunk.transfer:
                 raise ChunkError("transfer_sha256_mismatch", f"reassembled transfer {chunk.transfer[:12]} does not match its digest")
             if self.shared is not None:
