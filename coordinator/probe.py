@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from coordinator.aggregation import weighted_average
-from coordinator.server_opt import adaptive_step, fedavgm_step, make_server_opt, pseudo_gradient
+from coordinator.server_opt import SERVER_OPTIMISERS, adaptive_step, fedavgm_step, make_server_opt, pseudo_gradient
 from har_models.metrics import summarise
 from har_models.model import ArchSpec, init_state
 from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec, block_split
@@ -194,8 +194,8 @@ def parse_servers(text: str) -> list[tuple[str, float, float]]:
     out = []
     for part in text.split(","):
         name, *nums = part.split(":")
-        if name not in ("fedavg", "fedavgm", "fedadam", "fedyogi"):
-            raise ValueError(f"unknown server {name!r}; choose fedavg, fedavgm, fedadam or fedyogi")
+        if name != "fedavg" and name not in SERVER_OPTIMISERS:
+            raise ValueError(f"unknown server {name!r}; choose fedavg, {', '.join(SERVER_OPTIMISERS)}")
         default = make_server_opt(name) if name != "fedavg" else None
         eta = float(nums[0]) if nums else (default.eta if default else ProbeSetting.server_lr)
         beta = float(nums[1]) if len(nums) > 1 else (default.beta if default else ProbeSetting.server_momentum)
