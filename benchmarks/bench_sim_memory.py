@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator.broker import LOCAL_BROKERS  # noqa: E402
+
 SUBJECTS = 30
 
 
@@ -90,7 +94,7 @@ def main() -> None:
     ap.add_argument("--dense-units", type=int, default=1024, help="H of the CNN (paper: 1024; e.g. 128 for a quick run)")
     ap.add_argument("--reuse", type=Path, action="append", default=[], help="a finished run folder to add as a row")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders under this folder")
-    ap.add_argument("--local-broker", choices=("amqtt", "mosquitto"), default="amqtt",
+    ap.add_argument("--local-broker", choices=tuple(LOCAL_BROKERS), default="amqtt",
                     help="the broker fedhar-simulate starts (default amqtt, the main job's; mosquitto beyond about 100 clients)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]  # --sizes "" with --reuse: only re-tabulate

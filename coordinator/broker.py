@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -233,13 +234,18 @@ class LocalMosquitto(EmbeddedBroker):
         If it does not accept connections within ``start_timeout_s``.
     """
 
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+
     def __enter__(self) -> LocalMosquitto:
-        import tempfile
 
         exe = find_mosquitto()
         if exe is None:
             raise FileNotFoundError("mosquitto is not installed (apt-get install mosquitto), or use the embedded broker")
-        folder = self.log_file.parent if self.log_file else Path(tempfile.mkdtemp(prefix="fedhar-mosquitto-"))
+        if self.log_file:
+            folder = self.log_file.parent
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fedhar-mosquitto-")  # removed by stop()
+            folder = Path(self._tmp.name)
         conf = folder / "mosquitto.conf"
         # No persistence: a simulation starts afresh.
         conf.write_text(f"listener {self.port} {self.host}\nallow_anonymous true\npersistence false\nlog_dest stdout\n")
@@ -249,6 +255,17 @@ class LocalMosquitto(EmbeddedBroker):
             self.stop()
             raise RuntimeError(f"mosquitto did not start on {self.host}:{self.port}; see {self.log_file or 'its output'}")
         return self
+
+    def stop(self) -> None:
+        """Terminate Mosquitto (SIGTERM, then SIGKILL after 5 s) and remove its temporary configuration folder, if any."""
+        super().stop()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.cleanup()
+
+
+LOCAL_BROKERS: dict[str, type[EmbeddedBroker]] = {"amqtt": EmbeddedBroker, "mosquitto": LocalMosquitto}
+"""The brokers a simulation can start on loopback (``fedhar-simulate --local-broker``), by name."""
 
 
 if __name__ == "__main__":

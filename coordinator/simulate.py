@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from coordinator.broker import EmbeddedBroker, LocalMosquitto
+from coordinator.broker import LOCAL_BROKERS, EmbeddedBroker
 from coordinator.cli import add_federation_arguments, config_from_args
 from coordinator.evaluation import Evaluator
 from coordinator.fleet import ENGINES, Fleet
@@ -278,11 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_broker_arguments(ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)")
     ap.add_argument(
         "--local-broker",
-        choices=("amqtt", "mosquitto"),
+        choices=tuple(LOCAL_BROKERS),
         default="amqtt",
         help="without --broker: the broker started for the run on loopback, the embedded Python one (amqtt) or the "
-        "installed Mosquitto, which holds one copy of each message for all subscribers (use it beyond about 100 clients "
-        "with the paper CNN) (default %(default)s)",
+        "installed Mosquitto (use it for hundreds of clients with the paper CNN: docs/benchmarks-server.md, section 4) "
+        "(default %(default)s)",
     )
     add_federation_arguments(ap)
     return ap
@@ -370,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.password_file = args.credentials_dir / f"{args.username}.password"
             broker = broker_from_args(args)
         else:
-            local = LocalMosquitto if args.local_broker == "mosquitto" else EmbeddedBroker
-            broker_ctx = local(log_file=run_dir / "logs" / "broker.log")
+            broker_ctx = LOCAL_BROKERS[args.local_broker](log_file=run_dir / "logs" / "broker.log")
             broker_ctx.__enter__()  # assigned first, so the finally stops a broker whose start was interrupted
             stops.check()
             # MQTT 3.1.1, which both speak (amqtt only that): the run is the same on either.
