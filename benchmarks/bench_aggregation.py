@@ -56,7 +56,7 @@ from coordinator.spill import SpilledState, spill_update
 from coordinator.strategies import make_strategy
 from coordinator.strategy import Federation
 from coordinator.updates import ClientUpdate
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
 
 SPEC = ArchSpec(n_classes=6)
 """The paper CNN for HAPT's 6 classes: 196 filters, 1024 units, 6,448,714 parameters."""

@@ -63,12 +63,12 @@ import edge_client.trainer as trainer_mod  # noqa: E402
 from edge_client.ala import AlaResult, adaptive_local_aggregation  # noqa: E402
 from edge_client.store import ClientStore  # noqa: E402
 from edge_client.trainer import LocalTrainer  # noqa: E402
-from har_models.hapt import load_hapt_subject  # noqa: E402
-from har_models.labels import HAPT_LABELS  # noqa: E402
-from har_models.messages import RoundAnnouncement, TrainingPlan  # noqa: E402
-from har_models.model import ArchSpec, init_state  # noqa: E402
+from har_models.data.hapt import load_hapt_subject  # noqa: E402
+from har_models.data.labels import HAPT_LABELS  # noqa: E402
+from har_models.nn.model import ArchSpec, init_state  # noqa: E402
+from har_models.nn.training import TrainConfig, balanced_class_weights, make_loss, train_local  # noqa: E402
 from har_models.settings import AlaConfig  # noqa: E402
-from har_models.training import TrainConfig, balanced_class_weights, make_loss, train_local  # noqa: E402
+from har_models.wire.messages import RoundAnnouncement, TrainingPlan  # noqa: E402
 
 RUN_ID = "bench-ala"
 CLIENT = "c"

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from edge_client.backends import TrainingBackend, make_backend
-from har_models.model import ArchSpec, init_state
-from har_models.training import balanced_class_weights
+from har_models.nn.model import ArchSpec, init_state
+from har_models.nn.training import balanced_class_weights
 
 
 def _median_time(fn: Callable[[], object], repeats: int) -> float:

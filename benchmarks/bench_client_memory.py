@@ -52,13 +52,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator.broker import EmbeddedBroker  # noqa: E402
 from coordinator.config import CoordinatorConfig  # noqa: E402
 from coordinator.evaluation import Evaluator  # noqa: E402
 from coordinator.service import Coordinator  # noqa: E402
 from har_io.mqtt_link import BrokerConfig  # noqa: E402
-from har_models.arch import ArchSpec  # noqa: E402
-from har_models.subjects import union_test_set  # noqa: E402
+from har_models.data.subjects import union_test_set  # noqa: E402
+from har_models.nn.arch import ArchSpec  # noqa: E402
+from simulation.broker import EmbeddedBroker  # noqa: E402
 
 MB = 1024 * 1024
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

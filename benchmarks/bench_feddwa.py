@@ -28,7 +28,7 @@ from typing import TypeVar
 import torch
 
 from coordinator.feddwa import distances, personalise, weights
-from har_models.model import ArchSpec
+from har_models.nn.model import ArchSpec
 
 State = dict[str, torch.Tensor]
 T = TypeVar("T")

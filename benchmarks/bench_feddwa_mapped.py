@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from coordinator import feddwa  # noqa: E402
 from coordinator.spill import SpilledState, spill_update  # noqa: E402
 from coordinator.updates import ClientUpdate  # noqa: E402
-from har_models.model import ArchSpec, init_state  # noqa: E402
+from har_models.nn.model import ArchSpec, init_state  # noqa: E402
 
 
 class _Whole(Mapping[str, torch.Tensor]):

@@ -28,11 +28,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edge_client.replay import ReplaySource  # noqa: E402
-from har_models.labels import REALWORLD_LABELS  # noqa: E402
-from har_models.pipeline import SensorPipeline, windows_from_recording  # noqa: E402
-from har_models.realworld import recording_from_csv_files  # noqa: E402
-from har_models.windowing import WindowSet  # noqa: E402
+from edge_client.sensors.replay import ReplaySource  # noqa: E402
+from har_models.data.labels import REALWORLD_LABELS  # noqa: E402
+from har_models.data.pipeline import SensorPipeline, windows_from_recording  # noqa: E402
+from har_models.data.realworld import recording_from_csv_files  # noqa: E402
+from har_models.data.windowing import WindowSet  # noqa: E402
 
 SAMPLE = ROOT / "datasets" / "realworld" / "sample" / "proband1"
 

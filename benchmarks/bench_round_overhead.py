@@ -4,7 +4,7 @@ Runs the main job (``fedhar-simulate``, workers engine, embedded broker, HAPT) w
 clients (through ``benchmarks/sim_harness.py``, which also records the coordinator's peak),
 then measures the baseline in this process, with no broker and no other process:
 for every round r >= 1 and every client that sent an update in r, one call of
-:func:`har_models.training.train_local` (what :class:`edge_client.trainer.LocalTrainer`
+:func:`har_models.nn.training.train_local` (what :class:`edge_client.trainer.LocalTrainer`
 calls) from the global model the round started from (``models/r{r-1}``, or the nearest kept
 one of the same shapes when the coordinator pruned it), on that client's
 stored training windows (its store from the run), with the round's settings and seed
@@ -61,8 +61,8 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
     from coordinator.state import load_state_file
     from edge_client.store import ClientStore
     from edge_client.trainer import derive_seed
-    from har_models.labels import HAPT_LABELS
-    from har_models.training import TrainConfig, balanced_class_weights, make_loss, train_local
+    from har_models.data.labels import HAPT_LABELS
+    from har_models.nn.training import TrainConfig, balanced_class_weights, make_loss, train_local
 
     torch.set_num_threads(1)
     cfg = json.loads((run_dir / "report.json").read_text())["config"]

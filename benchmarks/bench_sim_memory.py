@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator.broker import LOCAL_BROKERS  # noqa: E402
+from simulation.broker import LOCAL_BROKERS  # noqa: E402
 
 SUBJECTS = 30
 

@@ -1,7 +1,7 @@
 """Model transfer over MQTT: the project's path against a raw publish of the same bytes, per broker.
 
 Baseline (measured in the same run, on the same broker): one plain paho-mqtt client publishes
-the bytes of one encoded paper-size model (the envelope of :func:`har_models.codec.encode`:
+the bytes of one encoded paper-size model (the envelope of :func:`har_models.wire.codec.encode`:
 safetensors body, 25.8 MB for the 6,448,714 float32 parameters of the paper CNN) cut into
 messages of the size the project's chunks have (``max_message_bytes``, 1,000,000 by default),
 QoS 1, to a second plain paho client subscribed on the same broker; the time runs from the
@@ -9,13 +9,13 @@ first publish until the subscriber holds every byte.
 
 Candidate: the path a personalised model takes from the coordinator to a client
 (``coordinator/service.py`` ``_publish_models``, ``edge_client/agent.py`` ``_handle`` and
-``_decode_and_train``): :func:`har_models.codec.encode` of the state, then
+``_decode_and_train``): :func:`har_models.wire.codec.encode` of the state, then
 :meth:`har_io.mqtt_link.MqttLink.publish_chunks` on the client's model topics, retained, QoS 1,
-at most 16 chunks unacknowledged (:func:`har_models.chunking.iter_chunks`: a 56-byte header with
+at most 16 chunks unacknowledged (:func:`har_models.wire.chunking.iter_chunks`: a 56-byte header with
 the transfer's sha256 and a CRC-32 per chunk); on the receiving side a second
 :class:`~har_io.mqtt_link.MqttLink` subscribed to those topics, a
-:class:`~har_models.chunking.Reassembler` (CRC of every chunk, sha256 of the whole) and
-:func:`har_models.codec.decode` (sha256 of the body, safetensors parse, finiteness check). The
+:class:`~har_models.wire.chunking.Reassembler` (CRC of every chunk, sha256 of the whole) and
+:func:`har_models.wire.codec.decode` (sha256 of the body, safetensors parse, finiteness check). The
 time runs from the start of the encoding until the decoded tensors are there. Each repetition
 sends a model for another round (another envelope), so no transfer id repeats.
 ``project, not retained`` is the same path with ``retain=False``, to show what the broker's
@@ -23,8 +23,8 @@ retained store costs.
 
 Throughput is the envelope's bytes over the time; the ratio is candidate / baseline
 (issue 13 asks for at least 0.8). Brokers: the embedded amqtt broker as the project starts it
-(:class:`coordinator.broker.EmbeddedBroker`, MQTT 3.1.1) and Mosquitto on 127.0.0.1 (as
-:class:`coordinator.broker.LocalMosquitto` starts it; skipped with a note where the binary is absent). The
+(:class:`simulation.broker.EmbeddedBroker`, MQTT 3.1.1) and Mosquitto on 127.0.0.1 (as
+:class:`simulation.broker.LocalMosquitto` starts it; skipped with a note where the binary is absent). The
 variants take turns within each repetition, so a slow moment of a shared machine falls on all.
 Where the time of the candidate goes is printed per broker (encoded, last chunk acknowledged,
 reassembled at the receiver, decoded; "transport" is encoded -> reassembled, the part that
@@ -61,14 +61,14 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from coordinator.broker import EmbeddedBroker, LocalMosquitto, find_mosquitto
 from har_io.mqtt_link import BrokerConfig, MqttLink
-from har_models import codec
-from har_models.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks
-from har_models.messages import GUIDANCE_PREFIX, UPDATE_ENCODINGS
-from har_models.model import ArchSpec, init_state
-from har_models.topics import Topics
-from har_models.update_encoding import encode_update
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks
+from har_models.wire.messages import GUIDANCE_PREFIX, UPDATE_ENCODINGS
+from har_models.wire.topics import Topics
+from har_models.wire.update_encoding import encode_update
+from simulation.broker import EmbeddedBroker, LocalMosquitto, find_mosquitto
 
 SPEC = ArchSpec(n_classes=6)
 """The paper CNN for HAPT's 6 classes: 196 filters, 1024 units, 6,448,714 parameters."""

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordinator import simulate
-from har_models.messages import UPDATE_ENCODINGS
+from har_models.wire.messages import UPDATE_ENCODINGS
+from simulation import simulate
 
 
 def run_one(encoding: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:

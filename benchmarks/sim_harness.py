@@ -32,9 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator import simulate  # noqa: E402
-from har_models.hapt import hapt_subject_ids  # noqa: E402
-from har_models.subjects import DEFAULT_HAPT  # noqa: E402
+from har_models.data.hapt import hapt_subject_ids  # noqa: E402
+from har_models.data.subjects import DEFAULT_HAPT  # noqa: E402
+from simulation import simulate  # noqa: E402
 
 KEYS = ("acc", "gyro", "label", "exp", "sample")
 

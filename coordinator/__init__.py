@@ -1,1 +1,13 @@
-"""coordinator."""
+"""The home-server program: the round state machine over MQTT, strategies, persistence, reports.
+
+* :mod:`~coordinator.round`: one round as pure steps over typed values (select, configure,
+  aggregate with failures, evaluate, close);
+* :mod:`~coordinator.service`: the loop that moves those values over MQTT and persists them;
+* strategies: :mod:`~coordinator.strategy` and :mod:`~coordinator.strategies` (the registry),
+  over the papers' arithmetic in :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`,
+  :mod:`~coordinator.feddist` and :mod:`~coordinator.server_opt`;
+* :mod:`~coordinator.updates` (validation of uploads), :mod:`~coordinator.receipts`,
+  :mod:`~coordinator.presence`, :mod:`~coordinator.spill`;
+* :mod:`~coordinator.state` (SQLite + safetensors run folder) and :mod:`~coordinator.report`;
+* :mod:`~coordinator.config` and :mod:`~coordinator.cli` (``fedhar-coordinator``).
+"""

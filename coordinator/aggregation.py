@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from har_models.model import State
+from har_models.nn.model import State
 
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:

@@ -21,7 +21,7 @@ from har_io.cli import (
     setup_logging,
 )
 from har_io.mqtt_link import BrokerRefused
-from har_models.splits import DEFAULT_SPLIT
+from har_models.data.splits import DEFAULT_SPLIT
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = None
     if args.eval_data:
         from coordinator.evaluation import Evaluator
-        from har_models.splits import SplitSpec
-        from har_models.subjects import subject_sources, union_test_set
+        from har_models.data.splits import SplitSpec
+        from har_models.data.subjects import subject_sources, union_test_set
 
         kind, _, path = args.eval_data.partition(":")
         try:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from har_io.mqtt_link import BrokerConfig
-from har_models.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS
+from har_models.data.splits import DEFAULT_SPLIT_SEED
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
-from har_models.splits import DEFAULT_SPLIT_SEED
-from har_models.topics import check_client_id
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS
+from har_models.wire.topics import check_client_id
 
 AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi")
 GROWTHS = ("none", "feddist")
@@ -88,7 +88,7 @@ class CoordinatorConfig:
     max_update_bytes : int
         Largest update envelope accepted (bytes).
     update_encoding : {"float32", "float16", "int8_delta"}
-        How clients encode their updates (:mod:`har_models.update_encoding`); float32,
+        How clients encode their updates (:mod:`har_models.wire.update_encoding`); float32,
         the default, sends the trained tensors as they are.
     resume : bool
         Continue the run found in ``run_dir`` after its last completed round.

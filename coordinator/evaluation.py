@@ -20,10 +20,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from har_models.metrics import mean_over_clients, summarise
-from har_models.model import ArchSpec
-from har_models.training import evaluate
-from har_models.windowing import WindowSet
+from har_models.data.windowing import WindowSet
+from har_models.nn.metrics import mean_over_clients, summarise
+from har_models.nn.model import ArchSpec
+from har_models.nn.training import evaluate
 
 
 class Evaluator:

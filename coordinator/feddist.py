@@ -17,7 +17,7 @@ Neuron j of client c diverges iff (strict)
     d_{c,j} > mu_j + k_r * sigma_j,     k_r = k_0 + delta * floor(r / period)   (algorithms.md 3.3)
 
 with k_0 = 3.0, delta = 0.25, period = 5 and r the 0-based round. Every diverging (c, j)
-becomes a new unit appended to layer l (see :mod:`har_models.growth`). By Samuelson's
+becomes a new unit appended to layer l (see :mod:`har_models.nn.growth`). By Samuelson's
 inequality no value of n exceeds their mean by more than sqrt(n - 1) population standard
 deviations, so nothing can be flagged while sqrt(n - 1) <= k_r: growth needs at least 11
 clients at k_r = 3, and stops for good once k_r reaches sqrt(n - 1).
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from har_models.growth import GROWTH_MODES, GrowthMode, NewUnitSource, append_units
-from har_models.model import ArchSpec, State, check_state
+from har_models.nn.growth import GROWTH_MODES, GrowthMode, NewUnitSource, append_units
+from har_models.nn.model import ArchSpec, State, check_state
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ def apply_growth(
     from ``client_states[c]``'s neuron j; outgoing weights copied from that client
     (``mode="paper"``, as FedDist does; algorithms.md 3.4 [CODE]) or zero
     (``mode="function_preserving"``, no client's function changes; algorithms.md 5.2 step 6A
-    [PROPOSAL]). See :func:`har_models.growth.append_units`.
+    [PROPOSAL]). See :func:`har_models.nn.growth.append_units`.
 
     Parameters
     ----------

@@ -27,8 +27,8 @@ from typing import Any, cast
 from coordinator import feddist
 from coordinator.strategy import Aggregate, Federation, Strategy
 from coordinator.updates import ClientUpdate
-from har_models.growth import pad_state_like
-from har_models.messages import TrainingPlan
+from har_models.nn.growth import pad_state_like
+from har_models.wire.messages import TrainingPlan
 
 log = logging.getLogger("fedhar.coordinator.feddist")
 

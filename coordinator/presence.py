@@ -3,7 +3,7 @@
 A client's retained status says "online" until its last will replaces it; a device that is
 revoked (the broker sends no will then) or whose will was lost would stay "online" forever.
 So presence expires: a client republishes its status every ``refresh_s`` seconds, and a
-status older than :data:`~har_models.messages.PRESENCE_PERIODS` periods counts as offline.
+status older than :data:`~har_models.wire.messages.PRESENCE_PERIODS` periods counts as offline.
 The age of a live status is measured on the coordinator's clock from its arrival; the age
 of a retained one (received when subscribing) from the time the status carries.
 
@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from har_models.messages import PRESENCE_PERIODS, ClientStatus
+from har_models.wire.messages import PRESENCE_PERIODS, ClientStatus
 
 log = logging.getLogger("fedhar.coordinator")
 

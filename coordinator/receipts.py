@@ -2,7 +2,7 @@
 
 The broker's PUBACK says only that the broker took a message; a subscriber that was not
 there (the coordinator reconnecting after a broker restart) never gets it. So the
-coordinator answers every update it counted with a :class:`~har_models.messages.Receipt`
+coordinator answers every update it counted with a :class:`~har_models.wire.messages.Receipt`
 on the client's receipt topic, and the client re-sends until it has one. A transfer that
 stalls with chunks missing (lost in transit, dropped by a broker's size limit) is answered
 with the list of missing chunk indices, so only those travel again.
@@ -15,9 +15,9 @@ import time
 from collections.abc import Collection
 
 from har_io.mqtt_link import MqttLink
-from har_models.chunking import Reassembler, peek_transfer
-from har_models.messages import Receipt
-from har_models.topics import Topics
+from har_models.wire.chunking import Reassembler, peek_transfer
+from har_models.wire.messages import Receipt
+from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator")
 

@@ -28,8 +28,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.strategy import Federation
 from coordinator.updates import ClientUpdate, Failure
-from har_models.messages import TrainingPlan
-from har_models.model import ArchSpec
+from har_models.nn.model import ArchSpec
+from har_models.wire.messages import TrainingPlan
 
 
 def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fraction: float, seed: int) -> list[str]:

@@ -43,13 +43,13 @@ from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import MqttLink
-from har_models import codec
-from har_models.chunking import ChunkError, Reassembler, transfer_id
-from har_models.labels import LABEL_SETS
-from har_models.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, TrainingPlan
-from har_models.model import ArchSpec, init_state
-from har_models.topics import Topics
-from har_models.windowing import ChannelStats
+from har_models.data.labels import LABEL_SETS
+from har_models.data.windowing import ChannelStats
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
+from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator")
 

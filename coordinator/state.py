@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from har_models.files import atomic_write, fsync_dir
-from har_models.model import ArchSpec, check_state
+from har_models.nn.model import ArchSpec, check_state
 
 log = logging.getLogger("fedhar.coordinator.state")
 

@@ -30,8 +30,8 @@ import torch
 from coordinator import feddwa
 from coordinator.aggregation import State, weighted_average
 from coordinator.updates import ClientUpdate, Failure
-from har_models.messages import TrainingPlan
-from har_models.model import ArchSpec
+from har_models.nn.model import ArchSpec
+from har_models.wire.messages import TrainingPlan
 
 log = logging.getLogger("fedhar.coordinator.strategy")
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from har_models import codec
-from har_models.messages import GUIDANCE_PREFIX, check_count
-from har_models.model import ArchSpec
-from har_models.update_encoding import decode_update
+from har_models.nn.model import ArchSpec
+from har_models.wire import codec
+from har_models.wire.messages import GUIDANCE_PREFIX, check_count
+from har_models.wire.update_encoding import decode_update
 
 
 class UpdateRejected(ValueError):
@@ -143,7 +143,7 @@ def validate_update(
     reference : mapping name -> tensor, optional
         The model published to this client for this exchange (its P_i, else G; for a
         FedDist intermediate stage the grown G). int8_delta updates are deltas against it
-        (:func:`har_models.update_encoding.decode_update`); without it they are refused.
+        (:func:`har_models.wire.update_encoding.decode_update`); without it they are refused.
 
     Returns
     -------

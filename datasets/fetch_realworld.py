@@ -13,7 +13,7 @@ After the download the script checks the size announced by the server (and ``--s
 every member's CRC, that the archive has the ``proband{k}/data/{acc,gyr}_*_csv.zip``
 layout, and the sha256 if ``--sha256`` is given. No official checksum is published; the
 script prints the one it computed so that you can pin it. The loader
-(``har_models.realworld``) reads the zip directly, so unpacking is optional.
+(``har_models.data.realworld``) reads the zip directly, so unpacking is optional.
 
 Dataset: T. Sztyler and H. Stuckenschmidt, "On-body Localization of Wearable Devices: An
 Investigation of Position-Aware Activity Recognition", IEEE PerCom 2016,

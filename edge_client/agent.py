@@ -27,11 +27,11 @@ from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, Trainer
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, BrokerRefused, MqttLink, PacketRejected
-from har_models import codec
-from har_models.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer, transfer_id
-from har_models.messages import ClientStatus, CoordinatorStatus, MessageError, Receipt, RoundAnnouncement, offline_status
-from har_models.topics import Topics, check_client_id
-from har_models.windowing import ChannelStats
+from har_models.data.windowing import ChannelStats
+from har_models.wire import codec
+from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer, transfer_id
+from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, Receipt, RoundAnnouncement, offline_status
+from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
 
@@ -120,7 +120,7 @@ class EdgeAgent:
     store : ClientStore
         Holds the windows (already ingested), the local model and bookkeeping.
     train_lock : threading.Lock, optional
-        Shared by clients hosted in one worker process (:mod:`edge_client.worker`).
+        Shared by clients hosted in one worker process (:mod:`simulation.worker`).
     shared_transfers : SharedTransfers, optional
         Shared by clients hosted in one worker process: the model they all receive is held once.
     """

@@ -30,7 +30,7 @@ Deliberate deviations from the reference code (algorithms.md 1.5, [PROPOSAL]):
 * The temporary model's train/eval mode is explicit (default train: dropout active, as on
   the reference's usual path).
 * A received model wider than the local one (FedDist growth) is handled by padding the local
-  model and W first (:func:`har_models.growth.pad_state_like`): new slots take the received
+  model and W first (:func:`har_models.nn.growth.pad_state_like`): new slots take the received
   values and W = 1 there, so (theta - theta_i) is exactly 0 in the new slots.
 
 Not a deviation, only an order of computation: when only the output layer is blended (the
@@ -50,8 +50,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from har_models.growth import pad_state_like
-from har_models.model import HarCNN, State
+from har_models.nn.growth import pad_state_like
+from har_models.nn.model import HarCNN, State
 from har_models.settings import AlaConfig
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def adaptive_local_aggregation(
     y : Tensor or ndarray of shape ``(N,)``, int64
         Their class indices.
     build : callable state -> nn.Module
-        Builds the model for a state, e.g. ``functools.partial(har_models.model.build_model, spec)``.
+        Builds the model for a state, e.g. ``functools.partial(har_models.nn.model.build_model, spec)``.
         Its ``named_parameters()`` order defines the top p.
     loss_fn : callable (logits ``(B, C)``, y ``(B,)``) -> scalar Tensor
         The local training loss (the trainer's class-weighted cross-entropy).

@@ -10,7 +10,7 @@ without PyTorch (numpy reference) takes part in the same federation:
    (:func:`edge_client.backends.ala_backend.learn_ala_weights`) and blend (Zhang et al.,
    AAAI 2023, algorithm 1 lines 6-16);
 3. E local epochs of SGD (FedProx's proximal term when asked), in the batch order of
-   :func:`har_models.training.train_local` for the same seed;
+   :func:`har_models.nn.training.train_local` for the same seed;
 4. FedDWA: one more pass for the guidance model;
 5. evaluate the received, initial and trained models on the local test windows, and
    build the update envelope.
@@ -33,10 +33,10 @@ from edge_client.backends.base import TrainingBackend, train
 from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, derive_seed, encode_for_upload, stored_local_model
-from har_models import codec
-from har_models.arch import PARAM_NAMES, ArchSpec
-from har_models.labels import balanced_class_weights
-from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
+from har_models.data.labels import balanced_class_weights
+from har_models.nn.arch import PARAM_NAMES, ArchSpec
+from har_models.wire import codec
+from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
 
 log = logging.getLogger("fedhar.client.trainer")
 

@@ -18,9 +18,9 @@ from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
-from har_models.chunking import SharedTransfers
-from har_models.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
-from har_models.subjects import parse_source
+from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
+from har_models.data.subjects import parse_source
+from har_models.wire.chunking import SharedTransfers
 
 log = logging.getLogger("fedhar.client")
 
@@ -157,7 +157,7 @@ def serve(
 ) -> int:
     """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store.
 
-    ``train_lock`` and ``shared_transfers`` are shared by the clients one worker process hosts (:mod:`edge_client.worker`).
+    ``train_lock`` and ``shared_transfers`` are shared by the clients one worker process hosts (:mod:`simulation.worker`).
     """
     try:
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from edge_client.recorder import RECORDED_LOG, Recorder
 from edge_client.window_log import WindowLog
-from har_models.labels import LABEL_SETS
+from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.record")
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 0 (recorded), 2 (bad options) or 3 (the sensor failed)."""
-    from edge_client.app.main import make_source  # no Kivy at import time
+    from edge_client.sensors.factory import make_source
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,7 +1,7 @@
 """Recording labelled activity on the device: the owner picks an activity, starts and stops.
 
 Samples from any :class:`~edge_client.sensors.base.SensorSource` go through the shared
-:class:`~har_models.pipeline.SensorPipeline`. While a recording runs, every sample from
+:class:`~har_models.data.pipeline.SensorPipeline`. While a recording runs, every sample from
 the next one on carries the chosen activity; windows that lie wholly inside the recording
 come out labelled and are appended, durably, to the device's
 :class:`~edge_client.window_log.WindowLog`. Windows overlapping a start or a stop, or the
@@ -20,12 +20,12 @@ import zlib
 
 import numpy as np
 
-from edge_client.replay import SensorChunk
+from edge_client.sensors.replay import SensorChunk
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
-from har_models.labels import LabelSet
-from har_models.pipeline import SensorPipeline
-from har_models.windowing import WindowSet
+from har_models.data.labels import LabelSet
+from har_models.data.pipeline import SensorPipeline
+from har_models.data.windowing import WindowSet
 
 log = logging.getLogger("fedhar.client.recorder")
 
@@ -41,7 +41,7 @@ def recorded_labels(spec: str) -> LabelSet:
     ValueError
         If the text is not ``recorded:`` followed by a known label set.
     """
-    from har_models.labels import LABEL_SETS
+    from har_models.data.labels import LABEL_SETS
 
     kind, _, name = spec.partition(":")
     if kind != "recorded" or name not in LABEL_SETS:

@@ -1,6 +1,6 @@
 """Where a client's labelled windows come from: replayed dataset subjects (live sensors later).
 
-A source (:class:`har_models.subjects.SubjectSource`) names recordings and carries the
+A source (:class:`har_models.data.subjects.SubjectSource`) names recordings and carries the
 client's train/test split; :func:`ingest_source` feeds the recordings through the same
 sensor pipeline a device uses (resampling onto the 50 Hz grid, windowing) and stores the
 windows with that split in the client's store. A source already ingested (same files,
@@ -9,20 +9,20 @@ same settings, same split) is not read again.
 Any split works. The FedDist paper's split is decided from labels alone, in the store. The
 leak-free ``blocks`` split needs the windows' start times and drops the gap windows, and
 the ``label_skew`` partition needs the subject's name and drops the classes the client does
-not keep: those are decided here with :func:`har_models.splits.kept_and_split` (the very
+not keep: those are decided here with :func:`har_models.data.splits.kept_and_split` (the very
 function the coordinator's evaluation harness uses through :meth:`SubjectSource.train_test
-<har_models.subjects.SubjectSource.train_test>`), and only the kept windows reach the store.
+<har_models.data.subjects.SubjectSource.train_test>`), and only the kept windows reach the store.
 """
 
 from __future__ import annotations
 
 import logging
 
-from edge_client.replay import replay_windows
+from edge_client.sensors.replay import replay_windows
 from edge_client.store import ClientStore
-from har_models.splits import kept_and_split
-from har_models.subjects import SubjectSource, load_windows, recordings_of
-from har_models.windowing import WindowSet
+from har_models.data.splits import kept_and_split
+from har_models.data.subjects import SubjectSource, load_windows, recordings_of
+from har_models.data.windowing import WindowSet
 
 log = logging.getLogger("fedhar.client.sources")
 

@@ -31,16 +31,16 @@ from typing import IO, Any
 
 import numpy as np
 
+from har_models.data.labels import LabelSet
+from har_models.data.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
+from har_models.data.windowing import N_CHANNELS, WindowSet
 from har_models.files import atomic_write, atomic_write_bytes
-from har_models.labels import LabelSet
-from har_models.safetensors_np import read_metadata
-from har_models.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
-from har_models.windowing import N_CHANNELS, WindowSet
+from har_models.wire.safetensors_np import read_metadata
 
 try:
     from safetensors.numpy import load_file, save_file
 except ImportError:  # a phone without the Rust wheel: the numpy reader writes the same bytes
-    from har_models.safetensors_np import load_file, save_file  # type: ignore[assignment]
+    from har_models.wire.safetensors_np import load_file, save_file  # type: ignore[assignment]
 
 LOCK_FILE = "owner.lock"
 """Name of the lock file in a state folder; it holds ``{"pid": ..., "client_id": ...}`` of the owner."""
@@ -189,7 +189,7 @@ class ClientStore:
     ) -> tuple[int, int]:
         """Replace all stored windows by those of ``source``, with a stratified split.
 
-        The split is :meth:`SplitSpec.indices <har_models.splits.SplitSpec.indices>` over this
+        The split is :meth:`SplitSpec.indices <har_models.data.splits.SplitSpec.indices>` over this
         source's windows in order, so the coordinator's evaluation harness can rebuild the
         same test windows with the same spec; the spec is recorded in the metadata
         (``split``).

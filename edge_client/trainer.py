@@ -19,11 +19,11 @@ import torch
 from edge_client.ala import AlaState, adaptive_local_aggregation
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, derive_seed, encode_for_upload, stored_local_model
-from har_models import codec
-from har_models.growth import pad_state_like
-from har_models.messages import GUIDANCE_PREFIX, RoundAnnouncement
-from har_models.model import ArchSpec, build_model
-from har_models.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+from har_models.nn.growth import pad_state_like
+from har_models.nn.model import ArchSpec, build_model
+from har_models.nn.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+from har_models.wire import codec
+from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
 
 log = logging.getLogger("fedhar.client.trainer")
 

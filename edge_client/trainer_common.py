@@ -11,10 +11,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_client.store import ClientStore
-from har_models import codec
-from har_models.arch import ArchSpec
-from har_models.messages import RoundAnnouncement
-from har_models.update_encoding import encode_update
+from har_models.nn.arch import ArchSpec
+from har_models.wire import codec
+from har_models.wire.messages import RoundAnnouncement
+from har_models.wire.update_encoding import encode_update
 
 RESIDUAL_NAME = "encoding_residual"
 """Store name of int8_delta's error-feedback residual (:meth:`ClientStore.save_tensors`)."""
@@ -101,7 +101,7 @@ def encode_for_upload(
     Raises
     ------
     ValueError
-        From :func:`har_models.update_encoding.encode_update` (a value beyond float16, a
+        From :func:`har_models.wire.update_encoding.encode_update` (a value beyond float16, a
         tensor the received model lacks); the caller skips the round as for any bad input.
 
     Notes

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from har_models.data.labels import LabelSet
+from har_models.data.windowing import N_CHANNELS, WINDOW, WindowSet
 from har_models.files import atomic_write_bytes
-from har_models.labels import LabelSet
-from har_models.windowing import N_CHANNELS, WINDOW, WindowSet
 
 log = logging.getLogger("fedhar.client.window_log")
 

@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
     from har_models.files import atomic_write_bytes
-    from har_models.topics import Topics, check_client_id
+    from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.wire.topics import Topics, check_client_id
 except ImportError:  # run from a checkout without `pip install -e .`: both modules need only the stdlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from har_models.chunking import DEFAULT_MAX_MESSAGE_BYTES
     from har_models.files import atomic_write_bytes
-    from har_models.topics import Topics, check_client_id
+    from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
+    from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.mosquitto_config")
 
@@ -588,7 +588,7 @@ def generate(
     given : dict
         Settings from the command line (keys of :data:`DEFAULTS`, None = not given); see :func:`merge_settings`.
     clients : list of str
-        Device ids to add (validated with :func:`har_models.topics.check_client_id`). Devices
+        Device ids to add (validated with :func:`har_models.wire.topics.check_client_id`). Devices
         configured earlier stay configured.
     rotate : list of str, optional
         Users (devices or the coordinator) that get a new password; ``["*"]`` = everyone.

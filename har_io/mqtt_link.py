@@ -11,7 +11,7 @@ Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and 
 * MQTT 5 is tried first so the broker can state its maximum packet size (CONNACK property);
   a broker that speaks only 3.1.1 (the embedded amqtt one) is then used over 3.1.1, where the
   configured ``max_message_bytes`` is the limit;
-* large payloads go out in chunks (:func:`har_models.chunking.iter_chunks`) at QoS 1 that fit
+* large payloads go out in chunks (:func:`har_models.wire.chunking.iter_chunks`) at QoS 1 that fit
   the limit with their topic and packet header, and the publisher waits for the
   acknowledgements, so memory stays bounded;
 * a packet the broker refused (MQTT 5 reason code, or the connection dropped while it was in
@@ -35,7 +35,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from har_models.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
 
@@ -182,7 +182,7 @@ class MqttLink:
     intern : callable (payload bytes) -> bytes, optional
         Applied to every received payload before it is put on :attr:`inbox` (in paho's thread;
         must be fast and must not block); it may return an equal object held elsewhere, e.g.
-        :meth:`har_models.chunking.SharedTransfers.message`, so that the same model chunk
+        :meth:`har_models.wire.chunking.SharedTransfers.message`, so that the same model chunk
         waiting in the inboxes of many clients of one process is held once.
 
     Attributes

@@ -156,7 +156,7 @@ class LocalTraining:
     the search in docs/results.md (0.03 and 0.1, 15 rounds on the HAPT blocks split).
 
     The one place these defaults are written; the coordinator's configuration, the
-    training plan on the wire, :class:`har_models.training.TrainConfig` and the baselines
+    training plan on the wire, :class:`har_models.nn.training.TrainConfig` and the baselines
     read them from here.
     """
 

@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edge_client.app.controller import AppConfig  # noqa: E402
-from edge_client.app.main import create_app, make_source  # noqa: E402
+from edge_client.app.main import create_app  # noqa: E402
 from edge_client.app.predictor import load_predictor  # noqa: E402
-from har_models.labels import HAPT_LABELS  # noqa: E402
+from edge_client.sensors.factory import make_source  # noqa: E402
+from har_models.data.labels import HAPT_LABELS  # noqa: E402
 
 TIMEOUT_S = 240.0
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import LocalMosquitto, find_mosquitto
+from simulation.broker import LocalMosquitto, find_mosquitto
 
 
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[int]:
-    """Start ``mosquitto`` on 127.0.0.1:<free port> (:class:`coordinator.broker.LocalMosquitto`); yield the port.
+    """Start ``mosquitto`` on 127.0.0.1:<free port> (:class:`simulation.broker.LocalMosquitto`); yield the port.
 
     Skipped when Mosquitto is not installed, unless FEDHAR_REQUIRE_MOSQUITTO=1 (set by
     .ci/run), in which case a missing broker fails the test.

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from edge_client.ala import AlaConfig, AlaState, adaptive_local_aggregation, blend, higher_tensors
-from har_models.growth import append_units, pad_state_like
-from har_models.model import PARAM_NAMES, ArchSpec, build_model
+from har_models.nn.growth import append_units, pad_state_like
+from har_models.nn.model import PARAM_NAMES, ArchSpec, build_model
 
 SPEC = ArchSpec(n_classes=3, conv_filters=4, dense_units=8)
 CLASS_WEIGHTS = torch.tensor([1.0, 2.0, 0.5])

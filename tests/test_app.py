@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.broker import stop_process
+from simulation.broker import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "docs" / "screenshots"
@@ -91,7 +91,7 @@ def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
 
     # Record screen: the counts shown are the window log's, per activity.
     from edge_client.window_log import WindowLog
-    from har_models.labels import HAPT_LABELS
+    from har_models.data.labels import HAPT_LABELS
 
     log_counts = WindowLog(state / "recorded_windows.log", HAPT_LABELS).counts()
     assert res["counts_widget"] == {n: str(int(c)) for n, c in zip(HAPT_LABELS.names, log_counts, strict=True)}
@@ -117,7 +117,7 @@ def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    from har_models.model import ArchSpec, build_model
+    from har_models.nn.model import ArchSpec, build_model
 
     path = state / "local_model.safetensors"
     with safe_open(str(path), framework="numpy") as f:

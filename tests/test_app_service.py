@@ -10,8 +10,8 @@ from edge_client.app.controller import AppConfig
 from edge_client.app.service import STATUS_FILE, RemoteController, read_json, run_service
 from edge_client.sensors.base import ReplaySensor
 from edge_client.window_log import WindowLog
-from har_models.hapt import read_hapt_recordings
-from har_models.labels import HAPT_LABELS
+from har_models.data.hapt import read_hapt_recordings
+from har_models.data.labels import HAPT_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 

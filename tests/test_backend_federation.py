@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import EmbeddedBroker
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator
 from coordinator.state import RunState
 from har_io.mqtt_link import BrokerConfig
-from har_models.subjects import union_test_set
+from har_models.data.subjects import union_test_set
+from simulation.broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None; from edge_client.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -1,6 +1,6 @@
 """Training backends (edge_client/backends): every backend computes what PyTorch eager computes.
 
-PyTorch eager (``har_models.training``) is the baseline; the numpy reference is an independent
+PyTorch eager (``har_models.nn.training``) is the baseline; the numpy reference is an independent
 implementation (its own forward and backward), and ExecuTorch runs exported programs. A small
 CNN (8 filters, 16 hidden units) keeps the tests fast; 71 windows with batch 32 give batches of
 32, 32 and 7.
@@ -21,11 +21,11 @@ from edge_client.backends import ArchitectureMismatch, draw_dropout_masks, epoch
 from edge_client.backends.base import TorchRandperm, batch_sizes
 from edge_client.backends.numpy_ref import NumpyBackend, weighted_cross_entropy
 from edge_client.backends.torch_eager import TorchBackend
-from har_models.growth import append_units
-from har_models.labels import LabelSet
-from har_models.model import PARAM_NAMES, ArchSpec, build_model, init_state
-from har_models.training import TrainConfig, balanced_class_weights, make_loss, train_local
-from har_models.windowing import WindowSet
+from har_models.data.labels import LabelSet
+from har_models.data.windowing import WindowSet
+from har_models.nn.growth import append_units
+from har_models.nn.model import PARAM_NAMES, ArchSpec, build_model, init_state
+from har_models.nn.training import TrainConfig, balanced_class_weights, make_loss, train_local
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ArchSpec(
@@ -142,7 +142,7 @@ def test_numpy_backend_runs_with_torch_blocked(tmp_path: Path) -> None:
         import sys
         sys.modules["torch"] = None  # any "import torch" now raises ImportError
         import numpy as np
-        from har_models.arch import ArchSpec, PARAM_NAMES
+        from har_models.nn.arch import ArchSpec, PARAM_NAMES
         from edge_client.backends import make_backend, train
         d = np.load({str(tmp_path / "d.npz")!r})
         spec = ArchSpec.from_json({SPEC.to_json()!r})
@@ -319,7 +319,7 @@ def test_weights_of_another_version_are_refused(name: str, request: pytest.Fixtu
 
 
 def test_program_of_another_version_is_refused(et_cache: Path) -> None:
-    from har_models.export import ensure_programs
+    from har_models.nn.export import ensure_programs
 
     files_v0 = ensure_programs(SPEC, et_cache)
     grown_spec, _ = _grown()
@@ -368,7 +368,7 @@ def _android(weights: dict[str, np.ndarray], cache: Path):
     import java_executorch_standin
 
     from edge_client.backends.android_executorch import AndroidExecuTorchBackend
-    from har_models.export import ensure_programs
+    from har_models.nn.export import ensure_programs
 
     files = ensure_programs(SPEC, cache)
     return AndroidExecuTorchBackend(SPEC, files.train, files.infer, files.meta, weights, autoclass=java_executorch_standin.autoclass)

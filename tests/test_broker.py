@@ -2,7 +2,7 @@
 
 amqtt formats every forwarded message, payload included, into a debug log line even when
 debug logging is off (an f-string argument is built before the level check). The broker
-forwards :class:`coordinator.broker.Payload` objects instead, whose text form is one short line.
+forwards :class:`simulation.broker.Payload` objects instead, whose text form is one short line.
 Here the broker runs in this process with its debug log captured: a 1 MiB payload crosses it
 byte for byte, and no log line it writes is longer than a few hundred characters (without the
 wrapping, the broadcast line alone is over 4 million characters).
@@ -20,7 +20,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from coordinator.broker import Payload, free_port, make_broker, wait_for_port
+from simulation.broker import Payload, free_port, make_broker, wait_for_port
 
 WAIT_S = 20.0
 
@@ -39,7 +39,7 @@ class _Lengths(logging.Handler):
 
 @pytest.fixture
 def broker_port() -> Iterator[int]:
-    """The embedded broker (:func:`coordinator.broker.make_broker`) in a thread of this process; its port."""
+    """The embedded broker (:func:`simulation.broker.make_broker`) in a thread of this process; its port."""
     port = free_port()
     holder: dict[str, Any] = {}
     started = threading.Event()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from har_models import codec
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
 
 
 def _roundtrip(tensors):

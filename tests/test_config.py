@@ -11,9 +11,9 @@ import pytest
 from coordinator.cli import build_parser, config_from_args, main
 from coordinator.config import CoordinatorConfig
 from har_io.cli import cli_fields, option_flag, read_settings_file, write_settings_file
-from har_models.messages import MessageError, TrainingPlan
+from har_models.nn.training import TrainConfig
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
-from har_models.training import TrainConfig
+from har_models.wire.messages import MessageError, TrainingPlan
 
 
 def test_cli_without_options_gives_exactly_the_dataclass_defaults(tmp_path: Path) -> None:

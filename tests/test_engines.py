@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from coordinator import simulate
+from simulation import simulate
 
 SMALL = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
          "--start-timeout", "120", "--generalisation-every", "1"]

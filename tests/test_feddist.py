@@ -23,7 +23,7 @@ from coordinator.feddist import (
     samuelson_bound,
     threshold_k,
 )
-from har_models.model import ArchSpec, build_model
+from har_models.nn.model import ArchSpec, build_model
 
 SPEC = ArchSpec(n_classes=4, conv_filters=8, dense_units=16)
 T_P = SPEC.pooled_len

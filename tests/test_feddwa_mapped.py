@@ -17,7 +17,7 @@ from coordinator import feddwa
 from coordinator.spill import SpilledState, spill_update
 from coordinator.strategy import FedDWA, Federation
 from coordinator.updates import ClientUpdate
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"conv.weight": (5, 1, 3, 7), "conv.bias": (5,), "hidden.weight": (11, 13), "out.bias": (3,)}

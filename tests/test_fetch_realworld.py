@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import pytest
 
-from har_models.realworld import read_realworld_subject, realworld_subject_ids
+from har_models.data.realworld import read_realworld_subject, realworld_subject_ids
 
 SCRIPT = Path(__file__).resolve().parents[1] / "datasets" / "fetch_realworld.py"
 

@@ -1,12 +1,12 @@
-"""Shape operations for FedDist growth: padding and unit appending (har_models.growth)."""
+"""Shape operations for FedDist growth: padding and unit appending (har_models.nn.growth)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from har_models.growth import append_units, pad_state_like, pad_tensor
-from har_models.model import ArchSpec, build_model
+from har_models.nn.growth import append_units, pad_state_like, pad_tensor
+from har_models.nn.model import ArchSpec, build_model
 
 SPEC = ArchSpec(n_classes=4, conv_filters=8, dense_units=16)
 T_P = SPEC.pooled_len  # 32

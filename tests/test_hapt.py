@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from har_models.hapt import STANDARD_GRAVITY, hapt_subject_ids, load_hapt_subject, read_hapt_recordings
+from har_models.data.hapt import STANDARD_GRAVITY, hapt_subject_ids, load_hapt_subject, read_hapt_recordings
 
 ROOT = Path(__file__).resolve().parents[1] / "datasets" / "hapt"
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from coordinator import simulate
-from har_models import codec
-from har_models.chunking import split_payload
-from har_models.messages import RoundAnnouncement
-from har_models.topics import Topics
+from har_models.wire import codec
+from har_models.wire.chunking import split_payload
+from har_models.wire.messages import RoundAnnouncement
+from har_models.wire.topics import Topics
+from simulation import simulate
 
 SMALL = [
     "--clients",

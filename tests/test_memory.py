@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.simulate import MemoryMonitor
+from simulation.simulate import MemoryMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from har_models.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, parse_chunk, split_payload, transfer_id
-from har_models.messages import ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
-from har_models.topics import Topics
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, parse_chunk, split_payload, transfer_id
+from har_models.wire.messages import ClientStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.wire.topics import Topics
 
 
 def test_chunks_respect_the_size_limit_and_reassemble_in_any_order_with_duplicates():

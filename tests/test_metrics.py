@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from har_models.metrics import accuracy, confusion_matrix, macro_f1, mean_over_clients, summarise, weighted_f1
+from har_models.nn.metrics import accuracy, confusion_matrix, macro_f1, mean_over_clients, summarise, weighted_f1
 
 
 def test_hand_computed_example():

@@ -32,9 +32,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from coordinator import simulate
-from coordinator.broker import free_port, stop_process, wait_for_port
 from har_io.mqtt_link import BrokerConfig, MqttLink
+from simulation import simulate
+from simulation.broker import free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"

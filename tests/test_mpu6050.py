@@ -11,8 +11,8 @@ import pytest
 from mpu6050_emulator import EmulatedMpu6050Bus
 
 from edge_client.sensors.mpu6050 import Mpu6050, Mpu6050Config, Mpu6050Source, counts_to_si
-from har_models.labels import HAPT_LABELS
-from har_models.pipeline import SensorPipeline
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.pipeline import SensorPipeline
 
 G = 9.80665
 

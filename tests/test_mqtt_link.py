@@ -14,7 +14,7 @@ import pytest
 
 from har_io import mqtt_link
 from har_io.mqtt_link import BrokerConfig, MqttLink
-from har_models.chunking import Reassembler
+from har_models.wire.chunking import Reassembler
 
 WAIT_S = 20.0
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator import simulate
 from coordinator.state import RunState
+from simulation import simulate
 
 BASE = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
         "--start-timeout", "120", "--generalisation-every", "1", "--lr", "0.05", "--local-epochs", "2"]

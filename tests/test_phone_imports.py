@@ -14,24 +14,24 @@ from pathlib import Path
 
 import numpy as np
 
-from har_models import codec
+from har_models.wire import codec
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("torch", "safetensors", "scipy", "kivy")
 
 PHONE_MODULES = (
-    "har_models.codec",
-    "har_models.safetensors_np",
-    "har_models.topics",
-    "har_models.chunking",
-    "har_models.messages",
+    "har_models.wire.codec",
+    "har_models.wire.safetensors_np",
+    "har_models.wire.topics",
+    "har_models.wire.chunking",
+    "har_models.wire.messages",
     "har_models.settings",
-    "har_models.splits",
-    "har_models.pipeline",
-    "har_models.resample",
-    "har_models.windowing",
-    "har_models.labels",
-    "edge_client.replay",
+    "har_models.data.splits",
+    "har_models.data.pipeline",
+    "har_models.data.resample",
+    "har_models.data.windowing",
+    "har_models.data.labels",
+    "edge_client.sensors.replay",
     "edge_client.sensors.base",
     "edge_client.sensors.android",
     "edge_client.sensors.mpu6050",
@@ -79,8 +79,8 @@ def test_a_received_model_decodes_and_persists_without_torch_or_safetensors(tmp_
         f"""
         import numpy as np
         from pathlib import Path
-        from har_models import codec
-        from har_models.labels import HAPT_LABELS
+        from har_models.wire import codec
+        from har_models.data.labels import HAPT_LABELS
         from edge_client.store import ClientStore
         from edge_client.app.predictor import load_predictor
         folder = Path({str(tmp_path)!r})
@@ -120,8 +120,8 @@ import numpy as np
 from edge_client.app.predictor import load_predictor
 from edge_client.backends.numpy_ref import NumpyBackend, init_weights
 from edge_client.store import ClientStore
-from har_models.arch import ArchSpec
-from har_models.labels import HAPT_LABELS
+from har_models.nn.arch import ArchSpec
+from har_models.data.labels import HAPT_LABELS
 spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 store = ClientStore({str(tmp_path / "state")!r}, HAPT_LABELS)
 store.save_local_model(spec.to_json(), init_weights(spec, 3))

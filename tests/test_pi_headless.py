@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator.broker import stop_process
 from edge_client import record_cli
 from edge_client.window_log import WindowLog
-from har_models.labels import HAPT_LABELS
+from har_models.data.labels import HAPT_LABELS
+from simulation.broker import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.probe import ProbeSetting, choose, load_clients, parse_servers, run_setting
-from har_models.splits import WINDOW_NS, SplitSpec, block_split
-from har_models.subjects import DEFAULT_HAPT, parse_source, subject_sources
+from har_models.data.splits import WINDOW_NS, SplitSpec, block_split
+from har_models.data.subjects import DEFAULT_HAPT, parse_source, subject_sources
+from simulation.probe import ProbeSetting, choose, load_clients, parse_servers, run_setting
 
 
 def test_choose_takes_the_best_validation_round_within_the_budget():

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator import simulate
+from simulation import simulate
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 if not HAS_RAY and os.environ.get("FEDHAR_REQUIRE_RAY") == "1":

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from har_models.labels import REALWORLD_LABELS
-from har_models.pipeline import windows_from_recording
-from har_models.realworld import (
+from har_models.data.labels import REALWORLD_LABELS
+from har_models.data.pipeline import windows_from_recording
+from har_models.data.realworld import (
     ACTIVITIES,
     POSITIONS,
     Anomaly,
@@ -32,7 +32,7 @@ from har_models.realworld import (
     realworld_subject_windows,
     recording_from_csv_files,
 )
-from har_models.resample import Resampler
+from har_models.data.resample import Resampler
 
 SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "realworld" / "sample" / "proband1"
 ACC_CSV = SAMPLE / "acc_walking_shin.csv"
@@ -471,7 +471,7 @@ def test_duplicated_out_of_order_late_and_gapped_stamps(tmp_path, caplog):
     archives["gyr_walking_csv.zip"] = zip_bytes(gyro)
     root = write_dataset(tmp_path, {1: archives}, True)
 
-    with caplog.at_level(logging.INFO, logger="har_models.realworld"):
+    with caplog.at_level(logging.INFO, logger="har_models.data.realworld"):
         subject = read_realworld_subject(root, 1, CONFIG)
     data = "proband1/data/"
     assert [(a.kind, a.where, a.file, a.action) for a in subject.anomalies] == [
@@ -495,9 +495,9 @@ def test_duplicated_out_of_order_late_and_gapped_stamps(tmp_path, caplog):
         ),
     ]
     # logged once each, at info level (nothing was lost that the file could give)
-    messages = [r.getMessage() for r in caplog.records if r.name == "har_models.realworld"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "har_models.data.realworld"]
     assert messages == [str(a) for a in subject.anomalies]
-    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "har_models.realworld")
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "har_models.data.realworld")
 
     ws = realworld_subject_windows(subject, CONFIG)
     walking = REALWORLD_LABELS.index("walking")
@@ -536,7 +536,7 @@ def test_malformed_rows_headers_and_empty_files(tmp_path, caplog):
     standing["Gyroscope_standing_shin.csv"] = b""
     archives["gyr_standing_csv.zip"] = zip_bytes(standing)
 
-    with caplog.at_level(logging.INFO, logger="har_models.realworld"):
+    with caplog.at_level(logging.INFO, logger="har_models.data.realworld"):
         subject = read_realworld_subject(write_dataset(tmp_path, {1: archives}, True), 1, CONFIG)
     data = "proband1/data/"
     assert [(a.kind, a.where, a.file, a.action) for a in subject.anomalies] == [
@@ -593,7 +593,7 @@ def test_corrupt_archives_and_members_do_not_stop_the_load(tmp_path, caplog):
     archives["acc_climbingup_csv.zip"] = multipart_archives("acc", "climbingup", (200, 200, 200), corrupt_part=2)
     archives["gyr_climbingup_csv.zip"] = multipart_archives("gyro", "climbingup", (200, 200, 200))
 
-    with caplog.at_level(logging.INFO, logger="har_models.realworld"):
+    with caplog.at_level(logging.INFO, logger="har_models.data.realworld"):
         subject = read_realworld_subject(write_dataset(tmp_path, {1: archives}, False), 1, CONFIG)
     data = "proband1/data/"
     assert kinds(subject.anomalies) == [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_realworld import CONFIG, csv_bytes, csv_lines, sensor_members, standard_archives, start_ms, write_dataset, zip_bytes
 
-from har_models.realworld import (
+from har_models.data.realworld import (
     guess_time_unit,
     parse_realworld_csv,
     read_realworld_subject,
@@ -153,7 +153,7 @@ def test_archive_with_microseconds_and_whole_seconds(tmp_path, caplog):
     clean = realworld_subject_windows(
         read_realworld_subject(write_dataset(tmp_path / "c", {1: standard_archives()}, True), 1, CONFIG), CONFIG
     )
-    with caplog.at_level(logging.INFO, logger="har_models.realworld"):
+    with caplog.at_level(logging.INFO, logger="har_models.data.realworld"):
         subject = read_realworld_subject(write_dataset(tmp_path / "u", {1: archives}, True), 1, CONFIG)
     data = "proband1/data/"
     assert [(a.kind, a.where, a.file) for a in subject.anomalies] == [

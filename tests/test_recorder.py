@@ -11,8 +11,8 @@ from edge_client.recorder import Recorder, sync_to_store
 from edge_client.sensors.base import ReplaySensor
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
-from har_models.labels import HAPT_LABELS
-from har_models.recording import LabelTrack, Recording, SensorStream
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.recording import LabelTrack, Recording, SensorStream
 
 P = 20_000_000
 T0 = 500 * 10**9  # a multiple of the 20 ms grid: every sample lies on it

@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 
 from coordinator.presence import Presence
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
-from har_models import codec
-from har_models.chunking import CHUNK_HEADER_BYTES, CHUNK_MAGIC, ChunkError, Reassembler, split_payload
-from har_models.messages import (
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, CHUNK_MAGIC, ChunkError, Reassembler, split_payload
+from har_models.wire.messages import (
     ClientStatus,
     CoordinatorStatus,
     MessageError,
     Receipt,
     RoundAnnouncement,
 )
-from har_models.model import ArchSpec, init_state
 
 MB = 1_000_000
 _HEADER = struct.Struct("<4s32sIIQI")

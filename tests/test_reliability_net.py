@@ -24,13 +24,13 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from coordinator.broker import free_port, stop_process, wait_for_port
 from har_io.mqtt_link import BrokerConfig, MqttLink, PayloadTooLarge
-from har_models import codec
-from har_models.chunking import CHUNK_HEADER_BYTES, Reassembler, split_payload, transfer_id
-from har_models.labels import LABEL_SETS
-from har_models.messages import ClientStatus, CoordinatorStatus, RoundAnnouncement
-from har_models.model import ArchSpec, init_state
+from har_models.data.labels import LABEL_SETS
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, split_payload, transfer_id
+from har_models.wire.messages import ClientStatus, CoordinatorStatus, RoundAnnouncement
+from simulation.broker import free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"

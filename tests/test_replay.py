@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_client.replay import ReplaySource, replay_windows
-from har_models.labels import REALWORLD_LABELS
-from har_models.pipeline import SensorPipeline, windows_from_recording
-from har_models.realworld import recording_from_csv_files
-from har_models.recording import LabelTrack, Recording, SensorStream
+from edge_client.sensors.replay import ReplaySource, replay_windows
+from har_models.data.labels import REALWORLD_LABELS
+from har_models.data.pipeline import SensorPipeline, windows_from_recording
+from har_models.data.realworld import recording_from_csv_files
+from har_models.data.recording import LabelTrack, Recording, SensorStream
 
 MS = 1_000_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_validation_and_empty_streams():
 
 
 def test_edge_client_does_not_import_coordinator():
-    code = "import sys, edge_client.replay; sys.exit(any(m.split('.')[0] == 'coordinator' for m in sys.modules))"
+    code = "import sys, edge_client.sensors.replay; sys.exit(any(m.split('.')[0] == 'coordinator' for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from har_models.labels import REALWORLD_LABELS
-from har_models.pipeline import SensorPipeline, windows_from_recording
-from har_models.recording import LabelTrack, Recording, SensorStream
-from har_models.resample import Resampler, ResampleStats
+from har_models.data.labels import REALWORLD_LABELS
+from har_models.data.pipeline import SensorPipeline, windows_from_recording
+from har_models.data.recording import LabelTrack, Recording, SensorStream
+from har_models.data.resample import Resampler, ResampleStats
 
 MS = 1_000_000
 P = 20 * MS
@@ -231,7 +231,7 @@ def test_any_chunking_gives_bit_identical_windows(seed):
 
 
 def test_anti_alias_factor_known_answers():
-    from har_models.resample import anti_alias_factor
+    from har_models.data.resample import anti_alias_factor
 
     ms = 1e6
     assert anti_alias_factor(20 * ms) == 1  # 50 Hz: passed through
@@ -249,7 +249,7 @@ def test_anti_alias_factor_known_answers():
 def test_filter_response_by_scipy_freqz():
     from scipy import signal
 
-    from har_models.resample import anti_alias_taps
+    from har_models.data.resample import anti_alias_taps
 
     for factor, n in ((2, 25), (4, 47)):
         b = anti_alias_taps(P, factor)
@@ -345,7 +345,7 @@ def test_rate_decision_uses_the_first_spacings_whatever_the_chunking(slow_first)
     RATE_PROBE_INTERVALS spacings in every chunking. Judging on "every sample held when the
     probe fills" made one push of a whole recording see the 200 Hz part too (median 5 ms:
     filtered) while small pushes saw the first second only (median ~23 ms: not filtered)."""
-    from har_models.resample import RATE_PROBE_INTERVALS, anti_alias_factor
+    from har_models.data.resample import RATE_PROBE_INTERVALS, anti_alias_factor
 
     rng = np.random.default_rng(7)
     # the later part has the most samples, so a median over the whole stream sides with it

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from coordinator.broker import EmbeddedBroker
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from coordinator.state import RunState
 from har_io.mqtt_link import BrokerConfig
+from simulation.broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 

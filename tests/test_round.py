@@ -10,7 +10,7 @@ import torch
 from coordinator.config import CoordinatorConfig
 from coordinator.round import Exchange, base_plan, check_quorum, select_clients, summary_line
 from coordinator.updates import ClientUpdate, Failure
-from har_models.model import ArchSpec
+from har_models.nn.model import ArchSpec
 from har_models.settings import AlaConfig
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)

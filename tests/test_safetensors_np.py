@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from har_models import safetensors_np as stn
+from har_models.wire import safetensors_np as stn
 
 DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32", "float32", "float64", "int64", "uint64"]
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from edge_client.sensors.android import TYPE_ACCELEROMETER, TYPE_GYROSCOPE, events_to_chunks
-from har_models.labels import HAPT_LABELS
-from har_models.pipeline import SensorPipeline, windows_from_recording
-from har_models.recording import LabelTrack, Recording, SensorStream
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.pipeline import SensorPipeline, windows_from_recording
+from har_models.data.recording import LabelTrack, Recording, SensorStream
 
 MS = 1_000_000
 T0 = 123_456_789_012_345  # boot-clock nanoseconds: a phone up for about 34 hours

@@ -18,7 +18,7 @@ from coordinator.server_opt import (
 from coordinator.strategies import make_strategy
 from coordinator.strategy import Federation, Strategy
 from coordinator.updates import ClientUpdate
-from har_models.model import ArchSpec
+from har_models.nn.model import ArchSpec
 
 
 def _t(*v: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from har_models.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, SharedTransfers, split_payload, transfer_id
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler, SharedTransfers, split_payload, transfer_id
 
 PAYLOAD = np.random.default_rng(7).integers(0, 256, 10_000, dtype=np.uint8).tobytes()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from realworld_synth import build
 
-from coordinator import simulate
 from edge_client.store import ClientStore
-from har_models.labels import HAPT_LABELS
+from har_models.data.labels import HAPT_LABELS
+from simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--conv-filters", "4", "--dense-units", "8", "--rounds", "1", "--no-progress", "--round-timeout", "120",

@@ -7,7 +7,7 @@ import math
 
 from realworld_synth import build
 
-from coordinator import simulate
+from simulation import simulate
 
 
 def test_fifteen_subjects_from_the_raw_archive(tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator.simulate import Interrupted, StopSignals
 from coordinator.state import RunState
+from simulation.simulate import Interrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 4
@@ -24,7 +24,7 @@ SMALL = ["--clients", "2", "--conv-filters", "4", "--dense-units", "8", "--round
 
 
 def _simulate(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "coordinator.simulate", *SMALL, "--run-dir", str(run_dir), *extra]
+    cmd = [sys.executable, "-m", "simulation.simulate", *SMALL, "--run-dir", str(run_dir), *extra]
     with open(out, "ab") as f:  # its own session: a signal for it never reaches pytest
         return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 

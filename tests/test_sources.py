@@ -7,7 +7,7 @@ import pytest
 
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
-from har_models.subjects import load_windows, parse_source, split
+from har_models.data.subjects import load_windows, parse_source, split
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import torch
 from coordinator.aggregation import weighted_average
 from coordinator.spill import SpilledState, clear, spill_update
 from coordinator.updates import ClientUpdate
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 

@@ -11,7 +11,7 @@ import pytest
 
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
-from har_models.splits import (
+from har_models.data.splits import (
     DEFAULT_SPLIT,
     WINDOW_NS,
     SplitSpec,
@@ -20,7 +20,7 @@ from har_models.splits import (
     skewed_classes,
     window_segments,
 )
-from har_models.subjects import parse_source, union_test_set
+from har_models.data.subjects import parse_source, union_test_set
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -160,7 +160,7 @@ def test_spec_text_tag_and_errors():
 
 
 def test_simulate_and_client_accept_the_split_option():
-    for module in ("coordinator.simulate", "edge_client.cli", "coordinator.baselines"):
+    for module in ("simulation.simulate", "edge_client.cli", "simulation.baselines"):
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, check=False)
         assert "--split " in out.stdout or "--split SPLIT" in out.stdout, module
 
@@ -168,8 +168,8 @@ def test_simulate_and_client_accept_the_split_option():
 def test_every_program_defaults_to_the_leak_free_split():
     """Clients, the simulation and the coordinator's evaluation harness must agree when nobody passes --split."""
     from coordinator.cli import build_parser as coordinator_parser
-    from coordinator.simulate import build_parser as simulate_parser
     from edge_client.cli import build_parser as client_parser
+    from simulation.simulate import build_parser as simulate_parser
 
     assert DEFAULT_SPLIT == "blocks"
     assert client_parser().parse_args(["--client-id", "c1", "--source", "hapt:x.npz"]).split == "blocks"

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.broker import EmbeddedBroker
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator, StateError
 from coordinator.state import RunState, load_state_file, save_state_file
 from har_io.mqtt_link import BrokerConfig
 from har_models.files import atomic_write_bytes
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
+from simulation.broker import EmbeddedBroker
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 

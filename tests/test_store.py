@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from edge_client.store import ClientStore
-from har_models.labels import HAPT_LABELS, REALWORLD_LABELS
-from har_models.windowing import WindowSet, stratified_split
+from har_models.data.labels import HAPT_LABELS, REALWORLD_LABELS
+from har_models.data.windowing import WindowSet, stratified_split
 
 
 def _windows(n=50):

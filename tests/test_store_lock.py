@@ -13,8 +13,8 @@ import pytest
 
 from edge_client import cli
 from edge_client.store import LOCK_FILE, ClientStore, StoreInUseError
-from har_models.labels import HAPT_LABELS
-from har_models.windowing import WindowSet
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.windowing import WindowSet
 
 ROOT = Path(__file__).resolve().parents[1]
 USER05 = ROOT / "datasets" / "hapt" / "user05.npz"
@@ -22,7 +22,7 @@ USER05 = ROOT / "datasets" / "hapt" / "user05.npz"
 HOLDER = """
 import sys
 from edge_client.store import ClientStore
-from har_models.labels import HAPT_LABELS
+from har_models.data.labels import HAPT_LABELS
 store = ClientStore(sys.argv[1], HAPT_LABELS, owner="dev-a")
 print("ready", flush=True)
 sys.stdin.readline()
@@ -100,7 +100,7 @@ def test_one_owner_within_a_process_too(tmp_path):
 
 
 def test_a_refused_label_set_releases_the_folder(tmp_path):
-    from har_models.labels import REALWORLD_LABELS
+    from har_models.data.labels import REALWORLD_LABELS
 
     ClientStore(tmp_path, HAPT_LABELS).close()
     with pytest.raises(ValueError, match="realworld8"):
@@ -111,7 +111,7 @@ def test_a_refused_label_set_releases_the_folder(tmp_path):
 def test_a_client_with_nothing_to_train_on_says_so_and_exits(tmp_path, capsys, monkeypatch):
     from test_realworld import standard_archives, write_dataset
 
-    from har_models.labels import REALWORLD_LABELS
+    from har_models.data.labels import REALWORLD_LABELS
 
     monkeypatch.setenv("FEDHAR_CACHE_DIR", str(tmp_path / "cache"))
     gyro_only = {name: data for name, data in standard_archives().items() if name.startswith("gyr_")}

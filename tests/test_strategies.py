@@ -8,12 +8,12 @@ import torch
 from coordinator.strategy import FEDPER_LOCAL, FedPer, FedProx, Strategy
 from edge_client.store import ClientStore
 from edge_client.trainer import LocalTrainer
-from har_models import codec
-from har_models.labels import HAPT_LABELS
-from har_models.messages import RoundAnnouncement, TrainingPlan
-from har_models.model import ArchSpec, init_state
-from har_models.training import TrainConfig, make_loss, train_local
-from har_models.windowing import WindowSet
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.windowing import WindowSet
+from har_models.nn.model import ArchSpec, init_state
+from har_models.nn.training import TrainConfig, make_loss, train_local
+from har_models.wire import codec
+from har_models.wire.messages import RoundAnnouncement, TrainingPlan
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 

@@ -8,9 +8,9 @@ import statistics
 import numpy as np
 import pytest
 
-from coordinator.study import Cell, StudyInterrupted, StudySettings, finished, main, run_grid, strategy_args
-from har_models.splits import SplitSpec
-from har_models.subjects import DEFAULT_HAPT, subject_sources, union_test_set
+from har_models.data.splits import SplitSpec
+from har_models.data.subjects import DEFAULT_HAPT, subject_sources, union_test_set
+from simulation.study import Cell, StudyInterrupted, StudySettings, finished, main, run_grid, strategy_args
 
 
 def test_strategy_names_become_simulate_switches():

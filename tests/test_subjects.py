@@ -10,10 +10,10 @@ from test_realworld import sensor_members, standard_archives, write_dataset, zip
 
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore
-from har_models import subjects
-from har_models.splits import SplitSpec
-from har_models.subjects import count_windows, drop_empty_sources, parse_source, split, union_test_set
-from har_models.windowing import stratified_split
+from har_models.data import subjects
+from har_models.data.splits import SplitSpec
+from har_models.data.subjects import count_windows, drop_empty_sources, parse_source, split, union_test_set
+from har_models.data.windowing import stratified_split
 
 ROOT = Path(__file__).resolve().parents[1]
 USER05 = ROOT / "datasets" / "hapt" / "user05.npz"

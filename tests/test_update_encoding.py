@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from coordinator import simulate
 from coordinator.config import CoordinatorConfig
 from coordinator.round import base_plan, published_models
 from coordinator.strategy import Federation
@@ -19,17 +18,18 @@ from edge_client.backend_trainer import BackendTrainer
 from edge_client.store import ClientStore
 from edge_client.trainer import LocalTrainer
 from edge_client.trainer_common import RESIDUAL_NAME
-from har_models import codec
-from har_models.labels import HAPT_LABELS
-from har_models.messages import GUIDANCE_PREFIX, MessageError, RoundAnnouncement, TrainingPlan
-from har_models.model import ArchSpec, init_state
-from har_models.update_encoding import (
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.windowing import WindowSet
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.messages import GUIDANCE_PREFIX, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.wire.update_encoding import (
     SCALE_PREFIX,
     UnknownEncoding,
     decode_update,
     encode_update,
 )
-from har_models.windowing import WindowSet
+from simulation import simulate
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=2)
 RECEIVED = {k: v.numpy() for k, v in init_state(SPEC, 0).items()}

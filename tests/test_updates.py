@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from coordinator.updates import UpdateRejected, validate_update
-from har_models import codec
-from har_models.model import ArchSpec, init_state
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=2)
 STATE = {k: v.numpy() for k, v in init_state(SPEC, 0).items()}

@@ -2,7 +2,7 @@
 
 The main job's numbers depend on every window's values, their order, their labels and
 which of them fall in the test split. ``tests/fixtures/window_fingerprints.json`` holds
-SHA-256 digests of the train and test :class:`~har_models.windowing.WindowSet` of three
+SHA-256 digests of the train and test :class:`~har_models.data.windowing.WindowSet` of three
 HAPT subjects, of the committed REALWORLD sample recording and of two 50 Hz subjects of
 the synthetic REALWORLD archive, recorded before the data layer was reorganised (REALWORLD
 package, anti-alias filter, split objects). Each is computed along every path a client or
@@ -30,11 +30,11 @@ from realworld_synth import build  # noqa: E402
 
 from edge_client.sources import ingest_source  # noqa: E402
 from edge_client.store import ClientStore  # noqa: E402
-from har_models.labels import REALWORLD_LABELS  # noqa: E402
-from har_models.pipeline import windows_from_recording  # noqa: E402
-from har_models.realworld import load_realworld_subject, recording_from_csv_files  # noqa: E402
-from har_models.subjects import load_windows, parse_source, split  # noqa: E402
-from har_models.windowing import WindowSet  # noqa: E402
+from har_models.data.labels import REALWORLD_LABELS  # noqa: E402
+from har_models.data.pipeline import windows_from_recording  # noqa: E402
+from har_models.data.realworld import load_realworld_subject, recording_from_csv_files  # noqa: E402
+from har_models.data.subjects import load_windows, parse_source, split  # noqa: E402
+from har_models.data.windowing import WindowSet  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "window_fingerprints.json"
 HAPT = ROOT / "datasets" / "hapt"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edge_client.window_log import WindowLog, keep_mask_for_limit
-from har_models.labels import HAPT_LABELS, REALWORLD_LABELS
-from har_models.windowing import WindowSet
+from har_models.data.labels import HAPT_LABELS, REALWORLD_LABELS
+from har_models.data.windowing import WindowSet
 
 REC = 12 + 16 + 4 * 6 * 128  # record header + (t, label) + the window's float32 values
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from har_models.labels import HAPT_LABELS
-from har_models.windowing import ChannelStats, Windower, WindowSet, stratified_split
+from har_models.data.labels import HAPT_LABELS
+from har_models.data.windowing import ChannelStats, Windower, WindowSet, stratified_split
 
 P = 20_000_000  # 50 Hz grid period, ns
 

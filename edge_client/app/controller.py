@@ -26,14 +26,14 @@ import numpy as np
 from edge_client.app.predictor import Predictor, load_predictor
 from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
-from edge_client.replay import SensorChunk
 from edge_client.sensors.base import SensorSource
+from edge_client.sensors.replay import SensorChunk
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
-from har_models import codec
-from har_models.labels import LabelSet
-from har_models.pipeline import SensorPipeline
-from har_models.recording import LabelTrack
+from har_models.data.labels import LabelSet
+from har_models.data.pipeline import SensorPipeline
+from har_models.data.recording import LabelTrack
+from har_models.wire import codec
 
 log = logging.getLogger("fedhar.app")
 

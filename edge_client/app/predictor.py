@@ -34,7 +34,7 @@ class TorchPredictor:
     Parameters
     ----------
     arch_json : str
-        :class:`~har_models.model.ArchSpec` as JSON (as stored with the local model).
+        :class:`~har_models.nn.model.ArchSpec` as JSON (as stored with the local model).
     state : dict name -> ndarray
         The model's tensors.
 
@@ -47,7 +47,7 @@ class TorchPredictor:
     def __init__(self, arch_json: str, state: dict[str, np.ndarray]):
         import torch
 
-        from har_models.model import ArchSpec, build_model, check_state
+        from har_models.nn.model import ArchSpec, build_model, check_state
 
         spec = ArchSpec.from_json(arch_json)
         check_state(spec, state)
@@ -89,7 +89,7 @@ def load_predictor(store: ClientStore, prefer: tuple[str, ...] = ("torch", "nump
             if name == "torch":
                 return TorchPredictor(arch_json, state)
             from edge_client.backends.factory import make_backend
-            from har_models.arch import ArchSpec
+            from har_models.nn.arch import ArchSpec
 
             spec = ArchSpec.from_json(arch_json)
             return make_backend(name, spec, state)

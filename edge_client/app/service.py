@@ -29,8 +29,8 @@ from typing import Any
 from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir, parse_broker
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
+from har_models.data.labels import LABEL_SETS
 from har_models.files import atomic_write_bytes
-from har_models.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.app.service")
 

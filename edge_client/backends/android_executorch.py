@@ -10,7 +10,7 @@ Java classes used (``org.pytorch.executorch``; training classes in ``.training``
 * ``training.TrainingModule.load(pte)``; ``executeForwardBackward("forward", EValue...)`` returns
   ``[loss, logits, grads..., params...]``; ``namedParameters("forward")`` and
   ``namedGradients("forward")`` give ``Map<String, Tensor>`` keyed by the program's parameter
-  names (:func:`har_models.export.param_fqn`);
+  names (:func:`har_models.nn.export.param_fqn`);
 * ``training.SGD.create(namedParameters, lr, momentum, dampening, weightDecay, nesterov)`` and
   ``step(namedGradients)``: plain SGD (momentum 0) on the module's parameters. FedProx's gradient
   ``mu (w - w_ref)`` is added in numpy and passed as new gradient tensors; frozen tensors get zero
@@ -31,7 +31,7 @@ Build requirements (buildozer, ``firmware_scripts``):
 
 * ``requirements = python3,kivy,numpy,pyjnius,...`` -- no torch and no executorch Python package
   (neither has a python-for-android recipe); this module imports neither. It does import
-  :mod:`har_models.codec` (through :mod:`edge_client.backends.base`), which needs ``safetensors``,
+  :mod:`har_models.wire.codec` (through :mod:`edge_client.backends.base`), which needs ``safetensors``,
   a Rust extension: check for a recipe or build one before relying on it;
 * ``android.gradle_dependencies = org.pytorch:executorch-android:<version>`` with a version whose
   AAR contains ``org/pytorch/executorch/training/TrainingModule`` (the training JNI came in July
@@ -39,7 +39,7 @@ Build requirements (buildozer, ``firmware_scripts``):
   ``EXECUTORCH_BUILD_EXTENSION_TRAINING=ON``), and the XNNPACK backend for the inference program;
 * ``android.archs = arm64-v8a`` (the prebuilt AAR's main ABI);
 * the two ``.pte`` files and their ``.json`` for the current architecture version, exported on a
-  host by :func:`har_models.export.ensure_programs` (the coordinator publishes them when the
+  host by :func:`har_models.nn.export.ensure_programs` (the coordinator publishes them when the
   version changes) and stored on the device; their batch limits bound ``batch_size``.
 
 Costs to expect: pyjnius converts Python lists to Java arrays element by element, so loading the
@@ -55,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from har_models.arch import PARAM_NAMES, ArchSpec
-from har_models.metrics import confusion_matrix
+from har_models.nn.arch import PARAM_NAMES, ArchSpec
+from har_models.nn.metrics import confusion_matrix
 
 from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
@@ -71,7 +71,7 @@ class AndroidExecuTorchBackend:
     ----------
     spec : ArchSpec
     train_pte, infer_pte, meta_json : path
-        The programs and metadata of :func:`har_models.export.ensure_programs` for ``spec``.
+        The programs and metadata of :func:`har_models.nn.export.ensure_programs` for ``spec``.
     weights : name -> ndarray, optional
         Parameters to load (default: those stored in the program).
     autoclass : callable, optional

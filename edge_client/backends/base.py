@@ -3,18 +3,18 @@
 Three implementations share it (DESIGN.md section 5):
 
 * ``"torch"`` (:mod:`edge_client.backends.torch_eager`): PyTorch eager, today's path
-  (:mod:`har_models.training`), for boards, desktops and CI;
+  (:mod:`har_models.nn.training`), for boards, desktops and CI;
 * ``"numpy"`` (:mod:`edge_client.backends.numpy_ref`): a numpy-only reference of the same
   network, forward, backward and SGD; the oracle for the others and the phone-side path when
   PyTorch is absent;
 * ``"executorch"`` (:mod:`edge_client.backends.executorch_rt`): ExecuTorch programs exported by
-  :mod:`har_models.export`, run through the runtime's Python bindings.
+  :mod:`har_models.nn.export`, run through the runtime's Python bindings.
 
-A backend holds one model of one :class:`~har_models.arch.ArchSpec`; weights go in and out by
-parameter name (:data:`~har_models.arch.PARAM_NAMES`) as float32 numpy arrays.
+A backend holds one model of one :class:`~har_models.nn.arch.ArchSpec`; weights go in and out by
+parameter name (:data:`~har_models.nn.arch.PARAM_NAMES`) as float32 numpy arrays.
 
 Batch order. :func:`epoch_orders` reproduces, without PyTorch, the permutations that
-:func:`har_models.training.train_local` draws (``torch.randperm`` from a generator seeded with
+:func:`har_models.nn.training.train_local` draws (``torch.randperm`` from a generator seeded with
 ``seed``, one call per epoch), so that every backend sees the same batches for the same seed and
 :func:`train` is a drop-in for ``train_local``.
 
@@ -38,8 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from har_models import codec
-from har_models.arch import ArchSpec
+from har_models.nn.arch import ArchSpec
+from har_models.wire import codec
 
 BACKEND_NAMES = ("torch", "numpy", "executorch")
 """Names accepted by :func:`make_backend`."""
@@ -95,7 +95,7 @@ class TrainingBackend(Protocol):
         ------
         ArchitectureMismatch
             If ``arch_version`` is given and differs from ``spec.version``.
-        har_models.codec.WrongTensors, har_models.codec.NonFinite
+        har_models.wire.codec.WrongTensors, har_models.wire.codec.NonFinite
             On missing, extra, mis-shaped or non-finite tensors.
         """
         ...
@@ -199,8 +199,8 @@ def check_weights(
     ------
     ArchitectureMismatch
         If ``arch_version`` is not None and differs from ``spec.version``.
-    har_models.codec.WrongTensors, har_models.codec.NonFinite
-        Naming the wrong tensor (see :func:`har_models.codec.check_tensors`).
+    har_models.wire.codec.WrongTensors, har_models.wire.codec.NonFinite
+        Naming the wrong tensor (see :func:`har_models.wire.codec.check_tensors`).
     """
     if arch_version is not None and int(arch_version) != spec.version:
         raise ArchitectureMismatch(
@@ -399,7 +399,7 @@ def train(
     """``epochs`` passes of SGD through ``backend``, in the batch order and loss bookkeeping of ``train_local``.
 
     With the ``"torch"`` backend the resulting weights equal those of
-    :func:`har_models.training.train_local` with ``TrainConfig(epochs, lr, batch_size, prox_mu, frozen, seed)``
+    :func:`har_models.nn.training.train_local` with ``TrainConfig(epochs, lr, batch_size, prox_mu, frozen, seed)``
     bit for bit (the dropout stream is seeded once with ``seed``, as there).
 
     Returns

@@ -1,6 +1,6 @@
 """The ExecuTorch backend: the HAR CNN's exported programs run through the runtime's Python bindings.
 
-Programs come from :func:`har_models.export.ensure_programs` (cached per architecture). Training
+Programs come from :func:`har_models.nn.export.ensure_programs` (cached per architecture). Training
 runs the training program's ``forward`` (forward, loss and backward in one call) and updates the
 program's own parameter tensors in place with plain SGD, ``p <- p - lr * (g + mu (p - p_ref))``
 (FedProx, Li et al., MLSys 2020, eq. 2); the update is written with torch's in-place
@@ -37,10 +37,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from har_models.arch import PARAM_NAMES, ArchSpec
-from har_models.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
-from har_models.metrics import confusion_matrix
-from har_models.model import init_state
+from har_models.nn.arch import PARAM_NAMES, ArchSpec
+from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
+from har_models.nn.metrics import confusion_matrix
+from har_models.nn.model import init_state
 
 from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
@@ -59,7 +59,7 @@ def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights
 
     Parameters
     ----------
-    template : bytes of the ``.ptd`` written by :func:`har_models.export.export_static_inference_program`
+    template : bytes of the ``.ptd`` written by :func:`har_models.nn.export.export_static_inference_program`
     offsets : name -> (byte offset, byte length, *axis order), as recorded in the program metadata: the
         tensor is stored as ``weights[name].transpose(axis order)``, float32 little-endian, C order
     weights : name -> ndarray of the spec's shape
@@ -88,7 +88,7 @@ class ExecuTorchBackend:
     ----------
     spec : ArchSpec
     weights : name -> ndarray, optional
-        Initial parameters (default :func:`har_models.model.init_state` with seed 0).
+        Initial parameters (default :func:`har_models.nn.model.init_state` with seed 0).
     cache_dir : folder, optional
         Program cache (default :data:`DEFAULT_CACHE`); programs are exported there if absent.
     train_batch : int

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from edge_client.backends.base import BACKEND_NAMES, TrainingBackend
-from har_models.arch import ArchSpec
+from har_models.nn.arch import ArchSpec
 
 __all__ = ["BACKEND_NAMES", "make_backend"]
 

@@ -1,6 +1,6 @@
 """A numpy-only reference of the HAR CNN: forward, backward and SGD, with no PyTorch.
 
-The network of :mod:`har_models.model` (Ek et al., PerCom 2021, REALWORLD configuration), layer by
+The network of :mod:`har_models.nn.model` (Ek et al., PerCom 2021, REALWORLD configuration), layer by
 layer in the same order and float32 arithmetic:
 
 1. normalise ``(x - mean_c) / std_c`` per channel (``ArchSpec.input_mean/std``);
@@ -11,7 +11,7 @@ layer in the same order and float32 arithmetic:
 4. max-pool by ``pool`` along time (the gradient goes to the first maximum, as PyTorch's);
 5. flatten channel-first ``(B, F, T')`` -> ``(B, F*T')``;
 6. dense ``F*T' -> H`` + ReLU; dropout (multiplier 0 or ``1/(1-p)``); dense ``H -> C``;
-7. loss ``mean_b(w_{y_b} * CE_b)`` (the Keras reduction of :func:`har_models.training.make_loss`),
+7. loss ``mean_b(w_{y_b} * CE_b)`` (the Keras reduction of :func:`har_models.nn.training.make_loss`),
    plus FedProx's ``(mu/2) ||w - w_ref||^2`` (Li et al., MLSys 2020, eq. 2) when training.
 
 Backward is the chain rule through the same steps; ReLU passes gradient only where its output is
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from har_models.arch import ArchSpec
-from har_models.metrics import confusion_matrix
+from har_models.nn.arch import ArchSpec
+from har_models.nn.metrics import confusion_matrix
 
 from .base import EvalResult, batch_dropout_mask, batch_sizes, check_train_args, check_weights, check_windows
 
@@ -46,7 +46,7 @@ Params = dict[str, np.ndarray]
 def init_weights(spec: ArchSpec, seed: int) -> Params:
     """Glorot-uniform weights and zero biases (the Keras defaults), drawn with numpy.
 
-    The same distribution as :func:`har_models.model.init_state` but another random stream, so the
+    The same distribution as :func:`har_models.nn.model.init_state` but another random stream, so the
     values differ from PyTorch's for the same seed.
 
     Returns

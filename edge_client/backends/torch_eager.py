@@ -1,7 +1,7 @@
-"""The PyTorch eager backend: today's training path (:mod:`har_models.training`) behind the backend interface.
+"""The PyTorch eager backend: today's training path (:mod:`har_models.nn.training`) behind the backend interface.
 
-Each batch runs exactly the operations of :func:`har_models.training.train_local` (the same
-:class:`~har_models.model.HarCNN`, loss from :func:`~har_models.training.make_loss`, FedProx term
+Each batch runs exactly the operations of :func:`har_models.nn.training.train_local` (the same
+:class:`~har_models.nn.model.HarCNN`, loss from :func:`~har_models.nn.training.make_loss`, FedProx term
 ``0.5 * mu * sum ||p - ref||^2``, ``torch.optim.SGD`` without momentum), so
 :func:`edge_client.backends.base.train` through this backend reproduces ``train_local`` bit for bit.
 Dropout draws from the global torch RNG (seeded by ``dropout_seed``), as ``train_local`` does.
@@ -19,24 +19,24 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from har_models.arch import ArchSpec
-from har_models.metrics import confusion_matrix
-from har_models.model import build_model, init_state
-from har_models.training import make_loss
+from har_models.nn.arch import ArchSpec
+from har_models.nn.metrics import confusion_matrix
+from har_models.nn.model import build_model, init_state
+from har_models.nn.training import make_loss
 
 from .base import EvalResult, check_train_args, check_weights, check_windows
 
 
 class TorchBackend:
-    """:class:`~edge_client.backends.base.TrainingBackend` on a PyTorch :class:`~har_models.model.HarCNN` (CPU, float32).
+    """:class:`~edge_client.backends.base.TrainingBackend` on a PyTorch :class:`~har_models.nn.model.HarCNN` (CPU, float32).
 
     Parameters
     ----------
     spec : ArchSpec
     weights : name -> ndarray, optional
-        Initial parameters (default :func:`har_models.model.init_state` with seed 0).
+        Initial parameters (default :func:`har_models.nn.model.init_state` with seed 0).
     eval_batch : int
-        Windows per forward pass in :meth:`evaluate` and :meth:`predict` (512, as ``har_models.training.predict``).
+        Windows per forward pass in :meth:`evaluate` and :meth:`predict` (512, as ``har_models.nn.training.predict``).
 
     Raises
     ------

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.replay import SensorChunk
 from edge_client.sensors.base import SensorSource
+from edge_client.sensors.replay import SensorChunk
 
 log = logging.getLogger("fedhar.client.sensors.android")
 

@@ -1,14 +1,14 @@
 """The one sensor-source interface: timestamped 3-axis samples per sensor, start and stop.
 
 Every source (Android ``SensorManager``, an MPU-6050 on I2C, a replayed recording)
-delivers :data:`~edge_client.replay.SensorChunk` tuples ``(sensor, t_ns, xyz)``:
+delivers :data:`~edge_client.sensors.replay.SensorChunk` tuples ``(sensor, t_ns, xyz)``:
 
 * ``sensor`` is ``"acc"`` (m/s^2, gravity included) or ``"gyro"`` (rad/s);
 * ``t_ns`` (n,) int64 are the sensor's own timestamps in nanoseconds, in arrival order
   (they may repeat or go backwards a little: the resampler copes);
 * ``xyz`` (n, 3) float64.
 
-These chunks go into :class:`~har_models.pipeline.SensorPipeline`, the same resampler and
+These chunks go into :class:`~har_models.data.pipeline.SensorPipeline`, the same resampler and
 windower the replay and the dataset readers use, so a live device and a replay produce
 windows by one code path.
 """
@@ -20,10 +20,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
-from edge_client.replay import ReplaySource, SensorChunk
-from har_models.pipeline import SensorPipeline
-from har_models.recording import Recording
-from har_models.windowing import WindowSet
+from edge_client.sensors.replay import ReplaySource, SensorChunk
+from har_models.data.pipeline import SensorPipeline
+from har_models.data.recording import Recording
+from har_models.data.windowing import WindowSet
 
 log = logging.getLogger("fedhar.client.sensors")
 
@@ -130,7 +130,7 @@ class ReplaySensor(SensorSource):
         self.name = f"replay {recording.subject}/{recording.session}"
 
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
-        """Yield the recording's events paced by ``speed`` (see :class:`~edge_client.replay.ReplaySource`)."""
+        """Yield the recording's events paced by ``speed`` (see :class:`~edge_client.sensors.replay.ReplaySource`)."""
         shift = 0
         rec = self.recording
         t_lo = min(int(rec.acc.t_ns.min()), int(rec.gyro.t_ns.min())) if len(rec.acc) and len(rec.gyro) else 0

@@ -1,0 +1,333 @@
+"""Model codec: named tensors <-> safetensors bytes inside a small versioned envelope.
+
+Wire layout of one envelope (all integers little-endian)::
+
+    b"FHAR"            4 bytes  magic
+    version            u16      envelope format version (ENVELOPE_VERSION)
+    header_len         u32      length of the JSON header in bytes
+    header             JSON     {"kind", "round", "arch_version", "client_id",
+                                 "body_len", "sha256", "meta"}
+    body               bytes    safetensors serialisation of the tensors
+
+Nothing is ever unpickled: the header is JSON and the body is safetensors, decoded with
+``safetensors.numpy`` so that a device without PyTorch can read a model; where the
+``safetensors`` wheel is missing (Android), :mod:`har_models.wire.safetensors_np` reads and
+writes the same bytes. Every way an
+envelope can be wrong raises its own :class:`EnvelopeError` subclass with a ``reason``
+code that logs and tests can match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+try:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+    from safetensors.numpy import save as st_save
+except ImportError:  # a phone: python-for-android has no recipe for the Rust wheel; same bytes, pure numpy
+    from har_models.wire.safetensors_np import SafetensorError  # type: ignore[assignment]
+    from har_models.wire.safetensors_np import load as st_load
+    from har_models.wire.safetensors_np import save as st_save  # type: ignore[assignment]
+
+MAGIC = b"FHAR"
+ENVELOPE_VERSION = 1
+_FIXED = struct.Struct("<4sHI")  # magic, version, header_len
+MAX_HEADER_BYTES = 1 << 20
+KINDS = ("model", "update")
+"""Envelope kinds: a model sent by the coordinator, an update sent by a client."""
+
+
+class EnvelopeError(ValueError):
+    """An envelope that must be rejected; ``reason`` is a short machine-readable code."""
+
+    reason = "invalid"
+
+
+class BadMagic(EnvelopeError):
+    """The bytes do not start with ``b"FHAR"``: not a fedhar envelope."""
+
+    reason = "bad_magic"
+
+
+class UnknownVersion(EnvelopeError):
+    """Envelope format version this build cannot read."""
+
+    reason = "unknown_version"
+
+
+class Truncated(EnvelopeError):
+    """Fewer (or more) bytes than the header announces."""
+
+    reason = "truncated"
+
+
+class BadHeader(EnvelopeError):
+    """The JSON header is malformed or lacks a field."""
+
+    reason = "bad_header"
+
+
+class ChecksumMismatch(EnvelopeError):
+    """The body's sha256 differs from the header's."""
+
+    reason = "sha256_mismatch"
+
+
+class BadBody(EnvelopeError):
+    """The body is not a valid safetensors serialisation."""
+
+    reason = "bad_body"
+
+
+class WrongTensors(EnvelopeError):
+    """Tensor names or shapes differ from what the architecture expects."""
+
+    reason = "wrong_tensors"
+
+
+class NonFinite(EnvelopeError):
+    """A tensor holds NaN or infinity."""
+
+    reason = "non_finite"
+
+
+class Oversized(EnvelopeError):
+    """The envelope is larger than the receiver accepts."""
+
+    reason = "oversized"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded envelope.
+
+    Attributes
+    ----------
+    kind : str
+        ``"model"`` or ``"update"``.
+    round : int
+        Round the payload belongs to.
+    arch_version : int
+        Architecture version of the tensors.
+    client_id : str
+        Sender (updates) or addressee (personalised models); ``""`` for a global model.
+    tensors : dict of str -> ndarray
+        Decoded tensors (dtype and shape as sent).
+    meta : dict
+        Free JSON metadata (architecture spec, metrics, counts).
+    sha256 : str
+        Hex digest of the body.
+    size : int
+        Total envelope size in bytes.
+    """
+
+    kind: str
+    round: int
+    arch_version: int
+    client_id: str
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""
+    size: int = 0
+
+
+def _as_numpy(t: Any) -> np.ndarray:
+    if hasattr(t, "detach"):  # torch.Tensor, without importing torch here
+        t = t.detach().cpu().contiguous().numpy()
+    a = np.asarray(t)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(a)
+
+
+def encode(
+    tensors: Mapping[str, Any],
+    *,
+    kind: str,
+    round: int,
+    arch_version: int,
+    client_id: str = "",
+    meta: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Serialise tensors into an envelope.
+
+    Parameters
+    ----------
+    tensors : mapping name -> array-like or torch.Tensor
+        Any shape; float16/32/64 and integer dtypes round-trip bit-exactly. Non-contiguous
+        and transposed arrays are copied to C order (values unchanged).
+    kind : {"model", "update"}
+    round : int >= 0
+    arch_version : int >= 0
+    client_id : str
+    meta : JSON-serialisable mapping, optional
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    ValueError
+        On an unknown kind, a negative round or version, or non-JSON metadata.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"encode: kind must be one of {KINDS}, got {kind!r}")
+    if round < 0 or arch_version < 0:
+        raise ValueError(f"encode: round ({round}) and arch_version ({arch_version}) must be >= 0")
+    body = st_save({name: _as_numpy(t) for name, t in tensors.items()})
+    header = {
+        "kind": kind,
+        "round": int(round),
+        "arch_version": int(arch_version),
+        "client_id": str(client_id),
+        "body_len": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "meta": dict(meta or {}),
+    }
+    try:
+        hbytes = json.dumps(header, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"encode: metadata is not plain JSON ({exc})") from None
+    return _FIXED.pack(MAGIC, ENVELOPE_VERSION, len(hbytes)) + hbytes + body
+
+
+def peek_header(data: bytes) -> dict[str, Any]:
+    """The JSON header of an envelope, without decoding or checking the body.
+
+    Raises
+    ------
+    EnvelopeError
+        :class:`BadMagic`, :class:`UnknownVersion`, :class:`Truncated` or :class:`BadHeader`.
+    """
+    if len(data) < _FIXED.size:
+        raise Truncated(f"envelope of {len(data)} bytes is shorter than its {_FIXED.size}-byte fixed header")
+    magic, version, hlen = _FIXED.unpack_from(data)
+    if magic != MAGIC:
+        raise BadMagic(f"envelope starts with {magic!r}, expected {MAGIC!r}")
+    if version != ENVELOPE_VERSION:
+        raise UnknownVersion(f"envelope format version {version}; this build reads version {ENVELOPE_VERSION}; upgrade fedhar")
+    if hlen > MAX_HEADER_BYTES or _FIXED.size + hlen > len(data):
+        raise Truncated(f"envelope header announces {hlen} bytes but only {len(data) - _FIXED.size} follow")
+    try:
+        header = json.loads(bytes(data[_FIXED.size : _FIXED.size + hlen]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadHeader(f"envelope header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise BadHeader("envelope header is not a JSON object")
+    for key, typ in (
+        ("kind", str),
+        ("round", int),
+        ("arch_version", int),
+        ("client_id", str),
+        ("body_len", int),
+        ("sha256", str),
+    ):
+        if not isinstance(header.get(key), typ) or isinstance(header.get(key), bool):
+            raise BadHeader(f"envelope header field {key!r} missing or not a {typ.__name__}: {header.get(key)!r}")
+    if header["kind"] not in KINDS:
+        raise BadHeader(f"envelope kind {header['kind']!r} unknown; expected one of {KINDS}")
+    if not isinstance(header.get("meta", {}), dict):
+        raise BadHeader("envelope header field 'meta' is not an object")
+    header["_header_len"] = hlen
+    return header
+
+
+def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = True) -> Envelope:
+    """Parse and verify an envelope.
+
+    Parameters
+    ----------
+    data : bytes
+    max_bytes : int, optional
+        Reject envelopes larger than this many bytes.
+    require_finite : bool
+        Reject floating-point tensors holding NaN or inf (default True).
+
+    Returns
+    -------
+    Envelope
+
+    Raises
+    ------
+    EnvelopeError
+        One subclass per failure: :class:`Oversized`, :class:`BadMagic`,
+        :class:`UnknownVersion`, :class:`Truncated`, :class:`BadHeader`,
+        :class:`ChecksumMismatch`, :class:`BadBody`, :class:`NonFinite`.
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        raise Oversized(f"envelope of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    header = peek_header(data)
+    start = _FIXED.size + header["_header_len"]
+    body = bytes(data[start:])
+    if len(body) != header["body_len"]:
+        raise Truncated(f"envelope body is {len(body)} bytes, header announces {header['body_len']}")
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != header["sha256"]:
+        raise ChecksumMismatch(f"envelope body sha256 {digest[:16]}... differs from header {header['sha256'][:16]}...")
+    try:
+        tensors = st_load(body)
+    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+        raise BadBody(f"envelope body is not valid safetensors ({exc})") from None
+    if require_finite:
+        for name, arr in tensors.items():
+            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                raise NonFinite(f"tensor {name!r} holds NaN or inf")
+    return Envelope(
+        kind=header["kind"],
+        round=header["round"],
+        arch_version=header["arch_version"],
+        client_id=header["client_id"],
+        tensors=dict(tensors),
+        meta=header.get("meta", {}),
+        sha256=digest,
+        size=len(data),
+    )
+
+
+def check_tensors(
+    expected: Mapping[str, tuple[int, ...]], tensors: Mapping[str, Any], what: str = "", finite: bool = True
+) -> None:
+    """Check that ``tensors`` has exactly the names and shapes of ``expected`` (and, by default, all finite).
+
+    The one shape validator of fedhar: envelopes, saved states, growth and FedDist detection
+    all check model states through it (directly or through :func:`har_models.nn.model.check_state`).
+
+    Parameters
+    ----------
+    expected : mapping name -> shape
+        E.g. :meth:`har_models.nn.model.ArchSpec.shapes`.
+    tensors : mapping name -> array or torch tensor
+    what : str
+        What is checked, prefixed to the message (``"grown state"``, ``"client state #2"``).
+    finite : bool
+        Also refuse NaN and inf.
+
+    Raises
+    ------
+    WrongTensors
+        Naming missing, unexpected or mis-shaped tensors and the expected shape.
+    NonFinite
+        Naming the first tensor with NaN or inf.
+    """
+    prefix = f"{what}: " if what else ""
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise WrongTensors(f"{prefix}tensor names do not match the architecture: missing {missing}, unexpected {extra}")
+    for name, shape in expected.items():
+        got = tuple(np.shape(tensors[name]))
+        if got != tuple(shape):
+            raise WrongTensors(f"{prefix}tensor {name!r} has shape {got}, the architecture expects {tuple(shape)}")
+        if finite:
+            arr = np.asarray(tensors[name])
+            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                raise NonFinite(f"{prefix}tensor {name!r} holds NaN or inf")

@@ -1,0 +1,429 @@
+"""JSON control messages of the wire protocol: round announcements, training plans, client status.
+
+Every field that arrives from the network is checked where it enters (types, ranges,
+unknown keys), so a malformed message is refused with :class:`MessageError` and never
+reaches the code that acts on it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from har_models.settings import AlaConfig, LocalTraining, from_mapping
+from har_models.wire.topics import check_client_id
+
+PROTOCOL_VERSION = 1
+
+MAX_WINDOW_COUNT = 10**9
+"""Upper bound on any window count a device reports (n_train, n_test, class counts, confusion
+entries): 10^9 windows of 3 KB are 3 TB, far beyond a phone. Larger numbers from the network
+are refused where they enter, so no single device can take over a weighted average."""
+
+
+def check_count(value: Any, what: str) -> int:
+    """``value`` if it is an integer in [0, :data:`MAX_WINDOW_COUNT`] (not a bool or float), else ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WINDOW_COUNT:
+        raise ValueError(f"{what} must be an integer in [0, {MAX_WINDOW_COUNT}], got {value!r:.40}")
+    return value
+
+GUIDANCE_PREFIX = "guidance/"
+"""Name prefix of the FedDWA guidance model's tensors inside an update envelope."""
+
+UPDATE_ENCODINGS = ("float32", "float16", "int8_delta")
+"""Encodings a client may upload its update in (:mod:`har_models.wire.update_encoding` implements them)."""
+
+DEFAULT_UPDATE_ENCODING = "float32"
+"""The encoding of an envelope whose metadata names none (every envelope before encodings existed)."""
+
+
+class MessageError(ValueError):
+    """A JSON control message that must be ignored (malformed or of another protocol)."""
+
+
+def _load_json(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        d = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageError(f"{what}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise MessageError(f"{what}: expected a JSON object")
+    if d.get("protocol") != PROTOCOL_VERSION:
+        raise MessageError(f"{what}: protocol {d.get('protocol')!r}, this build speaks {PROTOCOL_VERSION}")
+    return d
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What a selected client must do in a round (part of the announcement).
+
+    Parameters
+    ----------
+    local_epochs : int
+        E, passes over the local training windows.
+    lr : float
+        SGD learning rate eta.
+    batch_size : int
+        B, windows per SGD step.
+    prox_mu : float
+        FedProx proximal weight mu (0 = plain FedAvg local objective).
+    client_init : {"overwrite", "ala"}
+        How the client combines the received and its previous local model (FedALA).
+    guidance : bool
+        Also train the FedDWA guidance model (one more local pass) and upload it.
+    keep_local : tuple of str
+        Tensor names the client keeps from its own model (FedPer personal layers).
+    frozen : tuple of str
+        Tensor names not trained this round (FedDist paper-mode intermediate rounds).
+    class_weights : {"balanced", "none"}
+        Per-client class weights in the loss (FedDist used sklearn's "balanced").
+    seed : int
+        Base seed; each client derives its own from it, its id and the round.
+    ala : dict
+        FedALA settings (eta, rand_percent, layer_idx, threshold, num_pre_loss, max_passes).
+    update_encoding : {"float32", "float16", "int8_delta"}
+        How the client encodes its update (:mod:`har_models.wire.update_encoding`).
+    """
+
+    local_epochs: int = LocalTraining.local_epochs
+    lr: float = LocalTraining.lr
+    batch_size: int = LocalTraining.batch_size
+    prox_mu: float = 0.0
+    client_init: str = "overwrite"
+    guidance: bool = False
+    keep_local: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+    class_weights: str = LocalTraining.class_weights
+    seed: int = 1
+    ala: dict[str, Any] = field(default_factory=dict)
+    update_encoding: str = DEFAULT_UPDATE_ENCODING
+
+    def __post_init__(self) -> None:
+        if self.local_epochs < 0 or self.batch_size <= 0 or not (self.lr >= 0) or not (self.prox_mu >= 0):
+            raise ValueError(
+                f"TrainingPlan: need local_epochs >= 0, batch_size > 0, lr >= 0, prox_mu >= 0; got "
+                f"{self.local_epochs}, {self.batch_size}, {self.lr}, {self.prox_mu}"
+            )
+        if self.client_init not in ("overwrite", "ala"):
+            raise ValueError(f"TrainingPlan.client_init must be 'overwrite' or 'ala', got {self.client_init!r}")
+        if self.class_weights not in ("balanced", "none"):
+            raise ValueError(f"TrainingPlan.class_weights must be 'balanced' or 'none', got {self.class_weights!r}")
+        if self.update_encoding not in UPDATE_ENCODINGS:
+            raise ValueError(f"TrainingPlan.update_encoding must be one of {UPDATE_ENCODINGS}, got {self.update_encoding!r:.40}")
+        object.__setattr__(self, "keep_local", tuple(self.keep_local))
+        object.__setattr__(self, "frozen", tuple(self.frozen))
+        # Checked here, where the plan enters a client, so that a mistyped key is refused
+        # with its name instead of killing the trainer later.
+        self.ala_config()
+
+    def ala_config(self) -> AlaConfig:
+        """The typed FedALA settings of :attr:`ala`.
+
+        Raises
+        ------
+        ValueError
+            For an unknown key, a wrong type or a value out of range (named in the message).
+        """
+        return from_mapping(AlaConfig, self.ala, "training plan ala")
+
+    @classmethod
+    def from_json(cls, d: Any) -> TrainingPlan:
+        """Build from a JSON object; unknown keys are an error."""
+        if not isinstance(d, dict):
+            raise MessageError("training plan: expected an object")
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise MessageError(f"training plan: unknown fields {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MessageError(f"training plan: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RoundAnnouncement:
+    """The retained message that opens a round (or says the federation is finished).
+
+    Parameters
+    ----------
+    run_id : str
+        Identifies the run; clients keep their per-run state apart.
+    round : int
+        Round index r (0-based).
+    state : {"training", "finished"}
+    arch : dict
+        :class:`~har_models.nn.model.ArchSpec` as a JSON object (widths, version, normalisation).
+    label_set : str
+        Name of the label set all windows must use.
+    selected : tuple of str
+        Client ids that should train in this round.
+    plan : TrainingPlan
+    global_model : str
+        Transfer id (sha256 hex) of the model on the global model topic, or "".
+    personal_models : dict of str -> str
+        Transfer id of each client's personalised model, for clients that get their own.
+    deadline_unix : float
+        Wall-clock time (s since epoch) after which the coordinator closes the round.
+    stage : int
+        0 for the main exchange; FedDist paper-mode intermediate exchanges count up.
+    attempt : str
+        Changes whenever the coordinator (re)starts; a client that already answered this
+        round sends its stored update again instead of retraining.
+    """
+
+    run_id: str
+    round: int
+    state: str
+    arch: dict[str, Any]
+    label_set: str
+    selected: tuple[str, ...] = ()
+    plan: TrainingPlan = field(default_factory=TrainingPlan)
+    global_model: str = ""
+    personal_models: dict[str, str] = field(default_factory=dict)
+    deadline_unix: float = 0.0
+    stage: int = 0
+    attempt: str = ""
+
+    def model_for(self, cid: str) -> tuple[str, str]:
+        """``(source, transfer)`` of the model ``cid`` must start from: source is "personal" or "global"."""
+        if cid in self.personal_models:
+            return "personal", self.personal_models[cid]
+        return "global", self.global_model
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        d["selected"] = list(self.selected)
+        if d["plan"]["update_encoding"] == DEFAULT_UPDATE_ENCODING:
+            # Left out when it is the default, so clients built before encodings existed still take the plan.
+            del d["plan"]["update_encoding"]
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> RoundAnnouncement:
+        """Parse an announcement.
+
+        Raises
+        ------
+        MessageError
+            If the message is not JSON, of another protocol version, or malformed.
+        """
+        d = _load_json(payload, "round announcement")
+        d.pop("protocol")
+        try:
+            d["plan"] = TrainingPlan.from_json(d.get("plan", {}))
+            d["selected"] = tuple(check_client_id(c) for c in d.get("selected", []))
+            ann = cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"round announcement: {exc}") from None
+        if ann.state not in ("training", "finished") or not isinstance(ann.round, int) or ann.round < 0:
+            raise MessageError(f"round announcement: bad state {ann.state!r} or round {ann.round!r}")
+        if not isinstance(ann.arch, dict) or not isinstance(ann.personal_models, dict):
+            raise MessageError("round announcement: 'arch' and 'personal_models' must be objects")
+        return ann
+
+
+@dataclass(frozen=True)
+class ClientStatus:
+    """Retained presence and capability message of a client.
+
+    Parameters
+    ----------
+    client_id : str
+    state : {"online", "offline", "training", "idle"}
+    label_set : str
+        Label set of the client's windows.
+    n_train, n_test : int
+        Numbers of local training and test windows.
+    train_stats : dict
+        :class:`~har_models.data.windowing.ChannelStats` of the training windows (JSON form).
+    class_counts : list of int
+        Training windows per class.
+    run_id : str
+        Run the client last worked for.
+    last_round : int
+        Last round whose update the client sent (-1 if none).
+    instance : str
+        Random id of the client process (new at every start): two processes that use one
+        client id show two instances, which both sides detect (docs/reliability.md).
+    sent_unix : float
+        When the client published this status (s since the epoch, its clock).
+    refresh_s : float
+        The client republishes its status at least this often (s); 0 = never. A status
+        older than :data:`PRESENCE_PERIODS` periods counts as offline (a device revoked or
+        gone without a last will).
+    """
+
+    client_id: str
+    state: str
+    label_set: str = ""
+    n_train: int = 0
+    n_test: int = 0
+    train_stats: dict[str, Any] = field(default_factory=dict)
+    class_counts: tuple[int, ...] = ()
+    run_id: str = ""
+    last_round: int = -1
+    instance: str = ""
+    sent_unix: float = 0.0
+    refresh_s: float = 0.0
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        d["class_counts"] = list(self.class_counts)
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> ClientStatus:
+        """Parse a status message.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = _load_json(payload, "client status")
+        d.pop("protocol")
+        try:
+            counts = d.get("class_counts", [])
+            if not isinstance(counts, list):
+                raise ValueError("class_counts must be a list")
+            d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
+            st = cls(**d)
+            check_client_id(st.client_id)
+            check_count(st.n_train, "n_train")
+            check_count(st.n_test, "n_test")
+            if isinstance(st.last_round, bool) or not isinstance(st.last_round, int):
+                raise ValueError(f"last_round must be an integer, got {st.last_round!r:.40}")
+            if not isinstance(st.label_set, str) or not isinstance(st.run_id, str) or not isinstance(st.train_stats, dict):
+                raise ValueError("label_set and run_id must be strings, train_stats an object")
+            if not isinstance(st.instance, str) or len(st.instance) > 64:
+                raise ValueError("instance must be a string of at most 64 characters")
+            for name in ("sent_unix", "refresh_s"):
+                v = getattr(st, name)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e11:
+                    raise ValueError(f"{name} must be a number of seconds in [0, 1e11), got {v!r:.40}")
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MessageError(f"client status: {exc}") from None
+        if st.state not in ("online", "offline", "training", "idle"):
+            raise MessageError(f"client status: unknown state {st.state!r:.40}")
+        return st
+
+
+def offline_status(cid: str, instance: str = "") -> bytes:
+    """The last-will payload of a client process ``instance``: a minimal status saying it is offline."""
+    return ClientStatus(check_client_id(cid), "offline", instance=instance).to_bytes()
+
+
+PRESENCE_PERIODS = 3
+"""A client status older than this many of its refresh periods counts as offline."""
+
+
+@dataclass(frozen=True)
+class CoordinatorStatus:
+    """Retained presence of the coordinator (last will: offline).
+
+    Parameters
+    ----------
+    state : {"online", "offline"}
+    run_id : str
+        The run it serves; a client acts only on announcements of this run.
+    attempt : str
+        The coordinator process's attempt id (as in :class:`RoundAnnouncement`).
+    """
+
+    state: str
+    run_id: str = ""
+    attempt: str = ""
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> CoordinatorStatus:
+        """Parse a coordinator status.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = _load_json(payload, "coordinator status")
+        d.pop("protocol")
+        try:
+            st = cls(**d)
+        except TypeError as exc:
+            raise MessageError(f"coordinator status: {exc}") from None
+        if st.state not in ("online", "offline") or not isinstance(st.run_id, str) or not isinstance(st.attempt, str):
+            raise MessageError(f"coordinator status: bad state {st.state!r:.40} or ids")
+        return st
+
+
+RECEIPT_STATES = ("accepted", "missing")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The coordinator's answer to an update, on the client's receipt topic (not retained).
+
+    The broker's PUBACK only says the broker took a message; a receipt says the coordinator
+    has the update. A client re-sends (with back-off, until the round's deadline) until it
+    gets ``accepted`` for its transfer.
+
+    Parameters
+    ----------
+    run_id : str
+    round, stage : int
+        The exchange the update was for.
+    transfer : str
+        Transfer id (hex sha256) of the update envelope.
+    state : {"accepted", "missing"}
+        ``accepted``: the update is valid and counted. ``missing``: the transfer stalled;
+        ``missing`` lists the chunk indices to send again (of ``count`` chunks).
+    missing : tuple of int
+    count : int
+        Number of chunks of the transfer the coordinator saw announced (``missing`` only).
+    """
+
+    run_id: str
+    round: int
+    stage: int
+    transfer: str
+    state: str
+    missing: tuple[int, ...] = ()
+    count: int = 0
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["protocol"] = PROTOCOL_VERSION
+        d["missing"] = list(self.missing)
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Receipt:
+        """Parse a receipt.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = _load_json(payload, "receipt")
+        d.pop("protocol")
+        try:
+            missing = d.get("missing", [])
+            if not isinstance(missing, list) or len(missing) > 1024:
+                raise ValueError("missing must be a list of at most 1024 chunk indices")
+            d["missing"] = tuple(check_count(i, "missing[i]") for i in missing)
+            r = cls(**d)
+            check_count(r.round, "round")
+            check_count(r.stage, "stage")
+            check_count(r.count, "count")
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"receipt: {exc}") from None
+        if r.state not in RECEIPT_STATES or not isinstance(r.run_id, str) or not isinstance(r.transfer, str) or len(r.transfer) != 64:
+            raise MessageError(f"receipt: bad state {r.state!r:.40} or ids")
+        return r

@@ -1,0 +1,204 @@
+"""A small reader and writer of the safetensors format in numpy, for devices without the Rust wheel.
+
+python-for-android has no recipe for ``safetensors`` (a Rust extension), so a phone
+cannot install it; :mod:`har_models.wire.codec` and the client store fall back to this module
+when ``import safetensors`` fails. It writes the same bytes as ``safetensors.numpy.save``
+(tests compare them) and reads anything that library writes.
+
+Format (the safetensors specification, huggingface/safetensors README, "Format"):
+
+* 8 bytes: ``N``, unsigned little-endian 64-bit, the size of the header;
+* ``N`` bytes: a UTF-8 JSON object ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``
+  with an optional ``"__metadata__"`` object of string to string; the writer pads it with
+  spaces to a multiple of 8 bytes;
+* the rest: the tensors' little-endian, C-order bytes; ``data_offsets`` are relative to the
+  start of this part, and the tensors fill it without holes or overlaps.
+
+The reference writer orders tensors by dtype, widest alignment first (U64, I64, F64, F32,
+U32, I32, F16, U16, I16, I8, U8, BOOL), then by name, and puts ``__metadata__`` (keys
+sorted here) first; JSON is compact with non-ASCII kept as UTF-8. This module does the
+same. The reference writes several metadata keys in hash-map order, which changes from
+one process to the next, so bytes are identical when there is at most one metadata key
+(the codec's bodies have none, the store's files one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+
+class SafetensorError(ValueError):
+    """Bytes that are not a valid safetensors serialisation (the message says what is wrong)."""
+
+
+# Ascending rank of the reference implementation's dtype enum (only the dtypes numpy has).
+_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("bool"),
+    "U8": np.dtype("u1"),
+    "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"),
+    "U16": np.dtype("<u2"),
+    "F16": np.dtype("<f2"),
+    "I32": np.dtype("<i4"),
+    "U32": np.dtype("<u4"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "I64": np.dtype("<i8"),
+    "U64": np.dtype("<u8"),
+}
+_RANK = {name: i for i, name in enumerate(_DTYPES)}
+_NAME_OF = {(dt.kind, dt.itemsize): name for name, dt in _DTYPES.items()}
+MAX_HEADER_BYTES = 100_000_000
+"""Largest header accepted (the reference implementation's limit)."""
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    name = _NAME_OF.get((a.dtype.kind, a.dtype.itemsize))
+    if name is None:
+        raise ValueError(f"safetensors: dtype {a.dtype} has no safetensors equivalent; use one of {', '.join(_DTYPES)}")
+    return name
+
+
+def save(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Serialise ``tensors`` (any shapes, numpy dtypes of the table above) to safetensors bytes.
+
+    Parameters
+    ----------
+    tensors : mapping name -> ndarray
+        Non-contiguous and big-endian arrays are copied to little-endian C order.
+    metadata : mapping str -> str, optional
+        Goes in ``__metadata__``.
+
+    Returns
+    -------
+    bytes
+        Identical to ``safetensors.numpy.save(tensors, metadata)``.
+
+    Raises
+    ------
+    ValueError
+        On an unsupported dtype, a name ``"__metadata__"``, or non-string metadata.
+    """
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError("safetensors: metadata must map strings to strings")
+    items = []
+    for name, arr in tensors.items():
+        if name == "__metadata__":
+            raise ValueError("safetensors: a tensor cannot be named '__metadata__'")
+        a = np.asarray(arr)
+        dname = _dtype_name(a)
+        items.append((name, dname, np.asarray(a, dtype=_DTYPES[dname], order="C")))  # keeps 0-d arrays 0-d
+    items.sort(key=lambda it: it[0])
+    items.sort(key=lambda it: _RANK[it[1]], reverse=True)  # stable: names stay sorted within a dtype
+    header: dict[str, object] = {}
+    if metadata is not None:
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    offset = 0
+    for name, dname, a in items:
+        header[name] = {"dtype": dname, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    hbytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    hbytes += b" " * (-len(hbytes) % 8)
+    return b"".join([struct.pack("<Q", len(hbytes)), hbytes, *(a.tobytes() for _, _, a in items)])
+
+
+def load_with_metadata(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Parse safetensors bytes into ``(tensors, metadata)``.
+
+    Returns
+    -------
+    tensors : dict name -> ndarray
+        Arrays in the file's dtype and shape (copies, writeable).
+    metadata : dict str -> str
+        ``__metadata__`` (empty if absent).
+
+    Raises
+    ------
+    SafetensorError
+        On a short buffer, a header that is not a JSON object, an unknown dtype, offsets
+        that do not match the shape, overlap, leave holes or run past the end.
+    """
+    buf = memoryview(data)
+    if len(buf) < 8:
+        raise SafetensorError(f"safetensors: {len(buf)} bytes is shorter than the 8-byte header size")
+    (n,) = struct.unpack_from("<Q", buf)
+    if n > MAX_HEADER_BYTES or 8 + n > len(buf):
+        raise SafetensorError(f"safetensors: header of {n} bytes does not fit in a buffer of {len(buf)} bytes")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SafetensorError(f"safetensors: header is not UTF-8 JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise SafetensorError("safetensors: header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise SafetensorError("safetensors: __metadata__ must map strings to strings")
+    body = buf[8 + n :]
+    spans, out = [], {}
+    for name, info in header.items():
+        try:
+            dt = _DTYPES[info["dtype"]]
+            shape = tuple(int(s) for s in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SafetensorError(f"safetensors: tensor {name!r} has a malformed entry {info!r} ({exc})") from None
+        if any(s < 0 for s in shape) or not 0 <= begin <= end <= len(body):
+            raise SafetensorError(f"safetensors: tensor {name!r} offsets [{begin}, {end}] outside the {len(body)}-byte data")
+        if end - begin != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+            raise SafetensorError(f"safetensors: tensor {name!r} of shape {shape} {info['dtype']} does not fill [{begin}, {end}]")
+        spans.append((begin, end))
+        out[name] = np.frombuffer(body[begin:end], dtype=dt).reshape(shape).copy()
+    spans.sort()
+    pos = 0
+    for begin, end in spans:
+        if begin != pos:
+            raise SafetensorError(f"safetensors: tensor data overlaps or leaves a hole at byte {pos}")
+        pos = end
+    if pos != len(body):
+        raise SafetensorError(f"safetensors: {len(body) - pos} bytes after the last tensor")
+    return out, dict(meta)
+
+
+def load(data: bytes) -> dict[str, np.ndarray]:
+    """Tensors of safetensors bytes (see :func:`load_with_metadata`)."""
+    return load_with_metadata(data)[0]
+
+
+def save_file(tensors: Mapping[str, np.ndarray], filename: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> None:
+    """Write :func:`save` output to ``filename``."""
+    Path(filename).write_bytes(save(tensors, metadata))
+
+
+def load_file(filename: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Tensors of the safetensors file ``filename``."""
+    return load(Path(filename).read_bytes())
+
+
+def read_metadata(filename: str | os.PathLike[str]) -> dict[str, str]:
+    """``__metadata__`` of the safetensors file ``filename`` (reads the header only).
+
+    Raises
+    ------
+    SafetensorError
+        If the header is malformed.
+    """
+    with open(filename, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorError(f"safetensors: {filename} is shorter than 8 bytes")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES:
+            raise SafetensorError(f"safetensors: {filename} announces a header of {n} bytes")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SafetensorError(f"safetensors: header of {filename} is not UTF-8 JSON ({exc})") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return dict(meta) if isinstance(meta, dict) else {}

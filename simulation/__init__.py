@@ -1,0 +1,10 @@
+"""The research harness: starts the two programs, never imported by them.
+
+* :mod:`~simulation.simulate`: ``fedhar-simulate``, the main job (a broker, a coordinator and N clients);
+* :mod:`~simulation.fleet` and :mod:`~simulation.worker`: the engines (one process per client,
+  virtual clients in workers, Ray actors) and the worker that hosts virtual clients;
+* :mod:`~simulation.broker`: the embedded amqtt broker and the loopback Mosquitto;
+* :mod:`~simulation.study`, :mod:`~simulation.probe`, :mod:`~simulation.baselines`,
+  :mod:`~simulation.compare`: the strategy grid, the in-process tuning probe, centralised and
+  local-only baselines, and the comparison table.
+"""

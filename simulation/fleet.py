@@ -1,0 +1,422 @@
+"""The simulation's client fleet: one process per client, or virtual clients hosted in a few workers.
+
+Either way every client is a ``fedhar-client`` with its own MQTT connection, client id
+and state folder; only the hosting differs:
+
+- ``processes``: one Python process per client (the most faithful: nothing shared).
+- ``workers``: W worker processes (:mod:`simulation.worker`), each hosting its share of the
+  clients in threads and training one at a time. Memory is that of W trainings, not N.
+  A worker that dies mid-run is restarted (its clients miss the round in progress and
+  are back for the next one).
+- ``ray``: the same W workers as Ray actors on an existing Ray cluster (``ray_address``),
+  spread over its nodes, so the clients can run on several machines while the broker and
+  the coordinator stay on this one. Each actor runs :class:`simulation.worker.HostedWorker`
+  in its own process (Ray starts and ends it: no process of ours is left behind if an actor
+  or a node dies); its clients' exits are asked of it, since the nodes share no folder.
+  A dead actor is replaced like a dead worker process.
+
+  The clients must reach the broker from every node: the embedded broker listens on
+  loopback only, so it serves a cluster whose nodes are all on this machine; for a real
+  multi-machine cluster give ``fedhar-simulate --broker HOST:PORT`` of a Mosquitto that
+  every node can reach (``start`` refuses loopback with a node elsewhere). Every node also
+  needs fedhar installed (``pip install 'fedhar[ray]'``, same version) and the dataset at the
+  same path; each client's state folder is created on the node that hosts it.
+
+:class:`Fleet` tells the coordinator which clients are gone (``gone``) and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fedhar.simulate")
+
+ENGINES = ("workers", "processes", "ray")
+MAX_RESTARTS = 3
+"""Restarts of one worker before its clients are given up."""
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError):  # not permitted: run at normal priority
+        os.nice(5)
+
+
+@dataclass
+class Fleet:
+    """Client processes of one simulation.
+
+    Parameters
+    ----------
+    clients : dict client id -> list of str
+        Each client's ``fedhar-client`` options.
+    engine : {"workers", "processes", "ray"}
+    workers : int
+        Worker processes (``workers``) or actors (``ray``); at most one per client. 0 with ``ray``:
+        the cluster's CPUs divided by ``threads``.
+    threads : int
+        PyTorch threads per process.
+    log_dir : Path
+        ``<client id>.log`` (processes) or ``worker-<k>.log`` (workers).
+    cwd : Path
+        Working folder of the processes (the project root, so ``-m`` finds the packages).
+    ray_address : str, optional
+        Address of the Ray cluster (``ray`` engine), as ``ray start --head`` prints it
+        (``HOST:PORT``), or ``auto`` for the cluster started on this machine.
+
+    Raises
+    ------
+    ValueError
+        Unknown engine, ``workers`` < 1 (< 0 with ``ray``), or ``ray`` without ``ray_address``.
+    """
+
+    clients: dict[str, list[str]]
+    engine: str
+    workers: int
+    threads: int
+    log_dir: Path
+    cwd: Path
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # process name -> process
+    _members: dict[str, list[str]] = field(default_factory=dict)  # process name -> client ids
+    _restarts: dict[str, int] = field(default_factory=dict)
+    ray_address: str | None = None
+    _stopping: bool = False
+    _ray: Any = None  # the ray module, once connected
+    _actors: dict[str, Any] = field(default_factory=dict)  # worker name -> actor handle
+    _runs: dict[str, Any] = field(default_factory=dict)  # worker name -> ObjectRef of its run()
+    _exit_polls: dict[str, Any] = field(default_factory=dict)  # worker name -> ObjectRef of exited()
+    _exited: dict[str, dict[str, int]] = field(default_factory=dict)  # worker name -> client id -> status
+    _codes: dict[str, int] = field(default_factory=dict)  # worker name -> last exit status (ray)
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    """``ray`` engine: one entry per actor start (worker, node id, node address, pid, clients)."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.workers < (0 if self.engine == "ray" else 1):
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.engine == "ray" and not self.ray_address:
+            raise ValueError("--engine ray needs --ray-address HOST:PORT of a running Ray cluster (ray start --head prints it)")
+
+    def _env(self) -> dict[str, str]:
+        # MALLOC_ARENA_MAX: one arena per thread would keep each client's round peak resident.
+        return {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1", "MALLOC_ARENA_MAX": "2"}
+
+    @property
+    def _status_dir(self) -> Path:
+        return self.log_dir / "exit-status"
+
+    def _spawn(self, name: str) -> None:
+        if self.engine == "processes":
+            (cid,) = self._members[name]
+            cmd = [sys.executable, "-m", "edge_client.cli", *self.clients[cid], "--threads", str(self.threads)]
+        else:
+            spec = self.log_dir / f"{name}.clients.json"
+            spec.write_text(json.dumps([self.clients[c] for c in self._members[name]]))
+            cmd = [sys.executable, "-m", "simulation.worker", "--clients", str(spec), "--status-dir", str(self._status_dir),
+                   "--threads", str(self.threads)]
+        with open(self.log_dir / f"{name}.log", "ab") as out:
+            # Clients run at lower priority, so the broker and coordinator keep messages moving while they train.
+            self._procs[name] = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self._env(), cwd=self.cwd, preexec_fn=_lower_priority
+            )
+
+    def start(self) -> None:
+        """Start every client (round-robin over the workers in the ``workers`` and ``ray`` engines).
+
+        Raises
+        ------
+        RuntimeError
+            ``ray``: Ray is not installed, or the cluster cannot be reached.
+        ValueError
+            ``ray``: the clients' broker is on loopback but a node of the cluster is on another machine.
+        """
+        ids = list(self.clients)
+        self._status_dir.mkdir(parents=True, exist_ok=True)
+        for cid in ids:
+            (self._status_dir / f"{cid}.exit").unlink(missing_ok=True)
+        workers = self.workers
+        if self.engine == "ray":
+            workers = self._connect_ray()
+        if self.engine == "processes":
+            self._members = {cid: [cid] for cid in ids}
+        else:
+            w = min(workers, len(ids))
+            self._members = {f"worker-{k}": ids[k::w] for k in range(w)}
+        for name in self._members:
+            if self.engine == "ray":
+                self._spawn_actor(name)
+            else:
+                self._spawn(name)
+        if self.engine == "ray":
+            self._record_placement(list(self._members))
+        kind = {"processes": "processes", "workers": "workers", "ray": "Ray actors"}[self.engine]
+        log.info("started %d client(s) in %d %s", len(ids), len(self._members), kind)
+
+    # ------------------------------------------------------------------------------ ray engine
+    def _connect_ray(self) -> int:
+        """Connect to the cluster, check the broker is reachable from its nodes; the number of workers to start."""
+        try:
+            import ray
+        except ImportError as exc:
+            raise RuntimeError("--engine ray needs Ray on this machine and every node: pip install 'fedhar[ray]'") from exc
+        try:
+            ray.init(address=self.ray_address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RuntimeError(f"cannot join the Ray cluster at {self.ray_address}: {exc}") from exc
+        self._ray = ray
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        host = _broker_host(next(iter(self.clients.values()), []))
+        if host is not None and _is_loopback(host):
+            here = _local_addresses()
+            away = sorted({n["NodeManagerAddress"] for n in nodes if not _is_loopback(n["NodeManagerAddress"])} - here)
+            if away:
+                raise ValueError(
+                    f"the clients' broker {host} is loopback, but Ray nodes at {', '.join(away)} are on other machines: "
+                    "give --broker HOST:PORT of a Mosquitto that every node can reach"
+                )
+        if self.workers:
+            return self.workers
+        cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
+        return max(1, cpus // max(1, self.threads))
+
+    def _spawn_actor(self, name: str) -> None:
+        from simulation.worker import HostedWorker
+
+        ray = self._ray
+        # A threaded actor: run() blocks for the whole run while exited() and stop() answer beside it.
+        # SPREAD puts the actors on as many nodes as there are; each reserves its PyTorch threads as CPUs.
+        actor_cls = ray.remote(_RayNode.wrap(HostedWorker))
+        env = {"OMP_NUM_THREADS": str(self.threads), "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+        actor = actor_cls.options(
+            num_cpus=max(1, self.threads), max_concurrency=4, scheduling_strategy="SPREAD", runtime_env={"env_vars": env},
+        ).remote(name, self.threads)
+        self._actors[name] = actor
+        self._exited[name] = {}
+        self._exit_polls.pop(name, None)
+        argvs = [self.clients[c] for c in self._members[name]]
+        self._runs[name] = actor.run.remote(argvs, str(self.log_dir / f"{name}.log"))
+
+    def _record_placement(self, names: list[str]) -> None:
+        ray = self._ray
+        where = ray.get([self._actors[n].where.remote() for n in names], timeout=120)
+        for name, w in zip(names, where, strict=True):
+            entry = {"worker": name, **w, "clients": list(self._members[name])}
+            self.placement.append(entry)
+            log.info("%s on Ray node %s (%s, pid %s): %s", name, w["node_id"], w["node_ip"], w["pid"], ", ".join(entry["clients"]))
+
+    def describe(self) -> str:
+        """The engine in one phrase for the report header, e.g. ``ray (4 actors on 2 nodes)``."""
+        if self.engine == "processes":
+            return "processes"
+        if self.engine == "workers":
+            return f"workers ({len(self._members)} processes)"
+        nodes = {p["node_id"] for p in self.placement}
+        return f"ray ({len(self._members)} actors on {len(nodes)} node{'s' if len(nodes) != 1 else ''}, cluster {self.ray_address})"
+
+    def _ray_gone(self) -> set[str]:
+        ray = self._ray
+        gone: set[str] = set()
+        for name in list(self._runs):
+            members = self._members[name]
+            ready, _ = ray.wait([self._runs[name]], timeout=0)
+            if not ready:
+                poll = self._exit_polls.get(name)
+                if poll is not None and ray.wait([poll], timeout=0)[0]:
+                    with contextlib.suppress(ray.exceptions.RayError):  # the actor died: its run() says so next
+                        self._exited[name] = ray.get(poll)
+                    poll = None
+                if poll is None:
+                    self._exit_polls[name] = self._actors[name].exited.remote()
+                gone |= set(self._exited[name])
+                continue
+            if name in self._codes:  # ended for good
+                gone |= set(members)
+                continue
+            try:
+                code = int(ray.get(self._runs[name]))
+            except ray.exceptions.RayError as exc:  # the actor's process or node died
+                log.warning("%s: %s", name, str(exc).splitlines()[0])
+                code = -9
+            if code != 0 and not self._stopping and self._restarts.get(name, 0) < MAX_RESTARTS:
+                self._restarts[name] = self._restarts.get(name, 0) + 1
+                log.warning("%s (clients %s) exited with %s; restarting it (%d/%d)", name, ", ".join(members), code,
+                            self._restarts[name], MAX_RESTARTS)
+                with contextlib.suppress(Exception):
+                    ray.kill(self._actors[name], no_restart=True)
+                gone |= set(members)
+                self._spawn_actor(name)
+                with contextlib.suppress(ray.exceptions.RayError):
+                    self._record_placement([name])
+                continue
+            self._codes[name] = code
+            gone |= set(members)
+        return gone
+
+    def _stop_ray(self, grace_s: float, kill_after_s: float = 10.0) -> None:
+        ray = self._ray
+        pending = [r for n, r in self._runs.items() if n not in self._codes]
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=max(0.1, grace_s))
+        for name, ref in self._runs.items():
+            if not ray.wait([ref], timeout=0)[0]:
+                log.warning("%s still running; stopping it", name)
+                with contextlib.suppress(ray.exceptions.RayError):
+                    self._actors[name].stop.remote()
+        pending = [r for r in self._runs.values() if not ray.wait([r], timeout=0)[0]]
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=max(0.1, kill_after_s))
+        for actor in self._actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        ray.shutdown()
+
+    def gone(self) -> tuple[set[str], str | None]:
+        """Clients that stopped, and the error to stop the run with when none is left.
+
+        A worker that died (non-zero exit) is restarted up to :data:`MAX_RESTARTS` times;
+        meanwhile its clients count as gone for the round in progress.
+        """
+        if self.engine == "ray":
+            gone = self._ray_gone()
+            if len(gone) < len(self.clients) or not self.clients:
+                return gone, None
+            return gone, self._fatal()
+        gone = set()
+        for name, p in self._procs.items():
+            code = p.poll()
+            members = self._members[name]
+            if code is None:
+                if self.engine == "workers":
+                    gone |= {c for c in members if (self._status_dir / f"{c}.exit").exists()}
+                continue
+            if self.engine == "workers" and code != 0 and not self._stopping and self._restarts.get(name, 0) < MAX_RESTARTS:
+                self._restarts[name] = self._restarts.get(name, 0) + 1
+                log.warning("%s (clients %s) exited with %s; restarting it (%d/%d)", name, ", ".join(members), code,
+                            self._restarts[name], MAX_RESTARTS)
+                gone |= set(members)
+                self._spawn(name)
+                continue
+            gone |= set(members)
+        if len(gone) < len(self.clients) or not self.clients:
+            return gone, None
+        return gone, self._fatal()
+
+    def _fatal(self) -> str:
+        if self.engine == "ray":
+            return (
+                f"every Ray actor's clients stopped before the run ended (exit statuses {sorted(set(self._codes.values()))}); "
+                f"see the worker logs under {self.log_dir} on each node"
+            )
+        name = sorted(self._procs)[0]
+        try:
+            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            lines = []
+        if self.engine == "workers":  # each hosted client's own status, as its worker recorded it
+            codes = sorted({int(f.read_text().strip() or 1) for f in self._status_dir.glob("*.exit")})
+        else:
+            codes = sorted({p.returncode for p in self._procs.values() if p.returncode is not None})
+        return (
+            f"every client process exited (exit codes {codes}) before the run ended; {name} said: "
+            + (" | ".join(lines) or "nothing")
+            + f". Logs: {self.log_dir}"
+        )
+
+    def kill(self, name: str) -> None:
+        """Kill one process by name (``worker-0``, or a client id): the fault tests' crash."""
+        if self.engine == "ray":
+            self._ray.kill(self._actors[name], no_restart=True)
+            return
+        self._procs[name].kill()
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Process names (``worker-<k>`` or client ids)."""
+        return list(self._actors if self.engine == "ray" else self._procs)
+
+    def stop(self, grace_s: float, kill_after_s: float = 10.0, hurry: threading.Event | None = None) -> None:
+        """Let clients exit by themselves (they do once the run is finished), then terminate the rest.
+
+        Waits up to ``grace_s`` seconds in all (not per process) for the processes to exit, or
+        until ``hurry`` is set (a stop signal); then sends SIGTERM (and SIGCONT, so a stopped
+        process handles it) to those still running, and SIGKILL to those still running
+        ``kill_after_s`` seconds later. Returns once every process is reaped, so none is left
+        behind: at most ``grace_s + kill_after_s`` seconds plus the reaping of killed processes.
+        ``ray``: the actors get ``stop()`` and are killed likewise.
+        """
+        self._stopping = True
+        if self.engine == "ray":
+            if self._ray is not None:
+                self._stop_ray(grace_s, kill_after_s)
+            return
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(p.poll() is None for p in self._procs.values()):
+            if hurry is not None and hurry.is_set():
+                break
+            time.sleep(0.1)
+        for name, p in self._procs.items():
+            if p.poll() is None:
+                log.warning("%s still running; terminating it", name)
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+                    os.kill(p.pid, signal.SIGCONT)
+        end = time.monotonic() + kill_after_s
+        for name, p in self._procs.items():
+            try:
+                p.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not exit %.0f s after SIGTERM; killing it", name, kill_after_s)
+                p.kill()
+                p.wait()
+
+
+class _RayNode:
+    """Adds ``where()`` (which Ray node runs this actor) to the hosted-worker class, without edge_client importing Ray."""
+
+    @staticmethod
+    def wrap(cls: type) -> type:
+        class RayWorker(cls):
+            def where(self) -> dict[str, Any]:
+                import ray
+
+                return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                        "pid": os.getpid()}
+
+        RayWorker.__name__ = RayWorker.__qualname__ = "FedharWorker"
+        return RayWorker
+
+
+def _broker_host(argv: list[str]) -> str | None:
+    try:
+        return argv[argv.index("--broker") + 1].rsplit(":", 1)[0].strip("[]")
+    except (ValueError, IndexError):
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_addresses() -> set[str]:
+    """Addresses of this machine's network interfaces."""
+    import psutil
+
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}

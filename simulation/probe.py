@@ -1,0 +1,256 @@
+"""``python -m simulation.probe``: a quick in-process FedAvg probe for choosing lr, local epochs and rounds.
+
+No broker, no processes: the same windows, split, CNN, loss and local SGD as the main job
+(:func:`har_models.nn.training.train_local`, balanced class weights per client, FedAvg or a
+server optimiser of :mod:`coordinator.server_opt`), run as plain function calls. It is for
+tuning only; reported figures come from ``fedhar-simulate``.
+
+Tuning done right: the settings are chosen on a **validation split carved from the
+training windows**, never on the test windows. Each client's training windows are split
+again with the leak-free block rule (:func:`har_models.data.splits.block_split`, seed
+``split_seed + 1000``), so no validation sample lies in a window the probe trains on. The
+global model's macro-F1 on the union of the clients' validation parts decides; the
+union test figures are printed beside, for the record.
+
+Prints one line per (setting, round) and a final ``probe: ...`` line with the chosen
+setting; ``--json FILE`` writes every curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coordinator.aggregation import weighted_average
+from coordinator.server_opt import SERVER_OPTIMISERS, adaptive_step, fedavgm_step, make_server_opt, pseudo_gradient
+from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec, block_split
+from har_models.data.subjects import DEFAULT_HAPT, parse_source, subject_sources
+from har_models.data.windowing import ChannelStats, WindowSet
+from har_models.nn.metrics import summarise
+from har_models.nn.model import ArchSpec, init_state
+from har_models.nn.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+
+log = logging.getLogger("fedhar.probe")
+
+
+@dataclass(frozen=True)
+class ProbeSetting:
+    """One point of the search.
+
+    Parameters
+    ----------
+    lr : float
+        Client SGD learning rate.
+    local_epochs : int
+        E.
+    rounds : int
+        Rounds to run (every round is measured, so the best round count up to this is found too).
+    server : {"fedavg", "fedavgm", "fedadam", "fedyogi"}
+    server_lr, server_momentum : float
+        eta and beta of the server optimiser (ignored by FedAvg).
+    """
+
+    lr: float
+    local_epochs: int
+    rounds: int
+    server: str = "fedavg"
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``."""
+        srv = "" if self.server == "fedavg" else f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
+        return f"lr={self.lr:g} E={self.local_epochs}{srv}"
+
+
+@dataclass
+class ClientData:
+    """A client's windows for the probe: training (validation carved out), validation and test."""
+
+    train: WindowSet
+    val: WindowSet
+    test: WindowSet
+
+
+def load_clients(sources: dict[str, str], split: SplitSpec, val_fraction: float = 0.2) -> dict[str, ClientData]:
+    """Each client's train/test under ``split``, with a leak-free validation block split carved from its train part.
+
+    Raises
+    ------
+    ValueError
+        If ``val_fraction`` is outside (0, 1).
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"load_clients: val_fraction must be in (0, 1), got {val_fraction}")
+    out = {}
+    for cid, text in sources.items():
+        src = parse_source(text, split)
+        train, test = src.train_test()
+        assert train.t_start_ns is not None
+        tr, va = block_split(train.y, train.t_start_ns, val_fraction, split.seed + 1000)
+        out[cid] = ClientData(train.subset(tr), train.subset(va), test)
+    return out
+
+
+def run_setting(
+    clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
+    dense_units: int = ArchSpec.dense_units, seed: int = 1,
+) -> list[dict[str, Any]]:
+    """FedAvg (or a server optimiser) for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
+
+    Returns
+    -------
+    list of dict
+        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds"}`` per round.
+    """
+    labels = next(iter(clients.values())).train.labels
+    stats = None
+    for c in clients.values():
+        if len(c.train):
+            s = ChannelStats.of(c.train.x)
+            stats = s if stats is None else stats + s
+    assert stats is not None
+    mean, std = stats.mean_std()
+    spec = ArchSpec(n_classes=len(labels), conv_filters=conv_filters, dense_units=dense_units, input_mean=mean, input_std=std)
+    state = init_state(spec, seed)
+    val = WindowSet.concat([c.val for c in clients.values()], labels)
+    test = WindowSet.concat([c.test for c in clients.values()], labels)
+    losses = {cid: make_loss(balanced_class_weights(c.train.y, spec.n_classes)) for cid, c in clients.items()}
+    m: dict[str, torch.Tensor] | None = None
+    v: dict[str, torch.Tensor] | None = None
+    rows = []
+    for r in range(p.rounds):
+        t0 = time.monotonic()
+        states, weights = [], []
+        for k, (cid, c) in enumerate(clients.items()):
+            if not len(c.train):
+                continue
+            cfg = TrainConfig(p.local_epochs, p.lr, 32, seed=seed * 1_000_003 + r * 1009 + k)
+            states.append(train_local(spec, state, c.train, cfg, losses[cid]).state)
+            weights.append(len(c.train))
+        avg = weighted_average(states, weights)
+        if p.server == "fedavg":
+            state = avg
+        elif p.server == "fedavgm":
+            state, m = fedavgm_step(state, pseudo_gradient(state, avg), m, p.server_lr, p.server_momentum)
+        else:
+            state, m, v = adaptive_step(state, pseudo_gradient(state, avg), m, v, p.server_lr, p.server[3:], p.server_momentum)
+        train_s = time.monotonic() - t0
+        gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
+        rows.append({"round": r, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
+                     "test_acc": gt["accuracy"], "seconds": train_s})
+        log.info("%s round %d: val F1 %.3f, test F1 %.3f (%.0f s)", p.label, r, gv["macro_f1"], gt["macro_f1"], train_s)
+    return rows
+
+
+def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epochs: int) -> tuple[ProbeSetting, int, dict[str, Any]]:
+    """The (setting, rounds) with the highest validation macro-F1 among those with ``rounds x E <= max_epochs``.
+
+    The budget is counted in local epochs per client (rounds x E), the unit the main job's
+    wall time scales with. Ties go to fewer epochs.
+
+    Raises
+    ------
+    ValueError
+        If nothing fits the budget.
+    """
+    best: tuple[float, int, ProbeSetting, int, dict[str, Any]] | None = None
+    for p, rows in results:
+        for row in rows:
+            epochs = (row["round"] + 1) * p.local_epochs
+            if epochs > max_epochs:
+                continue
+            key = (row["val_f1"], -epochs)
+            if best is None or key > (best[0], best[1]):
+                best = (row["val_f1"], -epochs, p, row["round"] + 1, row)
+    if best is None:
+        raise ValueError(f"choose: no setting fits {max_epochs} local epochs")
+    return best[2], best[3], best[4]
+
+
+def parse_servers(text: str) -> list[tuple[str, float, float]]:
+    """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
+
+    A left-out eta or beta is the coordinator's default for that optimiser
+    (:func:`coordinator.server_opt.make_server_opt`), so the probe and the main job mean
+    the same thing by ``fedavgm``. FedAvg ignores both.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name or a number that does not parse.
+    """
+    out = []
+    for part in text.split(","):
+        name, *nums = part.split(":")
+        if name != "fedavg" and name not in SERVER_OPTIMISERS:
+            raise ValueError(f"unknown server {name!r}; choose fedavg, {', '.join(SERVER_OPTIMISERS)}")
+        default = make_server_opt(name) if name != "fedavg" else None
+        eta = float(nums[0]) if nums else (default.eta if default else ProbeSetting.server_lr)
+        beta = float(nums[1]) if len(nums) > 1 else (default.beta if default else ProbeSetting.server_momentum)
+        out.append((name, eta, beta))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid; print the curves and the chosen setting. 0 ok, 2 usage."""
+    ap = argparse.ArgumentParser(prog="python -m simulation.probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default=DEFAULT_SPLIT, help="paper | blocks (default %(default)s)")
+    ap.add_argument("--split-seed", type=int, default=DEFAULT_SPLIT_SEED)
+    ap.add_argument("--clients", type=int, default=0)
+    ap.add_argument("--lrs", default="0.01,0.03,0.1", help="client learning rates (default %(default)s)")
+    ap.add_argument("--epochs", default="1", help="local epochs E to try (default %(default)s)")
+    ap.add_argument("--servers", default="fedavg", help="fedavg, fedavgm:ETA:BETA, fedadam:ETA:BETA, fedyogi:ETA:BETA (comma-separated; "
+                    "ETA and BETA left out: the coordinator's defaults)")
+    ap.add_argument("--max-epochs", type=int, default=10, help="budget in rounds x E (default %(default)s)")
+    ap.add_argument("--conv-filters", type=int, default=ArchSpec.conv_filters)
+    ap.add_argument("--dense-units", type=int, default=ArchSpec.dense_units)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        split = SplitSpec.parse(args.split, seed=args.split_seed)
+        lrs = [float(x) for x in args.lrs.split(",")]
+        eps = [int(x) for x in args.epochs.split(",")]
+        servers = parse_servers(args.servers)
+    except ValueError as exc:
+        print(f"probe: {exc}", file=sys.stderr)
+        return 2
+    sources = subject_sources("hapt", DEFAULT_HAPT)
+    if args.clients:
+        sources = dict(list(sources.items())[: args.clients])
+    t0 = time.monotonic()
+    clients = load_clients(sources, split)
+    results = []
+    for lr, e, (srv, eta, beta) in itertools.product(lrs, eps, servers):
+        p = ProbeSetting(lr, e, max(1, args.max_epochs // e), srv, eta, beta)
+        results.append((p, run_setting(clients, p, args.conv_filters, args.dense_units, args.seed)))
+        if args.json is not None:  # after every setting, so a stopped search keeps what it measured
+            args.json.write_text(json.dumps({"split": split.text, "wall_seconds": time.monotonic() - t0,
+                                             "curves": [{"setting": asdict(q), "rows": r} for q, r in results]}, indent=2))
+    best, rounds, row = choose(results, args.max_epochs)
+    wall = time.monotonic() - t0
+    if args.json is not None:
+        args.json.write_text(json.dumps({"split": split.text, "wall_seconds": wall, "chosen": {**asdict(best), "rounds": rounds},
+                                         "curves": [{"setting": asdict(p), "rows": rows} for p, rows in results]}, indent=2))
+    for p, rows in results:
+        print(f"{p.label:45s} " + " ".join(f"{r['val_f1']:.3f}/{r['test_f1']:.3f}" for r in rows))
+    print(f"probe: split={split.text} settings={len(results)} wall_s={wall:.0f} chosen='{best.label}' rounds={rounds} "
+          f"val_f1={row['val_f1']:.4f} test_f1={row['test_f1']:.4f} test_acc={row['test_acc']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

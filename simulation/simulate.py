@@ -1,0 +1,511 @@
+"""``fedhar-simulate``: the main job. A real federation on one machine.
+
+Starts an MQTT broker on a free loopback port (the embedded amqtt one, or the installed
+Mosquitto with ``--local-broker mosquitto``; ``--broker`` uses an external one instead), one
+edge client per dataset subject (virtual clients in worker processes by default, see
+``--engine``; each replays its subject's recordings through the device pipeline into its
+own store), and the coordinator; they talk only over MQTT, exactly as on devices. The coordinator also
+holds the union of the subjects' test splits to measure global and generalisation
+accuracy (FedDist protocol). Prints the wall time and where the report is.
+
+SIGINT (Ctrl-C) and SIGTERM stop the run: the coordinator stops at its next safe point (it
+checks while it waits for clients or updates, at least every half second; if it is busy
+elsewhere, e.g. aggregating, it is interrupted where it is after :data:`FORCE_STOP_S`, which
+is safe too, since a round is recorded in one SQLite transaction after its model files).
+Every client process is terminated, then killed if still there after
+:data:`KILL_AFTER_S`; the embedded broker stops; the exit status is 128 + the signal number
+(130, 143), and ``--resume`` continues from the last completed round. A second signal stops
+at once.
+"""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import psutil
+
+from coordinator.cli import add_federation_arguments, config_from_args
+from coordinator.evaluation import Evaluator
+from coordinator.service import Coordinator, CoordinatorError, StateError
+from coordinator.state import RunState
+from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.mqtt_link import BrokerConfig
+from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
+from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
+from simulation.broker import LOCAL_BROKERS, EmbeddedBroker
+from simulation.fleet import ENGINES, Fleet
+
+log = logging.getLogger("fedhar.simulate")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+FORCE_STOP_S = 3.0
+"""Seconds after SIGINT/SIGTERM before the coordinator is interrupted wherever it is, if it reached no safe point."""
+KILL_AFTER_S = 5.0
+"""Seconds a client process has to exit after SIGTERM before it is killed, when the run was interrupted."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The simulation was asked to stop by a signal (raised in the main thread; a KeyboardInterrupt, so
+    every ``finally`` and ``except KeyboardInterrupt`` on the way applies).
+
+    Attributes
+    ----------
+    signum : int
+        The signal (``signal.SIGINT`` or ``signal.SIGTERM``); the exit status is 128 + signum.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT and SIGTERM handling of one simulation (a context manager; main thread only).
+
+    The first signal logs one line and sets :attr:`signum`; :meth:`check` (called at safe
+    points: the coordinator's wait loops, between start-up steps) then raises
+    :class:`Interrupted`. If no safe point comes within ``force_after_s`` seconds, the main
+    thread is interrupted wherever it is (``_thread.interrupt_main``); a second signal does
+    the same at once. Once :class:`Interrupted` is raised, further signals are logged and
+    ignored, so the clean-up that follows (bounded by its own timeouts) is not cut short.
+    The previous handlers are restored on exit.
+
+    Parameters
+    ----------
+    force_after_s : float
+        Seconds to wait for a safe point (:data:`FORCE_STOP_S`).
+    """
+
+    def __init__(self, force_after_s: float = FORCE_STOP_S):
+        self.force_after_s = force_after_s
+        self.signum: int | None = None
+        self.requested = threading.Event()
+        """Set by the first signal (for waits that should end early, e.g. :meth:`Fleet.stop`'s grace)."""
+        self._raised = False
+        self._timer: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach only the main thread; a caller in another thread handles them itself
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+            self.requested.set()
+        if self._raised:
+            log.warning("received %s while stopping; the clean-up is bounded, please wait", signal.Signals(signum).name)
+            return
+        if first:
+            log.warning(
+                "received %s: stopping the simulation (the coordinator at its next safe point, then clients and broker)",
+                signal.Signals(signum).name,
+            )
+            self._timer = threading.Timer(self.force_after_s, _thread.interrupt_main, args=(signum,))
+            self._timer.daemon = True
+            self._timer.start()
+            return
+        self._raise()  # a second signal, or no safe point in time
+
+    def _raise(self) -> None:
+        assert self.signum is not None
+        self._raised = True
+        if self._timer is not None:
+            self._timer.cancel()
+        raise Interrupted(self.signum)
+
+    def hold(self) -> None:
+        """From now on only record signals (for the clean-up, which must not be cut short)."""
+        self._raised = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def check(self) -> None:
+        """A safe point: raise :class:`Interrupted` if a stop signal came.
+
+        Raises
+        ------
+        Interrupted
+            After SIGINT or SIGTERM.
+        """
+        if self.signum is not None and not self._raised:
+            self._raise()
+
+
+@dataclass
+class MemoryMonitor:
+    """Samples the resident memory of this process and all its descendants (psutil).
+
+    ``peak_rss`` sums RSS (counts shared library pages once per process, so it
+    over-states); ``peak_pss`` sums proportional set sizes (shared pages split between
+    processes), the better figure for "memory the simulation needs". Bytes.
+
+    RSS is cheap to read (``/proc/PID/statm``); PSS is not (the kernel walks every mapped page
+    for ``smaps_rollup``, about a CPU-second per round for 30 clients with the paper CNN). A
+    process's PSS never exceeds its RSS, so a sample whose summed RSS is at most the peak PSS
+    seen so far cannot raise that peak, and its PSS is not read: the recorded peaks are the
+    same as reading PSS every time.
+    """
+
+    interval_s: float = 1.0
+    peak_rss: int = 0
+    peak_pss: int = 0
+    samples: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="memory-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            procs, rss = [me, *me.children(recursive=True)], 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            self.peak_rss = max(self.peak_rss, rss)
+            if rss > self.peak_pss:  # only then can the summed PSS be a new peak
+                self.peak_pss = max(self.peak_pss, self._pss(procs))
+            self.samples += 1
+            self._stop.wait(self.interval_s)
+
+    @staticmethod
+    def _pss(procs: list[psutil.Process]) -> int:
+        """Summed PSS of ``procs`` (RSS where the platform has no PSS), bytes; gone processes count 0."""
+        pss = 0
+        for p in procs:
+            try:
+                mi = p.memory_full_info()
+                pss += getattr(mi, "pss", mi.rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return pss
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"peak_rss_mb": round(self.peak_rss / 2**20), "peak_pss_mb": round(self.peak_pss / 2**20), "samples": self.samples}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedhar-simulate", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt", help="dataset to replay (default hapt)")
+    ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
+    ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
+    ap.add_argument(
+        "--split",
+        default=DEFAULT_SPLIT,
+        help="every client's train/test split, also used for the union test set: blocks (leak-free contiguous blocks "
+        "with a gap) or paper (FedDist, random, leaky), optionally +label_skew (each client keeps 2-3 classes) "
+        "(default %(default)s)",
+    )
+    ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
+    ap.add_argument("--federation", default=None, help="federation name (default: the run id)")
+    ap.add_argument(
+        "--credentials-dir",
+        type=Path,
+        default=None,
+        help="with --broker: folder of <user>.password files (firmware_scripts/mosquitto_config.py writes credentials/); "
+        "each client logs in as its id, the coordinator as --username (default coordinator)",
+    )
+    ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
+    ap.add_argument(
+        "--run-id", default=None, help="run identifier (default: <dataset>-<aggregation>-<timestamp>; with --resume: the run's own)"
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir after its last completed round (e.g. after Ctrl-C), with the same options",
+    )
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="workers",
+        help="host the clients as virtual clients in --workers processes (each client keeps its own MQTT connection, "
+        "id and state folder; they train one at a time per worker), as one process per client, or in --workers Ray actors "
+        "spread over the Ray cluster at --ray-address (default workers)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (workers engine; default: cores) or Ray actors (ray engine; default: the cluster's CPUs "
+        "divided by --threads-per-client)",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="ray engine: the Ray cluster, HOST:PORT as `ray start --head` prints it, or auto. Clients must reach the broker "
+        "from every node: the embedded broker listens on loopback, so on a multi-machine cluster pass --broker HOST:PORT "
+        "of a Mosquitto that all nodes reach",
+    )
+    ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process or worker (default 1)")
+    ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--log-level", default="INFO")
+    add_broker_arguments(ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)")
+    ap.add_argument(
+        "--local-broker",
+        choices=tuple(LOCAL_BROKERS),
+        default="amqtt",
+        help="without --broker: the broker started for the run on loopback, the embedded Python one (amqtt) or the "
+        "installed Mosquitto (use it for hundreds of clients with the paper CNN: docs/benchmarks-server.md, section 4) "
+        "(default %(default)s)",
+    )
+    add_federation_arguments(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
+    6 run folder unusable (systemd does not restart on it)."""
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    t0 = time.monotonic()
+    data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
+    # Clients run in the project folder: every path they get must not depend on where this command was started.
+    data = Path(data).resolve() if data is not None else None
+    if data is None:
+        print("fedhar-simulate: --dataset realworld needs --data PATH (the archive zip or its extracted folder)", file=sys.stderr)
+        return 2
+    try:
+        sources = subject_sources(args.dataset, Path(data), args.positions)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 3
+    if args.clients:
+        sources = dict(list(sources.items())[: args.clients])
+    sources, dropped = drop_empty_sources(sources)
+    for cid, why in dropped.items():
+        log.warning("client %s dropped at start: %s", cid, why)
+    if not sources:
+        print("fedhar-simulate: no subject has labelled windows to train on; check --data and --positions", file=sys.stderr)
+        return 3
+    if args.credentials_dir is not None:
+        args.credentials_dir = args.credentials_dir.resolve()
+    for opt in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, opt):
+            setattr(args, opt, str(Path(getattr(args, opt)).resolve()))
+    try:
+        settings = config_from_args(args, run_dir=Path("."))
+        split = SplitSpec.parse(args.split, seed=settings.split_seed)
+    except ValueError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.resume:
+        if args.run_dir is None or not (args.run_dir / "state.sqlite").is_file():
+            print("fedhar-simulate: --resume needs --run-dir of an earlier run (a folder with state.sqlite)", file=sys.stderr)
+            return 2
+        try:
+            earlier = RunState(args.run_dir)
+            args.run_id = args.run_id or earlier.get("run_id")
+            earlier.close()
+        except sqlite3.DatabaseError as exc:
+            print(f"fedhar-simulate: {args.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run", file=sys.stderr)
+            return 6
+        settings = replace(settings, resume=True)
+    run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = (args.run_dir or Path("runs") / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
+    file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(file_log)
+    log.info(
+        "run %s: %d clients (%s), %d rounds, %s; folder %s",
+        run_id,
+        len(sources),
+        args.dataset,
+        settings.rounds,
+        settings.strategy_label,
+        run_dir,
+    )
+
+    monitor = MemoryMonitor()
+    monitor.start()
+    fleet: Fleet | None = None
+    broker_ctx: EmbeddedBroker | None = None
+    coord: Coordinator | None = None
+    ok = False
+    stops = StopSignals().__enter__()  # left in the finally, after the clean-up
+    stopped_by: int | None = None
+    try:
+        if args.credentials_dir is not None and not args.broker:
+            raise ValueError("--credentials-dir needs --broker (the embedded broker has no accounts)")
+        if args.broker:
+            if args.credentials_dir is not None:
+                args.username = args.username or "coordinator"
+                args.password_file = args.credentials_dir / f"{args.username}.password"
+            broker = broker_from_args(args)
+        else:
+            broker_ctx = LOCAL_BROKERS[args.local_broker](log_file=run_dir / "logs" / "broker.log")
+            broker_ctx.__enter__()  # assigned first, so the finally stops a broker whose start was interrupted
+            stops.check()
+            # MQTT 3.1.1, which both speak (amqtt only that): the run is the same on either.
+            broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes,
+                                  mqtt_version="3.1.1")  # fmt: skip
+        federation = args.federation or run_id
+        client_argv: dict[str, list[str]] = {}
+        for cid, text in sources.items():
+            cmd = [
+                "--client-id",
+                cid,
+                "--broker",
+                f"{broker.host}:{broker.port}",
+                "--federation",
+                federation,
+                "--source",
+                text,
+                "--state-dir",
+                str(run_dir / "clients" / cid),
+                "--exit-after-run",
+                run_id,
+                "--max-message-bytes",
+                str(args.max_message_bytes),
+                "--split-seed",
+                str(settings.split_seed),
+                "--mqtt-version",
+                broker.mqtt_version,
+                "--split",
+                split.text,
+            ]
+            if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
+                cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
+            for opt in ("tls_ca", "tls_cert", "tls_key"):
+                if getattr(args, opt):
+                    cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
+            client_argv[cid] = cmd
+        workers = args.workers if args.workers is not None else (0 if args.engine == "ray" else os.cpu_count() or 1)
+        fleet = Fleet(client_argv, args.engine, workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT,
+                      ray_address=args.ray_address)
+        fleet.start()
+        stops.check()
+        log.info("building the union test set for evaluation")
+        evaluator = Evaluator(union_test_set(sources, split=split))
+        stops.check()
+        cfg = replace(
+            settings,
+            run_dir=run_dir,
+            broker=broker,
+            federation=federation,
+            run_id=run_id,
+            expected_clients=len(sources),
+            min_clients=min(settings.min_clients, len(sources)),
+        )
+        header = {
+            "dataset": f"{args.dataset} ({data})",
+            "clients": len(sources),
+            "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "broker": "external " + args.broker if args.broker else f"embedded {args.local_broker} (MQTT 3.1.1, loopback)",
+            "engine": fleet.describe(),
+            "split": f"{split.text} (seed {split.seed}, test fraction {split.test_fraction})",
+            "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
+        }
+        if fleet.placement:
+            header["ray_workers"] = fleet.placement
+        running = fleet
+
+        def clients_gone() -> tuple[set[str], str | None]:
+            stops.check()  # called from the coordinator's wait loops: a safe point to stop at
+            return running.gone()
+
+        coord = Coordinator(
+            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone
+        )
+        doc = coord.run()
+        ok = True
+    except StateError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 6
+    except CoordinatorError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 5
+    except ValueError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, OSError) as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return 4
+    except KeyboardInterrupt as exc:
+        stopped_by = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+    finally:
+        stops.hold()
+        if fleet is not None:
+            clean = ok and stops.signum is None
+            fleet.stop(grace_s=60.0 if clean else 0.0, kill_after_s=10.0 if clean else KILL_AFTER_S, hurry=stops.requested)
+        if broker_ctx is not None:
+            broker_ctx.stop()
+        monitor.stop()
+        if stopped_by is None and ok:  # a signal during the clean-up of a finished run
+            stopped_by = stops.signum
+        if stopped_by is not None:
+            done = coord.state.last_completed_round() + 1 if coord is not None else 0
+            log.warning(
+                "fedhar-simulate: stopped by %s with %d round(s) completed; clients and broker stopped; "
+                "continue with the same options plus --resume --run-dir %s (exit %d)",
+                signal.Signals(stopped_by).name, done, run_dir, 128 + stopped_by,
+            )
+        logging.getLogger().removeHandler(file_log)
+        file_log.close()
+        stops.__exit__(None, None, None)
+    if stopped_by is not None:
+        return 128 + stopped_by
+    assert coord is not None  # ok: the coordinator ran to its end
+    wall = time.monotonic() - t0
+    header.update({"wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict()})
+    doc = coord.write_final_report(header)
+    summary = {
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "wall_seconds": round(wall, 1),
+        "peak_memory": monitor.as_dict(),
+        "final": doc.get("final"),
+        "best": doc.get("best"),
+        "bytes_per_round": [{"round": r["round"], "up": r.get("bytes_up"), "down": r.get("bytes_down")} for r in doc["rounds"]],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        fin = doc.get("final", {}).get("global", {})
+        print(
+            f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(sources)} clients in {wall:.0f} s; "
+            f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
+            f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
