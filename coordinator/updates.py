@@ -159,7 +159,9 @@ def validate_update(
         ``bad_encoding``, ``wrong_tensors``, ``missing_guidance``, ``bad_metrics``.
     """
     try:
-        env = codec.decode(data, max_bytes=max_bytes)
+        # Finiteness is checked once, on the decoded tensors (check_tensors below): checked here,
+        # a NaN or inf int8_delta scale would read as non_finite instead of bad_encoding.
+        env = codec.decode(data, max_bytes=max_bytes, require_finite=False)
     except codec.EnvelopeError as exc:
         raise UpdateRejected(exc.reason, str(exc)) from None
     meta = env.meta

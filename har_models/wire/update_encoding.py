@@ -235,8 +235,9 @@ def decode_update(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], ref
     UnknownEncoding
         ``meta["encoding"]`` is not one this build knows (reason ``unknown_encoding``).
     BadEncoding
-        A tensor of the wrong dtype for the encoding, a missing, misshaped, non-finite or
-        non-positive scale, a scale without its tensor, or int8_delta without a reference.
+        A tensor of the wrong dtype for the encoding, a code of -128 (outside the symmetric
+        range the encoder writes), a missing, misshaped, non-finite or non-positive scale, a
+        scale without its tensor, or int8_delta without a reference.
     codec.WrongTensors
         An int8_delta tensor without a counterpart in ``reference``, or shaped differently.
     codec.NonFinite
@@ -263,6 +264,10 @@ def decode_update(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], ref
     for name, q in deltas.items():
         if q.dtype != np.int8:
             raise BadEncoding(f"int8_delta update: tensor {name!r} is {q.dtype}, expected int8")
+        if q.size and int(q.min()) < -_QMAX:
+            # The encoder clips to [-127, 127]; -128 is outside the symmetric code, so it was not
+            # written by a fedhar encoder (a sender bug or a forged payload).
+            raise BadEncoding(f"int8_delta update: tensor {name!r} holds -128; the code is symmetric in [-127, 127]")
         s = scales.get(name)
         if s is None or s.dtype != np.float32 or s.shape != (1,) or not (np.isfinite(s[0]) and s[0] > 0):
             got = "missing" if s is None else f"{s.dtype} of shape {s.shape}"
