@@ -29,12 +29,15 @@ class EmulatedMpu6050Bus:
         self.produce_on_count: tuple[np.ndarray, np.ndarray] | None = None  # frames appended at each FIFO_COUNT read
         self._cursor = 0
         self.frames_per_count_read = 0
+        self.who_am_i = 0x68  # a clone answers another id (0x70, 0x98, ...)
+        self.ignore_writes: set[int] = set()  # registers that keep their power-on value (a chip that ignores a range write)
+        self.constant: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None  # raw (accel, gyro) of a chip at rest
         self._power_on()
 
     def _power_on(self) -> None:
         self.regs[:] = bytes(128)
         self.regs[0x6B] = 0x40  # PWR_MGMT_1: SLEEP
-        self.regs[0x75] = 0x68  # WHO_AM_I
+        self.regs[0x75] = getattr(self, "who_am_i", 0x68)  # WHO_AM_I
         self.fifo.clear()
 
     # -- smbus2.SMBus methods ----------------------------------------------------------
@@ -47,6 +50,8 @@ class EmulatedMpu6050Bus:
         self.writes.append((register, value))
         if register == 0x6B and value & 0x80:  # DEVICE_RESET: all registers to power-on values
             self._power_on()
+            return
+        if register in self.ignore_writes:
             return
         if register == 0x6A and value & 0x04:  # FIFO_RESET, self-clearing
             self.fifo.clear()
@@ -101,6 +106,9 @@ class EmulatedMpu6050Bus:
     def signal(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw counts of sample index ``k``: accel (n, 3) and gyro (n, 3), int16, never all zero."""
         k = np.asarray(k, dtype=np.float64)
+        if self.constant is not None:
+            a, g = (np.tile(np.array(v, dtype=np.int16), (k.size, 1)) for v in self.constant)
+            return a, g
         acc = np.stack([1000 * np.sin(2 * np.pi * k / 50), 500 + 0 * k, 8192 + 100 * np.cos(2 * np.pi * k / 25)], axis=1)
         gyr = np.stack([300 * np.sin(2 * np.pi * k / 40), -200 + 0 * k, 50 * np.cos(2 * np.pi * k / 10) + 7], axis=1)
         return np.round(acc).astype(np.int16), np.round(gyr).astype(np.int16)

@@ -148,11 +148,74 @@ def test_overflow_is_a_gap_and_resets_the_fifo():
     assert len(drv.read()[0][1]) == 4
 
 
-def test_wrong_chip_is_refused():
+def test_an_unknown_chip_is_refused_naming_its_id_and_the_override():
     bus = EmulatedMpu6050Bus()
-    bus.regs[0x75] = 0x70  # an MPU-6500
-    with pytest.raises(RuntimeError, match="WHO_AM_I reads 0x70"):
+    bus.who_am_i = bus.regs[0x75] = 0x12
+    with pytest.raises(RuntimeError, match=r"WHO_AM_I reads 0x12.*extra_who_am_i"):
         Mpu6050(bus, sleep=lambda s: None).configure()
+    driver = Mpu6050(bus, config=Mpu6050Config(extra_who_am_i=(0x12,)), sleep=lambda s: None)
+    driver.configure()
+    assert any("0x12" in h for h in driver.stats.health)
+
+
+@pytest.mark.parametrize("who", [0x70, 0x98])
+def test_known_compatible_clones_are_accepted_with_a_warning(who, caplog):
+    # ElectronicCats/mpu6050 #21 (0x98), adafruit/Adafruit_MPU6050 #47 (0x70): never silently.
+    bus = EmulatedMpu6050Bus()
+    bus.who_am_i = who
+    bus._power_on()
+    driver = Mpu6050(bus, sleep=lambda s: None)
+    with caplog.at_level(logging.WARNING, logger="fedhar.client.sensors.mpu6050"):
+        driver.configure()
+    assert len(driver.stats.health) == 1 and f"0x{who:02x}" in driver.stats.health[0]
+    assert f"0x{who:02x}" in caplog.text
+    bus.tick(10)
+    assert sum(c[2].shape[0] for c in driver.read() if c[0] == "acc") == 10
+
+
+def _stationary(config: Mpu6050Config, accel_raw=(0, 0, 16384), gyro_raw=(0, 0, 0), ignore=()) -> tuple[Mpu6050, EmulatedMpu6050Bus]:
+    bus = EmulatedMpu6050Bus()
+    bus.constant = (accel_raw, gyro_raw)
+    bus.ignore_writes = set(ignore)
+    driver = Mpu6050(bus, config=config, sleep=lambda s: None)
+    driver.configure()
+    return driver, bus
+
+
+def _read_n(driver: Mpu6050, bus: EmulatedMpu6050Bus, n: int) -> tuple[np.ndarray, np.ndarray]:
+    acc, gyro = [], []
+    for _ in range(n // 20):
+        bus.tick(20)
+        for kind, _, xyz in driver.read():
+            (acc if kind == "acc" else gyro).append(xyz)
+    return np.concatenate(acc), np.concatenate(gyro)
+
+
+def test_a_chip_that_ignores_its_range_write_is_decoded_with_the_range_it_reports():
+    # ACCEL_CONFIG keeps 0x00 (±2 g) although ±8 g was written; at rest raw z = +16384 is 1 g.
+    driver, bus = _stationary(Mpu6050Config(accel_range_g=8), ignore=(0x1C,))
+    assert driver.accel_range_g == 2 and driver.gyro_range_dps == 500
+    assert any("ACCEL_CONFIG reads back ±2 g" in h for h in driver.stats.health)
+    acc, _ = _read_n(driver, bus, 200)
+    assert abs(float(acc[:, 2].mean()) - 9.807) < 0.01  # not 39.23 (4 g)
+    assert len(driver.stats.health) == 1  # gravity is plausible, so no second warning
+
+
+def test_gyro_at_250_dps_decodes_131_counts_as_one_degree_per_second():
+    driver, bus = _stationary(Mpu6050Config(gyro_range_dps=250), gyro_raw=(131, 0, 0))
+    _, gyro = _read_n(driver, bus, 40)
+    np.testing.assert_allclose(gyro[:, 0], 0.017453, atol=1e-6)
+
+
+def test_implausible_gravity_at_rest_raises_a_health_warning():
+    # The chip reports ±2 g but its counts say 0.25 g: a faulty chip or a scale no read-back can see.
+    driver, bus = _stationary(Mpu6050Config(accel_range_g=2), accel_raw=(0, 0, 4096))
+    _read_n(driver, bus, 60)
+    assert driver.stats.health == []  # 1.2 s: not yet 2 s of samples
+    _read_n(driver, bus, 60)
+    assert len(driver.stats.health) == 1 and "2.45 m/s^2" in driver.stats.health[0]
+    _read_n(driver, bus, 200)
+    assert len(driver.stats.health) == 1  # checked once
 
 
 def test_source_feeds_the_pipeline_with_50hz_windows():

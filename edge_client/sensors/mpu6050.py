@@ -67,6 +67,18 @@ WHO_AM_I = 0x75
 
 WHO_AM_I_VALUE = 0x68
 """``WHO_AM_I`` of an MPU-6050 (bits 6:1 of the I2C address, whatever AD0 is)."""
+COMPATIBLE_WHO_AM_I = {
+    0x70: "an MPU-6500 in MPU-6050 compatibility mode (GY-521 boards sold as MPU-6050)",
+    0x98: "an MPU-6050 clone (its raw registers work; its DMP does not, and fedhar does not use it)",
+}
+"""Other ``WHO_AM_I`` values of chips that read the registers this driver uses like an MPU-6050:
+accepted with a warning. Sources: ElectronicCats/mpu6050 #21 (13 of 20 modules answered 0x98),
+danjperron/mpu6050TestInC #4 and adafruit/Adafruit_MPU6050 #47 (0x70), jrowberg/i2cdevlib #636."""
+PLAUSIBLE_G = (9.81 - 1.5, 9.81 + 1.5)
+"""Median |a| over the first seconds outside this range (m/s^2) raises a health warning: a
+wrong scale (a chip that ignored its range write), a bad chip, or a device shaken from the start."""
+PLAUSIBILITY_WINDOW_S = 2.0
+"""Seconds of samples after the start that the plausibility check looks at."""
 DEFAULT_ADDRESS = 0x68
 """I2C address with AD0 low (0x69 with AD0 high)."""
 FIFO_SIZE = 1024
@@ -119,6 +131,9 @@ class Mpu6050Config:
         Digital low-pass setting (4: 21 Hz accel, 20 Hz gyro bandwidth).
     sample_rate_hz : int
         Output rate; must divide 1 kHz (50 by default: SMPLRT_DIV = 19).
+    extra_who_am_i : tuple of int
+        ``WHO_AM_I`` values to accept besides 0x68 and :data:`COMPATIBLE_WHO_AM_I`, for a
+        register-compatible chip this driver does not know (accepted with a warning).
 
     Raises
     ------
@@ -132,6 +147,7 @@ class Mpu6050Config:
     gyro_range_dps: int = 500
     dlpf_cfg: int = 4
     sample_rate_hz: int = 50
+    extra_who_am_i: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.accel_range_g not in ACCEL_LSB_PER_G:
@@ -218,6 +234,9 @@ class Mpu6050Stats:
         FIFO overflows (the reader fell more than 1024 bytes, about 1.7 s, behind).
     last_error : str
         The latest I/O error, for the app and logs.
+    health : list of str
+        Health warnings in words: a chip that is not an MPU-6050, a range it did not take,
+        an implausible gravity at rest. Also logged.
     """
 
     samples: int = 0
@@ -225,6 +244,7 @@ class Mpu6050Stats:
     io_errors: int = 0
     overflows: int = 0
     last_error: str = ""
+    health: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -253,28 +273,51 @@ class Mpu6050:
         self._k = 0  # samples since the FIFO was (re)started
         self._needs_reset = False  # a FIFO reset failed: try it again before reading
         self._last_t = -(2**62)  # newest timestamp delivered, ns
+        # The ranges the chip reports after configure(): what its counts are decoded with.
+        self.accel_range_g = self.config.accel_range_g
+        self.gyro_range_dps = self.config.gyro_range_dps
+        self._at_rest: list[np.ndarray] = []  # |a| of the first seconds, for the plausibility check
+        self._at_rest_n = 0
+
+    def _warn(self, text: str) -> None:
+        self.stats.health.append(text)
+        log.warning("MPU-6050 at 0x%02x: %s", self.config.address, text)
 
     def configure(self) -> None:
-        """Reset the chip and start 50 Hz sampling into the FIFO.
+        """Reset the chip, start 50 Hz sampling into the FIFO, and read the ranges back.
+
+        ``WHO_AM_I`` 0x68 is an MPU-6050; the values of :data:`COMPATIBLE_WHO_AM_I` and
+        ``config.extra_who_am_i`` are accepted with a health warning; any other is refused.
+        After writing ``ACCEL_CONFIG`` and ``GYRO_CONFIG`` the driver reads them back and
+        decodes counts with the ranges the chip reports (bits 4:3, register map 4.4-4.5), so a
+        chip that ignores a range write gives right units, with a health warning, instead of
+        values off by a power of 2 (ElectronicCats/mpu6050 #87, #93; jrowberg/i2cdevlib #151).
 
         Raises
         ------
         RuntimeError
-            If ``WHO_AM_I`` is not 0x68 (another chip or a wrong address).
+            If ``WHO_AM_I`` is not a known-compatible value (another chip or a wrong address):
+            the message names the value read and ``Mpu6050Config.extra_who_am_i``.
         OSError
             If the bus fails (the caller retries).
         """
         addr = self.config.address
         who = self.bus.read_byte_data(addr, WHO_AM_I)
         if who != WHO_AM_I_VALUE:
-            raise RuntimeError(
-                f"MPU-6050 at 0x{addr:02x}: WHO_AM_I reads 0x{who:02x}, expected 0x{WHO_AM_I_VALUE:02x}; "
-                "check the wiring and the address (0x68 with AD0 low, 0x69 high)"
-            )
+            known = COMPATIBLE_WHO_AM_I.get(who) or ("a chip you listed as compatible" if who in self.config.extra_who_am_i else None)
+            if known is None:
+                raise RuntimeError(
+                    f"MPU-6050 at 0x{addr:02x}: WHO_AM_I reads 0x{who:02x}, expected 0x{WHO_AM_I_VALUE:02x} "
+                    f"(or a compatible {', '.join(f'0x{k:02x}' for k in sorted(COMPATIBLE_WHO_AM_I))}); check the wiring "
+                    "and the address (0x68 with AD0 low, 0x69 high). For a register-compatible chip that is not "
+                    "known here, list its id in Mpu6050Config(extra_who_am_i=(...))"
+                )
+            self._warn(f"WHO_AM_I reads 0x{who:02x}, not an MPU-6050's 0x{WHO_AM_I_VALUE:02x}: {known}; read as an MPU-6050")
         self.bus.write_byte_data(addr, PWR_MGMT_1, PWR_MGMT_1_RESET)
         self.sleep(0.1)
         for reg, value in self.config.register_writes():
             self.bus.write_byte_data(addr, reg, value)
+        self._read_back_ranges()
         self._restart_clock()
         log.info(
             "MPU-6050 at 0x%02x: %d Hz (SMPLRT_DIV %d, DLPF %d), ±%d g, ±%d °/s through the FIFO",
@@ -282,9 +325,40 @@ class Mpu6050:
             self.config.sample_rate_hz,
             self.config.smplrt_div,
             self.config.dlpf_cfg,
-            self.config.accel_range_g,
-            self.config.gyro_range_dps,
+            self.accel_range_g,
+            self.gyro_range_dps,
         )
+
+    def _read_back_ranges(self) -> None:
+        """Decode with the ranges the chip reports, warning where they differ from what was written."""
+        addr = self.config.address
+        accel = sorted(ACCEL_LSB_PER_G)[(self.bus.read_byte_data(addr, ACCEL_CONFIG) >> 3) & 0x03]
+        gyro = sorted(GYRO_LSB_PER_DPS)[(self.bus.read_byte_data(addr, GYRO_CONFIG) >> 3) & 0x03]
+        if accel != self.config.accel_range_g:
+            self._warn(f"ACCEL_CONFIG reads back ±{accel} g after ±{self.config.accel_range_g} g was written; decoding with ±{accel} g")
+        if gyro != self.config.gyro_range_dps:
+            self._warn(f"GYRO_CONFIG reads back ±{gyro} °/s after ±{self.config.gyro_range_dps} °/s was written; decoding with ±{gyro} °/s")
+        self.accel_range_g, self.gyro_range_dps = accel, gyro
+        self._at_rest, self._at_rest_n = [], 0
+
+    def _check_plausible(self, acc: np.ndarray) -> None:
+        """Median |a| over the first :data:`PLAUSIBILITY_WINDOW_S` seconds against 9.81 ± 1.5 m/s^2 (once)."""
+        need = int(PLAUSIBILITY_WINDOW_S * self.config.sample_rate_hz)
+        if self._at_rest_n >= need:
+            return
+        mag = np.sqrt((acc * acc).sum(axis=1))[: need - self._at_rest_n]
+        self._at_rest.append(mag)
+        self._at_rest_n += mag.size
+        if self._at_rest_n < need:
+            return
+        median = float(np.median(np.concatenate(self._at_rest)))
+        self._at_rest = []
+        lo, hi = PLAUSIBLE_G
+        if not lo <= median <= hi:
+            self._warn(
+                f"median |a| over the first {PLAUSIBILITY_WINDOW_S:g} s is {median:.2f} m/s^2, outside {lo:.2f}..{hi:.2f}: "
+                "a wrong range or scale, a faulty chip, or a device that was moving from the start"
+            )
 
     def _restart_clock(self) -> None:
         # Never before the last stamp given out: the chip's clock may have run ahead of the host's.
@@ -366,7 +440,8 @@ class Mpu6050:
         self._k += n
         self._last_t = int(t[-1])
         self.stats.samples += n
-        acc, gyro = counts_to_si(raw, self.config.accel_range_g, self.config.gyro_range_dps)
+        acc, gyro = counts_to_si(raw, self.accel_range_g, self.gyro_range_dps)
+        self._check_plausible(acc)
         return [("acc", t, acc), ("gyro", t.copy(), gyro)]
 
 
