@@ -10,7 +10,9 @@ is exported once per machine) and sends them to that client as one envelope of k
 
 Exporting takes tens of seconds, so it and the sending run on one worker thread of their own;
 the round loop only validates requests and queues them. Requests are answered in order; a
-request for a (client, version) already queued is dropped. A federation whose clients never
+request for a (client, version) already queued is dropped, and one that comes less than
+``min_interval_s`` (30 s) after that (client, version) was last sent is rejected as
+``repeated_request``, so a device cannot make the coordinator send programs over and over. A federation whose clients never
 ask (every PyTorch or numpy client) never starts the thread, never imports the exporter and
 never publishes anything on these topics.
 """
@@ -23,6 +25,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +62,8 @@ class ProgramDesk:
         Program cache (default :func:`default_cache`, read when the desk is made).
     on_reject : callable(client_id, reason, detail), optional
         Called on the first rejection of each (client, reason), e.g. to record it as an event.
+    min_interval_s : float
+        Least time between two sends of one version to one client (s); clients ask again after 60 s at the earliest.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class ProgramDesk:
         current_spec: Callable[[], ArchSpec | None],
         cache_dir: str | os.PathLike[str] | None = None,
         on_reject: Rejected | None = None,
+        min_interval_s: float = 30.0,
     ):
         self.link, self.topics, self.run_id = link, topics, run_id
         self.current_spec = current_spec
@@ -76,6 +82,8 @@ class ProgramDesk:
         self.on_reject = on_reject
         self.rejected: Counter[tuple[str, str]] = Counter()
         self.sent: Counter[tuple[str, int]] = Counter()  # (client, version) -> envelopes sent
+        self.min_interval_s = float(min_interval_s)
+        self._last_sent: dict[tuple[str, str], float] = {}  # (client, spec JSON) -> monotonic time of the last send
         self._queue: queue.Queue[tuple[str, ArchSpec] | None] = queue.Queue()
         self._queued: set[tuple[str, str]] = set()  # (client, spec JSON) waiting or being answered
         self._lock = threading.Lock()
@@ -88,7 +96,8 @@ class ProgramDesk:
         Never raises: a bad request is counted, logged once per (client, reason) and dropped.
         Reasons: those of :meth:`ProgramRequest.from_bytes`, ``wrong_run``, ``no_architecture``
         (no federation yet), ``unknown_version`` (not the current version), ``programs_unavailable``
-        (executorch is not installed here).
+        (executorch is not installed here), ``repeated_request`` (sent to this client less than
+        ``min_interval_s`` ago).
         """
         try:
             req = ProgramRequest.from_bytes(payload)
@@ -110,6 +119,11 @@ class ProgramDesk:
         with self._lock:
             if job in self._queued:
                 log.debug("program request of %s for v%d already queued", cid, spec.version)
+                return
+            since = time.monotonic() - self._last_sent.get(job, -float("inf"))
+            if since < self.min_interval_s:
+                self._reject(cid, "repeated_request", f"the programs of v{spec.version} were sent {since:.0f} s ago; "
+                                                      f"ask again after {self.min_interval_s:.0f} s")  # fmt: skip
                 return
             self._queued.add(job)
         log.info("client %s asked for the ExecuTorch programs of architecture v%d", cid, spec.version)
@@ -163,6 +177,8 @@ class ProgramDesk:
                 env = encode_programs(programs, client_id=cid, run_id=self.run_id, executorch_version=version("executorch"))
                 n = self.link.publish_chunks(functools.partial(self.topics.client_programs, cid), env)
                 self.sent[(cid, spec.version)] += 1
+                with self._lock:
+                    self._last_sent[(cid, spec.to_json())] = time.monotonic()
                 log.info("sent the ExecuTorch programs of v%d to %s: %d bytes in %d chunk(s)", spec.version, cid, len(env), n)
             except Exception as exc:  # the round loop goes on; the client asks again
                 log.error("could not send the programs of v%d to %s: %s: %s", spec.version, cid, type(exc).__name__, exc)

@@ -279,3 +279,47 @@ def test_coordinator_rejects_bad_requests_with_a_reason_and_sends_nothing(payloa
     assert desk.rejected[("phone-1", reason)] == 2
     assert [(c, r) for c, r, _ in seen] == [("phone-1", reason)]
     assert desk._thread is None and not any(tmp_path.iterdir())  # nothing exported, nothing sent
+
+
+def test_a_request_over_the_broker_is_answered_with_programs_the_client_stores(tmp_path: Path) -> None:
+    """The whole exchange over the embedded broker, the coordinator's cache holding a set already (no export here)."""
+    pytest.importorskip("executorch")
+    from har_io.mqtt_link import MqttLink
+    from har_models.nn.export import program_key
+    from simulation.broker import EmbeddedBroker
+
+    key = program_key(SPEC, 32, 64)  # where ensure_programs looks: a set there is used, not exported again
+    small = _set(key=key)
+    sent = ProgramSet(SPEC, small.meta, {n: (b * 2000)[:20_000] for n, b in small.files.items()})
+    store_programs(tmp_path / "cache", sent)
+    wait_s = 30.0
+    with EmbeddedBroker() as broker:
+        cfg = BrokerConfig(port=broker.port, max_message_bytes=16_384)  # the 80 kB set travels in several chunks
+        coord = MqttLink(cfg, "t-coordinator", subscriptions=[(TOPICS.client_program_request("+"), 1)])
+        f = ProgramFetcher("phone-1", TOPICS, tmp_path / "client", "executorch", max_bytes=1 << 20)
+        dev = MqttLink(cfg, "t-phone", subscriptions=f.subscriptions())
+        desk = ProgramDesk(coord, TOPICS, "run-a", lambda: SPEC, cache_dir=tmp_path / "cache")
+        try:
+            assert coord.start(wait_s=wait_s) and dev.start(wait_s=wait_s)
+            assert not f.ready(_ann(), dev.publish_nowait)
+            topic, payload, _ = coord.inbox.get(timeout=wait_s)
+            assert TOPICS.parse_client_topic(topic) == ("phone-1", "program_request")
+            desk.on_request("phone-1", payload)
+            chunks = 0
+            while not f.stored and chunks < 50:  # bounded: the set is a few chunks
+                topic, chunk, retained = dev.inbox.get(timeout=wait_s)
+                assert f.owns(topic) and not retained
+                f.on_message(chunk)
+                chunks += 1
+            assert chunks >= 5  # at least 80 kB in messages of at most 16,384 bytes
+            assert f.stored == [0] and f.ready(_ann(), dev.publish_nowait)
+            assert find_programs(tmp_path / "client", SPEC) == program_paths(tmp_path / "client", key)
+            for name, data in sent.files.items():
+                assert program_paths(tmp_path / "client", key)[name].read_bytes() == data
+            assert desk.sent[("phone-1", 0)] == 1
+            desk.on_request("phone-1", payload)  # asked again at once: refused, not sent again
+            assert desk.rejected[("phone-1", "repeated_request")] == 1 and desk.sent[("phone-1", 0)] == 1
+        finally:
+            desk.close()
+            dev.stop()
+            coord.stop()
