@@ -6,7 +6,8 @@ announces; after a FedDist growth the version changes and the programs must chan
 phone, or a board without PyTorch, cannot export them. Such a client (:func:`needs_delivery`)
 keeps a :class:`ProgramFetcher`: before training a round whose architecture it has no programs
 for, it sends a :class:`~har_models.wire.programs.ProgramRequest` on its own
-``program_request`` topic (again after 60, 120, 240, 300, ... s while none arrives), receives
+``program_request`` topic (again after 60, 120, 240, 300, ... s while none arrives, but never
+while program chunks are still arriving), receives
 the coordinator's ``"program"`` envelope in chunks on its own ``programs/{i}`` topics, checks it
 (:func:`~har_models.wire.programs.decode_programs`: sha256, addressee, run, architecture version
 and spec, each file's length and sha256; with the Python runtime also the exporter's cache key,
@@ -40,6 +41,8 @@ PROGRAM_MODES = ("auto", "export", "fetch")
 PROGRAM_BACKENDS = ("executorch", "executorch-android")
 """Backends that run exported programs."""
 STREAM = "programs"
+QUIET_S = 10.0
+"""A request is repeated only once no program chunk arrived for this many seconds."""
 Publish = Callable[[str, bytes], None]
 
 
@@ -91,6 +94,7 @@ class ProgramFetcher:
         self._wanted: dict[int, tuple[str, ArchSpec]] = {}  # version -> (run, spec) asked for
         self._next_ask: dict[str, tuple[float, float]] = {}  # spec JSON -> (monotonic time of the next request, wait after it)
         self.requests = 0
+        self._last_chunk = -float("inf")  # monotonic time of the last program chunk
         self.stored: list[int] = []  # versions stored, in order
         self.rejected: list[str] = []  # reasons of rejected envelopes, in order
 
@@ -123,7 +127,7 @@ class ProgramFetcher:
         key = spec.to_json()
         now = time.monotonic()
         due, wait = self._next_ask.get(key, (0.0, self.retry_s))
-        if now >= due:
+        if now >= due and now - self._last_chunk >= QUIET_S:  # not while a transfer is arriving
             self._wanted = {spec.version: (ann.run_id, spec)}
             if self.requests == 0 or key not in self._next_ask:
                 log.info("[%s] no ExecuTorch programs for architecture v%d here; asking the coordinator", self.client_id, spec.version)
@@ -137,6 +141,7 @@ class ProgramFetcher:
     def on_message(self, payload: bytes) -> None:
         """Take one program chunk; when the transfer is whole, check and store it. Never raises; rejections are logged."""
         t = peek_transfer(payload)
+        self._last_chunk = time.monotonic()
         try:
             done = self.reassembler.add(STREAM, payload)
         except ChunkError as exc:

@@ -323,3 +323,13 @@ def test_a_request_over_the_broker_is_answered_with_programs_the_client_stores(t
             desk.close()
             dev.stop()
             coord.stop()
+
+
+def test_client_does_not_ask_again_while_program_chunks_arrive(tmp_path: Path) -> None:
+    f = ProgramFetcher("phone-1", TOPICS, tmp_path / "programs", "executorch-android", max_bytes=1 << 20, retry_s=0.0)
+    sent: list[str] = []
+    assert not f.ready(_ann(), lambda t, p: sent.append(t))
+    assert not f.ready(_ann(), lambda t, p: sent.append(t))  # due at once (retry 0 s): asked again
+    assert len(sent) == 2
+    f.on_message(split_payload(_envelope(), 200)[0])  # a transfer is arriving
+    assert not f.ready(_ann(), lambda t, p: sent.append(t)) and len(sent) == 2
