@@ -144,9 +144,8 @@ class EdgeAgent:
         # Clients hosted together in one worker process train one at a time: memory stays that of
         # one training, and each training sees the same global RNG and thread settings as alone.
         self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
-        self.topics = Topics(cfg.federation)
         # Programs delivered by the coordinator, for a client that cannot export them (edge_client/programs.py).
-        self.programs = make_fetcher(cfg.client_id, self.topics, cfg.backend, cfg.programs, cfg.program_cache, store.folder,
+        self.programs = make_fetcher(cfg.client_id, Topics(cfg.federation), cfg.backend, cfg.programs, cfg.program_cache, store.folder,
                                      cfg.max_model_bytes)  # fmt: skip
         self.trainer: Trainer
         if cfg.backend == "torch":
@@ -160,6 +159,7 @@ class EdgeAgent:
             if self.programs is not None:
                 opts = {"cache_dir": str(self.programs.folder)}
             self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
+        self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
         self.announcement: RoundAnnouncement | None = None
         self.coordinator: CoordinatorStatus | None = None
