@@ -32,6 +32,7 @@ from coordinator import feddist, feddist_steps, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.presence import Presence
+from coordinator.programs import ProgramDesk
 from coordinator.receipts import ReceiptDesk
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
@@ -117,7 +118,11 @@ class Coordinator:
         self._link = MqttLink(
             cfg.broker,
             f"fedhar-coordinator-{cfg.federation}",
-            subscriptions=[(self.topics.client_status("+"), 1), (self.topics.client_update("+", "+"), 1)],
+            subscriptions=[
+                (self.topics.client_status("+"), 1),
+                (self.topics.client_update("+", "+"), 1),
+                (self.topics.client_program_request("+"), 1),  # coordinator/programs.py
+            ],
             will=(self.topics.coordinator_status, self._status_bytes("offline")),
             on_connect=lambda link: link.publish_nowait(
                 self.topics.coordinator_status, self._status_bytes("online"), retain=True
@@ -126,6 +131,10 @@ class Coordinator:
         self.presence = Presence()  # status expiry and duplicate client ids
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
+        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/programs.py)
+            self._link, self.topics, cfg.run_id, lambda: self.fed.spec if self.fed is not None else None,
+            on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
+        )
 
     # ------------------------------------------------------------------------------ helpers
     def _status_bytes(self, state: str) -> bytes:
@@ -152,6 +161,8 @@ class Coordinator:
                 self._on_status(cid, payload, retained)
             elif kind == "update":
                 self._on_update_chunk(cid, payload)
+            elif kind == "program_request":
+                self.programs.on_request(cid, payload)
         except Exception as exc:
             self._reject(cid, "internal_error", f"{type(exc).__name__}: {exc}")
         return True
@@ -610,6 +621,7 @@ class Coordinator:
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
             return write_report(self.cfg.run_dir, header, self.state.rounds())
         finally:
+            self.programs.close()
             self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 
     def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:

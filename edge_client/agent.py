@@ -23,6 +23,7 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from edge_client.programs import PROGRAM_MODES, make_fetcher
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, Trainer
 from har_io.memory import release_free_memory
@@ -35,7 +36,7 @@ from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
 
-BACKENDS = ("torch", "numpy", "executorch")
+BACKENDS = ("torch", "numpy", "executorch", "executorch-android")
 
 EXIT_BROKER_REFUSED = 4
 """Exit code: the broker refused the login, or TLS failed (a restart cannot help)."""
@@ -77,13 +78,16 @@ class ClientConfig:
         Federation name (topic prefix ``fedhar/v1/{federation}``).
     max_model_bytes : int
         Largest model envelope accepted (bytes).
-    backend : {"torch", "numpy", "executorch"}
+    backend : {"torch", "numpy", "executorch", "executorch-android"}
         How the client trains: PyTorch eager (:class:`~edge_client.trainer.LocalTrainer`, boards,
         desktop, the simulation), or through a training backend without PyTorch
         (:class:`~edge_client.backend_trainer.BackendTrainer`: the numpy reference, or ExecuTorch
-        programs as on a phone).
+        programs: the Python runtime, or the Java training module on a phone).
     program_cache : str, optional
-        Folder of the exported ExecuTorch programs (``executorch`` backend).
+        Folder of the exported ExecuTorch programs (``executorch`` backends).
+    programs : {"auto", "export", "fetch"}
+        Whether an ``executorch`` client exports its programs or asks the coordinator for them
+        (:func:`edge_client.programs.needs_delivery`; ``executorch-android`` always asks).
     exit_after_run : str, optional
         Exit once the coordinator announces that this run id finished (used by simulations);
         otherwise run until stopped.
@@ -104,11 +108,14 @@ class ClientConfig:
     program_cache: str | None = None
     status_refresh_s: float = 30.0
     receipt_wait_s: float = 30.0
+    programs: str = "auto"
 
     def __post_init__(self) -> None:
         check_client_id(self.client_id)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.programs not in PROGRAM_MODES:
+            raise ValueError(f"programs must be one of {PROGRAM_MODES}, got {self.programs!r}")
 
 
 class EdgeAgent:
@@ -137,6 +144,9 @@ class EdgeAgent:
         # Clients hosted together in one worker process train one at a time: memory stays that of
         # one training, and each training sees the same global RNG and thread settings as alone.
         self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
+        # Programs delivered by the coordinator, for a client that cannot export them (edge_client/programs.py).
+        self.programs = make_fetcher(cfg.client_id, Topics(cfg.federation), cfg.backend, cfg.programs, cfg.program_cache, store.folder,
+                                     cfg.max_model_bytes)  # fmt: skip
         self.trainer: Trainer
         if cfg.backend == "torch":
             from edge_client.trainer import LocalTrainer  # the only path that imports PyTorch
@@ -146,6 +156,8 @@ class EdgeAgent:
             from edge_client.backend_trainer import BackendTrainer
 
             opts = {"cache_dir": cfg.program_cache} if cfg.backend == "executorch" and cfg.program_cache else {}
+            if self.programs is not None:
+                opts = {"cache_dir": str(self.programs.folder)}
             self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
         self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
@@ -184,7 +196,8 @@ class EdgeAgent:
                 (self.topics.global_model("+"), 1),
                 (self.topics.client_model(cfg.client_id, "+"), 1),
                 (self.topics.client_receipt(cfg.client_id), 1),
-            ],
+            ]
+            + (self.programs.subscriptions() if self.programs is not None else []),
             will=(self.topics.client_status(cfg.client_id), offline_status(cfg.client_id, self.instance)),
             on_connect=lambda link: link.publish_nowait(
                 self.topics.client_status(cfg.client_id), self._status_bytes(), retain=True
@@ -339,6 +352,9 @@ class EdgeAgent:
         if topic == self.topics.client_receipt(cid):
             self._on_receipt(payload)
             return
+        if self.programs is not None and self.programs.owns(topic):
+            self.programs.on_message(payload)
+            return
         stream = "global" if topic.startswith(self.topics.global_model("")) else "personal"
         t = peek_transfer(payload)
         if t is not None and t not in self.models and self.reassembler.completed(stream, t):
@@ -383,6 +399,8 @@ class EdgeAgent:
         _, transfer = ann.model_for(cid)
         if not transfer or (*key, transfer) in self.rejected or transfer not in self.models:
             return
+        if self.programs is not None and not self.programs.ready(ann, self._link.publish_nowait):
+            return  # asked the coordinator for this architecture's programs; trains once they are stored
         # Decoding and training hold the worker's training lock: clients hosted together then hold
         # one decoded model at a time, not one each while they wait.
         with self._train_lock:

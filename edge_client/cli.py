@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
+from edge_client.programs import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
@@ -71,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="training backend: PyTorch eager, the numpy reference (no PyTorch needed), or ExecuTorch programs (default %(default)s)",
     )
     ap.add_argument("--program-cache", default=None, help="folder for exported ExecuTorch programs (default: the backend's own)")
+    ap.add_argument(
+        "--programs",
+        choices=PROGRAM_MODES,
+        default="auto",
+        help="ExecuTorch programs: export them here, fetch them from the coordinator (into --program-cache, else "
+        "<state-dir>/programs), or auto: fetch where PyTorch is missing; executorch-android always fetches (default %(default)s)",
+    )
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
     ap.add_argument("--log-level", default="INFO")
@@ -113,6 +121,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             exit_after_run=args.exit_after_run,
             backend=args.backend,
             program_cache=args.program_cache,
+            programs=args.programs,
         )
         split = SplitSpec.parse(args.split, seed=args.split_seed)
         source = None if args.source.startswith("recorded:") else parse_source(args.source, split)

@@ -195,8 +195,9 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     The coordinator reads and writes everything under the federation prefix. Each device (user
     name = fedhar client id) reads the round announcement, the coordinator's status and the
     global model, listed under its ``user`` line. The ``pattern`` rules apply to every user with
-    ``%u`` replaced by the user name: a device reads its own personalised model and writes only
-    its own status and update chunks. It cannot read other devices' statuses (they carry label
+    ``%u`` replaced by the user name: a device reads its own personalised model (and the
+    ExecuTorch programs sent to it) and writes only its own status, update chunks and program
+    requests. It cannot read other devices' statuses (they carry label
     counts and data statistics), updates or models, nor write anything else. Whatever is not
     granted is denied. (Shared topics are not patterns because Mosquitto warns about a pattern
     without ``%u``/``%c``.)
@@ -235,6 +236,9 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         f"pattern read {t.client_receipt(me)}",
         f"pattern readwrite {t.client_status(me)}",
         f"pattern write {t.client_update(me, '+')}",
+        "# An ExecuTorch device asks for the programs of an architecture version and reads only those sent to it.",
+        f"pattern write {t.client_program_request(me)}",
+        f"pattern read {t.client_programs(me, '+')}",
         "",
     ]
     return "\n".join(lines)

@@ -257,6 +257,8 @@ def test_acl_rules_are_exactly_these(broker):
         f"pattern read {P}/client/%u/receipt",
         f"pattern readwrite {P}/client/%u/status",
         f"pattern write {P}/client/%u/update/+",
+        f"pattern write {P}/client/%u/program_request",
+        f"pattern read {P}/client/%u/programs/+",
     ]  # fmt: skip
 
 
@@ -342,6 +344,26 @@ def test_a_device_cannot_read_another_devices_model_status_or_updates(peer):
     dev.expect(f"{P}/client/hapt-01/model/1", control)
     got = {payload for _, payload in dev.settle()}
     assert theirs not in got and status not in got and update not in got
+
+
+def test_a_device_asks_for_programs_and_reads_only_its_own(peer):
+    coord = peer("coordinator")
+    coord.subscribe(f"{P}/client/+/program_request")
+    dev = peer("hapt-01")
+    dev.subscribe(f"{P}/client/hapt-01/programs/+")
+    other = peer("hapt-02")
+    other.subscribe(f"{P}/client/hapt-01/programs/+", f"{P}/client/hapt-02/programs/+")
+    ask, forged = _token(), _token()
+    dev.publish(f"{P}/client/hapt-01/program_request", ask)
+    other.publish(f"{P}/client/hapt-01/program_request", forged)  # asking in another device's name is denied
+    coord.expect(f"{P}/client/hapt-01/program_request", ask)
+    mine, control = _token(), _token()
+    coord.publish(f"{P}/client/hapt-01/programs/0", mine)
+    coord.publish(f"{P}/client/hapt-02/programs/0", control)
+    dev.expect(f"{P}/client/hapt-01/programs/0", mine)
+    other.expect(f"{P}/client/hapt-02/programs/0", control)
+    assert mine not in {payload for _, payload in other.settle()}  # another device's programs never reach it
+    assert forged not in {payload for _, payload in coord.settle()}
 
 
 def test_a_forged_last_will_is_not_delivered(peer, broker):

@@ -31,8 +31,8 @@ Build requirements (buildozer, ``firmware_scripts``):
 
 * ``requirements = python3,kivy,numpy,pyjnius,...`` -- no torch and no executorch Python package
   (neither has a python-for-android recipe); this module imports neither. It does import
-  :mod:`har_models.wire.codec` (through :mod:`edge_client.backends.base`), which needs ``safetensors``,
-  a Rust extension: check for a recipe or build one before relying on it;
+  :mod:`har_models.wire.codec` (through :mod:`edge_client.backends.base`), which reads safetensors
+  through :mod:`har_models.wire.safetensors_np` where the ``safetensors`` wheel is missing;
 * ``android.gradle_dependencies = org.pytorch:executorch-android:<version>`` with a version whose
   AAR contains ``org/pytorch/executorch/training/TrainingModule`` (the training JNI came in July
   2025; check the AAR's ``classes.jar``; otherwise build the AAR from source with
@@ -57,6 +57,7 @@ import numpy as np
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.metrics import confusion_matrix
+from har_models.wire.programs import find_programs
 
 from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
@@ -123,6 +124,35 @@ class AndroidExecuTorchBackend:
         self._params = self._train.namedParameters(METHOD)
         if weights is not None:
             self.set_weights(weights)
+
+    @classmethod
+    def from_cache(
+        cls,
+        spec: ArchSpec,
+        weights: Mapping[str, np.ndarray] | None = None,
+        cache_dir: str | Path | None = None,
+        autoclass: Callable[[str], Any] | None = None,
+    ) -> AndroidExecuTorchBackend:
+        """The backend on the stored programs of exactly ``spec`` in ``cache_dir`` (what ``make_backend("executorch-android")`` builds).
+
+        Raises
+        ------
+        ValueError
+            If ``cache_dir`` is not given.
+        FileNotFoundError
+            If no complete program set for ``spec`` is stored there (names the version and the folder).
+        ImportError
+            If pyjnius is not available and no ``autoclass`` is given.
+        """
+        if cache_dir is None:
+            raise ValueError("AndroidExecuTorchBackend.from_cache: give cache_dir, the folder of the delivered programs")
+        paths = find_programs(cache_dir, spec)
+        if paths is None:
+            raise FileNotFoundError(
+                f"AndroidExecuTorchBackend: no programs for architecture version {spec.version} ({spec.conv_filters} filters, "
+                f"{spec.dense_units} units) in {cache_dir}; the client asks the coordinator for them before a round"
+            )
+        return cls(spec, paths["train"], paths["infer"], paths["meta"], weights=weights, autoclass=autoclass)
 
     @property
     def spec(self) -> ArchSpec:

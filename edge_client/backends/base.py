@@ -41,7 +41,7 @@ import numpy as np
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 
-BACKEND_NAMES = ("torch", "numpy", "executorch")
+BACKEND_NAMES = ("torch", "numpy", "executorch", "executorch-android")
 """Names accepted by :func:`make_backend`."""
 
 

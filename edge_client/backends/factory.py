@@ -23,7 +23,7 @@ def make_backend(name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | 
 
     Parameters
     ----------
-    name : {"torch", "numpy", "executorch"}
+    name : {"torch", "numpy", "executorch", "executorch-android"}
     spec : ArchSpec
     weights : name -> ndarray, optional (default: the backend's deterministic init, seed 0)
     **options
@@ -48,4 +48,8 @@ def make_backend(name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | 
         from edge_client.backends.executorch_rt import ExecuTorchBackend
 
         return ExecuTorchBackend(spec, weights, **options)  # type: ignore[arg-type]
+    if name == "executorch-android":
+        from edge_client.backends.android_executorch import AndroidExecuTorchBackend
+
+        return AndroidExecuTorchBackend.from_cache(spec, weights, **options)  # type: ignore[arg-type]
     raise ValueError(f"make_backend: unknown backend {name!r}; choose one of {BACKEND_NAMES}")

@@ -41,8 +41,9 @@ MAGIC = b"FHAR"
 ENVELOPE_VERSION = 1
 _FIXED = struct.Struct("<4sHI")  # magic, version, header_len
 MAX_HEADER_BYTES = 1 << 20
-KINDS = ("model", "update")
-"""Envelope kinds: a model sent by the coordinator, an update sent by a client."""
+KINDS = ("model", "update", "program")
+"""Envelope kinds: a model sent by the coordinator, an update sent by a client, and the ExecuTorch
+programs of one architecture version sent by the coordinator to a client that asked for them."""
 
 
 class EnvelopeError(ValueError):
@@ -112,7 +113,7 @@ class Envelope:
     Attributes
     ----------
     kind : str
-        ``"model"`` or ``"update"``.
+        ``"model"``, ``"update"`` or ``"program"``.
     round : int
         Round the payload belongs to.
     arch_version : int
@@ -164,7 +165,7 @@ def encode(
     tensors : mapping name -> array-like or torch.Tensor
         Any shape; float16/32/64 and integer dtypes round-trip bit-exactly. Non-contiguous
         and transposed arrays are copied to C order (values unchanged).
-    kind : {"model", "update"}
+    kind : {"model", "update", "program"}
     round : int >= 0
     arch_version : int >= 0
     client_id : str

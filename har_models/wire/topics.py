@@ -9,6 +9,8 @@ Topics (``{p}`` = ``fedhar/v1/{federation}``)::
     {p}/client/{cid}/model/{i}      retained chunk i of the client's personalised model
     {p}/client/{cid}/update/{i}     chunk i of the client's update envelope (not retained)
     {p}/client/{cid}/receipt        the coordinator's receipt for an update (not retained)
+    {p}/client/{cid}/program_request  a client asks for the ExecuTorch programs of a version (JSON)
+    {p}/client/{cid}/programs/{i}   chunk i of the program envelope sent to that client (not retained)
 
 Everything works on MQTT 3.1.1 (the embedded broker speaks nothing newer); see docs/protocol.md.
 """
@@ -80,6 +82,14 @@ class Topics:
 
     def client_receipt(self, cid: str) -> str:
         return f"{self.prefix}/client/{cid}/receipt"
+
+    def client_program_request(self, cid: str) -> str:
+        """Where client ``cid`` asks for the ExecuTorch programs of an architecture version (JSON)."""
+        return f"{self.prefix}/client/{cid}/program_request"
+
+    def client_programs(self, cid: str, index: int | str) -> str:
+        """Chunk ``index`` of the program envelope the coordinator sends to client ``cid``."""
+        return f"{self.prefix}/client/{cid}/programs/{index}"
 
     def parse_client_topic(self, topic: str) -> tuple[str, str] | None:
         """``(client_id, kind)`` for a ``{p}/client/{cid}/{kind}/...`` topic, else None."""

@@ -1,0 +1,225 @@
+"""The client's side of program delivery: ask the coordinator for the ExecuTorch programs it lacks, check, store.
+
+A client training through exported programs (``--backend executorch`` or ``executorch-android``)
+needs the training and inference programs of every architecture version the federation
+announces; after a FedDist growth the version changes and the programs must change with it. A
+phone, or a board without PyTorch, cannot export them. Such a client (:func:`needs_delivery`)
+keeps a :class:`ProgramFetcher`: before training a round whose architecture it has no programs
+for, it sends a :class:`~har_models.wire.programs.ProgramRequest` on its own
+``program_request`` topic (again after 60, 120, 240, 300, ... s while none arrives, but never
+while program chunks are still arriving), receives
+the coordinator's ``"program"`` envelope in chunks on its own ``programs/{i}`` topics, checks it
+(:func:`~har_models.wire.programs.decode_programs`: sha256, addressee, run, architecture version
+and spec, each file's length and sha256; with the Python runtime also the exporter's cache key,
+which fails when the coordinator's executorch version differs from this one) and stores it in its
+program folder in the exporter's cache layout, where the backend finds it. Then it trains.
+
+Nothing here imports PyTorch. docs/protocol.md ("ExecuTorch programs") describes the exchange.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from har_models.nn.arch import ArchSpec
+from har_models.wire import codec
+from har_models.wire.chunking import ChunkError, Reassembler, peek_transfer
+from har_models.wire.messages import RoundAnnouncement
+from har_models.wire.programs import ProgramError, ProgramRequest, ProgramSet, decode_programs, find_programs, store_programs
+from har_models.wire.topics import Topics
+
+log = logging.getLogger("fedhar.client.programs")
+
+PROGRAM_MODES = ("auto", "export", "fetch")
+"""How an ExecuTorch client gets its programs: ``export`` them itself (needs PyTorch and the exporter),
+``fetch`` them from the coordinator, or ``auto``: fetch where the exporter cannot run."""
+PROGRAM_BACKENDS = ("executorch", "executorch-android")
+"""Backends that run exported programs."""
+STREAM = "programs"
+QUIET_S = 10.0
+"""A request is repeated only once no program chunk arrived for this many seconds."""
+Publish = Callable[[str, bytes], None]
+
+
+def needs_delivery(backend: str, mode: str = "auto") -> bool:
+    """True if a client with ``backend`` must get its programs from the coordinator.
+
+    ``executorch-android`` always does (a phone cannot export); ``executorch`` does with ``mode="fetch"``,
+    or with ``"auto"`` when PyTorch (which the exporter needs) is not importable.
+
+    Raises
+    ------
+    ValueError
+        On a mode not in :data:`PROGRAM_MODES`.
+    """
+    if mode not in PROGRAM_MODES:
+        raise ValueError(f"programs mode must be one of {PROGRAM_MODES}, got {mode!r}")
+    if backend == "executorch-android":
+        return True
+    if backend != "executorch" or mode == "export":
+        return False
+    return mode == "fetch" or importlib.util.find_spec("torch") is None
+
+
+class ProgramFetcher:
+    """Requests, checks and stores the programs of the announced architecture (see the module docstring).
+
+    Parameters
+    ----------
+    client_id : str
+    topics : Topics
+    folder : path
+        Where the programs are stored (the backend's program cache).
+    backend : str
+        ``"executorch"`` (the Python runtime, which finds programs by the exporter's cache key: the key is
+        checked) or ``"executorch-android"``.
+    max_bytes : int
+        Largest program envelope accepted (bytes).
+    retry_s : float
+        Seconds before asking again when no programs arrived; doubles up to 300 s.
+    """
+
+    def __init__(
+        self, client_id: str, topics: Topics, folder: str | os.PathLike[str], backend: str, max_bytes: int, retry_s: float = 60.0
+    ):
+        self.client_id, self.topics, self.folder, self.backend = client_id, topics, Path(folder), backend
+        self.max_bytes, self.retry_s = int(max_bytes), float(retry_s)
+        self.reassembler = Reassembler(max_payload_bytes=self.max_bytes)
+        self._have: set[str] = set()  # spec JSON with a stored set
+        self._wanted: dict[int, tuple[str, ArchSpec]] = {}  # version -> (run, spec) asked for
+        self._next_ask: dict[str, tuple[float, float]] = {}  # spec JSON -> (monotonic time of the next request, wait after it)
+        self.requests = 0
+        self._last_chunk = -float("inf")  # monotonic time of the last program chunk
+        self.stored: list[int] = []  # versions stored, in order
+        self.rejected: list[str] = []  # reasons of rejected envelopes, in order
+
+    def subscriptions(self) -> list[tuple[str, int]]:
+        """The topic filter (QoS 1) the client must subscribe to: its own program chunks."""
+        return [(self.topics.client_programs(self.client_id, "+"), 1)]
+
+    def owns(self, topic: str) -> bool:
+        """True for a chunk topic of this client's programs."""
+        return topic.startswith(self.topics.client_programs(self.client_id, ""))
+
+    def have(self, spec: ArchSpec) -> bool:
+        """True if a complete set for exactly ``spec`` is stored."""
+        key = spec.to_json()
+        if key not in self._have and find_programs(self.folder, spec) is not None:
+            self._have.add(key)
+        return key in self._have
+
+    def ready(self, ann: RoundAnnouncement, publish: Publish) -> bool:
+        """True if the programs of ``ann``'s architecture are stored; otherwise ask for them (when due) and return False.
+
+        Never raises: an announcement whose architecture does not parse is left to the trainer (True).
+        """
+        try:
+            spec = ArchSpec.from_json(ann.arch)
+        except ValueError:
+            return True  # the round's own checks reject it with a reason
+        if self.have(spec):
+            return True
+        key = spec.to_json()
+        now = time.monotonic()
+        due, wait = self._next_ask.get(key, (0.0, self.retry_s))
+        if now >= due and now - self._last_chunk >= QUIET_S:  # not while a transfer is arriving
+            self._wanted = {spec.version: (ann.run_id, spec)}
+            if self.requests == 0 or key not in self._next_ask:
+                log.info("[%s] no ExecuTorch programs for architecture v%d here; asking the coordinator", self.client_id, spec.version)
+            else:
+                log.info("[%s] the programs of v%d have not arrived; asking again", self.client_id, spec.version)
+            publish(self.topics.client_program_request(self.client_id), ProgramRequest(ann.run_id, spec.version).to_bytes())
+            self.requests += 1
+            self._next_ask[key] = (now + wait, min(300.0, 2 * wait))
+        return False
+
+    def on_message(self, payload: bytes) -> None:
+        """Take one program chunk; when the transfer is whole, check and store it. Never raises; rejections are logged."""
+        t = peek_transfer(payload)
+        self._last_chunk = time.monotonic()
+        try:
+            done = self.reassembler.add(STREAM, payload)
+        except ChunkError as exc:
+            log.warning("[%s] dropped a program chunk (%s): %s", self.client_id, exc.reason, exc)
+            return
+        if done is None:
+            return
+        if t is not None:
+            self.reassembler.forget(STREAM, t)  # stored or rejected: a later send of the same bytes is looked at again
+        try:
+            programs = self.accept(done[1])
+        except ProgramError as exc:
+            self.rejected.append(exc.reason)
+            log.error("[%s] rejected the programs received (%s): %s", self.client_id, exc.reason, exc)
+            return
+        try:
+            store_programs(self.folder, programs)
+        except OSError as exc:
+            log.error("[%s] cannot store the programs of v%d in %s: %s", self.client_id, programs.spec.version, self.folder, exc)
+            return
+        self._have.add(programs.spec.to_json())
+        self._next_ask.pop(programs.spec.to_json(), None)
+        self.stored.append(programs.spec.version)
+        log.info("[%s] stored the ExecuTorch programs of architecture v%d (%d bytes) in %s", self.client_id, programs.spec.version,
+                 len(done[1]), self.folder)  # fmt: skip
+
+    def accept(self, envelope: bytes) -> ProgramSet:
+        """Check a whole program envelope against the request made for its version.
+
+        Raises
+        ------
+        ProgramError
+            ``unrequested`` (no request for that version is open), every reason of
+            :func:`~har_models.wire.programs.decode_programs`, and ``runtime_mismatch`` when the Python
+            runtime's own cache key for the programs differs from the exporter's (another executorch version).
+        """
+        try:
+            header = codec.peek_header(envelope)
+        except codec.EnvelopeError as exc:
+            raise ProgramError(exc.reason, str(exc)) from None
+        wanted = self._wanted.get(header["arch_version"])
+        if wanted is None:
+            raise ProgramError("unrequested", f"programs of v{header['arch_version']} arrived; none were asked for")
+        run_id, spec = wanted
+        programs = decode_programs(envelope, client_id=self.client_id, run_id=run_id, spec=spec, max_bytes=self.max_bytes)
+        if self.backend == "executorch":
+            local = _local_key(programs)
+            if local is not None and local != programs.key:
+                raise ProgramError(
+                    "runtime_mismatch",
+                    f"the programs' cache key {programs.key} differs from this runtime's {local} (another executorch "
+                    "version or batch limits than the coordinator's exporter): install the coordinator's executorch version",
+                )
+        return programs
+
+
+def _local_key(programs: ProgramSet) -> str | None:
+    """This runtime's cache key for ``programs`` (None where the exporter's module cannot be imported)."""
+    try:
+        from har_models.nn.export import program_key
+
+        return program_key(programs.spec, int(programs.meta["train_batch"]), int(programs.meta["infer_batch"]))
+    except Exception:
+        return None
+
+
+def make_fetcher(client_id: str, topics: Topics, backend: str, mode: str, folder: str | os.PathLike[str] | None,
+                 state_dir: str | os.PathLike[str], max_bytes: int) -> ProgramFetcher | None:  # fmt: skip
+    """The fetcher of a client that needs delivered programs (:func:`needs_delivery`), else None.
+
+    Programs are stored in ``folder`` when given (``--program-cache``), else in ``<state_dir>/programs``.
+
+    Raises
+    ------
+    ValueError
+        On an unknown ``mode``.
+    """
+    if not needs_delivery(backend, mode):
+        return None
+    where = Path(folder) if folder else Path(state_dir) / "programs"
+    return ProgramFetcher(client_id, topics, where, backend, max_bytes)

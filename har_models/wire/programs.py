@@ -1,0 +1,256 @@
+"""Delivery of ExecuTorch programs: the request a client sends and the envelope the coordinator answers with.
+
+A client whose backend runs exported programs (ExecuTorch) but cannot export them (a phone, a
+board without the exporter) asks for the programs of an architecture version with a small JSON
+:class:`ProgramRequest` on ``{p}/client/{cid}/program_request``. The coordinator answers with one
+envelope of kind ``"program"`` (:mod:`har_models.wire.codec`: JSON header, safetensors body,
+sha256) addressed to that client and sent as chunks (:mod:`har_models.wire.chunking`, CRC-32 per
+chunk, sha256 of the whole) on ``{p}/client/{cid}/programs/{i}``, exactly as models travel.
+
+Envelope body: one 1-D ``uint8`` tensor per file of :data:`PROGRAM_FILES` (the bytes of the
+training program, the inference program with weights as inputs, the inference program with
+weights in a data file, and that data file's template). Envelope ``meta``:
+
+* ``run_id``: the run that answered;
+* ``program``: the exporter's metadata of the set (``spec``, ``key``, ``format``, ``train_batch``,
+  ``infer_batch``, ``params``, ``weights_ptd``; :func:`har_models.nn.export.ensure_programs`);
+* ``files``: ``{name: {"bytes": n, "sha256": hex}}`` for each file;
+* ``executorch``: the exporter's executorch version.
+
+On the receiver the set is stored in the exporter's cache layout (``<key>.train.pte``,
+``<key>.infer.pte``, ``<key>.infer_static.pte``, ``<key>.weights.ptd``, ``<key>.json``; the
+metadata written last), so :func:`har_models.nn.export.ensure_programs` finds it without
+exporting. Nothing here imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from har_models.files import atomic_write_bytes
+from har_models.nn.arch import ArchSpec
+from har_models.wire import codec
+
+PROTOCOL = 1
+"""Version of the request format."""
+MAX_REQUEST_BYTES = 4096
+"""Largest request accepted (bytes); a real one is about 80."""
+PROGRAM_FILES = {
+    "train": ".train.pte",
+    "infer": ".infer.pte",
+    "infer_static": ".infer_static.pte",
+    "weights_ptd": ".weights.ptd",
+}
+"""Files of one program set and their suffixes after the set's key (the exporter's cache names)."""
+META_SUFFIX = ".json"
+
+
+class ProgramError(ValueError):
+    """A program request or program envelope that must be rejected; ``reason`` is a short code for logs and tests.
+
+    Reasons: ``oversized``, ``bad_request``, ``unknown_protocol`` (requests); the envelope reasons of
+    :mod:`har_models.wire.codec` (``sha256_mismatch``, ``truncated``, ...) and ``wrong_kind``,
+    ``client_mismatch``, ``wrong_run``, ``wrong_arch_version``, ``wrong_spec``, ``bad_program``
+    (envelopes).
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ProgramRequest:
+    """A client's request for the programs of one architecture version.
+
+    Wire form: ``{"protocol": 1, "run_id": str, "arch_version": int}`` (JSON, at most
+    :data:`MAX_REQUEST_BYTES`). The client is the one named in the topic, never in the payload.
+    """
+
+    run_id: str
+    arch_version: int
+
+    def to_bytes(self) -> bytes:
+        """The JSON wire form."""
+        return json.dumps({"protocol": PROTOCOL, "run_id": self.run_id, "arch_version": self.arch_version}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ProgramRequest:
+        """Parse and check a request.
+
+        Raises
+        ------
+        ProgramError
+            ``oversized`` above :data:`MAX_REQUEST_BYTES`; ``bad_request`` for anything but a JSON
+            object with a string ``run_id`` and an integer ``arch_version >= 0``; ``unknown_protocol``
+            for another ``protocol`` than :data:`PROTOCOL`.
+        """
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ProgramError("oversized", f"program request of {len(data)} bytes exceeds {MAX_REQUEST_BYTES} bytes")
+        try:
+            doc = json.loads(bytes(data))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProgramError("bad_request", f"program request is not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ProgramError("bad_request", "program request is not a JSON object")
+        if doc.get("protocol") != PROTOCOL:
+            raise ProgramError("unknown_protocol", f"program request protocol {doc.get('protocol')!r}; this build reads {PROTOCOL}")
+        run_id, version = doc.get("run_id"), doc.get("arch_version")
+        if not isinstance(run_id, str) or not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ProgramError("bad_request", f"program request needs a string run_id and an integer arch_version >= 0, got "
+                                              f"{run_id!r}, {version!r}")  # fmt: skip
+        return cls(run_id, version)
+
+
+@dataclass(frozen=True)
+class ProgramSet:
+    """One architecture version's programs as received (or about to be sent).
+
+    Attributes
+    ----------
+    spec : ArchSpec
+        The architecture the programs were exported for.
+    meta : dict
+        The exporter's metadata (``key``, ``train_batch``, ``infer_batch``, ``params``, ``weights_ptd``, ``spec``).
+    files : dict of str -> bytes
+        The bytes of each file of :data:`PROGRAM_FILES`.
+    """
+
+    spec: ArchSpec
+    meta: dict[str, Any]
+    files: dict[str, bytes]
+
+    @property
+    def key(self) -> str:
+        """The exporter's cache key of the set (file name stem)."""
+        return str(self.meta["key"])
+
+
+def encode_programs(programs: ProgramSet, *, client_id: str, run_id: str, executorch_version: str) -> bytes:
+    """The envelope (kind ``"program"``) carrying ``programs`` to ``client_id`` (module docstring).
+
+    Raises
+    ------
+    ValueError
+        If a file of :data:`PROGRAM_FILES` is missing.
+    """
+    missing = sorted(set(PROGRAM_FILES) - set(programs.files))
+    if missing:
+        raise ValueError(f"encode_programs: program files {missing} are missing")
+    tensors = {n: np.frombuffer(programs.files[n], dtype=np.uint8) for n in PROGRAM_FILES}
+    files = {n: {"bytes": len(programs.files[n]), "sha256": hashlib.sha256(programs.files[n]).hexdigest()} for n in PROGRAM_FILES}
+    meta = {"run_id": run_id, "program": programs.meta, "files": files, "executorch": executorch_version}
+    return codec.encode(tensors, kind="program", round=0, arch_version=programs.spec.version, client_id=client_id, meta=meta)
+
+
+def decode_programs(envelope: bytes, *, client_id: str, run_id: str, spec: ArchSpec, max_bytes: int | None = None) -> ProgramSet:
+    """Check a program envelope against what the client asked for; the programs it carries.
+
+    Parameters
+    ----------
+    envelope : bytes
+        The joined chunks (their sha256 already equals the transfer id).
+    client_id, run_id : str
+        This client and the run whose announcement asked for ``spec``.
+    spec : ArchSpec
+        The announced architecture the programs must be exported for.
+    max_bytes : int, optional
+        Largest envelope accepted.
+
+    Raises
+    ------
+    ProgramError
+        With the codec's reason (``oversized``, ``sha256_mismatch``, ``truncated``, ``bad_header``, ...)
+        or ``wrong_kind``, ``client_mismatch``, ``wrong_run``, ``wrong_arch_version``, ``wrong_spec``,
+        ``bad_program`` (a file missing, not bytes, or not matching its recorded length and sha256;
+        metadata without the exporter's fields).
+    """
+    try:
+        env = codec.decode(envelope, max_bytes=max_bytes)
+    except codec.EnvelopeError as exc:
+        raise ProgramError(exc.reason, str(exc)) from None
+    if env.kind != "program":
+        raise ProgramError("wrong_kind", f"envelope kind {env.kind!r}, expected 'program'")
+    if env.client_id != client_id:
+        raise ProgramError("client_mismatch", f"programs addressed to {env.client_id!r}, this client is {client_id!r}")
+    if env.meta.get("run_id") != run_id:
+        raise ProgramError("wrong_run", f"programs of run {env.meta.get('run_id')!r}, the announcement is of run {run_id!r}")
+    if env.arch_version != spec.version:
+        raise ProgramError("wrong_arch_version", f"programs of architecture version {env.arch_version}, asked for {spec.version}")
+    meta, files = env.meta.get("program"), env.meta.get("files")
+    if not isinstance(meta, dict) or not isinstance(files, dict) or not isinstance(meta.get("key"), str):
+        raise ProgramError("bad_program", "program envelope lacks the exporter's metadata ('program' with a 'key', 'files')")
+    if not all(c.isalnum() for c in meta["key"]) or not meta["key"]:
+        raise ProgramError("bad_program", f"program key {meta['key']!r} is not a plain name")
+    for field_ in ("train_batch", "infer_batch", "params", "weights_ptd"):
+        if field_ not in meta:
+            raise ProgramError("bad_program", f"program metadata lacks {field_!r}")
+    try:
+        recorded = ArchSpec.from_json(meta["spec"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProgramError("bad_program", f"program metadata holds no valid architecture ({exc})") from None
+    if recorded != spec:
+        raise ProgramError("wrong_spec", f"programs exported for {recorded.conv_filters} filters / {recorded.dense_units} units "
+                                         f"v{recorded.version}, the announcement is {spec.conv_filters} / {spec.dense_units} "
+                                         f"v{spec.version} (or another input normalisation)")  # fmt: skip
+    out: dict[str, bytes] = {}
+    for name in PROGRAM_FILES:
+        arr, info = env.tensors.get(name), files.get(name)
+        if arr is None or arr.dtype != np.uint8 or arr.ndim != 1 or not isinstance(info, dict):
+            raise ProgramError("bad_program", f"program file {name!r} is missing or not a byte vector")
+        data = arr.tobytes()
+        if len(data) != info.get("bytes") or hashlib.sha256(data).hexdigest() != info.get("sha256"):
+            raise ProgramError("bad_program", f"program file {name!r} does not match its recorded length and sha256")
+        out[name] = data
+    return ProgramSet(spec, dict(meta), out)
+
+
+def program_paths(folder: str | os.PathLike[str], key: str) -> dict[str, Path]:
+    """Paths of a set's files (:data:`PROGRAM_FILES` and ``"meta"``) in ``folder``, named as the exporter's cache names them."""
+    base = Path(folder)
+    return {n: base / f"{key}{suffix}" for n, suffix in PROGRAM_FILES.items()} | {"meta": base / f"{key}{META_SUFFIX}"}
+
+
+def store_programs(folder: str | os.PathLike[str], programs: ProgramSet) -> dict[str, Path]:
+    """Write a received set into ``folder`` (created if missing), metadata last; its paths (:func:`program_paths`).
+
+    Raises
+    ------
+    OSError
+        If the folder cannot be written.
+    """
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    paths = program_paths(folder, programs.key)
+    for name in PROGRAM_FILES:
+        atomic_write_bytes(paths[name], programs.files[name])
+    atomic_write_bytes(paths["meta"], json.dumps(programs.meta, sort_keys=True, indent=1).encode())
+    return paths
+
+
+def find_programs(folder: str | os.PathLike[str], spec: ArchSpec) -> dict[str, Path] | None:
+    """The paths of a complete set in ``folder`` exported for exactly ``spec``, or None.
+
+    A set counts only when its metadata (written last) records ``spec`` and every file is present.
+    Unreadable metadata files are skipped.
+    """
+    base = Path(folder)
+    if not base.is_dir():
+        return None
+    for meta_path in sorted(base.glob(f"*{META_SUFFIX}")):
+        try:
+            meta = json.loads(meta_path.read_text())
+            if ArchSpec.from_json(meta["spec"]) != spec:
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        paths = program_paths(base, meta_path.name[: -len(META_SUFFIX)])
+        if all(p.exists() for p in paths.values()):
+            return paths
+    return None
