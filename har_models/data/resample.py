@@ -195,7 +195,7 @@ def _default_i0() -> Callable[[np.ndarray], np.ndarray]:
         from scipy.special import i0
     except ImportError:
         return np.i0
-    return i0  # type: ignore[no-any-return]
+    return i0
 
 
 @functools.lru_cache(maxsize=32)
