@@ -89,12 +89,53 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
     )
 
 
-def start_android_service() -> None:
-    """Start the foreground service "Sensing" declared in buildozer.spec (python-for-android names its class Service<Name>)."""
-    from jnius import autoclass
+RUNTIME_PERMISSIONS = ("android.permission.POST_NOTIFICATIONS",)
+"""Permissions the app asks for when it starts: the service's notification (a runtime permission from Android 13).
 
-    activity = autoclass("org.kivy.android.PythonActivity").mActivity
-    autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+The sensors need none at run time: 50 Hz is below the 200 Hz limit, and
+``HIGH_SAMPLING_RATE_SENSORS`` (the health service type's prerequisite) is granted at install.
+"""
+
+
+def request_android_permissions(then: Callable[[], None]) -> None:
+    """Ask for :data:`RUNTIME_PERMISSIONS` not yet granted, then call ``then`` (granted or not).
+
+    The service starts either way: without the notification permission Android still runs
+    the foreground service, it only hides its notification. Elsewhere than on Android
+    (no python-for-android ``android`` module) ``then`` is called at once.
+    """
+    try:
+        from android.permissions import check_permission, request_permissions  # python-for-android only
+    except ImportError:
+        then()
+        return
+    missing = [p for p in RUNTIME_PERMISSIONS if not check_permission(p)]
+    if not missing:
+        then()
+        return
+
+    def answered(permissions: list[str], grants: list[bool]) -> None:
+        for name, ok in zip(permissions, grants, strict=False):
+            if not ok:
+                log.warning("%s was refused: the sensing service runs without a visible notification", name)
+        then()
+
+    request_permissions(missing, answered)
+
+
+def start_android_service() -> None:
+    """Ask for the runtime permissions, then start the foreground service "Sensing" declared in buildozer.spec.
+
+    python-for-android names the service's class ``Service<Name>`` in the app's package.
+    """
+
+    def start() -> None:
+        from jnius import autoclass
+
+        activity = autoclass("org.kivy.android.PythonActivity").mActivity
+        autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+
+    request_android_permissions(start)
 
 
 def create_app(
