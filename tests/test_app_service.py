@@ -224,3 +224,11 @@ def test_missing_backend_is_named(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == (
         "failed | the torch training backend cannot run here: module 'torch' is not installed; choose the numpy backend, or install it"
     )
+
+
+def test_the_controllers_copies_of_the_agents_constants_agree():
+    from edge_client import agent
+    from edge_client.app import controller
+
+    assert (controller.EXIT_BROKER_REFUSED, controller.EXIT_DUPLICATE_ID) == (agent.EXIT_BROKER_REFUSED, agent.EXIT_DUPLICATE_ID)
+    assert set(controller.APP_BACKENDS) == {"auto", *agent.BACKENDS}
