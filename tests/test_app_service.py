@@ -232,3 +232,33 @@ def test_the_controllers_copies_of_the_agents_constants_agree():
 
     assert (controller.EXIT_BROKER_REFUSED, controller.EXIT_DUPLICATE_ID) == (agent.EXIT_BROKER_REFUSED, agent.EXIT_DUPLICATE_ID)
     assert set(controller.APP_BACKENDS) == {"auto", *agent.BACKENDS}
+
+
+def test_federation_settings_reach_the_service(tmp_path):
+    """What the UI enters arrives in the service's own settings (the process that trains), password by file only."""
+    import json
+
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="localhost", broker="127.0.0.1:1")
+    ui = RemoteController(cfg, poll_s=0.05)
+    stop = threading.Event()
+    rec = read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0]
+    kwargs = {"state_dir": tmp_path, "source": ReplaySensor(rec, speed=50.0), "stop": stop, "poll_s": 0.05, "charging": lambda: True}
+    service = threading.Thread(target=run_service, kwargs=kwargs)
+    service.start()
+    try:
+        assert _wait(lambda: (tmp_path / STATUS_FILE).exists())
+        ui.set_federation(client_id="phone-9", federation="home", username="phone-9", password="pw-one", backend="numpy")
+        want = {"client_id": "phone-9", "federation": "home", "username": "phone-9", "password_set": True, "backend": "numpy"}
+        # read from the status file the service writes (the UI's own view is updated at once, so it proves nothing)
+        assert _wait(lambda: {k: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get(k) for k in want} == want)
+        stamp = json.loads((tmp_path / "app_settings.json").read_text())["password_stamp"]
+        time.sleep(0.02)
+        ui.set_federation(password="pw-two")  # same file, new password: the stamp changes, so the service restarts its agent
+        assert json.loads((tmp_path / "app_settings.json").read_text())["password_stamp"] != stamp
+        status = (tmp_path / STATUS_FILE).read_text()
+        assert "pw-one" not in status and "pw-two" not in status
+    finally:
+        stop.set()
+        service.join(60)
+        ui.close()
+    assert not service.is_alive()
