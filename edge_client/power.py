@@ -59,19 +59,31 @@ def _read(path: Path) -> str | None:
 
 
 def charging_android() -> bool | None:
-    """Charging state from Android's ``BatteryManager`` (None where pyjnius or Android is missing)."""
+    """Charging state from Android's ``BatteryManager`` (None where pyjnius, i.e. Android, is missing).
+
+    The battery is read through the running foreground service's own context
+    (``PythonService.mService``), which is where sensing and training run; the activity's
+    (``PythonActivity.mActivity``) is null in the service process and is used only when no
+    service runs (the UI process). A phone has a battery, so a state that cannot be read on
+    Android (no context, a Java exception) is "not charging", never "charging": training
+    waits rather than drains the battery.
+    """
     try:
         from jnius import autoclass
     except ImportError:
         return None
+    from edge_client.sensors.android import android_context
+
     try:
-        ctx: Any = autoclass("org.kivy.android.PythonActivity").mActivity
+        ctx: Any = android_context(autoclass)
+        if ctx is None:
+            raise RuntimeError("neither the service nor the activity has a context")
         Context = autoclass("android.content.Context")
         manager = ctx.getSystemService(Context.BATTERY_SERVICE)
         return bool(manager.isCharging())
-    except Exception as exc:  # a Java exception or a missing class: unknown, not a crash
-        log.warning("cannot read the battery state: %s", exc)
-        return None
+    except Exception as exc:  # a Java exception or a missing class: not charging, not a crash
+        log.warning("cannot read the battery state (%s); counting it as not charging", exc)
+        return False
 
 
 def is_charging(unknown_means: bool = True) -> bool:

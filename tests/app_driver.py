@@ -1,10 +1,17 @@
 """Drives the real Kivy app in its own process (one window per process): the script of tests/test_app.py.
 
-Usage: python tests/app_driver.py OUT_DIR STATE_DIR BROKER_PORT
+Usage: python tests/app_driver.py OUT_DIR STATE_DIR SETTINGS_JSON
+
+SETTINGS_JSON names the secured broker: ``tls_port``, ``ca``, ``wrong_ca``, ``client_id``,
+``password``, ``federation``. The process runs as a phone does: ``torch`` and ``scipy``
+cannot be imported (``sys.modules[name] = None`` before anything else), the sensors
+deliver 100 Hz (a HAPT session interpolated onto a 10 ms grid, which the pipeline low-passes
+and resamples to 50 Hz), and the credentials are typed into the Federation screen.
 
 Everything is done through Kivy's own event API (``dispatch("on_release")``, setting a
-``Spinner``'s text, a ``Switch``'s ``active``); the texts the widgets show are written to
-``OUT_DIR/results.json`` with screenshots of each screen. The pytest side asserts them.
+``Spinner``'s text, a ``Switch``'s ``active``, a ``TextInput``'s text); the texts the widgets
+show are written to ``OUT_DIR/results.json`` with screenshots of each screen. The pytest
+side asserts them.
 """
 
 from __future__ import annotations
@@ -16,10 +23,14 @@ import time
 import traceback
 from pathlib import Path
 
+BLOCKED = ("torch", "scipy")
+for _name in BLOCKED:  # as on a phone: neither is in the APK
+    sys.modules[_name] = None  # type: ignore[assignment]
+
 os.environ.setdefault("KIVY_NO_ARGS", "1")
 os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
 
-import numpy as np
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -27,16 +38,31 @@ sys.path.insert(0, str(ROOT))
 from edge_client.app.controller import AppConfig  # noqa: E402
 from edge_client.app.main import create_app  # noqa: E402
 from edge_client.app.predictor import load_predictor  # noqa: E402
-from edge_client.sensors.factory import make_source  # noqa: E402
+from edge_client.sensors.base import ReplaySensor  # noqa: E402
+from har_models.data.hapt import read_hapt_recordings  # noqa: E402
 from har_models.data.labels import HAPT_LABELS  # noqa: E402
+from har_models.data.recording import Recording, SensorStream  # noqa: E402
 
 TIMEOUT_S = 240.0
+RATE_HZ = 100.0
+
+
+def at_100hz(rec: Recording) -> Recording:
+    """The session as a 100 Hz sensor would deliver it: both streams linearly interpolated onto a 10 ms grid."""
+
+    def up(s: SensorStream) -> SensorStream:
+        t = np.arange(int(s.t_ns[0]), int(s.t_ns[-1]) + 1, int(1e9 / RATE_HZ), dtype=np.int64)
+        xyz = np.stack([np.interp(t, s.t_ns, s.xyz[:, k]) for k in range(3)], axis=1)
+        return SensorStream(t, xyz)
+
+    return Recording(rec.subject, rec.session, up(rec.acc), up(rec.gyro), rec.labels)
 
 
 def main() -> int:
-    out, state, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    out, state, broker = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text())
+    port = int(broker["tls_port"])
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"steps": [], "error": None}
+    results: dict = {"steps": [], "error": None, "blocked": {n: sys.modules.get(n, "absent") is None for n in BLOCKED}}
     seen: dict = {}
 
     def loader(store):
@@ -52,8 +78,9 @@ def main() -> int:
 
         return Spy()
 
-    cfg = AppConfig(state_dir=state, labels=HAPT_LABELS, client_id="app-under-test", broker="127.0.0.1:1", federation="apptest")
-    source = make_source(f"replay:hapt:{ROOT / 'datasets/hapt/user01.npz'}", HAPT_LABELS, speed=25.0)
+    cfg = AppConfig(state_dir=state, labels=HAPT_LABELS, client_id="localhost", broker="127.0.0.1:1")  # what a phone starts with
+    rec = at_100hz(read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0])
+    source = ReplaySensor(rec, speed=25.0, loop=True)
     app = create_app(cfg, source, predictor_loader=loader, charging=lambda: False, supervise_s=0.3)
 
     from kivy.clock import Clock
@@ -90,24 +117,59 @@ def main() -> int:
         app.tabs["live"].dispatch("on_release")
         yield lambda: live.note.text.startswith("no model")
         results["live_before"] = {"activity": live.activity.text, "note": live.note.text, "current": app.sm.current}
-        # Federation: broker, switches.
+        # Federation: a bad address is refused, then the settings are typed in, first with a wrong password.
         app.tabs["federation"].dispatch("on_release")
         results["federation_current"] = app.sm.current
         fed.broker.text = "not a broker"
         fed.apply_button.dispatch("on_release")
         results["broker_error"] = fed.error.text
+        fed.client_id.text = broker["client_id"]
         fed.broker.text = f"127.0.0.1:{port}"
+        fed.federation_name.text = broker["federation"]
+        fed.username.text = broker["client_id"]
+        fed.password.text = "not-the-password"
+        fed.tls_ca.text = broker["ca"]
+        fed.backend.text = "numpy"
         fed.apply_button.dispatch("on_release")
+        results["after_apply"] = {"error": fed.error.text, "password_text": fed.password.text, "hint": fed.password.hint_text}
         results["broker_after"] = app.controller.cfg.broker
         fed.take_part.active = True
         yield lambda: fed.state.text == "waiting for charger"
         results["state_on_battery"] = fed.state.text
         fed.charge_only.active = False
+        t_refused = time.monotonic()
+        yield lambda: fed.error.text.startswith("login refused")
+        results["refused"] = {"error": fed.error.text, "after_s": time.monotonic() - t_refused}
+        yield lambda: fed.state.text.startswith("failed, retry in")
+        results["refused"]["state"] = fed.state.text
+        shot("federation-refused")
+        yield 8.0
+        results["refused"]["restarts_in_8s"] = app.controller.federation.restarts
+        results["refused"]["state_later"] = fed.state.text
+        # The wrong CA: the right password, a CA that did not sign the broker's certificate.
+        fed.password.text = broker["password"]
+        fed.tls_ca.text = broker["wrong_ca"]
+        fed.apply_button.dispatch("on_release")
+        results["stored_hint"] = fed.password.hint_text
+        yield lambda: fed.error.text.startswith("wrong CA certificate")
+        results["wrong_ca"] = fed.error.text
+        # The right CA: joins and trains.
+        fed.tls_ca.text = broker["ca"]
+        fed.apply_button.dispatch("on_release")
         yield lambda: fed.state.text in ("connected", "training") or fed.round.text not in ("-",)
         results["state_connected"] = fed.state.text
         store = app.controller.store
         yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
-        results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text}
+        results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text, "error": fed.error.text}
+        results["fields"] = {
+            "client_id": fed.client_id.text,
+            "username": fed.username.text,
+            "password": fed.password.text,
+            "backend": fed.backend.text,
+            "footer": app.footer.text,
+        }
+        ctl = app.controller
+        results["factors"] = {"recorder": ctl.recorder._pipeline._resampler.factors, "live": ctl._live_pipe._resampler.factors}
         shot("federation")
         # Live: the model from the federation now predicts.
         app.tabs["live"].dispatch("on_release")
@@ -127,6 +189,7 @@ def main() -> int:
         np.save(out / "live_p.npy", seen["p"])
         shot("live")
         results["last_update_round"] = app.controller.store.get_meta("last_update", {}).get("round")
+        results["still_blocked"] = {n: sys.modules.get(n, "absent") is None for n in BLOCKED}
 
     gen = script()
     state_ = {"wait": None, "until": 0.0, "deadline": time.monotonic() + TIMEOUT_S}

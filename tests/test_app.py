@@ -1,7 +1,11 @@
-"""The Kivy app in a real window under Xvfb, driven through Kivy's event API, in a real federation.
+"""The Kivy app in a real window under Xvfb, driven through Kivy's event API, in a real, secured federation.
 
-The app records labelled windows from a replayed HAPT session, takes part in a
-federation of one (a real coordinator over a real Mosquitto), and then shows live
+The app runs as on a phone (torch and scipy cannot be imported in its process, the sensors
+deliver 100 Hz): it records labelled windows from a replayed HAPT session, is given its
+client id, federation, user name, password and CA certificate on the Federation screen,
+shows a wrong password's refusal and a wrong CA in words, then takes part in a federation
+of one (a real coordinator over a Mosquitto with TLS, an ACL and per-device accounts,
+written by firmware_scripts/mosquitto_config.py) with the numpy backend, and shows live
 predictions of the model that federation trained. tests/app_driver.py runs the app in its
 own process (Kivy opens one window per process) and reports what the widgets showed;
 here those texts are checked against independent sources (the window log, the
@@ -62,32 +66,85 @@ def display(tmp_path):
         stop_process(proc)
 
 
-def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
+@pytest.fixture
+def secured(tmp_path):
+    """A Mosquitto with TLS, an ACL and per-device accounts (firmware_scripts/mosquitto_config.py)."""
+    from secured_broker import Missing, secured_mosquitto
+
+    try:
+        with secured_mosquitto(tmp_path / "mqtt", "apptest", ["phone-1"]) as b:
+            yield b
+    except Missing as exc:
+        _require(str(exc))
+
+
+def test_app_joins_a_secured_federation_without_torch_or_scipy(tmp_path, secured, display):
     if importlib.util.find_spec("kivy") is None:  # not imported here: Kivy takes over logging when imported
         _require("Kivy is not installed (pip install -e '.[app]')")
     out, state, run_dir = tmp_path / "out", tmp_path / "state", tmp_path / "run"
-    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", "apptest"]
+    cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{secured.port}", "--federation", "apptest"]
+    cmd += ["--username", "coordinator", "--password-file", str(secured.password_file("coordinator"))]
     cmd += ["--run-dir", str(run_dir), "--run-id", "apptest", "--rounds", "2", "--min-clients", "1", "--expected-clients", "1"]
-    cmd += ["--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120", "--start-timeout", "240"]
+    cmd += ["--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120", "--start-timeout", "300"]
+    password = secured.password("phone-1")
+    settings = {"tls_port": secured.tls_port, "ca": str(secured.ca), "wrong_ca": str(secured.wrong_ca)}
+    settings |= {"client_id": "phone-1", "password": password, "federation": "apptest"}
+    (tmp_path / "broker.json").write_text(json.dumps(settings))
     with open(tmp_path / "coordinator.log", "wb") as coord_log:
         coordinator = subprocess.Popen(cmd, cwd=ROOT, stdout=coord_log, stderr=subprocess.STDOUT)
         try:
             env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
             r = subprocess.run(
-                [sys.executable, str(ROOT / "tests" / "app_driver.py"), str(out), str(state), str(mosquitto)],
+                [sys.executable, str(ROOT / "tests" / "app_driver.py"), str(out), str(state), str(tmp_path / "broker.json")],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=420,
+                timeout=480,
             )
             coordinator.wait(60)
         finally:
             stop_process(coordinator)
     assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    assert res["error"] is None, res["error"]
+    assert res["error"] is None, res["error"] + (tmp_path / "coordinator.log").read_text()[-2000:]
     assert r.returncode == 0
+    # The app ran as on a phone: torch and scipy could not be imported, first to last.
+    assert res["blocked"] == res["still_blocked"] == {"torch": True, "scipy": True}
+    # 100 Hz sensors: both streams were low-passed on a 2x fine grid (scipy-free) and resampled to 50 Hz.
+    assert res["factors"]["recorder"] == {"acc": 2, "gyro": 2} and res["factors"]["live"] == {"acc": 2, "gyro": 2}
+
+    # Federation: a bad address is named; the typed settings are taken; the password is not shown after entry.
+    assert "is not HOST:PORT" in res["broker_error"]
+    assert res["after_apply"] == {"error": "", "password_text": "", "hint": "stored (hidden)"}
+    assert res["broker_after"] == f"127.0.0.1:{secured.tls_port}"
+    assert res["state_on_battery"] == "waiting for charger"
+    # A wrong password: the refusal in words on the screen, and the agent restarted with back-off.
+    assert res["refused"]["error"] == (
+        "login refused: the broker does not accept user 'phone-1' with this password; check the user name and password"
+    )
+    assert res["refused"]["state"].startswith("failed, retry in")
+    # back-off 2, 4, 8 s: within the 8 s watched after the first refusal, at most 2 restarts (once a second: 8)
+    assert 1 <= res["refused"]["restarts_in_8s"] <= 2
+    assert res["wrong_ca"].startswith(f"wrong CA certificate: the broker's certificate is not signed by {secured.wrong_ca}")
+    assert res["fields"] == {
+        "client_id": "phone-1",
+        "username": "phone-1",
+        "password": "",
+        "backend": "numpy",
+        "footer": "phone-1 - sensor: replay hapt-01/exp0",
+    }
+    assert res["federation"]["error"] == ""
+
+    # The password: in the app's private folder, owner-only; never in the settings, status or any log.
+    pw_file = state / "credentials" / "mqtt.password"
+    assert pw_file.read_text() == password
+    assert pw_file.stat().st_mode & 0o777 == 0o600 and pw_file.parent.stat().st_mode & 0o777 == 0o700
+    for text in (r.stdout, r.stderr, (tmp_path / "coordinator.log").read_text(), json.dumps(res)):
+        assert password not in text
+    for f in state.rglob("*"):
+        if f.is_file() and f != pw_file:
+            assert password.encode() not in f.read_bytes(), f
 
     # Record screen: the counts shown are the window log's, per activity.
     from edge_client.window_log import WindowLog
@@ -103,11 +160,10 @@ def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
     assert res["live_before"] == {"activity": "-", "note": "no model yet: take part in a federation round first", "current": "live"}
     assert res["federation_current"] == "federation"
 
-    # Federation: a bad address is refused, charging is respected, the rounds are the coordinator's.
-    assert "is not HOST:PORT" in res["broker_error"] and res["broker_after"] == f"127.0.0.1:{mosquitto}"
-    assert res["state_on_battery"] == "waiting for charger"
+    # The rounds are the coordinator's, with this device's update counted.
     report = json.loads((run_dir / "report.json").read_text())
     assert [rd["round"] for rd in report["rounds"]] == [0, 1]
+    assert [rd["updates"] for rd in report["rounds"]] == [1, 1]
     assert res["federation"]["round"] == "1" and res["federation"]["state"] == "connected"
     pers = report["rounds"][-1]["personalisation"]["accuracy"]
     assert res["federation"]["accuracy"] == f"{pers * 100:.1f} %"  # this device is the federation's only member
@@ -133,7 +189,7 @@ def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
     np.testing.assert_allclose(np.load(out / "live_p.npy")[0], p, rtol=1e-5)
     assert int(res["live"]["windows"].split()[0]) >= 2
 
-    for name in ("record", "live", "federation"):
+    for name in ("record", "live", "federation", "federation-refused"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         if os.environ.get("FEDHAR_UPDATE_SCREENSHOTS") == "1":

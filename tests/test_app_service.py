@@ -6,6 +6,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from edge_client.app.controller import AppConfig
 from edge_client.app.service import STATUS_FILE, RemoteController, read_json, run_service
 from edge_client.sensors.base import ReplaySensor
@@ -60,3 +63,203 @@ def test_ui_drives_the_service_through_the_files(tmp_path):
     assert logged[1] >= 5 and logged.sum() == logged[1]
     assert ui.counts()["walking_upstairs"] == int(logged[1])
     assert reports["counts"] and reports["federation"]
+
+
+# ---------------------------------------------------------------------------------------
+# Joining a secured federation: the settings, the stored password, every failure in words
+
+
+def _controller(tmp_path, **cfg_kw):
+    from edge_client.app.controller import DeviceController
+
+    rec = read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0]
+    cfg = AppConfig(state_dir=tmp_path / "state", labels=HAPT_LABELS, client_id="phone-1", **cfg_kw)
+    views: list = []
+    source = ReplaySensor(rec, speed=None, loop=False)
+    ctl = DeviceController(cfg, source, on_federation=views.append, charging=lambda: True, supervise_s=0.1)
+    return ctl, views
+
+
+def _record(ctl, activity: str = "walking", n: int = 20) -> None:
+    ctl.start_recording(activity)
+    assert _wait(lambda: ctl.counts().get(activity, 0) >= n)
+    ctl.stop_recording()
+    assert _wait(lambda: ctl._n_train >= 0.8 * n - 2)
+
+
+def test_password_is_stored_private_and_never_in_settings_or_logs(tmp_path, caplog):
+    import json
+    import logging
+
+    from edge_client.app.controller import PASSWORD_FILE, federation_fields, store_password
+
+    caplog.set_level(logging.DEBUG)
+    secret = "s3cret-pass-word"
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="phone-1", broker="127.0.0.1:1")
+    ui = RemoteController(cfg, poll_s=0.05)
+    try:
+        ui.set_federation(client_id="phone-7", username="phone-7", password=secret, federation="home", backend="numpy")
+        pw = tmp_path / PASSWORD_FILE
+        assert pw.read_text() == secret and pw.stat().st_mode & 0o777 == 0o600 and pw.parent.stat().st_mode & 0o777 == 0o700
+        settings = json.loads((tmp_path / "app_settings.json").read_text())
+        assert settings["password_file"] == str(pw) and secret not in json.dumps(settings)
+        fields = (settings["client_id"], settings["username"], settings["federation"], settings["backend"])
+        assert fields == ("phone-7", "phone-7", "home", "numpy")
+        assert ui.federation.password_set and ui.federation.client_id == "phone-7"
+        # a UI started again (the app reopened) keeps what was entered, not its defaults
+        ui.close()
+        ui = RemoteController(AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="localhost"), poll_s=0.05)
+        assert ui.cfg.client_id == "phone-7" and ui.cfg.password_file == pw and ui.federation.username == "phone-7"
+        # refused values name the field and change nothing
+        for bad, words in (({"client_id": "has space"}, "client id"), ({"broker": "x"}, "HOST:PORT"),
+                           ({"tls_ca": str(tmp_path / "none.crt")}, "no such file"), ({"backend": "gpu"}, "backend"),
+                           ({"federation": "a/b"}, "federation name"), ({"password": "a\nb"}, "one line")):  # fmt: skip
+            with pytest.raises(ValueError, match=words):
+                ui.set_federation(**bad)
+        assert ui.cfg.client_id == "phone-7"
+        assert store_password(tmp_path, "") is None and not pw.exists()  # an empty password removes the file
+        assert federation_fields(tmp_path, {"username": "", "tls_ca": ""}) == {"username": None, "tls_ca": None}
+    finally:
+        ui.close()
+    assert secret not in caplog.text
+
+
+def test_not_enough_data_says_how_many_windows_are_needed(tmp_path):
+    ctl, views = _controller(tmp_path, broker="127.0.0.1:1")
+    try:
+        ctl.set_take_part(True)
+        assert _wait(lambda: views and views[-1].state == "not enough data")
+        assert views[-1].error == (
+            "nothing to train on: 0 training windows recorded, 10 needed; record about 13 more windows (0.6 min of an activity)"
+        )
+    finally:
+        ctl.close()
+
+
+def test_unreachable_broker_is_named_and_the_agent_is_not_restarted_in_a_loop(tmp_path):
+    from simulation.broker import free_port
+
+    port = free_port()  # nothing listens there
+    ctl, views = _controller(tmp_path, broker=f"127.0.0.1:{port}", backend="numpy")
+    try:
+        _record(ctl)
+        ctl.set_take_part(True)
+        assert _wait(lambda: views and views[-1].error.startswith("broker unreachable"), 30)
+        v = views[-1]
+        assert v.error == (
+            f"broker unreachable: nothing listens at 127.0.0.1:{port} (connection refused); check the address and that the broker runs"
+        )
+        assert v.state == "connecting" and v.restarts == 0  # paho retries with its own back-off; the agent is not restarted
+    finally:
+        ctl.close()
+
+
+def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path):
+    from secured_broker import Missing, secured_mosquitto
+
+    try:
+        ctx = secured_mosquitto(tmp_path / "mqtt", "apptest", ["phone-1"])
+        broker = ctx.__enter__()
+    except Missing as exc:
+        pytest.skip(str(exc))
+    try:
+        ctl, views = _controller(tmp_path, backend="numpy")
+        try:
+            _record(ctl)
+            ctl.set_federation(broker=f"127.0.0.1:{broker.tls_port}", federation="apptest", username="phone-1",
+                               password="wrong", tls_ca=str(broker.ca))  # fmt: skip
+            starts: list[float] = []
+            real_start = ctl._start_agent
+
+            def counted() -> None:
+                starts.append(time.monotonic())
+                real_start()
+
+            ctl._start_agent = counted
+            ctl.set_take_part(True)
+            assert _wait(lambda: views and views[-1].error.startswith("login refused"), 30)
+            assert _wait(lambda: len(starts) >= 4, 90)
+            gaps = np.diff(starts[:4])
+            # back-off 2, 4, 8 s after each failed run (a run lasts the connection attempt); once a second
+            # the four starts would lie about 1 s apart
+            assert np.all(gaps >= np.array([2.0, 4.0, 8.0])), gaps
+            assert _wait(lambda: views[-1].state == "failed" and views[-1].retry_in_s is not None and views[-1].restarts >= 3, 30)
+            assert views[-1].error.startswith("login refused")
+            ctl.set_federation(password=broker.password("phone-1"), tls_ca=str(broker.wrong_ca))
+            assert _wait(lambda: views[-1].error.startswith("wrong CA certificate"), 30)
+            assert views[-1].error == (
+                f"wrong CA certificate: the broker's certificate is not signed by {broker.wrong_ca}; choose the CA that signed it"
+            )
+            ctl.set_federation(tls_ca=str(broker.ca))
+            assert _wait(lambda: views[-1].state == "connected" and views[-1].error == "", 30)
+            assert views[-1].restarts == 0  # new settings start the count again
+        finally:
+            ctl.close()
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def test_missing_backend_is_named(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import time
+        from pathlib import Path
+        from test_app_service import _controller, _record, _wait
+        ctl, views = _controller(Path({str(tmp_path)!r}), broker="127.0.0.1:1", backend="torch")
+        _record(ctl)
+        ctl.set_take_part(True)
+        ok = _wait(lambda: views and "cannot run here" in views[-1].error, 30)
+        print(views[-1].state, "|", views[-1].error)
+        ctl.close()
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == (
+        "failed | the torch training backend cannot run here: module 'torch' is not installed; choose the numpy backend, or install it"
+    )
+
+
+def test_the_controllers_copies_of_the_agents_constants_agree():
+    from edge_client import agent
+    from edge_client.app import controller
+
+    assert (controller.EXIT_BROKER_REFUSED, controller.EXIT_DUPLICATE_ID) == (agent.EXIT_BROKER_REFUSED, agent.EXIT_DUPLICATE_ID)
+    assert set(controller.APP_BACKENDS) == {"auto", *agent.BACKENDS}
+
+
+def test_federation_settings_reach_the_service(tmp_path):
+    """What the UI enters arrives in the service's own settings (the process that trains), password by file only."""
+    import json
+
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="localhost", broker="127.0.0.1:1")
+    ui = RemoteController(cfg, poll_s=0.05)
+    stop = threading.Event()
+    rec = read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0]
+    kwargs = {"state_dir": tmp_path, "source": ReplaySensor(rec, speed=50.0), "stop": stop, "poll_s": 0.05, "charging": lambda: True}
+    service = threading.Thread(target=run_service, kwargs=kwargs)
+    service.start()
+    try:
+        assert _wait(lambda: (tmp_path / STATUS_FILE).exists())
+        ui.set_federation(client_id="phone-9", federation="home", username="phone-9", password="pw-one", backend="numpy")
+        want = {"client_id": "phone-9", "federation": "home", "username": "phone-9", "password_set": True, "backend": "numpy"}
+        # read from the status file the service writes (the UI's own view is updated at once, so it proves nothing)
+        assert _wait(lambda: {k: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get(k) for k in want} == want)
+        stamp = json.loads((tmp_path / "app_settings.json").read_text())["password_stamp"]
+        time.sleep(0.02)
+        ui.set_federation(password="pw-two")  # same file, new password: the stamp changes, so the service restarts its agent
+        assert json.loads((tmp_path / "app_settings.json").read_text())["password_stamp"] != stamp
+        status = (tmp_path / STATUS_FILE).read_text()
+        assert "pw-one" not in status and "pw-two" not in status
+    finally:
+        stop.set()
+        service.join(60)
+        ui.close()
+    assert not service.is_alive()

@@ -377,3 +377,158 @@ def test_rate_decision_uses_the_first_spacings_whatever_the_chunking(slow_first)
         t = np.concatenate([o[0] for o in outs])
         v = np.concatenate([o[1] for o in outs])
         assert np.array_equal(t, ref_t) and np.array_equal(v, ref_v)  # bit for bit
+
+
+# ---------------------------------------------------------------------------------------
+# The filter without scipy: shipped taps and numpy filtering, bit for bit scipy's
+
+
+def _scipy_taps(period_ns, factor):
+    """The design as it was done with scipy.signal at run time (the reference)."""
+    from scipy import signal
+
+    f_out = 1e9 / period_ns
+    fs = factor * f_out
+    numtaps, beta = signal.kaiserord(60.0, 0.32 * f_out / (fs / 2))
+    return signal.firwin(numtaps | 1, 0.44 * f_out, window=("kaiser", beta), fs=fs)
+
+
+def test_shipped_taps_are_scipys_design_bit_for_bit():
+    from scipy import special
+
+    from har_models.data import anti_alias_table
+    from har_models.data.resample import anti_alias_table_source, anti_alias_taps, design_anti_alias_taps
+
+    factors = [m for m in range(2, 33) if P % m == 0]
+    assert sorted(anti_alias_table.TAPS_20MS) == factors == [2, 4, 5, 8, 10, 16, 20, 25, 32]
+    assert anti_alias_table.TAPS_PERIOD_NS == P
+    for m in factors:
+        want = _scipy_taps(P, m)
+        assert np.array_equal(np.array(anti_alias_table.TAPS_20MS[m]), want), m
+        assert np.array_equal(anti_alias_taps(P, m), want), m
+    assert [len(anti_alias_table.TAPS_20MS[m]) for m in (2, 4)] == [25, 47]
+    # other grids: the numpy design with scipy's I0 is scipy's design; numpy's I0 is within rounding
+    for period in (10 * MS, 16 * MS, 40 * MS):
+        for m in (2, 4, 8):
+            want = _scipy_taps(period, m)
+            assert np.array_equal(design_anti_alias_taps(period, m, special.i0), want), (period, m)
+            np.testing.assert_allclose(design_anti_alias_taps(period, m, np.i0), want, rtol=0, atol=1e-15)
+    # the file is exactly what its generator writes today (no hand edits, no drift)
+    from pathlib import Path
+
+    assert Path(anti_alias_table.__file__).read_text() == anti_alias_table_source()
+    with pytest.raises(ValueError, match="factor >= 2"):
+        design_anti_alias_taps(P, 1)
+
+
+@pytest.mark.parametrize("n_taps", [25, 47, 365])
+def test_numpy_fir_is_scipys_lfilter_bit_for_bit(n_taps):
+    from scipy import signal
+
+    from har_models.data.resample import fir_filter, fir_steady_state
+
+    rng = np.random.default_rng(n_taps)
+    b = rng.normal(size=n_taps)
+    b /= b.sum()
+    a = np.zeros_like(b)
+    a[0] = 1.0
+    assert np.array_equal(fir_steady_state(b), signal.lfilter_zi(b, a))
+    for n in (1, 3, n_taps - 2, n_taps, 700):
+        x = rng.normal(size=(n, 3))
+        z0 = rng.normal(size=(n_taps - 1, 3))
+        want_y, want_z = signal.lfilter(b, a, x, axis=0, zi=z0)
+        y, z = fir_filter(b, x, z0)
+        assert np.array_equal(y, want_y) and np.array_equal(z, want_z), n
+    with pytest.raises(ValueError, match="state of shape"):
+        fir_filter(b, np.zeros((4, 3)), np.zeros((3, 3)))
+
+
+RATES_HZ = (62.5, 100.0, 104.0, 200.0, 400.0)
+
+_STREAMS_CODE = """
+import numpy as np
+from har_models.data.resample import Resampler
+
+def streams(rate_hz, seed):
+    rng = np.random.default_rng(seed)
+    n = int(12 * rate_hz)
+    jitter = rng.normal(0, 0.03, size=n) / rate_hz
+    acc_t = 10**18 + np.round((np.arange(n) / rate_hz + jitter) * 1e9).astype(np.int64)
+    acc_t[n // 2 :] += 400_000_000  # one gap of 0.4 s
+    s = (acc_t - 10**18) / 1e9
+    acc_v = np.stack([np.sin(2 * np.pi * 1.3 * s), np.sin(2 * np.pi * 0.4 * rate_hz * s), 9.81 + 0 * s], 1) + rng.normal(0, 0.1, (n, 3))
+    gyr_t = 10**18 + 3_000_000 + np.arange(int(13 * 50)) * 20_000_000
+    gyr_v = rng.normal(size=(gyr_t.size, 3))
+    return (acc_t, acc_v), (gyr_t, gyr_v)
+
+def run(rate_hz, seed, sizes):
+    (acc_t, acc_v), (gyr_t, gyr_v) = streams(rate_hz, seed)
+    r = Resampler()
+    outs = [r.push("gyro", gyr_t, gyr_v)]
+    i = k = 0
+    while i < acc_t.size:
+        j = min(acc_t.size, i + int(sizes[k % len(sizes)]))
+        outs.append(r.push("acc", acc_t[i:j], acc_v[i:j]))
+        i, k = j, k + 1
+    outs.append(r.close())
+    return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs]), r.factors["acc"]
+"""
+
+
+def test_fast_streams_without_scipy_equal_the_scipy_filter_bit_for_bit(tmp_path, monkeypatch):
+    """62.5 .. 400 Hz input in a process where scipy cannot be imported, streamed in chunks and
+    all at once, against the same streams filtered by scipy.signal (design and lfilter) here."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = "import sys\nsys.modules['scipy'] = None\n" + _STREAMS_CODE + textwrap.dedent(
+        f"""
+        out = {{}}
+        for rate in {RATES_HZ!r}:
+            t, v, f = run(rate, 3, [10**9])
+            t1, v1, f1 = run(rate, 3, [1])
+            t2, v2, f2 = run(rate, 3, [7, 1, 33, 2, 120])
+            assert f == f1 == f2
+            assert np.array_equal(t, t1) and np.array_equal(v, v1), rate  # streaming equals offline
+            assert np.array_equal(t, t2) and np.array_equal(v, v2), rate
+            out[f"t{{rate}}"], out[f"v{{rate}}"], out[f"f{{rate}}"] = t, v, np.array(f)
+        np.savez({str(tmp_path / "noscipy.npz")!r}, **out)
+        assert "scipy" in sys.modules and sys.modules["scipy"] is None
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    got = np.load(tmp_path / "noscipy.npz")
+
+    from scipy import signal
+
+    import har_models.data.resample as rs
+
+    def scipy_lfilter(taps, x, zi):
+        a = np.zeros_like(taps)
+        a[0] = 1.0
+        return signal.lfilter(taps, a, x, axis=0, zi=zi)
+
+    def scipy_zi(taps):
+        a = np.zeros_like(taps)
+        a[0] = 1.0
+        return signal.lfilter_zi(taps, a)
+
+    monkeypatch.setattr(rs, "fir_filter", scipy_lfilter)
+    monkeypatch.setattr(rs, "fir_steady_state", scipy_zi)
+    monkeypatch.setattr(rs, "anti_alias_taps", _scipy_taps)
+    ns: dict = {}
+    exec(_STREAMS_CODE, ns)
+    seen = []
+    for rate in RATES_HZ:
+        t, v, f = ns["run"](rate, 3, [10**9])
+        acc_t = ns["streams"](rate, 3)[0][0]
+        assert f == rs.anti_alias_factor(float(np.median(np.diff(acc_t[:51])))) == int(got[f"f{rate}"]), rate
+        seen.append(f)
+        assert t.size > 500, rate
+        assert np.array_equal(got[f"t{rate}"], t) and np.array_equal(got[f"v{rate}"], v), rate  # bit for bit
+    assert seen[1:] == [2, 2, 4, 8]  # 62.5 Hz with jitter sits on the 1.25 threshold, either side

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,12 +35,32 @@ from edge_client.window_log import WindowLog
 from har_models.data.labels import LabelSet
 from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import LabelTrack
+from har_models.files import atomic_write_bytes
 from har_models.wire import codec
+from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.app")
 
 MIN_TRAIN_WINDOWS = 10
 """Fewest recorded training windows before the device offers to take part."""
+
+TRAIN_FRACTION = 0.8
+"""Share of the recorded windows that become training windows (the rest are the local test set)."""
+
+APP_BACKENDS = ("auto", "torch", "executorch", "numpy")
+"""Training backends the app's settings may name; "auto" leaves the choice to the client."""
+
+BACKOFF_FIRST_S = 2.0
+"""Wait before restarting an agent that failed the first time (seconds); doubled after each failure."""
+BACKOFF_MAX_S = 300.0
+"""Longest wait between two restarts of a failing agent (seconds)."""
+
+PASSWORD_FILE = "credentials/mqtt.password"
+"""Where the app keeps the broker password, relative to its private folder (mode 0600, folder 0700)."""
+
+EXIT_BROKER_REFUSED = 4
+EXIT_DUPLICATE_ID = 5
+"""Exit codes of :meth:`edge_client.agent.EdgeAgent.run` (repeated here: importing the agent module is deferred)."""
 
 
 @dataclass
@@ -82,6 +104,24 @@ class FederationView:
     last_accuracy : float or None
         Accuracy of the last locally trained model on this device's test windows, 0..1.
     take_part, charge_only, charging : bool
+    client_id, federation : str
+        Who the device is and which federation it joins.
+    username : str or None
+        Broker user name (None: anonymous).
+    password_set : bool
+        Whether a password is stored (the password itself is never part of a view).
+    tls_ca : str or None
+        CA certificate file; None: no TLS.
+    backend : str
+        Training backend asked for (one of :data:`APP_BACKENDS`).
+    error : str
+        Why the device does not train or connect, in words ("" when nothing is wrong):
+        a refused login, a certificate the CA did not sign, an unreachable broker, too few
+        windows, a missing backend.
+    restarts : int
+        Times the agent was started again after a failure since the settings last changed.
+    retry_in_s : float or None
+        Seconds until the next restart of a failed agent (None: none pending).
     """
 
     broker: str = "127.0.0.1:1883"
@@ -91,6 +131,15 @@ class FederationView:
     take_part: bool = False
     charge_only: bool = True
     charging: bool = True
+    client_id: str = ""
+    federation: str = "default"
+    username: str | None = None
+    password_set: bool = False
+    tls_ca: str | None = None
+    backend: str = "auto"
+    error: str = ""
+    restarts: int = 0
+    retry_in_s: float | None = None
 
 
 @dataclass
@@ -114,7 +163,10 @@ class AppConfig:
     split_seed : int
         Seed of the 80/20 split of recorded windows.
     username, password_file, tls_ca : optional
-        Broker credentials, as ``fedhar-client`` takes them.
+        Broker credentials, as ``fedhar-client`` takes them (the password is read from its
+        file when the agent starts, never kept in the settings).
+    backend : str
+        Training backend, one of :data:`APP_BACKENDS` ("auto": the client's own choice).
     """
 
     state_dir: Path
@@ -127,6 +179,7 @@ class AppConfig:
     username: str | None = None
     password_file: Path | None = None
     tls_ca: Path | None = None
+    backend: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +200,8 @@ class DeviceController:
         Charging state (default :func:`~edge_client.power.is_charging`).
     supervise_s : float
         How often the federation supervisor looks at the charging state and the agent.
+    clock : callable returning float
+        Monotonic seconds (replaceable in tests of the restart back-off).
     """
 
     def __init__(
@@ -159,6 +214,7 @@ class DeviceController:
         predictor_loader: Callable[[ClientStore], Predictor | None] = load_predictor,
         charging: Callable[[], bool] = is_charging,
         supervise_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.cfg = cfg
         self.source = source
@@ -175,8 +231,15 @@ class DeviceController:
         self._predictor: Predictor | None = None
         self._model_mtime: float | None = None
         self.live = LiveView()
-        self.federation = FederationView(broker=cfg.broker)
+        self.federation = settings_view(cfg)
         self._fed_lock = threading.Lock()
+        self._clock = clock
+        self._failures = 0  # consecutive failed agent runs since the settings changed or the agent last connected
+        self._retry_at = 0.0  # clock time before which a failed agent is not started again
+        self._error = ""
+        self._agent_exc: BaseException | None = None
+        self._agent_since = 0.0
+        self._probe_at = 0.0
         self._agent: Any = None
         self._agent_thread: threading.Thread | None = None
         self._agent_stop = threading.Event()
@@ -261,8 +324,13 @@ class DeviceController:
 
     # -- federation ------------------------------------------------------------------------
     def set_take_part(self, on: bool) -> None:
-        """Allow or forbid taking part in federated rounds (the supervisor acts within ``supervise_s``)."""
+        """Allow or forbid taking part in federated rounds (the supervisor acts within ``supervise_s``).
+
+        Switching it on tries at once, whatever the back-off of earlier failures.
+        """
         with self._fed_lock:
+            if on and not self.federation.take_part:
+                self._failures, self._retry_at, self._error = 0, 0.0, ""
             self.federation.take_part = on
         self._wake()
 
@@ -280,10 +348,31 @@ class DeviceController:
         ValueError
             If the address is not ``host:port`` with a port in 1..65535.
         """
-        broker = parse_broker(host_port)
+        self.set_federation(broker=host_port)
+
+    def set_federation(self, **fields: Any) -> None:
+        """Change how the device joins its federation; a running agent is restarted with the new settings.
+
+        Parameters
+        ----------
+        **fields
+            Any of ``client_id``, ``broker``, ``federation``, ``username``, ``password``,
+            ``password_file``, ``tls_ca``, ``backend`` (see :func:`federation_fields`). A
+            ``password`` is written to the app's private folder (:func:`store_password`)
+            and only its file is kept.
+
+        Raises
+        ------
+        ValueError
+            For a field that is not valid (the message names it and the fix); nothing is
+            changed then.
+        """
+        changes = federation_fields(self.cfg.state_dir, fields)
         with self._fed_lock:
-            self.cfg = replace(self.cfg, broker=broker)
-            self.federation.broker = self.cfg.broker
+            self.cfg = replace(self.cfg, **changes)
+            keep = {k: getattr(self.federation, k) for k in ("state", "round", "last_accuracy", "take_part", "charge_only", "charging")}
+            self.federation = replace(settings_view(self.cfg), **keep)
+            self._failures, self._retry_at, self._error = 0, 0.0, ""  # new settings: try at once
         self._stop_agent()
         self._wake()
 
@@ -306,30 +395,95 @@ class DeviceController:
             self.federation.charging = charging
             want = self.federation.take_part and (charging or not self.federation.charge_only)
         running = self._agent_thread is not None and self._agent_thread.is_alive()
-        if want and not running:
+        if not running and self._agent is not None:
+            self._agent_ended()
+        if running:
+            self._watch_agent()
+        if want and not running and self._clock() >= self._retry_at:
             self._start_agent()
         elif not want and running:
             self._stop_agent()
         self._refresh_federation()
 
+    def _fail(self, error: str) -> None:
+        """Note a failed start or run: show ``error`` and wait longer before the next try (exponential back-off)."""
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0**self._failures)
+        self._failures += 1
+        self._retry_at = self._clock() + delay
+        if error != self._error:
+            log.warning("federation: %s; next try in %.0f s", error, delay)
+        self._error = error
+
+    def _agent_ended(self) -> None:
+        """The agent's thread returned on its own: say why, and schedule its restart with back-off."""
+        agent, exc = self._agent, self._agent_exc
+        self._agent, self._agent_thread, self._agent_exc = None, None, None
+        code = getattr(agent, "exit_code", 0)
+        if exc is not None:
+            self._fail(f"the training agent stopped: {type(exc).__name__}: {exc}")
+        elif code == EXIT_DUPLICATE_ID:
+            self._fail(f"another device already takes part as {self.cfg.client_id!r}: give this one its own client id")
+        elif code:
+            self._fail(connection_cause(agent, self.cfg) or f"the training agent stopped with exit code {code}")
+        elif self.federation.take_part and not self._closing.is_set():
+            self._fail("the training agent stopped")
+
+    def _watch_agent(self) -> None:
+        """A running agent: clear the error once it is connected, else find out why it is not (at most every few seconds)."""
+        agent = self._agent
+        if agent is None:
+            return
+        if agent._link.connected.is_set():
+            self._failures, self._error = 0, ""
+            return
+        cause = connection_cause(agent, self.cfg, probe=self._clock() >= self._probe_at)
+        if cause is not None:
+            self._error = cause
+        if self._clock() >= self._probe_at:
+            self._probe_at = self._clock() + 5.0
+
     def _start_agent(self) -> None:
         n_train, _ = sync_to_store(self.window_log, self.store, self.cfg.split_seed)
         self._n_train = n_train
         if n_train < MIN_TRAIN_WINDOWS:
+            self._error = not_enough_data(n_train)
             return
-        from edge_client.agent import ClientConfig, EdgeAgent  # PyTorch today; a backend on the phone later
-        from har_io.mqtt_link import BrokerConfig
+        if self._error.startswith("nothing to train on"):
+            self._error = ""
+        cfg = self.cfg
+        try:
+            from edge_client.agent import ClientConfig, EdgeAgent
+            from har_io.mqtt_link import BrokerConfig
 
-        host, _, port = self.cfg.broker.rpartition(":")
-        password = self.cfg.password_file.read_text().strip() if self.cfg.password_file else None
-        tls_ca = str(self.cfg.tls_ca) if self.cfg.tls_ca else None
-        broker = BrokerConfig(host=host, port=int(port), username=self.cfg.username, password=password, tls_ca=tls_ca)
-        agent = EdgeAgent(ClientConfig(client_id=self.cfg.client_id, broker=broker, federation=self.cfg.federation), self.store)
+            host, _, port = cfg.broker.rpartition(":")
+            password = cfg.password_file.read_text().strip() if cfg.password_file else None
+            tls_ca = str(cfg.tls_ca) if cfg.tls_ca else None
+            broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca)
+            backend: dict[str, Any] = {} if cfg.backend == "auto" else {"backend": cfg.backend}  # "auto": the client's own choice
+            agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, **backend), self.store)
+        except ImportError as exc:
+            self._fail(missing_backend(cfg.backend, exc))
+            return
+        except (OSError, ValueError) as exc:
+            self._fail(f"cannot start the training agent: {exc}")
+            return
         self._agent_stop = stop = threading.Event()
         self._agent = agent
-        self._agent_thread = threading.Thread(target=agent.run, args=(stop,), name="mqtt-agent", daemon=True)
+        self._agent_since = self._clock()
+        self._probe_at = self._agent_since + 3.0
+        if self._failures:
+            with self._fed_lock:
+                self.federation.restarts += 1
+        self._agent_thread = threading.Thread(target=self._run_agent, args=(agent, stop), name="mqtt-agent", daemon=True)
         self._agent_thread.start()
-        log.info("taking part in federation %s at %s as %s", self.cfg.federation, self.cfg.broker, self.cfg.client_id)
+        log.info("taking part in federation %s at %s as %s", cfg.federation, cfg.broker, cfg.client_id)
+
+    def _run_agent(self, agent: Any, stop: threading.Event) -> None:
+        try:
+            agent.run(stop)
+        except Exception as exc:  # shown on the screen and restarted with back-off, never a silent death
+            log.exception("training agent")
+            self._agent_exc = exc
 
     def _stop_agent(self) -> None:
         self._agent_stop.set()
@@ -338,22 +492,30 @@ class DeviceController:
             t.join(30)
         self._agent_thread = None
         self._agent = None
+        self._agent_exc = None
 
     def _refresh_federation(self) -> None:
         with self._fed_lock:
             v = self.federation
             agent = self._agent
             running = self._agent_thread is not None and self._agent_thread.is_alive()
+            wait = self._retry_at - self._clock()
+            v.retry_in_s = round(wait, 1) if self._failures and wait > 0 and not running else None
             if not v.take_part:
                 v.state = "off"
             elif v.charge_only and not v.charging:
                 v.state = "waiting for charger"
             elif not running:
-                v.state = "not enough data" if self._n_train < MIN_TRAIN_WINDOWS else "connecting"
+                if self._n_train < MIN_TRAIN_WINDOWS:
+                    v.state = "not enough data"
+                    self._error = not_enough_data(self._n_train)
+                else:
+                    v.state = "failed" if self._failures else "connecting"
             elif not agent._link.connected.is_set():
                 v.state = "connecting" if agent.announcement is None else "disconnected"
             else:
                 v.state = "training" if agent._state == "training" else "connected"
+            v.error = self._error if v.take_part else ""
             if agent is not None and agent.announcement is not None:
                 v.round = int(agent.announcement.round)
             last_round, v.last_accuracy = self._last_update_info()
@@ -383,6 +545,189 @@ class DeviceController:
         self._stop_agent()
         self._supervisor.join(10)
         self.store.close()
+
+
+def settings_view(cfg: AppConfig) -> FederationView:
+    """The Federation screen's view of the settings in ``cfg`` (the state fields at their defaults)."""
+    return FederationView(
+        broker=cfg.broker,
+        client_id=cfg.client_id,
+        federation=cfg.federation,
+        username=cfg.username,
+        password_set=cfg.password_file is not None and cfg.password_file.is_file(),
+        tls_ca=str(cfg.tls_ca) if cfg.tls_ca else None,
+        backend=cfg.backend,
+    )
+
+
+def not_enough_data(n_train: int) -> str:
+    """The words shown when too few windows are recorded: how many there are and how many are needed."""
+    need = MIN_TRAIN_WINDOWS - n_train
+    recorded = -(-need * 10 // int(TRAIN_FRACTION * 10))  # 80 % of recorded windows train: record a bit more than missing
+    return (
+        f"nothing to train on: {n_train} training windows recorded, {MIN_TRAIN_WINDOWS} needed; "
+        f"record about {recorded} more windows ({recorded * 2.56 / 60:.1f} min of an activity)"
+    )
+
+
+def missing_backend(backend: str, exc: ImportError) -> str:
+    """The words shown when the training backend cannot be imported."""
+    name = getattr(exc, "name", None) or str(exc)
+    which = "the client's default training backend" if backend == "auto" else f"the {backend} training backend"
+    return f"{which} cannot run here: module {name!r} is not installed; choose the numpy backend, or install it"
+
+
+def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
+    """A broker's refusal (``BrokerRefused.kind`` and message) in the words the screen shows."""
+    if kind == "auth":
+        user = cfg.username if cfg.username else "(none)"
+        return f"login refused: the broker does not accept user {user!r} with this password; check the user name and password"
+    if kind == "tls":
+        if "not signed by" in text or "verify failed" in text.lower():
+            return f"wrong CA certificate: the broker's certificate is not signed by {cfg.tls_ca}; choose the CA that signed it"
+        return f"TLS failed: {text}"
+    return text
+
+
+def connection_cause(agent: Any, cfg: AppConfig, probe: bool = False) -> str | None:
+    """Why ``agent`` is not connected, in words; None when nothing is known to be wrong.
+
+    The one place that reads the cause off the MQTT link: its ``connect_error`` (the cause of
+    the last failed connection attempt, in words) where the link reports one, else the
+    refusal it treats as final (:attr:`har_io.mqtt_link.MqttLink.fatal`: credentials,
+    certificates), else, once paho has tried more than once (``attempts``) and ``probe``
+    is True, a TCP connect to the broker's address that tells an unreachable broker from
+    one still negotiating.
+
+    Parameters
+    ----------
+    agent : EdgeAgent
+    cfg : AppConfig
+        The settings the agent runs with (for the words: user, CA, address).
+    probe : bool
+        Allow the TCP check (up to 2 s); the supervisor allows it once every few seconds.
+    """
+    link = getattr(agent, "_link", None)
+    if link is None:
+        return None
+    cause = getattr(link, "connect_error", None)
+    fatal = getattr(link, "fatal", None)
+    if fatal is not None:
+        return describe_refusal(str(getattr(fatal, "kind", "")), str(fatal), cfg)
+    if isinstance(cause, str) and cause:
+        return cause
+    if probe and not link.connected.is_set() and getattr(link, "attempts", 0) >= 2:
+        return _probe_broker(cfg.broker)
+    return None
+
+
+def _probe_broker(broker: str, timeout_s: float = 2.0) -> str | None:
+    """A TCP connect to ``host:port``: the reason in words if nothing answers there, else None."""
+    host, _, port = broker.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except socket.gaierror:
+        return f"broker unreachable: the name {host!r} is unknown; check the broker address"
+    except ConnectionRefusedError:
+        return f"broker unreachable: nothing listens at {broker} (connection refused); check the address and that the broker runs"
+    except TimeoutError:
+        return f"broker unreachable: {broker} does not answer within {timeout_s:.0f} s; check the address and the network"
+    except OSError as exc:
+        return f"broker unreachable: {broker}: {exc.strerror or exc}"
+
+
+def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Check the Federation settings typed or imported and turn them into :class:`AppConfig` fields.
+
+    The one entry for entering the settings by hand and, later, for an enrolment bundle:
+    both give the same keys.
+
+    Parameters
+    ----------
+    state_dir : Path
+        The app's private folder (a ``password`` is stored there, see :func:`store_password`).
+    fields : dict
+        Any of ``client_id`` (1-64 letters, digits, ``_ . -``), ``broker`` (``HOST:PORT``),
+        ``federation`` (same rules as a client id), ``username`` ("" or None: anonymous),
+        ``password`` (str; "" removes the stored one), ``password_file`` (path or None),
+        ``tls_ca`` (path of an existing CA certificate; "" or None: no TLS), ``backend``
+        (one of :data:`APP_BACKENDS`).
+
+    Returns
+    -------
+    dict
+        AppConfig field -> value (``password`` becomes ``password_file``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown key or an invalid value, naming it and the fix.
+    """
+    known = {"client_id", "broker", "federation", "username", "password", "password_file", "tls_ca", "backend"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"unknown federation setting(s) {unknown}; known: {sorted(known)}")
+    out: dict[str, Any] = {}
+    if "client_id" in fields:
+        out["client_id"] = check_client_id(str(fields["client_id"]).strip())
+    if "broker" in fields:
+        out["broker"] = parse_broker(str(fields["broker"]))
+    if "federation" in fields:
+        fed = str(fields["federation"]).strip()
+        try:
+            out["federation"] = check_client_id(fed)
+        except ValueError:
+            raise ValueError(f"federation name {fed!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'") from None
+    if "username" in fields:
+        user = str(fields["username"] or "").strip()
+        if any(c.isspace() for c in user) or len(user) > 128:
+            raise ValueError(f"user name {user!r} is invalid: no spaces, at most 128 characters")
+        out["username"] = user or None
+    if "tls_ca" in fields:
+        ca = str(fields["tls_ca"] or "").strip()
+        if ca and not Path(ca).is_file():
+            raise ValueError(f"CA certificate {ca}: no such file; give the path of the CA certificate (.crt, PEM)")
+        out["tls_ca"] = Path(ca) if ca else None
+    if "backend" in fields:
+        backend = str(fields["backend"] or "auto")
+        if backend not in APP_BACKENDS:
+            raise ValueError(f"training backend {backend!r} is unknown; use one of {', '.join(APP_BACKENDS)}")
+        out["backend"] = backend
+    if "password_file" in fields:
+        out["password_file"] = Path(fields["password_file"]) if fields["password_file"] else None
+    if "password" in fields and fields["password"] is not None:
+        out["password_file"] = store_password(state_dir, str(fields["password"]))
+    return out
+
+
+def store_password(state_dir: Path, password: str) -> Path | None:
+    """Keep the broker password in the app's private folder, readable by its owner only.
+
+    Written to :data:`PASSWORD_FILE` under ``state_dir`` (folder mode 0700, file 0600,
+    replaced atomically); an empty password removes the file. The password is never logged.
+
+    Returns
+    -------
+    Path or None
+        The file, or None when the password was empty.
+
+    Raises
+    ------
+    ValueError
+        If the password contains a line break (the file holds one line).
+    """
+    path = state_dir / PASSWORD_FILE
+    if not password:
+        path.unlink(missing_ok=True)
+        return None
+    if "\n" in password or "\r" in password:
+        raise ValueError("the password must be one line (no line breaks)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    atomic_write_bytes(path, password.encode(), mode=0o600)  # its temporary file is private too (mkstemp: 0600)
+    return path
+
 
 
 def parse_broker(host_port: str) -> str:

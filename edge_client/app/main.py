@@ -5,8 +5,11 @@ Three screens:
 * **Record** — choose an activity, start and stop; windows recorded per activity.
 * **Live** — the activity the device's current model sees, with its confidence, refreshed
   at every window hop (64 samples = 1.28 s at 50 Hz).
-* **Federation** — broker address, connection state, current round, last local accuracy,
-  a switch to take part and one to train only while charging.
+* **Federation** — client id, broker address, federation, user name, password (stored in
+  the app's private folder, shown only as "stored"), CA certificate and training backend,
+  entered by hand; connection state, current round, last local accuracy, a switch to take
+  part and one to train only while charging; and every failure in words (refused login,
+  wrong CA, unreachable broker, too few windows, missing backend).
 
 The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
 from its background threads; every report is moved onto the UI thread with
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir
+from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, FederationView, LiveView, default_data_dir
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_models.data.labels import LABEL_SETS
@@ -54,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--username", default=None, help="MQTT user name (a device's is its client id)")
     ap.add_argument("--password-file", type=Path, default=None, help="file holding the MQTT password")
     ap.add_argument("--tls-ca", type=Path, default=None, help="CA certificate: connect with TLS")
+    ap.add_argument(
+        "--backend", default="auto", choices=APP_BACKENDS, help="training backend (default %(default)s: the client's own choice)"
+    )
     ap.add_argument("--labels", default="hapt6", choices=sorted(LABEL_SETS), help="activities to record (default %(default)s)")
     ap.add_argument(
         "--sensor",
@@ -79,15 +85,57 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
         username=args.username,
         password_file=args.password_file,
         tls_ca=args.tls_ca,
+        backend=args.backend,
     )
 
 
-def start_android_service() -> None:
-    """Start the foreground service "Sensing" declared in buildozer.spec (python-for-android names its class Service<Name>)."""
-    from jnius import autoclass
+RUNTIME_PERMISSIONS = ("android.permission.POST_NOTIFICATIONS",)
+"""Permissions the app asks for when it starts: the service's notification (a runtime permission from Android 13).
 
-    activity = autoclass("org.kivy.android.PythonActivity").mActivity
-    autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+The sensors need none at run time: 50 Hz is below the 200 Hz limit, and
+``HIGH_SAMPLING_RATE_SENSORS`` (the health service type's prerequisite) is granted at install.
+"""
+
+
+def request_android_permissions(then: Callable[[], None]) -> None:
+    """Ask for :data:`RUNTIME_PERMISSIONS` not yet granted, then call ``then`` (granted or not).
+
+    The service starts either way: without the notification permission Android still runs
+    the foreground service, it only hides its notification. Elsewhere than on Android
+    (no python-for-android ``android`` module) ``then`` is called at once.
+    """
+    try:
+        from android.permissions import check_permission, request_permissions  # python-for-android only
+    except ImportError:
+        then()
+        return
+    missing = [p for p in RUNTIME_PERMISSIONS if not check_permission(p)]
+    if not missing:
+        then()
+        return
+
+    def answered(permissions: list[str], grants: list[bool]) -> None:
+        for name, ok in zip(permissions, grants, strict=False):
+            if not ok:
+                log.warning("%s was refused: the sensing service runs without a visible notification", name)
+        then()
+
+    request_permissions(missing, answered)
+
+
+def start_android_service() -> None:
+    """Ask for the runtime permissions, then start the foreground service "Sensing" declared in buildozer.spec.
+
+    python-for-android names the service's class ``Service<Name>`` in the app's package.
+    """
+
+    def start() -> None:
+        from jnius import autoclass
+
+        activity = autoclass("org.kivy.android.PythonActivity").mActivity
+        autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+
+    request_android_permissions(start)
 
 
 def create_app(
@@ -208,49 +256,95 @@ def create_app(
             self.note.text = v.note
 
     class FederationScreen(Screen):
+        """Settings of the federation (entered by hand), the connection state and every failure in words."""
+
         def __init__(self, app: Any, **kw: Any):
             super().__init__(name="federation", **kw)
             self.app = app
-            root = BoxLayout(orientation="vertical", padding=dp(12), spacing=dp(8))
+            root = BoxLayout(orientation="vertical", padding=dp(10), spacing=dp(3))
             root.add_widget(title("Federation"))
-            brow = BoxLayout(size_hint_y=None, height=dp(44), spacing=dp(8))
-            self.broker = TextInput(text=cfg.broker, multiline=False)
-            self.apply_button = apply = Button(text="Apply", size_hint_x=0.3)
-            apply.bind(on_release=lambda *_: self.apply_broker())
-            brow.add_widget(self.broker)
-            brow.add_widget(apply)
-            root.add_widget(row("Broker", brow))
+
+            def field(label: str, **opts: Any) -> TextInput:
+                box = TextInput(multiline=False, write_tab=False, font_size="15sp", **opts)
+                root.add_widget(row(label, box, 36))
+                return box
+
+            self.client_id = field("Client id", text=cfg.client_id)
+            self.broker = field("Broker", text=cfg.broker, hint_text="host:port")
+            self.federation_name = field("Federation", text=cfg.federation)
+            self.username = field("User name", text=cfg.username or "", hint_text="none: anonymous")
+            self.password = field("Password", text="", password=True, hint_text="not set")
+            self.tls_ca = field("CA certificate", text=str(cfg.tls_ca or ""), hint_text="path of ca.crt (empty: no TLS)")
+            self.backend = Spinner(text=cfg.backend, values=APP_BACKENDS, size_hint_y=None, height=dp(36))
+            root.add_widget(row("Training backend", self.backend, 36))
+            self.apply_button = apply = Button(text="Apply", size_hint_y=None, height=dp(40))
+            apply.bind(on_release=lambda *_: self.apply())
+            root.add_widget(apply)
             self.state = Label(text="off")
-            root.add_widget(row("Connection", self.state))
+            root.add_widget(row("Connection", self.state, 34))
             self.round = Label(text="-")
-            root.add_widget(row("Current round", self.round))
+            root.add_widget(row("Current round", self.round, 34))
             self.accuracy = Label(text="-")
-            root.add_widget(row("Last local accuracy", self.accuracy))
+            root.add_widget(row("Last local accuracy", self.accuracy, 34))
             self.take_part = Switch(active=False)
             self.take_part.bind(active=lambda _w, on: app.controller.set_take_part(on))
-            root.add_widget(row("Take part in training", self.take_part))
+            root.add_widget(row("Take part in training", self.take_part, 36))
             self.charge_only = Switch(active=True)
             self.charge_only.bind(active=lambda _w, on: app.controller.set_charge_only(on))
-            root.add_widget(row("Train only while charging", self.charge_only))
+            root.add_widget(row("Train only while charging", self.charge_only, 36))
             self.charging = Label(text="")
-            root.add_widget(row("Charging", self.charging))
-            self.error = Label(text="", color=(1, 0.4, 0.4, 1), size_hint_y=None, height=dp(28))
+            root.add_widget(row("Charging", self.charging, 30))
+            self.error = Label(text="", color=(1, 0.45, 0.45, 1), size_hint_y=None, height=dp(84), halign="left", valign="top")
+            self.error.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap the whole sentence
             root.add_widget(self.error)
             root.add_widget(Label())
             self.add_widget(root)
+            self._input_error = ""
 
-        def apply_broker(self) -> None:
+        def load(self, v: FederationView) -> None:
+            """Fill the fields from the settings in force (the password is never shown: only whether one is stored)."""
+            self.client_id.text = v.client_id
+            self.broker.text = v.broker
+            self.federation_name.text = v.federation
+            self.username.text = v.username or ""
+            self.tls_ca.text = v.tls_ca or ""
+            self.backend.text = v.backend
+            self.password.text = ""
+            self.password.hint_text = "stored (hidden)" if v.password_set else "not set"
+
+        def apply(self) -> None:
+            """Hand the typed settings to the controller; a field it refuses is named on the screen."""
+            fields: dict[str, Any] = {
+                "client_id": self.client_id.text,
+                "broker": self.broker.text,
+                "federation": self.federation_name.text,
+                "username": self.username.text,
+                "tls_ca": self.tls_ca.text,
+                "backend": self.backend.text,
+            }
+            if self.password.text:
+                fields["password"] = self.password.text
             try:
-                self.app.controller.set_broker(self.broker.text)
-                self.error.text = ""
+                self.app.controller.set_federation(**fields)
             except ValueError as exc:
-                self.error.text = str(exc)
+                self._input_error = str(exc)
+                self.error.text = self._input_error
+                return
+            self._input_error = ""
+            self.error.text = ""
+            self.load(self.app.controller.federation)
 
         def show(self, v: FederationView) -> None:
-            self.state.text = v.state
+            state = v.state
+            if v.retry_in_s is not None:
+                state = f"{state}, retry in {v.retry_in_s:.0f} s"
+            self.state.text = state
             self.round.text = "-" if v.round is None else str(v.round)
             self.accuracy.text = "-" if v.last_accuracy is None else f"{v.last_accuracy * 100:.1f} %"
             self.charging.text = "yes" if v.charging else "no"
+            self.password.hint_text = "stored (hidden)" if v.password_set else "not set"
+            self.error.text = self._input_error or v.error
+            self.app.footer.text = f"{v.client_id} - sensor: {self.app.sensor_name}"
 
     class FedHarApp(App):
         title = "fedhar"
@@ -273,7 +367,7 @@ def create_app(
             root = BoxLayout(orientation="vertical")
             root.add_widget(nav)
             root.add_widget(self.sm)
-            sensor = source.name if source is not None else "android (service)"
+            self.sensor_name = sensor = source.name if source is not None else "android (service)"
             self.footer = Label(text=f"{cfg.client_id} - sensor: {sensor}", size_hint_y=None, height=dp(26), font_size="12sp")
             root.add_widget(self.footer)
             self.controller = controller_factory(
@@ -285,6 +379,7 @@ def create_app(
                 **controller_kwargs,
             )
             self.record.show_counts(self.controller.counts())
+            self.federation.load(self.controller.federation)
             self.controller.start_sensing()
             return root
 

@@ -6,7 +6,9 @@ Sensing:service.py:foreground:sticky``), which is a separate process from the Ki
 The two share the app's private folder, and talk through two small JSON files there,
 each written to a temporary name and renamed (so a reader sees the old or the new one):
 
-* ``app_settings.json`` — written by the UI: device id, broker, federation, label set, the
+* ``app_settings.json`` — written by the UI: device id, broker, federation, user name, the
+  password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
+  and is never written here or logged), CA certificate, training backend, label set, the
   activity being recorded (or null), take part, train only while charging;
 * ``app_status.json`` — written by the service: counts per activity, the live prediction,
   the federation state, what is being recorded.
@@ -22,11 +24,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import AppConfig, DeviceController, FederationView, LiveView, default_data_dir, parse_broker
+from edge_client.app.controller import (
+    AppConfig,
+    DeviceController,
+    FederationView,
+    LiveView,
+    default_data_dir,
+    federation_fields,
+    settings_view,
+)
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
 from har_models.data.labels import LABEL_SETS
@@ -52,17 +62,56 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+FEDERATION_KEYS = ("client_id", "broker", "federation", "username", "password_file", "password_stamp", "tls_ca", "backend")
+"""Settings keys that say how the device joins its federation (a change restarts the agent)."""
+
+
 def settings_of(cfg: AppConfig) -> dict[str, Any]:
-    """The settings file's content for ``cfg``, nothing recorded, not taking part."""
+    """The settings file's content for ``cfg``, nothing recorded, not taking part.
+
+    ``password_file`` is the path of the stored password (never the password);
+    ``password_stamp`` its modification time in ns, so that a new password in the same file
+    also reaches the service.
+    """
     return {
         "client_id": cfg.client_id,
         "broker": cfg.broker,
         "federation": cfg.federation,
+        "username": cfg.username,
+        "password_file": str(cfg.password_file) if cfg.password_file else None,
+        "password_stamp": _stamp(cfg.password_file),
+        "tls_ca": str(cfg.tls_ca) if cfg.tls_ca else None,
+        "backend": cfg.backend,
         "labels": cfg.labels.name,
         "recording": None,
         "take_part": False,
         "charge_only": True,
     }
+
+
+def _stamp(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_mtime_ns if path else None
+    except OSError:
+        return None
+
+
+def config_from_settings(folder: Path, settings: dict[str, Any]) -> AppConfig:
+    """The service's :class:`AppConfig` from the settings file's content.
+
+    A setting that is not valid (a CA file deleted since, a hand-edited id) is logged and
+    left at its default, so the service still starts and the screen can show the cause.
+    """
+    labels = LABEL_SETS.get(str(settings.get("labels", "hapt6")), LABEL_SETS["hapt6"])
+    cfg = AppConfig(state_dir=folder, labels=labels, client_id="phone")
+    for key in ("client_id", "broker", "federation", "username", "password_file", "tls_ca", "backend"):
+        if settings.get(key) is None:
+            continue
+        try:
+            cfg = replace(cfg, **federation_fields(folder, {key: settings[key]}))
+        except ValueError as exc:
+            log.error("settings: %s", exc)
+    return cfg
 
 
 def _android_wake_lock() -> Any:
@@ -108,14 +157,7 @@ def run_service(
     folder = state_dir or default_data_dir() / "fedhar"
     folder.mkdir(parents=True, exist_ok=True)
     settings = read_json(folder / SETTINGS_FILE) or {}
-    labels = LABEL_SETS.get(str(settings.get("labels", "hapt6")), LABEL_SETS["hapt6"])
-    cfg = AppConfig(
-        state_dir=folder,
-        labels=labels,
-        client_id=str(settings.get("client_id") or "phone"),
-        broker=str(settings.get("broker") or "127.0.0.1:1883"),
-        federation=str(settings.get("federation") or "default"),
-    )
+    cfg = config_from_settings(folder, settings)
     if source is None:
         from edge_client.sensors.android import AndroidSensorSource
 
@@ -148,18 +190,22 @@ def run_service(
     holder["ctl"] = ctl
     publish("counts", ctl.counts())
     ctl.start_sensing()
-    applied: dict[str, Any] = {}
+    applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
     try:
         while not stop.wait(poll_s):
             s = read_json(folder / SETTINGS_FILE)
             if s is None:
                 continue
-            if s.get("broker") and s["broker"] != applied.get("broker", cfg.broker):
+            fed = {k: s.get(k) for k in FEDERATION_KEYS}
+            if fed != applied:
+                changed = {k: v for k, v in fed.items() if v != applied.get(k) and k != "password_stamp"}
+                if fed.get("password_stamp") != applied.get("password_stamp"):
+                    changed["password_file"] = fed.get("password_file")  # same file, new password
                 try:
-                    ctl.set_broker(str(s["broker"]))
+                    ctl.set_federation(**changed)
                 except ValueError as exc:
                     log.error("settings: %s", exc)
-                applied["broker"] = s["broker"]
+                applied = fed
             for key, setter in (("take_part", ctl.set_take_part), ("charge_only", ctl.set_charge_only)):
                 if key in s and s[key] != applied.get(key):
                     setter(bool(s[key]))
@@ -224,13 +270,15 @@ class RemoteController:
         self._settings_path = cfg.state_dir / SETTINGS_FILE
         self._status_path = cfg.state_dir / STATUS_FILE
         old = read_json(self._settings_path) or {}
-        self.settings = settings_of(cfg) | {k: old[k] for k in ("take_part", "charge_only", "recording") if k in old}
-        self.settings["broker"] = cfg.broker
+        # What was entered on the Federation screen before wins over the defaults the UI starts with.
+        kept = ("take_part", "charge_only", "recording", *(FEDERATION_KEYS if old.get("client_id") else ()))
+        self.settings = settings_of(cfg) | {k: old[k] for k in kept if k in old}
+        self.cfg = cfg = config_from_settings(cfg.state_dir, self.settings) if old.get("client_id") else cfg
         write_json_atomic(self._settings_path, self.settings)
         self.recorder = _RecorderState()
         self.recorder.activity = self.settings["recording"]
         self.live = LiveView()
-        self.federation = FederationView(broker=cfg.broker)
+        self.federation = settings_view(cfg)
         self._counts = {n: 0 for n in cfg.labels.names}
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)
@@ -258,7 +306,7 @@ class RemoteController:
                 self._on_counts(dict(self._counts))
             self.live = LiveView(**st["live"])
             self._on_live(self.live)
-            self.federation = FederationView(**st["federation"])
+            self.federation = FederationView(**{k: v for k, v in st["federation"].items() if k in _VIEW_FIELDS})
             self._on_federation(self.federation)
 
     def start_sensing(self) -> None:
@@ -307,7 +355,26 @@ class RemoteController:
         ValueError
             If the address is not ``host:port``.
         """
-        self.settings["broker"] = parse_broker(host_port)
+        self.set_federation(broker=host_port)
+
+    def set_federation(self, **fields: Any) -> None:
+        """Ask the service to join with other settings (as :meth:`DeviceController.set_federation`).
+
+        A ``password`` is stored in the shared private folder here; the settings file names
+        only its file and a stamp of its modification time.
+
+        Raises
+        ------
+        ValueError
+            For a field that is not valid; nothing is changed then.
+        """
+        changes = federation_fields(self.cfg.state_dir, fields)
+        self.cfg = replace(self.cfg, **changes)
+        fresh = settings_of(self.cfg)
+        for key in FEDERATION_KEYS:
+            self.settings[key] = fresh[key]
+        keep = {k: getattr(self.federation, k) for k in ("state", "round", "last_accuracy", "take_part", "charge_only", "charging")}
+        self.federation = replace(settings_view(self.cfg), **keep)
         self._save()
 
     def counts(self) -> dict[str, int]:
@@ -318,3 +385,7 @@ class RemoteController:
         """Stop polling (the service goes on)."""
         self._stop.set()
         self._thread.join(5)
+
+
+_VIEW_FIELDS = set(FederationView.__dataclass_fields__)
+

@@ -133,7 +133,9 @@ class AndroidSensorSource(SensorSource):
             from jnius import autoclass
         except ImportError as exc:
             raise RuntimeError("AndroidSensorSource needs pyjnius on Android; use a replay or mpu6050 source elsewhere") from exc
-        context = _android_context(autoclass)
+        context = android_context(autoclass)
+        if context is None:
+            raise RuntimeError("no Android context (neither a running service nor an activity) to reach the sensors through")
         Context = autoclass("android.content.Context")
         Sensor = autoclass("android.hardware.Sensor")
         manager = context.getSystemService(Context.SENSOR_SERVICE)
@@ -153,15 +155,27 @@ class AndroidSensorSource(SensorSource):
             log.info("android sensors unregistered")
 
 
-def _android_context(autoclass: Any) -> Any:
-    """The running service's context if there is one (sensing in the foreground service), else the activity."""
+def android_context(autoclass: Any) -> Any:
+    """The Android context to reach system services with: the running service's, else the activity's, else None.
+
+    In the foreground service's process (sensing, training) ``PythonService.mService`` is
+    set and ``PythonActivity.mActivity`` is null; in the UI process it is the other way round.
+
+    Parameters
+    ----------
+    autoclass : callable
+        ``jnius.autoclass``.
+    """
     try:
         service = autoclass("org.kivy.android.PythonService").mService
         if service is not None:
             return service
     except Exception:  # not running inside a python-for-android service
         pass
-    return autoclass("org.kivy.android.PythonActivity").mActivity
+    try:
+        return autoclass("org.kivy.android.PythonActivity").mActivity
+    except Exception:  # no activity class in this process either
+        return None
 
 
 def _make_listener(append: Any) -> Any:

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,24 +134,137 @@ def anti_alias_factor(median_spacing_ns: float, period_ns: int = PERIOD_50HZ_NS)
     return next((m for m in divisors if m >= 0.95 * ratio), divisors[-1])
 
 
-@functools.lru_cache(maxsize=32)
-def _design_taps(period_ns: int, factor: int) -> np.ndarray:
-    # scipy is imported only where a stream needs the low-pass (input above 62.5 Hz): a phone
-    # whose sensors already deliver about 50 Hz runs the pipeline without it.
-    from scipy import signal
+def design_anti_alias_taps(period_ns: int, factor: int, i0: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """Design the anti-alias low-pass filter in numpy alone (the arithmetic of ``scipy.signal.firwin``).
 
+    The same steps, in the same order, as ``scipy.signal.kaiserord(60, 0.32 f / (fs / 2))``
+    followed by ``scipy.signal.firwin(numtaps | 1, 0.44 f, window=("kaiser", beta), fs=fs)``
+    (scipy 1.11-1.17): Kaiser's order and beta formulas (J. F. Kaiser, ISCAS 1974; Oppenheim
+    and Schafer, "Discrete-Time Signal Processing", 3rd ed., eq. 7.62-7.63), the ideal
+    low-pass ``c sinc(c m)`` with ``m`` the offsets from the centre tap, times the symmetric
+    Kaiser window ``I0(beta sqrt(1 - ((n - a) / a)^2)) / I0(beta)``, scaled to DC gain 1.
+
+    With ``i0 = scipy.special.i0`` the result equals scipy's design bit for bit (tested for
+    every factor). numpy's own ``np.i0`` differs from scipy's in the last bit for some
+    arguments, which is why the filters of the 50 Hz grid are shipped precomputed
+    (:data:`har_models.data.anti_alias_table.TAPS_20MS`) rather than designed on a device.
+
+    Parameters
+    ----------
+    period_ns : int
+        Output grid period, ns (> 0).
+    factor : int
+        Oversampling factor M >= 2 of the fine grid.
+    i0 : callable, optional
+        Modified Bessel function of the first kind, order 0, elementwise. Default:
+        ``scipy.special.i0`` when scipy is installed, else ``numpy.i0``.
+
+    Returns
+    -------
+    ndarray of shape (numtaps,), float64
+        Odd length, symmetric, summing to 1 up to rounding.
+
+    Raises
+    ------
+    ValueError
+        If ``factor < 2`` or ``period_ns <= 0``.
+    """
+    if factor < 2 or period_ns <= 0:
+        raise ValueError(f"design_anti_alias_taps: need factor >= 2 and period_ns > 0, got {factor} and {period_ns}")
+    if i0 is None:
+        i0 = _default_i0()
     f_out = 1e9 / period_ns
     fs = factor * f_out
-    numtaps, beta = signal.kaiserord(FIR_STOPBAND_DB, 0.32 * f_out / (fs / 2))
-    taps = signal.firwin(numtaps | 1, 0.44 * f_out, window=("kaiser", beta), fs=fs)
+    width = 0.32 * f_out / (fs / 2)
+    atten = abs(FIR_STOPBAND_DB)
+    beta = 0.1102 * (atten - 8.7)  # Kaiser's beta for an attenuation above 50 dB
+    numtaps = math.ceil((atten - 7.95) / 2.285 / (np.pi * width) + 1) | 1
+    cutoff = (0.44 * f_out) / float(0.5 * fs)  # as a fraction of the Nyquist frequency
+    m = np.arange(0, numtaps, dtype=np.float64) - 0.5 * (numtaps - 1)
+    h = 0.0 + cutoff * np.sinc(cutoff * m)  # pass band [0, cutoff]: its right edge ...
+    h = h - 0.0 * np.sinc(0.0 * m)  # ... minus its left edge (0), kept for scipy's order of operations
+    n = np.arange(0, numtaps, dtype=np.float64)
+    alpha = (numtaps - 1) / 2.0
+    window = i0(beta * np.sqrt(1 - ((n - alpha) / alpha) ** 2.0)) / i0(np.asarray(beta, dtype=np.float64))
+    h = h * window
+    return h / np.sum(h * np.cos(np.pi * m * 0.0))  # gain 1 at DC
+
+
+def _default_i0() -> Callable[[np.ndarray], np.ndarray]:
+    try:  # scipy's I0 is the one scipy.signal.firwin uses; optional, never needed at 50 Hz
+        from scipy.special import i0
+    except ImportError:
+        return np.i0
+    return i0
+
+
+@functools.lru_cache(maxsize=32)
+def _design_taps(period_ns: int, factor: int) -> np.ndarray:
+    from har_models.data.anti_alias_table import TAPS_20MS, TAPS_PERIOD_NS
+
+    if period_ns == TAPS_PERIOD_NS and factor in TAPS_20MS:
+        taps = np.array(TAPS_20MS[factor], dtype=np.float64)
+    else:
+        taps = design_anti_alias_taps(period_ns, factor)
     taps.setflags(write=False)
     return taps
+
+
+def anti_alias_table_source() -> str:
+    """Text of :mod:`har_models.data.anti_alias_table`: scipy's taps for every factor of the 50 Hz grid.
+
+    Needs scipy (its ``special.i0``, the one ``scipy.signal.firwin`` uses); run where scipy
+    is installed, never on a device.
+
+    Raises
+    ------
+    ImportError
+        Without scipy.
+    """
+    from scipy.special import i0
+
+    head = [
+        '"""Anti-alias filter taps for the 50 Hz grid, designed once with scipy and shipped as data (generated file).',
+        "",
+        "One entry per oversampling factor M that :func:`har_models.data.resample.anti_alias_factor`",
+        "can choose for a 20 ms grid (the divisors of 20,000,000 in 2..32): the taps of",
+        "``scipy.signal.firwin`` with the Kaiser design of :func:`har_models.data.resample.anti_alias_taps`,",
+        "written as Python floats (``repr`` round-trips a float64 exactly), so a device without",
+        "scipy filters bit for bit as a machine with it. tests/test_resample.py checks every entry",
+        "against scipy's design. Regenerate with::",
+        "",
+        '    python -c "from har_models.data.resample import write_anti_alias_table; write_anti_alias_table()"',
+        '"""',
+        "",
+        f"TAPS_PERIOD_NS = {PERIOD_50HZ_NS:_}",
+        '"""Grid period the table is for, ns (50 Hz)."""',
+        "",
+        "TAPS_20MS: dict[int, tuple[float, ...]] = {",
+    ]
+    body: list[str] = []
+    for m in range(2, MAX_OVERSAMPLING + 1):
+        if PERIOD_50HZ_NS % m:
+            continue
+        taps = design_anti_alias_taps(PERIOD_50HZ_NS, m, i0)
+        body.append(f"    {m}: (")
+        body += ["        " + " ".join(f"{float(v)!r}," for v in taps[k : k + 4]) for k in range(0, taps.size, 4)]
+        body.append("    ),")
+    tail = ["}", '"""Factor M -> taps (odd length, symmetric, DC gain 1), float64 values."""']
+    return "\n".join(head + body + tail) + "\n"
+
+
+def write_anti_alias_table(path: str | None = None) -> None:
+    """Write :func:`anti_alias_table_source` to ``har_models/data/anti_alias_table.py`` (or ``path``)."""
+    from pathlib import Path
+
+    target = Path(path) if path else Path(__file__).with_name("anti_alias_table.py")
+    target.write_text(anti_alias_table_source())
 
 
 def anti_alias_taps(period_ns: int, factor: int) -> np.ndarray:
     """Taps of the anti-alias low-pass filter for a fine grid of period ``period_ns / factor``.
 
-    Linear-phase FIR (``scipy.signal.firwin``, Kaiser window sized by
+    Linear-phase FIR designed as ``scipy.signal.firwin`` designs it (Kaiser window sized by
     ``scipy.signal.kaiserord``; J. F. Kaiser, "Nonrecursive digital filter design using
     the I0-sinh window function", ISCAS 1974), for an output rate f = 1e9 / period_ns
     (50 Hz):
@@ -167,6 +282,11 @@ def anti_alias_taps(period_ns: int, factor: int) -> np.ndarray:
       is delayed alike, and the delay is removed, so a filtered gyroscope stays aligned
       with an unfiltered accelerometer and steps keep their shape.
 
+    No scipy at run time: for the 50 Hz grid (every factor :func:`anti_alias_factor` can
+    choose) the taps are read from :mod:`har_models.data.anti_alias_table`, which holds
+    scipy's design to the bit; other grid periods are designed by
+    :func:`design_anti_alias_taps` (bit-identical to scipy where scipy is installed).
+
     Length: 25 taps at 100 Hz, 47 at 200 Hz (about 0.12 s of delay at any rate).
 
     Parameters
@@ -180,10 +300,75 @@ def anti_alias_taps(period_ns: int, factor: int) -> np.ndarray:
     -------
     ndarray of shape (numtaps,), float64, read-only
         DC gain 1 (a constant passes unchanged).
+
+    Raises
+    ------
+    ValueError
+        If ``factor < 2`` or ``period_ns <= 0``.
     """
     if factor < 2 or period_ns <= 0:
         raise ValueError(f"anti_alias_taps: need factor >= 2 and period_ns > 0, got {factor} and {period_ns}")
     return _design_taps(int(period_ns), int(factor))
+
+
+def fir_steady_state(taps: np.ndarray) -> np.ndarray:
+    """State of :func:`fir_filter` after a constant input of 1 held forever (``scipy.signal.lfilter_zi`` for ``a = [1, 0, ...]``).
+
+    For a transposed direct-form FIR the steady state is ``z[i] = b[i+1] + ... + b[L-1]``,
+    summed from the last tap towards the first, which is the order in which
+    ``lfilter_zi``'s triangular solve adds them (bit-identical).
+
+    Parameters
+    ----------
+    taps : ndarray of shape (L,), L >= 2
+
+    Returns
+    -------
+    ndarray of shape (L - 1,), float64
+    """
+    b = np.asarray(taps, np.float64)
+    return np.cumsum(b[:0:-1])[::-1].copy()
+
+
+def fir_filter(taps: np.ndarray, x: np.ndarray, zi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FIR filtering along axis 0 with carried state: numpy's equal of ``scipy.signal.lfilter(b, a, x, axis=0, zi=zi)``.
+
+    The arithmetic is that of scipy's general recurrence (transposed direct form II, which
+    scipy runs when ``a`` is as long as ``b``) with ``a = [1, 0, ..., 0]``: output
+    ``y[n] = z[0] + b[0] x[n]`` and state ``z[i] <- z[i+1] + b[i+1] x[n]``. Unrolled, each
+    output is its chain of products added from the oldest tap to the newest, which is done
+    here tap by tap over all samples at once; the sums are formed in scipy's order, so the
+    result is bit-identical to scipy's (up to the sign of an exact zero) and does not depend
+    on how the input is split into calls.
+
+    Parameters
+    ----------
+    taps : ndarray of shape (L,), L >= 2
+    x : ndarray of shape (N, C), float64
+    zi : ndarray of shape (L - 1, C)
+        State before ``x`` (from the previous call, or ``fir_steady_state(taps)[:, None] * x0``).
+
+    Returns
+    -------
+    y : ndarray of shape (N, C)
+    zf : ndarray of shape (L - 1, C)
+        State after ``x``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not fit.
+    """
+    b = np.asarray(taps, np.float64)
+    L, N = b.size, x.shape[0]
+    if L < 2 or zi.shape != (L - 1, *x.shape[1:]):
+        raise ValueError(f"fir_filter: need >= 2 taps and a state of shape {(L - 1, *x.shape[1:])}, got {L} taps, state {zi.shape}")
+    acc = np.zeros((N + L - 1, *x.shape[1:]))  # outputs 0..N-1, then the state as outputs not yet complete
+    for j in range(L - 1, -1, -1):
+        if j <= L - 2:
+            acc[j] = zi[j]  # the chain of output j starts from the carried state
+        acc[j : j + N] = acc[j : j + N] + b[j] * x
+    return acc[:N], acc[N:]
 
 
 class AntiAliasDecimator:
@@ -195,7 +380,8 @@ class AntiAliasDecimator:
     1. linear interpolation of the samples onto the fine grid ``k * period_ns / M`` (M =
        ``factor``), within runs of samples no more than ``max_gap_ns`` apart;
     2. the FIR low-pass of :func:`anti_alias_taps` along each run, through
-       ``scipy.signal.lfilter`` with its state (``zi``) carried from push to push. A run
+       :func:`fir_filter` (numpy; bit-identical to ``scipy.signal.lfilter``) with its state
+       carried from push to push. A run
        starts from the filter's steady state for its first value and ends by feeding its
        last value (numtaps - 1) / 2 more times, i.e. each run is extended by holding its
        end values, and nothing leaks across a gap;
@@ -231,15 +417,9 @@ class AntiAliasDecimator:
         self.fine_ns = self.period_ns // self.factor
         self.taps = anti_alias_taps(self.period_ns, self.factor)
         self.delay = (self.taps.size - 1) // 2
-        # ``a`` as long as ``b`` (zeros after 1): scipy then runs its general recurrence, whose
-        # arithmetic per sample does not depend on where a chunk ends; its FIR shortcut for
-        # len(a) == 1 differs in the last bit between chunkings.
-        self._a = np.zeros_like(self.taps)
-        self._a[0] = 1.0
-        from scipy import signal
-
-        self._lfilter = signal.lfilter
-        self._zi_unit = signal.lfilter_zi(self.taps, self._a)
+        # fir_filter repeats scipy's general recurrence (lfilter with ``a`` as long as ``b``),
+        # whose arithmetic per sample does not depend on where a chunk ends.
+        self._zi_unit = fir_steady_state(self.taps)
         self._last_t: int | None = None  # last input sample (brackets the next fine points)
         self._last_v = np.zeros(3)
         self._k_next: int | None = None  # next fine index of the open run; None: no run open
@@ -304,7 +484,7 @@ class AntiAliasDecimator:
     def _filter(self, x: np.ndarray, outs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         if self._zi is None:  # steady state for the run's first value: as if it had been held forever
             self._zi = self._zi_unit[:, None] * x[0][None, :]
-        y, self._zi = self._lfilter(self.taps, self._a, x, axis=0, zi=self._zi)
+        y, self._zi = fir_filter(self.taps, x, self._zi)
         j = self._n_fed + np.arange(x.shape[0], dtype=np.int64)
         k = self._run_k0 + j - self.delay  # fine point each output stands for
         keep = (j >= self.delay) & (k % self.factor == 0)
