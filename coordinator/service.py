@@ -33,6 +33,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.presence import Presence
 from coordinator.receipts import ReceiptDesk
+from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
 from coordinator.server_opt import ServerOptStrategy
@@ -48,10 +49,25 @@ from har_models.data.windowing import ChannelStats
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
-from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.wire.messages import (
+    DEFAULT_UPDATE_ENCODING,
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    RoundAnnouncement,
+    TrainingPlan,
+)
 from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator")
+
+
+def _bytes_by_encoding(ex: Exchange) -> Counter[str]:
+    """Bytes of an exchange's valid updates by their encoding (an envelope that names none is float32)."""
+    out: Counter[str] = Counter()
+    for u in ex.updates.values():
+        out[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
+    return out
 
 
 class CoordinatorError(RuntimeError):
@@ -443,8 +459,8 @@ class Coordinator:
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
 
-    def _run_round(self, round_: int) -> dict[str, Any] | None:
-        """Run round ``round_`` (steps of :mod:`coordinator.round`); its summary, or None if it must be run again."""
+    def _run_round(self, round_: int) -> RoundRecord | None:
+        """Run round ``round_`` (steps of :mod:`coordinator.round`); its record, or None if it must be run again."""
         assert self.fed is not None
         spill.clear(self._spill_dir)  # what a failed or interrupted round left
         t0 = time.monotonic()
@@ -471,61 +487,68 @@ class Coordinator:
             return None
         self.fed.global_state = agg.global_state
         self.fed.personal.update(agg.personal)
-        growth_log = self._grow(round_, agg, results) if self.cfg.growth == "feddist" else None
-        if growth_log:
-            bytes_up += growth_log.pop("bytes_up", 0)
-            bytes_down += growth_log.pop("bytes_down", 0)
-            rejected += growth_log.pop("rejected", 0)
+        up_by_encoding = _bytes_by_encoding(ex)
+        rejections = Counter(ex.rejected)
+        growth_log = None
+        if self.cfg.growth == "feddist":
+            growth_log, growth_exchanges = self._grow(round_, agg, results)
+            for gx in growth_exchanges:
+                bytes_up += gx.bytes_up
+                bytes_down += gx.bytes_down
+                rejected += gx.n_rejected
+                up_by_encoding.update(_bytes_by_encoding(gx))
+                rejections.update(gx.rejected)
 
-        summary: dict[str, Any] = {
-            "round": round_,
-            "selected": len(selected),
-            "updates": len(results),
-            "rejected": rejected,
-            "missing": sorted(set(selected) - set(ex.updates)),
-            "arch_version": self.fed.spec.version,
-            "conv_filters": self.fed.spec.conv_filters,
-            "dense_units": self.fed.spec.dense_units,
-            "bytes_up": bytes_up,
-            "bytes_down": bytes_down,
-        }
-        if growth_log is not None:
-            summary["growth"] = growth_log
-        if agg.mixing is not None:  # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
-            summary["feddwa_weights"] = {
-                "clients": list(agg.participants),
-                "p": [[round(float(x), 6) for x in row] for row in agg.mixing.t().tolist()],
-            }
-        summary.update(evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg))
-        summary["seconds"] = time.monotonic() - t0
+        record = RoundRecord(
+            round=round_,
+            participation=Participation(
+                selected=len(selected),
+                updates=len(results),
+                rejected=rejected,
+                missing=tuple(sorted(set(selected) - set(ex.updates))),
+                failures={f.client_id: f.reason for f in failures},
+                rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
+            ),
+            arch=Architecture(self.fed.spec.version, self.fed.spec.conv_filters, self.fed.spec.dense_units),
+            traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
+            growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
+            # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
+            feddwa_weights=FedDwaWeights(
+                tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
+            ) if agg.mixing is not None else None,
+            evaluation=evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg),
+        )
+        record = replace(record, seconds=time.monotonic() - t0)
+        summary = record.to_json()
         moments = self.strategy.optimizer_state() if isinstance(self.strategy, ServerOptStrategy) else None
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary, server_opt=moments)
-        log.info(summary_line(summary))
+        log.info(summary_line(record))
         del ex, results, agg
         spill.clear(self._spill_dir)
         release_free_memory()
-        return summary
+        return record
 
-    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> dict[str, Any]:
-        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for."""
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[Exchange]]:
+        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
+
+        Returns the growth log and the intermediate exchanges (for the round's traffic and rejections).
+        """
         assert self.fed is not None
         steps = feddist_steps.grow(
             round_, self.fed, agg, results, self.strategy, base_plan(self.cfg), self.feddist_cfg, self.cfg.growth_mode
         )
-        traffic = {"bytes_up": 0, "bytes_down": 0, "rejected": 0}
+        exchanges: list[Exchange] = []
         try:
             ask = next(steps)
             while True:
                 ex = self._exchange(round_, ask.stage, list(ask.selected), ask.plan)
-                traffic["bytes_up"] += ex.bytes_up
-                traffic["bytes_down"] += ex.bytes_down
-                traffic["rejected"] += ex.n_rejected
+                exchanges.append(ex)
                 ask = steps.send(ex.results())
         except StopIteration as done:
             out: dict[str, Any] = done.value
         for layer, info in out["layers"].items():
             self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
-        return {**out, **traffic}
+        return out, exchanges
 
     # ------------------------------------------------------------------------------ main
     def run(self) -> dict[str, Any]:
@@ -582,8 +605,8 @@ class Coordinator:
                 r = start
                 failures = 0
                 while r < self.cfg.rounds:
-                    summary = self._run_round(r)
-                    if summary is None:
+                    record = self._run_round(r)
+                    if record is None:
                         failures += 1
                         if failures >= 3:
                             raise CoordinatorError(f"round {r} failed 3 times in a row; see the log and {self.cfg.run_dir}")
@@ -591,7 +614,7 @@ class Coordinator:
                         continue
                     failures = 0
                     header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-                    write_report(self.cfg.run_dir, header, self.state.rounds())
+                    write_report(self.cfg.run_dir, header, records(self.state.rounds()))
                     bar.update(1)
                     r += 1
             self._bar = None
@@ -608,12 +631,12 @@ class Coordinator:
             # The run owns its retained model chunks: nobody may train on them once it ended.
             self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-            return write_report(self.cfg.run_dir, header, self.state.rounds())
+            return write_report(self.cfg.run_dir, header, records(self.state.rounds()))
         finally:
             self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 
     def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Rewrite the report with extra run facts (wall time, peak memory) known only at the end."""
         self._header.update(extra)
-        return write_report(self.cfg.run_dir, self._header, self.state.rounds())
+        return write_report(self.cfg.run_dir, self._header, records(self.state.rounds()))
 
