@@ -55,6 +55,7 @@ from har_models.wire.messages import (
     CoordinatorStatus,
     MessageError,
     RoundAnnouncement,
+    RoundProgress,
     TrainingPlan,
 )
 from har_models.wire.topics import Topics
@@ -550,6 +551,23 @@ class Coordinator:
             self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
         return out, exchanges
 
+    def _publish_progress(self, record: RoundRecord) -> None:
+        """Publish ``record`` as the federation's retained progress message (an observer's view of the run).
+
+        A record too large for one message goes without its per-client parts; a broker that
+        does not take it costs a warning, never the run.
+        """
+        for rec in (record, record.without_details()):
+            try:
+                payload = RoundProgress(self.cfg.run_id, rec.round, self.cfg.rounds, rec.to_json()).to_bytes()
+                self._link.publish(self.topics.progress, payload, retain=True)
+                return
+            except ValueError as exc:  # too large for the message or the broker (PayloadTooLarge)
+                log.warning("round %d: progress message: %s", record.round, exc)
+            except (OSError, RuntimeError) as exc:
+                log.warning("round %d: the progress message was not published (%s)", record.round, exc)
+                return
+
     # ------------------------------------------------------------------------------ main
     def run(self) -> dict[str, Any]:
         """Run (or resume) the federation to its last round; return the report document.
@@ -576,6 +594,7 @@ class Coordinator:
             last = self._resume() if self.cfg.resume else -1
             if last < 0:
                 self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round
+                self._link.publish(self.topics.progress, b"", retain=True)  # ... and its progress
                 # ... and the models it left retained (it may have crashed before clearing them)
                 self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
             self._wait_for_clients()
@@ -615,6 +634,7 @@ class Coordinator:
                     failures = 0
                     header["wall_seconds"] = round(time.monotonic() - t_start, 1)
                     write_report(self.cfg.run_dir, header, records(self.state.rounds()))
+                    self._publish_progress(record)
                     bar.update(1)
                     r += 1
             self._bar = None
