@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -63,12 +63,25 @@ from har_models.wire.topics import Topics
 log = logging.getLogger("fedhar.coordinator")
 
 
-def _bytes_by_encoding(ex: Exchange) -> Counter[str]:
-    """Bytes of an exchange's valid updates by their encoding (an envelope that names none is float32)."""
-    out: Counter[str] = Counter()
-    for u in ex.updates.values():
-        out[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
-    return out
+@dataclass(frozen=True)
+class _Tally:
+    """What a round's record needs of one exchange, without holding its updates.
+
+    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
+    none is float32); ``rejected``: invalid messages by (client id, reason).
+    """
+
+    bytes_up: int
+    bytes_down: int
+    up_by_encoding: Counter[str]
+    rejected: Counter[tuple[str, str]]
+
+    @classmethod
+    def of(cls, ex: Exchange) -> _Tally:
+        by_enc: Counter[str] = Counter()
+        for u in ex.updates.values():
+            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
+        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
 
 
 class CoordinatorError(RuntimeError):
@@ -488,16 +501,16 @@ class Coordinator:
             return None
         self.fed.global_state = agg.global_state
         self.fed.personal.update(agg.personal)
-        up_by_encoding = _bytes_by_encoding(ex)
-        rejections = Counter(ex.rejected)
+        main = _Tally.of(ex)
+        up_by_encoding, rejections = main.up_by_encoding, main.rejected
         growth_log = None
         if self.cfg.growth == "feddist":
             growth_log, growth_exchanges = self._grow(round_, agg, results)
             for gx in growth_exchanges:
                 bytes_up += gx.bytes_up
                 bytes_down += gx.bytes_down
-                rejected += gx.n_rejected
-                up_by_encoding.update(_bytes_by_encoding(gx))
+                rejected += sum(gx.rejected.values())
+                up_by_encoding.update(gx.up_by_encoding)
                 rejections.update(gx.rejected)
 
         record = RoundRecord(
@@ -529,21 +542,21 @@ class Coordinator:
         release_free_memory()
         return record
 
-    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[Exchange]]:
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
         """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
 
-        Returns the growth log and the intermediate exchanges (for the round's traffic and rejections).
+        Returns the growth log and the traffic and rejections of each intermediate exchange.
         """
         assert self.fed is not None
         steps = feddist_steps.grow(
             round_, self.fed, agg, results, self.strategy, base_plan(self.cfg), self.feddist_cfg, self.cfg.growth_mode
         )
-        exchanges: list[Exchange] = []
+        exchanges: list[_Tally] = []
         try:
             ask = next(steps)
             while True:
                 ex = self._exchange(round_, ask.stage, list(ask.selected), ask.plan)
-                exchanges.append(ex)
+                exchanges.append(_Tally.of(ex))
                 ask = steps.send(ex.results())
         except StopIteration as done:
             out: dict[str, Any] = done.value
