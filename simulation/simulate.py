@@ -16,6 +16,10 @@ Every client process is terminated, then killed if still there after
 :data:`KILL_AFTER_S`; the embedded broker stops; the exit status is 128 + the signal number
 (130, 143), and ``--resume`` continues from the last completed round. A second signal stops
 at once.
+
+The command is two steps: :func:`plan` turns the options into a :class:`SimulationPlan`
+(subjects, settings, split, run id and folder) and starts nothing; :func:`run` starts each
+resource on one :class:`contextlib.ExitStack` and runs the federation.
 """
 
 from __future__ import annotations
