@@ -8,6 +8,8 @@
   :mod:`~coordinator.feddist` and :mod:`~coordinator.server_opt`;
 * :mod:`~coordinator.updates` (validation of uploads), :mod:`~coordinator.receipts`,
   :mod:`~coordinator.presence`, :mod:`~coordinator.spill`;
+* :mod:`~coordinator.record`: the typed record of a completed round (what the report, the
+  study and the retained progress message carry);
 * :mod:`~coordinator.state` (SQLite + safetensors run folder) and :mod:`~coordinator.report`;
 * :mod:`~coordinator.config` and :mod:`~coordinator.cli` (``fedhar-coordinator``).
 """

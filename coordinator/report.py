@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from coordinator.record import RoundRecord, records
 from har_models.files import atomic_write, atomic_write_bytes
 
 MEASURES = ("global", "personalisation", "generalisation")
@@ -46,22 +47,27 @@ def _memory(m: Any) -> str | None:
     return f"{m.get('peak_pss_mb', 0):,} MB PSS ({m.get('peak_rss_mb', 0):,} MB summed RSS)"
 
 
-def best_and_final(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Final-round and best-round accuracy / macro-F1 of each measure."""
+def best_and_final(rounds: Sequence[RoundRecord]) -> dict[str, Any]:
+    """Final-round and best-round accuracy / macro-F1 of each measure.
+
+    A round without a measure (generalisation is not taken every round) does not count for it;
+    a NaN figure (an empty test set) never wins "best".
+    """
     out: dict[str, Any] = {"final": {}, "best": {}}
     for m in MEASURES:
-        rows = [(r["round"], r[m]) for r in rounds if r.get(m)]
+        rows = [(r.round, got) for r in rounds if (got := r.measure(m)) is not None]
         if not rows:
             continue
-        out["final"][m] = {"round": rows[-1][0], **{k: rows[-1][1][k] for k in ("accuracy", "macro_f1")}}
+        last = rows[-1][1]
+        out["final"][m] = {"round": rows[-1][0], "accuracy": last.accuracy, "macro_f1": last.macro_f1}
         for k in ("accuracy", "macro_f1"):
-            rnd, v = max(rows, key=lambda rv: rv[1][k] if not math.isnan(rv[1][k]) else -1.0)
-            out["best"].setdefault(m, {})[k] = {"round": rnd, "value": v[k]}
+            rnd, v = max(rows, key=lambda rv: getattr(rv[1], k) if not math.isnan(getattr(rv[1], k)) else -1.0)
+            out["best"].setdefault(m, {})[k] = {"round": rnd, "value": getattr(v, k)}
     return out
 
 
 def write_report(
-    folder: Path, header: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]], plot: bool = True
+    folder: Path, header: Mapping[str, Any], rounds: Sequence[RoundRecord | Mapping[str, Any]], plot: bool = True
 ) -> dict[str, Any]:
     """Write the three report files into ``folder``; return the JSON document.
 
@@ -71,16 +77,25 @@ def write_report(
     header : mapping
         Run-level facts: run id, dataset, strategy switches, configuration, seed, wall
         time, peak memory (whatever is known so far).
-    rounds : sequence of per-round summaries (as persisted by the coordinator)
+    rounds : sequence of RoundRecord, or of their JSON objects
+        One per completed round. A record is written as :meth:`RoundRecord.to_json`; a JSON
+        object (e.g. a baseline's per-epoch row) is written as given and read as a record.
     plot : bool
         Also draw ``metrics.png`` (matplotlib, Agg backend).
+
+    Raises
+    ------
+    coordinator.record.RecordError
+        If a JSON row cannot be read as a round record.
     """
     folder = Path(folder)
-    doc = {**header, "models_evaluated": MODEL_NOTES, "rounds": list(rounds), **best_and_final(rounds)}
+    rows = [r.to_json() if isinstance(r, RoundRecord) else dict(r) for r in rounds]
+    recs = records(rounds)
+    doc = {**header, "models_evaluated": MODEL_NOTES, "rounds": rows, **best_and_final(recs)}
     _write(folder / "report.json", json.dumps(doc, indent=2, sort_keys=False, default=str))
-    _write(folder / "report.md", _markdown(doc))
-    if plot and rounds:
-        _plot(folder / "metrics.png", rounds, str(header.get("title", "")))
+    _write(folder / "report.md", _markdown(doc, recs))
+    if plot and recs:
+        _plot(folder / "metrics.png", recs, str(header.get("title", "")))
     return doc
 
 
@@ -88,7 +103,7 @@ def _write(path: Path, text: str) -> None:
     atomic_write_bytes(path, text)
 
 
-def _markdown(doc: Mapping[str, Any]) -> str:
+def _markdown(doc: Mapping[str, Any], recs: Sequence[RoundRecord]) -> str:
     lines = [f"# fedhar run {doc.get('run_id', '')}", ""]
     facts = [
         ("dataset", doc.get("dataset")),
@@ -109,13 +124,14 @@ def _markdown(doc: Mapping[str, Any]) -> str:
         "| global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |",
         "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in doc["rounds"]:
-        g, p, n = r.get("global") or {}, r.get("personalisation") or {}, r.get("generalisation") or {}
+    for r in recs:
+        g, p, n = (r.measure(m) for m in MEASURES)
+        part, arch, t = r.participation, r.arch, r.traffic
         lines.append(
-            f"| {r['round']} | {r.get('updates', 0)}/{r.get('selected', 0)} | {r.get('rejected', 0)} | "
-            f"v{r.get('arch_version', 0)} ({r.get('conv_filters')}, {r.get('dense_units')}) | {_mb(r.get('bytes_up'))} | "
-            f"{_mb(r.get('bytes_down'))} | {r.get('seconds', 0):.1f} | {_fmt(g.get('accuracy'))} | {_fmt(g.get('macro_f1'))} | "
-            f"{_fmt(p.get('accuracy'))} | {_fmt(p.get('macro_f1'))} | {_fmt(n.get('accuracy'))} | {_fmt(n.get('macro_f1'))} |"
+            f"| {r.round} | {part.updates}/{part.selected} | {part.rejected} | "
+            f"v{arch.version} ({arch.conv_filters}, {arch.dense_units}) | {_mb(t and t.bytes_up)} | "
+            f"{_mb(t and t.bytes_down)} | {r.seconds:.1f} | {_fmt(g and g.accuracy)} | {_fmt(g and g.macro_f1)} | "
+            f"{_fmt(p and p.accuracy)} | {_fmt(p and p.macro_f1)} | {_fmt(n and n.accuracy)} | {_fmt(n and n.macro_f1)} |"
         )
     if doc.get("final"):
         lines += [
@@ -134,7 +150,7 @@ def _markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(path: Path, rounds: Sequence[Mapping[str, Any]], title: str) -> None:
+def _plot(path: Path, rounds: Sequence[RoundRecord], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +159,7 @@ def _plot(path: Path, rounds: Sequence[Mapping[str, Any]], title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     for ax, key, label in ((axes[0], "accuracy", "accuracy"), (axes[1], "macro_f1", "macro-F1")):
         for m in MEASURES:
-            pts = [(r["round"], r[m][key]) for r in rounds if r.get(m) and r[m].get(key) is not None]
+            pts = [(r.round, getattr(got, key)) for r in rounds if (got := r.measure(m)) is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=m)
         ax.set_xlabel("round")

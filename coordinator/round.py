@@ -11,7 +11,7 @@ them; everything a reader needs to follow a round is here, in the order it happe
    model unchanged (it is retried), so one client cannot move the federation alone;
 5. ``Strategy.aggregate_fit(results, failures)``, growth (:mod:`coordinator.feddist_steps`),
    :func:`evaluate_round`;
-6. :func:`summary_line`: the one line each round logs.
+6. :func:`summary_line`: the one line each round logs (from its :class:`~coordinator.record.RoundRecord`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
+from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
 from coordinator.strategy import Federation
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
@@ -170,7 +171,7 @@ def evaluate_round(
     results: Sequence[ClientUpdate],
     evaluator: Evaluator | None,
     cfg: CoordinatorConfig,
-) -> dict[str, Any]:
+) -> Evaluation:
     """The FedDist evaluation protocol for one round (Ek et al., PerCom 2021, section V-A; DESIGN.md section 6).
 
     Parameters
@@ -189,47 +190,50 @@ def evaluate_round(
 
     Returns
     -------
-    dict
+    Evaluation
         ``personalisation`` (mean over clients of each w_i on its own test split) and its
         per-client values, ``received_union`` (the received models on the clients' test
-        splits, pooled), and with an evaluator ``global`` (G on the union test set) and, in
+        splits, pooled), and with an evaluator ``global_`` (G on the union test set) and, in
         the rounds due, ``generalisation`` (each w_i on the union test set, mean over clients).
     """
-    out: dict[str, Any] = {}
+    ev = Evaluation()
     trained = {u.client_id: u.confusion["trained"] for u in results if "trained" in u.confusion}
     received = {u.client_id: u.confusion["received"] for u in results if "received" in u.confusion}
     if trained:
         mean, per = personalisation(trained)
-        out["personalisation"] = mean
-        out["personalisation_clients"] = per
-    out["received_union"] = union_of_clients(received)
+        ev = replace(ev, personalisation=Metrics.from_json(mean), personalisation_clients=_metrics_of(per))
+    pooled = union_of_clients(received)
+    ev = replace(ev, received_union=Metrics.from_json(pooled) if pooled is not None else None)
     if evaluator is not None:
-        out["global"] = evaluator.global_metrics(fed.spec, fed.global_state)
+        ev = replace(ev, global_=Metrics.from_json(evaluator.global_metrics(fed.spec, fed.global_state)))
         every = cfg.generalisation_every
         last = round_ == cfg.rounds - 1
         if last or (every > 0 and (round_ + 1) % every == 0):
             mean, per = evaluator.generalisation(spec0, {u.client_id: u.state for u in results})
-            out["generalisation"] = mean
-            out["generalisation_clients"] = per
-    return out
+            ev = replace(ev, generalisation=Metrics.from_json(mean), generalisation_clients=_metrics_of(per))
+    return ev
+
+
+def _metrics_of(per: Mapping[str, Mapping[str, Any]]) -> dict[str, Metrics]:
+    return {cid: Metrics.from_json(m) for cid, m in per.items()}
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
-def summary_line(summary: Mapping[str, Any]) -> str:
+def summary_line(record: RoundRecord) -> str:
     """The one line a round logs, e.g. ``round 7: 30 selected, 30 updates, 0 rejected, ...``.
 
     "n/a" means the measure was not taken: the global figures need a union test set
     (``--eval-data`` or a simulation), the personalisation figures need client updates.
     """
-    g = summary.get("global") or {}
-    p = summary.get("personalisation") or {}
+    g, p = record.evaluation.global_, record.evaluation.personalisation
+    part, traffic = record.participation, record.traffic or Traffic()
     return (
-        f"round {summary['round']}: {summary['selected']} selected, {summary['updates']} updates, "
-        f"{summary['rejected']} rejected, {len(summary['missing'])} missed the deadline, {summary['seconds']:.1f} s; "
-        f"global acc {_pct(g.get('accuracy'))} F1 {_pct(g.get('macro_f1'))}, "
-        f"personalisation acc {_pct(p.get('accuracy'))} F1 {_pct(p.get('macro_f1'))}; "
-        f"up {summary['bytes_up'] / 1e6:.1f} MB, down {summary['bytes_down'] / 1e6:.1f} MB"
+        f"round {record.round}: {part.selected} selected, {part.updates} updates, "
+        f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
+        f"global acc {_pct(g.accuracy if g else None)} F1 {_pct(g.macro_f1 if g else None)}, "
+        f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}; "
+        f"up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
     )

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -34,6 +34,7 @@ from coordinator.evaluation import Evaluator
 from coordinator.presence import Presence
 from coordinator.programs import ProgramDesk
 from coordinator.receipts import ReceiptDesk
+from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
 from coordinator.server_opt import ServerOptStrategy
@@ -49,10 +50,39 @@ from har_models.data.windowing import ChannelStats
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
-from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, TrainingPlan
+from har_models.wire.messages import (
+    DEFAULT_UPDATE_ENCODING,
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    RoundAnnouncement,
+    RoundProgress,
+    TrainingPlan,
+)
 from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator")
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """What a round's record needs of one exchange, without holding its updates.
+
+    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
+    none is float32); ``rejected``: invalid messages by (client id, reason).
+    """
+
+    bytes_up: int
+    bytes_down: int
+    up_by_encoding: Counter[str]
+    rejected: Counter[tuple[str, str]]
+
+    @classmethod
+    def of(cls, ex: Exchange) -> _Tally:
+        by_enc: Counter[str] = Counter()
+        for u in ex.updates.values():
+            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
+        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
 
 
 class CoordinatorError(RuntimeError):
@@ -454,8 +484,8 @@ class Coordinator:
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
 
-    def _run_round(self, round_: int) -> dict[str, Any] | None:
-        """Run round ``round_`` (steps of :mod:`coordinator.round`); its summary, or None if it must be run again."""
+    def _run_round(self, round_: int) -> RoundRecord | None:
+        """Run round ``round_`` (steps of :mod:`coordinator.round`); its record, or None if it must be run again."""
         assert self.fed is not None
         spill.clear(self._spill_dir)  # what a failed or interrupted round left
         t0 = time.monotonic()
@@ -482,61 +512,85 @@ class Coordinator:
             return None
         self.fed.global_state = agg.global_state
         self.fed.personal.update(agg.personal)
-        growth_log = self._grow(round_, agg, results) if self.cfg.growth == "feddist" else None
-        if growth_log:
-            bytes_up += growth_log.pop("bytes_up", 0)
-            bytes_down += growth_log.pop("bytes_down", 0)
-            rejected += growth_log.pop("rejected", 0)
+        main = _Tally.of(ex)
+        up_by_encoding, rejections = main.up_by_encoding, main.rejected
+        growth_log = None
+        if self.cfg.growth == "feddist":
+            growth_log, growth_exchanges = self._grow(round_, agg, results)
+            for gx in growth_exchanges:
+                bytes_up += gx.bytes_up
+                bytes_down += gx.bytes_down
+                rejected += sum(gx.rejected.values())
+                up_by_encoding.update(gx.up_by_encoding)
+                rejections.update(gx.rejected)
 
-        summary: dict[str, Any] = {
-            "round": round_,
-            "selected": len(selected),
-            "updates": len(results),
-            "rejected": rejected,
-            "missing": sorted(set(selected) - set(ex.updates)),
-            "arch_version": self.fed.spec.version,
-            "conv_filters": self.fed.spec.conv_filters,
-            "dense_units": self.fed.spec.dense_units,
-            "bytes_up": bytes_up,
-            "bytes_down": bytes_down,
-        }
-        if growth_log is not None:
-            summary["growth"] = growth_log
-        if agg.mixing is not None:  # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
-            summary["feddwa_weights"] = {
-                "clients": list(agg.participants),
-                "p": [[round(float(x), 6) for x in row] for row in agg.mixing.t().tolist()],
-            }
-        summary.update(evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg))
-        summary["seconds"] = time.monotonic() - t0
+        record = RoundRecord(
+            round=round_,
+            participation=Participation(
+                selected=len(selected),
+                updates=len(results),
+                rejected=rejected,
+                missing=tuple(sorted(set(selected) - set(ex.updates))),
+                failures={f.client_id: f.reason for f in failures},
+                rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
+            ),
+            arch=Architecture(self.fed.spec.version, self.fed.spec.conv_filters, self.fed.spec.dense_units),
+            traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
+            growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
+            # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
+            feddwa_weights=FedDwaWeights(
+                tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
+            ) if agg.mixing is not None else None,
+            evaluation=evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg),
+        )
+        record = replace(record, seconds=time.monotonic() - t0)
+        summary = record.to_json()
         moments = self.strategy.optimizer_state() if isinstance(self.strategy, ServerOptStrategy) else None
         self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary, server_opt=moments)
-        log.info(summary_line(summary))
+        log.info(summary_line(record))
         del ex, results, agg
         spill.clear(self._spill_dir)
         release_free_memory()
-        return summary
+        return record
 
-    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> dict[str, Any]:
-        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for."""
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
+        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
+
+        Returns the growth log and the traffic and rejections of each intermediate exchange.
+        """
         assert self.fed is not None
         steps = feddist_steps.grow(
             round_, self.fed, agg, results, self.strategy, base_plan(self.cfg), self.feddist_cfg, self.cfg.growth_mode
         )
-        traffic = {"bytes_up": 0, "bytes_down": 0, "rejected": 0}
+        exchanges: list[_Tally] = []
         try:
             ask = next(steps)
             while True:
                 ex = self._exchange(round_, ask.stage, list(ask.selected), ask.plan)
-                traffic["bytes_up"] += ex.bytes_up
-                traffic["bytes_down"] += ex.bytes_down
-                traffic["rejected"] += ex.n_rejected
+                exchanges.append(_Tally.of(ex))
                 ask = steps.send(ex.results())
         except StopIteration as done:
             out: dict[str, Any] = done.value
         for layer, info in out["layers"].items():
             self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
-        return {**out, **traffic}
+        return out, exchanges
+
+    def _publish_progress(self, record: RoundRecord) -> None:
+        """Publish ``record`` as the federation's retained progress message (an observer's view of the run).
+
+        A record too large for one message goes without its per-client parts; a broker that
+        does not take it costs a warning, never the run.
+        """
+        for rec in (record, record.without_details()):
+            try:
+                payload = RoundProgress(self.cfg.run_id, rec.round, self.cfg.rounds, rec.to_json()).to_bytes()
+                self._link.publish(self.topics.progress, payload, retain=True)
+                return
+            except ValueError as exc:  # too large for the message or the broker (PayloadTooLarge)
+                log.warning("round %d: progress message: %s", record.round, exc)
+            except (OSError, RuntimeError) as exc:
+                log.warning("round %d: the progress message was not published (%s)", record.round, exc)
+                return
 
     # ------------------------------------------------------------------------------ main
     def run(self) -> dict[str, Any]:
@@ -564,6 +618,7 @@ class Coordinator:
             last = self._resume() if self.cfg.resume else -1
             if last < 0:
                 self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round
+                self._link.publish(self.topics.progress, b"", retain=True)  # ... and its progress
                 # ... and the models it left retained (it may have crashed before clearing them)
                 self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
             self._wait_for_clients()
@@ -593,8 +648,8 @@ class Coordinator:
                 r = start
                 failures = 0
                 while r < self.cfg.rounds:
-                    summary = self._run_round(r)
-                    if summary is None:
+                    record = self._run_round(r)
+                    if record is None:
                         failures += 1
                         if failures >= 3:
                             raise CoordinatorError(f"round {r} failed 3 times in a row; see the log and {self.cfg.run_dir}")
@@ -602,7 +657,8 @@ class Coordinator:
                         continue
                     failures = 0
                     header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-                    write_report(self.cfg.run_dir, header, self.state.rounds())
+                    write_report(self.cfg.run_dir, header, records(self.state.rounds()))
+                    self._publish_progress(record)
                     bar.update(1)
                     r += 1
             self._bar = None
@@ -619,7 +675,7 @@ class Coordinator:
             # The run owns its retained model chunks: nobody may train on them once it ended.
             self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-            return write_report(self.cfg.run_dir, header, self.state.rounds())
+            return write_report(self.cfg.run_dir, header, records(self.state.rounds()))
         finally:
             self.programs.close()
             self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
@@ -627,5 +683,5 @@ class Coordinator:
     def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Rewrite the report with extra run facts (wall time, peak memory) known only at the end."""
         self._header.update(extra)
-        return write_report(self.cfg.run_dir, self._header, self.state.rounds())
+        return write_report(self.cfg.run_dir, self._header, records(self.state.rounds()))
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coordinator.record import RecordError, records
+
 MEASURES = ("global", "personalisation", "generalisation")
 
 
@@ -17,18 +19,25 @@ def _pct(x: Any) -> str:
 
 
 def row(doc: dict[str, Any], name: str) -> list[str]:
-    """Table cells of one run: final accuracy / macro-F1 per measure, widths, traffic, time."""
-    rounds = doc.get("rounds", [])
-    last = rounds[-1] if rounds else {}
+    """Table cells of one run: final accuracy / macro-F1 per measure, widths, traffic, time.
+
+    Raises
+    ------
+    coordinator.record.RecordError
+        If a round of the report cannot be read as a round record.
+    """
+    rounds = records(doc.get("rounds", []))
     final = doc.get("final", {})
     cells = [name, str(len(rounds))]
     for m in MEASURES:
         f = final.get(m, {})
         cells += [_pct(f.get("accuracy")), _pct(f.get("macro_f1"))]
-    ups = [r["bytes_up"] for r in rounds if r.get("bytes_up")]
-    downs = [r["bytes_down"] for r in rounds if r.get("bytes_down")]
+    traffic = [r.traffic for r in rounds if r.traffic is not None]
+    ups = [t.bytes_up for t in traffic if t.bytes_up]
+    downs = [t.bytes_down for t in traffic if t.bytes_down]
+    arch = rounds[-1].arch if rounds else None
     cells += [
-        f"{last.get('conv_filters', 'n/a')}, {last.get('dense_units', 'n/a')}",
+        f"{arch.conv_filters}, {arch.dense_units}" if arch is not None else "n/a, n/a",
         f"{sum(ups) / len(ups) / 1e6:.0f}" if ups else "n/a",
         f"{sum(downs) / len(downs) / 1e6:.0f}" if downs else "n/a",
         f"{doc.get('wall_seconds', 0):.0f}",
@@ -55,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         f = path / "report.json" if path.is_dir() else path
         try:
             doc = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            records(doc.get("rounds", []))
+        except (OSError, json.JSONDecodeError, RecordError) as exc:
             print(f"fedhar-compare: cannot read {f}: {exc}", file=sys.stderr)
             return 3
         docs.append((str(doc.get("strategy") or path.name), doc))

@@ -16,12 +16,17 @@ Every client process is terminated, then killed if still there after
 :data:`KILL_AFTER_S`; the embedded broker stops; the exit status is 128 + the signal number
 (130, 143), and ``--resume`` continues from the last completed round. A second signal stops
 at once.
+
+The command is two steps: :func:`plan` turns the options into a :class:`SimulationPlan`
+(subjects, settings, split, run id and folder) and starts nothing; :func:`run` starts each
+resource on one :class:`contextlib.ExitStack` and runs the federation.
 """
 
 from __future__ import annotations
 
 import _thread
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -39,14 +44,16 @@ from typing import Any
 import psutil
 
 from coordinator.cli import add_federation_arguments, config_from_args
+from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
+from coordinator.record import RoundRecord, records
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from coordinator.state import RunState
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
 from har_io.mqtt_link import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
-from simulation.broker import LOCAL_BROKERS, EmbeddedBroker
+from simulation.broker import LOCAL_BROKERS
 from simulation.fleet import ENGINES, Fleet
 
 log = logging.getLogger("fedhar.simulate")
@@ -288,31 +295,87 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
-    6 run folder unusable (systemd does not restart on it)."""
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
-    t0 = time.monotonic()
+class PlanError(Exception):
+    """The options cannot make a run; ``status`` is the exit status (2 usage, 3 data, 6 run folder unusable)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SimulationPlan:
+    """Everything a simulation needs, decided from its options before anything starts.
+
+    Attributes
+    ----------
+    options : argparse.Namespace
+        The parsed options, paths made absolute (clients run in the project folder); the
+        broker's login and TLS settings are read from them when the run starts.
+    command : str
+        The command line, for the report.
+    dataset : {"hapt", "realworld"}
+    data : Path
+        Absolute dataset location.
+    sources : dict client id -> replay source text
+        One client per subject with labelled windows, in subject order.
+    settings : CoordinatorConfig
+        The federation's settings from the options (``resume`` set for ``--resume``); the run
+        adds the broker, run folder and client count.
+    split : SplitSpec
+        Every client's train/test split, also the union test set's.
+    run_id : str
+    run_dir : Path
+        Absolute run folder (created when the run starts).
+    federation : str
+        Federation name (topics); the run id unless ``--federation``.
+    """
+
+    options: argparse.Namespace
+    command: str
+    dataset: str
+    data: Path
+    sources: dict[str, str]
+    settings: CoordinatorConfig
+    split: SplitSpec
+    run_id: str
+    run_dir: Path
+    federation: str
+
+
+def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationPlan:
+    """Turn parsed options into a :class:`SimulationPlan`; starts nothing, writes nothing.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        From :func:`build_parser` (its paths are made absolute in place).
+    argv : list of str, optional
+        The command line's arguments, for the report (default ``sys.argv[1:]``).
+
+    Raises
+    ------
+    PlanError
+        Status 2 for unusable options (no ``--data`` for REALWORLD, a bad split or setting,
+        ``--resume`` without an earlier run folder), 3 for a dataset without usable subjects,
+        6 for an earlier run whose ``state.sqlite`` is damaged.
+    """
     data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
     # Clients run in the project folder: every path they get must not depend on where this command was started.
     data = Path(data).resolve() if data is not None else None
     if data is None:
-        print("fedhar-simulate: --dataset realworld needs --data PATH (the archive zip or its extracted folder)", file=sys.stderr)
-        return 2
+        raise PlanError(2, "--dataset realworld needs --data PATH (the archive zip or its extracted folder)")
     try:
         sources = subject_sources(args.dataset, Path(data), args.positions)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 3
+        raise PlanError(3, str(exc)) from None
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
     sources, dropped = drop_empty_sources(sources)
     for cid, why in dropped.items():
         log.warning("client %s dropped at start: %s", cid, why)
     if not sources:
-        print("fedhar-simulate: no subject has labelled windows to train on; check --data and --positions", file=sys.stderr)
-        return 3
+        raise PlanError(3, "no subject has labelled windows to train on; check --data and --positions")
     if args.credentials_dir is not None:
         args.credentials_dir = args.credentials_dir.resolve()
     for opt in ("tls_ca", "tls_cert", "tls_key"):
@@ -322,189 +385,264 @@ def main(argv: list[str] | None = None) -> int:
         settings = config_from_args(args, run_dir=Path("."))
         split = SplitSpec.parse(args.split, seed=settings.split_seed)
     except ValueError as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 2
+        raise PlanError(2, str(exc)) from None
     if args.resume:
         if args.run_dir is None or not (args.run_dir / "state.sqlite").is_file():
-            print("fedhar-simulate: --resume needs --run-dir of an earlier run (a folder with state.sqlite)", file=sys.stderr)
-            return 2
+            raise PlanError(2, "--resume needs --run-dir of an earlier run (a folder with state.sqlite)")
         try:
             earlier = RunState(args.run_dir)
             args.run_id = args.run_id or earlier.get("run_id")
             earlier.close()
         except sqlite3.DatabaseError as exc:
-            print(f"fedhar-simulate: {args.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run", file=sys.stderr)
-            return 6
+            raise PlanError(6, f"{args.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run") from None
         settings = replace(settings, resume=True)
     run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = (args.run_dir or Path("runs") / run_id).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
-    file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(file_log)
-    log.info(
-        "run %s: %d clients (%s), %d rounds, %s; folder %s",
-        run_id,
-        len(sources),
-        args.dataset,
-        settings.rounds,
-        settings.strategy_label,
-        run_dir,
+    return SimulationPlan(
+        options=args,
+        command="fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+        dataset=args.dataset,
+        data=data,
+        sources=sources,
+        settings=settings,
+        split=split,
+        run_id=run_id,
+        run_dir=(args.run_dir or Path("runs") / run_id).resolve(),
+        federation=args.federation or run_id,
     )
 
-    monitor = MemoryMonitor()
-    monitor.start()
-    fleet: Fleet | None = None
-    broker_ctx: EmbeddedBroker | None = None
-    coord: Coordinator | None = None
-    ok = False
-    stops = StopSignals().__enter__()  # left in the finally, after the clean-up
+
+@dataclass
+class _Outcome:
+    """What the run step learns as it goes, for the clean-up and the final report."""
+
+    ok: bool = False
     stopped_by: int | None = None
-    try:
-        if args.credentials_dir is not None and not args.broker:
-            raise ValueError("--credentials-dir needs --broker (the embedded broker has no accounts)")
-        if args.broker:
-            if args.credentials_dir is not None:
-                args.username = args.username or "coordinator"
-                args.password_file = args.credentials_dir / f"{args.username}.password"
-            broker = broker_from_args(args)
-        else:
-            broker_ctx = LOCAL_BROKERS[args.local_broker](log_file=run_dir / "logs" / "broker.log")
-            broker_ctx.__enter__()  # assigned first, so the finally stops a broker whose start was interrupted
-            stops.check()
-            # MQTT 3.1.1, which both speak (amqtt only that): the run is the same on either.
-            broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes,
-                                  mqtt_version="3.1.1")  # fmt: skip
-        federation = args.federation or run_id
-        client_argv: dict[str, list[str]] = {}
-        for cid, text in sources.items():
-            cmd = [
-                "--client-id",
-                cid,
-                "--broker",
-                f"{broker.host}:{broker.port}",
-                "--federation",
-                federation,
-                "--source",
-                text,
-                "--state-dir",
-                str(run_dir / "clients" / cid),
-                "--exit-after-run",
-                run_id,
-                "--max-message-bytes",
-                str(args.max_message_bytes),
-                "--split-seed",
-                str(settings.split_seed),
-                "--mqtt-version",
-                broker.mqtt_version,
-                "--split",
-                split.text,
-            ]
-            if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
-                cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
-            for opt in ("tls_ca", "tls_cert", "tls_key"):
-                if getattr(args, opt):
-                    cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
-            client_argv[cid] = cmd
-        workers = args.workers if args.workers is not None else (0 if args.engine == "ray" else os.cpu_count() or 1)
-        fleet = Fleet(client_argv, args.engine, workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT,
-                      ray_address=args.ray_address)
-        fleet.start()
-        stops.check()
-        log.info("building the union test set for evaluation")
-        evaluator = Evaluator(union_test_set(sources, split=split))
-        stops.check()
-        cfg = replace(
-            settings,
-            run_dir=run_dir,
-            broker=broker,
-            federation=federation,
-            run_id=run_id,
-            expected_clients=len(sources),
-            min_clients=min(settings.min_clients, len(sources)),
-        )
-        header = {
-            "dataset": f"{args.dataset} ({data})",
-            "clients": len(sources),
-            "command": "fedhar-simulate " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-            "broker": "external " + args.broker if args.broker else f"embedded {args.local_broker} (MQTT 3.1.1, loopback)",
-            "engine": fleet.describe(),
-            "split": f"{split.text} (seed {split.seed}, test fraction {split.test_fraction})",
-            "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
-        }
-        if fleet.placement:
-            header["ray_workers"] = fleet.placement
-        running = fleet
+    coord: Coordinator | None = None
+    header: dict[str, Any] = field(default_factory=dict)
 
-        def clients_gone() -> tuple[set[str], str | None]:
-            stops.check()  # called from the coordinator's wait loops: a safe point to stop at
-            return running.gone()
 
-        coord = Coordinator(
-            cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone
+def run(p: SimulationPlan, t0: float | None = None) -> int:
+    """Run the planned simulation; return the exit status.
+
+    Every resource it starts (signal handlers, the run's log file, the memory monitor, the
+    broker, the client fleet) is entered on one :class:`contextlib.ExitStack` as it starts,
+    so whatever happens they are stopped in the reverse order: clients first (a grace period
+    after a clean end, none after a stop signal), then the broker and the monitor; signals
+    that arrive meanwhile are only recorded (:meth:`StopSignals.hold`).
+
+    Parameters
+    ----------
+    p : SimulationPlan
+    t0 : float, optional
+        ``time.monotonic()`` when the command started (the wall time counts from there; default now).
+
+    Returns
+    -------
+    int
+        0 ok, 2 usage, 4 broker, 5 federation failed, 6 run folder unusable, 128 + the signal
+        number after SIGINT/SIGTERM.
+    """
+    t0 = time.monotonic() if t0 is None else t0
+    run_dir = p.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    out = _Outcome()
+    monitor = MemoryMonitor()
+    with contextlib.ExitStack() as stack:
+        stops = stack.enter_context(StopSignals())
+        file_log = logging.FileHandler(run_dir / "logs" / "coordinator.log")
+        file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(file_log)
+        stack.callback(_detach_log, file_log)
+        log.info(
+            "run %s: %d clients (%s), %d rounds, %s; folder %s",
+            p.run_id,
+            len(p.sources),
+            p.dataset,
+            p.settings.rounds,
+            p.settings.strategy_label,
+            run_dir,
         )
-        doc = coord.run()
-        ok = True
-    except StateError as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 6
-    except CoordinatorError as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 5
-    except ValueError as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 2
-    except (RuntimeError, OSError) as exc:
-        print(f"fedhar-simulate: {exc}", file=sys.stderr)
-        return 4
-    except KeyboardInterrupt as exc:
-        stopped_by = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
-    finally:
-        stops.hold()
-        if fleet is not None:
-            clean = ok and stops.signum is None
-            fleet.stop(grace_s=60.0 if clean else 0.0, kill_after_s=10.0 if clean else KILL_AFTER_S, hurry=stops.requested)
-        if broker_ctx is not None:
-            broker_ctx.stop()
-        monitor.stop()
-        if stopped_by is None and ok:  # a signal during the clean-up of a finished run
-            stopped_by = stops.signum
-        if stopped_by is not None:
-            done = coord.state.last_completed_round() + 1 if coord is not None else 0
-            log.warning(
-                "fedhar-simulate: stopped by %s with %d round(s) completed; clients and broker stopped; "
-                "continue with the same options plus --resume --run-dir %s (exit %d)",
-                signal.Signals(stopped_by).name, done, run_dir, 128 + stopped_by,
-            )
-        logging.getLogger().removeHandler(file_log)
-        file_log.close()
-        stops.__exit__(None, None, None)
-    if stopped_by is not None:
-        return 128 + stopped_by
+        stack.callback(_say_how_it_stopped, out, stops, run_dir)  # once the clients, broker and monitor stopped
+        monitor.start()
+        stack.callback(monitor.stop)
+        try:
+            _federate(p, stack, stops, out)
+            out.ok = True
+        except StateError as exc:
+            print(f"fedhar-simulate: {exc}", file=sys.stderr)
+            return 6
+        except CoordinatorError as exc:
+            print(f"fedhar-simulate: {exc}", file=sys.stderr)
+            return 5
+        except ValueError as exc:
+            print(f"fedhar-simulate: {exc}", file=sys.stderr)
+            return 2
+        except (RuntimeError, OSError) as exc:
+            print(f"fedhar-simulate: {exc}", file=sys.stderr)
+            return 4
+        except KeyboardInterrupt as exc:
+            out.stopped_by = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+        finally:
+            stops.hold()  # from here on signals are only recorded: the stack's clean-up is bounded by its own timeouts
+    if out.stopped_by is not None:
+        return 128 + out.stopped_by
+    coord, header = out.coord, out.header
     assert coord is not None  # ok: the coordinator ran to its end
     wall = time.monotonic() - t0
     header.update({"wall_seconds": round(wall, 1), "peak_memory": monitor.as_dict()})
     doc = coord.write_final_report(header)
     summary = {
-        "run_id": run_id,
+        "run_id": p.run_id,
         "run_dir": str(run_dir),
         "wall_seconds": round(wall, 1),
         "peak_memory": monitor.as_dict(),
         "final": doc.get("final"),
         "best": doc.get("best"),
-        "bytes_per_round": [{"round": r["round"], "up": r.get("bytes_up"), "down": r.get("bytes_down")} for r in doc["rounds"]],
+        "bytes_per_round": [_traffic_of(r) for r in records(doc["rounds"])],
     }
-    if args.json:
+    if p.options.json:
         print(json.dumps(summary, indent=2))
     else:
         fin = doc.get("final", {}).get("global", {})
         print(
-            f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(sources)} clients in {wall:.0f} s; "
+            f"\nfedhar-simulate: {len(doc['rounds'])} rounds with {len(p.sources)} clients in {wall:.0f} s; "
             f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
             f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
         )
     return 0
+
+
+def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals, out: _Outcome) -> None:
+    """Start the broker and the clients (each on ``stack`` before it starts), then run the coordinator to its end."""
+    args, run_dir, sources, settings = p.options, p.run_dir, p.sources, p.settings
+    if args.credentials_dir is not None and not args.broker:
+        raise ValueError("--credentials-dir needs --broker (the embedded broker has no accounts)")
+    if args.broker:
+        if args.credentials_dir is not None:
+            args.username = args.username or "coordinator"
+            args.password_file = args.credentials_dir / f"{args.username}.password"
+        broker = broker_from_args(args)
+    else:
+        broker_ctx = LOCAL_BROKERS[args.local_broker](log_file=run_dir / "logs" / "broker.log")
+        stack.callback(broker_ctx.stop)  # before it starts, so a broker whose start was interrupted is stopped too
+        broker_ctx.__enter__()
+        stops.check()
+        # MQTT 3.1.1, which both speak (amqtt only that): the run is the same on either.
+        broker = BrokerConfig(host=broker_ctx.host, port=broker_ctx.port, max_message_bytes=args.max_message_bytes,
+                              mqtt_version="3.1.1")  # fmt: skip
+    client_argv = {cid: _client_argv(p, cid, text, broker) for cid, text in sources.items()}
+    workers = args.workers if args.workers is not None else (0 if args.engine == "ray" else os.cpu_count() or 1)
+    fleet = Fleet(client_argv, args.engine, workers, args.threads_per_client, run_dir / "logs", PROJECT_ROOT,
+                  ray_address=args.ray_address)  # fmt: skip
+
+    def stop_fleet() -> None:
+        clean = out.ok and stops.signum is None
+        fleet.stop(grace_s=60.0 if clean else 0.0, kill_after_s=10.0 if clean else KILL_AFTER_S, hurry=stops.requested)
+
+    stack.callback(stop_fleet)
+    fleet.start()
+    stops.check()
+    log.info("building the union test set for evaluation")
+    evaluator = Evaluator(union_test_set(sources, split=p.split))
+    stops.check()
+    cfg = replace(
+        settings,
+        run_dir=run_dir,
+        broker=broker,
+        federation=p.federation,
+        run_id=p.run_id,
+        expected_clients=len(sources),
+        min_clients=min(settings.min_clients, len(sources)),
+    )
+    header = out.header = {
+        "dataset": f"{p.dataset} ({p.data})",
+        "clients": len(sources),
+        "command": p.command,
+        "broker": "external " + args.broker if args.broker else f"embedded {args.local_broker} (MQTT 3.1.1, loopback)",
+        "engine": fleet.describe(),
+        "split": f"{p.split.text} (seed {p.split.seed}, test fraction {p.split.test_fraction})",
+        "evaluation_set": f"union of the {len(sources)} subjects' test splits ({len(evaluator.union_test)} windows)",
+    }
+    if fleet.placement:
+        header["ray_workers"] = fleet.placement
+
+    def clients_gone() -> tuple[set[str], str | None]:
+        stops.check()  # called from the coordinator's wait loops: a safe point to stop at
+        return fleet.gone()
+
+    out.coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone)
+    out.coord.run()
+
+
+def _client_argv(p: SimulationPlan, cid: str, source: str, broker: BrokerConfig) -> list[str]:
+    """The ``fedhar-client`` options of client ``cid`` (replaying ``source``) in this run."""
+    args = p.options
+    cmd = [
+        "--client-id",
+        cid,
+        "--broker",
+        f"{broker.host}:{broker.port}",
+        "--federation",
+        p.federation,
+        "--source",
+        source,
+        "--state-dir",
+        str(p.run_dir / "clients" / cid),
+        "--exit-after-run",
+        p.run_id,
+        "--max-message-bytes",
+        str(args.max_message_bytes),
+        "--split-seed",
+        str(p.settings.split_seed),
+        "--mqtt-version",
+        broker.mqtt_version,
+        "--split",
+        p.split.text,
+    ]
+    if args.credentials_dir is not None:  # per-device accounts, as written by firmware_scripts/mosquitto_config.py
+        cmd += ["--username", cid, "--password-file", str(args.credentials_dir / f"{cid}.password")]
+    for opt in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, opt):
+            cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
+    return cmd
+
+
+def _say_how_it_stopped(out: _Outcome, stops: StopSignals, run_dir: Path) -> None:
+    """After the clean-up: a stop signal (also one during the clean-up of a finished run) is logged with how to resume."""
+    if out.stopped_by is None and out.ok:
+        out.stopped_by = stops.signum
+    if out.stopped_by is not None:
+        done = out.coord.state.last_completed_round() + 1 if out.coord is not None else 0
+        log.warning(
+            "fedhar-simulate: stopped by %s with %d round(s) completed; clients and broker stopped; "
+            "continue with the same options plus --resume --run-dir %s (exit %d)",
+            signal.Signals(out.stopped_by).name, done, run_dir, 128 + out.stopped_by,
+        )  # fmt: skip
+
+
+def _traffic_of(r: RoundRecord) -> dict[str, int | None]:
+    t = r.traffic
+    return {"round": r.round, "up": t.bytes_up if t else None, "down": t.bytes_down if t else None}
+
+
+def _detach_log(handler: logging.Handler) -> None:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
+    6 run folder unusable (systemd does not restart on it), 128 + signal number when stopped."""
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    t0 = time.monotonic()
+    try:
+        p = plan(args, argv)
+    except PlanError as exc:
+        print(f"fedhar-simulate: {exc}", file=sys.stderr)
+        return exc.status
+    return run(p, t0)
 
 
 if __name__ == "__main__":

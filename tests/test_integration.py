@@ -139,3 +139,7 @@ def test_bad_input_on_the_wire_is_rejected_and_the_run_completes(tmp_path, mosqu
     assert ("hapt-01", "bad_chunk") in reasons
     assert ("hapt-02", "future_round") in reasons
     assert ("hapt-03", "sha256_mismatch") in reasons
+    # the round records name the same rejections, with their counts
+    recorded = {(c, why) for r in doc["rounds"] for c, why, n in r.get("rejections", []) if n >= 1}
+    assert {("hapt-01", "bad_chunk"), ("hapt-02", "future_round"), ("hapt-03", "sha256_mismatch")} <= recorded
+    assert sum(r["rejected"] for r in doc["rounds"]) == sum(n for r in doc["rounds"] for _, _, n in r.get("rejections", []))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from coordinator.config import CoordinatorConfig
+from coordinator.record import RoundRecord
 from coordinator.round import Exchange, base_plan, check_quorum, select_clients, summary_line
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
@@ -66,8 +67,8 @@ def test_base_plan_carries_the_ala_settings_only_when_ala_is_on() -> None:
 
 
 def test_summary_line_reads_as_documented() -> None:
-    s = {"round": 7, "selected": 30, "updates": 28, "rejected": 2, "missing": ["a", "b"], "seconds": 41.24,
-         "global": {"accuracy": 0.859, "macro_f1": 0.857}, "bytes_up": 773.9e6, "bytes_down": 12e6}
+    s = RoundRecord.from_json({"round": 7, "selected": 30, "updates": 28, "rejected": 2, "missing": ["a", "b"], "seconds": 41.24,
+         "global": {"accuracy": 0.859, "macro_f1": 0.857}, "bytes_up": 773_900_000, "bytes_down": 12_000_000})
     assert summary_line(s) == (
         "round 7: 30 selected, 28 updates, 2 rejected, 2 missed the deadline, 41.2 s; "
         "global acc 85.9% F1 85.7%, personalisation acc n/a F1 n/a; up 773.9 MB, down 12.0 MB"

@@ -336,6 +336,8 @@ def test_a_federation_in_int8_deltas_sends_a_quarter_of_the_bytes(tmp_path):
         assert b["bytes_down"] == a["bytes_down"]  # models still travel in float32
         ratio = b["bytes_up"] / a["bytes_up"]
         assert 0.22 < ratio < 0.32, ratio  # 1/4 plus the metadata both carry
+        assert b["bytes_up_by_encoding"] == {"int8_delta": b["bytes_up"]}  # the round record's traffic by encoding
+        assert "bytes_up_by_encoding" not in a  # float32 only: the report's rows are as before encodings existed
     f1 = [d["final"]["global"]["macro_f1"] for d in (docs["float32"], docs["int8_delta"])]
     assert all(0.0 <= v <= 1.0 for v in f1)
 

@@ -1,7 +1,7 @@
 """The wire format (DESIGN.md section 3): what a client and the coordinator exchange over MQTT.
 
 * :mod:`~har_models.wire.topics`: topic names of a federation and the id rules;
-* :mod:`~har_models.wire.messages`: JSON control messages (announcements, plans, status), validated;
+* :mod:`~har_models.wire.messages`: JSON control messages (announcements, plans, status, receipts, round progress), validated;
 * :mod:`~har_models.wire.codec`: named tensors <-> safetensors bytes in a versioned envelope;
 * :mod:`~har_models.wire.chunking`: envelopes larger than the broker's limit, in checked chunks;
 * :mod:`~har_models.wire.update_encoding`: float32, float16 or 8-bit delta uploads;

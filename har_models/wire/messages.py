@@ -1,4 +1,5 @@
-"""JSON control messages of the wire protocol: round announcements, training plans, client status.
+"""JSON control messages of the wire protocol: round announcements, training plans, client status,
+coordinator status, receipts and the round progress an observer reads.
 
 Every field that arrives from the network is checked where it enters (types, ranges,
 unknown keys), so a malformed message is refused with :class:`MessageError` and never
@@ -427,3 +428,85 @@ class Receipt:
         if r.state not in RECEIPT_STATES or not isinstance(r.run_id, str) or not isinstance(r.transfer, str) or len(r.transfer) != 64:
             raise MessageError(f"receipt: bad state {r.state!r:.40} or ids")
         return r
+
+
+PROGRESS_VERSION = 1
+"""Format version of :class:`RoundProgress`'s ``record`` (the round record's JSON form)."""
+
+MAX_PROGRESS_BYTES = 1 << 20
+"""Largest progress message, 1 MiB. A round record with per-client figures for tens of clients
+and FedDWA's (n, n) weights is a few tens of KB; the coordinator leaves the per-client parts
+out of a record that would be larger."""
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """The retained progress message of a federation: the record of its last completed round.
+
+    Published by the coordinator after every round on ``Topics.progress``, so an observer
+    (a status page, a phone, ``mosquitto_sub``) follows a federation by subscribing, and
+    one that subscribes late still gets the latest round. It carries the figures only: no
+    tensors, no model.
+
+    Parameters
+    ----------
+    run_id : str
+    round : int
+        The completed round, 0-based; equals ``record["round"]``.
+    rounds : int
+        Rounds the run is configured for (``round == rounds - 1`` is its last).
+    record : dict
+        The round record's JSON form (``coordinator.record.RoundRecord.to_json``, the per-round
+        entry of ``report.json``), in format :data:`PROGRESS_VERSION`.
+    version : int
+        :data:`PROGRESS_VERSION` of the writer; a reader refuses another.
+    """
+
+    run_id: str
+    round: int
+    rounds: int
+    record: dict[str, Any]
+    version: int = PROGRESS_VERSION
+
+    def to_bytes(self) -> bytes:
+        """UTF-8 JSON.
+
+        Raises
+        ------
+        ValueError
+            If the message would exceed :data:`MAX_PROGRESS_BYTES` (leave out the per-client parts).
+        """
+        d = {"protocol": PROTOCOL_VERSION, "version": self.version, "run_id": self.run_id, "round": self.round,
+             "rounds": self.rounds, "record": self.record}  # fmt: skip
+        out = json.dumps(d, allow_nan=True).encode()
+        if len(out) > MAX_PROGRESS_BYTES:
+            raise ValueError(f"round progress of round {self.round} is {len(out)} bytes, above {MAX_PROGRESS_BYTES}")
+        return out
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> RoundProgress:
+        """Parse a progress message (the record inside is checked for its shape only).
+
+        Raises
+        ------
+        MessageError
+            If it is larger than :data:`MAX_PROGRESS_BYTES`, not JSON, of another protocol or
+            progress version, or malformed (types, a record of another round).
+        """
+        if len(payload) > MAX_PROGRESS_BYTES:
+            raise MessageError(f"round progress: {len(payload)} bytes, above {MAX_PROGRESS_BYTES}")
+        d = _load_json(payload, "round progress")
+        d.pop("protocol")
+        if d.get("version") != PROGRESS_VERSION:
+            raise MessageError(f"round progress: version {d.get('version')!r:.20}, this build reads {PROGRESS_VERSION}")
+        try:
+            p = cls(**d)
+            check_count(p.round, "round")
+            check_count(p.rounds, "rounds")
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"round progress: {exc}") from None
+        if not isinstance(p.run_id, str) or not isinstance(p.record, dict):
+            raise MessageError("round progress: 'run_id' must be a string and 'record' an object")
+        if p.record.get("round") != p.round:
+            raise MessageError(f"round progress: the record is of round {p.record.get('round')!r:.20}, the message of {p.round}")
+        return p

@@ -4,6 +4,7 @@ Topics (``{p}`` = ``fedhar/v1/{federation}``)::
 
     {p}/coordinator/status          retained; last will "offline"
     {p}/round                       retained round announcement (JSON)
+    {p}/progress                    retained record of the last completed round (JSON)
     {p}/model/global/{i}            retained chunk i of the current global model envelope
     {p}/client/{cid}/status         retained client status (JSON); last will "offline"
     {p}/client/{cid}/model/{i}      retained chunk i of the client's personalised model
@@ -67,6 +68,11 @@ class Topics:
     @property
     def round(self) -> str:
         return f"{self.prefix}/round"
+
+    @property
+    def progress(self) -> str:
+        """The retained progress message (:class:`har_models.wire.messages.RoundProgress`), for observers."""
+        return f"{self.prefix}/progress"
 
     def global_model(self, index: int | str) -> str:
         return f"{self.prefix}/model/global/{index}"
