@@ -318,7 +318,7 @@ class DeviceController:
         if n_train < MIN_TRAIN_WINDOWS:
             return
         from edge_client.agent import ClientConfig, EdgeAgent  # PyTorch today; a backend on the phone later
-        from har_io.mqtt_link import BrokerConfig
+        from har_io.broker_config import BrokerConfig
 
         host, _, port = self.cfg.broker.rpartition(":")
         password = self.cfg.password_file.read_text().strip() if self.cfg.password_file else None
