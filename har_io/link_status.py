@@ -54,18 +54,19 @@ def describe_refusal(reason: str) -> str:
     Returns
     -------
     str
-        ``"login refused: bad user name or password"``, ``"login refused: not authorised"``,
+        ``"login refused: bad user name or password"``,
+        ``"login refused: not authorised (check the user name and password)"``,
         ``"login refused: banned"`` ... for the codes of a login the broker will not take,
         ``"broker refused the connection: server unavailable"`` ... for the others.
     """
-    if reason == "Not authorized":
-        return "login refused: not authorised"
+    if reason == "Not authorized":  # what Mosquitto answers to a wrong password, an unknown or a revoked user
+        return "login refused: not authorised (check the user name and password)"
     if reason in AUTH_REFUSALS:
         return f"login refused: {reason.lower()}"
     return f"broker refused the connection: {reason.lower()}"
 
 
-def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s: float | None = None) -> str:
+def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s: float | None = None, tls: bool = False) -> str:
     """Plain words for why opening a connection to ``host:port`` raised ``exc`` (TCP, DNS or TLS).
 
     Parameters
@@ -76,6 +77,8 @@ def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s
         The broker's address as configured.
     timeout_s : float, optional
         paho's connect timeout, named in the words for a timeout (s).
+    tls : bool
+        The connection uses TLS (a reset during the handshake then hints at a plain port).
 
     Returns
     -------
@@ -85,6 +88,7 @@ def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s
         ``"broker unreachable: <the system's words> (HOST:PORT)"``,
         ``"TLS: certificate verify failed (wrong CA?)"``,
         ``"TLS: the broker's certificate is not valid for 'HOST' (wrong host name?)"``,
+        ``"TLS: the broker at HOST:PORT reset the connection in the handshake (a plain MQTT port?)"``,
         ``"TLS: <OpenSSL's reason>"``, ``"TLS: the broker ended the handshake (plain MQTT port, or it refused our
         certificate?)"``; anything else as ``"connection failed: <type>: <message>"``.
     """
@@ -107,6 +111,8 @@ def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s
         return f"DNS: unknown host {host!r}"
     if isinstance(exc, ConnectionRefusedError):
         return f"broker unreachable: connection refused at {where}"
+    if isinstance(exc, ConnectionResetError) and tls:  # Mosquitto resets a TLS hello on a plain listener
+        return f"TLS: the broker at {where} reset the connection in the handshake (a plain MQTT port?)"
     if isinstance(exc, TimeoutError):
         within = f" within {timeout_s:g} s" if timeout_s else ""
         return f"broker unreachable: no answer from {where}{within}"
@@ -114,3 +120,13 @@ def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s
         words = exc.strerror or errno.errorcode.get(exc.errno or 0, "") or str(exc)
         return f"broker unreachable: {words[:1].lower()}{words[1:]} ({where})"
     return f"connection failed: {type(exc).__name__}: {exc}"
+
+
+def describe_early_close(host: str, port: int, reason: str, tls: bool) -> str:
+    """Plain words for a broker that closed the connection after TCP connect and before its CONNACK.
+
+    ``reason`` is paho's disconnect reason name; without TLS the likeliest cause is a TLS port.
+    """
+    why = "" if reason in ("", "Unspecified error", "Success") else f" ({reason})"
+    hint = "" if tls else "; a TLS port? then give --tls-ca"
+    return f"the broker at {host}:{port} closed the connection before accepting it{why}{hint}"

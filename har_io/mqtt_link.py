@@ -44,7 +44,14 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from har_io.broker_config import MIN_CHUNK_BYTES, BrokerConfig
-from har_io.link_status import AUTH_REFUSALS, TRANSIENT_TLS_ERRORS, LinkStatus, describe_connect_failure, describe_refusal
+from har_io.link_status import (
+    AUTH_REFUSALS,
+    TRANSIENT_TLS_ERRORS,
+    LinkStatus,
+    describe_connect_failure,
+    describe_early_close,
+    describe_refusal,
+)
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
@@ -288,7 +295,7 @@ class MqttLink:
         self.failed.set()
 
     def _on_attempt_failed(self, exc: OSError) -> None:
-        words = describe_connect_failure(exc, self.cfg.host, self.cfg.port, self._client.connect_timeout)
+        words = describe_connect_failure(exc, self.cfg.host, self.cfg.port, self._client.connect_timeout, tls=bool(self.cfg.tls_ca))
         if not isinstance(exc, ssl.SSLError) or isinstance(exc, TRANSIENT_TLS_ERRORS):
             self._record_failure(words, waits=2 if self._client.attempts == 1 else 1)
             return
@@ -357,7 +364,7 @@ class MqttLink:
             return
         if not was_up:
             if self._attempt_open:  # closed between TCP connect and CONNACK: no other word came
-                self._record_failure(f"the broker at {self.cfg.address} closed the connection before accepting it ({reason_code})")
+                self._record_failure(describe_early_close(self.cfg.host, self.cfg.port, str(reason_code), bool(self.cfg.tls_ca)))
             return
         self._waits = 1  # paho waits RECONNECT_MIN_S before its first attempt after a lost connection
         # paho's own queue is the authority on what is unacknowledged: a packet may be on the wire
