@@ -13,7 +13,7 @@ Two processes with one client id are detected through the instance id in the cli
 retained status, and both stop (exit code :data:`EXIT_DUPLICATE_ID`).
 
 The connection's state, with the cause of the last failed attempt in plain words, is
-:attr:`EdgeAgent.connection` (a :class:`~har_io.mqtt_link.LinkStatus`), for a screen to show.
+:attr:`EdgeAgent.connection` (a :class:`~har_io.link_status.LinkStatus`), for a screen to show.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from edge_client.delivery import Delivery
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, Trainer
 from har_io.broker_config import BrokerConfig
+from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
-from har_io.mqtt_link import BrokerRefused, LinkStatus, MqttLink
+from har_io.mqtt_link import BrokerRefused, MqttLink
 from har_models.data.windowing import ChannelStats
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer

@@ -30,7 +30,7 @@ import pytest
 from edge_client.agent import EXIT_BROKER_REFUSED, ClientConfig, EdgeAgent
 from edge_client.store import ClientStore
 from har_io.broker_config import BrokerConfig
-from har_io.link_status import describe_connect_failure, describe_early_close, describe_refusal
+from har_io.link_status import LinkStatus, describe_connect_failure, describe_early_close, describe_refusal
 from har_io.mqtt_link import MqttLink
 from har_models.data.labels import LABEL_SETS
 from simulation.broker import LocalMosquitto, find_mosquitto, free_port, stop_process, wait_for_port
@@ -42,7 +42,7 @@ ME = pwd.getpwuid(os.geteuid()).pw_name
 
 
 # ------------------------------------------------------------------------------------- the words alone
-def test_words_for_each_kind_of_failure():
+def test_words_for_each_kind_of_failure() -> None:
     assert describe_connect_failure(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "10.0.0.5", 1883) == (
         "broker unreachable: connection refused at 10.0.0.5:1883"
     )
@@ -140,7 +140,7 @@ def _fails_with(cfg: BrokerConfig) -> MqttLink:
     return link
 
 
-def test_a_wrong_password_gives_the_refusal_and_no_retry(secured: Secured):
+def test_a_wrong_password_gives_the_refusal_and_no_retry(secured: Secured) -> None:
     link = _fails_with(BrokerConfig(port=secured.port, username="hapt-01", password="wrong"))
     assert link.connect_error == "login refused: not authorised (check the user name and password)"
     st = link.status()
@@ -148,7 +148,7 @@ def test_a_wrong_password_gives_the_refusal_and_no_retry(secured: Secured):
     assert link.attempts == 1
 
 
-def test_a_wrong_ca_and_a_wrong_host_name_give_the_tls_cause(secured: Secured):
+def test_a_wrong_ca_and_a_wrong_host_name_give_the_tls_cause(secured: Secured) -> None:
     pw = secured.password("hapt-01")
     link = _fails_with(BrokerConfig(host="localhost", port=secured.tls_port, username="hapt-01", password=pw,
                                     tls_ca=str(secured.pki / "otherca.crt")))  # fmt: skip
@@ -161,12 +161,12 @@ def test_a_wrong_ca_and_a_wrong_host_name_give_the_tls_cause(secured: Secured):
                                tls_ca=str(secured.pki / "ca.crt")), "fedhar-client-hapt-01")  # fmt: skip
     try:
         assert ok.start(WAIT_S)
-        assert ok.status() == ok.status().__class__(connected=True, error=None, failures=0, fatal=False, retry_in_s=None)
+        assert ok.status() == LinkStatus(connected=True, error=None, failures=0, fatal=False, retry_in_s=None)
     finally:
         ok.stop()
 
 
-def test_the_agent_shows_the_cause_in_its_connection_status(secured: Secured, tmp_path: Path):
+def test_the_agent_shows_the_cause_in_its_connection_status(secured: Secured, tmp_path: Path) -> None:
     store = ClientStore(tmp_path / "state", LABEL_SETS["hapt6"], owner="hapt-01")
     cfg = ClientConfig(client_id="hapt-01", broker=BrokerConfig(port=secured.port, username="hapt-01", password="wrong"),
                        federation="ce", backend="numpy")  # fmt: skip
@@ -184,7 +184,7 @@ def test_the_agent_shows_the_cause_in_its_connection_status(secured: Secured, tm
         store.close()
 
 
-def test_a_connection_that_succeeds_clears_the_cause(tmp_path: Path):
+def test_a_connection_that_succeeds_clears_the_cause(tmp_path: Path) -> None:
     if find_mosquitto() is None:
         pytest.skip("mosquitto not installed")
     port = free_port()
@@ -198,7 +198,7 @@ def test_a_connection_that_succeeds_clears_the_cause(tmp_path: Path):
             while not link.connected.is_set() and time.monotonic() < end:
                 time.sleep(0.05)
             assert link.connected.is_set()
-            assert link.status() == link.status().__class__(connected=True, error=None, failures=0, fatal=False, retry_in_s=None)
+            assert link.status() == LinkStatus(connected=True, error=None, failures=0, fatal=False, retry_in_s=None)
     finally:
         link.stop()
 
@@ -209,7 +209,7 @@ _LINE = re.compile(
 )
 
 
-def test_fedhar_client_logs_each_failed_attempt_once_with_its_cause_and_backs_off(tmp_path: Path):
+def test_fedhar_client_logs_each_failed_attempt_once_with_its_cause_and_backs_off(tmp_path: Path) -> None:
     """An unreachable broker: one line per attempt, the waits double, and each line's wait is the real one."""
     port = free_port()
     t0 = time.monotonic()

@@ -94,7 +94,7 @@ ENVELOPE = os.urandom(4500)  # 5 chunks of 1000 payload bytes
 N_SMALL = len(list(iter_chunks(ENVELOPE, CHUNK // 2)))  # after a halving: 472 payload bytes per chunk, 10 chunks
 
 
-def test_a_receipt_ends_delivery_and_nothing_is_sent_again():
+def test_a_receipt_ends_delivery_and_nothing_is_sent_again() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -109,7 +109,7 @@ def test_a_receipt_ends_delivery_and_nothing_is_sent_again():
     assert len(link.sent) == 5
 
 
-def test_a_receipt_for_another_update_or_exchange_changes_nothing():
+def test_a_receipt_for_another_update_or_exchange_changes_nothing() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -118,7 +118,7 @@ def test_a_receipt_for_another_update_or_exchange_changes_nothing():
     assert d.pending is not None and d.pending.transfer == transfer_id(ENVELOPE)
 
 
-def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles_up_to_its_cap():
+def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles_up_to_its_cap() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -136,7 +136,7 @@ def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles
     assert MAX_RECEIPT_WAIT_S == 60.0
 
 
-def test_two_unanswered_sends_make_the_third_cut_smaller():
+def test_two_unanswered_sends_make_the_third_cut_smaller() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -149,7 +149,7 @@ def test_two_unanswered_sends_make_the_third_cut_smaller():
     assert d.pending is not None and d.pending.chunk_bytes == CHUNK // 2
 
 
-def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size():
+def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -164,7 +164,7 @@ def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size():
     assert len(link.sent) == 7
 
 
-def test_chunks_lost_twice_make_the_link_cut_smaller_and_send_all_again():
+def test_chunks_lost_twice_make_the_link_cut_smaller_and_send_all_again() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, DEADLINE)
@@ -176,7 +176,7 @@ def test_chunks_lost_twice_make_the_link_cut_smaller_and_send_all_again():
     assert d.pending is not None and d.pending.count == N_SMALL and d.pending.sends == 2
 
 
-def test_a_refused_size_is_sent_again_smaller_at_the_next_poll():
+def test_a_refused_size_is_sent_again_smaller_at_the_next_poll() -> None:
     link = RecordingLink()
     link.reject_next = 1
     d, _ = make(link, ENVELOPE)
@@ -186,7 +186,7 @@ def test_a_refused_size_is_sent_again_smaller_at_the_next_poll():
     assert link.indices() == list(range(N_SMALL))
 
 
-def test_delivery_is_bounded_by_the_round_and_its_deadline():
+def test_delivery_is_bounded_by_the_round_and_its_deadline() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
     d.start(KEY, ENVELOPE, deadline_unix=100.0)
@@ -204,7 +204,7 @@ def test_delivery_is_bounded_by_the_round_and_its_deadline():
     assert d.pending is not None and len(link.sent) == 15
 
 
-def test_an_update_that_changed_in_the_store_is_not_sent_again():
+def test_an_update_that_changed_in_the_store_is_not_sent_again() -> None:
     link = RecordingLink()
     store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
     d, clock = make(link, ENVELOPE, store)
@@ -215,7 +215,7 @@ def test_an_update_that_changed_in_the_store_is_not_sent_again():
     assert d.pending is None and len(link.sent) == 5
 
 
-def test_delivery_over_mosquitto_sends_what_the_coordinator_asks_for(mosquitto: int):
+def test_delivery_over_mosquitto_sends_what_the_coordinator_asks_for(mosquitto: int) -> None:
     cfg = BrokerConfig(port=mosquitto, max_message_bytes=64 * 1024)
     spy = MqttLink(cfg, "t-coordinator", subscriptions=[("fedhar/v1/t/client/dev-a/update/+", 1)])
     dev = MqttLink(cfg, "t-dev-a")
