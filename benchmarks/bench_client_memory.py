@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from coordinator.config import CoordinatorConfig  # noqa: E402
 from coordinator.evaluation import Evaluator  # noqa: E402
 from coordinator.service import Coordinator  # noqa: E402
-from har_io.mqtt_link import BrokerConfig  # noqa: E402
+from har_io.broker_config import BrokerConfig  # noqa: E402
 from har_models.data.subjects import union_test_set  # noqa: E402
 from har_models.nn.arch import ArchSpec  # noqa: E402
 from simulation.broker import EmbeddedBroker  # noqa: E402

@@ -61,7 +61,8 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from har_io.mqtt_link import BrokerConfig, MqttLink
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks

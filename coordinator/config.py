@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from har_io.mqtt_link import BrokerConfig
+from har_io.broker_config import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT_SEED
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
 from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS

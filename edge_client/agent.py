@@ -4,12 +4,16 @@ Threads: paho's network thread only queues messages (:class:`~har_io.mqtt_link.M
 this agent's own thread parses them, reassembles models and runs training, so a long
 training never stalls keep-alives or acknowledgements.
 
-Delivery is end to end (docs/reliability.md): an update counts as delivered only when the
-coordinator's receipt for it arrives; until then it is sent again with back-off, while its
-round is open, and chunks the coordinator reports missing are sent again on their own.
+Delivery is end to end (docs/reliability.md, :mod:`edge_client.delivery`): an update counts as
+delivered only when the coordinator's receipt for it arrives; until then it is sent again with
+back-off, while its round is open, and chunks the coordinator reports missing are sent again on
+their own.
 A round is acted on only while the coordinator that announced it is online for that run.
 Two processes with one client id are detected through the instance id in the client's own
 retained status, and both stop (exit code :data:`EXIT_DUPLICATE_ID`).
+
+The connection's state, with the cause of the last failed attempt in plain words, is
+:attr:`EdgeAgent.connection` (a :class:`~har_io.link_status.LinkStatus`), for a screen to show.
 """
 
 from __future__ import annotations
@@ -20,17 +24,20 @@ import queue
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 
+from edge_client.delivery import Delivery
 from edge_client.programs import PROGRAM_MODES, make_fetcher
 from edge_client.store import ClientStore
 from edge_client.trainer_common import RoundOutcome, Trainer
+from har_io.broker_config import BrokerConfig
+from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
-from har_io.mqtt_link import BrokerConfig, BrokerRefused, MqttLink, PacketRejected
+from har_io.mqtt_link import BrokerRefused, MqttLink
 from har_models.data.windowing import ChannelStats
 from har_models.wire import codec
-from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer, transfer_id
+from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, Receipt, RoundAnnouncement, offline_status
 from har_models.wire.topics import Topics, check_client_id
 
@@ -42,27 +49,6 @@ EXIT_BROKER_REFUSED = 4
 """Exit code: the broker refused the login, or TLS failed (a restart cannot help)."""
 EXIT_DUPLICATE_ID = 5
 """Exit code: another process uses this client id (a restart cannot help)."""
-
-
-@dataclass
-class _Pending:
-    """An update sent and not yet acknowledged by the coordinator's receipt.
-
-    The envelope is in memory only while it is first sent; later sends read it back from
-    the store (``last_update.bin``, written before the first send), so a worker whose
-    clients wait for receipts does not hold one update per client.
-    """
-
-    key: tuple[str, int, int]  # run, round, stage
-    envelope: bytes | None
-    transfer: str
-    deadline_unix: float
-    chunk_bytes: int = 0  # size of the last full send (bytes per chunk message)
-    count: int = 0  # chunks of the last full send
-    sends: int = 0  # full sends so far
-    unanswered: int = 0  # full sends that got neither receipt nor request
-    next_try: float = 0.0  # monotonic time of the next full send
-    resent: Counter[int] = field(default_factory=Counter)  # chunk index -> times re-sent on request
 
 
 @dataclass(frozen=True)
@@ -96,7 +82,8 @@ class ClientConfig:
         device from one that vanished without a last will (e.g. revoked).
     receipt_wait_s : float
         Seconds to wait for the coordinator's receipt before sending an update again; doubles
-        after each unanswered send, up to 60 s, and never beyond the round's deadline.
+        after each further send, up to 60 s, and never beyond the round's deadline
+        (:class:`edge_client.delivery.Delivery`).
     """
 
     client_id: str
@@ -172,7 +159,6 @@ class EdgeAgent:
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
-        self._pending: _Pending | None = None
         self._stopped = threading.Event()
         self._state = "online"
         train = store.windows("train")
@@ -204,6 +190,26 @@ class EdgeAgent:
             ),
             intern=shared_transfers.message if shared_transfers is not None else None,
         )
+        self.delivery = Delivery(
+            self._link,
+            lambda i: self.topics.client_update(cfg.client_id, i),
+            self._stored_update,
+            cfg.client_id,
+            receipt_wait_s=cfg.receipt_wait_s,
+            max_message_bytes=cfg.broker.max_message_bytes,
+        )
+
+    @property
+    def connection(self) -> LinkStatus:
+        """The broker connection now (any thread): connected or not, and why the last attempt failed.
+
+        ``connection.error`` holds the cause in plain words ("login refused: bad user name or
+        password", "TLS: certificate verify failed (wrong CA?)", "broker unreachable: connection
+        refused at HOST:PORT", "DNS: unknown host 'HOST'", ...), None once connected;
+        ``connection.fatal`` is True when a restart cannot help (the agent then ends with
+        :data:`EXIT_BROKER_REFUSED`); ``connection.retry_in_s`` is the wait before the next attempt.
+        """
+        return self._link.status()
 
     def _status_bytes(self) -> bytes:
         last = self.store.get_meta("last_update") or {}
@@ -258,7 +264,7 @@ class EdgeAgent:
                 try:
                     topic, payload, retained = self._link.inbox.get(timeout=0.5)
                 except queue.Empty:
-                    self._maybe_work()  # retries a pending upload even when nothing arrives
+                    self._maybe_work()  # re-sends an unconfirmed upload even when nothing arrives
                     continue
                 self._handle(topic, payload, retained)
                 if self.exit_code:
@@ -382,7 +388,7 @@ class EdgeAgent:
         return co is not None and co.state == "online" and co.run_id == ann.run_id and (not co.attempt or co.attempt == ann.attempt)
 
     def _maybe_work(self) -> None:
-        self._retry_pending()
+        self.delivery.poll(self._open_key())
         ann = self.announcement
         cid = self.cfg.client_id
         if ann is None or ann.state != "training" or cid not in ann.selected or not self._coordinator_runs(ann):
@@ -393,7 +399,7 @@ class EdgeAgent:
                 last = self.store.load_last_update()
                 if last is not None and (last[0]["run_id"], last[0]["round"], last[0]["stage"]) == key:
                     log.info("[%s] round %d: sending the stored update for coordinator attempt %s", cid, ann.round, ann.attempt)
-                    self._start_upload(key, last[1], ann.deadline_unix)
+                    self.delivery.start(key, last[1], ann.deadline_unix)
                 self._sent_attempt[key] = ann.attempt
             return
         _, transfer = ann.model_for(cid)
@@ -409,7 +415,7 @@ class EdgeAgent:
             return
         self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
         self._done.add(key)
-        self._start_upload(key, outcome.envelope, ann.deadline_unix)
+        self.delivery.start(key, outcome.envelope, ann.deadline_unix)
         self._sent_attempt[key] = ann.attempt
         self.rounds_done += 1
         log.info("[%s] round %d%s: %s", cid, ann.round, f".{ann.stage}" if ann.stage else "", outcome.summary)
@@ -446,125 +452,21 @@ class EdgeAgent:
             self._set_state("idle")
             return None
 
-    # -- end-to-end delivery -------------------------------------------------------------------------
-    def _start_upload(self, key: tuple[str, int, int], envelope: bytes, deadline_unix: float) -> None:
-        """Send an update (stored first: :meth:`ClientStore.save_last_update`) and follow it until the coordinator's receipt arrives."""
-        self._pending = p = _Pending(key, envelope, transfer_id(envelope), deadline_unix)
-        self._send_full()
-        p.envelope = None  # sent; a re-send reads it back from the store
+    # -- end-to-end delivery (edge_client.delivery) ---------------------------------------------------
+    def _stored_update(self) -> tuple[tuple[str, int, int], bytes] | None:
+        """The update in the store as (run id, round, stage) and its bytes, or None."""
+        last = self.store.load_last_update()
+        return None if last is None else ((last[0]["run_id"], last[0]["round"], last[0]["stage"]), last[1])
 
-    def _envelope(self, p: _Pending) -> bytes | None:
-        """The bytes of pending update ``p``: in memory while first sent, else the stored last update (checked against
-        its transfer id); None, with the pending update dropped, if the store no longer has it."""
-        if p.envelope is not None:
-            return p.envelope
-        stored = self.store.load_last_update()
-        same = stored is not None and (stored[0]["run_id"], stored[0]["round"], stored[0]["stage"]) == p.key
-        if stored is not None and same and transfer_id(stored[1]) == p.transfer:
-            return stored[1]
-        log.error("[%s] round %d: the stored update to send again is gone or changed; not sending it", self.cfg.client_id, p.key[1])
-        self._pending = None
-        return None
-
-    def _topic_of(self, i: int) -> str:
-        return self.topics.client_update(self.cfg.client_id, i)
-
-    def _send_full(self) -> None:
-        p = self._pending
-        assert p is not None
-        cid = self.cfg.client_id
-        envelope = self._envelope(p)
-        if envelope is None:
-            return
-        size = self._link.chunk_size(self._topic_of)
-        if p.unanswered >= 2 and p.chunk_bytes and size >= p.chunk_bytes:
-            # Twice sent whole without a word back: the broker may drop messages of this size
-            # silently (Mosquitto's message_size_limit over MQTT 3.1.1); never send it unchanged again.
-            self._link.note_refused(p.chunk_bytes)
-            size = self._link.chunk_size(self._topic_of)
-        p.sends += 1
-        p.unanswered += 1
-        p.resent.clear()
-        wait = min(60.0, self.cfg.receipt_wait_s * 2 ** (p.sends - 1))
-        p.next_try = time.monotonic() + wait
-        try:
-            p.count = self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=size)
-            p.chunk_bytes = size
-        except PacketRejected as exc:
-            log.warning("[%s] round %d: %s; sending again in smaller chunks", cid, p.key[1], exc)
-            p.unanswered -= 1
-            p.next_try = time.monotonic()
-            return
-        except TimeoutError as exc:
-            log.warning("[%s] round %d: upload not finished (%s); trying again while the round is open", cid, p.key[1], exc)
-            return
-        log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", cid, p.key[1], p.sends, len(envelope), p.count)
-
-    def _retry_pending(self) -> None:
-        p = self._pending
-        if p is None or time.monotonic() < p.next_try:
-            return
-        if not self._still_open(p.key):
-            log.warning("[%s] round %d closed before the coordinator's receipt for this update arrived", self.cfg.client_id, p.key[1])
-            self._pending = None
-            return
-        if time.time() > p.deadline_unix:
-            log.error(
-                "[%s] round %d: the coordinator never confirmed this update (%d full send(s), last in chunks of %d bytes). "
-                "If no update of this client arrives at all, check the broker's size limit (Mosquitto: "
-                "message_size_limit / max_packet_size) against --max-message-bytes %d, and that the coordinator runs",
-                self.cfg.client_id,
-                p.key[1],
-                p.sends,
-                p.chunk_bytes,
-                self.cfg.broker.max_message_bytes,
-            )
-            self._pending = None
-            return
-        if not self._link.connected.is_set():
-            return
-        log.info("[%s] round %d: no receipt from the coordinator yet; sending the update again", self.cfg.client_id, p.key[1])
-        self._send_full()
-
-    def _still_open(self, key: tuple[str, int, int]) -> bool:
+    def _open_key(self) -> tuple[str, int, int] | None:
+        """The exchange whose round is open for training now, or None."""
         a = self.announcement
-        return a is not None and a.state == "training" and (a.run_id, a.round, a.stage) == key
+        return (a.run_id, a.round, a.stage) if a is not None and a.state == "training" else None
 
     def _on_receipt(self, payload: bytes) -> None:
-        cid = self.cfg.client_id
         try:
             r = Receipt.from_bytes(payload)
         except MessageError as exc:
-            log.warning("[%s] ignoring malformed receipt: %s", cid, exc)
+            log.warning("[%s] ignoring malformed receipt: %s", self.cfg.client_id, exc)
             return
-        p = self._pending
-        if p is None or r.transfer != p.transfer or (r.run_id, r.round, r.stage) != p.key:
-            return
-        if r.state == "accepted":
-            log.info("[%s] round %d: the coordinator confirmed the update", cid, r.round)
-            self._pending = None
-            return
-        # "missing": send exactly those chunks again, at the size they were cut to.
-        p.unanswered = 0
-        if r.count != p.count or not p.chunk_bytes:
-            return  # a request about an earlier cut of this transfer; the current one is on its way
-        again = [i for i in r.missing if i < p.count]
-        if any(p.resent[i] >= 1 for i in again):
-            # Lost twice at this size: the broker drops messages this large. Cut smaller, send all.
-            log.warning("[%s] round %d: chunks of %d bytes were lost twice; sending the update in smaller chunks",
-                        cid, r.round, p.chunk_bytes)  # fmt: skip
-            self._link.note_refused(p.chunk_bytes)
-            self._send_full()
-            return
-        envelope = self._envelope(p)
-        if envelope is None:
-            return
-        for i in again:
-            p.resent[i] += 1
-        try:
-            self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=p.chunk_bytes, only=set(again))
-        except PacketRejected:
-            self._send_full()
-        except TimeoutError as exc:
-            log.warning("[%s] round %d: could not send the missing chunks (%s)", cid, r.round, exc)
-        log.info("[%s] round %d: sent %d missing chunk(s) again", cid, r.round, len(again))
+        self.delivery.on_receipt(r)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import tomli_w
 
-from har_io.mqtt_link import MQTT_VERSIONS, BrokerConfig
+from har_io.broker_config import MQTT_VERSIONS, BrokerConfig
 from har_models.settings import from_mapping, to_mapping
 from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
 

@@ -4,10 +4,18 @@ Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and 
 
 * callbacks never block: they only put ``(topic, payload, retained)`` on :attr:`MqttLink.inbox`;
   all work happens in the program's own thread;
+* the network runs in paho's own thread, started and stopped with paho's public
+  ``loop_start``/``loop_stop``; that thread comes with the socket pair through which a
+  publish from the program's thread wakes the loop's select() at once, so no message waits
+  for the loop's 1 s timeout (before, the link ran ``loop_forever`` in a thread of its own
+  and had to set paho's private ``_thread``, ``_sockpairR`` and ``_sockpairW`` to get the same);
 * subscriptions and the retained "online" status are renewed on every (re)connect;
-  paho reconnects by itself with a bounded back-off, but only after transient failures:
-  a refused login or a certificate that does not verify stops the link (:attr:`MqttLink.fatal`)
-  with one message naming the cause and the fix;
+  paho reconnects by itself with exponential back-off (:data:`RECONNECT_MIN_S` doubling up to
+  :data:`RECONNECT_MAX_S`), but only after transient failures: a refused login or a
+  certificate that does not verify stops the link (:attr:`MqttLink.fatal`) with one message
+  naming the cause and the fix. Every failed attempt is logged once with its cause in plain
+  words (:mod:`har_io.link_status`), which :attr:`MqttLink.connect_error` keeps until a
+  connection succeeds;
 * MQTT 5 is tried first so the broker can state its maximum packet size (CONNACK property);
   a broker that speaks only 3.1.1 (the embedded amqtt one) is then used over 3.1.1, where the
   configured ``max_message_bytes`` is the limit;
@@ -16,37 +24,47 @@ Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and 
   acknowledgements, so memory stays bounded;
 * a packet the broker refused (MQTT 5 reason code, or the connection dropped while it was in
   flight) is taken out of paho's queue, never re-sent unchanged, and the link's chunk size
-  is halved for the next attempt.
+  is halved for the next attempt. paho 2.x has no public call for that: :meth:`MqttLink._forget`
+  and ``_on_disconnect`` read and edit its ``_out_messages`` under its ``_out_message_mutex``.
+
+Where and how to log in (address, credentials, TLS) is :class:`har_io.broker_config.BrokerConfig`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, iter_chunks
+from har_io.broker_config import MIN_CHUNK_BYTES, BrokerConfig
+from har_io.link_status import (
+    AUTH_REFUSALS,
+    TRANSIENT_TLS_ERRORS,
+    LinkStatus,
+    describe_connect_failure,
+    describe_early_close,
+    describe_refusal,
+)
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
-
-MIN_CHUNK_BYTES = 16 * 1024
-"""Smallest MQTT payload the link cuts chunks to after a broker refused bigger ones (bytes)."""
 
 PUBLISH_OVERHEAD_BYTES = 16
 """Bytes of a PUBLISH packet besides its topic and payload, rounded up: fixed header (1),
 remaining length (up to 4), topic length (2), packet id (2), MQTT 5 property length (up to 4)."""
 
-MQTT_VERSIONS = ("auto", "5", "3.1.1")
+RECONNECT_MIN_S = 1
+"""paho's first wait before connecting again after a failed attempt or a lost connection (s)."""
+RECONNECT_MAX_S = 30
+"""Longest wait between attempts (s): paho doubles the wait after each failed attempt up to this,
+and starts again from :data:`RECONNECT_MIN_S` once a connection succeeded."""
 
 
 class BrokerRefused(RuntimeError):
@@ -68,100 +86,40 @@ class PayloadTooLarge(ValueError):
     """A single (unchunked) message is larger than the broker accepts."""
 
 
-@dataclass(frozen=True)
-class BrokerConfig:
-    """Where and how to reach the broker.
+class _Client(mqtt.Client):
+    """paho's client, telling the link about each connection attempt and any error that ends its loop.
 
-    Parameters
-    ----------
-    host : str
-    port : int
-    username, password : str, optional
-        Per-device credentials (the Mosquitto ACL lets a device write only under its id).
-    tls_ca : str, optional
-        CA certificate file; enables TLS.
-    tls_cert, tls_key : str, optional
-        Client certificate and key for mutual TLS; both or neither, and only with ``tls_ca``.
-    keepalive : int
-        MQTT keep-alive, seconds.
-    max_message_bytes : int
-        Largest MQTT payload published (bytes); envelopes are chunked to fit. A smaller
-        maximum packet size stated by an MQTT 5 broker wins.
-    mqtt_version : {"auto", "5", "3.1.1"}
-        "auto" tries MQTT 5 and falls back to 3.1.1 when the broker does not speak it.
-
-    Raises
-    ------
-    ValueError
-        For TLS options without ``tls_ca``, a certificate without its key (or the reverse),
-        a TLS file that does not exist, an unknown ``mqtt_version`` or a ``max_message_bytes``
-        too small for a chunk.
+    Runs in paho's own network thread (:meth:`paho.mqtt.client.Client.loop_start`, whose thread
+    calls :meth:`loop_forever`); both overrides keep paho's behaviour and only report.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str | None = None
-    password: str | None = None
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    keepalive: int = 30
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    mqtt_version: str = "auto"
+    loop_timeout_s = 1.0
+    """select() timeout of the network loop (paho's default; a test raises it to prove that
+    a publish wakes the loop and does not wait for it)."""
 
-    def __post_init__(self) -> None:
-        if (self.tls_cert or self.tls_key) and not self.tls_ca:
-            raise ValueError(
-                "--tls-cert/--tls-key need --tls-ca (the CA certificate that signed the broker's certificate): "
-                "without it the connection would not use TLS at all"
-            )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("--tls-cert and --tls-key go together (mutual TLS); give both or neither")
-        for flag, path in (("--tls-ca", self.tls_ca), ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
-            if path and not os.path.isfile(path):
-                raise ValueError(f"{flag} {path}: no such file")
-        if self.mqtt_version not in MQTT_VERSIONS:
-            raise ValueError(f"mqtt version {self.mqtt_version!r} is unknown; use one of {', '.join(MQTT_VERSIONS)}")
-        if self.max_message_bytes < MIN_CHUNK_BYTES:
-            raise ValueError(f"--max-message-bytes {self.max_message_bytes} is below the smallest chunk of {MIN_CHUNK_BYTES} bytes")
-
-    @classmethod
-    def parse(cls, address: str, **kwargs: object) -> BrokerConfig:
-        """From ``HOST:PORT`` (or ``HOST``, port 1883).
-
-        Raises
-        ------
-        ValueError
-            If the port is not an integer in 1..65535, or an option is inconsistent (see the class).
-        """
-        host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
-        try:
-            p = int(port)
-        except ValueError:
-            raise ValueError(f"broker address {address!r}: port {port!r} is not a number; use HOST:PORT") from None
-        if not 0 < p < 65536 or not host:
-            raise ValueError(f"broker address {address!r}: use HOST:PORT with a port in 1..65535")
-        return cls(host=host, port=p, **kwargs)  # type: ignore[arg-type]
-
-
-_AUTH_CODES = {"Bad user name or password", "Not authorized", "Bad authentication method", "Banned", "Client identifier not valid"}
-_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLSyscallError)
-
-
-class _Client(mqtt.Client):
-    """paho's client, with certificate failures reported to the link instead of retried silently."""
-
-    on_fatal_tls: Callable[[ssl.SSLError], None] | None = None
+    on_attempt: Callable[[], None] | None = None
+    on_attempt_failed: Callable[[OSError], None] | None = None
+    on_loop_error: Callable[[Exception], None] | None = None
     attempts = 0
 
     def reconnect(self) -> mqtt.MQTTErrorCode:
         self.attempts += 1
+        if self.on_attempt is not None:
+            self.on_attempt()
         try:
             return super().reconnect()
-        except ssl.SSLError as exc:
-            if not isinstance(exc, _TRANSIENT_TLS) and self.on_fatal_tls is not None:
-                self.on_fatal_tls(exc)
+        except OSError as exc:  # socket, DNS and TLS errors; paho retries after them (the link may stop it)
+            if self.on_attempt_failed is not None:
+                self.on_attempt_failed(exc)
             raise
+
+    def loop_forever(self, timeout: float | None = None, retry_first_connection: bool = False) -> mqtt.MQTTErrorCode:
+        try:
+            return super().loop_forever(self.loop_timeout_s if timeout is None else timeout, retry_first_connection)
+        except Exception as exc:  # paho raises only on programming errors; never die silently
+            if self.on_loop_error is not None:
+                self.on_loop_error(exc)
+            return mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
 
 
 class MqttLink:
@@ -193,6 +151,20 @@ class MqttLink:
         Maximum packet size the broker stated in its MQTT 5 CONNACK (bytes), if any.
     protocol : str
         "5" or "3.1.1": what the current session speaks.
+    connect_error : str or None
+        Why the last connection attempt failed, in plain words (:func:`describe_connect_failure`,
+        :func:`describe_refusal`), e.g. ``"login refused: bad user name or password"`` or
+        ``"broker unreachable: connection refused at 127.0.0.1:1883"``; None after a successful
+        connection. Each failed attempt is also logged once (WARNING, ``fedhar.mqtt``) with the
+        wait before the next one; paho waits :data:`RECONNECT_MIN_S`, then twice as long after
+        each failure, up to :data:`RECONNECT_MAX_S`. :meth:`status` gives all of it at once.
+
+    Notes
+    -----
+    The network runs in paho's own thread (``loop_start``/``loop_stop``). paho starts that
+    thread together with the socket pair through which a ``publish`` from the program's thread
+    wakes the loop's select() at once; a publish therefore never waits for the loop's 1 s
+    timeout (``benchmarks/bench_link.py`` measures it; ``tests/test_mqtt_link.py`` checks it).
     """
 
     def __init__(
@@ -228,7 +200,13 @@ class MqttLink:
         self._acked: OrderedDict[int, None] = OrderedDict()  # mids the broker acknowledged (the newest 4096)
         self._ack = threading.Condition()
         self._state_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._life_lock = threading.Lock()  # start, stop and the MQTT 3.1.1 rebuild of the client
+        self._downgrade_now = threading.Event()
+        self.connect_error: str | None = None
+        self.connect_failures = 0
+        self.retry_in_s: float | None = None
+        self._waits = 0  # paho's back-off waits since the last successful connection, the next one included
+        self._attempt_open = False  # an attempt started and neither failed nor succeeded yet
         self._sweep: tuple[list[str], set[str]] | None = None  # filters being swept, retained topics found
         self._client = self._make_client()
 
@@ -242,14 +220,18 @@ class MqttLink:
             clean_session=None if v5 else True,
             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
         )
-        c.on_fatal_tls = self._on_fatal_tls
-        if cfg.username is not None:
-            c.username_pw_set(cfg.username, cfg.password)
-        if cfg.tls_ca:
-            c.tls_set(ca_certs=cfg.tls_ca, certfile=cfg.tls_cert, keyfile=cfg.tls_key, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.on_attempt = self._on_attempt
+        c.on_attempt_failed = self._on_attempt_failed
+        c.on_loop_error = self._on_loop_error
+        login = cfg.credentials()
+        if login is not None:
+            c.username_pw_set(*login)
+        tls = cfg.tls_context()
+        if tls is not None:
+            c.tls_set_context(tls)
         if self._will is not None:
             c.will_set(self._will[0], self._will[1], qos=1, retain=True)
-        c.reconnect_delay_set(min_delay=1, max_delay=30)
+        c.reconnect_delay_set(min_delay=RECONNECT_MIN_S, max_delay=RECONNECT_MAX_S)
         c.max_inflight_messages_set(32)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
@@ -258,15 +240,66 @@ class MqttLink:
         return c
 
     # -- paho callbacks (network thread; never block) ---------------------------------------
-    def _fail(self, exc: BrokerRefused) -> None:
+    def _fail(self, exc: BrokerRefused, words: str) -> None:
         if self.fatal is None:
+            self._record_failure(words, fatal=True)
             self.fatal = exc
             log.error("%s: %s", self.client_name, exc)
         self.failed.set()
         self._client.disconnect()  # ends paho's loop: no silent retries
 
-    def _on_fatal_tls(self, exc: ssl.SSLError) -> None:
-        where = f"{self.cfg.host}:{self.cfg.port}"
+    def _record_failure(self, words: str, fatal: bool = False, waits: int = 1) -> None:
+        """Note a failed connection attempt: its words, the count, the wait before the next; log it once.
+
+        ``waits`` is how many of paho's back-off waits come before the next attempt: 2 after
+        the first attempt of a client object failed in the socket (paho 2.2's ``loop_forever``
+        waits once in its first-connection loop and once more in its reconnection loop), else 1.
+        """
+        self._attempt_open = False
+        self.connect_error = words
+        self.connect_failures += 1
+        if fatal:
+            self.retry_in_s = None
+            return
+        wait = 0
+        for _ in range(waits):
+            wait += min(RECONNECT_MIN_S * 2**self._waits, RECONNECT_MAX_S)
+            self._waits += 1
+        self.retry_in_s = float(wait)
+        log.warning(
+            "%s: connection attempt %d to %s failed: %s; trying again in %.0f s",
+            self.client_name,
+            self.connect_failures,
+            self.cfg.address,
+            words,
+            self.retry_in_s,
+        )
+
+    def status(self) -> LinkStatus:
+        """The connection's state now (any thread): connected, the last failure's words, failures, back-off."""
+        up = self.connected.is_set()
+        return LinkStatus(
+            connected=up,
+            error=self.connect_error,
+            failures=self.connect_failures,
+            fatal=self.fatal is not None,
+            retry_in_s=None if up or self.fatal is not None else self.retry_in_s,
+        )
+
+    def _on_attempt(self) -> None:
+        self._attempt_open = True
+
+    def _on_loop_error(self, exc: Exception) -> None:
+        log.error("%s: network loop stopped: %s: %s", self.client_name, type(exc).__name__, exc)
+        self.connect_error = f"network loop stopped: {type(exc).__name__}: {exc}"
+        self.failed.set()
+
+    def _on_attempt_failed(self, exc: OSError) -> None:
+        words = describe_connect_failure(exc, self.cfg.host, self.cfg.port, self._client.connect_timeout, tls=bool(self.cfg.tls_ca))
+        if not isinstance(exc, ssl.SSLError) or isinstance(exc, TRANSIENT_TLS_ERRORS):
+            self._record_failure(words, waits=2 if self._client.attempts == 1 else 1)
+            return
+        where = self.cfg.address
         text = str(getattr(exc, "verify_message", "") or exc)
         if "hostname" in text.lower() or "ip address mismatch" in text.lower():
             fix = (
@@ -277,28 +310,36 @@ class MqttLink:
             fix = f"the broker's certificate was not signed by --tls-ca {self.cfg.tls_ca}: give the CA that signed it"
         else:
             fix = "check --tls-ca/--tls-cert/--tls-key against the broker's TLS listener"
-        self._fail(BrokerRefused("tls", f"TLS with {where} failed: {text}; {fix}"))
+        self._fail(BrokerRefused("tls", f"TLS with {where} failed: {text}; {fix}"), words)
 
     def _on_connect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: Any, properties: Any) -> None:
         if getattr(reason_code, "is_failure", False):
             name = str(reason_code)
             if self.protocol == "5" and self.cfg.mqtt_version == "auto" and name == "Unsupported protocol version":
                 log.info("%s: broker speaks MQTT 3.1.1 only; using it (limit: --max-message-bytes)", self.client_name)
+                self._attempt_open = False
                 self._downgrade = True
+                self._downgrade_now.set()
                 client.disconnect()
                 return
-            if name in _AUTH_CODES:
+            if name in AUTH_REFUSALS:
                 self._fail(
                     BrokerRefused(
                         "auth",
                         f"broker {self.cfg.host}:{self.cfg.port} refused the login of user {self.cfg.username!r}: {name}. "
                         f"Check --username and --password-file (firmware_scripts/mosquitto_config.py writes "
                         f"credentials/<user>.password; after --rotate or --revoke the old one no longer works)",
-                    )
+                    ),
+                    describe_refusal(name),
                 )
                 return
-            log.warning("%s: broker refused the connection: %s; retrying", self.client_name, reason_code)
+            self._record_failure(describe_refusal(name))
             return
+        self._attempt_open = False
+        self.connect_error = None
+        self.connect_failures = 0
+        self.retry_in_s = None
+        self._waits = 0
         self.broker_max_packet = getattr(properties, "MaximumPacketSize", None) if self.protocol == "5" else None
         self.connects += 1
         for topic, qos in self.subscriptions:
@@ -317,9 +358,15 @@ class MqttLink:
             self._on_connect_hook(self)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason_code: Any, properties: Any) -> None:
+        was_up = self.connected.is_set()
         self.connected.clear()
         if self._stopping or self._downgrade or self.fatal is not None:
             return
+        if not was_up:
+            if self._attempt_open:  # closed between TCP connect and CONNACK: no other word came
+                self._record_failure(describe_early_close(self.cfg.host, self.cfg.port, str(reason_code), bool(self.cfg.tls_ca)))
+            return
+        self._waits = 1  # paho waits RECONNECT_MIN_S before its first attempt after a lost connection
         # paho's own queue is the authority on what is unacknowledged: a packet may be on the wire
         # before publish() returned its id to us.
         c = self._client
@@ -387,60 +434,49 @@ class MqttLink:
             )
 
     # -- control -------------------------------------------------------------------------------
-    def _serve(self) -> None:
-        """Network thread: paho's loop; rebuilt once over MQTT 3.1.1 if the broker refuses MQTT 5."""
-        while True:
-            c = self._client
-            c.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, clean_start=True)
-            # paho writes a publish straight to the socket from the caller's thread when it
-            # believes no network thread runs (``_thread is None``), which is what ``loop_start``
-            # would set. This thread is that network thread: say so, or two threads write to one
-            # socket and interleave their bytes under load (corrupt chunks, garbled sessions).
-            c._thread = threading.current_thread()
-            if c._sockpairW is None:
-                # The other half of what ``loop_start`` sets up: a socket pair through which a publish
-                # from the program's thread wakes this thread's select(). Without it the packet waits
-                # for the next incoming byte or the loop's 1 s timeout, so a 26 MB model that could
-                # cross a loopback broker in 0.1 s took over a second, and every lone message (status,
-                # receipt, announcement) up to a second. Non-blocking, as paho's own pair is.
-                c._sockpairR, c._sockpairW = socket.socketpair()
-                c._sockpairR.setblocking(False)
-                c._sockpairW.setblocking(False)
-            try:
-                c.loop_forever(retry_first_connection=True)
-            except Exception as exc:  # paho raises only on programming errors; never die silently
-                log.error("%s: network loop stopped: %s: %s", self.client_name, type(exc).__name__, exc)
-                self.failed.set()
-                return
-            if self._downgrade and not self._stopping:
-                self.protocol = "3.1.1"
-                with self._publish_lock:
-                    self._client = self._make_client()
-                self._downgrade = False
-                continue
-            return
-
     def _watch_connack(self, wait_s: float = 3.0) -> None:
-        """Fall back to MQTT 3.1.1 if a broker takes an MQTT 5 CONNECT but never answers it.
+        """Until the first connection: fall back to MQTT 3.1.1 when the broker does not speak MQTT 5.
 
-        amqtt 0.12 misreads an MQTT 5 CONNECT that carries a last will and waits for bytes that
-        never come, instead of refusing the protocol version.
+        Two signs: the broker refuses the protocol version (``_on_connect`` then asks for the
+        fallback), or it takes an MQTT 5 CONNECT and never answers it (amqtt 0.12 misreads an
+        MQTT 5 CONNECT that carries a last will and waits for bytes that never come). Either
+        way this thread stops paho's loop of the MQTT 5 client and starts one over 3.1.1.
         """
         since: float | None = None
-        while self.protocol == "5" and self.connects == 0 and not self._stopping and not self.failed.is_set():
-            time.sleep(0.1)
+        while self.connects == 0 and not self._stopping and not self.failed.is_set():
+            if self._downgrade_now.wait(0.1):
+                break
             if self._client.socket() is None:
                 since = None
                 continue
             since = since or time.monotonic()
             if time.monotonic() - since >= wait_s and self.connects == 0:
                 log.info("%s: no answer to an MQTT 5 CONNECT within %.0f s; using MQTT 3.1.1", self.client_name, wait_s)
+                self._attempt_open = False
                 self._downgrade = True
-                self._client.disconnect()
+                break
+        if not self._downgrade:
+            return
+        with self._life_lock:
+            if self._stopping:
                 return
+            old = self._client
+            old.disconnect()
+            old.loop_stop()  # joins paho's thread of the MQTT 5 client (this is not that thread)
+            self.protocol = "3.1.1"
+            with self._publish_lock:
+                self._client = self._make_client()
+            self._downgrade = False
+            self._waits = 0  # a new paho client starts its back-off afresh
+            self._connect_and_loop()
+
+    def _connect_and_loop(self) -> None:
+        c = self._client
+        c.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, clean_start=True)
+        c.loop_start()
 
     def start(self, wait_s: float | None = 30.0) -> bool:
-        """Connect (in the background) and start the network thread.
+        """Connect (in the background) and start paho's network thread (``loop_start``).
 
         Parameters
         ----------
@@ -453,8 +489,8 @@ class MqttLink:
             True if connected within ``wait_s`` (reconnection goes on regardless, unless
             :attr:`fatal` is set).
         """
-        self._thread = threading.Thread(target=self._serve, name=f"mqtt-{self.client_name}", daemon=True)
-        self._thread.start()
+        with self._life_lock:
+            self._connect_and_loop()
         if self.protocol == "5" and self.cfg.mqtt_version == "auto":
             threading.Thread(target=self._watch_connack, name=f"mqtt-{self.client_name}-v5", daemon=True).start()
         if wait_s is None:
@@ -465,16 +501,16 @@ class MqttLink:
         return self.connected.is_set()
 
     def stop(self, final: tuple[str, bytes] | None = None) -> None:
-        """Publish ``final`` (topic, payload; retained, QoS 1) if given, then disconnect cleanly."""
+        """Publish ``final`` (topic, payload; retained, QoS 1) if given, then disconnect cleanly and stop paho's thread."""
         if final is not None and self.connected.is_set():
             try:
                 self.publish(final[0], final[1], retain=True, timeout=5.0)
             except (RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("%s: could not publish final status: %s", self.client_name, exc)
         self._stopping = True
-        self._client.disconnect()
-        if self._thread is not None:
-            self._thread.join(10.0)
+        with self._life_lock:
+            self._client.disconnect()
+            self._client.loop_stop()  # returns at once when called from paho's own thread
 
     def clear_retained(self, topics: Sequence[str], timeout: float = 60.0) -> None:
         """Delete the retained messages of ``topics`` (an empty retained message each, QoS 1).

@@ -49,8 +49,8 @@ from coordinator.evaluation import Evaluator
 from coordinator.record import RoundRecord, records
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from coordinator.state import RunState
+from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
-from har_io.mqtt_link import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 from simulation.broker import LOCAL_BROKERS

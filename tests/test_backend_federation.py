@@ -16,7 +16,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator
 from coordinator.state import RunState
-from har_io.mqtt_link import BrokerConfig
+from har_io.broker_config import BrokerConfig
 from har_models.data.subjects import union_test_set
 from simulation.broker import EmbeddedBroker
 

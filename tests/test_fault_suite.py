@@ -24,7 +24,7 @@ import paho.mqtt.client as mqtt
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
-from har_io.mqtt_link import BrokerConfig
+from har_io.broker_config import BrokerConfig
 from har_models.wire.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]

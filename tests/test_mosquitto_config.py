@@ -32,7 +32,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from har_io.mqtt_link import BrokerConfig, MqttLink
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink
 from simulation import simulate
 from simulation.broker import free_port, stop_process, wait_for_port
 

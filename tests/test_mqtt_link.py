@@ -1,19 +1,19 @@
 """The MQTT adapter's network thread: a publish from the program's thread is written at once.
 
-The link runs paho's ``loop_forever`` in a thread of its own. paho wakes that loop through a
-socket pair when another thread queues a packet; the link creates the pair itself (paho only
-does in ``loop_start``). Here the loop's select() timeout is raised from paho's 1 s to an hour:
-with the pair, a publish and its acknowledgement go through at once; without it nothing wakes
-the loop and the publish is never sent (a bounded wait then fails), whatever the machine's speed.
+The link runs paho's network loop in paho's own thread (``loop_start``), which also creates
+the socket pair through which another thread's publish wakes the loop's select(). Here the
+loop's select() timeout is raised from paho's 1 s to an hour: with the pair, a publish and its
+acknowledgement go through at once; without it nothing wakes the loop and the publish is never
+sent (a bounded wait then fails), whatever the machine's speed.
 """
 
 from __future__ import annotations
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from har_io import mqtt_link
-from har_io.mqtt_link import BrokerConfig, MqttLink
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink
 from har_models.wire.chunking import Reassembler
 
 WAIT_S = 20.0
@@ -22,11 +22,7 @@ WAIT_S = 20.0
 @pytest.fixture
 def slow_select(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the link's network loop wait up to an hour in select() when nothing wakes it."""
-
-    def loop_forever(self: mqtt.Client, timeout: float = 1.0, retry_first_connection: bool = False) -> mqtt.MQTTErrorCode:
-        return mqtt.Client.loop_forever(self, 3600.0, retry_first_connection)
-
-    monkeypatch.setattr(mqtt_link._Client, "loop_forever", loop_forever)
+    monkeypatch.setattr(mqtt_link._Client, "loop_timeout_s", 3600.0)
 
 
 def test_publishes_from_the_program_thread_wake_the_network_loop(mosquitto: int, slow_select: None) -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from har_io.mqtt_link import BrokerConfig, MqttLink, PayloadTooLarge
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink, PayloadTooLarge
 from har_models.data.labels import LABEL_SETS
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec

@@ -12,7 +12,7 @@ import torch
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from coordinator.state import RunState
-from har_io.mqtt_link import BrokerConfig
+from har_io.broker_config import BrokerConfig
 from simulation.broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]

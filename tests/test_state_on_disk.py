@@ -10,7 +10,7 @@ import torch
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator, StateError
 from coordinator.state import RunState, load_state_file, save_state_file
-from har_io.mqtt_link import BrokerConfig
+from har_io.broker_config import BrokerConfig
 from har_models.files import atomic_write_bytes
 from har_models.nn.model import ArchSpec, init_state
 from simulation.broker import EmbeddedBroker

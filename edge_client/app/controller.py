@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -239,7 +238,6 @@ class DeviceController:
         self._error = ""
         self._agent_exc: BaseException | None = None
         self._agent_since = 0.0
-        self._probe_at = 0.0
         self._agent: Any = None
         self._agent_thread: threading.Thread | None = None
         self._agent_stop = threading.Event()
@@ -433,14 +431,12 @@ class DeviceController:
         agent = self._agent
         if agent is None:
             return
-        if agent._link.connected.is_set():
+        if agent.connection.connected:
             self._failures, self._error = 0, ""
             return
-        cause = connection_cause(agent, self.cfg, probe=self._clock() >= self._probe_at)
+        cause = connection_cause(agent, self.cfg)
         if cause is not None:
             self._error = cause
-        if self._clock() >= self._probe_at:
-            self._probe_at = self._clock() + 5.0
 
     def _start_agent(self) -> None:
         n_train, _ = sync_to_store(self.window_log, self.store, self.cfg.split_seed)
@@ -453,7 +449,7 @@ class DeviceController:
         cfg = self.cfg
         try:
             from edge_client.agent import ClientConfig, EdgeAgent
-            from har_io.mqtt_link import BrokerConfig
+            from har_io.broker_config import BrokerConfig
 
             host, _, port = cfg.broker.rpartition(":")
             password = cfg.password_file.read_text().strip() if cfg.password_file else None
@@ -470,7 +466,6 @@ class DeviceController:
         self._agent_stop = stop = threading.Event()
         self._agent = agent
         self._agent_since = self._clock()
-        self._probe_at = self._agent_since + 3.0
         if self._failures:
             with self._fed_lock:
                 self.federation.restarts += 1
@@ -511,7 +506,7 @@ class DeviceController:
                     self._error = not_enough_data(self._n_train)
                 else:
                     v.state = "failed" if self._failures else "connecting"
-            elif not agent._link.connected.is_set():
+            elif not agent.connection.connected:
                 v.state = "connecting" if agent.announcement is None else "disconnected"
             else:
                 v.state = "training" if agent._state == "training" else "connected"
@@ -589,52 +584,31 @@ def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
     return text
 
 
-def connection_cause(agent: Any, cfg: AppConfig, probe: bool = False) -> str | None:
-    """Why ``agent`` is not connected, in words; None when nothing is known to be wrong.
+def connection_cause(agent: Any, cfg: AppConfig) -> str | None:
+    """Why ``agent`` is not connected, in words; None when connected or nothing is known yet.
 
-    The one place that reads the cause off the MQTT link: its ``connect_error`` (the cause of
-    the last failed connection attempt, in words) where the link reports one, else the
-    refusal it treats as final (:attr:`har_io.mqtt_link.MqttLink.fatal`: credentials,
-    certificates), else, once paho has tried more than once (``attempts``) and ``probe``
-    is True, a TCP connect to the broker's address that tells an unreachable broker from
-    one still negotiating.
+    The one place that reads the cause off the agent: a refusal the link treats as final
+    (:attr:`har_io.mqtt_link.MqttLink.fatal`: credentials, certificates) in the app's words,
+    which name the user and the CA, else the cause of the last failed attempt that the link
+    reports (:attr:`edge_client.agent.EdgeAgent.connection`: "broker unreachable: ...",
+    "DNS: unknown host ...").
 
     Parameters
     ----------
     agent : EdgeAgent
     cfg : AppConfig
         The settings the agent runs with (for the words: user, CA, address).
-    probe : bool
-        Allow the TCP check (up to 2 s); the supervisor allows it once every few seconds.
     """
     link = getattr(agent, "_link", None)
     if link is None:
         return None
-    cause = getattr(link, "connect_error", None)
     fatal = getattr(link, "fatal", None)
     if fatal is not None:
         return describe_refusal(str(getattr(fatal, "kind", "")), str(fatal), cfg)
-    if isinstance(cause, str) and cause:
-        return cause
-    if probe and not link.connected.is_set() and getattr(link, "attempts", 0) >= 2:
-        return _probe_broker(cfg.broker)
-    return None
-
-
-def _probe_broker(broker: str, timeout_s: float = 2.0) -> str | None:
-    """A TCP connect to ``host:port``: the reason in words if nothing answers there, else None."""
-    host, _, port = broker.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return None
-    except socket.gaierror:
-        return f"broker unreachable: the name {host!r} is unknown; check the broker address"
-    except ConnectionRefusedError:
-        return f"broker unreachable: nothing listens at {broker} (connection refused); check the address and that the broker runs"
-    except TimeoutError:
-        return f"broker unreachable: {broker} does not answer within {timeout_s:.0f} s; check the address and the network"
-    except OSError as exc:
-        return f"broker unreachable: {broker}: {exc.strerror or exc}"
+    status = agent.connection
+    if status.connected:
+        return None
+    return status.error
 
 
 def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,276 @@
+"""End-to-end delivery of a client's update: sent until the coordinator's receipt says it arrived.
+
+An update counts as delivered only when the coordinator's receipt for it arrives
+(docs/reliability.md); a broker's acknowledgement is not enough (the broker may have had no
+subscriber, or may drop messages over its size limit without a word). :class:`Delivery`
+follows one update at a time:
+
+* :meth:`Delivery.start` sends it whole, in chunks of the link's current size;
+* a receipt ``accepted`` ends it (:meth:`Delivery.on_receipt`);
+* a receipt ``missing`` re-sends exactly the chunks it names, at the size they were cut to;
+  chunks lost twice at one size mean the broker drops messages that large: the link is told
+  to cut smaller and the update is sent whole again;
+* no word back: :meth:`Delivery.poll` sends it whole again after ``receipt_wait_s``, then
+  twice as long after each further send, up to :data:`MAX_RECEIPT_WAIT_S`, while its round is
+  open and until the round's deadline; two whole sends without a word at one chunk size also
+  make the link cut smaller (Mosquitto's ``message_size_limit`` over MQTT 3.1.1 drops silently).
+
+The envelope is held in memory only while it is first sent; later sends read it back from the
+client's store through ``load_stored`` (written before the first send), so a worker whose
+clients wait for receipts does not hold one update per client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from har_io.mqtt_link import PacketRejected
+from har_models.wire.chunking import transfer_id
+from har_models.wire.messages import Receipt
+
+log = logging.getLogger("fedhar.client")
+
+MAX_RECEIPT_WAIT_S = 60.0
+"""Longest wait for a receipt before the update is sent whole again (s)."""
+
+Key = tuple[str, int, int]
+"""An exchange: (run id, round, stage)."""
+
+
+class UploadLink(Protocol):
+    """What delivery needs of the network (:class:`har_io.mqtt_link.MqttLink` provides it)."""
+
+    connected: threading.Event
+
+    def chunk_size(self, topic_of: Callable[[int], str]) -> int:
+        """Bytes per chunk message on ``topic_of(i)`` under every limit known now."""
+        ...
+
+    def note_refused(self, refused_payload: int) -> None:
+        """A message of ``refused_payload`` bytes was lost: cut later chunks smaller."""
+        ...
+
+    def publish_chunks(
+        self,
+        topic_of: Callable[[int], str],
+        payload: bytes,
+        retain: bool = False,
+        timeout: float = 300.0,
+        chunk_bytes: int | None = None,
+        only: Collection[int] | None = None,
+    ) -> int:
+        """Publish ``payload`` in chunks (only those in ``only``); return the number of chunks it is cut into."""
+        ...
+
+
+@dataclass
+class PendingUpdate:
+    """An update sent and not yet acknowledged by the coordinator's receipt.
+
+    Attributes
+    ----------
+    key : (str, int, int)
+        Run id, round, stage.
+    envelope : bytes or None
+        The update's bytes while it is first sent; None after (read back from the store).
+    transfer : str
+        Its transfer id (:func:`har_models.wire.chunking.transfer_id`), which receipts name.
+    deadline_unix : float
+        The round's deadline (Unix time, s); no send after it.
+    chunk_bytes, count : int
+        Bytes per chunk message and number of chunks of the last whole send (0 before one finished).
+    sends : int
+        Whole sends so far.
+    unanswered : int
+        Whole sends that got neither receipt nor request.
+    next_try : float
+        Monotonic time (s) of the next whole send.
+    resent : Counter
+        Chunk index -> times re-sent on the coordinator's request since the last whole send.
+    """
+
+    key: Key
+    envelope: bytes | None
+    transfer: str
+    deadline_unix: float
+    chunk_bytes: int = 0
+    count: int = 0
+    sends: int = 0
+    unanswered: int = 0
+    next_try: float = 0.0
+    resent: Counter[int] = field(default_factory=Counter)
+
+
+class Delivery:
+    """Sends one client's updates and follows each until the coordinator's receipt (see the module).
+
+    Parameters
+    ----------
+    link : UploadLink
+        The network (the client's :class:`~har_io.mqtt_link.MqttLink`).
+    topic_of : callable (chunk index) -> str
+        The update chunk topics of this client.
+    load_stored : callable () -> (key, envelope) or None
+        The update the client's store holds (:meth:`edge_client.store.ClientStore.load_last_update`,
+        key = (run id, round, stage)).
+    client_id : str
+        Named in the log.
+    receipt_wait_s : float
+        Wait for a receipt after the first whole send (s); doubled after each further one, up to
+        :data:`MAX_RECEIPT_WAIT_S`.
+    max_message_bytes : int
+        The configured largest message (bytes), named in the message when no receipt ever came.
+    clock, wall : callable () -> float
+        Monotonic and Unix time (s); tests give their own.
+    """
+
+    def __init__(
+        self,
+        link: UploadLink,
+        topic_of: Callable[[int], str],
+        load_stored: Callable[[], tuple[Key, bytes] | None],
+        client_id: str,
+        receipt_wait_s: float,
+        max_message_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self._link = link
+        self._topic_of = topic_of
+        self._load_stored = load_stored
+        self._cid = client_id
+        self.receipt_wait_s = receipt_wait_s
+        self._max_message_bytes = max_message_bytes
+        self._clock = clock
+        self._wall = wall
+        self.pending: PendingUpdate | None = None
+        """The update being followed, or None (delivered, given up, or none sent)."""
+
+    def start(self, key: Key, envelope: bytes, deadline_unix: float) -> None:
+        """Send ``envelope`` (already in the store: ``load_stored`` must return it) for exchange ``key`` and follow it.
+
+        Replaces any update still followed. Never raises for the network: a send that does not
+        finish is tried again by :meth:`poll`.
+        """
+        self.pending = p = PendingUpdate(key, envelope, transfer_id(envelope), deadline_unix)
+        self._send_full()
+        p.envelope = None  # sent; a re-send reads it back from the store
+
+    def poll(self, open_key: Key | None) -> None:
+        """Send the followed update whole again if its wait for a receipt is over.
+
+        Parameters
+        ----------
+        open_key : (str, int, int) or None
+            The exchange whose round is open for training now (None if none is): an update of
+            another exchange is dropped, as is one past its round's deadline.
+        """
+        p = self.pending
+        if p is None or self._clock() < p.next_try:
+            return
+        if open_key != p.key:
+            log.warning("[%s] round %d closed before the coordinator's receipt for this update arrived", self._cid, p.key[1])
+            self.pending = None
+            return
+        if self._wall() > p.deadline_unix:
+            log.error(
+                "[%s] round %d: the coordinator never confirmed this update (%d full send(s), last in chunks of %d bytes). "
+                "If no update of this client arrives at all, check the broker's size limit (Mosquitto: "
+                "message_size_limit / max_packet_size) against --max-message-bytes %d, and that the coordinator runs",
+                self._cid,
+                p.key[1],
+                p.sends,
+                p.chunk_bytes,
+                self._max_message_bytes,
+            )
+            self.pending = None
+            return
+        if not self._link.connected.is_set():
+            return
+        log.info("[%s] round %d: no receipt from the coordinator yet; sending the update again", self._cid, p.key[1])
+        self._send_full()
+
+    def on_receipt(self, r: Receipt) -> None:
+        """Act on the coordinator's receipt ``r``: done if accepted, the named chunks again if missing.
+
+        A receipt about another update (another transfer or exchange) is ignored, as is a request
+        about an earlier cut of this update.
+        """
+        p = self.pending
+        if p is None or r.transfer != p.transfer or (r.run_id, r.round, r.stage) != p.key:
+            return
+        if r.state == "accepted":
+            log.info("[%s] round %d: the coordinator confirmed the update", self._cid, r.round)
+            self.pending = None
+            return
+        # "missing": send exactly those chunks again, at the size they were cut to.
+        p.unanswered = 0
+        if r.count != p.count or not p.chunk_bytes:
+            return  # a request about an earlier cut of this transfer; the current one is on its way
+        again = [i for i in r.missing if i < p.count]
+        if any(p.resent[i] >= 1 for i in again):
+            # Lost twice at this size: the broker drops messages this large. Cut smaller, send all.
+            log.warning("[%s] round %d: chunks of %d bytes were lost twice; sending the update in smaller chunks",
+                        self._cid, r.round, p.chunk_bytes)  # fmt: skip
+            self._link.note_refused(p.chunk_bytes)
+            self._send_full()
+            return
+        envelope = self._envelope(p)
+        if envelope is None:
+            return
+        for i in again:
+            p.resent[i] += 1
+        try:
+            self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=p.chunk_bytes, only=set(again))
+        except PacketRejected:
+            self._send_full()
+        except TimeoutError as exc:
+            log.warning("[%s] round %d: could not send the missing chunks (%s)", self._cid, r.round, exc)
+        log.info("[%s] round %d: sent %d missing chunk(s) again", self._cid, r.round, len(again))
+
+    def _envelope(self, p: PendingUpdate) -> bytes | None:
+        """The bytes of ``p``: in memory while first sent, else the stored update (checked against its transfer
+        id); None, with the pending update dropped, if the store no longer has it."""
+        if p.envelope is not None:
+            return p.envelope
+        stored = self._load_stored()
+        if stored is not None and stored[0] == p.key and transfer_id(stored[1]) == p.transfer:
+            return stored[1]
+        log.error("[%s] round %d: the stored update to send again is gone or changed; not sending it", self._cid, p.key[1])
+        self.pending = None
+        return None
+
+    def _send_full(self) -> None:
+        p = self.pending
+        assert p is not None
+        envelope = self._envelope(p)
+        if envelope is None:
+            return
+        size = self._link.chunk_size(self._topic_of)
+        if p.unanswered >= 2 and p.chunk_bytes and size >= p.chunk_bytes:
+            # Twice sent whole without a word back: the broker may drop messages of this size
+            # silently (Mosquitto's message_size_limit over MQTT 3.1.1); never send it unchanged again.
+            self._link.note_refused(p.chunk_bytes)
+            size = self._link.chunk_size(self._topic_of)
+        p.sends += 1
+        p.unanswered += 1
+        p.resent.clear()
+        p.next_try = self._clock() + min(MAX_RECEIPT_WAIT_S, self.receipt_wait_s * 2 ** (p.sends - 1))
+        try:
+            p.count = self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=size)
+            p.chunk_bytes = size
+        except PacketRejected as exc:
+            log.warning("[%s] round %d: %s; sending again in smaller chunks", self._cid, p.key[1], exc)
+            p.unanswered -= 1
+            p.next_try = self._clock()
+            return
+        except TimeoutError as exc:
+            log.warning("[%s] round %d: upload not finished (%s); trying again while the round is open", self._cid, p.key[1], exc)
+            return
+        log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", self._cid, p.key[1], p.sends, len(envelope), p.count)

@@ -1,0 +1,245 @@
+"""Upload delivery on its own (edge_client/delivery.py): receipts end it, silence re-sends it, requests re-send chunks.
+
+The link here records what would go to the broker (the real chunk messages of
+:func:`har_models.wire.chunking.iter_chunks`) and the clock is the test's, so every re-send
+interval is checked to the second. The last test runs the same delivery over a real
+:class:`~har_io.mqtt_link.MqttLink` and Mosquitto on 127.0.0.1, the test playing the coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Collection
+
+import pytest
+
+from edge_client.delivery import MAX_RECEIPT_WAIT_S, Delivery, Key
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink, PacketRejected
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, iter_chunks, transfer_id
+from har_models.wire.messages import Receipt
+
+KEY: Key = ("run-a", 3, 0)
+CHUNK = 1000 + CHUNK_HEADER_BYTES  # 1000 payload bytes per chunk message
+WAIT_S = 30.0
+DEADLINE = 10_000.0
+
+
+class RecordingLink:
+    """The part of :class:`MqttLink` delivery uses, recording each chunk message it would publish."""
+
+    def __init__(self, chunk_bytes: int = CHUNK) -> None:
+        self.connected = threading.Event()
+        self.connected.set()
+        self.size = chunk_bytes
+        self.sent: list[tuple[str, bytes]] = []
+        self.refused: list[int] = []
+        self.reject_next = 0  # publish calls to refuse (PacketRejected) before sending
+
+    def chunk_size(self, topic_of: Callable[[int], str]) -> int:
+        return self.size
+
+    def note_refused(self, refused_payload: int) -> None:
+        self.refused.append(refused_payload)
+        self.size = min(self.size, refused_payload // 2)
+
+    def publish_chunks(
+        self,
+        topic_of: Callable[[int], str],
+        payload: bytes,
+        retain: bool = False,
+        timeout: float = 300.0,
+        chunk_bytes: int | None = None,
+        only: Collection[int] | None = None,
+    ) -> int:
+        if self.reject_next:
+            self.reject_next -= 1
+            self.size //= 2
+            raise PacketRejected("refused")
+        n = 0
+        for i, c in enumerate(iter_chunks(payload, chunk_bytes or self.size)):
+            n += 1
+            if only is None or i in only:
+                self.sent.append((topic_of(i), c))
+        return n
+
+    def indices(self) -> list[int]:
+        """Chunk indices sent so far, in order."""
+        return [int(t.rsplit("/", 1)[1]) for t, _ in self.sent]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(link: RecordingLink, envelope: bytes, stored: list[tuple[Key, bytes] | None] | None = None) -> tuple[Delivery, Clock]:
+    clock = Clock()
+    store = stored if stored is not None else [(KEY, envelope)]
+    d = Delivery(link, lambda i: f"up/{i}", lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=CHUNK,
+                 clock=clock, wall=clock)  # fmt: skip
+    return d, clock
+
+
+def receipt(envelope: bytes, state: str, missing: tuple[int, ...] = (), count: int = 0, key: Key = KEY) -> Receipt:
+    return Receipt(run_id=key[0], round=key[1], stage=key[2], transfer=transfer_id(envelope), state=state, missing=missing, count=count)
+
+
+ENVELOPE = os.urandom(4500)  # 5 chunks of 1000 payload bytes
+N_SMALL = len(list(iter_chunks(ENVELOPE, CHUNK // 2)))  # after a halving: 472 payload bytes per chunk, 10 chunks
+
+
+def test_a_receipt_ends_delivery_and_nothing_is_sent_again() -> None:
+    link = RecordingLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    assert link.indices() == [0, 1, 2, 3, 4]
+    r = Reassembler()
+    done = [r.add("u", c) for _, c in link.sent][-1]
+    assert done is not None and done[1] == ENVELOPE  # what went out is the update, whole
+    d.on_receipt(receipt(ENVELOPE, "accepted"))
+    assert d.pending is None
+    clock.t = 10 * WAIT_S
+    d.poll(KEY)
+    assert len(link.sent) == 5
+
+
+def test_a_receipt_for_another_update_or_exchange_changes_nothing() -> None:
+    link = RecordingLink()
+    d, _ = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    d.on_receipt(receipt(b"another update", "accepted"))
+    d.on_receipt(receipt(ENVELOPE, "accepted", key=("run-a", 4, 0)))
+    assert d.pending is not None and d.pending.transfer == transfer_id(ENVELOPE)
+
+
+def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles_up_to_its_cap() -> None:
+    link = RecordingLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    assert d.pending is not None and d.pending.envelope is None  # after the first send it is read from the store
+    sends_at: list[float] = []
+    for step in range(1, 221):
+        clock.t = float(step)
+        before = len(link.sent)
+        d.poll(KEY)
+        if len(link.sent) > before:
+            assert d.pending is not None and link.indices()[before:] == list(range(d.pending.count))  # sent whole
+            sends_at.append(clock.t)
+    # first send at 0; then after 30, 60 (doubled), 60 (capped), 60 ...
+    assert sends_at[:4] == [30.0, 90.0, 150.0, 210.0]
+    assert MAX_RECEIPT_WAIT_S == 60.0
+
+
+def test_two_unanswered_sends_make_the_third_cut_smaller() -> None:
+    link = RecordingLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    clock.t = 30.0
+    d.poll(KEY)
+    assert link.refused == []
+    clock.t = 90.0
+    d.poll(KEY)
+    assert link.refused == [CHUNK]  # never sent unchanged a third time
+    assert d.pending is not None and d.pending.chunk_bytes == CHUNK // 2
+
+
+def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size() -> None:
+    link = RecordingLink()
+    d, _ = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    link.size = 700  # the link learned a smaller size meanwhile: the request is about the 1000-byte cut
+    d.on_receipt(receipt(ENVELOPE, "missing", missing=(1, 3, 9), count=5))
+    assert link.indices() == [0, 1, 2, 3, 4, 1, 3]  # 9 is not a chunk of this transfer
+    first = dict(link.sent[:5])
+    assert link.sent[5:] == [("up/1", first["up/1"]), ("up/3", first["up/3"])]  # byte-identical re-sends
+    assert d.pending is not None and d.pending.unanswered == 0  # the coordinator answered: the wait restarts
+    # A request about another cut (6 chunks announced) is not answered with chunks of this one.
+    d.on_receipt(receipt(ENVELOPE, "missing", missing=(0,), count=6))
+    assert len(link.sent) == 7
+
+
+def test_chunks_lost_twice_make_the_link_cut_smaller_and_send_all_again() -> None:
+    link = RecordingLink()
+    d, _ = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    d.on_receipt(receipt(ENVELOPE, "missing", missing=(2,), count=5))
+    d.on_receipt(receipt(ENVELOPE, "missing", missing=(2,), count=5))
+    assert link.refused == [CHUNK]
+    assert N_SMALL == 10
+    assert link.indices() == [0, 1, 2, 3, 4, 2, *range(N_SMALL)]
+    assert d.pending is not None and d.pending.count == N_SMALL and d.pending.sends == 2
+
+
+def test_a_refused_size_is_sent_again_smaller_at_the_next_poll() -> None:
+    link = RecordingLink()
+    link.reject_next = 1
+    d, _ = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    assert link.sent == [] and d.pending is not None and d.pending.next_try == 0.0
+    d.poll(KEY)
+    assert link.indices() == list(range(N_SMALL))
+
+
+def test_delivery_is_bounded_by_the_round_and_its_deadline() -> None:
+    link = RecordingLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(KEY, ENVELOPE, deadline_unix=100.0)
+    clock.t = 30.0
+    d.poll(None)  # the round closed
+    assert d.pending is None
+    d.start(KEY, ENVELOPE, deadline_unix=100.0)
+    clock.t = 130.0
+    d.poll(KEY)  # past the round's deadline: given up, not sent
+    assert d.pending is None and len(link.sent) == 10
+    d.start(KEY, ENVELOPE, deadline_unix=1000.0)
+    link.connected.clear()
+    clock.t = 400.0
+    d.poll(KEY)  # not connected: waits, keeps the update
+    assert d.pending is not None and len(link.sent) == 15
+
+
+def test_an_update_that_changed_in_the_store_is_not_sent_again() -> None:
+    link = RecordingLink()
+    store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
+    d, clock = make(link, ENVELOPE, store)
+    d.start(KEY, ENVELOPE, DEADLINE)
+    store[0] = (KEY, b"another update")
+    clock.t = 30.0
+    d.poll(KEY)
+    assert d.pending is None and len(link.sent) == 5
+
+
+def test_delivery_over_mosquitto_sends_what_the_coordinator_asks_for(mosquitto: int) -> None:
+    cfg = BrokerConfig(port=mosquitto, max_message_bytes=64 * 1024)
+    spy = MqttLink(cfg, "t-coordinator", subscriptions=[("fedhar/v1/t/client/dev-a/update/+", 1)])
+    dev = MqttLink(cfg, "t-dev-a")
+    envelope = os.urandom(200_000)
+    store: list[tuple[Key, bytes] | None] = [(KEY, envelope)]
+    topic_of = lambda i: f"fedhar/v1/t/client/dev-a/update/{i}"  # noqa: E731
+    d = Delivery(dev, topic_of, lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=cfg.max_message_bytes)
+    try:
+        assert spy.start(10.0) and dev.start(10.0)
+        d.start(KEY, envelope, DEADLINE * 1e6)
+        n = d.pending.count if d.pending else 0
+        assert n == 4  # 200,000 bytes in chunks of 64 KiB less header and topic
+        got = [spy.inbox.get(timeout=10.0) for _ in range(n)]
+        assert [t for t, _, _ in got] == [topic_of(i) for i in range(n)]
+        d.on_receipt(receipt(envelope, "missing", missing=(2,), count=n))
+        topic, payload, _ = spy.inbox.get(timeout=10.0)
+        assert topic == topic_of(2) and payload == got[2][1]
+        r = Reassembler()
+        done = [r.add("u", p) for _, p, _ in got][-1]
+        assert done is not None and done[1] == envelope
+        d.on_receipt(receipt(envelope, "accepted"))
+        assert d.pending is None
+        with pytest.raises(queue.Empty):
+            spy.inbox.get(timeout=0.5)  # nothing else was sent
+    finally:
+        dev.stop()
+        spy.stop()
