@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator import strategies
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import (
@@ -33,7 +34,8 @@ def add_federation_arguments(ap: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="TOML file of federation settings (the same names as the options, [ala] as a table); "
+        help=f"TOML file of federation settings (the same names as the options; [ala] and the strategies' settings "
+        f"{', '.join(f'[{t}]' for t in sorted(strategies.settings_tables()))} as tables); "
         "options given on the command line win. A run folder's config.toml is such a file.",
     )
     add_settings_arguments(ap.add_argument_group("federation"), CoordinatorConfig)

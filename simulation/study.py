@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import AGGREGATIONS, CoordinatorConfig
+from coordinator import strategies
+from coordinator.config import CoordinatorConfig
 from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.study")
@@ -62,16 +63,18 @@ def strategy_args(name: str) -> list[str]:
     """
     args: list[str] = []
     for part in name.split("+"):
-        if part in AGGREGATIONS:
+        if part in strategies.REGISTRY:
             args += ["--aggregation", part]
         elif part == "feddist":
             args += ["--growth", "feddist"]
         elif part == "ala":
             args += ["--client-init", "ala"]
         else:
-            raise ValueError(f"strategy {name!r}: unknown part {part!r}; use {'|'.join(AGGREGATIONS)}, feddist, ala joined by +")
+            raise ValueError(
+                f"strategy {name!r}: unknown part {part!r}; use {'|'.join(strategies.names())}, feddist, ala joined by +"
+            )
     if "--aggregation" not in args:
-        args = ["--aggregation", "fedavg", *args]
+        args = ["--aggregation", strategies.FedAvg.name, *args]
     return args
 
 
