@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     failed (not retried), 5 federation failed, 6 run folder unusable (systemd does not restart on 4 or 6)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    run_id = args.run_id or f"{getattr(args, 'aggregation', 'fedavg')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and args.run_dir is None:
         print("fedhar-coordinator: --resume needs --run-dir (and the same --run-id)", file=sys.stderr)
         return 2

@@ -62,9 +62,9 @@ class CoordinatorConfig:
         Local training (defaults E = 1, lr 0.1, batch 32, balanced class weights; FedDist
         used E = 5, lr 0.01).
     aggregation : str
-        A registered strategy (:data:`AGGREGATIONS`). Default "fedavgm": FedAvgM with eta 1
-        and beta 0.5, 15 rounds. This is the setting with the best validation macro-F1 of the
-        search in docs/results.md (HAPT, blocks split).
+        A registered strategy (:data:`AGGREGATIONS`); default
+        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 1 and beta 0.5,
+        the best validation macro-F1 of the search in docs/results.md, HAPT, blocks split).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
     fedprox : FedProxSettings
@@ -74,7 +74,7 @@ class CoordinatorConfig:
     server_opt : ServerOptSettings
         Server optimiser eta, beta, beta2, tau of Reddi et al., ICLR 2021, Algorithm 2
         (``--server-lr``, ``--server-momentum``, ``--server-beta2``, ``--server-tau``;
-        ``[server_opt]``); read only by fedavgm, fedadam and fedyogi. Left-out eta and beta
+        ``[server_opt]``); read only by the server optimisers. Left-out eta and beta
         are the optimiser's own defaults.
     feddist_mode : {"auto", "paper", "function_preserving"}
         Outgoing weights of new units copied from the source client (with the paper's
@@ -126,13 +126,15 @@ class CoordinatorConfig:
     lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
     batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)
     class_weights: str = field(default=LocalTraining.class_weights, metadata=_LT["class_weights"].metadata)
-    aggregation: str = field(default="fedavgm", metadata=doc("aggregation strategy", choices=AGGREGATIONS))
+    aggregation: str = field(
+        default=strategies.DEFAULT_AGGREGATION, metadata=doc("aggregation strategy", choices=AGGREGATIONS)
+    )
     growth: str = field(default="none", metadata=doc("architecture growth", choices=GROWTHS))
     client_init: str = field(default="overwrite", metadata=doc("how clients start from the received model", choices=CLIENT_INITS))
     fedprox: FedProxSettings = field(default_factory=FedProxSettings, metadata=doc("FedProx settings", kind="table"))
     feddwa: FedDWASettings = field(default_factory=FedDWASettings, metadata=doc("FedDWA settings", kind="table"))
     server_opt: ServerOptSettings = field(
-        default_factory=ServerOptSettings, metadata=doc("server optimiser settings (fedavgm, fedadam, fedyogi)", kind="table")
+        default_factory=ServerOptSettings, metadata=doc("server optimiser settings", kind="table")
     )
     feddist_mode: str = field(
         default="auto",

@@ -41,6 +41,12 @@ from coordinator.strategies.fedavg import FedAvg  # noqa: E402  (imported above;
 REGISTRY: dict[str, type[Strategy]] = Strategy.registry
 """Strategy classes by ``--aggregation`` name (filled as the modules above are imported)."""
 
+DEFAULT_AGGREGATION = "fedavgm"
+"""The coordinator's default strategy: FedAvgM with eta 1 and beta 0.5, the setting with the best validation
+macro-F1 of the search in docs/results.md (HAPT, blocks split, 15 rounds)."""
+if DEFAULT_AGGREGATION not in REGISTRY:
+    raise ImportError(f"the default strategy {DEFAULT_AGGREGATION!r} is not in {__path__}")
+
 
 def names() -> tuple[str, ...]:
     """The registered strategy names, sorted (the ``--aggregation`` choices)."""
@@ -107,6 +113,7 @@ def settings_tables() -> dict[str, type]:
 
 
 __all__ = [
+    "DEFAULT_AGGREGATION",
     "REGISTRY",
     "Aggregate",
     "FedAvg",
