@@ -357,7 +357,7 @@ class Coordinator:
         except ValueError as exc:
             log.error("%s; strategy %s restarts from its initial state", exc, name)
             return
-        if saved is None and type(self.strategy).state_dict is not Strategy.state_dict:
+        if saved is None and self.strategy.keeps_state:
             log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
 
     # ------------------------------------------------------------------------------ a round

@@ -4,6 +4,9 @@ Every module of this folder is imported here; each class in it that subclasses
 :class:`~coordinator.strategies.base.Strategy` and sets ``name`` registers itself under that
 name. So a new strategy is one new file: the ``--aggregation`` choices, the TOML check, the
 study's strategy names, the probe's servers and the error texts all read :data:`REGISTRY`.
+One with settings of its own also gets its table as a field of
+:class:`coordinator.config.CoordinatorConfig` (which refuses to import without it); its
+state, if any, is persisted with each round through ``state_dict`` without further code.
 
 =========  ==============================================================  =================
 name       what the coordinator does                                        client extras

@@ -184,6 +184,11 @@ class Strategy:
         """Aggregate the updates of a FedDist intermediate exchange (as :meth:`aggregate_fit` here)."""
         return self.aggregate_fit(-1, fed, results)
 
+    @property
+    def keeps_state(self) -> bool:
+        """True when the strategy carries state between rounds (its class overrides :meth:`state_dict`)."""
+        return type(self).state_dict is not Strategy.state_dict
+
     def state_dict(self) -> State:
         """What the strategy carries from round to round, as named tensors to persist (empty: stateless)."""
         return {}
