@@ -51,10 +51,9 @@ from typing import Any
 import torch
 
 import coordinator.feddwa as feddwa_mod
-import coordinator.strategy as strategy_mod
+import coordinator.strategies.feddwa as strategy_mod
 from coordinator.spill import SpilledState, spill_update
-from coordinator.strategies import make_strategy
-from coordinator.strategy import Federation
+from coordinator.strategies import Federation, make_strategy
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
 

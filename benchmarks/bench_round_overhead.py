@@ -59,13 +59,20 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
     import torch
 
     from coordinator.state import load_state_file
+    from coordinator.strategies import make_strategy, strategy_class
     from edge_client.store import ClientStore
     from edge_client.trainer import derive_seed
     from har_models.data.labels import HAPT_LABELS
     from har_models.nn.training import TrainConfig, balanced_class_weights, make_loss, train_local
+    from har_models.settings import from_mapping
+    from har_models.wire.messages import TrainingPlan
 
     torch.set_num_threads(1)
     cfg = json.loads((run_dir / "report.json").read_text())["config"]
+    # The clients' proximal weight as the run's strategy set it (0 unless the strategy asks for one).
+    cls = strategy_class(cfg["aggregation"])
+    settings = from_mapping(cls.settings_type, cfg[cls.settings_table]) if cls.settings_type else None
+    prox_mu = make_strategy(cfg["aggregation"], settings).configure_fit(0, TrainingPlan()).prox_mu
     stores: dict[str, ClientStore] = {}
     out: dict[int, tuple[int, float]] = {}
     warm = False
@@ -83,7 +90,7 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
                 train = stores[cid].windows("train")
                 weights = balanced_class_weights(train.y, spec.n_classes) if cfg["class_weights"] == "balanced" else None
                 tc = TrainConfig(epochs=cfg["local_epochs"], lr=cfg["lr"], batch_size=cfg["batch_size"],
-                                 prox_mu=float(cfg.get("prox_mu", 0.0)) if cfg.get("aggregation") == "fedprox" else 0.0,
+                                 prox_mu=prox_mu,
                                  seed=derive_seed(cfg["seed"], cid, rnd, 0))
                 if not warm:  # PyTorch's first call pays one-off set-up; the run's clients paid it in round 0
                     train_local(spec, received, train, tc, make_loss(weights))

@@ -3,9 +3,10 @@
 * :mod:`~coordinator.round`: one round as pure steps over typed values (select, configure,
   aggregate with failures, evaluate, close);
 * :mod:`~coordinator.service`: the loop that moves those values over MQTT and persists them;
-* strategies: :mod:`~coordinator.strategy` and :mod:`~coordinator.strategies` (the registry),
-  over the papers' arithmetic in :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`,
-  :mod:`~coordinator.feddist` and :mod:`~coordinator.server_opt`;
+* :mod:`~coordinator.strategies`: one file per strategy (its settings and state) and the
+  registry, the only list of their names; over the papers' arithmetic in
+  :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`, :mod:`~coordinator.feddist`
+  and :mod:`~coordinator.server_opt`;
 * :mod:`~coordinator.updates` (validation of uploads), :mod:`~coordinator.receipts`,
   :mod:`~coordinator.presence`, :mod:`~coordinator.spill`;
 * :mod:`~coordinator.record`: the typed record of a completed round (what the report, the

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator import strategies
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import (
@@ -33,7 +34,8 @@ def add_federation_arguments(ap: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="TOML file of federation settings (the same names as the options, [ala] as a table); "
+        help=f"TOML file of federation settings (the same names as the options; [ala] and the strategies' settings "
+        f"{', '.join(f'[{t}]' for t in sorted(strategies.settings_tables()))} as tables); "
         "options given on the command line win. A run folder's config.toml is such a file.",
     )
     add_settings_arguments(ap.add_argument_group("federation"), CoordinatorConfig)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     failed (not retried), 5 federation failed, 6 run folder unusable (systemd does not restart on 4 or 6)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    run_id = args.run_id or f"{getattr(args, 'aggregation', 'fedavg')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and args.run_dir is None:
         print("fedhar-coordinator: --resume needs --run-dir (and the same --run-id)", file=sys.stderr)
         return 2

@@ -6,13 +6,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from coordinator import strategies
+from coordinator.strategies.feddwa import FedDWASettings
+from coordinator.strategies.fedopt import ServerOptSettings
+from coordinator.strategies.fedprox import FedProxSettings
 from har_io.broker_config import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT_SEED
 from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
 from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS
 from har_models.wire.topics import check_client_id
 
-AGGREGATIONS = ("fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi")
+AGGREGATIONS = strategies.names()
+"""The ``--aggregation`` choices: the registered strategies (:mod:`coordinator.strategies`)."""
 GROWTHS = ("none", "feddist")
 CLIENT_INITS = ("overwrite", "ala")
 GROWTH_MODES = ("auto", "paper", "function_preserving")
@@ -56,19 +61,21 @@ class CoordinatorConfig:
     local_epochs, lr, batch_size, class_weights :
         Local training (defaults E = 1, lr 0.1, batch 32, balanced class weights; FedDist
         used E = 5, lr 0.01).
-    aggregation : {"fedavg", "fedprox", "fedper", "feddwa", "fedavgm", "fedadam", "fedyogi"}
-        Default "fedavgm": FedAvgM with eta 1 and beta 0.5, 15 rounds. This is the setting
-        with the best validation macro-F1 of the search in docs/results.md (HAPT, blocks split).
+    aggregation : str
+        A registered strategy (:data:`AGGREGATIONS`); default
+        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 1 and beta 0.5,
+        the best validation macro-F1 of the search in docs/results.md, HAPT, blocks split).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
-    prox_mu : float
-        FedProx mu.
-    top_k : int
-        FedDWA K.
-    server_lr, server_momentum : float
-        Server optimiser eta and beta (FedAvgM's momentum, FedAdam/FedYogi's beta1) of
-        Reddi et al., ICLR 2021, Algorithm 2; used only by fedavgm, fedadam and fedyogi.
-        None means the optimiser's default (:func:`coordinator.server_opt.make_server_opt`).
+    fedprox : FedProxSettings
+        FedProx mu (``--prox-mu``; TOML table ``[fedprox]``).
+    feddwa : FedDWASettings
+        FedDWA K (``--top-k``; ``[feddwa]``).
+    server_opt : ServerOptSettings
+        Server optimiser eta, beta, beta2, tau of Reddi et al., ICLR 2021, Algorithm 2
+        (``--server-lr``, ``--server-momentum``, ``--server-beta2``, ``--server-tau``;
+        ``[server_opt]``); read only by the server optimisers. Left-out eta and beta
+        are the optimiser's own defaults.
     feddist_mode : {"auto", "paper", "function_preserving"}
         Outgoing weights of new units copied from the source client (with the paper's
         intermediate layer-wise rounds) or zero (no client's function changes). "auto"
@@ -119,20 +126,15 @@ class CoordinatorConfig:
     lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
     batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)
     class_weights: str = field(default=LocalTraining.class_weights, metadata=_LT["class_weights"].metadata)
-    aggregation: str = field(default="fedavgm", metadata=doc("aggregation strategy", choices=AGGREGATIONS))
+    aggregation: str = field(
+        default=strategies.DEFAULT_AGGREGATION, metadata=doc("aggregation strategy", choices=AGGREGATIONS)
+    )
     growth: str = field(default="none", metadata=doc("architecture growth", choices=GROWTHS))
     client_init: str = field(default="overwrite", metadata=doc("how clients start from the received model", choices=CLIENT_INITS))
-    prox_mu: float = field(default=0.01, metadata=doc("FedProx mu"))
-    top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client"))
-    server_lr: float | None = field(
-        default=None,
-        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 1.0 for FedAvgM, 0.01 for "
-                     "FedAdam/FedYogi"),
-    )
-    server_momentum: float | None = field(
-        default=None,
-        metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1); default: 0.5 for "
-                     "FedAvgM (tuned on HAPT, docs/results.md), 0.9 for FedAdam/FedYogi"),
+    fedprox: FedProxSettings = field(default_factory=FedProxSettings, metadata=doc("FedProx settings", kind="table"))
+    feddwa: FedDWASettings = field(default_factory=FedDWASettings, metadata=doc("FedDWA settings", kind="table"))
+    server_opt: ServerOptSettings = field(
+        default_factory=ServerOptSettings, metadata=doc("server optimiser settings", kind="table")
     )
     feddist_mode: str = field(
         default="auto",
@@ -169,12 +171,17 @@ class CoordinatorConfig:
 
     def __post_init__(self) -> None:
         check_client_id(self.run_id)
-        if isinstance(self.ala, dict):
-            object.__setattr__(self, "ala", from_mapping(AlaConfig, self.ala, "ala"))
-        if not isinstance(self.ala, AlaConfig):
-            raise ValueError(f"ala must be FedALA settings (AlaConfig or a mapping), got {type(self.ala).__name__}")
+        for f in fields(self):
+            tp = _NESTED.get(f.name)
+            if tp is None:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                object.__setattr__(self, f.name, from_mapping(tp, value, f.name))
+            elif not isinstance(value, tp):
+                raise ValueError(f"{f.name} must be {tp.__name__} settings (or a mapping), got {type(value).__name__}")
         for name, allowed in (
-            ("aggregation", AGGREGATIONS),
+            ("aggregation", strategies.names()),
             ("growth", GROWTHS),
             ("client_init", CLIENT_INITS),
             ("feddist_mode", GROWTH_MODES),
@@ -187,13 +194,6 @@ class CoordinatorConfig:
             raise ValueError(
                 f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}"
             )
-        if (self.server_lr is not None and not self.server_lr > 0) or (
-            self.server_momentum is not None and not 0 <= self.server_momentum < 1
-        ):
-            raise ValueError(
-                f"server_lr must be > 0 and server_momentum in [0, 1) (leave them out for the optimiser's defaults); "
-                f"got {self.server_lr}, {self.server_momentum}"
-            )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
 
@@ -202,7 +202,7 @@ class CoordinatorConfig:
         """The FedDist mode in force ("paper" or "function_preserving"), with "auto" resolved."""
         if self.feddist_mode != "auto":
             return self.feddist_mode
-        plain = self.aggregation in ("fedavg", "fedprox") and self.client_init == "overwrite"
+        plain = strategies.strategy_class(self.aggregation).feddist_paper and self.client_init == "overwrite"
         return "paper" if plain else "function_preserving"
 
     def ala_plan(self) -> dict[str, Any]:
@@ -215,7 +215,7 @@ class CoordinatorConfig:
         for f in fields(self):
             if not f.metadata.get("cli", True):
                 d.pop(f.name, None)
-        return {k: v for k, v in d.items() if v is not None}
+        return _without_none(d)
 
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form for the state database and the report (password left out)."""
@@ -234,3 +234,17 @@ class CoordinatorConfig:
         if self.client_init != "overwrite":
             parts.append(self.client_init)
         return " + ".join(parts)
+
+
+_NESTED: dict[str, type] = {"ala": AlaConfig, **strategies.settings_tables()}
+"""Fields of :class:`CoordinatorConfig` that hold a settings dataclass (given as one or as a mapping)."""
+
+_missing = {t: tp for t, tp in strategies.settings_tables().items()
+            if t not in {f.name for f in fields(CoordinatorConfig)} or CoordinatorConfig.__annotations__.get(t) != tp.__name__}
+if _missing:
+    raise TypeError(f"CoordinatorConfig lacks the strategy settings tables {sorted(_missing)}: add a field of each type")
+
+
+def _without_none(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` without None values, also inside nested tables (TOML has no null)."""
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}

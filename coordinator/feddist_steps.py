@@ -14,7 +14,7 @@ section 3 and 5.2. After the round's aggregation, each growable layer in turn:
 :func:`grow` is a generator: it yields an :class:`IntermediateExchange` whenever step 3
 needs clients, receives the valid updates of that exchange (in any order; possibly none)
 through ``send``, and finally returns the growth log for the round summary. It changes
-the :class:`~coordinator.strategy.Federation` it is given; it never touches MQTT or files.
+the :class:`~coordinator.strategies.Federation` it is given; it never touches MQTT or files.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from coordinator import feddist
-from coordinator.strategy import Aggregate, Federation, Strategy
+from coordinator.strategies import Aggregate, Federation, Strategy
 from coordinator.updates import ClientUpdate
 from har_models.nn.growth import pad_state_like
 from har_models.wire.messages import TrainingPlan

@@ -27,7 +27,7 @@ import numpy as np
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
-from coordinator.strategy import Federation
+from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import TrainingPlan

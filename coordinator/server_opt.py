@@ -1,4 +1,4 @@
-"""Server-side optimisers: FedAvgM, FedAdam and FedYogi as aggregation switches.
+"""Server-side optimisers' arithmetic: the FedAvgM, FedAdam and FedYogi steps as pure functions.
 
 Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2 (FedOpt), with
 the clients' mean as a pseudo-gradient. In round t, with x_t the model sent to the
@@ -14,33 +14,27 @@ clients and x_i their trained models (weighted by training windows n_i):
 
 m_0 = 0 and v_0 = tau^2 (the paper's initialisation; no bias correction, as Algorithm 2).
 Reddi et al. write Delta with the opposite sign and add it; the two are the same update.
-With eta = 1 and beta = 0, FedAvgM is FedAvg. FedAvgM's default beta is 0.5 (tuned here, see
-:data:`FEDAVGM_BETA`). The other defaults are the paper's beta1 = 0.9,
-beta2 = 0.99, tau = 1e-3; the server learning rate eta is a setting (the paper tunes it
+With eta = 1 and beta = 0, FedAvgM is FedAvg. The paper's defaults are beta1 = 0.9,
+beta2 = 0.99, tau = 1e-3 (below); the server learning rate eta is a setting (the paper tunes it
 per task, 10^-2.5..10^0 for Adam and Yogi).
 
-The arithmetic is in pure functions over ``dict[str, Tensor]``; the strategies keep the
-moments between rounds and can hand them out and take them back for persistence
-(:meth:`ServerOptStrategy.optimizer_state`, :meth:`ServerOptStrategy.load_optimizer_state`).
-When FedDist widens a layer, the moments of the new units start at their initial values
-(zero-padded at the end of each grown axis, where growth appends units).
+The functions work over ``dict[str, Tensor]``; the strategies (:mod:`coordinator.strategies.fedopt`
+and its three registered subclasses, one file each) keep the moments between rounds, with
+their settings and defaults, and hand them out for persistence (``state_dict``). When FedDist
+widens a layer, the moments of the new units start at their initial values
+(:func:`fit_to_shape` pads at the end of each grown axis, where growth appends units).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
-from coordinator.aggregation import State, weighted_average
-from coordinator.strategy import Aggregate, Federation, Strategy, _contributors
-from coordinator.updates import ClientUpdate, Failure
+from coordinator.aggregation import State
 
 BETA1 = 0.9
 """First-moment decay beta1 (Reddi et al. 2021, section 5)."""
-FEDAVGM_BETA = 0.5
-"""FedAvgM's default momentum: the best of 0.5 and 0.9 on HAPT validation windows (docs/results.md); at 0.9 the
-global model of a 30-client run diverged in round 8."""
 BETA2 = 0.99
 """Second-moment decay beta2 (Reddi et al. 2021, section 5)."""
 TAU = 1e-3
@@ -151,8 +145,14 @@ def adaptive_step(
     return x_new, m_new, v_new
 
 
-def _fit(buf: torch.Tensor, shape: torch.Size, fill: float) -> torch.Tensor:
-    """``buf`` zero- (or ``fill``-) padded at the end of each axis to ``shape`` (FedDist appends units)."""
+def fit_to_shape(buf: torch.Tensor, shape: torch.Size, fill: float) -> torch.Tensor:
+    """``buf`` padded with ``fill`` at the end of each axis to ``shape`` (FedDist appends units there).
+
+    Raises
+    ------
+    ValueError
+        If ``buf`` has another rank or is larger than ``shape`` on some axis.
+    """
     if buf.shape == shape:
         return buf
     if buf.dim() != len(shape) or any(a > b for a, b in zip(buf.shape, shape, strict=True)):
@@ -160,105 +160,3 @@ def _fit(buf: torch.Tensor, shape: torch.Size, fill: float) -> torch.Tensor:
     out = torch.full(shape, fill, dtype=buf.dtype)
     out[tuple(slice(0, n) for n in buf.shape)] = buf
     return out
-
-
-class ServerOptStrategy(Strategy):
-    """FedAvg clients, a server optimiser on the pseudo-gradient (Reddi et al. 2021, Algorithm 2).
-
-    Parameters
-    ----------
-    rule : {"avgm", "adam", "yogi"}
-    eta : float > 0
-        Server learning rate (FedAvgM 1.0; FedAdam/FedYogi 0.01 by default here).
-    beta : float
-        FedAvgM momentum (0.5 by default, :data:`FEDAVGM_BETA`), or FedAdam/FedYogi beta1 (0.9).
-    beta2, tau : float
-        FedAdam/FedYogi second-moment decay (0.99) and adaptivity (1e-3).
-    """
-
-    def __init__(self, rule: str, eta: float, beta: float = BETA1, beta2: float = BETA2, tau: float = TAU):
-        if rule not in ("avgm", "adam", "yogi"):
-            raise ValueError(f"ServerOptStrategy: rule must be avgm, adam or yogi, got {rule!r}")
-        if not eta > 0:
-            raise ValueError(f"ServerOptStrategy: server learning rate eta must be > 0, got {eta}")
-        self.rule, self.eta, self.beta, self.beta2, self.tau = rule, float(eta), float(beta), float(beta2), float(tau)
-        self.name = {"avgm": "fedavgm", "adam": "fedadam", "yogi": "fedyogi"}[rule]
-        self.m: State | None = None
-        self.v: State | None = None
-
-    def aggregate_fit(
-        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
-    ) -> Aggregate:
-        """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
-
-        Raises
-        ------
-        ValueError
-            If no result carries training windows, or the tensors do not match the model.
-        """
-        used = _contributors(results)
-        avg = weighted_average([u.state for u in used], [u.n_train for u in used])
-        x_t = fed.global_state
-        delta = pseudo_gradient(x_t, avg)
-        if self.m is not None:
-            self.m = {k: _fit(self.m[k], x_t[k].shape, 0.0) for k in x_t}
-        if self.v is not None:
-            self.v = {k: _fit(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
-        v_new: State | None = None
-        if self.rule == "avgm":
-            x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
-        else:
-            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
-        bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
-        if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
-            raise ValueError(
-                f"{self.name}: the server step gave non-finite values in {bad[:3]}; lower the client lr or the "
-                f"server lr/momentum (eta={self.eta}, beta={self.beta})"
-            )
-        self.m, self.v = m_new, v_new if v_new is not None else self.v
-        return Aggregate(x_new, {}, None, [u.client_id for u in used])
-
-    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
-        """FedDist intermediate exchanges are plain averages: one optimiser step per round."""
-        return Strategy.aggregate_fit(self, -1, fed, results)
-
-    def optimizer_state(self) -> State:
-        """The moments to persist (``m.<name>``, ``v.<name>``); empty before the first step."""
-        out: State = {}
-        for prefix, buf in (("m.", self.m), ("v.", self.v)):
-            out.update({prefix + k: t.clone() for k, t in (buf or {}).items()})
-        return out
-
-    def load_optimizer_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Take back what :meth:`optimizer_state` gave (after a restart).
-
-        Raises
-        ------
-        ValueError
-            If a key is neither ``m.*`` nor ``v.*``.
-        """
-        bad = [k for k in state if not k.startswith(("m.", "v."))]
-        if bad:
-            raise ValueError(f"load_optimizer_state: unexpected keys {bad[:3]} (expected m.<tensor>, v.<tensor>)")
-        m = {k[2:]: t.clone() for k, t in state.items() if k.startswith("m.")}
-        v = {k[2:]: t.clone() for k, t in state.items() if k.startswith("v.")}
-        self.m, self.v = m or None, v or None
-
-
-SERVER_OPTIMISERS = ("fedavgm", "fedadam", "fedyogi")
-"""Aggregation names of the server optimisers."""
-
-
-def make_server_opt(name: str, eta: float | None = None, beta: float | None = None) -> ServerOptStrategy:
-    """FedAvgM (eta 1.0, beta 0.5), FedAdam or FedYogi (eta 0.01, beta1 0.9, beta2 0.99, tau 1e-3) by name.
-
-    Raises
-    ------
-    ValueError
-        For a name outside :data:`SERVER_OPTIMISERS`.
-    """
-    if name == "fedavgm":
-        return ServerOptStrategy("avgm", 1.0 if eta is None else eta, FEDAVGM_BETA if beta is None else beta)
-    if name in ("fedadam", "fedyogi"):
-        return ServerOptStrategy(name[3:], 0.01 if eta is None else eta, BETA1 if beta is None else beta)
-    raise ValueError(f"unknown server optimiser {name!r}; choose one of {SERVER_OPTIMISERS}")

@@ -37,10 +37,8 @@ from coordinator.receipts import ReceiptDesk
 from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
-from coordinator.server_opt import ServerOptStrategy
 from coordinator.state import RunState
-from coordinator.strategies import make_strategy
-from coordinator.strategy import Aggregate, Federation, Strategy
+from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
@@ -125,9 +123,7 @@ class Coordinator:
         self.report_header = dict(report_header or {})
         self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
-        self.strategy: Strategy = make_strategy(
-            cfg.aggregation, cfg.prox_mu, cfg.top_k, cfg.server_lr, cfg.server_momentum
-        )
+        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg)
         self.feddist_cfg = feddist.FedDistConfig(
             k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
         )
@@ -385,22 +381,25 @@ class Coordinator:
         self.label_set = self.state.get("label_set", "")
         self.fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
-        if isinstance(self.strategy, ServerOptStrategy):
-            self._resume_server_opt(last, spec)
+        self._resume_strategy(last, spec)
         return last
 
-    def _resume_server_opt(self, last: int, spec: ArchSpec) -> None:
-        """Give the server optimiser back the moments saved with round ``last`` (Reddi et al. 2021, Alg. 2: m_t, v_t)."""
-        assert isinstance(self.strategy, ServerOptStrategy)
+    def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
+        """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
+
+        A missing or unusable state is logged and the strategy starts from its initial state;
+        the run goes on either way.
+        """
+        name = self.strategy.name
         try:
-            moments = self.state.load_server_opt(last, spec)
+            saved = self.state.load_strategy_state(last, name)
+            if saved is not None:
+                self.strategy.load_state_dict(saved, spec)
         except ValueError as exc:
-            log.error("%s; the server optimiser's moments restart from zero", exc)
+            log.error("%s; strategy %s restarts from its initial state", exc, name)
             return
-        if moments is None:
-            log.warning("round %d has no saved server optimiser moments; %s restarts them from zero", last, self.strategy.name)
-            return
-        self.strategy.load_optimizer_state(moments)
+        if saved is None and self.strategy.keeps_state:
+            log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
 
     # ------------------------------------------------------------------------------ a round
     def _publish_models(self, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
@@ -545,8 +544,8 @@ class Coordinator:
         )
         record = replace(record, seconds=time.monotonic() - t0)
         summary = record.to_json()
-        moments = self.strategy.optimizer_state() if isinstance(self.strategy, ServerOptStrategy) else None
-        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary, server_opt=moments)
+        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary,
+                                  strategy_state=(self.strategy.name, self.strategy.state_dict()))
         log.info(summary_line(record))
         del ex, results, agg
         spill.clear(self._spill_dir)

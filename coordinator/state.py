@@ -78,8 +78,10 @@ def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
     return spec, state
 
 
-SERVER_OPT_FILE = "server_opt.safetensors"
-"""Name of a round's server optimiser moments beside its models (``models/rNNNN/``)."""
+STRATEGY_STATE_FILE = "strategy_state.safetensors"
+"""Name of a round's strategy state beside its models (``models/rNNNN/``); its metadata names the strategy."""
+LEGACY_SERVER_OPT_FILE = "server_opt.safetensors"
+"""What run folders written before :data:`STRATEGY_STATE_FILE` hold instead: a server optimiser's moments."""
 
 
 class RunState:
@@ -143,13 +145,14 @@ class RunState:
         personal: Mapping[str, Mapping[str, torch.Tensor]],
         summary: dict[str, Any],
         extra_meta: Mapping[str, Any] | None = None,
-        server_opt: Mapping[str, torch.Tensor] | None = None,
+        strategy_state: tuple[str, Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
         """Persist a completed round: models first, then the SQLite row (one transaction).
 
-        ``server_opt`` (a server optimiser's moments ``m.<tensor>``, ``v.<tensor>``; see
-        :meth:`coordinator.server_opt.ServerOptStrategy.optimizer_state`) is saved beside the
-        round's models as ``server_opt.safetensors`` when given and not empty.
+        ``strategy_state`` is ``(strategy name, its state_dict())``
+        (:meth:`coordinator.strategies.base.Strategy.state_dict`, e.g. a server optimiser's
+        moments ``m.<tensor>``, ``v.<tensor>``); when not empty it is saved beside the round's
+        models as :data:`STRATEGY_STATE_FILE` (float32 tensors), with the name in its metadata.
         """
         folder = self.folder / "models" / f"r{round_:04d}"
         if folder.exists():
@@ -159,8 +162,9 @@ class RunState:
         save_state_file(folder / "global.safetensors", spec, global_state)
         for cid, st in personal.items():
             save_state_file(folder / "personal" / f"{cid}.safetensors", spec, st)
-        if server_opt:
-            _save_tensors(folder / SERVER_OPT_FILE, server_opt, {"round": str(round_)})
+        if strategy_state is not None and strategy_state[1]:
+            name, tensors = strategy_state
+            _save_tensors(folder / STRATEGY_STATE_FILE, tensors, {"round": str(round_), "strategy": name})
         with self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
@@ -195,37 +199,35 @@ class RunState:
             return round_, spec, g, personal
         return None
 
-    def load_server_opt(self, round_: int, spec: ArchSpec) -> dict[str, torch.Tensor] | None:
-        """The server optimiser moments saved with ``round_`` (``m.<tensor>``, ``v.<tensor>``), or None if none were.
+    def load_strategy_state(self, round_: int, strategy: str) -> dict[str, torch.Tensor] | None:
+        """The state strategy ``strategy`` saved with ``round_`` (named float32 tensors), or None if none was.
 
-        Each moment must name a tensor of ``spec`` and be finite; its shape may be smaller
-        than the tensor's (FedDist grew the layer after the step; the optimiser pads it).
+        A run folder written before strategies saved their state under one name holds a
+        server optimiser's moments as :data:`LEGACY_SERVER_OPT_FILE`; that file is read when
+        the new one is absent. Whether the tensors fit the model is the strategy's to check
+        (:meth:`coordinator.strategies.base.Strategy.load_state_dict`).
 
         Raises
         ------
         ValueError
-            If the file is unreadable, names an unknown tensor, has a wrong rank or holds
-            NaN/inf (the caller decides whether to restart the moments).
+            If the file is unreadable or was saved by another strategy (the caller decides
+            whether to start the strategy afresh).
         """
-        path = self.folder / "models" / f"r{round_:04d}" / SERVER_OPT_FILE
+        folder = self.folder / "models" / f"r{round_:04d}"
+        path = folder / STRATEGY_STATE_FILE
         if not path.exists():
-            return None
-        shapes = spec.shapes()
-        out: dict[str, torch.Tensor] = {}
+            path = folder / LEGACY_SERVER_OPT_FILE
+            if not path.exists():
+                return None
         try:
             with safe_open(str(path), framework="pt") as f:
-                for k in f.keys():  # noqa: SIM118 (safe_open has no iterator)
-                    out[k] = f.get_tensor(k).float()
+                meta = f.metadata() or {}
+                out = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
         except Exception as exc:  # safetensors raises its own error types for a damaged header
             raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
-        for k, t in out.items():
-            name = k[2:]
-            if k[:2] not in ("m.", "v.") or name not in shapes:
-                raise ValueError(f"{path}: {k!r} is not a moment of a model tensor (m.<name> or v.<name>)")
-            if t.dim() != len(shapes[name]) or any(a > b for a, b in zip(t.shape, shapes[name], strict=True)):
-                raise ValueError(f"{path}: {k} has shape {tuple(t.shape)}, the model's {name} is {tuple(shapes[name])}")
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{path}: {k} holds NaN or inf")
+        saved_by = meta.get("strategy")
+        if saved_by is not None and saved_by != strategy:
+            raise ValueError(f"{path}: state of strategy {saved_by!r}, this run aggregates with {strategy!r}")
         return out
 
     def load_round_models(self, round_: int) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:

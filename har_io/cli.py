@@ -19,6 +19,7 @@ from har_models.settings import from_mapping, to_mapping
 from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
 
 T = TypeVar("T")
+log = logging.getLogger("fedhar.settings")
 
 
 def option_flag(f: dataclasses.Field[Any]) -> str:
@@ -29,6 +30,23 @@ def option_flag(f: dataclasses.Field[Any]) -> str:
 def cli_fields(cls: type) -> list[dataclasses.Field[Any]]:
     """The fields of settings dataclass ``cls`` offered on the command line."""
     return [f for f in dataclasses.fields(cls) if f.init and f.metadata.get("cli", True)]
+
+
+def option_fields(cls: type) -> list[tuple[str, dataclasses.Field[Any], Any]]:
+    """``(dest, field, type)`` of every command-line option of ``cls``, nested tables flattened.
+
+    A field whose metadata has ``kind="table"`` holds a settings dataclass whose own fields
+    are the options; their ``dest`` is ``"table.field"`` and their flag their own
+    (:func:`option_flag`), e.g. ``fedprox.mu`` is ``--prox-mu``.
+    """
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, dataclasses.Field[Any], Any]] = []
+    for f in cli_fields(cls):
+        if f.metadata.get("kind") == "table":
+            out += [(f"{f.name}.{dest}", g, tp) for dest, g, tp in option_fields(hints[f.name])]
+        else:
+            out.append((f.name, f, hints[f.name]))
+    return out
 
 
 def _default_of(f: dataclasses.Field[Any]) -> Any:
@@ -44,10 +62,10 @@ def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
 
     The options default to "not given" so that a TOML file (:func:`settings_from`) can sit
     between the dataclass defaults and the command line; ``--help`` still shows each
-    dataclass default, which is the only place it is written.
+    dataclass default, which is the only place it is written. The fields of a nested
+    ``kind="table"`` settings object are options of their own (:func:`option_fields`).
     """
-    hints = typing.get_type_hints(cls)
-    for f in cli_fields(cls):
+    for dest, f, tp in option_fields(cls):
         md = f.metadata
         default = _default_of(f)
         shown = json.dumps(to_mapping(default)) if dataclasses.is_dataclass(default) else default
@@ -55,8 +73,7 @@ def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
         if md.get("unit"):
             text += f" [{md['unit']}]"
         text += f" (default {shown})"
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name, "help": text}
-        tp = hints[f.name]
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": dest, "help": text}
         if md.get("kind") == "json":
             kw["type"] = _json_object
             kw["metavar"] = "JSON"
@@ -102,18 +119,49 @@ def settings_from(
 ) -> T:
     """Resolve a settings dataclass: its defaults, then ``file`` (a TOML mapping), then the options given, then ``fixed``.
 
+    A nested ``kind="table"`` field is a TOML table (``[fedprox]``, ``mu = 0.01``). A flat
+    key that names one of its fields by its flag (``prox_mu`` for ``--prox-mu``: the layout
+    of files written before the tables) is read into the table, with a warning naming the
+    new key.
+
     Raises
     ------
     ValueError
         For an unknown key or a wrong type in the file or the options (the key is named),
-        or a value the dataclass rejects.
+        a flat key given together with its table entry, or a value the dataclass rejects.
     """
-    merged: dict[str, Any] = dict(file or {})
+    merged: dict[str, Any] = _move_flat_keys(cls, dict(file or {}), what or cls.__name__)
     if args is not None:
-        for f in cli_fields(cls):
-            if hasattr(args, f.name):
-                merged[f.name] = getattr(args, f.name)
+        for dest, _, _ in option_fields(cls):
+            if not hasattr(args, dest):
+                continue
+            table, _, name = dest.rpartition(".")
+            into = merged
+            for part in table.split(".") if table else ():
+                into = into.setdefault(part, {})
+                if not isinstance(into, dict):
+                    raise ValueError(f"{what or cls.__name__}: {part!r} must be a table of settings, got {into!r}")
+            into[name] = getattr(args, dest)
     return from_mapping(cls, merged, what or cls.__name__, **fixed)
+
+
+def _move_flat_keys(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    """``data`` with each flat key named after a table field's flag moved into its table (see :func:`settings_from`)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    for dest, f, _ in option_fields(cls):
+        table, _, name = dest.rpartition(".")
+        flat = option_flag(f)[2:].replace("-", "_")
+        if not table or flat not in data or flat in known:
+            continue
+        into = data.get(table, {})
+        if not isinstance(into, dict):
+            continue  # from_mapping names the bad table
+        new_key = f"[{table}] {name}"
+        if name in into:
+            raise ValueError(f"{what}: {flat!r} and {new_key} both given; keep only {new_key}")
+        log.warning("%s: %r is the old name of %s; read as such (write it in the table)", what, flat, new_key)
+        data[table] = {**into, name: data.pop(flat)}
+    return data
 
 
 def write_settings_file(path: Path, settings: Mapping[str, Any]) -> None:

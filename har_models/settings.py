@@ -39,7 +39,9 @@ def doc(
     cli : bool
         False for settings a program fills in itself (run folder, broker), not offered as options.
     kind : str
-        ``"json"`` for a nested settings object given on the command line as a JSON object.
+        ``"json"`` for a nested settings object given on the command line as a JSON object;
+        ``"table"`` for a nested settings object whose own fields are options (each with its
+        own flag) and which a TOML file holds as a table named after the field.
     """
     return {"help": help, "unit": unit, "flag": flag, "choices": choices, "cli": cli, "kind": kind}
 

@@ -1,8 +1,9 @@
 """``python -m simulation.probe``: a quick in-process FedAvg probe for choosing lr, local epochs and rounds.
 
 No broker, no processes: the same windows, split, CNN, loss and local SGD as the main job
-(:func:`har_models.nn.training.train_local`, balanced class weights per client, FedAvg or a
-server optimiser of :mod:`coordinator.server_opt`), run as plain function calls. It is for
+(:func:`har_models.nn.training.train_local`, balanced class weights per client, and the
+coordinator's own strategy objects for the server step: FedAvg, a server optimiser, or any
+registered strategy whose clients train plainly), run as plain function calls. It is for
 tuning only; reported figures come from ``fedhar-simulate``.
 
 Tuning done right: the settings are chosen on a **validation split carved from the
@@ -29,16 +30,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from coordinator.aggregation import weighted_average
-from coordinator.server_opt import SERVER_OPTIMISERS, adaptive_step, fedavgm_step, make_server_opt, pseudo_gradient
+from coordinator import strategies
+from coordinator.strategies import FedAvg, Federation, Strategy
+from coordinator.strategies.fedopt import FedOpt, ServerOptSettings
+from coordinator.updates import ClientUpdate
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec, block_split
 from har_models.data.subjects import DEFAULT_HAPT, parse_source, subject_sources
 from har_models.data.windowing import ChannelStats, WindowSet
 from har_models.nn.metrics import summarise
 from har_models.nn.model import ArchSpec, init_state
 from har_models.nn.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+from har_models.wire.messages import TrainingPlan
 
 log = logging.getLogger("fedhar.probe")
 
@@ -55,23 +57,49 @@ class ProbeSetting:
         E.
     rounds : int
         Rounds to run (every round is measured, so the best round count up to this is found too).
-    server : {"fedavg", "fedavgm", "fedadam", "fedyogi"}
+    server : str
+        A strategy of :func:`probe_servers` (registered, clients train plainly).
     server_lr, server_momentum : float
-        eta and beta of the server optimiser (ignored by FedAvg).
+        eta and beta of a server optimiser (ignored by the other strategies).
     """
 
     lr: float
     local_epochs: int
     rounds: int
-    server: str = "fedavg"
+    server: str = FedAvg.name
     server_lr: float = 1.0
     server_momentum: float = 0.9
 
     @property
     def label(self) -> str:
         """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``."""
-        srv = "" if self.server == "fedavg" else f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
+        if _takes_server_opt(self.server):
+            srv = f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
+        else:
+            srv = "" if self.server == FedAvg.name else f" {self.server}"
         return f"lr={self.lr:g} E={self.local_epochs}{srv}"
+
+    def strategy(self) -> Strategy:
+        """A fresh strategy object for the server step (a server optimiser with this eta and beta).
+
+        Raises
+        ------
+        ValueError
+            For an unknown strategy name.
+        """
+        if _takes_server_opt(self.server):
+            return strategies.make_strategy(self.server, ServerOptSettings(lr=self.server_lr, momentum=self.server_momentum))
+        return strategies.make_strategy(self.server)
+
+
+def _takes_server_opt(name: str) -> bool:
+    cls = strategies.REGISTRY.get(name)
+    return cls is not None and cls.settings_type is ServerOptSettings
+
+
+def probe_servers() -> tuple[str, ...]:
+    """Registered strategies whose clients train plainly (their plan is the base plan), as the probe trains them."""
+    return tuple(n for n in strategies.names() if strategies.make_strategy(n).configure_fit(0, TrainingPlan()) == TrainingPlan())
 
 
 @dataclass
@@ -107,12 +135,13 @@ def run_setting(
     clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
     dense_units: int = ArchSpec.dense_units, seed: int = 1,
 ) -> list[dict[str, Any]]:
-    """FedAvg (or a server optimiser) for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
+    """Strategy ``p.server`` for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
 
     Returns
     -------
     list of dict
-        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds"}`` per round.
+        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds"}`` per round; fewer
+        rounds when a server optimiser's step diverged (logged).
     """
     labels = next(iter(clients.values())).train.labels
     stats = None
@@ -127,25 +156,22 @@ def run_setting(
     val = WindowSet.concat([c.val for c in clients.values()], labels)
     test = WindowSet.concat([c.test for c in clients.values()], labels)
     losses = {cid: make_loss(balanced_class_weights(c.train.y, spec.n_classes)) for cid, c in clients.items()}
-    m: dict[str, torch.Tensor] | None = None
-    v: dict[str, torch.Tensor] | None = None
+    server = p.strategy()
     rows = []
     for r in range(p.rounds):
         t0 = time.monotonic()
-        states, weights = [], []
+        updates = []
         for k, (cid, c) in enumerate(clients.items()):
             if not len(c.train):
                 continue
             cfg = TrainConfig(p.local_epochs, p.lr, 32, seed=seed * 1_000_003 + r * 1009 + k)
-            states.append(train_local(spec, state, c.train, cfg, losses[cid]).state)
-            weights.append(len(c.train))
-        avg = weighted_average(states, weights)
-        if p.server == "fedavg":
-            state = avg
-        elif p.server == "fedavgm":
-            state, m = fedavgm_step(state, pseudo_gradient(state, avg), m, p.server_lr, p.server_momentum)
-        else:
-            state, m, v = adaptive_step(state, pseudo_gradient(state, avg), m, v, p.server_lr, p.server[3:], p.server_momentum)
+            trained = train_local(spec, state, c.train, cfg, losses[cid]).state
+            updates.append(ClientUpdate(cid, r, 0, len(c.train), len(c.test), trained, None))
+        try:
+            state = server.aggregate_fit(r, Federation(spec, spec, state), updates).global_state
+        except ValueError as exc:  # a diverged server step: this setting's curve ends here
+            log.warning("%s round %d: %s; the setting stops", p.label, r, exc)
+            break
         train_s = time.monotonic() - t0
         gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
         rows.append({"round": r, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
@@ -182,9 +208,9 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
 def parse_servers(text: str) -> list[tuple[str, float, float]]:
     """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
 
-    A left-out eta or beta is the coordinator's default for that optimiser
-    (:func:`coordinator.server_opt.make_server_opt`), so the probe and the main job mean
-    the same thing by ``fedavgm``. FedAvg ignores both.
+    A left-out eta or beta is the coordinator's default for that optimiser (its class in
+    :mod:`coordinator.strategies`), so the probe and the main job mean the same thing by
+    ``fedavgm``. Strategies without a server optimiser ignore both.
 
     Raises
     ------
@@ -194,11 +220,12 @@ def parse_servers(text: str) -> list[tuple[str, float, float]]:
     out = []
     for part in text.split(","):
         name, *nums = part.split(":")
-        if name != "fedavg" and name not in SERVER_OPTIMISERS:
-            raise ValueError(f"unknown server {name!r}; choose fedavg, {', '.join(SERVER_OPTIMISERS)}")
-        default = make_server_opt(name) if name != "fedavg" else None
-        eta = float(nums[0]) if nums else (default.eta if default else ProbeSetting.server_lr)
-        beta = float(nums[1]) if len(nums) > 1 else (default.beta if default else ProbeSetting.server_momentum)
+        if name not in probe_servers():
+            raise ValueError(f"unknown server {name!r}; choose {', '.join(probe_servers())}")
+        default = strategies.make_strategy(name)
+        opt = default if isinstance(default, FedOpt) else None
+        eta = float(nums[0]) if nums else (opt.eta if opt else ProbeSetting.server_lr)
+        beta = float(nums[1]) if len(nums) > 1 else (opt.beta if opt else ProbeSetting.server_momentum)
         out.append((name, eta, beta))
     return out
 
@@ -211,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=0)
     ap.add_argument("--lrs", default="0.01,0.03,0.1", help="client learning rates (default %(default)s)")
     ap.add_argument("--epochs", default="1", help="local epochs E to try (default %(default)s)")
-    ap.add_argument("--servers", default="fedavg", help="fedavg, fedavgm:ETA:BETA, fedadam:ETA:BETA, fedyogi:ETA:BETA (comma-separated; "
-                    "ETA and BETA left out: the coordinator's defaults)")
+    ap.add_argument("--servers", default=FedAvg.name, help=f"NAME[:ETA:BETA], comma-separated; NAME one of "
+                    f"{', '.join(probe_servers())} (ETA and BETA: a server optimiser's; left out: the coordinator's defaults)")
     ap.add_argument("--max-epochs", type=int, default=10, help="budget in rounds x E (default %(default)s)")
     ap.add_argument("--conv-filters", type=int, default=ArchSpec.conv_filters)
     ap.add_argument("--dense-units", type=int, default=ArchSpec.dense_units)

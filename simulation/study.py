@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.config import AGGREGATIONS, CoordinatorConfig
+from coordinator import strategies
+from coordinator.config import CoordinatorConfig
 
 log = logging.getLogger("fedhar.study")
 
@@ -53,16 +54,18 @@ def strategy_args(name: str) -> list[str]:
     """
     args: list[str] = []
     for part in name.split("+"):
-        if part in AGGREGATIONS:
+        if part in strategies.REGISTRY:
             args += ["--aggregation", part]
         elif part == "feddist":
             args += ["--growth", "feddist"]
         elif part == "ala":
             args += ["--client-init", "ala"]
         else:
-            raise ValueError(f"strategy {name!r}: unknown part {part!r}; use {'|'.join(AGGREGATIONS)}, feddist, ala joined by +")
+            raise ValueError(
+                f"strategy {name!r}: unknown part {part!r}; use {'|'.join(strategies.names())}, feddist, ala joined by +"
+            )
     if "--aggregation" not in args:
-        args = ["--aggregation", "fedavg", *args]
+        args = ["--aggregation", strategies.FedAvg.name, *args]
     return args
 
 
@@ -255,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        strategies = [x for x in args.strategies.split(",") if x]
-        for name in strategies:
+        strategy_names = [x for x in args.strategies.split(",") if x]
+        for name in strategy_names:
             strategy_args(name)
         from har_models.data.splits import SplitSpec
 
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = tuple(a for a in args.extra if a != "--")
     s = StudySettings(args.rounds, args.local_epochs, args.lr, args.conv_filters, args.dense_units, args.clients,
                       args.dataset, args.data, args.split_seed, extra)
-    names = strategies + ([] if args.no_baselines else list(BASELINES))
+    names = strategy_names + ([] if args.no_baselines else list(BASELINES))
     cells = [Cell(sp, name, seed) for sp in splits for name in names for seed in seeds]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,10 @@ import pytest
 
 from coordinator.cli import build_parser, config_from_args, main
 from coordinator.config import CoordinatorConfig
-from har_io.cli import cli_fields, option_flag, read_settings_file, write_settings_file
+from coordinator.strategies.feddwa import FedDWASettings
+from coordinator.strategies.fedopt import ServerOptSettings
+from coordinator.strategies.fedprox import FedProxSettings
+from har_io.cli import option_fields, option_flag, read_settings_file, write_settings_file
 from har_models.nn.training import TrainConfig
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
 from har_models.wire.messages import MessageError, TrainingPlan
@@ -23,7 +26,7 @@ def test_cli_without_options_gives_exactly_the_dataclass_defaults(tmp_path: Path
 
 def test_help_shows_each_dataclass_default() -> None:
     helps = {a.option_strings[0]: a.help or "" for a in build_parser()._actions if a.option_strings}
-    for f in cli_fields(CoordinatorConfig):
+    for _, f, _ in option_fields(CoordinatorConfig):  # nested tables too: --prox-mu is [fedprox] mu
         default = f.default if f.default is not dataclasses.MISSING else None
         if default is None:
             continue
@@ -59,10 +62,40 @@ def test_resolved_settings_round_trip_through_toml(tmp_path: Path) -> None:
     assert read_settings_file(tmp_path / "config.toml")["ala"]["layer_idx"] == 4
 
 
+def test_strategy_settings_are_tables_with_the_old_flags_and_each_default_written_once(tmp_path: Path) -> None:
+    cfg = CoordinatorConfig(run_dir=tmp_path)
+    assert (cfg.fedprox, cfg.feddwa, cfg.server_opt) == (FedProxSettings(0.01), FedDWASettings(5), ServerOptSettings())
+    args = build_parser().parse_args(["--prox-mu", "0.2", "--top-k", "3", "--server-lr", "0.5", "--server-momentum", "0.1"])
+    got = config_from_args(args, run_dir=tmp_path)
+    assert (got.fedprox.mu, got.feddwa.top_k, got.server_opt.lr, got.server_opt.momentum) == (0.2, 3, 0.5, 0.1)
+    f = tmp_path / "fed.toml"
+    f.write_text('aggregation = "feddwa"\n[feddwa]\ntop_k = 2\n[fedprox]\nmu = 0.3\n')
+    got = config_from_args(build_parser().parse_args(["--config", str(f), "--prox-mu", "0.4"]), run_dir=tmp_path)
+    assert (got.feddwa.top_k, got.fedprox.mu) == (2, 0.4)  # the option wins over the file, the rest of the table stays
+    doc = got.to_json()
+    assert doc["feddwa"] == {"top_k": 2} and doc["fedprox"] == {"mu": 0.4} and "top_k" not in doc
+
+
+def test_a_file_with_the_old_flat_keys_still_loads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    f = tmp_path / "old.toml"  # a run folder's config.toml as written before the tables
+    f.write_text('aggregation = "fedavgm"\nprox_mu = 0.02\ntop_k = 4\nserver_lr = 0.7\nserver_momentum = 0.3\n')
+    cfg = config_from_args(build_parser().parse_args(["--config", str(f)]), run_dir=tmp_path)
+    assert cfg.fedprox == FedProxSettings(0.02) and cfg.feddwa == FedDWASettings(4)
+    assert cfg.server_opt == ServerOptSettings(lr=0.7, momentum=0.3)
+    assert "'prox_mu' is the old name of [fedprox] mu" in caplog.text
+    f.write_text("top_k = 4\n[feddwa]\ntop_k = 3\n")
+    with pytest.raises(ValueError, match=r"'top_k' and \[feddwa\] top_k both given; keep only \[feddwa\] top_k"):
+        config_from_args(build_parser().parse_args(["--config", str(f)]), run_dir=tmp_path)
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [
         ("rnds = 3\n", "'rnds' (did you mean 'rounds'?)"),
+        ("[fedprox]\nmuu = 0.1\n", "[fedprox]: unknown setting 'muu' (did you mean 'mu'?)"),
+        ("[feddwa]\ntop_k = 0\n", "FedDWASettings.top_k must be >= 1, got 0"),
+        ("[server_opt]\nmomentum = 1.5\n", "momentum (--server-momentum) in [0, 1)"),
+        ("fedprox = 0.1\n", "expected a table/object of FedProxSettings settings"),
         ('rounds = "ten"\n', "CoordinatorConfig.rounds = 'ten': expected an integer"),
         ("lr = true\n", "CoordinatorConfig.lr = True: expected a finite number"),
         ('aggregation = "fedsgd"\n', "aggregation must be one of"),

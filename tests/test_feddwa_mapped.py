@@ -15,7 +15,8 @@ import torch
 
 from coordinator import feddwa
 from coordinator.spill import SpilledState, spill_update
-from coordinator.strategy import FedDWA, Federation
+from coordinator.strategies import Federation
+from coordinator.strategies.feddwa import FedDWA, FedDWASettings
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
 
@@ -69,7 +70,7 @@ def test_the_feddwa_strategy_never_loads_a_whole_spilled_model_for_its_mixes(
         st, gd = init_state(spec, k), init_state(spec, 50 + k)
         ups.append(ClientUpdate(f"c{k}", 0, 0, 10 + k, 2, st, gd, size=1))
     fed = Federation(spec, spec, init_state(spec, 99))
-    mem = FedDWA(top_k=2).aggregate_fit(0, fed, ups)
+    mem = FedDWA(FedDWASettings(top_k=2)).aggregate_fit(0, fed, ups)
     spilled = [spill_update(u, tmp_path) for u in ups]
     # Count whole-tensor reads (state[name]) and every mapped slice.
     whole: list[str] = []
@@ -86,7 +87,7 @@ def test_the_feddwa_strategy_never_loads_a_whole_spilled_model_for_its_mixes(
 
     monkeypatch.setattr(SpilledState, "__getitem__", counting_get)
     monkeypatch.setattr(SpilledState, "read_flat", counting_read)
-    disk = FedDWA(top_k=2).aggregate_fit(0, fed, spilled)
+    disk = FedDWA(FedDWASettings(top_k=2)).aggregate_fit(0, fed, spilled)
     n_params = sum(v.numel() for v in ups[0].state.values())
     # No whole tensor is read: the mixes and the shadow FedAvg average share one block-wise pass.
     assert whole == []

@@ -7,7 +7,7 @@ import pytest
 
 from har_models.data.splits import WINDOW_NS, SplitSpec, block_split
 from har_models.data.subjects import DEFAULT_HAPT, parse_source, subject_sources
-from simulation.probe import ProbeSetting, choose, load_clients, parse_servers, run_setting
+from simulation.probe import ProbeSetting, choose, load_clients, parse_servers, probe_servers, run_setting
 
 
 def test_choose_takes_the_best_validation_round_within_the_budget():
@@ -59,5 +59,9 @@ def test_server_settings_left_out_are_the_coordinators():
     assert parse_servers("fedavgm,fedavgm:0.5:0.9,fedadam") == [
         ("fedavgm", 1.0, 0.5), ("fedavgm", 0.5, 0.9), ("fedadam", 0.01, 0.9)
     ]
-    with pytest.raises(ValueError, match="unknown server 'fedsgd'"):
+    with pytest.raises(ValueError, match="unknown server 'fedsgd'; choose fedadam, fedavg, fedavgm, fedyogi"):
         parse_servers("fedsgd")
+    # The probe trains every client plainly, so it offers the registered strategies whose clients do just that.
+    assert probe_servers() == ("fedadam", "fedavg", "fedavgm", "fedyogi")
+    assert ProbeSetting(0.1, 1, 1, "fedyogi", 0.02, 0.8).label == "lr=0.1 E=1 fedyogi(eta=0.02, beta=0.8)"
+    assert ProbeSetting(0.1, 1, 1).label == "lr=0.1 E=1"

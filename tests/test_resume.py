@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
-from coordinator.state import RunState
+from coordinator.state import LEGACY_SERVER_OPT_FILE, STRATEGY_STATE_FILE, RunState
+from coordinator.strategies.fedopt import ServerOptSettings
 from har_io.broker_config import BrokerConfig
 from simulation.broker import EmbeddedBroker
 
@@ -65,7 +67,7 @@ def _fedavgm_run(tmp_path: Path, name: str, stops: list[int]) -> dict[str, torch
         try:
             common = dict(run_dir=run_dir, broker=BrokerConfig(port=broker.port), federation="resume", run_id="m1",
                           start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16, lr=0.05,
-                          aggregation="fedavgm", server_momentum=0.5)
+                          aggregation="fedavgm", server_opt=ServerOptSettings(momentum=0.5))
             for k, last in enumerate(stops):
                 more = dict(expected_clients=2) if k == 0 else dict(resume=True, min_clients=2, start_settle_s=1.0)
                 Coordinator(CoordinatorConfig(rounds=last + 1, **common, **more), progress=False).run()  # type: ignore[arg-type]
@@ -76,7 +78,8 @@ def _fedavgm_run(tmp_path: Path, name: str, stops: list[int]) -> dict[str, torch
     state = RunState(run_dir)
     try:
         assert state.last_completed_round() == stops[-1]
-        assert state.load_server_opt(stops[-1], state.load_round_models(stops[-1])[0]) is not None
+        saved = state.load_strategy_state(stops[-1], "fedavgm")
+        assert saved is not None and set(saved) == {f"m.{k}" for k in state.load_round_models(stops[-1])[1]}
         return state.load_round_models(stops[-1])[1]
     finally:
         state.close()
@@ -93,3 +96,41 @@ def test_server_optimiser_moments_survive_a_restart(tmp_path):
     resumed = _fedavgm_run(tmp_path, "resumed", [0, 2])
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_the_run_folder_keeps_any_strategy_state_under_its_name(tmp_path):
+    """complete_round saves state_dict() with the strategy's name; a run folder of the old layout still loads."""
+    from safetensors.torch import save_file
+
+    from coordinator.strategies import make_strategy
+    from har_models.nn.model import ArchSpec, init_state
+
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    g = init_state(spec, 0)
+    state = RunState(tmp_path / "run")
+    try:
+        moments = {f"m.{k}": torch.full_like(v, 0.25) for k, v in g.items()}
+        state.complete_round(0, spec, g, {}, {"round": 0}, strategy_state=("fedavgm", moments))
+        state.complete_round(1, spec, g, {}, {"round": 1}, strategy_state=("fedavg", {}))
+        folder = tmp_path / "run" / "models"
+        assert (folder / "r0000" / STRATEGY_STATE_FILE).exists() and not (folder / "r0001" / STRATEGY_STATE_FILE).exists()
+        back = state.load_strategy_state(0, "fedavgm")
+        assert back is not None and all(torch.equal(back[k], moments[k]) for k in moments)
+        assert state.load_strategy_state(1, "fedavg") is None
+        with pytest.raises(ValueError, match="state of strategy 'fedavgm', this run aggregates with 'fedadam'"):
+            state.load_strategy_state(0, "fedadam")
+        # Written before the strategies saved their state under one name: the server optimiser's own file.
+        (folder / "r0000" / STRATEGY_STATE_FILE).rename(folder / "r0000" / LEGACY_SERVER_OPT_FILE)
+        old = state.load_strategy_state(0, "fedavgm")
+        assert old is not None and set(old) == set(moments)
+        opt = make_strategy("fedavgm")
+        opt.load_state_dict(old, spec)
+        assert all(torch.equal(opt.state_dict()[k], moments[k]) for k in moments)
+        (folder / "r0000" / LEGACY_SERVER_OPT_FILE).write_bytes(b"not safetensors")
+        with pytest.raises(ValueError, match="unreadable"):
+            state.load_strategy_state(0, "fedavgm")
+        save_file({"m.x": torch.zeros(1)}, str(folder / "r0001" / STRATEGY_STATE_FILE), metadata={"strategy": "fedavgm"})
+        with pytest.raises(ValueError, match="not a moment of a model tensor"):
+            opt.load_state_dict(state.load_strategy_state(1, "fedavgm") or {}, spec)
+    finally:
+        state.close()

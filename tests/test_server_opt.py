@@ -7,16 +7,12 @@ import math
 import pytest
 import torch
 
+from coordinator.cli import build_parser, config_from_args
 from coordinator.config import AGGREGATIONS, CoordinatorConfig
-from coordinator.server_opt import (
-    ServerOptStrategy,
-    adaptive_step,
-    fedavgm_step,
-    make_server_opt,
-    pseudo_gradient,
-)
-from coordinator.strategies import make_strategy
-from coordinator.strategy import Federation, Strategy
+from coordinator.server_opt import adaptive_step, fedavgm_step, pseudo_gradient
+from coordinator.strategies import FedAvg, Federation, make_strategy
+from coordinator.strategies.fedavgm import FedAvgM
+from coordinator.strategies.fedopt import FedOpt, ServerOptSettings
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec
 
@@ -74,8 +70,8 @@ def test_fedadam_and_fedyogi_first_step_by_hand():
 def test_fedavgm_without_momentum_at_eta_one_is_fedavg():
     x_t = {"w": _t(1.0, -1.0, 0.0)}
     ups = [_upd("a", 10, _t(0.0, 1.0, 2.0)), _upd("b", 30, _t(4.0, 1.0, -2.0))]
-    avg = Strategy().aggregate_fit(0, _fed(x_t["w"]), ups).global_state
-    opt = ServerOptStrategy("avgm", eta=1.0, beta=0.0)
+    avg = FedAvg().aggregate_fit(0, _fed(x_t["w"]), ups).global_state
+    opt = FedAvgM(ServerOptSettings(lr=1.0, momentum=0.0))
     for _ in range(2):  # twice: no momentum carries over
         got = opt.aggregate_fit(0, _fed(x_t["w"]), ups).global_state
         assert torch.allclose(got["w"], avg["w"]) and got["w"].tolist() == pytest.approx([3.0, 1.0, -1.0])
@@ -85,43 +81,54 @@ def test_moments_survive_a_restart_and_follow_growth():
     ups1 = [_upd("a", 1, _t(0.5, 3.0))]
     ups2 = [_upd("a", 1, _t(0.3, 3.2))]
     for name in ("fedavgm", "fedadam", "fedyogi"):
-        straight = make_server_opt(name)
+        straight = make_strategy(name)
         x1 = straight.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1).global_state
         x2 = straight.aggregate_fit(1, _fed(x1["w"]), ups2).global_state
-        first = make_server_opt(name)
+        first = make_strategy(name)
         first.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1)
-        saved = first.optimizer_state()
+        saved = first.state_dict()
         assert set(saved) == ({"m.w"} if name == "fedavgm" else {"m.w", "v.w"})
-        restarted = make_server_opt(name)
-        restarted.load_optimizer_state(saved)
+        restarted = make_strategy(name)
+        restarted.load_state_dict(saved)
         assert torch.equal(restarted.aggregate_fit(1, _fed(x1["w"]), ups2).global_state["w"], x2["w"])
     # FedDist appended a unit: the momentum of the new entry starts at 0. By hand with the default beta = 0.5:
     # m1 = delta1 = (1 - 0.5, 2 - 3) = (0.5, -1); delta2 = (0.2, -0.2, 0); m2 = 0.5 m1 + delta2 = (0.45, -0.7, 0).
-    grown = make_server_opt("fedavgm")
+    grown = make_strategy("fedavgm")
     grown.aggregate_fit(0, _fed(_t(1.0, 2.0)), ups1)
     grown.aggregate_fit(1, _fed(_t(0.5, 3.0, 7.0)), [_upd("a", 1, _t(0.3, 3.2, 7.0))])
-    assert grown.m is not None and grown.m["w"].tolist() == pytest.approx([0.45, -0.7, 0.0], abs=1e-6)
-    with pytest.raises(ValueError, match="unexpected keys"):
-        grown.load_optimizer_state({"w": _t(1.0)})
+    assert isinstance(grown, FedOpt) and grown.m is not None and grown.m["w"].tolist() == pytest.approx([0.45, -0.7, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="unexpected state keys"):
+        grown.load_state_dict({"w": _t(1.0)})
 
 
 def test_registry_and_settings_know_the_server_optimisers():
     for name in ("fedavgm", "fedadam", "fedyogi"):
         assert name in AGGREGATIONS
         s = make_strategy(name)
-        assert isinstance(s, ServerOptStrategy) and s.name == name
+        assert isinstance(s, FedOpt) and s.name == name
         CoordinatorConfig(run_dir=".", aggregation=name)  # type: ignore[arg-type]
-    assert make_strategy("fedadam", server_lr=0.1).eta == 0.1  # type: ignore[attr-defined]
-    assert make_server_opt("fedavgm").eta == 1.0 and make_server_opt("fedadam").eta == 0.01
-    assert make_server_opt("fedavgm").beta == 0.5 and make_server_opt("fedadam").beta == 0.9
-    with pytest.raises(ValueError, match="unknown server optimiser"):
-        make_server_opt("fedsgd")
+    assert make_strategy("fedadam", ServerOptSettings(lr=0.1)).eta == 0.1  # type: ignore[attr-defined]
+    eta_beta = {n: (s.eta, s.beta) for n in ("fedavgm", "fedadam", "fedyogi") if isinstance(s := make_strategy(n), FedOpt)}
+    assert eta_beta == {"fedavgm": (1.0, 0.5), "fedadam": (0.01, 0.9), "fedyogi": (0.01, 0.9)}
+
+
+def test_the_server_flags_fill_the_server_opt_table(tmp_path):
+    args = build_parser().parse_args(["--aggregation", "fedyogi", "--server-lr", "0.03", "--server-momentum", "0.8",
+                                      "--server-beta2", "0.9", "--server-tau", "0.01"])
+    cfg = config_from_args(args, run_dir=tmp_path)
+    assert cfg.server_opt == ServerOptSettings(lr=0.03, momentum=0.8, beta2=0.9, tau=0.01)
+    opt = make_strategy(cfg.aggregation, cfg)
+    assert isinstance(opt, FedOpt) and (opt.eta, opt.beta, opt.beta2, opt.tau) == (0.03, 0.8, 0.9, 0.01)
+    for bad, named in (("--server-lr=0", "lr (--server-lr) must be > 0"), ("--server-momentum=1", "momentum"),
+                       ("--server-tau=0", "tau > 0")):
+        with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+            config_from_args(build_parser().parse_args([bad]), run_dir=tmp_path)
 
 
 def test_a_diverged_step_is_refused_and_leaves_the_moments_alone():
-    opt = make_server_opt("fedavgm")
+    opt = make_strategy("fedavgm")
     opt.aggregate_fit(0, _fed(_t(1.0, 2.0)), [_upd("a", 1, _t(0.5, 3.0))])
-    before = opt.optimizer_state()
+    before = opt.state_dict()
     with pytest.raises(ValueError, match="non-finite"):
         opt.aggregate_fit(1, _fed(_t(0.5, 3.0)), [_upd("a", 1, _t(float("inf"), 3.0))])
-    assert all(torch.equal(before[k], v) for k, v in opt.optimizer_state().items())
+    assert all(torch.equal(before[k], v) for k, v in opt.state_dict().items())

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import numpy as np
 import pytest
 
+from coordinator import strategies
 from har_models.data.splits import SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, subject_sources, union_test_set
 from simulation.study import Cell, StudyInterrupted, StudySettings, finished, main, run_grid, strategy_args
@@ -19,8 +21,10 @@ def test_strategy_names_become_simulate_switches():
         "--aggregation", "feddwa", "--growth", "feddist", "--client-init", "ala"
     ]
     assert strategy_args("feddist") == ["--aggregation", "fedavg", "--growth", "feddist"]  # not the simulation's default
-    with pytest.raises(ValueError, match="unknown part 'fedsgd'"):
+    with pytest.raises(ValueError, match=re.escape("unknown part 'fedsgd'; use fedadam|fedavg|fedavgm|feddwa|fedper|fedprox|fedyogi")):
         strategy_args("fedsgd")
+    for name in strategies.names():  # the registry's names, nothing of the study's own
+        assert strategy_args(f"{name}+ala") == ["--aggregation", name, "--client-init", "ala"]
 
 
 def test_study_end_to_end_and_resume(tmp_path):

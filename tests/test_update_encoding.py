@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from coordinator.config import CoordinatorConfig
 from coordinator.round import base_plan, published_models
-from coordinator.strategy import Federation
+from coordinator.strategies import Federation
 from coordinator.updates import UpdateRejected, validate_update
 from edge_client.backend_trainer import BackendTrainer
 from edge_client.store import ClientStore

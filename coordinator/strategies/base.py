@@ -1,0 +1,206 @@
+"""The strategy interface: Flower's hooks, the model state they act on, and the persistence contract.
+
+A strategy has Flower's hooks (Beutel et al., arXiv 2007.14390, ``flwr.server.strategy``):
+:meth:`Strategy.configure_fit` says what the selected clients do in a round,
+:meth:`Strategy.aggregate_fit` combines their results and sees the failures (clients
+that missed the deadline, went offline or were rejected), and
+:meth:`Strategy.aggregate_intermediate` combines the updates of a FedDist intermediate
+exchange. Client selection and the round's bookkeeping are in :mod:`coordinator.round`;
+growth (FedDist) and client initialisation (FedALA) are orthogonal switches, so every
+combination runs.
+
+Like a ``torch.optim`` optimiser, a strategy hands out what it carries between rounds with
+:meth:`Strategy.state_dict` (named tensors; empty for a stateless strategy) and takes it back
+with :meth:`Strategy.load_state_dict`, so the run folder persists any strategy the same way.
+
+A strategy's settings are a frozen dataclass (:attr:`Strategy.settings_type`) nested in the
+coordinator's configuration under :attr:`Strategy.settings_table`; the registry
+(:mod:`coordinator.strategies`) hands it over when it builds the strategy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from coordinator.aggregation import State, weighted_average
+from coordinator.updates import ClientUpdate, Failure
+from har_models.nn.model import ArchSpec
+from har_models.wire.messages import TrainingPlan
+
+log = logging.getLogger("fedhar.coordinator.strategy")
+
+
+@dataclass
+class Federation:
+    """The coordinator's model state between rounds.
+
+    Attributes
+    ----------
+    spec : ArchSpec
+        Current architecture (version v).
+    initial_spec : ArchSpec
+        Architecture of round 0 (FedDist width caps are relative to it).
+    global_state : State
+        The global model G (FedAvg/FedProx/FedDist) or the shadow average (FedDWA, FedPer).
+    personal : dict client id -> State
+        Personalised models P_i (FedDWA); clients without one receive G.
+    """
+
+    spec: ArchSpec
+    initial_spec: ArchSpec
+    global_state: State
+    personal: dict[str, State] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Result of one aggregation.
+
+    Attributes
+    ----------
+    global_state : State
+        New G.
+    personal : dict client id -> State
+        New personalised models of this round's participants (empty unless personalised).
+    mixing : Tensor of shape (n, n), optional
+        FedDWA's P[j, i] over ``participants`` (kept to re-mix after intermediate rounds).
+    participants : list of str
+        Client ids that contributed, in the order of ``mixing``.
+    """
+
+    global_state: State
+    personal: dict[str, State]
+    mixing: torch.Tensor | None
+    participants: list[str]
+
+
+def contributors(updates: Sequence[ClientUpdate]) -> list[ClientUpdate]:
+    """Updates with at least one training window; the others trained nothing and are left out.
+
+    Raises
+    ------
+    ValueError
+        If none has a training window.
+    """
+    used = [u for u in updates if u.n_train > 0]
+    if not used:
+        raise ValueError("no update carries training windows (all n_train = 0); nothing to aggregate")
+    return used
+
+
+def fedavg_of(results: Sequence[ClientUpdate]) -> Aggregate:
+    """theta = sum_k n_k / n * theta_k over the results with n_k > 0 (McMahan et al., AISTATS 2017, Algorithm 1).
+
+    Raises
+    ------
+    ValueError
+        If no result carries training windows.
+    """
+    used = contributors(results)
+    g = weighted_average([u.state for u in used], [u.n_train for u in used])
+    return Aggregate(g, {}, None, [u.client_id for u in used])
+
+
+class Strategy:
+    """Base of every strategy: Flower's hooks and the persistence contract; not registered itself.
+
+    A subclass that sets :attr:`name` is registered under it when its module is imported
+    (the package :mod:`coordinator.strategies` imports every module of its folder), so a new
+    strategy is one new file. It must implement :meth:`aggregate_fit`; the other hooks have
+    defaults (plain plan, intermediate exchanges aggregated like a round, no state).
+
+    Class attributes
+    ----------------
+    name : str
+        The ``--aggregation`` name ("" for an abstract base).
+    settings_type : type or None
+        Frozen settings dataclass the constructor takes (None: no settings).
+    settings_table : str
+        The field of :class:`coordinator.config.CoordinatorConfig` (and the TOML table) that
+        holds those settings.
+    feddist_paper : bool
+        True when FedDist's paper mode (copied outgoing weights and intermediate layer-wise
+        rounds) applies unchanged: one global model that every client takes whole. False
+        (the default) makes ``feddist_mode = "auto"`` pick the function-preserving mode.
+    """
+
+    name: ClassVar[str] = ""
+    settings_type: ClassVar[type | None] = None
+    settings_table: ClassVar[str] = ""
+    feddist_paper: ClassVar[bool] = False
+    registry: ClassVar[dict[str, type[Strategy]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name", "")
+        if not name:
+            return
+        if (cls.settings_type is None) != (not cls.settings_table):
+            raise TypeError(f"strategy {name!r}: settings_type and settings_table go together")
+        known = Strategy.registry.get(name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"strategy name {name!r} is taken by {known.__module__}.{known.__qualname__}")
+        Strategy.registry[name] = cls
+
+    def __init__(self, settings: Any = None):
+        """Build the strategy from its settings (an instance of :attr:`settings_type`; None: its defaults).
+
+        Raises
+        ------
+        TypeError
+            If ``settings`` is of another type, or given to a strategy without settings.
+        """
+        if self.settings_type is None:
+            if settings is not None:
+                raise TypeError(f"{self.name or type(self).__name__} has no settings, got {type(settings).__name__}")
+        elif settings is None:
+            settings = self.settings_type()
+        elif not isinstance(settings, self.settings_type):
+            raise TypeError(f"{self.name}: settings must be {self.settings_type.__name__}, got {type(settings).__name__}")
+        self.settings = settings
+
+    def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
+        """The training plan the selected clients follow in round ``round_`` under this strategy (``base`` here)."""
+        return base
+
+    def aggregate_fit(
+        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
+    ) -> Aggregate:
+        """Combine the round's validated updates; ``failures`` are the selected clients that sent none.
+
+        Raises
+        ------
+        ValueError
+            If the results cannot be aggregated (the round then closes with the model unchanged).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement aggregate_fit")
+
+    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
+        """Aggregate the updates of a FedDist intermediate exchange (as :meth:`aggregate_fit` here)."""
+        return self.aggregate_fit(-1, fed, results)
+
+    @property
+    def keeps_state(self) -> bool:
+        """True when the strategy carries state between rounds (its class overrides :meth:`state_dict`)."""
+        return type(self).state_dict is not Strategy.state_dict
+
+    def state_dict(self) -> State:
+        """What the strategy carries from round to round, as named tensors to persist (empty: stateless)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], spec: ArchSpec | None = None) -> None:
+        """Take back what :meth:`state_dict` gave (after a restart); ``spec`` is the model it must fit.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` does not belong to this strategy or does not fit ``spec`` (a stateless
+            strategy accepts only an empty one).
+        """
+        if state:
+            raise ValueError(f"{self.name}: keeps no state between rounds, got {sorted(state)[:3]}")

@@ -1,0 +1,177 @@
+"""The server optimisers' shared class and settings (Reddi et al., "Adaptive Federated Optimization", ICLR 2021).
+
+FedAvg clients; the server takes one optimiser step on the pseudo-gradient
+Delta_t = x_t - avg(x_i) per round (Algorithm 2, FedOpt). The arithmetic is in
+:mod:`coordinator.server_opt`; the three registered strategies (FedAvgM, FedAdam, FedYogi)
+are one file each and differ only in the rule and their default eta and beta. The moments
+m_t, v_t are the strategy's state (:meth:`FedOpt.state_dict`), persisted with each round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from coordinator.server_opt import BETA2, TAU, adaptive_step, fedavgm_step, fit_to_shape, pseudo_gradient
+from coordinator.strategies.base import Aggregate, Federation, Strategy, fedavg_of
+from coordinator.updates import ClientUpdate, Failure
+from har_models.nn.model import ArchSpec, State
+from har_models.settings import doc
+
+
+@dataclass(frozen=True)
+class ServerOptSettings:
+    """Settings of the server optimisers (fedavgm, fedadam, fedyogi); the other strategies ignore them.
+
+    Parameters
+    ----------
+    lr : float > 0, optional
+        Server learning rate eta. None: the optimiser's default (FedAvgM 1.0, FedAdam and
+        FedYogi 0.01; the paper tunes it per task, 10^-2.5..10^0 for Adam and Yogi).
+    momentum : float in [0, 1), optional
+        FedAvgM's momentum beta, or FedAdam/FedYogi's first-moment decay beta1. None: the
+        optimiser's default (FedAvgM 0.5, tuned on HAPT, docs/results.md; FedAdam/FedYogi 0.9).
+    beta2 : float in [0, 1)
+        FedAdam/FedYogi second-moment decay (0.99, Reddi et al. 2021, section 5).
+    tau : float > 0
+        FedAdam/FedYogi adaptivity (1e-3, Reddi et al. 2021, section 5).
+
+    Raises
+    ------
+    ValueError
+        If a value is out of range (the message names the field).
+    """
+
+    lr: float | None = field(
+        default=None,
+        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 1.0 for FedAvgM, 0.01 for "
+                     "FedAdam/FedYogi", flag="--server-lr"),
+    )
+    momentum: float | None = field(
+        default=None,
+        metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1); default: 0.5 for "
+                     "FedAvgM (tuned on HAPT, docs/results.md), 0.9 for FedAdam/FedYogi", flag="--server-momentum"),
+    )
+    beta2: float = field(default=BETA2, metadata=doc("FedAdam/FedYogi second-moment decay beta2, in [0, 1)",
+                                                     flag="--server-beta2"))
+    tau: float = field(default=TAU, metadata=doc("FedAdam/FedYogi adaptivity tau, > 0", flag="--server-tau"))
+
+    def __post_init__(self) -> None:
+        if (self.lr is not None and not self.lr > 0) or (self.momentum is not None and not 0 <= self.momentum < 1):
+            raise ValueError(
+                f"ServerOptSettings: lr (--server-lr) must be > 0 and momentum (--server-momentum) in [0, 1) "
+                f"(leave them out for the optimiser's defaults); got {self.lr}, {self.momentum}"
+            )
+        if not 0 <= self.beta2 < 1 or not self.tau > 0:
+            raise ValueError(f"ServerOptSettings: need 0 <= beta2 < 1 and tau > 0, got beta2={self.beta2}, tau={self.tau}")
+
+
+class FedOpt(Strategy):
+    """FedAvg clients, a server optimiser on the pseudo-gradient (Reddi et al. 2021, Algorithm 2); abstract.
+
+    A subclass sets ``name``, :attr:`rule` and its defaults :attr:`default_lr` and
+    :attr:`default_momentum`, which fill the settings left out.
+
+    Attributes
+    ----------
+    eta, beta, beta2, tau : float
+        The settings in force.
+    m, v : State or None
+        First and second moments (None before the first step; v only for adam/yogi).
+    """
+
+    rule: ClassVar[str] = ""
+    default_lr: ClassVar[float] = 0.0
+    default_momentum: ClassVar[float] = 0.0
+    settings_type = ServerOptSettings
+    settings_table = "server_opt"
+    settings: ServerOptSettings
+
+    def __init__(self, settings: ServerOptSettings | None = None):
+        super().__init__(settings)
+        if self.rule not in ("avgm", "adam", "yogi"):
+            raise TypeError(f"{type(self).__name__}: rule must be avgm, adam or yogi, got {self.rule!r}")
+        s = self.settings
+        self.eta = float(self.default_lr if s.lr is None else s.lr)
+        self.beta = float(self.default_momentum if s.momentum is None else s.momentum)
+        self.beta2, self.tau = float(s.beta2), float(s.tau)
+        self.m: State | None = None
+        self.v: State | None = None
+
+    def aggregate_fit(
+        self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
+    ) -> Aggregate:
+        """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
+
+        When FedDist widened a layer since the last step, the moments of the new units start
+        at their initial values (m 0, v tau^2), appended where growth appends units.
+
+        Raises
+        ------
+        ValueError
+            If no result carries training windows, the tensors do not match the model, or the
+            step gives non-finite values (the moments are then left as they were).
+        """
+        avg = fedavg_of(results)
+        x_t = fed.global_state
+        delta = pseudo_gradient(x_t, avg.global_state)
+        if self.m is not None:
+            self.m = {k: fit_to_shape(self.m[k], x_t[k].shape, 0.0) for k in x_t}
+        if self.v is not None:
+            self.v = {k: fit_to_shape(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
+        v_new: State | None = None
+        if self.rule == "avgm":
+            x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
+        else:
+            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
+        bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
+        if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
+            raise ValueError(
+                f"{self.name}: the server step gave non-finite values in {bad[:3]}; lower the client lr or the "
+                f"server lr/momentum (eta={self.eta}, beta={self.beta})"
+            )
+        self.m, self.v = m_new, v_new if v_new is not None else self.v
+        return Aggregate(x_new, {}, None, avg.participants)
+
+    def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
+        """FedDist intermediate exchanges are plain averages: one optimiser step per round."""
+        return fedavg_of(results)
+
+    def state_dict(self) -> State:
+        """The moments to persist (``m.<tensor>``, ``v.<tensor>``); empty before the first step."""
+        out: State = {}
+        for prefix, buf in (("m.", self.m), ("v.", self.v)):
+            out.update({prefix + k: t.clone() for k, t in (buf or {}).items()})
+        return out
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], spec: ArchSpec | None = None) -> None:
+        """Take back what :meth:`state_dict` gave (after a restart).
+
+        With ``spec``, each moment must name a tensor of it with the same rank and a shape no
+        larger (FedDist may have grown the layer after the step; the next step pads it).
+
+        Raises
+        ------
+        ValueError
+            If a key is neither ``m.*`` nor ``v.*``, a moment does not fit ``spec`` or holds
+            NaN/inf; the moments are then left as they were.
+        """
+        bad = [k for k in state if not k.startswith(("m.", "v."))]
+        if bad:
+            raise ValueError(f"{self.name}: unexpected state keys {bad[:3]} (expected m.<tensor>, v.<tensor>)")
+        shapes = spec.shapes() if spec is not None else None
+        for k, t in state.items():
+            name = k[2:]
+            if shapes is not None:
+                if name not in shapes:
+                    raise ValueError(f"{self.name}: {k!r} is not a moment of a model tensor (m.<name> or v.<name>)")
+                if t.dim() != len(shapes[name]) or any(a > b for a, b in zip(t.shape, shapes[name], strict=True)):
+                    raise ValueError(f"{self.name}: {k} has shape {tuple(t.shape)}, the model's {name} is {tuple(shapes[name])}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{self.name}: {k} holds NaN or inf")
+        m = {k[2:]: t.clone() for k, t in state.items() if k.startswith("m.")}
+        v = {k[2:]: t.clone() for k, t in state.items() if k.startswith("v.")}
+        self.m, self.v = m or None, v or None
