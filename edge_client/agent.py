@@ -23,8 +23,9 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from edge_client.backends.base import BACKEND_NAMES, BackendOptions
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, Trainer
+from edge_client.trainer import ClientTrainer, RoundOutcome
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerConfig, BrokerRefused, MqttLink, PacketRejected
 from har_models.data.windowing import ChannelStats
@@ -35,7 +36,7 @@ from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
 
-BACKENDS = ("torch", "numpy", "executorch")
+BACKENDS = BACKEND_NAMES
 
 EXIT_BROKER_REFUSED = 4
 """Exit code: the broker refused the login, or TLS failed (a restart cannot help)."""
@@ -77,11 +78,10 @@ class ClientConfig:
         Federation name (topic prefix ``fedhar/v1/{federation}``).
     max_model_bytes : int
         Largest model envelope accepted (bytes).
-    backend : {"torch", "numpy", "executorch"}
-        How the client trains: PyTorch eager (:class:`~edge_client.trainer.LocalTrainer`, boards,
-        desktop, the simulation), or through a training backend without PyTorch
-        (:class:`~edge_client.backend_trainer.BackendTrainer`: the numpy reference, or ExecuTorch
-        programs as on a phone).
+    backend : {"torch", "executorch", "numpy"}
+        The training backend of :class:`~edge_client.trainer.ClientTrainer`: PyTorch eager (boards,
+        desktop, the simulation), ExecuTorch programs (as on a phone), or the numpy reference (no
+        PyTorch); :func:`edge_client.backends.factory.choose_backend` picks the best installed.
     program_cache : str, optional
         Folder of the exported ExecuTorch programs (``executorch`` backend).
     exit_after_run : str, optional
@@ -137,16 +137,7 @@ class EdgeAgent:
         # Clients hosted together in one worker process train one at a time: memory stays that of
         # one training, and each training sees the same global RNG and thread settings as alone.
         self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
-        self.trainer: Trainer
-        if cfg.backend == "torch":
-            from edge_client.trainer import LocalTrainer  # the only path that imports PyTorch
-
-            self.trainer = LocalTrainer(store, cfg.client_id)
-        else:
-            from edge_client.backend_trainer import BackendTrainer
-
-            opts = {"cache_dir": cfg.program_cache} if cfg.backend == "executorch" and cfg.program_cache else {}
-            self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
+        self.trainer = ClientTrainer(store, cfg.client_id, cfg.backend, BackendOptions(program_cache=cfg.program_cache))
         self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
         self.announcement: RoundAnnouncement | None = None
