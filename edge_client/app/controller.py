@@ -317,14 +317,19 @@ class DeviceController:
         self._n_train = n_train
         if n_train < MIN_TRAIN_WINDOWS:
             return
-        from edge_client.agent import ClientConfig, EdgeAgent  # PyTorch today; a backend on the phone later
+        from edge_client.agent import ClientConfig, EdgeAgent
+        from edge_client.backends.factory import choose_backend
         from har_io.mqtt_link import BrokerConfig
 
         host, _, port = self.cfg.broker.rpartition(":")
         password = self.cfg.password_file.read_text().strip() if self.cfg.password_file else None
         tls_ca = str(self.cfg.tls_ca) if self.cfg.tls_ca else None
         broker = BrokerConfig(host=host, port=int(port), username=self.cfg.username, password=password, tls_ca=tls_ca)
-        agent = EdgeAgent(ClientConfig(client_id=self.cfg.client_id, broker=broker, federation=self.cfg.federation), self.store)
+        backend, why = choose_backend()  # the choice of fedhar-client: the best backend installed on this device
+        log.info("training backend: %s (%s)", backend, why)
+        agent = EdgeAgent(
+            ClientConfig(client_id=self.cfg.client_id, broker=broker, federation=self.cfg.federation, backend=backend), self.store
+        )
         self._agent_stop = stop = threading.Event()
         self._agent = agent
         self._agent_thread = threading.Thread(target=agent.run, args=(stop,), name="mqtt-agent", daemon=True)
