@@ -1,7 +1,7 @@
 """FedALA's cost on the client: a round with Adaptive Local Aggregation over the same round without it.
 
-What is timed is one client round as the device runs it: :meth:`edge_client.trainer.LocalTrainer.run_round`
-(E = 1 local epoch of SGD, batch 32, balanced class weights, the evaluations on the local test
+What is timed is one client round as the device runs it: :meth:`edge_client.trainer.ClientTrainer.run_round`
+with the torch backend (E = 1 local epoch of SGD, batch 32, balanced class weights, the evaluations on the local test
 split, saving the local model, encoding the update) on a real :class:`~edge_client.store.ClientStore`
 holding one HAPT subject's windows (``datasets/hapt/userXX.npz``, stratified 80/20 split), one
 PyTorch thread as each client process has, the paper CNN (F = 196 filters, H = 1024 units) unless
@@ -62,7 +62,7 @@ import torch  # noqa: E402
 import edge_client.trainer as trainer_mod  # noqa: E402
 from edge_client.ala import AlaResult, adaptive_local_aggregation  # noqa: E402
 from edge_client.store import ClientStore  # noqa: E402
-from edge_client.trainer import LocalTrainer  # noqa: E402
+from edge_client.trainer import ClientTrainer  # noqa: E402
 from har_models.data.hapt import load_hapt_subject  # noqa: E402
 from har_models.data.labels import HAPT_LABELS  # noqa: E402
 from har_models.nn.model import ArchSpec, init_state  # noqa: E402
@@ -111,7 +111,7 @@ def bench_subject(
         received = _numpy(
             train_local(spec, init, other_data, cfg, make_loss(balanced_class_weights(other_data.y, spec.n_classes))).state
         )
-        agent = LocalTrainer(store, CLIENT)
+        agent = ClientTrainer(store, CLIENT, "torch")
 
         def ann(rnd: int, client_init: str) -> RoundAnnouncement:
             return RoundAnnouncement(run_id=RUN_ID, round=rnd, state="training", arch=spec.to_dict(), label_set=HAPT_LABELS.name,

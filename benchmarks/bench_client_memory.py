@@ -63,9 +63,9 @@ from simulation.broker import EmbeddedBroker  # noqa: E402
 MB = 1024 * 1024
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 IMPORTS = {
-    "torch": "import edge_client.cli, edge_client.agent, edge_client.trainer",
-    "numpy": "import edge_client.cli, edge_client.agent, edge_client.backend_trainer, edge_client.backends.numpy_ref",
-    "executorch": "import edge_client.cli, edge_client.agent, edge_client.backend_trainer, edge_client.backends.executorch_rt",
+    "torch": "import edge_client.cli, edge_client.agent, edge_client.trainer, edge_client.backends.torch_eager",
+    "numpy": "import edge_client.cli, edge_client.agent, edge_client.trainer, edge_client.backends.numpy_ref",
+    "executorch": "import edge_client.cli, edge_client.agent, edge_client.trainer, edge_client.backends.executorch_rt",
 }
 INGESTED = "test windows from"  # the client's log line once its windows are in its store (edge_client/cli.py)
 

@@ -4,8 +4,8 @@ Runs the main job (``fedhar-simulate``, workers engine, embedded broker, HAPT) w
 clients (through ``benchmarks/sim_harness.py``, which also records the coordinator's peak),
 then measures the baseline in this process, with no broker and no other process:
 for every round r >= 1 and every client that sent an update in r, one call of
-:func:`har_models.nn.training.train_local` (what :class:`edge_client.trainer.LocalTrainer`
-calls) from the global model the round started from (``models/r{r-1}``, or the nearest kept
+:func:`har_models.nn.training.train_local` (whose numbers :class:`edge_client.trainer.ClientTrainer`'s
+torch backend reproduces bit for bit) from the global model the round started from (``models/r{r-1}``, or the nearest kept
 one of the same shapes when the coordinator pruned it), on that client's
 stored training windows (its store from the run), with the round's settings and seed
 (:func:`edge_client.trainer.derive_seed`) and one PyTorch thread, as each client has.

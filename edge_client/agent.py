@@ -27,10 +27,11 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from edge_client.backends.base import BACKEND_NAMES, BackendOptions
 from edge_client.delivery import Delivery
 from edge_client.programs import PROGRAM_MODES, make_fetcher
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, Trainer
+from edge_client.trainer import ClientTrainer, RoundOutcome
 from har_io.broker_config import BrokerConfig
 from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
@@ -43,7 +44,7 @@ from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
 
-BACKENDS = ("torch", "numpy", "executorch", "executorch-android")
+BACKENDS = BACKEND_NAMES
 
 EXIT_BROKER_REFUSED = 4
 """Exit code: the broker refused the login, or TLS failed (a restart cannot help)."""
@@ -64,11 +65,11 @@ class ClientConfig:
         Federation name (topic prefix ``fedhar/v1/{federation}``).
     max_model_bytes : int
         Largest model envelope accepted (bytes).
-    backend : {"torch", "numpy", "executorch", "executorch-android"}
-        How the client trains: PyTorch eager (:class:`~edge_client.trainer.LocalTrainer`, boards,
-        desktop, the simulation), or through a training backend without PyTorch
-        (:class:`~edge_client.backend_trainer.BackendTrainer`: the numpy reference, or ExecuTorch
-        programs: the Python runtime, or the Java training module on a phone).
+    backend : {"torch", "executorch", "executorch-android", "numpy"}
+        The training backend of :class:`~edge_client.trainer.ClientTrainer`: PyTorch eager (boards,
+        desktop, the simulation), ExecuTorch programs (the Python runtime, or the Java training
+        module on a phone), or the numpy reference (no PyTorch);
+        :func:`edge_client.backends.factory.choose_backend` picks the best installed.
     program_cache : str, optional
         Folder of the exported ExecuTorch programs (``executorch`` backends).
     programs : {"auto", "export", "fetch"}
@@ -134,18 +135,8 @@ class EdgeAgent:
         # Programs delivered by the coordinator, for a client that cannot export them (edge_client/programs.py).
         self.programs = make_fetcher(cfg.client_id, Topics(cfg.federation), cfg.backend, cfg.programs, cfg.program_cache, store.folder,
                                      cfg.max_model_bytes)  # fmt: skip
-        self.trainer: Trainer
-        if cfg.backend == "torch":
-            from edge_client.trainer import LocalTrainer  # the only path that imports PyTorch
-
-            self.trainer = LocalTrainer(store, cfg.client_id)
-        else:
-            from edge_client.backend_trainer import BackendTrainer
-
-            opts = {"cache_dir": cfg.program_cache} if cfg.backend == "executorch" and cfg.program_cache else {}
-            if self.programs is not None:
-                opts = {"cache_dir": str(self.programs.folder)}
-            self.trainer = BackendTrainer(store, cfg.client_id, cfg.backend, **opts)
+        program_cache = str(self.programs.folder) if self.programs is not None else cfg.program_cache
+        self.trainer = ClientTrainer(store, cfg.client_id, cfg.backend, BackendOptions(program_cache=program_cache))
         self.topics = Topics(cfg.federation)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
         self.announcement: RoundAnnouncement | None = None

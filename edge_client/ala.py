@@ -1,4 +1,4 @@
-"""FedALA's Adaptive Local Aggregation: the client's starting model for a round.
+"""FedALA's Adaptive Local Aggregation: the client's starting model for a round, over any training backend.
 
 Zhang, Hua, Wang, Song, Xue, Ma, Guan, "FedALA: Adaptive Local Aggregation for Personalized
 Federated Learning", AAAI 2023 (arXiv 2212.01197), section "Adaptive Local Aggregation
@@ -17,6 +17,15 @@ L is the client's own training loss on an s% sample D_i^s of its training window
 first ALA round (``start_phase``) W is learned for passes until the std of the last M pass
 losses is below tau; afterwards one pass per round. W persists across rounds.
 
+One driver, several kernels. :func:`adaptive_local_aggregation` does the bookkeeping (first
+participation, padding after a growth, resetting a W of the wrong tensors, the state to keep)
+once, in numpy; learning W (steps 3-5) is the backend's kernel: a backend with a
+``learn_ala`` method (:class:`~edge_client.backends.torch_eager.TorchBackend`: PyTorch autograd
+with the lower layers' features cached) runs its own, every other backend the generic
+:func:`learn_ala_weights` over :meth:`~edge_client.backends.base.TrainingBackend.top_layer_grads`.
+Both draw the sample and the pass orders alike (``randperm`` of a generator seeded with
+``seed``); ``tests/test_ala.py`` and ``tests/test_backends.py`` compare them.
+
 Deliberate deviations from the reference code (algorithms.md 1.5, [PROPOSAL]):
 
 * D_i^s is a uniformly random subset without replacement, redrawn every round from ``seed``,
@@ -30,44 +39,94 @@ Deliberate deviations from the reference code (algorithms.md 1.5, [PROPOSAL]):
 * The temporary model's train/eval mode is explicit (default train: dropout active, as on
   the reference's usual path).
 * A received model wider than the local one (FedDist growth) is handled by padding the local
-  model and W first (:func:`har_models.nn.growth.pad_state_like`): new slots take the received
-  values and W = 1 there, so (theta - theta_i) is exactly 0 in the new slots.
+  model and W first (:func:`pad_like`): new slots take the received values and W = 1 there,
+  so (theta - theta_i) is exactly 0 in the new slots.
 
-Not a deviation, only an order of computation: when only the output layer is blended (the
-default p = 2), the lower layers' output on the sample is computed once per round instead of
-once per pass (:func:`_head_on_cached_features`); the first ALA round's passes then cost a
-fraction of a forward pass each.
+This module imports no PyTorch.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
-import torch
-from torch import nn
 
-from har_models.nn.growth import pad_state_like
-from har_models.nn.model import HarCNN, State
+from edge_client.backends.base import TorchRandperm, TrainingBackend
+from har_models.nn.arch import PARAM_NAMES
 from har_models.settings import AlaConfig
+
+__all__ = [
+    "AlaConfig",
+    "AlaKernel",
+    "AlaLearned",
+    "AlaResult",
+    "AlaState",
+    "adaptive_local_aggregation",
+    "blend",
+    "higher_tensors",
+    "learn_ala_weights",
+    "lerp",
+    "pad_like",
+]
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-ModelBuilder = Callable[[Mapping[str, torch.Tensor]], nn.Module]
+Arrays = dict[str, np.ndarray]
+
+
+def pad_like(local: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], fill: float | None = None) -> Arrays:
+    """Pad each tensor of ``local`` to the shape of ``like``'s: local values in the leading slice, new slots from ``like`` (or ``fill``).
+
+    The client's one padder, for the previous local model and FedALA's W after a FedDist growth
+    (reference/algorithms.md 5.2 step 2): with ``fill=None`` ``like - padded`` is exactly zero in
+    the new slots; ``fill=1.0`` is W's "take the received value". ``like`` may hold more names
+    than ``local`` (W covers only the top p tensors). Tensors of equal shape are copied.
+
+    Parameters
+    ----------
+    local : name -> array
+        The narrower state (the local model, or W).
+    like : name -> array
+        The state with the target shapes (the received model).
+    fill : float, optional
+        Constant for the new slots; None copies them from ``like``.
+
+    Returns
+    -------
+    dict name -> float32 array with the names of ``local`` and the shapes of ``like`` (new arrays).
+
+    Raises
+    ------
+    ValueError
+        If a tensor of ``local`` is missing from ``like``, has another number of dimensions, or
+        is wider than the target in some dimension (the message names the tensor).
+    """
+    out: Arrays = {}
+    for name, v in local.items():
+        if name not in like:
+            raise ValueError(f"pad_like: {name!r} of the local state is not in the received model ({sorted(like)})")
+        target = np.asarray(like[name])
+        va = np.asarray(v, dtype=np.float32)
+        if va.ndim != target.ndim or any(a > b for a, b in zip(va.shape, target.shape, strict=True)):
+            raise ValueError(f"pad_like: {name!r} of shape {va.shape} is wider than the target {target.shape} or of another rank")
+        new = np.array(target, dtype=np.float32, copy=True) if fill is None else np.full(target.shape, fill, np.float32)
+        new[tuple(slice(0, s) for s in va.shape)] = va
+        out[name] = new
+    return out
 
 
 @dataclass(frozen=True)
 class AlaState:
-    """What a client keeps between rounds for ALA (store it with the local model).
+    """What a client keeps between rounds for ALA (stored next to the local model).
 
     Attributes
     ----------
-    weights : dict name -> float32 Tensor, or None
-        W_i^p, one tensor per blended ("higher") parameter tensor, same shapes, values in
+    weights : dict name -> float32 array, or None
+        W_i^p, one array per blended ("higher") parameter tensor, same shapes, values in
         [0, 1]; None before the first participation.
     start_phase : bool
         True until the first ALA round that learned W (which runs to convergence or the cap).
@@ -76,17 +135,17 @@ class AlaState:
         received model.
     """
 
-    weights: dict[str, torch.Tensor] | None = None
+    weights: Arrays | None = None
     start_phase: bool = True
     has_local_model: bool = False
 
-    def to_parts(self) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
-        """Split into tensors (W, e.g. for safetensors; empty if None) and JSON-able flags."""
-        tensors = {} if self.weights is None else {k: v.detach().float().clone() for k, v in self.weights.items()}
+    def to_parts(self) -> tuple[Arrays, dict[str, bool]]:
+        """Split into arrays (W, for the store's safetensors; empty if None) and JSON-able flags."""
+        tensors = {} if self.weights is None else {k: np.array(v, np.float32, copy=True) for k, v in self.weights.items()}
         return tensors, {"start_phase": bool(self.start_phase), "has_local_model": bool(self.has_local_model)}
 
     @classmethod
-    def from_parts(cls, tensors: Mapping[str, torch.Tensor], flags: Mapping[str, object]) -> AlaState:
+    def from_parts(cls, tensors: Mapping[str, np.ndarray], flags: Mapping[str, object]) -> AlaState:
         """Rebuild from :meth:`to_parts` output (empty ``tensors`` -> ``weights=None``).
 
         Raises
@@ -99,9 +158,9 @@ class AlaState:
                 raise ValueError(f"AlaState.from_parts: flag {key!r} must be a bool, got {flags.get(key)!r}")
         weights = None
         if tensors:
-            weights = {k: torch.as_tensor(v, dtype=torch.float32).clone() for k, v in tensors.items()}
+            weights = {k: np.array(v, np.float32, copy=True) for k, v in tensors.items()}
             for k, w in weights.items():
-                if not torch.isfinite(w).all() or (w < 0).any() or (w > 1).any():
+                if not np.isfinite(w).all() or (w < 0).any() or (w > 1).any():
                     raise ValueError(f"AlaState.from_parts: W[{k!r}] must be finite and in [0, 1]; the stored state is corrupt")
         return cls(weights, bool(flags["start_phase"]), bool(flags["has_local_model"]))
 
@@ -112,7 +171,7 @@ class AlaResult:
 
     Attributes
     ----------
-    state : dict name -> float32 Tensor
+    state : dict name -> float32 array
         thetahat_i, the initialised local model to train from (shapes of the received model).
     ala : AlaState
         The state to store for the next round.
@@ -131,7 +190,7 @@ class AlaResult:
         "non-finite loss"), or None.
     """
 
-    state: State
+    state: Arrays
     ala: AlaState
     higher: tuple[str, ...]
     passes: int = 0
@@ -141,13 +200,63 @@ class AlaResult:
     fallback: str | None = None
 
 
-def higher_tensors(names: list[str] | tuple[str, ...], layer_idx: int) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class AlaLearned:
+    """What a kernel that learns W returns (steps 3-5 of :func:`adaptive_local_aggregation`).
+
+    Attributes
+    ----------
+    state : name -> float32 array
+        thetahat_i: theta on the lower tensors, the blend on the higher ones (the received model on a fallback).
+    weights : name -> float32 array
+        W after learning (the input W on a fallback or with eta = 0), for the higher tensors.
+    losses : tuple of float
+        Loss of the last batch of each pass.
+    n_sample : int
+        Windows in the s% sample.
+    converged : bool
+        Whether the start-phase stop test passed.
+    fallback : str or None
+        ``"empty sample"`` or ``"non-finite loss"`` when the received model is returned.
+    """
+
+    state: Arrays
+    weights: Arrays
+    losses: tuple[float, ...]
+    n_sample: int
+    converged: bool
+    fallback: str | None = None
+
+
+@runtime_checkable
+class AlaKernel(Protocol):
+    """A backend with its own way of learning W (the torch backend's autograd path)."""
+
+    def learn_ala(
+        self,
+        received: Mapping[str, np.ndarray],
+        local: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray],
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        config: AlaConfig,
+        batch_size: int,
+        seed: int,
+        start_phase: bool,
+        class_weights: np.ndarray | None = None,
+    ) -> AlaLearned:
+        """Steps 3-5 of ALA with the contract of :func:`learn_ala_weights` (same inputs, same random draws)."""
+        ...
+
+
+def higher_tensors(names: Sequence[str], layer_idx: int) -> tuple[str, ...]:
     """The top-p tensor names: the last ``layer_idx`` of ``names`` (all of them if ``layer_idx`` is 0).
 
     Parameters
     ----------
     names : sequence of str
-        Parameter names in registration order (``model.named_parameters()``).
+        Parameter names in registration order (:data:`~har_models.nn.arch.PARAM_NAMES`).
     layer_idx : int
         p in tensors (see :class:`AlaConfig`).
 
@@ -161,44 +270,30 @@ def higher_tensors(names: list[str] | tuple[str, ...], layer_idx: int) -> tuple[
     return tuple(names[len(names) - layer_idx :]) if layer_idx > 0 else tuple(names)
 
 
-def blend(
-    local: Mapping[str, torch.Tensor], received: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]
-) -> State:
-    """thetahat = theta_i + (theta - theta_i) ⊙ W on the tensors of ``weights``; theta elsewhere.
+def lerp(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a + w (b - a)`` as ``torch.lerp`` computes it in float32 (``b - (b - a)(1 - w)`` for ``w >= 0.5``; exact at w = 0 and 1)."""
+    a, b, w = (np.asarray(v, np.float32) for v in (a, b, w))
+    d = b - a
+    return np.where(np.abs(w) < 0.5, a + w * d, b - d * (np.float32(1) - w)).astype(np.float32)
 
-    Parameters
-    ----------
-    local, received : mappings name -> Tensor with the same names and shapes
-        theta_i and theta.
-    weights : mapping name -> Tensor
-        W_i^p for the higher tensors (same shapes); other tensors take the received values.
 
-    Returns
-    -------
-    dict name -> float32 Tensor (new tensors).
-    """
-    out: State = {}
-    for name, theta in received.items():
-        if name in weights:
-            # lerp is exact at both ends: W = 1 gives theta bit for bit, W = 0 gives theta_i.
-            out[name] = torch.lerp(local[name].detach().float(), theta.detach().float(), weights[name].float())
-        else:
-            out[name] = theta.detach().float().clone()
-    return out
+def blend(local: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> Arrays:
+    """thetahat = theta_i + (theta - theta_i) ⊙ W on the tensors of ``weights``; theta elsewhere (new float32 arrays)."""
+    return {n: lerp(local[n], t, weights[n]) if n in weights else np.array(t, np.float32, copy=True) for n, t in received.items()}
 
 
 def adaptive_local_aggregation(
-    received: Mapping[str, torch.Tensor],
-    local: Mapping[str, torch.Tensor] | None,
+    backend: TrainingBackend,
+    received: Mapping[str, np.ndarray],
+    local: Mapping[str, np.ndarray] | None,
     ala: AlaState,
-    x: torch.Tensor | np.ndarray,
-    y: torch.Tensor | np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
     *,
-    build: ModelBuilder,
-    loss_fn: LossFn,
     batch_size: int,
     seed: int,
     config: AlaConfig | None = None,
+    class_weights: np.ndarray | None = None,
     context: str = "",
 ) -> AlaResult:
     """Initialise the local model of a round by FedALA's Adaptive Local Aggregation.
@@ -217,36 +312,35 @@ def adaptive_local_aggregation(
        in the start phase until std(last M pass losses) < tau or ``max_passes``.
     5. Return thetahat_i = theta_i + (theta - theta_i) ⊙ W on the higher tensors.
 
-    Randomness (sample, batch order, dropout) comes only from ``seed``; the global torch RNG
-    state is left as it was. Runs on CPU in float32, with gradients enabled internally.
+    Steps 3-5 are the backend's kernel (see the module docstring). Randomness (sample, batch
+    order, dropout) comes only from ``seed``.
 
     Parameters
     ----------
-    received : mapping name -> Tensor
+    backend : TrainingBackend
+        Of the received architecture; its weights may be overwritten (the caller loads the
+        model it trains from afterwards).
+    received : name -> float32 array
         theta, the model received this round (global or personalised).
-    local : mapping name -> Tensor, or None
+    local : name -> float32 array, or None
         theta_i, the client's previous local model (None only on first participation); may be
         narrower than ``received`` after a growth, never wider.
     ala : AlaState
         The stored ALA state (``AlaState()`` for a new client).
-    x : Tensor or ndarray of shape ``(N, 6, T)`` (or the model's input layout), float32
+    x : ndarray ``(N, 6, T)`` float32
         The client's training windows (raw units; the model normalises).
-    y : Tensor or ndarray of shape ``(N,)``, int64
+    y : ndarray ``(N,)`` int64
         Their class indices.
-    build : callable state -> nn.Module
-        Builds the model for a state, e.g. ``functools.partial(har_models.nn.model.build_model, spec)``.
-        Its ``named_parameters()`` order defines the top p.
-    loss_fn : callable (logits ``(B, C)``, y ``(B,)``) -> scalar Tensor
-        The local training loss (the trainer's class-weighted cross-entropy).
     batch_size : int
         B, the local training batch size (also used here, as in the reference).
     seed : int
-        Seed of this round's sample and shuffling; vary it per round (e.g. from client and
-        round) so D_i^s is redrawn every round.
+        Seed of this round's sample and shuffling; vary it per round so D_i^s is redrawn.
     config : AlaConfig, optional
         eta, s, p, tau, M, pass cap, mode (defaults of :class:`AlaConfig`).
+    class_weights : ndarray ``(C,)`` float32, optional
+        The training loss's class weights (``mean_b(w_{y_b} CE_b)``).
     context : str
-        Prefix for log lines, e.g. ``"client pi-3 round 7"``.
+        Prefix for log lines, e.g. ``"[pi-3] round 7"``.
 
     Returns
     -------
@@ -255,48 +349,24 @@ def adaptive_local_aggregation(
     Raises
     ------
     ValueError
-        If ``received`` and ``local`` have different tensor names, ``local`` is wider than
-        ``received``, ``local`` is None while ``ala.has_local_model``, the model's parameters
-        do not match ``received``, x/y lengths differ, or ``batch_size`` < 1.
+        If ``received`` is not the backend's set of tensors, ``received`` and ``local`` have
+        different names, ``local`` is wider than ``received``, ``local`` is None while
+        ``ala.has_local_model``, x/y lengths differ, or ``batch_size`` < 1.
     """
     cfg = config or AlaConfig()
     tag = f"ALA {context}: " if context else "ALA: "
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(f"adaptive_local_aggregation: batch_size must be an integer >= 1 (the local batch), got {batch_size}")
-    xs = torch.as_tensor(x, dtype=torch.float32)
-    ys = torch.as_tensor(y, dtype=torch.long)
-    if xs.shape[0] != ys.shape[0] or ys.dim() != 1:
+    if np.shape(x)[0] != np.shape(y)[0] or np.ndim(y) != 1:
         raise ValueError(
-            f"adaptive_local_aggregation: x has {xs.shape[0]} windows but y is {tuple(ys.shape)}, expected ({xs.shape[0]},)"
+            f"adaptive_local_aggregation: x has {np.shape(x)[0]} windows but y is {np.shape(y)}, expected ({np.shape(x)[0]},)"
         )
-
-    # Every random draw (model construction, sample, batch order, dropout) is seeded here and
-    # the caller's global RNG state is restored afterwards.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        return _ala(received, local, ala, xs, ys, build, loss_fn, int(batch_size), int(seed), cfg, tag)
-
-
-def _ala(
-    received: Mapping[str, torch.Tensor],
-    local: Mapping[str, torch.Tensor] | None,
-    ala: AlaState,
-    xs: torch.Tensor,
-    ys: torch.Tensor,
-    build: ModelBuilder,
-    loss_fn: LossFn,
-    batch_size: int,
-    seed: int,
-    cfg: AlaConfig,
-    tag: str,
-) -> AlaResult:
-    model = build(received)
-    names = [n for n, _ in model.named_parameters()]
+    names = [n for n in PARAM_NAMES if n in backend.spec.shapes()]
     if set(names) != set(received):
         raise ValueError(f"adaptive_local_aggregation: the model has tensors {names}, the received state {sorted(received)}")
     higher = higher_tensors(names, int(cfg.layer_idx))
-    theta = {n: received[n].detach().float() for n in names}
-    ones = {h: torch.ones_like(theta[h]) for h in higher}
+    theta = {n: np.asarray(received[n], np.float32) for n in names}
+    ones = {h: np.ones_like(theta[h]) for h in higher}
 
     # 1. First participation: the received model as is.
     if not ala.has_local_model:
@@ -311,111 +381,158 @@ def _ala(
         )
 
     # 2. Padding for growth: new slots take the received values, W = 1 there.
-    if any(tuple(local[n].shape) != tuple(theta[n].shape) for n in names):
+    if any(np.shape(local[n]) != theta[n].shape for n in names):
         log.info("%sreceived model is wider than the local one; padding local model and W", tag)
-    theta_i = pad_state_like({n: local[n].detach().float() for n in names}, theta)
+    theta_i = pad_like({n: local[n] for n in names}, theta)
     w = ala.weights
     if w is not None and set(w) != set(higher):
         log.warning("%sstored W covers %s but the higher tensors are %s; resetting W to 1", tag, sorted(w), list(higher))
         w = None
-    w = dict(ones) if w is None else pad_state_like(w, theta, fill=1.0)
-    w_stored = dict(w)  # entries are replaced, never modified in place, during learning
+    w = dict(ones) if w is None else pad_like(w, theta, fill=1.0)
 
-    # 3. Lower tensors <- theta; the s% sample.
-    n_total = int(xs.shape[0])
-    n_sample = int(n_total * cfg.rand_percent // 100)  # floor(s/100 * N), exact for whole percentages
-    if n_sample == 0:
+    # 3-5. The backend's kernel learns W and blends.
+    xa, ya = np.asarray(x), np.asarray(y)
+    if isinstance(backend, AlaKernel):
+        res = backend.learn_ala(theta, theta_i, w, xa, ya, config=cfg, batch_size=int(batch_size), seed=int(seed),
+                                start_phase=ala.start_phase, class_weights=class_weights)  # fmt: skip
+    else:
+        res = learn_ala_weights(backend, theta, theta_i, w, xa, ya, config=cfg, batch_size=int(batch_size), seed=int(seed),
+                                start_phase=ala.start_phase, class_weights=class_weights)  # fmt: skip
+
+    n_total = int(np.shape(x)[0])
+    if res.fallback == "empty sample":
         log.warning(
             "%s%d training windows give a 0-window sample at s=%g%%; using the received model, W unchanged",
             tag, n_total, cfg.rand_percent,
-        )
-        return AlaResult(blend(theta, theta, {}), AlaState(w, ala.start_phase, True), higher, fallback="empty sample")
+        )  # fmt: skip
+        return AlaResult(res.state, AlaState(w, ala.start_phase, True), higher, fallback="empty sample")
     if cfg.eta == 0:
         log.info("%seta = 0: W cannot change; blending with the stored W", tag)
-        return AlaResult(blend(theta_i, theta, w), AlaState(w, ala.start_phase, True), higher, n_sample=n_sample)
-
-    # 4. Learn W on the temporary model (lower tensors already hold theta).
-    diff = {h: theta[h] - theta_i[h] for h in higher}
-    params = dict(model.named_parameters())
-    for name, p in params.items():
-        p.requires_grad_(name in higher)
-    model.train(cfg.mode == "train")
-    losses: list[float] = []
-    converged = False
-    with torch.enable_grad():
-        gen = torch.Generator().manual_seed(seed)
-        sample = torch.randperm(n_total, generator=gen)[:n_sample]
-        _write(params, theta_i, theta, w)
-        head = _head_on_cached_features(model, higher, xs, sample, batch_size)
-        while True:
-            order = sample[torch.randperm(n_sample, generator=gen)]
-            loss = torch.zeros(())
-            for lo in range(0, n_sample, batch_size):
-                idx = order[lo : lo + batch_size]
-                for h in higher:
-                    params[h].grad = None
-                logits = head(idx) if head is not None else model(xs[idx])
-                loss = loss_fn(logits, ys[idx])
-                loss.backward()
-                with torch.no_grad():
-                    for h in higher:
-                        g = params[h].grad
-                        if g is not None:
-                            w[h] = torch.clamp(w[h] - cfg.eta * g * diff[h], 0.0, 1.0)
-                    _write(params, theta_i, theta, w)
-            losses.append(float(loss.detach()))
-            if not math.isfinite(losses[-1]):
-                log.warning("%snon-finite loss in pass %d; using the received model, W unchanged", tag, len(losses))
-                return AlaResult(
-                    blend(theta, theta, {}), AlaState(w_stored, ala.start_phase, True), higher,
-                    len(losses), tuple(losses), n_sample, False, "non-finite loss",
-                )
-            if not ala.start_phase:
-                break
-            if len(losses) > cfg.num_pre_loss and float(np.std(losses[-cfg.num_pre_loss :])) < cfg.threshold:
-                converged = True
-                break
-            if len(losses) >= cfg.max_passes:
-                log.warning(
-                    "%sfirst ALA round stopped at the pass cap (%d passes; std of the last %d losses %.4g >= tau=%g)",
-                    tag, len(losses), cfg.num_pre_loss, float(np.std(losses[-cfg.num_pre_loss :])), cfg.threshold,
-                )
-                break
+        return AlaResult(res.state, AlaState(w, ala.start_phase, True), higher, n_sample=res.n_sample)
+    passes = len(res.losses)
+    if res.fallback == "non-finite loss":
+        log.warning("%snon-finite loss in pass %d; using the received model, W unchanged", tag, passes)
+        return AlaResult(
+            res.state, AlaState(w, ala.start_phase, True), higher, passes, res.losses, res.n_sample, False, "non-finite loss"
+        )
+    if ala.start_phase and not res.converged and passes >= cfg.max_passes:
+        log.warning(
+            "%sfirst ALA round stopped at the pass cap (%d passes; std of the last %d losses %.4g >= tau=%g)",
+            tag, passes, cfg.num_pre_loss, float(np.std(res.losses[-cfg.num_pre_loss :])), cfg.threshold,
+        )  # fmt: skip
     log.info(
         "%s%d pass(es) on %d of %d windows, last loss %.4f, mean W %s%s",
-        tag, len(losses), n_sample, n_total, losses[-1],
-        {h: round(float(w[h].mean()), 4) for h in higher}, " (converged)" if converged else "",
-    )
-    # 5. thetahat_i.
-    return AlaResult(blend(theta_i, theta, w), AlaState(w, False, True), higher, len(losses), tuple(losses), n_sample, converged)
+        tag, passes, res.n_sample, n_total, res.losses[-1],
+        {h: round(float(res.weights[h].mean()), 4) for h in higher}, " (converged)" if res.converged else "",
+    )  # fmt: skip
+    return AlaResult(res.state, AlaState(res.weights, False, True), higher, passes, res.losses, res.n_sample, res.converged)
 
 
-def _head_on_cached_features(
-    model: nn.Module, higher: tuple[str, ...], xs: torch.Tensor, sample: torch.Tensor, batch_size: int
-) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """Window indices ``(b,)`` -> logits ``(b, C)`` from features computed once, or None where that does not apply.
+def stop_after_pass(losses: Sequence[float], cfg: AlaConfig, start_phase: bool) -> tuple[bool, bool]:
+    """After a pass: (stop, converged). One pass outside the start phase; in it, until std(last M) < tau or the cap.
 
-    When only tensors of the model's head are blended (:attr:`HarCNN.HEAD_PARAMS`, the
-    default p = 2), the layers below hold theta for the whole of W's learning, so their output
-    on the sample never changes: it is computed once here (without gradients, in batches of
-    ``batch_size``) and every pass runs only the head (dropout + output layer). The head draws
-    the same dropout masks in the same order as the whole model would, so W, the losses and
-    thetahat equal those of running the whole model each batch (to float rounding of the
-    features, which are the same sums in another batch composition). Costs n_sample x H
-    floats of memory; saves (passes - 1) forward passes of the lower layers in the first ALA
-    round and the autograd bookkeeping of the one pass in later rounds.
+    Shared by every kernel so they stop alike (Zhang et al., AAAI 2023, algorithm 1 line 9's loop).
     """
-    if not isinstance(model, HarCNN) or not set(higher) <= set(HarCNN.HEAD_PARAMS):
-        return None
-    with torch.no_grad():
-        feats = torch.cat([model.features(xs[sample[lo : lo + batch_size]]) for lo in range(0, int(sample.shape[0]), batch_size)])
-    row = torch.full((int(xs.shape[0]),), -1, dtype=torch.long)
-    row[sample] = torch.arange(int(sample.shape[0]))
-    return lambda idx: model.head(feats[row[idx]])
+    if not start_phase:
+        return True, False
+    if len(losses) > cfg.num_pre_loss and float(np.std(losses[-cfg.num_pre_loss :])) < cfg.threshold:
+        return True, True
+    return len(losses) >= cfg.max_passes, False
 
 
-def _write(params: dict[str, nn.Parameter], base: State, theta: State, w: State) -> None:
-    """Load theta_i + (theta - theta_i) ⊙ W into the temporary model's higher tensors."""
-    with torch.no_grad():
-        for h, wh in w.items():
-            params[h].copy_(torch.lerp(base[h], theta[h], wh))
+def learn_ala_weights(
+    backend: TrainingBackend,
+    received: Mapping[str, np.ndarray],
+    local: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    config: AlaConfig,
+    batch_size: int,
+    seed: int,
+    start_phase: bool,
+    class_weights: np.ndarray | None = None,
+) -> AlaLearned:
+    """The generic kernel: learn W through ``backend.top_layer_grads`` and return the blended model (ALA steps 3-5).
+
+    For the top tensors h (the keys of ``weights``), per batch of the s% sample:
+
+        thetahat_h = theta_i,h + (theta_h - theta_i,h) ⊙ W_h                            (ALA blend, as ``torch.lerp``)
+        W_h <- clip(W_h - eta * grad_{thetahat_h} L ⊙ (theta_h - theta_i,h), 0, 1)   (paper eq. 6)
+
+    The sample is ``randperm(N)[:n]`` and each pass ``sample[randperm(n)]`` from one generator
+    seeded with ``seed`` (:class:`~edge_client.backends.base.TorchRandperm`), the draws of the torch
+    kernel. The lower tensors hold theta.
+
+    Parameters
+    ----------
+    backend : TrainingBackend of the received architecture (its weights are overwritten)
+    received : name -> array, theta (all tensors)
+    local : name -> array, theta_i with the received shapes (padded by the caller after a growth)
+    weights : name -> array in [0, 1], W for the higher tensors (its keys define them)
+    x : (N, 6, T) float32;  y : (N,) int64, the client's training windows
+    config : AlaConfig (eta, rand_percent, threshold, num_pre_loss, max_passes, mode: "train" = dropout on)
+    batch_size : int, the local batch;  seed : int, this round's ALA seed (also seeds the dropout stream)
+    start_phase : bool, learn until the loss settles (first ALA round) rather than one pass
+    class_weights : (C,) float32, optional, the training loss's class weights
+
+    Returns
+    -------
+    AlaLearned
+
+    Raises
+    ------
+    ValueError
+        If names or shapes of ``received``, ``local`` and ``weights`` disagree, or ``batch_size`` < 1.
+    """
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"learn_ala_weights: batch_size must be an integer >= 1, got {batch_size}")
+    higher: Sequence[str] = tuple(weights)
+    for n in received:
+        if n not in local or np.shape(local[n]) != np.shape(received[n]):
+            raise ValueError(f"learn_ala_weights: local {n!r} is missing or not of the received shape {np.shape(received[n])}; pad it")
+    for h in higher:
+        if h not in received or np.shape(weights[h]) != np.shape(received[h]):
+            raise ValueError(f"learn_ala_weights: W[{h!r}] does not match a received tensor's shape")
+    theta = {n: np.asarray(v, np.float32) for n, v in received.items()}
+    theta_i = {n: np.asarray(v, np.float32) for n, v in local.items()}
+    w = {h: np.array(weights[h], np.float32) for h in higher}
+    w_stored = {h: v.copy() for h, v in w.items()}
+
+    n_total = int(np.shape(x)[0])
+    n_sample = int(n_total * config.rand_percent // 100)  # floor(s/100 * N), exact for whole percentages
+    if n_sample == 0:
+        return AlaLearned(blend(theta, theta, {}), w_stored, (), 0, False, "empty sample")
+    if config.eta == 0:
+        return AlaLearned(blend(theta_i, theta, w), w_stored, (), n_sample, False)
+
+    diff = {h: theta[h] - theta_i[h] for h in higher}
+    backend.set_weights(theta)
+    backend.set_weights({h: lerp(theta_i[h], theta[h], w[h]) for h in higher}, partial=True)
+    perm = TorchRandperm(int(seed))
+    sample = perm(n_total)[:n_sample]
+    losses: list[float] = []
+    converged = False
+    first = True
+    eta32 = np.float32(config.eta)
+    dropout = config.mode == "train"
+    while True:
+        order = sample[perm(n_sample)]
+        loss = 0.0
+        for lo in range(0, n_sample, batch_size):
+            idx = order[lo : lo + batch_size]
+            loss, grads = backend.top_layer_grads(
+                x[idx], y[idx], higher, class_weights=class_weights, dropout=dropout, dropout_seed=int(seed) if first else None
+            )
+            first = False
+            for h in higher:
+                w[h] = np.clip(w[h] - eta32 * grads[h] * diff[h], 0.0, 1.0).astype(np.float32)
+            backend.set_weights({h: lerp(theta_i[h], theta[h], w[h]) for h in higher}, partial=True)
+        losses.append(float(loss))
+        if not math.isfinite(losses[-1]):
+            return AlaLearned(blend(theta, theta, {}), w_stored, tuple(losses), n_sample, False, "non-finite loss")
+        stop, converged = stop_after_pass(losses, config, start_phase)
+        if stop:
+            break
+    return AlaLearned(blend(theta_i, theta, w), w, tuple(losses), n_sample, converged)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
+from edge_client.backends.factory import choose_backend
 from edge_client.programs import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
@@ -64,12 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay the recordings paced at this multiple of real time (1 = 50 Hz wall clock) before joining; "
         "default: as fast as possible",
     )
-    ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads (0 = PyTorch default)")
+    ap.add_argument("--threads", type=int, default=0, help="PyTorch CPU threads of the torch backend (0 = PyTorch default)")
     ap.add_argument(
         "--backend",
         choices=BACKENDS,
-        default="torch",
-        help="training backend: PyTorch eager, the numpy reference (no PyTorch needed), or ExecuTorch programs (default %(default)s)",
+        default=None,
+        help="training backend: PyTorch eager, ExecuTorch programs, or the numpy reference (no PyTorch needed); "
+        "default: the best installed, in that order (the start-up log names it)",
     )
     ap.add_argument("--program-cache", default=None, help="folder for exported ExecuTorch programs (default: the backend's own)")
     ap.add_argument(
@@ -113,13 +115,14 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     if args.state_dir is None:
         args.state_dir = default_state_dir(args.client_id)
     try:
+        backend, why = choose_backend(args.backend)
         broker = broker_from_args(args)
         cfg = ClientConfig(
             client_id=args.client_id,
             broker=broker,
             federation=args.federation,
             exit_after_run=args.exit_after_run,
-            backend=args.backend,
+            backend=backend,
             program_cache=args.program_cache,
             programs=args.programs,
         )
@@ -129,6 +132,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return 2
+    log.info("[%s] training backend: %s (%s)", args.client_id, backend, why)
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
     except StoreInUseError as exc:
@@ -184,13 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     login, TLS failed or the state folder is in use, 5 another process uses this client id (2 to 5 are not retried)."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    if args.threads > 0 and args.backend != "numpy":  # the numpy backend runs where PyTorch is absent
-        import torch
-
-        torch.set_num_threads(args.threads)
     client = prepare(argv)
     if isinstance(client, int):
         return client
+    if args.threads > 0:
+        if client.cfg.backend == "torch":  # only the torch backend imports PyTorch
+            import torch
+
+            torch.set_num_threads(args.threads)
+        else:
+            log.info("[%s] --threads %d ignored: it sets the threads PyTorch trains with, and the %s backend does not train with PyTorch",
+                     client.cfg.client_id, args.threads, client.cfg.backend)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,69 +1,194 @@
-"""One round of local work on the client: initialise, train, (guide), evaluate, package.
+"""The client's part of a round, once, over any training backend: initialise, train, (guide), evaluate, package.
 
-Order (DESIGN.md section 2, step 3): pad the previous local model if the architecture
-grew, initialise from the received and the local model (overwrite, FedALA, FedPer's
-local layers), train E local epochs, train the FedDWA guidance model if asked, evaluate
-on the local test split, persist, and build the update envelope.
+Order (DESIGN.md section 2, step 3), each step written once here whatever the backend:
+
+1. pad the previous local model if the architecture grew (FedDist; new slots take the
+   received values, :func:`edge_client.ala.pad_like`);
+2. initialise from the received and the local model: overwrite, FedPer's local layers, or
+   FedALA's adaptive local aggregation (:func:`edge_client.ala.adaptive_local_aggregation`;
+   Zhang et al., AAAI 2023, algorithm 1 lines 6-16);
+3. E local epochs of SGD (FedProx's proximal term when asked; Li et al., MLSys 2020, eq. 2)
+   in the batch order of :func:`har_models.nn.training.train_local` for the same seed
+   (:func:`edge_client.backends.base.train`);
+4. FedDWA: one more training from the trained model for the guidance model;
+5. evaluate the received, initial and trained models on the local test windows, persist the
+   local model, and build the update envelope with its typed metadata
+   (:class:`har_models.wire.update_meta.UpdateMeta`).
+
+The arithmetic is the backend's (:mod:`edge_client.backends`): with ``"torch"`` (boards, the
+simulation) every number is that of PyTorch eager, bit for bit as ``train_local`` and FedALA's
+autograd kernel compute it; the numpy reference and ExecuTorch agree with it to float32
+rounding (``tests/test_backends.py``, ``tests/test_trainer.py``). This module imports no PyTorch.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from edge_client.ala import AlaState, adaptive_local_aggregation
+from edge_client.ala import AlaState, adaptive_local_aggregation, pad_like
+from edge_client.backends.base import BackendOptions, TrainingBackend, train
+from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
-from edge_client.trainer_common import RoundOutcome, derive_seed, encode_for_upload, stored_local_model
-from har_models.nn.growth import pad_state_like
-from har_models.nn.model import ArchSpec, build_model
-from har_models.nn.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+from har_models.data.labels import balanced_class_weights
+from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
+from har_models.wire.update_encoding import encode_update
+from har_models.wire.update_meta import AlaNote, Confusions, UpdateMeta
 
 log = logging.getLogger("fedhar.client.trainer")
 
+Arrays = dict[str, np.ndarray]
 
-def _to_torch(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """float32 tensors sharing memory with the arrays where their dtype allows (they are never modified)."""
-    return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
-
-
-def _to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy() for k, v in state.items()}
+RESIDUAL_NAME = "encoding_residual"
+"""Store name of int8_delta's error-feedback residual (:meth:`ClientStore.save_tensors`)."""
+ALA_STATE_NAME = "ala_state"
+"""Store name of FedALA's W and flags (:meth:`edge_client.ala.AlaState.to_parts`)."""
 
 
-class LocalTrainer:
-    """Runs the client's part of a round against its :class:`~edge_client.store.ClientStore`.
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What :meth:`ClientTrainer.run_round` produced.
+
+    Attributes
+    ----------
+    envelope : bytes
+        The update envelope to upload.
+    meta : UpdateMeta
+        Its metadata, as written into the envelope.
+    summary : dict
+        Small JSON-able summary for logs (accuracy before/after, loss, seconds, backend, bytes).
+    """
+
+    envelope: bytes
+    meta: UpdateMeta
+    summary: dict[str, Any]
+
+
+def derive_seed(base: int, client_id: str, round_: int, stage: int, purpose: str = "train") -> int:
+    """Deterministic per-client, per-round seed (CRC-32 of the tuple)."""
+    return zlib.crc32(f"{base}:{client_id}:{round_}:{stage}:{purpose}".encode())
+
+
+def stored_local_model(store: ClientStore, run_id: str, client_id: str) -> tuple[ArchSpec, Arrays] | None:
+    """The client's previous local model of run ``run_id`` and its architecture, as stored; None if there is none.
+
+    A new run forgets the old run's state first, so nothing of it leaks in. A stored model
+    that does not match its own architecture is logged and ignored (the round then starts
+    from the received model).
+    """
+    if store.get_meta("run_id") != run_id:
+        store.forget_run_state()
+        return None
+    loaded = store.load_local_model()
+    if loaded is None:
+        return None
+    arch_json, state = loaded
+    try:
+        old = ArchSpec.from_json(arch_json)
+        codec.check_tensors(old.shapes(), state)
+    except ValueError as exc:
+        log.error("[%s] stored local model is inconsistent (%s); using the received model", client_id, exc)
+        return None
+    return old, state
+
+
+def encode_for_upload(
+    store: ClientStore, ann: RoundAnnouncement, tensors: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray]
+) -> tuple[Mapping[str, Any], str]:
+    """Apply the plan's update encoding to an update's tensors, keeping int8_delta's residual in ``store``.
+
+    Parameters
+    ----------
+    store : ClientStore
+        Holds the residual e under :data:`RESIDUAL_NAME`, tagged with the run id: a residual
+        of another run is ignored (and :meth:`ClientStore.forget_run_state` deletes it).
+    ann : RoundAnnouncement
+        ``ann.plan.update_encoding`` chooses the encoding.
+    tensors : mapping name -> float32 array
+        The update's tensors (trained model, ``guidance/`` tensors).
+    received : mapping name -> float32 array
+        The model received in this exchange, as decoded from its envelope.
+
+    Returns
+    -------
+    arrays : mapping name -> array
+        For float32, ``tensors`` itself (the envelope stays byte for byte as without encodings).
+    encoding : str
+        The encoding applied (for :attr:`UpdateMeta.encoding`).
+
+    Raises
+    ------
+    ValueError
+        From :func:`har_models.wire.update_encoding.encode_update` (a value beyond float16, a
+        tensor the received model lacks); the caller skips the round as for any bad input.
+
+    Notes
+    -----
+    The residual is saved when the update is built. If the upload is then lost, the next
+    delta still carries e' (at most half a quantisation step per element): a small
+    correction the coordinator never needed, not an error that grows.
+    """
+    encoding = ann.plan.update_encoding
+    if encoding == "float32":
+        return tensors, encoding
+    residual: Arrays = {}
+    if encoding == "int8_delta":
+        loaded = store.load_tensors(RESIDUAL_NAME)
+        if loaded is not None and loaded[1].get("run_id") == ann.run_id:
+            residual = loaded[0]
+    arrays, _, new_residual = encode_update(dict(tensors), received, encoding, residual)
+    if encoding == "int8_delta":
+        store.save_tensors(RESIDUAL_NAME, new_residual, {"run_id": ann.run_id, "round": ann.round, "stage": ann.stage})
+    return arrays, encoding
+
+
+class ClientTrainer:
+    """Runs the client's part of a round against its :class:`~edge_client.store.ClientStore`, through one backend.
 
     Parameters
     ----------
     store : ClientStore
     client_id : str
+    backend : {"torch", "numpy", "executorch"}
+        The training backend (:func:`edge_client.backends.factory.make_backend`); its runtime is
+        imported at the first round, not before.
+    options : BackendOptions, optional
+        The backend's settings (e.g. the ExecuTorch program folder).
+
+    Raises
+    ------
+    ValueError
+        On an unknown backend name.
     """
 
-    def __init__(self, store: ClientStore, client_id: str):
-        self.store = store
-        self.client_id = client_id
+    def __init__(self, store: ClientStore, client_id: str, backend: str = "torch", options: BackendOptions | None = None):
+        from edge_client.backends.base import BACKEND_NAMES
 
-    def _local_model(self, run_id: str, spec: ArchSpec, received: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"ClientTrainer: unknown backend {backend!r}; choose one of {BACKEND_NAMES}")
+        self.store, self.client_id, self.backend_name = store, client_id, backend
+        self.options = options or BackendOptions()
+
+    def _local_model(self, run_id: str, spec: ArchSpec, received: Mapping[str, np.ndarray]) -> Arrays | None:
         """The previous local model of this run, padded to ``spec`` if the architecture grew."""
         found = stored_local_model(self.store, run_id, self.client_id)
         if found is None:
             return None
         old, state = found
-        local = _to_torch(state)
         if old.shapes() != spec.shapes():
-            local = pad_state_like(local, received)
             log.info("[%s] architecture grew v%d -> v%d: local model padded", self.client_id, old.version, spec.version)
-        return local
+            return pad_like(state, received)
+        return {k: np.asarray(v, np.float32) for k, v in state.items()}
 
     def run_round(self, ann: RoundAnnouncement, received_np: Mapping[str, np.ndarray]) -> RoundOutcome:
-        """Do this client's work for ``ann`` starting from the received parameters.
+        """Do this client's work for ``ann`` starting from the received parameters (see the module docstring).
 
         Parameters
         ----------
@@ -81,93 +206,77 @@ class LocalTrainer:
         ValueError
             If the received tensors do not match the announced architecture (the caller
             logs it and skips the round; nothing is stored).
+        ImportError
+            If the backend's runtime is not installed.
         """
         spec = ArchSpec.from_json(ann.arch)
         codec.check_tensors(spec.shapes(), received_np)
         plan = ann.plan
-        train, test = self.store.windows("train"), self.store.windows("test")
-        received = _to_torch(received_np)
+        train_ws, test = self.store.windows("train"), self.store.windows("test")
+        received = {k: np.asarray(v, dtype=np.float32) for k, v in received_np.items()}
         use_ala = plan.client_init == "ala" and ann.stage == 0
         # Only FedPer and FedALA start from the previous local model: reading it (one model's bytes) is wasted otherwise.
         local = self._local_model(ann.run_id, spec, received) if plan.keep_local or use_ala else None
-        loss_fn = make_loss(balanced_class_weights(train.y, spec.n_classes) if plan.class_weights == "balanced" else None)
+        cw = balanced_class_weights(train_ws.y, spec.n_classes) if plan.class_weights == "balanced" else None
+        backend: TrainingBackend = make_backend(self.backend_name, spec, received, self.options)
+        cm_received = backend.evaluate(test.x, test.y).confusion if len(test) else None
 
-        start = dict(received)  # tensors are never modified in place: building a model copies them
+        start = dict(received)
         init_mode = "received"
         if plan.keep_local and local is not None:
-            for name in plan.keep_local:
-                start[name] = local[name]
+            start.update({name: local[name] for name in plan.keep_local})
             init_mode = "fedper"
-        ala_note: dict[str, Any] = {}
+        ala_note: AlaNote | None = None
         if use_ala:
             res = adaptive_local_aggregation(
-                start,
-                local,
-                self._load_ala_state(local is not None),
-                train.x,
-                train.y,
-                build=functools.partial(build_model, spec),
-                loss_fn=loss_fn,
-                batch_size=plan.batch_size,
-                seed=derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "ala"),
-                config=plan.ala_config(),
-                context=f"[{self.client_id}] round {ann.round}",
-            )
+                backend, start, local, self._load_ala_state(local is not None), train_ws.x, train_ws.y,
+                batch_size=plan.batch_size, seed=derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "ala"),
+                config=plan.ala_config(), class_weights=cw, context=f"[{self.client_id}] round {ann.round}",
+            )  # fmt: skip
             start = res.state
             self._save_ala_state(res.ala)
             init_mode = "ala" if res.fallback is None else f"received ({res.fallback})"
-            ala_note = {"passes": res.passes, "n_sample": res.n_sample, "converged": res.converged, "fallback": res.fallback}
+            ala_note = AlaNote(res.passes, res.n_sample, res.converged, res.fallback)
+        if init_mode != "received":
+            backend.set_weights(start, arch_version=spec.version)
+        cm_init = backend.evaluate(test.x, test.y).confusion if len(test) and init_mode != "received" else cm_received
 
-        cm_received = evaluate(spec, received, test) if len(test) else None
-        cm_init = evaluate(spec, start, test) if len(test) and init_mode != "received" else cm_received
-        cfg = TrainConfig(
-            epochs=plan.local_epochs,
-            lr=plan.lr,
-            batch_size=plan.batch_size,
-            prox_mu=plan.prox_mu,
-            frozen=plan.frozen,
-            seed=derive_seed(plan.seed, self.client_id, ann.round, ann.stage),
-        )
-        result = train_local(spec, start, train, cfg, loss_fn, prox_ref=received if plan.prox_mu > 0 else None)
-        tensors: dict[str, torch.Tensor] = dict(result.state)
-        guidance_seconds = 0.0
+        prox_ref = received if plan.prox_mu > 0 else None
+        seed = derive_seed(plan.seed, self.client_id, ann.round, ann.stage)
+        result = train(backend, train_ws.x, train_ws.y, epochs=plan.local_epochs, lr=plan.lr, batch_size=plan.batch_size,
+                       seed=seed, class_weights=cw, prox_mu=plan.prox_mu, prox_ref=prox_ref, frozen=plan.frozen)  # fmt: skip
+        trained = backend.get_weights()
+        cm_trained = backend.evaluate(test.x, test.y).confusion if len(test) else None
+        tensors: Arrays = dict(trained)
+        seconds = result.seconds
         if plan.guidance:
-            g_cfg = TrainConfig(
-                cfg.epochs,
-                cfg.lr,
-                cfg.batch_size,
-                cfg.prox_mu,
-                cfg.frozen,
-                derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance"),
-            )
-            guided = train_local(spec, result.state, train, g_cfg, loss_fn, prox_ref=received if plan.prox_mu > 0 else None)
-            tensors.update({GUIDANCE_PREFIX + k: v for k, v in guided.state.items()})
-            guidance_seconds = guided.seconds
-        cm_trained = evaluate(spec, result.state, test) if len(test) else None
+            g_seed = derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance")
+            guided = train(backend, train_ws.x, train_ws.y, epochs=plan.local_epochs, lr=plan.lr, batch_size=plan.batch_size,
+                           seed=g_seed, class_weights=cw, prox_mu=plan.prox_mu, prox_ref=prox_ref, frozen=plan.frozen)  # fmt: skip
+            tensors.update({GUIDANCE_PREFIX + k: v for k, v in backend.get_weights().items()})
+            seconds += guided.seconds
 
         self.store.set_meta("run_id", ann.run_id)
-        self.store.save_local_model(spec.to_json(), _to_numpy(result.state))
+        self.store.save_local_model(spec.to_json(), trained)
 
-        def cm(m: np.ndarray | None) -> list[list[int]] | None:
-            return None if m is None else m.astype(int).tolist()
-
-        meta = {
-            "run_id": ann.run_id,
-            "stage": ann.stage,
-            "n_train": len(train),
-            "n_test": len(test),
-            "label_set": train.labels.name,
-            "train_loss": list(result.epoch_losses),
-            "train_seconds": result.seconds + guidance_seconds,
-            "steps": result.steps,
-            "init_mode": init_mode,
-            "ala": ala_note,
-            "confusion": {"received": cm(cm_received), "initial": cm(cm_init), "trained": cm(cm_trained)},
-        }
-        arrays, encoding_meta = encode_for_upload(self.store, ann, tensors, received_np)
-        meta.update(encoding_meta)
+        arrays, encoding = encode_for_upload(self.store, ann, tensors, received)
+        meta = UpdateMeta(
+            run_id=ann.run_id,
+            stage=ann.stage,
+            n_train=len(train_ws),
+            n_test=len(test),
+            label_set=train_ws.labels.name,
+            train_loss=tuple(result.epoch_losses),
+            train_seconds=seconds,
+            steps=result.steps,
+            init_mode=init_mode,
+            ala=ala_note,
+            backend=self.backend_name,
+            confusion=Confusions.of(cm_received, cm_init, cm_trained),
+            encoding=encoding,
+        )
         envelope = codec.encode(
-            arrays, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta
+            arrays, kind="update", round=ann.round, arch_version=spec.version, client_id=self.client_id, meta=meta.to_wire()
         )
         acc = {
             k: (float(np.trace(m) / m.sum()) if m is not None and m.sum() else None)
@@ -175,25 +284,26 @@ class LocalTrainer:
         }
         summary = {
             "loss": result.epoch_losses[-1] if result.epoch_losses else None,
-            "seconds": round(result.seconds + guidance_seconds, 2),
+            "seconds": round(seconds, 2),
             "accuracy": acc,
             "init": init_mode,
+            "backend": self.backend_name,
             "bytes": len(envelope),
         }
-        return RoundOutcome(envelope, summary)
+        return RoundOutcome(envelope, meta, summary)
 
     def _load_ala_state(self, has_local_model: bool) -> AlaState:
         """The stored FedALA state of this run (a fresh one if there is none or it is unusable)."""
-        loaded = self.store.load_tensors("ala_state")
+        loaded = self.store.load_tensors(ALA_STATE_NAME)
         if loaded is None or not has_local_model:
             return AlaState(has_local_model=has_local_model)
-        tensors, meta = loaded
+        tensors, flags = loaded
         try:
-            return AlaState.from_parts({k: torch.from_numpy(v) for k, v in tensors.items()}, meta)
+            return AlaState.from_parts(tensors, flags)
         except ValueError as exc:
             log.error("[%s] stored FedALA state is unusable (%s); starting ALA afresh", self.client_id, exc)
             return AlaState(has_local_model=has_local_model)
 
     def _save_ala_state(self, state: AlaState) -> None:
         tensors, flags = state.to_parts()
-        self.store.save_tensors("ala_state", {k: v.numpy() for k, v in tensors.items()}, flags)
+        self.store.save_tensors(ALA_STATE_NAME, tensors, flags)

@@ -61,3 +61,31 @@ def test_torch_numpy_and_executorch_clients_learn_together(tmp_path: Path) -> No
     assert all(p.returncode == 0 for p in procs), {k: v[-2000:] for k, v in logs.items()}
     spec, _, _ = RunState(tmp_path / "run").load_round_models(2)
     assert spec.conv_filters == 8
+
+
+def test_without_torch_and_without_backend_the_client_picks_numpy_says_so_and_trains(tmp_path: Path) -> None:
+    """The Pi's install: no PyTorch, no ``--backend``, ``--threads 2``: the client takes the numpy backend, logs it, trains."""
+    cid = "hapt-01"
+    src = f"hapt:{ROOT / 'datasets' / 'hapt' / 'user01.npz'}"
+    with EmbeddedBroker() as broker:
+        args = ["--client-id", cid, "--broker", f"127.0.0.1:{broker.port}", "--federation", "plain", "--source", src,
+                "--state-dir", str(tmp_path / cid), "--threads", "2", "--max-seconds", "300", "--exit-after-run", "plain"]  # fmt: skip
+        with open(tmp_path / "client.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-c", BLOCK_TORCH, *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            cfg = CoordinatorConfig(
+                run_dir=tmp_path / "run", broker=BrokerConfig(port=broker.port), federation="plain", run_id="plain",
+                rounds=1, expected_clients=1, min_clients=1, start_timeout_s=200, round_timeout_s=200, conv_filters=8, dense_units=32,
+                lr=0.05, local_epochs=1, generalisation_every=0,
+            )
+            doc = Coordinator(cfg, Evaluator(union_test_set({cid: src})), progress=False).run()
+        finally:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    text = (tmp_path / "client.log").read_text()
+    assert f"[{cid}] training backend: numpy (best installed; torch: torch not installed" in text, text[-2000:]
+    assert "--threads 2 ignored" in text
+    assert [r["updates"] for r in doc["rounds"]] == [1], text[-2000:]
+    assert "'backend': 'numpy'" in text and proc.returncode == 0, text[-2000:]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_client.backends import ArchitectureMismatch, draw_dropout_masks, epoch_orders, make_backend, train
+from edge_client.backends import ArchitectureMismatch, BackendOptions, draw_dropout_masks, epoch_orders, make_backend, train
 from edge_client.backends.base import TorchRandperm, batch_sizes
 from edge_client.backends.numpy_ref import NumpyBackend, weighted_cross_entropy
 from edge_client.backends.torch_eager import TorchBackend
@@ -63,7 +63,7 @@ def et_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _backend(name: str, weights: dict[str, np.ndarray], cache: Path | None, spec: ArchSpec = SPEC):
     if name == "executorch":
-        return make_backend(name, spec, weights, cache_dir=cache)
+        return make_backend(name, spec, weights, BackendOptions(program_cache=cache))
     return make_backend(name, spec, weights)
 
 
@@ -324,7 +324,7 @@ def test_program_of_another_version_is_refused(et_cache: Path) -> None:
     files_v0 = ensure_programs(SPEC, et_cache)
     grown_spec, _ = _grown()
     with pytest.raises(ArchitectureMismatch, match="version 0"):
-        make_backend("executorch", grown_spec, programs=files_v0)
+        make_backend("executorch", grown_spec, options=BackendOptions(programs=files_v0))
     again = ensure_programs(SPEC, et_cache)  # cached: the same files, not re-exported
     assert again == files_v0 and again.train.stat().st_mtime_ns == files_v0.train.stat().st_mtime_ns
 
@@ -406,7 +406,7 @@ def test_weights_as_inputs_program_equals_eager(et_cache: Path, arch: str) -> No
     x, _ = _data(9, seed=4)
     with torch.no_grad():
         want = torch.softmax(build_model(spec, {k: torch.from_numpy(v) for k, v in w.items()}).eval()(torch.from_numpy(x)), 1).numpy()
-    backend = make_backend("executorch", spec, w, cache_dir=et_cache, inference="inputs")
+    backend = make_backend("executorch", spec, w, BackendOptions(program_cache=et_cache, inference="inputs"))
     np.testing.assert_allclose(backend.predict(x), want, atol=1e-4)
 
 
@@ -437,10 +437,8 @@ ETA = 1.0
 def test_ala_over_a_backend_learns_the_w_of_the_pytorch_ala(
     name: str, mode: str, start_phase: bool, request: pytest.FixtureRequest
 ) -> None:
-    import functools
-
-    from edge_client.ala import AlaConfig, AlaState, adaptive_local_aggregation
-    from edge_client.backends.ala_backend import learn_ala_weights
+    """The generic ALA kernel over each backend against the torch backend's autograd kernel (the client round's fast path)."""
+    from edge_client.ala import AlaConfig, learn_ala_weights
 
     x, y = _data(40, seed=8)
     x /= 3  # windows of unit scale: moderate losses, so float32 rounding is not amplified over the passes
@@ -449,20 +447,14 @@ def test_ala_over_a_backend_learns_the_w_of_the_pytorch_ala(
     shapes = SPEC.shapes()
     w_in = {"out.weight": np.full(shapes["out.weight"], 0.7, np.float32), "out.bias": np.full(shapes["out.bias"], 0.3, np.float32)}
     cfg = AlaConfig(eta=ETA, rand_percent=80, layer_idx=2, threshold=0.1, num_pre_loss=3, max_passes=5, mode=mode)  # type: ignore[arg-type]
-    want = adaptive_local_aggregation(
-        {k: torch.from_numpy(v) for k, v in received.items()}, {k: torch.from_numpy(v) for k, v in local.items()},
-        AlaState({k: torch.from_numpy(v) for k, v in w_in.items()}, start_phase, True), x, y,
-        build=functools.partial(build_model, SPEC), loss_fn=make_loss(cw), batch_size=8, seed=1234, config=cfg,
-    )
+    kw = {"config": cfg, "batch_size": 8, "seed": 1234, "start_phase": start_phase, "class_weights": cw}
+    want = TorchBackend(SPEC, received).learn_ala(received, local, w_in, x, y, **kw)  # type: ignore[arg-type]
     backend = _backend(name, received, request.getfixturevalue("et_cache") if name == "executorch" else None)
     with torch.random.fork_rng(devices=[]):
-        got = learn_ala_weights(
-            backend, received, local, w_in, x, y, eta=ETA, rand_percent=80, batch_size=8, seed=1234,
-            start_phase=start_phase, threshold=0.1, num_pre_loss=3, max_passes=5, class_weights=cw, dropout=mode == "train",
-        )
-    assert got.n_sample == want.n_sample == 32 and len(got.losses) == want.passes
+        got = learn_ala_weights(backend, received, local, w_in, x, y, **kw)  # type: ignore[arg-type]
+    assert got.n_sample == want.n_sample == 32 and len(got.losses) == len(want.losses)
     np.testing.assert_allclose(got.losses, want.losses, rtol=1e-5)
-    _assert_close(got.weights, {k: v.numpy() for k, v in want.ala.weights.items()}, 1e-5)  # type: ignore[union-attr]
-    _assert_close(got.state, {k: v.numpy() for k, v in want.state.items()}, 1e-5)
+    _assert_close(got.weights, want.weights, 1e-5)
+    _assert_close(got.state, want.state, 1e-5)
     moved = float(np.abs(got.weights["out.weight"] - w_in["out.weight"]).max())
     assert moved > 1e-3  # W was really learned

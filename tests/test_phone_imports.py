@@ -43,6 +43,13 @@ PHONE_MODULES = (
     "edge_client.app.predictor",
     "edge_client.app.service",
     "edge_client.record_cli",
+    "edge_client.trainer",
+    "edge_client.ala",
+    "edge_client.agent",
+    "edge_client.cli",
+    "edge_client.backends.factory",
+    "edge_client.backends.numpy_ref",
+    "har_models.wire.update_meta",
 )
 
 

@@ -22,7 +22,7 @@ from coordinator.strategies.fedper import FEDPER_LOCAL, FedPer
 from coordinator.strategies.fedprox import FedProx, FedProxSettings
 from coordinator.updates import ClientUpdate
 from edge_client.store import ClientStore
-from edge_client.trainer import LocalTrainer
+from edge_client.trainer import ClientTrainer
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.windowing import WindowSet
 from har_models.nn.model import ArchSpec, init_state
@@ -69,7 +69,7 @@ def test_fedper_keeps_the_dense_layers_local(tmp_path):
     received = init_state(SPEC, 8)
     plan = FedPer().configure_fit(0, TrainingPlan(local_epochs=0))  # no training: the upload is the initial model itself
     ann = RoundAnnouncement(run_id="r", round=1, state="training", arch=SPEC.to_dict(), label_set="hapt6", selected=("c",), plan=plan)
-    out = LocalTrainer(store, "c").run_round(ann, {k: v.numpy() for k, v in received.items()})
+    out = ClientTrainer(store, "c").run_round(ann, {k: v.numpy() for k, v in received.items()})
     sent = codec.decode(out.envelope).tensors
     for k in SPEC.shapes():
         want = local[k] if k in FEDPER_LOCAL else received[k]

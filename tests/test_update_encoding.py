@@ -14,10 +14,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.round import base_plan, published_models
 from coordinator.strategies import Federation
 from coordinator.updates import UpdateRejected, validate_update
-from edge_client.backend_trainer import BackendTrainer
 from edge_client.store import ClientStore
-from edge_client.trainer import LocalTrainer
-from edge_client.trainer_common import RESIDUAL_NAME
+from edge_client.trainer import RESIDUAL_NAME, ClientTrainer
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.windowing import WindowSet
 from har_models.nn.model import ArchSpec, init_state
@@ -276,7 +274,7 @@ PRE_ENCODING_META_KEYS = {"run_id", "stage", "n_train", "n_test", "label_set", "
 
 def test_a_float32_envelope_is_byte_identical_to_one_without_encodings(tmp_path):
     store = _store(tmp_path)
-    out = LocalTrainer(store, "c").run_round(_ann("float32"), RECEIVED)
+    out = ClientTrainer(store, "c").run_round(_ann("float32"), RECEIVED)
     header = codec.peek_header(out.envelope)
     assert set(header["meta"]) == PRE_ENCODING_META_KEYS  # nothing added, not even "encoding": "float32"
     # The envelope is exactly the trained model (as stored) with that metadata: re-encoding it gives the same bytes.
@@ -292,7 +290,7 @@ def test_a_float32_envelope_is_byte_identical_to_one_without_encodings(tmp_path)
 @pytest.mark.parametrize("trainer", ["torch", "numpy"])
 def test_clients_upload_int8_deltas_and_keep_the_residual_per_run(tmp_path, trainer):
     store = _store(tmp_path)
-    agent = LocalTrainer(store, "c") if trainer == "torch" else BackendTrainer(store, "c", "numpy")
+    agent = ClientTrainer(store, "c", trainer)
     out = agent.run_round(_ann("int8_delta"), RECEIVED)
     env = codec.decode(out.envelope)
     assert env.meta["encoding"] == "int8_delta"

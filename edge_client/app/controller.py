@@ -449,14 +449,21 @@ class DeviceController:
         cfg = self.cfg
         try:
             from edge_client.agent import ClientConfig, EdgeAgent
+            from edge_client.backends.factory import choose_backend, missing_runtimes
             from har_io.broker_config import BrokerConfig
+
+            missing = () if cfg.backend == "auto" else missing_runtimes(cfg.backend)
+            if missing:
+                raise ImportError(f"No module named {missing[0]!r}", name=missing[0])
+            # The choice of fedhar-client: the best backend installed on this device, unless the settings name one.
+            backend, why = choose_backend(None if cfg.backend == "auto" else cfg.backend)
+            log.info("training backend: %s (%s)", backend, why)
 
             host, _, port = cfg.broker.rpartition(":")
             password = cfg.password_file.read_text().strip() if cfg.password_file else None
             tls_ca = str(cfg.tls_ca) if cfg.tls_ca else None
             broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca)
-            backend: dict[str, Any] = {} if cfg.backend == "auto" else {"backend": cfg.backend}  # "auto": the client's own choice
-            agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, **backend), self.store)
+            agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, backend=backend), self.store)
         except ImportError as exc:
             self._fail(missing_backend(cfg.backend, exc))
             return

@@ -3,6 +3,7 @@
 from edge_client.backends.base import (
     BACKEND_NAMES,
     ArchitectureMismatch,
+    BackendOptions,
     EvalResult,
     TrainingBackend,
     TrainSummary,
@@ -10,14 +11,17 @@ from edge_client.backends.base import (
     epoch_orders,
     train,
 )
-from edge_client.backends.factory import make_backend
+from edge_client.backends.factory import available_backends, choose_backend, make_backend
 
 __all__ = [
     "BACKEND_NAMES",
     "ArchitectureMismatch",
+    "BackendOptions",
     "EvalResult",
     "TrainSummary",
     "TrainingBackend",
+    "available_backends",
+    "choose_backend",
     "draw_dropout_masks",
     "epoch_orders",
     "make_backend",

@@ -34,15 +34,55 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 
-BACKEND_NAMES = ("torch", "numpy", "executorch", "executorch-android")
-"""Names accepted by :func:`make_backend`."""
+BACKEND_NAMES = ("torch", "executorch", "executorch-android", "numpy")
+"""The backends, in order of preference (the one list: ``fedhar-client --backend``, the app, :func:`make_backend`)."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Settings of a backend's construction (:func:`edge_client.backends.factory.make_backend`).
+
+    Only the ExecuTorch backend reads the program fields; the others ignore them.
+
+    Attributes
+    ----------
+    program_cache : str or Path, optional
+        Folder of the exported ExecuTorch programs (default: the backend's own,
+        :data:`edge_client.backends.executorch_rt.DEFAULT_CACHE`).
+    train_batch, infer_batch : int
+        Batch sizes the ExecuTorch programs are exported for (32 and 64).
+    programs : har_models.nn.export.ProgramFiles, optional
+        Programs already exported (overrides ``program_cache``).
+    inference : {"static", "inputs"}
+        How the ExecuTorch inference program receives the weights.
+
+    Raises
+    ------
+    ValueError
+        If a batch size is not a positive integer or ``inference`` is unknown.
+    """
+
+    program_cache: str | Path | None = None
+    train_batch: int = 32
+    infer_batch: int = 64
+    programs: Any = None
+    inference: Literal["static", "inputs"] = "static"
+
+    def __post_init__(self) -> None:
+        for name in ("train_batch", "infer_batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"BackendOptions: {name} must be an integer >= 1, got {v!r}")
+        if self.inference not in ("static", "inputs"):
+            raise ValueError(f"BackendOptions: inference must be 'static' or 'inputs', got {self.inference!r}")
 
 
 class ArchitectureMismatch(ValueError):
@@ -405,7 +445,8 @@ def train(
     Returns
     -------
     TrainSummary
-        Epoch loss = sum over batches of ``L_b * B_b`` / N. Nothing is trained when N = 0, epochs = 0 or
+        Epoch loss = sum over batches of ``L_b * B_b`` / N, summed in batch order (as ``train_local``).
+        Nothing is trained when N = 0, epochs = 0 or
         every tensor is frozen.
     """
     t0 = time.perf_counter()
@@ -414,13 +455,16 @@ def train(
     batch_losses: list[float] = []
     steps = 0
     if n > 0 and set(backend.spec.shapes()) - set(frozen):
-        sizes = np.asarray(batch_sizes(n, batch_size), dtype=np.float64)
+        sizes = batch_sizes(n, batch_size)
         for e, order in enumerate(epoch_orders(n, epochs, seed)):
             bl = backend.train_epoch(
                 x, y, order, lr=lr, batch_size=batch_size, class_weights=class_weights, prox_mu=prox_mu,
                 prox_ref=prox_ref, frozen=frozen, dropout_seed=seed if e == 0 else None,
             )
-            losses.append(float(np.sum(bl * sizes)) / n)
+            total = 0.0
+            for loss, b in zip(bl.tolist(), sizes, strict=True):  # in batch order, as train_local sums
+                total += loss * b
+            losses.append(total / n)
             batch_losses.extend(float(v) for v in bl)
             steps += len(bl)
     return TrainSummary(tuple(losses), tuple(batch_losses), steps, time.perf_counter() - t0)

@@ -1,55 +1,139 @@
-"""Choose a training backend by name: the one place that knows the three implementations.
+"""Choose a training backend by name: the one place that knows the three implementations and what each needs.
 
 Kept apart from :mod:`edge_client.backends.base` (the interface and the helpers every
 implementation uses), so the implementations depend on the interface and not the reverse.
 Each implementation is imported only when asked for, so a device needs only its own
-runtime (numpy; PyTorch; ExecuTorch).
+runtime (numpy; PyTorch; ExecuTorch). :func:`choose_backend` is the backend choice of
+``fedhar-client`` and the app: the best backend whose runtime is installed, found without
+importing it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 
 import numpy as np
 
-from edge_client.backends.base import BACKEND_NAMES, TrainingBackend
+from edge_client.backends.base import BACKEND_NAMES, BackendOptions, TrainingBackend
 from har_models.nn.arch import ArchSpec
 
-__all__ = ["BACKEND_NAMES", "make_backend"]
+__all__ = ["BACKEND_NAMES", "BACKEND_RUNTIMES", "available_backends", "choose_backend", "make_backend"]
+
+BACKEND_RUNTIMES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    # executorch_rt exports its programs with PyTorch (har_models.nn.export) and runs them with the runtime.
+    "executorch": ("executorch", "torch"),
+    # The Java training module of the ExecuTorch AAR, reached through pyjnius (only on Android).
+    "executorch-android": ("jnius",),
+    "numpy": (),
+}
+"""The top-level modules each backend imports besides numpy."""
 
 
-def make_backend(name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, **options: object) -> TrainingBackend:
-    """The backend called ``name`` for ``spec``, loaded with ``weights`` if given.
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (a module blocked as ``sys.modules[m] = None`` counts as absent)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ValueError, ImportError):
+        return False
 
-    Parameters
-    ----------
-    name : {"torch", "numpy", "executorch", "executorch-android"}
-    spec : ArchSpec
-    weights : name -> ndarray, optional (default: the backend's deterministic init, seed 0)
-    **options
-        Passed to the backend's constructor (e.g. ``cache_dir`` and ``train_batch`` for ``"executorch"``).
+
+def missing_runtimes(name: str) -> tuple[str, ...]:
+    """The modules backend ``name`` needs that are not installed (empty when it can run).
 
     Raises
     ------
     ValueError
-        On an unknown name (listing the known ones).
+        On an unknown backend name.
+    """
+    if name not in BACKEND_RUNTIMES:
+        raise ValueError(f"unknown backend {name!r}; choose one of {BACKEND_NAMES}")
+    return tuple(m for m in BACKEND_RUNTIMES[name] if not _installed(m))
+
+
+def available_backends() -> tuple[str, ...]:
+    """The backends whose runtimes are installed, in order of preference (:data:`BACKEND_NAMES`); numpy always."""
+    return tuple(n for n in BACKEND_NAMES if not missing_runtimes(n))
+
+
+def choose_backend(requested: str | None = None) -> tuple[str, str]:
+    """The backend to train with, and why, in words for the start-up log line.
+
+    Parameters
+    ----------
+    requested : str, optional
+        A backend name (``--backend``), or None / ``"auto"`` for the best one installed:
+        torch, else ExecuTorch (its Python runtime, else the Java module on Android), else numpy.
+
+    Returns
+    -------
+    (name, reason), e.g. ``("numpy", "best installed; torch: torch not installed, executorch: torch not installed")``.
+
+    Raises
+    ------
+    ValueError
+        On an unknown name, or a requested backend whose runtime is missing (naming the
+        module and the backends that would run here).
+    """
+    if requested in (None, "auto"):
+        skipped: list[str] = []
+        for name in BACKEND_NAMES:
+            missing = missing_runtimes(name)
+            if not missing:
+                why = "best installed" + (f"; {', '.join(skipped)}" if skipped else "")
+                return name, why
+            skipped.append(f"{name}: {', '.join(missing)} not installed")
+        raise AssertionError("the numpy backend needs nothing beyond numpy")  # pragma: no cover
+    assert requested is not None
+    missing = missing_runtimes(requested)
+    if missing:
+        raise ValueError(
+            f"backend {requested!r} needs {' and '.join(missing)}, which is not installed here; "
+            f"install it or choose one of {available_backends()} (or leave --backend out to take the best installed)"
+        )
+    return requested, "requested"
+
+
+def make_backend(
+    name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, options: BackendOptions | None = None
+) -> TrainingBackend:
+    """The backend called ``name`` for ``spec``, loaded with ``weights`` if given.
+
+    Parameters
+    ----------
+    name : {"torch", "executorch", "executorch-android", "numpy"}
+    spec : ArchSpec
+    weights : name -> ndarray, optional (default: the backend's deterministic init, seed 0)
+    options : BackendOptions, optional
+        ExecuTorch's program folder and batch sizes (ignored by the other backends;
+        ``executorch-android`` reads only the program folder, where delivered programs are).
+
+    Raises
+    ------
+    ValueError
+        On an unknown name (listing the known ones), or weights that do not fit ``spec``.
     ImportError
         If the backend's runtime (torch, executorch) is not installed.
     """
+    opts = options or BackendOptions()
     if name == "numpy":
         from edge_client.backends.numpy_ref import NumpyBackend
 
-        return NumpyBackend(spec, weights, **options)  # type: ignore[arg-type]
+        return NumpyBackend(spec, weights)
     if name == "torch":
         from edge_client.backends.torch_eager import TorchBackend
 
-        return TorchBackend(spec, weights, **options)  # type: ignore[arg-type]
+        return TorchBackend(spec, weights)
     if name == "executorch":
         from edge_client.backends.executorch_rt import ExecuTorchBackend
 
-        return ExecuTorchBackend(spec, weights, **options)  # type: ignore[arg-type]
+        return ExecuTorchBackend(
+            spec, weights, cache_dir=opts.program_cache, train_batch=opts.train_batch, infer_batch=opts.infer_batch,
+            programs=opts.programs, inference=opts.inference,
+        )  # fmt: skip
     if name == "executorch-android":
         from edge_client.backends.android_executorch import AndroidExecuTorchBackend
 
-        return AndroidExecuTorchBackend.from_cache(spec, weights, **options)  # type: ignore[arg-type]
+        return AndroidExecuTorchBackend.from_cache(spec, weights, cache_dir=opts.program_cache)
     raise ValueError(f"make_backend: unknown backend {name!r}; choose one of {BACKEND_NAMES}")

@@ -9,22 +9,36 @@ Dropout draws from the global torch RNG (seeded by ``dropout_seed``), as ``train
 Explicit dropout masks are applied by a forward pre-hook on the output layer with the model in
 eval mode (where ``F.dropout`` is the identity): the hook multiplies the hidden activations by the
 mask, which is where dropout acts in ``HarCNN.forward``.
+
+FedALA's kernel (:meth:`TorchBackend.learn_ala`) learns W with autograd on a temporary model and,
+when only the head is blended (the default p = 2), computes the lower layers' output on the
+sample once per round instead of once per pass: the client round's fast path
+(:func:`edge_client.ala.adaptive_local_aggregation` dispatches to it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import nn
 
 from har_models.nn.arch import ArchSpec
 from har_models.nn.metrics import confusion_matrix
-from har_models.nn.model import build_model, init_state
+from har_models.nn.model import HarCNN, build_model, init_state
 from har_models.nn.training import make_loss
+from har_models.settings import AlaConfig
 
 from .base import EvalResult, check_train_args, check_weights, check_windows
+
+if TYPE_CHECKING:
+    from edge_client.ala import AlaLearned
+
+State = dict[str, torch.Tensor]
 
 
 class TorchBackend:
@@ -177,3 +191,144 @@ class TorchBackend:
             loss = make_loss(class_weights)(self.model(torch.from_numpy(xa)), torch.from_numpy(ya))
             grads = torch.autograd.grad(loss, [params[n] for n in names])
         return float(loss.detach()), {n: g.detach().numpy().copy() for n, g in zip(names, grads, strict=True)}
+
+    def learn_ala(
+        self,
+        received: Mapping[str, np.ndarray],
+        local: Mapping[str, np.ndarray],
+        weights: Mapping[str, np.ndarray],
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        config: AlaConfig,
+        batch_size: int,
+        seed: int,
+        start_phase: bool,
+        class_weights: np.ndarray | None = None,
+    ) -> AlaLearned:
+        """FedALA's W learning (steps 3-5 of :func:`edge_client.ala.adaptive_local_aggregation`) with PyTorch autograd.
+
+        Zhang et al., AAAI 2023, Algorithm 1 lines 6-16; the contract of
+        :func:`edge_client.ala.learn_ala_weights` (the generic kernel), computed on a temporary
+        :class:`~har_models.nn.model.HarCNN` built from ``received`` after seeding the torch RNG with
+        ``seed``, so its dropout masks are those of that seed. The blend is ``torch.lerp``. The
+        global torch RNG state is left as it was; this backend's own model is not touched.
+
+        Parameters
+        ----------
+        received, local : name -> float32 array of the received shapes (``local`` already padded)
+        weights : name -> float32 array in [0, 1], W of the higher tensors (its keys define them)
+        x : (N, 6, T) float32;  y : (N,) int64
+        config : AlaConfig;  batch_size : int >= 1;  seed : int;  start_phase : bool
+        class_weights : (C,) float32, optional
+
+        Returns
+        -------
+        edge_client.ala.AlaLearned
+
+        Raises
+        ------
+        ValueError
+            If the tensors do not match this backend's architecture.
+        """
+        from edge_client.ala import AlaLearned, stop_after_pass
+
+        theta = {n: torch.from_numpy(np.asarray(v, np.float32)) for n, v in received.items()}
+        theta_i = {n: torch.from_numpy(np.asarray(v, np.float32)) for n, v in local.items()}
+        w = {h: torch.from_numpy(np.array(v, np.float32)) for h, v in weights.items()}
+        higher = tuple(w)
+        xs = torch.as_tensor(x, dtype=torch.float32)
+        ys = torch.as_tensor(y, dtype=torch.long)
+        loss_fn = make_loss(class_weights)
+
+        def out(state: State, weights_: State, losses: list[float], n: int, converged: bool, fallback: str | None) -> AlaLearned:
+            return AlaLearned(
+                {k: v.detach().numpy() for k, v in state.items()}, {k: v.detach().numpy() for k, v in weights_.items()},
+                tuple(losses), n, converged, fallback,
+            )  # fmt: skip
+
+        # Every random draw (model construction, sample, batch order, dropout) is seeded here and
+        # the caller's global RNG state is restored afterwards.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model = build_model(self._spec, theta)
+            w_stored = dict(w)  # entries are replaced, never modified in place, during learning
+            n_total = int(xs.shape[0])
+            n_sample = int(n_total * config.rand_percent // 100)  # floor(s/100 * N), exact for whole percentages
+            if n_sample == 0:
+                return out(_blend(theta, theta, {}), w_stored, [], 0, False, "empty sample")
+            if config.eta == 0:
+                return out(_blend(theta_i, theta, w), w_stored, [], n_sample, False, None)
+            diff = {h: theta[h] - theta_i[h] for h in higher}
+            params = dict(model.named_parameters())
+            for name, p in params.items():
+                p.requires_grad_(name in higher)
+            model.train(config.mode == "train")
+            losses: list[float] = []
+            converged = False
+            with torch.enable_grad():
+                gen = torch.Generator().manual_seed(int(seed))
+                sample = torch.randperm(n_total, generator=gen)[:n_sample]
+                _write(params, theta_i, theta, w)
+                head = _head_on_cached_features(model, higher, xs, sample, batch_size)
+                while True:
+                    order = sample[torch.randperm(n_sample, generator=gen)]
+                    loss = torch.zeros(())
+                    for lo in range(0, n_sample, batch_size):
+                        idx = order[lo : lo + batch_size]
+                        for h in higher:
+                            params[h].grad = None
+                        logits = head(idx) if head is not None else model(xs[idx])
+                        loss = loss_fn(logits, ys[idx])
+                        loss.backward()
+                        with torch.no_grad():
+                            for h in higher:
+                                g = params[h].grad
+                                if g is not None:
+                                    w[h] = torch.clamp(w[h] - config.eta * g * diff[h], 0.0, 1.0)
+                            _write(params, theta_i, theta, w)
+                    losses.append(float(loss.detach()))
+                    if not math.isfinite(losses[-1]):
+                        return out(_blend(theta, theta, {}), w_stored, losses, n_sample, False, "non-finite loss")
+                    stop, converged = stop_after_pass(losses, config, start_phase)
+                    if stop:
+                        break
+            return out(_blend(theta_i, theta, w), w, losses, n_sample, converged, None)
+
+
+def _blend(local: State, received: State, weights: State) -> State:
+    """thetahat = ``torch.lerp(theta_i, theta, W)`` on the tensors of ``weights``; theta (copied) elsewhere."""
+    return {
+        n: torch.lerp(local[n], theta, weights[n]) if n in weights else theta.detach().float().clone() for n, theta in received.items()
+    }
+
+
+def _head_on_cached_features(
+    model: nn.Module, higher: tuple[str, ...], xs: torch.Tensor, sample: torch.Tensor, batch_size: int
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """Window indices ``(b,)`` -> logits ``(b, C)`` from features computed once, or None where that does not apply.
+
+    When only tensors of the model's head are blended (:attr:`HarCNN.HEAD_PARAMS`, the
+    default p = 2), the layers below hold theta for the whole of W's learning, so their output
+    on the sample never changes: it is computed once here (without gradients, in batches of
+    ``batch_size``) and every pass runs only the head (dropout + output layer). The head draws
+    the same dropout masks in the same order as the whole model would, so W, the losses and
+    thetahat equal those of running the whole model each batch (to float rounding of the
+    features, which are the same sums in another batch composition). Costs n_sample x H
+    floats of memory; saves (passes - 1) forward passes of the lower layers in the first ALA
+    round and the autograd bookkeeping of the one pass in later rounds.
+    """
+    if not isinstance(model, HarCNN) or not set(higher) <= set(HarCNN.HEAD_PARAMS):
+        return None
+    with torch.no_grad():
+        feats = torch.cat([model.features(xs[sample[lo : lo + batch_size]]) for lo in range(0, int(sample.shape[0]), batch_size)])
+    row = torch.full((int(xs.shape[0]),), -1, dtype=torch.long)
+    row[sample] = torch.arange(int(sample.shape[0]))
+    return lambda idx: model.head(feats[row[idx]])
+
+
+def _write(params: dict[str, nn.Parameter], base: State, theta: State, w: State) -> None:
+    """Load theta_i + (theta - theta_i) ⊙ W into the temporary model's higher tensors."""
+    with torch.no_grad():
+        for h, wh in w.items():
+            params[h].copy_(torch.lerp(base[h], theta[h], wh))
