@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import queue
-import sqlite3
 import sys
 import time
 import uuid
@@ -37,7 +36,7 @@ from coordinator.receipts import ReceiptDesk
 from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
-from coordinator.state import RunState
+from coordinator.state import RunState, StateDamaged
 from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
 from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
 from har_io.cli import write_settings_file
@@ -129,8 +128,8 @@ class Coordinator:
         )
         try:
             self.state = RunState(cfg.run_dir)
-        except sqlite3.DatabaseError as exc:
-            raise StateError(f"{cfg.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run in another folder") from None
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
         self.clients: dict[str, ClientStatus] = {}
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         self.attempt = uuid.uuid4().hex[:12]  # a fresh id per coordinator process: clients re-send stored updates after a restart
@@ -675,12 +674,24 @@ class Coordinator:
             self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
             header["wall_seconds"] = round(time.monotonic() - t_start, 1)
             return write_report(self.cfg.run_dir, header, records(self.state.rounds()))
+        except StateDamaged as exc:  # any read or write of the database, at any point of the run
+            raise StateError(str(exc)) from None
         finally:
             self.programs.close()
             self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 
     def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """Rewrite the report with extra run facts (wall time, peak memory) known only at the end."""
+        """Rewrite the report with extra run facts (wall time, peak memory) known only at the end.
+
+        Raises
+        ------
+        StateError
+            If the run folder's database cannot be read.
+        """
         self._header.update(extra)
-        return write_report(self.cfg.run_dir, self._header, records(self.state.rounds()))
+        try:
+            rounds = self.state.rounds()
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+        return write_report(self.cfg.run_dir, self._header, records(rounds))
 

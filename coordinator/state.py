@@ -13,12 +13,13 @@ completed round intact, and a restart resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ from har_models.files import atomic_write, fsync_dir
 from har_models.nn.model import ArchSpec, check_state
 
 log = logging.getLogger("fedhar.coordinator.state")
+
+
+class StateDamaged(sqlite3.DatabaseError):
+    """The run folder's database cannot be read or written: cut short, a damaged page, not a database.
+
+    Raised by every :class:`RunState` method instead of sqlite3's own errors, with the file
+    and what to do; it subclasses :class:`sqlite3.DatabaseError`, so callers that guarded
+    opening the database keep working. A damaged database is never read as an empty one.
+    """
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,41 +110,77 @@ class RunState:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "models").mkdir(exist_ok=True)
         self.keep_rounds = keep_rounds
-        self._db = sqlite3.connect(self.folder / "state.sqlite", check_same_thread=False)
-        self._db.executescript(_SCHEMA)
+        self.path = self.folder / "state.sqlite"
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            # SQLite writes its header page with the schema; a file of 0 bytes was cut short
+            # (a full disk, a copy that failed), and opening it would read as a new, empty run.
+            raise StateDamaged(self._damaged("it is empty (0 bytes)"))
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateDamaged(self._damaged(str(exc))) from None
+        with self._guard():
+            check = self._db.execute("PRAGMA quick_check").fetchall()
+            if check != [("ok",)]:
+                raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in check[:3]))
+            self._db.executescript(_SCHEMA)
+
+    def _damaged(self, why: str) -> str:
+        return (
+            f"{self.path} is damaged ({why}); nothing was read from it. Restore the file from a backup, "
+            f"or move it away to start a new run (the completed rounds' models stay in {self.folder / 'models'})"
+        )
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn sqlite3's errors of a read or write into :class:`StateDamaged` naming the file and the fix."""
+        try:
+            yield
+        except StateDamaged:
+            raise
+        except sqlite3.Error as exc:
+            raise StateDamaged(self._damaged(str(exc))) from None
+        except (json.JSONDecodeError, TypeError) as exc:  # a row whose text is not what was written
+            raise StateDamaged(self._damaged(f"a row does not decode: {exc}")) from None
 
     def close(self) -> None:
         self._db.close()
 
     def get(self, key: str, default: Any = None) -> Any:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else json.loads(row[0])
+        """The value stored under ``key`` (JSON), or ``default``. Raises :class:`StateDamaged`."""
+        with self._guard():
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            return default if row is None else json.loads(row[0])
 
     def put(self, key: str, value: Any) -> None:
-        with self._db:
+        """Store ``value`` (JSON) under ``key``. Raises :class:`StateDamaged`."""
+        with self._guard(), self._db:
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     def event(self, round_: int | None, client: str | None, kind: str, detail: str = "") -> None:
-        """Record something that happened (a rejected update, a growth, a failure)."""
-        with self._db:
+        """Record something that happened (a rejected update, a growth, a failure). Raises :class:`StateDamaged`."""
+        with self._guard(), self._db:
             self._db.execute(
                 "INSERT INTO events (t, round, client, kind, detail) VALUES (?, ?, ?, ?, ?)",
                 (time.time(), round_, client, kind, detail),
             )
 
     def events(self, kind: str | None = None) -> list[tuple[int | None, str | None, str, str]]:
-        """``(round, client, kind, detail)`` rows, oldest first."""
+        """``(round, client, kind, detail)`` rows, oldest first. Raises :class:`StateDamaged`."""
         q = "SELECT round, client, kind, detail FROM events"
-        rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
+        with self._guard():
+            rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def rounds(self) -> list[dict[str, Any]]:
-        """Summaries of completed rounds, in order."""
-        return [json.loads(r[0]) for r in self._db.execute("SELECT summary FROM rounds ORDER BY round")]
+        """Summaries of completed rounds, in order. Raises :class:`StateDamaged`."""
+        with self._guard():
+            return [json.loads(r[0]) for r in self._db.execute("SELECT summary FROM rounds ORDER BY round")]
 
     def last_completed_round(self) -> int:
-        """Index of the last completed round, -1 if none."""
-        row = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()
+        """Index of the last completed round, -1 if none. Raises :class:`StateDamaged`."""
+        with self._guard():
+            row = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()
         return -1 if row[0] is None else int(row[0])
 
     def complete_round(
@@ -165,7 +211,7 @@ class RunState:
         if strategy_state is not None and strategy_state[1]:
             name, tensors = strategy_state
             _save_tensors(folder / STRATEGY_STATE_FILE, tensors, {"round": str(round_), "strategy": name})
-        with self._db:
+        with self._guard(), self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
                 (round_, time.time(), json.dumps(summary)),
@@ -188,13 +234,15 @@ class RunState:
         -------
         tuple (round, spec, global_state, personal_states), or None if no completed round is intact.
         """
-        for round_ in sorted((r for (r,) in self._db.execute("SELECT round FROM rounds")), reverse=True):
+        with self._guard():
+            recorded = [r for (r,) in self._db.execute("SELECT round FROM rounds")]
+        for round_ in sorted(recorded, reverse=True):
             try:
                 spec, g, personal = self.load_round_models(round_)
             except Exception as exc:  # any unreadable file: safetensors, OS and shape errors alike
                 log.error("round %d's saved models are unusable (%s: %s); trying the round before", round_, type(exc).__name__, exc)
                 continue
-            with self._db:
+            with self._guard(), self._db:
                 self._db.execute("DELETE FROM rounds WHERE round > ?", (round_,))
             return round_, spec, g, personal
         return None

@@ -393,8 +393,8 @@ def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationP
             earlier = RunState(args.run_dir)
             args.run_id = args.run_id or earlier.get("run_id")
             earlier.close()
-        except sqlite3.DatabaseError as exc:
-            raise PlanError(6, f"{args.run_dir / 'state.sqlite'} is damaged ({exc}); start a new run") from None
+        except sqlite3.DatabaseError as exc:  # coordinator.state.StateDamaged, with the file and the fix
+            raise PlanError(6, str(exc)) from None
         settings = replace(settings, resume=True)
     run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
     return SimulationPlan(
