@@ -147,7 +147,7 @@ def test_unreachable_broker_is_named_and_the_agent_is_not_restarted_in_a_loop(tm
         assert _wait(lambda: views and views[-1].error.startswith("broker unreachable"), 30)
         v = views[-1]
         assert v.error == (
-            f"broker unreachable: nothing listens at 127.0.0.1:{port} (connection refused); check the address and that the broker runs"
+            f"broker unreachable: connection refused at 127.0.0.1:{port}"
         )
         assert v.state == "connecting" and v.restarts == 0  # paho retries with its own back-off; the agent is not restarted
     finally:

@@ -15,7 +15,7 @@ import pytest
 
 from coordinator.programs import ProgramDesk
 from edge_client.agent import ClientConfig
-from edge_client.backends import BACKEND_NAMES, make_backend
+from edge_client.backends import BACKEND_NAMES, BackendOptions, make_backend
 from edge_client.programs import ProgramFetcher, make_fetcher, needs_delivery
 from har_io.mqtt_link import BrokerConfig
 from har_models.nn.arch import ArchSpec
@@ -248,8 +248,8 @@ def test_python_runtime_checks_the_exporters_cache_key(tmp_path: Path) -> None:
 
 def test_android_backend_is_reachable_by_name_and_needs_delivered_programs(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no programs for architecture version 0"):
-        make_backend("executorch-android", SPEC, cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="give cache_dir"):
+        make_backend("executorch-android", SPEC, options=BackendOptions(program_cache=tmp_path))
+    with pytest.raises(ValueError, match=r"give BackendOptions\(program_cache=FOLDER\)"):
         make_backend("executorch-android", SPEC)
 
 

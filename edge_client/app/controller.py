@@ -46,7 +46,7 @@ MIN_TRAIN_WINDOWS = 10
 TRAIN_FRACTION = 0.8
 """Share of the recorded windows that become training windows (the rest are the local test set)."""
 
-APP_BACKENDS = ("auto", "torch", "executorch", "numpy")
+APP_BACKENDS = ("auto", "torch", "executorch", "executorch-android", "numpy")
 """Training backends the app's settings may name; "auto" leaves the choice to the client."""
 
 BACKOFF_FIRST_S = 2.0

@@ -11,6 +11,7 @@ importing it.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -32,7 +33,13 @@ BACKEND_RUNTIMES: dict[str, tuple[str, ...]] = {
 
 
 def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without importing it (a module blocked as ``sys.modules[m] = None`` counts as absent)."""
+    """Whether ``module`` can be imported, found without importing it.
+
+    A module already imported counts as present (whatever put it in :data:`sys.modules`); one
+    blocked as ``sys.modules[m] = None`` counts as absent.
+    """
+    if module in sys.modules:
+        return sys.modules[module] is not None
     try:
         return importlib.util.find_spec(module) is not None
     except (ValueError, ImportError):
@@ -135,5 +142,10 @@ def make_backend(
     if name == "executorch-android":
         from edge_client.backends.android_executorch import AndroidExecuTorchBackend
 
+        if opts.program_cache is None:
+            raise ValueError(
+                "make_backend: executorch-android runs programs the coordinator delivered; give "
+                "BackendOptions(program_cache=FOLDER) (the client passes <state-dir>/programs, or --program-cache)"
+            )
         return AndroidExecuTorchBackend.from_cache(spec, weights, cache_dir=opts.program_cache)
     raise ValueError(f"make_backend: unknown backend {name!r}; choose one of {BACKEND_NAMES}")
