@@ -15,6 +15,7 @@ from edge_client.sensors.android import TYPE_ACCELEROMETER, TYPE_GYROSCOPE, even
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.pipeline import SensorPipeline, windows_from_recording
 from har_models.data.recording import LabelTrack, Recording, SensorStream
+from har_models.data.windowing import WindowSet
 
 MS = 1_000_000
 T0 = 123_456_789_012_345  # boot-clock nanoseconds: a phone up for about 34 hours
@@ -41,10 +42,12 @@ def max_second_derivative(sensor: str) -> float:
 def sample_times(rng: np.random.Generator) -> np.ndarray:
     """One sensor's sorted event stamps: 10 s jittered 5-40 ms, a 2 s pause, 3 s at 200 Hz, 8 s jittered."""
     parts, t = [], T0 + int(rng.integers(0, 20 * MS))
-    for duration_ns, lo, hi in ((10_000 * MS, 5, 40), (None, None, None), (3_000 * MS, 5, 5), (8_000 * MS, 5, 40)):
-        if duration_ns is None:
+    segments: list[tuple[int, int, int] | None] = [(10_000 * MS, 5, 40), None, (3_000 * MS, 5, 5), (8_000 * MS, 5, 40)]
+    for segment in segments:  # (duration ns, shortest and longest period ms), or None for the pause
+        if segment is None:
             t += 2_000 * MS
             continue
+        duration_ns, lo, hi = segment
         end = t + duration_ns
         while t < end:
             parts.append(t)
@@ -68,7 +71,8 @@ def deliver(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
 
 def make_events(seed: int) -> tuple[list[tuple[int, int, float, float, float]], dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    events_by_sensor, clean = [], {}
+    events_by_sensor: list[list[tuple[int, tuple[int, int, float, float, float]]]] = []
+    clean: dict[str, np.ndarray] = {}
     for sensor, typ in (("acc", TYPE_ACCELEROMETER), ("gyro", TYPE_GYROSCOPE)):
         t = sample_times(rng)
         clean[sensor] = t
@@ -76,7 +80,9 @@ def make_events(seed: int) -> tuple[list[tuple[int, int, float, float, float]], 
         v = truth(sensor, t)
         # Arrival time: the newest stamp so far plus a small delivery delay.
         arrival = np.maximum.accumulate(t[idx]) + rng.integers(0, 3 * MS, idx.size)
-        events_by_sensor.append([(arrival[k], (typ, int(t[i]), *map(float, v[i]))) for k, i in enumerate(idx)])
+        events_by_sensor.append(
+            [(int(arrival[k]), (typ, int(t[i]), float(v[i, 0]), float(v[i, 1]), float(v[i, 2]))) for k, i in enumerate(idx)]
+        )
     merged = sorted(events_by_sensor[0] + events_by_sensor[1], key=lambda e: e[0])
     return [e for _, e in merged], clean
 
@@ -85,16 +91,17 @@ def run_live(events, seed: int) -> tuple:
     """Events drained in random batches (as the listener's buffer is), converted, through the pipeline."""
     rng = np.random.default_rng(seed + 1000)
     pipe = SensorPipeline(HAPT_LABELS, LabelTrack.constant(2))
-    xs, ys, ts = [], [], []
+    parts: list[WindowSet] = []
     i = 0
     while i < len(events):
         j = i + int(rng.integers(1, 60))
         for chunk in events_to_chunks(events[i:j]):
-            ws = pipe.push(*chunk)
-            xs.append(ws.x), ys.append(ws.y), ts.append(ws.t_start_ns)
+            parts.append(pipe.push(*chunk))
         i = j
-    ws = pipe.close()
-    xs.append(ws.x), ys.append(ws.y), ts.append(ws.t_start_ns)
+    parts.append(pipe.close())
+    xs, ys = [ws.x for ws in parts], [ws.y for ws in parts]
+    ts = [ws.t_start_ns for ws in parts if ws.t_start_ns is not None]
+    assert len(ts) == len(parts)  # the live pipeline stamps every window
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(ts), pipe.stats
 
 
@@ -134,7 +141,7 @@ def test_events_to_chunks_splits_by_sensor_keeping_arrival_order():
 
 def test_events_to_chunks_rejects_malformed_events():
     with pytest.raises(ValueError, match="timestamp_ns"):
-        events_to_chunks([(1, 2, 3.0)])  # type: ignore[list-item]
+        events_to_chunks([(1, 2, 3.0)])
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -110,8 +110,8 @@ def test_registry_and_settings_know_the_server_optimisers():
         assert name in AGGREGATIONS
         s = make_strategy(name)
         assert isinstance(s, ServerOptStrategy) and s.name == name
-        CoordinatorConfig(run_dir=".", aggregation=name)  # type: ignore[arg-type]
-    assert make_strategy("fedadam", server_lr=0.1).eta == 0.1  # type: ignore[attr-defined]
+        CoordinatorConfig(run_dir=".", aggregation=name)
+    assert make_strategy("fedadam", server_lr=0.1).eta == 0.1
     assert make_server_opt("fedavgm").eta == 1.0 and make_server_opt("fedadam").eta == 0.01
     assert make_server_opt("fedavgm").beta == 0.5 and make_server_opt("fedadam").beta == 0.9
     with pytest.raises(ValueError, match="unknown server optimiser"):
