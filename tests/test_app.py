@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from small_federation import coordinator_args
 
 from simulation.broker import stop_process
 
@@ -68,7 +69,7 @@ def test_app_records_federates_and_predicts(tmp_path, mosquitto, display):
     out, state, run_dir = tmp_path / "out", tmp_path / "state", tmp_path / "run"
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", "apptest"]
     cmd += ["--run-dir", str(run_dir), "--run-id", "apptest", "--rounds", "2", "--min-clients", "1", "--expected-clients", "1"]
-    cmd += ["--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120", "--start-timeout", "240"]
+    cmd += coordinator_args(start_timeout_s=240)  # the small CNN; 240 s for the app to record and connect
     with open(tmp_path / "coordinator.log", "wb") as coord_log:
         coordinator = subprocess.Popen(cmd, cwd=ROOT, stdout=coord_log, stderr=subprocess.STDOUT)
         try:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from small_federation import simulate_args
 
 from simulation import simulate
 
@@ -40,8 +41,7 @@ pytestmark = pytest.mark.skipif(not HAS_RAY, reason="Ray not installed (pip inst
 
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
 START_WAIT_S = 90.0
-SMALL = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
-         "--start-timeout", "180", "--generalisation-every", "1", "--threads-per-client", "1"]
+SMALL = [*simulate_args(start_timeout_s=180), "--threads-per-client", "1"]  # 180 s: actors start on a second node
 
 
 def _free_ports(n: int) -> list[int]:

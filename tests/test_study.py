@@ -7,6 +7,7 @@ import statistics
 
 import numpy as np
 import pytest
+from small_federation import model_args
 
 from har_models.data.splits import SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, subject_sources, union_test_set
@@ -27,7 +28,7 @@ def test_study_end_to_end_and_resume(tmp_path):
     out = tmp_path / "study"
     argv = [
         "--out", str(out), "--strategies", "fedavg,feddwa", "--seeds", "1,2", "--splits", "blocks",
-        "--rounds", "2", "--clients", "3", "--conv-filters", "8", "--dense-units", "16",
+        "--rounds", "2", "--clients", "3", *model_args(dense_units=16),
         "--results", str(tmp_path / "results.md"), "--", "--workers", "1",
     ]
     assert main(argv) == 0
