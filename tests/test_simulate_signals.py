@@ -46,7 +46,7 @@ def test_a_signal_stops_a_stalled_simulation_and_its_processes_and_the_run_resum
             time.sleep(0.05)
         assert proc.poll() is None and _completed_rounds(run_dir) >= 1, out.read_text()[-3000:]
         children = psutil.Process(proc.pid).children(recursive=True)
-        clients = [c for c in children if "edge_client" in " ".join(c.cmdline())]
+        clients = [c for c in children if "simulation.worker" in " ".join(c.cmdline())]
         assert len(clients) == 2 and len(children) >= 3  # two workers and the broker
         # Stall the round: the clients freeze, so the coordinator waits on a round that will never close.
         for c in clients:
