@@ -6,7 +6,9 @@ deadlines); ``small_simulation`` runs it in the test's temporary folder.
 Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test or module that
 takes seconds: whole federations, real programs, clusters; ``pytest -m "not slow"`` is the
 fast loop), ``mosquitto`` (needs a real Mosquitto), ``app`` (the Kivy app under Xvfb),
-``ray`` (a Ray cluster). The README's test command runs all of them.
+``ray`` (a Ray cluster). The README's test command runs all of them. A test that asks for the
+``mosquitto`` fixture gets the ``mosquitto`` marker here; modules that start their own
+Mosquitto, the app's and the Ray tests carry theirs in ``pytestmark``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ import pytest
 from small_federation import run_simulation
 
 from simulation.broker import LocalMosquitto, find_mosquitto
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the ``mosquitto`` fixture ``mosquitto``, so ``-m "not mosquitto"`` leaves it out."""
+    for item in items:
+        if "mosquitto" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.mosquitto)
 
 
 @pytest.fixture

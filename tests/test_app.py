@@ -29,6 +29,8 @@ from small_federation import coordinator_args
 
 from simulation.broker import stop_process
 
+pytestmark = [pytest.mark.slow, pytest.mark.app]  # the Kivy app records and federates under Xvfb
+
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "docs" / "screenshots"
 

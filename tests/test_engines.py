@@ -9,9 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 from small_federation import simulate_args
 
 from simulation import simulate
+
+pytestmark = pytest.mark.slow  # federations in worker processes, one killed mid-run
 
 SMALL = simulate_args()  # 3 clients, the 8-filter / 32-unit CNN, 120 s deadlines, generalisation every round
 

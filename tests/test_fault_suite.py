@@ -21,12 +21,15 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
 from small_federation import coordinator_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from har_io.mqtt_link import BrokerConfig
 from har_models.wire.topics import Topics
+
+pytestmark = pytest.mark.slow  # federations with killed clients and coordinators
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,11 +12,14 @@ import threading
 
 import numpy as np
 import paho.mqtt.client as mqtt
+import pytest
 
 from har_models.wire import codec
 from har_models.wire.chunking import split_payload
 from har_models.wire.messages import RoundAnnouncement
 from har_models.wire.topics import Topics
+
+pytestmark = pytest.mark.slow  # whole federations over three brokers
 
 
 def _run(small_simulation, *extra: str) -> dict:

@@ -36,6 +36,8 @@ from small_federation import run_simulation
 from har_io.mqtt_link import BrokerConfig, MqttLink
 from simulation.broker import free_port, stop_process, wait_for_port
 
+pytestmark = pytest.mark.mosquitto  # a generated Mosquitto configuration run by a real Mosquitto
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
 FED = "acltest"
@@ -517,6 +519,7 @@ def test_tls_listener_with_openssl_made_certificates(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- a federation round
+@pytest.mark.slow
 def test_a_simulation_runs_on_the_generated_broker_with_per_device_accounts(tmp_path):
     """``fedhar-simulate --broker ... --credentials-dir`` logs every client in as its own id."""
     _mosquitto()

@@ -14,6 +14,8 @@ from small_federation import run_simulation
 
 from coordinator.state import RunState
 
+pytestmark = pytest.mark.slow  # five small federations
+
 
 def _run(run_dir: Path, *extra: str) -> dict:
     """The small federation (3 clients, 8 filters, 32 units) with a larger step and two local epochs, run id = folder name."""

@@ -14,12 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from small_federation import coordinator_args
 
 from edge_client import record_cli
 from edge_client.window_log import WindowLog
 from har_models.data.labels import HAPT_LABELS
 from simulation.broker import stop_process
+
+pytestmark = pytest.mark.slow  # a federation through the systemd unit's command
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"

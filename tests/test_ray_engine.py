@@ -37,7 +37,11 @@ from simulation import simulate
 HAS_RAY = importlib.util.find_spec("ray") is not None
 if not HAS_RAY and os.environ.get("FEDHAR_REQUIRE_RAY") == "1":
     pytest.fail("FEDHAR_REQUIRE_RAY=1 but Ray is not installed: pip install -e '.[ray]'", pytrace=False)
-pytestmark = pytest.mark.skipif(not HAS_RAY, reason="Ray not installed (pip install -e '.[ray]')")
+pytestmark = [
+    pytest.mark.slow,  # a two-node cluster started and two federations on it
+    pytest.mark.ray,
+    pytest.mark.skipif(not HAS_RAY, reason="Ray not installed (pip install -e '.[ray]')"),
+]
 
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
 START_WAIT_S = 90.0

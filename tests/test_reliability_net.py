@@ -33,6 +33,8 @@ from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, split_payl
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, RoundAnnouncement
 from simulation.broker import free_port, stop_process, wait_for_port
 
+pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]  # federations over Mosquittos configured to misbehave
+
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
 ME = pwd.getpwuid(os.geteuid()).pw_name

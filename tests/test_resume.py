@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from coordinator.config import CoordinatorConfig
@@ -14,6 +15,8 @@ from coordinator.service import Coordinator
 from coordinator.state import RunState
 from har_io.mqtt_link import BrokerConfig
 from simulation.broker import EmbeddedBroker
+
+pytestmark = pytest.mark.slow  # federations stopped and resumed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,8 @@ from edge_client.store import ClientStore
 from har_models.data.labels import HAPT_LABELS
 from simulation import simulate
 
+pytestmark = pytest.mark.slow  # simulations with broken clients and data
+
 ROOT = Path(__file__).resolve().parents[1]
 # The smallest CNN (4 filters, 8 units), one round; --clients is each test's own.
 SMALL = [*simulate_args(clients=None, conv_filters=4, dense_units=8, start_timeout_s=300, generalisation_every=0), "--rounds", "1"]

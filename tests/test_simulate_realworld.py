@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from realworld_synth import build
 from small_federation import run_simulation
+
+pytestmark = pytest.mark.slow  # a federation of 15 clients
 
 
 def test_fifteen_subjects_from_the_raw_archive(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ def _completed_rounds(run_dir: Path) -> int:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow  # a simulation stopped, then resumed
 def test_a_signal_stops_a_stalled_simulation_and_its_processes_and_the_run_resumes(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "simulate.out"
     proc = _simulate(run_dir, out, "--run-id", "sig")

@@ -24,6 +24,7 @@ def test_strategy_names_become_simulate_switches():
         strategy_args("fedsgd")
 
 
+@pytest.mark.slow  # a grid of eight runs, then resumed
 def test_study_end_to_end_and_resume(tmp_path):
     out = tmp_path / "study"
     argv = [
