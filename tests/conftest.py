@@ -1,14 +1,35 @@
-"""Shared fixtures: a real Mosquitto on a free loopback port."""
+"""Shared fixtures: a real Mosquitto on a free loopback port, and a small federation run in this process.
+
+The small federation's command line lives in ``small_federation.py`` (the CNN's width, the
+deadlines); ``small_simulation`` runs it in the test's temporary folder.
+
+Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test or module that
+takes seconds: whole federations, real programs, clusters; ``pytest -m "not slow"`` is the
+fast loop), ``mosquitto`` (needs a real Mosquitto), ``app`` (the Kivy app under Xvfb),
+``ray`` (a Ray cluster). The README's test command runs all of them. A test that asks for the
+``mosquitto`` fixture gets the ``mosquitto`` marker here; modules that start their own
+Mosquitto, the app's and the Ray tests carry theirs in ``pytestmark``.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from small_federation import run_simulation
 
 from simulation.broker import LocalMosquitto, find_mosquitto
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the ``mosquitto`` fixture ``mosquitto``, so ``-m "not mosquitto"`` leaves it out."""
+    for item in items:
+        if "mosquitto" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.mosquitto)
 
 
 @pytest.fixture
@@ -24,3 +45,20 @@ def mosquitto(tmp_path: Path) -> Iterator[int]:
         pytest.skip("mosquitto not installed (apt-get install mosquitto)")
     with LocalMosquitto(log_file=tmp_path / "mosquitto.log", start_timeout_s=10) as broker:
         yield broker.port
+
+
+@pytest.fixture
+def small_simulation(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """A runner for small federations in this test's folder: ``small_simulation(*extra, name="run", run_id=None, **small)``.
+
+    Each call runs :func:`small_federation.run_simulation` in ``tmp_path / name`` (``run_id``
+    defaults to ``name``) with ``small_federation.simulate_args(**small)`` (3 HAPT clients, an
+    8-filter / 32-unit CNN, 120 s deadlines, generalisation every round) followed by ``extra``,
+    and returns the run's ``report.json``; the run folder stays at ``tmp_path / name`` for
+    the test to inspect. A non-zero exit fails the test.
+    """
+
+    def run(*extra: str, name: str = "run", run_id: str | None = None, **small: Any) -> dict[str, Any]:
+        return run_simulation(tmp_path / name, *extra, run_id=run_id, **small)
+
+    return run

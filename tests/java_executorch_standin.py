@@ -62,7 +62,7 @@ class JEValue:
 setattr(JEValue, "from", staticmethod(lambda tensor: JEValue(tensor)))  # "from" is a Python keyword
 
 
-class HashMap(dict):  # type: ignore[type-arg]
+class HashMap(dict[str, Any]):
     """``java.util.HashMap``."""
 
     def put(self, key: str, value: Any) -> None:

@@ -32,6 +32,8 @@ import pytest
 
 from simulation.broker import stop_process
 
+pytestmark = [pytest.mark.slow, pytest.mark.app]  # the Kivy app records and federates under Xvfb
+
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "docs" / "screenshots"
 

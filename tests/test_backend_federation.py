@@ -20,6 +20,8 @@ from har_io.broker_config import BrokerConfig
 from har_models.data.subjects import union_test_set
 from simulation.broker import EmbeddedBroker
 
+pytestmark = pytest.mark.slow  # a federation of torch, numpy and ExecuTorch clients
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None; from edge_client.cli import main; sys.exit(main(sys.argv[1:]))"
 

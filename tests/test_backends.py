@@ -137,7 +137,7 @@ def test_weighted_cross_entropy_known_answer() -> None:
 
 def test_numpy_backend_runs_with_torch_blocked(tmp_path: Path) -> None:
     x, y = _data(20)
-    np.savez(tmp_path / "d.npz", x=x, y=y, **{k.replace(".", "_"): v for k, v in _weights().items()})
+    np.savez(tmp_path / "d.npz", allow_pickle=False, x=x, y=y, **{k.replace(".", "_"): v for k, v in _weights().items()})
     code = textwrap.dedent(f"""
         import sys
         sys.modules["torch"] = None  # any "import torch" now raises ImportError
@@ -180,7 +180,7 @@ def test_one_epoch_equals_torch(other: tuple[str, Path | None], prox_mu: float) 
     tb = TorchBackend(SPEC, w0)
     tb.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
     backend = _backend(name, w0, cache)
-    got_losses = backend.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
+    got_losses = backend.train_epoch(x, y, order, **kw)
     assert len(got_losses) == 3  # batches of 32, 32 and 7
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
     w = backend.get_weights()
@@ -385,7 +385,7 @@ def test_android_adapter_trains_like_torch(et_cache: Path, prox_mu: float, froze
     tb, ab = TorchBackend(SPEC, w0), _android(w0, et_cache)
     assert np.array_equal(ab.get_weights()["hidden.weight"], w0["hidden.weight"])  # loaded through the raw buffer
     want = tb.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
-    got = ab.train_epoch(x, y, order, **kw)  # type: ignore[arg-type]
+    got = ab.train_epoch(x, y, order, **kw)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     _assert_close(ab.get_weights(), tb.get_weights(), 1e-5)
     for k in frozen:

@@ -78,7 +78,7 @@ def test_a_big_payload_crosses_the_broker_without_being_formatted(broker_port: i
     old_level = amqtt_log.level
     amqtt_log.setLevel(logging.DEBUG)
     amqtt_log.addHandler(captured)
-    got: list[bytes] = []
+    got: list[bytes | bytearray] = []
     arrived = threading.Event()
     clients = []
     try:
@@ -87,7 +87,12 @@ def test_a_big_payload_crosses_the_broker_without_being_formatted(broker_port: i
         clients = [sub, pub]
         subscribed = threading.Event()
         sub.on_subscribe = lambda *a: subscribed.set()
-        sub.on_message = lambda c, u, m: (got.append(m.payload), arrived.set())
+
+        def on_message(_client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
+            got.append(message.payload)
+            arrived.set()
+
+        sub.on_message = on_message
         sub.connect("127.0.0.1", port)
         sub.loop_start()
         sub.subscribe("t/big", qos=1)

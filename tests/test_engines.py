@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
+from small_federation import simulate_args
 
 from simulation import simulate
 
-SMALL = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
-         "--start-timeout", "120", "--generalisation-every", "1"]
+pytestmark = pytest.mark.slow  # federations in worker processes, one killed mid-run
+
+SMALL = simulate_args()  # 3 clients, the 8-filter / 32-unit CNN, 120 s deadlines, generalisation every round
 
 
 def _figures(doc: dict) -> list[dict]:
@@ -20,13 +24,10 @@ def _figures(doc: dict) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in ("seconds", "bytes_up")} for r in doc["rounds"]]
 
 
-def test_workers_and_processes_give_the_same_figures_to_the_last_digit(tmp_path: Path) -> None:
+def test_workers_and_processes_give_the_same_figures_to_the_last_digit(small_simulation: Callable[..., dict]) -> None:
     docs = {}
     for engine in ("processes", "workers"):
-        run = tmp_path / engine
-        argv = [*SMALL, "--rounds", "3", "--engine", engine, "--workers", "2", "--run-dir", str(run), "--run-id", "same"]
-        assert simulate.main(argv) == 0
-        docs[engine] = json.loads((run / "report.json").read_text())
+        docs[engine] = small_simulation("--rounds", "3", "--engine", engine, "--workers", "2", name=engine, run_id="same")
     assert docs["workers"]["engine"] == "workers (2 processes)"
     assert _figures(docs["workers"]) == _figures(docs["processes"])
     for a, b in zip(docs["workers"]["rounds"], docs["processes"]["rounds"], strict=True):

@@ -21,11 +21,15 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
+from small_federation import coordinator_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from har_io.broker_config import BrokerConfig
 from har_models.wire.topics import Topics
+
+pytestmark = pytest.mark.slow  # federations with killed clients and coordinators
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,8 +137,8 @@ def test_a_coordinator_killed_while_collecting_resumes_without_losing_a_round(tm
     run_dir = tmp_path / "run"
     procs = [_client(k, mosquitto, fed, tmp_path) for k in (1, 2)]
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", fed, "--run-id", fed,
-           "--run-dir", str(run_dir), "--rounds", "3", "--expected-clients", "2", "--conv-filters", "8", "--dense-units", "16",
-           "--local-epochs", "30", "--no-progress", "--round-timeout", "120", "--start-timeout", "120"]  # fmt: skip
+           "--run-dir", str(run_dir), "--rounds", "3", "--expected-clients", "2", "--local-epochs", "30",
+           *coordinator_args(dense_units=16)]  # fmt: skip
     try:
         with open(tmp_path / "c1.log", "wb") as log:
             first = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -6,44 +6,25 @@ validation, aggregation, evaluation, reports) is the real main job.
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
 import threading
-from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as mqtt
+import pytest
 
 from har_models.wire import codec
 from har_models.wire.chunking import split_payload
 from har_models.wire.messages import RoundAnnouncement
 from har_models.wire.topics import Topics
-from simulation import simulate
 
-SMALL = [
-    "--clients",
-    "3",
-    "--rounds",
-    "2",
-    "--conv-filters",
-    "8",
-    "--dense-units",
-    "32",
-    "--no-progress",
-    "--round-timeout",
-    "120",
-    "--start-timeout",
-    "120",
-    "--generalisation-every",
-    "1",
-]
+pytestmark = pytest.mark.slow  # whole federations over three brokers
 
 
-def _run(tmp_path: Path, *extra: str) -> dict:
-    run_dir = tmp_path / "run"
-    assert simulate.main([*SMALL, "--run-dir", str(run_dir), "--run-id", "itest", *extra]) == 0
-    return json.loads((run_dir / "report.json").read_text())
+def _run(small_simulation, *extra: str) -> dict:
+    """Two rounds of the small federation (3 clients) in ``tmp_path / "run"``."""
+    return small_simulation("--rounds", "2", *extra, run_id="itest")
 
 
 def _check_report(doc: dict) -> None:
@@ -58,22 +39,22 @@ def _check_report(doc: dict) -> None:
     assert doc["final"]["global"]["round"] == 1
 
 
-def test_two_rounds_of_three_clients_over_the_embedded_broker(tmp_path):
-    doc = _run(tmp_path)
+def test_two_rounds_of_three_clients_over_the_embedded_broker(tmp_path, small_simulation):
+    doc = _run(small_simulation)
     _check_report(doc)
     assert "embedded amqtt" in doc["broker"]
     assert (tmp_path / "run" / "metrics.png").stat().st_size > 1000
     assert "| 1 | 3/3 |" in (tmp_path / "run" / "report.md").read_text()
 
 
-def test_two_rounds_of_three_clients_over_mosquitto(tmp_path, mosquitto):
-    doc = _run(tmp_path, "--broker", f"127.0.0.1:{mosquitto}")
+def test_two_rounds_of_three_clients_over_mosquitto(small_simulation, mosquitto):
+    doc = _run(small_simulation, "--broker", f"127.0.0.1:{mosquitto}")
     _check_report(doc)
     assert doc["broker"] == f"external 127.0.0.1:{mosquitto}"
 
 
-def test_two_rounds_of_three_clients_over_a_mosquitto_the_simulation_starts(tmp_path, mosquitto):
-    doc = _run(tmp_path, "--local-broker", "mosquitto")  # the fixture only makes sure Mosquitto is installed
+def test_two_rounds_of_three_clients_over_a_mosquitto_the_simulation_starts(tmp_path, small_simulation, mosquitto):
+    doc = _run(small_simulation, "--local-broker", "mosquitto")  # the fixture only makes sure Mosquitto is installed
     _check_report(doc)
     assert doc["broker"] == "embedded mosquitto (MQTT 3.1.1, loopback)"
     assert "listener" in (tmp_path / "run" / "logs" / "mosquitto.conf").read_text()
@@ -123,12 +104,12 @@ def _saboteur(port: int, federation: str, stop: threading.Event) -> None:
     c.disconnect()
 
 
-def test_bad_input_on_the_wire_is_rejected_and_the_run_completes(tmp_path, mosquitto):
+def test_bad_input_on_the_wire_is_rejected_and_the_run_completes(tmp_path, small_simulation, mosquitto):
     stop = threading.Event()
     t = threading.Thread(target=_saboteur, args=(mosquitto, "itest-fed", stop), daemon=True)
     t.start()
     try:
-        doc = _run(tmp_path, "--broker", f"127.0.0.1:{mosquitto}", "--federation", "itest-fed")
+        doc = _run(small_simulation, "--broker", f"127.0.0.1:{mosquitto}", "--federation", "itest-fed")
     finally:
         stop.set()
         t.join(10)

@@ -31,11 +31,13 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from small_federation import run_simulation
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
-from simulation import simulate
 from simulation.broker import free_port, stop_process, wait_for_port
+
+pytestmark = pytest.mark.mosquitto  # a generated Mosquitto configuration run by a real Mosquitto
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
@@ -540,18 +542,16 @@ def test_tls_listener_with_openssl_made_certificates(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- a federation round
+@pytest.mark.slow
 def test_a_simulation_runs_on_the_generated_broker_with_per_device_accounts(tmp_path):
     """``fedhar-simulate --broker ... --credentials-dir`` logs every client in as its own id."""
     _mosquitto()
     out, port = tmp_path / "broker", free_port()
     generate(out, "--federation", "e2e", "--clients", "hapt-01,hapt-02", "--port", str(port), "--bind", "127.0.0.1")
     with running(out, port):
-        rc = simulate.main(["--broker", f"127.0.0.1:{port}", "--credentials-dir", str(out / "credentials"), "--federation", "e2e",
-                            "--clients", "2", "--rounds", "1", "--conv-filters", "8", "--dense-units", "16", "--no-progress",
-                            "--run-dir", str(tmp_path / "run"), "--run-id", "acl-e2e", "--start-timeout", "60",
-                            "--round-timeout", "60"])  # fmt: skip
-    assert rc == 0
-    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+        doc = run_simulation(tmp_path / "run", "--broker", f"127.0.0.1:{port}", "--credentials-dir", str(out / "credentials"),
+                             "--federation", "e2e", "--rounds", "1", run_id="acl-e2e", clients=2, dense_units=16,
+                             start_timeout_s=60, round_timeout_s=60, generalisation_every=None)  # fmt: skip
     assert [(r["round"], r["updates"], r["rejected"]) for r in doc["rounds"]] == [(0, 2, 0)]
     logs = "".join(f.read_text() for f in (tmp_path / "run" / "logs").glob("*.log"))  # one log per worker process
     for cid in ("hapt-01", "hapt-02"):

@@ -122,7 +122,7 @@ def test_fifo_read_error_mid_stream_is_a_gap_never_zeros(caplog):
                 bus.fail_reads.append(0x74)
         return orig(addr, reg, length)
 
-    bus.read_i2c_block_data = flaky  # type: ignore[method-assign]
+    bus.read_i2c_block_data = flaky
     clock.t = t0 + 7 * 10**9
     with caplog.at_level(logging.WARNING):
         chunks = drv.read()
@@ -243,7 +243,7 @@ def test_source_feeds_the_pipeline_with_50hz_windows():
                 done.set()
         return orig(addr, reg, length)
 
-    bus.read_i2c_block_data = counted  # type: ignore[method-assign]
+    bus.read_i2c_block_data = counted
     src.start(lambda ch: parts.append(pipe.push(*ch)))
     assert done.wait(60)
     src.stop()

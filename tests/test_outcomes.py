@@ -6,22 +6,20 @@ embedded broker: the main job in miniature. Chance on six activities is 1/6 = 0.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from small_federation import run_simulation
 
 from coordinator.state import RunState
-from simulation import simulate
 
-BASE = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
-        "--start-timeout", "120", "--generalisation-every", "1", "--lr", "0.05", "--local-epochs", "2"]
+pytestmark = pytest.mark.slow  # five small federations
 
 
 def _run(run_dir: Path, *extra: str) -> dict:
-    assert simulate.main([*BASE, "--run-dir", str(run_dir), "--run-id", run_dir.name, *extra]) == 0
-    return json.loads((run_dir / "report.json").read_text())
+    """The small federation (3 clients, 8 filters, 32 units) with a larger step and two local epochs, run id = folder name."""
+    return run_simulation(run_dir, "--lr", "0.05", "--local-epochs", "2", *extra)
 
 
 @pytest.fixture(scope="module")

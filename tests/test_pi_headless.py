@@ -14,10 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from small_federation import coordinator_args
+
 from edge_client import record_cli
 from edge_client.window_log import WindowLog
 from har_models.data.labels import HAPT_LABELS
 from simulation.broker import stop_process
+
+pytestmark = pytest.mark.slow  # a federation through the systemd unit's command
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"
@@ -65,8 +70,7 @@ def test_recorded_windows_train_in_a_federation_through_the_unit_command(tmp_pat
     client_cmd = _exec_start(env, cid, state_root, creds)
     coord_cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", "pitest"]
     coord_cmd += ["--run-dir", str(tmp_path / "run"), "--run-id", "pitest", "--rounds", "1", "--min-clients", "1"]
-    coord_cmd += ["--expected-clients", "1", "--conv-filters", "8", "--dense-units", "32", "--no-progress"]
-    coord_cmd += ["--round-timeout", "120", "--start-timeout", "120"]
+    coord_cmd += ["--expected-clients", "1", *coordinator_args()]
     with open(tmp_path / "coordinator.log", "wb") as clog, open(tmp_path / "client.log", "wb") as dlog:
         coordinator = subprocess.Popen(coord_cmd, cwd=ROOT, stdout=clog, stderr=subprocess.STDOUT)
         client = subprocess.Popen(client_cmd, cwd=ROOT, stdout=dlog, stderr=subprocess.STDOUT)

@@ -30,18 +30,22 @@ from pathlib import Path
 
 import psutil
 import pytest
+from small_federation import simulate_args
 
 from simulation import simulate
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 if not HAS_RAY and os.environ.get("FEDHAR_REQUIRE_RAY") == "1":
     pytest.fail("FEDHAR_REQUIRE_RAY=1 but Ray is not installed: pip install -e '.[ray]'", pytrace=False)
-pytestmark = pytest.mark.skipif(not HAS_RAY, reason="Ray not installed (pip install -e '.[ray]')")
+pytestmark = [
+    pytest.mark.slow,  # a two-node cluster started and two federations on it
+    pytest.mark.ray,
+    pytest.mark.skipif(not HAS_RAY, reason="Ray not installed (pip install -e '.[ray]')"),
+]
 
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
 START_WAIT_S = 90.0
-SMALL = ["--clients", "3", "--conv-filters", "8", "--dense-units", "32", "--no-progress", "--round-timeout", "120",
-         "--start-timeout", "180", "--generalisation-every", "1", "--threads-per-client", "1"]
+SMALL = [*simulate_args(start_timeout_s=180), "--threads-per-client", "1"]  # 180 s: actors start on a second node
 
 
 def _free_ports(n: int) -> list[int]:

@@ -26,3 +26,11 @@ def test_console_scripts_exist():
     text = (ROOT / "pyproject.toml").read_text()
     for script in ("fedhar-simulate", "fedhar-coordinator", "fedhar-client"):
         assert f"{script} = " in text
+
+
+def test_ci_checks_style_and_types_over_the_whole_tree_before_the_tests():
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci[0] == "#!/usr/bin/env bash" and "set -euo pipefail" in ci  # a failing check stops CI
+    tests = ci.index(_readme_commands()[1])
+    # Bare commands: ruff and mypy take their settings (and mypy its list of files) from pyproject.toml.
+    assert ".venv/bin/ruff check ." in ci[:tests] and ".venv/bin/mypy" in ci[:tests]

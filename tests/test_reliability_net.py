@@ -23,6 +23,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from small_federation import coordinator_args, model_args
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PayloadTooLarge
@@ -32,6 +33,8 @@ from har_models.wire import codec
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, split_payload, transfer_id
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, RoundAnnouncement
 from simulation.broker import free_port, stop_process, wait_for_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]  # federations over Mosquittos configured to misbehave
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -138,12 +141,12 @@ def _client(cid: str, user: int, state: Path, port: int, fed: str, log: Path, *e
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-SMALL = ["--conv-filters", "8", "--dense-units", "32", "--rounds", "1", "--local-epochs", "1", "--no-progress"]
+SMALL = [*coordinator_args(round_timeout_s=150), "--rounds", "1", "--local-epochs", "1"]
 
 
 def _coordinator(run: str, run_dir: Path, port: int, fed: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "coordinator.cli", "--run-id", run, "--run-dir", str(run_dir), "--broker", f"127.0.0.1:{port}",
-           "--federation", fed, "--start-timeout", "120", "--round-timeout", "150", *SMALL, *extra]  # fmt: skip
+           "--federation", fed, *SMALL, *extra]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -245,7 +248,7 @@ def test_a_silently_dropping_broker_is_detected_end_to_end_and_the_update_arrive
     fed = "sizefed"
     with mosquitto(tmp_path / "b", "message_size_limit 262144") as b, _processes() as procs:
         # Models of ~545 kB: one 500 kB chunk the broker drops and a small one it delivers.
-        big = ["--conv-filters", "32", "--dense-units", "128"]
+        big = model_args(32, 128)
         for i, cid in enumerate(("hapt-01", "hapt-02")):
             procs.append(_client(cid, i + 1, tmp_path / cid, b.port, fed, tmp_path / f"{cid}.log", "--mqtt-version", "3.1.1",
                                  "--max-message-bytes", "500000", "--exit-after-run", "size", "--max-seconds", "400"))  # fmt: skip

@@ -63,6 +63,7 @@ def real():
     return rec
 
 
+@pytest.mark.slow  # five seconds of real time
 def test_real_time_delivers_50hz_for_5_seconds_and_stops_by_itself():
     rec = regular_recording(60.0)
     source = ReplaySource(rec, speed=1.0)

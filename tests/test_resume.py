@@ -17,6 +17,8 @@ from coordinator.strategies.fedopt import ServerOptSettings
 from har_io.broker_config import BrokerConfig
 from simulation.broker import EmbeddedBroker
 
+pytestmark = pytest.mark.slow  # federations stopped and resumed
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

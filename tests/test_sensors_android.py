@@ -15,6 +15,7 @@ from edge_client.sensors.android import TYPE_ACCELEROMETER, TYPE_GYROSCOPE, even
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.pipeline import SensorPipeline, windows_from_recording
 from har_models.data.recording import LabelTrack, Recording, SensorStream
+from har_models.data.windowing import WindowSet
 
 MS = 1_000_000
 T0 = 123_456_789_012_345  # boot-clock nanoseconds: a phone up for about 34 hours
@@ -41,10 +42,12 @@ def max_second_derivative(sensor: str) -> float:
 def sample_times(rng: np.random.Generator) -> np.ndarray:
     """One sensor's sorted event stamps: 10 s jittered 5-40 ms, a 2 s pause, 3 s at 200 Hz, 8 s jittered."""
     parts, t = [], T0 + int(rng.integers(0, 20 * MS))
-    for duration_ns, lo, hi in ((10_000 * MS, 5, 40), (0, 0, 0), (3_000 * MS, 5, 5), (8_000 * MS, 5, 40)):
-        if duration_ns == 0:  # the pause
+    segments: list[tuple[int, int, int] | None] = [(10_000 * MS, 5, 40), None, (3_000 * MS, 5, 5), (8_000 * MS, 5, 40)]
+    for segment in segments:  # (duration ns, shortest and longest period ms), or None for the pause
+        if segment is None:
             t += 2_000 * MS
             continue
+        duration_ns, lo, hi = segment
         end = t + duration_ns
         while t < end:
             parts.append(t)
@@ -88,7 +91,7 @@ def run_live(events, seed: int) -> tuple:
     """Events drained in random batches (as the listener's buffer is), converted, through the pipeline."""
     rng = np.random.default_rng(seed + 1000)
     pipe = SensorPipeline(HAPT_LABELS, LabelTrack.constant(2))
-    parts = []
+    parts: list[WindowSet] = []
     i = 0
     while i < len(events):
         j = i + int(rng.integers(1, 60))
@@ -96,9 +99,9 @@ def run_live(events, seed: int) -> tuple:
             parts.append(pipe.push(*chunk))
         i = j
     parts.append(pipe.close())
-    xs = [ws.x for ws in parts]
-    ys = [ws.y for ws in parts]
+    xs, ys = [ws.x for ws in parts], [ws.y for ws in parts]
     ts = [ws.t_start_ns for ws in parts if ws.t_start_ns is not None]
+    assert len(ts) == len(parts)  # the live pipeline stamps every window
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(ts), pipe.stats
 
 

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 from realworld_synth import build
+from small_federation import simulate_args
 
 from edge_client.store import ClientStore
 from har_models.data.labels import HAPT_LABELS
 from simulation import simulate
 
+pytestmark = pytest.mark.slow  # simulations with broken clients and data
+
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--conv-filters", "4", "--dense-units", "8", "--rounds", "1", "--no-progress", "--round-timeout", "120",
-         "--start-timeout", "300", "--generalisation-every", "0"]
+# The smallest CNN (4 filters, 8 units), one round; --clients is each test's own.
+SMALL = [*simulate_args(clients=None, conv_filters=4, dense_units=8, start_timeout_s=300, generalisation_every=0), "--rounds", "1"]
 
 
 def _without_accelerometer(archive: Path, subjects: set[int]) -> Path:

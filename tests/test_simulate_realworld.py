@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 
+import pytest
 from realworld_synth import build
+from small_federation import run_simulation
 
-from simulation import simulate
+pytestmark = pytest.mark.slow  # a federation of 15 clients
 
 
 def test_fifteen_subjects_from_the_raw_archive(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDHAR_CACHE_DIR", str(tmp_path / "cache"))
     archive = build(tmp_path / "data")
-    run_dir = tmp_path / "run"
-    rc = simulate.main(
-        [
-            "--dataset",
-            "realworld",
-            "--data",
-            str(archive),
-            "--rounds",
-            "2",
-            "--conv-filters",
-            "8",
-            "--dense-units",
-            "32",
-            "--no-progress",
-            "--run-dir",
-            str(run_dir),
-            "--run-id",
-            "rw",
-            "--start-timeout",
-            "180",
-            "--round-timeout",
-            "180",
-            "--lr",
-            "0.05",
-        ]
-    )
-    assert rc == 0
-    doc = json.loads((run_dir / "report.json").read_text())
+    # Every subject of the archive (no --clients), the 8-filter / 32-unit CNN, 180 s deadlines for 15 client processes.
+    doc = run_simulation(tmp_path / "run", "--dataset", "realworld", "--data", str(archive), "--rounds", "2", "--lr", "0.05",
+                         run_id="rw", clients=None, generalisation_every=None, start_timeout_s=180, round_timeout_s=180)  # fmt: skip
     assert doc["clients"] == 15 and doc["label_set"] == "realworld8"
     assert [r["updates"] for r in doc["rounds"]] == [15, 15]
     g = doc["rounds"][-1]["global"]

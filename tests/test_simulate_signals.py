@@ -12,15 +12,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+from small_federation import simulate_args
 
 from coordinator.state import RunState
 from simulation.simulate import Interrupted, StopSignals
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 4
-SMALL = ["--clients", "2", "--conv-filters", "4", "--dense-units", "8", "--rounds", str(ROUNDS), "--local-epochs", "1",
-         "--no-progress", "--round-timeout", "3600", "--start-timeout", "300", "--generalisation-every", "0",
-         "--engine", "workers", "--workers", "2", "--threads-per-client", "1"]
+SMALL = [*simulate_args(clients=2, conv_filters=4, dense_units=8, round_timeout_s=3600, start_timeout_s=300, generalisation_every=0),
+         "--rounds", str(ROUNDS), "--local-epochs", "1", "--engine", "workers", "--workers", "2", "--threads-per-client", "1"]
 
 
 def _simulate(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -37,6 +37,7 @@ def _completed_rounds(run_dir: Path) -> int:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow  # a simulation stopped, then resumed
 def test_a_signal_stops_a_stalled_simulation_and_its_processes_and_the_run_resumes(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "simulate.out"
     proc = _simulate(run_dir, out, "--run-id", "sig")

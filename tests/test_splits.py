@@ -159,6 +159,7 @@ def test_spec_text_tag_and_errors():
     assert WINDOW_NS == 2_560_000_000
 
 
+@pytest.mark.slow  # three programs started for --help
 def test_simulate_and_client_accept_the_split_option():
     for module in ("simulation.simulate", "edge_client.cli", "simulation.baselines"):
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, check=False)

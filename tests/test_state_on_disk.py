@@ -75,11 +75,15 @@ def test_a_run_folder_belongs_to_one_run(tmp_path: Path) -> None:
     st.put("run_id", "first")
     st.close()
     with EmbeddedBroker() as broker:
-        common = dict(run_dir=tmp_path, broker=BrokerConfig(port=broker.port), start_timeout_s=1)
+
+        def config(resume: bool) -> CoordinatorConfig:
+            broker_config = BrokerConfig(port=broker.port)
+            return CoordinatorConfig(run_dir=tmp_path, broker=broker_config, start_timeout_s=1, run_id="second", resume=resume)
+
         with pytest.raises(StateError, match="already belongs to run 'first'"):
-            Coordinator(CoordinatorConfig(run_id="second", **common), progress=False).run()
+            Coordinator(config(resume=False), progress=False).run()
         with pytest.raises(StateError, match="resume it with --run-id first"):
-            Coordinator(CoordinatorConfig(run_id="second", resume=True, **common), progress=False).run()
+            Coordinator(config(resume=True), progress=False).run()
 
 
 def test_a_damaged_database_is_one_clear_error(tmp_path: Path) -> None:

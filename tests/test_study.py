@@ -8,6 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
+from small_federation import model_args
 
 from coordinator import strategies
 from har_models.data.splits import SplitSpec
@@ -27,11 +28,12 @@ def test_strategy_names_become_simulate_switches():
         assert strategy_args(f"{name}+ala") == ["--aggregation", name, "--client-init", "ala"]
 
 
+@pytest.mark.slow  # a grid of eight runs, then resumed
 def test_study_end_to_end_and_resume(tmp_path):
     out = tmp_path / "study"
     argv = [
         "--out", str(out), "--strategies", "fedavg,feddwa", "--seeds", "1,2", "--splits", "blocks",
-        "--rounds", "2", "--clients", "3", "--conv-filters", "8", "--dense-units", "16",
+        "--rounds", "2", "--clients", "3", *model_args(dense_units=16),
         "--results", str(tmp_path / "results.md"), "--", "--workers", "1",
     ]
     assert main(argv) == 0

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from small_federation import simulate_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.round import base_plan, published_models
@@ -319,10 +320,10 @@ def test_clients_upload_int8_deltas_and_keep_the_residual_per_run(tmp_path, trai
 # ------------------------------------------------------------------------------------ end to end
 # lr 0.01: the float32 and int8_delta runs' models are compared after 3 rounds, and a larger step lets the two
 # trajectories drift apart by more than the codec's own error.
-SMALL = ["--clients", "3", "--rounds", "3", "--conv-filters", "16", "--dense-units", "64", "--no-progress", "--round-timeout", "120",
-         "--start-timeout", "120", "--generalisation-every", "0", "--workers", "2", "--lr", "0.01"]  # fmt: skip
+SMALL = [*simulate_args(conv_filters=16, dense_units=64, generalisation_every=0), "--rounds", "3", "--workers", "2", "--lr", "0.01"]
 
 
+@pytest.mark.slow
 def test_a_federation_in_int8_deltas_sends_a_quarter_of_the_bytes(tmp_path):
     docs = {}
     for encoding in ("float32", "int8_delta"):
@@ -340,6 +341,7 @@ def test_a_federation_in_int8_deltas_sends_a_quarter_of_the_bytes(tmp_path):
     assert all(0.0 <= v <= 1.0 for v in f1)
 
 
+@pytest.mark.slow
 def test_feddwa_personal_models_and_guidance_travel_as_int8_deltas(tmp_path):
     # From round 1 on, each client starts from its personalised model P_i, and its deltas are
     # against P_i: rebuilt against anything else (G, say), the models would drift apart by P_i - G.

@@ -1,0 +1,68 @@
+"""The small federation the end-to-end tests run: the main job's programs with a CNN that trains in seconds.
+
+One place for the command-line options those tests share (an 8-filter, 32-unit CNN instead of
+the paper's 196 filters and 1024 units, no progress bar, two-minute deadlines), so that each
+test writes only the options it is about. ``conftest.py``'s ``small_simulation`` fixture runs
+one; modules that build a command line at import time (for a subprocess, a study, a Ray
+cluster) import these functions directly, as they import ``realworld_synth``.
+
+Options are strings in argparse's form; a later repeat of an option overrides an earlier one,
+so ``[*simulate_args(), "--rounds", "3"]`` is the usual way to add to them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CONV_FILTERS = 8  # the small CNN: convolution filters (the paper's CNN has 196)
+DENSE_UNITS = 32  # hidden units (the paper's 1024)
+TIMEOUT_S = 120  # --start-timeout and --round-timeout, seconds: generous for a loaded 2-core machine
+
+
+def model_args(conv_filters: int = CONV_FILTERS, dense_units: int = DENSE_UNITS) -> list[str]:
+    """``--conv-filters N --dense-units M``: the CNN's width, for fedhar-coordinator, fedhar-simulate and fedhar-study."""
+    return ["--conv-filters", str(conv_filters), "--dense-units", str(dense_units)]
+
+
+def coordinator_args(
+    *,
+    conv_filters: int = CONV_FILTERS,
+    dense_units: int = DENSE_UNITS,
+    start_timeout_s: int = TIMEOUT_S,
+    round_timeout_s: int = TIMEOUT_S,
+) -> list[str]:
+    """The options fedhar-coordinator and fedhar-simulate share: the CNN's width, no progress bar, both deadlines [s]."""
+    return [*model_args(conv_filters, dense_units), "--no-progress", "--round-timeout", str(round_timeout_s),
+            "--start-timeout", str(start_timeout_s)]  # fmt: skip
+
+
+def simulate_args(*, clients: int | None = 3, generalisation_every: int | None = 1, **coordinator: int) -> list[str]:
+    """fedhar-simulate's options for a small federation: ``clients`` HAPT subjects and :func:`coordinator_args`.
+
+    ``clients=None`` leaves ``--clients`` out (the dataset's own subject count, e.g. REALWORLD's 15);
+    ``generalisation_every=None`` leaves ``--generalisation-every`` at its default. The other keywords
+    go to :func:`coordinator_args`; an unknown one raises ``TypeError``.
+    """
+    args = [] if clients is None else ["--clients", str(clients)]
+    args += coordinator_args(**coordinator)
+    if generalisation_every is not None:
+        args += ["--generalisation-every", str(generalisation_every)]
+    return args
+
+
+def run_simulation(run_dir: Path, *extra: str, run_id: str | None = None, **small: Any) -> dict[str, Any]:
+    """Run fedhar-simulate in this process in ``run_dir``; return its ``report.json``.
+
+    The command line is ``simulate_args(**small)``, then ``--run-dir run_dir --run-id run_id``
+    (default: the folder's name), then ``extra``. Fails the calling test (AssertionError) when
+    the simulation exits non-zero.
+    """
+    from simulation import simulate  # imported here: a module importing this one for its options need not load torch
+
+    argv = [*simulate_args(**small), "--run-dir", str(run_dir), "--run-id", run_id or run_dir.name, *extra]
+    rc = simulate.main(argv)
+    assert rc == 0, f"fedhar-simulate exited {rc}: {' '.join(argv)}"
+    doc: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
+    return doc
