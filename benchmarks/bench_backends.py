@@ -31,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from edge_client.backends import TrainingBackend, make_backend
+from edge_client.backends import BackendOptions, TrainingBackend, make_backend
 from har_models.nn.model import ArchSpec, init_state
 from har_models.nn.training import balanced_class_weights
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     cache = args.cache_dir or tempfile.mkdtemp(prefix="fedhar-programs-")
     t0 = time.perf_counter()
     backends: dict[str, TrainingBackend] = {"eager": make_backend("torch", spec, w0)}
-    backends["executorch"] = make_backend("executorch", spec, w0, cache_dir=cache)
+    backends["executorch"] = make_backend("executorch", spec, w0, BackendOptions(program_cache=cache))
     export_s = time.perf_counter() - t0
     backends["numpy"] = make_backend("numpy", spec, w0)
 

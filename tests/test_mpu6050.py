@@ -183,7 +183,8 @@ def _stationary(config: Mpu6050Config, accel_raw=(0, 0, 16384), gyro_raw=(0, 0, 
 
 
 def _read_n(driver: Mpu6050, bus: EmulatedMpu6050Bus, n: int) -> tuple[np.ndarray, np.ndarray]:
-    acc, gyro = [], []
+    acc: list[np.ndarray] = []
+    gyro: list[np.ndarray] = []
     for _ in range(n // 20):
         bus.tick(20)
         for kind, _, xyz in driver.read():

@@ -106,8 +106,8 @@ def test_registry_and_settings_know_the_server_optimisers():
         assert name in AGGREGATIONS
         s = make_strategy(name)
         assert isinstance(s, FedOpt) and s.name == name
-        CoordinatorConfig(run_dir=".", aggregation=name)  # type: ignore[arg-type]
-    assert make_strategy("fedadam", ServerOptSettings(lr=0.1)).eta == 0.1  # type: ignore[attr-defined]
+        CoordinatorConfig(run_dir=".", aggregation=name)
+    assert make_strategy("fedadam", ServerOptSettings(lr=0.1)).eta == 0.1
     eta_beta = {n: (s.eta, s.beta) for n in ("fedavgm", "fedadam", "fedyogi") if isinstance(s := make_strategy(n), FedOpt)}
     assert eta_beta == {"fedavgm": (1.0, 0.5), "fedadam": (0.01, 0.9), "fedyogi": (0.01, 0.9)}
 

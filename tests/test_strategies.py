@@ -119,14 +119,14 @@ def test_the_registry_holds_one_file_per_strategy_and_everything_reads_it():
 
 
 def test_a_strategy_reads_its_own_table_of_the_configuration():
-    cfg = CoordinatorConfig(run_dir=Path("."), fedprox=FedProxSettings(mu=0.5), feddwa={"top_k": 3})  # type: ignore[arg-type]
+    cfg = CoordinatorConfig(run_dir=Path("."), fedprox=FedProxSettings(mu=0.5), feddwa={"top_k": 3})
     assert make_strategy("fedprox", cfg).configure_fit(0, TrainingPlan()).prox_mu == 0.5
-    assert make_strategy("feddwa", cfg).top_k == 3  # type: ignore[attr-defined]
+    assert make_strategy("feddwa", cfg).top_k == 3
     assert make_strategy("fedprox").configure_fit(0, TrainingPlan()).prox_mu == FedProxSettings().mu == 0.01
     with pytest.raises(TypeError, match="fedavg has no settings"):
         FedAvg(FedProxSettings())
     with pytest.raises(TypeError, match="settings must be FedProxSettings"):
-        FedProx(FedDWASettings())  # type: ignore[arg-type]
+        FedProx(FedDWASettings())
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -61,7 +61,9 @@ def test_torch_round_is_pytorch_eager_bit_for_bit(tmp_path: Path) -> None:
     assert env.meta["confusion"]["received"] == evaluate(SPEC, ref, test).astype(int).tolist()
     assert "backend" not in env.meta  # the torch path's bytes are those before the record existed
     assert UpdateMeta.from_wire(env.meta) == out.meta
-    _, stored = store.load_local_model()
+    loaded = store.load_local_model()
+    assert loaded is not None
+    _, stored = loaded
     assert all(np.array_equal(stored[k], want.state[k].numpy()) for k in RECEIVED)
 
 
