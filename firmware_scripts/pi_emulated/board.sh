@@ -139,8 +139,11 @@ case "$cmd" in
     args+=("${binds[@]+"${binds[@]}"}")
     [ "$ephemeral" -eq 1 ] && args+=(--ephemeral)
     start=$(date +%s)
-    setsid systemd-nspawn "${args[@]}" </dev/null >"$log" 2>&1 &
-    echo $! > "$pidfile"
+    # The shell writes its own PID and becomes systemd-nspawn, so the file names nspawn even
+    # where setsid forks (it does when called as a process group leader).
+    rm -f "$pidfile"
+    setsid sh -c 'echo $$ > "$0"; exec systemd-nspawn "$@"' "$pidfile" "${args[@]}" </dev/null >"$log" 2>&1 &
+    for _ in $(seq 1 50); do [ -s "$pidfile" ] && break; sleep 0.1; done
     # Bounded wait: systemd in the board says "running" (or "degraded") once booting is done.
     for _ in $(seq 1 300); do
       if [ -n "$(leader)" ]; then
