@@ -1,9 +1,12 @@
 """A Raspberry-Pi-style headless device: record with fedhar-record, then the systemd unit's command joins a federation.
 
-The unit file's ExecStart is run by hand (systemd specifiers and the environment file's
-variables filled in), with the windows recorded on the device (``--source recorded:hapt6``),
-against a real Mosquitto and coordinator. A replayed HAPT session stands in for the
-MPU-6050 (whose driver is tested against an emulated bus in test_mpu6050.py).
+The unit file's ExecStart is run by hand (systemd specifiers and the variables of the
+environment file that ``pi_setup.sh`` writes filled in), with the windows recorded on the
+device (``--source recorded:hapt6``), against a real Mosquitto and coordinator. PyTorch is
+blocked in the client's interpreter, as it is absent from the venv ``pi_setup.sh`` makes
+(``fedhar[pi]``). A replayed HAPT session stands in for the MPU-6050 (whose driver is tested
+against an emulated bus in test_mpu6050.py). The same path under a real systemd, on an arm64
+board: tests/test_pi_board.py.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.slow  # a federation through the systemd unit's command
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"
+PI_SETUP = ROOT / "firmware_scripts" / "pi_setup.sh"
 
 
 def _exec_start(env: dict[str, str], instance: str, state_root: Path, creds: Path) -> list[str]:
@@ -40,7 +44,20 @@ def _exec_start(env: dict[str, str], instance: str, state_root: Path, creds: Pat
         else:
             argv.append(word)
     assert argv[0] == "/opt/fedhar/.venv/bin/fedhar-client"
-    return [sys.executable, "-m", "edge_client.cli", *argv[1:]]
+    without_torch = "import sys; sys.modules['torch'] = None; from edge_client.cli import main; sys.exit(main(sys.argv[1:]))"
+    return [sys.executable, "-c", without_torch, *argv[1:]]
+
+
+def _pi_setup_client_args() -> str:
+    """FEDHAR_CLIENT_ARGS of the environment file ``pi_setup.sh`` writes with its defaults."""
+    r = subprocess.run(
+        ["bash", str(PI_SETUP), "--client-id", "pi-kitchen", "--broker", "h:1", "--no-i2c", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return next(ln.strip().split("=", 1)[1] for ln in r.stdout.splitlines() if ln.strip().startswith("FEDHAR_CLIENT_ARGS="))
 
 
 def test_recorded_windows_train_in_a_federation_through_the_unit_command(tmp_path, mosquitto, capsys):
@@ -65,7 +82,7 @@ def test_recorded_windows_train_in_a_federation_through_the_unit_command(tmp_pat
         "FEDHAR_BROKER": f"127.0.0.1:{mosquitto}",
         "FEDHAR_FEDERATION": "pitest",
         "FEDHAR_SOURCE": "recorded:hapt6",
-        "FEDHAR_CLIENT_ARGS": "--threads 1 --exit-after-run pitest",
+        "FEDHAR_CLIENT_ARGS": _pi_setup_client_args() + " --exit-after-run pitest",
     }
     client_cmd = _exec_start(env, cid, state_root, creds)
     coord_cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", "pitest"]

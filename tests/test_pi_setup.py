@@ -1,48 +1,149 @@
-"""firmware_scripts/pi_setup.sh: the steps it would run (--dry-run) and the configuration it writes."""
+"""firmware_scripts/pi_setup.sh: the steps it would run (--dry-run) and the configuration it writes.
+
+The real run, on an arm64 Debian board booted under systemd, is tests/test_pi_board.py.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
+
+from edge_client.cli import build_parser as client_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "pi_setup.sh"
 UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"
+BASE = ("--client-id", "pi-kitchen", "--broker", "homeserver:8883", "--federation", "home", "--password-file", "pi.password")
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+def _run(*args: str, stubs: dict[str, str] | None = None, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the script; ``stubs`` maps command names to shell bodies put first on PATH (raspi-config, uname)."""
+    env = dict(os.environ)
+    if stubs:
+        assert tmp is not None
+        bin_dir = tmp / "stub-bin"
+        bin_dir.mkdir(exist_ok=True)
+        for name, body in stubs.items():
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+            (bin_dir / name).chmod(0o755)
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env)
 
 
-def test_dry_run_enables_i2c_installs_the_client_extra_and_the_unit():
-    r = _run("--client-id", "pi-kitchen", "--broker", "homeserver:8883", "--federation", "home", "--tls-ca", "ca.crt", "--dry-run")
+def _steps(out: str) -> list[str]:
+    return [ln[2:] for ln in out.splitlines() if ln.startswith("+ ")]
+
+
+def _env_file(out: str) -> dict[str, str]:
+    lines = out.split("+ write /etc/fedhar/client-pi-kitchen.env (mode 644):\n")[1].split("\n+ ")[0]
+    return dict(ln.strip().split("=", 1) for ln in lines.splitlines() if "=" in ln and not ln.strip().startswith("#"))
+
+
+def test_numpy_backend_by_default_with_raspberry_pi_os_tools(tmp_path):
+    r = _run(*BASE, "--tls-ca", "ca.crt", "--dry-run", stubs={"raspi-config": "exit 0"}, tmp=tmp_path)
     assert r.returncode == 0, r.stderr
-    steps = [ln[2:] for ln in r.stdout.splitlines() if ln.startswith("+ ")]
+    steps = _steps(r.stdout)
     assert steps[0] == "raspi-config nonint do_i2c 0"
     assert "usermod -aG i2c fedhar" in steps
-    assert "/opt/fedhar/.venv/bin/pip install -q -e /opt/fedhar[pi]" in steps
+    pips = [s for s in steps if "/bin/pip " in s]
+    assert pips == ["/opt/fedhar/.venv/bin/pip install -q -e /opt/fedhar[pi]"]  # no torch at all
+    assert "/opt/fedhar/.venv/bin/python -c import numpy, scipy, safetensors, paho.mqtt, smbus2" in steps
     assert "install -m 644 ca.crt /etc/fedhar/ca.crt" in steps
+    assert "install -m 600 pi.password /etc/fedhar/pi-kitchen.password" in steps
     assert f"install -m 644 {UNIT} /etc/systemd/system/fedhar-client@.service" in steps
-    assert steps[-1] == "systemctl enable --now fedhar-client@pi-kitchen"
-    # The environment file defines every variable the unit's ExecStart uses.
-    env_lines = r.stdout.split("+ write /etc/fedhar/client-pi-kitchen.env (mode 644):\n")[1].split("\n+ ")[0]
-    env = dict(ln.strip().split("=", 1) for ln in env_lines.splitlines() if "=" in ln and not ln.strip().startswith("#"))
+    assert steps[-2:] == ["systemctl enable fedhar-client@pi-kitchen", "systemctl restart fedhar-client@pi-kitchen"]
+    assert not any("python3-dev" in s for s in steps)  # every dependency has an aarch64 wheel
+    env = _env_file(r.stdout)
     assert env == {
         "FEDHAR_BROKER": "homeserver:8883",
         "FEDHAR_FEDERATION": "home",
         "FEDHAR_SOURCE": "recorded:hapt6",
-        "FEDHAR_CLIENT_ARGS": "--tls-ca /etc/fedhar/ca.crt --threads 2",
+        "FEDHAR_CLIENT_ARGS": "--tls-ca /etc/fedhar/ca.crt --backend numpy",
     }
+    # The options the unit passes select the backend the venv holds, and no PyTorch thread setting.
+    args = client_parser().parse_args(["--client-id", "x", "--source", "recorded:hapt6", *shlex.split(env["FEDHAR_CLIENT_ARGS"])])
+    assert (args.backend, args.threads) == ("numpy", 0)
     exec_start = next(ln for ln in UNIT.read_text().splitlines() if ln.startswith("ExecStart="))
-    used = set(re.findall(r"\$\{?(FEDHAR_[A-Z_]+)", exec_start))
-    assert used == set(env)
+    assert set(re.findall(r"\$\{?(FEDHAR_[A-Z_]+)", exec_start)) == set(env)
 
 
-def test_bad_options_are_refused_with_the_fix():
+def test_torch_backend_installs_the_cpu_build_first_and_sets_threads():
+    r = _run(*BASE, "--backend", "torch", "--no-i2c", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    pips = [s for s in _steps(r.stdout) if "/bin/pip " in s]
+    assert pips == [
+        "/opt/fedhar/.venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+        "/opt/fedhar/.venv/bin/pip install -q -e /opt/fedhar[pi,client]",
+    ]
+    assert _env_file(r.stdout)["FEDHAR_CLIENT_ARGS"] == "--backend torch --threads 2"
+    assert "/opt/fedhar/.venv/bin/python -c import torch, edge_client.trainer" in _steps(r.stdout)
+
+
+def test_wheelhouse_installs_offline(tmp_path):
+    wh = tmp_path / "wheels"
+    wh.mkdir()
+    r = _run(*BASE, "--wheelhouse", str(wh), "--no-i2c", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    pips = [s for s in _steps(r.stdout) if "/bin/pip " in s]
+    assert pips == [f"/opt/fedhar/.venv/bin/pip install -q --no-index --find-links {wh} -e /opt/fedhar[pi]"]
+    r = _run(*BASE, "--wheelhouse", str(wh), "--backend", "torch", "--threads", "3", "--no-i2c", "--dry-run")
+    pips = [s for s in _steps(r.stdout) if "/bin/pip " in s]
+    assert pips[0] == f"/opt/fedhar/.venv/bin/pip install -q --no-index --find-links {wh} torch==2.13.0"
+    assert _env_file(r.stdout)["FEDHAR_CLIENT_ARGS"] == "--backend torch --threads 3"
+
+
+def test_missing_raspberry_pi_os_tools_are_skipped_with_a_message(tmp_path):
+    r = _run(*BASE, "--dry-run", stubs={"raspi-config": "exit 0"}, tmp=tmp_path)
+    assert "raspi-config not found" not in r.stdout
+    (tmp_path / "stub-bin" / "raspi-config").unlink()
+    r = _run(*BASE, "--dry-run", stubs={"uname": "echo aarch64"}, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "raspi-config not found (not Raspberry Pi OS)" in r.stdout
+    assert "+ write /etc/modules-load.d/fedhar-i2c.conf (mode 644):\n    i2c-dev\n" in r.stdout
+    if not Path("/boot/firmware/config.txt").exists() and not Path("/boot/config.txt").exists():
+        assert "skipped dtparam=i2c_arm=on" in r.stdout
+
+
+def test_no_password_file_installs_but_does_not_start():
+    r = _run("--client-id", "pi-kitchen", "--broker", "homeserver:8883", "--no-i2c", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    steps = _steps(r.stdout)
+    assert steps[-1] == "systemctl enable fedhar-client@pi-kitchen"
+    assert "copy the broker's credentials/pi-kitchen.password to /etc/fedhar/pi-kitchen.password" in r.stdout
+
+
+def test_uninstall_removes_what_it_installed_and_keeps_the_data_unless_purge():
+    r = _run("--client-id", "pi-kitchen", "--uninstall", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    steps = _steps(r.stdout)
+    assert steps[0] == "systemctl disable --now fedhar-client@pi-kitchen"
+    assert "rm -f /etc/fedhar/client-pi-kitchen.env /etc/fedhar/pi-kitchen.password" in steps
+    assert "rm -f /etc/systemd/system/fedhar-client@.service /etc/modules-load.d/fedhar-i2c.conf /etc/fedhar/ca.crt" in steps
+    assert "rm -rf /opt/fedhar" in steps
+    assert not any(s.startswith("rm -rf /var/lib/fedhar") for s in steps)
+    assert "kept the recorded windows and the local model in /var/lib/fedhar/pi-kitchen" in r.stdout
+    r = _run("--client-id", "pi-kitchen", "--uninstall", "--purge", "--dry-run")
+    assert "rm -rf /var/lib/fedhar/pi-kitchen" in _steps(r.stdout)
+
+
+def test_bad_options_are_refused_with_the_fix(tmp_path):
     r = _run("--client-id", "bad id", "--broker", "h:1", "--dry-run")
     assert r.returncode == 2 and "1-64 letters" in r.stderr
     r = _run("--client-id", "pi", "--broker", "homeserver", "--dry-run")
     assert r.returncode == 2 and "HOST:PORT" in r.stderr
     r = _run("--client-id", "pi", "--broker", "h:1", "--frobnicate")
     assert r.returncode == 2 and "unknown option --frobnicate" in r.stderr
+    r = _run("--client-id", "pi", "--broker", "h:1", "--threads", "2", "--dry-run")
+    assert r.returncode == 2 and "use it with --backend torch" in r.stderr
+    r = _run("--client-id", "pi", "--broker", "h:1", "--backend", "tensorflow", "--dry-run")
+    assert r.returncode == 2 and "--backend must be numpy" in r.stderr
+    r = _run("--client-id", "pi", "--broker", "h:1", "--wheelhouse", str(tmp_path / "nope"), "--dry-run")
+    assert r.returncode == 2 and "is not a folder" in r.stderr
+    # 32-bit Raspberry Pi OS: PyTorch has no wheel; the numpy backend is allowed with a warning.
+    r = _run("--client-id", "pi", "--broker", "h:1", "--backend", "torch", "--dry-run", stubs={"uname": "echo armv7l"}, tmp=tmp_path)
+    assert r.returncode == 2 and "install 64-bit Raspberry Pi OS" in r.stderr
+    r = _run("--client-id", "pi", "--broker", "h:1", "--no-i2c", "--dry-run", stubs={"uname": "echo armv7l"}, tmp=tmp_path)
+    assert r.returncode == 0 and "only the numpy backend can run" in r.stdout

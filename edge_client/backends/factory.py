@@ -19,7 +19,7 @@ import numpy as np
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions, TrainingBackend
 from har_models.nn.arch import ArchSpec
 
-__all__ = ["BACKEND_NAMES", "BACKEND_RUNTIMES", "available_backends", "choose_backend", "make_backend"]
+__all__ = ["BACKEND_NAMES", "BACKEND_RUNTIMES", "BackendUnavailable", "available_backends", "choose_backend", "make_backend"]
 
 BACKEND_RUNTIMES: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
@@ -44,6 +44,14 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ValueError, ImportError):
         return False
+
+
+class BackendUnavailable(ModuleNotFoundError):
+    """A requested backend needs a module that is not installed (``name`` is the module).
+
+    A :class:`ModuleNotFoundError`, so ``fedhar-client`` ends with the exit of a missing
+    module (7), which its systemd unit does not restart: the install has to change, not the run.
+    """
 
 
 def missing_runtimes(name: str) -> tuple[str, ...]:
@@ -80,8 +88,10 @@ def choose_backend(requested: str | None = None) -> tuple[str, str]:
     Raises
     ------
     ValueError
-        On an unknown name, or a requested backend whose runtime is missing (naming the
-        module and the backends that would run here).
+        On an unknown name.
+    BackendUnavailable
+        For a requested backend whose runtime is missing (naming the module and the
+        backends that would run here).
     """
     if requested in (None, "auto"):
         skipped: list[str] = []
@@ -95,9 +105,10 @@ def choose_backend(requested: str | None = None) -> tuple[str, str]:
     assert requested is not None
     missing = missing_runtimes(requested)
     if missing:
-        raise ValueError(
+        raise BackendUnavailable(
             f"backend {requested!r} needs {' and '.join(missing)}, which is not installed here; "
-            f"install it or choose one of {available_backends()} (or leave --backend out to take the best installed)"
+            f"install it or choose one of {available_backends()} (or leave --backend out to take the best installed)",
+            name=missing[0],
         )
     return requested, "requested"
 
