@@ -154,6 +154,7 @@ def test_unreachable_broker_is_named_and_the_agent_is_not_restarted_in_a_loop(tm
         ctl.close()
 
 
+@pytest.mark.slow
 def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path):
     from secured_broker import Missing, secured_mosquitto
 

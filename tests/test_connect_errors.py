@@ -209,6 +209,7 @@ _LINE = re.compile(
 )
 
 
+@pytest.mark.slow
 def test_fedhar_client_logs_each_failed_attempt_once_with_its_cause_and_backs_off(tmp_path: Path) -> None:
     """An unreachable broker: one line per attempt, the waits double, and each line's wait is the real one."""
     port = free_port()

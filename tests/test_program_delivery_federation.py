@@ -26,6 +26,8 @@ from har_io.mqtt_link import BrokerConfig
 from har_models.data.subjects import union_test_set
 from simulation.broker import EmbeddedBroker
 
+pytestmark = pytest.mark.slow  # exports ExecuTorch programs and runs a growing federation
+
 ROOT = Path(__file__).resolve().parents[1]
 # The client's process cannot export: every export entry point of the exporter fails.
 NO_EXPORT = (

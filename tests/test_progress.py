@@ -65,6 +65,7 @@ def _observer(port: int, topic: str, got: queue.Queue, name: str) -> mqtt.Client
     return c
 
 
+@pytest.mark.slow
 def test_an_observer_follows_a_federation_over_the_embedded_broker(tmp_path) -> None:
     federation, run_dir = "observed", tmp_path / "run"
     topic = Topics(federation).progress

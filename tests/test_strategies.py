@@ -178,6 +178,7 @@ class FedKeep(Strategy):
 '''
 
 
+@pytest.mark.slow
 def test_a_new_stateless_strategy_is_one_new_file(tmp_path: Path):
     """A copy of the code with one more file in coordinator/strategies/ runs a federation with it, by name.
 
