@@ -1,7 +1,7 @@
 """ExecuTorch programs a runtime cannot run: refused before loading, and fed only the batches they were built for.
 
 Real executorch 1.4.0 programs of a small CNN (8 filters, 16 hidden units), exported once for the
-module (about 30 s on a 2-core machine, hence ``slow``). A program one schema version ahead is
+module (about 30 s on a 2-core machine: the tests that use them are ``slow``). A program one schema version ahead is
 written by executorch's own serializer (``Program.version = 1``); a truncated one loses its last
 byte. Each is refused with ``pte_incompatible`` / ``pte_corrupt`` before the runtime sees it, and a
 client round falls back to the numpy backend (checked in a subprocess, where a native crash would
@@ -35,6 +35,7 @@ from har_models.wire.programs import (
     check_program_set,
     decode_programs,
     encode_programs,
+    exporter_differs,
     program_paths,
     read_pte_header,
 )
@@ -101,9 +102,7 @@ def _schema_ahead(data: bytes) -> bytes:
 # -- the header and the metadata ------------------------------------------------------------------
 
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 def test_header_of_real_programs_and_their_metadata(programs: Any) -> None:
     from importlib.metadata import version
 
@@ -122,12 +121,14 @@ def test_header_of_real_programs_and_their_metadata(programs: Any) -> None:
     assert (rt.identifier, rt.schema_version, rt.executorch) == ("ET12", 0, version("executorch"))
 
 
+@pytest.mark.slow
 def test_schema_version_one_ahead_is_read_from_the_serialized_program(programs: Any) -> None:
     ahead = _schema_ahead(programs.train.read_bytes())
     head = read_pte_header(ahead)
     assert head.schema_version == 1 and head.identifier == "ET12" and head.expected_size == len(ahead)
 
 
+@pytest.mark.slow
 def test_metadata_travels_with_delivered_programs(programs: Any) -> None:
     from har_models.nn.export import read_program_spec
 
@@ -144,6 +145,7 @@ def test_metadata_travels_with_delivered_programs(programs: Any) -> None:
 # -- refused before loading ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "record", "reason"), [
     ("ahead", True, "pte_incompatible"),
     ("truncated", True, "pte_corrupt"),   # the metadata agrees: the header's own length tells
@@ -162,6 +164,7 @@ def test_program_the_runtime_cannot_run_is_refused_before_loading(
         assert "schema version 1" in str(err.value) and "1.4.0" in str(err.value)
 
 
+@pytest.mark.slow
 def test_android_runtime_is_checked_against_its_aar(programs: Any, tmp_path: Path) -> None:
     from edge_client.backends.android_executorch import AndroidExecuTorchBackend
 
@@ -181,6 +184,7 @@ def test_android_runtime_is_checked_against_its_aar(programs: Any, tmp_path: Pat
     check_program_set({"train": paths["train"], "infer": paths["infer"]}, meta, newer, ("train", "infer"))  # reads it: no error
 
 
+@pytest.mark.slow
 def test_client_round_falls_back_in_a_subprocess(programs: Any, tmp_path: Path) -> None:
     """The refusal and the fallback in a fresh process: a native crash would be a negative return code."""
     results = {}
@@ -210,9 +214,37 @@ def test_client_round_falls_back_in_a_subprocess(programs: Any, tmp_path: Path) 
     assert results == {"ahead": ["NumpyBackend", "pte_incompatible"], "truncated": ["NumpyBackend", "pte_corrupt"]}
 
 
+def test_header_check_refuses_bytes_that_are_no_program() -> None:
+    with pytest.raises(ProgramRefused, match="cannot hold") as err:
+        read_pte_header(b"\x10\x00\x00\x00ET12")
+    assert err.value.reason == "pte_corrupt"
+    with pytest.raises(ProgramRefused, match="identifier") as err:
+        read_pte_header(b"\x10\x00\x00\x00PK\x03\x04" + bytes(40))
+    assert err.value.reason == "pte_corrupt"
+    with pytest.raises(ProgramRefused, match="root table") as err:
+        read_pte_header(b"\xff\xff\x00\x00ET12" + bytes(40))
+    assert err.value.reason == "pte_corrupt"
+
+
+def test_exporter_release_is_named_and_part_of_the_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from har_models.nn.export import program_key
+
+    rt = RuntimeInfo("Python runtime", "1.4.0+cpu")
+    assert exporter_differs({"executorch": "1.4.0"}, rt) is None
+    said = exporter_differs({"executorch": "1.5.0"}, rt)
+    assert said is not None and "1.5.0" in said and "1.4.0+cpu" in said
+    monkeypatch.setattr(importlib.metadata, "version", lambda _name: "1.4.0")
+    key_140 = program_key(SPEC, 32, 64)
+    monkeypatch.setattr(importlib.metadata, "version", lambda _name: "1.5.0")
+    assert program_key(SPEC, 32, 64) != key_140
+
+
 def test_status_program_fault_is_optional_and_checked() -> None:
     old = json.dumps({"protocol": json.loads(ClientStatus("c1", "idle").to_bytes())["protocol"], "client_id": "c1", "state": "idle"})
     assert ClientStatus.from_bytes(old.encode()).program_fault == ""
+    assert "program_fault" not in json.loads(ClientStatus("c1", "idle").to_bytes())  # older coordinators read it as before
     assert ClientStatus.from_bytes(ClientStatus("c1", "idle", program_fault="pte_corrupt").to_bytes()).program_fault == "pte_corrupt"
     bad = json.loads(ClientStatus("c1", "idle").to_bytes())
     bad["program_fault"] = 7
@@ -223,6 +255,7 @@ def test_status_program_fault_is_optional_and_checked() -> None:
 # -- batches ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("b", [1, 7, 8, 32])
 def test_training_program_gradients_equal_eager_at_every_batch(programs: Any, b: int) -> None:
     """The batch dimension is exported dynamic (1..train_batch): each batch runs as it is, neither padded nor split."""
@@ -238,6 +271,7 @@ def test_training_program_gradients_equal_eager_at_every_batch(programs: Any, b:
         assert float(np.abs(g_et[n] - g_t[n]).max()) <= 1e-5 * scale, n
 
 
+@pytest.mark.slow
 def test_training_batch_above_the_program_bound_is_refused(programs: Any) -> None:
     x, y = _data(33)
     et = make_backend("executorch", SPEC, _weights(), BackendOptions(programs=programs))
@@ -256,6 +290,7 @@ class _Recorder:
         return self.inner.run_method(method, inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 7, 64, 65, 130])
 def test_static_program_is_fed_only_its_built_batches(programs: Any, n: int) -> None:
     """Partial chunks are zero-padded to ``infer_batch``; outputs equal the dynamic-batch program's within 1e-4."""
@@ -275,6 +310,7 @@ def test_static_program_is_fed_only_its_built_batches(programs: Any, n: int) -> 
 # -- BR-40: the max-pool backward kernel --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_program_uses_the_max_pool_backward_kernel(programs: Any) -> None:
     """executorch 1.4.0's portable ``max_pool2d_with_indices_backward`` does not zero its output (pytorch/executorch #21686)."""
     from executorch.exir._serialize._program import deserialize_pte_binary

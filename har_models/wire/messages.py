@@ -278,6 +278,8 @@ class ClientStatus:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
         d["class_counts"] = list(self.class_counts)
+        if not self.program_fault:
+            del d["program_fault"]  # sent only when there is one: a coordinator of an older release reads the status as before
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod

@@ -13,14 +13,18 @@ weights in a data file, and that data file's template). Envelope ``meta``:
 
 * ``run_id``: the run that answered;
 * ``program``: the exporter's metadata of the set (``spec``, ``key``, ``format``, ``train_batch``,
-  ``infer_batch``, ``params``, ``weights_ptd``; :func:`har_models.nn.export.ensure_programs`);
+  ``infer_batch``, ``params``, ``weights_ptd``, and ``executorch``, ``schema_version``,
+  ``pte_identifier``, ``files`` for the checks before loading; :func:`har_models.nn.export.ensure_programs`);
 * ``files``: ``{name: {"bytes": n, "sha256": hex}}`` for each file;
 * ``executorch``: the exporter's executorch version.
 
 On the receiver the set is stored in the exporter's cache layout (``<key>.train.pte``,
 ``<key>.infer.pte``, ``<key>.infer_static.pte``, ``<key>.weights.ptd``, ``<key>.json``; the
 metadata written last), so :func:`har_models.nn.export.ensure_programs` finds it without
-exporting. Nothing here imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
+exporting. Before a runtime loads a stored set, :func:`check_program_set` compares each ``.pte``'s
+header (file identifier, extended-header length, schema version) and the metadata with that
+runtime and raises :class:`ProgramRefused` (``pte_corrupt``, ``pte_incompatible``). Nothing here
+imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
 """
 
 from __future__ import annotations
