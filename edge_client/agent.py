@@ -217,6 +217,7 @@ class EdgeAgent:
             instance=self.instance,
             sent_unix=time.time(),
             refresh_s=self.cfg.status_refresh_s,
+            program_fault=self.trainer.program_fault,
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

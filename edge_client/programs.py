@@ -12,7 +12,10 @@ the coordinator's ``"program"`` envelope in chunks on its own ``programs/{i}`` t
 (:func:`~har_models.wire.programs.decode_programs`: sha256, addressee, run, architecture version
 and spec, each file's length and sha256; with the Python runtime also the exporter's cache key,
 which fails when the coordinator's executorch version differs from this one) and stores it in its
-program folder in the exporter's cache layout, where the backend finds it. Then it trains.
+program folder in the exporter's cache layout, where the backend finds it. Then it trains. The
+backend checks the stored programs against its runtime before loading them
+(:func:`~har_models.wire.programs.check_program_set`); a refused set makes the round train on the
+numpy backend (:class:`edge_client.trainer.ClientTrainer`) with the reason in the client's status.
 
 Nothing here imports PyTorch. docs/protocol.md ("ExecuTorch programs") describes the exchange.
 """

@@ -39,6 +39,7 @@ from har_models.data.labels import balanced_class_weights
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
+from har_models.wire.programs import ProgramRefused
 from har_models.wire.update_encoding import encode_update
 from har_models.wire.update_meta import AlaNote, Confusions, UpdateMeta
 
@@ -46,6 +47,8 @@ log = logging.getLogger("fedhar.client.trainer")
 
 Arrays = dict[str, np.ndarray]
 
+FALLBACK_BACKEND = "numpy"
+"""Backend a round trains on when its ExecuTorch programs are refused before loading (docs/backends.md)."""
 RESIDUAL_NAME = "encoding_residual"
 """Store name of int8_delta's error-feedback residual (:meth:`ClientStore.save_tensors`)."""
 ALA_STATE_NAME = "ala_state"
@@ -175,6 +178,22 @@ class ClientTrainer:
             raise ValueError(f"ClientTrainer: unknown backend {backend!r}; choose one of {BACKEND_NAMES}")
         self.store, self.client_id, self.backend_name = store, client_id, backend
         self.options = options or BackendOptions()
+        self.program_fault = ""  # reason the programs were last refused (ProgramRefused), "" when they load
+
+    def _make_backend(self, spec: ArchSpec, received: Mapping[str, np.ndarray]) -> TrainingBackend:
+        """The round's backend; numpy when the ExecuTorch programs are refused before loading (``program_fault`` says why)."""
+        try:
+            backend = make_backend(self.backend_name, spec, received, self.options)
+        except ProgramRefused as exc:
+            # A program this runtime must not load (truncated, or of a newer schema) never reaches
+            # the native loader: the round trains on the numpy backend, which computes the same function.
+            if self.program_fault != exc.reason:
+                log.error("[%s] ExecuTorch programs refused (%s): %s; training on the %s backend", self.client_id, exc.reason, exc,
+                          FALLBACK_BACKEND)  # fmt: skip
+            self.program_fault = exc.reason
+            return make_backend(FALLBACK_BACKEND, spec, received)
+        self.program_fault = ""
+        return backend
 
     def _local_model(self, run_id: str, spec: ArchSpec, received: Mapping[str, np.ndarray]) -> Arrays | None:
         """The previous local model of this run, padded to ``spec`` if the architecture grew."""
@@ -218,7 +237,7 @@ class ClientTrainer:
         # Only FedPer and FedALA start from the previous local model: reading it (one model's bytes) is wasted otherwise.
         local = self._local_model(ann.run_id, spec, received) if plan.keep_local or use_ala else None
         cw = balanced_class_weights(train_ws.y, spec.n_classes) if plan.class_weights == "balanced" else None
-        backend: TrainingBackend = make_backend(self.backend_name, spec, received, self.options)
+        backend: TrainingBackend = self._make_backend(spec, received)
         cm_received = backend.evaluate(test.x, test.y).confusion if len(test) else None
 
         start = dict(received)

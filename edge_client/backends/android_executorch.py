@@ -57,7 +57,7 @@ import numpy as np
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.metrics import confusion_matrix
-from har_models.wire.programs import find_programs
+from har_models.wire.programs import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
 
 from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
@@ -77,11 +77,16 @@ class AndroidExecuTorchBackend:
         Parameters to load (default: those stored in the program).
     autoclass : callable, optional
         ``jnius.autoclass`` (imported lazily when None); tests pass a stand-in.
+    runtime : RuntimeInfo
+        The AAR's runtime (:data:`~har_models.wire.programs.ANDROID_RUNTIME`); the programs are checked
+        against it before the Java runtime loads them.
 
     Raises
     ------
     ArchitectureMismatch
         If ``meta_json`` records another architecture than ``spec``.
+    ProgramRefused
+        ``pte_corrupt`` or ``pte_incompatible`` (:func:`har_models.wire.programs.check_program_set`).
     ImportError
         If pyjnius is not available (not on Android, or not in the build's requirements).
     """
@@ -94,6 +99,7 @@ class AndroidExecuTorchBackend:
         meta_json: str | Path,
         weights: Mapping[str, np.ndarray] | None = None,
         autoclass: Callable[[str], Any] | None = None,
+        runtime: RuntimeInfo = ANDROID_RUNTIME,
     ):
         if autoclass is None:
             from jnius import autoclass as jnius_autoclass  # only on the device
@@ -106,6 +112,8 @@ class AndroidExecuTorchBackend:
                 f"AndroidExecuTorchBackend: {meta_json} holds programs for architecture version {recorded.version}, "
                 f"not version {spec.version}; fetch the programs of this version"
             )
+        paths = {"train": Path(train_pte), "infer": Path(infer_pte)}
+        check_program_set(paths, meta, runtime, ("train", "infer"))  # before the Java runtime sees them (no native crash)
         self._spec = spec
         self.train_batch = int(meta["train_batch"])
         self.infer_batch = int(meta["infer_batch"])

@@ -28,6 +28,7 @@ The Python runtime imports torch; a torch-free phone uses the Java runtime inste
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -41,9 +42,12 @@ from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
 from har_models.nn.metrics import confusion_matrix
 from har_models.nn.model import init_state
+from har_models.wire.programs import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
 
 from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
 from .numpy_ref import softmax, weighted_cross_entropy
+
+log = logging.getLogger("fedhar.client.executorch")
 
 DEFAULT_CACHE = Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
 """Default program cache folder (override with ``FEDHAR_PROGRAM_CACHE`` or ``cache_dir``)."""
@@ -52,6 +56,34 @@ _GRAD_INDEX = "__et_training_gradients_index_forward"
 _PARAM_INDEX = "__et_training_parameters_index_forward"
 _FQN = "__et_training_fqn_forward"
 InferenceMode = Literal["static", "inputs"]
+
+
+def python_runtime() -> RuntimeInfo:
+    """The installed Python runtime: its executorch release, the schema version it reads and its file identifier.
+
+    The schema version is ``executorch.exir.version.EXECUTORCH_SCHEMA_VERSION`` and the identifier the
+    ``file_identifier`` of the package's own ``schema/program.fbs`` (the runtime and the schema come
+    from one wheel).
+
+    Raises
+    ------
+    ImportError
+        If executorch is not installed.
+    """
+    import importlib.resources
+    import re
+    from importlib.metadata import version
+
+    from executorch.exir.version import EXECUTORCH_SCHEMA_VERSION
+
+    identifier = PTE_IDENTIFIER
+    try:
+        schema = (importlib.resources.files("executorch") / "schema" / "program.fbs").read_text()
+        found = re.search(r'file_identifier\s+"([^"]{4})"', schema)
+        identifier = found.group(1) if found else identifier
+    except (OSError, ModuleNotFoundError):
+        pass
+    return RuntimeInfo("Python runtime", version("executorch"), int(EXECUTORCH_SCHEMA_VERSION), identifier)
 
 
 def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights: Mapping[str, np.ndarray]) -> bytes:
@@ -105,6 +137,9 @@ class ExecuTorchBackend:
     ------
     ArchitectureMismatch
         If ``programs`` were exported for another architecture (version or widths) than ``spec``.
+    ProgramRefused
+        ``pte_corrupt`` or ``pte_incompatible``: a program this runtime must not load (checked before
+        loading, :func:`har_models.wire.programs.check_program_set`).
     ValueError
         If ``weights`` do not match ``spec``.
     ImportError
@@ -131,6 +166,12 @@ class ExecuTorchBackend:
                 f"({program_spec.conv_filters} filters, {program_spec.dense_units} units), not version {spec.version} "
                 f"({spec.conv_filters}, {spec.dense_units}); export programs for this architecture (ensure_programs)"
             )
+        runtime = python_runtime()
+        paths = {"train": files.train, "infer": files.infer, "infer_static": files.infer_static, "weights_ptd": files.weights_ptd}
+        check_program_set(paths, meta, runtime)  # raises ProgramRefused (pte_corrupt / pte_incompatible) before any load
+        skew = exporter_differs(meta, runtime)
+        if skew:
+            log.warning("ExecuTorchBackend: %s (same schema version %d)", skew, runtime.schema_version)
         self._spec = spec
         self.files = files
         self.train_batch = int(meta["train_batch"])  # type: ignore[call-overload]

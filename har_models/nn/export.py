@@ -42,6 +42,11 @@ against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
   the weight runs through BLAS (in the pip wheel, the MKL that the torch wheel loads). One
   batch-32 step of the paper CNN went from about 1.9 s to about 0.15 s on the development machine.
 
+Metadata. ``<key>.json`` also records the exporter's executorch release, the schema version it
+writes and the file identifier, and each file's length and sha256 (:func:`exporter_versions`), so a
+device checks a program against its runtime before loading it
+(:func:`har_models.wire.programs.check_program_set`).
+
 Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
 the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
 them records the spec, so a program for architecture version v refuses weights of v + 1.
@@ -397,9 +402,35 @@ def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_bat
         atomic_write_bytes(files.infer_static, pte)
         atomic_write_bytes(files.weights_ptd, ptd)
         meta = {"spec": spec.to_dict(), "key": key, "format": EXPORT_FORMAT, "train_batch": train_batch, "infer_batch": infer_batch,
-                "params": {n: _param_fqn(n) for n in PARAM_NAMES}, "weights_ptd": offsets}
+                "params": {n: _param_fqn(n) for n in PARAM_NAMES}, "weights_ptd": offsets} | exporter_versions(files)
         atomic_write_bytes(files.meta, json.dumps(meta, sort_keys=True, indent=1).encode())
     return files
+
+
+def exporter_versions(files: ProgramFiles) -> dict[str, object]:
+    """What the metadata records of the exporter and of each file, for the device's checks before loading.
+
+    ``executorch`` (the exporter's release), ``schema_version`` (``Program.version`` it writes,
+    ``executorch.exir.version.EXECUTORCH_SCHEMA_VERSION``), ``pte_identifier`` (the flatbuffer file
+    identifier, bytes 4..8 of each ``.pte``) and ``files`` (``{name: {"bytes", "sha256"}}`` of the
+    four files); see :func:`har_models.wire.programs.check_program_set`.
+
+    Raises
+    ------
+    OSError
+        If a file cannot be read.
+    """
+    from importlib.metadata import version
+
+    from executorch.exir.version import EXECUTORCH_SCHEMA_VERSION
+
+    paths = {"train": files.train, "infer": files.infer, "infer_static": files.infer_static, "weights_ptd": files.weights_ptd}
+    recorded = {}
+    for name, path in paths.items():
+        data = path.read_bytes()
+        recorded[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"executorch": version("executorch"), "schema_version": int(EXECUTORCH_SCHEMA_VERSION),
+            "pte_identifier": files.train.read_bytes()[4:8].decode("ascii", errors="replace"), "files": recorded}
 
 
 def read_program_spec(meta_path: str | os.PathLike[str]) -> tuple[ArchSpec, dict[str, object]]:

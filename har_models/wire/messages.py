@@ -254,6 +254,10 @@ class ClientStatus:
         The client republishes its status at least this often (s); 0 = never. A status
         older than :data:`PRESENCE_PERIODS` periods counts as offline (a device revoked or
         gone without a last will).
+    program_fault : str
+        Why this client's ExecuTorch programs were refused before loading (``pte_corrupt``,
+        ``pte_incompatible``; docs/backends.md), while it trains on its fallback backend; "" when
+        none was (optional: older clients do not send it).
     """
 
     client_id: str
@@ -268,11 +272,14 @@ class ClientStatus:
     instance: str = ""
     sent_unix: float = 0.0
     refresh_s: float = 0.0
+    program_fault: str = ""
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
         d["class_counts"] = list(self.class_counts)
+        if not self.program_fault:
+            del d["program_fault"]  # sent only when there is one: a coordinator of an older release reads the status as before
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -301,6 +308,8 @@ class ClientStatus:
                 raise ValueError("label_set and run_id must be strings, train_stats an object")
             if not isinstance(st.instance, str) or len(st.instance) > 64:
                 raise ValueError("instance must be a string of at most 64 characters")
+            if not isinstance(st.program_fault, str) or len(st.program_fault) > 64:
+                raise ValueError("program_fault must be a string of at most 64 characters")
             for name in ("sent_unix", "refresh_s"):
                 v = getattr(st, name)
                 if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e11:

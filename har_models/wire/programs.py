@@ -13,14 +13,18 @@ weights in a data file, and that data file's template). Envelope ``meta``:
 
 * ``run_id``: the run that answered;
 * ``program``: the exporter's metadata of the set (``spec``, ``key``, ``format``, ``train_batch``,
-  ``infer_batch``, ``params``, ``weights_ptd``; :func:`har_models.nn.export.ensure_programs`);
+  ``infer_batch``, ``params``, ``weights_ptd``, and ``executorch``, ``schema_version``,
+  ``pte_identifier``, ``files`` for the checks before loading; :func:`har_models.nn.export.ensure_programs`);
 * ``files``: ``{name: {"bytes": n, "sha256": hex}}`` for each file;
 * ``executorch``: the exporter's executorch version.
 
 On the receiver the set is stored in the exporter's cache layout (``<key>.train.pte``,
 ``<key>.infer.pte``, ``<key>.infer_static.pte``, ``<key>.weights.ptd``, ``<key>.json``; the
 metadata written last), so :func:`har_models.nn.export.ensure_programs` finds it without
-exporting. Nothing here imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
+exporting. Before a runtime loads a stored set, :func:`check_program_set` compares each ``.pte``'s
+header (file identifier, extended-header length, schema version) and the metadata with that
+runtime and raises :class:`ProgramRefused` (``pte_corrupt``, ``pte_incompatible``). Nothing here
+imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
 """
 
 from __future__ import annotations
@@ -254,3 +258,173 @@ def find_programs(folder: str | os.PathLike[str], spec: ArchSpec) -> dict[str, P
         if all(p.exists() for p in paths.values()):
             return paths
     return None
+
+
+# -- checking a program before a runtime loads it ------------------------------------------------
+
+PTE_IDENTIFIER = "ET12"
+"""The flatbuffer file identifier of an ExecuTorch program (``file_identifier`` in executorch's
+``schema/program.fbs``; bytes 4..8 of a ``.pte``, after the 4-byte offset of the root table)."""
+PTE_SCHEMA_VERSION = 0
+"""The ``Program.version`` (schema version) that executorch 1.4.0 writes (``exir/version.py``) and reads."""
+EXTENDED_HEADER_MAGIC = b"eh00"
+"""Magic of the extended header that follows the identifier (bytes 8..12) in every program the exporter writes."""
+
+
+class ProgramRefused(ProgramError):
+    """A stored program that the runtime here must not load; ``reason`` is ``pte_corrupt`` or ``pte_incompatible``."""
+
+
+@dataclass(frozen=True)
+class PteHeader:
+    """What the first bytes of a ``.pte`` say about it.
+
+    Layout (checked on programs written by executorch 1.4.0): bytes 0..4 the little-endian offset
+    of the flatbuffer's root table; 4..8 the file identifier (``ET12``); then the extended header:
+    ``eh00``, its length (u32, 32), the flatbuffer's size, the offset of the first data segment and
+    the segments' total size (u64 each). The schema version is the root table's first field,
+    ``Program.version`` (u32), absent from the flatbuffer when 0 (a flatbuffer default).
+
+    Attributes
+    ----------
+    identifier : str
+    schema_version : int
+    program_size : int
+        Bytes of the flatbuffer (0 when there is no extended header).
+    expected_size : int or None
+        Length the whole file must have (segments included); None when the header does not say.
+    """
+
+    identifier: str
+    schema_version: int
+    program_size: int
+    expected_size: int | None
+
+
+def read_pte_header(data: bytes, name: str = "program") -> PteHeader:
+    """Parse the identifier, extended header and schema version of a ``.pte`` (see :class:`PteHeader`).
+
+    Raises
+    ------
+    ProgramRefused
+        ``pte_corrupt`` when the bytes cannot be an ExecuTorch program: shorter than its header,
+        an identifier that is not four characters ``ET`` + two digits, or a root table or vtable
+        outside the flatbuffer.
+    """
+    import struct
+
+    if len(data) < 16:
+        raise ProgramRefused("pte_corrupt", f"{name}: {len(data)} bytes cannot hold an ExecuTorch program header")
+    ident = data[4:8].decode("ascii", errors="replace")
+    if not (ident.startswith("ET") and ident[2:].isdigit()):
+        raise ProgramRefused("pte_corrupt", f"{name}: file identifier {ident!r} is not an ExecuTorch program's ('{PTE_IDENTIFIER}')")
+    program_size, expected = len(data), None
+    if data[8:12] == EXTENDED_HEADER_MAGIC and len(data) >= 8 + 32:
+        hlen, program_size, seg_base, seg_size = struct.unpack_from("<IQQQ", data, 12)
+        if hlen < 24:
+            raise ProgramRefused("pte_corrupt", f"{name}: extended header of {hlen} bytes (at least 24)")
+        expected = seg_base + seg_size if seg_base and hlen >= 32 else program_size
+    limit = min(program_size, len(data))
+    root = struct.unpack_from("<I", data, 0)[0]
+    if not 8 <= root <= limit - 4:
+        raise ProgramRefused("pte_corrupt", f"{name}: root table offset {root} lies outside the program's {limit} bytes")
+    vtable = root - struct.unpack_from("<i", data, root)[0]
+    if not 0 <= vtable <= limit - 4:
+        raise ProgramRefused("pte_corrupt", f"{name}: vtable offset {vtable} lies outside the program's {limit} bytes")
+    vt_size = struct.unpack_from("<H", data, vtable)[0]
+    field0 = struct.unpack_from("<H", data, vtable + 4)[0] if vt_size >= 6 and vtable + 6 <= limit else 0
+    if field0 and root + field0 + 4 > limit:
+        raise ProgramRefused("pte_corrupt", f"{name}: schema version field lies outside the program")
+    version = struct.unpack_from("<I", data, root + field0)[0] if field0 else 0
+    return PteHeader(ident, int(version), int(program_size), None if expected is None else int(expected))
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """The ExecuTorch runtime that is to load the programs.
+
+    Attributes
+    ----------
+    name : str
+        In words, for messages ("Python runtime", "executorch-android AAR").
+    executorch : str
+        Its release ("1.4.0").
+    schema_version : int
+        The newest ``Program.version`` it reads.
+    identifier : str
+        The file identifier it expects.
+    """
+
+    name: str
+    executorch: str
+    schema_version: int = PTE_SCHEMA_VERSION
+    identifier: str = PTE_IDENTIFIER
+
+
+ANDROID_RUNTIME = RuntimeInfo("executorch-android AAR", "1.4.0")
+"""The Java runtime the app is built with (``org.pytorch:executorch-android:1.4.0`` in buildozer.spec)."""
+
+
+def _release(version: str) -> str:
+    """``"1.4.0+cpu"`` -> ``"1.4.0"``."""
+    return version.split("+", 1)[0]
+
+
+def check_program_set(paths: dict[str, Path], meta: dict[str, Any], runtime: RuntimeInfo, names: tuple[str, ...] | None = None) -> None:
+    """Refuse a stored program set that ``runtime`` cannot run, before it is loaded.
+
+    For each ``.pte`` of ``names`` (default: every file of :data:`PROGRAM_FILES`): its length and
+    sha256 against ``meta["files"]`` (when recorded), its header (:func:`read_pte_header`) and the
+    length the header gives, the identifier and the schema version against the runtime's; then the
+    exporter's recorded schema version. An exporter release other than the runtime's with the same
+    schema is allowed (the format is what decides) and named in the log by the caller.
+
+    Raises
+    ------
+    ProgramRefused
+        ``pte_corrupt`` (missing or unreadable file, length or sha256 not as recorded, a header
+        that cannot be a program, a file shorter or longer than its header says);
+        ``pte_incompatible`` (another identifier, or a schema version newer than the runtime's;
+        the message names the exporter's and the runtime's versions).
+    """
+    files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+    assert isinstance(files, dict)
+    exporter = str(meta.get("executorch", "unknown"))
+    for name in names or tuple(PROGRAM_FILES):
+        path = paths[name]
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise ProgramRefused("pte_corrupt", f"program file {path} cannot be read ({exc})") from None
+        info = files.get(name)
+        if isinstance(info, dict):
+            if len(data) != info.get("bytes"):
+                raise ProgramRefused("pte_corrupt", f"{path}: {len(data)} bytes, the metadata records {info.get('bytes')}")
+            if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+                raise ProgramRefused("pte_corrupt", f"{path}: sha256 differs from the one the metadata records")
+        if not str(path).endswith(".pte"):
+            continue
+        head = read_pte_header(data, str(path))
+        if head.expected_size is not None and head.expected_size != len(data):
+            raise ProgramRefused("pte_corrupt", f"{path}: {len(data)} bytes, its header says {head.expected_size} (truncated or "
+                                                "extended); fetch or export the programs again")  # fmt: skip
+        if head.identifier != runtime.identifier:
+            raise ProgramRefused("pte_incompatible", f"{path}: program identifier {head.identifier!r}, the {runtime.name} "
+                                                     f"(executorch {runtime.executorch}) expects {runtime.identifier!r}; "
+                                                     f"exporter {exporter}")  # fmt: skip
+        if head.schema_version > runtime.schema_version:
+            raise ProgramRefused("pte_incompatible", f"{path}: schema version {head.schema_version} (exporter {exporter}) is newer "
+                                                     f"than the {runtime.name}'s {runtime.schema_version} (executorch "
+                                                     f"{runtime.executorch}); export with the runtime's executorch release")  # fmt: skip
+    recorded = meta.get("schema_version")
+    if isinstance(recorded, int) and recorded > runtime.schema_version:
+        raise ProgramRefused("pte_incompatible", f"programs of schema version {recorded} (exporter {exporter}); the {runtime.name} "
+                                                 f"reads up to {runtime.schema_version} (executorch {runtime.executorch})")  # fmt: skip
+
+
+def exporter_differs(meta: dict[str, Any], runtime: RuntimeInfo) -> str | None:
+    """A sentence naming the exporter's and the runtime's releases when they differ (None when equal or unrecorded)."""
+    exporter = meta.get("executorch")
+    if not isinstance(exporter, str) or _release(exporter) == _release(runtime.executorch):
+        return None
+    return f"programs exported by executorch {exporter}, run by the {runtime.name} of executorch {runtime.executorch}"
