@@ -51,6 +51,10 @@ class CoordinatorConfig:
         client has come online for this many seconds.
     round_timeout_s : float
         Deadline of each exchange, seconds after its announcement.
+    status_refresh_s : float
+        Seconds between republications of the retained coordinator status (from a thread of
+        its own, so a long evaluation does not stop it); clients treat a status older than
+        three periods as a dead coordinator (docs/reliability.md, "A dead coordinator").
     fraction : float
         Share of eligible clients selected per round (1.0 = all, as FedDist).
     seed : int
@@ -118,6 +122,11 @@ class CoordinatorConfig:
     )
     round_timeout_s: float = field(
         default=900.0, metadata=doc("seconds before a round closes without the missing updates", "s", flag="--round-timeout")
+    )
+    status_refresh_s: float = field(
+        default=30.0,
+        metadata=doc("republish the retained coordinator status this often; clients treat one older than three "
+                     "periods as a dead coordinator", "s", flag="--status-refresh"),
     )
     fraction: float = field(default=1.0, metadata=doc("share of eligible clients selected per round (1.0 = all, as FedDist)"))
     seed: int = field(default=1, metadata=doc("seeds the initial model, client selection and local shuffling"))
@@ -196,6 +205,8 @@ class CoordinatorConfig:
             )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
+        if not self.status_refresh_s > 0:
+            raise ValueError(f"status_refresh_s must be > 0 (seconds between coordinator status refreshes), got {self.status_refresh_s}")
 
     @property
     def growth_mode(self) -> str:

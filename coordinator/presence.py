@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from har_models.wire.messages import PRESENCE_PERIODS, ClientStatus
+from har_models.wire.messages import PRESENCE_PERIODS, ClientStatus, fresh_until
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -50,11 +50,7 @@ class Presence:
         now = time.monotonic() if now is None else now
         now_unix = time.time() if now_unix is None else now_unix
         seen = self._seen.setdefault(st.client_id, _Seen(None))
-        if st.refresh_s > 0:
-            age = max(0.0, now_unix - st.sent_unix) if retained else 0.0
-            seen.fresh_until = now + self.periods * st.refresh_s - age
-        else:
-            seen.fresh_until = None
+        seen.fresh_until = fresh_until(st.sent_unix, st.refresh_s, retained, now, now_unix, self.periods)
         inst = st.instance
         if not inst:
             return

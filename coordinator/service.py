@@ -17,6 +17,7 @@ import functools
 import logging
 import queue
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -153,6 +154,13 @@ class Coordinator:
                 self.topics.coordinator_status, self._status_bytes("online"), retain=True
             ),
         )
+        # What this run keeps retained on the broker while it runs; a broker that crashes (no
+        # autosave, or one older than the round) comes back without it, so it is published
+        # again after every reconnection (_restore_retained, from the main thread).
+        self._open: tuple[int, list[str], str, bytes] | None = None  # round, selected, global id, announcement
+        self._progress_bytes: bytes | None = None  # the last progress message
+        self._restored_connects = 0  # the link's connection count the retained state was last published for
+        self._stop_refresh = threading.Event()
         self.presence = Presence()  # status expiry and duplicate client ids
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
@@ -163,7 +171,52 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ helpers
     def _status_bytes(self, state: str) -> bytes:
-        return CoordinatorStatus(state, self.cfg.run_id, self.attempt).to_bytes()
+        return CoordinatorStatus(
+            state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s
+        ).to_bytes()
+
+    def _refresh_status(self) -> None:
+        """Republish the retained "online" status every ``status_refresh_s`` seconds (own thread, until the run stops).
+
+        A client treats a coordinator status older than three periods as a dead coordinator
+        (its will may never have reached the broker); this thread keeps a live one fresh even
+        while the main thread aggregates or evaluates for minutes.
+        """
+        while not self._stop_refresh.wait(self.cfg.status_refresh_s):
+            if self._link.connected.is_set():
+                self._link.publish_nowait(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
+
+    def _restore_retained(self) -> None:
+        """After a reconnection, publish again what this run keeps retained: the open round's models and
+        announcement, and the last progress message (the status goes from the link's on-connect hook).
+
+        A broker that crashed and restarted empty (or from an autosave older than the round)
+        has lost them, and a client that subscribes finds no round to work on: the round then
+        waited for its deadline. Publishing again costs one more copy of the models for the
+        clients subscribed; a client that already answered the round does not train again.
+        Runs in the main thread (from :meth:`_pump`); a failure is logged and tried again after
+        the next reconnection, never fatal.
+        """
+        connects = self._link.connects
+        if connects <= self._restored_connects or not self._link.connected.is_set():
+            return
+        self._restored_connects = connects
+        if connects <= 1:
+            return
+        try:
+            if self._open is not None:
+                round_, selected, global_id, ann = self._open
+                new_global, personal, _ = self._publish_models(round_, selected)
+                expected = RoundAnnouncement.from_bytes(ann)
+                if new_global != global_id or personal != expected.personal_models:
+                    log.error("round %d: the models published again differ from the announced ones; clients may wait", round_)
+                self._link.publish(self.topics.round, ann, retain=True)
+                log.info("round %d: reconnected (connection #%d); published the round's models and announcement again",
+                         round_, connects)  # fmt: skip
+            if self._progress_bytes is not None:
+                self._link.publish(self.topics.progress, self._progress_bytes, retain=True)
+        except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+            log.warning("could not publish the retained round state again after reconnecting (%s); trying after the next", exc)
 
     def _pump(self, timeout: float) -> bool:
         """Handle at most one incoming message (waiting up to ``timeout`` seconds); False if none came.
@@ -173,6 +226,8 @@ class Coordinator:
         """
         if self._link.fatal is not None:
             raise self._link.fatal
+        if self._link.connects != self._restored_connects:
+            self._restore_retained()
         try:
             topic, payload, retained = self._link.inbox.get(timeout=timeout)
         except queue.Empty:
@@ -456,7 +511,9 @@ class Coordinator:
         )
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
-        self._link.publish(self.topics.round, ann.to_bytes(), retain=True)
+        ann_bytes = ann.to_bytes()
+        self._open = (round_, list(selected), global_id, ann_bytes)
+        self._link.publish(self.topics.round, ann_bytes, retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
         next_check = 0.0
         while not c.complete() and time.monotonic() < end:
@@ -472,6 +529,7 @@ class Coordinator:
             if not self._pump(0.0):
                 break
         self._collect = None
+        self._open = None
         self.receipts.close()
         for (cid, reason), n in sorted(c.rejected.items()):
             self.state.event(round_, cid, "rejected", f"{reason}: {n} message(s)")
@@ -582,6 +640,7 @@ class Coordinator:
         for rec in (record, record.without_details()):
             try:
                 payload = RoundProgress(self.cfg.run_id, rec.round, self.cfg.rounds, rec.to_json()).to_bytes()
+                self._progress_bytes = payload  # published again after a reconnection (_restore_retained)
                 self._link.publish(self.topics.progress, payload, retain=True)
                 return
             except ValueError as exc:  # too large for the message or the broker (PayloadTooLarge)
@@ -606,6 +665,8 @@ class Coordinator:
             if self._link.fatal is not None:
                 raise self._link.fatal
             raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
+        self._restored_connects = self._link.connects  # nothing of this run is retained yet
+        threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
         try:
             if not self.cfg.resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
                 raise StateError(
@@ -677,6 +738,7 @@ class Coordinator:
         except StateDamaged as exc:  # any read or write of the database, at any point of the run
             raise StateError(str(exc)) from None
         finally:
+            self._stop_refresh.set()
             self.programs.close()
             self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 

@@ -8,7 +8,11 @@ Delivery is end to end (docs/reliability.md, :mod:`edge_client.delivery`): an up
 delivered only when the coordinator's receipt for it arrives; until then it is sent again with
 back-off, while its round is open, and chunks the coordinator reports missing are sent again on
 their own.
-A round is acted on only while the coordinator that announced it is online for that run.
+A round is acted on only while the coordinator that announced it is online for that run, and
+its status is fresh: a coordinator that refreshes its retained status (``refresh_s``) and has not
+done so for :data:`~har_models.wire.messages.PRESENCE_PERIODS` periods is gone (it crashed and
+its will never reached the broker); the agent logs that once and shows it in
+:attr:`EdgeAgent.coordinator_presence`.
 Two processes with one client id are detected through the instance id in the client's own
 retained status, and both stop (exit code :data:`EXIT_DUPLICATE_ID`).
 
@@ -39,7 +43,15 @@ from har_io.mqtt_link import BrokerRefused, MqttLink
 from har_models.data.windowing import ChannelStats
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer
-from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, Receipt, RoundAnnouncement, offline_status
+from har_models.wire.messages import (
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    Receipt,
+    RoundAnnouncement,
+    fresh_until,
+    offline_status,
+)
 from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
@@ -141,6 +153,8 @@ class EdgeAgent:
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_model_bytes, shared=shared_transfers)
         self.announcement: RoundAnnouncement | None = None
         self.coordinator: CoordinatorStatus | None = None
+        self._coordinator_until: float | None = None  # monotonic time its status goes stale; None = never
+        self._coordinator_gone_logged = False
         self.models: OrderedDict[str, bytes] = OrderedDict()  # transfer id -> envelope (newest last)
         # (run, round, stage, transfer) that failed validation: keyed by the exchange, since a
         # later run may send byte-identical models.
@@ -343,9 +357,15 @@ class EdgeAgent:
             return
         if topic == self.topics.coordinator_status:
             try:
-                self.coordinator = CoordinatorStatus.from_bytes(payload)
+                co = CoordinatorStatus.from_bytes(payload)
             except MessageError as exc:
                 log.warning("[%s] ignoring malformed coordinator status: %s", cid, exc)
+                return
+            self.coordinator = co
+            self._coordinator_until = fresh_until(co.sent_unix, co.refresh_s, retained, time.monotonic(), time.time())
+            if self._coordinator_gone_logged and self._coordinator_fresh():
+                log.info("[%s] the coordinator of run %s is online again", cid, co.run_id)
+                self._coordinator_gone_logged = False
             return
         if topic == self.topics.client_receipt(cid):
             self._on_receipt(payload)
@@ -374,10 +394,42 @@ class EdgeAgent:
             while len(self.models) > 2:
                 self.models.popitem(last=False)
 
+    def _coordinator_fresh(self) -> bool:
+        """False once the coordinator's status is older than its promised refresh periods allow."""
+        until = self._coordinator_until
+        return until is None or time.monotonic() < until
+
+    @property
+    def coordinator_presence(self) -> str:
+        """The coordinator as this client sees it now, for a log or a screen (any thread).
+
+        ``"unknown"`` (no status yet), ``"offline"`` (its will or its last word), ``"gone"`` (it
+        said online but stopped refreshing: more than three of its ``refresh_s`` periods without a
+        status, so it crashed and its will was lost) or ``"online"``.
+        """
+        co = self.coordinator
+        if co is None:
+            return "unknown"
+        if co.state != "online":
+            return "offline"
+        return "online" if self._coordinator_fresh() else "gone"
+
     def _coordinator_runs(self, ann: RoundAnnouncement) -> bool:
         """True if the coordinator that announced ``ann`` is online for its run (not a dead run's leftovers)."""
         co = self.coordinator
-        return co is not None and co.state == "online" and co.run_id == ann.run_id and (not co.attempt or co.attempt == ann.attempt)
+        if co is None or co.state != "online" or co.run_id != ann.run_id or (co.attempt and co.attempt != ann.attempt):
+            return False
+        if self._coordinator_fresh():
+            return True
+        if not self._coordinator_gone_logged:
+            self._coordinator_gone_logged = True
+            age = time.time() - co.sent_unix
+            log.warning(
+                "[%s] the coordinator of run %s is gone: its status is %.0f s old and it promised one every %.0f s "
+                "(it stopped without its last will reaching the broker); not training on round %d until it is back",
+                self.cfg.client_id, co.run_id, age, co.refresh_s, ann.round,
+            )  # fmt: skip
+        return False
 
     def _maybe_work(self) -> None:
         self.delivery.poll(self._open_key())

@@ -283,7 +283,8 @@ class _Recorder:
     """Wraps the loaded static program and records the batch of every call."""
 
     def __init__(self, inner: Any):
-        self.inner, self.calls = inner, []
+        self.inner = inner
+        self.calls: list[tuple[str, int]] = []
 
     def run_method(self, method: str, inputs: tuple[Any, ...]) -> Any:
         self.calls.append((method, int(inputs[0].shape[0])))
@@ -294,14 +295,19 @@ class _Recorder:
 @pytest.mark.parametrize("n", [1, 7, 64, 65, 130])
 def test_static_program_is_fed_only_its_built_batches(programs: Any, n: int) -> None:
     """Partial chunks are zero-padded to ``infer_batch``; outputs equal the dynamic-batch program's within 1e-4."""
+    from edge_client.backends.executorch_rt import ExecuTorchBackend
+
     x, _ = _data(n, seed=3)
     w = _weights()
     static = make_backend("executorch", SPEC, w, BackendOptions(programs=programs, inference="static"))
+    assert isinstance(static, ExecuTorchBackend)
     static._static_program()
     rec = _Recorder(static._static)
     static._static = rec
     got = static.logits(x)
-    dynamic = make_backend("executorch", SPEC, w, BackendOptions(programs=programs, inference="inputs")).logits(x)
+    dynamic_backend = make_backend("executorch", SPEC, w, BackendOptions(programs=programs, inference="inputs"))
+    assert isinstance(dynamic_backend, ExecuTorchBackend)
+    dynamic = dynamic_backend.logits(x)
     assert got.shape == dynamic.shape == (n, SPEC.n_classes)
     assert float(np.abs(got - dynamic).max()) <= 1e-4 * max(1.0, float(np.abs(dynamic).max()))
     assert rec.calls and all((m, b) in (("forward_1", 1), ("forward_batch", 64)) for m, b in rec.calls)

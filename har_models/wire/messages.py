@@ -310,10 +310,7 @@ class ClientStatus:
                 raise ValueError("instance must be a string of at most 64 characters")
             if not isinstance(st.program_fault, str) or len(st.program_fault) > 64:
                 raise ValueError("program_fault must be a string of at most 64 characters")
-            for name in ("sent_unix", "refresh_s"):
-                v = getattr(st, name)
-                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e11:
-                    raise ValueError(f"{name} must be a number of seconds in [0, 1e11), got {v!r:.40}")
+            _check_seconds(st, ("sent_unix", "refresh_s"))
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
@@ -327,12 +324,49 @@ def offline_status(cid: str, instance: str = "") -> bytes:
 
 
 PRESENCE_PERIODS = 3
-"""A client status older than this many of its refresh periods counts as offline."""
+"""A status (a client's or the coordinator's) older than this many of its refresh periods counts as offline."""
+
+
+def fresh_until(sent_unix: float, refresh_s: float, retained: bool, now: float, now_unix: float,
+                periods: int = PRESENCE_PERIODS) -> float | None:  # fmt: skip
+    """Until when a presence status counts as present, on the receiver's monotonic clock (s).
+
+    A status promises another one every ``refresh_s`` seconds; it counts as present for
+    ``periods * refresh_s`` seconds. A live status (``retained`` False) is aged from its
+    arrival ``now`` (monotonic s); a retained one, delivered when the receiver subscribed, from
+    the time it carries (``sent_unix``, the sender's wall clock, against ``now_unix``, the
+    receiver's), so sender and receiver clocks must agree to well within the period. A stamp
+    in the receiver's future counts as age 0.
+
+    Returns
+    -------
+    float or None
+        Monotonic time after which the status is stale; None if it never goes stale
+        (``refresh_s`` 0: a sender that does not refresh).
+    """
+    if refresh_s <= 0:
+        return None
+    age = max(0.0, now_unix - sent_unix) if retained else 0.0
+    return now + periods * refresh_s - age
+
+
+def _check_seconds(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e11:
+            raise ValueError(f"{name} must be a number of seconds in [0, 1e11), got {v!r:.40}")
 
 
 @dataclass(frozen=True)
 class CoordinatorStatus:
     """Retained presence of the coordinator (last will: offline).
+
+    A coordinator whose will never reached the broker (the broker crashed with it, or the
+    network did) would stay "online" forever; so it republishes this status every
+    ``refresh_s`` seconds, and a client treats one older than :data:`PRESENCE_PERIODS`
+    periods as gone (:func:`fresh_until`). A status without the two fields (a coordinator
+    built before them) parses with ``refresh_s`` 0 and never expires; the fields are left
+    out of the message when ``refresh_s`` is 0, so it reads as before.
 
     Parameters
     ----------
@@ -341,15 +375,23 @@ class CoordinatorStatus:
         The run it serves; a client acts only on announcements of this run.
     attempt : str
         The coordinator process's attempt id (as in :class:`RoundAnnouncement`).
+    sent_unix : float
+        When the coordinator published this status (s since the epoch, its clock).
+    refresh_s : float
+        The coordinator republishes its status at least this often (s); 0 = never.
     """
 
     state: str
     run_id: str = ""
     attempt: str = ""
+    sent_unix: float = 0.0
+    refresh_s: float = 0.0
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
+        if not self.refresh_s:  # the message of a coordinator that does not refresh, as before the fields existed
+            del d["sent_unix"], d["refresh_s"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -365,7 +407,8 @@ class CoordinatorStatus:
         d.pop("protocol")
         try:
             st = cls(**d)
-        except TypeError as exc:
+            _check_seconds(st, ("sent_unix", "refresh_s"))
+        except (TypeError, ValueError) as exc:
             raise MessageError(f"coordinator status: {exc}") from None
         if st.state not in ("online", "offline") or not isinstance(st.run_id, str) or not isinstance(st.attempt, str):
             raise MessageError(f"coordinator status: bad state {st.state!r:.40} or ids")
