@@ -11,7 +11,6 @@ from typing import Any
 
 from coordinator import strategies
 from coordinator.config import CoordinatorConfig
-from coordinator.service import Coordinator, CoordinatorError, StateError
 from har_io.cli import (
     HelpFormatter,
     add_broker_arguments,
@@ -91,7 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker refused the login or TLS
-    failed (not retried), 5 federation failed, 6 run folder unusable (systemd does not restart on 4 or 6)."""
+    failed (not retried), 5 federation failed, 6 run folder unusable, 7 a required module is not installed
+    (systemd does not restart on 2, 3, 4, 6 or 7)."""
+    try:  # the service needs the coordinator extra (torch, tqdm, ...): a restart cannot install it
+        from coordinator.service import Coordinator, CoordinatorError, StateError
+    except ModuleNotFoundError as exc:
+        print(
+            f"fedhar-coordinator: the Python module {exc.name!r} is not installed in {sys.prefix}; install the "
+            f"coordinator's extra: pip install '.[coordinator]' --extra-index-url https://download.pytorch.org/whl/cpu",
+            file=sys.stderr,
+        )
+        return 7
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"

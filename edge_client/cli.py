@@ -183,9 +183,27 @@ def serve(
         client.store.close()
 
 
+# A module the chosen backend needs is not installed: a restart cannot help, the install has to change.
+EXIT_MISSING_MODULE = 7
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-client``; returns the exit status: 0 ok, 2 usage, 3 data, 4 the broker refused the
-    login, TLS failed or the state folder is in use, 5 another process uses this client id (2 to 5 are not retried)."""
+    login, TLS failed or the state folder is in use, 5 another process uses this client id, 7 a module the chosen
+    backend needs is not installed (2 to 7 are not retried by the systemd unit)."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        print(
+            f"fedhar-client: the Python module {exc.name!r} is not installed in {sys.prefix}, and this run needs it "
+            f"({exc}). Install it (torch: pip install torch --index-url https://download.pytorch.org/whl/cpu) or pick "
+            f"a backend that is installed, e.g. --backend numpy",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING_MODULE
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     client = prepare(argv)

@@ -45,3 +45,26 @@ def test_exec_start_options_exist(unit, parser):
     options = [a for a in argv if a.startswith("--")]
     known = {s for action in parser()._actions for s in action.option_strings}
     assert options and set(options) <= known, set(options) - known
+
+
+def _restart_prevented(unit: str) -> set[int]:
+    line = next(ln for ln in (UNITS / unit).read_text().splitlines() if ln.startswith("RestartPreventExitStatus="))
+    return {int(v) for v in line.split("=", 1)[1].split()}
+
+
+def test_restart_prevent_covers_every_exit_a_restart_cannot_fix():
+    """The programs' own codes (their main() docstrings) plus systemd's 203 EXEC, 217 USER, 243 CREDENTIALS.
+
+    Exit 1 (an unexpected error) and the coordinator's 5 (the federation failed) stay restartable.
+    The same units under a real systemd, on an arm64 board: tests/test_pi_board.py.
+    """
+    from coordinator.cli import main as coordinator_main
+    from edge_client.cli import EXIT_MISSING_MODULE
+    from edge_client.cli import main as client_main
+
+    systemd_own = {203, 217, 243}
+    assert EXIT_MISSING_MODULE == 7
+    assert _restart_prevented("fedhar-client@.service") == {2, 3, 4, 5, 7} | systemd_own
+    assert _restart_prevented("fedhar-coordinator.service") == {2, 3, 4, 6, 7} | systemd_own
+    assert "7 a module the chosen" in (client_main.__doc__ or "")
+    assert "7 a required module is not installed" in (coordinator_main.__doc__ or "")
