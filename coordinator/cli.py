@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(
             f"fedhar-coordinator: the Python module {exc.name!r} is not installed in {sys.prefix}; install the "
-            f"coordinator's extra: pip install '.[coordinator]' --extra-index-url https://download.pytorch.org/whl/cpu",
+            f"coordinator's extra: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu, "
+            f"then pip install '.[coordinator]'",
             file=sys.stderr,
         )
         return 7
