@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
     ap.add_argument("--run-dir", type=Path, default=None)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (for logs: the results are printed either way)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
