@@ -11,15 +11,18 @@ from typing import Any
 
 from coordinator import strategies
 from coordinator.config import CoordinatorConfig
+from har_io import exit_codes
 from har_io.cli import (
     HelpFormatter,
     add_broker_arguments,
+    add_logging_arguments,
     add_settings_arguments,
     broker_from_args,
     read_settings_file,
     settings_from,
     setup_logging,
 )
+from har_io.exit_codes import Exit
 from har_io.mqtt_link import BrokerRefused
 from har_models.data.splits import DEFAULT_SPLIT
 
@@ -62,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fedhar-coordinator",
         description="fedhar coordinator: runs federated rounds over MQTT",
+        epilog=exit_codes.epilog(exit_codes.COORDINATOR),
         formatter_class=HelpFormatter,
     )
     ap.add_argument("--federation", default="default", help="topic namespace fedhar/v1/<federation>")
@@ -81,17 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --eval-data: the clients' --split (blocks, paper, optionally +label_skew), so the union test set holds "
         "exactly their test windows (default %(default)s)",
     )
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap)
     add_broker_arguments(ap)
     add_federation_arguments(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-coordinator``: 0 ok, 2 usage, 3 data, 4 broker refused the login or TLS
-    failed (not retried), 5 federation failed, 6 run folder unusable, 7 a required module is not installed
-    (systemd does not restart on 2, 3, 4, 6 or 7)."""
+    """Entry point of ``fedhar-coordinator``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
+
+    0 ok, 2 usage, 3 data, 4 broker refused the login or TLS failed (not retried), 5 federation failed,
+    6 run folder unusable, 7 a required module is not installed, 130 SIGINT; systemd does not restart on
+    2, 3, 4, 6 or 7.
+    """
     try:  # the service needs the coordinator extra (torch, tqdm, ...): a restart cannot install it
         from coordinator.service import Coordinator, CoordinatorError, StateError
     except ModuleNotFoundError as exc:
@@ -101,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             f"then pip install '.[coordinator]'",
             file=sys.stderr,
         )
-        return 7
+        return Exit.MISSING_MODULE
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and args.run_dir is None:
         print("fedhar-coordinator: --resume needs --run-dir (and the same --run-id)", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     try:
         broker = broker_from_args(args)
         cfg = config_from_args(
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (ValueError, OSError) as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     evaluator = None
     if args.eval_data:
         from coordinator.evaluation import Evaluator
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluator = Evaluator(union_test_set(subject_sources(kind, Path(path)), split=split))
         except (ValueError, OSError) as exc:
             print(f"fedhar-coordinator: --eval-data {args.eval_data}: {exc}", file=sys.stderr)
-            return 3
+            return Exit.DATA
     try:
         Coordinator(
             cfg,
@@ -144,18 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         ).run()
     except StateError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return 6
+        return Exit.FOLDER_UNUSABLE
     except BrokerRefused as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return 4
+        return Exit.BROKER_REFUSED
     except CoordinatorError as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return 5
+        return Exit.FEDERATION_FAILED
     except KeyboardInterrupt:
         print(f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr)
-        return 130
+        return Exit.SIGINT
     print(f"fedhar-coordinator: run {run_id} finished; report: {cfg.run_dir / 'report.md'}")
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

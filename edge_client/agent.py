@@ -37,6 +37,7 @@ from edge_client.programs import PROGRAM_MODES, make_fetcher
 from edge_client.store import ClientStore
 from edge_client.trainer import ClientTrainer, RoundOutcome
 from har_io.broker_config import BrokerConfig
+from har_io.exit_codes import Exit
 from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerRefused, MqttLink
@@ -58,10 +59,10 @@ log = logging.getLogger("fedhar.client")
 
 BACKENDS = BACKEND_NAMES
 
-EXIT_BROKER_REFUSED = 4
-"""Exit code: the broker refused the login, or TLS failed (a restart cannot help)."""
-EXIT_DUPLICATE_ID = 5
-"""Exit code: another process uses this client id (a restart cannot help)."""
+EXIT_BROKER_REFUSED = Exit.BROKER_REFUSED
+"""Exit code: the broker refused the login, or TLS failed (a restart cannot help; :mod:`har_io.exit_codes`)."""
+EXIT_DUPLICATE_ID = Exit.DUPLICATE_ID
+"""Exit code: another process uses this client id (a restart cannot help; :mod:`har_io.exit_codes`)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
-from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io import exit_codes
+from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
+from har_io.exit_codes import Exit
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
 from har_models.wire.chunking import SharedTransfers
@@ -29,7 +31,10 @@ log = logging.getLogger("fedhar.client")
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="fedhar-client", description="fedhar edge client: local HAR training in a federation over MQTT", formatter_class=HelpFormatter
+        prog="fedhar-client",
+        description="fedhar edge client: local HAR training in a federation over MQTT",
+        epilog=exit_codes.epilog(exit_codes.CLIENT),
+        formatter_class=HelpFormatter,
     )
     ap.add_argument("--client-id", required=True, help="stable device id (letters, digits, _ . -)")
     ap.add_argument("--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)")
@@ -83,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap, progress=False)
     add_broker_arguments(ap)
     return ap
 
@@ -109,7 +114,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     Returns
     -------
     PreparedClient, or int
-        2 usage, 3 data (including "nothing to train on"), 4 state folder in use.
+        :class:`~har_io.exit_codes.Exit`: 2 usage, 3 data (including "nothing to train on"), 6 state folder in use.
     """
     args = build_parser().parse_args(argv)
     if args.state_dir is None:
@@ -131,16 +136,16 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         labels = recorded_labels(args.source) if source is None else source.labels
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     log.info("[%s] training backend: %s (%s)", args.client_id, backend, why)
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
     except StoreInUseError as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
-        return 4
+        return Exit.FOLDER_UNUSABLE
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: cannot open the state folder: {exc}", file=sys.stderr)
-        return 3
+        return Exit.DATA
     try:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
             n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
@@ -149,7 +154,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     except (ValueError, OSError) as exc:
         store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
-        return 3
+        return Exit.DATA
     log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
     if n_train == 0:
         store.close()
@@ -158,7 +163,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             f"both accelerometer and gyroscope recordings of known activities); nothing to train on",
             file=sys.stderr,
         )
-        return 3
+        return Exit.DATA
     return PreparedClient(cfg, store, args)
 
 
@@ -177,20 +182,23 @@ def serve(
             agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers)
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
             print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
-            return 2
+            return Exit.USAGE
         return agent.run(stop, max_seconds=client.args.max_seconds)
     finally:
         client.store.close()
 
 
 # A module the chosen backend needs is not installed: a restart cannot help, the install has to change.
-EXIT_MISSING_MODULE = 7
+EXIT_MISSING_MODULE = Exit.MISSING_MODULE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status: 0 ok, 2 usage, 3 data, 4 the broker refused the
-    login, TLS failed or the state folder is in use, 5 another process uses this client id, 7 a module the chosen
-    backend needs is not installed (2 to 7 are not retried by the systemd unit)."""
+    """Entry point of ``fedhar-client``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
+
+    0 ok, 2 usage, 3 data, 4 the broker refused the login or TLS failed, 6 another client holds the state
+    folder, 7 a module the chosen backend needs is not installed, 8 another process uses this client id;
+    the systemd unit restarts on none of these but 0 and 1.
+    """
     try:
         return _main(argv)
     except ModuleNotFoundError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from edge_client.recorder import RECORDED_LOG, Recorder
 from edge_client.window_log import WindowLog
+from har_io.cli import add_logging_arguments
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.record")
@@ -26,12 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedhar-record", description="record one labelled activity into the device's window log")
     ap.add_argument("--state-dir", type=Path, required=True, help="the device's state folder (the client's --state-dir)")
     ap.add_argument("--labels", default="hapt6", choices=sorted(LABEL_SETS), help="label set (default %(default)s)")
-    ap.add_argument("--activity", required=True, help="what you are about to do, e.g. walking")
+    activities = "; ".join(f"{name}: {', '.join(ls.names)}" for name, ls in sorted(LABEL_SETS.items()))
+    ap.add_argument("--activity", required=True, help=f"what you are about to do, one of the --labels set's activities ({activities})")
     ap.add_argument("--sensor", default="mpu6050:1:0x68", help="mpu6050[:BUS[:ADDRESS]] | android | replay:SOURCE (default %(default)s)")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to record, seconds (default %(default)s; Ctrl-C stops early)")
     ap.add_argument("--replay-speed", type=float, default=1.0, help="replay sources only: speed, 1 = real time")
     ap.add_argument("--max-windows", type=int, default=20_000, help="bound of the window log (default %(default)s)")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap, progress=False)
     return ap
 
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -72,7 +73,8 @@ def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
         text = md.get("help", "")
         if md.get("unit"):
             text += f" [{md['unit']}]"
-        text += f" (default {shown})"
+        if "default" not in text:  # a help that names its default (e.g. what None means) says it better than "None"
+            text += f" (default {shown})"
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": dest, "help": text}
         if md.get("kind") == "json":
             kw["type"] = _json_object
@@ -224,8 +226,41 @@ def setup_logging(level: str) -> None:
     logging.getLogger("paho").setLevel(logging.WARNING)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none or the help already names it."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def add_logging_arguments(ap: argparse.ArgumentParser, progress: bool = True) -> None:
+    """Add ``--log-level`` and, with ``progress``, ``--no-progress`` (the options every long-running program has)."""
+    ap.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="least severe log messages shown on stderr (default %(default)s; DEBUG adds every message received)",
+    )
+    if progress:
+        ap.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="no progress bar (for logs and services: the round lines are logged either way)",
+        )
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`x`, :func:`~a.b`, :data:`X`
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain(text: str) -> str:
+    """reST markup of a docstring made terminal text: ``x`` and :role:`x` become x (``~a.b`` keeps b)."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(0)[m.group(0).index("`") + 1] == "~" else m.group(1), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none or the help already names it.
+
+    Description and epilog keep their line breaks (the exit-status table of :mod:`har_io.exit_codes`).
+    """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from coordinator.config import CoordinatorConfig
 from coordinator.report import write_report
+from har_io.cli import plain
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.data.windowing import ChannelStats, WindowSet
@@ -139,7 +140,7 @@ def local_only(
 
 def main(argv: list[str] | None = None) -> int:
     """``fedhar-baseline``: centralised or local-only training with the federation's data and model."""
-    ap = argparse.ArgumentParser(prog="fedhar-baseline", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="fedhar-baseline", description=plain(__doc__.split("\n\n")[0]))
     ap.add_argument("mode", choices=("centralised", "local-only"))
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
     ap.add_argument("--run-dir", type=Path, default=None)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (for logs: the results are printed either way)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.record import RecordError, records
+from har_io.cli import HelpFormatter, plain
 
 MEASURES = ("global", "personalisation", "generalisation")
 
@@ -56,7 +57,7 @@ def table(runs: list[tuple[str, dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the comparison table of the given run folders (or ``report.json`` files)."""
-    ap = argparse.ArgumentParser(prog="fedhar-compare", description=__doc__)
+    ap = argparse.ArgumentParser(prog="fedhar-compare", description=plain(__doc__ or ""), formatter_class=HelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run folders holding report.json")
     args = ap.parse_args(argv)
     docs = []

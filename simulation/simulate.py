@@ -49,8 +49,10 @@ from coordinator.evaluation import Evaluator
 from coordinator.record import RoundRecord, records
 from coordinator.service import Coordinator, CoordinatorError, StateError
 from coordinator.state import RunState
+from har_io import exit_codes
 from har_io.broker_config import BrokerConfig
-from har_io.cli import HelpFormatter, add_broker_arguments, broker_from_args, setup_logging
+from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, plain, setup_logging
+from har_io.exit_codes import Exit
 from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 from simulation.broker import LOCAL_BROKERS
@@ -227,7 +229,12 @@ class MemoryMonitor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedhar-simulate", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedhar-simulate",
+        description=plain(__doc__.split("\n\n")[0]),
+        epilog=exit_codes.epilog(exit_codes.SIMULATE),
+        formatter_class=HelpFormatter,
+    )
     ap.add_argument("--dataset", choices=("hapt", "realworld"), default="hapt", help="dataset to replay (default hapt)")
     ap.add_argument("--data", type=Path, default=None, help="dataset location (default: the committed datasets/hapt)")
     ap.add_argument("--positions", default="", help="REALWORLD body positions to pool, comma-separated (default: all 7)")
@@ -280,8 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--threads-per-client", type=int, default=1, help="PyTorch threads per client process or worker (default 1)")
     ap.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap)
     add_broker_arguments(ap, default=None, broker_help="external broker HOST:PORT, e.g. a Mosquitto (default: start the embedded broker)")
     ap.add_argument(
         "--local-broker",
@@ -364,18 +370,18 @@ def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationP
     # Clients run in the project folder: every path they get must not depend on where this command was started.
     data = Path(data).resolve() if data is not None else None
     if data is None:
-        raise PlanError(2, "--dataset realworld needs --data PATH (the archive zip or its extracted folder)")
+        raise PlanError(Exit.USAGE, "--dataset realworld needs --data PATH (the archive zip or its extracted folder)")
     try:
         sources = subject_sources(args.dataset, Path(data), args.positions)
     except (FileNotFoundError, ValueError) as exc:
-        raise PlanError(3, str(exc)) from None
+        raise PlanError(Exit.DATA, str(exc)) from None
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
     sources, dropped = drop_empty_sources(sources)
     for cid, why in dropped.items():
         log.warning("client %s dropped at start: %s", cid, why)
     if not sources:
-        raise PlanError(3, "no subject has labelled windows to train on; check --data and --positions")
+        raise PlanError(Exit.DATA, "no subject has labelled windows to train on; check --data and --positions")
     if args.credentials_dir is not None:
         args.credentials_dir = args.credentials_dir.resolve()
     for opt in ("tls_ca", "tls_cert", "tls_key"):
@@ -385,16 +391,16 @@ def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationP
         settings = config_from_args(args, run_dir=Path("."))
         split = SplitSpec.parse(args.split, seed=settings.split_seed)
     except ValueError as exc:
-        raise PlanError(2, str(exc)) from None
+        raise PlanError(Exit.USAGE, str(exc)) from None
     if args.resume:
         if args.run_dir is None or not (args.run_dir / "state.sqlite").is_file():
-            raise PlanError(2, "--resume needs --run-dir of an earlier run (a folder with state.sqlite)")
+            raise PlanError(Exit.USAGE, "--resume needs --run-dir of an earlier run (a folder with state.sqlite)")
         try:
             earlier = RunState(args.run_dir)
             args.run_id = args.run_id or earlier.get("run_id")
             earlier.close()
         except sqlite3.DatabaseError as exc:  # coordinator.state.StateDamaged, with the file and the fix
-            raise PlanError(6, str(exc)) from None
+            raise PlanError(Exit.FOLDER_UNUSABLE, str(exc)) from None
         settings = replace(settings, resume=True)
     run_id = args.run_id or f"{args.dataset}-{settings.aggregation}-{time.strftime('%Y%m%d-%H%M%S')}"
     return SimulationPlan(
@@ -471,22 +477,22 @@ def run(p: SimulationPlan, t0: float | None = None) -> int:
             out.ok = True
         except StateError as exc:
             print(f"fedhar-simulate: {exc}", file=sys.stderr)
-            return 6
+            return Exit.FOLDER_UNUSABLE
         except CoordinatorError as exc:
             print(f"fedhar-simulate: {exc}", file=sys.stderr)
-            return 5
+            return Exit.FEDERATION_FAILED
         except ValueError as exc:
             print(f"fedhar-simulate: {exc}", file=sys.stderr)
-            return 2
+            return Exit.USAGE
         except (RuntimeError, OSError) as exc:
             print(f"fedhar-simulate: {exc}", file=sys.stderr)
-            return 4
+            return Exit.BROKER_REFUSED
         except KeyboardInterrupt as exc:
             out.stopped_by = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
         finally:
             stops.hold()  # from here on signals are only recorded: the stack's clean-up is bounded by its own timeouts
     if out.stopped_by is not None:
-        return 128 + out.stopped_by
+        return exit_codes.stopped_by(out.stopped_by)
     coord, header = out.coord, out.header
     assert coord is not None  # ok: the coordinator ran to its end
     wall = time.monotonic() - t0
@@ -510,7 +516,7 @@ def run(p: SimulationPlan, t0: float | None = None) -> int:
             f"global accuracy {fin.get('accuracy', float('nan')):.3f}, macro-F1 {fin.get('macro_f1', float('nan')):.3f}; "
             f"peak memory {monitor.as_dict()['peak_pss_mb']} MB (PSS, all processes)\nreport: {run_dir / 'report.md'}"
         )
-    return 0
+    return Exit.OK
 
 
 def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals, out: _Outcome) -> None:
@@ -632,8 +638,11 @@ def _detach_log(handler: logging.Handler) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-simulate``: 0 ok, 2 usage, 3 data, 4 broker, 5 federation failed,
-    6 run folder unusable (systemd does not restart on it), 128 + signal number when stopped."""
+    """Entry point of ``fedhar-simulate``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
+
+    0 ok, 2 usage, 3 data, 4 broker (refused, or it or the Ray cluster cannot be started), 5 federation failed,
+    6 run folder unusable, 128 + signal number when stopped (130 SIGINT, 143 SIGTERM).
+    """
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     t0 = time.monotonic()

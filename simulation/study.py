@@ -33,6 +33,9 @@ from typing import Any
 
 from coordinator import strategies
 from coordinator.config import CoordinatorConfig
+from har_io import exit_codes
+from har_io.cli import HelpFormatter, plain
+from har_io.exit_codes import Exit
 
 log = logging.getLogger("fedhar.study")
 
@@ -201,7 +204,7 @@ def run_grid(
         log.info("[%d/%d] %s: running", i + 1, len(cells), folder)
         rc = run(cell, argv)
         done.append(cell)
-        if rc in (130, 143):  # the cell's simulation was stopped by SIGINT/SIGTERM: stop the grid too, resumable
+        if rc in (Exit.SIGINT, Exit.SIGTERM):  # the cell's simulation was stopped by SIGINT/SIGTERM: stop the grid too, resumable
             log.error("%s: stopped by a signal (exit status %d); run the same command again to continue", folder, rc)
             raise StudyInterrupted(rc)
         if rc != 0 or not finished(folder):
@@ -230,7 +233,12 @@ def _run_in_process(cell: Cell, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedhar-study", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="fedhar-study",
+        description=plain(__doc__.split("\n\n")[0]),
+        epilog=exit_codes.epilog(exit_codes.STUDY),
+        formatter_class=HelpFormatter,
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/study"), help="study folder (default %(default)s)")
     ap.add_argument("--strategies", default="fedavg,fedavg+ala,feddwa,feddist",
                     help="comma-separated strategy names, switches joined by + (default %(default)s)")
@@ -253,8 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-study``: 0 when every cell finished, 1 when some did not, 2 on usage errors,
-    130/143 when SIGINT/SIGTERM stopped it (finished cells are kept; the same command continues)."""
+    """Entry point of ``fedhar-study``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
+
+    0 when every cell finished, 5 when some did not (it was 1, Python's own status for a traceback), 2 on
+    usage errors, 130/143 when SIGINT/SIGTERM stopped it (finished cells are kept; the same command continues).
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.split(",") if x]
     except ValueError as exc:
         print(f"fedhar-study: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     extra = tuple(a for a in args.extra if a != "--")
     s = StudySettings(args.rounds, args.local_epochs, args.lr, args.conv_filters, args.dense_units, args.clients,
                       args.dataset, args.data, args.split_seed, extra)
@@ -288,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(cells, s, out, args.results)
     missing = [c for c in cells if finished(c.folder(out)) is None]
     print(f"fedhar-study: {len(cells) - len(missing)}/{len(cells)} cells finished; {out / 'study.md'}")
-    return 1 if missing else 0
+    return Exit.FEDERATION_FAILED if missing else Exit.OK
 
 
 if __name__ == "__main__":

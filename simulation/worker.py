@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
-from har_io.cli import setup_logging
+from har_io.cli import add_logging_arguments, setup_logging
 from har_models.files import atomic_write_bytes
 from har_models.wire.chunking import SharedTransfers
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=Path, required=True, help="JSON file: a list of fedhar-client argument lists")
     ap.add_argument("--status-dir", type=Path, default=None, help="folder for each client's exit status (<client id>.exit)")
     ap.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads for the worker (default 1)")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap, progress=False)
     args = ap.parse_args(argv)
     setup_logging(args.log_level)
     try:

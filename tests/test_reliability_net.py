@@ -404,7 +404,7 @@ def test_two_processes_with_one_client_id_both_stop_with_a_clear_error(tmp_path)
         stopped = [(p, log) for p, log in ((first, "a1.log"), (second, "a2.log")) if p.poll() is not None]
         assert stopped, "neither process noticed the other within 150 s"
         for p, log in stopped:
-            assert p.returncode == 5, (tmp_path / log).read_text()[-2000:]
+            assert p.returncode == 8, (tmp_path / log).read_text()[-2000:]
             assert "another process is connected as client id 'dev-a'" in (tmp_path / log).read_text()
         w.close()
 

@@ -50,7 +50,7 @@ def test_a_client_with_no_windows_is_dropped_at_start(tmp_path: Path, caplog: py
 
 
 def test_when_every_client_exits_the_simulation_stops_with_their_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Another client holds both state folders, so each client process refuses to start (exit 4).
+    # Another client holds both state folders, so each client process refuses to start (exit 6).
     run_dir = tmp_path / "run"
     held = [ClientStore(run_dir / "clients" / cid, HAPT_LABELS, owner="squatter") for cid in ("hapt-01", "hapt-02")]
     try:
@@ -60,7 +60,7 @@ def test_when_every_client_exits_the_simulation_stops_with_their_error(tmp_path:
             st.close()
     assert rc == 5
     err = capsys.readouterr().err
-    assert "every client process exited (exit codes [4])" in err
+    assert "every client process exited (exit codes [6])" in err
     assert "is in use by a running fedhar client" in err and "client id squatter" in err
 
 

@@ -65,7 +65,7 @@ def test_second_process_is_refused_with_folder_pid_and_client_id(tmp_path, capsy
         )
         # the real program: a second fedhar-client with another id on the same --state-dir
         rc = cli.main(["--client-id", "dev-b", "--source", f"hapt:{USER05}", "--state-dir", str(tmp_path), "--broker", "127.0.0.1:1"])
-        assert rc == 4
+        assert rc == 6  # the folder cannot be used (har_io.exit_codes.Exit.FOLDER_UNUSABLE)
         assert f"state folder {tmp_path} is in use" in capsys.readouterr().err
         assert _stored_rows(tmp_path) == before  # nothing overwritten
         assert json.loads((tmp_path / LOCK_FILE).read_text())["client_id"] == "dev-a"

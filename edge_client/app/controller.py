@@ -31,6 +31,7 @@ from edge_client.sensors.base import SensorSource
 from edge_client.sensors.replay import SensorChunk
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
+from har_io.exit_codes import Exit
 from har_models.data.labels import LabelSet
 from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import LabelTrack
@@ -57,9 +58,9 @@ BACKOFF_MAX_S = 300.0
 PASSWORD_FILE = "credentials/mqtt.password"
 """Where the app keeps the broker password, relative to its private folder (mode 0600, folder 0700)."""
 
-EXIT_BROKER_REFUSED = 4
-EXIT_DUPLICATE_ID = 5
-"""Exit codes of :meth:`edge_client.agent.EdgeAgent.run` (repeated here: importing the agent module is deferred)."""
+EXIT_BROKER_REFUSED = Exit.BROKER_REFUSED
+EXIT_DUPLICATE_ID = Exit.DUPLICATE_ID
+"""Exit codes of :meth:`edge_client.agent.EdgeAgent.run` (from :mod:`har_io.exit_codes`: the agent module is imported later)."""
 
 
 @dataclass

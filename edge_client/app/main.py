@@ -16,7 +16,9 @@ from its background threads; every report is moved onto the UI thread with
 ``Clock.schedule_once`` before a widget is touched.
 
 Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main` parses the
-options first and imports Kivy afterwards (with ``KIVY_NO_ARGS=1``).
+options first and imports Kivy afterwards, in the environment :func:`prepare_kivy` sets
+(Kivy's documented ``KIVY_*`` variables: no argument parsing, Python's logging only, the
+SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from typing import Any
 from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, FederationView, LiveView, default_data_dir
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
+from har_io import exit_codes
+from har_io.cli import HelpFormatter, add_logging_arguments
+from har_io.exit_codes import Exit
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.app")
@@ -49,7 +54,12 @@ def pretty(activity: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``fedhar-app``."""
     on_android = "ANDROID_ARGUMENT" in os.environ or "ANDROID_PRIVATE" in os.environ
-    ap = argparse.ArgumentParser(prog="fedhar-app", description="fedhar on a device: record activities, see live predictions, federate")
+    ap = argparse.ArgumentParser(
+        prog="fedhar-app",
+        description="fedhar on a device: record activities, see live predictions, federate",
+        epilog=exit_codes.epilog(exit_codes.APP),
+        formatter_class=HelpFormatter,
+    )
     ap.add_argument("--state-dir", type=Path, default=None, help="device store (default: the app's data folder)")
     ap.add_argument("--client-id", default=None, help="device id in the federation (default: this host's name)")
     ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST:PORT (default %(default)s)")
@@ -68,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--replay-speed", type=float, default=1.0, help="replay speed, 1 = real time (default %(default)s)")
     ap.add_argument("--max-windows", type=int, default=20_000, help="bound of the recorded-window log (default %(default)s)")
-    ap.add_argument("--log-level", default="INFO")
+    add_logging_arguments(ap, progress=False)
     return ap
 
 
@@ -396,24 +406,73 @@ def create_app(
     return FedHarApp()
 
 
+KIVY_ENVIRONMENT = {"KIVY_NO_ARGS": "1", "KIVY_LOG_MODE": "PYTHON"}
+"""Kivy's environment for the app (``kivy.logger``, "Kivy's logging modes"): our options are not Kivy's, and
+Kivy logs through Python's root logger alone, so every line is printed once and in one format."""
+
+KIVY_CLIPBOARD = "sdl2,dummy"
+"""Clipboard providers off Android (``KIVY_CLIPBOARD``): the SDL2 window's own, else none, instead of probing
+xclip, xsel, dbus and gtk3 at start."""
+
+
+class _CutBufferNote(logging.Filter):
+    """Kivy's CRITICAL "Unable to find any valuable Cutbuffer provider" and its tracebacks, made one INFO line.
+
+    The cut buffer is X11's middle-click paste, optional for the app; Kivy probes it on Linux whatever the
+    clipboard setting (``kivy.core.clipboard``) and has no option to turn the probe off.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith("Cutbuffer: Unable to find"):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "Cutbuffer: no middle-click paste (install xclip or xsel to have it)", ()
+        return True
+
+
+def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_android: bool = False) -> None:
+    """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`) before Kivy is imported.
+
+    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays). The cut-buffer probe's alarm is
+    turned into a note (:class:`_CutBufferNote`).
+    """
+    env = os.environ if environ is None else environ
+    for key, value in KIVY_ENVIRONMENT.items():
+        env.setdefault(key, value)
+    if not on_android:
+        env.setdefault("KIVY_CLIPBOARD", KIVY_CLIPBOARD)
+    logging.getLogger("kivy").addFilter(_CutBufferNote())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-app``; returns the exit status (0 ok, 2 bad options)."""
+    """Entry point of ``fedhar-app``; returns the exit status (:mod:`har_io.exit_codes`): 0 ok, 2 bad options,
+    7 Kivy is not installed (the message names the extra to install)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("KIVY_NO_ARGS", "1")
+    prepare_kivy(on_android=args.sensor == "android")
+    try:
+        import kivy  # noqa: F401  (Kivy's logger starts here, in the environment just set)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "kivy":
+            raise
+        print(
+            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: pip install 'fedhar[app]' "
+            f"(from a checkout: pip install '.[app]')",
+            file=sys.stderr,
+        )
+        return Exit.MISSING_MODULE
     try:
         cfg = config_from_args(args, default_data_dir())
         if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
             from edge_client.app.service import RemoteController
 
             create_app(cfg, None, RemoteController, start_service=start_android_service).run()
-            return 0
+            return Exit.OK
         source = make_source(args.sensor, cfg.labels, args.replay_speed)
     except (ValueError, OSError) as exc:
         print(f"fedhar-app: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     create_app(cfg, source).run()
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":
