@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
@@ -148,6 +149,7 @@ class EdgeAgent:
         self.rounds_done = 0
         self.exit_code = 0
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
+        self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._stopped = threading.Event()
@@ -217,6 +219,7 @@ class EdgeAgent:
             instance=self.instance,
             sent_unix=time.time(),
             refresh_s=self.cfg.status_refresh_s,
+            sensing=self.sensing(),
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

@@ -254,6 +254,11 @@ class ClientStatus:
         The client republishes its status at least this often (s); 0 = never. A status
         older than :data:`PRESENCE_PERIODS` periods counts as offline (a device revoked or
         gone without a last will).
+    sensing : {"", "live", "paused"}
+        Optional (protocol-compatible: left out of the message when ""): "paused" when the
+        client's newest window is older than its freshness limit (the OS withheld the
+        sensors, e.g. Doze with the screen off), so it has no fresh data; "live" when it has;
+        "" when the client does not track it (a replayed dataset, an older client).
     """
 
     client_id: str
@@ -268,11 +273,14 @@ class ClientStatus:
     instance: str = ""
     sent_unix: float = 0.0
     refresh_s: float = 0.0
+    sensing: str = ""
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
         d["class_counts"] = list(self.class_counts)
+        if not self.sensing:  # optional: a client that does not track it sends the message it always sent
+            del d["sensing"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -309,6 +317,8 @@ class ClientStatus:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
             raise MessageError(f"client status: unknown state {st.state!r:.40}")
+        if st.sensing not in ("", "live", "paused"):
+            raise MessageError(f"client status: sensing must be '', 'live' or 'paused', got {st.sensing!r:.40}")
         return st
 
 
