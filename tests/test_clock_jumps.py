@@ -160,3 +160,24 @@ def test_settings_are_checked():
         Resampler(jump_ns=10, reorder_ns=200)
     with pytest.raises(ValueError, match="confirm_samples"):
         Resampler(confirm_samples=0)
+
+
+def test_paced_replay_does_not_wait_for_a_future_stamp():
+    from edge_client.sensors.replay import ReplaySource, arrival_stamps
+    from har_models.data.recording import Recording, SensorStream
+
+    t = clean()
+    assert np.array_equal(arrival_stamps(t), t)  # clean input: the running maximum
+    spiky = t.copy()
+    spiky[1500] += 3600 * S
+    a = arrival_stamps(spiky)
+    assert a[1500] == t[1499] and np.array_equal(np.delete(a, 1500), np.delete(t, 1500))
+    first = t.copy()
+    first[0] += 3600 * S
+    assert arrival_stamps(first)[0] == t[1] and np.array_equal(arrival_stamps(first)[1:], t[1:])
+    stepped = t.copy()
+    stepped[1500:] += 600 * S  # a real step still takes its time
+    assert np.array_equal(arrival_stamps(stepped), stepped)
+    v = np.zeros((N, 3))
+    rec = Recording("s", "spiky", SensorStream(spiky, v), SensorStream(t, v), LabelTrack(np.array([0]), np.array([7])))
+    assert ReplaySource(rec, speed=1.0).span_s == pytest.approx((N - 1) * 0.02)  # 59.98 s, not an hour
