@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
@@ -163,6 +164,7 @@ class EdgeAgent:
         self.rounds_done = 0
         self.exit_code = 0
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
+        self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._stopped = threading.Event()
@@ -233,6 +235,7 @@ class EdgeAgent:
             sent_unix=time.time(),
             refresh_s=self.cfg.status_refresh_s,
             program_fault=self.trainer.program_fault,
+            sensing=self.sensing(),
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

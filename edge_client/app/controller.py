@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from edge_client.app.predictor import Predictor, load_predictor
+from edge_client.freshness import SensingFreshness
 from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
@@ -228,6 +229,9 @@ class DeviceController:
         self._charging = charging
         self._supervise_s = supervise_s
         self._live_pipe = SensorPipeline(cfg.labels, LabelTrack.constant(0))  # every window kept, label unused
+        # A live source says which clock stamps its events (``clock_ns``); then a silent one (Doze) is "sensing paused".
+        clock_ns = getattr(source, "clock_ns", None)
+        self.freshness = SensingFreshness(clock_ns=clock_ns) if callable(clock_ns) else None
         self._predictor: Predictor | None = None
         self._model_mtime: float | None = None
         self.live = LiveView()
@@ -270,6 +274,8 @@ class DeviceController:
         if len(recorded):
             self._on_counts(self.recorder.counts())
         live = self._live_pipe.push(*chunk)
+        if self.freshness is not None:
+            self.freshness.note(live)
         if len(live):
             self._predict(live.x[-1:], int(live.t_start_ns[-1]) if live.t_start_ns is not None else 0, len(live))
 
@@ -473,6 +479,8 @@ class DeviceController:
             return
         self._agent_stop = stop = threading.Event()
         self._agent = agent
+        if self.freshness is not None:
+            agent.sensing = self.freshness.state
         self._agent_since = self._clock()
         if self._failures:
             with self._fed_lock:

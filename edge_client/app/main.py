@@ -133,17 +133,25 @@ def request_android_permissions(then: Callable[[], None]) -> None:
     request_permissions(missing, answered)
 
 
-def start_android_service() -> None:
+def start_android_service(on_error: Callable[[BaseException], None] | None = None) -> None:
     """Ask for the runtime permissions, then start the foreground service "Sensing" declared in buildozer.spec.
 
     python-for-android names the service's class ``Service<Name>`` in the app's package.
+    The start may run later, from the permission dialog's answer; an exception it raises
+    there (Android 12+: ``ForegroundServiceStartNotAllowedException`` when the app is in the
+    background) goes to ``on_error`` instead of crashing the app (re-raised without one).
     """
 
     def start() -> None:
-        from jnius import autoclass
+        try:
+            from jnius import autoclass
 
-        activity = autoclass("org.kivy.android.PythonActivity").mActivity
-        autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+            activity = autoclass("org.kivy.android.PythonActivity").mActivity
+            autoclass(f"{activity.getPackageName()}.ServiceSensing").start(activity, "")
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
 
     request_android_permissions(start)
 

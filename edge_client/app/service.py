@@ -238,6 +238,36 @@ class _RecorderState:
         return self.activity is not None
 
 
+BACKGROUND_START_REFUSED = "cannot start the sensing service from the background"
+"""What the Federation screen shows when Android 12+ refuses to start the foreground service."""
+
+FOREGROUND_START_NOT_ALLOWED = "android.app.ForegroundServiceStartNotAllowedException"
+"""Java class Android 12+ throws for ``startForegroundService`` from the background."""
+
+
+def service_start_error(exc: BaseException) -> str:
+    """Words for the screen about a failed service start.
+
+    pyjnius raises a Java exception as ``jnius.JavaException`` whose ``classname`` attribute
+    names the Java class; a ``ForegroundServiceStartNotAllowedException`` (by that class name,
+    the exception's own type name, or its message) gives :data:`BACKGROUND_START_REFUSED`,
+    anything else "cannot start the sensing service: <type>: <message>".
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    str
+    """
+    names = (str(getattr(exc, "classname", "") or ""), type(exc).__name__, str(exc))
+    short = FOREGROUND_START_NOT_ALLOWED.rsplit(".", 1)[1]
+    if any(short in n for n in names):
+        return BACKGROUND_START_REFUSED
+    return f"cannot start the sensing service: {type(exc).__name__}: {exc}"
+
+
 class RemoteController:
     """The UI's side: the :class:`~edge_client.app.controller.DeviceController` methods the screens use, over the two files.
 
@@ -248,8 +278,9 @@ class RemoteController:
         Unused (the service owns the sensors); accepted so both controllers build alike.
     on_live, on_counts, on_federation : callables, optional
         Called from the polling thread with what the service reported.
-    start_service : callable, optional
-        Starts the service (on Android, the p4a service class's ``start``); None: someone else does.
+    start_service : callable taking an error callback, optional
+        Starts the service (on Android, :func:`~edge_client.app.main.start_android_service`);
+        None: someone else does. See :meth:`start_sensing`.
     poll_s : float
         Seconds between looks at the status file.
     """
@@ -261,7 +292,7 @@ class RemoteController:
         on_live: Callable[[LiveView], None] | None = None,
         on_counts: Callable[[dict[str, int]], None] | None = None,
         on_federation: Callable[[FederationView], None] | None = None,
-        start_service: Callable[[], None] | None = None,
+        start_service: Callable[[Callable[[BaseException], None]], None] | None = None,
         poll_s: float = 0.3,
         **_: Any,
     ):
@@ -310,9 +341,26 @@ class RemoteController:
             self._on_federation(self.federation)
 
     def start_sensing(self) -> None:
-        """Start the service (it senses whether or not the UI is open)."""
-        if self._start_service is not None:
-            self._start_service()
+        """Start the service (it senses whether or not the UI is open).
+
+        ``start_service`` is called with one argument, a callable for a failure that happens
+        later (after a permission dialog); a failure raised at once is caught here too. Either
+        way nothing propagates: the Federation screen's ``error`` says what happened
+        (:func:`service_start_error`), e.g. Android 12+ refusing a foreground service started
+        from the background (``ForegroundServiceStartNotAllowedException``).
+        """
+        if self._start_service is None:
+            return
+        try:
+            self._start_service(self._service_failed)
+        except Exception as exc:  # a Java exception through pyjnius, or anything else: shown, never a crash
+            self._service_failed(exc)
+
+    def _service_failed(self, exc: BaseException) -> None:
+        text = service_start_error(exc)
+        log.warning("%s (%s: %s)", text, type(exc).__name__, exc)
+        self.federation = replace(self.federation, error=text)
+        self._on_federation(self.federation)
 
     def stop_sensing(self) -> None:
         """The service keeps sensing; closing the UI does not stop it."""

@@ -118,6 +118,17 @@ class AndroidSensorSource(SensorSource):
         self._events: list[AndroidEvent] = []
         self._lock = threading.Lock()
 
+    @staticmethod
+    def clock_ns() -> int:
+        """The clock the events are stamped with, now: ``SystemClock.elapsedRealtimeNanos()`` (ns since boot).
+
+        Lets the app tell a silent sensor (Doze, screen off) from a quiet one
+        (:class:`~edge_client.freshness.SensingFreshness`). Needs pyjnius (on the phone).
+        """
+        from jnius import autoclass
+
+        return int(autoclass("android.os.SystemClock").elapsedRealtimeNanos())
+
     def _append(self, event: AndroidEvent) -> None:
         with self._lock:
             self._events.append(event)

@@ -15,7 +15,9 @@ phone produced them, paced against the wall clock. Three modes, one code path:
 
 The arrival stamp of an event is the newest timestamp its sensor had produced up to and
 including it (a running maximum): an out-of-order event arrives right after the newer
-one it followed in the file, as it did on the phone. Each sensor's events keep their
+one it followed in the file, as it did on the phone. A lone stamp far in the future (the
+resampler's clock outlier, :func:`arrival_stamps`) does not count, or a paced replay would
+stall until the wall clock reached it. Each sensor's events keep their
 file order, so the resampler sees exactly the sequence an offline pass sees, and every
 mode yields the same windows as :func:`~har_models.data.pipeline.windows_from_recording`.
 """
@@ -33,6 +35,7 @@ import numpy as np
 from har_models.data.labels import LabelSet
 from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import Recording
+from har_models.data.resample import CLOCK_JUMP_NS, CONFIRM_SAMPLES
 from har_models.data.windowing import WindowSet
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,53 @@ SensorChunk = tuple[str, np.ndarray, np.ndarray]
 """``(sensor, t_ns (n,) int64, xyz (n, 3) float64)``: one batch of one sensor's events."""
 
 _SENSORS = ("acc", "gyro")
+
+
+def arrival_stamps(t_ns: np.ndarray, jump_ns: int = CLOCK_JUMP_NS, confirm: int = CONFIRM_SAMPLES) -> np.ndarray:
+    """Arrival stamp of each event of one sensor: the running maximum of its stamps, outliers left out.
+
+    A stamp more than ``jump_ns`` ahead of the running maximum counts only if at least
+    ``confirm - 1`` of the next ``confirm - 1`` stamps lie within ``jump_ns`` of it (a real
+    forward step of the clock, as the resampler's rule "Clock jumps" decides it); otherwise it
+    is a lone outlier and arrives with the running maximum before it (the first events, with
+    the first stamp that counts). Input without such jumps gives exactly the running maximum.
+
+    Parameters
+    ----------
+    t_ns : ndarray of shape (n,), int64, file order
+    jump_ns, confirm : int
+        As :class:`~har_models.data.resample.Resampler`.
+
+    Returns
+    -------
+    ndarray of shape (n,), int64, non-decreasing
+    """
+    t = np.asarray(t_ns, np.int64)
+    if t.size == 0:
+        return t
+    m = np.maximum.accumulate(t)
+    need = confirm - 1
+
+    def counts(k: int, x: int) -> bool:
+        nxt = t[k + 1 : k + 1 + need]
+        return nxt.size == 0 or int(np.sum(np.abs(nxt - x) <= jump_ns)) >= min(need, nxt.size)
+
+    if t.size > 1 and not np.any(t[1:] - m[:-1] > jump_ns) and counts(0, int(t[0])):
+        return m
+    out = np.empty_like(t)
+    cur: int | None = None
+    for k, x in enumerate(t.tolist()):
+        if (cur is None or x - cur > jump_ns) and not counts(k, x):
+            out[k] = _INT64_MIN if cur is None else cur  # an outlier: no time passes
+            continue
+        cur = x if cur is None else max(cur, x)
+        out[k] = cur
+    first = out[out != _INT64_MIN]
+    out[out == _INT64_MIN] = first[0] if first.size else t[0]
+    return np.maximum.accumulate(out)
+
+
+_INT64_MIN = int(np.iinfo(np.int64).min)
 
 
 @dataclass
@@ -140,8 +190,8 @@ class ReplaySource:
         self._sleep = sleep
         self.progress = ReplayProgress()
         streams = (recording.acc, recording.gyro)
-        # Arrival stamp: running maximum per sensor; merge keeps each sensor's file order.
-        arrival = [np.maximum.accumulate(s.t_ns) if len(s) else s.t_ns for s in streams]
+        # Arrival stamp: running maximum per sensor (lone clock outliers left out); merge keeps each sensor's file order.
+        arrival = [arrival_stamps(s.t_ns) for s in streams]
         key = np.concatenate(arrival)
         sensor = np.concatenate([np.full(len(s), i, np.int8) for i, s in enumerate(streams)])
         index = np.concatenate([np.arange(len(s)) for s in streams])

@@ -12,7 +12,7 @@ import numpy as np
 
 from har_models.data.labels import LabelSet
 from har_models.data.recording import LabelTrack, Recording
-from har_models.data.resample import PERIOD_50HZ_NS, Resampler, ResampleStats
+from har_models.data.resample import CONFIRM_SAMPLES, PERIOD_50HZ_NS, Resampler, ResampleStats
 from har_models.data.windowing import N_CHANNELS, STEP, WINDOW, Windower, WindowSet
 
 
@@ -29,8 +29,8 @@ class SensorPipeline:
         Window length and step in samples (128, 64).
     period_ns : int
         Grid period (20 ms = 50 Hz).
-    max_gap_ns, reorder_ns : int
-        See :class:`~har_models.data.resample.Resampler`.
+    max_gap_ns, reorder_ns, jump_ns, confirm_samples : int
+        See :class:`~har_models.data.resample.Resampler` (``jump_ns`` None: its default).
     """
 
     def __init__(
@@ -42,10 +42,12 @@ class SensorPipeline:
         period_ns: int = PERIOD_50HZ_NS,
         max_gap_ns: int = 100_000_000,
         reorder_ns: int = 200_000_000,
+        jump_ns: int | None = None,
+        confirm_samples: int = CONFIRM_SAMPLES,
     ):
         self.labels = labels
         self._track = label_track or LabelTrack(np.empty(0, np.int64), np.empty(0, np.int64))
-        self._resampler = Resampler(period_ns, max_gap_ns, reorder_ns)
+        self._resampler = Resampler(period_ns, max_gap_ns, reorder_ns, jump_ns, confirm_samples)
         self._windower = Windower(window, step, period_ns)
 
     @property
@@ -96,7 +98,7 @@ def windows_from_recording(rec: Recording, labels: LabelSet, **pipeline_kwargs: 
     rec : Recording
     labels : LabelSet
     **pipeline_kwargs
-        ``window``, ``step``, ``period_ns``, ``max_gap_ns``, ``reorder_ns``.
+        ``window``, ``step``, ``period_ns``, ``max_gap_ns``, ``reorder_ns``, ``jump_ns``, ``confirm_samples``.
     """
     pipe = SensorPipeline(labels, rec.labels, **pipeline_kwargs)
     parts = [pipe.push("acc", rec.acc.t_ns, rec.acc.xyz), pipe.push("gyro", rec.gyro.t_ns, rec.gyro.xyz), pipe.close()]

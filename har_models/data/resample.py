@@ -20,6 +20,22 @@ gives bit-identical output:
   ``max_gap_ns`` apart is not invented: it is skipped, which the windower sees as a break
   in the grid (timestamps jump), so no window spans a gap. Skipped points are counted, not
   generated, so a gap of any length (a phone clock jumping by days) costs nothing.
+* **Clock jumps.** A sample stamped more than ``jump_ns`` (default 1 s) ahead of its
+  stream's newest sample is not believed at once: one such stamp would otherwise make
+  every later sample late (Android's boot clock reset, an NTP step, a wrong first stamp).
+  It is held aside in a *suspect group* with the samples that follow it within
+  ``jump_ns``. If the stream's own clock gets ``confirm_samples`` (default 25, 0.5 s at
+  50 Hz) more samples first, the group was an outlier: its samples are dropped
+  (``outliers_dropped``, one warning per resampler). If the group gets ``confirm_samples``
+  samples first, the clock really stepped forward: the group is taken, in arrival order,
+  as the stream's continuation (``clock_steps``), which is a gap wider than ``max_gap_ns``,
+  so no window spans it, and the samples of the old clock that still arrive are late. The
+  start of a stream is judged the same way: until one group of mutually close stamps has
+  ``confirm_samples`` samples, the first stamp is no reference, so a wrong first stamp (far
+  ahead or far behind the rest) is dropped, not taken as the clock. At :meth:`Resampler.close`
+  an undecided group is kept if it has more samples than its stream received since it
+  opened (a step near the end of a recording), and at the start the largest group wins.
+  Decisions depend on the order of arrivals only, never on how they are chunked.
 * **Non-finite values.** A sample with a NaN or infinite value is treated as missing (it
   does not count as the stream's newest sample either).
 * **Anti-aliasing.** A stream sampled faster than the grid (phones often deliver 100-200 Hz;
@@ -42,7 +58,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +75,15 @@ RATE_PROBE_INTERVALS = 50
 
 MAX_OVERSAMPLING = 32
 """Largest factor M of the fine grid (period / M) an anti-aliased stream is interpolated onto (1.6 kHz at 50 Hz)."""
+
+CLOCK_JUMP_NS = 1_000_000_000
+"""Default ``jump_ns``: a stamp this far (1 s) ahead of its stream's newest sample is suspect until confirmed."""
+
+CONFIRM_SAMPLES = 25
+"""Default ``confirm_samples``: samples (0.5 s at 50 Hz) that decide between a clock step and an outlier."""
+
+MAX_SUSPECT_GROUPS = 8
+"""Suspect groups held at once per stream; opening one more drops the oldest as outliers."""
 
 FIR_STOPBAND_DB = 60.0
 """Stop-band attenuation of the anti-alias filter, dB (Kaiser window design)."""
@@ -85,6 +110,11 @@ class ResampleStats:
         Grid points inside the common span of the streams that fell into a gap.
     nonfinite_dropped : int
         Raw samples with a NaN or infinite value.
+    outliers_dropped : int
+        Raw samples stamped more than ``jump_ns`` away from their stream's clock that too few
+        later samples followed (a lone future stamp, a wrong first stamp).
+    clock_steps : int
+        Forward steps of a stream's clock that were confirmed and taken as a gap.
     """
 
     accepted: int = 0
@@ -93,6 +123,8 @@ class ResampleStats:
     grid_points: int = 0
     gap_points_skipped: int = 0
     nonfinite_dropped: int = 0
+    outliers_dropped: int = 0
+    clock_steps: int = 0
 
 
 def anti_alias_factor(median_spacing_ns: float, period_ns: int = PERIOD_50HZ_NS) -> int:
@@ -505,13 +537,40 @@ def _join(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.nd
     return np.concatenate([p[0] for p in parts]), np.vstack([p[1] for p in parts])
 
 
+@dataclass
+class _SuspectGroup:
+    """Samples held because their stamps are far from the stream's clock (internal).
+
+    ``t``/``v`` in arrival order, ``top`` their newest stamp, ``seen`` the samples the
+    stream's own clock received since the group opened.
+    """
+
+    top: int
+    t: list[int] = field(default_factory=list)
+    v: list[np.ndarray] = field(default_factory=list)
+    seen: int = 0
+
+
 class _StreamBuffer:
     """Per-sensor reorder buffer, rate probe, optional anti-alias stage and released history (internal)."""
 
-    def __init__(self, reorder_ns: int, period_ns: int, max_gap_ns: int) -> None:
+    def __init__(
+        self,
+        reorder_ns: int,
+        period_ns: int,
+        max_gap_ns: int,
+        jump_ns: int = CLOCK_JUMP_NS,
+        confirm: int = CONFIRM_SAMPLES,
+        name: str = "stream",
+        warned: set[str] | None = None,
+    ) -> None:
         self.reorder_ns = reorder_ns
         self.period_ns, self.max_gap_ns = period_ns, max_gap_ns
-        self.newest = _INT64_MIN  # newest timestamp seen (accepted or not)
+        self.jump_ns, self.confirm, self.name = jump_ns, confirm, name
+        self._warned = warned if warned is not None else set()
+        self.clock_known = False  # False until one group of close stamps has `confirm` samples
+        self.groups: list[_SuspectGroup] = []  # held samples far from the stream's clock, oldest first
+        self.newest = _INT64_MIN  # newest timestamp seen on the stream's clock (accepted or not)
         self.last_raw = _INT64_MIN  # newest raw sample released so far
         self.pending_t = np.empty(0, np.int64)  # accepted, not yet released (arrival order)
         self.pending_v = np.empty((0, 3), np.float64)
@@ -523,6 +582,97 @@ class _StreamBuffer:
         self.released_v = np.empty((0, 3), np.float64)
 
     def push(self, t: np.ndarray, v: np.ndarray, stats: ResampleStats) -> None:
+        """Route samples (arrival order) to the stream's clock or to suspect groups (module rule "Clock jumps")."""
+        i, n = 0, t.size
+        while i < n:
+            if self.clock_known and not self.groups:
+                # Fast path: everything up to the first stamp far ahead of the running maximum.
+                prev = np.maximum.accumulate(np.concatenate([np.array([self.newest], np.int64), t[i : n - 1]]))
+                ahead = t[i:] - prev > self.jump_ns  # prev is a real stamp here: no overflow
+                far = np.flatnonzero(ahead)
+                j = n if far.size == 0 else i + int(far[0])
+                self._accept(t[i:j], v[i:j], stats)
+                i = j
+                if i < n:
+                    self._suspect(int(t[i]), v[i], stats)
+                    i += 1
+            else:
+                x = int(t[i])
+                if self.clock_known and x <= self.newest + self.jump_ns:
+                    self._accept(t[i : i + 1], v[i : i + 1], stats)
+                    for g in self.groups:
+                        g.seen += 1
+                    stale = [g for g in self.groups if g.seen >= self.confirm]
+                    for g in stale:
+                        self._drop(g, stats)
+                else:
+                    self._suspect(x, v[i], stats)
+                i += 1
+
+    def _suspect(self, x: int, v: np.ndarray, stats: ResampleStats) -> None:
+        """Hold a sample far from the stream's clock in the first group it fits, or a new one."""
+        g = next((g for g in self.groups if abs(x - g.top) <= self.jump_ns), None)
+        if g is None:
+            if len(self.groups) >= MAX_SUSPECT_GROUPS:
+                self._drop(self.groups[0], stats)
+            g = _SuspectGroup(x)
+            self.groups.append(g)
+        g.t.append(x)
+        g.v.append(np.array(v, np.float64))
+        g.top = max(g.top, x)
+        if len(g.t) >= self.confirm:
+            self._take(g, stats)
+
+    def _take(self, g: _SuspectGroup, stats: ResampleStats) -> None:
+        """Group ``g`` is the stream's clock from now on; every other held group was an outlier."""
+        for other in [o for o in self.groups if o is not g]:
+            self._drop(other, stats)
+        self.groups = []
+        if self.clock_known:
+            stats.clock_steps += 1
+            self._warn_once(
+                "step",
+                "%s clock stepped forward by %.3f s; taken as a gap (no window spans it)",
+                self.name,
+                (g.t[0] - self.newest) / 1e9,
+            )
+        self.clock_known = True
+        self._accept(np.array(g.t, np.int64), np.array(g.v, np.float64).reshape(-1, 3), stats)
+
+    def _drop(self, g: _SuspectGroup, stats: ResampleStats) -> None:
+        self.groups = [o for o in self.groups if o is not g]
+        stats.outliers_dropped += len(g.t)
+        where = "far from the stream's first settled stamps"
+        if self.clock_known:
+            where = f"{(g.t[0] - self.newest) / 1e9:+.3f} s from the stream's clock"
+        self._warn_once(
+            "outlier",
+            "%s: dropped %d sample(s) stamped %s (a clock outlier); later ones are only counted in outliers_dropped",
+            self.name,
+            len(g.t),
+            where,
+        )
+
+    def _warn_once(self, kind: str, msg: str, *args: object) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(msg, *args)
+
+    def settle(self, stats: ResampleStats) -> None:
+        """End of the recording: decide the groups still held (module rule "Clock jumps")."""
+        if not self.groups:
+            return
+        if not self.clock_known:  # the start never settled: the largest group (first among equals) is the clock
+            self._take(max(self.groups, key=lambda g: len(g.t)), stats)
+            return
+        for g in list(self.groups):
+            if g in self.groups:
+                if len(g.t) > g.seen:
+                    self._take(g, stats)
+                else:
+                    self._drop(g, stats)
+
+    def _accept(self, t: np.ndarray, v: np.ndarray, stats: ResampleStats) -> None:
         if t.size == 0:
             return
         # A sample is late when it is not newer than (running max of earlier arrivals - reorder).
@@ -538,6 +688,8 @@ class _StreamBuffer:
         self.pending_v = np.vstack([self.pending_v, v[keep]])
 
     def release(self, final: bool, stats: ResampleStats) -> None:
+        if final:
+            self.settle(stats)
         t, v = np.empty(0, np.int64), np.empty((0, 3), np.float64)
         if self.pending_t.size:
             cutoff = _INT64_MAX if final else self.newest - self.reorder_ns
@@ -607,6 +759,12 @@ class Resampler:
         also the output latency, plus the rate probe's :data:`RATE_PROBE_INTERVALS` samples
         at the start of each stream and the anti-alias filter's delay (about 0.12 s) for a
         fast stream.
+    jump_ns : int, optional
+        A stamp more than this far ahead of its stream's newest sample is suspect (module
+        rule "Clock jumps"); default ``max(CLOCK_JUMP_NS, max_gap_ns, reorder_ns)`` (1 s).
+    confirm_samples : int
+        Samples that decide between a clock step and an outlier (default 25); this is also
+        the extra latency after a real gap longer than ``jump_ns``.
 
     A stream faster than :data:`ANTI_ALIAS_RATIO` times the grid rate is low-passed before
     decimation (:class:`AntiAliasDecimator`); :attr:`factors` tells which.
@@ -623,15 +781,34 @@ class Resampler:
 
     SENSORS = ("acc", "gyro")
 
-    def __init__(self, period_ns: int = PERIOD_50HZ_NS, max_gap_ns: int = 100_000_000, reorder_ns: int = 200_000_000):
+    def __init__(
+        self,
+        period_ns: int = PERIOD_50HZ_NS,
+        max_gap_ns: int = 100_000_000,
+        reorder_ns: int = 200_000_000,
+        jump_ns: int | None = None,
+        confirm_samples: int = CONFIRM_SAMPLES,
+    ):
         if period_ns <= 0 or max_gap_ns <= 0 or reorder_ns < 0:
             raise ValueError(
                 f"Resampler: period_ns ({period_ns}) and max_gap_ns ({max_gap_ns}) must be > 0, reorder_ns ({reorder_ns}) >= 0"
             )
+        if jump_ns is None:
+            jump_ns = max(CLOCK_JUMP_NS, int(max_gap_ns), int(reorder_ns))
+        if jump_ns < reorder_ns or jump_ns <= 0 or confirm_samples < 1:
+            raise ValueError(
+                f"Resampler: jump_ns ({jump_ns}) must be > 0 and >= reorder_ns ({reorder_ns}), "
+                f"confirm_samples ({confirm_samples}) >= 1; the defaults (1 s, 25) suit 50 Hz sensors"
+            )
         self.period_ns = int(period_ns)
         self.max_gap_ns = int(max_gap_ns)
+        self.jump_ns, self.confirm_samples = int(jump_ns), int(confirm_samples)
         self.stats = ResampleStats()
-        self._streams = {s: _StreamBuffer(int(reorder_ns), self.period_ns, self.max_gap_ns) for s in self.SENSORS}
+        warned: set[str] = set()  # clock warnings are logged once per resampler
+        self._streams = {
+            s: _StreamBuffer(int(reorder_ns), self.period_ns, self.max_gap_ns, self.jump_ns, self.confirm_samples, s, warned)
+            for s in self.SENSORS
+        }
         self._next_grid: int | None = None  # next grid time to consider
         self._closed = False
 

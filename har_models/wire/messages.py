@@ -258,6 +258,11 @@ class ClientStatus:
         Why this client's ExecuTorch programs were refused before loading (``pte_corrupt``,
         ``pte_incompatible``; docs/backends.md), while it trains on its fallback backend; "" when
         none was (optional: older clients do not send it).
+    sensing : {"", "live", "paused"}
+        Optional (protocol-compatible: left out of the message when ""): "paused" when the
+        client's newest window is older than its freshness limit (the OS withheld the
+        sensors, e.g. Doze with the screen off), so it has no fresh data; "live" when it has;
+        "" when the client does not track it (a replayed dataset, an older client).
     """
 
     client_id: str
@@ -273,6 +278,7 @@ class ClientStatus:
     sent_unix: float = 0.0
     refresh_s: float = 0.0
     program_fault: str = ""
+    sensing: str = ""
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -280,6 +286,8 @@ class ClientStatus:
         d["class_counts"] = list(self.class_counts)
         if not self.program_fault:
             del d["program_fault"]  # sent only when there is one: a coordinator of an older release reads the status as before
+        if not self.sensing:  # optional: a client that does not track it sends the message it always sent
+            del d["sensing"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -315,6 +323,8 @@ class ClientStatus:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
             raise MessageError(f"client status: unknown state {st.state!r:.40}")
+        if st.sensing not in ("", "live", "paused"):
+            raise MessageError(f"client status: sensing must be '', 'live' or 'paused', got {st.sensing!r:.40}")
         return st
 
 
