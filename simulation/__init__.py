@@ -4,8 +4,9 @@
 * :mod:`~simulation.fleet` and :mod:`~simulation.worker`: the engines (one process per client,
   virtual clients in workers, Ray actors) and the worker that hosts virtual clients;
 * :mod:`~simulation.broker`: the embedded amqtt broker and the loopback Mosquitto;
-* :mod:`~simulation.study` and :mod:`~simulation.study_report`: the strategy grid (cells,
-  running, resuming) and its report (tables over seeds, figures);
+* :mod:`~simulation.study`, :mod:`~simulation.study_cells` and :mod:`~simulation.study_report`:
+  the strategy grid (running, resuming), its cells and shared settings, and its report
+  (tables over seeds, figures);
 * :mod:`~simulation.probe`, :mod:`~simulation.baselines`, :mod:`~simulation.compare`: the
   in-process tuning probe, centralised and local-only baselines, and the comparison table.
 """

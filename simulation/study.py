@@ -7,7 +7,8 @@ interrupted study resumes where it stopped. Next to the federated cells, the cen
 and local-only baselines (:mod:`simulation.baselines`) are trained on the same windows,
 split and seeds for ``rounds x local_epochs`` passes.
 
-This module is the grid: its cells, their command lines, running and resuming them. What
+This module is the grid: its cells' command lines, running and resuming them (the cells and
+their shared settings are :mod:`simulation.study_cells`). What
 the study writes from the finished cells into ``OUT`` (``study.md``, ``study.json`` and the
 plots) is :mod:`simulation.study_report`.
 
@@ -21,26 +22,24 @@ cells of a split share the same test windows.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from coordinator import strategies
-from coordinator.config import CoordinatorConfig
 from har_io import exit_codes
 from har_io.cli import HelpFormatter, plain
 from har_io.exit_codes import Exit
+from simulation.study_cells import BASELINES, MEASURES, Cell, StudySettings, finished
+from simulation.study_report import write_outputs
 
 log = logging.getLogger("fedhar.study")
 
-MEASURES = ("global", "personalisation", "generalisation")
-BASELINES = ("centralised", "local-only")
+__all__ = ["BASELINES", "MEASURES", "Cell", "StudySettings", "finished", "main", "run_grid", "strategy_args"]
+
 
 
 def strategy_args(name: str) -> list[str]:
@@ -70,88 +69,6 @@ def strategy_args(name: str) -> list[str]:
     if "--aggregation" not in args:
         args = ["--aggregation", strategies.FedAvg.name, *args]
     return args
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One run of the grid: a split, a strategy (or a baseline) and a seed."""
-
-    split: str
-    strategy: str
-    seed: int
-
-    def folder(self, out: Path) -> Path:
-        """``OUT/<split>/<strategy>/seed<k>``."""
-        return out / self.split / self.strategy / f"seed{self.seed}"
-
-
-def finished(folder: Path) -> dict[str, Any] | None:
-    """The report of a finished cell, else None.
-
-    Finished means: ``report.json`` has its final figures and wall time, and a federated
-    run has every round its configuration asked for. A simulation stopped by a signal also
-    writes its report with a wall time, after fewer rounds; that cell is not finished.
-    """
-    path = folder / "report.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not doc.get("final") or doc.get("wall_seconds") is None:
-        return None
-    planned = (doc.get("config") or {}).get("rounds")
-    if isinstance(planned, int) and len(doc.get("rounds") or []) < planned:
-        return None
-    return doc
-
-
-_FED = CoordinatorConfig(run_dir=Path("."))
-"""The federation's defaults, which a study's cells share unless told otherwise."""
-
-
-@dataclass(frozen=True)
-class StudySettings:
-    """What every cell shares.
-
-    Parameters
-    ----------
-    rounds, local_epochs : int
-        Federated rounds and local epochs (baselines train ``rounds * local_epochs`` epochs).
-    lr : float
-        Client (and baseline) SGD learning rate.
-    conv_filters, dense_units : int
-        CNN widths.
-    clients : int
-        First N subjects (0 = all).
-    dataset : {"hapt", "realworld"}
-    data : Path or None
-        Dataset location (default: the committed HAPT).
-    split_seed : int
-        Seed of every split.
-    extra : tuple of str
-        Further ``fedhar-simulate`` options, given to every federated cell.
-    """
-
-    rounds: int = _FED.rounds
-    local_epochs: int = _FED.local_epochs
-    lr: float = _FED.lr
-    conv_filters: int = _FED.conv_filters
-    dense_units: int = _FED.dense_units
-    clients: int = 0
-    dataset: str = "hapt"
-    data: Path | None = None
-    split_seed: int = _FED.split_seed
-    extra: tuple[str, ...] = ()
-
-    def common(self) -> list[str]:
-        """Options both ``fedhar-simulate`` and ``fedhar-baseline`` take."""
-        out = ["--dataset", self.dataset, "--lr", str(self.lr), "--conv-filters", str(self.conv_filters),
-               "--dense-units", str(self.dense_units), "--split-seed", str(self.split_seed)]
-        if self.clients:
-            out += ["--clients", str(self.clients)]
-        if self.data is not None:
-            out += ["--data", str(self.data)]
-        return out
 
 
 def cell_argv(cell: Cell, s: StudySettings, folder: Path) -> list[str]:
@@ -294,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         except StudyInterrupted as stop:
             print(f"fedhar-study: {stop}; finished cells are kept, the same command continues", file=sys.stderr)
             return stop.status
-    from simulation.study_report import write_outputs  # the report reads the grid's types: imported once they exist
 
     write_outputs(cells, s, out, args.results)
     missing = [c for c in cells if finished(c.folder(out)) is None]

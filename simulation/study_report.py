@@ -24,7 +24,7 @@ import numpy as np
 
 from coordinator.record import RoundRecord, records
 from har_models.files import atomic_write_bytes
-from simulation.study import BASELINES, MEASURES, Cell, StudySettings, finished
+from simulation.study_cells import BASELINES, MEASURES, Cell, StudySettings, finished
 
 
 def _records(doc: dict[str, Any] | None) -> list[RoundRecord]:
