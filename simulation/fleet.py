@@ -354,11 +354,15 @@ class Fleet:
         """Clients that stopped, and the error to stop the run with when none is left.
 
         A worker that died (non-zero exit) is restarted up to :data:`MAX_RESTARTS` times;
-        meanwhile its clients count as gone for the round in progress.
+        meanwhile its clients count as gone for the round in progress. ``ray``: the error comes
+        only once every client is gone for good (its worker ended or was given up); clients
+        whose replacement actor is still being placed are coming back.
         """
         if self.engine == "ray":
             gone = self._ray_gone()
-            if len(gone) < len(self.clients) or not self.clients:
+            # Clients of a replacement being placed are coming back: not every client is gone for good.
+            coming = {c for n in self._placing for c in self._members[n]}
+            if len(gone - coming) < len(self.clients) or not self.clients:
                 return gone, None
             return gone, self._fatal()
         gone = set()
