@@ -47,6 +47,8 @@ log = logging.getLogger("fedhar.simulate")
 ENGINES = ("workers", "processes", "ray")
 MAX_RESTARTS = 3
 """Restarts of one worker before its clients are given up."""
+PLACEMENT_TIMEOUT_S = 90.0
+"""``ray``: how long (seconds) an actor may wait for a node with free CPUs before it counts as unplaceable."""
 
 
 def _lower_priority() -> None:
@@ -99,8 +101,11 @@ class Fleet:
     _exit_polls: dict[str, Any] = field(default_factory=dict)  # worker name -> ObjectRef of exited()
     _exited: dict[str, dict[str, int]] = field(default_factory=dict)  # worker name -> client id -> status
     _codes: dict[str, int] = field(default_factory=dict)  # worker name -> last exit status (ray)
+    _placing: dict[str, tuple[Any, float]] = field(default_factory=dict)  # worker name -> (where() ref, deadline)
     placement: list[dict[str, Any]] = field(default_factory=list)
     """``ray`` engine: one entry per actor start (worker, node id, node address, pid, clients)."""
+    given_up: list[dict[str, str]] = field(default_factory=list)
+    """``ray`` engine: clients left out for the rest of the run (client, worker, reason), e.g. after the 4th death."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -187,10 +192,17 @@ class Fleet:
                     f"the clients' broker {host} is loopback, but Ray nodes at {', '.join(away)} are on other machines: "
                     "give --broker HOST:PORT of a Mosquitto that every node can reach"
                 )
-        if self.workers:
-            return self.workers
-        cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
-        return max(1, cpus // max(1, self.threads))
+        need = max(1, self.threads)
+        fits = {n["NodeManagerAddress"]: int(n.get("Resources", {}).get("CPU", 0) // need) for n in nodes}
+        capacity = sum(fits.values())
+        if capacity < 1 or self.workers > capacity:
+            per_node = ", ".join(f"{ip}: {int(n.get('Resources', {}).get('CPU', 0))} CPUs" for ip, n in
+                                 ((n["NodeManagerAddress"], n) for n in nodes)) or "no live node"
+            raise ValueError(
+                f"the Ray cluster at {self.ray_address} can hold {capacity} actor(s) of {need} CPU(s) each ({per_node}), "
+                f"but {self.workers or 'at least 1'} were asked for: lower --workers or --threads-per-client, or add nodes"
+            )
+        return self.workers or capacity
 
     def _spawn_actor(self, name: str) -> None:
         from simulation.worker import HostedWorker
@@ -210,12 +222,55 @@ class Fleet:
         self._runs[name] = actor.run.remote(argvs, str(self.log_dir / f"{name}.log"))
 
     def _record_placement(self, names: list[str]) -> None:
+        """Wait (at most :data:`PLACEMENT_TIMEOUT_S`) until every actor of ``names`` runs on a node, and record where.
+
+        Raises
+        ------
+        RuntimeError
+            An actor found no node with the CPUs it reserves in time (other work holds them).
+        """
         ray = self._ray
-        where = ray.get([self._actors[n].where.remote() for n in names], timeout=120)
-        for name, w in zip(names, where, strict=True):
-            entry = {"worker": name, **w, "clients": list(self._members[name])}
-            self.placement.append(entry)
-            log.info("%s on Ray node %s (%s, pid %s): %s", name, w["node_id"], w["node_ip"], w["pid"], ", ".join(entry["clients"]))
+        refs = {n: self._actors[n].where.remote() for n in names}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=PLACEMENT_TIMEOUT_S)
+        late = [n for n, r in refs.items() if not ray.wait([r], timeout=0)[0]]
+        if late:
+            free = ray.available_resources().get("CPU", 0)
+            raise RuntimeError(
+                f"{len(late)} of {len(names)} Ray actor(s) ({', '.join(late)}) found no node with {max(1, self.threads)} free "
+                f"CPU(s) within {PLACEMENT_TIMEOUT_S:.0f} s (the cluster has {free:g} CPU(s) free; other tasks or actors hold "
+                "the rest): free them, or lower --workers or --threads-per-client"
+            )
+        for name, ref in refs.items():
+            self._placed(name, ray.get(ref))
+
+    def _placed(self, name: str, w: dict[str, Any]) -> None:
+        entry = {"worker": name, **w, "clients": list(self._members[name])}
+        self.placement.append(entry)
+        log.info("%s on Ray node %s (%s, pid %s): %s", name, w["node_id"], w["node_ip"], w["pid"], ", ".join(entry["clients"]))
+
+    def _give_up(self, name: str, reason: str) -> None:
+        members = self._members[name]
+        log.error("%s: giving up its clients %s for the rest of the run: %s", name, ", ".join(members), reason)
+        self.given_up.extend({"client": c, "worker": name, "reason": reason} for c in members)
+
+    def _check_placing(self, name: str) -> bool:
+        """Whether the replacement actor ``name`` is still waiting for a node (gives its clients up past the deadline)."""
+        ray = self._ray
+        ref, deadline = self._placing[name]
+        if ray.wait([ref], timeout=0)[0]:
+            del self._placing[name]
+            with contextlib.suppress(ray.exceptions.RayError):  # died before it answered: its run() says so
+                self._placed(name, ray.get(ref))
+            return False
+        if time.monotonic() < deadline:
+            return True
+        del self._placing[name]
+        with contextlib.suppress(Exception):
+            ray.kill(self._actors[name], no_restart=True)
+        self._codes[name] = -1
+        self._give_up(name, f"its replacement found no node with {max(1, self.threads)} free CPU(s) within "
+                            f"{PLACEMENT_TIMEOUT_S:.0f} s")  # fmt: skip
+        return False
 
     def describe(self) -> str:
         """The engine in one phrase for the report header, e.g. ``ray (4 actors on 2 nodes)``."""
@@ -231,6 +286,14 @@ class Fleet:
         gone: set[str] = set()
         for name in list(self._runs):
             members = self._members[name]
+            if name in self._codes:  # ended for good
+                gone |= set(members)
+                continue
+            if name in self._placing and self._check_placing(name):
+                continue  # not running yet: its clients are offline, which the coordinator sees by itself
+            if name in self._codes:  # its replacement could not be placed
+                gone |= set(members)
+                continue
             ready, _ = ray.wait([self._runs[name]], timeout=0)
             if not ready:
                 poll = self._exit_polls.get(name)
@@ -241,9 +304,6 @@ class Fleet:
                 if poll is None:
                     self._exit_polls[name] = self._actors[name].exited.remote()
                 gone |= set(self._exited[name])
-                continue
-            if name in self._codes:  # ended for good
-                gone |= set(members)
                 continue
             try:
                 code = int(ray.get(self._runs[name]))
@@ -258,15 +318,22 @@ class Fleet:
                     ray.kill(self._actors[name], no_restart=True)
                 gone |= set(members)
                 self._spawn_actor(name)
-                with contextlib.suppress(ray.exceptions.RayError):
-                    self._record_placement([name])
+                # Placed in the background: the coordinator never waits here for a node that may not come.
+                self._placing[name] = (self._actors[name].where.remote(), time.monotonic() + PLACEMENT_TIMEOUT_S)
                 continue
+            if code != 0 and not self._stopping:
+                self._give_up(name, f"worker died {self._restarts.get(name, 0) + 1} times (last exit status {code})")
             self._codes[name] = code
             gone |= set(members)
         return gone
 
     def _stop_ray(self, grace_s: float, kill_after_s: float = 10.0) -> None:
         ray = self._ray
+        for name in list(self._placing):  # never placed: nothing to wait for
+            del self._placing[name]
+            with contextlib.suppress(Exception):
+                ray.kill(self._actors[name], no_restart=True)
+            self._codes[name] = -1
         pending = [r for n, r in self._runs.items() if n not in self._codes]
         if pending:
             ray.wait(pending, num_returns=len(pending), timeout=max(0.1, grace_s))
@@ -287,11 +354,15 @@ class Fleet:
         """Clients that stopped, and the error to stop the run with when none is left.
 
         A worker that died (non-zero exit) is restarted up to :data:`MAX_RESTARTS` times;
-        meanwhile its clients count as gone for the round in progress.
+        meanwhile its clients count as gone for the round in progress. ``ray``: the error comes
+        only once every client is gone for good (its worker ended or was given up); clients
+        whose replacement actor is still being placed are coming back.
         """
         if self.engine == "ray":
             gone = self._ray_gone()
-            if len(gone) < len(self.clients) or not self.clients:
+            # Clients of a replacement being placed are coming back: not every client is gone for good.
+            coming = {c for n in self._placing for c in self._members[n]}
+            if len(gone - coming) < len(self.clients) or not self.clients:
                 return gone, None
             return gone, self._fatal()
         gone = set()
@@ -316,9 +387,11 @@ class Fleet:
 
     def _fatal(self) -> str:
         if self.engine == "ray":
+            given = "; ".join(sorted({f"{g['worker']}: {g['reason']}" for g in self.given_up}))
             return (
-                f"every Ray actor's clients stopped before the run ended (exit statuses {sorted(set(self._codes.values()))}); "
-                f"see the worker logs under {self.log_dir} on each node"
+                f"every Ray actor's clients stopped before the run ended (exit statuses {sorted(set(self._codes.values()))}"
+                + (f"; given up: {given}" if given else "")
+                + f"); see the worker logs under {self.log_dir} on each node"
             )
         name = sorted(self._procs)[0]
         try:

@@ -572,6 +572,7 @@ def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals
     }
     if fleet.placement:
         header["ray_workers"] = fleet.placement
+        header["given_up"] = fleet.given_up  # filled in as workers are given up (the report is rewritten each round)
 
     def clients_gone() -> tuple[set[str], str | None]:
         stops.check()  # called from the coordinator's wait loops: a safe point to stop at

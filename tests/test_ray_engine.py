@@ -95,24 +95,32 @@ def _teardown(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """A head node and a second node, 1 CPU each; yields the head's address."""
+@contextlib.contextmanager
+def _cluster(head_cpus: int, node_cpus: int) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A head node and a second node with the CPUs given (``ray start --num-cpus``); the head's address and both processes."""
     tmp = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))  # Ray's socket paths must stay short
     gcs, *p = _free_ports(9)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(_ray_start(
-            ["--head", "--node-ip-address", HEAD_IP, "--port", str(gcs), "--num-cpus", "1", "--include-dashboard", "false",
-             "--dashboard-agent-listen-port", str(p[0]), "--dashboard-agent-grpc-port", str(p[1]), "--runtime-env-agent-port",
-             str(p[2]), "--metrics-export-port", str(p[3]), "--temp-dir", str(tmp / "head")], tmp / "head.log"))
+            ["--head", "--node-ip-address", HEAD_IP, "--port", str(gcs), "--num-cpus", str(head_cpus), "--include-dashboard",
+             "false", "--dashboard-agent-listen-port", str(p[0]), "--dashboard-agent-grpc-port", str(p[1]),
+             "--runtime-env-agent-port", str(p[2]), "--metrics-export-port", str(p[3]), "--temp-dir", str(tmp / "head")],
+            tmp / "head.log"))
         procs.append(_ray_start(
-            ["--address", f"{HEAD_IP}:{gcs}", "--node-ip-address", NODE_IP, "--num-cpus", "1",
+            ["--address", f"{HEAD_IP}:{gcs}", "--node-ip-address", NODE_IP, "--num-cpus", str(node_cpus),
              "--dashboard-agent-listen-port", str(p[4]), "--dashboard-agent-grpc-port", str(p[5]), "--runtime-env-agent-port",
              str(p[6]), "--metrics-export-port", str(p[7]), "--temp-dir", str(tmp / "node")], tmp / "node.log"))
-        yield f"{HEAD_IP}:{gcs}"
+        yield f"{HEAD_IP}:{gcs}", procs
     finally:
         _teardown(procs)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A head node and a second node, 1 CPU each; yields the head's address."""
+    with _cluster(1, 1) as (address, _):
+        yield address
 
 
 def _run(argv: list[str]) -> int:
