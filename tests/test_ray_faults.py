@@ -8,6 +8,7 @@ Each test starts its own local two-node cluster with the helpers of ``test_ray_e
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,7 +18,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -38,7 +41,11 @@ def _report(run: Path) -> dict:
         return {}
 
 
-def _wait(pred, stop: threading.Event, limit_s: float = 600.0) -> bool:  # type: ignore[no-untyped-def]
+def _placed_at_least(run: Path, worker: str, k: int) -> bool:
+    return len(_placed_pids(run, worker)) >= k
+
+
+def _wait(pred: Callable[[], bool], stop: threading.Event, limit_s: float = 600.0) -> bool:
     end = time.monotonic() + limit_s
     while not stop.is_set() and time.monotonic() < end:
         if pred():
@@ -96,7 +103,7 @@ def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is
             events.append(f"stopped node of {on_node['worker']}")
             # Then kill the node's worker as soon as each replacement runs: deaths 2, 3 and 4.
             for k in (2, 3, 4):
-                if not _wait(lambda k=k: len(_placed_pids(run, on_node["worker"])) >= k, stop):
+                if not _wait(functools.partial(_placed_at_least, run, on_node["worker"], k), stop):
                     return
                 with contextlib.suppress(psutil.NoSuchProcess):
                     psutil.Process(_placed_pids(run, on_node["worker"])[-1]).kill()
@@ -244,7 +251,8 @@ def _driver_refs() -> int:
     """
     import ray
 
-    return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+    worker: Any = ray._private.worker.global_worker  # private: the public memory summary needs grpcio
+    return len(worker.core_worker.get_all_reference_counts())
 
 
 def test_object_store_stays_flat_over_fifty_rounds(cluster_2_8: str, tmp_path: Path) -> None:
