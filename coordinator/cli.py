@@ -98,16 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     6 run folder unusable, 7 a required module is not installed, 130 SIGINT; systemd does not restart on
     2, 3, 4, 6 or 7.
     """
-    try:  # the service needs the coordinator extra (torch, tqdm, ...): a restart cannot install it
-        from coordinator.service import Coordinator, CoordinatorError, StateError
-    except ModuleNotFoundError as exc:
-        print(
-            f"fedhar-coordinator: the Python module {exc.name!r} is not installed in {sys.prefix}; install the "
-            f"coordinator's extra: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu, "
-            f"then pip install '.[coordinator]'",
-            file=sys.stderr,
-        )
-        return Exit.MISSING_MODULE
+    # A missing extra (torch, tqdm, ...) is exit 7 with its fix, in the script's entry (har_io.entry).
+    from coordinator.service import Coordinator, CoordinatorError, StateError
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -68,7 +68,8 @@ def _imports(bin_dir: Path, module: str, cwd: Path) -> bool:
 
 def test_pi_extra_installs_a_client_without_pytorch(pi_bin: Path, tmp_path: Path) -> None:
     assert not _imports(pi_bin, "torch", tmp_path)  # the extra must not pull a multi-GB torch
-    assert _imports(pi_bin, "smbus2", tmp_path) and _imports(pi_bin, "scipy", tmp_path)
+    assert not _imports(pi_bin, "scipy", tmp_path)  # the device's resampler ships its filter taps as data
+    assert _imports(pi_bin, "smbus2", tmp_path)
     for script in ("fedhar-client", "fedhar-record"):
         r = _run([str(pi_bin / script), "--help"], tmp_path)
         assert r.returncode == 0 and f"usage: {script}" in r.stdout, r.stderr

@@ -1,0 +1,107 @@
+"""The console scripts' entry points: each imports its program, so a missing extra is one clear exit.
+
+``pyproject.toml`` points every ``fedhar-*`` script here instead of at the program's module:
+a program imports its heavy dependencies (PyTorch, tqdm, Kivy) when its module loads, before
+its own ``main`` could catch anything, and an installed script without its extra would end
+in a traceback with exit 1, which systemd units restart forever. Here a missing module ends
+the script with :data:`har_io.exit_codes.Exit.MISSING_MODULE` (7, never restarted) and a
+message that names the module and the extra to install. The programs are imported by name,
+so this adapter imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+from har_io.exit_codes import Exit
+
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+"""PyTorch's CPU build (the plain pin fetches the CUDA build, several GB, on x86-64 and aarch64)."""
+
+
+class Script(NamedTuple):
+    """One console script: its program's module, the extra that brings what it imports, and whether that extra holds PyTorch."""
+
+    module: str
+    role: str
+    extra: str
+    torch: bool
+
+
+SCRIPTS: dict[str, Script] = {
+    "fedhar-coordinator": Script("coordinator.cli", "coordinator", "coordinator", True),
+    "fedhar-client": Script("edge_client.cli", "device client", "pi", False),
+    "fedhar-record": Script("edge_client.record_cli", "device client", "pi", False),
+    "fedhar-app": Script("edge_client.app.main", "app", "app", False),
+    "fedhar-simulate": Script("simulation.simulate", "simulation", "all", True),
+    "fedhar-study": Script("simulation.study", "simulation", "all", True),
+    "fedhar-baseline": Script("simulation.baselines", "simulation", "all", True),
+    "fedhar-compare": Script("simulation.compare", "simulation", "all", True),
+}
+"""Every ``fedhar-*`` script (the names of ``[project.scripts]``)."""
+
+
+def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
+    """The words for ``program`` when module ``exc.name`` is not installed: which module, where, and what to install."""
+    s = SCRIPTS[program]
+    steps = f"{CPU_TORCH}, then pip install '.[{s.extra}]'" if s.torch else f"pip install '.[{s.extra}]'"
+    return f"{program}: the Python module {exc.name!r} is not installed in {sys.prefix}; install the {s.role}'s extra: {steps}"
+
+
+def run(program: str, argv: list[str] | None = None) -> int:
+    """Import ``program``'s module and run its ``main(argv)``; exit 7 with :func:`missing_extra`'s words if a module is missing.
+
+    Raises
+    ------
+    KeyError
+        For a program not in :data:`SCRIPTS`.
+    """
+    try:
+        main: Callable[[list[str] | None], int] = importlib.import_module(SCRIPTS[program].module).main
+        return main(argv)
+    except ModuleNotFoundError as exc:
+        print(missing_extra(program, exc), file=sys.stderr)
+        return Exit.MISSING_MODULE
+
+
+def coordinator() -> int:
+    """``fedhar-coordinator``."""
+    return run("fedhar-coordinator")
+
+
+def client() -> int:
+    """``fedhar-client``."""
+    return run("fedhar-client")
+
+
+def record() -> int:
+    """``fedhar-record``."""
+    return run("fedhar-record")
+
+
+def app() -> int:
+    """``fedhar-app``."""
+    return run("fedhar-app")
+
+
+def simulate() -> int:
+    """``fedhar-simulate``."""
+    return run("fedhar-simulate")
+
+
+def study() -> int:
+    """``fedhar-study``."""
+    return run("fedhar-study")
+
+
+def baseline() -> int:
+    """``fedhar-baseline``."""
+    return run("fedhar-baseline")
+
+
+def compare() -> int:
+    """``fedhar-compare``."""
+    return run("fedhar-compare")
