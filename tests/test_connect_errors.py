@@ -184,6 +184,7 @@ def test_the_agent_shows_the_cause_in_its_connection_status(secured: Secured, tm
         store.close()
 
 
+@pytest.mark.slow
 def test_a_connection_that_succeeds_clears_the_cause(tmp_path: Path) -> None:
     if find_mosquitto() is None:
         pytest.skip("mosquitto not installed")

@@ -70,6 +70,7 @@ def test_nothing_intact_is_reported_not_guessed(tmp_path: Path) -> None:
     assert st.load_latest_intact() is None
 
 
+@pytest.mark.slow
 def test_a_run_folder_belongs_to_one_run(tmp_path: Path) -> None:
     st, _ = _two_rounds(tmp_path)
     st.put("run_id", "first")
