@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
+from mqtt_watcher import Watcher
 
 from har_models.data.labels import LABEL_SETS
 from har_models.nn.model import ArchSpec, init_state
@@ -39,42 +38,6 @@ def _need_mosquitto() -> None:
         if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
             pytest.fail("mosquitto is required (FEDHAR_REQUIRE_MOSQUITTO=1) but not installed; apt-get install mosquitto")
         pytest.skip("mosquitto not installed (apt-get install mosquitto)")
-
-
-class Watcher:
-    """A plain paho session (MQTT 3.1.1) that records what arrives on some topics."""
-
-    def __init__(self, port: int, *topics: str):
-        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"watch-{os.getpid()}-{time.monotonic_ns()}",
-                             protocol=mqtt.MQTTv311)  # fmt: skip
-        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
-        self.c.connect("127.0.0.1", port)
-        for t in topics:
-            self.c.subscribe(t, 1)
-        self.c.loop_start()
-
-    def wait_for(self, pred, timeout: float) -> tuple[str, bytes, bool]:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                m = self.q.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("the expected message never arrived") from None
-            if pred(*m):
-                return m
-
-    def drain(self, quiet_s: float = 1.0) -> list[tuple[str, bytes, bool]]:
-        out = []
-        while True:
-            try:
-                out.append(self.q.get(timeout=quiet_s))
-            except queue.Empty:
-                return out
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def _online(cid: str):

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import pwd
-import queue
 import shutil
 import signal
 import subprocess
@@ -21,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
+from mqtt_watcher import Watcher
 from small_federation import coordinator_args, model_args
 
 from har_io.broker_config import BrokerConfig
@@ -96,42 +95,6 @@ def mosquitto(folder: Path, *lines: str, persistence: bool = False) -> Iterator[
         yield m
     finally:
         m.stop()
-
-
-class Watcher:
-    """A plain paho session (MQTT 3.1.1) that records what arrives on some topics."""
-
-    def __init__(self, port: int, *topics: str):
-        self.q: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"watch-{os.getpid()}-{time.monotonic_ns()}",
-                             protocol=mqtt.MQTTv311)  # fmt: skip
-        self.c.on_message = lambda _c, _u, m: self.q.put((m.topic, bytes(m.payload), bool(m.retain)))
-        self.c.connect("127.0.0.1", port)
-        for t in topics:
-            self.c.subscribe(t, 1)
-        self.c.loop_start()
-
-    def wait_for(self, pred, timeout: float) -> tuple[str, bytes, bool]:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                m = self.q.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("the expected message never arrived") from None
-            if pred(*m):
-                return m
-
-    def drain(self, quiet_s: float = 1.0) -> list[tuple[str, bytes, bool]]:
-        out = []
-        while True:
-            try:
-                out.append(self.q.get(timeout=quiet_s))
-            except queue.Empty:
-                return out
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 def _client(cid: str, user: int, state: Path, port: int, fed: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
