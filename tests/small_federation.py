@@ -13,8 +13,11 @@ so ``[*simulate_args(), "--rounds", "3"]`` is the usual way to add to them.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
+
+from simulation.broker import stop_process
 
 CONV_FILTERS = 8  # the small CNN: convolution filters (the paper's CNN has 196)
 DENSE_UNITS = 32  # hidden units (the paper's 1024)
@@ -66,3 +69,12 @@ def run_simulation(run_dir: Path, *extra: str, run_id: str | None = None, **smal
     assert rc == 0, f"fedhar-simulate exited {rc}: {' '.join(argv)}"
     doc: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
     return doc
+
+
+def wait_or_stop(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
+    """``proc``'s exit status within ``timeout`` s; else stop it and fail with the tail of its ``log``."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(proc)
+        raise AssertionError(f"still running after {timeout} s; log:\n{log.read_text()[-4000:]}") from None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from mqtt_watcher import Watcher
+from small_federation import coordinator_args, wait_or_stop
 
 from har_models.data.labels import LABEL_SETS
 from har_models.nn.model import ArchSpec, init_state
@@ -60,19 +61,10 @@ def _client(cid: str, user: int, state: Path, port: int, fed: str, log: Path, *e
 
 def _coordinator(run: str, run_dir: Path, port: int, fed: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "coordinator.cli", "--run-id", run, "--run-dir", str(run_dir), "--broker", f"127.0.0.1:{port}",
-           "--federation", fed, "--start-timeout", "120", "--round-timeout", str(ROUND_TIMEOUT_S), "--conv-filters", "8",
-           "--dense-units", "32", "--local-epochs", "1", "--no-progress", "--expected-clients", "1", "--min-clients", "1",
-           *extra]  # fmt: skip
+           "--federation", fed, *coordinator_args(round_timeout_s=ROUND_TIMEOUT_S), "--local-epochs", "1",
+           "--expected-clients", "1", "--min-clients", "1", *extra]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(proc)
-        raise AssertionError(f"still running after {timeout} s; log:\n{log.read_text()[-4000:]}") from None
 
 
 def _rounds(run_dir: Path) -> list[dict]:
@@ -158,14 +150,14 @@ def test_a_broker_killed_mid_round_and_restarted_empty_gets_the_round_again_and_
             w2.close()
             t0 = time.monotonic()
             coord.send_signal(signal.SIGCONT)
-            assert _wait(coord, 120, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
+            assert wait_or_stop(coord, 120, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
             took = time.monotonic() - t0
             rounds = _rounds(tmp_path / "run")
             assert [(r["round"], r["selected"], r["updates"]) for r in rounds] == [(0, 1, 1)]
             assert rounds[0]["missing"] == []
             assert took < ROUND_TIMEOUT_S / 2, f"the round took {took:.0f} s after the broker came back"
             assert "published the round's models and announcement again" in (tmp_path / "coord.log").read_text()
-            assert _wait(again, 60, tmp_path / "c1b.log") == 0
+            assert wait_or_stop(again, 60, tmp_path / "c1b.log") == 0
     finally:
         b1.stop()
         if b2 is not None:
@@ -210,9 +202,9 @@ def test_a_stale_online_coordinator_is_gone_and_a_refreshing_one_keeps_clients_t
         coord = _coordinator("live", tmp_path / "run", b.port, fed, tmp_path / "coord.log", "--rounds", "2",
                              "--status-refresh", "0.5")  # fmt: skip
         procs.append(coord)
-        assert _wait(coord, 300, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
+        assert wait_or_stop(coord, 300, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
         assert [(r["round"], r["selected"], r["updates"]) for r in _rounds(tmp_path / "run")] == [(0, 1, 1), (1, 1, 1)]
-        assert _wait(procs[0], 60, log) == 0
+        assert wait_or_stop(procs[0], 60, log) == 0
         text = log.read_text()
         assert "the coordinator of run live is gone" not in text
         assert text.count("the coordinator of run ghost is gone") == 1  # said once, not every poll

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from mqtt_watcher import Watcher
-from small_federation import coordinator_args, model_args
+from small_federation import coordinator_args, model_args, wait_or_stop
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PayloadTooLarge
@@ -112,14 +112,6 @@ def _coordinator(run: str, run_dir: Path, port: int, fed: str, log: Path, *extra
            "--federation", fed, *SMALL, *extra]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(proc)
-        raise AssertionError(f"still running after {timeout} s; log:\n{log.read_text()[-4000:]}") from None
 
 
 def _rounds(run_dir: Path) -> list[tuple[int, int, int]]:
@@ -217,7 +209,7 @@ def test_a_silently_dropping_broker_is_detected_end_to_end_and_the_update_arrive
                                  "--max-message-bytes", "500000", "--exit-after-run", "size", "--max-seconds", "400"))  # fmt: skip
         coord = _coordinator("size", tmp_path / "run", b.port, fed, tmp_path / "coord.log", "--expected-clients", "2", *big)
         procs.append(coord)
-        assert _wait(coord, 400, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
+        assert wait_or_stop(coord, 400, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
         assert _rounds(tmp_path / "run") == [(0, 2, 2)]
         coord_log = (tmp_path / "coord.log").read_text()
         assert "chunks missing; asked for them" in coord_log
@@ -266,7 +258,7 @@ def test_an_update_sent_while_the_coordinator_is_not_subscribed_is_sent_again_un
             spy.wait_for(lambda *_: True, 120)  # the first upload went through the broker, to nobody but this spy
             spy.close()
             coord.send_signal(signal.SIGCONT)
-            assert _wait(coord, 300, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
+            assert wait_or_stop(coord, 300, tmp_path / "coord.log") == 0, (tmp_path / "coord.log").read_text()[-3000:]
             assert _rounds(tmp_path / "run") == [(0, 1, 1)]
             log = (tmp_path / "c1.log").read_text()
             assert "no receipt from the coordinator yet; sending the update again" in log
@@ -398,7 +390,7 @@ def test_retained_state_of_a_dead_run_is_never_acted_on_and_two_runs_in_a_row_bo
         for run in ("run-a", "run-b"):
             coord = _coordinator(run, tmp_path / run, b.port, fed, tmp_path / f"{run}.log", "--expected-clients", "2")
             procs.append(coord)
-            assert _wait(coord, 300, tmp_path / f"{run}.log") == 0, (tmp_path / f"{run}.log").read_text()[-3000:]
+            assert wait_or_stop(coord, 300, tmp_path / f"{run}.log") == 0, (tmp_path / f"{run}.log").read_text()[-3000:]
             assert _rounds(tmp_path / run) == [(0, 2, 2)]
         w.close()
         # The run cleared the model chunks it had retained; only its final announcement stays.
