@@ -231,7 +231,7 @@ def test_any_chunking_gives_bit_identical_windows(seed):
 
 
 def test_anti_alias_factor_known_answers():
-    from har_models.data.resample import anti_alias_factor
+    from har_models.data.anti_alias import anti_alias_factor
 
     ms = 1e6
     assert anti_alias_factor(20 * ms) == 1  # 50 Hz: passed through
@@ -249,7 +249,7 @@ def test_anti_alias_factor_known_answers():
 def test_filter_response_by_scipy_freqz():
     from scipy import signal
 
-    from har_models.data.resample import anti_alias_taps
+    from har_models.data.anti_alias import anti_alias_taps
 
     for factor, n in ((2, 25), (4, 47)):
         b = anti_alias_taps(P, factor)
@@ -345,7 +345,8 @@ def test_rate_decision_uses_the_first_spacings_whatever_the_chunking(slow_first)
     RATE_PROBE_INTERVALS spacings in every chunking. Judging on "every sample held when the
     probe fills" made one push of a whole recording see the 200 Hz part too (median 5 ms:
     filtered) while small pushes saw the first second only (median ~23 ms: not filtered)."""
-    from har_models.data.resample import RATE_PROBE_INTERVALS, anti_alias_factor
+    from har_models.data.anti_alias import anti_alias_factor
+    from har_models.data.resample import RATE_PROBE_INTERVALS
 
     rng = np.random.default_rng(7)
     # the later part has the most samples, so a median over the whole stream sides with it
@@ -397,7 +398,7 @@ def test_shipped_taps_are_scipys_design_bit_for_bit():
     from scipy import special
 
     from har_models.data import anti_alias_table
-    from har_models.data.resample import anti_alias_table_source, anti_alias_taps, design_anti_alias_taps
+    from har_models.data.anti_alias import anti_alias_table_source, anti_alias_taps, design_anti_alias_taps
 
     factors = [m for m in range(2, 33) if P % m == 0]
     assert sorted(anti_alias_table.TAPS_20MS) == factors == [2, 4, 5, 8, 10, 16, 20, 25, 32]
@@ -425,7 +426,7 @@ def test_shipped_taps_are_scipys_design_bit_for_bit():
 def test_numpy_fir_is_scipys_lfilter_bit_for_bit(n_taps):
     from scipy import signal
 
-    from har_models.data.resample import fir_filter, fir_steady_state
+    from har_models.data.anti_alias import fir_filter, fir_steady_state
 
     rng = np.random.default_rng(n_taps)
     b = rng.normal(size=n_taps)
@@ -506,7 +507,7 @@ def test_fast_streams_without_scipy_equal_the_scipy_filter_bit_for_bit(tmp_path,
 
     from scipy import signal
 
-    import har_models.data.resample as rs
+    import har_models.data.anti_alias as rs
 
     def scipy_lfilter(taps, x, zi):
         a = np.zeros_like(taps)

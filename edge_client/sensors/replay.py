@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from har_models.data.clock import CLOCK_JUMP_NS, CONFIRM_SAMPLES
 from har_models.data.labels import LabelSet
 from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import Recording
-from har_models.data.resample import CLOCK_JUMP_NS, CONFIRM_SAMPLES
 from har_models.data.windowing import WindowSet
 
 log = logging.getLogger(__name__)

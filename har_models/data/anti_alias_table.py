@@ -1,13 +1,13 @@
 """Anti-alias filter taps for the 50 Hz grid, designed once with scipy and shipped as data (generated file).
 
-One entry per oversampling factor M that :func:`har_models.data.resample.anti_alias_factor`
+One entry per oversampling factor M that :func:`har_models.data.anti_alias.anti_alias_factor`
 can choose for a 20 ms grid (the divisors of 20,000,000 in 2..32): the taps of
-``scipy.signal.firwin`` with the Kaiser design of :func:`har_models.data.resample.anti_alias_taps`,
+``scipy.signal.firwin`` with the Kaiser design of :func:`har_models.data.anti_alias.anti_alias_taps`,
 written as Python floats (``repr`` round-trips a float64 exactly), so a device without
 scipy filters bit for bit as a machine with it. tests/test_resample.py checks every entry
 against scipy's design. Regenerate with::
 
-    python -c "from har_models.data.resample import write_anti_alias_table; write_anti_alias_table()"
+    python -c "from har_models.data.anti_alias import write_anti_alias_table; write_anti_alias_table()"
 """
 
 TAPS_PERIOD_NS = 20_000_000

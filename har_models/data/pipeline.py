@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from har_models.data.clock import CONFIRM_SAMPLES
 from har_models.data.labels import LabelSet
 from har_models.data.recording import LabelTrack, Recording
-from har_models.data.resample import CONFIRM_SAMPLES, PERIOD_50HZ_NS, Resampler, ResampleStats
+from har_models.data.resample import PERIOD_50HZ_NS, Resampler, ResampleStats
 from har_models.data.windowing import N_CHANNELS, STEP, WINDOW, Windower, WindowSet
 
 
