@@ -52,29 +52,42 @@ class SensingFreshness:
         self.limit_ns = round(float(limit_s) * 1e9)
         self._clock_ns = clock_ns
         self.window_ns = int(window_ns)
-        self.newest_end_ns: int | None = None  # end of the newest window seen, sensor clock
+        self._newest_end_out: int | None = None  # end of the newest window seen, pipeline's output clock
+        self._shift_ns = 0  # the pipeline's output clock minus the sensor clock, as last noted
         self._was: str = ""
 
-    def note(self, ws: WindowSet) -> None:
-        """Record the windows a pipeline emitted (any order; a backlog burst of old ones is fine)."""
+    @property
+    def newest_end_ns(self) -> int | None:
+        """End of the newest window seen, on the sensor clock (ns); None before the first."""
+        return None if self._newest_end_out is None else self._newest_end_out - self._shift_ns
+
+    def note(self, ws: WindowSet, shift_ns: int = 0) -> None:
+        """Record the windows a pipeline emitted (any order; a backlog burst of old ones is fine).
+
+        ``shift_ns`` is the pipeline's :attr:`~har_models.data.pipeline.SensorPipeline.clock_shift_ns`:
+        after a backward step of the sensor clock the windows are stamped that far ahead of
+        it (re-based), so the newest end is compared with now as ``end - shift_ns``.
+        """
+        self._shift_ns = int(shift_ns)
         if len(ws) and ws.t_start_ns is not None:
             end = int(ws.t_start_ns.max()) + self.window_ns
-            self.newest_end_ns = end if self.newest_end_ns is None else max(self.newest_end_ns, end)
+            self._newest_end_out = end if self._newest_end_out is None else max(self._newest_end_out, end)
 
-    def fresh(self, ws: WindowSet) -> np.ndarray:
-        """Boolean mask (N,): windows ending within the limit of now."""
+    def fresh(self, ws: WindowSet, shift_ns: int = 0) -> np.ndarray:
+        """Boolean mask (N,): windows ending within the limit of now (``shift_ns`` as in :meth:`note`)."""
         if ws.t_start_ns is None or not len(ws):
             return np.zeros(len(ws), bool)
-        return (ws.t_start_ns + self.window_ns) >= self._clock_ns() - self.limit_ns
+        return (ws.t_start_ns + self.window_ns - int(shift_ns)) >= self._clock_ns() - self.limit_ns
 
     def state(self) -> str:
         """ "live", "paused" (newest window older than the limit, or none yet) ; logged when it changes."""
         now = self._clock_ns()
-        live = self.newest_end_ns is not None and self.newest_end_ns >= now - self.limit_ns
+        end = self.newest_end_ns
+        live = end is not None and end >= now - self.limit_ns
         st = "live" if live else "paused"
         if st != self._was:
             if st == "paused":
-                age = "no window yet" if self.newest_end_ns is None else f"newest window {(now - self.newest_end_ns) / 1e9:.0f} s old"
+                age = "no window yet" if end is None else f"newest window {(now - end) / 1e9:.0f} s old"
                 log.warning("sensing paused: %s (limit %.0f s); the OS may be withholding the sensors", age, self.limit_ns / 1e9)
             elif self._was:
                 log.info("sensing live again")

@@ -7,9 +7,16 @@ come out labelled and are appended, durably, to the device's
 :class:`~edge_client.window_log.WindowLog`. Windows overlapping a start or a stop, or the
 time between recordings, carry no single label and are not kept.
 
-The label switches at the newest sample timestamp the recorder has seen (plus 1 ns), in
-the sensor's own time base, so it needs no mapping between the sensor clock (Android's
-boot clock, an MPU-6050's sample count) and the wall clock.
+The label switches just after the newest sample the pipeline has taken (its
+:attr:`~har_models.data.pipeline.SensorPipeline.clock_ns` plus 1 ns), in the sensor's own time
+base, so it needs no mapping between the sensor clock (Android's boot clock, an MPU-6050's
+sample count) and the wall clock. That clock is the one the windows are stamped in: after a
+backward step of the sensor clock (an NTP step, a boot-clock reset) it is re-based, so a
+label chosen after the step applies to the samples after it, and a stamp far in the future
+(an outlier the pipeline drops) does not hold a label change back. A change made while the
+pipeline is still deciding a step (its first 0.5 s) applies from the step on. Each
+:meth:`Recorder.flush` starts a fresh pipeline, whose clock starts from the sensor's stamps
+again, so a session recorded after a reboot (a boot clock near 0) is labelled too.
 """
 
 from __future__ import annotations
@@ -17,8 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-
-import numpy as np
 
 from edge_client.sensors.replay import SensorChunk
 from edge_client.store import ClientStore
@@ -71,7 +76,6 @@ class Recorder:
         self._pipeline_kwargs = dict(pipeline_kwargs)
         self._pipeline = SensorPipeline(self.labels, None, **pipeline_kwargs)
         self._lock = threading.Lock()
-        self._newest = -(2**62)
         self._last_change = -(2**62)
         self.activity: str | None = None
         self.session_windows = 0
@@ -82,7 +86,8 @@ class Recorder:
         return self.activity is not None
 
     def _change(self, label: int) -> None:
-        t = max(self._newest + 1, self._last_change + 1)
+        clock = self._pipeline.clock_ns
+        t = self._last_change + 1 if clock is None else max(clock + 1, self._last_change + 1)
         self._pipeline.set_label(t, label)
         self._last_change = t
 
@@ -114,8 +119,6 @@ class Recorder:
         """Feed one sensor chunk; labelled windows it completes are appended to the log and returned."""
         sensor, t, xyz = chunk
         with self._lock:
-            if len(t):
-                self._newest = max(self._newest, int(np.max(t)))
             ws = self._pipeline.push(sensor, t, xyz)
             if len(ws):
                 self.log.append(ws)

@@ -275,7 +275,7 @@ class DeviceController:
             self._on_counts(self.recorder.counts())
         live = self._live_pipe.push(*chunk)
         if self.freshness is not None:
-            self.freshness.note(live)
+            self.freshness.note(live, self._live_pipe.clock_shift_ns)  # windows are re-based after a backward clock step
         if len(live):
             self._predict(live.x[-1:], int(live.t_start_ns[-1]) if live.t_start_ns is not None else 0, len(live))
 

@@ -47,13 +47,17 @@ _SENSORS = ("acc", "gyro")
 
 
 def arrival_stamps(t_ns: np.ndarray, jump_ns: int = CLOCK_JUMP_NS, confirm: int = CONFIRM_SAMPLES) -> np.ndarray:
-    """Arrival stamp of each event of one sensor: the running maximum of its stamps, outliers left out.
+    """Arrival stamp of each event of one sensor: the running maximum of its stamps, outliers left out, backward steps bridged.
 
     A stamp more than ``jump_ns`` ahead of the running maximum counts only if at least
     ``confirm - 1`` of the next ``confirm - 1`` stamps lie within ``jump_ns`` of it (a real
-    forward step of the clock, as the resampler's rule "Clock jumps" decides it); otherwise it
+    forward step of the clock, as :mod:`har_models.data.clock` decides it); otherwise it
     is a lone outlier and arrives with the running maximum before it (the first events, with
-    the first stamp that counts). Input without such jumps gives exactly the running maximum.
+    the first stamp that counts). A stamp more than ``jump_ns`` behind it with the same
+    support is a backward step: no time passes at the step, and the events after it arrive
+    at their own spacing from there (a replay of a clock that stepped back 120 s does not
+    hand out 120 s of recording at once). Other stamps behind arrive with the running
+    maximum. Input without such jumps gives exactly the running maximum.
 
     Parameters
     ----------
@@ -75,15 +79,20 @@ def arrival_stamps(t_ns: np.ndarray, jump_ns: int = CLOCK_JUMP_NS, confirm: int 
         nxt = t[k + 1 : k + 1 + need]
         return nxt.size == 0 or int(np.sum(np.abs(nxt - x) <= jump_ns)) >= min(need, nxt.size)
 
-    if t.size > 1 and not np.any(t[1:] - m[:-1] > jump_ns) and counts(0, int(t[0])):
+    if t.size > 1 and not np.any(t[1:] - m[:-1] > jump_ns) and not np.any(m[:-1] - t[1:] > jump_ns) and counts(0, int(t[0])):
         return m
     out = np.empty_like(t)
     cur: int | None = None
+    shift = 0  # arrival minus stamp since the last backward step
     for k, x in enumerate(t.tolist()):
-        if (cur is None or x - cur > jump_ns) and not counts(k, x):
+        y = x + shift
+        if cur is not None and y < cur - jump_ns and counts(k, x):
+            shift += cur - y  # a backward step: time goes on from the running maximum
+            y = cur
+        elif (cur is None or y - cur > jump_ns) and not counts(k, x):
             out[k] = _INT64_MIN if cur is None else cur  # an outlier: no time passes
             continue
-        cur = x if cur is None else max(cur, x)
+        cur = y if cur is None else max(cur, y)
         out[k] = cur
     first = out[out != _INT64_MIN]
     out[out == _INT64_MIN] = first[0] if first.size else t[0]

@@ -299,6 +299,11 @@ class ClockRules:
         return self.segments[k].top + prev_shift
 
 
+def known_shift(segments: Sequence[Segment]) -> int:
+    """Shift (re-based minus raw stamp, ns) of the newest segment whose shift is agreed; 0 without a step."""
+    return next((seg.shift for seg in reversed(segments) if seg.shift is not None), 0)
+
+
 def agree_steps(streams: Sequence[ClockRules], final: bool) -> list[str]:
     """Agree the shifts of the two streams' new segments (module rule "A backward step"); return a log line per step decided.
 

@@ -4,6 +4,11 @@ One code path for live sensors, dataset replay and offline dataset readers: raw
 accelerometer and gyroscope events go through :class:`~har_models.data.resample.Resampler`
 onto the exact 50 Hz grid, each grid sample takes the activity label in force at its
 time, and :class:`~har_models.data.windowing.Windower` cuts the labelled windows.
+
+Times of labels and windows are in the resampler's output clock (:attr:`SensorPipeline.clock_ns`):
+the sensors' stamps, re-based after a backward step of their clock (:mod:`har_models.data.clock`),
+so they never go back within one pipeline. A recording without such a step (every dataset
+fedhar ships) has its label track in its own stamps, as before.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ class SensorPipeline:
     labels : LabelSet
         Label set of the windows produced.
     label_track : LabelTrack, optional
-        Activity over time; more change points can be added live with :meth:`set_label`.
+        Activity over time, in the output clock (:attr:`clock_ns`); more change points can be
+        added live with :meth:`set_label`.
     window, step : int
         Window length and step in samples (128, 64).
     period_ns : int
@@ -56,8 +62,23 @@ class SensorPipeline:
         """What the resampler accepted, dropped and skipped so far."""
         return self._resampler.stats
 
+    @property
+    def clock_ns(self) -> int | None:
+        """Newest sample stamp taken so far, in the output clock (ns); None before the sensors' clock is known.
+
+        A label that applies "from the next sample on" belongs at ``clock_ns + 1``: after a
+        backward step of the sensor clock the raw stamps are far behind this clock, and a
+        stamp far ahead (an outlier) does not move it.
+        """
+        return self._resampler.clock_ns
+
+    @property
+    def clock_shift_ns(self) -> int:
+        """Output clock minus the sensors' own clock now, ns (0 until a backward step of the sensor clock)."""
+        return self._resampler.clock_shift_ns
+
     def set_label(self, t_ns: int, label: int) -> None:
-        """From time ``t_ns`` on, samples carry ``label`` (-1: unlabelled).
+        """From time ``t_ns`` (output clock, ns) on, samples carry ``label`` (-1: unlabelled).
 
         Raises
         ------

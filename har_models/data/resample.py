@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from har_models.data.anti_alias import AntiAliasDecimator, anti_alias_factor, interpolate, join_parts
-from har_models.data.clock import CLOCK_JUMP_NS, CONFIRM_SAMPLES, ClockRules, agree_steps
+from har_models.data.clock import CLOCK_JUMP_NS, CONFIRM_SAMPLES, ClockRules, agree_steps, known_shift
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,11 @@ class Resampler:
         """
         known = [c for c in (buf.clock_ns() for buf in self._streams.values()) if c is not None]
         return max(known) if known else None
+
+    @property
+    def clock_shift_ns(self) -> int:
+        """Output clock minus the sensors' clock now, ns: 0 until a backward step, then the agreed shift of the newest segment."""
+        return max(known_shift(buf.segments) for buf in self._streams.values())
 
     @property
     def factors(self) -> dict[str, int | None]:
