@@ -81,7 +81,9 @@ def stamp_problems(t_ns: np.ndarray, reorder_ns: int, max_gap_ns: int) -> list[t
     Mirrors the rules of :class:`~har_models.data.resample.Resampler` for a stream pushed in file
     order: a sample stamped ``reorder_ns`` or more behind the newest earlier one is late
     and dropped; of the rest, the first of equal stamps is kept; spacings over
-    ``max_gap_ns`` are gaps.
+    ``max_gap_ns`` are gaps. Not mirrored: the resampler takes 25 or more consecutive samples
+    more than 1 s behind as a backward clock step (:mod:`har_models.data.clock`), which this
+    report still counts as late.
 
     Parameters
     ----------
