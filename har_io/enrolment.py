@@ -444,3 +444,66 @@ def read_bundle(path_or_text: str | Path) -> EnrolmentBundle:
     with open(path, "rb") as f:
         raw = f.read(MAX_BUNDLE_BYTES + 1)
     return EnrolmentBundle.from_json(raw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m har_io.enrolment FILE``: check a bundle and install its parts, for scripts (firmware_scripts/pi_setup.sh).
+
+    Runs on the system's Python before any venv exists (standard library only). Options:
+    ``--federation``, ``--coordinator``, ``--tls-ca`` (what the bundle must agree with, see
+    :meth:`EnrolmentBundle.check`), ``--shell`` (print ``client_id=``, ``federation=``, ``broker=``,
+    ``coordinator=``, ``tls=inline|fingerprint|none``, ``ca_sha256=`` as shell assignments: never
+    the password), ``--write-password PATH`` (mode 0600) and ``--write-ca PATH`` (the inline CA,
+    mode 0644), both written atomically.
+
+    Returns
+    -------
+    int
+        0, or 2 (usage) for a refused or unreadable bundle, the reason on stderr.
+    """
+    import argparse
+    import shlex
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python3 -m har_io.enrolment", description="check an enrolment bundle and install its parts")
+    ap.add_argument("bundle", help="the bundle's .json file")
+    ap.add_argument("--prog", default=None, help="program name its messages start with (default: this module's)")
+    ap.add_argument("--federation", default=None, help="refuse a bundle of another federation")
+    ap.add_argument("--coordinator", default=None, help="refuse a bundle of another coordinator")
+    ap.add_argument("--tls-ca", default=None, help="refuse a bundle whose CA is not in this CA file")
+    ap.add_argument("--shell", action="store_true", help="print the bundle's fields (never the password) as shell assignments")
+    ap.add_argument("--write-password", type=Path, default=None, help="write the password to this file (mode 0600)")
+    ap.add_argument("--write-ca", type=Path, default=None, help="write the inline CA certificate to this file (mode 0644)")
+    args = ap.parse_args(argv)
+    prog = args.prog or ap.prog
+    try:
+        bundle = read_bundle(Path(args.bundle))
+        bundle.check(federation=args.federation, coordinator=args.coordinator, ca_file=args.tls_ca)
+        if args.write_ca is not None:
+            if bundle.tls_ca_pem is None:
+                raise EnrolmentRefused("missing_field", "the bundle holds no CA certificate to write (--write-ca): give the CA file")
+            atomic_write_bytes(args.write_ca, bundle.tls_ca_pem, mode=0o644)
+        if args.write_password is not None:
+            atomic_write_bytes(args.write_password, bundle.password, mode=0o600)
+    except EnrolmentRefused as exc:
+        print(f"{prog}: {args.bundle}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}", file=sys.stderr)
+        return 2
+    if args.shell:
+        tls = "inline" if bundle.tls_ca_pem is not None else ("fingerprint" if bundle.tls_ca_sha256 is not None else "none")
+        fields = {
+            "client_id": bundle.client_id,
+            "federation": bundle.federation,
+            "broker": f"{bundle.host}:{bundle.port}",
+            "coordinator": bundle.coordinator,
+            "tls": tls,
+            "ca_sha256": bundle.ca_fingerprint() or "",
+        }
+        print("\n".join(f"{k}={shlex.quote(v)}" for k, v in fields.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -263,3 +263,28 @@ def test_the_module_imports_without_torch_numpy_or_paho():
     )
     r = subprocess.run([sys.executable, "-c", code, _bundle().to_json()], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "phone-anna", r.stderr
+
+
+def test_the_script_entry_prints_fields_as_shell_and_writes_the_parts(pki, tmp_path):
+    ca, other = pki
+    b = _bundle(coordinator="Anna's NUC", tls_ca_pem=ca.read_text())
+    path = tmp_path / "b.json"
+    path.write_text(b.to_json())
+    run = [sys.executable, "-m", "har_io.enrolment", str(path)]
+    r = subprocess.run([*run, "--shell"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    show = '\nprintf "%s|" "$client_id" "$federation" "$broker" "$coordinator" "$tls" "$ca_sha256"'
+    fields = subprocess.run(["bash", "-c", r.stdout + show], capture_output=True, text=True, timeout=10).stdout
+    assert fields == f"phone-anna|home|nuc.local:8883|Anna's NUC|inline|{pem_fingerprints(ca.read_text())[0]}|"
+    assert SECRET not in r.stdout + r.stderr
+    r = subprocess.run([*run, "--write-password", str(tmp_path / "etc" / "pw"), "--write-ca", str(tmp_path / "etc" / "ca.crt")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert (tmp_path / "etc" / "pw").read_text() == SECRET and stat.S_IMODE(os.stat(tmp_path / "etc" / "pw").st_mode) == 0o600
+    assert (tmp_path / "etc" / "ca.crt").read_text() == ca.read_text() and stat.S_IMODE(
+        os.stat(tmp_path / "etc" / "ca.crt").st_mode
+    ) == 0o644
+    r = subprocess.run([*run, "--prog", "setup", "--tls-ca", str(other), "--write-password", str(tmp_path / "p2")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith(f"setup: {path}: enrolment bundle refused (ca_mismatch)")
+    assert not (tmp_path / "p2").exists() and SECRET not in r.stderr
