@@ -217,7 +217,7 @@ def systemctl_reload(unit: str = SYSTEMD_UNIT) -> None:
     exe = shutil.which("systemctl")
     if exe is None:
         raise BrokerAdminError(
-            "systemctl not found: this machine has no systemd; reload the broker with kill -HUP $(cat <broker folder>/mosquitto.pid) "
+            "systemctl not found: this machine has no systemd; reload the broker with kill -HUP $(cat <broker folder>/data/mosquitto.pid) "
             "or set the broker reload to 'pid:/path/to/mosquitto.pid'"
         )
     cmd = [exe, "reload", unit]
