@@ -222,13 +222,14 @@ def test_an_added_device_logs_in_after_the_reload_through_the_pid_file(broker, p
     assert password == broker.password("hapt-03") and len(password) >= 32
     assert admin.devices() == ["hapt-01", "hapt-02", "hapt-03"]
     _wait_reloads(broker, 1)
-    login(broker, peers, "hapt-03", password)
+    first = login(broker, peers, "hapt-03", password)
     assert password not in broker.log.read_text()
     with pytest.raises(BrokerAdminError, match=r"'hapt-03' already has an account .* --rotate hapt-03"):
         admin.add_device("hapt-03")
     renewed = admin.add_device("hapt-03", replace=True)
     assert renewed != password
     _wait_reloads(broker, 2)
+    assert first.dropped.wait(WAIT_S), "a session logged in with the replaced password is closed on reload too"
     assert Peer(broker.port, "hapt-03", password).connect().is_failure
     login(broker, peers, "hapt-03", renewed)
 
