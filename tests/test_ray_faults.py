@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -286,6 +287,10 @@ def _store_sees_a_put(address: str) -> dict[str, int]:
 
 def test_object_store_stays_flat_over_fifty_rounds(cluster_2_8: str, tmp_path: Path) -> None:
     """Per node, the store's bytes and objects (and the driver's references) after rounds 10 to 50 stay within 10 % of round 10's."""
+    if importlib.util.find_spec("grpc") is None:  # Ray's core wheel without the ray extra's grpcio
+        if os.environ.get("FEDHAR_REQUIRE_RAY") == "1":
+            pytest.fail("FEDHAR_REQUIRE_RAY=1 but grpcio is missing: pip install -e '.[ray]'", pytrace=False)
+        pytest.skip("reading Ray's object store needs grpcio: pip install -e '.[ray]'")
     address, run = cluster_2_8, tmp_path / "run"
     probe = _store_sees_a_put(address)
     print(f"store probe on the head: {probe}")
