@@ -17,6 +17,7 @@ resident file pages hold more than one block per client (:mod:`coordinator.feddw
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import shutil
 import struct
@@ -36,6 +37,10 @@ _NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i
 """safetensors dtype names -> numpy dtypes (the format is little-endian); the ones numpy can hold."""
 
 
+_CAN_RELEASE = hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap.mmap, "madvise")
+"""Whether :meth:`SpilledState.read_flat` can release the pages it read (Linux, Python >= 3.8)."""
+
+
 class SpilledState(Mapping[str, torch.Tensor]):
     """A model state in a safetensors file, read one tensor at a time.
 
@@ -53,6 +58,7 @@ class SpilledState(Mapping[str, torch.Tensor]):
         self.path, self.prefix, self._names = Path(path), prefix, list(names)
         self._layout: dict[str, tuple[np.dtype, tuple[int, ...], int]] | None = None
         self._map: mmap.mmap | None = None
+        self._flat: dict[str, tuple[np.dtype, int, int]] = {}  # name -> (dtype, numel, file offset), for read_flat
 
     def _entry(self, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
         """(dtype, shape, byte offset of the first element in the file) of tensor ``name``, from the header.
@@ -114,8 +120,11 @@ class SpilledState(Mapping[str, torch.Tensor]):
         ValueError
             If the range is outside the tensor or ``out`` has another length.
         """
-        dtype, shape, start = self._entry(name)
-        numel = int(np.prod(shape, dtype=np.int64))
+        info = self._flat.get(name)
+        if info is None:
+            dtype, shape, start = self._entry(name)
+            info = self._flat[name] = (dtype, math.prod(shape), start)
+        dtype, numel, start = info
         if not 0 <= lo <= hi <= numel or out.shape != (hi - lo,):
             raise ValueError(f"read_flat {name!r}: range [{lo}, {hi}) of {numel} elements into out of shape {out.shape}")
         if hi == lo:
@@ -129,7 +138,7 @@ class SpilledState(Mapping[str, torch.Tensor]):
         np.copyto(out, src, casting="same_kind")
         del src  # the map cannot close while a view of it exists
         page_lo, page_hi = first - first % mmap.PAGESIZE, last - last % mmap.PAGESIZE
-        if page_hi > page_lo and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        if page_hi > page_lo and _CAN_RELEASE:
             mm.madvise(mmap.MADV_DONTNEED, page_lo, page_hi - page_lo)
 
     def close_map(self) -> None:
