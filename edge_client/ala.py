@@ -383,7 +383,9 @@ def adaptive_local_aggregation(
     # 2. Padding for growth: new slots take the received values, W = 1 there.
     if any(np.shape(local[n]) != theta[n].shape for n in names):
         log.info("%sreceived model is wider than the local one; padding local model and W", tag)
-    theta_i = pad_like({n: local[n] for n in names}, theta)
+        theta_i = pad_like({n: local[n] for n in names}, theta)
+    else:  # same shapes: the kernels only read theta_i, so no copy (6.45 M floats for the paper CNN)
+        theta_i = {n: np.asarray(local[n], np.float32) for n in names}
     w = ala.weights
     if w is not None and set(w) != set(higher):
         log.warning("%sstored W covers %s but the higher tensors are %s; resetting W to 1", tag, sorted(w), list(higher))

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.ala import AlaState, adaptive_local_aggregation, pad_like
+from edge_client.ala import AlaKernel, AlaState, adaptive_local_aggregation, pad_like
 from edge_client.backends.base import BackendOptions, TrainingBackend, train
 from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
@@ -238,7 +238,12 @@ class ClientTrainer:
         local = self._local_model(ann.run_id, spec, received) if plan.keep_local or use_ala else None
         cw = balanced_class_weights(train_ws.y, spec.n_classes) if plan.class_weights == "balanced" else None
         backend: TrainingBackend = self._make_backend(spec, received)
-        cm_received = backend.evaluate(test.x, test.y).confusion if len(test) else None
+        # FedALA on a backend whose ALA kernel leaves its model alone and that can evaluate two models sharing
+        # their lower layers (the torch backend): the received model is evaluated after ALA, together with
+        # the initial one, so the test windows' features are computed once (same numbers as two evaluations).
+        pair = use_ala and not plan.keep_local and len(test) > 0 and isinstance(backend, AlaKernel) and hasattr(backend, "evaluate_pair")
+        cm_received = backend.evaluate(test.x, test.y).confusion if len(test) and not pair else None
+        cm_shared = None
 
         start = dict(received)
         init_mode = "received"
@@ -256,9 +261,23 @@ class ClientTrainer:
             self._save_ala_state(res.ala)
             init_mode = "ala" if res.fallback is None else f"received ({res.fallback})"
             ala_note = AlaNote(res.passes, res.n_sample, res.converged, res.fallback)
-        if init_mode != "received":
+        head_only = False
+        if pair:
+            # ALA's lower tensors take the received values (FedALA, Algorithm 1): only the blended ones differ.
+            both = backend.evaluate_pair(test.x, test.y, {h: start[h] for h in res.higher}) if init_mode == "ala" else None  # type: ignore[attr-defined]
+            if both is not None:
+                cm_received, cm_shared = both[0].confusion, both[1].confusion
+                head_only = True
+            else:
+                cm_received = backend.evaluate(test.x, test.y).confusion
+        if head_only:  # the backend holds the received model: load only the blended tensors
+            backend.set_weights({h: start[h] for h in res.higher}, arch_version=spec.version, partial=True)
+        elif init_mode != "received":
             backend.set_weights(start, arch_version=spec.version)
-        cm_init = backend.evaluate(test.x, test.y).confusion if len(test) and init_mode != "received" else cm_received
+        if cm_shared is not None:
+            cm_init = cm_shared
+        else:
+            cm_init = backend.evaluate(test.x, test.y).confusion if len(test) and init_mode != "received" else cm_received
 
         prox_ref = received if plan.prox_mu > 0 else None
         seed = derive_seed(plan.seed, self.client_id, ann.round, ann.stage)

@@ -1,0 +1,40 @@
+"""FedALA's blend weights, blended model and client rounds stay those of the code before its speed-ups (fixed seeds).
+
+The golden file (``tests/fixtures/ala_golden.npz``) was written by ``python -m tests.ala_golden`` on the code of
+b88bc3e; the speed-ups (features computed in larger batches, the test split's features shared by the received and
+the initial model's evaluation, fewer copies) must not change a number. Here they are equal bit for bit; the
+tolerance (float32 rounding) only leaves room for another CPU's BLAS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.ala_golden import GOLDEN, compute
+
+
+@pytest.fixture(scope="module")
+def now(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    return compute(Path(tmp_path_factory.mktemp("ala-golden")))
+
+
+def test_the_golden_file_covers_every_case(now: dict[str, np.ndarray]) -> None:
+    with np.load(GOLDEN) as g:
+        assert sorted(g.files) == sorted(now)
+    # The cases did what they are meant to: W learned away from its start, six passes in the start phase, one later.
+    assert len(now["kernel/start/losses"]) == 6 and len(now["kernel/later/losses"]) == 1
+    assert not np.allclose(now["kernel/later/w/out.weight"], 0.7)
+    assert not np.array_equal(now["trainer/2/w/out.weight"], now["trainer/1/w/out.weight"])
+
+
+def test_ala_and_its_rounds_give_the_golden_numbers(now: dict[str, np.ndarray]) -> None:
+    with np.load(GOLDEN) as g:
+        for name in g.files:
+            want = g[name]
+            if want.dtype.kind in "iu":
+                assert np.array_equal(now[name], want), name  # confusion counts: exactly
+            else:
+                np.testing.assert_allclose(now[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
