@@ -9,6 +9,7 @@ device commands ``enroll``, ``revoke``, ``forget``, ``devices`` and ``versions``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -171,6 +172,17 @@ def serve_main(argv: list[str]) -> int:
     data = args.data or default_data_dir()
     try:
         broker = broker_from_args(args)
+        if args.username is None:  # the broker folder of [server] broker_dir names the coordinator's account
+            from coordinator.server.devices_cli import DeviceCommandError, coordinator_broker
+            from coordinator.server.settings import read_serve_file
+
+            broker_dir = read_serve_file(args.config or data / "server.toml").server.broker_dir
+            if broker_dir:
+                try:
+                    broker = dataclasses.replace(broker, **{k: getattr(coordinator_broker(Path(broker_dir)), k)
+                                                            for k in ("host", "port", "username", "password")})  # fmt: skip
+                except DeviceCommandError as exc:
+                    raise ValueError(str(exc)) from None
     except (ValueError, OSError) as exc:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
         return Exit.USAGE

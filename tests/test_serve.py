@@ -1,0 +1,180 @@
+"""``fedhar-coordinator serve`` against a real Mosquitto: rounds as devices are eligible, numbered versions,
+a SIGKILL and a start without --resume that continues from the newest version in a new epoch the clients
+notice; revoked devices refused by the coordinator. Plus the pieces that need no broker: the data folder's
+settings refused at start, ``versions``, and the subcommand dispatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from small_federation import CONV_FILTERS, DENSE_UNITS
+
+from coordinator.server.registry import Registry
+from coordinator.state import load_state_file
+from simulation.broker import stop_process
+
+ROOT = Path(__file__).resolve().parents[1]
+HAPT = ROOT / "datasets" / "hapt"
+FED = "servefed"
+
+
+def _settings(data: Path, extra: str = "") -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "server.toml").write_text(
+        f"conv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\nround_timeout_s = 120\nlocal_epochs = 1\n"
+        f"min_clients = 2\nstatus_refresh_s = 5\n{extra}\n"
+        "[server]\nhttp_port = 0\nkeep_versions = 3\n"
+        "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
+    )
+
+
+def _serve(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", f"127.0.0.1:{port}", "--federation", FED]
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _client(cid: str, user: int, state: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, "--source", f"hapt:{HAPT}/user{user:02d}.npz",
+           "--state-dir", str(state), "--broker", f"127.0.0.1:{port}", "--federation", FED, "--threads", "1"]  # fmt: skip
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+@contextmanager
+def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                stop_process(p)
+
+
+def _wait(pred, timeout: float, what: str, logs: list[Path]) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+    raise AssertionError(f"{what} not within {timeout} s\n{tails}")
+
+
+def _newest(data: Path) -> int:
+    got = _versions(data)
+    return got[-1][0] if got else 0
+
+
+def _versions(data: Path) -> list[tuple[int, int]]:
+    if not (data / "server.sqlite").exists():
+        return []
+    reg = Registry(data)
+    try:
+        return [(v.version, v.round) for v in reg.versions()]
+    finally:
+        reg.close()
+
+
+@pytest.mark.slow
+def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new_epoch(tmp_path: Path, mosquitto: int) -> None:
+    data = tmp_path / "data"
+    _settings(data)
+    reg = Registry(data)
+    for cid in ("dev-a", "dev-b"):
+        reg.enrol(cid, "Anna")
+    reg.enrol("dev-gone", None)
+    reg.revoke("dev-gone")  # a revoked device that still has its old credentials
+    reg.close()
+    serve_log, logs = tmp_path / "serve.log", [tmp_path / "serve.log", tmp_path / "a.log", tmp_path / "b.log", tmp_path / "gone.log"]
+    with _processes() as procs:
+        procs.append(_client("dev-a", 1, tmp_path / "sa", mosquitto, logs[1]))
+        procs.append(_client("dev-b", 2, tmp_path / "sb", mosquitto, logs[2]))
+        procs.append(_client("dev-gone", 3, tmp_path / "sg", mosquitto, logs[3]))
+        first = _serve(data, mosquitto, serve_log)
+        procs.append(first)
+        _wait(lambda: _newest(data) >= 2, 240, "two model versions", logs)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        before = _versions(data)
+        last_round = before[-1][1]
+        second = _serve(data, mosquitto, serve_log)
+        procs.append(second)
+        _wait(lambda: _newest(data) >= before[-1][0] + 2, 240, "two more model versions after the restart", logs)
+        _wait(lambda: "epoch 1 -> 2" in logs[1].read_text() and "epoch 1 -> 2" in logs[2].read_text(), 30,
+              "both clients noticing the new epoch", logs)  # fmt: skip
+        second.send_signal(signal.SIGINT)
+        assert second.wait(60) == 130
+    text = serve_log.read_text()
+    assert "serving federation 'servefed': epoch 1" in text and "no round yet" in text
+    assert "serving federation 'servefed': epoch 2, run " in text and f"continuing after round {last_round}" in text
+    after = _versions(data)
+    # versions count on and keep_versions = 3 keeps the newest three; their rounds follow without a gap or a repeat
+    assert [v for v, _ in after] == list(range(after[-1][0] - 2, after[-1][0] + 1))
+    assert [r for _, r in after] == list(range(after[0][1], after[0][1] + 3))
+    assert after[-1][1] >= last_round + 2
+    assert sorted((data / "versions").glob("v*.safetensors")) == [data / "versions" / f"v{v:06d}.safetensors" for v, _ in after]
+    # the round after the restart started from the newest version: the run state's model of that round is the version file
+    report = json.loads((data / "run" / "report.json").read_text())
+    rounds = [r["round"] for r in report["rounds"]]
+    assert rounds == list(range(len(rounds))) and rounds[-1] == after[-1][1]
+    spec, newest = load_state_file(data / "versions" / f"v{after[-1][0]:06d}.safetensors")
+    _, kept = load_state_file(data / "run" / "models" / f"r{after[-1][1]:04d}" / "global.safetensors")
+    assert spec.conv_filters == CONV_FILTERS and all(torch.equal(newest[k], kept[k]) for k in newest)
+    # the revoked device was never selected nor counted, its updates (if any) rejected
+    for r in report["rounds"]:
+        assert r["selected"] == 2 and r["updates"] == 2 and set(r["personalisation_clients"]) == {"dev-a", "dev-b"}
+    assert "ignoring the status of revoked device dev-gone" in text
+    assert "[dev-gone] round" not in logs[3].read_text()  # never trained
+    # participation rows for both devices in each kept round
+    reg = Registry(data)
+    took = {(p.name, p.round) for p in reg.participation()}
+    reg.close()
+    assert {(n, r) for n in ("dev-a", "dev-b") for r in rounds} == took
+    # fedhar-coordinator versions lists what the registry holds
+    out = subprocess.run([sys.executable, "-m", "coordinator.cli", "versions", "--data", str(data), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [(v["version"], v["round"]) for v in json.loads(out.stdout)] == after
+
+
+def test_serve_refuses_bad_settings_with_the_key_named(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _settings(data, extra="aggregatoin = 'fedavg'")
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", "127.0.0.1:9"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "unknown setting 'aggregatoin' (did you mean 'aggregation'?)" in r.stderr
+    (data / "server.toml").write_text("min_clients = 3\n[schedule]\nmin_clients = 2\n")
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", "127.0.0.1:9"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "[schedule] min_clients = 2 is below the quorum min_clients = 3" in r.stderr
+
+
+def test_a_damaged_server_database_stops_serve_with_exit_6(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _settings(data)
+    (data / "server.sqlite").write_bytes(b"")
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", "127.0.0.1:9"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert r.returncode == 6 and "server.sqlite is damaged (it is empty (0 bytes))" in r.stderr
+    assert (data / "server.sqlite").stat().st_size == 0
+
+
+def test_versions_and_devices_of_an_empty_data_folder(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for cmd in (["versions"], ["devices"]):
+        r = subprocess.run([sys.executable, "-m", "coordinator.cli", *cmd, "--data", str(data), "--json"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+        assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
