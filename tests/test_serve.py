@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,7 +62,7 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
                 stop_process(p)
 
 
-def _wait(pred, timeout: float, what: str, logs: list[Path]) -> None:  # type: ignore[no-untyped-def]
+def _wait(pred: Callable[[], bool], timeout: float, what: str, logs: list[Path]) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
