@@ -280,6 +280,8 @@ class Coordinator:
             if cid not in self._refused_logged:
                 self._refused_logged.add(cid)
                 log.warning("ignoring the status of revoked device %s (it is not counted as present)", cid[:64])
+            if payload and self._link.connected.is_set():  # a late retained status: nobody else is to see it either
+                self._link.publish_nowait(self.topics.client_status(cid), b"", retain=True)
             return
         if not payload:
             self.clients.pop(cid, None)
@@ -839,6 +841,11 @@ class Coordinator:
         except StateDamaged as exc:
             raise StateError(str(exc)) from None
         return last
+
+    @property
+    def link(self) -> MqttLink:
+        """The coordinator's broker session (for a serving loop that clears a revoked device's retained topics)."""
+        return self._link
 
     def pump(self, timeout: float) -> bool:
         """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came (:meth:`_pump`)."""

@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import socket
 import sys
 import time
@@ -37,10 +38,6 @@ from har_io.exit_codes import Exit
 from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.devices")
-
-BROKER_MANIFEST = "fedhar-broker.json"
-"""The settings file firmware_scripts/mosquitto_config.py writes into its output folder."""
-
 
 class DeviceCommandError(RuntimeError):
     """A device command cannot be done as asked; the message names the fix."""
@@ -60,45 +57,25 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
     return ap
 
 
-def broker_manifest(broker_dir: Path) -> dict[str, Any]:
-    """The ``settings`` of ``<broker_dir>/fedhar-broker.json`` (federation, ports, TLS files, coordinator user).
-
-    Raises
-    ------
-    DeviceCommandError
-        If the file is missing or not the generator's JSON.
-    """
-    path = Path(broker_dir) / BROKER_MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-        settings = doc["settings"]
-        if not isinstance(settings, dict):
-            raise TypeError("settings is not an object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DeviceCommandError(
-            f"{path}: not readable as the broker generator's settings ({exc}); [server] broker_dir must name the "
-            "folder written by firmware_scripts/mosquitto_config.py --out"
-        ) from None
-    return settings
-
-
-def coordinator_broker(broker_dir: Path, client_suffix: str = "") -> BrokerConfig:
+def coordinator_broker(broker_dir: Path) -> BrokerConfig:
     """How a program on the server reaches the broker as the coordinator: the plain listener on
-    loopback with the coordinator's account (``credentials/<user>.password`` of the broker folder).
+    loopback with the coordinator's account (its password from the broker folder).
 
     Raises
     ------
     DeviceCommandError
-        If the manifest or the password file cannot be read.
+        If the broker folder or the coordinator's password cannot be read.
     """
-    s = broker_manifest(broker_dir)
-    user = str(s.get("coordinator_user") or "coordinator")
-    pw_file = Path(broker_dir) / "credentials" / f"{user}.password"
+    from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+    admin = BrokerAdmin(Path(broker_dir), reload="none")
     try:
-        password = pw_file.read_text().strip()
-    except OSError as exc:
-        raise DeviceCommandError(f"{pw_file}: {exc.strerror or exc}; the generator writes the coordinator's password there") from None
-    return BrokerConfig.parse(f"127.0.0.1:{int(s.get('port') or 1883)}", username=user, password=password)
+        s = admin.settings()
+        user = str(s.coordinator_user)
+        password = admin.password(user)
+    except BrokerAdminError as exc:
+        raise DeviceCommandError(f"[server] broker_dir: {exc}") from None
+    return BrokerConfig.parse(f"127.0.0.1:{int(s.port)}", username=user, password=password)
 
 
 def _admin(file: ServeFile) -> Any:
@@ -131,19 +108,17 @@ def make_bundle(file: ServeFile, name: str, password: str) -> Any:
     """
     from har_io.enrolment import EnrolmentBundle
 
-    assert file.server.broker_dir
-    s = broker_manifest(Path(file.server.broker_dir))
-    tls = bool(s.get("tls_cert"))
+    s = _admin(file).settings()
     ca_pem = None
-    if tls and s.get("tls_ca"):
+    if s.tls and s.tls_ca:
         try:
-            ca_pem = Path(str(s["tls_ca"])).read_text()
+            ca_pem = Path(str(s.tls_ca)).read_text()
         except OSError as exc:
-            raise DeviceCommandError(f"the broker's CA certificate {s['tls_ca']}: {exc.strerror or exc}") from None
-    host = file.server.public_host or s.get("public_host") or socket.gethostname()
-    port = int(s.get("tls_port") or 8883) if tls else int(s.get("port") or 1883)
+            raise DeviceCommandError(f"the broker's CA certificate {s.tls_ca}: {exc.strerror or exc}") from None
+    host = file.server.public_host or s.public_host or socket.gethostname()
+    port = int(s.tls_port) if s.tls else int(s.port)
     return EnrolmentBundle(
-        coordinator=file.server.name, federation=str(s["federation"]), client_id=name, password=password,
+        coordinator=file.server.name, federation=str(s.federation), client_id=name, password=password,
         host=str(host), port=port, tls_ca_pem=ca_pem,
     )  # fmt: skip
 
@@ -197,18 +172,71 @@ def _clear_retained(file: ServeFile, name: str) -> bool:
     from har_io.mqtt_link import MqttLink
     from har_models.wire.topics import Topics
 
-    assert file.server.broker_dir
-    s = broker_manifest(Path(file.server.broker_dir))
-    broker = coordinator_broker(Path(file.server.broker_dir))
+    admin = _admin(file)
+    broker = coordinator_broker(admin.broker_dir)
     link = MqttLink(broker, f"fedhar-admin-{os.getpid()}", subscriptions=[])
     if not link.start(wait_s=15.0):
         link.stop()
         return False
     try:
-        clear_device_topics(link, Topics(str(s["federation"])), name)
+        clear_device_topics(link, Topics(admin.federation), name)
     finally:
         link.stop()
     return True
+
+
+def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], bool] | None:
+    """Read the federation's retained statuses with the broker's read-only monitor account.
+
+    Returns ``({device: state}, serving)`` where ``serving`` is True when the coordinator's status
+    says online and is fresh (a ``serve`` runs); None if the broker cannot be read. The monitor
+    account is used because a second login as the coordinator would disconnect a running one
+    (the generated broker takes user names as client ids).
+    """
+    if not file.server.broker_dir:
+        return None
+    from coordinator.server.broker_admin import BrokerAdminError
+    from har_io.mqtt_link import MqttLink
+    from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, fresh_until
+    from har_models.wire.topics import Topics
+
+    try:
+        admin = _admin(file)
+        user, password = admin.monitor_credentials()
+        s = admin.settings()
+        topics = Topics(admin.federation)
+    except (DeviceCommandError, BrokerAdminError):
+        return None
+    broker = BrokerConfig.parse(f"127.0.0.1:{int(s.port)}", username=user, password=password)
+    link = MqttLink(broker, f"fedhar-admin-{os.getpid()}",
+                    subscriptions=[(topics.client_status("+"), 1), (topics.coordinator_status, 1)])  # fmt: skip
+    out: dict[str, str] = {}
+    serving = False
+    try:
+        if not link.start(wait_s=10.0):
+            return None
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            try:
+                topic, payload, retained = link.inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if not payload:
+                continue
+            try:
+                if topic == topics.coordinator_status:
+                    co = CoordinatorStatus.from_bytes(payload)
+                    until = fresh_until(co.sent_unix, co.refresh_s, retained, time.monotonic(), time.time())
+                    serving = co.state == "online" and (until is None or until > time.monotonic())
+                    continue
+                parsed = topics.parse_client_topic(topic)
+                if parsed is not None:
+                    out[parsed[0]] = ClientStatus.from_bytes(payload).state
+            except MessageError:
+                continue
+    finally:
+        link.stop()
+    return out, serving
 
 
 def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
@@ -235,7 +263,10 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
         done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
     else:
         done.append(f"{name} had no broker account")
-    if _clear_retained(file, name):
+    seen = _retained(file, wait_s=1.0)
+    if seen is not None and seen[1]:
+        done.append(f"the running server clears {name}'s retained status and models (and refuses it from now on)")
+    elif _clear_retained(file, name):
         done.append(f"{name}'s retained status and models cleared")
     else:
         done.append("the broker could not be reached to clear the retained status (a running serve ignores it anyway)")
@@ -288,40 +319,9 @@ def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, An
 
 
 def online_states(file: ServeFile, wait_s: float = 2.0) -> dict[str, str] | None:
-    """Each device's state from its retained status on the broker (as the coordinator), or None if it cannot be read."""
-    if not file.server.broker_dir:
-        return None
-    from har_io.mqtt_link import MqttLink
-    from har_models.wire.messages import ClientStatus, MessageError
-    from har_models.wire.topics import Topics
-
-    try:
-        s = broker_manifest(Path(file.server.broker_dir))
-        broker = coordinator_broker(Path(file.server.broker_dir))
-    except DeviceCommandError:
-        return None
-    topics = Topics(str(s["federation"]))
-    link = MqttLink(broker, f"fedhar-admin-{os.getpid()}", subscriptions=[(topics.client_status("+"), 1)])
-    out: dict[str, str] = {}
-    try:
-        if not link.start(wait_s=10.0):
-            return None
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                topic, payload, _ = link.inbox.get(timeout=0.2)
-            except Exception:  # queue.Empty
-                continue
-            parsed = topics.parse_client_topic(topic)
-            if parsed is None or not payload:
-                continue
-            try:
-                out[parsed[0]] = ClientStatus.from_bytes(payload).state
-            except MessageError:
-                continue
-    finally:
-        link.stop()
-    return out
+    """Each device's state from its retained status on the broker (read-only monitor account), or None if unreadable."""
+    seen = _retained(file, wait_s)
+    return None if seen is None else seen[0]
 
 
 def _print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:

@@ -164,6 +164,7 @@ class Server:
         self._retry_at = 0.0
         self._waiting = ""
         self._waiting_logged = 0.0
+        self._revoked_seen: set[str] = set()
 
     @property
     def server(self) -> ServerSettings:
@@ -245,6 +246,8 @@ class Server:
             self.data_dir,
         )  # fmt: skip
         round_ = last + 1
+        self._revoked_seen = set(self.registry.revoked_names())
+        next_revocation_check = 0.0
         page = None
         try:
             page = self.start_status_page()
@@ -256,6 +259,9 @@ class Server:
                     for _ in range(200):  # what else has arrived, without waiting
                         if not co.pump(0.0):
                             break
+                if time.monotonic() >= next_revocation_check:
+                    self._clear_new_revocations()
+                    next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
                 eligible = co.eligible()
                 start_at = self.next_start(now)
@@ -282,6 +288,23 @@ class Server:
                 page.stop()
             co.close()
             self.registry.close()
+
+    def _clear_new_revocations(self) -> None:
+        """For each device revoked since the last look (``fedhar-coordinator revoke`` runs in another
+        process): clear its retained status and personalised model chunks on the broker, through this
+        server's own session (logging in as the coordinator elsewhere would disconnect this one)."""
+        from coordinator.server.broker_admin import clear_device_topics
+
+        now = self.registry.revoked_names()
+        for cid in sorted(now - self._revoked_seen):
+            self.coordinator.clients.pop(cid, None)
+            self.coordinator.presence.forget(cid)
+            try:
+                cleared = clear_device_topics(self.coordinator.link, self.coordinator.topics, cid, timeout=10.0)
+                log.info("device %s was revoked: its retained status and %d model chunk(s) cleared", cid, len(cleared) - 1)
+            except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+                log.warning("device %s was revoked, but its retained topics were not cleared (%s); they are ignored", cid, exc)
+        self._revoked_seen = set(now)
 
     def _drop_refused_models(self) -> None:
         """Forget the personalised models of devices revoked or forgotten since they were made (not saved again)."""

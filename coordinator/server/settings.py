@@ -35,7 +35,7 @@ from har_io.cli import read_settings_file
 from har_models.settings import doc, from_mapping
 
 BROKER_RELOADS = ("auto", "systemctl", "none")
-"""``[server] broker_reload`` choices besides ``"pid:/path/to/mosquitto.pid"``."""
+"""``[server] broker_reload`` choices besides ``"pid:/path/to/mosquitto.pid"`` and ``"systemctl:UNIT"``."""
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -103,7 +103,8 @@ class ServerSettings:
         default=None, metadata=doc("folder written by firmware_scripts/mosquitto_config.py (holds fedhar-broker.json)")
     )
     broker_reload: str = field(
-        default="auto", metadata=doc('how the broker is reloaded after an account change: auto, systemctl, none, or "pid:FILE"')
+        default="auto",
+        metadata=doc('how the broker is reloaded after an account change: auto, systemctl, "systemctl:UNIT", none, or "pid:FILE"'),
     )
     public_host: str | None = field(default=None, metadata=doc("broker host name written into enrolment bundles (default the broker's)"))
     keep_versions: int = field(default=50, metadata=doc("model versions kept (older version files are deleted)", "versions"))
@@ -115,9 +116,11 @@ class ServerSettings:
             raise ValueError(f"[server] http_port = {self.http_port}: must be in 0..65535 (0 = no status page)")
         if self.keep_versions < 1:
             raise ValueError(f"[server] keep_versions = {self.keep_versions}: must be >= 1 (joining devices get the newest)")
-        if self.broker_reload not in BROKER_RELOADS and not (self.broker_reload.startswith("pid:") and len(self.broker_reload) > 4):
+        kind, sep, arg = self.broker_reload.partition(":")
+        if self.broker_reload not in BROKER_RELOADS and not (sep and arg and kind in ("pid", "systemctl")):
             raise ValueError(
-                f'[server] broker_reload = {self.broker_reload!r}: must be one of {list(BROKER_RELOADS)} or "pid:/path/to/mosquitto.pid"'
+                f"[server] broker_reload = {self.broker_reload!r}: must be one of {list(BROKER_RELOADS)}, "
+                '"pid:/path/to/mosquitto.pid" or "systemctl:UNIT"'
             )
         if self.token is not None and not self.token.strip():
             raise ValueError("[server] token must not be empty; leave it out for no token")
