@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from small_federation import CONV_FILTERS, DENSE_UNITS
@@ -95,7 +96,7 @@ def test_enrol_three_revoke_one_mid_run_and_restart(tmp_path: Path) -> None:
         ctx.__exit__(None, None, None)
 
 
-def _scenario(tmp_path: Path, b) -> None:  # type: ignore[no-untyped-def]
+def _scenario(tmp_path: Path, b: Any) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "server.toml").write_text(
