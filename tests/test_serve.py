@@ -5,6 +5,7 @@ settings refused at start, ``versions``, and the subcommand dispatch."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -114,6 +115,11 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
         _wait(lambda: _newest(data) >= before[-1][0] + 2, 240, "two more model versions after the restart", logs)
         _wait(lambda: "epoch 1 -> 2" in logs[1].read_text() and "epoch 1 -> 2" in logs[2].read_text(), 30,
               "both clients noticing the new epoch", logs)  # fmt: skip
+        # SIGHUP (systemctl reload): the schedule is read again and what changed is logged
+        toml = data / "server.toml"
+        toml.write_text(toml.read_text().replace("min_round_interval_s = 1", "min_round_interval_s = 2"))
+        second.send_signal(signal.SIGHUP)
+        _wait(lambda: "reload: [schedule] min_round_interval_s 1.0 -> 2.0" in serve_log.read_text(), 30, "the reload", logs)
         second.send_signal(signal.SIGINT)
         assert second.wait(60) == 130
     text = serve_log.read_text()
@@ -147,6 +153,29 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert [(v["version"], v["round"]) for v in json.loads(out.stdout)] == after
+
+
+def test_reload_applies_the_tables_and_keeps_the_settings_in_force_on_a_bad_file(tmp_path: Path) -> None:
+    from coordinator.server.serve import Server
+    from har_io.broker_config import BrokerConfig
+
+    data = tmp_path / "data"
+    _settings(data)
+    server = Server(data, BrokerConfig.parse("127.0.0.1:9"), FED)  # not started: no broker needed
+    assert server.epoch == 1 and server.schedule.min_round_interval_s == 1.0
+    toml = data / "server.toml"
+    toml.write_text(toml.read_text().replace("min_clients = 2\nmin_round_interval_s = 1", 'min_clients = 3\nwindow = "22:00-06:00"'))
+    assert server.reload() == ["[schedule] min_clients 2 -> 3", "[schedule] min_round_interval_s 1.0 -> 3600.0",
+                               "[schedule] window None -> '22:00-06:00'"]  # fmt: skip
+    assert server.schedule.min_clients == 3 and server.schedule.window == "22:00-06:00"
+    toml.write_text(toml.read_text() + "[bogus]\n")
+    assert server.reload() == [] and server.schedule.min_clients == 3  # refused: kept
+    # the next start: after the last round's end plus the interval, moved into the window
+    server._last_end = 1773093600.0  # 2026-03-10 00:00 at UTC+2 (the server's tz below)
+    server.tz = dt.timezone(dt.timedelta(hours=2))
+    assert server.next_start(1773093600.0) == 1773093600.0 + 3600.0  # 01:00, inside 22:00-06:00
+    server.coordinator.state.close()
+    server.registry.close()
 
 
 def test_serve_refuses_bad_settings_with_the_key_named(tmp_path: Path) -> None:
