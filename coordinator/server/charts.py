@@ -91,10 +91,6 @@ def _label(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _finite(y: float | None) -> bool:
-    return y is not None and math.isfinite(y)
-
-
 def line_chart(
     series: Sequence[Series],
     *,
@@ -140,7 +136,7 @@ def line_chart(
         raise ValueError(f"line_chart: y_range {y_range!r} must have hi > lo")
     x0, x1 = MARGIN_LEFT, width - MARGIN_RIGHT
     y0, y1 = MARGIN_TOP, height - MARGIN_BOTTOM
-    pts = [(x, y) for s in series for x, y in s.points if _finite(y) and math.isfinite(x)]
+    pts = [(float(x), float(y)) for s in series for x, y in s.points if y is not None and math.isfinite(y) and math.isfinite(x)]
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label={quoteattr(title)}>',
@@ -155,14 +151,13 @@ def line_chart(
     if y_range is not None:
         ylo, yhi = y_range
     else:
-        ylo, yhi = min(p[1] for p in pts), max(p[1] for p in pts)  # type: ignore[type-var]
+        ylo, yhi = min(p[1] for p in pts), max(p[1] for p in pts)
         if ylo >= 0:
             ylo = 0.0
         if yhi == ylo:
             yhi = ylo + 1.0
-    assert ylo is not None and yhi is not None
     xticks = [t for t in nice_ticks(xlo, xhi, 6) if float(t).is_integer()] if xhi > xlo else [xlo]
-    yticks = nice_ticks(ylo, yhi, 5)
+    yticks = nice_ticks(ylo, yhi, 6)
     if y_range is None and yticks[-1] < yhi:  # let the axis end on a tick above the data
         step = yticks[1] - yticks[0] if len(yticks) > 1 else 1.0
         yticks.append(round(yticks[-1] + step, 12))
@@ -172,14 +167,14 @@ def line_chart(
     out.append(f'<g class="axes" stroke="#444" stroke-width="1">'
                f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}"/></g>')  # fmt: skip
     for t in yticks:
-        y = _num(sy(t))
+        ty = _num(sy(t))
         lab = f"{100 * t:.0f}%" if y_format == "%" else _label(t)
-        out.append(f'<line class="grid" x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#ddd"/>'
-                   f'<text class="ytick" x="{x0 - 4}" y="{y}" dy="4" text-anchor="end" font-size="10">{lab}</text>')  # fmt: skip
+        out.append(f'<line class="grid" x1="{x0}" y1="{ty}" x2="{x1}" y2="{ty}" stroke="#ddd"/>'
+                   f'<text class="ytick" x="{x0 - 4}" y="{ty}" dy="4" text-anchor="end" font-size="10">{lab}</text>')  # fmt: skip
     for t in xticks:
-        x = _num(sx(t))
-        out.append(f'<line x1="{x}" y1="{y1}" x2="{x}" y2="{y1 + 4}" stroke="#444"/>'
-                   f'<text class="xtick" x="{x}" y="{y1 + 15}" text-anchor="middle" font-size="10">{_label(t)}</text>')  # fmt: skip
+        tx = _num(sx(t))
+        out.append(f'<line x1="{tx}" y1="{y1}" x2="{tx}" y2="{y1 + 4}" stroke="#444"/>'
+                   f'<text class="xtick" x="{tx}" y="{y1 + 15}" text-anchor="middle" font-size="10">{_label(t)}</text>')  # fmt: skip
     out.append(f'<text class="xlabel" x="{_num((x0 + x1) / 2)}" y="{height - 6}" text-anchor="middle" font-size="11">'
                f"{escape(x_label)}</text>")  # fmt: skip
     out.append(f'<text class="ylabel" x="12" y="{_num((y0 + y1) / 2)}" text-anchor="middle" font-size="11" '
@@ -189,8 +184,7 @@ def line_chart(
         out.append(f'<g class="series" data-name={quoteattr(s.name)} stroke="{colour}" fill="{colour}">')
         run: list[str] = []
         for x, y in [*s.points, (math.nan, None)]:  # the sentinel flushes the last run
-            if _finite(y) and math.isfinite(x):
-                assert y is not None
+            if y is not None and math.isfinite(y) and math.isfinite(x):
                 run.append(f"{_num(sx(x))},{_num(sy(y))}")
                 out.append(f'<circle cx="{_num(sx(x))}" cy="{_num(sy(y))}" r="2.5" data-x="{x!r}" data-y="{y!r}"/>')
             else:
@@ -252,7 +246,7 @@ def heat_map(matrix: Sequence[Sequence[float]], labels: Sequence[str], *, title:
         raise ValueError(f"heat_map: cell {cell} px is too small; use at least 8")
     left = 8 + 7 * max((len(s) for s in labels), default=1)
     top = 40 + 7 * max((len(s) for s in labels), default=1)
-    width, height = left + n * cell + 16, top + n * cell + 24
+    width, height = max(left + n * cell + 16, 300), top + n * cell + 24
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="heatmap" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label={quoteattr(title)}>',
