@@ -247,7 +247,7 @@ class ServerView:
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
         ``n_train``, ``n_test``, ``sensing`` (``state`` "live"/"paused"/None, ``target_hz`` 50 and
         ``rate_hz``, ``newest_window_age_s``, ``gaps``, ``charging``: None where the device's
-        status does not carry them).
+        status does not carry them; a status carries ``sensing`` and ``charging`` only).
         """
         recs = self.records()
         snap = self.snapshot()
@@ -288,7 +288,8 @@ class ServerView:
                 "n_train": st.n_train if st is not None else None,
                 "n_test": st.n_test if st is not None else None,
                 "sensing": {"state": (st.sensing or None) if st is not None else None, "target_hz": TARGET_RATE_HZ,
-                            "rate_hz": None, "newest_window_age_s": None, "gaps": None, "charging": None},
+                            "rate_hz": None, "newest_window_age_s": None, "gaps": None,
+                            "charging": st.charging if st is not None else None},
             }))  # fmt: skip
         return out
 
@@ -307,7 +308,7 @@ class ServerView:
 
         Keys: ``coordinator`` (``online``, ``state``, ``run_id``), ``state`` ("training",
         "finished" or "idle" when no round is open), ``run_id``, ``round``, ``stage``,
-        ``selected``, ``answered``, ``missing`` (selected, not answered yet), ``deadline_unix``,
+        ``epoch``, ``selected``, ``answered``, ``missing`` (selected, not answered yet), ``deadline_unix``,
         ``deadline_in_s``, ``last_completed`` (round index or None), ``rounds_planned``,
         ``next_start_unix``.
         """
@@ -324,6 +325,7 @@ class ServerView:
                             "run_id": snap.coordinator.run_id if snap.coordinator else None},
             "state": ("training" if open_ else ann.state if ann is not None and ann.state == "finished" else "idle"),
             "run_id": ann.run_id if ann is not None else None,
+            "epoch": ann.epoch if ann is not None else None,
             "round": ann.round if open_ and ann is not None else None,
             "stage": ann.stage if open_ and ann is not None else None,
             "selected": sorted(ann.selected) if open_ and ann is not None else [],
@@ -371,6 +373,13 @@ def _pct(v: float | None) -> str:
 
 def _e(v: Any) -> str:
     return "—" if v is None else html.escape(str(v))
+
+
+def _figure(key: str, v: Any) -> str:
+    """A version's figure: accuracies and F1 scores (fractions) in %, anything else as it is."""
+    if isinstance(v, float) and ("acc" in key or "f1" in key.lower()):
+        return _pct(v)
+    return f"{v:.4g}" if isinstance(v, float) else _e(v)
 
 
 def _sensing(s: dict[str, Any]) -> str:
@@ -482,7 +491,7 @@ def render_page(view: ServerView) -> str:
     h.append("<h2>Model versions</h2>")
     h.append('<table id="versions"><tr><th>version</th><th>round</th><th>created</th><th>arch</th><th>figures</th></tr>')
     for v in versions[:50]:
-        figs = ", ".join(f"{_e(k)} {_pct(x) if isinstance(x, float) else _e(x)}" for k, x in sorted(v["figures"].items()))
+        figs = ", ".join(f"{_e(k)} {_figure(k, x)}" for k, x in sorted(v["figures"].items()))
         h.append(f"<tr><td>{v['version']}</td><td>{_e(v['round'])}</td><td>{_when(v['created_unix'], now)}</td>"
                  f"<td>v{_e(v['arch_version'])}</td><td>{figs or '—'}</td></tr>")  # fmt: skip
     if not versions:
