@@ -63,7 +63,8 @@ def test_device_entities_online_last_contribution_and_sample_rate() -> None:
     last = got["homeassistant/sensor/home/phone-anna_last_contribution/config"][1]
     rate = got["homeassistant/sensor/home/phone-anna_sample_rate/config"][1]
     assert last["device_class"] == "timestamp" and rate["unit_of_measurement"] == "Hz" and rate["device_class"] == "frequency"
-    assert last["state_topic"] == rate["state_topic"] == ha.device_state_topic("home", "phone-anna") == "homeassistant/fedhar/home/phone-anna/state"
+    state_topic = ha.device_state_topic("home", "phone-anna")
+    assert last["state_topic"] == rate["state_topic"] == state_topic == "homeassistant/fedhar/home/phone-anna/state"
     for c in (last, rate):
         assert c["availability_mode"] == "all"
         assert [a["topic"] for a in c["availability"]] == ["fedhar/v1/home/coordinator/status", "fedhar/v1/home/client/phone-anna/status"]
@@ -77,7 +78,8 @@ def test_device_state_and_removal() -> None:
     assert json.loads(ha.device_state(None, None)) == {"last_contribution": None, "sample_rate_hz": None}
     gone = ha.device_removal("home", "phone-anna")
     assert all(p == b"" for _, p in gone) and len(gone) == 4
-    assert {t for t, _ in gone} == {t for t, _ in ha.device_configs(T, "home", "phone-anna")} | {ha.device_state_topic("home", "phone-anna")}
+    configs = {t for t, _ in ha.device_configs(T, "home", "phone-anna")}
+    assert {t for t, _ in gone} == configs | {ha.device_state_topic("home", "phone-anna")}
 
 
 def test_the_publisher_republishes_everything_on_the_birth_message() -> None:
