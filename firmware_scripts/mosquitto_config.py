@@ -37,6 +37,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,14 @@ MANIFEST_NAME = "fedhar-broker.json"
 PASSWORD_SUFFIX = ".password"
 PACKET_MARGIN_BYTES = 64 * 1024
 """Room in ``max_packet_size`` above the largest fedhar payload for the topic and MQTT headers (bytes)."""
+PID_FILE_NAME = "mosquitto.pid"
+"""The broker writes its process id here (``pid_file`` in the generated mosquitto.conf), so a reload can find it."""
+HOME_ASSISTANT_PREFIX = "homeassistant"
+"""Home Assistant's default MQTT discovery prefix; its birth and last-will messages go to ``<prefix>/status``."""
+HOME_ASSISTANT_USER = "homeassistant"
+"""Home Assistant's own account, with ``--home-assistant``: it reads the discovery topics and announces itself."""
+LOCK_NAME = ".fedhar-broker.lock"
+"""Lock file in the output folder: one generator run (CLI or :func:`add_device`/:func:`remove_device`) at a time."""
 PASSWORD_BYTES = 24
 """Random bytes per password (``secrets.token_urlsafe``: 32 characters, 192 bits)."""
 
@@ -120,6 +130,14 @@ class BrokerSettings:
         QoS 1 messages Mosquitto queues per client beyond its in-flight window.
     public_host : str, optional
         Host name devices use for the broker, only for the printed commands; None = this host's name.
+    monitor_user : str
+        User name of the read-only monitor account (reads the whole federation, writes nothing),
+        for a status page that watches the federation without logging in as the coordinator.
+        No device may use it.
+    home_assistant : bool
+        The coordinator may also write Home Assistant's MQTT discovery topics (``homeassistant/#``)
+        and read its birth message (``homeassistant/status``); Home Assistant gets an account
+        :data:`HOME_ASSISTANT_USER` that reads ``homeassistant/#`` and writes only ``homeassistant/status``.
     """
 
     federation: str
@@ -136,6 +154,13 @@ class BrokerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_queued_messages: int = 10_000
     public_host: str | None = None
+    monitor_user: str = "monitor"
+    home_assistant: bool = False
+
+    @property
+    def service_users(self) -> list[str]:
+        """The accounts that are not devices: coordinator, monitor and (with ``home_assistant``) Home Assistant's."""
+        return [self.coordinator_user, self.monitor_user, *([HOME_ASSISTANT_USER] if self.home_assistant else [])]
 
     @property
     def tls(self) -> bool:
@@ -192,21 +217,26 @@ class Outcome:
 def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     """The Mosquitto ACL file for ``settings.federation`` and the devices ``clients``.
 
-    The coordinator reads and writes everything under the federation prefix. Each device (user
-    name = fedhar client id) reads the round announcement, the coordinator's status and the
-    global model, listed under its ``user`` line. The ``pattern`` rules apply to every user with
-    ``%u`` replaced by the user name: a device reads its own personalised model (and the
-    ExecuTorch programs sent to it) and writes only its own status, update chunks and program
-    requests. It cannot read other devices' statuses (they carry label
-    counts and data statistics), updates or models, nor write anything else. Whatever is not
-    granted is denied. (Shared topics are not patterns because Mosquitto warns about a pattern
-    without ``%u``/``%c``.)
+    * The coordinator reads and writes everything under the federation prefix (with
+      ``home_assistant`` also writes ``homeassistant/#`` and reads ``homeassistant/status``).
+    * The monitor reads everything under the federation prefix and writes nothing.
+    * Each device (user name = fedhar client id) reads the round announcement, the coordinator's
+      status, the global model, its own personalised model, the receipts for its updates and
+      the ExecuTorch programs sent to it; it reads and writes its own status and writes only its
+      own update chunks and program requests. It cannot read other devices' statuses (they
+      carry label counts and data statistics), updates or models, nor write anything else.
+    * With ``home_assistant``, Home Assistant's account reads ``homeassistant/#`` and writes
+      only ``homeassistant/status``.
+
+    Whatever is not granted is denied. Every rule is a ``topic`` line under its ``user``: a
+    ``pattern`` line (``%u``) would apply to every account, so the monitor could then write
+    ``{p}/client/monitor/status`` as if it were a device.
 
     Parameters
     ----------
     settings : BrokerSettings
     clients : list of str
-        Device user names (validated client ids).
+        Device user names (validated client ids, none of them an account of ``settings.service_users``).
 
     Returns
     -------
@@ -214,7 +244,7 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         The file's text.
     """
     t = Topics(settings.federation)
-    me = "%u"
+    ha = HOME_ASSISTANT_PREFIX
     lines = [
         f"# Mosquitto ACL of the fedhar federation {settings.federation!r} (topics {t.prefix}/...).",
         "# Written by firmware_scripts/mosquitto_config.py; re-run it rather than editing this file.",
@@ -223,24 +253,48 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         "# The coordinator runs the federation: it reads statuses and updates, writes rounds, models and its status.",
         f"user {settings.coordinator_user}",
         f"topic readwrite {t.prefix}/#",
+    ]
+    if settings.home_assistant:
+        lines += [
+            "# ... and announces its entities to Home Assistant (MQTT discovery), republishing them on its birth message.",
+            f"topic write {ha}/#",
+            f"topic read {ha}/status",
+        ]
+    lines += [
         "",
-        "# Each device reads the round announcement, the coordinator's presence and the global model.",
+        "# The monitor (a status page) reads the whole federation and writes nothing.",
+        f"user {settings.monitor_user}",
+        f"topic read {t.prefix}/#",
+        "",
+    ]
+    if settings.home_assistant:
+        lines += [
+            "# Home Assistant reads the discovery topics and publishes only its birth and last-will message.",
+            f"user {HOME_ASSISTANT_USER}",
+            f"topic read {ha}/#",
+            f"topic write {ha}/status",
+            "",
+        ]
+    lines += [
+        "# Each device reads the round announcement, the coordinator's presence, the global model, its own",
+        "# personalised model and the coordinator's receipts for its updates; it reads and writes its own status",
+        "# (retained, and its last will; reading it shows a second process using the same id) and writes only its",
+        "# own update chunks. An ExecuTorch device asks for programs and reads only those sent to it.",
     ]
     for cid in clients:
-        lines += [f"user {cid}", f"topic read {t.round}", f"topic read {t.coordinator_status}", f"topic read {t.global_model('+')}", ""]
-    lines += [
-        "# Every user, %u = its user name = its fedhar client id: it reads its own personalised model and the",
-        "# coordinator's receipts for its updates, reads and writes its own status (retained, and its last will;",
-        "# reading it shows a second process using the same id), and writes only its own update chunks.",
-        f"pattern read {t.client_model(me, '+')}",
-        f"pattern read {t.client_receipt(me)}",
-        f"pattern readwrite {t.client_status(me)}",
-        f"pattern write {t.client_update(me, '+')}",
-        "# An ExecuTorch device asks for the programs of an architecture version and reads only those sent to it.",
-        f"pattern write {t.client_program_request(me)}",
-        f"pattern read {t.client_programs(me, '+')}",
-        "",
-    ]
+        lines += [
+            f"user {cid}",
+            f"topic read {t.round}",
+            f"topic read {t.coordinator_status}",
+            f"topic read {t.global_model('+')}",
+            f"topic read {t.client_model(cid, '+')}",
+            f"topic read {t.client_receipt(cid)}",
+            f"topic readwrite {t.client_status(cid)}",
+            f"topic write {t.client_update(cid, '+')}",
+            f"topic write {t.client_program_request(cid)}",
+            f"topic read {t.client_programs(cid, '+')}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -262,7 +316,11 @@ def config_text(settings: BrokerSettings, out: Path) -> str:
     lines = [
         f"# Mosquitto configuration of the fedhar federation {s.federation!r}.",
         "# Written by firmware_scripts/mosquitto_config.py; re-run it rather than editing this file.",
-        f"# Start: mosquitto -c {out / 'mosquitto.conf'}    Reload users and ACL: kill -HUP <pid of mosquitto>",
+        f"# Start: mosquitto -c {out / 'mosquitto.conf'}    Reload users and ACL: kill -HUP $(cat {out / PID_FILE_NAME})",
+        "",
+        "# The broker's process id, for a reload after an account was added or removed (the fedhar server's",
+        "# BrokerAdmin reads it from here). A reload drops the live session of a removed account.",
+        f"pid_file {out / PID_FILE_NAME}",
         "",
         "# Every client logs in with its own user name and password; the ACL decides what it may read and write.",
         "# The same rules hold on every listener.",
@@ -391,6 +449,16 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
         check_client_id(s.coordinator_user)
     except ValueError as exc:
         raise SetupError(f"--coordinator-user: {exc}") from None
+    try:
+        check_client_id(s.monitor_user)
+    except ValueError as exc:
+        raise SetupError(f"--monitor-user: {exc}") from None
+    if s.monitor_user == s.coordinator_user:
+        raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
+    if HOME_ASSISTANT_USER in (s.coordinator_user, s.monitor_user) and s.home_assistant:
+        raise SetupError(
+            f"{HOME_ASSISTANT_USER!r} is Home Assistant's account with --home-assistant; name the coordinator and the monitor otherwise"
+        )
     for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
         if not 0 < port < 65536:
             raise SetupError(f"{name} {port} is not a TCP port (1..65535)")
@@ -523,8 +591,8 @@ def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
     Raises
     ------
     SetupError
-        If no federation is known, or ``given`` changes the federation or the coordinator's user
-        name of an existing folder (that would orphan its credentials).
+        If no federation is known, or ``given`` changes the federation, the coordinator's or the
+        monitor's user name of an existing folder (that would orphan its credentials).
     """
     before = _load_manifest(out).get("settings", {})
     merged: dict[str, Any] = {}
@@ -540,7 +608,7 @@ def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
             merged[key] = None
     if merged["federation"] is None:
         raise SetupError("--federation is required on the first run in a folder")
-    for key in ("federation", "coordinator_user"):
+    for key in ("federation", "coordinator_user", "monitor_user"):
         if before.get(key) is not None and merged[key] != before[key]:
             raise SetupError(
                 f"{out} was generated with {key.replace('_', '-')} {before[key]!r}, not {merged[key]!r}; "
@@ -575,6 +643,22 @@ def _grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings)
     os.chmod(out / "data", 0o700)
 
 
+@contextmanager
+def _folder_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out``'s :data:`LOCK_NAME` (blocking), so two runs never interleave their writes."""
+    try:
+        import fcntl
+    except ImportError:  # not on a POSIX system: nothing to lock with
+        yield
+        return
+    with open(out / LOCK_NAME, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def generate(
     out: Path,
     given: dict[str, Any],
@@ -584,6 +668,13 @@ def generate(
     mosquitto_passwd: str | None = None,
 ) -> Outcome:
     """Write (or update) the broker configuration in ``out``.
+
+    The coordinator's and the monitor's accounts (and Home Assistant's, with
+    ``home_assistant``) are created on the first run and on any later run that finds them
+    missing, e.g. in a folder written before the monitor account existed. Each file is replaced
+    atomically (``passwd`` first, then ``credentials/``, the ACL, ``mosquitto.conf`` and the
+    manifest) while the folder's lock is held, so concurrent runs (the CLI and the server's
+    :func:`add_device`) take turns. A running broker reads the new files when it reloads.
 
     Parameters
     ----------
@@ -595,7 +686,7 @@ def generate(
         Device ids to add (validated with :func:`har_models.wire.topics.check_client_id`). Devices
         configured earlier stay configured.
     rotate : list of str, optional
-        Users (devices or the coordinator) that get a new password; ``["*"]`` = everyone.
+        Users (devices, the coordinator, the monitor) that get a new password; ``["*"]`` = everyone.
     revoke : list of str, optional
         Devices to remove: their password file is deleted and they can no longer log in once
         the broker reloads.
@@ -609,24 +700,33 @@ def generate(
     Raises
     ------
     SetupError
-        For invalid ids or settings, a device named like the coordinator, rotating or revoking
-        an unknown user, or a missing/failing ``mosquitto_passwd``.
+        For invalid ids or settings, a device named like the coordinator, the monitor or Home
+        Assistant's account, rotating or revoking an unknown user, or a missing/failing
+        ``mosquitto_passwd``.
     """
     rotate = list(rotate or [])
     revoke = list(revoke or [])
     out = out.expanduser().resolve()
+    before = _load_manifest(out)
     settings = check_settings(merge_settings(given, out))
-    coord = settings.coordinator_user
+    services = settings.service_users
     for cid in [*clients, *revoke]:
         try:
             check_client_id(cid)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-        if cid == coord:
-            raise SetupError(f"client id {cid!r} is the coordinator's user name; rename the device or pass another --coordinator-user")
+        _check_not_service(cid, settings)
     clash = sorted(set(clients) & set(revoke))
     if clash:
         raise SetupError(f"{', '.join(clash)}: both added and revoked; pick one")
+    before_settings = before.get("settings", {})
+    if "monitor_user" not in before_settings and settings.monitor_user in before.get("clients", []):
+        raise SetupError(
+            f"{out} has a device named {settings.monitor_user!r}, the monitor account's default name: "
+            "pass --monitor-user with another name (e.g. --monitor-user fedhar-monitor)"
+        )
+    # Accounts an earlier run made that are not devices (Home Assistant's, when --no-home-assistant drops it).
+    dropped = {HOME_ASSISTANT_USER} - set(services) if before_settings.get("home_assistant") else set()
 
     tool = find_mosquitto_passwd(mosquitto_passwd)
     created_out = not out.exists()
@@ -636,44 +736,46 @@ def generate(
     os.chmod(creds, 0o700)
     (out / "data").mkdir(exist_ok=True)
 
-    existing = {p.name[: -len(PASSWORD_SUFFIX)] for p in creds.glob(f"*{PASSWORD_SUFFIX}")} - {coord}
-    for user in sorted(existing):
-        try:
-            check_client_id(user)
-        except ValueError:
-            raise SetupError(f"{creds / (user + PASSWORD_SUFFIX)}: not a device's password file (invalid id); move it away") from None
-    unknown = sorted(set(revoke) - existing)
-    if unknown:
-        raise SetupError(f"--revoke {', '.join(unknown)}: no such device in {out}")
-    devices = sorted((existing | set(clients)) - set(revoke))
-    users = [coord, *devices]
-    everyone = rotate == ["*"]
-    if not everyone:
-        for user in rotate:
-            if user not in users:
-                raise SetupError(f"--rotate {user}: no such user in {out} (known: {', '.join(users)})")
+    with _folder_lock(out):
+        existing = {p.name[: -len(PASSWORD_SUFFIX)] for p in creds.glob(f"*{PASSWORD_SUFFIX}")} - set(services) - dropped
+        for user in sorted(existing):
+            try:
+                check_client_id(user)
+            except ValueError:
+                raise SetupError(f"{creds / (user + PASSWORD_SUFFIX)}: not a device's password file (invalid id); move it away") from None
+            _check_not_service(user, settings, where=f" ({creds / (user + PASSWORD_SUFFIX)} is a device's)")
+        unknown = sorted(set(revoke) - existing)
+        if unknown:
+            raise SetupError(f"--revoke {', '.join(unknown)}: no such device in {out}")
+        devices = sorted((existing | set(clients)) - set(revoke))
+        users = [*services, *devices]
+        everyone = rotate == ["*"]
+        if not everyone:
+            for user in rotate:
+                if user not in users:
+                    raise SetupError(f"--rotate {user}: no such user in {out} (known: {', '.join(users)})")
 
-    outcome = Outcome(out, settings, devices, revoked=sorted(revoke))
-    passwords: dict[str, str] = {}
-    fresh: dict[str, str] = {}  # written to credentials/ only once passwd holds them, so the two never disagree
-    for user in users:
-        path = outcome.password_file(user)
-        if path.exists() and not (everyone or user in rotate):
-            passwords[user] = _read_password(path)
-            outcome.kept.append(user)
-            continue
-        passwords[user] = fresh[user] = secrets.token_urlsafe(PASSWORD_BYTES)
-        (outcome.rotated if path.exists() else outcome.added).append(user)
-    write_passwd(out / "passwd", passwords, tool)
-    for user, password in fresh.items():
-        _write_atomic(outcome.password_file(user), password + "\n", 0o600)
-    for cid in revoke:
-        outcome.password_file(cid).unlink()
-    _write_atomic(out / "acl", acl_text(settings, devices), 0o600)
-    _write_atomic(out / "mosquitto.conf", config_text(settings, out), 0o644)
-    _grant_broker_access(out, created_out, settings)
-    manifest = {"settings": asdict(settings), "clients": devices, "generator": "firmware_scripts/mosquitto_config.py"}
-    _write_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n", 0o644)
+        outcome = Outcome(out, settings, devices, revoked=sorted(revoke))
+        passwords: dict[str, str] = {}
+        fresh: dict[str, str] = {}  # written to credentials/ only once passwd holds them, so the two never disagree
+        for user in users:
+            path = outcome.password_file(user)
+            if path.exists() and not (everyone or user in rotate):
+                passwords[user] = _read_password(path)
+                outcome.kept.append(user)
+                continue
+            passwords[user] = fresh[user] = secrets.token_urlsafe(PASSWORD_BYTES)
+            (outcome.rotated if path.exists() else outcome.added).append(user)
+        write_passwd(out / "passwd", passwords, tool)
+        for user, password in fresh.items():
+            _write_atomic(outcome.password_file(user), password + "\n", 0o600)
+        for user in [*revoke, *sorted(dropped)]:
+            outcome.password_file(user).unlink(missing_ok=True)
+        _write_atomic(out / "acl", acl_text(settings, devices), 0o600)
+        _write_atomic(out / "mosquitto.conf", config_text(settings, out), 0o644)
+        _grant_broker_access(out, created_out, settings)
+        manifest = {"settings": asdict(settings), "clients": devices, "generator": "firmware_scripts/mosquitto_config.py"}
+        _write_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n", 0o644)
     for user in outcome.added:
         log.info("added %s", user)
     for user in outcome.rotated:
@@ -681,6 +783,134 @@ def generate(
     for user in outcome.revoked:
         log.info("revoked %s", user)
     return outcome
+
+
+def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> None:
+    """Raise SetupError if the device id ``cid`` is the name of an account that is not a device."""
+    if cid == settings.coordinator_user:
+        raise SetupError(f"client id {cid!r}{where} is the coordinator's user name; rename the device or pass another --coordinator-user")
+    if cid == settings.monitor_user:
+        raise SetupError(f"client id {cid!r}{where} is the monitor account's user name; rename the device or pass another --monitor-user")
+    if settings.home_assistant and cid == HOME_ASSISTANT_USER:
+        raise SetupError(f"client id {cid!r}{where} is Home Assistant's account (--home-assistant); rename the device")
+
+
+# ----------------------------------------------------------------------------------- one device at a time
+def configured_devices(out: Path) -> list[str]:
+    """The device ids configured in the output folder ``out`` (sorted), from its manifest.
+
+    Raises
+    ------
+    SetupError
+        If ``out`` holds no manifest (:data:`MANIFEST_NAME`): it is not a generated broker folder.
+    """
+    doc = _require_manifest(out)
+    clients = doc.get("clients", [])
+    if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
+        raise SetupError(f"{out / MANIFEST_NAME}: 'clients' is not a list of ids; re-run this script on the folder")
+    return sorted(clients)
+
+
+def read_settings(out: Path) -> BrokerSettings:
+    """The settings of the generated broker folder ``out`` (its manifest, with defaults for keys it lacks).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` holds no manifest, or an unreadable one.
+    """
+    _require_manifest(out)
+    return merge_settings({}, out.expanduser().resolve())
+
+
+def password_file(out: Path, user: str) -> Path:
+    """Path of ``user``'s clear-text password file in the output folder ``out``: ``out/credentials/<user>.password``."""
+    return out.expanduser().resolve() / "credentials" / f"{user}{PASSWORD_SUFFIX}"
+
+
+def read_password(out: Path, user: str) -> str:
+    """``user``'s password as generated in ``out``.
+
+    Raises
+    ------
+    SetupError
+        If there is no such password file (the account does not exist) or it is not one of this script's.
+    """
+    path = password_file(out, user)
+    if not path.is_file():
+        raise SetupError(f"{path}: no such password file; {user!r} has no account in {out} (re-run this script on the folder)")
+    return _read_password(path)
+
+
+def add_device(out: Path, name: str, replace: bool = False, mosquitto_passwd: str | None = None) -> tuple[Outcome, str]:
+    """Give the device ``name`` an account in the existing output folder ``out``; return it and its new password.
+
+    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock) with
+    every other setting and password kept. A running broker knows the account once it reloads.
+
+    Parameters
+    ----------
+    out : Path
+        A folder written by this script (holds :data:`MANIFEST_NAME`).
+    name : str
+        The device's fedhar client id (= its user name).
+    replace : bool
+        If the device already has an account, give it a new password instead of refusing.
+    mosquitto_passwd : str, optional
+        Path of ``mosquitto_passwd`` (default: searched).
+
+    Returns
+    -------
+    (Outcome, str)
+        What the run did, and the device's password (clear text; also in ``credentials/<name>.password``).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` is not a generated folder, ``name`` is invalid or an account that is not a
+        device's, the device exists already (without ``replace``), or ``mosquitto_passwd`` fails.
+    """
+    _require_manifest(out)
+    exists = name in configured_devices(out)
+    if exists and not replace:
+        raise SetupError(
+            f"device {name!r} already has an account in {out}; remove it first, or give it a new password "
+            f"(mosquitto_config.py --out {out} --rotate {name})"
+        )
+    if exists:
+        outcome = generate(out, {}, [], rotate=[name], mosquitto_passwd=mosquitto_passwd)
+    else:
+        outcome = generate(out, {}, [name], mosquitto_passwd=mosquitto_passwd)
+    return outcome, read_password(out, name)
+
+
+def remove_device(out: Path, name: str, mosquitto_passwd: str | None = None) -> Outcome:
+    """Remove the device ``name``'s account (password file, ``passwd`` line, ACL rules) from ``out``.
+
+    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock). Once
+    the broker reloads, the device can no longer log in, and Mosquitto 2 closes its live
+    session (tests/test_broker_admin.py measures both).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` is not a generated folder, ``name`` has no account there, or ``mosquitto_passwd`` fails.
+    """
+    _require_manifest(out)
+    if name not in configured_devices(out):
+        raise SetupError(f"device {name!r} has no account in {out} (devices: {', '.join(configured_devices(out)) or 'none'})")
+    return generate(out, {}, [], revoke=[name], mosquitto_passwd=mosquitto_passwd)
+
+
+def _require_manifest(out: Path) -> dict[str, Any]:
+    out = out.expanduser().resolve()
+    if not (out / MANIFEST_NAME).is_file():
+        what = "does not exist" if not out.exists() else f"holds no {MANIFEST_NAME}"
+        raise SetupError(
+            f"broker folder {out} {what}: generate it first with "
+            f"python3 firmware_scripts/mosquitto_config.py --out {out} --federation NAME"
+        )
+    return _load_manifest(out)
 
 
 # ----------------------------------------------------------------------------------- reporting
@@ -713,7 +943,7 @@ def commands(outcome: Outcome) -> dict[str, Any]:
     }  # fmt: skip
     return {
         "broker": shlex.join(["mosquitto", "-c", str(out / "mosquitto.conf")]),
-        "reload": "kill -HUP $(pidof mosquitto)    # or: sudo systemctl reload mosquitto",
+        "reload": f"kill -HUP $(cat {shlex.quote(str(out / PID_FILE_NAME))})    # or: sudo systemctl reload mosquitto",
         "coordinator": shlex.join(coordinator),
         "clients": clients,
     }
@@ -729,7 +959,9 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "passwd": str(outcome.out / "passwd"),
         "coordinator_user": outcome.settings.coordinator_user,
         "clients": outcome.clients,
-        "password_files": {u: str(outcome.password_file(u)) for u in [outcome.settings.coordinator_user, *outcome.clients]},
+        "monitor_user": outcome.settings.monitor_user,
+        "home_assistant": outcome.settings.home_assistant,
+        "password_files": {u: str(outcome.password_file(u)) for u in [*outcome.settings.service_users, *outcome.clients]},
         "added": outcome.added,
         "rotated": outcome.rotated,
         "revoked": outcome.revoked,
@@ -748,14 +980,19 @@ def report(outcome: Outcome) -> str:
     lines = [
         f"fedhar broker configuration for federation {s.federation!r} in {outcome.out}",
         f"  listeners: {listeners}; {len(outcome.clients)} devices and the coordinator ({s.coordinator_user!r})",
+        f"  read-only monitor account {s.monitor_user!r}: {outcome.password_file(s.monitor_user)}",
     ]
+    if s.home_assistant:
+        lines.append(f"  Home Assistant's account {HOME_ASSISTANT_USER!r}: {outcome.password_file(HOME_ASSISTANT_USER)}")
     for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
         if users:
             lines.append(f"  {what}: {', '.join(users)}")
     if outcome.revoked:
         # The broker sends no last will for a device it disconnects on reload; the coordinator stops
         # counting it once its status is three refresh periods old (docs/reliability.md).
-        lines.append("  a revoked device stops counting as present within three status periods (90 s by default)")
+        lines.append("  after the reload the broker closes a revoked device's live session and refuses its old password;")
+        lines.append("  its retained status stays until cleared (fedhar-coordinator revoke clears it); until then it")
+        lines.append("  stops counting as present within three status periods (90 s by default)")
     lines += [
         "",
         "Start the broker:",
@@ -790,6 +1027,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rotate", nargs="?", const="*", metavar="ID,ID,...", help="new passwords for these users (no value: all)")
     ap.add_argument("--revoke", metavar="ID,ID,...", help="remove these devices")
     ap.add_argument("--coordinator-user", help=f"the coordinator's user name (default {DEFAULTS['coordinator_user']})")
+    ap.add_argument(
+        "--monitor-user", help=f"the read-only monitor account's user name, for a status page (default {DEFAULTS['monitor_user']})"
+    )
+    ap.add_argument(
+        "--home-assistant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the coordinator may write Home Assistant's discovery topics (homeassistant/#) and read homeassistant/status; "
+        f"adds Home Assistant's account {HOME_ASSISTANT_USER!r} (kept by later runs until --no-home-assistant)",
+    )
     ap.add_argument("--port", type=int, help=f"plain MQTT port (default {DEFAULTS['port']})")
     ap.add_argument("--bind", help="address of the plain listener (default: 127.0.0.1 with TLS, else all interfaces)")
     ap.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key adds a TLS listener")

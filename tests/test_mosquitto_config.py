@@ -228,7 +228,7 @@ def _token() -> bytes:
 # ------------------------------------------------------------------------------------- the files
 def test_generated_files_hash_passwords_and_keep_them_private(broker):
     out = broker.out
-    users = ["coordinator", "hapt-01", "hapt-02"]
+    users = ["coordinator", "hapt-01", "hapt-02", "monitor"]  # passwd is sorted by user name
     passwd = (out / "passwd").read_text().splitlines()
     assert [ln.split(":", 1)[0] for ln in passwd] == users
     for user, line in zip(users, passwd, strict=True):
@@ -251,17 +251,21 @@ def test_generated_files_hash_passwords_and_keep_them_private(broker):
 
 def test_acl_rules_are_exactly_these(broker):
     rules = [ln for ln in (broker.out / "acl").read_text().splitlines() if ln and not ln.startswith("#")]
-    shared = [f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/model/global/+"]
+
+    def device(cid: str) -> list[str]:
+        c = f"{P}/client/{cid}"
+        return [
+            f"user {cid}", f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/model/global/+",
+            f"topic read {c}/model/+", f"topic read {c}/receipt", f"topic readwrite {c}/status", f"topic write {c}/update/+",
+            f"topic write {c}/program_request", f"topic read {c}/programs/+",
+        ]  # fmt: skip
+
+    # No `pattern` line: it would apply to the monitor too (a writable {P}/client/monitor/status).
     assert rules == [
         "user coordinator", f"topic readwrite {P}/#",
-        "user hapt-01", *shared,
-        "user hapt-02", *shared,
-        f"pattern read {P}/client/%u/model/+",
-        f"pattern read {P}/client/%u/receipt",
-        f"pattern readwrite {P}/client/%u/status",
-        f"pattern write {P}/client/%u/update/+",
-        f"pattern write {P}/client/%u/program_request",
-        f"pattern read {P}/client/%u/programs/+",
+        "user monitor", f"topic read {P}/#",
+        *device("hapt-01"),
+        *device("hapt-02"),
     ]  # fmt: skip
 
 
@@ -411,12 +415,12 @@ def test_rerun_adds_devices_keeps_passwords_and_settings_rotates_and_revokes(tmp
     out = tmp_path / "broker"
     port = free_port()
     first = json.loads(generate(out, "--federation", "home", "--clients", "hapt-01", "--port", str(port), "--bind", "127.0.0.1").stdout)
-    assert first["added"] == ["coordinator", "hapt-01"]
+    assert first["added"] == ["coordinator", "monitor", "hapt-01"]
     before = {u: Path(f).read_text() for u, f in first["password_files"].items()}
     with running(out, port) as b:
         (tmp_path / "more.txt").write_text("# kitchen devices\nhapt-02, hapt-03\n\n")
         second = json.loads(generate(out, "--clients-file", str(tmp_path / "more.txt")).stdout)
-        assert second["added"] == ["hapt-02", "hapt-03"] and second["kept"] == ["coordinator", "hapt-01"]
+        assert second["added"] == ["hapt-02", "hapt-03"] and second["kept"] == ["coordinator", "monitor", "hapt-01"]
         assert second["settings"]["port"] == port and second["settings"]["federation"] == "home"
         assert {u: Path(second["password_files"][u]).read_text() for u in before} == before
         assert not Peer(port, "hapt-02", b.password("hapt-02")).connect(), "not before the broker reloads"
