@@ -80,8 +80,8 @@ def test_a_record_without_reasons_counts_its_rejections_as_unspecified() -> None
 def test_metrics_over_http_follow_the_run_database(tmp_path: Path) -> None:
     spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
     state = RunState(tmp_path / "run")
-    for row in ROWS[:2]:
-        state.complete_round(row["round"], spec, init_state(spec, 1), {}, RoundRecord.from_json(row).to_json())
+    for rec in RECORDS[:2]:
+        state.complete_round(rec.round, spec, init_state(spec, 1), {}, rec.to_json())
     server = WebServer(make_app(ServerView(run_state=state)), port=0)
     port = server.start()
     try:

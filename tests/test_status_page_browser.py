@@ -141,7 +141,8 @@ def test_the_status_page_in_chromium(tmp_path: Path, mosquitto: int, small_simul
             assert value[("fedhar_bytes_out_total", (("encoding", "float32"),))] == sum(r.traffic.bytes_down for r in recs if r.traffic)
             assert value[("fedhar_devices", (("state", "online"),))] == 2
             assert value[("fedhar_devices", (("state", "enrolled"),))] == 3
-            assert value[("fedhar_last_macro_f1", (("measure", "personalisation"),))] == recs[-1].evaluation.personalisation.macro_f1
+            last = recs[-1].evaluation.personalisation
+            assert last is not None and value[("fedhar_last_macro_f1", (("measure", "personalisation"),))] == last.macro_f1
         finally:
             server.stop()
             monitor.stop()

@@ -12,6 +12,20 @@ from coordinator.server import charts
 NS = {"s": "http://www.w3.org/2000/svg"}
 
 
+def _a(el: ET.Element, name: str) -> str:
+    """Attribute ``name`` of ``el`` (AssertionError if it has none)."""
+    v = el.get(name)
+    assert v is not None, f"<{el.tag}> has no {name!r}"
+    return v
+
+
+def _text(root: ET.Element, path: str) -> str | None:
+    """Text of the first element at ``path`` (AssertionError if there is none)."""
+    el = root.find(path, NS)
+    assert el is not None, f"no {path}"
+    return el.text
+
+
 def test_scale_and_ticks_have_known_values() -> None:
     assert charts.scale(5, 0, 10, 100, 200) == 150
     assert charts.scale(0.5, 0, 1, 198, 34) == 116  # y grows downwards
@@ -29,7 +43,7 @@ def test_a_line_chart_puts_each_point_where_its_values_say() -> None:
     root = ET.fromstring(svg)
     assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("width") == "460" and root.get("height") == "240"
     # plot area: x in [56, 444], y in [34, 198]
-    pts = [(c.get("data-x"), c.get("data-y"), float(c.get("cx")), float(c.get("cy"))) for c in root.iterfind(".//s:circle", NS)]
+    pts = [(c.get("data-x"), c.get("data-y"), float(_a(c, "cx")), float(_a(c, "cy"))) for c in root.iterfind(".//s:circle", NS)]
     assert pts == [("0", "0.1", 56.0, 181.6), ("1", "0.5", 185.33, 116.0), ("3", "0.9", 444.0, 50.4)]
     # the NaN breaks the line: one polyline through rounds 0 and 1; round 3 stands alone
     lines = [p.get("points") for p in root.iterfind(".//s:polyline", NS)]
@@ -37,8 +51,8 @@ def test_a_line_chart_puts_each_point_where_its_values_say() -> None:
     yticks = [t.text for t in root.iterfind(".//s:text[@class='ytick']", NS)]
     assert yticks == ["0%", "20%", "40%", "60%", "80%", "100%"]
     assert [t.text for t in root.iterfind(".//s:text[@class='xtick']", NS)] == ["0", "1", "2", "3"]
-    assert root.find(".//s:text[@class='xlabel']", NS).text == "round"
-    assert root.find(".//s:text[@class='ylabel']", NS).text == "accuracy"
+    assert _text(root, ".//s:text[@class='xlabel']") == "round"
+    assert _text(root, ".//s:text[@class='ylabel']") == "accuracy"
 
 
 def test_an_automatic_axis_starts_at_zero_and_ends_on_a_tick_above_the_data() -> None:
@@ -46,7 +60,7 @@ def test_an_automatic_axis_starts_at_zero_and_ends_on_a_tick_above_the_data() ->
                             title="Widths", x_label="round", y_label="units")  # fmt: skip
     root = ET.fromstring(svg)
     assert [t.text for t in root.iterfind(".//s:text[@class='ytick']", NS)] == ["0", "10", "20", "30", "40"]
-    cy = [float(c.get("cy")) for c in root.iterfind(".//s:circle", NS)]
+    cy = [float(_a(c, "cy")) for c in root.iterfind(".//s:circle", NS)]
     assert cy[1] == pytest.approx(198 - 37 / 40 * 164, abs=0.01)
     assert [g.get("data-name") for g in root.iterfind(".//s:g[@class='series']", NS)] == ["F", "H"]
     assert len(root.findall(".//s:g[@class='legend']", NS)) == 2
@@ -54,8 +68,8 @@ def test_an_automatic_axis_starts_at_zero_and_ends_on_a_tick_above_the_data() ->
 
 def test_text_is_escaped_and_an_empty_chart_says_so() -> None:
     root = ET.fromstring(charts.line_chart([charts.Series("a<b", [(0, None)])], title="<script>&", x_label="x", y_label="y"))
-    assert root.find(".//s:text[@class='title']", NS).text == "<script>&"
-    assert root.find(".//s:text[@class='empty']", NS).text == "no data yet"
+    assert _text(root, ".//s:text[@class='title']") == "<script>&"
+    assert _text(root, ".//s:text[@class='empty']") == "no data yet"
     with pytest.raises(ValueError, match="at least 160x120"):
         charts.line_chart([], title="t", x_label="x", y_label="y", width=100)
     with pytest.raises(ValueError, match="at most 8 fit"):
@@ -67,12 +81,12 @@ def test_the_heat_map_has_one_cell_per_entry_coloured_by_value() -> None:
     root = ET.fromstring(charts.heat_map(p, ["a", "b", "c"], title="p_ij"))
     cells = root.findall(".//s:rect[@class='cell']", NS)
     assert len(cells) == 9
-    by_ij = {(int(c.get("data-i")), int(c.get("data-j"))): c for c in cells}
+    by_ij = {(int(_a(c, "data-i")), int(_a(c, "data-j"))): c for c in cells}
     assert by_ij[(2, 2)].get("fill") == "rgb(8,48,107)"  # 1: dark blue
     assert by_ij[(0, 2)].get("fill") == "rgb(247,251,255)"  # 0: white
     assert by_ij[(0, 1)].get("fill") == "rgb(187,200,218)"  # 0.25: a quarter of the way
     assert by_ij[(1, 0)].get("data-value") == "0.5"
-    assert float(by_ij[(0, 1)].get("x")) - float(by_ij[(0, 0)].get("x")) == 28  # columns one cell apart
+    assert float(_a(by_ij[(0, 1)], "x")) - float(_a(by_ij[(0, 0)], "x")) == 28  # columns one cell apart
     assert [t.text for t in root.iterfind(".//s:text[@class='row']", NS)] == ["a", "b", "c"]
     assert charts.heat_colour(math.nan) == "rgb(204,204,204)" and charts.heat_colour(7) == "rgb(8,48,107)"
     with pytest.raises(ValueError, match="must be 2 x 2"):
