@@ -4,6 +4,7 @@ tied to presence, removal, and republishing on Home Assistant's birth message.""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from coordinator.server import home_assistant as ha
 from har_models.wire.topics import Topics
@@ -100,3 +101,26 @@ def test_the_publisher_republishes_everything_on_the_birth_message() -> None:
     sent.clear()
     pub.handle("homeassistant/status", b"online")
     assert not any("/b_" in t for t, _, _ in sent) and len(sent) == 3 + 3 + 1
+
+
+def test_sync_follows_the_status_pages_devices() -> None:
+    sent: list[tuple[str, bytes, bool]] = []
+    pub = ha.HomeAssistantPublisher(lambda t, p, r: sent.append((t, p, r)), T, "home")
+    devices: list[dict[str, Any]] = [
+        {"name": "a", "state": "enrolled", "refresh_s": 30.0, "last_contribution_unix": 86400.0, "sensing": {"rate_hz": None}},
+        {"name": "b", "state": "enrolled", "refresh_s": None, "last_contribution_unix": None, "sensing": {}},
+        {"name": "c", "state": "revoked", "refresh_s": None},
+    ]
+    pub.sync(devices)
+    topics = [t for t, _, _ in sent]
+    assert len(topics) == 3 + 3 + 3 + 2 and not any("/c_" in t or "/c/" in t for t in topics)  # the revoked device is not announced
+    state_a = dict((t, p) for t, p, _ in sent)["homeassistant/fedhar/home/a/state"]
+    assert json.loads(state_a) == {"last_contribution": "1970-01-02T00:00:00+00:00", "sample_rate_hz": None}
+    sent.clear()
+    pub.sync(devices)
+    assert sent == []  # nothing changed, nothing published
+    devices[0] = {**devices[0], "last_contribution_unix": 90000.0}
+    devices[1] = {**devices[1], "state": "forgotten"}
+    pub.sync(devices)
+    assert [t for t, p, _ in sent if p == b""] == [t for t, _ in ha.device_removal("home", "b")]
+    assert [t for t, p, _ in sent if p != b""] == ["homeassistant/fedhar/home/a/state"]

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from coordinator.record import RoundRecord
 from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
-from coordinator.server.web import BindRefused, ServerView, check_bind, make_app
+from coordinator.server.web import BindRefused, ServerView, WebServer, check_bind, make_app
 from coordinator.state import RunState
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, Receipt, RoundAnnouncement, RoundProgress
@@ -86,6 +86,8 @@ def test_devices_merge_the_registry_the_records_and_presence(view: ServerView) -
                                "charging": True}  # fmt: skip
     assert carl["sensing"]["state"] == "paused" and carl["sensing"]["charging"] is None
     assert (tab["state"], tab["online"]) == ("revoked", False)  # its status says online: a revoked device never is
+    assert anna["refresh_s"] == 30.0 and ben["refresh_s"] is None
+    assert anna["last_contribution_unix"] is not None and carl["last_contribution_unix"] is None  # the registry's rows only
 
 
 def test_presence_expires_by_the_coordinators_rule(view: ServerView) -> None:
@@ -190,6 +192,21 @@ def test_a_token_guards_every_route(view: ServerView) -> None:
     assert c.get("/api/devices", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert c.get(f"/healthz?token={TOKEN}").status_code == 200
     assert c.get("/healthz?token=").status_code == 401
+    page = c.get(f"/?token={TOKEN}").text  # a browser that came with the token keeps it on the page's links
+    assert f'href="api/devices?token={TOKEN}"' in page and f'href="metrics?token={TOKEN}"' in page
+    assert "?token=" not in TestClient(make_app(view)).get("/").text
+
+
+def test_a_taken_port_is_a_clear_error(view: ServerView) -> None:
+    first = WebServer(make_app(view), port=0)
+    port = first.start()
+    try:
+        with pytest.raises(RuntimeError, match=f"did not start on 127.0.0.1:{port}.*http_port"):
+            WebServer(make_app(view), port=port).start(timeout=5)
+        with pytest.raises(BindRefused):
+            WebServer(make_app(view), host="0.0.0.0", port=0)
+    finally:
+        first.stop()
 
 
 def test_a_network_address_needs_a_token() -> None:

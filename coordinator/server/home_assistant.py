@@ -221,6 +221,7 @@ class HomeAssistantPublisher:
         self.sw_version = sw_version
         self._devices: dict[str, float | None] = {}
         self._states: dict[str, bytes] = {}
+        self._announced = False
 
     def _send(self, pairs: Iterable[tuple[str, bytes]]) -> None:
         for topic, payload in pairs:
@@ -229,6 +230,7 @@ class HomeAssistantPublisher:
     def announce(self, devices: Mapping[str, float | None]) -> None:
         """Publish the coordinator's configs and those of ``devices`` (client id -> refresh period s, or None)."""
         self._devices.update(devices)
+        self._announced = True
         self._send(coordinator_configs(self.topics, self.name, self.sw_version))
         for dev, refresh in sorted(devices.items()):
             self._send(device_configs(self.topics, self.name, dev, refresh))
@@ -246,6 +248,24 @@ class HomeAssistantPublisher:
             self._devices.pop(dev, None)
             self._states.pop(dev, None)
             self._send(device_removal(self.name, dev))
+
+    def sync(self, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Bring Home Assistant in line with ``devices`` (:meth:`coordinator.server.web.ServerView.devices`' objects).
+
+        Enrolled devices not announced yet (or whose refresh period changed) are announced, with
+        the coordinator's configs the first time; announced devices now revoked or forgotten are
+        removed; each enrolled device's state (``last_contribution_unix``, ``sensing.rate_hz``)
+        is published when it changed. Calling it again with the same devices publishes nothing.
+        """
+        enrolled = {str(d["name"]): d for d in devices if d.get("state") == "enrolled"}
+        gone = [str(d["name"]) for d in devices if d.get("state") in ("revoked", "forgotten") and d["name"] in self._devices]
+        if gone:
+            self.remove(gone)
+        new = {n: d.get("refresh_s") for n, d in enrolled.items() if n not in self._devices or self._devices[n] != d.get("refresh_s")}
+        if new or not self._announced:
+            self.announce(new)
+        for n, d in sorted(enrolled.items()):
+            self.update_state(n, d.get("last_contribution_unix"), (d.get("sensing") or {}).get("rate_hz"))
 
     def republish(self) -> None:
         """Everything announced so far, again (configs, then the last states)."""

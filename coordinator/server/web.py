@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import parse_qs, urlencode
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -113,8 +114,6 @@ def _token_of(scope: Scope) -> str | None:
             text = value.decode("latin-1")
             if text[:7].lower() == "bearer ":
                 return text[7:].strip()
-    from urllib.parse import parse_qs
-
     q = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     got = q.get("token")
     return got[0] if got else None
@@ -245,7 +244,9 @@ class ServerView:
         or None), ``last_seen_unix``, ``rounds`` (rounds taken part in), ``last_round``,
         ``last_accuracy``, ``last_macro_f1`` (its own model on its own test split, latest round),
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
-        ``n_train``, ``n_test``, ``sensing`` (``state`` "live"/"paused"/None, ``target_hz`` 50 and
+        ``n_train``, ``n_test``, ``refresh_s`` (its status's refresh period, s),
+        ``last_contribution_unix`` (when the registry noted its latest contribution; None without
+        a registry row), ``sensing`` (``state`` "live"/"paused"/None, ``target_hz`` 50 and
         ``rate_hz``, ``newest_window_age_s``, ``gaps``, ``charging``: None where the device's
         status does not carry them; a status carries ``sensing`` and ``charging`` only).
         """
@@ -278,6 +279,8 @@ class ServerView:
                 "online": bool(seen is not None and seen.online and state != "revoked"),
                 "status": st.state if st is not None else None,
                 "last_seen_unix": seen.last_seen_unix if seen is not None else None,
+                "refresh_s": (st.refresh_s or None) if st is not None else None,
+                "last_contribution_unix": max((float(p.t) for p in part.get(name, [])), default=None),
                 "rounds": len(history),
                 "last_round": last[0] if last else (st.last_round if st is not None and st.last_round >= 0 else None),
                 "last_accuracy": last[1] if last else None,
@@ -432,8 +435,8 @@ th{background:#f0f0f0} .online{color:#137333;font-weight:bold} .offline{color:#a
 """
 
 
-def render_page(view: ServerView) -> str:
-    """The status page (HTML5) of ``view`` now."""
+def render_page(view: ServerView, query: str = "") -> str:
+    """The status page (HTML5) of ``view`` now; ``query`` (e.g. ``"?token=..."``) is appended to its links."""
     now = view.wall()
     devs = view.devices()
     cur = view.current_round()
@@ -498,8 +501,9 @@ def render_page(view: ServerView) -> str:
         h.append('<tr><td colspan="5" class="muted">no model version yet</td></tr>')
     h.append("</table>")
     h.append(f'<p class="muted">updated {time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))}; '
-             'JSON: <a href="api/devices">devices</a> · <a href="api/round">round</a> · <a href="api/rounds">rounds</a> · '
-             '<a href="api/versions">versions</a> · <a href="metrics">metrics</a></p>')  # fmt: skip
+             "JSON: " + " · ".join(f'<a href="{path}{html.escape(query)}">{label}</a>' for path, label in
+                                   (("api/devices", "devices"), ("api/round", "round"), ("api/rounds", "rounds"),
+                                    ("api/versions", "versions"), ("metrics", "metrics"))) + "</p>")  # fmt: skip
     h.append("</body></html>")
     return "\n".join(h)
 
@@ -535,7 +539,9 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
     registry = make_registry(view.records, view.device_counts, view.malformed_counts)
 
     def page(request: Request) -> Response:
-        return HTMLResponse(render_page(view))
+        # A browser that came with ?token= keeps it on the page's links (the meta refresh keeps the URL as it is).
+        given = request.query_params.get("token")
+        return HTMLResponse(render_page(view, f"?{urlencode({'token': given})}" if token and given else ""))
 
     def api_devices(request: Request) -> Response:
         return JSONResponse(view.devices())
