@@ -218,3 +218,15 @@ def test_a_network_address_needs_a_token() -> None:
         check_bind(host, TOKEN)
     with pytest.raises(BindRefused, match="shorter than 16"):
         check_bind("0.0.0.0", "short")
+
+
+def test_the_records_follow_the_database_and_skip_unreadable_rows(view: ServerView, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert view.run_state is not None
+    assert [r.seconds for r in view.records()] == [30.0, 40.0]
+    # round 1 recorded again with other figures (a restart that forgot it ran it again): the same last round
+    view.run_state.complete_round(1, SPEC, init_state(SPEC, 0), {}, {**RoundRecord.from_json(_rows()[1]).to_json(), "seconds": 41.0})
+    monkeypatch.setattr("coordinator.server.web.RECORDS_MAX_AGE_S", 0.0)
+    assert [r.seconds for r in view.records()] == [30.0, 41.0]
+    view.run_state.complete_round(2, SPEC, init_state(SPEC, 0), {}, {"round": 2, "colour": "blue"})
+    assert [r.round for r in view.records()] == [0, 1] and view.bad_rows == 1
+    assert TestClient(make_app(view)).get("/api/rounds").status_code == 200

@@ -65,6 +65,9 @@ REFRESH_S = 10
 
 MAX_ROUNDS_PER_REQUEST = 10_000
 
+RECORDS_MAX_AGE_S = 5.0
+"""The round records are read again after a new round, and at least this often (s)."""
+
 
 class RegistryLike(Protocol):
     """What the web part reads of the server database (``coordinator.server.registry.Registry``)."""
@@ -164,6 +167,8 @@ class ServerView:
         The coordinator's name (``[server] name``), shown as the page's title.
     run_state : RunState, optional
         The run's database; its round records feed the charts, the rounds API and the metrics.
+        Best a RunState of its own on the run folder (only read here), not the coordinator's
+        instance, so that the page's reads never sit inside the coordinator's transactions.
     registry : RegistryLike, optional
         The server database (devices, versions, participation).
     monitor : Monitor, optional
@@ -183,6 +188,7 @@ class ServerView:
     wall: Callable[[], float] = time.time
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _cache: tuple[int, list[RoundRecord]] = field(default=(-2, []), repr=False)
+    _cache_t: float = field(default=0.0, repr=False)
     bad_rows: int = 0
 
     # ------------------------------------------------------------------ sources
@@ -212,7 +218,9 @@ class ServerView:
                 return []
         with self._lock:
             last = self.run_state.last_completed_round()
-            if last == self._cache[0]:
+            # Re-read when a round was added, and at least every RECORDS_MAX_AGE_S: a restart that forgot
+            # damaged rounds and ran them again leaves the same last round with other figures.
+            if last == self._cache[0] and time.monotonic() - self._cache_t < RECORDS_MAX_AGE_S:
                 return list(self._cache[1])
             out, bad = [], 0
             for row in self.run_state.rounds():
@@ -221,7 +229,7 @@ class ServerView:
                 except RecordError as exc:
                     bad += 1
                     log.warning("status page: a round row is not a record and is left out: %s", exc)
-            self._cache, self.bad_rows = (last, out), bad
+            self._cache, self._cache_t, self.bad_rows = (last, out), time.monotonic(), bad
             return list(out)
 
     def _registry_devices(self) -> list[Any]:
