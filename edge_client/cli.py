@@ -20,7 +20,9 @@ from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io import exit_codes
+from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
+from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
 from har_io.exit_codes import Exit
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
@@ -36,8 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes.epilog(exit_codes.CLIENT),
         formatter_class=HelpFormatter,
     )
-    ap.add_argument("--client-id", required=True, help="stable device id (letters, digits, _ . -)")
-    ap.add_argument("--federation", default="default", help="federation name, topic prefix fedhar/v1/<name> (default %(default)s)")
+    ap.add_argument("--client-id", default=None, help="stable device id (letters, digits, _ . -); required unless --enrolment gives it")
+    ap.add_argument(
+        "--federation", default=None, help="federation name, topic prefix fedhar/v1/<name> (default: the bundle's, else default)"
+    )
+    ap.add_argument(
+        "--enrolment",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="enrolment bundle (fedhar-coordinator enroll NAME writes it): broker, TLS CA, federation, client id and "
+        "password in one file, so no other broker option is needed; an option that contradicts it is refused",
+    )
     ap.add_argument(
         "--source",
         required=True,
@@ -89,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--exit-after-run", default=None, help="exit once the coordinator announces this run id finished")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
     add_logging_arguments(ap, progress=False)
-    add_broker_arguments(ap)
+    add_broker_arguments(ap, default=None, broker_help=f"MQTT broker HOST:PORT (default: the bundle's, else {DEFAULT_BROKER})")
     return ap
 
 
@@ -97,6 +109,69 @@ def default_state_dir(client_id: str) -> Path:
     """A client's default state folder: per client id, so two clients on one machine never share one."""
     base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return base / "fedhar" / client_id
+
+
+BUNDLE_OWNS = ("client_id", "federation", "broker", "username", "password_file", "tls_ca")
+"""Options whose value an enrolment bundle gives (a contradicting explicit one is refused; ``tls_ca`` is checked against it).
+Each defaults to None in :func:`build_parser`, so a value that is not None was given on the command line."""
+
+DEFAULT_BROKER = "127.0.0.1:1883"
+"""The broker without ``--broker`` or ``--enrolment``."""
+
+
+def apply_enrolment(args: argparse.Namespace, bundle: EnrolmentBundle) -> None:
+    """Take the client id and federation from ``bundle`` into ``args``; refuse explicit options that contradict it.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``fedhar-client`` options (changed in place: ``client_id``, ``federation``).
+    bundle : EnrolmentBundle
+
+    Raises
+    ------
+    EnrolmentRefused
+        ``wrong_federation`` / ``ca_mismatch`` (:meth:`EnrolmentBundle.check`), ``bad_value`` for a
+        ``--client-id``, ``--username``, ``--broker`` or ``--password-file`` other than the bundle's.
+    OSError
+        If ``--tls-ca`` or ``--password-file`` cannot be read.
+    """
+    given = {name for name in BUNDLE_OWNS if getattr(args, name) is not None}
+    bundle.check(federation=args.federation)
+    if "client_id" in given and args.client_id != bundle.client_id:
+        raise EnrolmentRefused("bad_value", f"--client-id {args.client_id} contradicts the bundle's client id {bundle.client_id}: "
+                               f"drop --client-id, or use {args.client_id}'s bundle")  # fmt: skip
+    if "username" in given and args.username != bundle.username:
+        raise EnrolmentRefused("bad_value", f"--username {args.username} contradicts the bundle, which logs in as {bundle.username}: "
+                               f"drop --username")  # fmt: skip
+    if "broker" in given and args.broker != f"{bundle.host}:{bundle.port}":
+        raise EnrolmentRefused("bad_value", f"--broker {args.broker} contradicts the bundle's broker {bundle.host}:{bundle.port}: "
+                               f"drop --broker (or enrol the device again for that broker)")  # fmt: skip
+    if "password_file" in given and args.password_file.read_text().strip() != bundle.password:
+        raise EnrolmentRefused("bad_value", f"--password-file {args.password_file} holds another password than the bundle: "
+                               f"drop --password-file (the bundle's password is the device's)")  # fmt: skip
+    if "tls_ca" in given:
+        bundle.check(ca_file=args.tls_ca)
+    args.client_id = bundle.client_id
+    args.federation = bundle.federation
+
+
+def enrolled_broker(args: argparse.Namespace, bundle: EnrolmentBundle) -> BrokerConfig:
+    """The broker settings of ``bundle``, its inline CA written to ``<state-dir>/enrolment/``; ``--tls-ca`` for a fingerprint-only bundle.
+
+    Raises
+    ------
+    EnrolmentRefused, ValueError, OSError
+        See :meth:`EnrolmentBundle.broker_config` and :class:`BrokerConfig`.
+    """
+    return bundle.broker_config(
+        Path(args.state_dir) / "enrolment",
+        ca_file=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        max_message_bytes=args.max_message_bytes,
+        mqtt_version=args.mqtt_version,
+    )
 
 
 @dataclass
@@ -117,11 +192,29 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         :class:`~har_io.exit_codes.Exit`: 2 usage, 3 data (including "nothing to train on"), 6 state folder in use.
     """
     args = build_parser().parse_args(argv)
+    bundle: EnrolmentBundle | None = None
+    if args.enrolment is not None:
+        try:
+            bundle = read_bundle(args.enrolment)
+            apply_enrolment(args, bundle)
+        except EnrolmentRefused as exc:
+            print(f"fedhar-client: {args.enrolment}: {exc}", file=sys.stderr)
+            return Exit.USAGE
+        except OSError as exc:
+            print(f"fedhar-client: cannot read the enrolment bundle {args.enrolment}: {exc.strerror or exc}", file=sys.stderr)
+            return Exit.USAGE
+    elif args.client_id is None:
+        print("fedhar-client: give --client-id (the device's id), or --enrolment FILE (a bundle that holds it)", file=sys.stderr)
+        return Exit.USAGE
+    if args.federation is None:
+        args.federation = "default"
+    if args.broker is None:
+        args.broker = DEFAULT_BROKER
     if args.state_dir is None:
         args.state_dir = default_state_dir(args.client_id)
     try:
         backend, why = choose_backend(args.backend)
-        broker = broker_from_args(args)
+        broker = broker_from_args(args) if bundle is None else enrolled_broker(args, bundle)
         cfg = ClientConfig(
             client_id=args.client_id,
             broker=broker,
@@ -137,6 +230,10 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return Exit.USAGE
+    if bundle is not None:
+        log.info("[%s] enrolled by %s: coordinator %r, federation %r, broker %s (%s)", args.client_id, args.enrolment,
+                 bundle.coordinator, bundle.federation, broker.address,
+                 f"TLS, CA sha256 {bundle.ca_fingerprint()}" if bundle.uses_tls else "plain MQTT")  # fmt: skip
     log.info("[%s] training backend: %s (%s)", args.client_id, backend, why)
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)

@@ -4,6 +4,7 @@
 #   sudo firmware_scripts/pi_setup.sh --client-id pi-kitchen --broker homeserver:8883 --federation home \
 #        --password-file pi-kitchen.password [--tls-ca ca.crt] [--source recorded:hapt6] \
 #        [--backend numpy|torch] [--threads N] [--wheelhouse DIR] [--no-i2c] [--dry-run]
+#   sudo firmware_scripts/pi_setup.sh --enrolment pi-kitchen.json [--source ...] [--backend ...] [--dry-run]
 #   sudo firmware_scripts/pi_setup.sh --client-id pi-kitchen --uninstall [--purge]
 #
 # Steps: enable I2C where Raspberry Pi OS's tools are present (skipped with a message where not),
@@ -14,7 +15,9 @@
 # converges to the same state. --wheelhouse installs offline from a folder of wheels
 # (firmware_scripts/pi_emulated/wheelhouse.sh makes one). --uninstall removes what it installed;
 # the device's recorded windows and model in /var/lib/fedhar/<id> stay unless --purge.
-# --dry-run prints the commands instead. Guide: docs/devices.md, "Raspberry Pi".
+# --dry-run prints the commands instead. --enrolment takes the client id, broker, federation, password
+# and CA from a bundle (fedhar-coordinator enroll NAME writes it), checked first: a refused bundle
+# stops setup with the reason, before anything is installed. Guide: docs/devices.md, "Raspberry Pi".
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,14 +28,15 @@ unit_dir=/etc/systemd/system
 torch_version=2.13.0
 torch_index=https://download.pytorch.org/whl/cpu
 client_id="" broker="" federation="home" password_file="" tls_ca="" source="recorded:hapt6" dry=0 i2c=1
-backend=numpy threads="" wheelhouse="" uninstall=0 purge=0
+backend=numpy threads="" wheelhouse="" uninstall=0 purge=0 enrolment="" federation_set=0
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --client-id) client_id="$2"; shift 2 ;;
     --broker) broker="$2"; shift 2 ;;
-    --federation) federation="$2"; shift 2 ;;
+    --federation) federation="$2"; federation_set=1; shift 2 ;;
+    --enrolment) enrolment="$2"; shift 2 ;;
     --password-file) password_file="$2"; shift 2 ;;
     --tls-ca) tls_ca="$2"; shift 2 ;;
     --source) source="$2"; shift 2 ;;
@@ -48,6 +52,33 @@ while [ $# -gt 0 ]; do
     *) echo "pi_setup.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+# An enrolment bundle gives the client id, broker, federation, password and CA. It is checked here, with the
+# system's Python (standard library only) and this checkout's har_io/enrolment.py, before anything changes.
+bundle_tls=""
+if [ -n "$enrolment" ]; then
+  if [ -n "$password_file" ]; then
+    echo "pi_setup.sh: --password-file and --enrolment: the password comes from the bundle; drop --password-file" >&2; exit 2
+  fi
+  check=(--prog pi_setup.sh --shell)
+  [ "$federation_set" -eq 1 ] && check+=(--federation "$federation")
+  [ -n "$tls_ca" ] && check+=(--tls-ca "$tls_ca")
+  if ! fields="$(PYTHONPATH="$repo" python3 -m har_io.enrolment "$enrolment" "${check[@]}")"; then
+    echo "pi_setup.sh: setup stopped: the enrolment bundle $enrolment was refused (nothing was installed)" >&2; exit 2
+  fi
+  eval "$(printf '%s\n' "$fields" | sed 's/^/bundle_/')"  # bundle_client_id, bundle_broker, ... (values shell-quoted)
+  if [ -n "$client_id" ] && [ "$client_id" != "$bundle_client_id" ]; then
+    echo "pi_setup.sh: --client-id $client_id contradicts the bundle's client id $bundle_client_id: drop --client-id" >&2; exit 2
+  fi
+  if [ -n "$broker" ] && [ "$broker" != "$bundle_broker" ]; then
+    echo "pi_setup.sh: --broker $broker contradicts the bundle's broker $bundle_broker: drop --broker" >&2; exit 2
+  fi
+  if [ "$bundle_tls" = fingerprint ] && [ -z "$tls_ca" ]; then
+    echo "pi_setup.sh: the bundle names the broker's CA by its SHA-256 $bundle_ca_sha256 only: give --tls-ca with that CA's certificate" >&2
+    exit 2
+  fi
+  client_id="$bundle_client_id" broker="$bundle_broker" federation="$bundle_federation"
+  echo "pi_setup.sh: enrolment bundle $enrolment: client $client_id of federation $federation (coordinator $bundle_coordinator), broker $broker"
+fi
 if ! [[ "$client_id" =~ ^[A-Za-z0-9_.-]{1,64}$ ]]; then
   echo "pi_setup.sh: --client-id must be 1-64 letters, digits, _ . - (got '${client_id}')" >&2; exit 2
 fi
@@ -67,7 +98,7 @@ if [ "$uninstall" -eq 1 ]; then
     run systemctl disable --now "fedhar-client@$client_id" || true
     run systemctl reset-failed "fedhar-client@$client_id" || true
   fi
-  run rm -f "$etc/client-$client_id.env" "$etc/$client_id.password"
+  run rm -f "$etc/client-$client_id.env" "$etc/$client_id.password" "$etc/$client_id.ca.crt"
   if [ "$purge" -eq 1 ]; then
     run rm -rf "/var/lib/fedhar/$client_id"
   else
@@ -180,6 +211,13 @@ run "$prefix/.venv/bin/fedhar-client" --help >/dev/null
 # 5. The client's configuration.
 run install -d -m 755 "$etc"
 tls_arg=""
+if [ "$bundle_tls" = inline ]; then  # the bundle's own CA and password, written by its checker (atomically)
+  run "$prefix/.venv/bin/python" -m har_io.enrolment "$enrolment" --prog pi_setup.sh \
+    --write-password "$etc/$client_id.password" --write-ca "$etc/$client_id.ca.crt"
+  tls_arg="--tls-ca $etc/$client_id.ca.crt "
+elif [ -n "$enrolment" ]; then
+  run "$prefix/.venv/bin/python" -m har_io.enrolment "$enrolment" --prog pi_setup.sh --write-password "$etc/$client_id.password"
+fi
 if [ -n "$tls_ca" ]; then
   run install -m 644 "$tls_ca" "$etc/ca.crt"
   tls_arg="--tls-ca $etc/ca.crt "
@@ -187,6 +225,7 @@ fi
 if [ -n "$password_file" ]; then
   run install -m 600 "$password_file" "$etc/$client_id.password"
 fi
+[ -n "$enrolment" ] && note "$enrolment holds the device's password: delete it once the client has joined (journalctl -u fedhar-client@$client_id)"
 client_args="${tls_arg}--backend $backend"
 [ -n "$threads" ] && client_args="$client_args --threads $threads"
 write "$etc/client-$client_id.env" 644 <<ENV
@@ -203,7 +242,7 @@ run install -m 644 "$here/systemd/fedhar-client@.service" "$unit_dir/fedhar-clie
 if have_systemd || [ "$dry" -eq 1 ]; then
   run systemctl daemon-reload
   run systemctl enable "fedhar-client@$client_id"
-  if [ -e "$etc/$client_id.password" ] || [ -n "$password_file" ]; then
+  if [ -e "$etc/$client_id.password" ] || [ -n "$password_file" ] || [ -n "$enrolment" ]; then
     run systemctl restart "fedhar-client@$client_id"
   else
     note "no --password-file: copy the broker's credentials/$client_id.password to $etc/$client_id.password (mode 600), then: systemctl start fedhar-client@$client_id"

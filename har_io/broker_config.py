@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -55,7 +55,7 @@ class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 1883
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a log line
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -11,6 +11,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from edge_client.cli import build_parser as client_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +122,7 @@ def test_uninstall_removes_what_it_installed_and_keeps_the_data_unless_purge():
     assert r.returncode == 0, r.stderr
     steps = _steps(r.stdout)
     assert steps[0] == "systemctl disable --now fedhar-client@pi-kitchen"
-    assert "rm -f /etc/fedhar/client-pi-kitchen.env /etc/fedhar/pi-kitchen.password" in steps
+    assert "rm -f /etc/fedhar/client-pi-kitchen.env /etc/fedhar/pi-kitchen.password /etc/fedhar/pi-kitchen.ca.crt" in steps
     assert "rm -f /etc/systemd/system/fedhar-client@.service /etc/modules-load.d/fedhar-i2c.conf /etc/fedhar/ca.crt" in steps
     assert "rm -rf /opt/fedhar" in steps
     assert not any(s.startswith("rm -rf /var/lib/fedhar") for s in steps)
@@ -147,3 +149,89 @@ def test_bad_options_are_refused_with_the_fix(tmp_path):
     assert r.returncode == 2 and "install 64-bit Raspberry Pi OS" in r.stderr
     r = _run("--client-id", "pi", "--broker", "h:1", "--no-i2c", "--dry-run", stubs={"uname": "echo armv7l"}, tmp=tmp_path)
     assert r.returncode == 0 and "only the numpy backend can run" in r.stdout
+
+
+def _bundle_file(tmp: Path, **over: object) -> Path:
+    from har_io.enrolment import EnrolmentBundle
+
+    kw: dict = dict(
+        coordinator="fedhar-home", federation="home", client_id="pi-kitchen", password="pi-secret-1", host="homeserver", port=8883
+    )
+    kw.update(over)
+    path = tmp / "pi-kitchen.json"
+    path.write_text(EnrolmentBundle(**kw).to_json())
+    return path
+
+
+def _ca(tmp: Path) -> tuple[Path, Path]:
+    from secured_broker import Missing, make_pki
+
+    try:
+        ca, _, _, other = make_pki(tmp / "pki")
+    except Missing as exc:
+        pytest.skip(str(exc))
+    return ca, other
+
+
+def test_an_enrolment_bundle_gives_the_id_broker_federation_password_and_ca(tmp_path):
+    ca, _ = _ca(tmp_path)
+    bundle = _bundle_file(tmp_path, tls_ca_pem=ca.read_text())
+    r = _run("--enrolment", str(bundle), "--no-i2c", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert (
+        "enrolment bundle" in r.stdout
+        and "client pi-kitchen of federation home (coordinator fedhar-home), broker homeserver:8883" in r.stdout
+    )
+    steps = _steps(r.stdout)
+    writes = "--write-password /etc/fedhar/pi-kitchen.password --write-ca /etc/fedhar/pi-kitchen.ca.crt"
+    assert f"/opt/fedhar/.venv/bin/python -m har_io.enrolment {bundle} --prog pi_setup.sh {writes}" in steps
+    assert steps[-2:] == ["systemctl enable fedhar-client@pi-kitchen", "systemctl restart fedhar-client@pi-kitchen"]
+    assert _env_file(r.stdout) == {
+        "FEDHAR_BROKER": "homeserver:8883",
+        "FEDHAR_FEDERATION": "home",
+        "FEDHAR_SOURCE": "recorded:hapt6",
+        "FEDHAR_CLIENT_ARGS": "--tls-ca /etc/fedhar/pi-kitchen.ca.crt --backend numpy",
+    }
+    assert "pi-secret-1" not in r.stdout + r.stderr
+    assert "holds the device's password: delete it once the client has joined" in r.stdout
+
+
+def test_a_fingerprint_bundle_takes_the_ca_file_it_names(tmp_path):
+    from har_io.enrolment import pem_fingerprints
+
+    ca, other = _ca(tmp_path)
+    bundle = _bundle_file(tmp_path, tls_ca_sha256=pem_fingerprints(ca.read_text())[0])
+    r = _run("--enrolment", str(bundle), "--no-i2c", "--dry-run")
+    assert r.returncode == 2 and "names the broker's CA by its SHA-256" in r.stderr and "give --tls-ca" in r.stderr
+    r = _run("--enrolment", str(bundle), "--tls-ca", str(other), "--no-i2c", "--dry-run")
+    assert r.returncode == 2 and "(ca_mismatch)" in r.stderr and "setup stopped" in r.stderr and "+ " not in r.stdout
+    r = _run("--enrolment", str(bundle), "--tls-ca", str(ca), "--no-i2c", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    steps = _steps(r.stdout)
+    assert f"install -m 644 {ca} /etc/fedhar/ca.crt" in steps
+    assert (
+        f"/opt/fedhar/.venv/bin/python -m har_io.enrolment {bundle} --prog pi_setup.sh --write-password /etc/fedhar/pi-kitchen.password"
+        in steps
+    )
+    assert _env_file(r.stdout)["FEDHAR_CLIENT_ARGS"] == "--tls-ca /etc/fedhar/ca.crt --backend numpy"
+
+
+def test_a_refused_bundle_stops_setup_with_the_reason_before_any_step(tmp_path):
+    cases = [
+        ("{not json", (), "(bad_json): not JSON"),
+        ('{"format": "fedhar-enrolment", "version": 2}', (), "(unknown_version): bundle version 2"),
+        (None, ("--federation", "office"), "(wrong_federation): the bundle is for federation 'home'"),
+        (None, ("--client-id", "pi-den"), "--client-id pi-den contradicts the bundle's client id pi-kitchen"),
+        (None, ("--broker", "other:8883"), "--broker other:8883 contradicts the bundle's broker homeserver:8883"),
+        (None, ("--password-file", "pw"), "the password comes from the bundle"),
+    ]
+    for text, extra, words in cases:
+        bundle = _bundle_file(tmp_path)
+        if text is not None:
+            bundle.write_text(text)
+        r = _run("--enrolment", str(bundle), *extra, "--no-i2c", "--dry-run")
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert words in r.stderr and r.stderr.startswith("pi_setup.sh: "), r.stderr
+        assert _steps(r.stdout) == [] and "pi-secret-1" not in r.stderr
+    r = _run("--enrolment", str(tmp_path / "missing.json"), "--dry-run")
+    assert r.returncode == 2 and "No such file or directory" in r.stderr and "setup stopped" in r.stderr
