@@ -9,18 +9,33 @@ The output folder then holds:
 
 * ``mosquitto.conf``: listeners (plain, and TLS when a certificate is given), no anonymous
   access, the password and ACL files, a packet limit sized for fedhar's chunked models,
-  persistence under ``data/``;
-* ``acl``: the coordinator may read and write the whole federation; a device may write only
-  its own status and update topics and read the round, the coordinator's status, the
-  global model and its own personalised model (its own topics through ``pattern`` rules with
-  ``%u`` = user name = fedhar client id);
+  persistence under ``data/``, and the broker's ``pid_file`` (``mosquitto.pid``), through which
+  a reload finds the running broker;
+* ``acl``: the coordinator may read and write the whole federation; the read-only monitor
+  account (``--monitor-user``, default ``monitor``) may read the whole federation and write
+  nothing, so a status page can watch it without logging in as the coordinator (which would
+  disconnect the running coordinator: one session per user name); a device may write only its
+  own status, update and program-request topics and read the round, the coordinator's status,
+  the global model, and its own personalised model, receipts and programs. Every rule is a
+  ``topic`` line under its ``user``; a ``%u`` pattern would apply to the monitor too. With
+  ``--home-assistant`` the coordinator may also write ``homeassistant/#`` (MQTT discovery) and
+  read ``homeassistant/status`` (Home Assistant's birth message), and Home Assistant's account
+  ``homeassistant`` reads ``homeassistant/#`` and writes only ``homeassistant/status``;
 * ``passwd``: hashed by ``mosquitto_passwd`` (this script never hashes a password itself);
 * ``credentials/<user>.password``: each user's password (mode 0600), to copy to its device;
 * ``fedhar-broker.json``: the settings, so a re-run with only ``--out`` and new ``--clients``
-  keeps everything else.
+  keeps everything else (``--home-assistant`` included).
 
 Re-running adds clients and keeps every existing password, unless ``--rotate`` asks for new
-ones; ``--revoke`` removes devices. Reload a running broker afterwards (``kill -HUP``).
+ones; ``--revoke`` removes devices. The coordinator's and the monitor's accounts are created on
+the first run and on a re-run of a folder that lacks them. Reload a running broker afterwards
+(``kill -HUP $(cat <out>/mosquitto.pid)``). On that reload Mosquitto 2 closes the live session of
+a revoked device (without its last will) and refuses its old password from then on.
+
+The home server changes one device at a time through :func:`add_device` and :func:`remove_device`
+(``coordinator/server/broker_admin.py`` calls them and reloads the broker); each regenerates
+``passwd`` and ``acl`` (every file replaced atomically) under a lock on the folder, so it never
+interleaves with a run of this script.
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def test_generated_files_hash_passwords_and_keep_them_private(broker):
     opened = {ln.rsplit("port ", 1)[1].rstrip(".") for ln in broker.log.read_text().splitlines() if "listen socket on port" in ln}
     assert opened == {str(broker.port)}
     warnings = [ln for ln in broker.log.read_text().splitlines() if "Warning" in ln and "run as root" not in ln]
-    assert warnings == [], "e.g. an ACL pattern without %u"
+    assert warnings == [], "e.g. an ACL line or an option Mosquitto does not accept"
 
 
 def test_acl_rules_are_exactly_these(broker):
