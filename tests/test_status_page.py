@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from coordinator.record import RoundRecord
 from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
-from coordinator.server.web import BindRefused, ServerView, WebServer, check_bind, make_app
+from coordinator.server.web import BindRefused, ServerView, WebServer, check_bind, make_app, start_status_page
 from coordinator.state import RunState
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, Receipt, RoundAnnouncement, RoundProgress
@@ -205,6 +205,8 @@ def test_a_taken_port_is_a_clear_error(view: ServerView) -> None:
             WebServer(make_app(view), port=port).start(timeout=5)
         with pytest.raises(BindRefused):
             WebServer(make_app(view), host="0.0.0.0", port=0)
+        with pytest.raises(BindRefused, match="token"):
+            start_status_page(view, host="0.0.0.0", port=0)
     finally:
         first.stop()
 

@@ -655,6 +655,21 @@ class WebServer:
             self._thread.join(timeout)
 
 
+def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 8765, token: str | None = None) -> WebServer:
+    """Serve :func:`make_app` of ``view`` on ``host``:``port`` in a thread (what ``serve`` calls); stop it with ``.stop()``.
+
+    Raises
+    ------
+    BindRefused
+        For a non-loopback ``host`` without a token (:func:`check_bind`).
+    RuntimeError
+        If it does not start within 10 s (e.g. the port is taken).
+    """
+    server = WebServer(make_app(view, token=token), host=host, port=port, token=token)
+    server.start()
+    return server
+
+
 def to_json_text(obj: Any) -> str:
     """``obj`` as JSON text without NaN (None instead), as the API writes it."""
     return json.dumps(_clean(obj), allow_nan=False)
