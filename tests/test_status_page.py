@@ -14,7 +14,7 @@ from coordinator.record import RoundRecord
 from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
 from coordinator.server.web import BindRefused, ServerView, WebServer, check_bind, make_app, start_status_page
-from coordinator.state import RunState
+from coordinator.state import RunState, StateDamaged
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, Receipt, RoundAnnouncement, RoundProgress
 from har_models.wire.topics import Topics
@@ -163,6 +163,16 @@ def test_bad_requests_get_a_message_not_a_traceback(view: ServerView) -> None:
     r = TestClient(make_app(Broken()), raise_server_exceptions=False).get("/api/rounds")
     assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError); the server log has the details"}
     assert "Traceback" not in r.text and "/secret/path" not in r.text
+
+
+def test_a_damaged_database_is_a_503_naming_the_file(view: ServerView) -> None:
+    assert view.run_state is not None
+    path = view.run_state.path
+    path.write_bytes(b"this is not a database" * 100)  # overwritten under the open database
+    with pytest.raises(StateDamaged):
+        view.run_state.last_completed_round()
+    r = TestClient(make_app(view), raise_server_exceptions=False).get("/api/devices")
+    assert r.status_code == 503 and str(path) in r.json()["error"] and "Restore the file" in r.json()["error"]
 
 
 def test_malformed_messages_are_counted_and_ignored(view: ServerView) -> None:

@@ -24,7 +24,8 @@ Routes::
 It binds 127.0.0.1 by default; :func:`check_bind` refuses any other address without a token,
 and with a token every request must carry it (``Authorization: Bearer <token>`` or
 ``?token=<token>``), compared in constant time. A bad request gets a 4xx answer with a message
-in JSON; an internal error a 500 with the error's kind, never a traceback.
+in JSON; a damaged database a 503 with its message (the file and the remedy); any other
+internal error a 500 with the error's kind, never a traceback.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, make_registry, scrape
 from coordinator.server.monitor import Monitor, MonitorSnapshot
-from coordinator.state import RunState
+from coordinator.state import RunState, StateDamaged
 
 log = logging.getLogger("fedhar.server.web")
 
@@ -576,6 +577,11 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
         assert isinstance(exc, HTTPException)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
+    async def damaged(request: Request, exc: Exception) -> Response:
+        # A damaged database is the operator's to fix, and its message says how (file and remedy).
+        log.error("status page: %s", exc)
+        return JSONResponse({"error": str(exc)}, status_code=503)
+
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("status page: %s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
         return JSONResponse({"error": f"internal error ({type(exc).__name__}); the server log has the details"}, status_code=500)
@@ -589,7 +595,7 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, StateDamaged: damaged, Exception: internal_error})
     if token:
         app.add_middleware(TokenGate, token=token)
     app.state.view = view
