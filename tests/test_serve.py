@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,19 +23,19 @@ from small_federation import CONV_FILTERS, DENSE_UNITS
 
 from coordinator.server.registry import Registry
 from coordinator.state import load_state_file
-from simulation.broker import stop_process
+from simulation.broker import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
 FED = "servefed"
 
 
-def _settings(data: Path, extra: str = "") -> None:
+def _settings(data: Path, extra: str = "", http_port: int = 0) -> None:
     data.mkdir(parents=True, exist_ok=True)
     (data / "server.toml").write_text(
         f"conv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\nround_timeout_s = 120\nlocal_epochs = 1\n"
         f"min_clients = 2\nstatus_refresh_s = 5\n{extra}\n"
-        "[server]\nhttp_port = 0\nkeep_versions = 3\n"
+        f"[server]\nhttp_port = {http_port}\nkeep_versions = 3\n"
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )
 
@@ -110,13 +111,20 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
         first.wait(10)
         before = _versions(data)
         last_round = before[-1][1]
+        page = free_port()
+        toml = data / "server.toml"
+        toml.write_text(toml.read_text().replace("http_port = 0", f"http_port = {page}"))
         second = _serve(data, mosquitto, serve_log)
         procs.append(second)
         _wait(lambda: _newest(data) >= before[-1][0] + 2, 240, "two more model versions after the restart", logs)
         _wait(lambda: "epoch 1 -> 2" in logs[1].read_text() and "epoch 1 -> 2" in logs[2].read_text(), 30,
               "both clients noticing the new epoch", logs)  # fmt: skip
+        # the status page of the running serve lists the enrolled devices
+        _wait(lambda: f"status page on http://127.0.0.1:{page}/" in serve_log.read_text(), 30, "the status page", logs)
+        with urllib.request.urlopen(f"http://127.0.0.1:{page}/api/devices", timeout=10) as resp:
+            listed = resp.read().decode()
+        assert resp.status == 200 and "dev-a" in listed and "dev-b" in listed
         # SIGHUP (systemctl reload): the schedule is read again and what changed is logged
-        toml = data / "server.toml"
         toml.write_text(toml.read_text().replace("min_round_interval_s = 1", "min_round_interval_s = 2"))
         second.send_signal(signal.SIGHUP)
         _wait(lambda: "reload: [schedule] min_round_interval_s 1.0 -> 2.0" in serve_log.read_text(), 30, "the reload", logs)
@@ -176,6 +184,17 @@ def test_reload_applies_the_tables_and_keeps_the_settings_in_force_on_a_bad_file
     assert server.next_start(1773093600.0) == 1773093600.0 + 3600.0  # 01:00, inside 22:00-06:00
     server.coordinator.state.close()
     server.registry.close()
+
+
+def test_a_status_page_off_loopback_without_a_token_is_refused_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _settings(data, http_port=8765)
+    toml = data / "server.toml"
+    toml.write_text(toml.read_text().replace("[server]\n", '[server]\nhttp_bind = "0.0.0.0"\n'))
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", "127.0.0.1:9"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "token" in r.stderr, r.stderr
+    assert not (data / "server.sqlite").exists()  # refused before anything was written
 
 
 def test_serve_refuses_bad_settings_with_the_key_named(tmp_path: Path) -> None:

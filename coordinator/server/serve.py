@@ -124,7 +124,7 @@ class Server:
     Raises
     ------
     ValueError
-        For bad settings (the key named).
+        For bad settings (the key named), or a status page bound off loopback without a token.
     coordinator.server.registry.RegistryDamaged, coordinator.service.StateError
         For a damaged database.
     """
@@ -147,6 +147,13 @@ class Server:
         self.file = read_serve_file(self.config_path)
         self.tz = tz
         self.poll_s = poll_s
+        if self.file.server.http_port:
+            try:
+                from coordinator.server.web import check_bind
+            except ImportError:  # no status page libraries: start_status_page says so
+                pass
+            else:
+                check_bind(self.file.server.http_bind, self.file.server.token)  # refused before anything starts
         self.registry = Registry(self.data_dir)
         run_id = _run_id_of(self.data_dir, self.file.server.name)
         self.cfg = federation_config(self.file, self.data_dir, broker, federation, run_id)
@@ -165,6 +172,7 @@ class Server:
         self._waiting = ""
         self._waiting_logged = 0.0
         self._revoked_seen: set[str] = set()
+        self._monitor: Any = None
 
     @property
     def server(self) -> ServerSettings:
@@ -250,7 +258,12 @@ class Server:
         next_revocation_check = 0.0
         page = None
         try:
-            page = self.start_status_page()
+            try:
+                page = self.start_status_page()
+            except RuntimeError as exc:  # the port is taken: the message names the setting
+                from coordinator.service import CoordinatorError
+
+                raise CoordinatorError(str(exc)) from None
             while not stop.is_set():
                 if self._reload.is_set():
                     self._reload.clear()
@@ -286,6 +299,7 @@ class Server:
         finally:
             if page is not None:
                 page.stop()
+                self._monitor.stop()
             co.close()
             self.registry.close()
 
@@ -326,14 +340,14 @@ class Server:
 
         Raises
         ------
-        ValueError
-            For a non-loopback ``http_bind`` without a token (the page refuses to start).
+        RuntimeError
+            If the page does not start (the port is taken).
         """
         if self.server.http_port == 0:
             return None
         try:
             from coordinator.server.monitor import Monitor
-            from coordinator.server.web import ServerView, WebServer, make_app
+            from coordinator.server.web import ServerView, start_status_page
         except ImportError as exc:
             log.warning("no status page: %s (install the coordinator extra)", exc)
             return None
@@ -352,9 +366,13 @@ class Server:
         monitor.start(wait_s=None)
         view = ServerView(name=self.server.name, run_state=RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
                           monitor=monitor, next_start=lambda: self.next_start())  # fmt: skip
-        page = WebServer(make_app(view, token=self.server.token), self.server.http_bind, self.server.http_port, self.server.token)
-        port = page.start()
-        log.info("status page on http://%s:%d/", self.server.http_bind, port)
+        try:
+            page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
+        except BaseException:
+            monitor.stop()
+            raise
+        log.info("status page on http://%s:%d/", self.server.http_bind, page.port)
+        self._monitor = monitor
         return page
 
     def _log_waiting(self, n: int, start_at: float, now: float) -> None:
