@@ -47,6 +47,8 @@ SERVE_ROUNDS = 1_000_000
 CONFIG_NAME = "server.toml"
 RETRY_AFTER_FAILED_S = 300.0
 """A round that closed without changing the model is tried again after at most this long (or the interval, if shorter)."""
+RETRY_MIN_S = 10.0
+"""... and at least this long, so a round that cannot start (devices of another label set) does not spin."""
 
 
 def version_path(data_dir: Path, version: int) -> Path:
@@ -241,6 +243,8 @@ class Server:
         coordinator.service.CoordinatorError, har_io.mqtt_link.BrokerRefused
             If the broker cannot be reached in 30 s, or refuses the login.
         """
+        from coordinator.service import CoordinatorError, StateError
+
         stop = stop or threading.Event()
         co = self.coordinator
         last = co.start_served()
@@ -261,8 +265,6 @@ class Server:
             try:
                 page = self.start_status_page()
             except RuntimeError as exc:  # the port is taken: the message names the setting
-                from coordinator.service import CoordinatorError
-
                 raise CoordinatorError(str(exc)) from None
             while not stop.is_set():
                 if self._reload.is_set():
@@ -282,9 +284,16 @@ class Server:
                     self._waiting = ""
                     log.info("round %d: starting with %d eligible devices (%s)", round_, len(eligible), ", ".join(eligible))
                     self._drop_refused_models()
-                    record = co.serve_round(round_, {"command": "fedhar-coordinator serve", "epoch": self.epoch})
+                    try:
+                        record = co.serve_round(round_, {"epoch": self.epoch})
+                    except StateError:
+                        raise
+                    except CoordinatorError as exc:  # e.g. devices of different label sets: not worth a restart
+                        log.error("round %d could not start: %s; trying again later", round_, exc)
+                        record = None
                     if record is None:
-                        self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
+                        wait = min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
+                        self._retry_at = time.time() + wait
                         continue
                     self._after_round(record)
                     self._last_end = time.time()
@@ -293,8 +302,6 @@ class Server:
                 else:
                     self._log_waiting(len(eligible), start_at, now)
         except StateDamaged as exc:
-            from coordinator.service import StateError
-
             raise StateError(str(exc)) from None
         finally:
             if page is not None:
