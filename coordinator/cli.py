@@ -141,10 +141,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(
         prog="fedhar-coordinator serve",
-        description="The home server: a federation that never ends. Rounds start when enough enrolled devices are "
-        "eligible and the [schedule] of the settings file allows; state, model versions and the device registry "
-        "live in the data folder and survive a restart (no --resume). SIGHUP (systemctl reload) re-reads the "
-        "[server] and [schedule] tables.",
+        description="The home server: a federation that never ends.\n\n"
+        "Rounds start when enough enrolled devices are eligible and the [schedule] of the settings file\n"
+        "allows; state, model versions and the device registry live in the data folder and survive a\n"
+        "restart (no --resume). SIGHUP (systemctl reload) re-reads the [server] and [schedule] tables.",
         epilog=exit_codes.epilog(exit_codes.COORDINATOR),
         formatter_class=HelpFormatter,
     )
@@ -153,7 +153,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", type=Path, default=None, metavar="FILE",
                     help="settings file: the federation's settings at the top level, [server] and [schedule] tables "
                     "(default <data>/server.toml; a missing file means the defaults)")  # fmt: skip
-    ap.add_argument("--federation", default="default", help="topic namespace fedhar/v1/<federation>")
+    ap.add_argument("--federation", default=None,
+                    help="topic namespace fedhar/v1/<federation> (default: the broker folder's, else 'default')")  # fmt: skip
     add_logging_arguments(ap)
     add_broker_arguments(ap)
     return ap
@@ -170,13 +171,22 @@ def serve_main(argv: list[str]) -> int:
     args = build_serve_parser().parse_args(argv)
     setup_logging(args.log_level)
     data = args.data or default_data_dir()
+    federation = args.federation
     try:
         broker = broker_from_args(args)
+        from coordinator.server.settings import read_serve_file
+
+        broker_dir = read_serve_file(args.config or data / "server.toml").server.broker_dir
+        if broker_dir and federation is None:
+            from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+            try:
+                federation = BrokerAdmin(Path(broker_dir), reload="none").federation
+            except BrokerAdminError as exc:
+                raise ValueError(f"[server] broker_dir: {exc}") from None
         if args.username is None:  # the broker folder of [server] broker_dir names the coordinator's account
             from coordinator.server.devices_cli import DeviceCommandError, coordinator_broker
-            from coordinator.server.settings import read_serve_file
 
-            broker_dir = read_serve_file(args.config or data / "server.toml").server.broker_dir
             if broker_dir:
                 try:
                     broker = dataclasses.replace(broker, **{k: getattr(coordinator_broker(Path(broker_dir)), k)
@@ -187,7 +197,7 @@ def serve_main(argv: list[str]) -> int:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
         return Exit.USAGE
     try:
-        server = Server(data, broker, args.federation, config=args.config,
+        server = Server(data, broker, federation or "default", config=args.config,
                         report_header={"command": "fedhar-coordinator serve " + " ".join(argv)})  # fmt: skip
     except (RegistryDamaged, StateDamaged, StateError) as exc:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)

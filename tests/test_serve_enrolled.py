@@ -132,7 +132,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
 
         def serve() -> subprocess.Popen[bytes]:
             with open(serve_log, "ab") as out:
-                p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--federation", FED],
+                p = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data)],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
             procs.append(p)
             return p
