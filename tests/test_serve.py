@@ -132,7 +132,9 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
         assert second.wait(60) == 130
     text = serve_log.read_text()
     assert "serving federation 'servefed': epoch 1" in text and "no round yet" in text
-    assert "serving federation 'servefed': epoch 2, run " in text and f"continuing after round {last_round}" in text
+    assert "serving federation 'servefed': epoch 2, run " in text
+    # a SIGKILL between a round's commit and its version file: the restart keeps that round as a version first
+    assert f"continuing after round {last_round} " in text or f"continuing after round {last_round + 1} " in text
     after = _versions(data)
     # versions count on and keep_versions = 3 keeps the newest three; their rounds follow without a gap or a repeat
     assert [v for v, _ in after] == list(range(after[-1][0] - 2, after[-1][0] + 1))
@@ -226,3 +228,38 @@ def test_versions_and_devices_of_an_empty_data_folder(tmp_path: Path) -> None:
         r = subprocess.run([sys.executable, "-m", "coordinator.cli", *cmd, "--data", str(data), "--json"],
                            capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
         assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+
+
+def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(tmp_path: Path) -> None:
+    """A SIGKILL between the run state's commit of a round and its version file: the next start keeps it."""
+    from coordinator.record import Evaluation, Metrics, RoundRecord
+    from coordinator.server.serve import Server
+    from coordinator.state import RunState
+    from har_io.broker_config import BrokerConfig
+    from har_models.nn.model import ArchSpec, init_state
+
+    data = tmp_path / "data"
+    _settings(data)
+    spec = ArchSpec(n_classes=6, conv_filters=CONV_FILTERS, dense_units=DENSE_UNITS)
+    st = RunState(data / "run")
+    st.put("run_id", "home-1")
+    st.put("label_set", "hapt6")
+    st.put("initial_spec", spec.to_json())
+    one = Metrics(accuracy=0.5, macro_f1=0.25)
+    rec = RoundRecord(round=0, evaluation=Evaluation(personalisation=one, personalisation_clients={"dev-a": one}))
+    st.complete_round(0, spec, init_state(spec, 3), {}, rec.to_json())
+    st.close()
+    server = Server(data, BrokerConfig.parse("127.0.0.1:9"), FED)
+    assert server.cfg.run_id == "home-1"  # the data folder's run is taken up
+    last = server.coordinator._resume()
+    server._catch_up_version(last)
+    assert _versions(data) == [(1, 0)]
+    _, kept = load_state_file(data / "versions" / "v000001.safetensors")
+    assert all(torch.equal(kept[k], v) for k, v in init_state(spec, 3).items())
+    reg = Registry(data)
+    assert [(p.name, p.round, p.accuracy, p.macro_f1) for p in reg.participation()] == [("dev-a", 0, 0.5, 0.25)]
+    reg.close()
+    server._catch_up_version(last)  # a second look changes nothing
+    assert _versions(data) == [(1, 0)]
+    server.coordinator.state.close()
+    server.registry.close()

@@ -248,6 +248,7 @@ class Server:
         stop = stop or threading.Event()
         co = self.coordinator
         last = co.start_served()
+        self._catch_up_version(last)
         newest = self._newest_version()
         if newest is not None:
             self._last_end = newest.created_unix
@@ -309,6 +310,23 @@ class Server:
                 self._monitor.stop()
             co.close()
             self.registry.close()
+
+    def _catch_up_version(self, last: int) -> None:
+        """Give round ``last`` its version when a stop came between the round's commit and its version file.
+
+        The run's state commits a round before serve writes its version (a SIGKILL can fall in
+        between); the model taken up is that round's, so it becomes the next version now, with its
+        participation rows from the round's record.
+        """
+        newest = self._newest_version()
+        if last < 0 or (newest is not None and newest.round >= last):
+            return
+        from coordinator.record import records
+
+        done = [r for r in records(self.coordinator.state.rounds()) if r.round == last]
+        if done:
+            log.info("round %d was completed but not kept as a version (the server stopped in between); keeping it now", last)
+            self._after_round(done[0])
 
     def _clear_new_revocations(self) -> None:
         """For each device revoked since the last look (``fedhar-coordinator revoke`` runs in another
