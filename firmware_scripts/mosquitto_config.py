@@ -9,7 +9,7 @@ The output folder then holds:
 
 * ``mosquitto.conf``: listeners (plain, and TLS when a certificate is given), no anonymous
   access, the password and ACL files, a packet limit sized for fedhar's chunked models,
-  persistence under ``data/``, and the broker's ``pid_file`` (``mosquitto.pid``), through which
+  persistence under ``data/``, and the broker's ``pid_file`` (``data/mosquitto.pid``), through which
   a reload finds the running broker;
 * ``acl``: the coordinator may read and write the whole federation; the read-only monitor
   account (``--monitor-user``, default ``monitor``) may read the whole federation and write
@@ -29,7 +29,7 @@ The output folder then holds:
 Re-running adds clients and keeps every existing password, unless ``--rotate`` asks for new
 ones; ``--revoke`` removes devices. The coordinator's and the monitor's accounts are created on
 the first run and on a re-run of a folder that lacks them. Reload a running broker afterwards
-(``kill -HUP $(cat <out>/mosquitto.pid)``). On that reload Mosquitto 2 closes the live session of
+(``kill -HUP $(cat <out>/data/mosquitto.pid)``). On that reload Mosquitto 2 closes the live session of
 a revoked device (without its last will) and refuses its old password from then on.
 
 The home server changes one device at a time through :func:`add_device` and :func:`remove_device`
@@ -59,12 +59,12 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from har_models.files import atomic_write_bytes
+    from har_models.files import atomic_write, atomic_write_bytes
     from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
     from har_models.wire.topics import Topics, check_client_id
 except ImportError:  # run from a checkout without `pip install -e .`: both modules need only the stdlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from har_models.files import atomic_write_bytes
+    from har_models.files import atomic_write, atomic_write_bytes
     from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
     from har_models.wire.topics import Topics, check_client_id
 
@@ -74,8 +74,10 @@ MANIFEST_NAME = "fedhar-broker.json"
 PASSWORD_SUFFIX = ".password"
 PACKET_MARGIN_BYTES = 64 * 1024
 """Room in ``max_packet_size`` above the largest fedhar payload for the topic and MQTT headers (bytes)."""
-PID_FILE_NAME = "mosquitto.pid"
-"""The broker writes its process id here (``pid_file`` in the generated mosquitto.conf), so a reload can find it."""
+PID_FILE_NAME = "data/mosquitto.pid"
+"""Where in the output folder the broker writes its process id (``pid_file`` in the generated mosquitto.conf), so a
+reload can find it. In ``data/``: Mosquitto writes it after switching to ``broker_user``, which owns only that folder
+(a PID file it cannot write stops the broker at start)."""
 HOME_ASSISTANT_PREFIX = "homeassistant"
 """Home Assistant's default MQTT discovery prefix; its birth and last-will messages go to ``<prefix>/status``."""
 HOME_ASSISTANT_USER = "homeassistant"
@@ -536,12 +538,61 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
     atomic_write_bytes(path, text, mode=mode)
 
 
+def _broker_access(path: Path) -> tuple[int, int] | None:
+    """(permission bits, group id) of the broker-read file ``path`` as it is now, or None if it does not exist.
+
+    A replacement keeps both: when the broker runs as another account that reads ``passwd`` and
+    ``acl`` through their group (``chgrp mosquitto``, mode 0640), a file it cannot read would make
+    Mosquitto 2 drop every password account on its next reload (measured with 2.0.11: every
+    session closed, every login refused).
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mode & 0o777, st.st_gid
+
+
+def _give_access(tmp: Path, target: Path, access: tuple[int, int] | None) -> None:
+    """Give the not yet renamed ``tmp`` the mode and group ``target`` had (see :func:`_broker_access`).
+
+    Raises
+    ------
+    SetupError
+        If this account may not give a file that group (it is not a member); ``target`` is untouched.
+    """
+    if access is None:
+        return
+    mode, gid = access
+    os.chmod(tmp, mode)
+    if gid != os.stat(tmp).st_gid:
+        try:
+            os.chown(tmp, -1, gid)
+        except PermissionError:
+            raise SetupError(
+                f"{target} belongs to group {gid}, through which the broker reads it, and this account cannot give the new "
+                f"file that group: add this account to the group (usermod -a -G <group> $USER) or run as the folder's owner"
+            ) from None
+
+
+def _write_broker_file(path: Path, text: str) -> None:
+    """Replace the broker-read ``path`` (the ACL) atomically, keeping its mode and group (new files: 0600)."""
+    access = _broker_access(path)
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+        _give_access(tmp, path, access)
+
+    atomic_write(path, write, mode=None if access else 0o600)
+
+
 def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -> None:
     """Write Mosquitto's password file for ``passwords`` (user -> clear-text password), hashed by ``mosquitto_passwd``.
 
     The clear-text lines go to a private temporary file next to ``path`` that ``mosquitto_passwd -U``
     hashes in place (one process, and no password ever appears on a command line); it then
-    replaces ``path`` atomically. The temporary file is removed whatever happens.
+    replaces ``path`` atomically, with the mode and group ``path`` had (new: 0600), so a broker
+    that reads it through its group still can. The temporary file is removed whatever happens.
 
     Parameters
     ----------
@@ -555,7 +606,8 @@ def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -
     Raises
     ------
     SetupError
-        (exit code 3) If ``mosquitto_passwd`` fails or leaves a line unhashed.
+        (exit code 3) If ``mosquitto_passwd`` fails or leaves a line unhashed; (exit code 2) if
+        the new file cannot be given the old one's group.
     """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".passwd-")  # mode 0600
     try:
@@ -568,6 +620,7 @@ def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -
         hashed = {ln.split(":", 1)[0] for ln in lines if re.match(r"^[^:]+:\$\d+\$", ln)}
         if hashed != set(passwords) or len(lines) != len(passwords):
             raise SetupError(f"{mosquitto_passwd} -U did not hash every password; is it Mosquitto's tool?", exit_code=3)
+        _give_access(Path(tmp), path, _broker_access(path))
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -786,7 +839,7 @@ def generate(
             _write_atomic(outcome.password_file(user), password + "\n", 0o600)
         for user in [*revoke, *sorted(dropped)]:
             outcome.password_file(user).unlink(missing_ok=True)
-        _write_atomic(out / "acl", acl_text(settings, devices), 0o600)
+        _write_broker_file(out / "acl", acl_text(settings, devices))
         _write_atomic(out / "mosquitto.conf", config_text(settings, out), 0o644)
         _grant_broker_access(out, created_out, settings)
         manifest = {"settings": asdict(settings), "clients": devices, "generator": "firmware_scripts/mosquitto_config.py"}

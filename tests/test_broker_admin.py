@@ -97,7 +97,7 @@ def running(out: Path, port: int) -> Iterator[Broker]:
         if not wait_for_port("127.0.0.1", port, 10):
             pytest.fail(f"mosquitto did not listen on {port}; log:\n{log.read_text()}")
         end = time.monotonic() + WAIT_S
-        while not (out / "mosquitto.pid").exists():
+        while not (out / "data" / "mosquitto.pid").exists():
             assert time.monotonic() < end, "mosquitto wrote no PID file"
             time.sleep(0.05)
         yield Broker(out, port, proc, log)
@@ -215,32 +215,33 @@ def _wait_reloads(broker: Broker, n: int) -> None:
 # ------------------------------------------------------------------------------------- reload via the PID file
 @pytest.mark.parametrize("reload", ["pid", "auto"])
 def test_an_added_device_logs_in_after_the_reload_through_the_pid_file(broker, peers, reload):
-    setting = f"pid:{broker.out / 'mosquitto.pid'}" if reload == "pid" else "auto"
+    setting = f"pid:{broker.out / 'data' / 'mosquitto.pid'}" if reload == "pid" else "auto"
     admin = BrokerAdmin(broker.out, reload=setting)
     assert admin.devices() == ["hapt-01", "hapt-02"]
     password = admin.add_device("hapt-03")
     assert password == broker.password("hapt-03") and len(password) >= 32
     assert admin.devices() == ["hapt-01", "hapt-02", "hapt-03"]
     _wait_reloads(broker, 1)
-    login(broker, peers, "hapt-03", password)
+    first = login(broker, peers, "hapt-03", password)
     assert password not in broker.log.read_text()
     with pytest.raises(BrokerAdminError, match=r"'hapt-03' already has an account .* --rotate hapt-03"):
         admin.add_device("hapt-03")
     renewed = admin.add_device("hapt-03", replace=True)
     assert renewed != password
     _wait_reloads(broker, 2)
+    assert first.dropped.wait(WAIT_S), "a session logged in with the replaced password is closed on reload too"
     assert Peer(broker.port, "hapt-03", password).connect().is_failure
     login(broker, peers, "hapt-03", renewed)
 
 
 def test_reload_via_a_stale_pid_file_after_the_broker_stopped(broker):
-    admin = BrokerAdmin(broker.out, reload=f"pid:{broker.out / 'mosquitto.pid'}")
-    pid = int((broker.out / "mosquitto.pid").read_text())
+    admin = BrokerAdmin(broker.out, reload=f"pid:{broker.out / 'data' / 'mosquitto.pid'}")
+    pid = int((broker.out / "data" / "mosquitto.pid").read_text())
     assert pid == broker.proc.pid
     admin.reload_broker()
     _wait_reloads(broker, 1)
     stop_process(broker.proc)
-    (broker.out / "mosquitto.pid").write_text(f"{pid}\n")  # as if the broker had died without removing it
+    (broker.out / "data" / "mosquitto.pid").write_text(f"{pid}\n")  # as if the broker had died without removing it
     with pytest.raises(BrokerAdminError, match=rf"stale PID file .*process {pid} is not running; start the broker \(mosquitto -c "):
         admin.reload_broker()
     with pytest.raises(BrokerReloadFailed, match=r"the account of 'hapt-09' was written, but the broker was not reloaded") as err:
@@ -465,3 +466,58 @@ def test_concurrent_additions_take_turns_on_the_folder(tmp_path):
     assert {n: admin.password(n) for n in names} == passwords
     acl = (out / "acl").read_text()
     assert all(f"user {n}\n" in acl for n in names)
+
+
+# ------------------------------------------------------------------------------------- a broker running as its own account
+def test_replaced_passwd_and_acl_keep_the_group_the_broker_reads_them_through(tmp_path):
+    others = [g for g in os.getgroups() if g != os.getegid()]
+    gid = others[0] if others else (4242 if os.geteuid() == 0 else None)
+    if gid is None:
+        pytest.skip("needs a second group of this account (or root) to hand the files to")
+    out = tmp_path / "broker"
+    generate(out, "--federation", FED, "--clients", "hapt-01")
+    for name in ("passwd", "acl"):
+        os.chown(out / name, -1, gid)
+        os.chmod(out / name, 0o640)
+    admin = BrokerAdmin(out, reload="none")
+    admin.add_device("hapt-02")
+    admin.remove_device("hapt-01")
+    for name in ("passwd", "acl"):
+        st = (out / name).stat()
+        assert (st.st_gid, st.st_mode & 0o777) == (gid, 0o640), name
+    assert "hapt-02:" in (out / "passwd").read_text() and "user hapt-02" in (out / "acl").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Mosquitto switches to its own account only when started as root")
+def test_started_as_root_the_broker_writes_its_pid_file_and_reloads_as_its_own_account():
+    """The Debian service's way: started as root, Mosquitto runs as ``mosquitto`` and writes its PID file as that account."""
+    try:
+        pwd.getpwnam("mosquitto")
+    except KeyError:
+        pytest.skip("no 'mosquitto' account (it comes with Debian's mosquitto package)")
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="fedhar-broker-admin-"))  # pytest's folders are closed to other accounts
+    try:
+        top.chmod(0o755)
+        out, port = top / "broker", free_port()
+        _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
+        r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--federation", FED, "--clients", "hapt-01",
+                            "--port", str(port), "--bind", "127.0.0.1"], capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        with running(out, port) as b:
+            pid_file = out / "data" / "mosquitto.pid"
+            assert pid_file.stat().st_uid == pwd.getpwnam("mosquitto").pw_uid and int(pid_file.read_text()) == b.proc.pid
+            admin = BrokerAdmin(out)
+            password = admin.add_device("hapt-02")
+            _wait_reloads(b, 1)
+            p = Peer(port, "hapt-02", password)
+            assert not p.connect().is_failure, "the broker's account can read the rewritten passwd"
+            p.close()
+            old = b.password("hapt-01")
+            admin.remove_device("hapt-01")
+            _wait_reloads(b, 2)
+            assert str(Peer(port, "hapt-01", old).connect()) == "Not authorized"
+        assert not pid_file.exists(), "Mosquitto removes its PID file when it stops"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

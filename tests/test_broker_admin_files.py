@@ -69,11 +69,11 @@ def test_home_assistant_lets_the_coordinator_announce_and_hear_the_birth_message
 def test_the_configuration_names_the_pid_file_a_reload_uses(tmp_path):
     gen = generator()
     conf = gen.config_text(gen.BrokerSettings(federation="home"), tmp_path).splitlines()
-    assert f"pid_file {tmp_path / 'mosquitto.pid'}" in conf
+    assert f"pid_file {tmp_path / 'data' / 'mosquitto.pid'}" in conf
     fake = tmp_path / "b"
     fake.mkdir()
     (fake / "mosquitto.conf").write_text("\n".join(conf) + "\n")
-    assert BrokerAdmin(fake).pid_file() == tmp_path / "mosquitto.pid"
+    assert BrokerAdmin(fake).pid_file() == tmp_path / "data" / "mosquitto.pid"
 
 
 def test_a_missing_or_foreign_broker_folder_says_how_to_generate_one(tmp_path):
@@ -133,7 +133,7 @@ def test_auto_without_a_running_broker_says_how_to_reload_by_hand(tmp_path):
     with pytest.raises(BrokerAdminError) as err:
         BrokerAdmin(tmp_path).reload_broker()
     text = str(err.value)
-    assert f"PID file {tmp_path / 'mosquitto.pid'} does not exist" in text
+    assert f"PID file {tmp_path / 'data' / 'mosquitto.pid'} does not exist" in text
     assert "Reload it by hand (kill -HUP" in text and f"mosquitto -c {tmp_path / 'mosquitto.conf'}" in text
 
 
@@ -150,7 +150,7 @@ def test_clear_device_topics_refuses_a_wildcard_id():
     from har_models.wire.topics import Topics
 
     with pytest.raises(ValueError, match=r"client id '\+' is invalid"):
-        clear_device_topics(None, Topics("home"), "+")  # type: ignore[arg-type]  # refused before the link is used
+        clear_device_topics(None, Topics("home"), "+")  # refused before the link is used
 
 
 def test_the_generator_module_is_the_checkouts(tmp_path):

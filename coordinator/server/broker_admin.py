@@ -217,7 +217,7 @@ def systemctl_reload(unit: str = SYSTEMD_UNIT) -> None:
     exe = shutil.which("systemctl")
     if exe is None:
         raise BrokerAdminError(
-            "systemctl not found: this machine has no systemd; reload the broker with kill -HUP $(cat <broker folder>/mosquitto.pid) "
+            "systemctl not found: this machine has no systemd; reload the broker with kill -HUP $(cat <broker folder>/data/mosquitto.pid) "
             "or set the broker reload to 'pid:/path/to/mosquitto.pid'"
         )
     cmd = [exe, "reload", unit]
@@ -340,8 +340,8 @@ class BrokerAdmin:
         name : str
             The device's fedhar client id (its user name).
         replace : bool
-            If the device has an account already, give it a new password (the old one stops
-            working at the reload) instead of refusing.
+            If the device has an account already, give it a new password instead of refusing; at
+            the reload Mosquitto closes a session logged in with the old one and refuses it from then on.
 
         Returns
         -------
@@ -431,10 +431,13 @@ class BrokerAdmin:
                 log.info("reloaded mosquitto (SIGHUP to pid %d from %s)", pid, pid_file)
                 return
         if _systemd_running():
-            active = subprocess.run(
-                ["systemctl", "is-active", "--quiet", SYSTEMD_UNIT], timeout=SYSTEMCTL_TIMEOUT_S, stdin=subprocess.DEVNULL
-            )
-            if active.returncode == 0:
+            try:
+                active = subprocess.run(
+                    ["systemctl", "is-active", "--quiet", SYSTEMD_UNIT], timeout=SYSTEMCTL_TIMEOUT_S, stdin=subprocess.DEVNULL
+                ).returncode
+            except subprocess.TimeoutExpired:
+                active = -1
+            if active == 0:
                 systemctl_reload(SYSTEMD_UNIT)
                 log.info("reloaded the broker (systemctl reload %s)", SYSTEMD_UNIT)
                 return
