@@ -32,6 +32,7 @@ from edge_client.sensors.base import SensorSource
 from edge_client.sensors.replay import SensorChunk
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
+from har_io.enrolment import EnrolmentBundle, read_bundle
 from har_io.exit_codes import Exit
 from har_models.data.labels import LabelSet
 from har_models.data.pipeline import SensorPipeline
@@ -58,6 +59,9 @@ BACKOFF_MAX_S = 300.0
 
 PASSWORD_FILE = "credentials/mqtt.password"
 """Where the app keeps the broker password, relative to its private folder (mode 0600, folder 0700)."""
+
+CREDENTIALS_DIR = "credentials"
+"""The app's folder of secrets and certificates, relative to its private folder (mode 0700): the password and an enrolled CA."""
 
 EXIT_BROKER_REFUSED = Exit.BROKER_REFUSED
 EXIT_DUPLICATE_ID = Exit.DUPLICATE_ID
@@ -381,6 +385,31 @@ class DeviceController:
         self._stop_agent()
         self._wake()
 
+    def enrol(self, source: str | Path, ca_file: str | Path | None = None) -> EnrolmentBundle:
+        """Join the federation an enrolment bundle names: every Federation field from the bundle.
+
+        Parameters
+        ----------
+        source : str or Path
+            The bundle's file, or its JSON text (pasted, or scanned from its QR code).
+        ca_file : path, optional
+            The CA certificate for a bundle that names its CA by fingerprint only (a scanned QR
+            code of a large CA); default: the CA already set, if any.
+
+        Returns
+        -------
+        EnrolmentBundle
+            The bundle taken (for the screen: coordinator, federation, client id).
+
+        Raises
+        ------
+        har_io.enrolment.EnrolmentRefused
+            For a refused bundle, its ``reason`` named in the message; nothing is changed then.
+        OSError
+            If the bundle's file cannot be read.
+        """
+        return enrol(self, source, ca_file)
+
     def _wake(self) -> None:
         self._refresh_federation()
         self._wake_event.set()
@@ -691,6 +720,60 @@ def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def enrol(controller: Any, source: str | Path, ca_file: str | Path | None = None) -> EnrolmentBundle:
+    """:meth:`DeviceController.enrol` for any controller with ``cfg`` and ``set_federation`` (the Android UI's too)."""
+    bundle, fields = enrolment_fields(controller.cfg.state_dir, source, ca_file if ca_file is not None else controller.cfg.tls_ca)
+    controller.set_federation(**fields)
+    log.info("enrolled: client %s of federation %s (coordinator %r) at %s", bundle.client_id, bundle.federation,
+             bundle.coordinator, fields["broker"])  # fmt: skip
+    return bundle
+
+
+def enrolment_fields(state_dir: Path, source: str | Path, ca_file: str | Path | None = None) -> tuple[EnrolmentBundle, dict[str, Any]]:
+    """Read an enrolment bundle and give the Federation fields it sets (the keys of :func:`federation_fields`).
+
+    An inline CA certificate is written to ``<state_dir>/credentials/`` (mode 0600); a bundle
+    that names its CA by fingerprint only takes ``ca_file``, which must match it. The user
+    name is the client id; the password goes to the private folder as a typed one does.
+
+    Parameters
+    ----------
+    state_dir : Path
+        The app's private folder.
+    source : str or Path
+        The bundle's file, or its JSON text.
+    ca_file : path, optional
+        The CA certificate of a fingerprint-only bundle.
+
+    Returns
+    -------
+    (EnrolmentBundle, dict)
+        The bundle, and ``client_id``, ``broker``, ``federation``, ``username``, ``password``, ``tls_ca``.
+
+    Raises
+    ------
+    har_io.enrolment.EnrolmentRefused
+        A malformed bundle, one of an unknown version, or a CA that does not match (its reason named).
+    OSError
+        If the file cannot be read or the CA not written.
+    """
+    bundle = read_bundle(source)
+    if bundle.tls_ca_pem is not None:
+        ca_file = None  # the bundle's own CA wins over one set by hand
+    broker = bundle.broker_config(state_dir / CREDENTIALS_DIR, ca_file=ca_file)
+    if (state_dir / CREDENTIALS_DIR).is_dir():
+        os.chmod(state_dir / CREDENTIALS_DIR, 0o700)
+    fields: dict[str, Any] = {
+        "client_id": bundle.client_id,
+        "broker": broker.address,
+        "federation": bundle.federation,
+        "username": bundle.username,
+        "password": bundle.password,
+        "tls_ca": broker.tls_ca or "",
+    }
+    return bundle, fields
+
+
 def store_password(state_dir: Path, password: str) -> Path | None:
     """Keep the broker password in the app's private folder, readable by its owner only.
 
@@ -717,7 +800,6 @@ def store_password(state_dir: Path, password: str) -> Path | None:
     os.chmod(path.parent, 0o700)
     atomic_write_bytes(path, password.encode(), mode=0o600)  # its temporary file is private too (mkstemp: 0600)
     return path
-
 
 
 def parse_broker(host_port: str) -> str:

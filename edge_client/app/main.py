@@ -7,7 +7,8 @@ Three screens:
   at every window hop (64 samples = 1.28 s at 50 Hz).
 * **Federation** — client id, broker address, federation, user name, password (stored in
   the app's private folder, shown only as "stored"), CA certificate and training backend,
-  entered by hand; connection state, current round, last local accuracy, a switch to take
+  entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
+  or on Android its QR code through a scanner app); connection state, current round, last local accuracy, a switch to take
   part and one to train only while charging; and every failure in words (refused login,
   wrong CA, unreachable broker, too few windows, missing backend).
 
@@ -33,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, FederationView, LiveView, default_data_dir
+from edge_client.app.scanner import start_scan
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
+from har_io.enrolment import EnrolmentRefused
 from har_io.exit_codes import Exit
 from har_models.data.labels import LABEL_SETS
 
@@ -281,6 +284,16 @@ def create_app(
             self.app = app
             root = BoxLayout(orientation="vertical", padding=dp(10), spacing=dp(3))
             root.add_widget(title("Federation"))
+            enrol_row = BoxLayout(size_hint_y=None, height=dp(36), spacing=dp(4))
+            self.bundle = TextInput(multiline=False, write_tab=False, font_size="13sp", hint_text="bundle file, or paste its text")
+            enrol_row.add_widget(self.bundle)
+            self.enrol_button = Button(text="Enrol", size_hint_x=None, width=dp(64))
+            self.enrol_button.bind(on_release=lambda *_: self.enrol())
+            enrol_row.add_widget(self.enrol_button)
+            self.scan_button = Button(text="Scan QR", size_hint_x=None, width=dp(76))
+            self.scan_button.bind(on_release=lambda *_: self.scan())
+            enrol_row.add_widget(self.scan_button)
+            root.add_widget(enrol_row)
 
             def field(label: str, **opts: Any) -> TextInput:
                 box = TextInput(multiline=False, write_tab=False, font_size="15sp", **opts)
@@ -351,6 +364,40 @@ def create_app(
             self._input_error = ""
             self.error.text = ""
             self.load(self.app.controller.federation)
+
+        def enrol(self, text: str | None = None) -> None:
+            """Take the bundle typed, pasted or scanned: every field filled from it, or its refusal shown."""
+            source = (self.bundle.text if text is None else text).strip()
+            if not source:
+                self._input_error = "enrol: give the bundle's file (fedhar-coordinator enroll NAME wrote it), or paste its text"
+                self.error.text = self._input_error
+                return
+            try:
+                b = self.app.controller.enrol(source, ca_file=self.tls_ca.text.strip() or None)
+            except EnrolmentRefused as exc:
+                self._input_error = str(exc)
+            except OSError as exc:
+                self._input_error = f"enrol: cannot read the bundle {source}: {exc.strerror or exc}"
+            else:
+                self._input_error = ""
+                self.bundle.text = ""  # it holds the password
+                self.bundle.hint_text = f"enrolled with {b.coordinator}: {b.client_id} in {b.federation}"
+                self.load(self.app.controller.federation)
+            self.error.text = self._input_error
+
+        def scan(self) -> None:
+            """Scan the bundle's QR code with the phone's scanner app; off Android, say why not and keep file and paste."""
+            why = start_scan(on_ui(self._scanned))
+            if why is not None:
+                self._input_error = why
+                self.error.text = why
+
+        def _scanned(self, text: str | None) -> None:
+            if text is None:
+                self._input_error = "QR scan cancelled"
+                self.error.text = self._input_error
+                return
+            self.enrol(text)
 
         def show(self, v: FederationView) -> None:
             state = v.state

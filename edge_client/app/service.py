@@ -34,11 +34,13 @@ from edge_client.app.controller import (
     FederationView,
     LiveView,
     default_data_dir,
+    enrol,
     federation_fields,
     settings_view,
 )
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
+from har_io.enrolment import EnrolmentBundle
 from har_models.data.labels import LABEL_SETS
 from har_models.files import atomic_write_bytes
 
@@ -425,6 +427,10 @@ class RemoteController:
         self.federation = replace(settings_view(self.cfg), **keep)
         self._save()
 
+    def enrol(self, source: str | Path, ca_file: str | Path | None = None) -> EnrolmentBundle:
+        """Join with an enrolment bundle's settings (as :meth:`DeviceController.enrol`; the service restarts its agent)."""
+        return enrol(self, source, ca_file)
+
     def counts(self) -> dict[str, int]:
         """Recorded windows per activity, as last reported."""
         return dict(self._counts)
@@ -436,4 +442,3 @@ class RemoteController:
 
 
 _VIEW_FIELDS = set(FederationView.__dataclass_fields__)
-

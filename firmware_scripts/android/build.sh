@@ -9,10 +9,10 @@ root="$(cd "$here/../.." && pwd)"
 stage="${1:-$root/build/android}"
 python3 "$here/check_build.py" --spec "$here/buildozer.spec" --pyproject "$root/pyproject.toml"
 mkdir -p "$stage"
-rm -rf "$stage/har_models" "$stage/edge_client"
+rm -rf "$stage/har_models" "$stage/har_io" "$stage/edge_client"
 cp "$here/buildozer.spec" "$here/main.py" "$here/service.py" "$stage/"
-# The phone-side packages; the PyTorch-only modules come along but are never imported on the phone.
-cp -r "$root/har_models" "$root/edge_client" "$stage/"
+# The phone-side packages (core, adapters, client); the PyTorch-only modules come along but are never imported on the phone.
+cp -r "$root/har_models" "$root/har_io" "$root/edge_client" "$stage/"
 find "$stage" -name __pycache__ -prune -exec rm -rf {} +
 cd "$stage"
 buildozer android debug

@@ -1,0 +1,60 @@
+"""The app's Enrol on the Federation screen, in a real Kivy window under Xvfb (tests/app_enrol_driver.py drives it).
+
+Skipped when Kivy cannot be imported, unless FEDHAR_REQUIRE_APP=1 (set by .ci/run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from secured_broker import Missing, make_pki
+from test_app import display  # noqa: F401  (the fixture: an Xvfb display)
+
+from har_io.enrolment import EnrolmentBundle
+
+pytestmark = pytest.mark.app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(tmp_path, display):  # noqa: F811
+    if importlib.util.find_spec("kivy") is None:
+        if os.environ.get("FEDHAR_REQUIRE_APP") == "1":
+            pytest.fail("Kivy is not installed (FEDHAR_REQUIRE_APP=1)")
+        pytest.skip("Kivy is not installed (pip install -e '.[app]')")
+    try:
+        ca, _, _, _ = make_pki(tmp_path / "pki")
+    except Missing as exc:
+        pytest.skip(str(exc))
+    secret = "window-secret-77"
+    bundle = EnrolmentBundle("fedhar-home", "home", "phone-anna", secret, "192.168.1.10", 8883, tls_ca_pem=ca.read_text())
+    (tmp_path / "phone-anna.json").write_text(bundle.to_json())
+    out, state = tmp_path / "out", tmp_path / "state"
+    env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / "tests" / "app_enrol_driver.py"), str(out), str(state), str(tmp_path / "phone-anna.json")]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["error"] is None, res["error"]
+    assert r.returncode == 0
+    assert res["bad"]["error"].startswith("enrolment bundle refused (bad_json): not JSON")
+    assert res["bad"]["fields"]["client_id"] == "localhost"  # nothing changed
+    assert res["scan"].startswith("QR scanning needs the Android app and a camera")
+    good = res["good"]
+    assert good["error"] == "" and good["enrolled"] == "enrolled with fedhar-home: phone-anna in home" and good["bundle_text"] == ""
+    assert good["fields"] == {"client_id": "phone-anna", "broker": "192.168.1.10:8883", "federation": "home", "username": "phone-anna",
+                              "tls_ca": str(state / "credentials" / "home.phone-anna.ca.pem"), "password": "",
+                              "password_hint": "stored (hidden)"}  # fmt: skip
+    assert (state / "credentials" / "mqtt.password").read_text() == secret
+    assert (out / "federation-enrolled.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("FEDHAR_KEEP_SHOTS"):
+        import shutil
+
+        shutil.copy(out / "federation-enrolled.png", os.environ["FEDHAR_KEEP_SHOTS"])
+    assert secret not in r.stdout + r.stderr + json.dumps(res)
