@@ -1,8 +1,15 @@
-"""``fedhar-coordinator``: run the coordinator of a federation against a broker (home server)."""
+"""``fedhar-coordinator``: run the coordinator of a federation against a broker (home server).
+
+Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
+``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), and the home server's
+device commands ``enroll``, ``revoke``, ``forget``, ``devices`` and ``versions``
+(:mod:`coordinator.server.devices_cli`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -61,10 +68,24 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     return settings_from(CoordinatorConfig, args, file=file, what=str(args.config) if file else "options", **fields)
 
 
+SUBCOMMANDS = ("run", "serve", "enroll", "revoke", "forget", "devices", "versions")
+"""The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
+
+_DESCRIPTION = (
+    "fedhar coordinator: runs federated rounds over MQTT.\n\n"
+    "fedhar-coordinator [run] OPTIONS     a run of --rounds rounds (the default; the options below)\n"
+    "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
+    "fedhar-coordinator enroll NAME       enrol a device: broker account and an enrolment bundle + QR code\n"
+    "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
+    "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``fedhar-coordinator [run]``."""
     ap = argparse.ArgumentParser(
         prog="fedhar-coordinator",
-        description="fedhar coordinator: runs federated rounds over MQTT",
+        description=_DESCRIPTION,
         epilog=exit_codes.epilog(exit_codes.COORDINATOR),
         formatter_class=HelpFormatter,
     )
@@ -94,13 +115,119 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-coordinator``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
 
+    The first argument may name a subcommand (:data:`SUBCOMMANDS`); without one it is ``run``, so
+    every command line written before the subcommands means what it meant.
+
     0 ok, 2 usage, 3 data, 4 broker refused the login or TLS failed (not retried), 5 federation failed,
     6 run folder unusable, 7 a required module is not installed, 130 SIGINT; systemd does not restart on
     2, 3, 4, 6 or 7.
     """
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in SUBCOMMANDS:
+        cmd, rest = words[0], words[1:]
+        if cmd == "serve":
+            return serve_main(rest)
+        if cmd != "run":
+            from coordinator.server import devices_cli
+
+            return devices_cli.main(cmd, rest)
+        return run_main(rest, argv)
+    return run_main(words, argv)
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    """The parser of ``fedhar-coordinator serve``."""
+    from coordinator.server.settings import default_data_dir
+
+    ap = argparse.ArgumentParser(
+        prog="fedhar-coordinator serve",
+        description="The home server: a federation that never ends.\n\n"
+        "Rounds start when enough enrolled devices are eligible and the [schedule] of the settings file\n"
+        "allows; state, model versions and the device registry live in the data folder and survive a\n"
+        "restart (no --resume). SIGHUP (systemctl reload) re-reads the [server] and [schedule] tables.",
+        epilog=exit_codes.epilog(exit_codes.COORDINATOR),
+        formatter_class=HelpFormatter,
+    )
+    ap.add_argument("--data", type=Path, default=None,
+                    help=f"data folder (default $STATE_DIRECTORY, else {default_data_dir({})})")  # fmt: skip
+    ap.add_argument("--config", type=Path, default=None, metavar="FILE",
+                    help="settings file: the federation's settings at the top level, [server] and [schedule] tables "
+                    "(default <data>/server.toml; a missing file means the defaults)")  # fmt: skip
+    ap.add_argument("--federation", default=None,
+                    help="topic namespace fedhar/v1/<federation> (default: the broker folder's, else 'default')")  # fmt: skip
+    add_logging_arguments(ap)
+    add_broker_arguments(ap)
+    return ap
+
+
+def serve_main(argv: list[str]) -> int:
+    """``fedhar-coordinator serve``; the exit statuses of :func:`main` (130 after SIGINT or SIGTERM)."""
+    from coordinator.server.registry import RegistryDamaged
+    from coordinator.server.serve import Server, install_signals
+    from coordinator.server.settings import default_data_dir
+    from coordinator.service import CoordinatorError, StateError
+    from coordinator.state import StateDamaged
+
+    args = build_serve_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    data = args.data or default_data_dir()
+    federation = args.federation
+    try:
+        broker = broker_from_args(args)
+        from coordinator.server.settings import read_serve_file
+
+        broker_dir = read_serve_file(args.config or data / "server.toml").server.broker_dir
+        if broker_dir and federation is None:
+            from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+            try:
+                federation = BrokerAdmin(Path(broker_dir), reload="none").federation
+            except BrokerAdminError as exc:
+                raise ValueError(f"[server] broker_dir: {exc}") from None
+        if args.username is None:  # the broker folder of [server] broker_dir names the coordinator's account
+            from coordinator.server.devices_cli import DeviceCommandError, coordinator_broker
+
+            if broker_dir:
+                try:
+                    broker = dataclasses.replace(broker, **{k: getattr(coordinator_broker(Path(broker_dir)), k)
+                                                            for k in ("host", "port", "username", "password")})  # fmt: skip
+                except DeviceCommandError as exc:
+                    raise ValueError(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        server = Server(data, broker, federation or "default", config=args.config,
+                        report_header={"command": "fedhar-coordinator serve " + " ".join(argv)})  # fmt: skip
+    except (RegistryDamaged, StateDamaged, StateError) as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.FOLDER_UNUSABLE
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    install_signals(server)
+    try:
+        server.run()
+    except (RegistryDamaged, StateDamaged, StateError) as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.FOLDER_UNUSABLE
+    except BrokerRefused as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.BROKER_REFUSED
+    except CoordinatorError as exc:
+        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
+        return Exit.FEDERATION_FAILED
+    except KeyboardInterrupt:
+        print(f"fedhar-coordinator serve: stopped; everything completed is kept in {data}", file=sys.stderr)
+        return Exit.SIGINT
+    return Exit.OK
+
+
+def run_main(words: list[str], argv: list[str] | None = None) -> int:
+    """``fedhar-coordinator [run]`` with ``words`` (the options); ``argv`` as given to :func:`main`, for the report."""
     # A missing extra (torch, tqdm, ...) is exit 7 with its fix, in the script's entry (har_io.entry).
     from coordinator.service import Coordinator, CoordinatorError, StateError
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(words)
     setup_logging(args.log_level)
     run_id = args.run_id or f"{getattr(args, 'aggregation', strategies.DEFAULT_AGGREGATION)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and args.run_dir is None:

@@ -133,6 +133,7 @@ def _markdown(doc: Mapping[str, Any], recs: Sequence[RoundRecord]) -> str:
             f"{_mb(t and t.bytes_down)} | {r.seconds:.1f} | {_fmt(g and g.accuracy)} | {_fmt(g and g.macro_f1)} | "
             f"{_fmt(p and p.accuracy)} | {_fmt(p and p.macro_f1)} | {_fmt(n and n.accuracy)} | {_fmt(n and n.macro_f1)} |"
         )
+    lines += _device_table(recs)
     if doc.get("final"):
         lines += [
             "",
@@ -148,6 +149,58 @@ def _markdown(doc: Mapping[str, Any], recs: Sequence[RoundRecord]) -> str:
                 f"{_fmt(b['macro_f1']['value'])} ({b['macro_f1']['round']}) |"
             )
     return "\n".join(lines) + "\n"
+
+
+def device_rows(recs: Sequence[RoundRecord]) -> list[dict[str, Any]]:
+    """Each device's participation and own accuracy over the rounds, sorted by client id.
+
+    A device took part in a round when it has personalisation figures there (it sent a valid
+    update); it missed one when the round lists it as missing, with the reason where the record
+    gives one. Keys: ``client``, ``took_part``, ``missed`` (dict reason -> rounds; "missed" when
+    unknown), ``last_round``, ``last_accuracy``, ``last_macro_f1`` (its own model on its own test
+    split in the last round it took part in), ``best_accuracy`` (NaN never wins) and its round.
+    """
+    out: dict[str, dict[str, Any]] = {}
+
+    def row(cid: str) -> dict[str, Any]:
+        return out.setdefault(cid, {"client": cid, "took_part": 0, "missed": {}, "last_round": None, "last_accuracy": None,
+                                    "last_macro_f1": None, "best_accuracy": None, "best_round": None})  # fmt: skip
+
+    for r in recs:
+        for cid, m in r.evaluation.personalisation_clients.items():
+            d = row(cid)
+            d["took_part"] += 1
+            d["last_round"], d["last_accuracy"], d["last_macro_f1"] = r.round, m.accuracy, m.macro_f1
+            if not math.isnan(m.accuracy) and (d["best_accuracy"] is None or m.accuracy > d["best_accuracy"]):
+                d["best_accuracy"], d["best_round"] = m.accuracy, r.round
+        for cid in r.participation.missing:
+            why = r.participation.failures.get(cid, "missed")
+            missed = row(cid)["missed"]
+            missed[why] = missed.get(why, 0) + 1
+    return [out[c] for c in sorted(out)]
+
+
+def _device_table(recs: Sequence[RoundRecord]) -> list[str]:
+    rows = device_rows(recs)
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Devices",
+        "",
+        "Participation over the run's rounds, and each device's own model on its own test split (in %).",
+        "",
+        "| device | took part | missed (why) | last round | last acc | last F1 | best acc (round) |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for d in rows:
+        missed = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in sorted(d["missed"].items())) or "0"
+        best = f"{_fmt(d['best_accuracy'])} ({d['best_round']})" if d["best_accuracy"] is not None else "n/a"
+        lines.append(
+            f"| {d['client']} | {d['took_part']}/{len(recs)} | {missed} | {_fmt(d['last_round'], pct=False)} | "
+            f"{_fmt(d['last_accuracy'])} | {_fmt(d['last_macro_f1'])} | {best} |"
+        )
+    return lines
 
 
 def _plot(path: Path, rounds: Sequence[RoundRecord], title: str) -> None:

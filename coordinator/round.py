@@ -222,11 +222,29 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
+def device_summary(record: RoundRecord) -> str:
+    """Each device's part in a round, for the round's log line: ``a 91.2%, b 88.0%, c missed (offline)``.
+
+    A device that sent an update shows its trained model's accuracy on its own test split
+    (its personalisation figure; "n/a" where it has none), one that was selected and sent no
+    valid update shows why (``offline``, ``missed_deadline`` or a rejection reason; ``missed``
+    alone where the record does not say). Sorted by client id; "" when the record names no device.
+    """
+    per = record.evaluation.personalisation_clients
+    failures = record.participation.failures
+    parts = {cid: f"{cid} {_pct(m.accuracy)}" for cid, m in per.items()}
+    for cid in record.participation.missing:
+        why = failures.get(cid)
+        parts[cid] = f"{cid} missed ({why})" if why else f"{cid} missed"
+    return ", ".join(parts[c] for c in sorted(parts))
+
+
 def summary_line(record: RoundRecord) -> str:
     """The one line a round logs, e.g. ``round 7: 30 selected, 30 updates, 0 rejected, ...``.
 
     "n/a" means the measure was not taken: the global figures need a union test set
     (``--eval-data`` or a simulation), the personalisation figures need client updates.
+    The line ends with each device's part (:func:`device_summary`) when the record names any.
     """
     g, p = record.evaluation.global_, record.evaluation.personalisation
     part, traffic = record.participation, record.traffic or Traffic()
@@ -236,4 +254,4 @@ def summary_line(record: RoundRecord) -> str:
         f"global acc {_pct(g.accuracy if g else None)} F1 {_pct(g.macro_f1 if g else None)}, "
         f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}; "
         f"up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
-    )
+    ) + (f"; devices: {devices}" if (devices := device_summary(record)) else "")

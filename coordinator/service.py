@@ -107,6 +107,18 @@ class Coordinator:
         For a launcher that started the clients itself (``fedhar-simulate``): returns the ids
         of client processes that have exited and, if none is left, the error to stop with.
         Exited clients are not waited for; with none left the run stops at once.
+    refused : callable, optional
+        ``refused(client_id)`` True for a device that must never be heard again (revoked or
+        forgotten on the home server, :class:`coordinator.server.registry.Registry`): its status
+        is ignored and not counted as present, its updates are rejected with reason
+        ``revoked`` (also one already received in an open exchange), it is never selected.
+        Asked at every message, so a revocation made by another process counts at once.
+    selectable : callable, optional
+        ``selectable(client_id, status)`` False for a device the served federation leaves out
+        of the selection (not enrolled, not charging); eligibility is otherwise unchanged.
+    epoch : int
+        The served coordinator's epoch (one per start of ``fedhar-coordinator serve``), carried
+        in every announcement and coordinator status; 0 (``run``) leaves it out of them.
     """
 
     def __init__(
@@ -116,8 +128,15 @@ class Coordinator:
         progress: bool = True,
         report_header: dict[str, Any] | None = None,
         clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
+        refused: Callable[[str], bool] | None = None,
+        selectable: Callable[[str, ClientStatus], bool] | None = None,
+        epoch: int = 0,
     ):
         self.cfg = cfg
+        self._refused = refused
+        self._selectable = selectable
+        self.epoch = epoch
+        self._refused_logged: set[str] = set()
         self.evaluator = evaluator
         self.progress = progress
         self.report_header = dict(report_header or {})
@@ -172,8 +191,12 @@ class Coordinator:
     # ------------------------------------------------------------------------------ helpers
     def _status_bytes(self, state: str) -> bytes:
         return CoordinatorStatus(
-            state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s
+            state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s, epoch=self.epoch
         ).to_bytes()
+
+    def is_refused(self, cid: str) -> bool:
+        """True if ``cid`` is refused (the ``refused`` predicate; always False without one)."""
+        return self._refused is not None and self._refused(cid)
 
     def _refresh_status(self) -> None:
         """Republish the retained "online" status every ``status_refresh_s`` seconds (own thread, until the run stops).
@@ -248,6 +271,18 @@ class Coordinator:
         return True
 
     def _on_status(self, cid: str, payload: bytes, retained: bool = False) -> None:
+        if self.is_refused(cid):
+            # A revoked device's late or retained status must not make it present again.
+            self.clients.pop(cid, None)
+            self.presence.forget(cid)
+            if self._collect is not None and cid in self._collect.selected:
+                self._collect.offline.add(cid)
+            if cid not in self._refused_logged:
+                self._refused_logged.add(cid)
+                log.warning("ignoring the status of revoked device %s (it is not counted as present)", cid[:64])
+            if payload and self._link.connected.is_set():  # a late retained status: nobody else is to see it either
+                self._link.publish_nowait(self.topics.client_status(cid), b"", retain=True)
+            return
         if not payload:
             self.clients.pop(cid, None)
             self.presence.forget(cid)
@@ -272,6 +307,9 @@ class Coordinator:
             log.debug("client %s is %s", cid, st.state)
 
     def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+        if self.is_refused(cid):
+            self._reject(cid, "revoked", "the device was revoked; nothing it sends is counted")
+            return
         if cid in self.presence.conflicts:
             self._reject(cid, "duplicate_identity", "two processes use this client id")
             return
@@ -337,6 +375,8 @@ class Coordinator:
             and st.n_train > 0
             and (not self.label_set or st.label_set == self.label_set)
             and self.presence.fresh(cid)
+            and (self._refused is None or not self._refused(cid))
+            and (self._selectable is None or self._selectable(cid, st))
         )
 
     def _check_clients_alive(self) -> set[str]:
@@ -505,6 +545,7 @@ class Coordinator:
             deadline_unix=deadline,
             stage=stage,
             attempt=self.attempt,
+            epoch=self.epoch,
         )
         c = self._collect = Exchange(
             round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(self.fed)
@@ -520,6 +561,8 @@ class Coordinator:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
             self.receipts.request_missing(c.selected)
             c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
+            if self._refused is not None:
+                c.offline.update(cid for cid in c.selected if cid not in c.offline and self._refused(cid))
             if time.monotonic() >= next_check:
                 c.offline.update(self._check_clients_alive() & c.selected)
                 next_check = time.monotonic() + 0.5
@@ -528,6 +571,8 @@ class Coordinator:
         for _ in range(self._link.inbox.qsize()):
             if not self._pump(0.0):
                 break
+        if self._refused is not None:
+            self._drop_refused(c)
         self._collect = None
         self._open = None
         self.receipts.close()
@@ -539,6 +584,16 @@ class Coordinator:
             kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
+
+    def _drop_refused(self, c: Exchange) -> None:
+        """Take out of exchange ``c`` the updates of devices revoked while it was open (counted as rejected ``revoked``)."""
+        for cid in sorted(c.updates):
+            if self.is_refused(cid):
+                upd = c.updates.pop(cid)
+                c.bytes_up -= upd.size
+                c.offline.add(cid)
+                c.rejected[(cid[:64], "revoked")] += 1
+                log.warning("round %d: the update of %s is not counted: the device was revoked during the round", c.round, cid)
 
     def _run_round(self, round_: int) -> RoundRecord | None:
         """Run round ``round_`` (steps of :mod:`coordinator.round`); its record, or None if it must be run again."""
@@ -661,12 +716,7 @@ class Coordinator:
             If the broker refused the login or TLS failed (not retried; the message says how to fix it).
         """
         t_start = time.monotonic()
-        if not self._link.start(wait_s=30.0):
-            if self._link.fatal is not None:
-                raise self._link.fatal
-            raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
-        self._restored_connects = self._link.connects  # nothing of this run is retained yet
-        threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
+        self._connect()
         try:
             if not self.cfg.resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
                 raise StateError(
@@ -729,6 +779,7 @@ class Coordinator:
                 arch=self.fed.spec.to_dict(),
                 label_set=self.label_set,
                 attempt=self.attempt,
+                epoch=self.epoch,
             )
             self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
             # The run owns its retained model chunks: nobody may train on them once it ended.
@@ -738,9 +789,104 @@ class Coordinator:
         except StateDamaged as exc:  # any read or write of the database, at any point of the run
             raise StateError(str(exc)) from None
         finally:
-            self._stop_refresh.set()
-            self.programs.close()
-            self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
+            self.close()
+
+    def _connect(self) -> None:
+        """Connect to the broker (30 s at most) and start refreshing the coordinator status.
+
+        Raises
+        ------
+        CoordinatorError
+            If the broker cannot be reached within 30 s.
+        har_io.mqtt_link.BrokerRefused
+            If it refused the login or TLS failed.
+        """
+        if not self._link.start(wait_s=30.0):
+            if self._link.fatal is not None:
+                raise self._link.fatal
+            raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
+        self._restored_connects = self._link.connects  # nothing of this run is retained yet
+        threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop refreshing, close the program desk, and leave the broker with the retained status "offline"."""
+        self._stop_refresh.set()
+        self.programs.close()
+        self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
+
+    # ------------------------------------------------------------------------------ served federation
+    # fedhar-coordinator serve (coordinator/server/serve.py) drives the rounds itself, one at a time
+    # when its schedule says so, with the same round machinery as run().
+    def start_served(self) -> int:
+        """Connect and take up the run in ``run_dir`` where it stopped; the last completed round (-1: none).
+
+        A run folder with completed rounds continues from its newest intact round (the models and
+        the strategy's state), as ``run --resume`` does; without any, the earlier runs' retained
+        round, progress and models are cleared from the broker.
+
+        Raises
+        ------
+        StateError
+            If the folder holds another run or no intact round, or its database is damaged.
+        CoordinatorError, har_io.mqtt_link.BrokerRefused
+            As :meth:`_connect`.
+        """
+        self._connect()
+        try:
+            last = self._resume()
+            if last < 0:
+                self._link.publish(self.topics.round, b"", retain=True)
+                self._link.publish(self.topics.progress, b"", retain=True)
+                self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+        return last
+
+    @property
+    def link(self) -> MqttLink:
+        """The coordinator's broker session (for a serving loop that clears a revoked device's retained topics)."""
+        return self._link
+
+    def pump(self, timeout: float) -> bool:
+        """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came (:meth:`_pump`)."""
+        return self._pump(timeout)
+
+    def eligible(self) -> list[str]:
+        """The clients a round started now could select (sorted ids)."""
+        return self._eligible()
+
+    def serve_round(self, round_: int, header: dict[str, Any]) -> RoundRecord | None:
+        """Run round ``round_`` now; on success rewrite the report and publish the progress message.
+
+        Creates the federation first (from the eligible clients' statuses) when there is none yet.
+
+        Returns
+        -------
+        RoundRecord or None
+            None if the round closed without changing the model (it is run again later).
+
+        Raises
+        ------
+        StateError
+            If the run folder's database cannot be read or written.
+        CoordinatorError
+            If the clients' label sets or statistics do not allow a federation.
+        """
+        try:
+            if self.fed is None:
+                self.fed = self._new_federation()
+            self._header = {
+                **self.report_header, **header, "run_id": self.cfg.run_id, "strategy": self.cfg.strategy_label,
+                "seed": self.cfg.seed, "config": self.cfg.to_json(), "label_set": self.label_set,
+            }  # fmt: skip
+            record = self._run_round(round_)
+            if record is None:
+                return None
+            write_report(self.cfg.run_dir, self._header, records(self.state.rounds()))
+            self._publish_progress(record)
+            return record
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
 
     def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Rewrite the report with extra run facts (wall time, peak memory) known only at the end.

@@ -13,6 +13,12 @@ its status is fresh: a coordinator that refreshes its retained status (``refresh
 done so for :data:`~har_models.wire.messages.PRESENCE_PERIODS` periods is gone (it crashed and
 its will never reached the broker); the agent logs that once and shows it in
 :attr:`EdgeAgent.coordinator_presence`.
+A served coordinator (``fedhar-coordinator serve``) counts its starts in an epoch, carried in its
+status and every announcement: a client that sees a higher epoch drops the work of the older one
+(its announcement and an upload still waiting for a receipt) and publishes its status at once, so
+the restarted coordinator counts it present without waiting for the refresh (public report BR-46);
+an announcement of an older epoch is not acted on (epoch 0, a coordinator of ``run`` that does
+not count epochs, is always taken).
 Two processes with one client id are detected through the instance id in the client's own
 retained status, and both stop (exit code :data:`EXIT_DUPLICATE_ID`).
 
@@ -165,6 +171,8 @@ class EdgeAgent:
         self.exit_code = 0
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
         self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
+        self.charging: Callable[[], bool | None] = lambda: None  # on the charger (edge_client.power); None: not reported
+        self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._stopped = threading.Event()
@@ -236,6 +244,7 @@ class EdgeAgent:
             refresh_s=self.cfg.status_refresh_s,
             program_fault=self.trainer.program_fault,
             sensing=self.sensing(),
+            charging=self.charging(),
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:
@@ -352,9 +361,15 @@ class EdgeAgent:
             return
         if topic == self.topics.round:
             try:
-                self.announcement = RoundAnnouncement.from_bytes(payload)
+                ann = RoundAnnouncement.from_bytes(payload)
             except MessageError as exc:
                 log.warning("[%s] ignoring malformed round announcement: %s", cid, exc)
+                return
+            self._note_epoch(ann.epoch)
+            if 0 < ann.epoch < self.epoch:  # epoch 0: a coordinator that does not count epochs (run)
+                log.info("[%s] ignoring round %d of coordinator epoch %d: epoch %d runs now", cid, ann.round, ann.epoch, self.epoch)
+                return
+            self.announcement = ann
             return
         if topic == self.topics.client_status(cid):
             self._on_own_status(payload)
@@ -365,6 +380,9 @@ class EdgeAgent:
             except MessageError as exc:
                 log.warning("[%s] ignoring malformed coordinator status: %s", cid, exc)
                 return
+            self._note_epoch(co.epoch)
+            if 0 < co.epoch < self.epoch:
+                return  # a status of a coordinator epoch that is gone (e.g. its will, delivered late)
             self.coordinator = co
             self._coordinator_until = fresh_until(co.sent_unix, co.refresh_s, retained, time.monotonic(), time.time())
             if self._coordinator_gone_logged and self._coordinator_fresh():
@@ -397,6 +415,30 @@ class EdgeAgent:
             self.models[transfer] = envelope
             while len(self.models) > 2:
                 self.models.popitem(last=False)
+
+    def _note_epoch(self, epoch: int) -> None:
+        """React to a coordinator epoch seen in a status or an announcement (see the module docstring).
+
+        A higher epoch than any seen before means the served coordinator restarted: the open
+        announcement of the older epoch and an upload still waiting for its receipt are dropped
+        (an update stored for the same run, round and stage is sent again when the new epoch
+        announces that round, as after any coordinator restart), and the status is published
+        now instead of at the next refresh. The first epoch seen only sets it.
+        """
+        if epoch <= self.epoch:
+            return
+        old, self.epoch = self.epoch, epoch
+        if old == 0:
+            return
+        cid = self.cfg.client_id
+        ann = self.announcement
+        if ann is not None and ann.epoch < epoch:
+            self.announcement = None
+        if self.delivery.pending is not None:
+            self.delivery.pending = None
+        log.info("[%s] the coordinator restarted (epoch %d -> %d): dropped the work of epoch %d and announced myself again",
+                 cid, old, epoch, old)  # fmt: skip
+        self._set_state(self._state)
 
     def _coordinator_fresh(self) -> bool:
         """False once the coordinator's status is older than its promised refresh periods allow."""

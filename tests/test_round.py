@@ -71,5 +71,5 @@ def test_summary_line_reads_as_documented() -> None:
          "global": {"accuracy": 0.859, "macro_f1": 0.857}, "bytes_up": 773_900_000, "bytes_down": 12_000_000})
     assert summary_line(s) == (
         "round 7: 30 selected, 28 updates, 2 rejected, 2 missed the deadline, 41.2 s; "
-        "global acc 85.9% F1 85.7%, personalisation acc n/a F1 n/a; up 773.9 MB, down 12.0 MB"
+        "global acc 85.9% F1 85.7%, personalisation acc n/a F1 n/a; up 773.9 MB, down 12.0 MB; devices: a missed, b missed"
     )

@@ -171,6 +171,11 @@ class RoundAnnouncement:
     attempt : str
         Changes whenever the coordinator (re)starts; a client that already answered this
         round sends its stored update again instead of retraining.
+    epoch : int
+        The served coordinator's epoch (``fedhar-coordinator serve`` counts one per start,
+        1, 2, ...); a client that sees a higher one drops work of the older and announces
+        itself at once (public report BR-46). 0 (``run``, or a coordinator built before
+        epochs) is left out of the message, so older clients parse it as before.
     """
 
     run_id: str
@@ -185,6 +190,7 @@ class RoundAnnouncement:
     deadline_unix: float = 0.0
     stage: int = 0
     attempt: str = ""
+    epoch: int = 0
 
     def model_for(self, cid: str) -> tuple[str, str]:
         """``(source, transfer)`` of the model ``cid`` must start from: source is "personal" or "global"."""
@@ -199,6 +205,8 @@ class RoundAnnouncement:
         if d["plan"]["update_encoding"] == DEFAULT_UPDATE_ENCODING:
             # Left out when it is the default, so clients built before encodings existed still take the plan.
             del d["plan"]["update_encoding"]
+        if not self.epoch:  # no epoch (fedhar-coordinator run): the message older clients know
+            del d["epoch"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -220,6 +228,8 @@ class RoundAnnouncement:
             raise MessageError(f"round announcement: {exc}") from None
         if ann.state not in ("training", "finished") or not isinstance(ann.round, int) or ann.round < 0:
             raise MessageError(f"round announcement: bad state {ann.state!r} or round {ann.round!r}")
+        if isinstance(ann.epoch, bool) or not isinstance(ann.epoch, int) or ann.epoch < 0:
+            raise MessageError(f"round announcement: epoch must be an integer >= 0, got {ann.epoch!r:.40}")
         if not isinstance(ann.arch, dict) or not isinstance(ann.personal_models, dict):
             raise MessageError("round announcement: 'arch' and 'personal_models' must be objects")
         return ann
@@ -263,6 +273,10 @@ class ClientStatus:
         client's newest window is older than its freshness limit (the OS withheld the
         sensors, e.g. Doze with the screen off), so it has no fresh data; "live" when it has;
         "" when the client does not track it (a replayed dataset, an older client).
+    charging : bool or None
+        Optional (left out of the message when None): whether the device is on its charger
+        (:mod:`edge_client.power`), for a server that schedules rounds only on charging
+        devices; None when the client does not report it (a board on mains, an older client).
     """
 
     client_id: str
@@ -279,6 +293,7 @@ class ClientStatus:
     refresh_s: float = 0.0
     program_fault: str = ""
     sensing: str = ""
+    charging: bool | None = None
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -288,6 +303,8 @@ class ClientStatus:
             del d["program_fault"]  # sent only when there is one: a coordinator of an older release reads the status as before
         if not self.sensing:  # optional: a client that does not track it sends the message it always sent
             del d["sensing"]
+        if self.charging is None:  # optional, as sensing
+            del d["charging"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -325,6 +342,8 @@ class ClientStatus:
             raise MessageError(f"client status: unknown state {st.state!r:.40}")
         if st.sensing not in ("", "live", "paused"):
             raise MessageError(f"client status: sensing must be '', 'live' or 'paused', got {st.sensing!r:.40}")
+        if st.charging is not None and not isinstance(st.charging, bool):
+            raise MessageError(f"client status: charging must be true, false or left out, got {st.charging!r:.40}")
         return st
 
 
@@ -389,6 +408,8 @@ class CoordinatorStatus:
         When the coordinator published this status (s since the epoch, its clock).
     refresh_s : float
         The coordinator republishes its status at least this often (s); 0 = never.
+    epoch : int
+        The served coordinator's epoch, as in :class:`RoundAnnouncement` (left out when 0).
     """
 
     state: str
@@ -396,12 +417,15 @@ class CoordinatorStatus:
     attempt: str = ""
     sent_unix: float = 0.0
     refresh_s: float = 0.0
+    epoch: int = 0
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d["protocol"] = PROTOCOL_VERSION
         if not self.refresh_s:  # the message of a coordinator that does not refresh, as before the fields existed
             del d["sent_unix"], d["refresh_s"]
+        if not self.epoch:  # no epoch: the message older clients know
+            del d["epoch"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -422,6 +446,8 @@ class CoordinatorStatus:
             raise MessageError(f"coordinator status: {exc}") from None
         if st.state not in ("online", "offline") or not isinstance(st.run_id, str) or not isinstance(st.attempt, str):
             raise MessageError(f"coordinator status: bad state {st.state!r:.40} or ids")
+        if isinstance(st.epoch, bool) or not isinstance(st.epoch, int) or st.epoch < 0:
+            raise MessageError(f"coordinator status: epoch must be an integer >= 0, got {st.epoch!r:.40}")
         return st
 
 

@@ -1,0 +1,399 @@
+"""``fedhar-coordinator enroll | revoke | forget | devices | versions``: the home server's devices and model versions.
+
+* ``enroll NAME [--owner PERSON]``: creates the device's broker account and ACL (and reloads the
+  broker) through :mod:`coordinator.server.broker_admin`, records it in the registry, and writes
+  its enrolment bundle (:mod:`har_io.enrolment`) as ``<data>/enrolment/NAME.json`` and its QR code
+  as ``NAME.png`` (both mode 0600); prints the QR code on the terminal and where the files are.
+  The password is in the bundle only, never in a log line or on the terminal as text.
+* ``revoke NAME``: removes the account and ACL and reloads the broker (Mosquitto drops the live
+  session), clears the device's retained status and models, and records it revoked for good: a
+  running ``serve`` refuses everything it sends from then on (the registry is asked at every message).
+* ``forget NAME``: revokes it and deletes what the server holds of it: its personalised models in
+  the run's state, its spilled updates, its enrolment files and its participation rows.
+* ``devices [--json]``: enrolled, online (from the retained statuses on the broker, when it can
+  be reached, else unknown) and revoked devices.
+* ``versions [--json]``: the kept model versions with their figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import socket
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from coordinator.server.registry import Registry, RegistryDamaged
+from coordinator.server.settings import ServeFile, default_data_dir, read_serve_file
+from coordinator.state import StateDamaged
+from har_io.broker_config import BrokerConfig
+from har_io.cli import add_logging_arguments, setup_logging
+from har_io.exit_codes import Exit
+from har_models.wire.topics import check_client_id
+
+log = logging.getLogger("fedhar.devices")
+
+class DeviceCommandError(RuntimeError):
+    """A device command cannot be done as asked; the message names the fix."""
+
+
+def _parser(cmd: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"fedhar-coordinator {cmd}", description=(__doc__ or "").split("\n\n")[0])
+    if cmd in ("enroll", "revoke", "forget"):
+        ap.add_argument("name", help="the device's name: its client id and MQTT user name (letters, digits, '_', '.', '-')")
+    if cmd == "enroll":
+        ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
+    if cmd in ("devices", "versions"):
+        ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--data", type=Path, default=None, help=f"data folder (default $STATE_DIRECTORY, else {default_data_dir({})})")
+    ap.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings file (default <data>/server.toml)")
+    add_logging_arguments(ap, progress=False)
+    return ap
+
+
+def coordinator_broker(broker_dir: Path) -> BrokerConfig:
+    """How a program on the server reaches the broker as the coordinator: the plain listener on
+    loopback with the coordinator's account (its password from the broker folder).
+
+    Raises
+    ------
+    DeviceCommandError
+        If the broker folder or the coordinator's password cannot be read.
+    """
+    from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+    admin = BrokerAdmin(Path(broker_dir), reload="none")
+    try:
+        s = admin.settings()
+        user = str(s.coordinator_user)
+        password = admin.password(user)
+    except BrokerAdminError as exc:
+        raise DeviceCommandError(f"[server] broker_dir: {exc}") from None
+    return BrokerConfig.parse(f"127.0.0.1:{int(s.port)}", username=user, password=password)
+
+
+def _admin(file: ServeFile) -> Any:
+    """The :class:`coordinator.server.broker_admin.BrokerAdmin` of ``[server] broker_dir``.
+
+    Raises
+    ------
+    DeviceCommandError
+        Without ``[server] broker_dir``.
+    """
+    if not file.server.broker_dir:
+        raise DeviceCommandError(
+            "[server] broker_dir is not set: name the folder firmware_scripts/mosquitto_config.py wrote (--out) in server.toml"
+        )
+    from coordinator.server.broker_admin import BrokerAdmin
+
+    return BrokerAdmin(Path(file.server.broker_dir), reload=file.server.broker_reload)
+
+
+def make_bundle(file: ServeFile, name: str, password: str) -> Any:
+    """The :class:`har_io.enrolment.EnrolmentBundle` of device ``name``: the broker's TLS listener (its plain
+    one when it has none) at ``[server] public_host`` (else the generator's, else this host's name), with the CA inline.
+
+    Raises
+    ------
+    DeviceCommandError
+        If the broker folder's settings or its CA certificate cannot be read.
+    har_io.enrolment.EnrolmentRefused
+        If a field is not valid in a bundle.
+    """
+    from har_io.enrolment import EnrolmentBundle
+
+    s = _admin(file).settings()
+    ca_pem = None
+    if s.tls and s.tls_ca:
+        try:
+            ca_pem = Path(str(s.tls_ca)).read_text()
+        except OSError as exc:
+            raise DeviceCommandError(f"the broker's CA certificate {s.tls_ca}: {exc.strerror or exc}") from None
+    host = file.server.public_host or s.public_host or socket.gethostname()
+    port = int(s.tls_port) if s.tls else int(s.port)
+    return EnrolmentBundle(
+        coordinator=file.server.name, federation=str(s.federation), client_id=name, password=password,
+        host=str(host), port=port, tls_ca_pem=ca_pem,
+    )  # fmt: skip
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    from har_models.files import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
+    os.chmod(path, 0o600)
+
+
+def enroll(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Path, Path, str]:
+    """Enrol ``name``: broker account, registry row, bundle JSON and QR PNG (mode 0600).
+
+    Returns ``(json_path, png_path, terminal QR text)``.
+
+    Raises
+    ------
+    ValueError
+        If the name is invalid, enrolled already, or was revoked (a revoked name is not used again).
+    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
+        If the broker cannot be administered.
+    """
+    from coordinator.server.qr import qr_terminal, write_qr_png
+
+    check_client_id(name)
+    reg = Registry(data)
+    try:
+        if reg.is_revoked(name):
+            raise ValueError(f"device {name!r} was revoked; a revoked name is not enrolled again: enrol it under a new name")
+        if reg.is_enrolled(name):
+            raise ValueError(f"device {name!r} is already enrolled (bundle in {data / 'enrolment'}); to replace it, revoke it and "
+                             "enrol the device under a new name")
+        password = _admin(file).add_device(name)
+        bundle = make_bundle(file, name, password)
+        folder = data / "enrolment"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        js = folder / f"{name}.json"
+        _write_private(js, bundle.to_json().encode())
+        png = write_qr_png(bundle, folder / f"{name}.png")
+        os.chmod(png, 0o600)
+        reg.enrol(name, owner)
+        return js, png, qr_terminal(bundle)
+    finally:
+        reg.close()
+
+
+def _clear_retained(file: ServeFile, name: str) -> bool:
+    """Clear ``name``'s retained status and models on the broker (as the coordinator); False if it cannot be reached."""
+    from coordinator.server.broker_admin import clear_device_topics
+    from har_io.mqtt_link import MqttLink
+    from har_models.wire.topics import Topics
+
+    admin = _admin(file)
+    broker = coordinator_broker(admin.broker_dir)
+    link = MqttLink(broker, f"fedhar-admin-{os.getpid()}", subscriptions=[])
+    if not link.start(wait_s=15.0):
+        link.stop()
+        return False
+    try:
+        clear_device_topics(link, Topics(admin.federation), name)
+    finally:
+        link.stop()
+    return True
+
+
+def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], bool] | None:
+    """Read the federation's retained statuses with the broker's read-only monitor account.
+
+    Returns ``({device: state}, serving)`` where ``serving`` is True when the coordinator's status
+    says online and is fresh (a ``serve`` runs); None if the broker cannot be read. The monitor
+    account is used because a second login as the coordinator would disconnect a running one
+    (the generated broker takes user names as client ids).
+    """
+    if not file.server.broker_dir:
+        return None
+    from coordinator.server.broker_admin import BrokerAdminError
+    from har_io.mqtt_link import MqttLink
+    from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, fresh_until
+    from har_models.wire.topics import Topics
+
+    try:
+        admin = _admin(file)
+        user, password = admin.monitor_credentials()
+        s = admin.settings()
+        topics = Topics(admin.federation)
+    except (DeviceCommandError, BrokerAdminError):
+        return None
+    broker = BrokerConfig.parse(f"127.0.0.1:{int(s.port)}", username=user, password=password)
+    link = MqttLink(broker, f"fedhar-admin-{os.getpid()}",
+                    subscriptions=[(topics.client_status("+"), 1), (topics.coordinator_status, 1)])  # fmt: skip
+    out: dict[str, str] = {}
+    serving = False
+    try:
+        if not link.start(wait_s=10.0):
+            return None
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            try:
+                topic, payload, retained = link.inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if not payload:
+                continue
+            try:
+                if topic == topics.coordinator_status:
+                    co = CoordinatorStatus.from_bytes(payload)
+                    until = fresh_until(co.sent_unix, co.refresh_s, retained, time.monotonic(), time.time())
+                    serving = co.state == "online" and (until is None or until > time.monotonic())
+                    continue
+                parsed = topics.parse_client_topic(topic)
+                if parsed is not None:
+                    out[parsed[0]] = ClientStatus.from_bytes(payload).state
+            except MessageError:
+                continue
+    finally:
+        link.stop()
+    return out, serving
+
+
+def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
+    """Revoke ``name`` for good; returns what was done, as lines.
+
+    The registry row goes first: from that moment a running ``serve`` refuses the device, whatever
+    the broker does next. Then the broker account and ACL (and a reload), then the retained topics.
+
+    Raises
+    ------
+    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
+        If the broker cannot be administered (the registry row is written already).
+    """
+    done = []
+    reg = Registry(data)
+    try:
+        reg.revoke(name)
+    finally:
+        reg.close()
+    done.append(f"{name} recorded as revoked in {data / 'server.sqlite'}")
+    admin = _admin(file)
+    if name in admin.devices():
+        admin.remove_device(name)
+        done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
+    else:
+        done.append(f"{name} had no broker account")
+    seen = _retained(file, wait_s=1.0)
+    if seen is not None and seen[1]:
+        done.append(f"the running server clears {name}'s retained status and models (and refuses it from now on)")
+    elif _clear_retained(file, name):
+        done.append(f"{name}'s retained status and models cleared")
+    else:
+        done.append("the broker could not be reached to clear the retained status (a running serve ignores it anyway)")
+    return done
+
+
+def forget(data: Path, file: ServeFile, name: str) -> list[str]:
+    """Revoke ``name`` and delete what the server holds of it; returns what was done, as lines.
+
+    Deleted: its personalised models in every kept round of ``<data>/run/models``, its spilled
+    updates in ``<data>/run/spill``, its enrolment files, and its participation rows (the
+    registry keeps the name alone, so it stays refused).
+    """
+    done = revoke(data, file, name)
+    removed = 0
+    for path in sorted((data / "run" / "models").glob(f"r*/personal/{name}.safetensors")):
+        path.unlink(missing_ok=True)
+        removed += 1
+    for path in sorted((data / "run" / "spill").glob(f"*/{name}.safetensors")):
+        path.unlink(missing_ok=True)
+        removed += 1
+    for ext in ("json", "png"):
+        p = data / "enrolment" / f"{name}.{ext}"
+        if p.exists():
+            p.unlink()
+            removed += 1
+    reg = Registry(data)
+    try:
+        n_rows = len(reg.participation(name))
+        reg.forget(name)
+    finally:
+        reg.close()
+    done.append(f"deleted {removed} file(s) of {name} (personalised models, spilled updates, enrolment) and {n_rows} participation row(s)")
+    return done
+
+
+def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, Any]]:
+    """One row per registered device: name, owner, state, online ("yes"/"no"/"unknown"), rounds taken part in, times."""
+    reg = Registry(data)
+    try:
+        rows = []
+        for d in reg.devices():
+            took = reg.participation(d.name)
+            seen = "unknown" if online is None else ("yes" if online.get(d.name) not in (None, "offline") else "no")
+            rows.append({**asdict(d), "online": seen if d.state == "enrolled" else "no", "rounds": len(took),
+                         "last_round": took[-1].round if took else None})  # fmt: skip
+        return rows
+    finally:
+        reg.close()
+
+
+def online_states(file: ServeFile, wait_s: float = 2.0) -> dict[str, str] | None:
+    """Each device's state from its retained status on the broker (read-only monitor account), or None if unreadable."""
+    seen = _retained(file, wait_s)
+    return None if seen is None else seen[0]
+
+
+def _print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c) if r.get(c) is not None else "-")) for r in rows)) for c in cols} if rows else {}
+    if not rows:
+        print("(none)")
+        return
+    print("  ".join(c.ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r.get(c) if r.get(c) is not None else "-").ljust(widths[c]) for c in cols))
+
+
+def _when(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def main(cmd: str, argv: list[str]) -> int:
+    """``fedhar-coordinator CMD ...`` for CMD in enroll, revoke, forget, devices, versions; returns the exit status.
+
+    0 done; 2 bad options, settings or name (the message says which); 4 the broker refused the
+    administration; 6 a damaged database.
+    """
+    args = _parser(cmd).parse_args(argv)
+    setup_logging(args.log_level)
+    data = args.data or default_data_dir()
+    prog = f"fedhar-coordinator {cmd}"
+    try:
+        file = read_serve_file(args.config or data / "server.toml")
+        if cmd == "enroll":
+            js, png, qr = enroll(data, file, args.name, args.owner)
+            print(qr)
+            print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
+            print(f"  {js}  (fedhar-client --enrolment {js.name})")
+            print(f"  {png}  (the same as a QR code image)")
+            print("Both files hold the device's password: keep them private (mode 0600), delete them once the device has joined.")
+        elif cmd in ("revoke", "forget"):
+            for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
+                print(line)
+        elif cmd == "devices":
+            rows = device_table(data, online_states(file))
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                for r in rows:
+                    r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
+                _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked"])
+        elif cmd == "versions":
+            reg = Registry(data)
+            try:
+                vrows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]
+            finally:
+                reg.close()
+            if args.json:
+                print(json.dumps(vrows, indent=1))
+            else:
+                for r in vrows:
+                    f = r["figures"]
+                    r["created"] = _when(r["created_unix"])
+                    r["pers_f1"] = None if f.get("personalization_macro_f1") is None else f"{100 * f['personalization_macro_f1']:.1f}%"
+                    r["global_f1"] = None if f.get("global_macro_f1") is None else f"{100 * f['global_macro_f1']:.1f}%"
+                    r["updates"] = f.get("updates")
+                _print_table(vrows, ["version", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])
+        else:
+            print(f"{prog}: unknown command", file=sys.stderr)
+            return Exit.USAGE
+    except (RegistryDamaged, StateDamaged) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.FOLDER_UNUSABLE
+    except (ValueError, OSError, DeviceCommandError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    except RuntimeError as exc:  # BrokerAdminError (a RuntimeError): the broker could not be administered
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.BROKER_REFUSED
+    return Exit.OK

@@ -1,0 +1,301 @@
+"""What the federation looks like from the broker: a read-only observer on the monitor account.
+
+The status page must not log in as ``coordinator`` (that would take over the running
+coordinator's session), so it reads the federation through the broker's read-only ``monitor``
+account (``firmware_scripts/mosquitto_config.py`` gives it ``topic read fedhar/v1/<fed>/#``).
+A :class:`Monitor` subscribes to the small retained and control topics only, never to model or
+update chunks::
+
+    {p}/coordinator/status     the coordinator's presence (CoordinatorStatus)
+    {p}/round                  the open round's announcement (RoundAnnouncement)
+    {p}/progress               the record of the last completed round (RoundProgress)
+    {p}/client/+/status        each device's presence (ClientStatus)
+    {p}/client/+/receipt       the coordinator's receipts: who has answered the open round
+
+and keeps the latest of each, with presence freshness by the coordinator's own rules
+(:class:`coordinator.presence.Presence`: a status older than ``PRESENCE_PERIODS`` refresh
+periods counts as offline). Messages are parsed with the wire module's checks; a malformed
+one is counted by kind (:attr:`Monitor.malformed`) and ignored. Everything is behind one lock:
+paho's thread feeds the inbox, the monitor's own thread parses, and the web threads read
+:meth:`Monitor.snapshot`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.presence import Presence
+from har_io.broker_config import BrokerConfig
+from har_io.mqtt_link import MqttLink
+from har_models.wire.messages import (
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    Receipt,
+    RoundAnnouncement,
+    RoundProgress,
+    fresh_until,
+)
+from har_models.wire.topics import Topics, check_client_id
+
+log = logging.getLogger("fedhar.server.monitor")
+
+
+@dataclass(frozen=True)
+class DeviceSeen:
+    """The latest status of one device as the monitor received it.
+
+    Attributes
+    ----------
+    status : ClientStatus
+    received_unix : float
+        When it arrived (s since the epoch, this machine's clock).
+    online : bool
+        Its state is not "offline" and it is fresh (:class:`coordinator.presence.Presence`).
+    last_seen_unix : float
+        When the device last spoke: the time its status carries, or its arrival when it
+        carries none (an older client).
+    """
+
+    status: ClientStatus
+    received_unix: float
+    online: bool
+    last_seen_unix: float
+
+
+@dataclass(frozen=True)
+class MonitorSnapshot:
+    """A consistent copy of everything the monitor knows, taken under its lock.
+
+    Attributes
+    ----------
+    devices : dict client id -> DeviceSeen
+    coordinator : CoordinatorStatus or None
+    coordinator_online : bool
+        Its state is "online" and the status is fresh.
+    progress : RoundProgress or None
+        The retained record of the last completed round.
+    announcement : RoundAnnouncement or None
+        The open round (or the "finished" announcement).
+    answered : frozenset of str
+        Selected clients of the open round that have an accepted receipt for it, or whose
+        status says they sent its update.
+    malformed : dict kind -> int
+        Messages ignored because they did not parse, by kind ("status", "coordinator", "round",
+        "progress", "receipt").
+    connected : bool
+        Whether the monitor's own MQTT session is up.
+    """
+
+    devices: dict[str, DeviceSeen] = field(default_factory=dict)
+    coordinator: CoordinatorStatus | None = None
+    coordinator_online: bool = False
+    progress: RoundProgress | None = None
+    announcement: RoundAnnouncement | None = None
+    answered: frozenset[str] = frozenset()
+    malformed: dict[str, int] = field(default_factory=dict)
+    connected: bool = False
+
+
+class Monitor:
+    """A read-only MQTT observer of one federation (see the module docstring).
+
+    Parameters
+    ----------
+    topics : Topics
+        The federation's topic names.
+    cfg : BrokerConfig, optional
+        The broker and the monitor account's credentials; without it the monitor has no MQTT
+        session and is fed through :meth:`handle` alone (tests, or a caller with its own link).
+    client_name : str
+        MQTT client id of the session (unique on the broker).
+    clock, wall : callables returning float
+        Monotonic and wall-clock time (s); injected by tests that age statuses.
+
+    Notes
+    -----
+    :meth:`handle` is the one entrance of messages; it never raises for a message's content.
+    """
+
+    def __init__(
+        self,
+        topics: Topics,
+        cfg: BrokerConfig | None = None,
+        client_name: str = "fedhar-monitor",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.topics = topics
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._presence = Presence()
+        self._devices: dict[str, tuple[ClientStatus, float]] = {}
+        self._coordinator: CoordinatorStatus | None = None
+        self._coordinator_fresh_until: float | None = None
+        self._progress: RoundProgress | None = None
+        self._announcement: RoundAnnouncement | None = None
+        self._receipts: dict[str, tuple[str, int]] = {}  # client -> (run id, round) of its last accepted receipt
+        self.malformed: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.link: MqttLink | None = None
+        if cfg is not None:
+            self.link = MqttLink(cfg, client_name, subscriptions=[(t, 1) for t in self.subscriptions()])
+
+    def subscriptions(self) -> list[str]:
+        """The topic filters the monitor reads (no model or update chunks)."""
+        p = self.topics.prefix
+        return [self.topics.coordinator_status, self.topics.round, self.topics.progress, f"{p}/client/+/status",
+                f"{p}/client/+/receipt"]  # fmt: skip
+
+    # ------------------------------------------------------------------ session
+    def start(self, wait_s: float | None = 10.0) -> bool:
+        """Connect (paho's thread) and start the thread that parses the inbox; True once connected within ``wait_s``.
+
+        Raises
+        ------
+        RuntimeError
+            If the monitor was built without a BrokerConfig.
+        """
+        if self.link is None:
+            raise RuntimeError("Monitor.start: this monitor has no broker settings; pass cfg=BrokerConfig(...) to read a broker")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._drain, name="fedhar-monitor", daemon=True)
+        self._thread.start()
+        return self.link.start(wait_s)
+
+    def stop(self) -> None:
+        """Disconnect and stop the parsing thread (within about a second)."""
+        self._stop.set()
+        if self.link is not None:
+            self.link.stop()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _drain(self) -> None:
+        assert self.link is not None
+        inbox = self.link.inbox
+        while not self._stop.is_set():
+            try:
+                topic, payload, retained = inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self.handle(topic, payload, retained)
+
+    # ------------------------------------------------------------------ messages
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
+        """Take one message as it arrived (``retained``: delivered on subscribing); never raises for its content."""
+        try:
+            self._handle(topic, bytes(payload), retained)
+        except MessageError as exc:
+            kind = self._kind(topic)
+            with self._lock:
+                self.malformed[kind] += 1
+            log.debug("ignored a malformed %s message on %s: %s", kind, topic, exc)
+        except Exception:  # a bug must not stop the monitor's thread; counted and logged once per message
+            with self._lock:
+                self.malformed["error"] += 1
+            log.exception("monitor: a message on %s could not be handled", topic)
+
+    def _kind(self, topic: str) -> str:
+        t = self.topics
+        if topic == t.coordinator_status:
+            return "coordinator"
+        if topic == t.round:
+            return "round"
+        if topic == t.progress:
+            return "progress"
+        parsed = t.parse_client_topic(topic)
+        return parsed[1] if parsed else "other"
+
+    def _handle(self, topic: str, payload: bytes, retained: bool) -> None:
+        t = self.topics
+        now, now_unix = self._clock(), self._wall()
+        if topic == t.coordinator_status:
+            if not payload:
+                with self._lock:
+                    self._coordinator, self._coordinator_fresh_until = None, None
+                return
+            cs = CoordinatorStatus.from_bytes(payload)
+            with self._lock:
+                self._coordinator = cs
+                self._coordinator_fresh_until = fresh_until(cs.sent_unix, cs.refresh_s, retained, now, now_unix)
+            return
+        if topic == t.round:
+            ann = RoundAnnouncement.from_bytes(payload) if payload else None
+            with self._lock:
+                self._announcement = ann
+            return
+        if topic == t.progress:
+            prog = RoundProgress.from_bytes(payload) if payload else None
+            with self._lock:
+                self._progress = prog
+            return
+        parsed = t.parse_client_topic(topic)
+        if parsed is None:
+            raise MessageError(f"topic {topic!r:.80} is not one the monitor reads")
+        cid, kind = parsed
+        try:
+            check_client_id(cid)
+        except ValueError as exc:
+            raise MessageError(str(exc)) from None
+        if kind == "status":
+            if not payload:  # the retained status was cleared (a revoked or forgotten device)
+                with self._lock:
+                    self._devices.pop(cid, None)
+                    self._presence.forget(cid)
+                    self._receipts.pop(cid, None)
+                return
+            st = ClientStatus.from_bytes(payload)
+            if st.client_id != cid:
+                raise MessageError(f"client status on {cid!r}'s topic names {st.client_id!r:.70}")
+            with self._lock:
+                self._presence.note(st, retained, now, now_unix)
+                self._devices[cid] = (st, now_unix)
+        elif kind == "receipt":
+            r = Receipt.from_bytes(payload)
+            if r.state == "accepted":
+                with self._lock:
+                    self._receipts[cid] = (r.run_id, r.round)
+        else:
+            raise MessageError(f"topic {topic!r:.80} is not one the monitor reads")
+
+    # ------------------------------------------------------------------ reading
+    def snapshot(self) -> MonitorSnapshot:
+        """A consistent copy of the monitor's view now (see :class:`MonitorSnapshot`)."""
+        now = self._clock()
+        with self._lock:
+            devices = {}
+            for cid, (st, got) in self._devices.items():
+                online = st.state != "offline" and self._presence.fresh(cid, now)
+                devices[cid] = DeviceSeen(st, got, online, st.sent_unix or got)
+            cs = self._coordinator
+            c_online = cs is not None and cs.state == "online" and (
+                self._coordinator_fresh_until is None or now < self._coordinator_fresh_until)  # fmt: skip
+            ann = self._announcement
+            answered: set[str] = set()
+            if ann is not None and ann.state == "training":
+                for cid in ann.selected:
+                    if self._receipts.get(cid) == (ann.run_id, ann.round):
+                        answered.add(cid)
+                    elif cid in self._devices:
+                        st = self._devices[cid][0]
+                        if st.run_id == ann.run_id and st.last_round >= ann.round:
+                            answered.add(cid)
+            return MonitorSnapshot(
+                devices=devices,
+                coordinator=cs,
+                coordinator_online=c_online,
+                progress=self._progress,
+                announcement=ann,
+                answered=frozenset(answered),
+                malformed=dict(self.malformed),
+                connected=self.link is not None and self.link.connected.is_set(),
+            )

@@ -1,0 +1,166 @@
+"""When the next round of a served federation may start, and which devices may take part: pure functions.
+
+A round starts when at least ``[schedule] min_clients`` devices are eligible, no sooner than
+``min_round_interval_s`` after the end of the last round, and, with a ``window``, only while the
+local time of day is inside it. Time is UNIX seconds; the local time of day comes from a
+timezone given by the caller (tests inject a fixed-offset zone; ``None`` is the machine's own,
+with its daylight-saving rules).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from coordinator.server.settings import parse_window
+from har_models.wire.messages import ClientStatus
+
+
+def _local(t: float, tz: dt.tzinfo | None) -> dt.datetime:
+    """Local date and time of UNIX time ``t`` (aware when ``tz`` is given, else naive local)."""
+    return dt.datetime.fromtimestamp(t, tz) if tz is not None else dt.datetime.fromtimestamp(t)
+
+
+def _unix(day: dt.date, minutes: int, tz: dt.tzinfo | None) -> float:
+    """UNIX time of local wall time ``minutes`` after midnight of ``day``."""
+    wall = dt.datetime(day.year, day.month, day.day, minutes // 60, minutes % 60, tzinfo=tz)
+    return wall.timestamp()  # naive: the machine's local time (mktime)
+
+
+def minutes_of_day(t: float, tz: dt.tzinfo | None = None) -> float:
+    """Local time of day of UNIX time ``t`` in minutes after midnight (fractional), in [0, 1440)."""
+    d = _local(t, tz)
+    return d.hour * 60 + d.minute + (d.second + d.microsecond / 1e6) / 60
+
+
+def in_window(t: float, window: str | None, tz: dt.tzinfo | None = None) -> bool:
+    """True if UNIX time ``t``'s local time of day is inside ``window`` (``"HH:MM-HH:MM"``, start
+    included, end excluded, may cross midnight); always True without a window.
+
+    Raises
+    ------
+    ValueError
+        For a malformed or empty window (:func:`coordinator.server.settings.parse_window`).
+    """
+    if window is None:
+        return True
+    start, end = parse_window(window)
+    m = minutes_of_day(t, tz)
+    if start < end:
+        return start <= m < end
+    return m >= start or m < end
+
+
+def next_start(
+    now: float,
+    last_end: float | None,
+    min_round_interval_s: float,
+    window: str | None = None,
+    tz: dt.tzinfo | None = None,
+) -> float:
+    """The earliest UNIX time (s) >= ``now`` at which the next round may start.
+
+    That is the later of ``now`` and ``last_end + min_round_interval_s`` (``last_end`` None: no
+    round yet), moved, with a ``window``, to the next opening of the window when it falls outside.
+
+    Parameters
+    ----------
+    now : float
+        UNIX time now (s).
+    last_end : float or None
+        UNIX time (s) the last round ended.
+    min_round_interval_s : float
+        Seconds from a round's end to the next start, at least (>= 0).
+    window : str, optional
+        ``"HH:MM-HH:MM"`` local time; crosses midnight when end < start.
+    tz : tzinfo, optional
+        Timezone of the local time (default: the machine's).
+
+    Raises
+    ------
+    ValueError
+        For a negative interval or a malformed window.
+    """
+    if min_round_interval_s < 0:
+        raise ValueError(f"min_round_interval_s = {min_round_interval_s}: must be >= 0 seconds")
+    t = now if last_end is None else max(now, last_end + min_round_interval_s)
+    if window is None or in_window(t, window, tz):
+        return t
+    start, _ = parse_window(window)
+    day = _local(t, tz).date()
+    opening = _unix(day, start, tz)
+    if opening <= t:  # today's opening has passed (and the window is closed): tomorrow's
+        opening = _unix(day + dt.timedelta(days=1), start, tz)
+    return opening
+
+
+def local_hhmm(t: float, tz: dt.tzinfo | None = None) -> str:
+    """``"HH:MM"`` local time of UNIX time ``t`` (for progress lines)."""
+    return _local(t, tz).strftime("%H:%M")
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """Which devices may take part now, and why the others may not.
+
+    ``eligible``: sorted ids; ``left_out``: id -> reason (``offline``, ``stale``, ``not_enrolled``,
+    ``revoked``, ``no_training_windows``, ``label_set``, ``not_charging``).
+    """
+
+    eligible: tuple[str, ...]
+    left_out: dict[str, str]
+
+
+def eligible_devices(
+    statuses: Mapping[str, ClientStatus],
+    *,
+    fresh: Callable[[str], bool],
+    enrolled: Callable[[str], bool],
+    revoked: Callable[[str], bool],
+    require_charging: bool = False,
+    label_set: str = "",
+) -> Eligibility:
+    """The devices that may be selected for a round, from the last status each sent.
+
+    A device is eligible when its status is not offline and still fresh (``fresh(id)``, the
+    coordinator's presence: a status older than three of its refresh periods is stale), it is
+    enrolled (``enrolled(id)``) and not revoked (``revoked(id)``), it has training windows
+    (``n_train`` > 0), its label set is the federation's (when ``label_set`` is given) and, with
+    ``require_charging``, it does not report that it is off the charger (``charging`` False; a
+    device that does not report it, a board on mains, counts as charging).
+
+    Returns
+    -------
+    Eligibility
+    """
+    ok: list[str] = []
+    out: dict[str, str] = {}
+    for cid in sorted(statuses):
+        st = statuses[cid]
+        if revoked(cid):
+            out[cid] = "revoked"
+        elif not enrolled(cid):
+            out[cid] = "not_enrolled"
+        elif st.state == "offline":
+            out[cid] = "offline"
+        elif not fresh(cid):
+            out[cid] = "stale"
+        elif st.n_train <= 0:
+            out[cid] = "no_training_windows"
+        elif label_set and st.label_set != label_set:
+            out[cid] = "label_set"
+        elif require_charging and getattr(st, "charging", None) is False:
+            out[cid] = "not_charging"
+        else:
+            ok.append(cid)
+    return Eligibility(tuple(ok), out)
+
+
+def waiting_line(n_eligible: int, min_clients: int, start_at: float, now: float, tz: dt.tzinfo | None = None) -> str:
+    """The progress line of a server waiting for its next round, e.g.
+    ``"waiting: 1 of 2 eligible devices (next start not before 14:05 local)"``."""
+    when = "" if start_at <= now else f" (next start not before {local_hhmm(start_at, tz)} local)"
+    if n_eligible >= min_clients:
+        return f"waiting: {n_eligible} eligible devices, {min_clients} needed{when}"
+    return f"waiting: {n_eligible} of {min_clients} eligible devices{when}"

@@ -1,0 +1,459 @@
+"""``fedhar-coordinator serve``: a federation that never ends, in one data folder.
+
+The data folder (default :func:`coordinator.server.settings.default_data_dir`) holds::
+
+    server.toml          settings: the federation's at the top level, [server], [schedule]
+    server.sqlite        the registry (coordinator/server/registry.py)
+    run/                 the run's state, models and report (coordinator/state.py's RunState)
+    versions/            v000001.safetensors ... : each completed round's global model
+    enrolment/           <name>.json and <name>.png of enrolled devices (mode 0600)
+
+Each start records a new epoch in the registry, carried in every announcement and the
+coordinator's status; the run's state survives a restart (no ``--resume``): the next round
+continues from the newest completed one. Rounds start when the schedule allows
+(:mod:`coordinator.server.schedule`); the round itself is :class:`coordinator.service.Coordinator`'s.
+Revoked and forgotten devices are refused everywhere in the coordinator through its ``refused``
+predicate (the registry, asked at every message). SIGHUP re-reads ``server.toml``'s ``[server]``
+and ``[schedule]`` tables and logs what changed; SIGINT and SIGTERM stop the server, leaving its
+status "offline".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import CoordinatorConfig
+from coordinator.record import RoundRecord
+from coordinator.server.registry import Registry, VersionRow
+from coordinator.server.schedule import eligible_devices, next_start, waiting_line
+from coordinator.server.settings import ScheduleSettings, ServeFile, ServerSettings, read_serve_file
+from coordinator.state import RunState, StateDamaged, save_state_file
+from har_io.broker_config import BrokerConfig
+from har_io.cli import settings_from
+from har_models.wire.messages import ClientStatus
+from har_models.wire.topics import check_client_id
+
+log = logging.getLogger("fedhar.serve")
+
+SERVE_ROUNDS = 1_000_000
+"""``rounds`` of a served federation's configuration: it has no last round (progress messages carry it)."""
+CONFIG_NAME = "server.toml"
+RETRY_AFTER_FAILED_S = 300.0
+"""A round that closed without changing the model is tried again after at most this long (or the interval, if shorter)."""
+RETRY_MIN_S = 10.0
+"""... and at least this long, so a round that cannot start (devices of another label set) does not spin."""
+
+
+def version_path(data_dir: Path, version: int) -> Path:
+    """``<data>/versions/v000001.safetensors`` for version 1."""
+    return Path(data_dir) / "versions" / f"v{version:06d}.safetensors"
+
+
+def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, federation: str, run_id: str) -> CoordinatorConfig:
+    """The federation's :class:`CoordinatorConfig` from ``server.toml``'s top-level keys.
+
+    ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
+    the run folder is ``<data>/run``; the run continues where it stopped (``resume``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown key or a bad value (the key is named), or a ``[schedule] min_clients``
+        below the quorum ``min_clients`` (a round started with fewer could not change the model).
+    """
+    fed = dict(file.federation)
+    if "rounds" in fed:
+        log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
+    cfg = settings_from(
+        CoordinatorConfig, None, file=fed, what=f"{CONFIG_NAME} (federation settings)",
+        run_dir=Path(data_dir) / "run", broker=broker, federation=federation, run_id=run_id, rounds=SERVE_ROUNDS, resume=True,
+    )  # fmt: skip
+    if file.schedule.min_clients < cfg.min_clients:
+        raise ValueError(
+            f"{CONFIG_NAME}: [schedule] min_clients = {file.schedule.min_clients} is below the quorum min_clients = "
+            f"{cfg.min_clients}; a round started with fewer devices could not change the model: raise [schedule] min_clients"
+        )
+    return cfg
+
+
+def _changes(old: Any, new: Any, table: str) -> list[str]:
+    return [
+        f"[{table}] {f.name} {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}"
+        for f in dataclasses.fields(old)
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+def _run_id_of(data_dir: Path, name: str) -> str:
+    """The run id kept in ``<data>/run``, or a new one (``<name>-YYYYmmdd-HHMMSS``) for a new data folder."""
+    state = RunState(Path(data_dir) / "run")
+    try:
+        kept = state.get("run_id")
+    finally:
+        state.close()
+    if isinstance(kept, str) and kept:
+        return kept
+    try:
+        base = check_client_id(name)
+    except ValueError:
+        base = "serve"
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class Server:
+    """A served federation in ``data_dir`` (see the module docstring).
+
+    Parameters
+    ----------
+    data_dir : Path
+    config : Path, optional
+        The settings file (default ``<data>/server.toml``; a missing one means all defaults).
+    broker : BrokerConfig
+    federation : str
+        Topic namespace ``fedhar/v1/<federation>``.
+    tz : tzinfo, optional
+        Timezone of the schedule's window (default the machine's).
+    poll_s : float
+        Longest wait for a message while waiting for the next round (s).
+
+    Raises
+    ------
+    ValueError
+        For bad settings (the key named), or a status page bound off loopback without a token.
+    coordinator.server.registry.RegistryDamaged, coordinator.service.StateError
+        For a damaged database.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        broker: BrokerConfig,
+        federation: str = "default",
+        config: Path | None = None,
+        tz: dt.tzinfo | None = None,
+        poll_s: float = 0.5,
+        report_header: dict[str, Any] | None = None,
+    ):
+        from coordinator.service import Coordinator
+
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = Path(config) if config is not None else self.data_dir / CONFIG_NAME
+        self.file = read_serve_file(self.config_path)
+        self.tz = tz
+        self.poll_s = poll_s
+        if self.file.server.http_port:
+            try:
+                from coordinator.server.web import check_bind
+            except ImportError:  # no status page libraries: start_status_page says so
+                pass
+            else:
+                check_bind(self.file.server.http_bind, self.file.server.token)  # refused before anything starts
+        self.registry = Registry(self.data_dir)
+        run_id = _run_id_of(self.data_dir, self.file.server.name)
+        self.cfg = federation_config(self.file, self.data_dir, broker, federation, run_id)
+        self.epoch = self.registry.new_epoch()
+        self.coordinator = Coordinator(
+            self.cfg,
+            progress=False,
+            report_header=dict(report_header or {}),
+            refused=self.registry.is_revoked,
+            selectable=self._selectable,
+            epoch=self.epoch,
+        )
+        self._reload = threading.Event()
+        self._last_end: float | None = None
+        self._retry_at = 0.0
+        self._waiting = ""
+        self._waiting_logged = 0.0
+        self._revoked_seen: set[str] = set()
+        self._monitor: Any = None
+
+    @property
+    def server(self) -> ServerSettings:
+        return self.file.server
+
+    @property
+    def schedule(self) -> ScheduleSettings:
+        return self.file.schedule
+
+    def _selectable(self, cid: str, st: ClientStatus) -> bool:
+        """Enrolled (and not revoked) and, with ``require_charging``, not off its charger."""
+        if not self.registry.is_enrolled(cid):
+            return False
+        return not (self.schedule.require_charging and st.charging is False)
+
+    # ------------------------------------------------------------------------ settings reload
+    def request_reload(self) -> None:
+        """Ask the loop to re-read ``server.toml`` (SIGHUP; safe from a signal handler)."""
+        self._reload.set()
+
+    def reload(self) -> list[str]:
+        """Re-read ``server.toml``: the ``[server]`` and ``[schedule]`` tables take effect at once.
+
+        Returns the changes made, as lines (``[schedule] min_clients 2 -> 3``). A file with a
+        bad key or value is logged and the settings in force are kept. Changed federation
+        settings (the top-level keys) are logged: they take effect at the next start.
+        """
+        try:
+            new = read_serve_file(self.config_path)
+            federation_config(new, self.data_dir, self.cfg.broker, self.cfg.federation, self.cfg.run_id)
+        except (ValueError, OSError) as exc:
+            log.error("reload: %s; the settings in force are kept", exc)
+            return []
+        changes = _changes(self.file.server, new.server, "server") + _changes(self.file.schedule, new.schedule, "schedule")
+        if new.federation != self.file.federation:
+            log.warning("reload: the federation settings in %s changed; they take effect at the next start", self.config_path)
+        keep_fed = self.file.federation
+        self.file = ServeFile(new.server, new.schedule, keep_fed)
+        for line in changes:
+            log.info("reload: %s", line)
+        if not changes:
+            log.info("reload: %s read; [server] and [schedule] unchanged", self.config_path)
+        self._waiting = ""  # log the waiting line again, with the new schedule
+        return changes
+
+    # ------------------------------------------------------------------------ the loop
+    def _newest_version(self) -> VersionRow | None:
+        rows = self.registry.versions()
+        return rows[-1] if rows else None
+
+    def next_start(self, now: float | None = None) -> float:
+        """UNIX time the next round may start, by the schedule (not counting the devices)."""
+        now = time.time() if now is None else now
+        at = next_start(now, self._last_end, self.schedule.min_round_interval_s, self.schedule.window, self.tz)
+        return max(at, self._retry_at)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Serve until ``stop`` is set (or KeyboardInterrupt: SIGINT, SIGTERM through :func:`install_signals`).
+
+        Raises
+        ------
+        coordinator.service.StateError
+            If the run folder cannot be used or its database is damaged.
+        coordinator.server.registry.RegistryDamaged
+            If ``server.sqlite`` is damaged.
+        coordinator.service.CoordinatorError, har_io.mqtt_link.BrokerRefused
+            If the broker cannot be reached in 30 s, or refuses the login.
+        """
+        from coordinator.service import CoordinatorError, StateError
+
+        stop = stop or threading.Event()
+        co = self.coordinator
+        last = co.start_served()
+        self._catch_up_version(last)
+        newest = self._newest_version()
+        if newest is not None:
+            self._last_end = newest.created_unix
+        log.info(
+            "serving federation %r: epoch %d, run %s, %s; data folder %s",
+            self.cfg.federation, self.epoch, self.cfg.run_id,
+            f"continuing after round {last} (model version {newest.version if newest else '-'})" if last >= 0 else "no round yet",
+            self.data_dir,
+        )  # fmt: skip
+        round_ = last + 1
+        self._revoked_seen = set(self.registry.revoked_names())
+        next_revocation_check = 0.0
+        page = None
+        try:
+            try:
+                page = self.start_status_page()
+            except RuntimeError as exc:  # the port is taken: the message names the setting
+                raise CoordinatorError(str(exc)) from None
+            while not stop.is_set():
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload()
+                if co.pump(self.poll_s):
+                    for _ in range(200):  # what else has arrived, without waiting
+                        if not co.pump(0.0):
+                            break
+                if time.monotonic() >= next_revocation_check:
+                    self._clear_new_revocations()
+                    next_revocation_check = time.monotonic() + 2.0
+                now = time.time()
+                eligible = co.eligible()
+                start_at = self.next_start(now)
+                if len(eligible) >= self.schedule.min_clients and now >= start_at:
+                    self._waiting = ""
+                    log.info("round %d: starting with %d eligible devices (%s)", round_, len(eligible), ", ".join(eligible))
+                    self._drop_refused_models()
+                    try:
+                        record = co.serve_round(round_, {"epoch": self.epoch})
+                    except StateError:
+                        raise
+                    except CoordinatorError as exc:  # e.g. devices of different label sets: not worth a restart
+                        log.error("round %d could not start: %s; trying again later", round_, exc)
+                        record = None
+                    if record is None:
+                        wait = min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
+                        self._retry_at = time.time() + wait
+                        continue
+                    self._after_round(record)
+                    self._last_end = time.time()
+                    self._retry_at = 0.0
+                    round_ += 1
+                else:
+                    self._log_waiting(len(eligible), start_at, now)
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+        finally:
+            if page is not None:
+                page.stop()
+                self._monitor.stop()
+            co.close()
+            self.registry.close()
+
+    def _catch_up_version(self, last: int) -> None:
+        """Give round ``last`` its version when a stop came between the round's commit and its version file.
+
+        The run's state commits a round before serve writes its version (a SIGKILL can fall in
+        between); the model taken up is that round's, so it becomes the next version now, with its
+        participation rows from the round's record.
+        """
+        newest = self._newest_version()
+        if last < 0 or (newest is not None and newest.round >= last):
+            return
+        from coordinator.record import records
+
+        done = [r for r in records(self.coordinator.state.rounds()) if r.round == last]
+        if done:
+            log.info("round %d was completed but not kept as a version (the server stopped in between); keeping it now", last)
+            self._after_round(done[0])
+
+    def _clear_new_revocations(self) -> None:
+        """For each device revoked since the last look (``fedhar-coordinator revoke`` runs in another
+        process): clear its retained status and personalised model chunks on the broker, through this
+        server's own session (logging in as the coordinator elsewhere would disconnect this one)."""
+        from coordinator.server.broker_admin import clear_device_topics
+
+        now = self.registry.revoked_names()
+        for cid in sorted(now - self._revoked_seen):
+            self.coordinator.clients.pop(cid, None)
+            self.coordinator.presence.forget(cid)
+            try:
+                cleared = clear_device_topics(self.coordinator.link, self.coordinator.topics, cid, timeout=10.0)
+                log.info("device %s was revoked: its retained status and %d model chunk(s) cleared", cid, len(cleared) - 1)
+            except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+                log.warning("device %s was revoked, but its retained topics were not cleared (%s); they are ignored", cid, exc)
+        self._revoked_seen = set(now)
+
+    def _drop_refused_models(self) -> None:
+        """Forget the personalised models of devices revoked or forgotten since they were made (not saved again)."""
+        fed = self.coordinator.fed
+        if fed is None:
+            return
+        for cid in sorted(fed.personal):
+            if self.registry.is_revoked(cid):
+                del fed.personal[cid]
+                log.info("the personalised model of revoked device %s is dropped", cid)
+
+    def start_status_page(self) -> Any:
+        """Start the status page (coordinator.server.web) in a thread when ``[server] http_port`` is not 0.
+
+        Returns the running page server, or None when there is none (port 0, or the web module or
+        its libraries are not installed: logged). The page reads the federation through its own
+        monitor session: the broker's read-only monitor account when ``[server] broker_dir`` is set,
+        else this server's broker settings under another client id.
+
+        Raises
+        ------
+        RuntimeError
+            If the page does not start (the port is taken).
+        """
+        if self.server.http_port == 0:
+            return None
+        try:
+            from coordinator.server.monitor import Monitor
+            from coordinator.server.web import ServerView, start_status_page
+        except ImportError as exc:
+            log.warning("no status page: %s (install the coordinator extra)", exc)
+            return None
+        from har_models.wire.topics import Topics
+
+        broker = self.cfg.broker
+        if self.server.broker_dir:
+            try:
+                from coordinator.server.broker_admin import BrokerAdmin
+
+                user, password = BrokerAdmin(Path(self.server.broker_dir), reload="none").monitor_credentials()
+                broker = dataclasses.replace(broker, username=user, password=password)
+            except (ImportError, RuntimeError, OSError) as exc:
+                log.warning("status page: the monitor account is not usable (%s); it reads with the coordinator's", exc)
+        monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
+        monitor.start(wait_s=None)
+        view = ServerView(name=self.server.name, run_state=RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
+                          monitor=monitor, next_start=lambda: self.next_start())  # fmt: skip
+        try:
+            page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
+        except BaseException:
+            monitor.stop()
+            raise
+        log.info("status page on http://%s:%d/", self.server.http_bind, page.port)
+        self._monitor = monitor
+        return page
+
+    def _log_waiting(self, n: int, start_at: float, now: float) -> None:
+        """Log the waiting line when it changes, and every 10 minutes while it does not."""
+        line = waiting_line(n, self.schedule.min_clients, start_at, now, self.tz)
+        if line == self._waiting and now - self._waiting_logged < 600:
+            return
+        self._waiting, self._waiting_logged = line, now
+        co = self.coordinator
+        why = eligible_devices(
+            co.clients, fresh=co.presence.fresh, enrolled=self.registry.is_enrolled, revoked=self.registry.is_revoked,
+            require_charging=self.schedule.require_charging, label_set=co.label_set,
+        ).left_out  # fmt: skip
+        extra = "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(why.items())) if why else ""
+        log.info("%s%s", line, extra)
+
+    def _after_round(self, record: RoundRecord) -> None:
+        """Keep the round's global model as the next version, note each device's part, apply the retention."""
+        co = self.coordinator
+        assert co.fed is not None
+        newest = self._newest_version()
+        version = 1 if newest is None else newest.version + 1
+        path = version_path(self.data_dir, version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_state_file(path, co.fed.spec, co.fed.global_state,
+                        extra={"version": str(version), "round": str(record.round), "run_id": self.cfg.run_id})  # fmt: skip
+        ev = record.evaluation
+        figures: dict[str, Any] = {
+            "round": record.round,
+            "updates": record.participation.updates,
+            "selected": record.participation.selected,
+            "personalization_accuracy": ev.personalisation.accuracy if ev.personalisation else None,
+            "personalization_macro_f1": ev.personalisation.macro_f1 if ev.personalisation else None,
+            "global_accuracy": ev.global_.accuracy if ev.global_ else None,
+            "global_macro_f1": ev.global_.macro_f1 if ev.global_ else None,
+            "epoch": self.epoch,
+        }
+        figures = {k: (None if isinstance(v, float) and v != v else v) for k, v in figures.items()}  # NaN is not JSON
+        self.registry.add_version(version, record.round, co.fed.spec.version, path, figures)
+        for cid, m in sorted(ev.personalisation_clients.items()):
+            self.registry.note_participation(record.round, cid, m.accuracy, m.macro_f1)
+        log.info("round %d: model version %d kept in %s", record.round, version, path)
+        rows = self.registry.versions()
+        for old in rows[: max(0, len(rows) - self.server.keep_versions)]:
+            old.path.unlink(missing_ok=True)
+            self.registry.delete_version(old.version)
+
+
+def install_signals(server: Server) -> None:
+    """SIGHUP re-reads the settings (:meth:`Server.reload` from the loop); SIGTERM stops like SIGINT."""
+
+    def on_hup(signum: int, frame: object) -> None:
+        server.request_reload()
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGTERM, on_term)
