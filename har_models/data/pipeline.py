@@ -8,6 +8,8 @@ time, and :class:`~har_models.data.windowing.Windower` cuts the labelled windows
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from har_models.data.labels import LabelSet
@@ -46,6 +48,7 @@ class SensorPipeline:
         confirm_samples: int = CONFIRM_SAMPLES,
     ):
         self.labels = labels
+        self.reorder_ns = int(reorder_ns)
         self._track = label_track or LabelTrack(np.empty(0, np.int64), np.empty(0, np.int64))
         self._resampler = Resampler(period_ns, max_gap_ns, reorder_ns, jump_ns, confirm_samples)
         self._windower = Windower(window, step, period_ns)
@@ -54,6 +57,11 @@ class SensorPipeline:
     def stats(self) -> ResampleStats:
         """What the resampler accepted, dropped and skipped so far."""
         return self._resampler.stats
+
+    def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
+        """Call ``observer(sensor, t_ns (k,) int64)`` with every sample the resampler accepts (:meth:`Resampler.watch_accepted
+        <har_models.data.resample.Resampler.watch_accepted>`); None removes it. The windows do not change."""
+        self._resampler.watch_accepted(observer)
 
     def set_label(self, t_ns: int, label: int) -> None:
         """From time ``t_ns`` on, samples carry ``label`` (-1: unlabelled).

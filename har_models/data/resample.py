@@ -580,6 +580,7 @@ class _StreamBuffer:
         self._decimator: AntiAliasDecimator | None = None
         self.released_t = np.empty(0, np.int64)  # what the grid interpolates from: time-sorted, unique
         self.released_v = np.empty((0, 3), np.float64)
+        self.on_accepted: Callable[[str, np.ndarray], None] | None = None  # observer of accepted stamps (Resampler.watch_accepted)
 
     def push(self, t: np.ndarray, v: np.ndarray, stats: ResampleStats) -> None:
         """Route samples (arrival order) to the stream's clock or to suspect groups (module rule "Clock jumps")."""
@@ -706,6 +707,8 @@ class _StreamBuffer:
                 t, v = t[first], v[first]
                 if t.size:
                     self.last_raw = int(t[-1])
+                    if self.on_accepted is not None:
+                        self.on_accepted(self.name, t)
         self._condition(t, v, final)
 
     def _condition(self, t: np.ndarray, v: np.ndarray, final: bool) -> None:
@@ -811,6 +814,16 @@ class Resampler:
         }
         self._next_grid: int | None = None  # next grid time to consider
         self._closed = False
+
+    def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
+        """Call ``observer(sensor, t_ns)`` with the stamps of every sample counted in ``stats.accepted``.
+
+        ``t_ns`` (k,) int64 increases within and across calls for one sensor (samples are
+        accepted in time order once their stream is ``reorder_ns`` past them). Observation
+        only: the output does not change. None removes the observer.
+        """
+        for buf in self._streams.values():
+            buf.on_accepted = observer
 
     @property
     def factors(self) -> dict[str, int | None]:
