@@ -217,8 +217,8 @@ def test_a_paced_replay_reports_what_the_pipeline_received() -> None:
 def test_ingest_with_a_replay_feeds_the_meter(tmp_path, monkeypatch) -> None:
     """fedhar-client --replay-speed: ingest_source replays through a watched pipeline (same windows as before)."""
     from edge_client import sources
-    from edge_client.store import ClientStore
     from edge_client.sensors.replay import replay_windows
+    from edge_client.store import ClientStore
     from har_models.data.splits import SplitSpec
     from har_models.data.subjects import SubjectSource
 
@@ -237,5 +237,72 @@ def test_ingest_with_a_replay_feeds_the_meter(tmp_path, monkeypatch) -> None:
         ends = expected.t_start_ns + 128 * P
         assert int(ends.max()) == T0 + 2944 * P
         assert h.window_age_s == pytest.approx((3000 - 2944) * 0.02, abs=1e-9) == 1.12
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------- the client fills them
+class LiveStandIn:
+    """A live sensor source as the app's controller sees it, stamping on a clock the test moves (``clock_ns``)."""
+
+    name = "stand-in"
+    running = False
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock_ns = clock
+
+    def start(self, on_chunk, on_end=None) -> None:
+        self.running = True
+
+    def stop(self) -> None:
+        self.running = False
+
+
+def test_the_apps_status_carries_backend_arch_version_and_health(tmp_path) -> None:
+    from edge_client.app.controller import AppConfig, DeviceController
+    from har_models.data.windowing import WindowSet
+    from har_models.nn.arch import ArchSpec
+
+    clock = Clock(T0)
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="phone-1", broker="127.0.0.1:9", backend="numpy")  # nobody listens
+    ctl = DeviceController(cfg, LiveStandIn(clock), charging=lambda: False, supervise_s=60)
+    try:
+        ctl.start_sensing()
+        t = T0 + P * np.arange(4500)  # 90 s at 50 Hz on both streams
+        for a in range(0, t.size, 100):
+            for sensor in ("acc", "gyro"):
+                ctl._on_chunk((sensor, t[a : a + 100], np.ones((t[a : a + 100].size, 3))))
+        clock.now = int(t[-1])
+        rng = np.random.default_rng(0)  # recorded windows, so the agent has data to take part with
+        ctl.window_log.append(WindowSet(rng.normal(size=(40, 6, 128)).astype(np.float32), np.arange(40) % 6, HAPT_LABELS))
+        ctl._start_agent()
+        assert ctl._agent is not None
+        st = ClientStatus.from_bytes(ctl._agent._status_bytes())
+        assert (st.backend, st.arch_version) == ("numpy", None)  # no round yet: no local model
+        assert st.sensing_health == SensingHealth(acc_hz=50.0, gyro_hz=50.0, window_age_s=0.38, gaps_1h=0, late=0)
+        spec = ArchSpec(n_classes=6, conv_filters=8, dense_units=16, version=4)
+        ctl.store.save_local_model(spec.to_json(), {k: np.zeros(v, np.float32) for k, v in spec.shapes().items()})
+        ctl._agent.trainer.program_fault = "pte_corrupt"  # programs refused: the rounds train on the fallback
+        st = ClientStatus.from_bytes(ctl._agent._status_bytes())
+        assert (st.backend, st.arch_version) == ("numpy", 4)
+        clock.now = int(t[-1]) + 300 * S  # Doze: nothing for 300 s
+        h = ClientStatus.from_bytes(ctl._agent._status_bytes()).sensing_health
+        assert h is not None and (h.acc_hz, h.gyro_hz, h.gaps_1h) == (0.0, 0.0, 1) and h.window_age_s == pytest.approx(300.38)
+    finally:
+        ctl.close()
+
+
+def test_the_trainer_names_the_fallback_while_programs_are_refused(tmp_path) -> None:
+    from edge_client.store import ClientStore
+    from edge_client.trainer import FALLBACK_BACKEND, ClientTrainer
+
+    store = ClientStore(tmp_path, HAPT_LABELS)
+    try:
+        tr = ClientTrainer(store, "phone-1", "executorch")
+        assert tr.backend_in_use == "executorch" and tr.arch_version is None
+        tr.program_fault = "pte_incompatible"
+        assert tr.backend_in_use == FALLBACK_BACKEND == "numpy"
+        (tmp_path / "local_model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")  # no architecture in it
+        assert tr.arch_version is None
     finally:
         store.close()
