@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,3 +308,31 @@ def test_the_trainer_names_the_fallback_while_programs_are_refused(tmp_path) -> 
         assert tr.arch_version is None
     finally:
         store.close()
+
+
+def test_fedhar_client_with_a_paced_replay_reports_its_pipelines_health(tmp_path, monkeypatch) -> None:
+    """fedhar-client --replay-speed: the status carries what the replay's pipeline received; a second start that
+    ingests nothing (the store has the source) runs no pipeline and leaves the health out."""
+    from edge_client import cli
+    from edge_client.agent import EdgeAgent
+
+    hapt = Path(__file__).resolve().parents[1] / "datasets" / "hapt" / "user05.npz"
+    seen: list[ClientStatus] = []
+
+    def run(self: EdgeAgent, stop: threading.Event, max_seconds: float | None = None) -> int:
+        seen.append(ClientStatus.from_bytes(self._status_bytes()))  # the status it would publish on connecting
+        return 0
+
+    monkeypatch.setattr(EdgeAgent, "run", run)
+    argv = ["--client-id", "hapt-05", "--source", f"hapt:{hapt}", "--state-dir", str(tmp_path), "--broker", "127.0.0.1:9",
+            "--backend", "numpy"]  # fmt: skip
+    first = cli.prepare([*argv, "--replay-speed", "4000"])
+    assert not isinstance(first, int) and first.health is not None
+    assert cli.serve(first, threading.Event()) == 0
+    h = seen[-1].sensing_health
+    assert h is not None and seen[-1].backend == "numpy" and seen[-1].arch_version is None
+    assert (h.acc_hz, h.gyro_hz, h.late) == (50.0, 50.0, 0)  # HAPT's streams are 50 Hz, one sample every 20 ms
+    again = cli.prepare([*argv, "--replay-speed", "4000"])
+    assert not isinstance(again, int)
+    assert cli.serve(again, threading.Event()) == 0
+    assert seen[-1].sensing_health is None
