@@ -281,6 +281,9 @@ def test_the_apps_status_carries_backend_arch_version_and_health(tmp_path) -> No
         assert ctl._agent is not None
         st = ClientStatus.from_bytes(ctl._agent._status_bytes())
         assert (st.backend, st.arch_version) == ("numpy", None)  # no round yet: no local model
+        for on in (False, True):  # the charger as the federation supervisor last read it
+            ctl.federation.charging = on
+            assert ClientStatus.from_bytes(ctl._agent._status_bytes()).charging is on
         assert st.sensing_health == SensingHealth(acc_hz=50.0, gyro_hz=50.0, window_age_s=0.38, gaps_1h=0, late=0)
         spec = ArchSpec(n_classes=6, conv_filters=8, dense_units=16, version=4)
         ctl.store.save_local_model(spec.to_json(), {k: np.zeros(v, np.float32) for k, v in spec.shapes().items()})

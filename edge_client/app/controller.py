@@ -486,6 +486,7 @@ class DeviceController:
         if self.freshness is not None:
             agent.sensing = self.freshness.state
         agent.sensing_health = self.health.snapshot
+        agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
         if self._failures:
             with self._fed_lock:
