@@ -57,6 +57,7 @@ from har_models.wire.messages import (
     MessageError,
     Receipt,
     RoundAnnouncement,
+    SensingHealth,
     fresh_until,
     offline_status,
 )
@@ -172,6 +173,7 @@ class EdgeAgent:
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
         self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
         self.charging: Callable[[], bool | None] = lambda: None  # on the charger (edge_client.power); None: not reported
+        self.sensing_health: Callable[[], SensingHealth | None] = lambda: None  # a SensingHealthMeter's snapshot; None: no pipeline here
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
@@ -245,6 +247,9 @@ class EdgeAgent:
             program_fault=self.trainer.program_fault,
             sensing=self.sensing(),
             charging=self.charging(),
+            backend=self.trainer.backend_in_use,
+            arch_version=self.trainer.arch_version,
+            sensing_health=self.sensing_health(),
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

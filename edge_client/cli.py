@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.backends.factory import choose_backend
+from edge_client.freshness import SensingHealthMeter
 from edge_client.programs import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
@@ -181,6 +182,7 @@ class PreparedClient:
     cfg: ClientConfig
     store: ClientStore
     args: argparse.Namespace
+    health: SensingHealthMeter | None = None  # what a paced replay's pipeline received (--replay-speed)
 
 
 def prepare(argv: list[str] | None) -> PreparedClient | int:
@@ -243,11 +245,13 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     except (ValueError, OSError) as exc:
         print(f"fedhar-client: cannot open the state folder: {exc}", file=sys.stderr)
         return Exit.DATA
+    health: SensingHealthMeter | None = None
     try:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
             n_train, n_test = sync_to_store(WindowLog(args.state_dir / RECORDED_LOG, labels), store, split_seed=args.split_seed)
         else:
-            n_train, n_test = ingest_source(store, source, speed=args.replay_speed)
+            health = SensingHealthMeter() if args.replay_speed is not None else None
+            n_train, n_test = ingest_source(store, source, speed=args.replay_speed, health=health)
     except (ValueError, OSError) as exc:
         store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
@@ -261,7 +265,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             file=sys.stderr,
         )
         return Exit.DATA
-    return PreparedClient(cfg, store, args)
+    return PreparedClient(cfg, store, args, health)
 
 
 def serve(
@@ -280,6 +284,8 @@ def serve(
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
             print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
             return Exit.USAGE
+        if client.health is not None:
+            agent.sensing_health = client.health.snapshot
         return agent.run(stop, max_seconds=client.args.max_seconds)
     finally:
         client.store.close()

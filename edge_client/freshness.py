@@ -1,22 +1,32 @@
-"""Whether a live sensor source still delivers: the newest window against a freshness limit.
+"""Whether a sensor source still delivers, and how well: freshness and sensing health.
 
 With the screen off, Doze or a vendor ROM can withhold sensor events while the app keeps its
 MQTT session ("online", collecting nothing); the events may come back later as a burst from
 the hardware FIFO, stamped in the past. :class:`SensingFreshness` watches the windows a live
 pipeline emits and says "paused" when the newest one ends more than ``limit_s`` before the
 sensor clock's now, so the client's status says so and its windows are not counted as fresh.
+
+:class:`SensingHealthMeter` measures what a :class:`~har_models.data.pipeline.SensorPipeline`
+received, for the status page (:class:`~har_models.wire.messages.SensingHealth`): the delivered
+rate of each stream over the last minute, the newest window's age, the gaps of the last hour and
+the samples dropped as late. Everything is on the sensor clock, i.e. the samples' own stamps: a
+replay at ten times real time still delivers 50 Hz of recording time, and a replay that skips
+samples delivers less.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from har_models.data.resample import PERIOD_50HZ_NS
+from har_models.data.pipeline import SensorPipeline
+from har_models.data.resample import PERIOD_50HZ_NS, ResampleStats
 from har_models.data.windowing import WINDOW, WindowSet
+from har_models.wire.messages import SensingHealth
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +103,156 @@ class SensingFreshness:
                 log.info("sensing live again")
             self._was = st
         return st
+
+
+RATE_SPAN_S = 60.0
+"""The delivered sample rate is measured over this much of the sensor clock (s)."""
+
+GAP_SPAN_S = 3600.0
+"""Gaps are counted over this much of the sensor clock (s)."""
+
+
+class SensingHealthMeter:
+    """Measure the sensing health of one sensor pipeline (thread-safe: fed by the sensor thread, read by any).
+
+    Definitions, each on the sensor clock (ns stamps of the samples):
+
+    * *now*: ``clock_ns()`` when a clock is given (a live source: a silent sensor then shows
+      as a falling rate, an old window and a gap still going on); without one (a replay, a
+      dataset) the newest accepted sample of either stream.
+    * *rate* of a stream: the samples the resampler accepted (``ResampleStats.accepted``: not
+      late, not duplicated, finite) with a stamp in ``(start, end]``, divided by
+      ``end - start`` in seconds, where ``end`` is now (minus the pipeline's ``reorder_ns``
+      with a clock, since a sample is accepted only once its stream is that far past it) and
+      ``start = max(end - rate_span_s, the stream's first accepted stamp)``. A stream of one
+      sample every 20 ms gives exactly 50.0 Hz. None before the stream has two samples.
+    * *window age*: now minus the end of the newest window noted (start + ``window_ns``), s,
+      at least 0; None before the first window.
+    * *gaps*: silences longer than ``window_ns`` (no window can span them) between two
+      accepted samples of either stream, or from a stream's newest sample to now; silences
+      of the two streams that overlap count once. Counted when they end within the last
+      ``gap_span_s`` (one still going on always counts).
+    * *late*: ``ResampleStats.late_dropped`` of the watched pipeline.
+
+    Parameters
+    ----------
+    clock_ns : callable returning int, optional
+        The sensor clock's now (ns), on the clock the samples are stamped with.
+    window_ns : int
+        One window (128 samples at 50 Hz = 2.56 s), ns.
+    rate_span_s, gap_span_s : float
+        Spans of the rate (60 s) and of the gap count (3600 s), seconds (> 0).
+
+    Raises
+    ------
+    ValueError
+        If a span is not a positive finite number or ``window_ns`` <= 0.
+    """
+
+    def __init__(
+        self,
+        clock_ns: Callable[[], int] | None = None,
+        window_ns: int = WINDOW * PERIOD_50HZ_NS,
+        rate_span_s: float = RATE_SPAN_S,
+        gap_span_s: float = GAP_SPAN_S,
+    ) -> None:
+        for name, v in (("rate_span_s", rate_span_s), ("gap_span_s", gap_span_s)):
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"SensingHealthMeter: {name} must be > 0 seconds, got {v!r}")
+        if window_ns <= 0:
+            raise ValueError(f"SensingHealthMeter: window_ns must be > 0, got {window_ns!r}")
+        self._clock_ns = clock_ns
+        self.window_ns = int(window_ns)
+        self.rate_span_ns = round(float(rate_span_s) * 1e9)
+        self.gap_span_ns = round(float(gap_span_s) * 1e9)
+        self._lock = threading.Lock()
+        self._stats: ResampleStats | None = None
+        self._reorder_ns = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._recent: dict[str, list[np.ndarray]] = {"acc": [], "gyro": []}  # accepted stamps of the last spans, in order
+        self._first: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+        self._gaps: dict[str, list[tuple[int, int]]] = {"acc": [], "gyro": []}  # (last sample before, first after), ns
+        self._newest_end_ns: int | None = None
+
+    def watch(self, pipeline: SensorPipeline) -> None:
+        """Measure ``pipeline`` from now on: a new sensing session, the figures of an earlier one are dropped."""
+        with self._lock:
+            self._reset()
+            self._stats = pipeline.stats
+            self._reorder_ns = pipeline.reorder_ns
+        pipeline.watch_accepted(self._on_accepted)
+
+    def _on_accepted(self, sensor: str, t: np.ndarray) -> None:
+        if sensor not in self._recent or t.size == 0:
+            return
+        t = np.asarray(t, np.int64)
+        with self._lock:
+            prev = self._last.get(sensor)
+            if prev is None:
+                self._first[sensor] = int(t[0])
+                seq = t
+            else:
+                seq = np.concatenate([np.array([prev], np.int64), t])
+            big = np.flatnonzero(np.diff(seq) > self.window_ns)
+            self._gaps[sensor].extend(zip(seq[big].tolist(), seq[big + 1].tolist(), strict=True))
+            self._last[sensor] = newest = int(t[-1])
+            chunks = self._recent[sensor]
+            chunks.append(t.copy())
+            keep_after = newest - 2 * self.rate_span_ns  # a margin: the clock's end may lag the newest stamp
+            while chunks and int(chunks[0][-1]) < keep_after:
+                chunks.pop(0)
+            gaps = self._gaps[sensor]
+            while gaps and gaps[0][1] < newest - 2 * self.gap_span_ns:
+                gaps.pop(0)
+
+    def note(self, ws: WindowSet) -> None:
+        """Record the windows the pipeline emitted (any order)."""
+        if len(ws) and ws.t_start_ns is not None:
+            end = int(ws.t_start_ns.max()) + self.window_ns
+            with self._lock:
+                self._newest_end_ns = end if self._newest_end_ns is None else max(self._newest_end_ns, end)
+
+    def snapshot(self) -> SensingHealth | None:
+        """The figures now (see the class docstring); None when no pipeline is watched."""
+        with self._lock:
+            if self._stats is None:
+                return None
+            late = int(self._stats.late_dropped)
+            if not self._last:
+                return SensingHealth(late=late)
+            if self._clock_ns is not None:
+                now = int(self._clock_ns())
+                end = now - self._reorder_ns
+            else:
+                now = end = max(self._last.values())
+            rates = {s: self._rate(s, end) for s in ("acc", "gyro")}
+            age = None
+            if self._newest_end_ns is not None:
+                age = round(max(0.0, (now - self._newest_end_ns) / 1e9), 3)
+            return SensingHealth(acc_hz=rates["acc"], gyro_hz=rates["gyro"], window_age_s=age, gaps_1h=self._gap_count(now), late=late)
+
+    def _rate(self, sensor: str, end: int) -> float | None:
+        if sensor not in self._first:
+            return None
+        start = max(end - self.rate_span_ns, self._first[sensor])
+        if end <= start:
+            return None
+        n = 0
+        for c in self._recent[sensor]:
+            n += int(np.searchsorted(c, end, side="right") - np.searchsorted(c, start, side="right"))
+        return round(n / ((end - start) / 1e9), 3)
+
+    def _gap_count(self, now: int) -> int:
+        spans = [g for s in ("acc", "gyro") for g in self._gaps[s]]
+        spans += [(last, now) for last in self._last.values() if now - last > self.window_ns]  # a silence going on
+        spans.sort()
+        merged: list[list[int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return sum(1 for _, b in merged if b > now - self.gap_span_ns)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 
-from edge_client.sensors.replay import replay_windows
+from edge_client.freshness import SensingHealthMeter
+from edge_client.sensors.replay import ReplaySource
 from edge_client.store import ClientStore
+from har_models.data.pipeline import SensorPipeline
 from har_models.data.splits import kept_and_split
 from har_models.data.subjects import SubjectSource, load_windows, recordings_of
 from har_models.data.windowing import WindowSet
@@ -27,7 +29,9 @@ from har_models.data.windowing import WindowSet
 log = logging.getLogger("fedhar.client.sources")
 
 
-def ingest_source(store: ClientStore, spec: SubjectSource, speed: float | None = None) -> tuple[int, int]:
+def ingest_source(
+    store: ClientStore, spec: SubjectSource, speed: float | None = None, health: SensingHealthMeter | None = None
+) -> tuple[int, int]:
     """Make sure the store holds this source's kept windows under ``spec.split``; return ``(n_train, n_test)``.
 
     Parameters
@@ -39,6 +43,10 @@ def ingest_source(store: ClientStore, spec: SubjectSource, speed: float | None =
         Replay the recordings paced at ``speed`` times real time (1.0 = 50 Hz wall clock),
         sample batches arriving as from a sensor driver; None feeds them at once. Both give
         the same windows (the pipeline is chunking-invariant).
+    health : SensingHealthMeter, optional
+        With ``speed``: measures each replayed recording's pipeline (the last one's figures
+        remain), so the status reports the rates, gaps and late samples the pipeline received.
+        Not fed when the store already holds the source or ``speed`` is None (no pipeline runs).
 
     Raises
     ------
@@ -54,7 +62,18 @@ def ingest_source(store: ClientStore, spec: SubjectSource, speed: float | None =
         parts = []
         for rec in recordings_of(spec):
             log.info("replaying %s %s (%.0f s of recording) at %gx real time", rec.subject, rec.session, rec.duration_s, speed)
-            parts.append(replay_windows(rec, spec.labels, speed=speed))
+            pipe = SensorPipeline(spec.labels, rec.labels)  # as replay_windows, with the meter watching
+            if health is not None:
+                health.watch(pipe)
+            got: list[WindowSet] = []
+
+            def take(ws: WindowSet, got: list[WindowSet] = got) -> None:
+                got.append(ws)
+                if health is not None:
+                    health.note(ws)
+
+            ReplaySource(rec, speed).run(pipe, take)
+            parts.append(WindowSet.concat(got, spec.labels))
         data = WindowSet.concat(parts, spec.labels)
     if len(data) == 0:
         log.warning("source %s yielded no labelled windows", spec.path)

@@ -40,6 +40,7 @@ from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
 from har_models.wire.programs import ProgramRefused
+from har_models.wire.safetensors_np import read_metadata
 from har_models.wire.update_encoding import encode_update
 from har_models.wire.update_meta import AlaNote, Confusions, UpdateMeta
 
@@ -179,6 +180,29 @@ class ClientTrainer:
         self.store, self.client_id, self.backend_name = store, client_id, backend
         self.options = options or BackendOptions()
         self.program_fault = ""  # reason the programs were last refused (ProgramRefused), "" when they load
+        self._arch_seen: tuple[int, int | None] = (-1, None)  # (local model's mtime ns, its architecture version)
+
+    @property
+    def backend_in_use(self) -> str:
+        """The backend the rounds train on now: the one asked for, or the fallback's while its programs are refused."""
+        return FALLBACK_BACKEND if self.program_fault else self.backend_name
+
+    @property
+    def arch_version(self) -> int | None:
+        """Architecture version of the stored local model (its metadata only is read, again when the file changes); None without one."""
+        path = self.store.folder / "local_model.safetensors"
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        if self._arch_seen[0] != mtime:
+            version = None
+            try:
+                version = ArchSpec.from_json(read_metadata(path).get("arch", "")).version
+            except (OSError, ValueError) as exc:
+                log.warning("[%s] local model %s: architecture unreadable (%s)", self.client_id, path, exc)
+            self._arch_seen = (mtime, version)
+        return self._arch_seen[1]
 
     def _make_backend(self, spec: ArchSpec, received: Mapping[str, np.ndarray]) -> TrainingBackend:
         """The round's backend; numpy when the ExecuTorch programs are refused before loading (``program_fault`` says why)."""

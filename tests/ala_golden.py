@@ -1,6 +1,6 @@
 """FedALA's figures on fixed seeds, as the code of b88bc3e computed them: the golden file for tests/test_ala_golden.py.
 
-``python -m tests.ala_golden`` rewrites ``tests/fixtures/ala_golden.npz``; do that only when a change is meant to
+``python tests/ala_golden.py`` rewrites ``tests/fixtures/ala_golden.npz``; do that only when a change is meant to
 alter FedALA's results (and say so in the commit). The cases: the ALA call itself (the torch kernel) in the start
 phase and in a later round, dropout on; and three rounds of ``ClientTrainer`` with ``client_init = "ala"``
 (first participation, first ALA round, a later one), whose updates, confusions and stored W are recorded.
@@ -102,5 +102,5 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         arrays = compute(Path(tmp))
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(GOLDEN, **arrays)
+    np.savez_compressed(GOLDEN, **arrays)  # type: ignore[arg-type]  # numpy's stub reads ** as allow_pickle
     print(f"wrote {len(arrays)} arrays to {GOLDEN}")

@@ -165,7 +165,8 @@ def test_off_android_the_scanner_says_why_and_points_to_file_and_paste(monkeypat
 
 class _FakeIntent:
     def __init__(self, action: str):
-        self.action, self.extras = action, {}
+        self.action = action
+        self.extras: dict[str, str] = {}
 
     def putExtra(self, key: str, value: str) -> None:  # noqa: N802 (Java's names)
         self.extras[key] = value

@@ -82,8 +82,8 @@ def test_devices_merge_the_registry_the_records_and_presence(view: ServerView) -
     assert (anna["rounds"], anna["last_round"], anna["last_accuracy"], anna["arch_version"]) == (2, 1, 0.8, 1)
     assert (carl["rounds"], carl["last_accuracy"], carl["online"]) == (2, 0.6, True)
     assert (ben["rounds"], ben["last_accuracy"], ben["online"], ben["status"]) == (1, 0.65, False, "offline")
-    assert anna["sensing"] == {"state": "live", "target_hz": 50.0, "rate_hz": None, "newest_window_age_s": None, "gaps": None,
-                               "charging": True}  # fmt: skip
+    assert anna["sensing"] == {"state": "live", "target_hz": 50.0, "rate_hz": None, "acc_hz": None, "gyro_hz": None, "rate_ok": None,
+                               "newest_window_age_s": None, "gaps": None, "late": None, "charging": True}  # fmt: skip
     assert carl["sensing"]["state"] == "paused" and carl["sensing"]["charging"] is None
     assert (tab["state"], tab["online"]) == ("revoked", False)  # its status says online: a revoked device never is
     assert anna["refresh_s"] == 30.0 and ben["refresh_s"] is None
@@ -130,7 +130,7 @@ def test_the_page_shows_devices_round_charts_and_versions(view: ServerView) -> N
     assert '<span id="device-count">4</span>' in page and '<span id="online-count">2</span>' in page
     assert '<span id="round-index">2</span> is open' in page and "3 selected, 1 answered, 2 missing (phone-carl, pi-ben)" in page
     assert 'data-name="phone-anna" data-online="true"' in page and 'data-name="pi-ben" data-online="false"' in page
-    assert "live, charging" in page and '<td class="presence revoked">revoked</td>' in page
+    assert "live, health not reported, charging" in page and '<td class="presence revoked">revoked</td>' in page
     assert "<script" not in page  # no JavaScript at all
     svgs = [page[i : page.index("</svg>", i) + 6] for i in range(len(page)) if page.startswith("<svg", i)]
     assert len(svgs) == 6  # accuracy, F1, traffic, duration, widths, FedDWA p_ij

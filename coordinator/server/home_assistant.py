@@ -254,7 +254,8 @@ class HomeAssistantPublisher:
 
         Enrolled devices not announced yet (or whose refresh period changed) are announced, with
         the coordinator's configs the first time; announced devices now revoked or forgotten are
-        removed; each enrolled device's state (``last_contribution_unix``, ``sensing.rate_hz``)
+        removed; each enrolled device's state (``last_contribution_unix``, ``sensing.rate_hz``: the
+        lower of its accelerometer and gyroscope rates, :func:`coordinator.server.web.sensing_json`)
         is published when it changed. Calling it again with the same devices publishes nothing.
         """
         enrolled = {str(d["name"]): d for d in devices if d.get("state") == "enrolled"}

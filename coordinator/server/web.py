@@ -55,11 +55,15 @@ from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, make_registry, scrape
 from coordinator.server.monitor import Monitor, MonitorSnapshot
 from coordinator.state import RunState, StateDamaged
+from har_models.wire.messages import ClientStatus
 
 log = logging.getLogger("fedhar.server.web")
 
 TARGET_RATE_HZ = 50.0
 """The sample rate every device must deliver (the model's 50 Hz grid)."""
+
+RATE_OK_HZ = (45.0, 55.0)
+"""A delivered rate outside this range (Hz, bounds included as fine) is shown in the warning colour."""
 
 REFRESH_S = 10
 """The page reloads itself this often (s; a meta refresh, no script)."""
@@ -156,6 +160,33 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_clean(v) for v in obj]
     return _finite(obj)
+
+
+def sensing_json(st: ClientStatus | None) -> dict[str, Any]:
+    """The ``sensing`` object of a device in ``/api/devices`` from its latest status (None: no status).
+
+    Keys: ``state`` ("live"/"paused"/None), ``target_hz`` (:data:`TARGET_RATE_HZ`), ``acc_hz`` and
+    ``gyro_hz`` (delivered rates over the last minute, Hz), ``rate_hz`` (the lower of the two:
+    the slower stream limits the 50 Hz grid; Home Assistant's sample-rate sensor), ``rate_ok``
+    (both reported rates inside :data:`RATE_OK_HZ`; None without a rate), ``newest_window_age_s``
+    (s), ``gaps`` (silences longer than a window in the last hour), ``late`` (samples dropped as
+    late), ``charging``. Each is None where the status does not carry it.
+    """
+    h = st.sensing_health if st is not None else None
+    rates = [r for r in ((h.acc_hz, h.gyro_hz) if h is not None else ()) if r is not None]
+    lo, hi = RATE_OK_HZ
+    return {
+        "state": (st.sensing or None) if st is not None else None,
+        "target_hz": TARGET_RATE_HZ,
+        "rate_hz": min(rates) if rates else None,
+        "acc_hz": h.acc_hz if h is not None else None,
+        "gyro_hz": h.gyro_hz if h is not None else None,
+        "rate_ok": all(lo <= r <= hi for r in rates) if rates else None,
+        "newest_window_age_s": h.window_age_s if h is not None else None,
+        "gaps": h.gaps_1h if h is not None else None,
+        "late": h.late if h is not None else None,
+        "charging": st.charging if st is not None else None,
+    }
 
 
 @dataclass
@@ -255,9 +286,12 @@ class ServerView:
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
         ``n_train``, ``n_test``, ``refresh_s`` (its status's refresh period, s),
         ``last_contribution_unix`` (when the registry noted its latest contribution; None without
-        a registry row), ``sensing`` (``state`` "live"/"paused"/None, ``target_hz`` 50 and
-        ``rate_hz``, ``newest_window_age_s``, ``gaps``, ``charging``: None where the device's
-        status does not carry them; a status carries ``sensing`` and ``charging`` only).
+        a registry row), ``sensing`` (:func:`sensing_json`: ``state`` "live"/"paused"/None,
+        ``target_hz`` 50, ``rate_hz``, ``acc_hz``, ``gyro_hz``, ``rate_ok``,
+        ``newest_window_age_s``, ``gaps`` (last hour), ``late``, ``charging``: None where the
+        device's status does not carry them). ``backend`` and ``arch_version`` are what the
+        device's status reports; ``arch_version`` falls back to the architecture of the device's
+        latest round in the records for a device that does not report it.
         """
         recs = self.records()
         snap = self.snapshot()
@@ -294,14 +328,13 @@ class ServerView:
                 "last_round": last[0] if last else (st.last_round if st is not None and st.last_round >= 0 else None),
                 "last_accuracy": last[1] if last else None,
                 "last_macro_f1": last[2] if last else None,
-                "arch_version": arch_of.get(last[0]) if last else None,
-                "backend": None,
+                "arch_version": (st.arch_version if st is not None and st.arch_version is not None
+                                 else arch_of.get(last[0]) if last else None),
+                "backend": (st.backend or None) if st is not None else None,
                 "program_fault": (st.program_fault or None) if st is not None else None,
                 "n_train": st.n_train if st is not None else None,
                 "n_test": st.n_test if st is not None else None,
-                "sensing": {"state": (st.sensing or None) if st is not None else None, "target_hz": TARGET_RATE_HZ,
-                            "rate_hz": None, "newest_window_age_s": None, "gaps": None,
-                            "charging": st.charging if st is not None else None},
+                "sensing": sensing_json(st),
             }))  # fmt: skip
         return out
 
@@ -394,14 +427,33 @@ def _figure(key: str, v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else _e(v)
 
 
+def _rate(s: dict[str, Any]) -> str:
+    """The delivered rates against 50 Hz, in the warning colour outside :data:`RATE_OK_HZ`."""
+    if s.get("rate_hz") is None:
+        return "rate not reported"
+    lo, hi = RATE_OK_HZ
+    parts = []
+    for key, label in (("acc_hz", "acc"), ("gyro_hz", "gyro")):
+        v = s.get(key)
+        if v is not None:
+            cls = "rate-ok" if lo <= v <= hi else "rate-warn"
+            parts.append(f'{label} <span class="{cls}" data-rate="{label}">{v:.1f}</span>')
+    return " · ".join(parts) + f" / {TARGET_RATE_HZ:.0f} Hz"
+
+
 def _sensing(s: dict[str, Any]) -> str:
     parts = [_e(s.get("state") or "not reported")]
-    if s.get("rate_hz") is not None:
-        parts.append(f"{s['rate_hz']:.1f} / {TARGET_RATE_HZ:.0f} Hz")
-    if s.get("newest_window_age_s") is not None:
-        parts.append(f"newest window {s['newest_window_age_s']:.0f} s old")
-    if s.get("gaps") is not None:
-        parts.append(f"{s['gaps']} gaps")
+    if all(s.get(k) is None for k in ("rate_hz", "newest_window_age_s", "gaps", "late")):
+        parts.append("health not reported")  # an older client, or windows ingested before this start
+    else:
+        parts.append(_rate(s))
+        if s.get("newest_window_age_s") is not None:
+            age = s["newest_window_age_s"]
+            parts.append(f"newest window {age:.1f} s old" if age < 10 else f"newest window {age:.0f} s old")
+        if s.get("gaps") is not None:
+            parts.append(f"{s['gaps']} gaps in 1 h")
+        if s.get("late") is not None:
+            parts.append(f"{s['late']} late samples")
     if s.get("charging") is not None:
         parts.append("charging" if s["charging"] else "on battery")
     return ", ".join(parts)
@@ -440,6 +492,7 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222;background:#fafafa
 h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.2em 0 .4em}
 table{border-collapse:collapse;font-size:.9em;background:#fff} th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}
 th{background:#f0f0f0} .online{color:#137333;font-weight:bold} .offline{color:#a50e0e} .revoked,.forgotten{color:#777}
+.rate-ok{color:#137333} .rate-warn{color:#b06000;font-weight:bold;background:#fef7e0}
 .charts{display:flex;flex-wrap:wrap;gap:10px} .charts svg{background:#fff;border:1px solid #ddd} .muted{color:#777}
 """
 

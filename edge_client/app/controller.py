@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from edge_client.app.predictor import Predictor, load_predictor
-from edge_client.freshness import SensingFreshness
+from edge_client.freshness import SensingFreshness, SensingHealthMeter
 from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
@@ -236,6 +236,8 @@ class DeviceController:
         # A live source says which clock stamps its events (``clock_ns``); then a silent one (Doze) is "sensing paused".
         clock_ns = getattr(source, "clock_ns", None)
         self.freshness = SensingFreshness(clock_ns=clock_ns) if callable(clock_ns) else None
+        # Rates, window age, gaps and late samples of the live pipeline, for the client's status (a replay: on its own stamps).
+        self.health = SensingHealthMeter(clock_ns=clock_ns if callable(clock_ns) else None)
         self._predictor: Predictor | None = None
         self._model_mtime: float | None = None
         self.live = LiveView()
@@ -263,6 +265,7 @@ class DeviceController:
         """Start the sensor thread (no-op if it runs)."""
         if not self.source.running:
             self._live_pipe = SensorPipeline(self.cfg.labels, LabelTrack.constant(0))
+            self.health.watch(self._live_pipe)
             self.source.start(self._on_chunk, on_end=self._on_source_end)
 
     def stop_sensing(self) -> None:
@@ -280,6 +283,7 @@ class DeviceController:
         live = self._live_pipe.push(*chunk)
         if self.freshness is not None:
             self.freshness.note(live, self._live_pipe.clock_shift_ns)  # windows are re-based after a backward clock step
+        self.health.note(live)
         if len(live):
             self._predict(live.x[-1:], int(live.t_start_ns[-1]) if live.t_start_ns is not None else 0, len(live))
 
@@ -510,6 +514,8 @@ class DeviceController:
         self._agent = agent
         if self.freshness is not None:
             agent.sensing = self.freshness.state
+        agent.sensing_health = self.health.snapshot
+        agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
         if self._failures:
             with self._fed_lock:

@@ -50,7 +50,7 @@ def start_scan(on_text: Callable[[str | None], None]) -> str | None:
         (:data:`NOT_ANDROID`, :data:`NO_SCANNER`, or the Android error), and ``on_text`` is never called.
     """
     try:
-        from android import activity as android_activity  # python-for-android only
+        from android import activity as android_activity  # type: ignore[attr-defined,unused-ignore]  # python-for-android only
         from jnius import autoclass
     except ImportError:
         return NOT_ANDROID

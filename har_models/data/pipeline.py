@@ -13,6 +13,8 @@ fedhar ships) has its label track in its own stamps, as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from har_models.data.clock import CONFIRM_SAMPLES
@@ -53,6 +55,7 @@ class SensorPipeline:
         confirm_samples: int = CONFIRM_SAMPLES,
     ):
         self.labels = labels
+        self.reorder_ns = int(reorder_ns)
         self._track = label_track or LabelTrack(np.empty(0, np.int64), np.empty(0, np.int64))
         self._resampler = Resampler(period_ns, max_gap_ns, reorder_ns, jump_ns, confirm_samples)
         self._windower = Windower(window, step, period_ns)
@@ -61,6 +64,11 @@ class SensorPipeline:
     def stats(self) -> ResampleStats:
         """What the resampler accepted, dropped and skipped so far."""
         return self._resampler.stats
+
+    def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
+        """Call ``observer(sensor, t_ns (k,) int64)`` with every sample the resampler accepts (:meth:`Resampler.watch_accepted
+        <har_models.data.resample.Resampler.watch_accepted>`); None removes it. The windows do not change."""
+        self._resampler.watch_accepted(observer)
 
     @property
     def clock_ns(self) -> int | None:

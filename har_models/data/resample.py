@@ -42,6 +42,7 @@ gives bit-identical output:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +131,7 @@ class _StreamBuffer(ClockRules):
         self._decimator: AntiAliasDecimator | None = None
         self.released_t = np.empty(0, np.int64)  # what the grid interpolates from: re-based, time-sorted, unique
         self.released_v = np.empty((0, 3), np.float64)
+        self.on_accepted: Callable[[str, np.ndarray], None] | None = None  # observer of accepted stamps (Resampler.watch_accepted)
 
     def _accept(self, t: np.ndarray, v: np.ndarray, stats: ResampleStats) -> None:
         if t.size == 0:
@@ -186,7 +188,11 @@ class _StreamBuffer(ClockRules):
             if shift is None:
                 break
             self._held.pop(0)
-            self._condition(t + shift if shift else t, v, False)
+            if shift:
+                t = t + shift
+            if self.on_accepted is not None and t.size:
+                self.on_accepted(self.name, t)
+            self._condition(t, v, False)
         if final:
             self._condition(np.empty(0, np.int64), np.empty((0, 3), np.float64), True)
 
@@ -298,6 +304,17 @@ class Resampler:
         self._next_grid: int | None = None  # next grid time to consider
         self._closed = False
         self._step_lines = 0
+
+    def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
+        """Call ``observer(sensor, t_ns)`` with the stamps of the samples counted in ``stats.accepted``.
+
+        ``t_ns`` (k,) int64 is in the output clock (re-based after a backward step, like the
+        windows) and increases within and across calls for one sensor: samples are passed on
+        in time order once their stream is ``reorder_ns`` past them. Observation only: the
+        output does not change. None removes the observer.
+        """
+        for buf in self._streams.values():
+            buf.on_accepted = observer
 
     @property
     def clock_ns(self) -> int | None:

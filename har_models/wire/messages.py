@@ -235,6 +235,76 @@ class RoundAnnouncement:
         return ann
 
 
+MAX_SAMPLE_RATE_HZ = 10_000.0
+"""Upper bound on a sample rate a device reports (Hz): far above any phone or IMU driver (a few hundred Hz)."""
+
+_BACKEND_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+@dataclass(frozen=True)
+class SensingHealth:
+    """How well a client's sensors deliver, as its sensor pipeline measured it (part of :class:`ClientStatus`).
+
+    Every field is optional (None: the client cannot tell, e.g. no sample or no window yet);
+    None fields are left out of the message. Measured by
+    :class:`edge_client.freshness.SensingHealthMeter` on the sensor clock (the stamps of the
+    samples, not the wall clock).
+
+    Parameters
+    ----------
+    acc_hz, gyro_hz : float or None
+        Delivered sample rate of the accelerometer and the gyroscope over the last minute, Hz:
+        samples the resampler accepted (not late, not duplicated, finite) in the last 60 s of
+        the sensor clock, divided by that span (shorter while the stream is younger than a
+        minute). The model expects 50 Hz.
+    window_age_s : float or None
+        Age of the newest window the pipeline emitted, s: the sensor clock's now minus the
+        window's end.
+    gaps_1h : int or None
+        Silences longer than one window (2.56 s) in the last hour of the sensor clock, in
+        either stream (one still going on included).
+    late : int or None
+        Samples dropped as late (stamped ``reorder_ns`` or more before their stream's newest)
+        since sensing started.
+    """
+
+    acc_hz: float | None = None
+    gyro_hz: float | None = None
+    window_age_s: float | None = None
+    gaps_1h: int | None = None
+    late: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as JSON, None fields left out."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, d: Any) -> SensingHealth:
+        """Parse and range-check :meth:`to_json` output.
+
+        Raises
+        ------
+        ValueError
+            For a non-object, an unknown key, a rate that is not a number in
+            [0, :data:`MAX_SAMPLE_RATE_HZ`] (NaN and negative included), a window age that is
+            not a number of seconds in [0, 1e11), or a count that is not an integer in
+            [0, :data:`MAX_WINDOW_COUNT`].
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"sensing_health must be an object, got {d!r:.40}")
+        h = cls(**d)  # TypeError for an unknown key
+        for name in ("acc_hz", "gyro_hz"):
+            v = getattr(h, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_SAMPLE_RATE_HZ):
+                raise ValueError(f"sensing_health.{name} must be a rate in [0, {MAX_SAMPLE_RATE_HZ:.0f}] Hz or left out, got {v!r:.40}")
+        if h.window_age_s is not None:
+            _check_seconds(h, ("window_age_s",))
+        for name in ("gaps_1h", "late"):
+            if getattr(h, name) is not None:
+                check_count(getattr(h, name), f"sensing_health.{name}")
+        return h
+
+
 @dataclass(frozen=True)
 class ClientStatus:
     """Retained presence and capability message of a client.
@@ -277,6 +347,17 @@ class ClientStatus:
         Optional (left out of the message when None): whether the device is on its charger
         (:mod:`edge_client.power`), for a server that schedules rounds only on charging
         devices; None when the client does not report it (a board on mains, an older client).
+    backend : str
+        Optional (left out when ""): the training backend the client uses now ("torch",
+        "executorch", "executorch-android", "numpy"; the fallback's name while its programs are
+        refused), lowercase letters, digits and ``_ . -``, at most 32 characters.
+    arch_version : int or None
+        Optional (left out when None): the architecture version of the client's local model
+        (the one its latest round trained); None before its first round.
+    sensing_health : SensingHealth or None
+        Optional (left out when None): delivered sample rates, the newest window's age, gaps
+        and late samples of a client that runs a sensor pipeline in this process (a live
+        sensor, a replay); None for one that does not (windows ingested before, an older client).
     """
 
     client_id: str
@@ -294,6 +375,9 @@ class ClientStatus:
     program_fault: str = ""
     sensing: str = ""
     charging: bool | None = None
+    backend: str = ""
+    arch_version: int | None = None
+    sensing_health: SensingHealth | None = None
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -305,6 +389,14 @@ class ClientStatus:
             del d["sensing"]
         if self.charging is None:  # optional, as sensing
             del d["charging"]
+        if not self.backend:  # optional, as sensing
+            del d["backend"]
+        if self.arch_version is None:  # optional, as charging
+            del d["arch_version"]
+        if self.sensing_health is None:  # optional, as charging
+            del d["sensing_health"]
+        else:
+            d["sensing_health"] = self.sensing_health.to_json()
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -323,6 +415,8 @@ class ClientStatus:
             if not isinstance(counts, list):
                 raise ValueError("class_counts must be a list")
             d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
+            if d.get("sensing_health") is not None:
+                d["sensing_health"] = SensingHealth.from_json(d["sensing_health"])
             st = cls(**d)
             check_client_id(st.client_id)
             check_count(st.n_train, "n_train")
@@ -336,6 +430,10 @@ class ClientStatus:
             if not isinstance(st.program_fault, str) or len(st.program_fault) > 64:
                 raise ValueError("program_fault must be a string of at most 64 characters")
             _check_seconds(st, ("sent_unix", "refresh_s"))
+            if not isinstance(st.backend, str) or len(st.backend) > 32 or not set(st.backend) <= _BACKEND_CHARS:
+                raise ValueError(f"backend must be a backend name (lowercase letters, digits, '_.-', at most 32), got {st.backend!r:.40}")
+            if st.arch_version is not None:
+                check_count(st.arch_version, "arch_version")
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
