@@ -174,6 +174,11 @@ def test_late_samples_are_counted() -> None:
     meter.note(pipe.push("acc", t, np.ones((500, 3))))
     meter.note(pipe.push("gyro", t, np.ones((500, 3))))
     meter.note(pipe.push("acc", late, np.ones((5, 3))))
+    # More than 1 s behind, they are held as a possible backward clock step until 25 samples on the
+    # stream's clock show they were not one (har_models.data.clock); then they count as late.
+    more = T0 + P * np.arange(500, 530)
+    meter.note(pipe.push("acc", more, np.ones((30, 3))))
+    meter.note(pipe.push("gyro", more, np.ones((30, 3))))
     h = meter.snapshot()
     assert h is not None and h.late == pipe.stats.late_dropped == 5
 
