@@ -338,6 +338,31 @@ def _when(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
+def match_data_owner(data: Path) -> list[Path]:
+    """Give what root created under ``data`` to the data folder's owner; returns the paths changed.
+
+    The operator runs ``enroll``/``revoke``/``forget`` with sudo (they rewrite the broker's
+    accounts and reload it), while ``serve`` runs as the unprivileged user that owns the data
+    folder (the unit's ``User=fedhar``): a database or enrolment file created by root would
+    then be unwritable for the server. Only files owned by root are changed, and only when
+    this process is root and the folder belongs to someone else.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not data.is_dir():
+        return []
+    st = data.stat()
+    if st.st_uid == 0:
+        return []
+    changed = []
+    for path in [data, *data.rglob("*")]:
+        try:
+            if path.lstat().st_uid == 0 and not path.is_symlink():
+                os.chown(path, st.st_uid, st.st_gid)
+                changed.append(path)
+        except OSError as exc:
+            log.warning("could not give %s to the data folder's owner (uid %d): %s", path, st.st_uid, exc)
+    return changed
+
+
 def main(cmd: str, argv: list[str]) -> int:
     """``fedhar-coordinator CMD ...`` for CMD in enroll, revoke, forget, devices, versions; returns the exit status.
 
@@ -348,6 +373,13 @@ def main(cmd: str, argv: list[str]) -> int:
     setup_logging(args.log_level)
     data = args.data or default_data_dir()
     prog = f"fedhar-coordinator {cmd}"
+    try:
+        return _run(cmd, args, data, prog)
+    finally:
+        match_data_owner(data)
+
+
+def _run(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int:
     try:
         file = read_serve_file(args.config or data / "server.toml")
         if cmd == "enroll":
