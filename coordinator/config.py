@@ -72,7 +72,7 @@ class CoordinatorConfig:
         follow it through the plan's ``lr`` alone.
     aggregation : str
         A registered strategy (:data:`AGGREGATIONS`); default
-        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 1 and beta 0.5,
+        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 3 and beta 0.5,
         the best validation macro-F1 of the search in docs/results.md, HAPT, blocks split).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}

@@ -66,9 +66,9 @@ def test_a_tiny_probe_runs_and_measures_every_round():
 
 
 def test_server_settings_left_out_are_the_coordinators():
-    """``fedavgm`` alone means the main job's FedAvgM (eta 1, beta 0.5), not a value of the probe's own."""
+    """``fedavgm`` alone means the main job's FedAvgM (eta 3, beta 0.5), not a value of the probe's own."""
     assert parse_servers("fedavgm,fedavgm:0.5:0.9,fedadam") == [
-        ("fedavgm", 1.0, 0.5), ("fedavgm", 0.5, 0.9), ("fedadam", 0.01, 0.9)
+        ("fedavgm", 3.0, 0.5), ("fedavgm", 0.5, 0.9), ("fedadam", 0.01, 0.9)
     ]
     with pytest.raises(ValueError, match="unknown server 'fedsgd'; choose fedadam, fedavg, fedavgm, fedyogi"):
         parse_servers("fedsgd")
@@ -100,8 +100,8 @@ def test_schedule_and_candidate_texts_parse_to_the_settings_they_name():
     p = parse_candidate("server=fedavgm:2:0.7 lr=0.05 E=3 batch=64 schedule=cosine:1", max_epochs=15)
     assert p == ProbeSetting(0.05, 3, 5, "fedavgm", 2.0, 0.7, 64, LrSchedule("cosine", warmup_rounds=1))
     assert p.label == "lr=0.05 E=3 fedavgm(eta=2, beta=0.7) B=64 cosine(warmup 1)"
-    # Left-out keys are the main job's defaults (FedAvgM eta 1 beta 0.5, lr 0.1, E = 1, batch 32).
-    assert parse_candidate("", max_epochs=15) == ProbeSetting(0.1, 1, 15, "fedavgm", 1.0, 0.5)
+    # Left-out keys are the main job's defaults (FedAvgM eta 3 beta 0.5, lr 0.1, E = 1, batch 32).
+    assert parse_candidate("", max_epochs=15) == ProbeSetting(0.1, 1, 15, "fedavgm", 3.0, 0.5)
     assert parse_candidate("E=5 rounds=2", max_epochs=15).rounds == 2
     for bad, named in (("eta=2", "'eta=2' is not KEY=VALUE"), ("server=fedsgd", "unknown server"),
                        ("E=0", "need E >= 1"), ("lr=fast", "could not convert")):
