@@ -12,7 +12,7 @@ from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.strategies.fedprox import FedProxSettings
 from har_io.broker_config import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT_SEED
-from har_models.settings import AlaConfig, LocalTraining, doc, from_mapping, to_mapping
+from har_models.settings import AlaConfig, LocalTraining, LrSchedule, doc, from_mapping, to_mapping
 from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS
 from har_models.wire.topics import check_client_id
 
@@ -65,9 +65,14 @@ class CoordinatorConfig:
     local_epochs, lr, batch_size, class_weights :
         Local training (defaults E = 1, lr 0.1, batch 32, balanced class weights; FedDist
         used E = 5, lr 0.01).
+    lr_schedule : LrSchedule
+        The client lr across rounds (``--lr-schedule``, ``--lr-warmup``, ``--lr-min-factor``,
+        ``--lr-step-every``, ``--lr-step-gamma``; TOML table ``[lr_schedule]``): round r's
+        plan carries ``lr x lr_schedule.factor(r, rounds)`` (:meth:`round_lr`), so clients
+        follow it through the plan's ``lr`` alone.
     aggregation : str
         A registered strategy (:data:`AGGREGATIONS`); default
-        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 1 and beta 0.5,
+        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 3 and beta 0.5,
         the best validation macro-F1 of the search in docs/results.md, HAPT, blocks split).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
@@ -135,6 +140,7 @@ class CoordinatorConfig:
     lr: float = field(default=LocalTraining.lr, metadata=_LT["lr"].metadata)
     batch_size: int = field(default=LocalTraining.batch_size, metadata=_LT["batch_size"].metadata)
     class_weights: str = field(default=LocalTraining.class_weights, metadata=_LT["class_weights"].metadata)
+    lr_schedule: LrSchedule = field(default_factory=LrSchedule, metadata=doc("client lr across rounds", kind="table"))
     aggregation: str = field(
         default=strategies.DEFAULT_AGGREGATION, metadata=doc("aggregation strategy", choices=AGGREGATIONS)
     )
@@ -216,6 +222,16 @@ class CoordinatorConfig:
         plain = strategies.strategy_class(self.aggregation).feddist_paper and self.client_init == "overwrite"
         return "paper" if plain else "function_preserving"
 
+    def round_lr(self, round_: int) -> float:
+        """The client lr of round ``round_`` (0-based): :attr:`lr` times the schedule's factor (:class:`LrSchedule`).
+
+        Raises
+        ------
+        ValueError
+            If ``round_`` is negative.
+        """
+        return self.lr * self.lr_schedule.factor(round_, self.rounds)
+
     def ala_plan(self) -> dict[str, Any]:
         """The ``ala`` object of the training plan: every FedALA setting when ALA is on, else empty."""
         return to_mapping(self.ala) if self.client_init == "ala" else {}
@@ -247,7 +263,7 @@ class CoordinatorConfig:
         return " + ".join(parts)
 
 
-_NESTED: dict[str, type] = {"ala": AlaConfig, **strategies.settings_tables()}
+_NESTED: dict[str, type] = {"ala": AlaConfig, "lr_schedule": LrSchedule, **strategies.settings_tables()}
 """Fields of :class:`CoordinatorConfig` that hold a settings dataclass (given as one or as a mapping)."""
 
 _missing = {t: tp for t, tp in strategies.settings_tables().items()

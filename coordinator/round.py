@@ -50,11 +50,15 @@ def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fract
     return sorted(rng.choice(eligible, size=k, replace=False).tolist())
 
 
-def base_plan(cfg: CoordinatorConfig) -> TrainingPlan:
-    """The strategy-independent part of a round's training plan (local training and FedALA settings)."""
+def base_plan(cfg: CoordinatorConfig, round_: int = 0) -> TrainingPlan:
+    """The strategy-independent part of round ``round_``'s training plan (local training and FedALA settings).
+
+    Its ``lr`` is the round's under the configured schedule (:meth:`CoordinatorConfig.round_lr`);
+    with the default constant schedule, ``cfg.lr`` in every round.
+    """
     return TrainingPlan(
         local_epochs=cfg.local_epochs,
-        lr=cfg.lr,
+        lr=cfg.round_lr(round_),
         batch_size=cfg.batch_size,
         client_init=cfg.client_init,
         class_weights=cfg.class_weights,

@@ -605,7 +605,7 @@ class Coordinator:
             log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
             self.state.event(round_, None, "round_skipped", "not enough clients")
             return None
-        plan = self.strategy.configure_fit(round_, base_plan(self.cfg))
+        plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
         spec0 = self.fed.spec
         ex = self._exchange(round_, 0, selected, plan)
         results, failures = ex.results(), ex.failures()
@@ -671,7 +671,7 @@ class Coordinator:
         """
         assert self.fed is not None
         steps = feddist_steps.grow(
-            round_, self.fed, agg, results, self.strategy, base_plan(self.cfg), self.feddist_cfg, self.cfg.growth_mode
+            round_, self.fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.feddist_cfg, self.cfg.growth_mode
         )
         exchanges: list[_Tally] = []
         try:

@@ -231,3 +231,108 @@ class AlaConfig:
             raise ValueError(f"AlaConfig.max_passes must be an integer >= 1, got {self.max_passes!r}")
         if self.mode not in ("train", "eval"):
             raise ValueError(f"AlaConfig.mode must be 'train' or 'eval', got {self.mode!r}")
+
+
+LR_SCHEDULES = ("constant", "cosine", "step")
+"""The kinds of :class:`LrSchedule`."""
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """The client learning rate across rounds: a linear warm-up, then constant, cosine or step decay.
+
+    The coordinator multiplies the base lr by :meth:`factor` of the round and sends the
+    product as the training plan's ``lr``, so a client needs nothing new to follow it. The
+    default (constant, no warm-up) leaves the lr as given in every round.
+
+    Parameters
+    ----------
+    kind : {"constant", "cosine", "step"}
+        After the warm-up: constant; half a cosine from 1 down towards ``min_factor`` over
+        the remaining rounds (Loshchilov and Hutter, ICLR 2017, eq. 5, one period, with
+        one round as the time unit and no restarts); or ``step_gamma`` times smaller every
+        ``step_every`` rounds.
+    warmup_rounds : int >= 0
+        Rounds of linear warm-up: round r < W trains at (r + 1) / (W + 1) of the lr (Goyal
+        et al. 2017, section 2.2, with a round as the step), so round W is the first at the
+        full lr.
+    min_factor : float in [0, 1]
+        The cosine's floor, as a share of the lr. The last round is one step short of the
+        floor, so it still trains (with the floor 0 and 15 rounds, 1.1 % of the lr).
+    step_every : int >= 1
+        Rounds between two steps of the step decay (counted after the warm-up).
+    step_gamma : float in (0, 1]
+        Factor of each step.
+
+    Raises
+    ------
+    ValueError
+        If a value is out of range (the message names the field and its flag).
+    """
+
+    kind: Literal["constant", "cosine", "step"] = field(
+        default="constant", metadata=doc("client lr across rounds after the warm-up", choices=LR_SCHEDULES, flag="--lr-schedule")
+    )
+    warmup_rounds: int = field(
+        default=0, metadata=doc("rounds of linear lr warm-up: round r < W trains at (r+1)/(W+1) of the lr", "rounds",
+                                flag="--lr-warmup")
+    )
+    min_factor: float = field(
+        default=0.0, metadata=doc("cosine schedule: the lr's floor, as a share of --lr, in [0, 1]", flag="--lr-min-factor")
+    )
+    step_every: int = field(default=5, metadata=doc("step schedule: rounds between lr steps", "rounds", flag="--lr-step-every"))
+    step_gamma: float = field(
+        default=0.5, metadata=doc("step schedule: factor of each lr step, in (0, 1]", flag="--lr-step-gamma")
+    )
+
+    def __post_init__(self) -> None:
+        if self.kind not in LR_SCHEDULES:
+            raise ValueError(f"LrSchedule.kind (--lr-schedule) must be one of {list(LR_SCHEDULES)}, got {self.kind!r}")
+        if isinstance(self.warmup_rounds, bool) or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0:
+            raise ValueError(f"LrSchedule.warmup_rounds (--lr-warmup) must be an integer >= 0, got {self.warmup_rounds!r}")
+        if not (isinstance(self.min_factor, int | float) and 0 <= self.min_factor <= 1):
+            raise ValueError(f"LrSchedule.min_factor (--lr-min-factor) must be in [0, 1], got {self.min_factor!r}")
+        if isinstance(self.step_every, bool) or not isinstance(self.step_every, int) or self.step_every < 1:
+            raise ValueError(f"LrSchedule.step_every (--lr-step-every) must be an integer >= 1, got {self.step_every!r}")
+        if not (isinstance(self.step_gamma, int | float) and 0 < self.step_gamma <= 1):
+            raise ValueError(f"LrSchedule.step_gamma (--lr-step-gamma) must be in (0, 1], got {self.step_gamma!r}")
+
+    @property
+    def is_constant(self) -> bool:
+        """True when every round trains at the full lr (the default)."""
+        return self.warmup_rounds == 0 and (
+            self.kind == "constant" or (self.kind == "step" and self.step_gamma == 1)
+            or (self.kind == "cosine" and self.min_factor == 1)
+        )
+
+    def factor(self, round_: int, rounds: int) -> float:
+        """The share of the base lr that round ``round_`` (0-based) of ``rounds`` trains at, in (0, 1].
+
+        Raises
+        ------
+        ValueError
+            If ``rounds < 1`` or ``round_ < 0``.
+        """
+        if rounds < 1 or round_ < 0:
+            raise ValueError(f"LrSchedule.factor: need rounds >= 1 and round >= 0, got round {round_} of {rounds}")
+        w = self.warmup_rounds
+        if round_ < w:
+            return (round_ + 1) / (w + 1)
+        t = round_ - w
+        if self.kind == "cosine":
+            span = max(1, rounds - w)
+            return self.min_factor + (1 - self.min_factor) * 0.5 * (1 + math.cos(math.pi * min(t, span) / span))
+        if self.kind == "step":
+            return float(self.step_gamma ** (t // self.step_every))
+        return 1.0
+
+    def label(self) -> str:
+        """Short text, e.g. ``cosine(warmup 1)``, ``constant``."""
+        parts = []
+        if self.warmup_rounds:
+            parts.append(f"warmup {self.warmup_rounds}")
+        if self.kind == "cosine" and self.min_factor:
+            parts.append(f"floor {self.min_factor:g}")
+        if self.kind == "step":
+            parts.append(f"x{self.step_gamma:g} every {self.step_every}")
+        return self.kind + (f"({', '.join(parts)})" if parts else "")

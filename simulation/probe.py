@@ -1,4 +1,4 @@
-"""``python -m simulation.probe``: a quick in-process FedAvg probe for choosing lr, local epochs and rounds.
+"""``python -m simulation.probe``: a quick in-process FedAvg probe for choosing lr, local epochs, batch, lr schedule and rounds.
 
 No broker, no processes: the same windows, split, CNN, loss and local SGD as the main job
 (:func:`har_models.nn.training.train_local`, balanced class weights per client, and the
@@ -13,6 +13,13 @@ again with the leak-free block rule (:func:`har_models.data.splits.block_split`,
 global model's macro-F1 on the union of the clients' validation parts decides; the
 union test figures are printed beside, for the record.
 
+The grid is the product of ``--lrs``, ``--epochs``, ``--servers``, ``--batch-sizes`` and
+``--schedules``, each run for ``--max-epochs // E`` rounds; or, with ``--candidate`` (given
+once per candidate, e.g. ``--candidate 'server=fedadam:0.01 lr=0.1 E=1 batch=32
+schedule=cosine:1'``), just the candidates listed. ``--centralised`` also trains the same
+CNN centrally on the union of the probe's training windows for ``--max-epochs`` passes,
+measured on the same validation windows: the target the candidates are held against.
+
 Prints one line per (setting, round) and a final ``probe: ...`` line with the chosen
 setting; ``--json FILE`` writes every curve.
 """
@@ -26,7 +33,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,7 @@ from har_models.data.windowing import ChannelStats, WindowSet
 from har_models.nn.metrics import summarise
 from har_models.nn.model import ArchSpec, init_state
 from har_models.nn.training import TrainConfig, balanced_class_weights, evaluate, make_loss, train_local
+from har_models.settings import LR_SCHEDULES, LocalTraining, LrSchedule
 from har_models.wire.messages import TrainingPlan
 
 log = logging.getLogger("fedhar.probe")
@@ -61,6 +69,11 @@ class ProbeSetting:
         A strategy of :func:`probe_servers` (registered, clients train plainly).
     server_lr, server_momentum : float
         eta and beta of a server optimiser (ignored by the other strategies).
+    batch_size : int
+        Windows per local SGD step.
+    schedule : LrSchedule
+        The client lr across the ``rounds`` rounds (:meth:`LrSchedule.factor`), as the
+        coordinator applies it.
     """
 
     lr: float
@@ -69,15 +82,23 @@ class ProbeSetting:
     server: str = FedAvg.name
     server_lr: float = 1.0
     server_momentum: float = 0.9
+    batch_size: int = LocalTraining.batch_size
+    schedule: LrSchedule = field(default_factory=LrSchedule)
 
     @property
     def label(self) -> str:
-        """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``."""
+        """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``, with the batch and schedule when not the defaults."""
         if _takes_server_opt(self.server):
             srv = f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
         else:
             srv = "" if self.server == FedAvg.name else f" {self.server}"
-        return f"lr={self.lr:g} E={self.local_epochs}{srv}"
+        extra = "" if self.batch_size == LocalTraining.batch_size else f" B={self.batch_size}"
+        extra += "" if self.schedule.is_constant else f" {self.schedule.label()}"
+        return f"lr={self.lr:g} E={self.local_epochs}{srv}{extra}"
+
+    def round_lr(self, round_: int) -> float:
+        """The client lr of round ``round_`` under :attr:`schedule`."""
+        return self.lr * self.schedule.factor(round_, self.rounds)
 
     def strategy(self) -> Strategy:
         """A fresh strategy object for the server step (a server optimiser with this eta and beta).
@@ -131,18 +152,8 @@ def load_clients(sources: dict[str, str], split: SplitSpec, val_fraction: float 
     return out
 
 
-def run_setting(
-    clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
-    dense_units: int = ArchSpec.dense_units, seed: int = 1,
-) -> list[dict[str, Any]]:
-    """Strategy ``p.server`` for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
-
-    Returns
-    -------
-    list of dict
-        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds"}`` per round; fewer
-        rounds when a server optimiser's step diverged (logged).
-    """
+def _spec_and_unions(clients: dict[str, ClientData], conv_filters: int, dense_units: int) -> tuple[ArchSpec, WindowSet, WindowSet]:
+    """The CNN (normalised with the union of the training parts' channel statistics) and the union validation and test sets."""
     labels = next(iter(clients.values())).train.labels
     stats = None
     for c in clients.values():
@@ -152,9 +163,58 @@ def run_setting(
     assert stats is not None
     mean, std = stats.mean_std()
     spec = ArchSpec(n_classes=len(labels), conv_filters=conv_filters, dense_units=dense_units, input_mean=mean, input_std=std)
-    state = init_state(spec, seed)
     val = WindowSet.concat([c.val for c in clients.values()], labels)
     test = WindowSet.concat([c.test for c in clients.values()], labels)
+    return spec, val, test
+
+
+def run_centralised(
+    clients: dict[str, ClientData], epochs: int, lr: float = LocalTraining.lr, batch_size: int = LocalTraining.batch_size,
+    conv_filters: int = ArchSpec.conv_filters, dense_units: int = ArchSpec.dense_units, seed: int = 1,
+) -> list[dict[str, Any]]:
+    """The same CNN trained centrally on the union of the clients' training parts, ``epochs`` passes; one row per pass.
+
+    The target the candidates are held against on the same validation windows, as
+    ``fedhar-baseline centralised`` is on the test windows (one loss with balanced class
+    weights of the union, the same SGD).
+
+    Returns
+    -------
+    list of dict
+        Rows as :func:`run_setting`'s, ``round`` counting passes from 0.
+    """
+    spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
+    labels = spec.n_classes
+    train = WindowSet.concat([c.train for c in clients.values()], next(iter(clients.values())).train.labels)
+    loss = make_loss(balanced_class_weights(train.y, labels))
+    state = init_state(spec, seed)
+    rows = []
+    for e in range(epochs):
+        t0 = time.monotonic()
+        state = train_local(spec, state, train, TrainConfig(1, lr, batch_size, seed=seed * 1000 + e), loss).state
+        train_s = time.monotonic() - t0
+        gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
+        rows.append({"round": e, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
+                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": lr})
+        log.info("centralised pass %d: val F1 %.3f, test F1 %.3f (%.0f s)", e, gv["macro_f1"], gt["macro_f1"], train_s)
+    return rows
+
+
+def run_setting(
+    clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
+    dense_units: int = ArchSpec.dense_units, seed: int = 1,
+) -> list[dict[str, Any]]:
+    """Strategy ``p.server`` for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
+
+    Returns
+    -------
+    list of dict
+        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr"}`` per round
+        (``lr``: the client lr of that round); fewer rounds when a server optimiser's step
+        diverged (logged).
+    """
+    spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
+    state = init_state(spec, seed)
     losses = {cid: make_loss(balanced_class_weights(c.train.y, spec.n_classes)) for cid, c in clients.items()}
     server = p.strategy()
     rows = []
@@ -164,7 +224,7 @@ def run_setting(
         for k, (cid, c) in enumerate(clients.items()):
             if not len(c.train):
                 continue
-            cfg = TrainConfig(p.local_epochs, p.lr, 32, seed=seed * 1_000_003 + r * 1009 + k)
+            cfg = TrainConfig(p.local_epochs, p.round_lr(r), p.batch_size, seed=seed * 1_000_003 + r * 1009 + k)
             trained = train_local(spec, state, c.train, cfg, losses[cid]).state
             updates.append(ClientUpdate(cid, r, 0, len(c.train), len(c.test), trained, None))
         try:
@@ -175,7 +235,7 @@ def run_setting(
         train_s = time.monotonic() - t0
         gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
         rows.append({"round": r, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
-                     "test_acc": gt["accuracy"], "seconds": train_s})
+                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": p.round_lr(r)})
         log.info("%s round %d: val F1 %.3f, test F1 %.3f (%.0f s)", p.label, r, gv["macro_f1"], gt["macro_f1"], train_s)
     return rows
 
@@ -184,7 +244,8 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
     """The (setting, rounds) with the highest validation macro-F1 among those with ``rounds x E <= max_epochs``.
 
     The budget is counted in local epochs per client (rounds x E), the unit the main job's
-    wall time scales with. Ties go to fewer epochs.
+    wall time scales with. Ties go to fewer epochs. A setting whose lr changes across
+    rounds is a candidate only at its last round: stopped earlier, it is another schedule.
 
     Raises
     ------
@@ -194,6 +255,8 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
     best: tuple[float, int, ProbeSetting, int, dict[str, Any]] | None = None
     for p, rows in results:
         for row in rows:
+            if not p.schedule.is_constant and row["round"] != p.rounds - 1:
+                continue
             epochs = (row["round"] + 1) * p.local_epochs
             if epochs > max_epochs:
                 continue
@@ -230,6 +293,66 @@ def parse_servers(text: str) -> list[tuple[str, float, float]]:
     return out
 
 
+def parse_schedule(text: str) -> LrSchedule:
+    """The :class:`LrSchedule` of ``constant``, ``cosine[:WARMUP[:FLOOR]]`` or ``step[:WARMUP[:EVERY[:GAMMA]]]``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind, a number that does not parse or a value out of range.
+    """
+    kind, *nums = text.strip().split(":")
+    if kind not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {kind!r}; choose {', '.join(LR_SCHEDULES)}")
+    names = {"constant": ("warmup_rounds",), "cosine": ("warmup_rounds", "min_factor"),
+             "step": ("warmup_rounds", "step_every", "step_gamma")}[kind]
+    if len(nums) > len(names):
+        raise ValueError(f"lr schedule {text!r}: {kind} takes at most {len(names)} numbers ({', '.join(names)})")
+    kw: dict[str, Any] = {}
+    for name, num in zip(names, nums, strict=False):
+        try:
+            kw[name] = int(num) if name in ("warmup_rounds", "step_every") else float(num)
+        except ValueError:
+            raise ValueError(f"lr schedule {text!r}: {name} {num!r} is not a number") from None
+    return LrSchedule(kind, **kw)  # type: ignore[arg-type]
+
+
+_CANDIDATE_KEYS = ("server", "lr", "E", "batch", "schedule", "rounds")
+
+
+def parse_candidate(text: str, max_epochs: int) -> ProbeSetting:
+    """The :class:`ProbeSetting` of one ``--candidate`` text: space-separated ``KEY=VALUE``.
+
+    Keys: ``server=NAME[:ETA[:BETA]]`` (as ``--servers``), ``lr``, ``E``, ``batch``,
+    ``schedule`` (as ``--schedules``) and ``rounds`` (default ``max_epochs // E``); the ones
+    left out are the main job's defaults (FedAvgM, lr 0.1, E = 1, batch 32, constant lr).
+
+    Raises
+    ------
+    ValueError
+        For an unknown key, a value that does not parse or is out of range.
+    """
+    from coordinator.strategies import DEFAULT_AGGREGATION
+
+    kv: dict[str, str] = {}
+    for part in text.split():
+        key, eq, value = part.partition("=")
+        if not eq or key not in _CANDIDATE_KEYS:
+            raise ValueError(f"candidate {text!r}: {part!r} is not KEY=VALUE with KEY one of {', '.join(_CANDIDATE_KEYS)}")
+        kv[key] = value
+    try:
+        (srv, eta, beta), = parse_servers(kv.get("server", DEFAULT_AGGREGATION))
+        e = int(kv.get("E", LocalTraining.local_epochs))
+        rounds = int(kv["rounds"]) if "rounds" in kv else max(1, max_epochs // max(1, e))
+        p = ProbeSetting(float(kv.get("lr", LocalTraining.lr)), e, rounds, srv, eta, beta,
+                         int(kv.get("batch", LocalTraining.batch_size)), parse_schedule(kv.get("schedule", "constant")))
+    except ValueError as exc:
+        raise ValueError(f"candidate {text!r}: {exc}") from None
+    if p.local_epochs < 1 or p.rounds < 1 or p.batch_size < 1 or not p.lr > 0:
+        raise ValueError(f"candidate {text!r}: need E >= 1, rounds >= 1, batch >= 1 and lr > 0")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the grid; print the curves and the chosen setting. 0 ok, 2 usage."""
     ap = argparse.ArgumentParser(prog="python -m simulation.probe", description=__doc__.split("\n\n")[0])
@@ -240,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", default="1", help="local epochs E to try (default %(default)s)")
     ap.add_argument("--servers", default=FedAvg.name, help=f"NAME[:ETA:BETA], comma-separated; NAME one of "
                     f"{', '.join(probe_servers())} (ETA and BETA: a server optimiser's; left out: the coordinator's defaults)")
+    ap.add_argument("--batch-sizes", default=str(LocalTraining.batch_size), help="local batch sizes (default %(default)s)")
+    ap.add_argument("--schedules", default="constant", help="client lr across rounds, comma-separated: constant, "
+                    "cosine[:WARMUP[:FLOOR]], step[:WARMUP[:EVERY[:GAMMA]]] (default %(default)s)")
+    ap.add_argument("--candidate", action="append", default=[], metavar="'KEY=VALUE ...'",
+                    help="one candidate (repeat the option for more) instead of the grid; keys: " + ", ".join(_CANDIDATE_KEYS))
+    ap.add_argument("--centralised", action="store_true",
+                    help="also train the CNN centrally on the union of the training windows for --max-epochs passes")
     ap.add_argument("--max-epochs", type=int, default=10, help="budget in rounds x E (default %(default)s)")
     ap.add_argument("--conv-filters", type=int, default=ArchSpec.conv_filters)
     ap.add_argument("--dense-units", type=int, default=ArchSpec.dense_units)
@@ -252,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         lrs = [float(x) for x in args.lrs.split(",")]
         eps = [int(x) for x in args.epochs.split(",")]
         servers = parse_servers(args.servers)
+        batches = [int(x) for x in args.batch_sizes.split(",")]
+        schedules = [parse_schedule(x) for x in args.schedules.split(",")]
+        if args.candidate:
+            settings = [parse_candidate(c, args.max_epochs) for c in args.candidate]
+        else:
+            settings = [ProbeSetting(lr, e, max(1, args.max_epochs // e), srv, eta, beta, b, sch)
+                        for lr, e, (srv, eta, beta), b, sch in itertools.product(lrs, eps, servers, batches, schedules)]
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 2
@@ -260,18 +397,30 @@ def main(argv: list[str] | None = None) -> int:
         sources = dict(list(sources.items())[: args.clients])
     t0 = time.monotonic()
     clients = load_clients(sources, split)
-    results = []
-    for lr, e, (srv, eta, beta) in itertools.product(lrs, eps, servers):
-        p = ProbeSetting(lr, e, max(1, args.max_epochs // e), srv, eta, beta)
+    results: list[tuple[ProbeSetting, list[dict[str, Any]]]] = []
+    central: list[dict[str, Any]] = []
+
+    def dump(extra: dict[str, Any]) -> None:
+        if args.json is None:
+            return
+        doc: dict[str, Any] = {"split": split.text, "wall_seconds": time.monotonic() - t0, **extra,
+                               "curves": [{"setting": asdict(q), "label": q.label, "rows": r} for q, r in results]}
+        if central:
+            doc["centralised"] = {"epochs": args.max_epochs, "rows": central}
+        args.json.write_text(json.dumps(doc, indent=2))
+
+    if args.centralised:
+        central = run_centralised(clients, args.max_epochs, conv_filters=args.conv_filters, dense_units=args.dense_units,
+                                  seed=args.seed)
+        dump({})
+    for p in settings:
         results.append((p, run_setting(clients, p, args.conv_filters, args.dense_units, args.seed)))
-        if args.json is not None:  # after every setting, so a stopped search keeps what it measured
-            args.json.write_text(json.dumps({"split": split.text, "wall_seconds": time.monotonic() - t0,
-                                             "curves": [{"setting": asdict(q), "rows": r} for q, r in results]}, indent=2))
+        dump({})  # after every setting, so a stopped search keeps what it measured
     best, rounds, row = choose(results, args.max_epochs)
     wall = time.monotonic() - t0
-    if args.json is not None:
-        args.json.write_text(json.dumps({"split": split.text, "wall_seconds": wall, "chosen": {**asdict(best), "rounds": rounds},
-                                         "curves": [{"setting": asdict(p), "rows": rows} for p, rows in results]}, indent=2))
+    dump({"chosen": {**asdict(best), "rounds": rounds}})
+    if central:
+        print(f"{'centralised':45s} " + " ".join(f"{r['val_f1']:.3f}/{r['test_f1']:.3f}" for r in central))
     for p, rows in results:
         print(f"{p.label:45s} " + " ".join(f"{r['val_f1']:.3f}/{r['test_f1']:.3f}" for r in rows))
     print(f"probe: split={split.text} settings={len(results)} wall_s={wall:.0f} chosen='{best.label}' rounds={rounds} "

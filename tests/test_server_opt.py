@@ -109,7 +109,7 @@ def test_registry_and_settings_know_the_server_optimisers():
         CoordinatorConfig(run_dir=".", aggregation=name)
     assert make_strategy("fedadam", ServerOptSettings(lr=0.1)).eta == 0.1
     eta_beta = {n: (s.eta, s.beta) for n in ("fedavgm", "fedadam", "fedyogi") if isinstance(s := make_strategy(n), FedOpt)}
-    assert eta_beta == {"fedavgm": (1.0, 0.5), "fedadam": (0.01, 0.9), "fedyogi": (0.01, 0.9)}
+    assert eta_beta == {"fedavgm": (3.0, 0.5), "fedadam": (0.01, 0.9), "fedyogi": (0.01, 0.9)}
 
 
 def test_the_server_flags_fill_the_server_opt_table(tmp_path):

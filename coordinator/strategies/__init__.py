@@ -45,7 +45,7 @@ REGISTRY: dict[str, type[Strategy]] = Strategy.registry
 """Strategy classes by ``--aggregation`` name (filled as the modules above are imported)."""
 
 DEFAULT_AGGREGATION = "fedavgm"
-"""The coordinator's default strategy: FedAvgM with eta 1 and beta 0.5, the setting with the best validation
+"""The coordinator's default strategy: FedAvgM with eta 3 and beta 0.5, the setting with the best validation
 macro-F1 of the search in docs/results.md (HAPT, blocks split, 15 rounds)."""
 if DEFAULT_AGGREGATION not in REGISTRY:
     raise ImportError(f"the default strategy {DEFAULT_AGGREGATION!r} is not in {__path__}")

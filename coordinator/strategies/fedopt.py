@@ -29,7 +29,7 @@ class ServerOptSettings:
     Parameters
     ----------
     lr : float > 0, optional
-        Server learning rate eta. None: the optimiser's default (FedAvgM 1.0, FedAdam and
+        Server learning rate eta. None: the optimiser's default (FedAvgM 3.0, tuned on HAPT, docs/results.md; FedAdam and
         FedYogi 0.01; the paper tunes it per task, 10^-2.5..10^0 for Adam and Yogi).
     momentum : float in [0, 1), optional
         FedAvgM's momentum beta, or FedAdam/FedYogi's first-moment decay beta1. None: the
@@ -47,7 +47,7 @@ class ServerOptSettings:
 
     lr: float | None = field(
         default=None,
-        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 1.0 for FedAvgM, 0.01 for "
+        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 3.0 for FedAvgM, 0.01 for "
                      "FedAdam/FedYogi", flag="--server-lr"),
     )
     momentum: float | None = field(
