@@ -245,7 +245,7 @@ def make_strategies() -> tuple[type, type]:
     from har_models.nn.metrics import mean_over_clients
     from har_models.nn.training import evaluate
 
-    class JobFedAvgM(FedAvgM):  # type: ignore[misc]
+    class JobFedAvgM(FedAvgM):
         """Flower's FedAvgM plus the main job's personalisation and generalisation measures."""
 
         def __init__(self, job: JobRun, **kw: Any):
@@ -267,7 +267,7 @@ def make_strategies() -> tuple[type, type]:
                     row["generalisation"] = mean_over_clients([evaluate(spec, st, union) for st in states])
             return super().aggregate_train(server_round, replies)
 
-    class ProjectOrderAverage(FedAvg):  # type: ignore[misc]
+    class ProjectOrderAverage(FedAvg):
         """FedAvg's aggregate_train with the project's averaging: client-id order, float64 accumulation."""
 
         def aggregate_train(self, server_round: int, replies: Iterable[Any]) -> tuple[Any, Any]:
@@ -405,7 +405,7 @@ def run(settings: JobSettings, order: str = "flower", actors: int = 2, actor_cpu
     server.main()(job.server_main)
     backend_config = {
         "client_resources": {"num_cpus": actor_cpus, "num_gpus": 0.0},
-        "init_args": {"num_cpus": int(round(actors * actor_cpus)), "num_gpus": 0, "include_dashboard": False},
+        "init_args": {"num_cpus": round(actors * actor_cpus), "num_gpus": 0, "include_dashboard": False},
     }
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=len(job.sources), backend_name="ray",
                    backend_config=backend_config)  # fmt: skip
