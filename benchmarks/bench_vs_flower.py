@@ -298,8 +298,9 @@ def _step(cmd: list[str], what: str) -> None:
     lines: list[str] = []
     for line in proc.stdout:
         lines.append(line)
-        if line.startswith(("Collecting", "Successfully", "ERROR", "Installing collected")):
-            print(f"    {what}: {line.rstrip()[:160]}", flush=True)
+        direct = line.startswith("Collecting") and ("(from fedhar" in line or "(from" not in line)
+        if direct or line.startswith(("Successfully built", "ERROR", "Installing collected")):  # the direct requirements only
+            print(f"    {what}: {line.rstrip()[:120]}", flush=True)
     if proc.wait() != 0:
         raise BenchError(f"{what} failed (exit {proc.returncode}):\n{''.join(lines[-30:])}")
 
