@@ -43,8 +43,8 @@ for digit (``bench_vs_flower.py`` prints the difference).
 ``--out FILE`` gets a JSON document: the settings, ``rounds`` (per round: ``round`` 0-based,
 ``global`` accuracy/macro-F1/weighted-F1 on the union test set, ``personalisation`` and, when
 measured, ``generalisation`` as the main job's report has them, ``seconds`` since the previous
-round ended), ``final``, ``wall_seconds`` (this process, imports to the end) and the versions of
-Flower, Ray and PyTorch.
+round ended, ``train_seconds`` the clients' summed :func:`train_local` time), ``final``,
+``wall_seconds`` (this process, imports to the end) and the versions of Flower, Ray and PyTorch.
 """
 
 from __future__ import annotations
@@ -116,15 +116,24 @@ class JobSettings:
         return round_ == self.rounds - 1 or (every > 0 and (round_ + 1) % every == 0)
 
 
+_SOURCES: dict[int, dict[str, str]] = {}
+"""--clients -> :func:`job_sources`, per process (dropping empty subjects reads every subject's windows: seconds)."""
+
+
 def job_sources(s: JobSettings) -> dict[str, str]:
-    """Client id -> HAPT source text, sorted by id, as ``fedhar-simulate --clients N`` picks them (empty subjects dropped)."""
+    """Client id -> HAPT source text, sorted by id, as ``fedhar-simulate --clients N`` picks them (empty subjects dropped).
+
+    Cached in this process, so a client round in an actor does not read every subject again.
+    """
     from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources
 
-    sources = subject_sources("hapt", DEFAULT_HAPT)
-    if s.clients:
-        sources = dict(list(sources.items())[: s.clients])
-    kept, _ = drop_empty_sources(sources)
-    return dict(sorted(kept.items()))
+    if s.clients not in _SOURCES:
+        sources = subject_sources("hapt", DEFAULT_HAPT)
+        if s.clients:
+            sources = dict(list(sources.items())[: s.clients])
+        kept, _ = drop_empty_sources(sources)
+        _SOURCES[s.clients] = dict(sorted(kept.items()))
+    return _SOURCES[s.clients]
 
 
 def _split(s: JobSettings) -> Any:
@@ -259,6 +268,7 @@ def make_strategies() -> tuple[type, type]:
             row = self.job.row(r0)
             spec = self.job.spec
             if contents:
+                row["train_seconds"] = round(sum(float(c["metrics"]["train-seconds"]) for c in contents), 3)
                 row["personalisation"] = _personalisation(contents, spec.n_classes)
                 if self.job.settings.generalisation_due(r0):
                     ordered = sorted(contents, key=lambda c: int(c["metrics"]["client-index"]))
