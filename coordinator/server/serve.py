@@ -100,6 +100,7 @@ def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir
         return None
     return dataclasses.replace(broker, username=user, password=password)
 
+
 SERVE_ROUNDS = 1_000_000
 """``rounds`` of a served federation's configuration: it has no last round (progress messages carry it)."""
 CONFIG_NAME = "server.toml"
@@ -233,6 +234,7 @@ class Server:
         self._waiting_logged = 0.0
         self._revoked_seen: set[str] = set()
         self._monitor: Any = None
+        self._eligible_now = 0
 
     @property
     def server(self) -> ServerSettings:
@@ -289,6 +291,14 @@ class Server:
         at = next_start(now, self._last_end, self.schedule.min_round_interval_s, self.schedule.window, self.tz)
         return max(at, self._retry_at)
 
+    def page_next_start(self, now: float | None = None) -> float | None:
+        """What the status page shows as the next start: :meth:`next_start` once ``[schedule] min_clients``
+        devices were eligible at the last look, else None ("when enough devices are eligible"): the schedule
+        alone would say "in 0 s" while the server is waiting for a device."""
+        if self._eligible_now < self.schedule.min_clients:
+            return None
+        return self.next_start(now)
+
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set (or KeyboardInterrupt: SIGINT, SIGTERM through :func:`install_signals`).
 
@@ -338,6 +348,7 @@ class Server:
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
                 eligible = co.eligible()
+                self._eligible_now = len(eligible)
                 start_at = self.next_start(now)
                 if len(eligible) >= self.schedule.min_clients and now >= start_at:
                     self._waiting = ""
@@ -443,7 +454,7 @@ class Server:
             monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
             monitor.start(wait_s=None)
         view = ServerView(name=self.server.name, run_state=RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
-                          monitor=monitor, next_start=lambda: self.next_start())  # fmt: skip
+                          monitor=monitor, next_start=self.page_next_start)  # fmt: skip
         try:
             page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
         except BaseException:
