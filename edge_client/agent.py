@@ -218,6 +218,12 @@ class EdgeAgent:
         )
 
     @property
+    def refusal(self) -> BrokerRefused | None:
+        """Why the broker refused this client for good (credentials, certificates, identity), or None."""
+        fatal = getattr(self._link, "fatal", None)
+        return fatal if isinstance(fatal, BrokerRefused) else None
+
+    @property
     def connection(self) -> LinkStatus:
         """The broker connection now (any thread): connected or not, and why the last attempt failed.
 

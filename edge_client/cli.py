@@ -25,6 +25,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
 from har_io.exit_codes import Exit
+from har_io.mqtt_link import BrokerRefused
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
 from har_models.wire.chunking import SharedTransfers
@@ -286,9 +287,36 @@ def serve(
             return Exit.USAGE
         if client.health is not None:
             agent.sensing_health = client.health.snapshot
-        return agent.run(stop, max_seconds=client.args.max_seconds)
+        code = agent.run(stop, max_seconds=client.args.max_seconds)
+        hint = enrolment_refusal_hint(getattr(client.args, "enrolment", None), agent.refusal)
+        if hint:
+            print(f"fedhar-client: {hint}", file=sys.stderr)
+        return code
     finally:
         client.store.close()
+
+
+def enrolment_refusal_hint(enrolment: str | None, refusal: BrokerRefused | None) -> str | None:
+    """What a device enrolled by a bundle should do when the broker refuses its login, or None.
+
+    The link's own message speaks of ``--username`` and ``--password-file``, which a device
+    started with ``--enrolment FILE`` never gave: its account comes from the bundle, and a refused
+    login means the device was revoked (``fedhar-coordinator revoke``) or enrolled again elsewhere.
+
+    Parameters
+    ----------
+    enrolment : str, optional
+        The ``--enrolment`` argument (None: the client was not started with a bundle).
+    refusal : BrokerRefused, optional
+        Why the broker refused the client (:attr:`edge_client.agent.EdgeAgent.refusal`).
+    """
+    if enrolment is None or refusal is None or refusal.kind != "auth":
+        return None
+    return (
+        f"the broker refused the account of the enrolment bundle {enrolment}: the device was revoked on the server "
+        "(fedhar-coordinator devices lists it as revoked), or the bundle is out of date. A revoked name is not enrolled "
+        "again: ask the server's operator for a new bundle (fedhar-coordinator enroll NEW-NAME) and start with that one"
+    )
 
 
 # A module the chosen backend needs is not installed: a restart cannot help, the install has to change.

@@ -23,6 +23,10 @@ The output folder then holds:
   ``homeassistant`` reads ``homeassistant/#`` and writes only ``homeassistant/status``;
 * ``passwd``: hashed by ``mosquitto_passwd`` (this script never hashes a password itself);
 * ``credentials/<user>.password``: each user's password (mode 0600), to copy to its device;
+* ``tls/``: copies of the ``--tls-cert``, ``--tls-key`` and ``--tls-ca`` files, which
+  ``mosquitto.conf`` names (the key mode 0640, group of ``--broker-user`` when run as root), so the
+  broker, which reads them after switching to its own account, never depends on where or with
+  which permissions they were made (``/root``, a home folder);
 * ``fedhar-broker.json``: the settings, so a re-run with only ``--out`` and new ``--clients``
   keeps everything else (``--home-assistant`` included).
 
@@ -101,8 +105,9 @@ the address with the names and addresses devices use to reach the broker:
       -extfile server.ext -out server.crt
 
 then pass --tls-cert server.crt --tls-key server.key --tls-ca ca.crt, and copy ca.crt (never a
-key) to every device (fedhar-client --tls-ca ca.crt). The broker's account must be able to read
-server.key (for the Debian service: sudo chgrp mosquitto server.key && sudo chmod 640 server.key).
+key) to every device (fedhar-client --tls-ca ca.crt). The three files are copied into the output
+folder's tls/ (the key readable by the broker's account only), so the broker never reads them
+where they were made; run this script again with the three options after renewing them.
 """
 
 class SetupError(Exception):
@@ -839,6 +844,7 @@ def generate(
             _write_atomic(outcome.password_file(user), password + "\n", 0o600)
         for user in [*revoke, *sorted(dropped)]:
             outcome.password_file(user).unlink(missing_ok=True)
+        settings = outcome.settings = install_tls_files(out, settings)
         _write_broker_file(out / "acl", acl_text(settings, devices))
         _write_atomic(out / "mosquitto.conf", config_text(settings, out), 0o644)
         _grant_broker_access(out, created_out, settings)
@@ -851,6 +857,75 @@ def generate(
     for user in outcome.revoked:
         log.info("revoked %s", user)
     return outcome
+
+
+TLS_DIR = "tls"
+"""Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
+
+
+def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
+    """Copy the TLS certificate, key and CA of ``settings`` into ``out/tls/``; return settings naming the copies.
+
+    Mosquitto started as root loads its certificates after switching to ``broker_user``, so a
+    key left where it was made (``/root/server.key``, mode 0600) stops the broker at start
+    ("Unable to load CA certificates", permission denied). The copies are ``server.crt`` and
+    ``ca.crt`` (mode 0644) and ``server.key`` (mode 0640, group of ``broker_user`` when run as
+    root, else 0600), each replaced atomically. A file that already is the copy is left alone,
+    so a re-run without the TLS options keeps them.
+
+    Parameters
+    ----------
+    out : Path
+        The output folder (absolute, existing).
+    settings : BrokerSettings
+        Checked settings (:func:`check_settings`: absolute, readable TLS paths, or None).
+
+    Returns
+    -------
+    BrokerSettings
+        ``settings`` with ``tls_cert``, ``tls_key`` and ``tls_ca`` replaced by the copies' paths.
+
+    Raises
+    ------
+    SetupError
+        If ``broker_user`` does not exist when run as root.
+    """
+    if not settings.tls:
+        return settings
+    tls = out / TLS_DIR
+    tls.mkdir(mode=0o750, exist_ok=True)
+    gid = None
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        import pwd
+
+        try:
+            gid = pwd.getpwnam(settings.broker_user).pw_gid
+        except KeyError:
+            raise SetupError(
+                f"--broker-user {settings.broker_user}: no such account; install mosquitto (it creates the 'mosquitto' account) "
+                "or name the account the broker runs as"
+            ) from None
+        os.chown(tls, 0, gid)
+    os.chmod(tls, 0o750 if gid is not None else 0o700)
+    copies: dict[str, str | None] = {}
+    for key, name, secret in (("tls_cert", "server.crt", False), ("tls_key", "server.key", True), ("tls_ca", "ca.crt", False)):
+        src = getattr(settings, key)
+        if src is None:
+            copies[key] = None
+            continue
+        dst = tls / name
+        if Path(src) != dst:
+            data = Path(src).read_bytes()
+
+            def write(tmp: Path, data: bytes = data, secret: bool = secret) -> None:
+                tmp.write_bytes(data)
+                if secret and gid is not None:
+                    os.chown(tmp, 0, gid)
+                os.chmod(tmp, (0o640 if gid is not None else 0o600) if secret else 0o644)
+
+            atomic_write(dst, write, mode=None)
+        copies[key] = str(dst)
+    return replace(settings, **copies)
 
 
 def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> None:

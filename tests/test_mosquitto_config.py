@@ -520,6 +520,18 @@ def test_tls_listener_with_openssl_made_certificates(tmp_path):
              "--tls-ca", str(d / "ca.crt"))  # fmt: skip
     conf = (out / "mosquitto.conf").read_text().splitlines()
     assert f"listener {port} 127.0.0.1" in conf, "with TLS the plain listener stays on loopback"
+    # The broker reads copies in out/tls/ (where it may read them), not the files where they were made.
+    tls = out.resolve() / "tls"
+    assert [ln for ln in conf if ln.split(" ")[0] in ("certfile", "keyfile", "cafile")] == [
+        f"certfile {tls / 'server.crt'}", f"keyfile {tls / 'server.key'}", f"cafile {tls / 'ca.crt'}"
+    ]
+    for name in ("server.crt", "server.key", "ca.crt"):
+        assert (tls / name).read_bytes() == (d / name).read_bytes()
+    assert (tls / "server.key").stat().st_mode & 0o777 in (0o640, 0o600) and (tls / "ca.crt").stat().st_mode & 0o777 == 0o644
+    (d / "server.key").unlink()  # the operator deletes the key where it was made; the broker keeps working
+    generate(out, "--clients", "hapt-02")  # a re-run without the TLS options keeps the copies
+    assert f"keyfile {tls / 'server.key'}" in (out / "mosquitto.conf").read_text().splitlines()
+    assert json.loads((out / "fedhar-broker.json").read_text())["settings"]["tls_key"] == str(tls / "server.key")
     # Strict X.509 checks, as Python 3.13 makes the default, so the recipe keeps working there.
     ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT

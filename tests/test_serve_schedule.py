@@ -132,6 +132,9 @@ def test_waiting_line() -> None:
     assert waiting_line(1, 2, D + 14 * H + 5 * M, D + 12 * H, TZ) == "waiting: 1 of 2 eligible devices (next start not before 14:05 local)"
     assert waiting_line(0, 2, D, D + 1, TZ) == "waiting: 0 of 2 eligible devices"
     assert waiting_line(3, 2, D + 2 * H, D, TZ) == "waiting: 3 eligible devices, 2 needed (next start not before 02:00 local)"
+    # A start minutes away is named to the second (a 20 s min_round_interval_s), the same line all through the wait.
+    lines = {waiting_line(2, 2, D + 12 * H + 20.4, D + 12 * H + t, TZ) for t in (0.0, 5.0, 19.9)}
+    assert lines == {"waiting: 2 eligible devices, 2 needed (next start not before 12:00:20 local)"}
 
 
 # --------------------------------------------------------------------------------------- settings

@@ -3,6 +3,7 @@ shows, the open round's progress, the bind rule and the token, and bad requests 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -242,3 +243,18 @@ def test_the_records_follow_the_database_and_skip_unreadable_rows(view: ServerVi
     view.run_state.complete_round(2, SPEC, init_state(SPEC, 0), {}, {"round": 2, "colour": "blue"})
     assert [r.round for r in view.records()] == [0, 1] and view.bad_rows == 1
     assert TestClient(make_app(view)).get("/api/rounds").status_code == 200
+
+
+def test_a_served_federation_shows_no_round_budget_and_waits_for_devices(view: ServerView) -> None:
+    from coordinator.server.serve import SERVE_ROUNDS
+
+    assert view.monitor is not None
+    view.monitor.handle(T.progress, RoundProgress("run-1", 1, SERVE_ROUNDS, _rows()[1]).to_bytes(), True)
+    page = TestClient(make_app(view)).get("/").text
+    assert '<span id="last-round">1</span> · next start: ' in page and f"of {SERVE_ROUNDS}" not in page
+    # Too few eligible devices: serve's page_next_start gives None, and the page says what it waits for.
+    waiting = dataclasses.replace(view, next_start=lambda: None)
+    assert '<span id="next-start">when enough devices are eligible</span>' in TestClient(make_app(waiting)).get("/").text
+    # A research run's planned rounds are still shown.
+    view.monitor.handle(T.progress, RoundProgress("run-1", 1, 100, _rows()[1]).to_bytes(), True)
+    assert '<span id="last-round">1</span> of 100 · next start: ' in TestClient(make_app(view)).get("/").text

@@ -185,14 +185,51 @@ def _clear_retained(file: ServeFile, name: str) -> bool:
     return True
 
 
+def _from_status_page(file: ServeFile, timeout_s: float = 3.0) -> tuple[dict[str, str], bool] | None:
+    """Device states and whether the coordinator is online, from a running server's status page JSON API.
+
+    Returns ``({device: state}, serving)`` as :func:`_retained` does (an offline device's state is
+    ``"offline"``), or None when ``[server] http_port`` is 0 or the page does not answer (no
+    ``serve`` runs, or an older one). A page on a wildcard address is asked on 127.0.0.1; the
+    ``[server] token`` is sent when set.
+    """
+    import urllib.error
+    import urllib.request
+
+    if file.server.http_port == 0:
+        return None
+    host = file.server.http_bind
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    base = f"http://{f'[{host}]' if ':' in host else host}:{file.server.http_port}"
+    headers = {"Authorization": f"Bearer {file.server.token}"} if file.server.token else {}
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=timeout_s) as r:
+            return json.loads(r.read())
+
+    try:
+        devices, current = get("/api/devices"), get("/api/round")
+        out = {str(d["name"]): (str(d.get("status") or "online") if d.get("online") else "offline") for d in devices}
+        return out, bool(current["coordinator"]["online"])
+    except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+        return None
+
+
 def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], bool] | None:
-    """Read the federation's retained statuses with the broker's read-only monitor account.
+    """Device states and whether a ``serve`` runs: from its status page, else the broker's retained statuses.
 
     Returns ``({device: state}, serving)`` where ``serving`` is True when the coordinator's status
-    says online and is fresh (a ``serve`` runs); None if the broker cannot be read. The monitor
-    account is used because a second login as the coordinator would disconnect a running one
-    (the generated broker takes user names as client ids).
+    says online and is fresh (a ``serve`` runs); None if neither can be read. A running server's
+    status page (:func:`_from_status_page`) is asked first: its own monitor session holds the
+    monitor account, and the generated broker takes user names as client ids, so a second login
+    with it would disconnect the page's session (seen on a fresh install: each ``revoke`` and
+    ``devices`` knocked the page's monitor off for a second or two). Without a page, the broker is
+    read with the read-only monitor account (never the coordinator's, which would disconnect a
+    running coordinator).
     """
+    page = _from_status_page(file)
+    if page is not None:
+        return page
     if not file.server.broker_dir:
         return None
     from coordinator.server.broker_admin import BrokerAdminError
@@ -319,7 +356,8 @@ def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, An
 
 
 def online_states(file: ServeFile, wait_s: float = 2.0) -> dict[str, str] | None:
-    """Each device's state from its retained status on the broker (read-only monitor account), or None if unreadable."""
+    """Each device's state from a running server's status page, else its retained status on the broker (read-only
+    monitor account); None if neither can be read."""
     seen = _retained(file, wait_s)
     return None if seen is None else seen[0]
 

@@ -159,8 +159,16 @@ def eligible_devices(
 
 def waiting_line(n_eligible: int, min_clients: int, start_at: float, now: float, tz: dt.tzinfo | None = None) -> str:
     """The progress line of a server waiting for its next round, e.g.
-    ``"waiting: 1 of 2 eligible devices (next start not before 14:05 local)"``."""
-    when = "" if start_at <= now else f" (next start not before {local_hhmm(start_at, tz)} local)"
+    ``"waiting: 1 of 2 eligible devices (next start not before 14:05 local)"``. A start less than
+    10 minutes away is given to the second (``"... not before 14:24:31 local"``): with a short
+    ``min_round_interval_s`` the minute alone names a time that has already begun. The line does not
+    change while the wait runs down (serve logs it each time it changes)."""
+    if start_at <= now:
+        when = ""
+    elif start_at - now < 600:
+        when = f" (next start not before {_local(start_at, tz).strftime('%H:%M:%S')} local)"
+    else:
+        when = f" (next start not before {local_hhmm(start_at, tz)} local)"
     if n_eligible >= min_clients:
         return f"waiting: {n_eligible} eligible devices, {min_clients} needed{when}"
     return f"waiting: {n_eligible} of {min_clients} eligible devices{when}"

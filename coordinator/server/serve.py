@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 import signal
 import threading
 import time
@@ -41,6 +42,64 @@ from har_models.wire.messages import ClientStatus
 from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.serve")
+
+
+def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir: str | None) -> BrokerConfig | None:
+    """Broker settings of the status page's monitor session, or None when there is no usable monitor account.
+
+    In order: ``[server] monitor_password_file``; else the credential ``monitor`` that systemd
+    hands the unit (``LoadCredential=monitor:/etc/fedhar/monitor.password``, in
+    ``credentials_dir``); else the password in ``[server] broker_dir`` (readable when the server
+    runs as the broker folder's owner); each with the user ``[server] monitor_user``. Without
+    ``broker_dir`` (a development broker) the coordinator's own settings are used, under another
+    client id. A generated broker allows one session per user name, so with ``broker_dir`` set
+    the coordinator's account is never borrowed: that would disconnect the coordinator, and the
+    two sessions would take turns for ever. Then None is returned (logged with the fix) and the
+    page shows the federation without presence and device statuses.
+
+    Parameters
+    ----------
+    server : ServerSettings
+    broker : BrokerConfig
+        The coordinator's broker settings (host, port, TLS).
+    credentials_dir : str, optional
+        ``$CREDENTIALS_DIRECTORY`` (systemd), or None.
+
+    Returns
+    -------
+    BrokerConfig or None
+    """
+    sources: list[Path] = []
+    if server.monitor_password_file:
+        sources.append(Path(server.monitor_password_file).expanduser())
+    elif credentials_dir and (Path(credentials_dir) / "monitor").is_file():
+        sources.append(Path(credentials_dir) / "monitor")
+    for path in sources:
+        try:
+            password = path.read_text().strip()
+        except OSError as exc:
+            log.error("status page: the monitor password file %s is unreadable (%s); no presence on the page", path, exc.strerror or exc)
+            return None
+        if not password:
+            log.error("status page: the monitor password file %s is empty; no presence on the page", path)
+            return None
+        return dataclasses.replace(broker, username=server.monitor_user, password=password)
+    if not server.broker_dir:
+        return broker
+    try:
+        from coordinator.server.broker_admin import BrokerAdmin
+
+        user, password = BrokerAdmin(Path(server.broker_dir), reload="none").monitor_credentials()
+    except (ImportError, RuntimeError, OSError) as exc:
+        log.error(
+            "status page: the monitor account is not usable (%s); give the server its password: "
+            "sudo install -m 600 %s/credentials/%s.password /etc/fedhar/monitor.password (the unit loads it as the credential "
+            "'monitor'), or set [server] monitor_password_file; the page shows no presence until then",
+            exc, server.broker_dir, server.monitor_user,
+        )  # fmt: skip
+        return None
+    return dataclasses.replace(broker, username=user, password=password)
+
 
 SERVE_ROUNDS = 1_000_000
 """``rounds`` of a served federation's configuration: it has no last round (progress messages carry it)."""
@@ -175,6 +234,7 @@ class Server:
         self._waiting_logged = 0.0
         self._revoked_seen: set[str] = set()
         self._monitor: Any = None
+        self._eligible_now = 0
 
     @property
     def server(self) -> ServerSettings:
@@ -231,6 +291,14 @@ class Server:
         at = next_start(now, self._last_end, self.schedule.min_round_interval_s, self.schedule.window, self.tz)
         return max(at, self._retry_at)
 
+    def page_next_start(self, now: float | None = None) -> float | None:
+        """What the status page shows as the next start: :meth:`next_start` once ``[schedule] min_clients``
+        devices were eligible at the last look, else None ("when enough devices are eligible"): the schedule
+        alone would say "in 0 s" while the server is waiting for a device."""
+        if self._eligible_now < self.schedule.min_clients:
+            return None
+        return self.next_start(now)
+
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set (or KeyboardInterrupt: SIGINT, SIGTERM through :func:`install_signals`).
 
@@ -280,6 +348,7 @@ class Server:
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
                 eligible = co.eligible()
+                self._eligible_now = len(eligible)
                 start_at = self.next_start(now)
                 if len(eligible) >= self.schedule.min_clients and now >= start_at:
                     self._waiting = ""
@@ -307,7 +376,8 @@ class Server:
         finally:
             if page is not None:
                 page.stop()
-                self._monitor.stop()
+                if self._monitor is not None:
+                    self._monitor.stop()
             co.close()
             self.registry.close()
 
@@ -378,23 +448,18 @@ class Server:
             return None
         from har_models.wire.topics import Topics
 
-        broker = self.cfg.broker
-        if self.server.broker_dir:
-            try:
-                from coordinator.server.broker_admin import BrokerAdmin
-
-                user, password = BrokerAdmin(Path(self.server.broker_dir), reload="none").monitor_credentials()
-                broker = dataclasses.replace(broker, username=user, password=password)
-            except (ImportError, RuntimeError, OSError) as exc:
-                log.warning("status page: the monitor account is not usable (%s); it reads with the coordinator's", exc)
-        monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
-        monitor.start(wait_s=None)
+        broker = monitor_broker(self.server, self.cfg.broker, os.environ.get("CREDENTIALS_DIRECTORY"))
+        monitor = None
+        if broker is not None:
+            monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
+            monitor.start(wait_s=None)
         view = ServerView(name=self.server.name, run_state=RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
-                          monitor=monitor, next_start=lambda: self.next_start())  # fmt: skip
+                          monitor=monitor, next_start=self.page_next_start)  # fmt: skip
         try:
             page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
         except BaseException:
-            monitor.stop()
+            if monitor is not None:
+                monitor.stop()
             raise
         log.info("status page on http://%s:%d/", self.server.http_bind, page.port)
         self._monitor = monitor

@@ -108,6 +108,13 @@ class ServerSettings:
     )
     public_host: str | None = field(default=None, metadata=doc("broker host name written into enrolment bundles (default the broker's)"))
     keep_versions: int = field(default=50, metadata=doc("model versions kept (older version files are deleted)", "versions"))
+    monitor_user: str = field(
+        default="monitor", metadata=doc("user name of the broker's read-only monitor account (mosquitto_config.py --monitor-user)")
+    )
+    monitor_password_file: str | None = field(
+        default=None,
+        metadata=doc("the monitor account's password file for the status page (default $CREDENTIALS_DIRECTORY/monitor, else broker_dir's)"),
+    )
 
     def __post_init__(self) -> None:
         if not self.name.strip():

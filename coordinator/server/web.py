@@ -54,6 +54,7 @@ from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, make_registry, scrape
 from coordinator.server.monitor import Monitor, MonitorSnapshot
+from coordinator.server.serve import SERVE_ROUNDS
 from coordinator.state import RunState, StateDamaged
 from har_models.wire.messages import ClientStatus
 
@@ -547,7 +548,8 @@ def render_page(view: ServerView, query: str = "") -> str:
     else:
         h.append(f'<p id="round">no round open ({_e(cur["state"])})</p>')
     last = cur["last_completed"]
-    planned = f" of {cur['rounds_planned']}" if cur["rounds_planned"] else ""
+    # A served federation's round budget (SERVE_ROUNDS) is no plan an operator made: show no "of N" for it.
+    planned = f" of {cur['rounds_planned']}" if cur["rounds_planned"] and cur["rounds_planned"] < SERVE_ROUNDS else ""
     h.append(f'<p>last completed round: <span id="last-round">{_e(last)}</span>{planned} · next start: '
              f'<span id="next-start">{_when(cur["next_start_unix"], now) if cur["next_start_unix"] else "when enough devices are eligible"}'
              f"</span></p>")  # fmt: skip
