@@ -925,7 +925,7 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
 
             atomic_write(dst, write, mode=None)
         copies[key] = str(dst)
-    return replace(settings, **copies)
+    return replace(settings, **copies)  # type: ignore[arg-type]  # the keys are the three str | None TLS fields
 
 
 def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> None:
