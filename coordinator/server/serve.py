@@ -34,7 +34,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
 from coordinator.server.registry import Registry, VersionRow
 from coordinator.server.schedule import eligible_devices, next_start, waiting_line
-from coordinator.server.settings import ScheduleSettings, ServeFile, ServerSettings, read_serve_file
+from coordinator.server.settings import SERVE_ROUNDS, ScheduleSettings, ServeFile, ServerSettings, read_serve_file
 from coordinator.state import RunState, StateDamaged, save_state_file
 from har_io.broker_config import BrokerConfig
 from har_io.cli import settings_from
@@ -101,8 +101,6 @@ def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir
     return dataclasses.replace(broker, username=user, password=password)
 
 
-SERVE_ROUNDS = 1_000_000
-"""``rounds`` of a served federation's configuration: it has no last round (progress messages carry it)."""
 CONFIG_NAME = "server.toml"
 RETRY_AFTER_FAILED_S = 300.0
 """A round that closed without changing the model is tried again after at most this long (or the interval, if shorter)."""

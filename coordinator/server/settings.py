@@ -34,6 +34,9 @@ from typing import Any
 from har_io.cli import read_settings_file
 from har_models.settings import doc, from_mapping
 
+SERVE_ROUNDS = 1_000_000
+"""``rounds`` of a served federation's configuration: it has no last round (progress messages carry it)."""
+
 BROKER_RELOADS = ("auto", "systemctl", "none")
 """``[server] broker_reload`` choices besides ``"pid:/path/to/mosquitto.pid"`` and ``"systemctl:UNIT"``."""
 

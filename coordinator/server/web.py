@@ -54,7 +54,7 @@ from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, make_registry, scrape
 from coordinator.server.monitor import Monitor, MonitorSnapshot
-from coordinator.server.serve import SERVE_ROUNDS
+from coordinator.server.settings import SERVE_ROUNDS
 from coordinator.state import RunState, StateDamaged
 from har_models.wire.messages import ClientStatus
 
