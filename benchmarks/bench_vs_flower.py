@@ -2,9 +2,10 @@
 
 Both sides run the README's first command's work with the same settings (default: 30 HAPT
 clients, 15 rounds, seed 1, the ``blocks`` split, the paper CNN, E = 1, lr 0.1, batch 32,
-FedAvgM with the main job's server lr (``FEDAVGM_ETA``, 3 since the second search; the figures in
-docs/benchmarks-server.md were measured with 1.0) and momentum 0.5; ``--clients/--rounds/--conv-filters/
---dense-units/...`` change them for both):
+FedAvgM with the main job's server lr (``FEDAVGM_ETA``, 3 since the second search) and momentum 0.5,
+uploads in the main job's encoding (``DEFAULT_CLIENT_UPDATE_ENCODING``, int8_delta: Flower's clients
+encode and decode their trained model with the project's functions, so both sides average the same
+tensors); ``--clients/--rounds/--conv-filters/--dense-units/--update-encoding/...`` change them for both):
 
 - **Flower**: ``benchmarks/flower_job.py`` in Flower 1.42's simulation engine (Ray backend,
   ``--actors`` client actors of ``--actor-cpus`` CPU, ``--threads`` PyTorch threads each), its
@@ -60,6 +61,7 @@ from typing import Any
 
 import psutil
 
+from coordinator.config import DEFAULT_CLIENT_UPDATE_ENCODING
 from coordinator.strategies.fedavgm import FEDAVGM_ETA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +85,7 @@ JOB_OPTIONS: dict[str, Any] = {
     "server_lr": FEDAVGM_ETA,  # the main job's FedAvgM, whatever its default is now
     "server_momentum": 0.5,
     "generalisation_every": 5,
+    "update_encoding": DEFAULT_CLIENT_UPDATE_ENCODING,  # what the main job's clients upload
 }
 
 
@@ -215,7 +218,7 @@ def fedhar_cmd(job: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
         "--local-epochs", str(job["local_epochs"]), "--lr", str(job["lr"]), "--batch-size", str(job["batch_size"]),
         "--seed", str(job["seed"]), "--split", str(job["split"]), "--split-seed", str(job["split_seed"]),
         "--aggregation", "fedavgm", "--server-lr", str(job["server_lr"]), "--server-momentum", str(job["server_momentum"]),
-        "--generalisation-every", str(job["generalisation_every"]),
+        "--generalisation-every", str(job["generalisation_every"]), "--update-encoding", str(job["update_encoding"]),
         "--no-progress", "--run-dir", str(run_dir), "--run-id", run_id,
     ]  # fmt: skip
 

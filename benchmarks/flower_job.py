@@ -94,6 +94,13 @@ class JobSettings:
         FedAvgM's eta and beta.
     generalisation_every : int
         Rounds between generalisation measurements (the main job's default 5; 0 = last only).
+    update_encoding : {"float32", "float16", "int8_delta"}
+        What a client's reply carries, as the main job's clients upload it: each client encodes
+        its trained model with :func:`har_models.wire.update_encoding.encode_update` against the
+        received model (int8_delta's residual kept in the node's ``context.state`` across rounds,
+        as a device keeps it in its store) and decodes it with ``decode_update``, so the server
+        averages the tensors the main job's coordinator averages. The reply itself stays float32
+        (Flower moves arrays in memory; this job does not shrink them).
     """
 
     clients: int = 30
@@ -109,6 +116,7 @@ class JobSettings:
     server_lr: float = 1.0
     server_momentum: float = 0.5
     generalisation_every: int = 5
+    update_encoding: str = "float32"
 
     def generalisation_due(self, round_: int) -> bool:
         """Whether the main job measures generalisation in 0-based round ``round_`` (as :func:`coordinator.round.evaluate_round`)."""
@@ -202,7 +210,10 @@ def client_train(msg: Any, context: Any) -> Any:
     cfg = TrainConfig(epochs=s.local_epochs, lr=s.lr, batch_size=s.batch_size, seed=derive_seed(s.seed, cid, round0, 0))
     result = train_local(spec, received, train, cfg, make_loss(balanced_class_weights(train.y, spec.n_classes)))
     cm_trained = evaluate(spec, result.state, test)
-    arrays = ArrayRecord({name: Array(t.numpy()) for name, t in result.state.items()})
+    trained = {name: t.numpy() for name, t in result.state.items()}
+    if s.update_encoding != "float32":
+        trained = _through_encoding(trained, {n: t.numpy() for n, t in received.items()}, s.update_encoding, context)
+    arrays = ArrayRecord({name: Array(a) for name, a in trained.items()})
     metrics = MetricRecord({
         "num-examples": len(train),
         "client-index": k,
@@ -211,6 +222,33 @@ def client_train(msg: Any, context: Any) -> Any:
         "train-seconds": float(result.seconds),
     })
     return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+RESIDUAL_RECORD = "int8-delta-residual"
+"""The ``context.state`` record that holds a node's int8_delta residual e between rounds."""
+
+
+def _through_encoding(
+    trained: dict[str, np.ndarray], received: dict[str, np.ndarray], encoding: str, context: Any
+) -> dict[str, np.ndarray]:
+    """The trained tensors as the main job's coordinator sees them after ``encoding`` (float32 arrays, names unchanged).
+
+    Encodes with :func:`har_models.wire.update_encoding.encode_update` against ``received``
+    (int8_delta: with the residual e of the node's previous round from ``context.state``, and
+    e' stored back), then decodes with ``decode_update`` against the same reference, as
+    :func:`edge_client.trainer.encode_for_upload` and the coordinator do.
+    """
+    from flwr.app import Array, ArrayRecord
+
+    from har_models.wire.update_encoding import decode_update, encode_update
+
+    residual: dict[str, np.ndarray] = {}
+    if RESIDUAL_RECORD in context.state:
+        residual = {n: a.numpy() for n, a in context.state[RESIDUAL_RECORD].items()}
+    coded, meta, new_residual = encode_update(trained, received, encoding, residual)
+    if encoding == "int8_delta":
+        context.state[RESIDUAL_RECORD] = ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in new_residual.items()})
+    return dict(decode_update(coded, meta, received))
 
 
 def make_client_app() -> Any:

@@ -15,9 +15,9 @@ from har_io.cli import write_settings_file
 from har_models.settings import LrSchedule
 from har_models.wire.messages import RoundAnnouncement, TrainingPlan
 
-# The plan fields a client built before the schedule existed knows (update_encoding is left out at its default).
 _OLD_PLAN_KEYS = {"local_epochs", "lr", "batch_size", "prox_mu", "client_init", "guidance", "keep_local", "frozen",
-                  "class_weights", "seed", "ala"}
+                  "class_weights", "seed", "ala", "update_encoding"}
+"""The plan fields a client built before the schedule knows (``update_encoding`` is left out when it is float32)."""
 
 
 def test_the_default_schedule_leaves_every_round_at_the_given_lr() -> None:
@@ -86,6 +86,6 @@ def test_a_client_that_knows_no_schedule_still_takes_each_rounds_plan() -> None:
         ann = RoundAnnouncement(run_id="r", round=r, state="training", arch={}, label_set="hapt6", selected=("c",),
                                 plan=base_plan(cfg, r))
         plan = json.loads(ann.to_bytes())["plan"]
-        assert set(plan) == _OLD_PLAN_KEYS
+        assert set(plan) == _OLD_PLAN_KEYS and plan["update_encoding"] == cfg.update_encoding == "int8_delta"
         lrs.append(TrainingPlan.from_json(plan).lr)
     assert lrs == [0.1, 0.1, 0.05, 0.05]
