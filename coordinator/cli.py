@@ -196,31 +196,22 @@ def serve_main(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
         return Exit.USAGE
-    try:
-        server = Server(data, broker, federation or "default", config=args.config,
-                        report_header={"command": "fedhar-coordinator serve " + " ".join(argv)})  # fmt: skip
-    except (RegistryDamaged, StateDamaged, StateError) as exc:
-        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
-    except (ValueError, OSError) as exc:
-        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
-        return Exit.USAGE
-    install_signals(server)
-    try:
-        server.run()
-    except (RegistryDamaged, StateDamaged, StateError) as exc:
-        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
-    except BrokerRefused as exc:
-        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
-        return Exit.BROKER_REFUSED
-    except CoordinatorError as exc:
-        print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
-        return Exit.FEDERATION_FAILED
-    except KeyboardInterrupt:
-        print(f"fedhar-coordinator serve: stopped; everything completed is kept in {data}", file=sys.stderr)
-        return Exit.SIGINT
-    return Exit.OK
+    prog = "fedhar-coordinator serve"
+    folder: exit_codes.ErrorExits = [((RegistryDamaged, StateDamaged, StateError), Exit.FOLDER_UNUSABLE)]
+    built: list[Server] = []
+
+    def build() -> None:
+        built.append(Server(data, broker, federation or "default", config=args.config,
+                            report_header={"command": "fedhar-coordinator serve " + " ".join(argv)}))  # fmt: skip
+
+    status = exit_codes.exit_status_of(prog, build, [*folder, ((ValueError, OSError), Exit.USAGE)])
+    if not built:
+        return status
+    install_signals(built[0])
+    return exit_codes.exit_status_of(
+        prog, built[0].run, [*folder, (BrokerRefused, Exit.BROKER_REFUSED), (CoordinatorError, Exit.FEDERATION_FAILED)],
+        interrupted=f"stopped; everything completed is kept in {data}",
+    )  # fmt: skip
 
 
 def run_main(words: list[str], argv: list[str] | None = None) -> int:
@@ -260,25 +251,22 @@ def run_main(words: list[str], argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as exc:
             print(f"fedhar-coordinator: --eval-data {args.eval_data}: {exc}", file=sys.stderr)
             return Exit.DATA
-    try:
+
+    def run() -> None:
         Coordinator(
             cfg,
             evaluator,
             progress=not args.no_progress,
             report_header={"command": "fedhar-coordinator " + " ".join(argv if argv is not None else sys.argv[1:])},
         ).run()
-    except StateError as exc:
-        print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
-    except BrokerRefused as exc:
-        print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return Exit.BROKER_REFUSED
-    except CoordinatorError as exc:
-        print(f"fedhar-coordinator: {exc}", file=sys.stderr)
-        return Exit.FEDERATION_FAILED
-    except KeyboardInterrupt:
-        print(f"fedhar-coordinator: interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)", file=sys.stderr)
-        return Exit.SIGINT
+
+    status = exit_codes.exit_status_of(
+        "fedhar-coordinator", run,
+        [(StateError, Exit.FOLDER_UNUSABLE), (BrokerRefused, Exit.BROKER_REFUSED), (CoordinatorError, Exit.FEDERATION_FAILED)],
+        interrupted=f"interrupted; completed rounds are kept in {cfg.run_dir} (resume with --resume)",
+    )  # fmt: skip
+    if status != Exit.OK:
+        return status
     print(f"fedhar-coordinator: run {run_id} finished; report: {cfg.run_dir / 'report.md'}")
     return Exit.OK
 

@@ -17,6 +17,7 @@ was 1, which is also Python's own status for an uncaught exception).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -201,6 +202,49 @@ def markdown_table() -> str:
         restart = "-" if c.code in (Exit.OK, Exit.SIGINT, Exit.SIGTERM) else ("yes" if c.restart_helps else "no")
         rows.append(f"| {int(c.code)} | {c.code.name.lower()} | {cell(c)} | {who} | {restart} |")
     return "\n".join(rows)
+
+
+ErrorExits = Sequence[tuple["type[BaseException] | tuple[type[BaseException], ...]", Exit]]
+"""Exception kinds and the exit status each ends a program with, first match wins (:func:`exit_status_of`)."""
+
+
+def exit_status_of(
+    prog: str, body: Callable[[], int | None], errors: ErrorExits, interrupted: str | None = None
+) -> int:
+    """Run ``body`` and turn the errors a person can act on into one line on stderr and an exit status.
+
+    Parameters
+    ----------
+    prog : str
+        The program (and subcommand) that starts each message: ``"fedhar-coordinator serve: ..."``.
+    body : callable
+        The work; its return value is the status (``None`` counts as :attr:`Exit.OK`).
+    errors : sequence of (exception kinds, Exit)
+        Tried in order; the first whose kinds match prints ``"{prog}: {exc}"`` and gives its
+        status. An exception that matches none propagates (a traceback, exit 1: a bug).
+    interrupted : str, optional
+        For Ctrl-C (KeyboardInterrupt): ``"{prog}: {interrupted}"`` and :attr:`Exit.SIGINT`.
+        Without it, Ctrl-C propagates.
+
+    Returns
+    -------
+    int
+        The status.
+    """
+    try:
+        status = body()
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"{prog}: {interrupted}", file=sys.stderr)
+        return Exit.SIGINT
+    except Exception as exc:
+        for kinds, code in errors:
+            if isinstance(exc, kinds):
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return code
+        raise
+    return Exit.OK if status is None else status
 
 
 if __name__ == "__main__":

@@ -76,3 +76,30 @@ def test_client_exits_6_when_another_client_holds_the_state_folder(tmp_path):
     finally:
         holder.close()
     assert rc == Exit.FOLDER_UNUSABLE == 6
+
+
+def test_exit_status_of_maps_errors_in_order_and_lets_bugs_through(capsys):
+    class Damaged(ValueError):
+        pass
+
+    errors = [(Damaged, Exit.FOLDER_UNUSABLE), ((ValueError, OSError), Exit.USAGE)]
+
+    def fail(exc: BaseException):
+        def body():
+            raise exc
+
+        return body
+
+    # The first matching row wins: Damaged is a ValueError, but its own row comes first.
+    assert exit_codes.exit_status_of("prog", fail(Damaged("folder x is damaged")), errors) == Exit.FOLDER_UNUSABLE
+    assert capsys.readouterr().err == "prog: folder x is damaged\n"
+    assert exit_codes.exit_status_of("prog", fail(OSError("no such file y")), errors) == Exit.USAGE
+    assert capsys.readouterr().err == "prog: no such file y\n"
+    assert exit_codes.exit_status_of("prog", lambda: None, errors) == Exit.OK
+    assert exit_codes.exit_status_of("prog", lambda: Exit.DATA, errors) == Exit.DATA
+    assert exit_codes.exit_status_of("prog", fail(KeyboardInterrupt()), errors, interrupted="stopped") == Exit.SIGINT
+    assert capsys.readouterr().err == "prog: stopped\n"
+    with pytest.raises(KeyError):  # a bug keeps its traceback
+        exit_codes.exit_status_of("prog", fail(KeyError("k")), errors)
+    with pytest.raises(KeyboardInterrupt):  # no message for Ctrl-C given: it propagates
+        exit_codes.exit_status_of("prog", fail(KeyboardInterrupt()), errors)

@@ -34,7 +34,7 @@ from coordinator.server.settings import ServeFile, default_data_dir, read_serve_
 from coordinator.state import StateDamaged
 from har_io.broker_config import BrokerConfig
 from har_io.cli import add_logging_arguments, setup_logging
-from har_io.exit_codes import Exit
+from har_io.exit_codes import ErrorExits, Exit, exit_status_of
 from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.devices")
@@ -418,52 +418,51 @@ def main(cmd: str, argv: list[str]) -> int:
 
 
 def _run(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int:
-    try:
-        file = read_serve_file(args.config or data / "server.toml")
-        if cmd == "enroll":
-            js, png, qr = enroll(data, file, args.name, args.owner)
-            print(qr)
-            print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
-            print(f"  {js}  (fedhar-client --enrolment {js.name})")
-            print(f"  {png}  (the same as a QR code image)")
-            print("Both files hold the device's password: keep them private (mode 0600), delete them once the device has joined.")
-        elif cmd in ("revoke", "forget"):
-            for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
-                print(line)
-        elif cmd == "devices":
-            rows = device_table(data, online_states(file))
-            if args.json:
-                print(json.dumps(rows, indent=1))
-            else:
-                for r in rows:
-                    r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
-                _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked"])
-        elif cmd == "versions":
-            reg = Registry(data)
-            try:
-                vrows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]
-            finally:
-                reg.close()
-            if args.json:
-                print(json.dumps(vrows, indent=1))
-            else:
-                for r in vrows:
-                    f = r["figures"]
-                    r["created"] = _when(r["created_unix"])
-                    r["pers_f1"] = None if f.get("personalization_macro_f1") is None else f"{100 * f['personalization_macro_f1']:.1f}%"
-                    r["global_f1"] = None if f.get("global_macro_f1") is None else f"{100 * f['global_macro_f1']:.1f}%"
-                    r["updates"] = f.get("updates")
-                _print_table(vrows, ["version", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])
+    errors: ErrorExits = [
+        ((RegistryDamaged, StateDamaged), Exit.FOLDER_UNUSABLE),
+        ((ValueError, OSError, DeviceCommandError), Exit.USAGE),
+        (RuntimeError, Exit.BROKER_REFUSED),  # BrokerAdminError (a RuntimeError): the broker could not be administered
+    ]
+    return exit_status_of(prog, lambda: _command(cmd, args, data, prog), errors)
+
+
+def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int | None:
+    file = read_serve_file(args.config or data / "server.toml")
+    if cmd == "enroll":
+        js, png, qr = enroll(data, file, args.name, args.owner)
+        print(qr)
+        print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
+        print(f"  {js}  (fedhar-client --enrolment {js.name})")
+        print(f"  {png}  (the same as a QR code image)")
+        print("Both files hold the device's password: keep them private (mode 0600), delete them once the device has joined.")
+    elif cmd in ("revoke", "forget"):
+        for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
+            print(line)
+    elif cmd == "devices":
+        rows = device_table(data, online_states(file))
+        if args.json:
+            print(json.dumps(rows, indent=1))
         else:
-            print(f"{prog}: unknown command", file=sys.stderr)
-            return Exit.USAGE
-    except (RegistryDamaged, StateDamaged) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
-    except (ValueError, OSError, DeviceCommandError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+            for r in rows:
+                r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
+            _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked"])
+    elif cmd == "versions":
+        reg = Registry(data)
+        try:
+            vrows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]
+        finally:
+            reg.close()
+        if args.json:
+            print(json.dumps(vrows, indent=1))
+        else:
+            for r in vrows:
+                f = r["figures"]
+                r["created"] = _when(r["created_unix"])
+                r["pers_f1"] = None if f.get("personalization_macro_f1") is None else f"{100 * f['personalization_macro_f1']:.1f}%"
+                r["global_f1"] = None if f.get("global_macro_f1") is None else f"{100 * f['global_macro_f1']:.1f}%"
+                r["updates"] = f.get("updates")
+            _print_table(vrows, ["version", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])
+    else:
+        print(f"{prog}: unknown command", file=sys.stderr)
         return Exit.USAGE
-    except RuntimeError as exc:  # BrokerAdminError (a RuntimeError): the broker could not be administered
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.BROKER_REFUSED
     return Exit.OK
