@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import queue
 import shutil
 import subprocess
 import sys
@@ -31,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
+from mqtt_peer import QUIET_S, WAIT_S
+from mqtt_peer import MqttPeer as Peer
 
 from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError, BrokerReloadFailed, clear_device_topics
 from har_io.broker_config import BrokerConfig
@@ -46,10 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
 FED = "admintest"
 P = f"fedhar/v1/{FED}"
-WAIT_S = 5.0
-"""Bound on every wait for a broker answer or an expected message (seconds)."""
-QUIET_S = 0.5
-"""How long a denied message is given to show up after its control arrived (seconds)."""
 ME = pwd.getpwuid(os.geteuid()).pw_name  # started as root, Mosquitto would switch to an account that cannot read tmp
 
 
@@ -112,77 +108,6 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     generate(out, "--federation", FED, "--clients", "hapt-01,hapt-02", "--port", str(port), "--bind", "127.0.0.1")
     with running(out, port) as b:
         yield b
-
-
-class Peer:
-    """One paho-mqtt 2.x session (MQTT 3.1.1) with bounded waits on what the broker sends back."""
-
-    def __init__(self, port: int, user: str, password: str, client_id: str = ""):
-        self.messages: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self.seen: list[tuple[str, bytes]] = []
-        self.connack: queue.Queue[Any] = queue.Queue()
-        self.subacks: dict[int, threading.Event] = {}
-        self.dropped = threading.Event()
-        self.dropped_at: float | None = None
-        self.port = port
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"test-{uuid.uuid4().hex[:8]}",
-                        protocol=mqtt.MQTTv311)  # fmt: skip
-        c.username_pw_set(user, password)
-        c.reconnect_delay_set(60, 120)  # a dropped session stays dropped while the test looks at it
-        c.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
-        c.on_message = lambda _c, _u, m: self.messages.put((m.topic, bytes(m.payload)))
-        c.on_disconnect = self._on_disconnect
-        c.on_subscribe = lambda _c, _u, mid, _rc, _p: self.subacks.setdefault(mid, threading.Event()).set()
-        self.client = c
-
-    def _on_disconnect(self, *_: Any) -> None:
-        self.dropped_at = time.monotonic()
-        self.dropped.set()
-
-    def connect(self, will: tuple[str, bytes] | None = None) -> Any:
-        """The CONNACK's reason code; the session is served in the background if it was accepted."""
-        if will is not None:
-            self.client.will_set(will[0], will[1], qos=1, retain=True)
-        self.client.connect("127.0.0.1", self.port, keepalive=30)
-        end = time.monotonic() + WAIT_S
-        while self.connack.empty():  # by hand until CONNACK: paho's thread would retry a refused login
-            assert time.monotonic() < end, "no CONNACK"
-            self.client.loop(0.05)
-        rc = self.connack.get()
-        if rc.is_failure:
-            self.client.disconnect()
-        else:
-            self.client.loop_start()
-        return rc
-
-    def subscribe(self, *topics: str) -> None:
-        for topic in topics:
-            _, mid = self.client.subscribe(topic, qos=1)
-            assert mid is not None, f"cannot subscribe to {topic}"
-            assert self.subacks.setdefault(mid, threading.Event()).wait(WAIT_S), f"no SUBACK for {topic}"
-
-    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
-        info.wait_for_publish(WAIT_S)
-        assert info.is_published(), f"no PUBACK for {topic}"
-
-    def expect(self, topic: str, payload: bytes) -> None:
-        end = time.monotonic() + WAIT_S
-        while (topic, payload) not in self.seen:
-            try:
-                self.seen.append(self.messages.get(timeout=max(0.0, end - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"{topic} {payload!r} never arrived; got {self.seen}") from None
-
-    def settle(self) -> list[tuple[str, bytes]]:
-        time.sleep(QUIET_S)
-        while not self.messages.empty():
-            self.seen.append(self.messages.get())
-        return self.seen
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 @pytest.fixture

@@ -13,13 +13,11 @@ import importlib.util
 import json
 import os
 import pwd
-import queue
 import shutil
 import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,8 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
+from mqtt_peer import QUIET_S, WAIT_S
+from mqtt_peer import MqttPeer as Peer
 from small_federation import run_simulation
 
 from har_io.broker_config import BrokerConfig
@@ -43,10 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
 FED = "acltest"
 P = f"fedhar/v1/{FED}"
-WAIT_S = 5.0
-"""Bound on every wait for a broker answer or an expected message (seconds)."""
-QUIET_S = 0.5
-"""How long a denied message is given to show up after its positive control arrived (seconds)."""
 # Started as root, Mosquitto switches to its `user` account, which cannot enter pytest's private
 # tmp folders; naming the account the tests run as keeps the broker on it.
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -114,86 +109,6 @@ def running(out: Path, *ports: int) -> Iterator[Broker]:
         stop_process(proc)
 
 
-class Peer:
-    """One paho-mqtt 2.x session (MQTT 3.1.1) with bounded waits on what the broker sends back."""
-
-    def __init__(self, port: int, user: str | None, password: str | None, client_id: str = "", tls: ssl.SSLContext | None = None):
-        self.messages: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self.seen: list[tuple[str, bytes]] = []
-        self.connack: queue.Queue[Any] = queue.Queue()
-        self.subacks: dict[int, threading.Event] = {}
-        self.dropped = threading.Event()
-        self.port = port
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"test-{uuid.uuid4().hex[:8]}",
-                        protocol=mqtt.MQTTv311)  # fmt: skip
-        if user is not None:
-            c.username_pw_set(user, password)
-        if tls is not None:
-            c.tls_set_context(tls)
-        c.on_connect = lambda _c, _u, _f, rc, _p: self.connack.put(rc)
-        c.on_message = lambda _c, _u, m: self.messages.put((m.topic, bytes(m.payload)))
-        c.on_disconnect = lambda *_: self.dropped.set()
-        c.on_subscribe = lambda _c, _u, mid, _rc, _p: self.subacks.setdefault(mid, threading.Event()).set()
-        self.client = c
-
-    def connect(self, will: tuple[str, bytes] | None = None, background: bool = True) -> bool:
-        """True if the broker accepted the connection (a refused one is closed at once).
-
-        With ``background`` False nothing serves the session afterwards (see :meth:`vanish`).
-        """
-        if will is not None:
-            self.client.will_set(will[0], will[1], qos=1, retain=True)
-        self.client.connect("127.0.0.1", self.port, keepalive=30)
-        end = time.monotonic() + WAIT_S
-        while self.connack.empty():  # by hand until CONNACK: paho's thread would retry a refused login
-            assert time.monotonic() < end, "no CONNACK"
-            self.client.loop(0.05)
-        rc = self.connack.get()
-        if rc.is_failure:
-            self.client.disconnect()
-            return False
-        if background:
-            self.client.loop_start()
-        return True
-
-    def vanish(self) -> None:
-        """Drop the TCP connection without DISCONNECT, as a device that loses power: the broker sends the will."""
-        sock = self.client.socket()
-        assert sock is not None
-        sock.close()
-
-    def subscribe(self, *topics: str) -> None:
-        for topic in topics:
-            _, mid = self.client.subscribe(topic, qos=1)
-            assert mid is not None, f"cannot subscribe to {topic}"
-            assert self.subacks.setdefault(mid, threading.Event()).wait(WAIT_S), f"no SUBACK for {topic}"
-
-    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
-        info.wait_for_publish(WAIT_S)
-        assert info.is_published(), f"no PUBACK for {topic}"
-
-    def expect(self, topic: str, payload: bytes) -> None:
-        """Wait until (topic, payload) arrives; everything received meanwhile is kept in :attr:`seen`."""
-        end = time.monotonic() + WAIT_S
-        while (topic, payload) not in self.seen:
-            try:
-                self.seen.append(self.messages.get(timeout=max(0.0, end - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"{topic} {payload!r} never arrived; got {self.seen}") from None
-
-    def settle(self) -> list[tuple[str, bytes]]:
-        """Everything received, after :data:`QUIET_S` more seconds for stragglers."""
-        time.sleep(QUIET_S)
-        while not self.messages.empty():
-            self.seen.append(self.messages.get())
-        return self.seen
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """Federation ``acltest`` with devices hapt-01 and hapt-02 on a generated, running Mosquitto."""
@@ -213,7 +128,7 @@ def peer(broker: Broker) -> Iterator[Callable[..., Peer]]:
     def connect(user: str, password: str | None = None, **kw: Any) -> Peer:
         p = Peer(broker.port, user, broker.password(user) if password is None else password, **kw)
         made.append(p)
-        assert p.connect(), f"{user} could not log in"
+        assert p.joins(), f"{user} could not log in"
         return p
 
     yield connect
@@ -271,10 +186,10 @@ def test_acl_rules_are_exactly_these(broker):
 
 # ------------------------------------------------------------------------------------- authentication
 def test_anonymous_unknown_and_wrong_password_are_refused(broker):
-    assert not Peer(broker.port, None, None).connect()
-    assert not Peer(broker.port, "hapt-01", "wrong-password").connect()
-    assert not Peer(broker.port, "hapt-01", broker.password("hapt-02")).connect()
-    assert not Peer(broker.port, "hapt-99", broker.password("hapt-01")).connect()
+    assert not Peer(broker.port, None, None).joins()
+    assert not Peer(broker.port, "hapt-01", "wrong-password").joins()
+    assert not Peer(broker.port, "hapt-01", broker.password("hapt-02")).joins()
+    assert not Peer(broker.port, "hapt-99", broker.password("hapt-01")).joins()
 
 
 # ------------------------------------------------------------------------------------- what a device may do
@@ -378,10 +293,10 @@ def test_a_forged_last_will_is_not_delivered(peer, broker):
     coord.subscribe(f"{P}/client/+/status")
     forged, own = _token(), _token()
     liar = Peer(broker.port, "hapt-01", broker.password("hapt-01"))
-    if liar.connect(will=(f"{P}/client/hapt-02/status", forged), background=False):  # Mosquitto 2.0 accepts it, drops the will
+    if liar.joins(will=(f"{P}/client/hapt-02/status", forged), background=False):  # Mosquitto 2.0 accepts it, drops the will
         liar.vanish()
     honest = Peer(broker.port, "hapt-01", broker.password("hapt-01"))
-    assert honest.connect(will=(f"{P}/client/hapt-01/status", own), background=False)
+    assert honest.joins(will=(f"{P}/client/hapt-01/status", own), background=False)
     honest.vanish()
     coord.expect(f"{P}/client/hapt-01/status", own)
     assert forged not in {payload for _, payload in coord.settle()}
@@ -423,11 +338,11 @@ def test_rerun_adds_devices_keeps_passwords_and_settings_rotates_and_revokes(tmp
         assert second["added"] == ["hapt-02", "hapt-03"] and second["kept"] == ["coordinator", "monitor", "hapt-01"]
         assert second["settings"]["port"] == port and second["settings"]["federation"] == "home"
         assert {u: Path(second["password_files"][u]).read_text() for u in before} == before
-        assert not Peer(port, "hapt-02", b.password("hapt-02")).connect(), "not before the broker reloads"
+        assert not Peer(port, "hapt-02", b.password("hapt-02")).joins(), "not before the broker reloads"
         b.reload()
         for user in ("coordinator", "hapt-01", "hapt-02", "hapt-03"):
             p = Peer(port, user, b.password(user))
-            assert p.connect(), user
+            assert p.joins(), user
             p.close()
 
         old = b.password("hapt-01")
@@ -435,8 +350,8 @@ def test_rerun_adds_devices_keeps_passwords_and_settings_rotates_and_revokes(tmp
         assert third["rotated"] == ["hapt-01"] and b.password("hapt-01") != old
         assert b.password("coordinator") == before["coordinator"].strip()
         b.reload()
-        assert not Peer(port, "hapt-01", old).connect()
-        assert Peer(port, "hapt-01", b.password("hapt-01")).connect()
+        assert not Peer(port, "hapt-01", old).joins()
+        assert Peer(port, "hapt-01", b.password("hapt-01")).joins()
 
         revoked_pw = b.password("hapt-02")
         fourth = json.loads(generate(out, "--revoke", "hapt-02").stdout)
@@ -444,7 +359,7 @@ def test_rerun_adds_devices_keeps_passwords_and_settings_rotates_and_revokes(tmp
         assert not (out / "credentials" / "hapt-02.password").exists()
         assert "user hapt-02" not in (out / "acl").read_text()
         b.reload()
-        assert not Peer(port, "hapt-02", revoked_pw).connect()
+        assert not Peer(port, "hapt-02", revoked_pw).joins()
 
 
 def test_clear_errors(tmp_path, monkeypatch):
@@ -537,14 +452,14 @@ def test_tls_listener_with_openssl_made_certificates(tmp_path):
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT
     with running(out, port, tls_port) as b:
         coord = Peer(port, "coordinator", b.password("coordinator"))
-        assert coord.connect()
+        assert coord.joins()
         coord.subscribe(f"{P}/client/+/status")
         dev = Peer(tls_port, "hapt-01", b.password("hapt-01"), tls=ctx)
-        assert dev.connect()
+        assert dev.joins()
         hello = _token()
         dev.publish(f"{P}/client/hapt-01/status", hello)
         coord.expect(f"{P}/client/hapt-01/status", hello)
-        assert not Peer(tls_port, "hapt-01", "wrong", tls=ctx).connect()
+        assert not Peer(tls_port, "hapt-01", "wrong", tls=ctx).joins()
         dev.close()
         # The programs' own adapter, configured as `fedhar-client --tls-ca ca.crt` configures it.
         link = MqttLink(BrokerConfig(port=tls_port, username="hapt-01", password=b.password("hapt-01"), tls_ca=str(d / "ca.crt")),
