@@ -13,7 +13,11 @@ so ``[*simulate_args(), "--rounds", "3"]`` is the usual way to add to them.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +82,38 @@ def wait_or_stop(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> in
     except subprocess.TimeoutExpired:
         stop_process(proc)
         raise AssertionError(f"still running after {timeout} s; log:\n{log.read_text()[-4000:]}") from None
+
+
+@contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list to put started programs in; on leaving, each one still running is stopped.
+
+    A program a test paused with SIGSTOP gets SIGCONT first, so that it can act on the stop
+    (:func:`simulation.broker.stop_process`: SIGTERM, then SIGKILL after its grace period).
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                stop_process(p)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, logs: list[Path]) -> None:
+    """Poll ``pred`` every 0.5 s until it is true.
+
+    Raises
+    ------
+    AssertionError
+        After ``timeout`` seconds, naming ``what`` and ending with the last 3000 characters of
+        every log in ``logs`` that exists, so a failure shows what the programs said.
+    """
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+    raise AssertionError(f"{what} not within {timeout} s\n{tails}")

@@ -13,20 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from mqtt_watcher import Watcher
-from small_federation import coordinator_args, wait_or_stop
+from small_federation import coordinator_args, processes, wait_or_stop
 
 from har_models.data.labels import LABEL_SETS
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.chunking import split_payload, transfer_id
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, RoundAnnouncement, fresh_until
-from simulation.broker import LocalMosquitto, find_mosquitto, stop_process
+from simulation.broker import LocalMosquitto, find_mosquitto
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -71,18 +69,6 @@ def _rounds(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "report.json").read_text())["rounds"]
 
 
-@contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                stop_process(p)
-
-
 # ----------------------------------------------------------------------------- unit: the message and the clock
 def test_coordinator_status_carries_its_refresh_and_older_messages_still_parse():
     st = CoordinatorStatus("online", "r", "a1", sent_unix=1000.5, refresh_s=30.0)
@@ -122,7 +108,7 @@ def test_a_broker_killed_mid_round_and_restarted_empty_gets_the_round_again_and_
     port = b1.port
     b2: LocalMosquitto | None = None
     try:
-        with _processes() as procs:
+        with processes() as procs:
             w = Watcher(port, f"{p}/client/+/status", f"{p}/round")
             first = _client("hapt-01", 1, tmp_path / "c1", port, fed, tmp_path / "c1a.log", "--max-seconds", "400")
             procs.append(first)
@@ -175,7 +161,7 @@ def test_a_stale_online_coordinator_is_gone_and_a_refreshing_one_keeps_clients_t
     _need_mosquitto()
     fed = "ghostfed"
     p = f"fedhar/v1/{fed}"
-    with LocalMosquitto(log_file=tmp_path / "b.log", start_timeout_s=WAIT_S) as b, _processes() as procs:
+    with LocalMosquitto(log_file=tmp_path / "b.log", start_timeout_s=WAIT_S) as b, processes() as procs:
         spec = ArchSpec(n_classes=len(LABEL_SETS["hapt6"]), conv_filters=8, dense_units=32)
         env = codec.encode({k: v.numpy() for k, v in init_state(spec, 1).items()}, kind="model", round=0,
                            arch_version=spec.version, meta={"arch": spec.to_dict()})  # fmt: skip

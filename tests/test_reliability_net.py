@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from mqtt_watcher import Watcher
-from small_federation import coordinator_args, model_args, wait_or_stop
+from small_federation import coordinator_args, model_args, processes, wait_or_stop
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PayloadTooLarge
@@ -119,18 +119,6 @@ def _rounds(run_dir: Path) -> list[tuple[int, int, int]]:
     return [(r["round"], r["selected"], r["updates"]) for r in doc["rounds"]]
 
 
-@contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                stop_process(p)
-
-
 def _online(cid: str):
     def pred(topic: str, payload: bytes, retained: bool) -> bool:
         return topic.endswith(f"/client/{cid}/status") and bool(payload) and ClientStatus.from_bytes(payload).state != "offline"
@@ -201,7 +189,7 @@ def test_a_silently_dropping_broker_is_detected_end_to_end_and_the_update_arrive
     """``message_size_limit`` over MQTT 3.1.1: the broker acknowledges and drops. Only the coordinator's
     missing-chunk requests reveal it; the client cuts smaller chunks and the round counts both updates."""
     fed = "sizefed"
-    with mosquitto(tmp_path / "b", "message_size_limit 262144") as b, _processes() as procs:
+    with mosquitto(tmp_path / "b", "message_size_limit 262144") as b, processes() as procs:
         # Models of ~545 kB: one 500 kB chunk the broker drops and a small one it delivers.
         big = model_args(32, 128)
         for i, cid in enumerate(("hapt-01", "hapt-02")):
@@ -233,7 +221,7 @@ def test_an_update_sent_while_the_coordinator_is_not_subscribed_is_sent_again_un
     p = f"fedhar/v1/{fed}"
     b = Mosquitto(tmp_path / "b", "autosave_interval 1", persistence=True).start()
     try:
-        with _processes() as procs:
+        with processes() as procs:
             w = Watcher(b.port, f"{p}/client/+/status", f"{p}/round")
             client = _client("hapt-01", 1, tmp_path / "c1", b.port, fed, tmp_path / "c1.log", "--exit-after-run", "rs",
                              "--max-seconds", "400")  # fmt: skip
@@ -343,7 +331,7 @@ def test_tls_client_options_without_a_ca_are_an_error_at_start(tmp_path):
 
 # ------------------------------------------------------------------------------------- item 15: identity
 def test_two_processes_with_one_client_id_both_stop_with_a_clear_error(tmp_path):
-    with mosquitto(tmp_path / "b") as b, _processes() as procs:
+    with mosquitto(tmp_path / "b") as b, processes() as procs:
         w = Watcher(b.port, "fedhar/v1/dup/client/+/status")
         first = _client("dev-a", 1, tmp_path / "s1", b.port, "dup", tmp_path / "a1.log", "--max-seconds", "200")
         procs.append(first)
@@ -367,7 +355,7 @@ def test_two_processes_with_one_client_id_both_stop_with_a_clear_error(tmp_path)
 def test_retained_state_of_a_dead_run_is_never_acted_on_and_two_runs_in_a_row_both_complete(tmp_path):
     fed = "tworuns"
     p = f"fedhar/v1/{fed}"
-    with mosquitto(tmp_path / "b") as b, _processes() as procs:
+    with mosquitto(tmp_path / "b") as b, processes() as procs:
         # A crashed run left its model, its round announcement and an offline coordinator behind:
         # everything a client needs to train, except a coordinator that runs.
         spec = ArchSpec(n_classes=len(LABEL_SETS["hapt6"]), conv_filters=8, dense_units=32)

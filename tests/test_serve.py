@@ -11,19 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from small_federation import CONV_FILTERS, DENSE_UNITS
+from small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
 from coordinator.state import load_state_file
-from simulation.broker import free_port, stop_process
+from simulation.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -53,27 +50,6 @@ def _client(cid: str, user: int, state: Path, port: int, log: Path) -> subproces
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-@contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                stop_process(p)
-
-
-def _wait(pred: Callable[[], bool], timeout: float, what: str, logs: list[Path]) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.5)
-    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"{what} not within {timeout} s\n{tails}")
-
-
 def _newest(data: Path) -> int:
     got = _versions(data)
     return got[-1][0] if got else 0
@@ -100,13 +76,13 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
     reg.revoke("dev-gone")  # a revoked device that still has its old credentials
     reg.close()
     serve_log, logs = tmp_path / "serve.log", [tmp_path / "serve.log", tmp_path / "a.log", tmp_path / "b.log", tmp_path / "gone.log"]
-    with _processes() as procs:
+    with processes() as procs:
         procs.append(_client("dev-a", 1, tmp_path / "sa", mosquitto, logs[1]))
         procs.append(_client("dev-b", 2, tmp_path / "sb", mosquitto, logs[2]))
         procs.append(_client("dev-gone", 3, tmp_path / "sg", mosquitto, logs[3]))
         first = _serve(data, mosquitto, serve_log)
         procs.append(first)
-        _wait(lambda: _newest(data) >= 2, 240, "two model versions", logs)
+        wait_for(lambda: _newest(data) >= 2, 240, "two model versions", logs)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         before = _versions(data)
@@ -116,18 +92,18 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
         toml.write_text(toml.read_text().replace("http_port = 0", f"http_port = {page}"))
         second = _serve(data, mosquitto, serve_log)
         procs.append(second)
-        _wait(lambda: _newest(data) >= before[-1][0] + 2, 240, "two more model versions after the restart", logs)
-        _wait(lambda: "epoch 1 -> 2" in logs[1].read_text() and "epoch 1 -> 2" in logs[2].read_text(), 30,
+        wait_for(lambda: _newest(data) >= before[-1][0] + 2, 240, "two more model versions after the restart", logs)
+        wait_for(lambda: "epoch 1 -> 2" in logs[1].read_text() and "epoch 1 -> 2" in logs[2].read_text(), 30,
               "both clients noticing the new epoch", logs)  # fmt: skip
         # the status page of the running serve lists the enrolled devices
-        _wait(lambda: f"status page on http://127.0.0.1:{page}/" in serve_log.read_text(), 30, "the status page", logs)
+        wait_for(lambda: f"status page on http://127.0.0.1:{page}/" in serve_log.read_text(), 30, "the status page", logs)
         with urllib.request.urlopen(f"http://127.0.0.1:{page}/api/devices", timeout=10) as resp:
             listed = resp.read().decode()
         assert resp.status == 200 and "dev-a" in listed and "dev-b" in listed
         # SIGHUP (systemctl reload): the schedule is read again and what changed is logged
         toml.write_text(toml.read_text().replace("min_round_interval_s = 1", "min_round_interval_s = 2"))
         second.send_signal(signal.SIGHUP)
-        _wait(lambda: "reload: [schedule] min_round_interval_s 1.0 -> 2.0" in serve_log.read_text(), 30, "the reload", logs)
+        wait_for(lambda: "reload: [schedule] min_round_interval_s 1.0 -> 2.0" in serve_log.read_text(), 30, "the reload", logs)
         second.send_signal(signal.SIGINT)
         assert second.wait(60) == 130
     text = serve_log.read_text()

@@ -13,20 +13,17 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from small_federation import CONV_FILTERS, DENSE_UNITS
+from small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
 from har_models.wire.messages import ClientStatus
 from har_models.wire.topics import Topics
-from simulation.broker import stop_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
@@ -38,27 +35,6 @@ DEVICES = ("dev-a", "dev-b", "dev-c")
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-
-
-@contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                stop_process(p)
-
-
-def _wait(pred: Callable[[], bool], timeout: float, what: str, logs: list[Path]) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.5)
-    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"{what} not within {timeout} s\n{tails}")
 
 
 def _versions(data: Path) -> list[tuple[int, int]]:
@@ -121,7 +97,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
     serve_log = tmp_path / "serve.log"
     logs = [serve_log, *(tmp_path / f"{n}.log" for n in DEVICES)]
     clients: dict[str, subprocess.Popen[bytes]] = {}
-    with _processes() as procs:
+    with processes() as procs:
         for i, name in enumerate(DEVICES):
             cmd = [sys.executable, "-m", "edge_client.cli", "--enrolment", str(data / "enrolment" / f"{name}.json"),
                    "--source", f"hapt:{HAPT}/user{i + 1:02d}.npz", "--state-dir", str(tmp_path / f"s-{name}"),
@@ -138,7 +114,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
             return p
 
         first = serve()
-        _wait(lambda: bool(_took(data, "dev-c")) and _newest(data) >= 2, 300, "a round with all three devices", logs)
+        wait_for(lambda: bool(_took(data, "dev-c")) and _newest(data) >= 2, 300, "a round with all three devices", logs)
         r = _cli("revoke", "dev-c", "--data", str(data))
         assert r.returncode == 0, r.stderr
         assert "dev-c's broker account and ACL removed" in r.stdout
@@ -147,7 +123,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
         # refused by the broker: the reload closed its session and its password no longer logs in
         assert clients["dev-c"].wait(90) == 4
         assert "not authori" in (tmp_path / "dev-c.log").read_text().lower()
-        _wait(lambda: "device dev-c was revoked: its retained status and" in serve_log.read_text(), 30, "serve clearing dev-c", logs)
+        wait_for(lambda: "device dev-c was revoked: its retained status and" in serve_log.read_text(), 30, "serve clearing dev-c", logs)
         # a late retained status of dev-c, published after the revocation (by the coordinator's account, the only one that
         # may write there: its login disconnects the running serve for a moment, which reconnects and gets the status)
         link = MqttLink(BrokerConfig.parse(f"127.0.0.1:{b.port}", username="coordinator", password=b.password("coordinator")),
@@ -157,7 +133,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
         late = ClientStatus("dev-c", "online", label_set="hapt6", n_train=100, sent_unix=time.time(), refresh_s=30.0)
         link.publish(t.client_status("dev-c"), late.to_bytes(), retain=True)
         link.stop()
-        _wait(lambda: _newest(data) >= revoked_at + 3, 240, "three more rounds after the revocation", logs)
+        wait_for(lambda: _newest(data) >= revoked_at + 3, 240, "three more rounds after the revocation", logs)
         text = serve_log.read_text()
         assert text.count("ignoring the status of revoked device dev-c") >= 1
         took_c = _took(data, "dev-c")
@@ -192,8 +168,8 @@ def _scenario(tmp_path: Path, b: Any) -> None:
         first.wait(10)
         newest = _versions(data)[-1]
         second = serve()
-        _wait(lambda: _newest(data) >= newest[0] + 2, 240, "two more rounds after the restart", logs)
-        _wait(lambda: all("epoch 1 -> 2" in (tmp_path / f"{n}.log").read_text() for n in ("dev-a", "dev-b")), 30,
+        wait_for(lambda: _newest(data) >= newest[0] + 2, 240, "two more rounds after the restart", logs)
+        wait_for(lambda: all("epoch 1 -> 2" in (tmp_path / f"{n}.log").read_text() for n in ("dev-a", "dev-b")), 30,
               "the clients noticing the new epoch", logs)  # fmt: skip
         second.send_signal(signal.SIGINT)
         assert second.wait(60) == 130
