@@ -62,3 +62,18 @@ def small_simulation(tmp_path: Path) -> Callable[..., dict[str, Any]]:
         return run_simulation(tmp_path / name, *extra, run_id=run_id, **small)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(ca.crt, other-ca.crt): a CA that signed the test broker's certificate, and an unrelated one (openssl).
+
+    Skips the module's tests where openssl is missing (:func:`secured_broker.make_pki`).
+    """
+    from secured_broker import Missing, make_pki
+
+    try:
+        ca, _, _, other = make_pki(tmp_path_factory.mktemp("pki"))
+    except Missing as exc:
+        pytest.skip(str(exc))
+    return ca, other

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, make_pki
 
 from har_io.enrolment import (
     BUNDLE_FORMAT,
@@ -28,16 +27,6 @@ from har_io.enrolment import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "pw-Zq8#only-here"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(ca.crt, other-ca.crt) made by openssl."""
-    try:
-        ca, _, _, other = make_pki(tmp_path_factory.mktemp("pki"))
-    except Missing as exc:
-        pytest.skip(str(exc))
-    return ca, other
 
 
 def _bundle(**over: object) -> EnrolmentBundle:

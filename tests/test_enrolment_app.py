@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, make_pki, secured_mosquitto
+from secured_broker import Missing, secured_mosquitto
 
 from edge_client.app import scanner
 from edge_client.app.controller import PASSWORD_FILE, AppConfig, DeviceController, enrolment_fields
@@ -31,15 +31,6 @@ from har_models.data.labels import HAPT_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "app-secret-Qm4"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    try:
-        ca, _, _, other = make_pki(tmp_path_factory.mktemp("pki"))
-    except Missing as exc:
-        pytest.skip(str(exc))
-    return ca, other
 
 
 def _bundle(**over: object) -> EnrolmentBundle:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, make_pki, secured_mosquitto
+from secured_broker import Missing, secured_mosquitto
 
 from edge_client.cli import PreparedClient, prepare
 from har_io.enrolment import EnrolmentBundle, pem_fingerprints
@@ -22,15 +22,6 @@ from har_io.enrolment import EnrolmentBundle, pem_fingerprints
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt" / "user01.npz"
 SECRET = "cli-secret-6f1b"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    try:
-        ca, _, _, other = make_pki(tmp_path_factory.mktemp("pki"))
-    except Missing as exc:
-        pytest.skip(str(exc))
-    return ca, other
 
 
 def _write(tmp: Path, **over: object) -> Path:
