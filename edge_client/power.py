@@ -31,11 +31,15 @@ def charging_linux(root: Path = SYSFS_POWER) -> bool | None:
     ----------
     root : Path
         The power-supply class folder (replaceable for tests).
+
+    Never raises: an unreadable folder or file counts as not reported.
     """
-    if not root.is_dir():
+    try:
+        devices = sorted(root.iterdir())
+    except OSError:  # no such folder (a container, macOS) or not readable
         return None
     seen_battery = seen_any = False
-    for dev in sorted(root.iterdir()):
+    for dev in devices:
         kind = _read(dev / "type")
         if kind is None:
             continue
