@@ -117,3 +117,24 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str, logs: list[Pat
         time.sleep(0.5)
     tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
     raise AssertionError(f"{what} not within {timeout} s\n{tails}")
+
+
+UPLOAD_BYTE_KEYS = ("bytes_up", "bytes_up_by_encoding")
+"""Round-record keys that hold upload bytes: an update's metadata carries its measured training time as text."""
+
+
+def round_figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every number of every round of a report.json except wall times and upload bytes (:data:`UPLOAD_BYTE_KEYS`).
+
+    Two runs with the same seed give equal lists; their upload bytes differ by the few digits of
+    each update's training time, which :func:`assert_upload_bytes_close` allows.
+    """
+    return [{k: v for k, v in r.items() if k not in ("seconds", *UPLOAD_BYTE_KEYS)} for r in doc["rounds"]]
+
+
+def assert_upload_bytes_close(a: dict[str, Any], b: dict[str, Any], per_round: int = 64) -> None:
+    """Both reports uploaded in the same encodings, with bytes per round within ``per_round`` of each other."""
+    for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
+        assert abs(ra["bytes_up"] - rb["bytes_up"]) < per_round, (ra["round"], ra["bytes_up"], rb["bytes_up"])
+        ea, eb = ra.get("bytes_up_by_encoding", {}), rb.get("bytes_up_by_encoding", {})
+        assert set(ea) == set(eb) and all(abs(ea[k] - eb[k]) < per_round for k in ea), (ra["round"], ea, eb)

@@ -137,7 +137,7 @@ def test_a_coordinator_killed_while_collecting_resumes_without_losing_a_round(tm
     run_dir = tmp_path / "run"
     procs = [_client(k, mosquitto, fed, tmp_path) for k in (1, 2)]
     cmd = [sys.executable, "-m", "coordinator.cli", "--broker", f"127.0.0.1:{mosquitto}", "--federation", fed, "--run-id", fed,
-           "--run-dir", str(run_dir), "--rounds", "3", "--expected-clients", "2", "--local-epochs", "30",
+           "--run-dir", str(run_dir), "--rounds", "3", "--expected-clients", "2", "--local-epochs", "30", "--server-lr", "1",
            *coordinator_args(dense_units=16)]  # fmt: skip
     try:
         with open(tmp_path / "c1.log", "wb") as log:

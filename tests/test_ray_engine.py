@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from small_federation import simulate_args
+from small_federation import assert_upload_bytes_close, round_figures, simulate_args
 
 from simulation import simulate
 
@@ -147,8 +147,8 @@ def test_a_federation_on_a_two_node_ray_cluster_places_clients_on_both_and_match
     # Each actor wrote its log on its node (here the same machine): it names its clients.
     assert "worker-0 hosting 2 client(s)" in (tmp_path / "ray" / "logs" / "worker-0.log").read_text()
     # Hosting in Ray actors changes nothing in the figures (same seed, one PyTorch thread, one training at a time).
-    strip = [{k: v for k, v in r.items() if k not in ("seconds", "bytes_up")} for r in doc["rounds"]]
-    assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "bytes_up")} for r in docs["workers"]["rounds"]]
+    assert round_figures(doc) == round_figures(docs["workers"])
+    assert_upload_bytes_close(doc, docs["workers"])
 
 
 def _kill_actor_when_round_opens(run_dir: Path, round_: int, stop: threading.Event, killed: list[int]) -> None:
@@ -174,7 +174,9 @@ def test_a_killed_ray_actor_costs_its_clients_one_round_and_is_replaced(ray_clus
     killer = threading.Thread(target=_kill_actor_when_round_opens, args=(run, 1, stop, killed), daemon=True)
     killer.start()
     try:
-        argv = [*SMALL, "--rounds", "6", "--local-epochs", "30", "--engine", "ray", "--ray-address", ray_cluster, "--workers", "2",
+        # eta 1: the main job's FedAvgM eta 3 is chosen for E = 1 (see test_engines' kill test).
+        argv = [*SMALL, "--rounds", "6", "--local-epochs", "30", "--server-lr", "1", "--engine", "ray",
+                "--ray-address", ray_cluster, "--workers", "2",
                 "--min-clients", "1", "--run-dir", str(run), "--run-id", "kill"]
         rc = _run(argv)
     finally:

@@ -114,7 +114,8 @@ def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is
         killer.start()
         t0 = time.monotonic()
         try:
-            argv = [*SMALL, "--rounds", "30", "--clients", "4", "--local-epochs", "15", "--engine", "ray", "--ray-address", address,
+            argv = [*SMALL, "--rounds", "30", "--clients", "4", "--local-epochs", "15", "--server-lr", "1",
+                    "--engine", "ray", "--ray-address", address,
                     "--workers", "2", "--min-clients", "1", "--round-timeout", str(int(ROUND_TIMEOUT_S)),
                     "--run-dir", str(run), "--run-id", "die"]  # fmt: skip
             rc = simulate.main(argv)
@@ -161,7 +162,8 @@ def test_with_every_actor_gone_the_run_ends_with_a_clear_error_not_a_hang(
         killer.start()
         t0 = time.monotonic()
         try:
-            argv = [*SMALL, "--rounds", "10", "--clients", "2", "--local-epochs", "15", "--engine", "ray", "--ray-address", address,
+            argv = [*SMALL, "--rounds", "10", "--clients", "2", "--local-epochs", "15", "--server-lr", "1",
+                    "--engine", "ray", "--ray-address", address,
                     "--workers", "2",
                     "--min-clients", "1", "--round-timeout", str(int(ROUND_TIMEOUT_S)), "--run-dir", str(run), "--run-id", "all"]
             rc = simulate.main(argv)
