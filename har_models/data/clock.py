@@ -54,12 +54,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:  # the counters live with the resampler, which imports this module
-    from har_models.data.resample import ResampleStats
 
 log = logging.getLogger("har_models.data.resample")  # the resampler's logger: one place to watch
 
@@ -73,6 +69,46 @@ MAX_SUSPECT_GROUPS = 8
 """Suspect groups held at once per stream; opening one more drops the oldest."""
 
 _INT64_MIN = int(np.iinfo(np.int64).min)
+
+
+@dataclass
+class ResampleStats:
+    """Counters of what the resampler did, for logs and tests.
+
+    Attributes
+    ----------
+    accepted : int
+        Raw samples (both streams) used for interpolation.
+    late_dropped : int
+        Raw samples stamped ``reorder_ns`` or more before their stream's newest earlier
+        arrival, including groups far behind that too few samples followed
+        (:mod:`har_models.data.clock`).
+    duplicates_dropped : int
+        Raw samples whose timestamp an earlier arrival of the same stream already had.
+    grid_points : int
+        Grid samples emitted.
+    gap_points_skipped : int
+        Grid points inside the common span of the streams that fell into a gap.
+    nonfinite_dropped : int
+        Raw samples with a NaN or infinite value.
+    outliers_dropped : int
+        Raw samples stamped more than ``jump_ns`` ahead of their stream's clock, or far from
+        its first settled stamps, that too few later samples followed.
+    clock_steps : int
+        Forward steps of a stream's clock that were confirmed and taken as a gap (per stream).
+    clock_steps_back : int
+        Backward steps of a stream's clock that were confirmed and re-based as a new segment (per stream).
+    """
+
+    accepted: int = 0
+    late_dropped: int = 0
+    duplicates_dropped: int = 0
+    grid_points: int = 0
+    gap_points_skipped: int = 0
+    nonfinite_dropped: int = 0
+    outliers_dropped: int = 0
+    clock_steps: int = 0
+    clock_steps_back: int = 0
 
 
 @dataclass
