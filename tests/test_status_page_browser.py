@@ -137,7 +137,14 @@ def test_the_status_page_in_chromium(tmp_path: Path, mosquitto: int, small_simul
             value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
             assert value[("fedhar_rounds_completed_total", ())] == len(recs) == 3
             assert value[("fedhar_updates_accepted_total", ())] == sum(r.participation.updates for r in recs)
-            assert value[("fedhar_bytes_in_total", (("encoding", "float32"),))] == sum(r.traffic.bytes_up for r in recs if r.traffic)
+            up: dict[str, int] = {}
+            for r in recs:
+                for enc, n in (r.traffic.up_by_encoding if r.traffic else {}).items():
+                    up[enc] = up.get(enc, 0) + n
+            assert set(up) == {"int8_delta"}  # the default upload
+            assert sum(up.values()) == sum(r.traffic.bytes_up for r in recs if r.traffic)
+            for enc, n in up.items():
+                assert value[("fedhar_bytes_in_total", (("encoding", enc),))] == n
             assert value[("fedhar_bytes_out_total", (("encoding", "float32"),))] == sum(r.traffic.bytes_down for r in recs if r.traffic)
             assert value[("fedhar_devices", (("state", "online"),))] == 2
             assert value[("fedhar_devices", (("state", "enrolled"),))] == 3
