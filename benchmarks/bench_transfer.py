@@ -65,7 +65,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
-from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks, transfer_id
 from har_models.wire.messages import GUIDANCE_PREFIX, UPDATE_ENCODINGS
 from har_models.wire.topics import Topics
 from har_models.wire.update_encoding import encode_update
@@ -234,7 +234,7 @@ class ProjectPair:
         sender = threading.Thread(target=send, name="bench-send")
         sender.start()
         end = time.monotonic() + TIMEOUT_S
-        envelope = None
+        envelope, transfer = None, ""
         while envelope is None:
             left = end - time.monotonic()
             if left <= 0 or failed:
@@ -247,12 +247,12 @@ class ProjectPair:
                 continue
             done = self.reassembler.add("personal", payload)
             if done is not None:
-                envelope = done[1]
+                transfer, envelope = done
         if envelope is None:
             sender.join(TIMEOUT_S)
             raise failed[0] if failed else TimeoutError(f"model transfer {round_} did not complete within {TIMEOUT_S} s")
         marks["reassembled"] = time.perf_counter() - t0
-        decoded = codec.decode(envelope)
+        decoded = codec.decode(envelope, verified=transfer)  # as the client does: the reassembler checked the whole
         marks["decoded"] = time.perf_counter() - t0
         sender.join(TIMEOUT_S)
         if failed:
@@ -321,6 +321,7 @@ def components(state: Arrays, reps: int, message_bytes: int) -> dict[str, float]
     """
     env = model_envelope(state, 1)
     chunks = list(iter_chunks(env, message_bytes))
+    tid = transfer_id(env)
 
     def reassemble() -> None:
         r = Reassembler()
@@ -331,7 +332,7 @@ def components(state: Arrays, reps: int, message_bytes: int) -> dict[str, float]
         "encode": lambda: model_envelope(state, 1),
         "chunk": lambda: list(iter_chunks(env, message_bytes)),
         "reassemble": reassemble,
-        "decode": lambda: codec.decode(env),
+        "decode": lambda: codec.decode(env, verified=tid),
         "sha256": lambda: hashlib.sha256(env).digest(),
     }
     out = {}
