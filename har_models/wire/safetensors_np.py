@@ -25,6 +25,7 @@ one process to the next, so bytes are identical when there is at most one metada
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -174,7 +175,7 @@ def load_with_metadata(data: bytes | memoryview) -> tuple[dict[str, np.ndarray],
             raise SafetensorError(f"safetensors: tensor {name!r} has a malformed entry {info!r} ({exc})") from None
         if any(s < 0 for s in shape) or not 0 <= begin <= end <= len(body):
             raise SafetensorError(f"safetensors: tensor {name!r} offsets [{begin}, {end}] outside the {len(body)}-byte data")
-        if end - begin != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+        if end - begin != math.prod(shape) * dt.itemsize:  # Python ints: a huge shape cannot wrap around
             raise SafetensorError(f"safetensors: tensor {name!r} of shape {shape} {info['dtype']} does not fill [{begin}, {end}]")
         spans.append((begin, end))
         out[name] = np.frombuffer(body[begin:end], dtype=dt).reshape(shape).copy()
