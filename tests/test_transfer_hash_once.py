@@ -1,7 +1,7 @@
 """Each side hashes a model once, and the bytes on the wire are those of the previous release.
 
-The sender computes the transfer id while it computes the chunks' CRC-32s and remembers it for
-the same bytes object; the receiver hashes chunks in index order as they arrive, whatever order
+The sender remembers the transfer id of the bytes objects it cut last, so it hashes each one once;
+the receiver hashes chunks in index order as they arrive, whatever order
 and how many copies arrive; :func:`codec.decode` skips the body's digest only when its caller
 vouches for the whole envelope's. A previous release's chunks and envelopes (built here as it
 built them) are read, and ours are byte for byte what it sent.
@@ -25,7 +25,7 @@ from har_models.wire.chunking import CHUNK_HEADER_BYTES, ChunkError, Reassembler
 
 RNG = np.random.default_rng(3)
 SMALL = RNG.integers(0, 256, 10_000, dtype=np.uint8).tobytes()  # 11 chunks of at most 1,000 bytes (944 of data)
-LARGE = RNG.integers(0, 256, 5_000_000, dtype=np.uint8).tobytes()  # over the size where the digest runs in a thread
+LARGE = RNG.integers(0, 256, 5_000_000, dtype=np.uint8).tobytes()  # 5 chunks of a model-sized message
 
 
 def previous_chunks(payload: bytes, max_message_bytes: int) -> list[bytes]:

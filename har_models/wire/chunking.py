@@ -8,10 +8,10 @@ envelope, so a corrupted or mixed-up chunk can never produce a wrong envelope.
 
 Each side hashes an envelope once:
 
-* the sender computes the transfer id while it computes the chunks' CRC-32s (two threads;
-  both release the GIL), and remembers it for the same ``bytes`` object, so that
-  :func:`transfer_id` after :func:`iter_chunks` (a sender that names the transfer in its
-  announcements or receipts) does not hash the envelope again;
+* the sender remembers the transfer id of the last ``bytes`` objects it cut or named, so that
+  :func:`transfer_id` after :func:`iter_chunks` (the coordinator names each model's transfer in
+  its announcement) or before it (a client names its update's transfer in its pending upload)
+  does not hash the envelope again;
 * the receiver hashes the chunks in index order as they arrive (``hashlib`` ``update``), so
   when the last chunk arrives only that chunk is left to hash; chunks that arrive out of order
   wait until the chunks before them are there, and duplicates are ignored.
@@ -59,8 +59,6 @@ class Chunk:
     payload: bytes
 
 
-_PARALLEL_MIN_BYTES = 4 * 1024 * 1024
-"""From this size on, :func:`iter_chunks` computes the transfer id in a second thread."""
 _DIGESTS: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
 _DIGESTS_LOCK = threading.Lock()
 _DIGESTS_KEPT = 2
@@ -132,24 +130,11 @@ def iter_chunks(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYT
     if room <= 0:
         raise ValueError(f"max_message_bytes={max_message_bytes} must exceed the {CHUNK_HEADER_BYTES}-byte chunk header")
     count = max(1, -(-len(payload) // room))
+    digest = _digest(payload)
     view = memoryview(payload)
-    parts = [view[i * room : (i + 1) * room] for i in range(count)]
-    digest = _remembered(payload)
-    crcs: list[int] | None = None
-    if digest is None and len(payload) >= _PARALLEL_MIN_BYTES:
-        # Every chunk header carries the digest, so it must be known before the first chunk;
-        # the CRC-32s do not depend on it: compute both at once (hashlib and zlib release the GIL).
-        box: list[bytes] = []
-        worker = threading.Thread(target=lambda: box.append(hashlib.sha256(payload).digest()), name="chunk-digest")
-        worker.start()
-        crcs = [zlib.crc32(p) for p in parts]
-        worker.join()
-        digest = box[0] if box else hashlib.sha256(payload).digest()
-        _remember(payload, digest)
-    elif digest is None:
-        digest = _digest(payload)
-    for i, part in enumerate(parts):
-        yield _CHUNK.pack(CHUNK_MAGIC, digest, i, count, len(payload), zlib.crc32(part) if crcs is None else crcs[i]) + part
+    for i in range(count):
+        part = view[i * room : (i + 1) * room]
+        yield _CHUNK.pack(CHUNK_MAGIC, digest, i, count, len(payload), zlib.crc32(part)) + part
 
 
 def split_payload(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[bytes]:
