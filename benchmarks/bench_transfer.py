@@ -11,12 +11,14 @@ Candidate: the path a personalised model takes from the coordinator to a client
 (``coordinator/service.py`` ``_publish_models``, ``edge_client/agent.py`` ``_handle`` and
 ``_decode_and_train``): :func:`har_models.wire.codec.encode` of the state, then
 :meth:`har_io.mqtt_link.MqttLink.publish_chunks` on the client's model topics, retained, QoS 1,
-at most 16 chunks unacknowledged (:func:`har_models.wire.chunking.iter_chunks`: a 56-byte header with
-the transfer's sha256 and a CRC-32 per chunk); on the receiving side a second
+at most :data:`~har_io.mqtt_link.PUBLISH_WINDOW` chunks unacknowledged
+(:func:`har_models.wire.chunking.iter_chunks`: a 56-byte header with the transfer's sha256 and a
+CRC-32 per chunk); on the receiving side a second
 :class:`~har_io.mqtt_link.MqttLink` subscribed to those topics, a
-:class:`~har_models.wire.chunking.Reassembler` (CRC of every chunk, sha256 of the whole) and
-:func:`har_models.wire.codec.decode` (sha256 of the body, safetensors parse, finiteness check). The
-time runs from the start of the encoding until the decoded tensors are there. Each repetition
+:class:`~har_models.wire.chunking.Reassembler` (CRC of every chunk, sha256 of the whole fed chunk
+by chunk as they arrive) and :func:`har_models.wire.codec.decode` told, as the client tells it,
+that the whole envelope was verified (safetensors parse, finiteness check; no second sha256 of
+the body). The time runs from the start of the encoding until the decoded tensors are there. Each repetition
 sends a model for another round (another envelope), so no transfer id repeats.
 ``project, not retained`` is the same path with ``retain=False``, to show what the broker's
 retained store costs.
@@ -65,7 +67,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
-from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks
+from har_models.wire.chunking import CHUNK_HEADER_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, iter_chunks, transfer_id
 from har_models.wire.messages import GUIDANCE_PREFIX, UPDATE_ENCODINGS
 from har_models.wire.topics import Topics
 from har_models.wire.update_encoding import encode_update
@@ -234,7 +236,7 @@ class ProjectPair:
         sender = threading.Thread(target=send, name="bench-send")
         sender.start()
         end = time.monotonic() + TIMEOUT_S
-        envelope = None
+        envelope, transfer = None, ""
         while envelope is None:
             left = end - time.monotonic()
             if left <= 0 or failed:
@@ -247,12 +249,12 @@ class ProjectPair:
                 continue
             done = self.reassembler.add("personal", payload)
             if done is not None:
-                envelope = done[1]
+                transfer, envelope = done
         if envelope is None:
             sender.join(TIMEOUT_S)
             raise failed[0] if failed else TimeoutError(f"model transfer {round_} did not complete within {TIMEOUT_S} s")
         marks["reassembled"] = time.perf_counter() - t0
-        decoded = codec.decode(envelope)
+        decoded = codec.decode(envelope, verified=transfer)  # as the client does: the reassembler checked the whole
         marks["decoded"] = time.perf_counter() - t0
         sender.join(TIMEOUT_S)
         if failed:
@@ -313,14 +315,17 @@ def measure_broker(name: str, port: int, state: Arrays, reps: int, max_message_b
 def components(state: Arrays, reps: int, message_bytes: int) -> dict[str, float]:
     """Seconds of each CPU step of the project's path on its own (median of ``reps``), no network.
 
-    Keys: ``encode`` (:func:`codec.encode`: safetensors body, its sha256, the envelope),
-    ``chunk`` (:func:`iter_chunks`: the envelope's sha256, a CRC-32 and a header per chunk),
-    ``reassemble`` (:class:`Reassembler`: CRC-32 per chunk, join, sha256 of the whole),
-    ``decode`` (:func:`codec.decode`: sha256 of the body, safetensors parse, finiteness) and,
-    for scale, ``sha256`` (one sha256 of the envelope's bytes).
+    Keys: ``encode`` (:func:`codec.encode`: sha256 of the safetensors body, one copy into the
+    envelope), ``chunk`` (:func:`iter_chunks`: the envelope's sha256, a CRC-32 and a header
+    per chunk), ``reassemble`` (:class:`Reassembler`: CRC-32 and sha256 update per chunk, join),
+    ``decode`` (:func:`codec.decode` with ``verified``, as the client calls it: safetensors parse,
+    finiteness) and, for scale, ``sha256`` (one sha256 of the envelope's bytes). Each ``chunk``
+    turn cuts a fresh copy of the envelope, so it never finds the digest of an earlier turn.
     """
     env = model_envelope(state, 1)
     chunks = list(iter_chunks(env, message_bytes))
+    tid = transfer_id(env)
+    fresh = iter([bytes(bytearray(env)) for _ in range(reps)])  # equal bytes, new objects: none has a remembered digest
 
     def reassemble() -> None:
         r = Reassembler()
@@ -329,9 +334,9 @@ def components(state: Arrays, reps: int, message_bytes: int) -> dict[str, float]
 
     steps: dict[str, Callable[[], object]] = {
         "encode": lambda: model_envelope(state, 1),
-        "chunk": lambda: list(iter_chunks(env, message_bytes)),
+        "chunk": lambda: list(iter_chunks(next(fresh), message_bytes)),
         "reassemble": reassemble,
-        "decode": lambda: codec.decode(env),
+        "decode": lambda: codec.decode(env, verified=tid),
         "sha256": lambda: hashlib.sha256(env).digest(),
     }
     out = {}

@@ -528,7 +528,8 @@ class EdgeAgent:
         """Check the received model against the announcement and run the round; None if the client cannot."""
         cid = self.cfg.client_id
         try:
-            env = codec.decode(self.models[transfer], max_bytes=self.cfg.max_model_bytes)
+            # The reassembler delivered these bytes only after checking them against ``transfer``.
+            env = codec.decode(self.models[transfer], max_bytes=self.cfg.max_model_bytes, verified=transfer)
             if env.kind != "model" or env.round != ann.round or env.arch_version != ann.arch.get("version"):
                 raise codec.BadHeader(
                     f"model is {env.kind} for round {env.round} v{env.arch_version}, "

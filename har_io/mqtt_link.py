@@ -60,6 +60,13 @@ PUBLISH_OVERHEAD_BYTES = 16
 """Bytes of a PUBLISH packet besides its topic and payload, rounded up: fixed header (1),
 remaining length (up to 4), topic length (2), packet id (2), MQTT 5 property length (up to 4)."""
 
+PUBLISH_WINDOW = 16
+"""Chunks :meth:`MqttLink.publish_chunks` lets be unacknowledged at a time (paho's own limit,
+``max_inflight_messages_set``, is :data:`PAHO_MAX_INFLIGHT`): bounds the memory a slow link
+takes for queued chunks (paho issue #483)."""
+PAHO_MAX_INFLIGHT = 32
+"""QoS 1 messages paho sends before it waits for an acknowledgement."""
+
 RECONNECT_MIN_S = 1
 """paho's first wait before connecting again after a failed attempt or a lost connection (s)."""
 RECONNECT_MAX_S = 30
@@ -232,7 +239,7 @@ class MqttLink:
         if self._will is not None:
             c.will_set(self._will[0], self._will[1], qos=1, retain=True)
         c.reconnect_delay_set(min_delay=RECONNECT_MIN_S, max_delay=RECONNECT_MAX_S)
-        c.max_inflight_messages_set(32)
+        c.max_inflight_messages_set(PAHO_MAX_INFLIGHT)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
@@ -629,7 +636,7 @@ class MqttLink:
     ) -> int:
         """Publish ``payload`` as chunks on ``topic_of(i)`` at QoS 1; wait for all acknowledgements.
 
-        At most 16 chunks are unacknowledged at a time, so a slow link cannot make the
+        At most :data:`PUBLISH_WINDOW` chunks are unacknowledged at a time, so a slow link cannot make the
         outgoing queue grow without bound (paho issue #483).
 
         Parameters
@@ -685,7 +692,7 @@ class MqttLink:
             if only is not None and i not in only:
                 continue
             pending.append(self._send(topic_of(i), chunk, 1, retain, deadline))
-            if len(pending) >= 16:
+            if len(pending) >= PUBLISH_WINDOW:
                 self._wait(pending.pop(0), deadline)
         for info in pending:
             self._wait(info, deadline)

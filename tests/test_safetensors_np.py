@@ -112,3 +112,20 @@ def test_files_and_header_only_metadata(tmp_path):
 def test_unsupported_dtype_names_the_fix():
     with pytest.raises(ValueError, match="complex128 has no safetensors equivalent"):
         stn.save({"c": np.zeros(2, np.complex128)})
+
+
+def test_a_shape_whose_size_overflows_64_bits_is_refused():
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]}}).encode()  # 2**64 floats: wraps to 0 in int64
+    header += b" " * (-len(header) % 8)
+    with pytest.raises(stn.SafetensorError, match="does not fill"):
+        stn.load(struct.pack("<Q", len(header)) + header)
+
+
+def test_layout_pieces_join_to_the_saved_bytes_and_view_the_callers_arrays():
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tensors = {"w": w, "b": np.zeros(4, np.float64), "t": w.T}
+    head, arrays = stn.layout(tensors)
+    assert b"".join([head, *arrays]) == stn.save(tensors) == st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+    assert [a.nbytes for a in arrays] == [32, 48, 48]  # F64 first, then the F32s by name ("t" before "w")
+    assert np.shares_memory(np.frombuffer(arrays[2], np.float32), w)  # C-order input: viewed, not copied
+    assert not np.shares_memory(np.frombuffer(arrays[1], np.float32), w)  # the transpose: a C-order copy

@@ -5,12 +5,23 @@ packet limit work. Each chunk carries the sha256 of the whole envelope (the tran
 its index, the chunk count, the total length and a CRC-32 of its own payload; the
 receiver drops a chunk whose CRC fails and checks the sha256 of the reassembled
 envelope, so a corrupted or mixed-up chunk can never produce a wrong envelope.
+
+Each side hashes an envelope once:
+
+* the sender remembers the transfer id of the last ``bytes`` objects it cut or named, so that
+  :func:`transfer_id` after :func:`iter_chunks` (the coordinator names each model's transfer in
+  its announcement) or before it (a client names its update's transfer in its pending upload)
+  does not hash the envelope again;
+* the receiver hashes the chunks in index order as they arrive (``hashlib`` ``update``), so
+  when the last chunk arrives only that chunk is left to hash; chunks that arrive out of order
+  wait until the chunks before them are there, and duplicates are ignored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -25,6 +36,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 _CHUNK = struct.Struct("<4s32sIIQI")  # magic, transfer sha256, index, count, total_len, CRC-32 of the chunk payload
 CHUNK_MAGIC = b"FHC1"
 CHUNK_HEADER_BYTES = _CHUNK.size
+Buffer = bytes | memoryview
+"""A chunk's data as a reassembler holds it: a read-only view of the received message, or bytes."""
 
 
 class ChunkError(ValueError):
@@ -46,9 +59,50 @@ class Chunk:
     payload: bytes
 
 
+_DIGESTS: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()
+_DIGESTS_LOCK = threading.Lock()
+_DIGESTS_KEPT = 2
+"""Payloads whose digests are remembered (the most recent); each entry keeps its payload alive."""
+
+
+def _remember(payload: bytes, digest: bytes) -> None:
+    """Remember the sha256 of the ``bytes`` object ``payload`` (immutable, so it cannot go stale).
+
+    Keyed by identity; the entry holds the object, so its id cannot be reused while remembered.
+    Entries whose payload nobody else holds any more are dropped first (CPython reference counts).
+    """
+    if type(payload) is not bytes:
+        return
+    with _DIGESTS_LOCK:
+        for key in [k for k, (obj, _) in _DIGESTS.items() if sys.getrefcount(obj) <= 3]:
+            del _DIGESTS[key]  # 3: the entry's tuple, the loop's name, getrefcount's argument
+        _DIGESTS[id(payload)] = (payload, digest)
+        _DIGESTS.move_to_end(id(payload))
+        while len(_DIGESTS) > _DIGESTS_KEPT:
+            _DIGESTS.popitem(last=False)
+
+
+def _remembered(payload: bytes) -> bytes | None:
+    with _DIGESTS_LOCK:
+        got = _DIGESTS.get(id(payload))
+        return got[1] if got is not None and got[0] is payload else None
+
+
+def _digest(payload: bytes) -> bytes:
+    digest = _remembered(payload)
+    if digest is None:
+        digest = hashlib.sha256(payload).digest()
+        _remember(payload, digest)
+    return digest
+
+
 def transfer_id(payload: bytes) -> str:
-    """The id under which ``payload`` travels: its sha256, hex (what :class:`Chunk` carries)."""
-    return hashlib.sha256(payload).hexdigest()
+    """The id under which ``payload`` travels: its sha256, hex (what :class:`Chunk` carries).
+
+    Not computed again for a ``bytes`` object that :func:`iter_chunks` or this function hashed
+    last or last but one (see the module docstring).
+    """
+    return _digest(payload).hex()
 
 
 def iter_chunks(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[bytes]:
@@ -75,8 +129,8 @@ def iter_chunks(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYT
     room = int(max_message_bytes) - CHUNK_HEADER_BYTES
     if room <= 0:
         raise ValueError(f"max_message_bytes={max_message_bytes} must exceed the {CHUNK_HEADER_BYTES}-byte chunk header")
-    digest = hashlib.sha256(payload).digest()
     count = max(1, -(-len(payload) // room))
+    digest = _digest(payload)
     view = memoryview(payload)
     for i in range(count):
         part = view[i * room : (i + 1) * room]
@@ -104,6 +158,12 @@ def parse_chunk(message: bytes) -> Chunk:
         reason ``"bad_chunk"`` for a short message, wrong magic or inconsistent counters,
         ``"chunk_crc_mismatch"`` when the payload does not match its CRC-32.
     """
+    transfer, index, count, total, payload = _parse(message)
+    return Chunk(transfer, index, count, total, bytes(payload))
+
+
+def _parse(message: bytes) -> tuple[str, int, int, int, memoryview]:
+    """:func:`parse_chunk` without copying the payload: a read-only view of ``message`` (immutable bytes)."""
     if len(message) < CHUNK_HEADER_BYTES:
         raise ChunkError("bad_chunk", f"chunk of {len(message)} bytes is shorter than its {CHUNK_HEADER_BYTES}-byte header")
     magic, transfer, index, count, total, crc = _CHUNK.unpack_from(message)
@@ -111,10 +171,10 @@ def parse_chunk(message: bytes) -> Chunk:
         raise ChunkError("bad_chunk", f"chunk starts with {magic!r}, expected {CHUNK_MAGIC!r}")
     if count == 0 or index >= count:
         raise ChunkError("bad_chunk", f"chunk index {index} out of range for count {count}")
-    payload = bytes(message[CHUNK_HEADER_BYTES:])
+    payload = memoryview(message if type(message) is bytes else bytes(message))[CHUNK_HEADER_BYTES:]
     if zlib.crc32(payload) != crc:
         raise ChunkError("chunk_crc_mismatch", f"chunk {index}/{count} of transfer {transfer.hex()[:12]} is corrupted (CRC-32)")
-    return Chunk(transfer.hex(), index, count, total, payload)
+    return transfer.hex(), index, count, total, payload
 
 
 class SharedTransfers:
@@ -201,10 +261,20 @@ class SharedTransfers:
 class _Partial:
     count: int
     total_len: int
-    parts: dict[int, bytes] = field(default_factory=dict)
+    parts: dict[int, Buffer] = field(default_factory=dict)
     size: int = 0
     started: float = field(default_factory=time.monotonic)
     progressed: float = field(default_factory=time.monotonic)
+    hasher: Any = None  # sha256 of parts[0 .. hashed - 1], fed in index order (None: hash at the end)
+    hashed: int = 0
+
+    def hash_ready(self) -> None:
+        """Feed the hasher the chunks that now follow, without a gap, the ones it has seen."""
+        if self.hasher is None:
+            return
+        while self.hashed in self.parts:
+            self.hasher.update(self.parts[self.hashed])
+            self.hashed += 1
 
 
 @dataclass(frozen=True)
@@ -310,75 +380,75 @@ class Reassembler:
             wrong (``transfer_sha256_mismatch``). Nothing is delivered in these cases, and
             the reassembler holds no more than before the call.
         """
-        chunk = parse_chunk(message)
-        key = (stream, chunk.transfer)
+        transfer, index, count, total_len, payload = _parse(message)
+        key = (stream, transfer)
         if key in self._done:
             return None
         if key in self._refused:
-            raise ChunkError("oversized", f"transfer {chunk.transfer[:12]} was refused earlier (it sent more than it declared)")
-        if chunk.total_len > self.max_payload_bytes:
-            raise ChunkError("oversized", f"transfer of {chunk.total_len} bytes exceeds the limit of {self.max_payload_bytes}")
-        if len(chunk.payload) > chunk.total_len or chunk.count > max(1, chunk.total_len):
-            raise ChunkError(
-                "bad_chunk", f"chunk {chunk.index}/{chunk.count} of {len(chunk.payload)} bytes cannot belong to {chunk.total_len} bytes"
-            )
-        if len(chunk.payload) > self.max_buffer_bytes:
-            raise ChunkError("oversized", f"chunk of {len(chunk.payload)} bytes exceeds the buffer cap of {self.max_buffer_bytes}")
+            raise ChunkError("oversized", f"transfer {transfer[:12]} was refused earlier (it sent more than it declared)")
+        if total_len > self.max_payload_bytes:
+            raise ChunkError("oversized", f"transfer of {total_len} bytes exceeds the limit of {self.max_payload_bytes}")
+        if len(payload) > total_len or count > max(1, total_len):
+            raise ChunkError("bad_chunk", f"chunk {index}/{count} of {len(payload)} bytes cannot belong to {total_len} bytes")
+        if len(payload) > self.max_buffer_bytes:
+            raise ChunkError("oversized", f"chunk of {len(payload)} bytes exceeds the buffer cap of {self.max_buffer_bytes}")
         self._expire()
         part = self._partial.get(key)
-        if part is not None and part.total_len != chunk.total_len:
+        if part is not None and part.total_len != total_len:
             self._drop(key)
-            raise ChunkError(
-                "inconsistent_chunk", f"chunk {chunk.index} of transfer {chunk.transfer[:12]} disagrees on the total length"
-            )
-        if part is not None and part.count != chunk.count:
+            raise ChunkError("inconsistent_chunk", f"chunk {index} of transfer {transfer[:12]} disagrees on the total length")
+        if part is not None and part.count != count:
             self._drop(key)  # the sender cut the transfer again with another chunk size
             part = None
         if part is None:
-            part = _Partial(chunk.count, chunk.total_len)
+            # Without a SharedTransfers the chunks are hashed as they arrive; with one, the first
+            # reassembler of the process to complete the transfer hashes it once for all of them.
+            part = _Partial(count, total_len, hasher=hashlib.sha256() if self.shared is None else None)
             self._partial[key] = part
             same_stream = [k for k in self._partial if k[0] == stream]
             for k in same_stream[: max(0, len(same_stream) - self.max_partial_per_stream)]:
                 self._drop(k)
-        if chunk.index not in part.parts:
-            if part.size + len(chunk.payload) > part.total_len:
+        if index not in part.parts:
+            if part.size + len(payload) > part.total_len:
                 self._drop(key)
                 self._refused[key] = None
                 while len(self._refused) > 256:
                     self._refused.popitem(last=False)
                 raise ChunkError(
                     "oversized",
-                    f"transfer {chunk.transfer[:12]} sent more than the {part.total_len} bytes it declared; refused",
+                    f"transfer {transfer[:12]} sent more than the {part.total_len} bytes it declared; refused",
                 )
             # Make room first, so the cap holds at every moment (the oldest transfers go).
-            while self._buffered + len(chunk.payload) > self.max_buffer_bytes:
+            while self._buffered + len(payload) > self.max_buffer_bytes:
                 oldest = next(k for k in self._partial if k != key) if len(self._partial) > 1 else key
                 if oldest == key:
                     self._drop(key)
-                    raise ChunkError("oversized", f"transfer {chunk.transfer[:12]} does not fit in the buffer cap")
+                    raise ChunkError("oversized", f"transfer {transfer[:12]} does not fit in the buffer cap")
                 self._drop(oldest)
-            part.parts[chunk.index] = (
-                self.shared.chunk(chunk.transfer, chunk.count, chunk.index, chunk.payload) if self.shared else chunk.payload
-            )
-            part.size += len(chunk.payload)
+            # Held as a view of the message (no copy); with a SharedTransfers as bytes, which it
+            # compares with the copy it holds.
+            part.parts[index] = self.shared.chunk(transfer, count, index, bytes(payload)) if self.shared else payload
+            part.size += len(payload)
             part.progressed = time.monotonic()
-            self._buffered += len(chunk.payload)
+            self._buffered += len(payload)
+            part.hash_ready()
         if len(part.parts) < part.count:
             return None
         self._drop(key)  # complete: out of the buffer whatever the check below says (``part`` still holds the chunks)
-        verified = self.shared.whole(chunk.transfer, part.total_len) if self.shared else None
+        verified = self.shared.whole(transfer, part.total_len) if self.shared else None
         if verified is not None:
-            payload = verified  # every chunk arrived; another reassembler here verified these bytes already
+            whole = verified  # every chunk arrived; another reassembler here verified these bytes already
         else:
-            payload = b"".join(part.parts[i] for i in range(part.count))
-            if len(payload) != part.total_len or hashlib.sha256(payload).hexdigest() != chunk.transfer:
-                raise ChunkError("transfer_sha256_mismatch", f"reassembled transfer {chunk.transfer[:12]} does not match its digest")
+            whole = b"".join([part.parts[i] for i in range(part.count)])
+            digest = part.hasher.hexdigest() if part.hasher is not None else hashlib.sha256(whole).hexdigest()
+            if len(whole) != part.total_len or digest != transfer:
+                raise ChunkError("transfer_sha256_mismatch", f"reassembled transfer {transfer[:12]} does not match its digest")
             if self.shared is not None:
-                payload = self.shared.put_whole(chunk.transfer, payload)
+                whole = self.shared.put_whole(transfer, whole)
         self._done[key] = None
         while len(self._done) > 256:
             self._done.popitem(last=False)
-        return chunk.transfer, payload
+        return transfer, whole
 
     def stalled(self, idle_s: float, now: float | None = None) -> list[Stalled]:
         """Unfinished transfers that received no new chunk for ``idle_s`` seconds, with their missing indices.

@@ -9,12 +9,19 @@ Wire layout of one envelope (all integers little-endian)::
                                  "body_len", "sha256", "meta"}
     body               bytes    safetensors serialisation of the tensors
 
-Nothing is ever unpickled: the header is JSON and the body is safetensors, decoded with
-``safetensors.numpy`` so that a device without PyTorch can read a model; where the
-``safetensors`` wheel is missing (Android), :mod:`har_models.wire.safetensors_np` reads and
-writes the same bytes. Every way an
-envelope can be wrong raises its own :class:`EnvelopeError` subclass with a ``reason``
-code that logs and tests can match.
+Nothing is ever unpickled: the header is JSON and the body is safetensors, in numpy only so
+that a device without PyTorch can read a model. The body is written and read by
+:mod:`har_models.wire.safetensors_np`, which writes the bytes ``safetensors.numpy.save`` writes
+(tests compare them): :func:`encode` hashes the tensors where they lie and copies them once, into
+the envelope, and :func:`decode` reads the tensors out of the envelope without copying its body
+first. Every way an envelope can be wrong raises its own :class:`EnvelopeError` subclass with a
+``reason`` code that logs and tests can match.
+
+Hashing once: :func:`decode` checks the body's sha256 against the header's unless its caller
+says, with ``verified``, that it has already checked the sha256 of the whole envelope against the
+digest its sender named (a chunked transfer's id, which :class:`har_models.wire.chunking.Reassembler`
+checks before it delivers anything). That digest covers every byte the body digest covers, and
+the header besides.
 """
 
 from __future__ import annotations
@@ -28,14 +35,9 @@ from typing import Any
 
 import numpy as np
 
-try:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-    from safetensors.numpy import save as st_save
-except ImportError:  # a phone: python-for-android has no recipe for the Rust wheel; same bytes, pure numpy
-    from har_models.wire.safetensors_np import SafetensorError  # type: ignore[assignment]
-    from har_models.wire.safetensors_np import load as st_load
-    from har_models.wire.safetensors_np import save as st_save  # type: ignore[assignment]
+from har_models.wire.safetensors_np import SafetensorError
+from har_models.wire.safetensors_np import layout as st_layout
+from har_models.wire.safetensors_np import load as st_load
 
 MAGIC = b"FHAR"
 ENVELOPE_VERSION = 1
@@ -125,7 +127,7 @@ class Envelope:
     meta : dict
         Free JSON metadata (architecture spec, metrics, counts).
     sha256 : str
-        Hex digest of the body.
+        Hex digest of the body (checked by :func:`decode`; the header's when ``verified`` was given).
     size : int
         Total envelope size in bytes.
     """
@@ -184,21 +186,25 @@ def encode(
         raise ValueError(f"encode: kind must be one of {KINDS}, got {kind!r}")
     if round < 0 or arch_version < 0:
         raise ValueError(f"encode: round ({round}) and arch_version ({arch_version}) must be >= 0")
-    body = st_save({name: _as_numpy(t) for name, t in tensors.items()})
+    # The body is hashed where its pieces lie, then every piece is copied once, into the envelope.
+    st_head, arrays = st_layout({name: _as_numpy(t) for name, t in tensors.items()})
+    digest = hashlib.sha256(st_head)
+    for a in arrays:
+        digest.update(a)
     header = {
         "kind": kind,
         "round": int(round),
         "arch_version": int(arch_version),
         "client_id": str(client_id),
-        "body_len": len(body),
-        "sha256": hashlib.sha256(body).hexdigest(),
+        "body_len": len(st_head) + sum(a.nbytes for a in arrays),
+        "sha256": digest.hexdigest(),
         "meta": dict(meta or {}),
     }
     try:
         hbytes = json.dumps(header, sort_keys=True, allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"encode: metadata is not plain JSON ({exc})") from None
-    return _FIXED.pack(MAGIC, ENVELOPE_VERSION, len(hbytes)) + hbytes + body
+    return b"".join([_FIXED.pack(MAGIC, ENVELOPE_VERSION, len(hbytes)), hbytes, st_head, *arrays])
 
 
 def peek_header(data: bytes) -> dict[str, Any]:
@@ -242,7 +248,7 @@ def peek_header(data: bytes) -> dict[str, Any]:
     return header
 
 
-def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = True) -> Envelope:
+def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = True, verified: str | None = None) -> Envelope:
     """Parse and verify an envelope.
 
     Parameters
@@ -252,6 +258,16 @@ def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = 
         Reject envelopes larger than this many bytes.
     require_finite : bool
         Reject floating-point tensors holding NaN or inf (default True).
+    verified : str, optional
+        The hex sha256 of the whole of ``data``, given only by a caller that has checked that
+        ``data`` hashes to it and that the sender named it: the transfer id with which
+        :meth:`har_models.wire.chunking.Reassembler.add` delivered ``data`` (it delivers only
+        bytes that hash to their id). The body's sha256 is then not computed again: the whole
+        envelope's digest covers the body and the header that names the body's digest, so
+        nothing a peer or the network can change in transit gets past it. What it does not
+        catch is a sender that wrote a body digest its own body does not have (a faulty
+        encoder); :attr:`Envelope.sha256` is then the header's. Bytes read from disk, or from
+        anywhere else, are decoded without it. Must be 64 hex digits.
 
     Returns
     -------
@@ -264,18 +280,23 @@ def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = 
         :class:`UnknownVersion`, :class:`Truncated`, :class:`BadHeader`,
         :class:`ChecksumMismatch`, :class:`BadBody`, :class:`NonFinite`.
     """
+    if verified is not None and (len(verified) != 64 or not all(c in "0123456789abcdef" for c in verified)):
+        raise ValueError(f"decode: verified must be the 64 hex digits of a sha256, got {verified!r}")
     if max_bytes is not None and len(data) > max_bytes:
         raise Oversized(f"envelope of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     header = peek_header(data)
     start = _FIXED.size + header["_header_len"]
-    body = bytes(data[start:])
+    body = memoryview(data if isinstance(data, bytes) else bytes(data))[start:]  # a view: the body is not copied
     if len(body) != header["body_len"]:
         raise Truncated(f"envelope body is {len(body)} bytes, header announces {header['body_len']}")
-    digest = hashlib.sha256(body).hexdigest()
-    if digest != header["sha256"]:
-        raise ChecksumMismatch(f"envelope body sha256 {digest[:16]}... differs from header {header['sha256'][:16]}...")
+    if verified is None:
+        digest = hashlib.sha256(body).hexdigest()
+        if digest != header["sha256"]:
+            raise ChecksumMismatch(f"envelope body sha256 {digest[:16]}... differs from header {header['sha256'][:16]}...")
+    else:
+        digest = header["sha256"]  # the whole envelope, this digest included, matched what its sender named
     try:
-        tensors = st_load(body)
+        tensors = st_load(body)  # copies of the tensors: nothing decoded keeps ``data`` alive
     except (SafetensorError, ValueError, TypeError, OSError) as exc:
         raise BadBody(f"envelope body is not valid safetensors ({exc})") from None
     if require_finite:

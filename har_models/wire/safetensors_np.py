@@ -25,6 +25,7 @@ one process to the next, so bytes are identical when there is at most one metada
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -85,6 +86,29 @@ def save(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None =
     ValueError
         On an unsupported dtype, a name ``"__metadata__"``, or non-string metadata.
     """
+    head, arrays = layout(tensors, metadata)
+    return b"".join([head, *arrays])
+
+
+def layout(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[memoryview]]:
+    """The pieces of :func:`save`'s output, not yet joined: ``b"".join([head, *arrays])`` is that output.
+
+    For a writer that puts the serialisation inside a larger buffer, or hashes it, without
+    first building it (:func:`har_models.wire.codec.encode` copies the tensors once).
+
+    Returns
+    -------
+    head : bytes
+        The 8-byte header size and the padded JSON header.
+    arrays : list of memoryview
+        The tensors' data in file order, little-endian and C order: views of the caller's own
+        arrays where they already are, of copies otherwise.
+
+    Raises
+    ------
+    ValueError
+        As :func:`save`.
+    """
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("safetensors: metadata must map strings to strings")
     items = []
@@ -105,10 +129,11 @@ def save(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None =
         offset += a.nbytes
     hbytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)
-    return b"".join([struct.pack("<Q", len(hbytes)), hbytes, *(a.tobytes() for _, _, a in items)])
+    # reshape(-1): a 1-D view of every array (0-d and empty ones included), never a copy in C order.
+    return struct.pack("<Q", len(hbytes)) + hbytes, [a.reshape(-1).data for _, _, a in items]
 
 
-def load_with_metadata(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def load_with_metadata(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Parse safetensors bytes into ``(tensors, metadata)``.
 
     Returns
@@ -150,7 +175,7 @@ def load_with_metadata(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, st
             raise SafetensorError(f"safetensors: tensor {name!r} has a malformed entry {info!r} ({exc})") from None
         if any(s < 0 for s in shape) or not 0 <= begin <= end <= len(body):
             raise SafetensorError(f"safetensors: tensor {name!r} offsets [{begin}, {end}] outside the {len(body)}-byte data")
-        if end - begin != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+        if end - begin != math.prod(shape) * dt.itemsize:  # Python ints: a huge shape cannot wrap around
             raise SafetensorError(f"safetensors: tensor {name!r} of shape {shape} {info['dtype']} does not fill [{begin}, {end}]")
         spans.append((begin, end))
         out[name] = np.frombuffer(body[begin:end], dtype=dt).reshape(shape).copy()
@@ -165,7 +190,7 @@ def load_with_metadata(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, st
     return out, dict(meta)
 
 
-def load(data: bytes) -> dict[str, np.ndarray]:
+def load(data: bytes | memoryview) -> dict[str, np.ndarray]:
     """Tensors of safetensors bytes (see :func:`load_with_metadata`)."""
     return load_with_metadata(data)[0]
 
