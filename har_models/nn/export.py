@@ -29,10 +29,10 @@ against PyTorch eager; ``benchmarks/bench_backends.py`` times them). The backwar
 autograd's own rule for each forward operator, as ``_export_forward_backward`` traces it (the
 backward of a ``torch.autograd.Function`` does not reach the exported graph), so the forward is
 written in operators whose derivatives are cheap in the runtime. What the runtime's kernels cost,
-measured on 200,000 float32 elements (one thread): ``relu``, ``sign``, ``mul``, ``add``, ``sub`` and
-``mm`` are vectorised (0.1-0.2 ms); ``permute_copy``, ``maximum`` and ``where`` run generic
-per-element index arithmetic (1.5-2 ms), a comparison plus the bool -> float conversion about 5 ms,
-and ``index`` gathering the im2col columns 19 ms for 393,000 (:func:`_TrainGraph.train_logits`):
+measured on 200,000 float32 elements (one thread, loaded machine): ``relu``, ``sub`` and ``mul``
+0.1-0.2 ms, ``sign`` 0.5 ms; ``permute_copy`` and ``maximum``, which run generic per-element index
+arithmetic, 1.6-1.7 ms; ``where`` about 4 ms, a comparison plus the bool -> float conversion about 5 ms;
+and ``index`` gathering 393,000 im2col columns 19-28 ms (see :meth:`_TrainGraph.train_logits`):
 
 * max-pooling is no ``max_pool2d``: in executorch 1.4.0 the portable
   ``max_pool2d_with_indices_backward`` returned gradients about 200 times too large (checked on
@@ -53,8 +53,8 @@ and ``index`` gathering the im2col columns 19 ms for 393,000 (:func:`_TrainGraph
   ``permute_copy`` several times per step. With the input transposed (column-major when traced),
   autograd's rule for ``mm`` transposes only the ``(B, n)`` operands, never the weight.
 
-Together (format 2) these took a batch-32 step of the paper CNN from 2.2x to about 1.0x eager
-PyTorch on the development machine (``docs/backends.md``). The parameter gradients equal format 1's
+Together (format 2) these took a batch-32 step of the paper CNN from 2.0-2.9x to 0.7-1.0x eager
+PyTorch on the loaded development machine (``docs/backends.md``). The parameter gradients equal format 1's
 to float32 rounding (the convolution's two gradients sum in another order).
 
 Metadata. ``<key>.json`` also records the exporter's executorch release, the schema version it
