@@ -352,7 +352,9 @@ def personalise(
         src = pt[i].nonzero().flatten()
         terms.append(list(zip(src.tolist(), pt[i, src].tolist(), strict=True)))
     b = _block_size(block_size, n, shapes, "personalise", block_bytes=MIX_BLOCK_BYTES)
-    stacker = _BlockStacker(trained_states, names, b)
+    # The sources stay float32 here (half the bytes to stack); every product and sum is still float64:
+    # ``copy_`` widens exactly, and ``add_`` into the float64 accumulator computes in float64.
+    stacker = _BlockStacker(trained_states, names, b, dtype=torch.float32)
     acc = torch.empty(b, dtype=torch.float64)
     try:
         for k, lo, hi in _blocks(shapes, b):
@@ -360,7 +362,7 @@ def personalise(
             a = acc[: hi - lo]
             for i, ts in enumerate(terms):
                 (j0, v0), *rest = ts  # 0 + v0 w_j0 is v0 w_j0: the first term is written, not added to zeros
-                torch.mul(rows[j0], v0, out=a)
+                a.copy_(rows[j0]).mul_(v0)
                 for j, v in rest:
                     a.add_(rows[j], alpha=v)
                 flat_out[i][k][lo:hi].copy_(a)
@@ -478,27 +480,29 @@ def _blocks(shapes: Sequence[tuple[int, ...]], b: int) -> Iterator[tuple[int, in
 
 
 class _BlockStacker:
-    """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` float64 buffer.
+    """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` float64 (or float32) buffer.
 
     States in memory: one tensor operation per block whatever n is (the float32 slices are
     widened as they are copied). States that are :class:`FlatBlockSource` (memory-mapped
     files) copy their slice straight into their row of the buffer, so nothing but the block
-    is ever read. float32 -> float64 is exact either way, so the block holds the same numbers.
+    is ever read. float32 -> float64 is exact either way, so the block holds the same numbers (a float32
+    buffer holds them as stored).
     """
 
-    def __init__(self, states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], b: int):
+    def __init__(self, states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], b: int,
+                 dtype: torch.dtype = torch.float64):
         n = len(states)
         self._names = list(names)
         self._mapped: list[FlatBlockSource | None] = [s if isinstance(s, FlatBlockSource) else None for s in states]
         self._flat = [[s[name].detach().float().reshape(-1) for name in names] if m is None else []
                       for s, m in zip(states, self._mapped, strict=True)]
         self._in_memory = all(m is None for m in self._mapped)
-        self._buf64 = torch.empty(n * b, dtype=torch.float64)
+        self._buf = torch.empty(n * b, dtype=dtype)
         self._n = n
 
     def block(self, k: int, lo: int, hi: int) -> torch.Tensor:
         m = hi - lo
-        b64 = self._buf64[: self._n * m].view(self._n, m)
+        b64 = self._buf[: self._n * m].view(self._n, m)
         if self._in_memory:
             return torch.stack([f[k][lo:hi] for f in self._flat], out=b64)
         rows = b64.numpy()

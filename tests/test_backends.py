@@ -189,6 +189,35 @@ def test_one_epoch_equals_torch(other: tuple[str, Path | None], prox_mu: float) 
     assert moved > 1e-4  # the comparison is not between two untouched models
 
 
+def test_max_pool_ties_send_the_gradient_to_the_first_maximum(other: tuple[str, Path | None]) -> None:
+    """Every pool window ties, with different patches under the taps that the weights ignore.
+
+    Only tap 8 of the convolution has weights, and the input is constant over the four samples that
+    tap 8 reads in each pool window, so the four candidates of every window are equal. The other
+    taps read different samples, so their weight gradient depends on which candidate gets the
+    window's gradient: PyTorch's ``max_pool2d`` gives it to the first (an ``amax`` backward would
+    split it, a careless mask would count it four times).
+    """
+    name, cache = other
+    rng = np.random.default_rng(11)
+    n, t = 40, SPEC.window
+    blocks = rng.normal(size=(n, 6, t // SPEC.pool + 1)) * 2
+    x = blocks[:, :, (np.arange(t) + SPEC.pool - 1) // SPEC.pool].astype(np.float32)  # constant on t = 4m+1 .. 4m+4
+    y = rng.integers(0, SPEC.n_classes, n).astype(np.int64)
+    w0 = _weights()
+    tap = np.zeros_like(w0["conv.weight"])
+    tap[:, :, 8, :] = w0["conv.weight"][:, :, 8, :] * 4  # x_pad[t + 8] = x[t + 1]
+    w0["conv.weight"] = tap
+    order = epoch_orders(n, 1, 3)[0]
+    masks = draw_dropout_masks(np.random.default_rng(2), batch_sizes(n, 32), SPEC.dense_units, SPEC.dropout)
+    kw = dict(lr=0.1, batch_size=32, dropout_masks=masks)
+    tb, backend = TorchBackend(SPEC, w0), _backend(name, w0, cache)
+    np.testing.assert_allclose(backend.train_epoch(x, y, order, **kw), tb.train_epoch(x, y, order, **kw), rtol=1e-5)  # type: ignore[arg-type]
+    got, want = backend.get_weights(), tb.get_weights()
+    _assert_close(got, want, 1e-5)
+    assert float(np.abs(want["conv.weight"][:, :, 0, :]).max()) > 1e-3  # the ignored taps did learn from the ties
+
+
 @pytest.mark.parametrize("n", [1, 7, 32])
 def test_any_batch_size_trains_and_infers(other: tuple[str, Path | None], n: int) -> None:
     name, cache = other

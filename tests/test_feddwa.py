@@ -193,6 +193,24 @@ def test_sparse_and_dense_mixes_equal_the_float64_sum(block_size: int | None, to
         assert all(torch.equal(again[0][k], got[0][k]) for k in SHAPES)
 
 
+def test_sparse_mixes_sum_in_float64_in_ascending_order() -> None:
+    """The sparse path reads float32 sources but multiplies and adds in float64: each mix is the float64 sum,
+    term by term in ascending j, rounded once to float32. Products or sums in float32 would differ here."""
+    trained = [random_state(300 + j, scale=1000.0) for j in range(12)]
+    d = torch.from_numpy(np.random.default_rng(8).exponential(1.0, size=(12, 12)))
+    p = weights(d, top_k=3)
+    got = personalise(trained, p)
+    for i, g in enumerate(got):
+        src = p[:, i].nonzero().flatten().tolist()
+        for k in SHAPES:
+            acc = trained[src[0]][k].double() * float(p[src[0], i])
+            for j in src[1:]:
+                acc = acc + trained[j][k].double() * float(p[j, i])
+            assert torch.equal(g[k], acc.float()), (i, k)
+    assert any(not torch.equal(g[k], sum(trained[j][k] * float(p[j, i]) for j in p[:, i].nonzero().flatten().tolist()))
+               for i, g in enumerate(got) for k in SHAPES)  # the float32 sums do differ somewhere
+
+
 def test_personalise_takes_more_columns_than_sources() -> None:
     trained = [with_bias(1.0), with_bias(2.0), with_bias(4.0)]
     p = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)

@@ -25,22 +25,37 @@ fixed batches of 1 and ``infer_batch`` (see :func:`STATIC_METHODS`).
 Formulation. The training program (and the weights-as-inputs program) compute the same function
 as :class:`~har_models.nn.model.HarCNN` (same padding, same channel-first flatten, same parameter
 shapes) in operators that ExecuTorch's kernels differentiate correctly and fast (``tests/test_backends.py`` checks every gradient
-against PyTorch eager; ``benchmarks/bench_backends.py`` times them):
+against PyTorch eager; ``benchmarks/bench_backends.py`` times them). The backward in the program is
+autograd's own rule for each forward operator, as ``_export_forward_backward`` traces it (the
+backward of a ``torch.autograd.Function`` does not reach the exported graph), so the forward is
+written in operators whose derivatives are cheap in the runtime. What the runtime's kernels cost,
+measured on 200,000 float32 elements (one thread, loaded machine): ``relu``, ``sub`` and ``mul``
+0.1-0.2 ms, ``sign`` 0.5 ms; ``permute_copy`` and ``maximum``, which run generic per-element index
+arithmetic, 1.6-1.7 ms; ``where`` about 4 ms, a comparison plus the bool -> float conversion about 5 ms;
+and ``index`` gathering 393,000 im2col columns 19-28 ms (see :meth:`_TrainGraph.train_logits`):
 
-* max-pooling is a reshape and ``amax``: in executorch 1.4.0 the portable
+* max-pooling is no ``max_pool2d``: in executorch 1.4.0 the portable
   ``max_pool2d_with_indices_backward`` returned gradients about 200 times too large (checked on
   a Conv2d + max_pool2d model against eager; Conv2d's own backward was correct);
-* the convolution is im2col plus one matrix product (a gather of the padded input at ``t + j``
-  for ``j < k``), so its forward and backward run as ``mm``. In the training program it is
-  :class:`_ConvT`, ``W (F, C*k) @ cols (C*k, B*T)``, filters first: pooling then reduces the
-  contiguous last axis and no ``(B*T, F)`` activation is transposed, which took about 30 % off a
-  step whose remaining time was mostly portable layout and reduction kernels;
-* every dense layer of the training program is :class:`_Dense`, ``x @ W.T + b`` with a
-  hand-written backward: the ``linear`` -> ``addmm`` lowering ran the portable ``addmm`` kernel (a
-  naive loop, the top entry of a ``perf`` profile of the step) and copied the 6.4-M-entry
-  ``hidden.weight`` through ``permute_copy`` several times per step; ``mm`` without transposes of
-  the weight runs through BLAS (in the pip wheel, the MKL that the torch wheel loads). One
-  batch-32 step of the paper CNN went from about 1.9 s to about 0.15 s on the development machine.
+* the convolution is im2col plus matrix products, one per pool offset ``i``:
+  ``W (F, C*k) @ cols_i (C*k, B*T')`` with ``cols_i[(c, j), (b, t')] = x_pad[b, c, t' * pool + i + j]``,
+  stacked from contiguous slices of the input's pool phases (no ``index``, no ``permute_copy`` of the
+  columns). The pool is then an element-wise maximum of the ``pool`` products, written as
+  ``sum_i z_i * m_i`` with constant first-maximum indicators ``m_i`` (:func:`_pool_max`): its backward is
+  one ``mul`` per offset, and ties send the gradient to the first offset, as ``max_pool2d``'s index
+  does (``amax`` split it);
+* the bias and the ReLU come after the pool, on a quarter of the elements:
+  ``max_i relu(z_i + b) = relu(max_i z_i + b)`` exactly, because rounding is monotone. Every ReLU is
+  ``x * step(x)`` with ``step = sign(relu(x))`` held constant (:func:`_relu`): autograd's rule for
+  ``relu`` is a comparison and a ``where``;
+* the dense layers are ``mm(W, x.t()).t() + b``, never ``linear``: its ``addmm`` lowering ran the
+  portable ``addmm`` kernel (a naive loop) and copied the 6.4-M-entry ``hidden.weight`` through
+  ``permute_copy`` several times per step. With the input transposed (column-major when traced),
+  autograd's rule for ``mm`` transposes only the ``(B, n)`` operands, never the weight.
+
+Together (format 2) these took a batch-32 step of the paper CNN from 2.0-2.9x to 0.7-1.0x eager
+PyTorch on the loaded development machine (``docs/backends.md``). The parameter gradients equal format 1's
+to float32 rounding (the convolution's two gradients sum in another order).
 
 Metadata. ``<key>.json`` also records the exporter's executorch release, the schema version it
 writes and the file identifier, and each file's length and sha256 (:func:`exporter_versions`), so a
@@ -58,7 +73,6 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +84,7 @@ from har_models.files import atomic_write_bytes
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.model import init_state
 
-DenseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
 """Bumped whenever the programs' signatures or formulation change (part of the cache key)."""
 
 
@@ -101,7 +113,7 @@ class ProgramFiles:
 
 
 class _Functional(nn.Module):
-    """The HAR CNN as im2col + matrix products, with parameters as attributes or as inputs."""
+    """The HAR CNN with parameters as attributes (training program) or as inputs (weights-as-inputs program)."""
 
     def __init__(self, spec: ArchSpec, state: dict[str, torch.Tensor] | None = None):
         super().__init__()
@@ -116,76 +128,65 @@ class _Functional(nn.Module):
             for name in PARAM_NAMES:
                 self.register_parameter(_param_fqn(name), nn.Parameter(state[name].detach().clone().float()))
 
-    def logits(
-        self, x: torch.Tensor, w: dict[str, torch.Tensor], mask: torch.Tensor | None, dense: DenseFn | None = None
-    ) -> torch.Tensor:
-        dense = dense or _dense
+    def logits(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits ``(B, C)`` as im2col + ``F.linear`` (the weights-as-inputs inference program, XNNPACK-lowered)."""
         s = self.spec
         b = x.shape[0]
         x = (x - self.get_buffer("mean")) / self.get_buffer("std")
         x = F.pad(x, self.pad)
         cols = x[:, :, self.get_buffer("idx")]  # (B, C, T, k): cols[b, c, t, j] = x_pad[b, c, t + j]
-        if dense is _dense:
-            # Filters-first layout (F, B*T): pooling reduces the contiguous last axis and no (B*T, F)
-            # activation is ever transposed (portable layout kernels dominated the step otherwise).
-            cols_t = cols.permute(1, 3, 0, 2).reshape(s.n_channels * s.kernel, b * s.window)
-            z = F.relu(_ConvT.apply(cols_t, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (F, B*T)
-            z = z.reshape(s.conv_filters, b, s.pooled_len, s.pool).amax(3)  # max-pool along time: (F, B, T')
-            flat = z.permute(1, 0, 2).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
-        else:
-            cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
-            z = F.relu(dense(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
-            z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
-            flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
-        h = F.relu(dense(flat, w["hidden.weight"], w["hidden.bias"]))
-        if mask is not None:
-            h = h * mask
-        return dense(h, w["out.weight"], w["out.bias"])
+        cols = cols.permute(0, 2, 1, 3).reshape(b * s.window, s.n_channels * s.kernel)
+        z = F.relu(F.linear(cols, w["conv.weight"].reshape(s.conv_filters, -1), w["conv.bias"]))  # (B*T, F)
+        z = z.reshape(b, s.pooled_len, s.pool, s.conv_filters).amax(2)  # max-pool along time: (B, T', F)
+        flat = z.permute(0, 2, 1).reshape(b, s.conv_filters * s.pooled_len)  # channel-first, as HarCNN
+        h = F.relu(F.linear(flat, w["hidden.weight"], w["hidden.bias"]))
+        return F.linear(h, w["out.weight"], w["out.bias"])
 
 
-class _Dense(torch.autograd.Function):
-    """``x @ weight.T + bias`` with a hand-written backward that never transposes ``weight``.
+def _step(x: torch.Tensor) -> torch.Tensor:
+    """``1`` where ``x > 0``, else ``0`` (float, no gradient), as ``sign(relu(x))``.
 
-    Forward ``(weight @ x.T).T``; backward ``dx = g @ weight``, ``dweight = g.T @ x``, ``dbias = sum_b g``.
-    Only the small ``(B, n)`` operands are transposed, where autograd's own rule for ``linear``
-    copies the ``(H, F*T')`` weight or its gradient through ``permute_copy`` several times per step.
+    Comparisons, ``where`` and the bool -> float conversion run the runtime's generic kernels, several
+    times slower per element than ``relu``, ``sign`` and ``mul``.
     """
-
-    @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return torch.mm(weight, x.t()).t() + bias
-
-    @staticmethod
-    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        x, weight, _ = inputs
-        ctx.save_for_backward(x, weight)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        return torch.mm(g, weight), torch.mm(g.t(), x), g.sum(0)
+    return torch.sign(torch.relu(x)).detach()
 
 
-class _ConvT(torch.autograd.Function):
-    """The convolution as ``W (F, C*k) @ cols_t (C*k, B*T) + b`` with outputs filters-first; no input gradient."""
+def _relu(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)`` as ``x * step(x)``: the backward is one ``mul`` where autograd's rule for ``relu`` is ``le`` + ``where``.
 
-    @staticmethod
-    def forward(cols_t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return torch.mm(weight, cols_t) + bias.unsqueeze(1)
-
-    @staticmethod
-    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        ctx.save_for_backward(inputs[0])
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
-        (cols_t,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        return None, torch.mm(g, cols_t.t()), g.sum(1)
+    Equal to ``relu`` for finite ``x`` up to the sign of zero (``-3 * 0 = -0``), which no later sum or
+    product sees; the gradient at exactly 0 is 0, as for ``relu``.
+    """
+    return x * _step(x)
 
 
-def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T + bias`` (see :class:`_Dense`)."""
-    out: torch.Tensor = _Dense.apply(x, weight, bias)
+def _pool_max(zs: list[torch.Tensor]) -> torch.Tensor:
+    """Element-wise maximum of same-shape tensors, its gradient to the first that attains it (as ``max_pool2d``'s index).
+
+    ``sum_i z_i * m_i`` with ``m_i`` the constant 0/1 indicator of "z_i is the first maximum"; exact for
+    finite values (one term is ``z_k * 1``, the others ``+-0``). ``z_i`` beats the running maximum
+    ``c`` when ``step(z_i - c)`` is 1: ``z_i - c > 0`` exactly when ``z_i > c`` (a float difference is
+    0 only for equal operands), so ties keep the earlier one. The backward is one ``mul`` per input.
+    """
+    top = zs[0].detach()
+    wins = []
+    for z in zs[1:]:
+        zd = z.detach()
+        s = _step(zd - top)
+        top = zd * s + top * (1.0 - s)  # exact selection
+        wins.append(s)
+    masks = []
+    later = None  # 1 where no later input won
+    for i in range(len(zs) - 1, -1, -1):
+        m = (wins[i - 1] if i > 0 else torch.ones_like(top)) * (later if later is not None else 1.0)
+        masks.append(m)
+        if i > 0:
+            later = (1.0 - wins[i - 1]) if later is None else later * (1.0 - wins[i - 1])
+    masks.reverse()
+    out = zs[0] * masks[0]
+    for z, m in zip(zs[1:], masks[1:], strict=True):
+        out = out + z * m
     return out
 
 
@@ -195,9 +196,30 @@ def _param_fqn(name: str) -> str:
 
 
 class _TrainGraph(_Functional):
+    def train_logits(self, x: torch.Tensor, w: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, C)`` of HarCNN, formulated for the runtime's kernels (see the module docstring)."""
+        s = self.spec
+        b = x.shape[0]
+        p, k, tp = s.pool, s.kernel, s.pooled_len
+        ck, n = s.n_channels * k, b * tp
+        x = (x - self.get_buffer("mean")) / self.get_buffer("std")
+        xc = F.pad(x, self.pad).permute(1, 0, 2)  # (C, B, T + k - 1)
+        # The im2col columns of pool offset i: cols_i[(c, j), (b, t')] = x_pad[b, c, t' * pool + i + j], stacked
+        # from contiguous slices of the input's pool phases (gathering with index ran a slow generic kernel).
+        phases = [xc[:, :, r::p] for r in range(p)]
+        shifted = [phases[q % p][:, :, q // p : q // p + tp] for q in range(p + k - 1)]  # (C, B, T') each
+        wc = w["conv.weight"].reshape(s.conv_filters, ck)
+        zs = [torch.mm(wc, torch.stack(shifted[i : i + k], dim=1).reshape(ck, n)) for i in range(p)]  # (F, B*T')
+        # Max-pool over the pool offsets; bias and ReLU after it: max_i relu(z_i + b) = relu(max_i z_i + b).
+        z = _relu(_pool_max(zs) + w["conv.bias"].unsqueeze(1))
+        flat = z.reshape(s.conv_filters, b, tp).permute(1, 0, 2).reshape(b, s.conv_filters * tp)  # channel-first, as HarCNN
+        h = _relu(torch.mm(w["hidden.weight"], flat.t()).t() + w["hidden.bias"])
+        h = h * mask
+        return torch.mm(w["out.weight"], h.t()).t() + w["out.bias"]
+
     def forward(self, x: torch.Tensor, y: torch.Tensor, sw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w = {n: getattr(self, _param_fqn(n)) for n in PARAM_NAMES}
-        logits = self.logits(x, w, mask)
+        logits = self.train_logits(x, w, mask)
         loss = (F.cross_entropy(logits, y, reduction="none") * sw).mean()
         return loss, logits.detach()
 
@@ -214,7 +236,7 @@ class _InferGraph(_Functional):
         out_bias: torch.Tensor,
     ) -> torch.Tensor:
         w = dict(zip(PARAM_NAMES, (conv_weight, conv_bias, hidden_weight, hidden_bias, out_weight, out_bias), strict=True))
-        return self.logits(x, w, None, F.linear)
+        return self.logits(x, w)
 
 
 class _InferStatic(_Functional):
