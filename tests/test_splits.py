@@ -206,7 +206,8 @@ def test_label_skew2_gives_every_hapt_client_exactly_two_classes_and_loses_no_ot
         if kind == "paper":  # nothing but the other classes is dropped
             assert np.array_equal(np.union1d(tr, te), of_kept)
         else:  # and under blocks only the gap next to test windows (at most one window each side of a block)
-            assert np.setdiff1d(of_kept, np.union1d(tr, te)).size <= 2 * len(np.unique(window_segments(w.y[of_kept], w.t_start_ns[of_kept])))
+            n_segments = len(np.unique(window_segments(w.y[of_kept], w.t_start_ns[of_kept])))
+            assert np.setdiff1d(of_kept, np.union1d(tr, te)).size <= 2 * n_segments
 
 
 def test_label_skew2_is_the_same_for_the_same_seed_and_differs_for_another():
