@@ -12,14 +12,16 @@ Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the on
      "dense_units", "bytes_up", "bytes_down", ["growth"], ["feddwa_weights"],
      ["personalisation", "personalisation_clients"], "received_union", ["global"],
      ["generalisation", "generalisation_clients"], "seconds",
-     ["failures"], ["rejections"], ["bytes_up_by_encoding"]}
+     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"]}
 
-Bracketed keys appear only when they hold something; the last three are written only when
-they say more than the keys before them (a client failed, a message was rejected, an update
-was not float32), so a run without any of these has the same report as before the record
-existed. ``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module
-writes, ``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json`
-also reads the rows of other writers (``fedhar-baseline``, which has no traffic or
+Bracketed keys appear only when they hold something; "failures", "rejections" and
+"bytes_up_by_encoding" are written only when they say more than the keys before them (a
+client failed, a message was rejected, an update was not float32), so a run without any of
+these has the same report as before the record existed. "start" (each model as it starts
+local training, on its client's test split) came later: records without it still load.
+``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
+``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
+reads the rows of other writers (``fedhar-baseline``, which has no traffic or
 participation): what they lack takes its default and is then written as such.
 """
 
@@ -315,6 +317,13 @@ class Evaluation:
     generalisation : Metrics, optional
         Mean over clients of each trained model on the union test set (in the rounds it is measured).
     generalisation_clients : dict client id -> Metrics
+    start : Metrics, optional
+        Mean over clients of each model as it starts local training (the received model after
+        the client's initialisation: FedALA's blend, FedPer's head swap; FedDWA's personalised
+        mix and FedAvg's global model as received) on its own test split: the measure of the
+        FedALA paper (Zhang et al., AAAI 2023, section 5: evaluated after the local
+        initialisation, before training). None in records written before it existed.
+    start_clients : dict client id -> Metrics
     """
 
     personalisation: Metrics | None = None
@@ -323,9 +332,11 @@ class Evaluation:
     global_: Metrics | None = None
     generalisation: Metrics | None = None
     generalisation_clients: Mapping[str, Metrics] = field(default_factory=dict)
+    start: Metrics | None = None
+    start_clients: Mapping[str, Metrics] = field(default_factory=dict)
 
     def measure(self, name: str) -> Metrics | None:
-        """The figures of ``name`` in {"global", "personalisation", "generalisation", "received_union"}.
+        """The figures of ``name`` in {"global", "personalisation", "generalisation", "received_union", "start"}.
 
         Raises
         ------
@@ -333,7 +344,7 @@ class Evaluation:
             For another name.
         """
         table = {"global": self.global_, "personalisation": self.personalisation, "generalisation": self.generalisation,
-                 "received_union": self.received_union}  # fmt: skip
+                 "received_union": self.received_union, "start": self.start}  # fmt: skip
         return table[name]
 
     def clients(self) -> list[ClientResult]:
@@ -345,7 +356,7 @@ class Evaluation:
 _OLD_KEYS = ("round", "selected", "updates", "rejected", "missing", "arch_version", "conv_filters", "dense_units",
              "bytes_up", "bytes_down", "growth", "feddwa_weights", "personalisation", "personalisation_clients",
              "received_union", "global", "generalisation", "generalisation_clients", "seconds")  # fmt: skip
-RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding")
+RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients")
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
 
 
@@ -386,7 +397,7 @@ class RoundRecord:
 
     def without_details(self) -> RoundRecord:
         """The record without per-client figures and p_ij (what grows with the square of the clients)."""
-        ev = replace(self.evaluation, personalisation_clients={}, generalisation_clients={})
+        ev = replace(self.evaluation, personalisation_clients={}, generalisation_clients={}, start_clients={})
         return replace(self, evaluation=ev, feddwa_weights=None)
 
     # ------------------------------------------------------------------ JSON
@@ -426,6 +437,9 @@ class RoundRecord:
             out["rejections"] = [[r.client_id, r.reason, r.count] for r in p.rejections]
         if t is not None and set(t.up_by_encoding) - {DEFAULT_ENCODING}:
             out["bytes_up_by_encoding"] = dict(t.up_by_encoding)
+        if e.start is not None:
+            out["start"] = e.start.to_json()
+            out["start_clients"] = {c: m.to_json() for c, m in e.start_clients.items()}
         return out
 
     @classmethod
@@ -486,6 +500,8 @@ class RoundRecord:
             global_=opt("global"),
             generalisation=opt("generalisation"),
             generalisation_clients=_per_client(d.get("generalisation_clients") or {}, f"{what}: 'generalisation_clients'"),
+            start=opt("start"),
+            start_clients=_per_client(d.get("start_clients") or {}, f"{what}: 'start_clients'"),
         )
         return cls(
             round=rnd,

@@ -15,7 +15,8 @@ from typing import Any
 from coordinator.record import RoundRecord, records
 from har_models.files import atomic_write, atomic_write_bytes
 
-MEASURES = ("global", "personalisation", "generalisation")
+MEASURES = ("global", "personalisation", "generalisation", "start")
+"""The measures of the final and best figures, in report order ("start" only in runs that recorded it)."""
 
 MODEL_NOTES = {
     "global": "global model after this round's aggregation (and growth) on the union of all clients' test sets "
@@ -29,6 +30,20 @@ MODEL_NOTES = {
     "on the union of the clients' test sets (sum of their confusion matrices); "
     "for FedAvg this is the previous round's global model",
 }
+
+START_NOTE = (
+    "each client's model as it starts local training (after FedALA's or FedPer's initialisation; "
+    "FedDWA's personalised model and FedAvg's global model as received), on its own test split; "
+    "unweighted mean over clients"
+)
+"""What the "start" measure is (FedALA's protocol), noted in reports whose rounds recorded it."""
+
+
+def model_notes(rounds: Sequence[RoundRecord]) -> dict[str, str]:
+    """:data:`MODEL_NOTES`, plus "start" (:data:`START_NOTE`) when a round recorded that measure."""
+    if any(r.evaluation.start is not None for r in rounds):
+        return {**MODEL_NOTES, "start": START_NOTE}
+    return dict(MODEL_NOTES)
 
 
 def _fmt(x: Any, pct: bool = True) -> str:
@@ -91,7 +106,7 @@ def write_report(
     folder = Path(folder)
     rows = [r.to_json() if isinstance(r, RoundRecord) else dict(r) for r in rounds]
     recs = records(rounds)
-    doc = {**header, "models_evaluated": MODEL_NOTES, "rounds": rows, **best_and_final(recs)}
+    doc = {**header, "models_evaluated": model_notes(recs), "rounds": rows, **best_and_final(recs)}
     _write(folder / "report.json", json.dumps(doc, indent=2, sort_keys=False, default=str))
     _write(folder / "report.md", _markdown(doc, recs))
     if plot and recs:
@@ -117,21 +132,23 @@ def _markdown(doc: Mapping[str, Any], recs: Sequence[RoundRecord]) -> str:
     ]
     lines += [f"- **{k}**: {v}" for k, v in facts if v is not None]
     lines += ["", "Accuracy and macro-F1 in %. Which model each number is from:", ""]
-    lines += [f"- **{k}**: {v}" for k, v in MODEL_NOTES.items()]
+    lines += [f"- **{k}**: {v}" for k, v in model_notes(recs).items()]
+    start = any(r.evaluation.start is not None for r in recs)  # its two columns only where a round recorded it
     lines += [
         "",
         "| round | updates | rejected | arch (F, H) | up MB | down MB | s "
-        "| global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |",
-        "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |" + (" start acc | start F1 |" if start else ""),
+        "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if start else ""),
     ]
     for r in recs:
-        g, p, n = (r.measure(m) for m in MEASURES)
+        g, p, n, s0 = (r.measure(m) for m in MEASURES)
         part, arch, t = r.participation, r.arch, r.traffic
         lines.append(
             f"| {r.round} | {part.updates}/{part.selected} | {part.rejected} | "
             f"v{arch.version} ({arch.conv_filters}, {arch.dense_units}) | {_mb(t and t.bytes_up)} | "
             f"{_mb(t and t.bytes_down)} | {r.seconds:.1f} | {_fmt(g and g.accuracy)} | {_fmt(g and g.macro_f1)} | "
             f"{_fmt(p and p.accuracy)} | {_fmt(p and p.macro_f1)} | {_fmt(n and n.accuracy)} | {_fmt(n and n.macro_f1)} |"
+            + (f" {_fmt(s0 and s0.accuracy)} | {_fmt(s0 and s0.macro_f1)} |" if start else "")
         )
     lines += _device_table(recs)
     if doc.get("final"):

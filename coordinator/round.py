@@ -196,16 +196,21 @@ def evaluate_round(
     -------
     Evaluation
         ``personalisation`` (mean over clients of each w_i on its own test split) and its
-        per-client values, ``received_union`` (the received models on the clients' test
-        splits, pooled), and with an evaluator ``global_`` (G on the union test set) and, in
+        per-client values, ``start`` (the same for each model as it starts local training,
+        from the clients' "initial" matrices), ``received_union`` (the received models on
+        the clients' test splits, pooled), and with an evaluator ``global_`` (G on the union test set) and, in
         the rounds due, ``generalisation`` (each w_i on the union test set, mean over clients).
     """
     ev = Evaluation()
     trained = {u.client_id: u.confusion["trained"] for u in results if "trained" in u.confusion}
     received = {u.client_id: u.confusion["received"] for u in results if "received" in u.confusion}
+    initial = {u.client_id: u.confusion["initial"] for u in results if "initial" in u.confusion}
     if trained:
         mean, per = personalisation(trained)
         ev = replace(ev, personalisation=Metrics.from_json(mean), personalisation_clients=_metrics_of(per))
+    if initial:  # the model each client starts training from (FedALA's protocol), averaged as personalisation
+        mean, per = personalisation(initial)
+        ev = replace(ev, start=Metrics.from_json(mean), start_clients=_metrics_of(per))
     pooled = union_of_clients(received)
     ev = replace(ev, received_union=Metrics.from_json(pooled) if pooled is not None else None)
     if evaluator is not None:
@@ -248,6 +253,7 @@ def summary_line(record: RoundRecord) -> str:
 
     "n/a" means the measure was not taken: the global figures need a union test set
     (``--eval-data`` or a simulation), the personalisation figures need client updates.
+    The start figures (each model as it starts local training) follow when the round has them.
     The line ends with each device's part (:func:`device_summary`) when the record names any.
     """
     g, p = record.evaluation.global_, record.evaluation.personalisation
@@ -256,6 +262,7 @@ def summary_line(record: RoundRecord) -> str:
         f"round {record.round}: {part.selected} selected, {part.updates} updates, "
         f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
         f"global acc {_pct(g.accuracy if g else None)} F1 {_pct(g.macro_f1 if g else None)}, "
-        f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}; "
-        f"up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
+        f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}"
+        + (f", start acc {_pct(st.accuracy)} F1 {_pct(st.macro_f1)}" if (st := record.evaluation.start) else "")
+        + f"; up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
     ) + (f"; devices: {devices}" if (devices := device_summary(record)) else "")

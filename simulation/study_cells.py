@@ -11,8 +11,9 @@ from typing import Any
 
 from coordinator.config import CoordinatorConfig
 
-MEASURES = ("global", "personalisation", "generalisation")
-"""The three figures of the FedDist evaluation protocol, in report order."""
+MEASURES = ("global", "personalisation", "generalisation", "start")
+"""The three figures of the FedDist evaluation protocol, then "start" (each client's model as it starts
+local training, on its own test split: FedALA's protocol), in report order."""
 BASELINES = ("centralised", "local-only")
 """Cells that are baselines (``fedhar-baseline MODE``), not federations."""
 

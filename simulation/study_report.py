@@ -3,7 +3,8 @@
 The grid itself (cells, running, resuming) is :mod:`simulation.study`; this module only reads
 what the cells wrote, through their round records (:class:`coordinator.record.RoundRecord`),
 and writes into the study folder ``OUT``: ``study.md`` (mean and standard deviation over seeds
-of global, personalisation and generalisation accuracy and macro-F1, final and best round),
+of global, personalisation and generalisation accuracy and macro-F1, and where the cells
+recorded it of the start measure (each model as it starts local training), final and best round),
 ``study.json`` (the same numbers), and PNG plots: metrics per round per strategy with the band
 of the seeds (min..max), FedDist layer widths per round, FedDWA's p_ij as a heat map,
 per-client personalisation accuracy as a strip plot, and the confusion matrix of the best
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.record import RoundRecord, records
+from coordinator.report import best_and_final
 from har_models.files import atomic_write_bytes
 from simulation.study_cells import BASELINES, MEASURES, Cell, StudySettings, finished
 
@@ -44,12 +46,20 @@ def summarise(cells: Sequence[Cell], out: Path) -> list[dict[str, Any]]:
     Each row holds, per measure m and metric k (``accuracy``, ``macro_f1``):
     ``final.m.k = [mean, std]`` and ``best.m.k = [mean, std]`` (best over rounds, per
     seed), plus ``best_round.m`` (the seeds' best-macro-F1 rounds), ``seeds`` and
-    ``wall_seconds`` (mean). Baselines have no global model under local-only: NaN.
+    ``wall_seconds`` (mean). Baselines have no global model under local-only: NaN; a measure
+    no seed recorded (``start`` in an earlier release's cells, or in a baseline) is NaN too.
+    A report whose final and best figures lack a measure its rounds hold (written by a
+    release that did not summarise it) gets them from its rounds
+    (:func:`coordinator.report.best_and_final`).
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         doc = finished(c.folder(out))
         if doc is not None:
+            if any(m not in (doc.get("final") or {}) for m in MEASURES):
+                summary = best_and_final(_records(doc))
+                doc = {**doc, "final": {**summary["final"], **(doc.get("final") or {})},
+                       "best": {**summary["best"], **(doc.get("best") or {})}}  # fmt: skip
             groups.setdefault((c.split, c.strategy), []).append({"seed": c.seed, **doc})
     rows = []
     for (split, strategy), docs in groups.items():
@@ -80,8 +90,20 @@ def _cell(ms: Sequence[float]) -> str:
     return "n/a" if math.isnan(m) else f"{100 * m:.1f} ± {100 * s:.1f}"
 
 
+_HEAD = {"global": "global", "personalisation": "pers.", "generalisation": "gen.", "start": "start"}
+
+
+def _has(rows: Sequence[dict[str, Any]], m: str) -> bool:
+    """Whether any row holds a figure of measure ``m``."""
+    return any(not math.isnan(r[w][m][k][0]) for r in rows for w in ("final", "best") for k in ("accuracy", "macro_f1"))
+
+
 def markdown(rows: Sequence[dict[str, Any]], s: StudySettings, plots: Sequence[str], notes: Sequence[str]) -> str:
-    """The study as Markdown: per split, a final table and a best table, then the plots and notes."""
+    """The study as Markdown: per split, a final table and a best table, then the plots and notes.
+
+    The start columns (each model as it starts local training) appear only when some cell recorded that measure.
+    """
+    shown = [m for m in MEASURES if m != "start" or _has(rows, m)]
     lines = [
         "# fedhar study",
         "",
@@ -96,13 +118,13 @@ def markdown(rows: Sequence[dict[str, Any]], s: StudySettings, plots: Sequence[s
             lines += [
                 f"## Split `{split}`: {when} {'round' if when == 'final' else 'over rounds'}",
                 "",
-                "| strategy | seeds | global acc | global F1 | pers. acc | pers. F1 | gen. acc | gen. F1 |"
+                "| strategy | seeds |" + "".join(f" {_HEAD[m]} acc | {_HEAD[m]} F1 |" for m in shown)
                 + (" best-F1 rounds (global) | wall s |" if when == "best" else ""),
-                "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|---:|" if when == "best" else ""),
+                "|---|---:|" + "---:|---:|" * len(shown) + ("---|---:|" if when == "best" else ""),
             ]
             for r in part:
                 cells = [r["strategy"], str(len(r["seeds"]))]
-                cells += [_cell(r[when][m][k]) for m in MEASURES for k in ("accuracy", "macro_f1")]
+                cells += [_cell(r[when][m][k]) for m in shown for k in ("accuracy", "macro_f1")]
                 if when == "best":
                     cells += [", ".join(str(x) for x in r["best_round"]["global"]), f"{r['wall_seconds']:.0f}"]
                 lines.append("| " + " | ".join(cells) + " |")
@@ -141,7 +163,10 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_rounds(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
-    """Global, personalisation and generalisation macro-F1 per round: seed mean line and min..max band per strategy."""
+    """Global, personalisation and generalisation macro-F1 per round: seed mean line and min..max band per strategy.
+
+    A fourth panel shows the start measure (each model as it starts local training) when some cell recorded it.
+    """
     series: dict[str, list[list[list[float]]]] = {}
     for c in cells:
         doc = finished(c.folder(out))
@@ -152,11 +177,13 @@ def plot_rounds(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
         )
     if not series:
         return None
+    shown = [j for j, m in enumerate(MEASURES)
+             if m != "start" or any(not math.isnan(v) for runs in series.values() for r in runs for v in r[j])]  # fmt: skip
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(shown), figsize=(14 * len(shown) / 3, 4), sharey=True)
     for strategy, runs in series.items():
         n = min(len(r[0]) for r in runs)
-        arr = np.array([[m[:n] for m in r] for r in runs], dtype=float)  # (seeds, 3, rounds)
+        arr = np.array([[r[j][:n] for j in shown] for r in runs], dtype=float)  # (seeds, measures shown, rounds)
         for j, ax in enumerate(axes):
             v = arr[:, j, :]
             if np.all(np.isnan(v)):
@@ -168,8 +195,8 @@ def plot_rounds(cells: Sequence[Cell], out: Path, split: str) -> Path | None:
             ok = ~np.isnan(mean)
             ax.plot(x[ok], mean[ok], marker="o", label=f"{strategy} ({len(runs)} seeds)")
             ax.fill_between(x[ok], lo[ok], hi[ok], alpha=0.2)
-    for ax, m in zip(axes, MEASURES, strict=True):
-        ax.set_title(f"{m} macro-F1")
+    for ax, j in zip(axes, shown, strict=True):
+        ax.set_title(f"{MEASURES[j]} macro-F1")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right", fontsize=8)

@@ -113,7 +113,7 @@ def test_label_skew_keeps_exactly_the_drawn_classes(kind):
         spec.assign(np.zeros(3, np.int64), np.zeros(3, np.int64))
 
 
-@pytest.mark.parametrize("text", ["blocks", "blocks+label_skew", "paper+label_skew"])
+@pytest.mark.parametrize("text", ["blocks", "blocks+label_skew", "paper+label_skew", "blocks+label_skew2"])
 def test_client_store_and_evaluation_harness_split_identically(tmp_path, text):
     source_text = f"hapt:{HAPT / 'user05.npz'}"
     spec = SplitSpec.parse(text, seed=3)
@@ -176,3 +176,50 @@ def test_every_program_defaults_to_the_leak_free_split():
     assert client_parser().parse_args(["--client-id", "c1", "--source", "hapt:x.npz"]).split == "blocks"
     assert simulate_parser().parse_args([]).split == "blocks"
     assert coordinator_parser().parse_args([]).eval_split == "blocks"
+
+
+def test_label_skew2_known_class_sets():
+    # the same generator as label_skew: a client that drew 2 classes keeps them, one that drew 3 keeps 2 others
+    six = np.arange(6)
+    assert skewed_classes(six, "user01", 1, n_keep=2).tolist() == [2, 5]  # label_skew: [2, 5]
+    assert skewed_classes(six, "user03", 1, n_keep=2).tolist() == [1, 5]  # label_skew: [1, 4, 5]
+    assert skewed_classes(six, "user01", 2, n_keep=2).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="n_keep must be at least 1"):
+        skewed_classes(six, "user01", 1, n_keep=0)
+
+
+@pytest.mark.parametrize("kind", ["paper", "blocks"])
+def test_label_skew2_gives_every_hapt_client_exactly_two_classes_and_loses_no_other_window(kind):
+    spec = SplitSpec.parse(f"{kind}+label_skew2", seed=1)
+    assert spec.partition == "label_skew2" and spec.text == f"{kind}+label_skew2"
+    plain = SplitSpec(seed=1, kind=kind)
+    for sid in range(1, 31):
+        src = parse_source(f"hapt:{HAPT / f'user{sid:02d}.npz'}", spec)
+        w = src.windows()
+        tr, te = spec.assign(w.y, w.t_start_ns, src.name)
+        kept = skewed_classes(w.y, src.name, 1, n_keep=2)
+        assert kept.size == 2 and set(np.unique(w.y[tr])) == set(np.unique(w.y[te])) == set(kept.tolist()), sid
+        of_kept = np.flatnonzero(np.isin(w.y, kept))
+        # the kept classes' windows split as the partition by subject would split them alone
+        sub_tr, sub_te = plain.assign(w.y[of_kept], w.t_start_ns[of_kept], src.name)
+        assert np.array_equal(tr, of_kept[sub_tr]) and np.array_equal(te, of_kept[sub_te])
+        if kind == "paper":  # nothing but the other classes is dropped
+            assert np.array_equal(np.union1d(tr, te), of_kept)
+        else:  # and under blocks only the gap next to test windows (at most one window each side of a block)
+            n_segments = len(np.unique(window_segments(w.y[of_kept], w.t_start_ns[of_kept])))
+            assert np.setdiff1d(of_kept, np.union1d(tr, te)).size <= 2 * n_segments
+
+
+def test_label_skew2_is_the_same_for_the_same_seed_and_differs_for_another():
+    def classes(seed: int) -> list[list[int]]:
+        return [skewed_classes(np.arange(6), f"user{sid:02d}", seed, n_keep=2).tolist() for sid in range(1, 31)]
+
+    assert classes(1) == classes(1)
+    assert classes(1) != classes(2)
+    src = parse_source(f"hapt:{HAPT / 'user05.npz'}")
+    w = src.windows()
+    a = SplitSpec.parse("blocks+label_skew2", seed=3).assign(w.y, w.t_start_ns, src.name)
+    b = SplitSpec.parse("blocks+label_skew2", seed=3).assign(w.y, w.t_start_ns, src.name)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    with pytest.raises(ValueError, match="the label_skew2 partition needs the subject name"):
+        SplitSpec.parse("blocks+label_skew2").assign(np.zeros(3, np.int64), np.zeros(3, np.int64))

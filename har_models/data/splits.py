@@ -21,6 +21,8 @@ And two partitions of the federation (``SplitSpec.partition``):
   (the pathological label skew of FedALA, Zhang et al., AAAI 2023, section 5, and FedDWA,
   Liu et al., IJCAI 2023, section 5.1), drawn per client from the seed and the client's
   subject name; the other windows are dropped from train and test alike.
+* ``"label_skew2"``: the same, with exactly 2 classes per client (a stronger skew, the
+  2-classes-per-client case of FedALA's pathological setting), drawn by the same generator.
 
 The edge client's store and the coordinator's evaluation harness both go through
 :meth:`SplitSpec.assign` with the same spec, the windows in recording order, their start
@@ -48,8 +50,11 @@ DEFAULT_SPLIT = "blocks"
 SPLITS = ("paper", "blocks")
 """Train/test splits: the FedDist paper's random (leaky) one and the leak-free blocks."""
 
-PARTITIONS = ("subject", "label_skew")
-"""Federation partitions: by subject (all classes) or label-skewed (2-3 classes per client)."""
+PARTITIONS = ("subject", "label_skew", "label_skew2")
+"""Federation partitions: by subject (all classes), label-skewed (2-3 classes per client) or 2 classes per client."""
+
+SKEWED_CLASSES = {"label_skew": None, "label_skew2": 2}
+"""Label-skewed partitions -> the number of classes each client keeps (None: 2 or 3, drawn per client)."""
 
 PERIOD_NS = 20_000_000
 """Grid period of every fedhar window (50 Hz), ns."""
@@ -138,12 +143,14 @@ def block_split(
     return train, np.flatnonzero(is_test).astype(np.int64)
 
 
-def skewed_classes(present: np.ndarray, subject: str, seed: int) -> np.ndarray:
-    """The classes a client keeps under the label-skewed partition.
+def skewed_classes(present: np.ndarray, subject: str, seed: int, n_keep: int | None = None) -> np.ndarray:
+    """The classes a client keeps under a label-skewed partition.
 
     A generator ``numpy.random.default_rng([seed, crc32(subject)])`` draws the number kept,
-    ``2 + integers(2)`` (2 or 3, at most the number present), then that many of the
-    ``present`` classes without replacement.
+    ``2 + integers(2)`` (2 or 3), then that many of the ``present`` classes without
+    replacement (at most the number present). With ``n_keep`` (partition ``label_skew2``: 2)
+    the generator still draws the number first but keeps ``n_keep`` classes, so both
+    partitions use one stream and the result depends on the seed and the subject alone.
 
     Parameters
     ----------
@@ -153,14 +160,24 @@ def skewed_classes(present: np.ndarray, subject: str, seed: int) -> np.ndarray:
         The client's subject name (``user01``, ``proband3``): the same on every side.
     seed : int
         Split seed.
+    n_keep : int >= 1, optional
+        Classes to keep; None draws 2 or 3.
 
     Returns
     -------
     ndarray of int64, sorted
+
+    Raises
+    ------
+    ValueError
+        If ``n_keep`` is below 1.
     """
+    if n_keep is not None and n_keep < 1:
+        raise ValueError(f"skewed_classes: n_keep must be at least 1, got {n_keep}")
     classes = np.unique(np.asarray(present, np.int64))
     rng = np.random.default_rng([int(seed), zlib.crc32(subject.encode())])
-    n = min(2 + int(rng.integers(2)), classes.size)
+    drawn = 2 + int(rng.integers(2))
+    n = min(drawn if n_keep is None else n_keep, classes.size)
     return np.sort(rng.choice(classes, size=n, replace=False)).astype(np.int64)
 
 
@@ -173,7 +190,8 @@ class SplitSpec:
     the first ``round(test_fraction * n_c)`` go to test
     (:func:`~har_models.data.windowing.stratified_split`); it leaks (50 % overlap). ``kind``
     "blocks": :func:`block_split`, leak-free. ``partition`` "label_skew" first keeps only
-    the windows of :func:`skewed_classes`; "subject" keeps all.
+    the windows of :func:`skewed_classes` (2-3 classes), "label_skew2" those of exactly 2
+    classes; "subject" keeps all.
 
     Parameters
     ----------
@@ -182,7 +200,7 @@ class SplitSpec:
     seed : int >= 0
         Generator seed (1).
     kind : {"paper", "blocks"}
-    partition : {"subject", "label_skew"}
+    partition : {"subject", "label_skew", "label_skew2"}
 
     Raises
     ------
@@ -210,7 +228,7 @@ class SplitSpec:
 
     @classmethod
     def parse(cls, text: str, seed: int = DEFAULT_SPLIT_SEED) -> SplitSpec:
-        """Spec from ``KIND[+PARTITION]`` (``paper``, ``blocks``, ``blocks+label_skew``), the ``--split`` text.
+        """Spec from ``KIND[+PARTITION]`` (``paper``, ``blocks``, ``blocks+label_skew``, ``blocks+label_skew2``), the ``--split`` text.
 
         Raises
         ------
@@ -251,7 +269,12 @@ class SplitSpec:
         t_start_ns : array of shape (N,), int64
             Window start times, ns, windows in recording order.
         subject : str
-            Subject name, only used by the label-skewed partition.
+            Subject name, only used by the label-skewed partitions.
+
+        Raises
+        ------
+        ValueError
+            If a label-skewed partition is given no subject name.
 
         Returns
         -------
@@ -259,10 +282,11 @@ class SplitSpec:
         """
         y = np.asarray(y, np.int64)
         keep = np.arange(y.size)
-        if self.partition == "label_skew":
+        if self.partition in SKEWED_CLASSES:
             if not subject:
-                raise ValueError("SplitSpec.assign: the label_skew partition needs the subject name")
-            keep = np.flatnonzero(np.isin(y, skewed_classes(y, subject, self.seed)))
+                raise ValueError(f"SplitSpec.assign: the {self.partition} partition needs the subject name")
+            classes = skewed_classes(y, subject, self.seed, SKEWED_CLASSES[self.partition])
+            keep = np.flatnonzero(np.isin(y, classes))
         if self.kind == "paper":
             tr, te = stratified_split(y[keep], self.test_fraction, self.seed)
         else:
