@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--eval-split",
         default=DEFAULT_SPLIT,
-        help="with --eval-data: the clients' --split (blocks, paper, optionally +label_skew), so the union test set holds "
+        help="with --eval-data: the clients' --split (blocks, paper, optionally +label_skew or +label_skew2), so the union test set holds "
         "exactly their test windows (default %(default)s)",
     )
     add_logging_arguments(ap)

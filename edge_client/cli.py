@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--split",
         default=DEFAULT_SPLIT,
         help="train/test split of a replayed source: blocks (leak-free) or paper (FedDist, random, leaky), "
-        "optionally +label_skew (keep 2-3 classes); the coordinator must use the same (default %(default)s)",
+        "optionally +label_skew (keep 2-3 classes) or +label_skew2 (exactly 2); the coordinator must use the same (default %(default)s)",
     )
     ap.add_argument(
         "--replay-speed",

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "--split-seed", type=int, default=defaults.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
     )
     ap.add_argument(
-        "--split", default=DEFAULT_SPLIT, help="paper | blocks, optionally +label_skew, as the clients' (default %(default)s)"
+        "--split", default=DEFAULT_SPLIT, help="paper | blocks, optionally +label_skew[2], as the clients' (default %(default)s)"
     )
     ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
     ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")

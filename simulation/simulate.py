@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--split",
         default=DEFAULT_SPLIT,
         help="every client's train/test split, also used for the union test set: blocks (leak-free contiguous blocks "
-        "with a gap) or paper (FedDist, random, leaky), optionally +label_skew (each client keeps 2-3 classes) "
+        "with a gap) or paper (FedDist, random, leaky), optionally +label_skew (each client keeps 2-3 classes) or +label_skew2 (exactly 2) "
         "(default %(default)s)",
     )
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
