@@ -53,6 +53,7 @@ from har_io import exit_codes
 from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, plain, setup_logging
 from har_io.exit_codes import Exit
+from har_io.memory import bound_mmap_threshold
 from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 from simulation.broker import LOCAL_BROKERS
@@ -449,6 +450,7 @@ def run(p: SimulationPlan, t0: float | None = None) -> int:
         number after SIGINT/SIGTERM.
     """
     t0 = time.monotonic() if t0 is None else t0
+    bound_mmap_threshold()  # the coordinator's process: spilled and published models do not stay in its heap
     run_dir = p.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)

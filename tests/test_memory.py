@@ -57,6 +57,45 @@ def test_before_the_freezing_calls_nothing_is_frozen() -> None:
     assert _run("import gc; from har_io import memory; print(gc.get_freeze_count())") == "0"
 
 
+_MAPPED_AFTER_A_LARGE_FREE = """
+    import ctypes, ctypes.util, sys
+    from har_io import memory
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not hasattr(libc, "mallinfo2"):
+        print("no mallinfo2")
+        sys.exit(0)
+    libc.mallinfo2.restype = MallInfo2
+    if BOUND:
+        assert memory.bound_mmap_threshold()
+    big = bytearray(26 << 20)   # a model-sized block: mapped, and freeing it raises glibc's own threshold
+    del big
+    block = bytearray(8 << 20)  # then a block of 8 MiB: mapped again only with the threshold bound
+    print(libc.mallinfo2().hblkhd >= len(block))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_with_the_threshold_bound_a_block_after_a_large_free_gets_its_own_mapping() -> None:
+    bound = _run("BOUND = True\n" + textwrap.dedent(_MAPPED_AFTER_A_LARGE_FREE))
+    if bound == "no mallinfo2":
+        pytest.skip("glibc without mallinfo2 (< 2.33)")
+    # glibc's default: the free of the 26 MiB block raised the threshold, and 8 MiB came from the heap.
+    assert _run("BOUND = False\n" + textwrap.dedent(_MAPPED_AFTER_A_LARGE_FREE)) == "False"
+    assert bound == "True"
+
+
+def test_a_threshold_that_is_not_positive_is_refused() -> None:
+    from har_io.memory import bound_mmap_threshold
+
+    with pytest.raises(ValueError, match="threshold must be > 0"):
+        bound_mmap_threshold(0)
+
+
 def test_monitor_sees_a_child_that_holds_200_mib() -> None:
     idle = MemoryMonitor(interval_s=0.05)
     idle.start()
