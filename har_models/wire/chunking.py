@@ -162,8 +162,8 @@ def parse_chunk(message: bytes) -> Chunk:
     return Chunk(transfer, index, count, total, bytes(payload))
 
 
-def _parse(message: bytes) -> tuple[str, int, int, int, memoryview]:
-    """:func:`parse_chunk` without copying the payload: a read-only view of ``message`` (immutable bytes)."""
+def _parse(message: bytes | bytearray) -> tuple[str, int, int, int, memoryview]:
+    """:func:`parse_chunk` without copying the payload: a read-only view of ``message`` (a reusable bytearray is copied)."""
     if len(message) < CHUNK_HEADER_BYTES:
         raise ChunkError("bad_chunk", f"chunk of {len(message)} bytes is shorter than its {CHUNK_HEADER_BYTES}-byte header")
     magic, transfer, index, count, total, crc = _CHUNK.unpack_from(message)
@@ -367,8 +367,11 @@ class Reassembler:
         """
         self._done.pop((stream, transfer), None)
 
-    def add(self, stream: str, message: bytes) -> tuple[str, bytes] | None:
+    def add(self, stream: str, message: bytes | bytearray) -> tuple[str, bytes] | None:
         """Add one chunk message; return ``(transfer, payload)`` when a transfer completes.
+
+        ``message`` is held as a view while its transfer is open; a ``bytearray`` (which its
+        owner may reuse) is copied first.
 
         Raises
         ------
