@@ -25,8 +25,8 @@ Each repeat runs both, alternating which goes first (Flower first in repeats 0, 
 first in 1, 3, ...), one at a time. Per run it measures the wall time (start of the process to
 its end, start-up included) and the peak PSS of the whole process tree (the process and every
 descendant: Ray's GCS, raylet and actor workers; fedhar's broker and worker processes), sampled
-every ``--sample-s`` seconds with psutil (a sample whose summed RSS cannot beat the peak PSS
-skips reading PSS, as ``fedhar-simulate``'s own monitor does). It also shows the 1-minute load
+every ``--sample-s`` seconds by ``fedhar-simulate``'s own monitor (:class:`simulation.simulate.MemoryMonitor`
+on the run's root process). It also shows the 1-minute load
 average before each run, so a run that shared the machine is visible.
 
 The check (left out with ``--no-check``): one more Flower run whose FedAvgM averages in this
@@ -53,16 +53,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from coordinator.config import DEFAULT_CLIENT_UPDATE_ENCODING
 from coordinator.strategies.fedavgm import FEDAVGM_ETA
+from simulation.simulate import MemoryMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWER_JOB = ROOT / "benchmarks" / "flower_job.py"
@@ -94,67 +92,6 @@ class BenchError(RuntimeError):
 
 
 @dataclass
-class TreeMonitor:
-    """Peak summed PSS (and RSS) of a process and all its descendants, sampled in a thread (psutil). Bytes.
-
-    Parameters
-    ----------
-    pid : int
-        The root process.
-    interval_s : float
-        Seconds between samples.
-    """
-
-    pid: int
-    interval_s: float = 0.5
-    peak_pss: int = 0
-    peak_rss: int = 0
-    peak_procs: int = 0
-    samples: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="tree-monitor", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def _loop(self) -> None:
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            rss = 0
-            for p in procs:
-                try:
-                    rss += p.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-            self.peak_rss = max(self.peak_rss, rss)
-            self.peak_procs = max(self.peak_procs, len(procs))
-            if rss > self.peak_pss:  # a process's PSS never exceeds its RSS: only then can the sum be a new peak
-                pss = 0
-                for p in procs:
-                    try:
-                        mi = p.memory_full_info()
-                        pss += getattr(mi, "pss", mi.rss)
-                    except (psutil.NoSuchProcess, psutil.AccessDenied):
-                        continue
-                self.peak_pss = max(self.peak_pss, pss)
-            self.samples += 1
-            self._stop.wait(self.interval_s)
-
-
-@dataclass
 class RunResult:
     """One timed run of one side."""
 
@@ -178,12 +115,12 @@ class RunResult:
         return sum(quiet) / len(quiet) if quiet else float("nan")
 
 
-def run_measured(cmd: list[str], log_file: Path, env: dict[str, str] | None, sample_s: float) -> tuple[float, TreeMonitor, int]:
-    """Run ``cmd`` (cwd: the checkout; output to ``log_file``) under a :class:`TreeMonitor`; ``(wall s, monitor, exit status)``."""
+def run_measured(cmd: list[str], log_file: Path, env: dict[str, str] | None, sample_s: float) -> tuple[float, MemoryMonitor, int]:
+    """Run ``cmd`` (cwd: the checkout; output to ``log_file``) under a :class:`MemoryMonitor`; ``(wall s, monitor, exit status)``."""
     with log_file.open("w") as out:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-        mon = TreeMonitor(proc.pid, sample_s)
+        mon = MemoryMonitor(interval_s=sample_s, pid=proc.pid)
         mon.start()
         try:
             rc = proc.wait()

@@ -169,7 +169,7 @@ class StopSignals:
 
 @dataclass
 class MemoryMonitor:
-    """Samples the resident memory of this process and all its descendants (psutil).
+    """Samples the resident memory of a process (this one by default) and all its descendants (psutil).
 
     ``peak_rss`` sums RSS (counts shared library pages once per process, so it
     over-states); ``peak_pss`` sums proportional set sizes (shared pages split between
@@ -180,11 +180,22 @@ class MemoryMonitor:
     process's PSS never exceeds its RSS, so a sample whose summed RSS is at most the peak PSS
     seen so far cannot raise that peak, and its PSS is not read: the recorded peaks are the
     same as reading PSS every time.
+
+    Parameters
+    ----------
+    interval_s : float
+        Seconds between samples.
+    pid : int, optional
+        The root process (default: this one). Sampling ends when it is gone.
+
+    ``peak_procs`` is the largest number of processes of one sample (the root included).
     """
 
     interval_s: float = 1.0
+    pid: int | None = None
     peak_rss: int = 0
     peak_pss: int = 0
+    peak_procs: int = 0
     samples: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -196,18 +207,25 @@ class MemoryMonitor:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(10)
 
     def _loop(self) -> None:
-        me = psutil.Process()
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
         while not self._stop.is_set():
-            procs, rss = [me, *me.children(recursive=True)], 0
+            try:
+                procs, rss = [root, *root.children(recursive=True)], 0
+            except psutil.NoSuchProcess:  # the root ended
+                return
             for p in procs:
                 try:
                     rss += p.memory_info().rss
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
             self.peak_rss = max(self.peak_rss, rss)
+            self.peak_procs = max(self.peak_procs, len(procs))
             if rss > self.peak_pss:  # only then can the summed PSS be a new peak
                 self.peak_pss = max(self.peak_pss, self._pss(procs))
             self.samples += 1

@@ -116,5 +116,20 @@ def test_monitor_sees_a_child_that_holds_200_mib() -> None:
     assert mon.peak_rss >= mon.peak_pss > 0
 
 
+def test_monitor_of_another_process_sees_its_grandchild_s_memory() -> None:
+    """A child that starts a grandchild holding 300 MB of touched pages: the tree's peak PSS includes them."""
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time; b = bytearray(300 * 2**20); time.sleep(2.5)'])")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    mon = MemoryMonitor(interval_s=0.2, pid=proc.pid)
+    mon.start()
+    proc.wait(30)
+    time.sleep(0.3)
+    mon.stop()
+    assert mon.peak_procs == 2
+    assert mon.peak_pss >= 300 * 2**20
+    assert mon.peak_rss >= mon.peak_pss
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])
