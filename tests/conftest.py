@@ -77,3 +77,28 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     except Missing as exc:
         pytest.skip(str(exc))
     return ca, other
+
+
+@pytest.fixture
+def tls_mosquitto(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Any]]:
+    """``start(federation, clients)``: a Mosquitto with TLS, ACL and one account per client (``secured_broker.py``).
+
+    It runs in ``tmp_path / "mqtt"`` until the test ends. Skipped when mosquitto,
+    mosquitto_passwd or openssl is missing, unless FEDHAR_REQUIRE_MOSQUITTO=1 (set by
+    ``.ci/run``), where that fails the test.
+    """
+    from contextlib import ExitStack
+
+    from secured_broker import Missing, secured_mosquitto
+
+    with ExitStack() as stack:
+
+        def start(federation: str, clients: list[str]) -> Any:
+            try:
+                return stack.enter_context(secured_mosquitto(tmp_path / "mqtt", federation, clients))
+            except Missing as exc:
+                if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
+                    pytest.fail(str(exc))
+                pytest.skip(str(exc))
+
+        yield start

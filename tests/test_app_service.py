@@ -155,49 +155,40 @@ def test_unreachable_broker_is_named_and_the_agent_is_not_restarted_in_a_loop(tm
 
 
 @pytest.mark.slow
-def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path):
-    from secured_broker import Missing, secured_mosquitto
-
+def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path, tls_mosquitto):
+    broker = tls_mosquitto("apptest", ["phone-1"])
+    ctl, views = _controller(tmp_path, backend="numpy")
     try:
-        ctx = secured_mosquitto(tmp_path / "mqtt", "apptest", ["phone-1"])
-        broker = ctx.__enter__()
-    except Missing as exc:
-        pytest.skip(str(exc))
-    try:
-        ctl, views = _controller(tmp_path, backend="numpy")
-        try:
-            _record(ctl)
-            ctl.set_federation(broker=f"127.0.0.1:{broker.tls_port}", federation="apptest", username="phone-1",
-                               password="wrong", tls_ca=str(broker.ca))  # fmt: skip
-            starts: list[float] = []
-            real_start = ctl._start_agent
+        _record(ctl)
+        ctl.set_federation(broker=f"127.0.0.1:{broker.tls_port}", federation="apptest", username="phone-1",
+                           password="wrong", tls_ca=str(broker.ca))  # fmt: skip
+        starts: list[float] = []
+        real_start = ctl._start_agent
 
-            def counted() -> None:
-                starts.append(time.monotonic())
-                real_start()
+        def counted() -> None:
+            starts.append(time.monotonic())
+            real_start()
 
-            ctl._start_agent = counted
-            ctl.set_take_part(True)
-            assert _wait(lambda: views and views[-1].error.startswith("login refused"), 30)
-            assert _wait(lambda: len(starts) >= 4, 90)
-            gaps = np.diff(starts[:4])
-            # back-off 2, 4, 8 s after each failed run (a run lasts the connection attempt); once a second
-            # the four starts would lie about 1 s apart
-            assert np.all(gaps >= np.array([2.0, 4.0, 8.0])), gaps
-            assert _wait(lambda: views[-1].state == "failed" and views[-1].retry_in_s is not None and views[-1].restarts >= 3, 30)
-            assert views[-1].error.startswith("login refused")
-            ctl.set_federation(password=broker.password("phone-1"), tls_ca=str(broker.wrong_ca))
-            assert _wait(lambda: views[-1].error.startswith("wrong CA certificate"), 30)
-            assert views[-1].error == (
-                f"wrong CA certificate: the broker's certificate is not signed by {broker.wrong_ca}; choose the CA that signed it"
-            )
-            ctl.set_federation(tls_ca=str(broker.ca))
-            assert _wait(lambda: views[-1].state == "connected" and views[-1].error == "", 30)
-            assert views[-1].restarts == 0  # new settings start the count again
-        finally:
-            ctl.close()
+        ctl._start_agent = counted
+        ctl.set_take_part(True)
+        assert _wait(lambda: views and views[-1].error.startswith("login refused"), 30)
+        assert _wait(lambda: len(starts) >= 4, 90)
+        gaps = np.diff(starts[:4])
+        # back-off 2, 4, 8 s after each failed run (a run lasts the connection attempt); once a second
+        # the four starts would lie about 1 s apart
+        assert np.all(gaps >= np.array([2.0, 4.0, 8.0])), gaps
+        assert _wait(lambda: views[-1].state == "failed" and views[-1].retry_in_s is not None and views[-1].restarts >= 3, 30)
+        assert views[-1].error.startswith("login refused")
+        ctl.set_federation(password=broker.password("phone-1"), tls_ca=str(broker.wrong_ca))
+        assert _wait(lambda: views[-1].error.startswith("wrong CA certificate"), 30)
+        assert views[-1].error == (
+            f"wrong CA certificate: the broker's certificate is not signed by {broker.wrong_ca}; choose the CA that signed it"
+        )
+        ctl.set_federation(tls_ca=str(broker.ca))
+        assert _wait(lambda: views[-1].state == "connected" and views[-1].error == "", 30)
+        assert views[-1].restarts == 0  # new settings start the count again
     finally:
-        ctx.__exit__(None, None, None)
+        ctl.close()
 
 
 def test_missing_backend_is_named(tmp_path):

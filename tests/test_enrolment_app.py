@@ -19,7 +19,6 @@ import types
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, secured_mosquitto
 
 from edge_client.app import scanner
 from edge_client.app.controller import PASSWORD_FILE, AppConfig, DeviceController, enrolment_fields
@@ -208,27 +207,18 @@ def test_on_android_a_scan_asks_the_scanner_app_and_its_text_enrols(pki, tmp_pat
 
 
 @pytest.mark.mosquitto
-def test_a_phone_enrolled_by_a_bundle_joins_the_tls_broker(tmp_path):
+def test_a_phone_enrolled_by_a_bundle_joins_the_tls_broker(tmp_path, tls_mosquitto):
+    broker = tls_mosquitto("home", ["phone-anna"])
+    ctl, views = _controller(tmp_path / "state", backend="numpy")
     try:
-        ctx = secured_mosquitto(tmp_path / "mqtt", "home", ["phone-anna"])
-        broker = ctx.__enter__()
-    except Missing as exc:
-        if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    try:
-        ctl, views = _controller(tmp_path / "state", backend="numpy")
-        try:
-            ctl.start_recording("walking")
-            assert _wait(lambda: ctl.counts().get("walking", 0) >= 20, 60)
-            ctl.stop_recording()
-            b = _bundle(password=broker.password("phone-anna"), port=broker.tls_port, tls_ca_pem=broker.ca.read_text())
-            ctl.enrol(b.to_json())
-            ctl.set_charge_only(False)
-            ctl.set_take_part(True)
-            assert _wait(lambda: views and views[-1].state == "connected" and views[-1].error == "", 60), views[-1:]
-        finally:
-            ctl.close()
-        assert "u'phone-anna'" in broker.log.read_text()
+        ctl.start_recording("walking")
+        assert _wait(lambda: ctl.counts().get("walking", 0) >= 20, 60)
+        ctl.stop_recording()
+        b = _bundle(password=broker.password("phone-anna"), port=broker.tls_port, tls_ca_pem=broker.ca.read_text())
+        ctl.enrol(b.to_json())
+        ctl.set_charge_only(False)
+        ctl.set_take_part(True)
+        assert _wait(lambda: views and views[-1].state == "connected" and views[-1].error == "", 60), views[-1:]
     finally:
-        ctx.__exit__(None, None, None)
+        ctl.close()
+    assert "u'phone-anna'" in broker.log.read_text()

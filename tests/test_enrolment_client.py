@@ -7,14 +7,12 @@ firmware_scripts/mosquitto_config.py writes it) with nothing but the bundle.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, secured_mosquitto
 
 from edge_client.cli import PreparedClient, prepare
 from har_io.enrolment import EnrolmentBundle, pem_fingerprints
@@ -137,33 +135,24 @@ def _wait_for(path: Path, text: str, seconds: float) -> bool:
 
 
 @pytest.mark.mosquitto
-def test_a_client_joins_a_tls_broker_with_its_bundle_alone(tmp_path):
+def test_a_client_joins_a_tls_broker_with_its_bundle_alone(tmp_path, tls_mosquitto):
     """The client logs in over TLS as its own account; a bundle with a stale password is refused by the broker (exit 4)."""
-    try:
-        ctx = secured_mosquitto(tmp_path / "mqtt", "home", ["pi-den"])
-        broker = ctx.__enter__()
-    except Missing as exc:
-        if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    try:
-        good = EnrolmentBundle("fedhar-home", "home", "pi-den", broker.password("pi-den"), "127.0.0.1", broker.tls_port,
-                               tls_ca_pem=broker.ca.read_text())  # fmt: skip
-        (tmp_path / "good.json").write_text(good.to_json())
-        cmd = [sys.executable, "-m", "edge_client.cli", "--enrolment", str(tmp_path / "good.json"), "--source", f"hapt:{HAPT}",
-               "--state-dir", str(tmp_path / "state"), "--backend", "numpy", "--max-seconds", "6"]  # fmt: skip
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr[-3000:]
-        log = broker.log.read_text()
-        assert f"on port {broker.tls_port}" in log and "as pi-den" in log and "u'pi-den'" in log, log[-3000:]
-        assert _wait_for(broker.log, "Received PUBLISH from pi-den", 5) and "fedhar/v1/home/client/pi-den/status" in broker.log.read_text()
-        stale = EnrolmentBundle("fedhar-home", "home", "pi-den", "an-old-password", "127.0.0.1", broker.tls_port,
-                                tls_ca_pem=broker.ca.read_text())  # fmt: skip
-        (tmp_path / "stale.json").write_text(stale.to_json())
-        cmd[cmd.index("--enrolment") + 1] = str(tmp_path / "stale.json")
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 4, r.stderr[-3000:]
-        for text in (r.stdout, r.stderr):
-            assert broker.password("pi-den") not in text and "an-old-password" not in text
-    finally:
-        ctx.__exit__(None, None, None)
+    broker = tls_mosquitto("home", ["pi-den"])
+    good = EnrolmentBundle("fedhar-home", "home", "pi-den", broker.password("pi-den"), "127.0.0.1", broker.tls_port,
+                           tls_ca_pem=broker.ca.read_text())  # fmt: skip
+    (tmp_path / "good.json").write_text(good.to_json())
+    cmd = [sys.executable, "-m", "edge_client.cli", "--enrolment", str(tmp_path / "good.json"), "--source", f"hapt:{HAPT}",
+           "--state-dir", str(tmp_path / "state"), "--backend", "numpy", "--max-seconds", "6"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = broker.log.read_text()
+    assert f"on port {broker.tls_port}" in log and "as pi-den" in log and "u'pi-den'" in log, log[-3000:]
+    assert _wait_for(broker.log, "Received PUBLISH from pi-den", 5) and "fedhar/v1/home/client/pi-den/status" in broker.log.read_text()
+    stale = EnrolmentBundle("fedhar-home", "home", "pi-den", "an-old-password", "127.0.0.1", broker.tls_port,
+                            tls_ca_pem=broker.ca.read_text())  # fmt: skip
+    (tmp_path / "stale.json").write_text(stale.to_json())
+    cmd[cmd.index("--enrolment") + 1] = str(tmp_path / "stale.json")
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4, r.stderr[-3000:]
+    for text in (r.stdout, r.stderr):
+        assert broker.password("pi-den") not in text and "an-old-password" not in text

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +59,9 @@ def _took(data: Path, name: str) -> set[int]:
         reg.close()
 
 
-def test_enrol_three_revoke_one_mid_run_and_restart(tmp_path: Path) -> None:
-    from secured_broker import Missing, secured_mosquitto
-
-    try:
-        ctx = secured_mosquitto(tmp_path / "mqtt", FED, ["spare"])
-        b = ctx.__enter__()
-    except Missing as exc:
-        pytest.skip(str(exc))
-    try:
-        _scenario(tmp_path, b)
-    finally:
-        ctx.__exit__(None, None, None)
+def test_enrol_three_revoke_one_mid_run_and_restart(tmp_path: Path, tls_mosquitto: Callable[..., Any]) -> None:
+    b = tls_mosquitto(FED, ["spare"])
+    _scenario(tmp_path, b)
 
 
 def _scenario(tmp_path: Path, b: Any) -> None:

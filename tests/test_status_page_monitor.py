@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -42,14 +42,8 @@ def _until(monitor: Monitor, ok: Callable[[MonitorSnapshot], bool], timeout: flo
     raise AssertionError(f"the monitor did not see it within {timeout} s: {monitor.snapshot()}")
 
 
-def test_the_monitor_account_reads_the_federation(tmp_path: Path) -> None:
-    from secured_broker import Missing, secured_mosquitto
-
-    try:
-        ctx = secured_mosquitto(tmp_path / "mqtt", "home", ["phone-anna", "pi-ben"])
-        b = ctx.__enter__()
-    except Missing as exc:
-        pytest.skip(str(exc))
+def test_the_monitor_account_reads_the_federation(tls_mosquitto: Callable[..., Any]) -> None:
+    b = tls_mosquitto("home", ["phone-anna", "pi-ben"])
     dropped: list[str] = []
     coord = _client(b.port, "coordinator", b.password("coordinator"), dropped)
     anna = _client(b.port, "phone-anna", b.password("phone-anna"))
@@ -87,5 +81,4 @@ def test_the_monitor_account_reads_the_federation(tmp_path: Path) -> None:
         for c in (coord, anna):
             c.disconnect()
             c.loop_stop()
-        ctx.__exit__(None, None, None)
     assert not monitor.snapshot().connected
