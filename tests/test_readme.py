@@ -34,3 +34,13 @@ def test_ci_checks_style_and_types_over_the_whole_tree_before_the_tests():
     tests = ci.index(_readme_commands()[1])
     # Bare commands: ruff and mypy take their settings (and mypy its list of files) from pyproject.toml.
     assert ".venv/bin/ruff check ." in ci[:tests] and ".venv/bin/mypy" in ci[:tests]
+
+
+def test_style_and_types_run_once_in_ci_not_again_in_the_tests():
+    # .ci/run is the one place: a test that ran ruff or mypy would make CI run them twice.
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.count("bin/ruff check") == 1 and ci.count("bin/mypy") == 1
+    for test in (ROOT / "tests").glob("test_*.py"):
+        text = test.read_text()
+        if test.name != "test_readme.py":
+            assert '"ruff", "check"' not in text and '"mypy", "' not in text, f"{test.name} runs ruff or mypy again"
