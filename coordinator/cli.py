@@ -1,7 +1,8 @@
 """``fedhar-coordinator``: run the coordinator of a federation against a broker (home server).
 
 Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
-``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), and the home server's
+``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), ``broker`` (the
+federation's Mosquitto configuration, :mod:`coordinator.broker.cli`), and the home server's
 device commands ``enroll``, ``revoke``, ``forget``, ``devices`` and ``versions``
 (:mod:`coordinator.server.devices_cli`).
 """
@@ -68,13 +69,14 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     return settings_from(CoordinatorConfig, args, file=file, what=str(args.config) if file else "options", **fields)
 
 
-SUBCOMMANDS = ("run", "serve", "enroll", "revoke", "forget", "devices", "versions")
+SUBCOMMANDS = ("run", "serve", "broker", "enroll", "revoke", "forget", "devices", "versions")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
 _DESCRIPTION = (
     "fedhar coordinator: runs federated rounds over MQTT.\n\n"
     "fedhar-coordinator [run] OPTIONS     a run of --rounds rounds (the default; the options below)\n"
     "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
+    "fedhar-coordinator broker ACTION     the federation's Mosquitto: init, add, remove, rotate, list (broker --help)\n"
     "fedhar-coordinator enroll NAME       enrol a device: broker account and an enrolment bundle + QR code\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
@@ -127,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd, rest = words[0], words[1:]
         if cmd == "serve":
             return serve_main(rest)
+        if cmd == "broker":
+            from coordinator.broker import cli as broker_cli
+
+            return broker_cli.main(rest)
         if cmd != "run":
             from coordinator.server import devices_cli
 

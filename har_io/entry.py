@@ -42,6 +42,10 @@ SCRIPTS: dict[str, Script] = {
     "fedhar-compare": Script("simulation.compare", "simulation", "all", True),
 }
 """Every ``fedhar-*`` script (the names of ``[project.scripts]``)."""
+SUBPROGRAMS: dict[tuple[str, str], str] = {("fedhar-coordinator", "broker"): "coordinator.broker.cli"}
+"""(script, first word) -> the module whose ``main(rest)`` runs it, without the script's own module: ``fedhar-coordinator
+broker`` needs only the base install (an operator's machine without the coordinator extra), while ``coordinator.cli``
+imports PyTorch."""
 
 
 def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
@@ -54,13 +58,19 @@ def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
 def run(program: str, argv: list[str] | None = None) -> int:
     """Import ``program``'s module and run its ``main(argv)``; exit 7 with :func:`missing_extra`'s words if a module is missing.
 
+    A first word listed in :data:`SUBPROGRAMS` runs that module's ``main`` with the rest instead.
+
     Raises
     ------
     KeyError
         For a program not in :data:`SCRIPTS`.
     """
+    words = list(sys.argv[1:] if argv is None else argv)
+    module = SCRIPTS[program].module
+    if words and (program, words[0]) in SUBPROGRAMS:
+        module, argv = SUBPROGRAMS[(program, words[0])], words[1:]
     try:
-        main: Callable[[list[str] | None], int] = importlib.import_module(SCRIPTS[program].module).main
+        main: Callable[[list[str] | None], int] = importlib.import_module(module).main
         return main(argv)
     except ModuleNotFoundError as exc:
         print(missing_extra(program, exc), file=sys.stderr)

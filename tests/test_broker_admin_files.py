@@ -1,4 +1,4 @@
-"""The broker files the generator writes for the home server, and BrokerAdmin's errors, without a running broker.
+"""The broker files :mod:`coordinator.broker` writes for the home server, and BrokerAdmin's errors, without a running broker.
 
 The ACL lines are checked by hand against what each account must (and must not) be allowed;
 ``tests/test_broker_admin.py`` then runs them through a real Mosquitto.
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError, generator, read_pid_file
+import coordinator.broker as gen
+from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError, read_pid_file
 
 P = "fedhar/v1/home"
 
@@ -36,7 +37,6 @@ def rules_by_user(acl: str) -> dict[str, list[str]]:
 
 
 def test_the_monitor_reads_the_federation_and_writes_nothing():
-    gen = generator()
     acl = gen.acl_text(gen.BrokerSettings(federation="home"), ["phone-anna"])
     users = rules_by_user(acl)
     assert list(users) == ["coordinator", "monitor", "phone-anna"]
@@ -57,7 +57,6 @@ def test_the_monitor_reads_the_federation_and_writes_nothing():
 
 
 def test_home_assistant_lets_the_coordinator_announce_and_hear_the_birth_message():
-    gen = generator()
     users = rules_by_user(gen.acl_text(gen.BrokerSettings(federation="home", monitor_user="watch", home_assistant=True), []))
     assert users == {
         "coordinator": [f"topic readwrite {P}/#", "topic write homeassistant/#", "topic read homeassistant/status"],
@@ -67,7 +66,6 @@ def test_home_assistant_lets_the_coordinator_announce_and_hear_the_birth_message
 
 
 def test_the_configuration_names_the_pid_file_a_reload_uses(tmp_path):
-    gen = generator()
     conf = gen.config_text(gen.BrokerSettings(federation="home"), tmp_path).splitlines()
     assert f"pid_file {tmp_path / 'data' / 'mosquitto.pid'}" in conf
     fake = tmp_path / "b"
@@ -77,8 +75,8 @@ def test_the_configuration_names_the_pid_file_a_reload_uses(tmp_path):
 
 
 def test_a_missing_or_foreign_broker_folder_says_how_to_generate_one(tmp_path):
-    with pytest.raises(BrokerAdminError, match=r"broker folder .*nowhere does not exist: generate it first with python3 "
-                       r"firmware_scripts/mosquitto_config.py --out .*nowhere --federation NAME"):  # fmt: skip
+    with pytest.raises(BrokerAdminError, match=r"broker folder .*nowhere does not exist: generate it first with "
+                       r"fedhar-coordinator broker init --out .*nowhere --federation NAME"):  # fmt: skip
         BrokerAdmin(tmp_path / "nowhere").devices()
     (tmp_path / "empty").mkdir()
     with pytest.raises(BrokerAdminError, match=r"empty holds no fedhar-broker.json: generate it first"):
@@ -92,7 +90,7 @@ def test_a_folder_from_before_the_monitor_account_says_to_rerun_the_generator(tm
     (tmp_path / "fedhar-broker.json").write_text(json.dumps({"settings": {"federation": "home"}, "clients": ["phone-anna"]}))
     admin = BrokerAdmin(tmp_path)
     assert admin.devices() == ["phone-anna"] and admin.federation == "home"
-    with pytest.raises(BrokerAdminError, match=r"no monitor account yet .*mosquitto_config.py --out .* once \(it adds it\), then reload"):
+    with pytest.raises(BrokerAdminError, match=r"no monitor account yet .*broker init --out .* once \(it adds it\), then reload"):
         admin.monitor_credentials()
 
 
@@ -128,7 +126,6 @@ def test_a_missing_garbled_or_stale_pid_file_signals_nothing(tmp_path):
 
 
 def test_auto_without_a_running_broker_says_how_to_reload_by_hand(tmp_path):
-    gen = generator()
     (tmp_path / "mosquitto.conf").write_text(gen.config_text(gen.BrokerSettings(federation="home"), tmp_path))
     with pytest.raises(BrokerAdminError) as err:
         BrokerAdmin(tmp_path).reload_broker()
@@ -153,7 +150,16 @@ def test_clear_device_topics_refuses_a_wildcard_id():
         clear_device_topics(None, Topics("home"), "+")  # refused before the link is used
 
 
-def test_the_generator_module_is_the_checkouts(tmp_path):
-    gen = generator()
-    assert Path(gen.__file__) == Path(__file__).resolve().parents[1] / "firmware_scripts" / "mosquitto_config.py"
-    assert generator() is gen
+def test_the_broker_tooling_is_the_packages_and_the_script_only_wraps_it(tmp_path):
+    import coordinator.server.broker_admin as admin
+
+    root = Path(__file__).resolve().parents[1]
+    # Imported as a module of the package (an installed fedhar has no firmware_scripts/), not loaded by file path.
+    assert admin.broker is gen and Path(gen.__file__) == root / "coordinator" / "broker" / "__init__.py"
+    assert "spec_from_file_location" not in Path(admin.__file__).read_text()
+    # The wrapper runs from a checkout with nothing but Python (-I: no PYTHONPATH, no site-packages of the venv's).
+    script = root / "firmware_scripts" / "mosquitto_config.py"
+    assert len(script.read_text().splitlines()) < 80
+    r = subprocess.run([sys.executable, "-I", str(script), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: mosquitto_config.py") and "--revoke ID,ID,..." in r.stdout and "openssl req -x509" in r.stdout

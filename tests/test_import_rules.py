@@ -58,3 +58,40 @@ def test_the_checker_sees_function_local_imports(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("import os\n\ndef g():\n    from paho.mqtt import client\n    import argparse as a\n")
     assert _imported_roots(f) == {"os", "paho", "argparse"}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Full names of every module ``path`` imports (``from a.b import c`` gives ``a.b``), function-local imports too."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+BROKER_MAY_IMPORT = ("coordinator.broker", "coordinator", "har_models.files", "har_models.wire.chunking", "har_models.wire.topics",
+                     "har_io.exit_codes")  # fmt: skip
+"""What the broker tooling (``coordinator/broker/``) may import beside the standard library: it runs on an operator's
+machine from a bare install (no numpy, paho or torch; tests/test_broker_cli.py installs it so), and the home server's
+``coordinator.server.broker_admin`` imports it, never the reverse."""
+
+
+def test_the_broker_tooling_imports_only_the_standard_library_and_its_few_helpers() -> None:
+    import sys
+
+    files = _modules("coordinator/broker")
+    assert files, "no modules found under coordinator/broker/"
+    broken = {}
+    for f in files:
+        bad = sorted(
+            m for m in _imported_modules(f)
+            if m.split(".")[0] not in sys.stdlib_module_names and m not in BROKER_MAY_IMPORT and not m.startswith("coordinator.broker.")
+        )  # fmt: skip
+        if bad:
+            broken[str(f.relative_to(ROOT))] = bad
+    assert not broken, f"the broker tooling imports more than the standard library and its helpers: {broken}"
+    # The one-command script is only its wrapper.
+    wrapper = _imported_modules(ROOT / "firmware_scripts" / "mosquitto_config.py")
+    assert wrapper == {"__future__", "sys", "pathlib", "coordinator.broker.cli"}

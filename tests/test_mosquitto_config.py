@@ -1,4 +1,5 @@
-"""firmware_scripts/mosquitto_config.py writes a Mosquitto configuration that a real Mosquitto enforces.
+"""firmware_scripts/mosquitto_config.py (the wrapper of :mod:`coordinator.broker`) writes a Mosquitto configuration that a real
+Mosquitto enforces.
 
 Every check runs real MQTT 3.1.1 traffic (paho-mqtt 2.x) through a Mosquitto started on a free
 loopback port with the generated files. Mosquitto drops an ACL-denied publish silently (the
@@ -9,7 +10,6 @@ reach a subscriber in order.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pwd
@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -374,11 +373,7 @@ def test_clear_errors(tmp_path, monkeypatch):
     assert not (tmp_path / "a").exists(), "nothing is written when the arguments are wrong"
 
     # mosquitto_passwd is missing: say how to get it.
-    spec = importlib.util.spec_from_file_location("mosquitto_config", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod: ModuleType = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up while it loads
-    spec.loader.exec_module(mod)
+    from coordinator.broker import passwords as mod
     monkeypatch.setattr(mod.shutil, "which", lambda *_a, **_k: None)
     monkeypatch.setattr(mod.os, "access", lambda *_a, **_k: False)
     with pytest.raises(mod.SetupError, match=r"install Mosquitto.*apt-get install mosquitto") as err:

@@ -1,9 +1,10 @@
 """Device accounts on the federation's Mosquitto, for the home server: add, remove, reload, clear.
 
-The broker folder is the output of ``firmware_scripts/mosquitto_config.py`` (it holds
-``fedhar-broker.json``, ``passwd``, ``acl``, ``credentials/`` and ``mosquitto.conf``).
-:class:`BrokerAdmin` changes one device's account through that generator's functions
-(:func:`add_device`, :func:`remove_device`: ``passwd`` and ``acl`` are rewritten atomically under
+The broker folder is the output of ``fedhar-coordinator broker init`` (:mod:`coordinator.broker`;
+``firmware_scripts/mosquitto_config.py`` is its wrapper): it holds ``fedhar-broker.json``,
+``passwd``, ``acl``, ``credentials/`` and ``mosquitto.conf``. :class:`BrokerAdmin` changes one
+device's account through :func:`coordinator.broker.add_device` and
+:func:`coordinator.broker.remove_device` (``passwd`` and ``acl`` are rewritten atomically under
 the folder's lock) and then makes the running broker re-read them (:meth:`BrokerAdmin.reload_broker`):
 
 * ``"pid:/path/mosquitto.pid"``: SIGHUP to the process named in that file, once it is checked
@@ -27,18 +28,19 @@ Passwords are never logged; :meth:`BrokerAdmin.add_device` returns the new one, 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from coordinator import broker
+from coordinator.broker.passwords import password_file
 
 if TYPE_CHECKING:
     from har_io.mqtt_link import MqttLink
@@ -46,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedhar.server.broker")
 
-GENERATOR = Path(__file__).resolve().parents[2] / "firmware_scripts" / "mosquitto_config.py"
-"""The broker configuration generator this module drives (in the checkout the package runs from)."""
 SYSTEMD_UNIT = "mosquitto"
 """The unit ``"systemctl"`` and ``"auto"`` reload unless ``"systemctl:UNIT"`` names another."""
 SYSTEMCTL_TIMEOUT_S = 30.0
@@ -75,38 +75,6 @@ class BrokerReloadFailed(BrokerAdminError):
 
     def __repr__(self) -> str:
         return f"BrokerReloadFailed({str(self)!r})"
-
-
-_generator: ModuleType | None = None
-
-
-def generator() -> ModuleType:
-    """The module ``firmware_scripts/mosquitto_config.py``, loaded once from :data:`GENERATOR`.
-
-    Raises
-    ------
-    BrokerAdminError
-        If the file is not there (the package was installed without its checkout).
-    """
-    global _generator
-    if _generator is None:
-        if not GENERATOR.is_file():
-            raise BrokerAdminError(
-                f"{GENERATOR} is missing: the server manages broker accounts with the generator of its checkout; "
-                "install fedhar from a checkout (pip install -e /path/to/fedhar)"
-            )
-        name = "fedhar_mosquitto_config"
-        spec = importlib.util.spec_from_file_location(name, GENERATOR)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look the module up while it loads
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        _generator = module
-    return _generator
 
 
 def _reload_spec(reload: str) -> tuple[str, str]:
@@ -240,7 +208,7 @@ class BrokerAdmin:
     Parameters
     ----------
     broker_dir : Path
-        Output folder of ``firmware_scripts/mosquitto_config.py`` (holds ``fedhar-broker.json``).
+        Output folder of ``fedhar-coordinator broker init`` (holds ``fedhar-broker.json``).
     reload : str
         How to make the running broker re-read its accounts: ``"auto"``, ``"pid:/path/to/mosquitto.pid"``,
         ``"systemctl"``, ``"systemctl:UNIT"`` or ``"none"`` (see the module's docstring).
@@ -262,12 +230,11 @@ class BrokerAdmin:
         _reload_spec(self.reload)
 
     # -- reading ---------------------------------------------------------------------------------
-    def _call(self, fn: str, *args: Any, **kw: Any) -> Any:
-        """Run the generator's function ``fn``, turning its errors into BrokerAdminError."""
-        gen = generator()
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run the broker tooling's function ``fn``, turning its errors into BrokerAdminError."""
         try:
-            return getattr(gen, fn)(*args, **kw)
-        except gen.SetupError as exc:
+            return fn(*args, **kw)
+        except broker.SetupError as exc:
             raise BrokerAdminError(str(exc)) from None
         except PermissionError as exc:
             raise BrokerAdminError(
@@ -277,15 +244,15 @@ class BrokerAdmin:
         except OSError as exc:
             raise BrokerAdminError(f"{exc.filename or self.broker_dir}: {exc.strerror or exc}") from None
 
-    def settings(self) -> Any:
-        """The broker folder's settings (the generator's ``BrokerSettings``: federation, user names, ports, TLS).
+    def settings(self) -> broker.BrokerSettings:
+        """The broker folder's settings (federation, user names, ports, TLS).
 
         Raises
         ------
         BrokerAdminError
             If the folder is missing or not a generated one.
         """
-        return self._call("read_settings", self.broker_dir)
+        return self._call(broker.read_settings, self.broker_dir)
 
     @property
     def federation(self) -> str:
@@ -300,7 +267,7 @@ class BrokerAdmin:
         BrokerAdminError
             If the folder is missing or not a generated one.
         """
-        return list(self._call("configured_devices", self.broker_dir))
+        return list(self._call(broker.configured_devices, self.broker_dir))
 
     def password(self, name: str) -> str:
         """The current password of account ``name`` (a device, the coordinator, the monitor).
@@ -311,7 +278,7 @@ class BrokerAdmin:
             If the account does not exist.
         """
         self.settings()  # a missing folder says so first
-        return str(self._call("read_password", self.broker_dir, name))
+        return str(self._call(broker.read_password, self.broker_dir, name))
 
     def monitor_credentials(self) -> tuple[str, str]:
         """(user name, password) of the read-only monitor account (reads ``fedhar/v1/<fed>/#``, writes nothing).
@@ -320,16 +287,16 @@ class BrokerAdmin:
         ------
         BrokerAdminError
             If the folder is missing, or was generated before the monitor account existed (the
-            message says to re-run the generator on it and reload).
+            message says to re-run fedhar-coordinator broker init on it and reload).
         """
         user = str(self.settings().monitor_user)
-        path = self._call("password_file", self.broker_dir, user)
+        path = password_file(self.broker_dir, user)
         if not path.is_file():
             raise BrokerAdminError(
                 f"{self.broker_dir} has no monitor account yet ({path} is missing): run "
-                f"python3 firmware_scripts/mosquitto_config.py --out {self.broker_dir} once (it adds it), then reload the broker"
+                f"fedhar-coordinator broker init --out {self.broker_dir} once (it adds it), then reload the broker"
             )
-        return user, str(self._call("read_password", self.broker_dir, user))
+        return user, str(self._call(broker.read_password, self.broker_dir, user))
 
     # -- changing --------------------------------------------------------------------------------
     def add_device(self, name: str, replace: bool = False) -> str:
@@ -356,7 +323,7 @@ class BrokerAdmin:
             For a missing broker folder, an invalid or reserved name, an existing device
             (without ``replace``), or a failing ``mosquitto_passwd``; nothing was changed then.
         """
-        _, password = self._call("add_device", self.broker_dir, name, replace=replace, mosquitto_passwd=self.mosquitto_passwd)
+        _, password = self._call(broker.add_device, self.broker_dir, name, replace=replace, mosquitto_passwd=self.mosquitto_passwd)
         log.info("broker account for %s %s", name, "given a new password" if replace else "created")
         try:
             self.reload_broker()
@@ -379,7 +346,7 @@ class BrokerAdmin:
         BrokerAdminError
             For a missing broker folder or an unknown device; nothing was changed then.
         """
-        self._call("remove_device", self.broker_dir, name, mosquitto_passwd=self.mosquitto_passwd)
+        self._call(broker.remove_device, self.broker_dir, name, mosquitto_passwd=self.mosquitto_passwd)
         log.info("broker account for %s removed", name)
         try:
             self.reload_broker()

@@ -1,0 +1,276 @@
+"""Devices and service accounts of a broker folder: the whole folder written at once (:func:`generate`), or one device at a time.
+
+The home server changes one device at a time through :func:`add_device` and :func:`remove_device`
+(:mod:`coordinator.server.broker_admin` calls them and reloads the broker); each regenerates
+``passwd`` and ``acl`` (every file replaced atomically) under the folder's lock, so it never
+interleaves with a run of ``fedhar-coordinator broker``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.broker.certificates import install_tls_files
+from coordinator.broker.files import folder_lock, grant_broker_access, write_broker_file, write_file
+from coordinator.broker.passwords import PASSWORD_BYTES, find_mosquitto_passwd, read_password, read_password_file, write_passwd
+from coordinator.broker.render import acl_text, config_text
+from coordinator.broker.settings import (
+    HOME_ASSISTANT_USER,
+    MANIFEST_NAME,
+    PASSWORD_SUFFIX,
+    BrokerSettings,
+    SetupError,
+    check_settings,
+    load_manifest,
+    merge_settings,
+    require_manifest,
+)
+from har_models.wire.topics import check_client_id
+
+log = logging.getLogger("fedhar.broker")
+
+
+@dataclass
+class Outcome:
+    """What one run of the generator did.
+
+    Attributes
+    ----------
+    out : Path
+        The output folder (absolute).
+    settings : BrokerSettings
+    clients : list of str
+        Device user names now configured, sorted.
+    added, rotated, revoked, kept : list of str
+        User names whose password was created, replaced, removed, or left as it was.
+    """
+
+    out: Path
+    settings: BrokerSettings
+    clients: list[str]
+    added: list[str] = field(default_factory=list)
+    rotated: list[str] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    def password_file(self, user: str) -> Path:
+        """Path of ``user``'s password file."""
+        return self.out / "credentials" / f"{user}{PASSWORD_SUFFIX}"
+
+
+def generate(
+    out: Path,
+    given: dict[str, Any],
+    clients: list[str],
+    rotate: list[str] | None = None,
+    revoke: list[str] | None = None,
+    mosquitto_passwd: str | None = None,
+) -> Outcome:
+    """Write (or update) the broker configuration in ``out``.
+
+    The coordinator's and the monitor's accounts (and Home Assistant's, with
+    ``home_assistant``) are created on the first run and on any later run that finds them
+    missing, e.g. in a folder written before the monitor account existed. Each file is replaced
+    atomically (``passwd`` first, then ``credentials/``, the ACL, ``mosquitto.conf`` and the
+    manifest) while the folder's lock is held, so concurrent runs (the CLI and the server's
+    :func:`add_device`) take turns. A running broker reads the new files when it reloads.
+
+    Parameters
+    ----------
+    out : Path
+        Output folder; created if missing.
+    given : dict
+        Settings from the command line (keys of :data:`DEFAULTS`, None = not given); see :func:`merge_settings`.
+    clients : list of str
+        Device ids to add (validated with :func:`har_models.wire.topics.check_client_id`). Devices
+        configured earlier stay configured.
+    rotate : list of str, optional
+        Users (devices, the coordinator, the monitor) that get a new password; ``["*"]`` = everyone.
+    revoke : list of str, optional
+        Devices to remove: their password file is deleted and they can no longer log in once
+        the broker reloads.
+    mosquitto_passwd : str, optional
+        Path of ``mosquitto_passwd`` (default: searched, see :func:`find_mosquitto_passwd`).
+
+    Returns
+    -------
+    Outcome
+
+    Raises
+    ------
+    SetupError
+        For invalid ids or settings, a device named like the coordinator, the monitor or Home
+        Assistant's account, rotating or revoking an unknown user, or a missing/failing
+        ``mosquitto_passwd``.
+    """
+    rotate = list(rotate or [])
+    revoke = list(revoke or [])
+    out = out.expanduser().resolve()
+    before = load_manifest(out)
+    settings = check_settings(merge_settings(given, out))
+    services = settings.service_users
+    for cid in [*clients, *revoke]:
+        try:
+            check_client_id(cid)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        _check_not_service(cid, settings)
+    clash = sorted(set(clients) & set(revoke))
+    if clash:
+        raise SetupError(f"{', '.join(clash)}: both added and revoked; pick one")
+    before_settings = before.get("settings", {})
+    if "monitor_user" not in before_settings and settings.monitor_user in before.get("clients", []):
+        raise SetupError(
+            f"{out} has a device named {settings.monitor_user!r}, the monitor account's default name: "
+            "pass --monitor-user with another name (e.g. --monitor-user fedhar-monitor)"
+        )
+    # Accounts an earlier run made that are not devices (Home Assistant's, when --no-home-assistant drops it).
+    dropped = {HOME_ASSISTANT_USER} - set(services) if before_settings.get("home_assistant") else set()
+
+    tool = find_mosquitto_passwd(mosquitto_passwd)
+    created_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    creds = out / "credentials"
+    creds.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(creds, 0o700)
+    (out / "data").mkdir(exist_ok=True)
+
+    with folder_lock(out):
+        existing = {p.name[: -len(PASSWORD_SUFFIX)] for p in creds.glob(f"*{PASSWORD_SUFFIX}")} - set(services) - dropped
+        for user in sorted(existing):
+            try:
+                check_client_id(user)
+            except ValueError:
+                raise SetupError(f"{creds / (user + PASSWORD_SUFFIX)}: not a device's password file (invalid id); move it away") from None
+            _check_not_service(user, settings, where=f" ({creds / (user + PASSWORD_SUFFIX)} is a device's)")
+        unknown = sorted(set(revoke) - existing)
+        if unknown:
+            raise SetupError(f"--revoke {', '.join(unknown)}: no such device in {out}")
+        devices = sorted((existing | set(clients)) - set(revoke))
+        users = [*services, *devices]
+        everyone = rotate == ["*"]
+        if not everyone:
+            for user in rotate:
+                if user not in users:
+                    raise SetupError(f"--rotate {user}: no such user in {out} (known: {', '.join(users)})")
+
+        outcome = Outcome(out, settings, devices, revoked=sorted(revoke))
+        passwords: dict[str, str] = {}
+        fresh: dict[str, str] = {}  # written to credentials/ only once passwd holds them, so the two never disagree
+        for user in users:
+            path = outcome.password_file(user)
+            if path.exists() and not (everyone or user in rotate):
+                passwords[user] = read_password_file(path)
+                outcome.kept.append(user)
+                continue
+            passwords[user] = fresh[user] = secrets.token_urlsafe(PASSWORD_BYTES)
+            (outcome.rotated if path.exists() else outcome.added).append(user)
+        write_passwd(out / "passwd", passwords, tool)
+        for user, password in fresh.items():
+            write_file(outcome.password_file(user), password + "\n", 0o600)
+        for user in [*revoke, *sorted(dropped)]:
+            outcome.password_file(user).unlink(missing_ok=True)
+        settings = outcome.settings = install_tls_files(out, settings)
+        write_broker_file(out / "acl", acl_text(settings, devices))
+        write_file(out / "mosquitto.conf", config_text(settings, out), 0o644)
+        grant_broker_access(out, created_out, settings)
+        manifest = {"settings": asdict(settings), "clients": devices, "generator": "fedhar-coordinator broker"}
+        write_file(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n", 0o644)
+    for user in outcome.added:
+        log.info("added %s", user)
+    for user in outcome.rotated:
+        log.info("new password for %s", user)
+    for user in outcome.revoked:
+        log.info("revoked %s", user)
+    return outcome
+
+
+def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> None:
+    """Raise SetupError if the device id ``cid`` is the name of an account that is not a device."""
+    if cid == settings.coordinator_user:
+        raise SetupError(f"client id {cid!r}{where} is the coordinator's user name; rename the device or pass another --coordinator-user")
+    if cid == settings.monitor_user:
+        raise SetupError(f"client id {cid!r}{where} is the monitor account's user name; rename the device or pass another --monitor-user")
+    if settings.home_assistant and cid == HOME_ASSISTANT_USER:
+        raise SetupError(f"client id {cid!r}{where} is Home Assistant's account (--home-assistant); rename the device")
+
+
+def configured_devices(out: Path) -> list[str]:
+    """The device ids configured in the output folder ``out`` (sorted), from its manifest.
+
+    Raises
+    ------
+    SetupError
+        If ``out`` holds no manifest (:data:`MANIFEST_NAME`): it is not a generated broker folder.
+    """
+    doc = require_manifest(out)
+    clients = doc.get("clients", [])
+    if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
+        raise SetupError(f"{out / MANIFEST_NAME}: 'clients' is not a list of ids; re-run fedhar-coordinator broker init --out {out} on it")
+    return sorted(clients)
+
+
+def add_device(out: Path, name: str, replace: bool = False, mosquitto_passwd: str | None = None) -> tuple[Outcome, str]:
+    """Give the device ``name`` an account in the existing output folder ``out``; return it and its new password.
+
+    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock) with
+    every other setting and password kept. A running broker knows the account once it reloads.
+
+    Parameters
+    ----------
+    out : Path
+        A folder written by :func:`generate` (holds :data:`MANIFEST_NAME`).
+    name : str
+        The device's fedhar client id (= its user name).
+    replace : bool
+        If the device already has an account, give it a new password instead of refusing.
+    mosquitto_passwd : str, optional
+        Path of ``mosquitto_passwd`` (default: searched).
+
+    Returns
+    -------
+    (Outcome, str)
+        What the run did, and the device's password (clear text; also in ``credentials/<name>.password``).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` is not a generated folder, ``name`` is invalid or an account that is not a
+        device's, the device exists already (without ``replace``), or ``mosquitto_passwd`` fails.
+    """
+    require_manifest(out)
+    exists = name in configured_devices(out)
+    if exists and not replace:
+        raise SetupError(
+            f"device {name!r} already has an account in {out}; remove it first, or give it a new password "
+            f"(fedhar-coordinator broker rotate --out {out} {name})"
+        )
+    if exists:
+        outcome = generate(out, {}, [], rotate=[name], mosquitto_passwd=mosquitto_passwd)
+    else:
+        outcome = generate(out, {}, [name], mosquitto_passwd=mosquitto_passwd)
+    return outcome, read_password(out, name)
+
+
+def remove_device(out: Path, name: str, mosquitto_passwd: str | None = None) -> Outcome:
+    """Remove the device ``name``'s account (password file, ``passwd`` line, ACL rules) from ``out``.
+
+    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock). Once
+    the broker reloads, the device can no longer log in, and Mosquitto 2 closes its live
+    session (tests/test_broker_admin.py measures both).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` is not a generated folder, ``name`` has no account there, or ``mosquitto_passwd`` fails.
+    """
+    require_manifest(out)
+    if name not in configured_devices(out):
+        raise SetupError(f"device {name!r} has no account in {out} (devices: {', '.join(configured_devices(out)) or 'none'})")
+    return generate(out, {}, [], revoke=[name], mosquitto_passwd=mosquitto_passwd)

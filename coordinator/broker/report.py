@@ -1,0 +1,106 @@
+"""What a run of the broker tooling did, for a person (:func:`report`) or a program (:func:`summary`, ``--json``)."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import asdict
+from typing import Any
+
+from coordinator.broker.accounts import Outcome
+from coordinator.broker.settings import HOME_ASSISTANT_USER, PID_FILE_NAME
+
+
+def commands(outcome: Outcome) -> dict[str, Any]:
+    """Shell commands that start the broker and the fedhar programs with the generated credentials.
+
+    Returns
+    -------
+    dict
+        ``broker``, ``reload``, ``coordinator`` (strings) and ``clients`` (client id -> command).
+        Device commands name the password file as it is on this machine: copy it to the device.
+    """
+    s, out = outcome.settings, outcome.out
+    host = s.public_host or socket.gethostname()
+    local = s.plain_bind if s.plain_bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    coordinator = [
+        "fedhar-coordinator", "--broker", f"{local}:{s.port}", "--federation", s.federation,
+        "--username", s.coordinator_user, "--password-file", str(outcome.password_file(s.coordinator_user)),
+    ]  # fmt: skip
+    device_broker = f"{host}:{s.tls_port}" if s.tls else f"{host}:{s.port}"
+    tls = ["--tls-ca", s.tls_ca] if s.tls and s.tls_ca else []
+    clients = {
+        cid: shlex.join(
+            ["fedhar-client", "--client-id", cid, "--broker", device_broker, *tls, "--federation", s.federation,
+             "--username", cid, "--password-file", str(outcome.password_file(cid)),
+             # The windows the device's owner recorded (fedhar-app, fedhar-record); state in ~/.local/share/fedhar/<id>.
+             "--source", "recorded:hapt6"]
+        )
+        for cid in outcome.clients
+    }  # fmt: skip
+    return {
+        "broker": shlex.join(["mosquitto", "-c", str(out / "mosquitto.conf")]),
+        "reload": f"kill -HUP $(cat {shlex.quote(str(out / PID_FILE_NAME))})    # or: sudo systemctl reload mosquitto",
+        "coordinator": shlex.join(coordinator),
+        "clients": clients,
+    }
+
+
+def summary(outcome: Outcome) -> dict[str, Any]:
+    """Machine-readable account of ``outcome`` (what ``--json`` prints)."""
+    return {
+        "out": str(outcome.out),
+        "federation": outcome.settings.federation,
+        "config": str(outcome.out / "mosquitto.conf"),
+        "acl": str(outcome.out / "acl"),
+        "passwd": str(outcome.out / "passwd"),
+        "coordinator_user": outcome.settings.coordinator_user,
+        "clients": outcome.clients,
+        "monitor_user": outcome.settings.monitor_user,
+        "home_assistant": outcome.settings.home_assistant,
+        "password_files": {u: str(outcome.password_file(u)) for u in [*outcome.settings.service_users, *outcome.clients]},
+        "added": outcome.added,
+        "rotated": outcome.rotated,
+        "revoked": outcome.revoked,
+        "kept": outcome.kept,
+        "settings": asdict(outcome.settings),
+        "commands": commands(outcome),
+    }
+
+
+def report(outcome: Outcome) -> str:
+    """Human-readable account of ``outcome``: what changed and the commands to run next."""
+    s, cmd = outcome.settings, commands(outcome)
+    listeners = f"port {s.port} on {s.plain_bind or 'all interfaces'}"
+    if s.tls:
+        listeners += f", TLS port {s.tls_port} on {s.tls_bind or 'all interfaces'}"
+    lines = [
+        f"fedhar broker configuration for federation {s.federation!r} in {outcome.out}",
+        f"  listeners: {listeners}; {len(outcome.clients)} devices and the coordinator ({s.coordinator_user!r})",
+        f"  read-only monitor account {s.monitor_user!r}: {outcome.password_file(s.monitor_user)}",
+    ]
+    if s.home_assistant:
+        lines.append(f"  Home Assistant's account {HOME_ASSISTANT_USER!r}: {outcome.password_file(HOME_ASSISTANT_USER)}")
+    for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
+        if users:
+            lines.append(f"  {what}: {', '.join(users)}")
+    if outcome.revoked:
+        # The broker sends no last will for a device it disconnects on reload; the coordinator stops
+        # counting it once its status is three refresh periods old (docs/reliability.md).
+        lines.append("  after the reload the broker closes a revoked device's live session and refuses its old password;")
+        lines.append("  its retained status stays until cleared (fedhar-coordinator revoke clears it); until then it")
+        lines.append("  stops counting as present within three status periods (90 s by default)")
+    lines += [
+        "",
+        "Start the broker:",
+        f"  {cmd['broker']}",
+        "After any later run of this generator, reload a running broker:",
+        f"  {cmd['reload']}",
+        "",
+        "Coordinator (on the broker's host):",
+        f"  {cmd['coordinator']}",
+    ]
+    if cmd["clients"]:
+        lines += ["", "Devices (copy credentials/<id>.password" + (" and the CA certificate" if s.tls else "") + " to each device):"]
+        lines += [f"  {c}" for c in cmd["clients"].values()]
+    return "\n".join(lines)

@@ -1,0 +1,344 @@
+"""The settings of one federation's broker folder: what they are, how they are checked, and where they are kept.
+
+:class:`BrokerSettings` is everything that shapes the generated files; the folder's manifest
+(:data:`MANIFEST_NAME`) remembers them, so a later run with only ``--out`` keeps every setting
+not given again (:func:`merge_settings`). The folder's layout is named here once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import MISSING, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
+from har_models.wire.topics import Topics, check_client_id
+
+MANIFEST_NAME = "fedhar-broker.json"
+
+
+PASSWORD_SUFFIX = ".password"
+
+
+PACKET_MARGIN_BYTES = 64 * 1024
+"""Room in ``max_packet_size`` above the largest fedhar payload for the topic and MQTT headers (bytes)."""
+
+
+PID_FILE_NAME = "data/mosquitto.pid"
+"""Where in the output folder the broker writes its process id (``pid_file`` in the generated mosquitto.conf), so a
+reload can find it. In ``data/``: Mosquitto writes it after switching to ``broker_user``, which owns only that folder
+(a PID file it cannot write stops the broker at start)."""
+
+
+LOCK_NAME = ".fedhar-broker.lock"
+"""Lock file in the output folder: one generator run (CLI or :func:`add_device`/:func:`remove_device`) at a time."""
+
+
+TLS_DIR = "tls"
+"""Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
+
+
+HOME_ASSISTANT_PREFIX = "homeassistant"
+"""Home Assistant's default MQTT discovery prefix; its birth and last-will messages go to ``<prefix>/status``."""
+
+
+HOME_ASSISTANT_USER = "homeassistant"
+"""Home Assistant's own account, with ``--home-assistant``: it reads the discovery topics and announces itself."""
+
+
+class SetupError(Exception):
+    """The configuration cannot be written; the message says what was wrong and how to fix it.
+
+    ``exit_code`` is 2 for bad arguments or files, 3 when ``mosquitto_passwd`` is missing or fails.
+    """
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Everything that shapes the generated broker configuration.
+
+    Parameters
+    ----------
+    federation : str
+        Federation name; topics live under ``fedhar/v1/{federation}``.
+    coordinator_user : str
+        User name of the coordinator (readwrite on the whole federation). No device may use it.
+    port : int
+        Port of the plain MQTT listener.
+    bind : str, optional
+        Address of the plain listener; None = 127.0.0.1 when TLS is on, else all interfaces ("").
+    tls_cert, tls_key, tls_ca : str, optional
+        Absolute paths of the server certificate, its key and the CA certificate (PEM). Cert and
+        key enable the TLS listener; the CA is what clients verify the broker with.
+    tls_port : int
+        Port of the TLS listener.
+    tls_bind : str
+        Address of the TLS listener ("" = all interfaces).
+    require_client_cert : bool
+        Mutual TLS: devices must also present a certificate signed by ``tls_ca``.
+    broker_user : str
+        Account the broker switches to when started as root (Mosquitto's ``user``).
+    max_message_bytes : int
+        Largest MQTT payload fedhar programs publish (their ``--max-message-bytes``), bytes.
+    max_queued_messages : int
+        QoS 1 messages Mosquitto queues per client beyond its in-flight window.
+    public_host : str, optional
+        Host name devices use for the broker, only for the printed commands; None = this host's name.
+    monitor_user : str
+        User name of the read-only monitor account (reads the whole federation, writes nothing),
+        for a status page that watches the federation without logging in as the coordinator.
+        No device may use it.
+    home_assistant : bool
+        The coordinator may also write Home Assistant's MQTT discovery topics (``homeassistant/#``)
+        and read its birth message (``homeassistant/status``); Home Assistant gets an account
+        :data:`HOME_ASSISTANT_USER` that reads ``homeassistant/#`` and writes only ``homeassistant/status``.
+    """
+
+    federation: str
+    coordinator_user: str = "coordinator"
+    port: int = 1883
+    bind: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_port: int = 8883
+    tls_bind: str = ""
+    require_client_cert: bool = False
+    broker_user: str = "mosquitto"
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_queued_messages: int = 10_000
+    public_host: str | None = None
+    monitor_user: str = "monitor"
+    home_assistant: bool = False
+
+    @property
+    def service_users(self) -> list[str]:
+        """The accounts that are not devices: coordinator, monitor and (with ``home_assistant``) Home Assistant's."""
+        return [self.coordinator_user, self.monitor_user, *([HOME_ASSISTANT_USER] if self.home_assistant else [])]
+
+    @property
+    def tls(self) -> bool:
+        """True when the TLS listener is configured."""
+        return self.tls_cert is not None
+
+    @property
+    def plain_bind(self) -> str:
+        """Address of the plain listener ("" = all interfaces)."""
+        if self.bind is not None:
+            return self.bind
+        return "127.0.0.1" if self.tls else ""
+
+    @property
+    def max_packet_size(self) -> int:
+        """Mosquitto's ``max_packet_size``: the largest fedhar payload plus room for topic and headers (bytes)."""
+        return self.max_message_bytes + PACKET_MARGIN_BYTES
+
+
+DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(BrokerSettings)}
+"""Every setting with its default (None: required or derived). The manifest remembers them, so a re-run takes
+each one not given on its command line from there."""
+
+
+def parse_ids(text: str) -> list[str]:
+    """Client ids from a comma- or whitespace-separated string, validated.
+
+    Parameters
+    ----------
+    text : str
+        E.g. ``"hapt-01, hapt-02"``.
+
+    Returns
+    -------
+    list of str
+        The ids in order, duplicates removed.
+
+    Raises
+    ------
+    SetupError
+        Naming the first invalid id and the allowed characters.
+    """
+    ids: list[str] = []
+    for raw in re.split(r"[,\s]+", text.strip()):
+        if not raw:
+            continue
+        try:
+            cid = check_client_id(raw)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        if cid not in ids:
+            ids.append(cid)
+    return ids
+
+
+def read_clients_file(path: Path) -> list[str]:
+    """Client ids from a text file: one or more per line (comma or space separated), ``#`` starts a comment.
+
+    Raises
+    ------
+    SetupError
+        If the file cannot be read, or naming an invalid id and its line.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise SetupError(f"--clients-file {path}: {exc.strerror or exc}") from None
+    ids: list[str] = []
+    for n, line in enumerate(lines, 1):
+        try:
+            ids += [c for c in parse_ids(line.split("#", 1)[0]) if c not in ids]
+        except SetupError as exc:
+            raise SetupError(f"--clients-file {path}, line {n}: {exc}") from None
+    return ids
+
+
+def check_settings(settings: BrokerSettings) -> BrokerSettings:
+    """Validate ``settings`` and return them with TLS paths made absolute.
+
+    Raises
+    ------
+    SetupError
+        For an invalid federation or coordinator name, a port outside 1..65535, equal ports,
+        a certificate without its key (or the reverse), a TLS file that cannot be read,
+        mutual TLS without a CA, or a message size too small for fedhar's chunks.
+    """
+    s = settings
+    try:
+        Topics(s.federation)
+    except ValueError as exc:
+        raise SetupError(f"--federation: {exc}") from None
+    try:
+        check_client_id(s.coordinator_user)
+    except ValueError as exc:
+        raise SetupError(f"--coordinator-user: {exc}") from None
+    try:
+        check_client_id(s.monitor_user)
+    except ValueError as exc:
+        raise SetupError(f"--monitor-user: {exc}") from None
+    if s.monitor_user == s.coordinator_user:
+        raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
+    if HOME_ASSISTANT_USER in (s.coordinator_user, s.monitor_user) and s.home_assistant:
+        raise SetupError(
+            f"{HOME_ASSISTANT_USER!r} is Home Assistant's account with --home-assistant; name the coordinator and the monitor otherwise"
+        )
+    for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
+        if not 0 < port < 65536:
+            raise SetupError(f"{name} {port} is not a TCP port (1..65535)")
+    if (s.tls_cert is None) != (s.tls_key is None):
+        raise SetupError("--tls-cert and --tls-key go together (the server certificate and its private key)")
+    if s.tls and s.port == s.tls_port:
+        raise SetupError(f"--port and --tls-port are both {s.port}; the plain and the TLS listener need different ports")
+    if s.require_client_cert and not (s.tls and s.tls_ca):
+        raise SetupError("--require-client-cert needs --tls-cert, --tls-key and --tls-ca (the CA that signs device certificates)")
+    if s.tls_ca and not s.tls:
+        raise SetupError("--tls-ca without --tls-cert/--tls-key: the broker needs its own certificate and key to offer TLS")
+    def readable(name: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        p = Path(value).expanduser().resolve()
+        if not p.is_file() or not os.access(p, os.R_OK):
+            raise SetupError(f"--{name} {value}: no readable file there (see --help for the openssl commands)")
+        return str(p)
+
+    if s.max_message_bytes < 1024:
+        raise SetupError(f"--max-message-bytes {s.max_message_bytes} is too small; fedhar's default is {DEFAULT_MAX_MESSAGE_BYTES}")
+    if s.max_queued_messages < 100:
+        raise SetupError(f"--max-queued-messages {s.max_queued_messages} is too small for chunked models; use 1000 or more")
+    return replace(
+        s, tls_cert=readable("tls-cert", s.tls_cert), tls_key=readable("tls-key", s.tls_key), tls_ca=readable("tls-ca", s.tls_ca)
+    )
+
+
+def load_manifest(out: Path) -> dict[str, Any]:
+    """The manifest (:data:`MANIFEST_NAME`) of the folder ``out`` as a dict; ``{}`` if there is none yet.
+
+    Raises
+    ------
+    SetupError
+        If it is unreadable or not a fedhar broker manifest.
+    """
+    path = out / MANIFEST_NAME
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SetupError(f"{path} is unreadable ({exc}); remove it and pass every option again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
+        raise SetupError(f"{path} is not a fedhar broker manifest; use another --out folder")
+    return doc
+
+
+def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
+    """Settings for this run: those ``given`` (None = not given), else the manifest's in ``out``, else the defaults.
+
+    Parameters
+    ----------
+    given : dict
+        Keys of :data:`DEFAULTS`; None means "not on the command line".
+    out : Path
+        The output folder, which may hold the manifest of an earlier run.
+
+    Raises
+    ------
+    SetupError
+        If no federation is known, or ``given`` changes the federation, the coordinator's or the
+        monitor's user name of an existing folder (that would orphan its credentials).
+    """
+    before = load_manifest(out).get("settings", {})
+    merged: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        if given.get(key) is not None:
+            merged[key] = given[key]
+        elif before.get(key) is not None:
+            merged[key] = before[key]
+        else:
+            merged[key] = default
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        if merged[key] == "":  # --no-tls
+            merged[key] = None
+    if merged["federation"] is None:
+        raise SetupError("--federation is required on the first run in a folder")
+    for key in ("federation", "coordinator_user", "monitor_user"):
+        if before.get(key) is not None and merged[key] != before[key]:
+            raise SetupError(
+                f"{out} was generated with {key.replace('_', '-')} {before[key]!r}, not {merged[key]!r}; "
+                "use another --out folder for a different one"
+            )
+    return BrokerSettings(**merged)
+
+
+def require_manifest(out: Path) -> dict[str, Any]:
+    """The manifest of the broker folder ``out``, which must exist.
+
+    Raises
+    ------
+    SetupError
+        If the folder is missing or holds no manifest (the message says how to generate one), or an unreadable one.
+    """
+    out = out.expanduser().resolve()
+    if not (out / MANIFEST_NAME).is_file():
+        what = "does not exist" if not out.exists() else f"holds no {MANIFEST_NAME}"
+        raise SetupError(
+            f"broker folder {out} {what}: generate it first with "
+            f"fedhar-coordinator broker init --out {out} --federation NAME"
+        )
+    return load_manifest(out)
+
+
+def read_settings(out: Path) -> BrokerSettings:
+    """The settings of the generated broker folder ``out`` (its manifest, with defaults for keys it lacks).
+
+    Raises
+    ------
+    SetupError
+        If ``out`` holds no manifest, or an unreadable one.
+    """
+    require_manifest(out)
+    return merge_settings({}, out.expanduser().resolve())
