@@ -17,10 +17,7 @@ The output folder then holds:
   disconnect the running coordinator: one session per user name); a device may write only its
   own status, update and program-request topics and read the round, the coordinator's status,
   the global model, and its own personalised model, receipts and programs. Every rule is a
-  ``topic`` line under its ``user``; a ``%u`` pattern would apply to the monitor too. With
-  ``--home-assistant`` the coordinator may also write ``homeassistant/#`` (MQTT discovery) and
-  read ``homeassistant/status`` (Home Assistant's birth message), and Home Assistant's account
-  ``homeassistant`` reads ``homeassistant/#`` and writes only ``homeassistant/status``;
+  ``topic`` line under its ``user``; a ``%u`` pattern would apply to the monitor too;
 * ``passwd``: hashed by ``mosquitto_passwd`` (this script never hashes a password itself);
 * ``credentials/<user>.password``: each user's password (mode 0600), to copy to its device;
 * ``tls/``: copies of the ``--tls-cert``, ``--tls-key`` and ``--tls-ca`` files, which
@@ -28,7 +25,7 @@ The output folder then holds:
   broker, which reads them after switching to its own account, never depends on where or with
   which permissions they were made (``/root``, a home folder);
 * ``fedhar-broker.json``: the settings, so a re-run with only ``--out`` and new ``--clients``
-  keeps everything else (``--home-assistant`` included).
+  keeps everything else.
 
 Re-running adds clients and keeps every existing password, unless ``--rotate`` asks for new
 ones; ``--revoke`` removes devices. The coordinator's and the monitor's accounts are created on

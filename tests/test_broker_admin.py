@@ -294,33 +294,25 @@ def test_logging_in_as_the_monitor_leaves_the_coordinators_session_alone(broker,
     assert coord.dropped.wait(WAIT_S)
 
 
-# ------------------------------------------------------------------------------------- Home Assistant
-def test_home_assistant_topics_for_the_coordinator_and_home_assistants_account(tmp_path, peers):
-    out, port = tmp_path / "broker", free_port()
-    doc = json.loads(generate(out, "--federation", FED, "--port", str(port), "--bind", "127.0.0.1", "--home-assistant").stdout)
-    assert doc["home_assistant"] is True and doc["added"] == ["coordinator", "monitor", "homeassistant"]
-    again = json.loads(generate(out).stdout)
-    assert again["home_assistant"] is True and again["kept"] == ["coordinator", "monitor", "homeassistant"], "kept in the manifest"
-    with running(out, port) as b:
-        coord = login(b, peers, "coordinator")
-        coord.subscribe("homeassistant/status")
-        ha = login(b, peers, "homeassistant")
-        ha.subscribe("homeassistant/#")
-        config = _token()
-        coord.publish("homeassistant/sensor/fedhar_round/config", config, retain=True)
-        ha.expect("homeassistant/sensor/fedhar_round/config", config)
-        ha.publish("homeassistant/status", b"online")
-        coord.expect("homeassistant/status", b"online")
-        forged = _token()
-        ha.publish("homeassistant/sensor/fedhar_round/config", forged)  # only the coordinator announces entities
-        ha.publish(f"{P}/round", forged)
-        ha.publish("homeassistant/status", b"online-again")
-        ha.expect("homeassistant/status", b"online-again")
-        assert forged not in {payload for _, payload in ha.settle()}
-    dropped = json.loads(generate(out, "--no-home-assistant").stdout)
-    assert dropped["home_assistant"] is False and "homeassistant" not in dropped["password_files"]
+# ------------------------------------------------------------------------------------- Home Assistant, removed
+def test_a_folder_made_with_home_assistant_loses_its_account_and_the_option_says_it_was_removed(tmp_path):
+    out = tmp_path / "broker"
+    generate(out, "--federation", FED, "--clients", "hapt-01")
+    # The folder as --home-assistant left it: the flag in the manifest, Home Assistant's password and passwd line.
+    manifest = json.loads((out / "fedhar-broker.json").read_text())
+    manifest["settings"]["home_assistant"] = True
+    (out / "fedhar-broker.json").write_text(json.dumps(manifest))
+    (out / "credentials" / "homeassistant.password").write_text("x" * 32 + "\n")
+    r = generate(out, "--home-assistant", check=False)
+    assert r.returncode == 2 and "--home-assistant was removed" in r.stderr and "Leave the option out" in r.stderr
+    dropped = generate(out, "--no-home-assistant")  # asks for what every run now does: accepted
+    doc = json.loads(dropped.stdout)
+    assert "home_assistant" not in doc["settings"] and "homeassistant" not in doc["password_files"]
+    assert doc["kept"] == ["coordinator", "monitor", "hapt-01"] and doc["clients"] == ["hapt-01"], "not taken for a device"
+    assert "removing the account 'homeassistant' that --home-assistant made" in dropped.stderr
     assert not (out / "credentials" / "homeassistant.password").exists()
     assert "homeassistant" not in (out / "acl").read_text() and "homeassistant" not in (out / "passwd").read_text()
+    assert "home_assistant" not in json.loads((out / "fedhar-broker.json").read_text())["settings"]
 
 
 # ------------------------------------------------------------------------------------- the generator's edges
@@ -331,8 +323,7 @@ def test_an_old_folder_gains_the_monitor_account_and_keeps_everything_else(tmp_p
     # The folder as the generator wrote it before the monitor account existed.
     (out / "credentials" / "monitor.password").unlink()
     manifest = json.loads((out / "fedhar-broker.json").read_text())
-    for key in ("monitor_user", "home_assistant"):
-        del manifest["settings"][key]
+    del manifest["settings"]["monitor_user"]
     (out / "fedhar-broker.json").write_text(json.dumps(manifest))
     doc = json.loads(generate(out).stdout)
     assert doc["added"] == ["monitor"] and doc["kept"] == ["coordinator", "hapt-01"] and doc["clients"] == ["hapt-01"]

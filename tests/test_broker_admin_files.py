@@ -56,15 +56,6 @@ def test_the_monitor_reads_the_federation_and_writes_nothing():
     assert "homeassistant" not in acl
 
 
-def test_home_assistant_lets_the_coordinator_announce_and_hear_the_birth_message():
-    users = rules_by_user(gen.acl_text(gen.BrokerSettings(federation="home", monitor_user="watch", home_assistant=True), []))
-    assert users == {
-        "coordinator": [f"topic readwrite {P}/#", "topic write homeassistant/#", "topic read homeassistant/status"],
-        "watch": [f"topic read {P}/#"],
-        "homeassistant": ["topic read homeassistant/#", "topic write homeassistant/status"],
-    }
-
-
 def test_the_configuration_names_the_pid_file_a_reload_uses(tmp_path):
     conf = gen.config_text(gen.BrokerSettings(federation="home"), tmp_path).splitlines()
     assert f"pid_file {tmp_path / 'data' / 'mosquitto.pid'}" in conf

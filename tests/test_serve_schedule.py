@@ -166,6 +166,10 @@ def test_settings_defaults_and_tables(tmp_path: Path) -> None:
         ("[server]\nkeep_versions = 0\n", r"\[server\] keep_versions = 0: must be >= 1"),
         ("[server]\nhttp_port = 70000\n", r"http_port = 70000: must be in 0..65535"),
         ("[server]\nbroker_reload = 'kill'\n", r"broker_reload = 'kill': must be one of"),
+        # An old server.toml with the removed Home Assistant switch: the key, why, and the fix.
+        ("[server]\nname = 'nuc'\nhome_assistant = true\n",
+         r"\[server\]: setting 'home_assistant' was removed: Home Assistant's MQTT discovery was removed .*; "
+         r"delete the line 'home_assistant = \.\.\.' from \[server\]"),
         ("server = 5\n", r"\[server\]: expected a table/object of ServerSettings"),
         ("[server\n", r"not valid TOML"),
     ],

@@ -1,14 +1,12 @@
 """Sensing health on the status page: the rate against 50 Hz (warning colour outside 45-55 Hz), the newest window's
-age, gaps, late samples, backend and architecture version, in the HTML, /api/devices and Home Assistant's sample rate."""
+age, gaps, late samples, backend and architecture version, in the HTML and /api/devices."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from starlette.testclient import TestClient
 
-from coordinator.server import home_assistant as ha
 from coordinator.server.monitor import Monitor
 from coordinator.server.web import ServerView, make_app, sensing_json
 from har_models.wire.messages import ClientStatus, CoordinatorStatus, SensingHealth
@@ -66,12 +64,3 @@ def test_the_page_shows_a_known_rate_in_the_right_colour() -> None:
     assert "live, health not reported" in old and "<td>not reported</td><td>—</td>" in old
     assert ".rate-warn{" in page
 
-
-def test_home_assistant_gets_the_sample_rate() -> None:
-    view = view_of(status("phone-a", GOOD), status("phone-b", SLOW))
-    devices = [{**d, "state": "enrolled"} for d in view.devices()]
-    sent: list[tuple[str, bytes, bool]] = []
-    ha.HomeAssistantPublisher(lambda t, p, r: sent.append((t, p, r)), T, "home").sync(devices)
-    states = {t: json.loads(p) for t, p, _ in sent if t.endswith("/state")}
-    assert states["homeassistant/fedhar/home/phone-a/state"]["sample_rate_hz"] == 49.8
-    assert states["homeassistant/fedhar/home/phone-b/state"]["sample_rate_hz"] == 38.5

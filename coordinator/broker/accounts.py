@@ -74,8 +74,7 @@ def generate(
 ) -> Outcome:
     """Write (or update) the broker configuration in ``out``.
 
-    The coordinator's and the monitor's accounts (and Home Assistant's, with
-    ``home_assistant``) are created on the first run and on any later run that finds them
+    The coordinator's and the monitor's accounts are created on the first run and on any later run that finds them
     missing, e.g. in a folder written before the monitor account existed. Each file is replaced
     atomically (``passwd`` first, then ``credentials/``, the ACL, ``mosquitto.conf`` and the
     manifest) while the folder's lock is held, so concurrent runs (the CLI and the server's
@@ -130,8 +129,10 @@ def generate(
             f"{out} has a device named {settings.monitor_user!r}, the monitor account's default name: "
             "pass --monitor-user with another name (e.g. --monitor-user fedhar-monitor)"
         )
-    # Accounts an earlier run made that are not devices (Home Assistant's, when --no-home-assistant drops it).
+    # Home Assistant's account, which the removed --home-assistant made: not a device, so it goes.
     dropped = {HOME_ASSISTANT_USER} - set(services) if before_settings.get("home_assistant") else set()
+    for user in sorted(dropped):
+        log.warning("removing the account %r that --home-assistant made: fedhar no longer publishes Home Assistant entities", user)
 
     tool = find_mosquitto_passwd(mosquitto_passwd)
     created_out = not out.exists()
@@ -197,8 +198,6 @@ def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> N
         raise SetupError(f"client id {cid!r}{where} is the coordinator's user name; rename the device or pass another --coordinator-user")
     if cid == settings.monitor_user:
         raise SetupError(f"client id {cid!r}{where} is the monitor account's user name; rename the device or pass another --monitor-user")
-    if settings.home_assistant and cid == HOME_ASSISTANT_USER:
-        raise SetupError(f"client id {cid!r}{where} is Home Assistant's account (--home-assistant); rename the device")
 
 
 def configured_devices(out: Path) -> list[str]:

@@ -42,13 +42,9 @@ def add_setting_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--monitor-user", help=f"the read-only monitor account's user name, for a status page (default {DEFAULTS['monitor_user']})"
     )
-    ap.add_argument(
-        "--home-assistant",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the coordinator may write Home Assistant's discovery topics (homeassistant/#) and read homeassistant/status; "
-        f"adds Home Assistant's account {HOME_ASSISTANT_USER!r} (kept by later runs until --no-home-assistant)",
-    )
+    # Removed: an old command line with --home-assistant gets an error that says so; --no-home-assistant asks for what
+    # every run now does (a folder's Home Assistant account is removed), so it is accepted.
+    ap.add_argument("--home-assistant", action=argparse.BooleanOptionalAction, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=f"plain MQTT port (default {DEFAULTS['port']})")
     ap.add_argument("--bind", help="address of the plain listener (default: 127.0.0.1 with TLS, else all interfaces)")
     ap.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key adds a TLS listener")
@@ -146,8 +142,13 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     Raises
     ------
     SetupError
-        If ``--no-tls`` comes with a TLS file.
+        If ``--no-tls`` comes with a TLS file, or for the removed ``--home-assistant``.
     """
+    if getattr(args, "home_assistant", None):
+        raise SetupError(
+            f"--home-assistant was removed: fedhar publishes no Home Assistant entities. Leave the option out (the next run "
+            f"removes the {HOME_ASSISTANT_USER!r} account it made)"
+        )
     given = {key: getattr(args, key, None) for key in DEFAULTS}
     if getattr(args, "no_tls", False):
         if any(given[k] is not None for k in ("tls_cert", "tls_key", "tls_ca")):

@@ -7,23 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.broker.settings import HOME_ASSISTANT_PREFIX, HOME_ASSISTANT_USER, PACKET_MARGIN_BYTES, PID_FILE_NAME, BrokerSettings
+from coordinator.broker.settings import PACKET_MARGIN_BYTES, PID_FILE_NAME, BrokerSettings
 from har_models.wire.topics import Topics
 
 
 def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     """The Mosquitto ACL file for ``settings.federation`` and the devices ``clients``.
 
-    * The coordinator reads and writes everything under the federation prefix (with
-      ``home_assistant`` also writes ``homeassistant/#`` and reads ``homeassistant/status``).
+    * The coordinator reads and writes everything under the federation prefix.
     * The monitor reads everything under the federation prefix and writes nothing.
     * Each device (user name = fedhar client id) reads the round announcement, the coordinator's
       status, the global model, its own personalised model, the receipts for its updates and
       the ExecuTorch programs sent to it; it reads and writes its own status and writes only its
       own update chunks and program requests. It cannot read other devices' statuses (they
       carry label counts and data statistics), updates or models, nor write anything else.
-    * With ``home_assistant``, Home Assistant's account reads ``homeassistant/#`` and writes
-      only ``homeassistant/status``.
 
     Whatever is not granted is denied. Every rule is a ``topic`` line under its ``user``: a
     ``pattern`` line (``%u``) would apply to every account, so the monitor could then write
@@ -41,7 +38,6 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         The file's text.
     """
     t = Topics(settings.federation)
-    ha = HOME_ASSISTANT_PREFIX
     lines = [
         f"# Mosquitto ACL of the fedhar federation {settings.federation!r} (topics {t.prefix}/...).",
         "# Written by fedhar-coordinator broker (firmware_scripts/mosquitto_config.py); re-run it rather than editing this file.",
@@ -51,12 +47,6 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         f"user {settings.coordinator_user}",
         f"topic readwrite {t.prefix}/#",
     ]
-    if settings.home_assistant:
-        lines += [
-            "# ... and announces its entities to Home Assistant (MQTT discovery), republishing them on its birth message.",
-            f"topic write {ha}/#",
-            f"topic read {ha}/status",
-        ]
     lines += [
         "",
         "# The monitor (a status page) reads the whole federation and writes nothing.",
@@ -64,14 +54,6 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
         f"topic read {t.prefix}/#",
         "",
     ]
-    if settings.home_assistant:
-        lines += [
-            "# Home Assistant reads the discovery topics and publishes only its birth and last-will message.",
-            f"user {HOME_ASSISTANT_USER}",
-            f"topic read {ha}/#",
-            f"topic write {ha}/status",
-            "",
-        ]
     lines += [
         "# Each device reads the round announcement, the coordinator's presence, the global model, its own",
         "# personalised model and the coordinator's receipts for its updates; it reads and writes its own status",

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from coordinator.broker.accounts import Outcome
-from coordinator.broker.settings import HOME_ASSISTANT_USER, PID_FILE_NAME
+from coordinator.broker.settings import PID_FILE_NAME
 
 
 def commands(outcome: Outcome) -> dict[str, Any]:
@@ -57,7 +57,6 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "coordinator_user": outcome.settings.coordinator_user,
         "clients": outcome.clients,
         "monitor_user": outcome.settings.monitor_user,
-        "home_assistant": outcome.settings.home_assistant,
         "password_files": {u: str(outcome.password_file(u)) for u in [*outcome.settings.service_users, *outcome.clients]},
         "added": outcome.added,
         "rotated": outcome.rotated,
@@ -79,8 +78,6 @@ def report(outcome: Outcome) -> str:
         f"  listeners: {listeners}; {len(outcome.clients)} devices and the coordinator ({s.coordinator_user!r})",
         f"  read-only monitor account {s.monitor_user!r}: {outcome.password_file(s.monitor_user)}",
     ]
-    if s.home_assistant:
-        lines.append(f"  Home Assistant's account {HOME_ASSISTANT_USER!r}: {outcome.password_file(HOME_ASSISTANT_USER)}")
     for what, users in (("added", outcome.added), ("new password", outcome.rotated), ("revoked", outcome.revoked)):
         if users:
             lines.append(f"  {what}: {', '.join(users)}")

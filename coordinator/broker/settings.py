@@ -41,12 +41,11 @@ TLS_DIR = "tls"
 """Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
 
 
-HOME_ASSISTANT_PREFIX = "homeassistant"
-"""Home Assistant's default MQTT discovery prefix; its birth and last-will messages go to ``<prefix>/status``."""
 
 
 HOME_ASSISTANT_USER = "homeassistant"
-"""Home Assistant's own account, with ``--home-assistant``: it reads the discovery topics and announces itself."""
+"""The account that the removed ``--home-assistant`` option made for Home Assistant. A folder whose manifest still says
+``home_assistant: true`` has it; the next run removes it (fedhar publishes no Home Assistant entities)."""
 
 
 class SetupError(Exception):
@@ -95,10 +94,6 @@ class BrokerSettings:
         User name of the read-only monitor account (reads the whole federation, writes nothing),
         for a status page that watches the federation without logging in as the coordinator.
         No device may use it.
-    home_assistant : bool
-        The coordinator may also write Home Assistant's MQTT discovery topics (``homeassistant/#``)
-        and read its birth message (``homeassistant/status``); Home Assistant gets an account
-        :data:`HOME_ASSISTANT_USER` that reads ``homeassistant/#`` and writes only ``homeassistant/status``.
     """
 
     federation: str
@@ -116,12 +111,11 @@ class BrokerSettings:
     max_queued_messages: int = 10_000
     public_host: str | None = None
     monitor_user: str = "monitor"
-    home_assistant: bool = False
 
     @property
     def service_users(self) -> list[str]:
-        """The accounts that are not devices: coordinator, monitor and (with ``home_assistant``) Home Assistant's."""
-        return [self.coordinator_user, self.monitor_user, *([HOME_ASSISTANT_USER] if self.home_assistant else [])]
+        """The accounts that are not devices: the coordinator's and the monitor's."""
+        return [self.coordinator_user, self.monitor_user]
 
     @property
     def tls(self) -> bool:
@@ -223,10 +217,6 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
         raise SetupError(f"--monitor-user: {exc}") from None
     if s.monitor_user == s.coordinator_user:
         raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
-    if HOME_ASSISTANT_USER in (s.coordinator_user, s.monitor_user) and s.home_assistant:
-        raise SetupError(
-            f"{HOME_ASSISTANT_USER!r} is Home Assistant's account with --home-assistant; name the coordinator and the monitor otherwise"
-        )
     for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
         if not 0 < port < 65536:
             raise SetupError(f"{name} {port} is not a TCP port (1..65535)")

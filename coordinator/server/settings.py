@@ -101,7 +101,6 @@ class ServerSettings:
     http_bind: str = field(default="127.0.0.1", metadata=doc("address of the status page; any other than loopback needs a token"))
     http_port: int = field(default=8765, metadata=doc("port of the status page (0: no status page)"))
     token: str | None = field(default=None, metadata=doc("bearer token the status page asks for (needed off loopback)"))
-    home_assistant: bool = field(default=False, metadata=doc("publish Home Assistant MQTT discovery entities"))
     broker_dir: str | None = field(
         default=None, metadata=doc("folder written by firmware_scripts/mosquitto_config.py (holds fedhar-broker.json)")
     )
@@ -178,6 +177,12 @@ class ServeFile:
     federation: dict[str, Any]
 
 
+REMOVED: dict[str, str] = {
+    "home_assistant": "Home Assistant's MQTT discovery was removed (no program ever published it, so the setting did nothing)",
+}
+"""``[server]`` keys of earlier releases that no longer exist, with why; a file that still has one is refused, with the fix."""
+
+
 def settings_of(data: Mapping[str, Any], what: str = "server.toml") -> ServeFile:
     """Split and check a TOML mapping: ``[server]`` and ``[schedule]`` typed, the rest returned as it is.
 
@@ -185,9 +190,16 @@ def settings_of(data: Mapping[str, Any], what: str = "server.toml") -> ServeFile
     ------
     ValueError
         For an unknown key or a bad value in either table (``what [server]: unknown setting 'nmae'
-        (did you mean 'name'?)``), or a table that is not a table.
+        (did you mean 'name'?)``), a table that is not a table, or a removed key of :data:`REMOVED`
+        (the message says to delete its line).
     """
     rest = dict(data)
+    server_table = rest.get("server", {})
+    if isinstance(server_table, Mapping):
+        removed = sorted(set(server_table) & set(REMOVED))
+        if removed:
+            key = removed[0]
+            raise ValueError(f"{what} [server]: setting {key!r} was removed: {REMOVED[key]}; delete the line '{key} = ...' from [server]")
     server = from_mapping(ServerSettings, rest.pop("server", {}), f"{what} [server]")
     schedule = from_mapping(ScheduleSettings, rest.pop("schedule", {}), f"{what} [schedule]")
     return ServeFile(server, schedule, rest)

@@ -168,7 +168,7 @@ def sensing_json(st: ClientStatus | None) -> dict[str, Any]:
 
     Keys: ``state`` ("live"/"paused"/None), ``target_hz`` (:data:`TARGET_RATE_HZ`), ``acc_hz`` and
     ``gyro_hz`` (delivered rates over the last minute, Hz), ``rate_hz`` (the lower of the two:
-    the slower stream limits the 50 Hz grid; Home Assistant's sample-rate sensor), ``rate_ok``
+    the slower stream limits the 50 Hz grid), ``rate_ok``
     (both reported rates inside :data:`RATE_OK_HZ`; None without a rate), ``newest_window_age_s``
     (s), ``gaps`` (silences longer than a window in the last hour), ``late`` (samples dropped as
     late), ``charging``. Each is None where the status does not carry it.
