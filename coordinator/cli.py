@@ -3,7 +3,7 @@
 Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
 ``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), ``broker`` (the
 federation's Mosquitto configuration, :mod:`coordinator.broker.cli`), and the home server's
-device commands ``enroll``, ``revoke``, ``forget``, ``devices`` and ``versions``
+device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``devices`` and ``versions``
 (:mod:`coordinator.server.devices_cli`).
 """
 
@@ -69,7 +69,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     return settings_from(CoordinatorConfig, args, file=file, what=str(args.config) if file else "options", **fields)
 
 
-SUBCOMMANDS = ("run", "serve", "broker", "enroll", "revoke", "forget", "devices", "versions")
+SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "revoke", "forget", "devices", "versions")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
 _DESCRIPTION = (
@@ -77,7 +77,7 @@ _DESCRIPTION = (
     "fedhar-coordinator [run] OPTIONS     a run of --rounds rounds (the default; the options below)\n"
     "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
     "fedhar-coordinator broker ACTION     the federation's Mosquitto: init, add, remove, rotate, list (broker --help)\n"
-    "fedhar-coordinator enroll NAME       enrol a device: broker account and an enrolment bundle + QR code\n"
+    "fedhar-coordinator enrol NAME        enrol a device: broker account and an enrolment bundle + QR code (alias: enroll)\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
 )

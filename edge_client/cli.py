@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="enrolment bundle (fedhar-coordinator enroll NAME writes it): broker, TLS CA, federation, client id and "
+        help="enrolment bundle (fedhar-coordinator enrol NAME writes it): broker, TLS CA, federation, client id and "
         "password in one file, so no other broker option is needed; an option that contradicts it is refused",
     )
     ap.add_argument(
@@ -318,7 +318,7 @@ def enrolment_refusal_hint(enrolment: str | None, refusal: BrokerRefused | None)
     return (
         f"the broker refused the account of the enrolment bundle {enrolment}: the device was revoked on the server "
         "(fedhar-coordinator devices lists it as revoked), or the bundle is out of date. A revoked name is not enrolled "
-        "again: ask the server's operator for a new bundle (fedhar-coordinator enroll NEW-NAME) and start with that one"
+        "again: ask the server's operator for a new bundle (fedhar-coordinator enrol NEW-NAME) and start with that one"
     )
 
 

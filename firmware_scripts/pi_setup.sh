@@ -16,7 +16,7 @@
 # (firmware_scripts/pi_emulated/wheelhouse.sh makes one). --uninstall removes what it installed;
 # the device's recorded windows and model in /var/lib/fedhar/<id> stay unless --purge.
 # --dry-run prints the commands instead. --enrolment takes the client id, broker, federation, password
-# and CA from a bundle (fedhar-coordinator enroll NAME writes it), checked first: a refused bundle
+# and CA from a bundle (fedhar-coordinator enrol NAME writes it), checked first: a refused bundle
 # stops setup with the reason, before anything is installed. Guide: docs/devices.md, "Raspberry Pi".
 set -euo pipefail
 

@@ -1,6 +1,6 @@
 """Enrolment bundles: everything a device needs to join one federation, in one small JSON document.
 
-``fedhar-coordinator enroll NAME`` writes a bundle; ``fedhar-client --enrolment FILE``, the
+``fedhar-coordinator enrol NAME`` writes a bundle; ``fedhar-client --enrolment FILE``, the
 app's Enrol action and ``pi_setup.sh --enrolment FILE`` read it, and then need nothing else.
 A bundle (format ``fedhar-enrolment``, version 1) looks like::
 
@@ -277,12 +277,12 @@ class EnrolmentBundle:
         try:
             obj = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise EnrolmentRefused("bad_json", "not UTF-8 text; give the .json file that fedhar-coordinator enroll wrote") from None
+            raise EnrolmentRefused("bad_json", "not UTF-8 text; give the .json file that fedhar-coordinator enrol wrote") from None
         except json.JSONDecodeError as exc:
             raise EnrolmentRefused(
                 "bad_json",
                 f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); give the .json file that fedhar-coordinator "
-                f"enroll wrote, unchanged (a truncated copy or paste fails so)",
+                f"enrol wrote, unchanged (a truncated copy or paste fails so)",
             ) from None
         if not isinstance(obj, dict):
             raise EnrolmentRefused("bad_json", f"a bundle is a JSON object, not a JSON {type(obj).__name__}")
@@ -299,7 +299,7 @@ class EnrolmentBundle:
                 f"(or one from a newer fedhar: update this app or fedhar)",
             )
         if "version" not in obj:
-            raise EnrolmentRefused("missing_field", "the bundle has no 'version'; re-create it with fedhar-coordinator enroll")
+            raise EnrolmentRefused("missing_field", "the bundle has no 'version'; re-create it with fedhar-coordinator enrol")
         version = obj["version"]
         if isinstance(version, bool) or not isinstance(version, int):
             raise EnrolmentRefused("bad_value", f"version {str(version)[:20]!r} must be an integer")
@@ -310,7 +310,7 @@ class EnrolmentBundle:
             if key not in obj or obj[key] is None:
                 if key in _OPTIONAL:
                     continue
-                raise EnrolmentRefused("missing_field", f"the bundle has no {key!r}; re-create it with fedhar-coordinator enroll")
+                raise EnrolmentRefused("missing_field", f"the bundle has no {key!r}; re-create it with fedhar-coordinator enrol")
             value = obj[key]
             if isinstance(value, bool) or not isinstance(value, kinds):
                 raise EnrolmentRefused(
@@ -349,7 +349,7 @@ class EnrolmentBundle:
             raise EnrolmentRefused(
                 "wrong_coordinator",
                 f"the bundle is from coordinator {self.coordinator!r}, not {coordinator!r}: ask that coordinator's "
-                f"operator for a bundle (fedhar-coordinator enroll)",
+                f"operator for a bundle (fedhar-coordinator enrol)",
             )
         if ca_file is not None:
             have = pem_fingerprints(Path(ca_file).read_text(errors="replace"), what=str(ca_file))

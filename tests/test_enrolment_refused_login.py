@@ -11,7 +11,7 @@ from har_io.mqtt_link import BrokerRefused
 
 def test_a_refused_bundle_login_names_revocation_and_a_new_bundle() -> None:
     hint = enrolment_refusal_hint("phone-anna.json", BrokerRefused("auth", "refused the login of user 'phone-anna'"))
-    assert hint is not None and "phone-anna.json" in hint and "revoked" in hint and "fedhar-coordinator enroll NEW-NAME" in hint
+    assert hint is not None and "phone-anna.json" in hint and "revoked" in hint and "fedhar-coordinator enrol NEW-NAME" in hint
 
 
 def test_no_hint_without_a_bundle_or_for_another_refusal() -> None:

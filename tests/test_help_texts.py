@@ -126,3 +126,18 @@ def test_cut_buffer_alarm_becomes_one_note():
     assert _CutBufferNote().filter(rec) and rec.levelno == logging.INFO and rec.getMessage().startswith("Cutbuffer: no middle-click")
     other = logging.LogRecord("kivy", logging.CRITICAL, __file__, 1, "Window: Unable to find any valuable Window provider", (), None)
     assert _CutBufferNote().filter(other) and other.levelno == logging.CRITICAL
+
+
+def test_enrol_is_spelt_one_way_and_enroll_is_its_alias(capsys):
+    from coordinator.cli import main
+
+    for word in ("enrol", "enroll"):
+        with pytest.raises(SystemExit) as done:
+            main([word, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert text.startswith("usage: fedhar-coordinator enrol [-h]") and "--owner OWNER" in text, word
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "fedhar-coordinator enrol NAME" in top and "(alias: enroll)" in top and "enroll NAME" not in top

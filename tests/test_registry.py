@@ -47,6 +47,14 @@ def test_a_revoked_name_is_never_enrolled_again(tmp_path: Path) -> None:
         reg.enrol("phone-ben", "Ben")
     with pytest.raises(ValueError, match="device name ' x'"):
         reg.enrol(" x", None)
+    # The one client-id rule (check_client_id), not a looser one of its own: a name the broker's ACL
+    # and the topics could not carry is refused here too.
+    for bad in ("phone/anna", "phone+", "a" * 65, "anna's phone"):
+        with pytest.raises(ValueError, match=r"device name .*: client id .* is invalid: use 1-64 letters, digits, '_', '.' or '-'"):
+            reg.enrol(bad, None)
+        with pytest.raises(ValueError, match="is invalid"):
+            reg.revoke(bad)
+    reg.enrol("a" * 64, None)
 
 
 def test_forget_keeps_only_the_name_so_it_stays_refused(tmp_path: Path) -> None:
@@ -127,9 +135,9 @@ def test_a_file_that_is_not_a_database_is_damage(tmp_path: Path) -> None:
 
 def test_a_garbage_page_is_caught_at_open(tmp_path: Path) -> None:
     reg = Registry(tmp_path)
-    for i in range(300):
-        reg.enrol(f"device-{i:03d}-" + "x" * 60, "owner " * 10)
-        reg.note_participation(i, f"device-{i:03d}-" + "x" * 60, 0.5, 0.5)
+    for i in range(300):  # names of 64 characters, the longest client id
+        reg.enrol(f"device-{i:03d}-" + "x" * 53, "owner " * 10)
+        reg.note_participation(i, f"device-{i:03d}-" + "x" * 53, 0.5, 0.5)
     reg.close()
     db = tmp_path / "server.sqlite"
     data = bytearray(db.read_bytes())

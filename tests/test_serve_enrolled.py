@@ -1,5 +1,5 @@
 """The home server end to end against a real Mosquitto with TLS and an ACL (tests/secured_broker.py):
-three devices enrolled with ``fedhar-coordinator enroll`` join with their bundle alone, ``serve`` runs rounds
+three devices enrolled with ``fedhar-coordinator enrol`` join with their bundle alone, ``serve`` runs rounds
 as they are eligible, one is revoked mid-run (refused by the broker, its late retained status and an update
 sent after the revocation not counted, never selected again), and a SIGKILLed ``serve`` started again goes
 on from the newest version in a new epoch that the clients notice."""
@@ -75,7 +75,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
     )
     # enrol: broker account + bundle + QR code, the password in the files only
     for name in DEVICES:
-        r = _cli("enroll", name, "--owner", "Anna", "--data", str(data))
+        r = _cli("enrol", name, "--owner", "Anna", "--data", str(data))
         assert r.returncode == 0, r.stderr
         bundle = json.loads((data / "enrolment" / f"{name}.json").read_text())
         assert bundle["client_id"] == name and bundle["port"] == b.tls_port and bundle["coordinator"] == "home-test"

@@ -1,4 +1,4 @@
-"""Files that ``sudo fedhar-coordinator enroll`` creates in the server's data folder belong to the server's user."""
+"""Files that ``sudo fedhar-coordinator enrol`` creates in the server's data folder belong to the server's user."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``fedhar-coordinator enroll | revoke | forget | devices | versions``: the home server's devices and model versions.
+"""``fedhar-coordinator enrol | revoke | forget | devices | versions``: the home server's devices and model versions.
 
-* ``enroll NAME [--owner PERSON]``: creates the device's broker account and ACL (and reloads the
+* ``enrol NAME [--owner PERSON]`` (``enroll`` is an alias): creates the device's broker account and ACL (and reloads the
   broker) through :mod:`coordinator.server.broker_admin`, records it in the registry, and writes
   its enrolment bundle (:mod:`har_io.enrolment`) as ``<data>/enrolment/NAME.json`` and its QR code
   as ``NAME.png`` (both mode 0600); prints the QR code on the terminal and where the files are.
@@ -39,15 +39,19 @@ from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.devices")
 
+ALIASES = {"enroll": "enrol"}
+"""Other spellings of a command: ``enroll`` runs ``enrol``."""
+
+
 class DeviceCommandError(RuntimeError):
     """A device command cannot be done as asked; the message names the fix."""
 
 
 def _parser(cmd: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"fedhar-coordinator {cmd}", description=(__doc__ or "").split("\n\n")[0])
-    if cmd in ("enroll", "revoke", "forget"):
+    if cmd in ("enrol", "revoke", "forget"):
         ap.add_argument("name", help="the device's name: its client id and MQTT user name (letters, digits, '_', '.', '-')")
-    if cmd == "enroll":
+    if cmd == "enrol":
         ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
     if cmd in ("devices", "versions"):
         ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -130,7 +134,7 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)
 
 
-def enroll(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Path, Path, str]:
+def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Path, Path, str]:
     """Enrol ``name``: broker account, registry row, bundle JSON and QR PNG (mode 0600).
 
     Returns ``(json_path, png_path, terminal QR text)``.
@@ -379,7 +383,7 @@ def _when(t: float | None) -> str | None:
 def match_data_owner(data: Path) -> list[Path]:
     """Give what root created under ``data`` to the data folder's owner; returns the paths changed.
 
-    The operator runs ``enroll``/``revoke``/``forget`` with sudo (they rewrite the broker's
+    The operator runs ``enrol``/``revoke``/``forget`` with sudo (they rewrite the broker's
     accounts and reload it), while ``serve`` runs as the unprivileged user that owns the data
     folder (the unit's ``User=fedhar``): a database or enrolment file created by root would
     then be unwritable for the server. Only files owned by root are changed, and only when
@@ -402,11 +406,14 @@ def match_data_owner(data: Path) -> list[Path]:
 
 
 def main(cmd: str, argv: list[str]) -> int:
-    """``fedhar-coordinator CMD ...`` for CMD in enroll, revoke, forget, devices, versions; returns the exit status.
+    """``fedhar-coordinator CMD ...`` for CMD in enrol, revoke, forget, devices, versions; returns the exit status.
+
+    ``enroll`` is an alias of ``enrol`` (the one spelling in messages and docs).
 
     0 done; 2 bad options, settings or name (the message says which); 4 the broker refused the
     administration; 6 a damaged database.
     """
+    cmd = ALIASES.get(cmd, cmd)
     args = _parser(cmd).parse_args(argv)
     setup_logging(args.log_level)
     data = args.data or default_data_dir()
@@ -428,8 +435,8 @@ def _run(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int:
 
 def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int | None:
     file = read_serve_file(args.config or data / "server.toml")
-    if cmd == "enroll":
-        js, png, qr = enroll(data, file, args.name, args.owner)
+    if cmd == "enrol":
+        js, png, qr = enrol(data, file, args.name, args.owner)
         print(qr)
         print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
         print(f"  {js}  (fedhar-client --enrolment {js.name})")

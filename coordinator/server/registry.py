@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.state import StateDamaged
+from har_models.wire.topics import check_client_id
 
 SCHEMA_VERSION = 1
 """Version of the tables below; a file with a higher one was written by a newer fedhar."""
@@ -105,9 +106,17 @@ class ParticipationRow:
 
 
 def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not name or name != name.strip() or len(name) > 128:
-        raise ValueError(f"device name {name!r}: must be a non-empty string of at most 128 characters without surrounding spaces")
-    return name
+    """``name`` if it is a valid device name: a client id (:func:`~har_models.wire.topics.check_client_id`, the one rule).
+
+    Raises
+    ------
+    ValueError
+        Naming the device name and the allowed characters.
+    """
+    try:
+        return check_client_id(name)
+    except ValueError as exc:
+        raise ValueError(f"device name {name!r}: {exc}") from None
 
 
 class Registry:

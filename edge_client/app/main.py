@@ -369,7 +369,7 @@ def create_app(
             """Take the bundle typed, pasted or scanned: every field filled from it, or its refusal shown."""
             source = (self.bundle.text if text is None else text).strip()
             if not source:
-                self._input_error = "enrol: give the bundle's file (fedhar-coordinator enroll NAME wrote it), or paste its text"
+                self._input_error = "enrol: give the bundle's file (fedhar-coordinator enrol NAME wrote it), or paste its text"
                 self.error.text = self._input_error
                 return
             try:
