@@ -17,6 +17,7 @@ from pathlib import Path
 from edge_client.recorder import RECORDED_LOG, Recorder
 from edge_client.window_log import WindowLog
 from har_io.cli import add_logging_arguments
+from har_io.exit_codes import Exit
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.record")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         window_log = WindowLog(args.state_dir / RECORDED_LOG, labels, max_windows=args.max_windows)
     except (KeyError, ValueError, OSError) as exc:
         print(f"fedhar-record: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     recorder = Recorder(window_log)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -66,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     recorder.flush()
     if source.error is not None:
         print(f"fedhar-record: the sensor failed: {source.error}", file=sys.stderr)
-        return 3
+        return Exit.DATA
     counts = recorder.counts()
     print(f"{args.activity}: {counts[args.activity] - before} new windows; log: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

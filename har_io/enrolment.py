@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from har_io.broker_config import BrokerConfig
+from har_io.exit_codes import Exit
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import FEDERATION_RE, check_client_id
 
@@ -487,10 +488,10 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_bytes(args.write_password, bundle.password, mode=0o600)
     except EnrolmentRefused as exc:
         print(f"{prog}: {args.bundle}: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except OSError as exc:
         print(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if args.shell:
         tls = "inline" if bundle.tls_ca_pem is not None else ("fingerprint" if bundle.tls_ca_sha256 is not None else "none")
         fields = {
@@ -502,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             "ca_sha256": bundle.ca_fingerprint() or "",
         }
         print("\n".join(f"{k}={shlex.quote(v)}" for k, v in fields.items()))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

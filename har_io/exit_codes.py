@@ -93,7 +93,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "data: nothing to train or evaluate on, or unreadable recordings",
         (CLIENT, COORDINATOR, SIMULATE),
         False,
-        {CLIENT: "--source gives no labelled training window", COORDINATOR: "--eval-data cannot be read"},
+        {CLIENT: "--source gives no labelled training window",
+         COORDINATOR: "--eval-data cannot be read; `broker`: mosquitto_passwd is missing or fails"},
     ),
     ExitCode(
         Exit.BROKER_REFUSED,

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from coordinator.config import CoordinatorConfig
 from coordinator.report import write_report
 from har_io.cli import plain
+from har_io.exit_codes import Exit
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, load_windows, parse_source, split, subject_sources
 from har_models.data.windowing import ChannelStats, WindowSet
@@ -173,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         sources = subject_sources(args.dataset, Path(data))
     except (FileNotFoundError, ValueError) as exc:
         print(f"fedhar-baseline: {exc}", file=sys.stderr)
-        return 3
+        return Exit.DATA
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
     try:
         spec = SplitSpec.parse(args.split, seed=args.split_seed)
     except ValueError as exc:
         print(f"fedhar-baseline: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     subjects = load_subjects(sources, spec=spec)
     fn = centralised if args.mode == "centralised" else local_only
     t0 = time.monotonic()
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     doc = write_report(run_dir, header, rows)
     print(json.dumps({"run_dir": str(run_dir), "final": doc.get("final")}, indent=2))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

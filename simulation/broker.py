@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from har_io.exit_codes import Exit
+
 log = logging.getLogger("fedhar.broker")
 
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("amqtt", "transitions"):
         logging.getLogger(name).setLevel(logging.ERROR)
     asyncio.run(_serve(args.host, args.port))
-    return 0
+    return Exit.OK
 
 
 class EmbeddedBroker:

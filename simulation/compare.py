@@ -11,6 +11,7 @@ from typing import Any
 
 from coordinator.record import RecordError, records
 from har_io.cli import HelpFormatter, plain
+from har_io.exit_codes import Exit
 
 MEASURES = ("global", "personalisation", "generalisation")
 
@@ -68,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             records(doc.get("rounds", []))
         except (OSError, json.JSONDecodeError, RecordError) as exc:
             print(f"fedhar-compare: cannot read {f}: {exc}", file=sys.stderr)
-            return 3
+            return Exit.DATA
         docs.append((str(doc.get("strategy") or path.name), doc))
     sys.stdout.write(table(docs))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from coordinator import strategies
 from coordinator.strategies import FedAvg, Federation, Strategy
 from coordinator.strategies.fedopt import FedOpt, ServerOptSettings
 from coordinator.updates import ClientUpdate
+from har_io.exit_codes import Exit
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec, block_split
 from har_models.data.subjects import DEFAULT_HAPT, parse_source, subject_sources
 from har_models.data.windowing import ChannelStats, WindowSet
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         for lr, e, (srv, eta, beta), b, sch in itertools.product(lrs, eps, servers, batches, schedules)]
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     sources = subject_sources("hapt", DEFAULT_HAPT)
     if args.clients:
         sources = dict(list(sources.items())[: args.clients])
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.label:45s} " + " ".join(f"{r['val_f1']:.3f}/{r['test_f1']:.3f}" for r in rows))
     print(f"probe: split={split.text} settings={len(results)} wall_s={wall:.0f} chosen='{best.label}' rounds={rounds} "
           f"val_f1={row['val_f1']:.4f} test_f1={row['test_f1']:.4f} test_acc={row['test_acc']:.4f}")
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from har_io.exit_codes import Exit
+
 
 @dataclass(frozen=True)
 class Crossing:
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = [float(x) for x in args.targets.split(",")]
     except ValueError:
         print(f"time_to_accuracy: --targets {args.targets!r} must be comma-separated numbers", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     named = []
     for spec in args.reports:
         name, eq, path = spec.partition("=")
@@ -107,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             crossings(doc, targets)
         except (OSError, json.JSONDecodeError, ValueError) as exc:
             print(f"time_to_accuracy: {path}: {exc}", file=sys.stderr)
-            return 3
+            return Exit.DATA
         named.append((name, doc))
     print(table(named, targets))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
 from har_io.cli import add_logging_arguments, setup_logging
+from har_io.exit_codes import Exit
 from har_models.files import atomic_write_bytes
 from har_models.wire.chunking import SharedTransfers
 
@@ -190,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         client_argvs = json.loads(args.clients.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         print(f"fedhar-worker: cannot read {args.clients}: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if not isinstance(client_argvs, list) or not all(isinstance(a, list) and all(isinstance(x, str) for x in a) for a in client_argvs):
         print(f"fedhar-worker: {args.clients} must hold a JSON list of argument lists", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if args.threads > 0:
         import torch
 

@@ -103,3 +103,19 @@ def test_exit_status_of_maps_errors_in_order_and_lets_bugs_through(capsys):
         exit_codes.exit_status_of("prog", fail(KeyError("k")), errors)
     with pytest.raises(KeyboardInterrupt):  # no message for Ctrl-C given: it propagates
         exit_codes.exit_status_of("prog", fail(KeyboardInterrupt()), errors)
+
+
+def test_every_main_returns_a_name_of_the_table_not_a_bare_number():
+    """A ``main`` (or ``*_main``) of the packages says ``return Exit.USAGE``, never ``return 2``: the number then means
+    what the table says, and a grep for a code's name finds every place that returns it."""
+    import ast
+
+    bare: list[str] = []
+    for package in ("har_io", "edge_client", "coordinator", "simulation"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.FunctionDef) and (node.name == "main" or node.name.endswith("_main")):
+                    for ret in ast.walk(node):
+                        if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Constant) and isinstance(ret.value.value, int):
+                            bare.append(f"{path.relative_to(ROOT)}:{ret.lineno} {node.name}: return {ret.value.value}")
+    assert bare == [], "return a name of har_io.exit_codes.Exit instead:\n" + "\n".join(bare)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from coordinator.broker.files import broker_access, give_access
 from coordinator.broker.settings import PASSWORD_SUFFIX, SetupError
+from har_io.exit_codes import Exit
 
 PASSWORD_BYTES = 24
 """Random bytes per password (``secrets.token_urlsafe``: 32 characters, 192 bits)."""
@@ -35,7 +36,7 @@ def find_mosquitto_passwd(explicit: str | None = None) -> str:
     if explicit:
         if shutil.which(explicit):
             return explicit
-        raise SetupError(f"--mosquitto-passwd {explicit}: not an executable file", exit_code=3)
+        raise SetupError(f"--mosquitto-passwd {explicit}: not an executable file", exit_code=Exit.DATA)
     found = shutil.which("mosquitto_passwd") or next(
         (p for p in ("/usr/bin/mosquitto_passwd", "/usr/local/bin/mosquitto_passwd") if os.access(p, os.X_OK)), None
     )
@@ -43,7 +44,7 @@ def find_mosquitto_passwd(explicit: str | None = None) -> str:
         raise SetupError(
             "mosquitto_passwd not found: install Mosquitto, which ships it (Debian, Ubuntu, Raspberry Pi OS: "
             "sudo apt-get install mosquitto; macOS: brew install mosquitto), or pass --mosquitto-passwd PATH",
-            exit_code=3,
+            exit_code=Exit.DATA,
         )
     return found
 
@@ -77,11 +78,11 @@ def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -
             f.writelines(f"{user}:{pw}\n" for user, pw in sorted(passwords.items()))
         r = subprocess.run([mosquitto_passwd, "-U", tmp], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if r.returncode != 0:
-            raise SetupError(f"{mosquitto_passwd} -U failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}", exit_code=3)
+            raise SetupError(f"{mosquitto_passwd} -U failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()}", exit_code=Exit.DATA)
         lines = Path(tmp).read_text().splitlines()
         hashed = {ln.split(":", 1)[0] for ln in lines if re.match(r"^[^:]+:\$\d+\$", ln)}
         if hashed != set(passwords) or len(lines) != len(passwords):
-            raise SetupError(f"{mosquitto_passwd} -U did not hash every password; is it Mosquitto's tool?", exit_code=3)
+            raise SetupError(f"{mosquitto_passwd} -U did not hash every password; is it Mosquitto's tool?", exit_code=Exit.DATA)
         give_access(Path(tmp), path, broker_access(path))
         os.replace(tmp, path)
     finally:

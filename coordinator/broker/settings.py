@@ -14,6 +14,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from har_io.exit_codes import Exit
 from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
 from har_models.wire.topics import Topics, check_client_id
 
@@ -51,10 +52,11 @@ HOME_ASSISTANT_USER = "homeassistant"
 class SetupError(Exception):
     """The configuration cannot be written; the message says what was wrong and how to fix it.
 
-    ``exit_code`` is 2 for bad arguments or files, 3 when ``mosquitto_passwd`` is missing or fails.
+    ``exit_code`` is :attr:`Exit.USAGE` (2) for bad arguments or files, :attr:`Exit.DATA` (3) when
+    ``mosquitto_passwd`` is missing or fails (:mod:`har_io.exit_codes`, the one table).
     """
 
-    def __init__(self, message: str, exit_code: int = 2):
+    def __init__(self, message: str, exit_code: int = Exit.USAGE):
         super().__init__(message)
         self.exit_code = exit_code
 
