@@ -12,5 +12,7 @@
 * :mod:`~coordinator.record`: the typed record of a completed round (what the report, the
   study and the retained progress message carry);
 * :mod:`~coordinator.state` (SQLite + safetensors run folder) and :mod:`~coordinator.report`;
-* :mod:`~coordinator.config` and :mod:`~coordinator.cli` (``fedhar-coordinator``).
+* :mod:`~coordinator.config` and :mod:`~coordinator.cli` (``fedhar-coordinator``);
+* :mod:`~coordinator.broker`: the federation's Mosquitto accounts, ACL and configuration
+  (``fedhar-coordinator broker``; standard library only).
 """

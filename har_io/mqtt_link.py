@@ -334,8 +334,8 @@ class MqttLink:
                     BrokerRefused(
                         "auth",
                         f"broker {self.cfg.host}:{self.cfg.port} refused the login of user {self.cfg.username!r}: {name}. "
-                        f"Check --username and --password-file (firmware_scripts/mosquitto_config.py writes "
-                        f"credentials/<user>.password; after --rotate or --revoke the old one no longer works)",
+                        f"Check --username and --password-file (fedhar-coordinator broker writes "
+                        f"credentials/<user>.password; after it rotates or removes the user the old one no longer works)",
                     ),
                     describe_refusal(name),
                 )

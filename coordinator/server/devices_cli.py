@@ -92,7 +92,7 @@ def _admin(file: ServeFile) -> Any:
     """
     if not file.server.broker_dir:
         raise DeviceCommandError(
-            "[server] broker_dir is not set: name the folder firmware_scripts/mosquitto_config.py wrote (--out) in server.toml"
+            "[server] broker_dir is not set: name the folder fedhar-coordinator broker init wrote (--out) in server.toml"
         )
     from coordinator.server.broker_admin import BrokerAdmin
 

@@ -2,7 +2,7 @@
 
 The status page must not log in as ``coordinator`` (that would take over the running
 coordinator's session), so it reads the federation through the broker's read-only ``monitor``
-account (``firmware_scripts/mosquitto_config.py`` gives it ``topic read fedhar/v1/<fed>/#``).
+account (``fedhar-coordinator broker`` gives it ``topic read fedhar/v1/<fed>/#``).
 A :class:`Monitor` subscribes to the small retained and control topics only, never to model or
 update chunks::
 

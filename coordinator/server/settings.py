@@ -102,7 +102,7 @@ class ServerSettings:
     http_port: int = field(default=8765, metadata=doc("port of the status page (0: no status page)"))
     token: str | None = field(default=None, metadata=doc("bearer token the status page asks for (needed off loopback)"))
     broker_dir: str | None = field(
-        default=None, metadata=doc("folder written by firmware_scripts/mosquitto_config.py (holds fedhar-broker.json)")
+        default=None, metadata=doc("folder written by fedhar-coordinator broker init (holds fedhar-broker.json)")
     )
     broker_reload: str = field(
         default="auto",
@@ -111,7 +111,7 @@ class ServerSettings:
     public_host: str | None = field(default=None, metadata=doc("broker host name written into enrolment bundles (default the broker's)"))
     keep_versions: int = field(default=50, metadata=doc("model versions kept (older version files are deleted)", "versions"))
     monitor_user: str = field(
-        default="monitor", metadata=doc("user name of the broker's read-only monitor account (mosquitto_config.py --monitor-user)")
+        default="monitor", metadata=doc("user name of the broker's read-only monitor account (broker init --monitor-user)")
     )
     monitor_password_file: str | None = field(
         default=None,
