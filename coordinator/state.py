@@ -184,6 +184,12 @@ class RunState:
             q = "SELECT summary FROM rounds WHERE round > ? ORDER BY round LIMIT ?"
             return [json.loads(r[0]) for r in self._db.execute(q, (after, -1 if limit is None else max(0, limit)))]
 
+    def completed_unix(self, round_: int) -> float | None:
+        """When round ``round_`` was recorded (UNIX s), None if it was not. Raises :class:`StateDamaged`."""
+        with self._guard():
+            row = self._db.execute("SELECT completed FROM rounds WHERE round = ?", (round_,)).fetchone()
+        return None if row is None else float(row[0])
+
     def rounds_version(self) -> tuple[int, int]:
         """``(rewrites, last completed round)``: what a reader of :meth:`rounds` compares to know what changed.
 

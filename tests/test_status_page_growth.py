@@ -1,9 +1,12 @@
-"""The status page over months: charts keep a bounded size however many rounds there are, and the page and
-/metrics read only what is new in the run's database, with figures equal to a fold over every record."""
+"""The status page over months: charts keep a bounded size however many rounds there are, the page and
+/metrics read only what is new in the run's database, with figures equal to a fold over every record, and a
+stopped broker or a stalled federation is said in words on the page, in /healthz and in /metrics."""
 
 from __future__ import annotations
 
 import math
+import os
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,10 +17,14 @@ from starlette.testclient import TestClient
 from coordinator.record import RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import RoundTotals
+from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
 from coordinator.server.web import ServerView, make_app
 from coordinator.state import RunState
+from har_io.broker_config import BrokerConfig
 from har_models.nn.model import ArchSpec, init_state
+from har_models.wire.topics import Topics
+from simulation.broker import LocalMosquitto, find_mosquitto
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
@@ -141,4 +148,49 @@ def test_the_page_stays_small_and_says_what_a_person_reads(tmp_path: Path) -> No
     assert (b["rounds"], b["last_round"], b["arch_version"]) == (600, 599, 599 // 50)
     small = TestClient(make_app(ServerView(run_state=RunState(tmp_path / "one")))).get("/").text
     assert '<span id="rounds-completed">0</span> rounds completed' in small
+    state.close()
+
+
+def test_a_stopped_broker_and_a_stalled_federation_are_unhealthy_in_words(tmp_path: Path) -> None:
+    if find_mosquitto() is None:
+        if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
+            pytest.fail("mosquitto is required (FEDHAR_REQUIRE_MOSQUITTO=1) but not installed; apt-get install mosquitto")
+        pytest.skip("mosquitto not installed (apt-get install mosquitto)")
+    state = RunState(tmp_path / "run")
+    state.complete_round(0, SPEC, init_state(SPEC, 0), {}, RoundRecord.from_json(_row(0)).to_json())
+    done = state.completed_unix(0)
+    assert done is not None
+    clock = [done + 30.0]
+    with LocalMosquitto(log_file=tmp_path / "mosquitto.log", start_timeout_s=10) as broker:
+        mon = Monitor(Topics("home"), BrokerConfig(port=broker.port))
+        assert mon.start(10.0)
+        view = ServerView(run_state=state, monitor=mon, next_start=lambda: clock[0], wall=lambda: clock[0], stall_after_s=600.0)
+        c = TestClient(make_app(view))
+        try:
+            assert c.get("/healthz").status_code == 200
+            got = _samples(c.get("/metrics").text)
+            assert got[("fedhar_broker_link_up", ())] == 1 and got[("fedhar_seconds_since_last_round", ())] == 30.0
+            assert '<span id="broker-link" class="online">up</span>' in c.get("/").text
+            broker.stop()
+            for _ in range(200):  # the link notices within paho's keepalive; bounded at 20 s
+                if view.broker_link() is False:
+                    break
+                time.sleep(0.1)
+            r = c.get("/healthz")
+            assert r.status_code == 503 and r.json()["reasons"] == [
+                "the broker cannot be reached: no device, round or coordinator state can be seen"]
+            page = c.get("/").text
+            assert '<span id="broker-link" class="offline">down</span>' in page
+            assert "coordinator <span id=\"coordinator-state\" class=\"muted\">unknown (the broker cannot be reached)</span>" in page
+            assert _samples(c.get("/metrics").text)[("fedhar_broker_link_up", ())] == 0
+        finally:
+            mon.stop()
+    # Without a monitor link, a stall is the only reason: 11 min since round 0 while devices are eligible.
+    clock[0] = done + 660.0
+    stalled = ServerView(run_state=state, next_start=lambda: clock[0], wall=lambda: clock[0], stall_after_s=600.0)
+    r = TestClient(make_app(stalled)).get("/healthz")
+    assert r.status_code == 503 and r.json()["reasons"] == [
+        "no round completed for 11 min (more than 10 min) while enough devices are eligible"]
+    waiting = ServerView(run_state=state, next_start=lambda: None, wall=lambda: clock[0], stall_after_s=600.0)
+    assert TestClient(make_app(waiting)).get("/healthz").status_code == 200  # too few devices: waiting, not stalled
     state.close()

@@ -24,6 +24,8 @@ Exported (prefix ``fedhar_``)::
     last_macro_f1{measure}                       gauge: global, personalisation (latest round that has it)
     last_accuracy{measure}                       gauge
     monitor_malformed_messages_total{kind}       counter: messages the monitor ignored
+    broker_link_up                               gauge: 1 while the page's own broker session is up
+    seconds_since_last_round                     gauge: since the newest completed round was recorded
 """
 
 from __future__ import annotations
@@ -143,6 +145,10 @@ class FederationCollector(Collector):
         Device counts by state (:data:`DEVICE_STATES`); a missing state is exported as 0.
     malformed : callable returning dict kind -> int, optional
         The monitor's counts of ignored messages.
+    broker_link : callable returning bool or None, optional
+        Whether the status page's broker session is up (None: it has none; not exported).
+    since_last_round : callable returning float or None, optional
+        Seconds since the newest completed round was recorded (None: none yet; not exported).
     """
 
     def __init__(
@@ -150,10 +156,14 @@ class FederationCollector(Collector):
         totals: Callable[[], RoundTotals | Sequence[RoundRecord]],
         devices: Callable[[], dict[str, int]] | None = None,
         malformed: Callable[[], dict[str, int]] | None = None,
+        broker_link: Callable[[], bool | None] | None = None,
+        since_last_round: Callable[[], float | None] | None = None,
     ):
         self._totals = totals
         self._devices = devices
         self._malformed = malformed
+        self._link = broker_link
+        self._since = since_last_round
 
     def collect(self) -> Iterator[Metric]:
         """The metric families as of now (called by the registry at every scrape)."""
@@ -189,6 +199,11 @@ class FederationCollector(Collector):
                 acc.add_metric([measure], v)
         yield f1
         yield acc
+        if self._link is not None and (up := self._link()) is not None:
+            yield GaugeMetricFamily("fedhar_broker_link_up", "1 while the status page's session with the broker is up", value=int(up))
+        if self._since is not None and (since := self._since()) is not None:
+            yield GaugeMetricFamily("fedhar_seconds_since_last_round", "Seconds since the newest completed round was recorded",
+                                    value=since)  # fmt: skip
         if self._devices is not None:
             counts = self._devices()
             dev = GaugeMetricFamily("fedhar_devices", "Devices by state", labels=["state"])
@@ -207,10 +222,12 @@ def make_registry(
     totals: Callable[[], RoundTotals | Sequence[RoundRecord]],
     devices: Callable[[], dict[str, int]] | None = None,
     malformed: Callable[[], dict[str, int]] | None = None,
+    broker_link: Callable[[], bool | None] | None = None,
+    since_last_round: Callable[[], float | None] | None = None,
 ) -> CollectorRegistry:
     """A new CollectorRegistry holding one :class:`FederationCollector` (arguments as there)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FederationCollector(totals, devices, malformed))
+    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round))
     return reg
 
 

@@ -228,6 +228,10 @@ class ServerView:
         for devices). ``serve`` provides it.
     wall : callable returning float
         Wall-clock time (s since the epoch).
+    stall_after_s : float, optional
+        :meth:`health` reports the federation stalled when no round completed for longer than
+        this (s) while the schedule has a next start (enough devices are eligible). ``serve``
+        sets it from its schedule; None: never.
     """
 
     name: str = "fedhar-home"
@@ -236,9 +240,12 @@ class ServerView:
     monitor: Monitor | None = None
     next_start: Callable[[], float | None] | None = None
     wall: Callable[[], float] = time.time
+    stall_after_s: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _seen: tuple[int, int] | None = field(default=None, repr=False)
     _last: int = field(default=-1, repr=False)
+    _last_t: float | None = field(default=None, repr=False)
+    _born: float = field(default_factory=time.time, repr=False)
     _totals: RoundTotals = field(default_factory=RoundTotals, repr=False)
     _took: dict[str, _Took] = field(default_factory=dict, repr=False)
     _arch: list[tuple[int, int]] = field(default_factory=list, repr=False)
@@ -287,6 +294,7 @@ class ServerView:
                     self._took.setdefault(cid, _Took()).add(rec.round, m.accuracy, m.macro_f1)
                 if not self._arch or self._arch[-1][1] != rec.arch.version:
                     self._arch.append((rec.round, rec.arch.version))
+            self._last_t = self.run_state.completed_unix(self._last) if self._last >= 0 else None
             self._seen = version
             return version
 
@@ -335,6 +343,38 @@ class ServerView:
             log.info("status page: %d rounds read in %.1f s", self._totals.rounds, time.monotonic() - t0)
         except StateDamaged as exc:
             log.error("status page: %s", exc)
+
+    def broker_link(self) -> bool | None:
+        """Whether the page's own session with the broker is up; None when it has none (no monitor link)."""
+        if self.monitor is None or self.monitor.link is None:
+            return None
+        return self.snapshot().connected
+
+    def seconds_since_last_round(self) -> float | None:
+        """Seconds since the newest completed round was recorded (None: no round yet, or no database)."""
+        if self.run_state is None:
+            return None
+        self._sync()
+        with self._lock:
+            return None if self._last_t is None else max(0.0, self.wall() - self._last_t)
+
+    def health(self) -> list[str]:
+        """Why the federation is not healthy now, in words; empty when it is.
+
+        Unhealthy: the broker link of the page is down (the coordinator's state cannot be known),
+        or, with :attr:`stall_after_s` set, no round completed for longer than that while the
+        schedule has a next start (enough devices are eligible).
+        """
+        out = []
+        if self.broker_link() is False:
+            out.append("the broker cannot be reached: no device, round or coordinator state can be seen")
+        if self.stall_after_s is not None and self.next_start is not None and self.next_start() is not None:
+            since = self.seconds_since_last_round()
+            waited = since if since is not None else max(0.0, self.wall() - self._born)
+            if waited > self.stall_after_s:
+                out.append(f"no round completed for {waited / 60:.0f} min (more than {self.stall_after_s / 60:.0f} min) "
+                           "while enough devices are eligible")  # fmt: skip
+        return out
 
     def totals(self) -> RoundTotals:
         """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call)."""
@@ -654,6 +694,13 @@ def render_page(view: ServerView, query: str = "") -> str:
     n_rounds = view.totals().rounds
     versions = view.versions(VERSIONS_SHOWN)
     coord = cur["coordinator"]
+    link = view.broker_link()
+    link_word, link_cls = {True: ("up", "online"), False: ("down", "offline"), None: ("not watched", "muted")}[link]
+    if link is False:
+        coord_word, coord_cls = "unknown (the broker cannot be reached)", "muted"
+    else:
+        coord_word, coord_cls = ("online", "online") if coord["online"] else ("offline", "offline")
+    problems = view.health()
     n_online = sum(1 for d in devs if d["online"])
     n_enrolled = sum(1 for d in devs if d["state"] == "enrolled")
     h: list[str] = [
@@ -662,10 +709,12 @@ def render_page(view: ServerView, query: str = "") -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">',
         f"<title>{_e(view.name)} · fedhar</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_e(view.name)}</h1>",
-        f'<p id="summary">coordinator <span id="coordinator-state" class="{"online" if coord["online"] else "offline"}">'
-        f'{"online" if coord["online"] else "offline"}</span> · <span id="device-count">{len(devs)}</span> devices '
+        f'<p id="summary">broker link <span id="broker-link" class="{link_cls}">{link_word}</span> · '
+        f'coordinator <span id="coordinator-state" class="{coord_cls}">{coord_word}</span> · '
+        f'<span id="device-count">{len(devs)}</span> {_plural(len(devs), "device")} '
         f'(<span id="enrolled-count">{n_enrolled}</span> enrolled, <span id="online-count">{n_online}</span> online) · '
         f'<span id="rounds-completed">{n_rounds}</span> {_plural(n_rounds, "round")} completed</p>',
+        *(f'<p id="health" class="rate-warn">{_e(p)}</p>' for p in problems),
         "<h2>Devices</h2>",
         '<table id="devices"><tr><th>device</th><th>owner</th><th>presence</th><th>last seen</th><th>rounds</th>'
         "<th>last local accuracy</th><th>backend</th><th>arch</th><th>sensing</th><th>windows (train/test)</th></tr>",
@@ -748,7 +797,7 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
     Starlette
         Serve it with uvicorn (:class:`WebServer` does that in a thread).
     """
-    registry = make_registry(view.totals, view.device_counts, view.malformed_counts)
+    registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round)
 
     def page(request: Request) -> Response:
         # A browser that came with ?token= keeps it on the page's links (the meta refresh keeps the URL as it is).
@@ -774,6 +823,9 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
         return Response(scrape(registry), media_type=CONTENT_TYPE)
 
     def healthz(request: Request) -> Response:
+        problems = view.health()
+        if problems:
+            return JSONResponse({"status": "unhealthy", "name": view.name, "reasons": problems}, status_code=503)
         return JSONResponse({"status": "ok", "name": view.name})
 
     async def http_error(request: Request, exc: Exception) -> Response:
