@@ -88,6 +88,9 @@ def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
     return spec, state
 
 
+_REWRITES_KEY = "rounds_rewrites"
+"""Meta key of :meth:`RunState.rounds_version`'s rewrite counter."""
+
 STRATEGY_STATE_FILE = "strategy_state.safetensors"
 """Name of a round's strategy state beside its models (``models/rNNNN/``); its metadata names the strategy."""
 LEGACY_SERVER_OPT_FILE = "server_opt.safetensors"
@@ -172,10 +175,40 @@ class RunState:
             rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
-    def rounds(self) -> list[dict[str, Any]]:
-        """Summaries of completed rounds, in order. Raises :class:`StateDamaged`."""
+    def rounds(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        """Summaries of completed rounds with an index above ``after`` (all by default), in order, at most ``limit``.
+
+        Raises :class:`StateDamaged`.
+        """
         with self._guard():
-            return [json.loads(r[0]) for r in self._db.execute("SELECT summary FROM rounds ORDER BY round")]
+            q = "SELECT summary FROM rounds WHERE round > ? ORDER BY round LIMIT ?"
+            return [json.loads(r[0]) for r in self._db.execute(q, (after, -1 if limit is None else max(0, limit)))]
+
+    def completed_unix(self, round_: int) -> float | None:
+        """When round ``round_`` was recorded (UNIX s), None if it was not. Raises :class:`StateDamaged`."""
+        with self._guard():
+            row = self._db.execute("SELECT completed FROM rounds WHERE round = ?", (round_,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def rounds_version(self) -> tuple[int, int]:
+        """``(rewrites, last completed round)``: what a reader of :meth:`rounds` compares to know what changed.
+
+        ``rewrites`` counts the changes that were not an append of a newer round (a round
+        recorded again, rounds forgotten after a crash); while it stays the same, the rounds
+        above a reader's last one are all that is new. Both are index look-ups, whatever the
+        number of rounds. Raises :class:`StateDamaged`.
+        """
+        with self._guard():
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_REWRITES_KEY,)).fetchone()
+            last = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()[0]
+        return (0 if row is None else int(json.loads(row[0]))), (-1 if last is None else int(last))
+
+    def _count_rewrite(self) -> None:
+        """Add one to the rewrite counter of :meth:`rounds_version` (inside the caller's transaction)."""
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+            (_REWRITES_KEY,),
+        )
 
     def last_completed_round(self) -> int:
         """Index of the last completed round, -1 if none. Raises :class:`StateDamaged`."""
@@ -212,6 +245,9 @@ class RunState:
             name, tensors = strategy_state
             _save_tensors(folder / STRATEGY_STATE_FILE, tensors, {"round": str(round_), "strategy": name})
         with self._guard(), self._db:
+            newest = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()[0]
+            if newest is not None and round_ <= newest:
+                self._count_rewrite()
             self._db.execute(
                 "INSERT OR REPLACE INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
                 (round_, time.time(), json.dumps(summary)),
@@ -243,7 +279,8 @@ class RunState:
                 log.error("round %d's saved models are unusable (%s: %s); trying the round before", round_, type(exc).__name__, exc)
                 continue
             with self._guard(), self._db:
-                self._db.execute("DELETE FROM rounds WHERE round > ?", (round_,))
+                if self._db.execute("DELETE FROM rounds WHERE round > ?", (round_,)).rowcount:
+                    self._count_rewrite()
             return round_, spec, g, personal
         return None
 

@@ -14,7 +14,7 @@ Geometry of a line chart of ``width`` x ``height`` pixels: the plot area spans
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
@@ -45,6 +45,133 @@ class Series:
 
     name: str
     points: Sequence[tuple[float, float | None]]
+
+
+MAX_POINTS = 120
+"""A line chart draws at most this many points a series; a longer series is drawn in buckets (:func:`downsample`)."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Consecutive points of a series drawn as one: their mean ``y`` at ``x``, and the band [``lo``, ``hi``].
+
+    Attributes
+    ----------
+    x : float
+        Midpoint of the bucket's first and last x.
+    y, lo, hi : float or None
+        Mean, minimum and maximum of the bucket's finite y values; None when it has none (a gap).
+    n : int
+        Points in the bucket, gaps included.
+    """
+
+    x: float
+    y: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+
+def downsample(points: Sequence[tuple[float, float | None]], max_points: int = MAX_POINTS) -> list[Bucket]:
+    """``points`` cut into at most ``max_points`` buckets of ``ceil(len / max_points)`` consecutive points.
+
+    A year of rounds at a 10-minute interval is 52,560 points; drawn one by one that is a chart
+    of megabytes. Buckets keep the chart's size fixed while the band still shows every
+    extreme (a round that collapsed stays visible as the band's low edge).
+
+    Parameters
+    ----------
+    points : sequence of (x, y)
+        In x order; a NaN or None y is a gap.
+    max_points : int >= 1
+
+    Returns
+    -------
+    list of Bucket
+        One per point (``n`` = 1, ``lo`` = ``hi`` = ``y``) when there are at most ``max_points``.
+
+    Raises
+    ------
+    ValueError
+        If ``max_points`` < 1.
+    """
+    if max_points < 1:
+        raise ValueError(f"downsample: max_points must be at least 1, got {max_points}")
+    size = max(1, math.ceil(len(points) / max_points))
+    out = []
+    for i in range(0, len(points), size):
+        chunk = points[i : i + size]
+        ys = [float(y) for _, y in chunk if y is not None and math.isfinite(y)]
+        x = (float(chunk[0][0]) + float(chunk[-1][0])) / 2
+        if ys:
+            out.append(Bucket(x, math.fsum(ys) / len(ys), min(ys), max(ys), len(chunk)))
+        else:
+            out.append(Bucket(x, None, None, None, len(chunk)))
+    return out
+
+
+class Sketch:
+    """A series folded point by point into at most ``max_buckets`` buckets of equal size.
+
+    Every bucket holds ``size`` consecutive points (the newest bucket may hold fewer); ``size``
+    starts at 1 and doubles, merging neighbouring buckets pairwise, whenever one more bucket
+    would exceed ``max_buckets``. Adding a point costs O(1) amortised and memory stays
+    O(``max_buckets``), so a chart of a year of rounds is kept current as each round completes.
+
+    Parameters
+    ----------
+    max_buckets : int >= 2
+
+    Raises
+    ------
+    ValueError
+        If ``max_buckets`` < 2.
+    """
+
+    def __init__(self, max_buckets: int = MAX_POINTS):
+        if max_buckets < 2:
+            raise ValueError(f"Sketch: max_buckets must be at least 2, got {max_buckets}")
+        self.max_buckets = max_buckets
+        self.size = 1
+        self._b: list[list[float]] = []  # x first, x last, sum of finite y, finite count, lo, hi, points
+
+    def add(self, x: float, y: float | None) -> None:
+        """Append the point (x, y); a None or NaN y is a gap. Points must come in x order."""
+        fin = y is not None and math.isfinite(y)
+        v = float(y) if fin and y is not None else 0.0
+        if self._b and self._b[-1][6] < self.size:
+            b = self._b[-1]
+            b[1] = float(x)
+            b[6] += 1
+            if fin:
+                b[2] += v
+                b[3] += 1
+                b[4], b[5] = min(b[4], v), max(b[5], v)
+            return
+        self._b.append([float(x), float(x), v, 1.0 if fin else 0.0, v if fin else math.inf, v if fin else -math.inf, 1.0])
+        if len(self._b) > self.max_buckets:
+            merged = []
+            for i in range(0, len(self._b), 2):
+                a = self._b[i]
+                if i + 1 < len(self._b):
+                    c = self._b[i + 1]
+                    a = [a[0], c[1], a[2] + c[2], a[3] + c[3], min(a[4], c[4]), max(a[5], c[5]), a[6] + c[6]]
+                merged.append(a)
+            self._b = merged
+            self.size *= 2
+
+    def buckets(self) -> list[Bucket]:
+        """The buckets so far (:class:`Bucket`: x midpoint, mean, low, high, points)."""
+        return [Bucket((b[0] + b[1]) / 2, b[2] / b[3], b[4], b[5], int(b[6])) if b[3] else
+                Bucket((b[0] + b[1]) / 2, None, None, None, int(b[6])) for b in self._b]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BucketSeries:
+    """One line of a chart given as buckets (:func:`downsample`, :class:`Sketch`) instead of points."""
+
+    name: str
+    buckets: Sequence[Bucket]
 
 
 def scale(v: float, lo: float, hi: float, a: float, b: float) -> float:
@@ -92,7 +219,7 @@ def _label(v: float) -> str:
 
 
 def line_chart(
-    series: Sequence[Series],
+    series: Sequence[Series | BucketSeries],
     *,
     title: str,
     x_label: str,
@@ -101,13 +228,19 @@ def line_chart(
     height: int = 240,
     y_range: tuple[float, float] | None = None,
     y_format: str = "",
+    max_points: int = MAX_POINTS,
 ) -> str:
     """An SVG line chart of ``series`` with x and y axes, round ticks, axis labels and a legend.
 
+    A series of more than ``max_points`` points is drawn in buckets (:func:`downsample`): a
+    line through each bucket's mean and a shaded band from its minimum to its maximum, so the
+    chart's size is bounded whatever the number of rounds.
+
     Parameters
     ----------
-    series : sequence of Series
-        Up to eight lines (:data:`PALETTE`); points with a NaN/None y are left out and break the line.
+    series : sequence of Series or BucketSeries
+        Up to eight lines (:data:`PALETTE`); points with a NaN/None y are left out and break the
+        line. A BucketSeries whose buckets hold one point each is drawn as points.
     title, x_label, y_label : str
         Text of the chart (escaped).
     width, height : int
@@ -117,11 +250,15 @@ def line_chart(
         non-negative data).
     y_format : str
         ``"%"`` labels y ticks as percentages of 1 (0.5 -> "50%").
+    max_points : int >= 1
+        Points drawn per series at most; a bucket's circle carries ``data-x`` (its x midpoint),
+        ``data-y`` (mean), ``data-lo``, ``data-hi`` and ``data-n`` (points in it).
 
     Returns
     -------
     str
-        ``<svg>`` element text (well-formed XML). A chart without any finite point says "no data yet".
+        ``<svg>`` element text (well-formed XML). A chart without any finite point says "no data
+        yet"; the legend names only the series that have a finite point.
 
     Raises
     ------
@@ -136,7 +273,27 @@ def line_chart(
         raise ValueError(f"line_chart: y_range {y_range!r} must have hi > lo")
     x0, x1 = MARGIN_LEFT, width - MARGIN_RIGHT
     y0, y1 = MARGIN_TOP, height - MARGIN_BOTTOM
-    pts = [(float(x), float(y)) for s in series for x, y in s.points if y is not None and math.isfinite(y) and math.isfinite(x)]
+    plain: list[Sequence[tuple[float, float | None]] | None] = []
+    bucketed: list[Sequence[Bucket] | None] = []
+    for s in series:
+        if isinstance(s, BucketSeries) and all(k.n == 1 for k in s.buckets):
+            plain.append([(k.x, k.y) for k in s.buckets])
+            bucketed.append(None)
+        elif isinstance(s, BucketSeries):
+            plain.append(None)
+            bucketed.append(s.buckets)
+        elif len(s.points) > max_points:
+            plain.append(None)
+            bucketed.append(downsample(s.points, max_points))
+        else:
+            plain.append(s.points)
+            bucketed.append(None)
+    pts = []
+    for ps, b in zip(plain, bucketed, strict=True):
+        if ps is not None:
+            pts += [(float(x), float(y)) for x, y in ps if y is not None and math.isfinite(y) and math.isfinite(x)]
+        elif b is not None:
+            pts += [(k.x, v) for k in b if k.lo is not None and k.hi is not None and math.isfinite(k.x) for v in (k.lo, k.hi)]
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label={quoteattr(title)}>',
@@ -179,26 +336,63 @@ def line_chart(
                f"{escape(x_label)}</text>")  # fmt: skip
     out.append(f'<text class="ylabel" x="12" y="{_num((y0 + y1) / 2)}" text-anchor="middle" font-size="11" '
                f'transform="rotate(-90 12 {_num((y0 + y1) / 2)})">{escape(y_label)}</text>')  # fmt: skip
+    drawn = [i for i, (ps, b) in enumerate(zip(plain, bucketed, strict=True))
+             if (ps is not None and any(math.isfinite(x) and y is not None and math.isfinite(y) for x, y in ps))
+             or (b is not None and any(k.y is not None for k in b))]  # fmt: skip
     for i, s in enumerate(series):
         colour = PALETTE[i]
         out.append(f'<g class="series" data-name={quoteattr(s.name)} stroke="{colour}" fill="{colour}">')
-        run: list[str] = []
-        for x, y in [*s.points, (math.nan, None)]:  # the sentinel flushes the last run
-            if y is not None and math.isfinite(y) and math.isfinite(x):
-                run.append(f"{_num(sx(x))},{_num(sy(y))}")
-                out.append(f'<circle cx="{_num(sx(x))}" cy="{_num(sy(y))}" r="2.5" data-x="{x!r}" data-y="{y!r}"/>')
-            else:
-                if len(run) > 1:
-                    out.append(f'<polyline fill="none" stroke-width="1.5" points="{" ".join(run)}"/>')
-                run = []
+        ps, b = plain[i], bucketed[i]
+        if ps is not None:
+            _draw_points(out, ps, sx, sy)
+        elif b is not None:
+            _draw_buckets(out, b, sx, sy)
         out.append("</g>")
-        lx = x1 - 130
-        ly = 14 + 12 * i if len(series) > 1 else 14
-        if len(series) > 1:
+        if len(drawn) > 1 and i in drawn:
+            lx, ly = x1 - 130, 14 + 12 * drawn.index(i)
             out.append(f'<g class="legend"><rect x="{lx}" y="{ly - 8}" width="10" height="3" fill="{colour}"/>'
                        f'<text x="{lx + 14}" y="{ly - 4}" font-size="10">{escape(s.name)}</text></g>')  # fmt: skip
+    if any(b is not None for b in bucketed):
+        size = max(k.n for b in bucketed if b is not None for k in b)
+        out.append(f'<text class="note" x="{x0}" y="28" font-size="9" fill="#555">each point: mean of up to {size} '
+                   "rounds; band: their lowest to highest</text>")  # fmt: skip
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _draw_points(out: list[str], points: Sequence[tuple[float, float | None]], sx: Callable[[float], float],
+                 sy: Callable[[float], float]) -> None:  # fmt: skip
+    """One circle per finite point and a polyline through each run of them (a gap breaks the line)."""
+    run: list[str] = []
+    for x, y in [*points, (math.nan, None)]:  # the sentinel flushes the last run
+        if y is not None and math.isfinite(y) and math.isfinite(x):
+            run.append(f"{_num(sx(x))},{_num(sy(y))}")
+            out.append(f'<circle cx="{_num(sx(x))}" cy="{_num(sy(y))}" r="2.5" data-x="{x!r}" data-y="{y!r}"/>')
+        else:
+            if len(run) > 1:
+                out.append(f'<polyline fill="none" stroke-width="1.5" points="{" ".join(run)}"/>')
+            run = []
+
+
+def _draw_buckets(out: list[str], buckets: Sequence[Bucket], sx: Callable[[float], float], sy: Callable[[float], float]) -> None:
+    """Per run of buckets with data: a band polygon (lows to highs), a polyline through the means, a small circle each."""
+    run: list[Bucket] = []
+    for k in [*buckets, Bucket(math.nan, None, None, None, 0)]:  # the sentinel flushes the last run
+        if k.y is not None and math.isfinite(k.x):
+            run.append(k)
+            continue
+        if run:
+            edge = [f"{_num(sx(r.x))},{_num(sy(r.hi))}" for r in run if r.hi is not None]
+            edge += [f"{_num(sx(r.x))},{_num(sy(r.lo))}" for r in reversed(run) if r.lo is not None]
+            out.append(f'<polygon class="band" stroke="none" fill-opacity="0.2" points="{" ".join(edge)}"/>')
+            if len(run) > 1:
+                line = " ".join(f"{_num(sx(r.x))},{_num(sy(r.y))}" for r in run if r.y is not None)
+                out.append(f'<polyline fill="none" stroke-width="1.2" points="{line}"/>')
+            for r in run:
+                assert r.y is not None
+                out.append(f'<circle cx="{_num(sx(r.x))}" cy="{_num(sy(r.y))}" r="1.2" data-x="{r.x!r}" data-y="{r.y!r}" '
+                           f'data-lo="{r.lo!r}" data-hi="{r.hi!r}" data-n="{r.n}"/>')  # fmt: skip
+        run = []
 
 
 def heat_colour(v: float) -> str:

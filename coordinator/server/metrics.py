@@ -1,10 +1,12 @@
-"""Prometheus metrics of the home server, computed from the round records at every scrape.
+"""Prometheus metrics of the home server, folded from the round records.
 
 A Prometheus counter must only grow and must survive a restart of the exporter; the round
 records in the run's database are both (a completed round is never removed). So the figures
-are not counted in the serve loop as rounds go by: :class:`FederationCollector` sums the
-records (:class:`coordinator.record.RoundRecord`) each time ``/metrics`` is scraped, and the
-device gauges come from the server database and the monitor at that moment. The collector lives
+are not counted in the serve loop as rounds go by: they are folded from the records
+(:class:`coordinator.record.RoundRecord`) into :class:`RoundTotals`, once over every record
+when the page starts and then one record at a time as rounds complete, so a scrape costs the
+same at round 10 as at round 100,000 (``benchmarks/bench_status_page.py``). The device gauges
+come from the server database and the monitor at that moment. The collector lives
 in its own :class:`prometheus_client.CollectorRegistry` (never the global one), so two servers
 in one process, or a test, do not see each other's figures.
 
@@ -22,13 +24,16 @@ Exported (prefix ``fedhar_``)::
     last_macro_f1{measure}                       gauge: global, personalisation (latest round that has it)
     last_accuracy{measure}                       gauge
     monitor_malformed_messages_total{kind}       counter: messages the monitor ignored
+    broker_link_up                               gauge: 1 while the page's own broker session is up
+    seconds_since_last_round                     gauge: since the newest completed round was recorded
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -45,108 +50,160 @@ sum of its ``rejections``, as in records written before reasons were kept)."""
 
 DEVICE_STATES = ("enrolled", "online", "revoked", "forgotten")
 
+EXPORTED_MEASURES = ("global", "personalisation")
+"""The measures whose latest accuracy and macro-F1 ``/metrics`` exports."""
 
-def rejected_by_reason(recs: Sequence[RoundRecord]) -> Counter[str]:
-    """Rejected messages over ``recs`` by reason code; the uncounted rest under :data:`UNKNOWN_REASON`."""
-    out: Counter[str] = Counter()
-    for r in recs:
+
+@dataclass
+class RoundTotals:
+    """The sums and latest values ``/metrics`` exports, folded one round record at a time.
+
+    :meth:`add` costs O(1) per record (a record's own rejections and encodings aside), so the
+    status page keeps one instance current as rounds complete and a scrape reads it as it is.
+
+    Attributes
+    ----------
+    rounds : int
+        Records folded.
+    seconds : float
+        Sum of their wall times (s).
+    last_seconds : float or None
+        Wall time of the newest record (s).
+    last_round : int
+        Index of the newest record; -1 before any.
+    updates : int
+        Valid updates of the rounds' main exchanges.
+    rejected : Counter reason -> messages
+        Rejected messages by reason code; the part a record counts without a reason under
+        :data:`UNKNOWN_REASON`.
+    bytes_in, bytes_out : Counter encoding -> bytes
+        Update envelopes received and model envelopes sent (models go out as float32).
+    last : dict (measure, key) -> float
+        The newest finite value of ``key`` ("accuracy", "macro_f1") of ``measure`` ("global",
+        "personalisation").
+    """
+
+    rounds: int = 0
+    seconds: float = 0.0
+    last_seconds: float | None = None
+    last_round: int = -1
+    updates: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    bytes_in: Counter[str] = field(default_factory=Counter)
+    bytes_out: Counter[str] = field(default_factory=Counter)
+    last: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, recs: Iterable[RoundRecord]) -> RoundTotals:
+        """The totals of ``recs`` (in round order)."""
+        out = cls()
+        for r in recs:
+            out.add(r)
+        return out
+
+    def add(self, r: RoundRecord) -> None:
+        """Fold one completed round (the newest so far) into the totals."""
+        self.rounds += 1
+        self.seconds += float(r.seconds)
+        self.last_seconds = float(r.seconds)
+        self.last_round = r.round
         p = r.participation
+        self.updates += p.updates
         for rej in p.rejections:
-            out[rej.reason] += rej.count
+            self.rejected[rej.reason] += rej.count
         rest = p.rejected - sum(rej.count for rej in p.rejections)
         if rest > 0:
-            out[UNKNOWN_REASON] += rest
-    return out
-
-
-def bytes_by_encoding(recs: Sequence[RoundRecord]) -> tuple[Counter[str], Counter[str]]:
-    """``(bytes in by update encoding, bytes out by encoding)`` over ``recs``.
-
-    Models go out as float32 envelopes, so bytes out are all under ``"float32"``.
-    """
-    up: Counter[str] = Counter()
-    down: Counter[str] = Counter()
-    for r in recs:
+            self.rejected[UNKNOWN_REASON] += rest
         t = r.traffic
-        if t is None:
-            continue
-        if t.up_by_encoding:
-            for enc, n in t.up_by_encoding.items():
-                up[enc] += n
-        elif t.bytes_up:
-            up[DEFAULT_ENCODING] += t.bytes_up
-        down[DEFAULT_ENCODING] += t.bytes_down
-    return up, down
-
-
-def _last(recs: Sequence[RoundRecord], measure: str, key: str) -> float | None:
-    for r in reversed(recs):
-        m = r.measure(measure)
-        if m is not None:
-            v = float(getattr(m, key))
-            if not math.isnan(v):
-                return v
-    return None
+        if t is not None:
+            if t.up_by_encoding:
+                for enc, n in t.up_by_encoding.items():
+                    self.bytes_in[enc] += n
+            elif t.bytes_up:
+                self.bytes_in[DEFAULT_ENCODING] += t.bytes_up
+            self.bytes_out[DEFAULT_ENCODING] += t.bytes_down
+        for measure in EXPORTED_MEASURES:
+            m = r.measure(measure)
+            if m is None:
+                continue
+            for key in ("accuracy", "macro_f1"):
+                v = float(getattr(m, key))
+                if math.isfinite(v):
+                    self.last[(measure, key)] = v
 
 
 class FederationCollector(Collector):
-    """A prometheus-client collector over the federation's records and devices (see the module docstring).
+    """A prometheus-client collector over the federation's round totals and devices (see the module docstring).
 
     Parameters
     ----------
-    records : callable returning a sequence of RoundRecord
-        The completed rounds, in order (e.g. ``ServerView.records``); read at each scrape.
+    totals : callable returning RoundTotals, or a sequence of RoundRecord
+        The folded completed rounds (e.g. ``ServerView.totals``), read at each scrape. A callable
+        that returns the records themselves is folded at each scrape (O(rounds); for tests and
+        short runs).
     devices : callable returning dict state -> int, optional
         Device counts by state (:data:`DEVICE_STATES`); a missing state is exported as 0.
     malformed : callable returning dict kind -> int, optional
         The monitor's counts of ignored messages.
+    broker_link : callable returning bool or None, optional
+        Whether the status page's broker session is up (None: it has none; not exported).
+    since_last_round : callable returning float or None, optional
+        Seconds since the newest completed round was recorded (None: none yet; not exported).
     """
 
     def __init__(
         self,
-        records: Callable[[], Sequence[RoundRecord]],
+        totals: Callable[[], RoundTotals | Sequence[RoundRecord]],
         devices: Callable[[], dict[str, int]] | None = None,
         malformed: Callable[[], dict[str, int]] | None = None,
+        broker_link: Callable[[], bool | None] | None = None,
+        since_last_round: Callable[[], float | None] | None = None,
     ):
-        self._records = records
+        self._totals = totals
         self._devices = devices
         self._malformed = malformed
+        self._link = broker_link
+        self._since = since_last_round
 
     def collect(self) -> Iterator[Metric]:
         """The metric families as of now (called by the registry at every scrape)."""
-        recs = list(self._records())
-        yield CounterMetricFamily("fedhar_rounds_completed", "Rounds completed", value=len(recs))
+        got = self._totals()
+        t = got if isinstance(got, RoundTotals) else RoundTotals.of(got)
+        yield CounterMetricFamily("fedhar_rounds_completed", "Rounds completed", value=t.rounds)
         yield SummaryMetricFamily("fedhar_round_duration_seconds", "Wall time of completed rounds, from selection to the stored record",
-                                  count_value=len(recs), sum_value=float(sum(r.seconds for r in recs)))  # fmt: skip
+                                  count_value=t.rounds, sum_value=t.seconds)  # fmt: skip
         last = GaugeMetricFamily("fedhar_last_round_duration_seconds", "Wall time of the last completed round")
-        if recs:
-            last.add_metric([], float(recs[-1].seconds))
+        if t.last_seconds is not None:
+            last.add_metric([], t.last_seconds)
         yield last
-        yield GaugeMetricFamily("fedhar_last_round", "Index of the last completed round (-1: none)", value=recs[-1].round if recs else -1)
-        yield CounterMetricFamily("fedhar_updates_accepted", "Valid updates received in the rounds' main exchanges",
-                                  value=sum(r.participation.updates for r in recs))  # fmt: skip
+        yield GaugeMetricFamily("fedhar_last_round", "Index of the last completed round (-1: none)", value=t.last_round)
+        yield CounterMetricFamily("fedhar_updates_accepted", "Valid updates received in the rounds' main exchanges", value=t.updates)
         rej = CounterMetricFamily("fedhar_updates_rejected", "Rejected update messages by reason", labels=["reason"])
-        for reason, n in sorted(rejected_by_reason(recs).items()):
+        for reason, n in sorted(t.rejected.items()):
             rej.add_metric([reason], n)
         yield rej
-        up, down = bytes_by_encoding(recs)
         bin_ = CounterMetricFamily("fedhar_bytes_in", "Bytes of valid update envelopes received, by encoding", labels=["encoding"])
-        for enc, n in sorted(up.items()):
+        for enc, n in sorted(t.bytes_in.items()):
             bin_.add_metric([enc], n)
         yield bin_
         bout = CounterMetricFamily("fedhar_bytes_out", "Bytes of model envelopes sent, by encoding", labels=["encoding"])
-        for enc, n in sorted(down.items()):
+        for enc, n in sorted(t.bytes_out.items()):
             bout.add_metric([enc], n)
         yield bout
         f1 = GaugeMetricFamily("fedhar_last_macro_f1", "Macro-F1 of the latest round that measured it", labels=["measure"])
         acc = GaugeMetricFamily("fedhar_last_accuracy", "Accuracy of the latest round that measured it", labels=["measure"])
-        for measure in ("global", "personalisation"):
-            if (v := _last(recs, measure, "macro_f1")) is not None:
+        for measure in EXPORTED_MEASURES:
+            if (v := t.last.get((measure, "macro_f1"))) is not None:
                 f1.add_metric([measure], v)
-            if (v := _last(recs, measure, "accuracy")) is not None:
+            if (v := t.last.get((measure, "accuracy"))) is not None:
                 acc.add_metric([measure], v)
         yield f1
         yield acc
+        if self._link is not None and (up := self._link()) is not None:
+            yield GaugeMetricFamily("fedhar_broker_link_up", "1 while the status page's session with the broker is up", value=int(up))
+        if self._since is not None and (since := self._since()) is not None:
+            yield GaugeMetricFamily("fedhar_seconds_since_last_round", "Seconds since the newest completed round was recorded",
+                                    value=since)  # fmt: skip
         if self._devices is not None:
             counts = self._devices()
             dev = GaugeMetricFamily("fedhar_devices", "Devices by state", labels=["state"])
@@ -162,13 +219,15 @@ class FederationCollector(Collector):
 
 
 def make_registry(
-    records: Callable[[], Sequence[RoundRecord]],
+    totals: Callable[[], RoundTotals | Sequence[RoundRecord]],
     devices: Callable[[], dict[str, int]] | None = None,
     malformed: Callable[[], dict[str, int]] | None = None,
+    broker_link: Callable[[], bool | None] | None = None,
+    since_last_round: Callable[[], float | None] | None = None,
 ) -> CollectorRegistry:
     """A new CollectorRegistry holding one :class:`FederationCollector` (arguments as there)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FederationCollector(records, devices, malformed))
+    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round))
     return reg
 
 

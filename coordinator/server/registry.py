@@ -105,6 +105,16 @@ class ParticipationRow:
     macro_f1: float | None
 
 
+@dataclass(frozen=True)
+class ParticipationSummary:
+    """A device's participation in short: ``rounds`` contributed to, its newest contribution's time
+    ``last_t`` (UNIX s) and its newest row ``last``."""
+
+    rounds: int
+    last_t: float
+    last: ParticipationRow
+
+
 def _check_name(name: str) -> str:
     """``name`` if it is a valid device name: a client id (:func:`~har_models.wire.topics.check_client_id`, the one rule).
 
@@ -326,12 +336,12 @@ class Registry:
         with self._guard(), self._db:
             self._db.execute("DELETE FROM versions WHERE version = ?", (int(version),))
 
-    def versions(self) -> list[VersionRow]:
-        """Every kept version, oldest first. Raises :class:`RegistryDamaged`."""
+    def versions(self, newest: int | None = None) -> list[VersionRow]:
+        """Every kept version, or only the ``newest`` ones, oldest first. Raises :class:`RegistryDamaged`."""
         with self._guard():
-            q = "SELECT version, round, created_unix, arch_version, path, figures FROM versions ORDER BY version"
-            rows = self._db.execute(q).fetchall()
-            return [VersionRow(int(v), int(r), float(c), int(a), Path(p), json.loads(f)) for v, r, c, a, p, f in rows]
+            q = "SELECT version, round, created_unix, arch_version, path, figures FROM versions ORDER BY version DESC"
+            rows = self._db.execute(q + " LIMIT ?", (-1 if newest is None else max(0, newest),)).fetchall()
+            return [VersionRow(int(v), int(r), float(c), int(a), Path(p), json.loads(f)) for v, r, c, a, p, f in reversed(rows)]
 
     # ----------------------------------------------------------------------------- participation
     def note_participation(self, round_: int, name: str, accuracy: float | None, macro_f1: float | None) -> None:
@@ -356,6 +366,19 @@ class Registry:
                 "INSERT OR REPLACE INTO participation (name, round, t, accuracy, macro_f1) VALUES (?, ?, ?, ?, ?)",
                 (name, int(round_), time.time(), acc, f1),
             )
+
+    def participation_summary(self) -> dict[str, ParticipationSummary]:
+        """Per device: how many rounds it contributed to, and its newest row. Raises :class:`RegistryDamaged`.
+
+        One grouped query, so the status page does not read every row of every round it renders.
+        """
+        q = ("SELECT p.name, c.n, c.t, p.round, p.t, p.accuracy, p.macro_f1 FROM participation p JOIN "
+             "(SELECT name, COUNT(*) AS n, MAX(round) AS r, MAX(t) AS t FROM participation GROUP BY name) c "
+             "ON p.name = c.name AND p.round = c.r")  # fmt: skip
+        with self._guard():
+            rows = self._db.execute(q).fetchall()
+        return {str(n): ParticipationSummary(int(k), float(t), ParticipationRow(str(n), int(r), float(rt), a, f))
+                for n, k, t, r, rt, a, f in rows}  # fmt: skip
 
     def participation(self, name: str | None = None) -> list[ParticipationRow]:
         """Participation rows (of ``name`` only, when given), by round then name. Raises :class:`RegistryDamaged`."""

@@ -30,6 +30,8 @@ internal error a 500 with the error's kind, never a traceback.
 
 from __future__ import annotations
 
+import bisect
+import copy
 import hmac
 import html
 import ipaddress
@@ -38,7 +40,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode
@@ -52,7 +54,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
-from coordinator.server.metrics import CONTENT_TYPE, make_registry, scrape
+from coordinator.server.metrics import CONTENT_TYPE, RoundTotals, make_registry, scrape
 from coordinator.server.monitor import Monitor, MonitorSnapshot
 from coordinator.server.settings import SERVE_ROUNDS
 from coordinator.state import RunState, StateDamaged
@@ -71,8 +73,8 @@ REFRESH_S = 10
 
 MAX_ROUNDS_PER_REQUEST = 10_000
 
-RECORDS_MAX_AGE_S = 5.0
-"""The round records are read again after a new round, and at least this often (s)."""
+VERSIONS_SHOWN = 50
+"""The page's versions table shows this many of the newest model versions."""
 
 
 class RegistryLike(Protocol):
@@ -80,9 +82,24 @@ class RegistryLike(Protocol):
 
     def devices(self) -> Sequence[Any]: ...  # rows with name, owner, enrolled_unix, revoked_unix, forgotten_unix, state
 
-    def versions(self) -> Sequence[Any]: ...  # rows with version, round, created_unix, arch_version, path, figures
+    # rows with version, round, created_unix, arch_version, path, figures
+    def versions(self, newest: int | None = None) -> Sequence[Any]: ...
 
-    def participation(self, name: str | None = None) -> Sequence[Any]: ...  # rows with round, name, accuracy, macro_f1
+    def participation_summary(self) -> Mapping[str, Any]: ...  # name -> rounds, last_t, last (round, accuracy, macro_f1)
+
+
+class _Took:
+    """A device's rounds in the round records: how many, and its newest ``(round, accuracy, macro-F1)``."""
+
+    __slots__ = ("last", "rounds")
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.last: tuple[int, float | None, float | None] | None = None
+
+    def add(self, round_: int, accuracy: float | None, macro_f1: float | None) -> None:
+        self.rounds += 1
+        self.last = (round_, accuracy, macro_f1)
 
 
 class BindRefused(ValueError):
@@ -211,6 +228,10 @@ class ServerView:
         for devices). ``serve`` provides it.
     wall : callable returning float
         Wall-clock time (s since the epoch).
+    stall_after_s : float, optional
+        :meth:`health` reports the federation stalled when no round completed for longer than
+        this (s) while the schedule has a next start (enough devices are eligible). ``serve``
+        sets it from its schedule; None: never.
     """
 
     name: str = "fedhar-home"
@@ -219,9 +240,17 @@ class ServerView:
     monitor: Monitor | None = None
     next_start: Callable[[], float | None] | None = None
     wall: Callable[[], float] = time.time
+    stall_after_s: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _cache: tuple[int, list[RoundRecord]] = field(default=(-2, []), repr=False)
-    _cache_t: float = field(default=0.0, repr=False)
+    _seen: tuple[int, int] | None = field(default=None, repr=False)
+    _last: int = field(default=-1, repr=False)
+    _last_t: float | None = field(default=None, repr=False)
+    _born: float = field(default_factory=time.time, repr=False)
+    _totals: RoundTotals = field(default_factory=RoundTotals, repr=False)
+    _took: dict[str, _Took] = field(default_factory=dict, repr=False)
+    _arch: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    _series: RoundSeries = field(default_factory=lambda: RoundSeries(), repr=False)
+    _charts: tuple[tuple[int, int] | None, list[str]] = field(default=(None, []), repr=False)
     bad_rows: int = 0
 
     # ------------------------------------------------------------------ sources
@@ -229,11 +258,52 @@ class ServerView:
         """The monitor's view now (an empty one without a monitor)."""
         return self.monitor.snapshot() if self.monitor is not None else MonitorSnapshot()
 
-    def records(self) -> list[RoundRecord]:
-        """The completed rounds, in order.
+    def _sync(self) -> tuple[int, int] | None:
+        """Bring the cached records, totals and per-device index up to the run's database; its version after.
 
-        From the run's database (re-read only when a round was added); a row that does not
-        read as a record is skipped and counted in :attr:`bad_rows`. Without a database, the
+        Only rounds newer than the cached ones are read while the database says nothing was
+        rewritten (:meth:`coordinator.state.RunState.rounds_version`); a rewrite (a round
+        recorded again, rounds forgotten after a crash) reads every round once more. A row
+        that does not read as a record is skipped and counted in :attr:`bad_rows`.
+
+        Raises
+        ------
+        coordinator.state.StateDamaged
+            If the run's database cannot be read.
+        """
+        assert self.run_state is not None
+        with self._lock:
+            version = self.run_state.rounds_version()
+            if version == self._seen:
+                return version
+            rewritten = self._seen is None or version[0] != self._seen[0] or version[1] < self._seen[1]
+            if rewritten:
+                self._last, self._totals, self._took, self._arch, self.bad_rows = -1, RoundTotals(), {}, [], 0
+                self._series = RoundSeries()
+            for row in self.run_state.rounds(after=self._last):
+                try:
+                    rec = RoundRecord.from_json(row)
+                except RecordError as exc:
+                    self.bad_rows += 1
+                    log.warning("status page: a round row is not a record and is left out: %s", exc)
+                    continue
+                self._last = rec.round
+                self._totals.add(rec)
+                self._series.add(rec)
+                for cid, m in rec.evaluation.personalisation_clients.items():
+                    self._took.setdefault(cid, _Took()).add(rec.round, m.accuracy, m.macro_f1)
+                if not self._arch or self._arch[-1][1] != rec.arch.version:
+                    self._arch.append((rec.round, rec.arch.version))
+            self._last_t = self.run_state.completed_unix(self._last) if self._last >= 0 else None
+            self._seen = version
+            return version
+
+    def records(self, since: int = 0, limit: int | None = None) -> list[RoundRecord]:
+        """The completed rounds from round ``since`` on, in order, at most ``limit`` of them.
+
+        Read from the run's database at each call (O(rounds asked for); the page and
+        ``/metrics`` use :meth:`totals` and :meth:`charts` instead). A row that does not read as
+        a record is left out (and counted in :attr:`bad_rows`). Without a database, the
         monitor's retained progress message gives the last round alone.
 
         Raises
@@ -246,35 +316,111 @@ class ServerView:
             if snap.progress is None:
                 return []
             try:
-                return [RoundRecord.from_json(snap.progress.record)]
+                rec = RoundRecord.from_json(snap.progress.record)
             except RecordError:
                 return []
+            return [rec] if rec.round >= since and (limit is None or limit > 0) else []
+        self._sync()
+        out = []
+        for row in self.run_state.rounds(after=since - 1, limit=limit):
+            try:
+                out.append(RoundRecord.from_json(row))
+            except RecordError:
+                continue  # counted and logged once by _sync
+        return out
+
+    def warm(self) -> None:
+        """Read and fold every round record now (what the first request would do), logging a damaged database.
+
+        ``start_status_page`` runs it in a thread, so after a restart of a server with a long
+        history the first page does not wait for the fold (about 0.3 ms a round).
+        """
+        if self.run_state is None:
+            return
+        try:
+            t0 = time.monotonic()
+            self._sync()
+            log.info("status page: %d rounds read in %.1f s", self._totals.rounds, time.monotonic() - t0)
+        except StateDamaged as exc:
+            log.error("status page: %s", exc)
+
+    def broker_link(self) -> bool | None:
+        """Whether the page's own session with the broker is up; None when it has none (no monitor link)."""
+        if self.monitor is None or self.monitor.link is None:
+            return None
+        return self.snapshot().connected
+
+    def seconds_since_last_round(self) -> float | None:
+        """Seconds since the newest completed round was recorded (None: no round yet, or no database)."""
+        if self.run_state is None:
+            return None
+        self._sync()
         with self._lock:
-            last = self.run_state.last_completed_round()
-            # Re-read when a round was added, and at least every RECORDS_MAX_AGE_S: a restart that forgot
-            # damaged rounds and ran them again leaves the same last round with other figures.
-            if last == self._cache[0] and time.monotonic() - self._cache_t < RECORDS_MAX_AGE_S:
-                return list(self._cache[1])
-            out, bad = [], 0
-            for row in self.run_state.rounds():
-                try:
-                    out.append(RoundRecord.from_json(row))
-                except RecordError as exc:
-                    bad += 1
-                    log.warning("status page: a round row is not a record and is left out: %s", exc)
-            self._cache, self._cache_t, self.bad_rows = (last, out), time.monotonic(), bad
-            return list(out)
+            return None if self._last_t is None else max(0.0, self.wall() - self._last_t)
+
+    def health(self) -> list[str]:
+        """Why the federation is not healthy now, in words; empty when it is.
+
+        Unhealthy: the broker link of the page is down (the coordinator's state cannot be known),
+        or, with :attr:`stall_after_s` set, no round completed for longer than that while the
+        schedule has a next start (enough devices are eligible).
+        """
+        out = []
+        if self.broker_link() is False:
+            out.append("the broker cannot be reached: no device, round or coordinator state can be seen")
+        if self.stall_after_s is not None and self.next_start is not None and self.next_start() is not None:
+            since = self.seconds_since_last_round()
+            waited = since if since is not None else max(0.0, self.wall() - self._born)
+            if waited > self.stall_after_s:
+                out.append(f"no round completed for {waited / 60:.0f} min (more than {self.stall_after_s / 60:.0f} min) "
+                           "while enough devices are eligible")  # fmt: skip
+        return out
+
+    def totals(self) -> RoundTotals:
+        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call)."""
+        if self.run_state is None:
+            return RoundTotals.of(self.records())
+        self._sync()
+        with self._lock:
+            return copy.deepcopy(self._totals)
+
+    def charts(self) -> list[str]:
+        """The page's round charts (:func:`round_charts`), drawn again only when a round was added or rewritten."""
+        if self.run_state is None:
+            return round_charts(self.records())
+        version = self._sync()
+        with self._lock:
+            if self._charts[0] != version:
+                self._charts = (version, self._series.draw())
+            return list(self._charts[1])
 
     def _registry_devices(self) -> list[Any]:
         return list(self.registry.devices()) if self.registry is not None else []
 
-    def _participation(self) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
-        if self.registry is None:
+    def _participation(self) -> Mapping[str, Any]:
+        return self.registry.participation_summary() if self.registry is not None else {}
+
+    def _arch_at(self, round_: int) -> int | None:
+        """The architecture version of completed round ``round_``'s model (None: not recorded)."""
+        if self.run_state is None:
+            return next((r.arch.version for r in self.records() if r.round == round_), None)
+        self._sync()
+        with self._lock:
+            if round_ > self._last:
+                return None
+            i = bisect.bisect_right(self._arch, (round_, math.inf)) - 1
+            return self._arch[i][1] if i >= 0 else None
+
+    def _took_from_records(self) -> dict[str, _Took]:
+        if self.run_state is None:
+            out: dict[str, _Took] = {}
+            for r in self.records():
+                for cid, m in r.evaluation.personalisation_clients.items():
+                    out.setdefault(cid, _Took()).add(r.round, m.accuracy, m.macro_f1)
             return out
-        for row in self.registry.participation(None):
-            out.setdefault(str(row.name), []).append(row)
-        return out
+        self._sync()
+        with self._lock:
+            return dict(self._took)
 
     # ------------------------------------------------------------------ what the page shows
     def devices(self) -> list[dict[str, Any]]:
@@ -294,15 +440,10 @@ class ServerView:
         device's status reports; ``arch_version`` falls back to the architecture of the device's
         latest round in the records for a device that does not report it.
         """
-        recs = self.records()
         snap = self.snapshot()
         rows = {str(r.name): r for r in self._registry_devices()}
         part = self._participation()
-        took: dict[str, list[tuple[int, float | None, float | None]]] = {}
-        arch_of = {r.round: r.arch.version for r in recs}
-        for r in recs:
-            for cid, m in r.evaluation.personalisation_clients.items():
-                took.setdefault(cid, []).append((r.round, m.accuracy, m.macro_f1))
+        took = self._took_from_records()
         names = sorted(set(rows) | set(snap.devices) | set(took))
         out = []
         for name in names:
@@ -310,11 +451,16 @@ class ServerView:
             state = str(row.state) if row is not None else "unenrolled"
             gone = state == "forgotten"
             seen = None if gone else snap.devices.get(name)
+            own = took.get(name) if not gone else None
+            last: tuple[int, float | None, float | None] | None
             if name in part:
-                history = sorted((int(p.round), p.accuracy, p.macro_f1) for p in part[name])
+                p = part[name]
+                n_rounds, last = p.rounds, (int(p.last.round), p.last.accuracy, p.last.macro_f1)
+                last_contribution: float | None = p.last_t
             else:
-                history = [] if gone else took.get(name, [])
-            last = history[-1] if history else None
+                n_rounds = own.rounds if own is not None else 0
+                last = own.last if own is not None else None
+                last_contribution = None
             st = seen.status if seen is not None else None
             out.append(_clean({
                 "name": name,
@@ -324,13 +470,13 @@ class ServerView:
                 "status": st.state if st is not None else None,
                 "last_seen_unix": seen.last_seen_unix if seen is not None else None,
                 "refresh_s": (st.refresh_s or None) if st is not None else None,
-                "last_contribution_unix": max((float(p.t) for p in part.get(name, [])), default=None),
-                "rounds": len(history),
+                "last_contribution_unix": last_contribution,
+                "rounds": n_rounds,
                 "last_round": last[0] if last else (st.last_round if st is not None and st.last_round >= 0 else None),
                 "last_accuracy": last[1] if last else None,
                 "last_macro_f1": last[2] if last else None,
                 "arch_version": (st.arch_version if st is not None and st.arch_version is not None
-                                 else arch_of.get(last[0]) if last else None),
+                                 else self._arch_at(last[0]) if last else None),
                 "backend": (st.backend or None) if st is not None else None,
                 "program_fault": (st.program_fault or None) if st is not None else None,
                 "n_train": st.n_train if st is not None else None,
@@ -362,9 +508,9 @@ class ServerView:
         now = self.wall()
         ann = snap.announcement
         last = snap.progress.round if snap.progress is not None else None
-        recs = self.records() if self.run_state is not None else []
-        if recs:
-            last = recs[-1].round if last is None else max(last, recs[-1].round)
+        done = self.totals().last_round if self.run_state is not None else -1
+        if done >= 0:
+            last = done if last is None else max(last, done)
         open_ = ann is not None and ann.state == "training" and (last is None or ann.round > last)
         out: dict[str, Any] = {
             "coordinator": {"online": snap.coordinator_online, "state": snap.coordinator.state if snap.coordinator else None,
@@ -385,12 +531,13 @@ class ServerView:
         }  # fmt: skip
         return _clean(out)
 
-    def versions(self) -> list[dict[str, Any]]:
-        """Model versions, newest first: ``version``, ``round``, ``created_unix``, ``arch_version``, ``path``, ``figures``."""
+    def versions(self, newest: int | None = None) -> list[dict[str, Any]]:
+        """Model versions (all, or the ``newest`` ones), newest first: ``version``, ``round``, ``created_unix``,
+        ``arch_version``, ``path``, ``figures``."""
         if self.registry is None:
             return []
         rows = [_clean({"version": v.version, "round": v.round, "created_unix": v.created_unix, "arch_version": v.arch_version,
-                        "path": str(v.path), "figures": dict(v.figures or {})}) for v in self.registry.versions()]  # fmt: skip
+                        "path": str(v.path), "figures": dict(v.figures or {})}) for v in self.registry.versions(newest)]  # fmt: skip
         return sorted(rows, key=lambda r: -int(r["version"]))
 
     def malformed_counts(self) -> dict[str, int]:
@@ -403,7 +550,7 @@ def _when(t: float | None, now: float) -> str:
     if t is None:
         return "—"
     age = now - t
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    stamp = time.strftime(_STAMP, time.localtime(t))
     if abs(age) < 120:
         rel = f"{age:.0f} s ago" if age >= 0 else f"in {-age:.0f} s"
     elif abs(age) < 7200:
@@ -411,6 +558,19 @@ def _when(t: float | None, now: float) -> str:
     else:
         rel = f"{age / 3600:.1f} h ago" if age >= 0 else f"in {-age / 3600:.1f} h"
     return f'<span title="{stamp}">{rel}</span>'
+
+
+def _plural(n: int, noun: str) -> str:
+    """``noun`` for one, ``noun + "s"`` for any other count."""
+    return noun if n == 1 else noun + "s"
+
+
+_STAMP = "%Y-%m-%d %H:%M:%S %Z"
+"""How the page writes a time: the server's local time with its zone."""
+
+def _figure_label(key: str) -> str:
+    """A version figure's key in words: ``personalization_macro_f1`` -> ``personalisation macro-F1``."""
+    return key.replace("personalization", "personalisation").replace("macro_f1", "macro-F1").replace("_", " ")
 
 
 def _pct(v: float | None) -> str:
@@ -460,32 +620,60 @@ def _sensing(s: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+class RoundSeries:
+    """The page's per-round chart series, folded one round record at a time into bounded sketches.
+
+    Each line is a :class:`coordinator.server.charts.Sketch` of at most
+    :data:`coordinator.server.charts.MAX_POINTS` buckets, so drawing the charts costs the same
+    at round 100 as at round 100,000, and adding a round is O(1).
+    """
+
+    LINES = ("acc.global", "acc.personalisation", "f1.global", "f1.personalisation", "up", "down", "seconds", "F", "H")
+
+    def __init__(self) -> None:
+        self.lines = {k: charts.Sketch() for k in self.LINES}
+        self.feddwa: RoundRecord | None = None
+
+    def add(self, r: RoundRecord) -> None:
+        """Fold the newest completed round ``r``."""
+        for measure in ("global", "personalisation"):
+            m = r.measure(measure)
+            self.lines[f"acc.{measure}"].add(r.round, m.accuracy if m is not None else None)
+            self.lines[f"f1.{measure}"].add(r.round, m.macro_f1 if m is not None else None)
+        self.lines["up"].add(r.round, r.traffic.bytes_up / 1e6 if r.traffic else None)
+        self.lines["down"].add(r.round, r.traffic.bytes_down / 1e6 if r.traffic else None)
+        self.lines["seconds"].add(r.round, r.seconds)
+        self.lines["F"].add(r.round, r.arch.conv_filters)
+        self.lines["H"].add(r.round, r.arch.dense_units)
+        if r.feddwa_weights is not None:
+            self.feddwa = r
+
+    def draw(self) -> list[str]:
+        """The charts (SVG text): accuracy, macro-F1, bytes, duration, widths, and FedDWA's p_ij of the latest round that has them."""
+        def S(name: str, key: str) -> charts.BucketSeries:  # noqa: N802
+            return charts.BucketSeries(name, self.lines[key].buckets())
+
+        out = [
+            charts.line_chart([S("global", "acc.global"), S("personalisation", "acc.personalisation")],
+                              title="Accuracy", x_label="round", y_label="accuracy", y_range=(0, 1), y_format="%"),
+            charts.line_chart([S("global", "f1.global"), S("personalisation", "f1.personalisation")],
+                              title="Macro-F1", x_label="round", y_label="macro-F1", y_range=(0, 1), y_format="%"),
+            charts.line_chart([S("up", "up"), S("down", "down")], title="Traffic per round", x_label="round", y_label="MB"),
+            charts.line_chart([S("duration", "seconds")], title="Round duration", x_label="round", y_label="seconds"),
+            charts.line_chart([S("conv filters F", "F"), S("dense units H", "H")],
+                              title="Architecture widths", x_label="round", y_label="units"),
+        ]  # fmt: skip
+        if self.feddwa is not None and (w := self.feddwa.feddwa_weights) is not None:
+            out.append(charts.heat_map(w.p, w.clients, title=f"FedDWA weights p_ij, round {self.feddwa.round}"))
+        return out
+
+
 def round_charts(recs: Sequence[RoundRecord]) -> list[str]:
-    """The page's per-round charts (SVG text): accuracy, macro-F1, bytes, duration, widths, and FedDWA's p_ij."""
-    S = charts.Series
-
-    def measure(name: str, key: str) -> list[tuple[float, float | None]]:
-        return [(r.round, getattr(m, key) if (m := r.measure(name)) is not None else None) for r in recs]
-
-    out = [
-        charts.line_chart([S("global", measure("global", "accuracy")), S("personalisation", measure("personalisation", "accuracy"))],
-                          title="Accuracy", x_label="round", y_label="accuracy", y_range=(0, 1), y_format="%"),
-        charts.line_chart([S("global", measure("global", "macro_f1")), S("personalisation", measure("personalisation", "macro_f1"))],
-                          title="Macro-F1", x_label="round", y_label="macro-F1", y_range=(0, 1), y_format="%"),
-        charts.line_chart([S("up", [(r.round, r.traffic.bytes_up / 1e6 if r.traffic else None) for r in recs]),
-                           S("down", [(r.round, r.traffic.bytes_down / 1e6 if r.traffic else None) for r in recs])],
-                          title="Traffic per round", x_label="round", y_label="MB"),
-        charts.line_chart([S("duration", [(r.round, r.seconds) for r in recs])], title="Round duration", x_label="round",
-                          y_label="seconds"),
-        charts.line_chart([S("conv filters F", [(r.round, r.arch.conv_filters) for r in recs]),
-                           S("dense units H", [(r.round, r.arch.dense_units) for r in recs])],
-                          title="Architecture widths", x_label="round", y_label="units"),
-    ]  # fmt: skip
-    latest = next((r for r in reversed(recs) if r.feddwa_weights is not None), None)
-    if latest is not None and latest.feddwa_weights is not None:
-        w = latest.feddwa_weights
-        out.append(charts.heat_map(w.p, w.clients, title=f"FedDWA weights p_ij, round {latest.round}"))
-    return out
+    """The page's per-round charts (SVG text) of ``recs`` (:meth:`RoundSeries.draw`)."""
+    series = RoundSeries()
+    for r in recs:
+        series.add(r)
+    return series.draw()
 
 
 _STYLE = """
@@ -503,9 +691,16 @@ def render_page(view: ServerView, query: str = "") -> str:
     now = view.wall()
     devs = view.devices()
     cur = view.current_round()
-    recs = view.records()
-    versions = view.versions()
+    n_rounds = view.totals().rounds
+    versions = view.versions(VERSIONS_SHOWN)
     coord = cur["coordinator"]
+    link = view.broker_link()
+    link_word, link_cls = {True: ("up", "online"), False: ("down", "offline"), None: ("not watched", "muted")}[link]
+    if link is False:
+        coord_word, coord_cls = "unknown (the broker cannot be reached)", "muted"
+    else:
+        coord_word, coord_cls = ("online", "online") if coord["online"] else ("offline", "offline")
+    problems = view.health()
     n_online = sum(1 for d in devs if d["online"])
     n_enrolled = sum(1 for d in devs if d["state"] == "enrolled")
     h: list[str] = [
@@ -514,10 +709,12 @@ def render_page(view: ServerView, query: str = "") -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">',
         f"<title>{_e(view.name)} · fedhar</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_e(view.name)}</h1>",
-        f'<p id="summary">coordinator <span id="coordinator-state" class="{"online" if coord["online"] else "offline"}">'
-        f'{"online" if coord["online"] else "offline"}</span> · <span id="device-count">{len(devs)}</span> devices '
+        f'<p id="summary">broker link <span id="broker-link" class="{link_cls}">{link_word}</span> · '
+        f'coordinator <span id="coordinator-state" class="{coord_cls}">{coord_word}</span> · '
+        f'<span id="device-count">{len(devs)}</span> {_plural(len(devs), "device")} '
         f'(<span id="enrolled-count">{n_enrolled}</span> enrolled, <span id="online-count">{n_online}</span> online) · '
-        f'<span id="rounds-completed">{len(recs)}</span> rounds completed</p>',
+        f'<span id="rounds-completed">{n_rounds}</span> {_plural(n_rounds, "round")} completed</p>',
+        *(f'<p id="health" class="rate-warn">{_e(p)}</p>' for p in problems),
         "<h2>Devices</h2>",
         '<table id="devices"><tr><th>device</th><th>owner</th><th>presence</th><th>last seen</th><th>rounds</th>'
         "<th>last local accuracy</th><th>backend</th><th>arch</th><th>sensing</th><th>windows (train/test)</th></tr>",
@@ -554,17 +751,17 @@ def render_page(view: ServerView, query: str = "") -> str:
              f'<span id="next-start">{_when(cur["next_start_unix"], now) if cur["next_start_unix"] else "when enough devices are eligible"}'
              f"</span></p>")  # fmt: skip
     h.append("<h2>Rounds</h2>")
-    h.append('<div class="charts">' + "\n".join(round_charts(recs)) + "</div>")
+    h.append('<div class="charts">' + "\n".join(view.charts()) + "</div>")
     h.append("<h2>Model versions</h2>")
     h.append('<table id="versions"><tr><th>version</th><th>round</th><th>created</th><th>arch</th><th>figures</th></tr>')
-    for v in versions[:50]:
-        figs = ", ".join(f"{_e(k)} {_figure(k, x)}" for k, x in sorted(v["figures"].items()))
+    for v in versions:
+        figs = ", ".join(f"{_e(_figure_label(k))} {_figure(k, x)}" for k, x in sorted(v["figures"].items()))
         h.append(f"<tr><td>{v['version']}</td><td>{_e(v['round'])}</td><td>{_when(v['created_unix'], now)}</td>"
                  f"<td>v{_e(v['arch_version'])}</td><td>{figs or '—'}</td></tr>")  # fmt: skip
     if not versions:
         h.append('<tr><td colspan="5" class="muted">no model version yet</td></tr>')
     h.append("</table>")
-    h.append(f'<p class="muted">updated {time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))}; '
+    h.append(f'<p class="muted">updated {time.strftime(_STAMP, time.localtime(now))}; '
              "JSON: " + " · ".join(f'<a href="{path}{html.escape(query)}">{label}</a>' for path, label in
                                    (("api/devices", "devices"), ("api/round", "round"), ("api/rounds", "rounds"),
                                     ("api/versions", "versions"), ("metrics", "metrics"))) + "</p>")  # fmt: skip
@@ -600,7 +797,7 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
     Starlette
         Serve it with uvicorn (:class:`WebServer` does that in a thread).
     """
-    registry = make_registry(view.records, view.device_counts, view.malformed_counts)
+    registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round)
 
     def page(request: Request) -> Response:
         # A browser that came with ?token= keeps it on the page's links (the meta refresh keeps the URL as it is).
@@ -613,7 +810,7 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
     def api_rounds(request: Request) -> Response:
         since = _int_param(request, "since", 0, 0, 10**9)
         limit = _int_param(request, "limit", MAX_ROUNDS_PER_REQUEST, 1, MAX_ROUNDS_PER_REQUEST)
-        rows = [_clean(r.to_json()) for r in view.records() if r.round >= since][:limit]
+        rows = [_clean(r.to_json()) for r in view.records(since, limit)]
         return JSONResponse(rows)
 
     def api_round(request: Request) -> Response:
@@ -626,6 +823,9 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
         return Response(scrape(registry), media_type=CONTENT_TYPE)
 
     def healthz(request: Request) -> Response:
+        problems = view.health()
+        if problems:
+            return JSONResponse({"status": "unhealthy", "name": view.name, "reasons": problems}, status_code=503)
         return JSONResponse({"status": "ok", "name": view.name})
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -728,6 +928,7 @@ def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 876
     """
     server = WebServer(make_app(view, token=token), host=host, port=port, token=token)
     server.start()
+    threading.Thread(target=view.warm, name="status-page-warm", daemon=True).start()
     return server
 
 
