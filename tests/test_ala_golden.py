@@ -2,8 +2,10 @@
 
 The golden file (``tests/fixtures/ala_golden.npz``) was written by ``python tests/ala_golden.py`` on the code of
 b88bc3e; the speed-ups (features computed in larger batches, the test split's features shared by the received and
-the initial model's evaluation, fewer copies) must not change a number. Here they are equal bit for bit; the
-tolerance (float32 rounding) only leaves room for another CPU's BLAS.
+the initial model's evaluation, fewer copies) must not change a number. On the CPU that wrote the file they are
+equal bit for bit; the tolerance leaves room for another CPU's BLAS, whose other summation order changes the last
+float32 bits of a product and lets that grow over six ALA passes and a local epoch: on an AMD EPYC the trained
+output weights differed by up to 6.3e-7 (2.5e-6 relative), so the bounds are 2e-5 relative and 2e-6 absolute.
 """
 
 from __future__ import annotations
@@ -36,4 +38,4 @@ def test_ala_and_its_rounds_give_the_golden_numbers(now: dict[str, np.ndarray]) 
             if want.dtype.kind in "iu":
                 assert np.array_equal(now[name], want), name  # confusion counts: exactly
             else:
-                np.testing.assert_allclose(now[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+                np.testing.assert_allclose(now[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
