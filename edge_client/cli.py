@@ -26,6 +26,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
 from har_io.exit_codes import Exit
+from har_io.install_hints import torch_hint
 from har_io.mqtt_link import BrokerRefused
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(
             f"fedhar-client: the Python module {exc.name!r} is not installed in {sys.prefix}, and this run needs it "
-            f"({exc}). Install it (torch: pip install torch --index-url https://download.pytorch.org/whl/cpu) or pick "
+            f"({exc}). Install it (torch: {torch_hint()}) or pick "
             f"a backend that is installed, e.g. --backend numpy",
             file=sys.stderr,
         )

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from har_io.broker_config import BrokerConfig
+from har_io.install_hints import update_hint
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import FEDERATION_RE, check_client_id
 
@@ -424,7 +425,7 @@ def _unknown_version(version: object) -> EnrolmentRefused:
     return EnrolmentRefused(
         "unknown_version",
         f"bundle version {version!r} is not one this fedhar reads (version {reads}): update the app or fedhar "
-        f"(pip install -U fedhar), or have the coordinator write a version-{READABLE_VERSIONS[-1]} bundle",
+        f"({update_hint()}), or have the coordinator write a version-{READABLE_VERSIONS[-1]} bundle",
     )
 
 

@@ -41,6 +41,7 @@ from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
 from har_io.enrolment import EnrolmentRefused
 from har_io.exit_codes import Exit
+from har_io.install_hints import install_hint
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.app")
@@ -510,8 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         if (exc.name or "").partition(".")[0] != "kivy":
             raise
         print(
-            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: pip install 'fedhar[app]' "
-            f"(from a checkout: pip install '.[app]')",
+            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}",
             file=sys.stderr,
         )
         return Exit.MISSING_MODULE

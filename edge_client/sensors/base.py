@@ -31,6 +31,14 @@ SENSORS = ("acc", "gyro")
 """Sensor names a source may deliver."""
 
 
+class SensorUnavailable(RuntimeError):
+    """A sensor that cannot be used here, for a reason one sentence says (no bus device, no driver, refused).
+
+    Raised by :meth:`SensorSource.open` or from a source's thread; the thread keeps it in
+    :attr:`SensorSource.error` without a traceback in the log, since the sentence is the whole story.
+    """
+
+
 class SensorSource(ABC):
     """A source of timestamped accelerometer and gyroscope samples.
 
@@ -60,6 +68,19 @@ class SensorSource(ABC):
         (sensor, t_ns (n,) int64, xyz (n, 3) float64)
         """
 
+    def open(self) -> None:
+        """Acquire the sensor now, so that a missing device is a :class:`SensorUnavailable` here and not in the thread.
+
+        The default does nothing; a source whose device can be missing (an I2C bus) overrides it.
+        :meth:`start` works without it.
+
+        Raises
+        ------
+        SensorUnavailable
+            With the reason and the fix in one sentence.
+        """
+        return None
+
     def start(self, on_chunk: Callable[[SensorChunk], object], on_end: Callable[[], object] | None = None) -> None:
         """Deliver chunks to ``on_chunk`` from a background thread until :meth:`stop`.
 
@@ -84,6 +105,9 @@ class SensorSource(ABC):
             try:
                 for chunk in self.chunks(self._stop):
                     on_chunk(chunk)
+            except SensorUnavailable as exc:  # its sentence says it all; the holder of the source reports it
+                self.error = exc
+                log.debug("%s: sensor unavailable: %s", self.name, exc)
             except Exception as exc:  # reported, not raised into a dead thread
                 self.error = exc
                 log.exception("%s: sensor thread failed", self.name)

@@ -44,8 +44,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_client.sensors.base import SensorSource
+from edge_client.sensors.base import SensorSource, SensorUnavailable
 from edge_client.sensors.replay import SensorChunk
+from har_io.install_hints import install_hint
 
 log = logging.getLogger("fedhar.client.sensors.mpu6050")
 
@@ -450,17 +451,26 @@ def open_bus(bus_number: int = 1) -> Any:
 
     Raises
     ------
-    RuntimeError
-        If smbus2 is not installed (``pip install 'fedhar[pi]'``).
-    OSError
-        If the bus device does not exist (enable I2C: ``raspi-config nonint do_i2c 0``) or
-        is not readable (add the user to group ``i2c``).
+    SensorUnavailable
+        If smbus2 is not installed (the ``[pi]`` extra), if the bus device does not exist
+        (enable I2C: ``raspi-config nonint do_i2c 0``, then reboot) or is not readable (add the
+        user to group ``i2c``); one sentence each, with the fix.
     """
     try:
         from smbus2 import SMBus
     except ImportError as exc:
-        raise RuntimeError("the MPU-6050 source needs smbus2: pip install 'fedhar[pi]'") from exc
-    return SMBus(bus_number)
+        raise SensorUnavailable(f"the MPU-6050 source needs smbus2, which is not installed: {install_hint('pi')}") from exc
+    path = f"/dev/i2c-{bus_number}"
+    try:
+        return SMBus(bus_number)
+    except FileNotFoundError as exc:
+        raise SensorUnavailable(f"{path} does not exist: enable I2C (sudo raspi-config nonint do_i2c 0) and reboot, "
+                                f"or choose another bus with --sensor mpu6050:BUS") from exc  # fmt: skip
+    except PermissionError as exc:
+        raise SensorUnavailable(f"{path} is not readable by this user: add it to group i2c (sudo usermod -aG i2c $USER), "
+                                f"then log in again") from exc  # fmt: skip
+    except OSError as exc:
+        raise SensorUnavailable(f"{path} cannot be opened: {exc.strerror or exc}") from exc
 
 
 class Mpu6050Source(SensorSource):
@@ -500,9 +510,22 @@ class Mpu6050Source(SensorSource):
         self.clock_ns = clock_ns
         self.driver: Mpu6050 | None = None
 
+    def open(self) -> None:
+        """Open the I2C bus now (:func:`open_bus`); :meth:`chunks` opens it itself if this was not called.
+
+        Raises
+        ------
+        SensorUnavailable
+            If the bus cannot be opened (see :func:`open_bus`).
+        """
+        if self._bus is None:
+            self._bus = open_bus(self.bus_number)
+
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
         """Configure the chip (retrying on I/O errors), then yield its samples every ``poll_s``."""
-        bus = self._bus if self._bus is not None else open_bus(self.bus_number)
+        self.open()
+        bus = self._bus
+        assert bus is not None  # open() set it or raised
 
         def wait(seconds: float) -> None:
             stop_event.wait(seconds)
