@@ -404,7 +404,8 @@ class EnrolmentBundle:
                 f"the bundle names the broker's CA by its SHA-256 {self.tls_ca_sha256} only and this device has no CA file: "
                 f"import the bundle's .json file (it holds the CA) or give the CA certificate file",
             )
-        return BrokerConfig(host=self.host, port=self.port, username=self.username, password=self.password, tls_ca=tls_ca, **options)
+        return BrokerConfig(host=self.host, port=self.port, username=self.username, password=self.password, tls_ca=tls_ca,
+                            enrolled=True, **options)  # fmt: skip
 
 
 _FIELDS: dict[str, tuple[type, ...]] = {
