@@ -93,7 +93,7 @@ class LiveView:
     confidence: float = 0.0
     windows: int = 0
     t_start_ns: int = 0
-    note: str = "waiting for the first window (2.56 s)"
+    note: str = "waiting for the first 3 seconds of movement"
 
 
 @dataclass
