@@ -259,6 +259,7 @@ class DeviceController:
         self._wake_event = threading.Event()
         self._n_train = len(self.store.windows("train"))
         self._last_update: tuple[float, int | None, float | None] | None = None  # (mtime, round, accuracy)
+        self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
         self._supervisor = threading.Thread(target=self._supervise, name="federation-supervisor", daemon=True)
         self._supervisor.start()
         self._refresh_federation()
@@ -566,6 +567,8 @@ class DeviceController:
             else:
                 v.state = "training" if agent._state == "training" else "connected"
             v.error = self._error if v.take_part else ""
+            if self.store.fault:  # whatever else holds: nothing can be kept, and the server is told (the agent's status)
+                v.state, v.error = "cannot take part: storage failed", self.store.fault
             if agent is not None and agent.announcement is not None:
                 v.round = int(agent.announcement.round)
             last_round, v.last_accuracy = self._last_update_info()
