@@ -259,6 +259,7 @@ class DeviceController:
         self._wake_event = threading.Event()
         self._n_train = len(self.store.windows("train"))
         self._last_update: tuple[float, int | None, float | None] | None = None  # (mtime, round, accuracy)
+        self._sensor_fault = ""
         self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
         self._supervisor = threading.Thread(target=self._supervise, name="federation-supervisor", daemon=True)
         self._supervisor.start()
@@ -520,6 +521,7 @@ class DeviceController:
         if self.freshness is not None:
             agent.sensing = self.freshness.state
         agent.sensing_health = self.health.snapshot
+        agent.fault = self.source.fault  # a refused or stopped sensor, in the status (the store's own fault is added there)
         agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
         if self._failures:
@@ -567,6 +569,9 @@ class DeviceController:
             else:
                 v.state = "training" if agent._state == "training" else "connected"
             v.error = self._error if v.take_part else ""
+            sensor_fault = self.source.fault()
+            if sensor_fault and not v.error:  # a refused or stopped sensor: on this screen, the Live one, and in the status
+                v.error = sensor_fault
             if self.store.fault:  # whatever else holds: nothing can be kept, and the server is told (the agent's status)
                 v.state, v.error = "cannot take part: storage failed", self.store.fault
             if agent is not None and agent.announcement is not None:
@@ -576,6 +581,10 @@ class DeviceController:
                 v.round = last_round
             view = replace(v)
         self._on_federation(view)
+        if sensor_fault != self._sensor_fault:
+            self._sensor_fault = sensor_fault
+            self.live = replace(self.live, activity=None, confidence=0.0, note=sensor_fault) if sensor_fault else replace(self.live)
+            self._on_live(self.live)
 
     def _last_update_info(self) -> tuple[int | None, float | None]:
         """Round and local accuracy of the last update sent (re-read only when its file changes)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.sensors.base import SensorSource
+from edge_client.sensors.base import SENSOR_WORDS, SensorSource, SensorUnavailable
 from edge_client.sensors.replay import SensorChunk
 
 log = logging.getLogger("fedhar.client.sensors.android")
@@ -102,6 +102,9 @@ class AndroidSensorSource(SensorSource):
     RuntimeError
         From :meth:`chunks` when not running on Android (no ``jnius``) or when the device
         lacks one of the two sensors.
+    SensorUnavailable
+        From :meth:`chunks` when Android refuses to register a listener (``registerListener``
+        returns false); kept in :attr:`error` and said by :meth:`fault`.
     """
 
     def __init__(self, sampling_period_us: int = SAMPLING_PERIOD_US, max_report_latency_us: int = 0, drain_s: float = 0.25):
@@ -154,8 +157,15 @@ class AndroidSensorSource(SensorSource):
         if any(s is None for s in sensors):
             raise RuntimeError("this device lacks an accelerometer or a gyroscope; fedhar needs both")
         listener = _make_listener(self._append)  # kept referenced until unregistered
-        for s in sensors:
-            manager.registerListener(listener, s, self.sampling_period_us, self.max_report_latency_us)
+        for name, s in zip(("acc", "gyro"), sensors, strict=True):
+            # registerListener answers false when the platform refuses (a rate it does not allow, a sensor it
+            # withholds): a refused sensor is an error on the screen and in the status, never a silent stream.
+            if not manager.registerListener(listener, s, self.sampling_period_us, self.max_report_latency_us):
+                manager.unregisterListener(listener)
+                raise SensorUnavailable(
+                    f"Android refused to register the {SENSOR_WORDS[name]} listener at {self.sampling_period_us} µs "
+                    f"(registerListener returned false); check the app's sensor permissions, then restart sensing"
+                )
         log.info("android sensors registered at %d µs (latency %d µs)", self.sampling_period_us, self.max_report_latency_us)
         try:
             while not stop_event.wait(self.drain_s):
