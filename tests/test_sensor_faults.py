@@ -8,12 +8,11 @@ cases use a source whose chunks the test hands over, on a host clock the test se
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 
+import android_standin
 import numpy as np
 import pytest
 
@@ -108,42 +107,10 @@ def test_a_source_that_never_delivers_is_a_fault_and_all_silent_after_delivering
         src.stop()
 
 
-class _Manager:
-    def __init__(self, refuse: int):
-        self.refuse, self.unregistered = refuse, 0
-        self.registered: list[tuple[int, int, int]] = []
-
-    def getDefaultSensor(self, typ: int):  # noqa: N802 (Android's name)
-        return types.SimpleNamespace(type=typ)
-
-    def registerListener(self, listener, sensor, period_us: int, latency_us: int) -> bool:  # noqa: N802
-        self.registered.append((sensor.type, period_us, latency_us))
-        return sensor.type != self.refuse
-
-    def unregisterListener(self, listener) -> None:  # noqa: N802
-        self.unregistered += 1
-
-
 @pytest.fixture
 def android(monkeypatch):
-    """pyjnius as the Android source reaches the platform: autoclass(...) for the service, Context, Sensor; the listener's base."""
-
-    def install(refuse: int) -> _Manager:
-        manager = _Manager(refuse)
-        context = types.SimpleNamespace(getSystemService=lambda name: manager)
-        classes = {
-            "org.kivy.android.PythonService": types.SimpleNamespace(mService=context),
-            "android.content.Context": types.SimpleNamespace(SENSOR_SERVICE="sensor"),
-            "android.hardware.Sensor": types.SimpleNamespace(TYPE_ACCELEROMETER=1, TYPE_GYROSCOPE=4),
-        }
-        jnius = types.ModuleType("jnius")
-        jnius.autoclass = classes.__getitem__  # type: ignore[attr-defined]
-        jnius.PythonJavaClass = object  # type: ignore[attr-defined]
-        jnius.java_method = lambda signature: (lambda fn: fn)  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "jnius", jnius)
-        return manager
-
-    return install
+    """pyjnius as the Android source reaches the platform (tests/android_standin.py), refusing the sensor type given."""
+    return lambda refuse: android_standin.install(monkeypatch, refuse=refuse)
 
 
 @pytest.mark.parametrize(("refuse", "words"), [(4, "gyroscope"), (1, "accelerometer")])
