@@ -30,6 +30,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from har_io.install_hints import install_hint
 from har_io.mqtt_link import MqttLink
 from har_models.nn.arch import ArchSpec
 from har_models.wire.programs import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
@@ -111,7 +112,7 @@ class ProgramDesk:
                                                       f"federation is at version {spec.version}")  # fmt: skip
             if importlib.util.find_spec("executorch") is None:
                 raise ProgramError("programs_unavailable", "executorch is not installed on the coordinator: "
-                                                           "pip install 'fedhar[executorch]' there")  # fmt: skip
+                                                           f"{install_hint('executorch')} there")  # fmt: skip
         except ProgramError as exc:
             self._reject(cid, exc.reason, str(exc))
             return

@@ -371,8 +371,7 @@ class Coordinator:
         return sorted(
             cid
             for cid, st in self.clients.items()
-            if st.state != "offline"
-            and st.n_train > 0
+            if st.selectable  # present, with training windows, no device fault (its storage or sensor)
             and (not self.label_set or st.label_set == self.label_set)
             and self.presence.fresh(cid)
             and (self._refused is None or not self._refused(cid))

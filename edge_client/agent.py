@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import sqlite3
 import threading
 import time
 import uuid
@@ -52,6 +53,7 @@ from har_models.data.windowing import ChannelStats
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer
 from har_models.wire.messages import (
+    MAX_FAULT_CHARS,
     ClientStatus,
     CoordinatorStatus,
     MessageError,
@@ -174,6 +176,9 @@ class EdgeAgent:
         self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
         self.charging: Callable[[], bool | None] = lambda: None  # on the charger (edge_client.power); None: not reported
         self.sensing_health: Callable[[], SensingHealth | None] = lambda: None  # a SensingHealthMeter's snapshot; None: no pipeline here
+        self.fault: Callable[[], str] = lambda: ""  # the holder's device fault in words (a refused sensor); the store's is added
+        # A storage fault (or its end) is in the status at once: the coordinator stops selecting this device.
+        store.fault_listeners.append(lambda _fault: self._set_state(self._state))
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
@@ -236,7 +241,10 @@ class EdgeAgent:
         return self._link.status()
 
     def _status_bytes(self) -> bytes:
-        last = self.store.get_meta("last_update") or {}
+        try:
+            last = self.store.get_meta("last_update") or {}
+        except sqlite3.Error:  # a broken store: the status still goes out, saying so in its fault
+            last = {}
         return ClientStatus(
             client_id=self.cfg.client_id,
             state=self._state,
@@ -256,6 +264,7 @@ class EdgeAgent:
             backend=self.trainer.backend_in_use,
             arch_version=self.trainer.arch_version,
             sensing_health=self.sensing_health(),
+            fault="; ".join(f for f in (self.store.fault, self.fault()) if f)[:MAX_FAULT_CHARS],
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

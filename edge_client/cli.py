@@ -19,13 +19,14 @@ from edge_client.power import charging_linux
 from edge_client.programs import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
-from edge_client.store import ClientStore, StoreInUseError
+from edge_client.store import ClientStore, StateFolderUnusable, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io import exit_codes
 from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
 from har_io.exit_codes import Exit
+from har_io.install_hints import torch_hint
 from har_io.mqtt_link import BrokerRefused
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
@@ -241,7 +242,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     log.info("[%s] training backend: %s (%s)", args.client_id, backend, why)
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
-    except StoreInUseError as exc:
+    except (StoreInUseError, StateFolderUnusable) as exc:
         print(f"fedhar-client: {exc}", file=sys.stderr)
         return Exit.FOLDER_UNUSABLE
     except (ValueError, OSError) as exc:
@@ -254,6 +255,10 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         else:
             health = SensingHealthMeter() if args.replay_speed is not None else None
             n_train, n_test = ingest_source(store, source, speed=args.replay_speed, health=health)
+    except StateFolderUnusable as exc:
+        store.close()
+        print(f"fedhar-client: {exc}", file=sys.stderr)
+        return Exit.FOLDER_UNUSABLE
     except (ValueError, OSError) as exc:
         store.close()
         print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
@@ -330,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-client``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
 
     0 ok, 2 usage, 3 data, 4 the broker refused the login or TLS failed, 6 another client holds the state
-    folder, 7 a module the chosen backend needs is not installed, 8 another process uses this client id;
+    folder or it cannot be written (read-only, full), 7 a module the chosen backend needs is not installed, 8 another
+    process uses this client id;
     the systemd unit restarts on none of these but 0 and 1.
     """
     try:
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(
             f"fedhar-client: the Python module {exc.name!r} is not installed in {sys.prefix}, and this run needs it "
-            f"({exc}). Install it (torch: pip install torch --index-url https://download.pytorch.org/whl/cpu) or pick "
+            f"({exc}). Install it (torch: {torch_hint()}) or pick "
             f"a backend that is installed, e.g. --backend numpy",
             file=sys.stderr,
         )

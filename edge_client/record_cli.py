@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns 0 (recorded), 2 (bad options) or 3 (the sensor failed)."""
+    """Entry point; returns 0 (recorded), 2 (bad options) or 3 (the sensor failed or is missing: one line, no traceback)."""
+    from edge_client.sensors.base import SensorUnavailable
     from edge_client.sensors.factory import make_source
 
     args = build_parser().parse_args(argv)
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, OSError) as exc:
         print(f"fedhar-record: {exc}", file=sys.stderr)
         return Exit.USAGE
+    try:
+        source.open()  # a missing bus or driver is said here, before anything is recorded
+    except SensorUnavailable as exc:
+        print(f"fedhar-record: {exc}", file=sys.stderr)
+        return Exit.DATA
     recorder = Recorder(window_log)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,6 +15,12 @@ A folder has one owner at a time: :class:`ClientStore` holds an exclusive ``floc
 a second store on the same folder, in this or another process, raises
 :class:`StoreInUseError` before it reads or writes anything. The kernel drops the lock
 when the owner exits, however it exits, so a crashed client never leaves a stale lock.
+
+A folder that cannot be written (read-only, full, its owner changed) is a
+:class:`StateFolderUnusable`: at opening, so the program exits 6; while running, every
+failed write sets :attr:`ClientStore.fault` (the sentence the screen and the device's status
+show, which keeps the coordinator from selecting the device) and tells the
+:attr:`ClientStore.fault_listeners`; the next write that succeeds clears it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -82,6 +89,27 @@ class StoreInUseError(OSError):
         )
 
 
+class StateFolderUnusable(OSError):
+    """A state folder that cannot be written: read-only, full, or not this user's.
+
+    Attributes
+    ----------
+    folder : Path
+    what : str
+        What was being written ("the round's local model", "opening the store").
+    cause : BaseException
+        The error of the write (``OSError``, ``sqlite3.OperationalError: unable to open database file``).
+    """
+
+    def __init__(self, folder: Path, what: str, cause: BaseException) -> None:
+        self.folder, self.what, self.cause = folder, what, cause
+        text = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause)
+        super().__init__(
+            f"state folder {folder} cannot be written ({what}: {text}); this device takes part in no round until it can. "
+            "Make the folder writable by this user (remounted read-write, space freed, owner fixed), then restart it"
+        )
+
+
 def _take_lock(folder: Path, owner: str) -> IO[str]:
     """Open ``folder/owner.lock``, lock it exclusively without waiting, and write the owner into it."""
     f = open(folder / LOCK_FILE, "a+")  # noqa: SIM115 - kept open while the store is open (the lock lives on this descriptor)
@@ -127,20 +155,31 @@ class ClientStore:
     StoreInUseError
         If another store (this or another process) has the folder open; nothing is read
         or written then.
+    StateFolderUnusable
+        If the folder cannot be created or written (read-only, full, another user's).
     ValueError
         If the folder already holds windows of another label set or window length.
     """
 
     def __init__(self, folder: Path, labels: LabelSet, window: int = 128, owner: str = ""):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.labels = labels
         self.window = window
         self._lock = threading.Lock()
-        self._lock_file: IO[str] | None = _take_lock(self.folder, owner)
+        self.fault = ""
+        self.fault_listeners: list[Callable[[str], object]] = []
+        self._lock_file: IO[str] | None = None
         try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lock_file = _take_lock(self.folder, owner)
             self._db = sqlite3.connect(self.folder / "store.sqlite", check_same_thread=False)
             self._db.executescript(_SCHEMA)
+        except StoreInUseError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            self.close()
+            raise StateFolderUnusable(self.folder, "opening the store", exc) from exc
+        try:
             stored = self.get_meta("labels")
             if stored is not None and (stored["name"] != labels.name or stored["window"] != window):
                 raise ValueError(
@@ -162,6 +201,31 @@ class ClientStore:
             self._lock_file.close()
             self._lock_file = None
 
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Run a write of the state folder; a failure becomes :class:`StateFolderUnusable` and :attr:`fault`, a success clears it."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            if isinstance(exc, StateFolderUnusable):
+                raise
+            err = StateFolderUnusable(self.folder, what, exc)
+            self._set_fault(str(err))
+            raise err from exc
+        if self.fault:
+            log.info("state folder %s can be written again", self.folder)
+            self._set_fault("")
+
+    def _set_fault(self, fault: str) -> None:
+        """Keep the newest fault's sentence; tell the listeners when a fault begins or ends (not at each failed write)."""
+        began_or_ended = bool(fault) != bool(self.fault)
+        if fault and fault != self.fault:
+            log.error("%s", fault)
+        self.fault = fault
+        if began_or_ended:
+            for listener in list(self.fault_listeners):
+                listener(fault)
+
     # -- metadata ------------------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
         with self._lock:
@@ -169,7 +233,14 @@ class ClientStore:
         return default if row is None else json.loads(row[0])
 
     def set_meta(self, key: str, value: Any) -> None:
-        with self._lock, self._db:
+        """Store ``value`` (JSON) under ``key``.
+
+        Raises
+        ------
+        StateFolderUnusable
+            If the folder cannot be written (also sets :attr:`fault`).
+        """
+        with self._writing(f"the setting {key}"), self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     # -- windows -------------------------------------------------------------------------
@@ -227,7 +298,7 @@ class ClientStore:
             (source, int(data.t_start_ns[i]), int(data.y[i]), str(part[i]), data.x[i].astype("<f4").tobytes())
             for i in range(len(data))
         ]
-        with self._lock, self._db:
+        with self._writing("the recorded windows"), self._lock, self._db:
             self._db.execute("DELETE FROM windows")
             self._db.executemany("INSERT INTO windows (source, t_start_ns, label, split, x) VALUES (?, ?, ?, ?, ?)", rows)
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("split", json.dumps(spec.to_json())))
@@ -248,7 +319,8 @@ class ClientStore:
     def save_local_model(self, arch_json: str, state: dict[str, np.ndarray]) -> None:
         """Persist theta_i with its architecture (JSON) atomically."""
         arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
-        atomic_write(self.folder / "local_model.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"arch": arch_json}))
+        with self._writing("the local model"):
+            atomic_write(self.folder / "local_model.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"arch": arch_json}))
 
     def load_local_model(self) -> tuple[str, dict[str, np.ndarray]] | None:
         """``(arch_json, state)`` of the last local model, or None if there is none (or it is unreadable)."""
@@ -265,7 +337,8 @@ class ClientStore:
     def save_tensors(self, name: str, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Persist a named tensor set (e.g. FedALA's W) with JSON metadata, atomically."""
         arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-        atomic_write(self.folder / f"{name}.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"meta": json.dumps(meta)}))
+        with self._writing(f"the tensors {name}"):
+            atomic_write(self.folder / f"{name}.safetensors", lambda tmp: save_file(arrays, str(tmp), metadata={"meta": json.dumps(meta)}))
 
     def load_tensors(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         """The tensor set saved under ``name`` and its metadata, or None."""
@@ -281,15 +354,17 @@ class ClientStore:
 
     def forget_run_state(self) -> None:
         """Drop the local model, FedALA state, update-encoding residual and last update (a new run starts); windows stay."""
-        for name in ("local_model.safetensors", "ala_state.safetensors", "encoding_residual.safetensors", "last_update.bin"):
-            (self.folder / name).unlink(missing_ok=True)
+        with self._writing("forgetting the last run"):
+            for name in ("local_model.safetensors", "ala_state.safetensors", "encoding_residual.safetensors", "last_update.bin"):
+                (self.folder / name).unlink(missing_ok=True)
         for key in ("run_id", "last_update"):
-            with self._lock, self._db:
+            with self._writing("forgetting the last run"), self._lock, self._db:
                 self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
     def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes) -> None:
         """Remember the last update sent (to re-send it after a restart)."""
-        atomic_write_bytes(self.folder / "last_update.bin", envelope)
+        with self._writing("the update sent"):
+            atomic_write_bytes(self.folder / "last_update.bin", envelope)
         self.set_meta("last_update", {"run_id": run_id, "round": round_, "stage": stage})
 
     def load_last_update(self) -> tuple[dict[str, Any], bytes] | None:

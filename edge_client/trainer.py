@@ -52,6 +52,8 @@ FALLBACK_BACKEND = "numpy"
 """Backend a round trains on when its ExecuTorch programs are refused before loading (docs/backends.md)."""
 RESIDUAL_NAME = "encoding_residual"
 """Store name of int8_delta's error-feedback residual (:meth:`ClientStore.save_tensors`)."""
+RESIDUAL_BEFORE_PREFIX = "residual_before_this_exchange/"
+"""Prefix, in the residual's tensor set, of the residual the exchange that saved it started from (see :func:`encode_for_upload`)."""
 ALA_STATE_NAME = "ala_state"
 """Store name of FedALA's W and flags (:meth:`edge_client.ala.AlaState.to_parts`)."""
 
@@ -138,19 +140,40 @@ def encode_for_upload(
     The residual is saved when the update is built. If the upload is then lost, the next
     delta still carries e' (at most half a quantisation step per element): a small
     correction the coordinator never needed, not an error that grows.
+
+    Encoding is idempotent per exchange: the residual is saved with the (run, round, stage)
+    that produced it and with the residual that exchange started from
+    (:data:`RESIDUAL_BEFORE_PREFIX`). Encoding the same exchange again (a retry, or the same
+    round after a restart) starts from that earlier residual, not from its own output, so it
+    gives the same bytes for the same tensors and leaves the residual as one encoding did.
     """
     encoding = ann.plan.update_encoding
     if encoding == "float32":
         return tensors, encoding
     residual: Arrays = {}
     if encoding == "int8_delta":
-        loaded = store.load_tensors(RESIDUAL_NAME)
-        if loaded is not None and loaded[1].get("run_id") == ann.run_id:
-            residual = loaded[0]
+        residual = residual_for(store, ann)
     arrays, _, new_residual = encode_update(dict(tensors), received, encoding, residual)
     if encoding == "int8_delta":
-        store.save_tensors(RESIDUAL_NAME, new_residual, {"run_id": ann.run_id, "round": ann.round, "stage": ann.stage})
+        kept = {**new_residual, **{RESIDUAL_BEFORE_PREFIX + k: v for k, v in residual.items()}}
+        store.save_tensors(RESIDUAL_NAME, kept, {"run_id": ann.run_id, "round": ann.round, "stage": ann.stage})
     return arrays, encoding
+
+
+def residual_for(store: ClientStore, ann: RoundAnnouncement) -> Arrays:
+    """The error-feedback residual e that exchange ``ann`` (run, round, stage) starts from.
+
+    The stored residual of an earlier exchange of the same run; for the exchange that stored it
+    (encoded again), the residual that exchange itself started from; nothing for another run.
+    """
+    loaded = store.load_tensors(RESIDUAL_NAME)
+    if loaded is None or loaded[1].get("run_id") != ann.run_id:
+        return {}
+    tensors, meta = loaded
+    before = {k[len(RESIDUAL_BEFORE_PREFIX) :]: v for k, v in tensors.items() if k.startswith(RESIDUAL_BEFORE_PREFIX)}
+    if (meta.get("round"), meta.get("stage")) == (ann.round, ann.stage):
+        return before
+    return {k: v for k, v in tensors.items() if not k.startswith(RESIDUAL_BEFORE_PREFIX)}
 
 
 class ClientTrainer:

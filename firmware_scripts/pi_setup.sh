@@ -204,8 +204,12 @@ if [ "$backend" = torch ]; then
 fi
 run "$prefix/.venv/bin/pip" install -q "${pip_src[@]}" -e "$prefix[$extras]"
 # The installed program itself, with the chosen backend's imports: a missing module fails here, not in the unit.
-if [ "$backend" = torch ]; then check="import torch, edge_client.trainer"; else check="import numpy, scipy, safetensors, paho.mqtt, smbus2"; fi
-run "$prefix/.venv/bin/python" -c "$check"
+# Only what the chosen backend needs is checked (numpy: numpy, paho-mqtt, smbus2; torch adds PyTorch), each missing
+# module named with its use (edge_client/install_check.py).
+if ! run "$prefix/.venv/bin/python" -m edge_client.install_check --backend "$backend" --prog pi_setup.sh; then
+  echo "pi_setup.sh: setup stopped: the venv $prefix/.venv lacks what the $backend backend needs (named above); the unit was not installed" >&2
+  exit 7
+fi
 run "$prefix/.venv/bin/fedhar-client" --help >/dev/null
 
 # 5. The client's configuration.

@@ -43,6 +43,9 @@ class BrokerConfig:
         maximum packet size stated by an MQTT 5 broker wins.
     mqtt_version : {"auto", "5", "3.1.1"}
         "auto" tries MQTT 5 and falls back to 3.1.1 when the broker does not speak it.
+    enrolled : bool
+        The credentials came from an enrolment bundle, not from options a person typed: a
+        refused login then says to ask the server's operator for a new bundle.
 
     Raises
     ------
@@ -62,6 +65,7 @@ class BrokerConfig:
     keepalive: int = 30
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     mqtt_version: str = "auto"
+    enrolled: bool = False
 
     def __post_init__(self) -> None:
         if (self.tls_cert or self.tls_key) and not self.tls_ca:

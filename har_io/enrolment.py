@@ -37,6 +37,7 @@ from typing import Any
 
 from har_io.broker_config import BrokerConfig
 from har_io.exit_codes import Exit
+from har_io.install_hints import update_hint
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import FEDERATION_RE, check_client_id
 
@@ -404,7 +405,8 @@ class EnrolmentBundle:
                 f"the bundle names the broker's CA by its SHA-256 {self.tls_ca_sha256} only and this device has no CA file: "
                 f"import the bundle's .json file (it holds the CA) or give the CA certificate file",
             )
-        return BrokerConfig(host=self.host, port=self.port, username=self.username, password=self.password, tls_ca=tls_ca, **options)
+        return BrokerConfig(host=self.host, port=self.port, username=self.username, password=self.password, tls_ca=tls_ca,
+                            enrolled=True, **options)  # fmt: skip
 
 
 _FIELDS: dict[str, tuple[type, ...]] = {
@@ -425,7 +427,7 @@ def _unknown_version(version: object) -> EnrolmentRefused:
     return EnrolmentRefused(
         "unknown_version",
         f"bundle version {version!r} is not one this fedhar reads (version {reads}): update the app or fedhar "
-        f"(pip install -U fedhar), or have the coordinator write a version-{READABLE_VERSIONS[-1]} bundle",
+        f"({update_hint()}), or have the coordinator write a version-{READABLE_VERSIONS[-1]} bundle",
     )
 
 

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from har_io.exit_codes import Exit
-
-CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-"""PyTorch's CPU build (the plain pin fetches the CUDA build, several GB, on x86-64 and aarch64)."""
+from har_io.install_hints import install_hint, torch_hint
 
 
 class Script(NamedTuple):
@@ -51,7 +49,8 @@ imports PyTorch."""
 def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
     """The words for ``program`` when module ``exc.name`` is not installed: which module, where, and what to install."""
     s = SCRIPTS[program]
-    steps = f"{CPU_TORCH}, then pip install '.[{s.extra}]'" if s.torch else f"pip install '.[{s.extra}]'"
+    # PyTorch's CPU build first: a pin cannot choose the build, and the plain pin fetches the CUDA one (several GB).
+    steps = f"{torch_hint()}, then {install_hint(s.extra)}" if s.torch else install_hint(s.extra)
     return f"{program}: the Python module {exc.name!r} is not installed in {sys.prefix}; install the {s.role}'s extra: {steps}"
 
 

@@ -115,7 +115,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "the run or state folder cannot be used as asked (another run's, in use, or damaged)",
         (CLIENT, COORDINATOR, SIMULATE),
         False,
-        {CLIENT: "another running client holds --state-dir (it is named)"},
+        {CLIENT: "another running client holds --state-dir (it is named), or the folder cannot be written (read-only, full)"},
     ),
     ExitCode(
         Exit.MISSING_MODULE,

@@ -129,6 +129,21 @@ class _Client(mqtt.Client):
             return mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
 
 
+def login_refused(cfg: BrokerConfig, reason: str) -> str:
+    """The words for a broker that refused ``cfg``'s login with ``reason`` (the CONNACK reason code's name).
+
+    Credentials from an enrolment bundle (``cfg.enrolled``) were never typed by the person who
+    sees this: the bundle is revoked or out of date, and only the server's operator can issue a
+    new one. Credentials given as options are checked where they were given.
+    """
+    who = f"broker {cfg.host}:{cfg.port} refused the login of user {cfg.username!r}: {reason}."
+    if cfg.enrolled:
+        return (f"{who} The enrolment bundle's password is no longer accepted: the device was revoked or the bundle is out "
+                f"of date. Ask the server's operator for a new bundle and enrol with it")  # fmt: skip
+    return (f"{who} Check --username and --password-file (fedhar-coordinator broker writes "
+            f"credentials/<user>.password; after it rotates or removes the user the old one no longer works)")  # fmt: skip
+
+
 class MqttLink:
     """One MQTT session with automatic reconnection and a message inbox.
 
@@ -330,15 +345,7 @@ class MqttLink:
                 client.disconnect()
                 return
             if name in AUTH_REFUSALS:
-                self._fail(
-                    BrokerRefused(
-                        "auth",
-                        f"broker {self.cfg.host}:{self.cfg.port} refused the login of user {self.cfg.username!r}: {name}. "
-                        f"Check --username and --password-file (fedhar-coordinator broker writes "
-                        f"credentials/<user>.password; after it rotates or removes the user the old one no longer works)",
-                    ),
-                    describe_refusal(name),
-                )
+                self._fail(BrokerRefused("auth", login_refused(self.cfg, name)), describe_refusal(name))
                 return
             self._record_failure(describe_refusal(name))
             return

@@ -19,7 +19,7 @@ and state folder; only the hosting differs:
   loopback only, so it serves a cluster whose nodes are all on this machine; for a real
   multi-machine cluster give ``fedhar-simulate --broker HOST:PORT`` of a Mosquitto that
   every node can reach (``start`` refuses loopback with a node elsewhere). Every node also
-  needs fedhar installed (``pip install 'fedhar[ray]'``, same version) and the dataset at the
+  needs fedhar installed (``pip install -e '<checkout>[ray]'``, same version) and the dataset at the
   same path; each client's state folder is created on the node that hosts it.
 
 :class:`Fleet` tells the coordinator which clients are gone (``gone``) and stops them.
@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from har_io.install_hints import install_hint
 
 log = logging.getLogger("fedhar.simulate")
 
@@ -176,7 +178,7 @@ class Fleet:
         try:
             import ray
         except ImportError as exc:
-            raise RuntimeError("--engine ray needs Ray on this machine and every node: pip install 'fedhar[ray]'") from exc
+            raise RuntimeError(f"--engine ray needs Ray on this machine and every node: {install_hint('ray')}") from exc
         try:
             ray.init(address=self.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -494,7 +496,7 @@ def ray_object_store(timeout_s: float = 10.0) -> list[dict[str, Any]]:
     Raises
     ------
     RuntimeError
-        Ray or ``grpcio`` is not installed (``pip install 'fedhar[ray]'``), this process is not
+        Ray or ``grpcio`` is not installed (``pip install -e '<checkout>[ray]'``), this process is not
         connected to a Ray cluster, or a raylet did not answer within ``timeout_s`` seconds.
     """
     try:
@@ -502,7 +504,7 @@ def ray_object_store(timeout_s: float = 10.0) -> list[dict[str, Any]]:
         from ray._private.grpc_utils import init_grpc_channel
         from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
     except ImportError as exc:  # grpcio is missing from Ray's core wheel
-        raise RuntimeError(f"reading Ray's object store needs Ray with grpcio: pip install 'fedhar[ray]' ({exc})") from exc
+        raise RuntimeError(f"reading Ray's object store needs Ray with grpcio: {install_hint('ray')} ({exc})") from exc
     if not ray.is_initialized():
         raise RuntimeError("reading Ray's object store needs a connected driver: call ray.init(address=...) first")
     out = []

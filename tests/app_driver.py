@@ -1,6 +1,6 @@
 """Drives the real Kivy app in its own process (one window per process): the script of tests/test_app.py.
 
-Usage: python tests/app_driver.py OUT_DIR STATE_DIR SETTINGS_JSON
+Usage: python tests/app_driver.py OUT_DIR STATE_DIR SETTINGS_JSON [WIDTHxHEIGHT]  (the window, default 480x800)
 
 SETTINGS_JSON names the secured broker: ``tls_port``, ``ca``, ``wrong_ca``, ``client_id``,
 ``password``, ``federation``. The process runs as a phone does: ``torch`` and ``scipy``
@@ -86,7 +86,8 @@ def main() -> int:
     from kivy.clock import Clock
     from kivy.core.window import Window
 
-    Window.size = (480, 800)
+    Window.size = tuple(int(v) for v in (sys.argv[4] if len(sys.argv) > 4 else "480x800").split("x"))
+    results["window"] = list(Window.size)
 
     def shot(name: str) -> None:
         path = Window.screenshot(name=str(out / f"{name}.png"))

@@ -10,6 +10,7 @@ register order (accel X, Y, Z, then temperature if enabled, then gyro X, Y, Z).
 from __future__ import annotations
 
 import errno
+import os
 
 import numpy as np
 
@@ -24,7 +25,8 @@ class EmulatedMpu6050Bus:
         self.regs = bytearray(128)
         self.fifo = bytearray()
         self.writes: list[tuple[int, int]] = []
-        self.fail_reads: list[int] = []  # register numbers whose next read fails (errno 121)
+        self.fail_reads: list[int] = []  # register numbers whose next read fails (with fail_errno)
+        self.fail_errno = errno.EREMOTEIO  # 121 on a busy bus; errno.ETIMEDOUT (110) for a chip that does not answer in time
         self.fail_read_pops = True  # a failed FIFO block read still pops its bytes (worst case)
         self.produce_on_count: tuple[np.ndarray, np.ndarray] | None = None  # frames appended at each FIFO_COUNT read
         self._cursor = 0
@@ -62,7 +64,7 @@ class EmulatedMpu6050Bus:
         self._check(i2c_addr)
         if register in self.fail_reads:
             self.fail_reads.remove(register)
-            raise OSError(errno.EREMOTEIO, "Remote I/O error")
+            raise OSError(self.fail_errno, os.strerror(self.fail_errno))
         return self._read(register)
 
     def read_i2c_block_data(self, i2c_addr: int, register: int, length: int) -> list[int]:
@@ -73,7 +75,7 @@ class EmulatedMpu6050Bus:
             self.fail_reads.remove(register)
             if register == 0x74 and self.fail_read_pops:
                 del self.fifo[:length]
-            raise OSError(errno.EREMOTEIO, "Remote I/O error")
+            raise OSError(self.fail_errno, os.strerror(self.fail_errno))
         if register == 0x74:
             out = list(self.fifo[:length])
             del self.fifo[:length]
@@ -135,6 +137,13 @@ class EmulatedMpu6050Bus:
             del self.fifo[: len(self.fifo) - FIFO_SIZE]
             if self.regs[0x38] & 0x10:
                 self.regs[0x3A] |= 0x10
+
+    def run_for(self, seconds: float, real_rate_hz: float) -> None:
+        """Let ``seconds`` of host time pass on a chip whose oscillator really samples at ``real_rate_hz``."""
+        self._elapsed = getattr(self, "_elapsed", 0.0) + seconds
+        due = int(self._elapsed * real_rate_hz) - getattr(self, "_ran", 0)
+        self._ran = getattr(self, "_ran", 0) + due
+        self.tick(due)
 
     def sample_rate_hz(self) -> float:
         """Output rate the registers select (register map 4.2): gyro rate / (1 + SMPLRT_DIV)."""

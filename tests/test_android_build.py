@@ -51,6 +51,25 @@ def test_spec_values():
     assert check_build.spec_list(spec, "android.add_packaging_options") == ["pickFirst '**/libc++_shared.so'"]
     assert "scipy" not in spec.get("app", "requirements") and "torch" not in spec.get("app", "requirements")
     assert check_build.spec_problems(spec, PYPROJECT) == []
+    # the phone runs the releases the desktops and these tests run
+    assert check_build.pinned(reqs, "paho-mqtt") == "2.2.0" and "paho-mqtt==2.2.0" in PYPROJECT["project"]["dependencies"]
+    assert check_build.pinned(reqs, "kivy") == "2.3.1" and PYPROJECT["project"]["optional-dependencies"]["app"] == ["kivy==2.3.1"]
+
+
+def test_a_spec_pin_other_than_pyprojects_is_a_problem():
+    project = {"project": {"dependencies": ["numpy>=1.26", "paho-mqtt==2.2.0"], "optional-dependencies": {"app": ["kivy>=2.3"]}}}
+    reqs = ["python3==3.11.7", "hostpython3==3.11.7", "kivy==2.3.1", "numpy", "pyjnius", "paho-mqtt==2.1.0"]
+    assert check_build.pyproject_pins_differing(reqs, project) == [
+        ("kivy", ("2.3.1", "kivy>=2.3")),
+        ("paho-mqtt", ("2.1.0", "paho-mqtt==2.2.0")),
+    ]
+    reqs = ["python3==3.11.7", "kivy", "numpy==2.1.0", "paho-mqtt==2.2.0"]  # a pin where pyproject gives a range differs too
+    assert check_build.pyproject_pins_differing(reqs, project) == [("numpy", ("2.1.0", "numpy>=1.26"))]
+    spec = _spec()
+    spec.set("app", "requirements", spec.get("app", "requirements").replace("paho-mqtt==2.2.0", "paho-mqtt==2.1.0"))
+    assert check_build.spec_problems(spec, PYPROJECT) == [
+        "requirements: paho-mqtt==2.1.0 but pyproject.toml has 'paho-mqtt==2.2.0': pin both to the same version"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,7 @@ def test_an_unknown_version_names_the_versions_read_and_says_to_update():
     exc = _refusal(json.dumps(_doc(version=2)))
     assert exc.reason == "unknown_version"
     assert "bundle version 2" in str(exc) and "(version 1)" in str(exc) and "update the app" in str(exc)
+    assert "pip install -U fedhar" not in str(exc) and " pull, then " in str(exc)  # fedhar is not on PyPI: the checkout is updated
     exc = _refusal(json.dumps(_doc(version=0)))
     assert exc.reason == "unknown_version"
 

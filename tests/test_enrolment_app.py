@@ -64,7 +64,7 @@ def test_a_bundle_fills_the_same_fields_as_typing_them(pki, tmp_path):
     assert got == b
     ca_copy = tmp_path / "credentials" / "home.phone-anna.ca.pem"
     assert fields == {"client_id": "phone-anna", "broker": "127.0.0.1:8883", "federation": "home", "username": "phone-anna",
-                      "password": SECRET, "tls_ca": str(ca_copy)}  # fmt: skip
+                      "password": SECRET, "tls_ca": str(ca_copy), "enrolled": True}  # fmt: skip
     assert ca_copy.read_text() == ca.read_text() and stat.S_IMODE(os.stat(ca_copy.parent).st_mode) == 0o700
 
 

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.app
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(tmp_path, display):  # noqa: F811
+@pytest.mark.parametrize("window", ["480x800", "800x600", "1280x720"])
+def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(tmp_path, display, window):  # noqa: F811
     if importlib.util.find_spec("kivy") is None:
         if os.environ.get("FEDHAR_REQUIRE_APP") == "1":
             pytest.fail("Kivy is not installed (FEDHAR_REQUIRE_APP=1)")
@@ -37,12 +38,21 @@ def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(t
     (tmp_path / "phone-anna.json").write_text(bundle.to_json())
     out, state = tmp_path / "out", tmp_path / "state"
     env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / "tests" / "app_enrol_driver.py"), str(out), str(state), str(tmp_path / "phone-anna.json")]
+    cmd = [sys.executable, str(ROOT / "tests" / "app_enrol_driver.py"), str(out), str(state), str(tmp_path / "phone-anna.json"), window]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["error"] is None, res["error"]
     assert r.returncode == 0
+    # The window is the size asked, the Enrol row and the first fields are in it as it opens, and every widget of
+    # every screen can be scrolled into it.
+    assert res["window"] == [int(v) for v in window.split("x")]
+    assert res["at_open"] == {"bundle": True, "enrol": True, "scan": True, "client_id": True, "broker": True, "federation": True}
+    assert res["unreachable"] == {} and min(res["checked"].values()) >= 5, res["checked"]
+    # A pasted bundle is masked while in the field and gone from it once parsed, even when refused.
+    assert res["pasted"]["masked"] is True and res["pasted"]["text_after"] == "" and res["path_masked"] is False
+    assert res["pasted"]["error"].startswith("enrolment bundle refused (unknown_version)")
+    assert res["pasted"]["hint"] == "the pasted bundle was refused (see below); paste a new one"
     assert res["bad"]["error"].startswith("enrolment bundle refused (bad_json): not JSON")
     assert res["bad"]["fields"]["client_id"] == "localhost"  # nothing changed
     assert res["scan"].startswith("QR scanning needs the Android app and a camera")

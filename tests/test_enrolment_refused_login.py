@@ -18,3 +18,41 @@ def test_no_hint_without_a_bundle_or_for_another_refusal() -> None:
     assert enrolment_refusal_hint(None, BrokerRefused("auth", "x")) is None
     assert enrolment_refusal_hint("phone-anna.json", BrokerRefused("tls", "certificate verify failed")) is None
     assert enrolment_refusal_hint("phone-anna.json", None) is None
+
+
+def _bundle(**over: object):
+    from har_io.enrolment import EnrolmentBundle
+
+    kw: dict = dict(coordinator="fedhar-home", federation="home", client_id="phone-anna", password="pw-1", host="homeserver", port=1883)
+    kw.update(over)
+    return EnrolmentBundle(**kw)
+
+
+def test_the_links_own_words_for_a_bundles_refused_login_ask_for_a_new_bundle(tmp_path) -> None:
+    from har_io.broker_config import BrokerConfig
+    from har_io.mqtt_link import login_refused
+
+    bundled = _bundle().broker_config(tmp_path)
+    assert bundled.enrolled
+    words = login_refused(bundled, "Bad user name or password")
+    assert "refused the login of user 'phone-anna'" in words and "ask the server's operator for a new bundle" in words.lower()
+    assert "--password-file" not in words and "--username" not in words
+    typed = login_refused(BrokerConfig(host="homeserver", port=1883, username="pi-den", password="x"), "Not authorized")
+    assert "Check --username and --password-file" in typed and "bundle" not in typed
+
+
+def test_the_apps_words_follow_where_the_password_came_from(tmp_path) -> None:
+    from edge_client.app.controller import ENROLLED_MARK, AppConfig, describe_refusal, enrolment_fields, federation_fields
+    from har_models.data.labels import LABEL_SETS
+
+    _, fields = enrolment_fields(tmp_path, _bundle().to_json())
+    cfg = AppConfig(state_dir=tmp_path, labels=LABEL_SETS["hapt6"], client_id="phone-anna", username="phone-anna")
+    cfg = AppConfig(**{**cfg.__dict__, **federation_fields(tmp_path, fields)})
+    assert (tmp_path / ENROLLED_MARK).is_file()
+    words = describe_refusal("auth", "refused", cfg)
+    assert "ask the server's operator for a new bundle" in words and "check the user name and password" not in words
+    # a password typed by hand afterwards: the person who typed it checks it
+    cfg = AppConfig(**{**cfg.__dict__, **federation_fields(tmp_path, {"password": "typed"})})
+    assert not (tmp_path / ENROLLED_MARK).exists()
+    words = describe_refusal("auth", "refused", cfg)
+    assert words.endswith("check the user name and password") and "bundle" not in words

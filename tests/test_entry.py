@@ -27,7 +27,9 @@ def test_a_module_missing_at_import_is_exit_7_naming_it_and_the_extra(monkeypatc
     assert entry.run("fedhar-coordinator", []) == Exit.MISSING_MODULE == 7
     err = capsys.readouterr().err
     assert "the Python module 'fedhar_no_such_module' is not installed" in err
-    assert "install the coordinator's extra" in err and "download.pytorch.org/whl/cpu" in err and ".[coordinator]" in err
+    assert "install the coordinator's extra" in err and "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in err
+    # fedhar is not on PyPI: the extra is installed from this checkout, by path, with this interpreter's pip
+    assert f"-m pip install -e '{ROOT}[coordinator]'" in err and "fedhar[" not in err
 
 
 def test_the_program_runs_with_its_own_exit_status() -> None:

@@ -95,7 +95,9 @@ def test_app_without_kivy_names_the_extra(tmp_path):
     )
     r = _run(["-c", code])
     assert r.returncode == 7, r.stderr[-2000:]
-    assert "pip install 'fedhar[app]'" in r.stderr and "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr
+    # fedhar is not on PyPI: the hint installs this checkout's extra with this interpreter's pip
+    assert f"-m pip install -e '{ROOT}[app]'" in r.stderr and "fedhar[app]" not in r.stderr
 
 
 def test_app_logs_each_line_once(tmp_path):
@@ -141,3 +143,36 @@ def test_enrol_is_spelt_one_way_and_enroll_is_its_alias(capsys):
         main(["--help"])
     top = capsys.readouterr().out
     assert "fedhar-coordinator enrol NAME" in top and "(alias: enroll)" in top and "enroll NAME" not in top
+
+
+def _record_with_bus(tmp_path, bus_error: str) -> subprocess.CompletedProcess[str]:
+    """fedhar-record with a stand-in smbus2 whose SMBus(1) raises ``bus_error`` as the real one does when opening /dev/i2c-1."""
+    code = (
+        "import sys, types\n"
+        "m = types.ModuleType('smbus2')\n"
+        f"def SMBus(n):\n    raise {bus_error}\n"
+        "m.SMBus = SMBus\nsys.modules['smbus2'] = m\n"
+        "from edge_client.record_cli import main\n"
+        f"sys.exit(main(['--state-dir', {str(tmp_path)!r}, '--activity', 'walking', '--seconds', '1']))\n"
+    )
+    return _run(["-c", code])
+
+
+def test_record_without_the_i2c_bus_says_one_line_and_no_traceback(tmp_path):
+    cases = {
+        "FileNotFoundError(2, 'No such file or directory', '/dev/i2c-1')": "/dev/i2c-1 does not exist: enable I2C",
+        "PermissionError(13, 'Permission denied', '/dev/i2c-1')": "/dev/i2c-1 is not readable by this user: add it to group i2c",
+        "OSError(19, 'No such device', '/dev/i2c-1')": "/dev/i2c-1 cannot be opened: No such device",
+    }
+    for error, words in cases.items():
+        r = _record_with_bus(tmp_path, error)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.splitlines() == [f"fedhar-record: {r.stderr.split(': ', 1)[1].strip()}"] and words in r.stderr, r.stderr
+        assert r.stdout == ""
+    code = (
+        "import sys\nsys.modules['smbus2'] = None\nfrom edge_client.record_cli import main\n"
+        f"sys.exit(main(['--state-dir', {str(tmp_path)!r}, '--activity', 'walking', '--seconds', '1']))\n"
+    )
+    r = _run(["-c", code])
+    assert r.returncode == 3 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"needs smbus2, which is not installed: {sys.executable} -m pip install -e '{ROOT}[pi]'" in r.stderr

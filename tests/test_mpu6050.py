@@ -259,3 +259,105 @@ def test_source_feeds_the_pipeline_with_50hz_windows():
     first_run_end = 10**9 + 390 * 20_000_000  # the stamp of the last sample of the first run
     assert all(s + 127 * 20_000_000 <= first_run_end or s > first_run_end for s in t.tolist())
     assert np.all(np.abs(x).sum(axis=(1, 2)) > 0)
+
+
+# ------------------------------------------------------------------ the chip's own clock, timeouts, partial frames
+@pytest.mark.parametrize("real_hz", [51.5, 48.7])  # 3 % fast, 2.6 % slow
+def test_stamps_follow_the_chips_real_rate_and_do_not_drift_from_the_host_clock(real_hz, caplog):
+    bus = EmulatedMpu6050Bus()
+    drv, clock = _driver(bus)
+    start = clock.t
+    poll = 200_000_000
+    newest_lag, stamps = [], []
+    with caplog.at_level(logging.INFO):
+        for _ in range(3000):  # ten minutes of reads every 0.2 s
+            clock.t += poll
+            bus.run_for(poll / 1e9, real_hz)
+            chunks = drv.read()
+            if chunks:
+                t = chunks[0][1]
+                stamps.append(t)
+                newest_lag.append((clock.t - int(t[-1])) / 1e9)
+    t_all = np.concatenate(stamps)
+    assert np.all(np.diff(t_all) > 0)  # increasing, never twice
+    assert drv.stats.measured_rate_hz == pytest.approx(real_hz, rel=5e-4)
+    assert f"samples at {real_hz:.2f} Hz by the host clock (50 Hz asked)" in caplog.text
+    # After the first 30 s (the fit's span) the newest stamp stays within a poll period of the read, to the end.
+    late = np.array(newest_lag[len(newest_lag) // 10 :])
+    assert late.min() >= -0.05 and late.max() <= 0.25, (late.min(), late.max())
+    # The nominal 20 ms stamps would be 10 minutes * |rate error| off by now.
+    nominal_last = start + len(t_all) * 20_000_000
+    assert abs(nominal_last - clock.t) / 1e9 > 10 and abs(int(t_all[-1]) - clock.t) / 1e9 < 0.25
+
+
+def test_the_sample_clock_keeps_nominal_stamps_until_the_reads_span_its_fit_and_its_period_across_a_restart():
+    from har_models.data.sample_clock import SampleClock
+
+    sc = SampleClock(20_000_000, fit_span_ns=10_000_000_000)
+    h = 1_000_000_000
+    sc.restart(h)
+    for i in range(40):  # 8 s at a real 52 Hz: not enough span yet
+        h += 200_000_000
+        t = sc.stamps(10 + (i % 2) * 1, h)
+    assert sc.measured_rate_hz is None and np.all(np.diff(t) == 20_000_000)
+    for i in range(60):
+        h += 200_000_000
+        sc.stamps(10 + (i % 5 == 0), h)  # 10.4 samples a read: 52 Hz
+    assert sc.measured_rate_hz == pytest.approx(52.0, rel=0.01)
+    sc.restart(h + 5_000_000_000)  # after a gap: the count restarts, the oscillator is the same
+    t = sc.stamps(3, h + 5_060_000_000)
+    assert t[0] == h + 5_000_000_000 + round(1e9 / sc.measured_rate_hz) and sc.measured_rate_hz == pytest.approx(52.0, rel=0.01)
+
+
+def test_a_timeout_is_its_own_fault_kind_and_repeated_ones_reconfigure_the_chip(caplog):
+    import errno
+
+    bus = EmulatedMpu6050Bus()
+    drv, _ = _driver(bus)
+    bus.fail_errno = errno.ETIMEDOUT
+    bus.tick(10)
+    bus.fail_reads.append(0x3A)
+    with caplog.at_level(logging.WARNING):
+        assert drv.read() == []
+    assert (drv.stats.timeouts, drv.stats.io_errors, drv.stats.gaps) == (1, 0, 0)
+    assert "timed out (ETIMEDOUT: the chip did not answer in time" in caplog.text and "ETIMEDOUT" in drv.stats.last_error
+    assert len(drv.read()[0][1]) == 10 and not drv.needs_configure  # nothing lost; a good read ends the run of timeouts
+    for _ in range(3):
+        bus.fail_reads.append(0x3A)
+        drv.read()
+    assert drv.stats.timeouts == 4 and drv.needs_configure
+    # the source configures it again before its next read
+    src = Mpu6050Source(bus=bus, poll_s=0.01, clock_ns=lambda: 10**12)
+    stop = threading.Event()
+    gen = src.chunks(stop)
+    bus.frames_per_count_read = 2  # the chip samples on while the source waits (a configuration empties the FIFO)
+    assert next(gen)[0] == "acc"  # configured and read
+    next(gen)
+    assert src.driver is not None
+    src.driver.needs_configure = True  # as after three timeouts
+    writes = len(bus.writes)
+    assert next(gen)[0] == "acc"
+    stop.set()
+    assert not src.driver.needs_configure and (0x6B, 0x80) in bus.writes[writes:]  # reset and configured again
+
+
+def test_a_partial_frame_that_stays_is_a_gap_and_one_being_written_is_not():
+    bus = EmulatedMpu6050Bus()
+    drv, _ = _driver(bus)
+    bus.tick(3)
+    bus.fifo += b"\x01\x02\x03\x04\x05"  # a frame being written when the count is read
+    assert len(drv.read()[0][1]) == 3
+    bus.fifo += b"\x06\x07\x08\x09\x0a\x0b\x0c"  # ... completes
+    bus.tick(1)
+    assert len(drv.read()[0][1]) == 2 and drv.stats.partial_frames == 0
+    bus.tick(2)
+    bus.fifo += b"\x01\x02\x03\x04\x05"  # five bytes that never complete: bytes were lost
+    assert len(drv.read()[0][1]) == 2
+    bus.tick(2)
+    assert drv.read() == []
+    assert drv.stats.partial_frames == 1 and drv.stats.gaps == 1 and bus.fifo == bytearray()
+    bus.tick(2)
+    acc = drv.read()[0]
+    raw_a, raw_g = bus.signal(np.arange(8, 10))  # samples 6 and 7 went with the gap
+    expected, _ = counts_to_si(np.hstack([raw_a, raw_g]), drv.accel_range_g, drv.gyro_range_dps)
+    np.testing.assert_array_equal(acc[2], expected)  # frames read whole again

@@ -31,6 +31,8 @@ PHONE_MODULES = (
     "har_models.data.resample",
     "har_models.data.anti_alias",
     "har_models.data.clock",
+    "har_models.data.timebase",
+    "har_models.data.sample_clock",
     "har_models.data.windowing",
     "har_models.data.labels",
     "edge_client.sensors.replay",

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,8 @@ def test_numpy_backend_by_default_with_raspberry_pi_os_tools(tmp_path):
     assert "usermod -aG i2c fedhar" in steps
     pips = [s for s in steps if "/bin/pip " in s]
     assert pips == ["/opt/fedhar/.venv/bin/pip install -q -e /opt/fedhar[pi]"]  # no torch at all
-    assert "/opt/fedhar/.venv/bin/python -c import numpy, scipy, safetensors, paho.mqtt, smbus2" in steps
+    assert "/opt/fedhar/.venv/bin/python -m edge_client.install_check --backend numpy --prog pi_setup.sh" in steps
+    assert not any("scipy" in s for s in steps)  # scipy is no device dependency
     assert "install -m 644 ca.crt /etc/fedhar/ca.crt" in steps
     assert "install -m 600 pi.password /etc/fedhar/pi-kitchen.password" in steps
     assert f"install -m 644 {UNIT} /etc/systemd/system/fedhar-client@.service" in steps
@@ -81,7 +83,7 @@ def test_torch_backend_installs_the_cpu_build_first_and_sets_threads():
         "/opt/fedhar/.venv/bin/pip install -q -e /opt/fedhar[pi,client]",
     ]
     assert _env_file(r.stdout)["FEDHAR_CLIENT_ARGS"] == "--backend torch --threads 2"
-    assert "/opt/fedhar/.venv/bin/python -c import torch, edge_client.trainer" in _steps(r.stdout)
+    assert "/opt/fedhar/.venv/bin/python -m edge_client.install_check --backend torch --prog pi_setup.sh" in _steps(r.stdout)
 
 
 def test_wheelhouse_installs_offline(tmp_path):
@@ -235,3 +237,53 @@ def test_a_refused_bundle_stops_setup_with_the_reason_before_any_step(tmp_path):
         assert _steps(r.stdout) == [] and "pi-secret-1" not in r.stderr
     r = _run("--enrolment", str(tmp_path / "missing.json"), "--dry-run")
     assert r.returncode == 2 and "No such file or directory" in r.stderr and "setup stopped" in r.stderr
+
+
+def _check(backend: str, blocked: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """The installed venv's check (``python -m edge_client.install_check``) in a fresh interpreter where ``blocked`` cannot import."""
+    code = (
+        f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
+        f"from edge_client.install_check import main\nsys.exit(main(['--backend', {backend!r}, '--prog', 'pi_setup.sh']))"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_install_check_needs_only_the_chosen_backend_and_names_what_is_missing_in_words():
+    # smbus2 is not in the development venv: the check is given an empty module of that name.
+    ok = ("scipy", "torch", "safetensors", "kivy")
+    code = (
+        f"import sys, types\nsys.modules['smbus2'] = types.ModuleType('smbus2')\nfor name in {ok!r}:\n    sys.modules[name] = None\n"
+        "from edge_client.install_check import main\nsys.exit(main(['--backend', 'numpy']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr  # the numpy backend runs without scipy, torch, safetensors
+    r = _check("numpy", ("smbus2", "scipy"))
+    assert r.returncode == 7 and "Traceback" not in r.stderr
+    assert "pi_setup.sh: smbus2 (the [pi] extra) is not installed: it is needed for reading the MPU-6050 on the I2C bus" in r.stderr
+    assert "scipy" not in r.stderr and "the numpy backend cannot run in" in r.stderr
+    r = _check("torch", ("smbus2", "torch", "paho"))
+    lines = r.stderr.splitlines()
+    assert r.returncode == 7 and len(lines) == 4, r.stderr
+    assert lines[0].startswith("pi_setup.sh: paho-mqtt is not installed: it is needed for the link to the broker")
+    assert lines[2].startswith("pi_setup.sh: torch, PyTorch's CPU build (the [client] extra) is not installed")
+
+
+def test_a_failed_install_check_stops_the_setup_before_the_unit(tmp_path):
+    # The venv's python is stubbed to fail the check the way edge_client.install_check does.
+    prefix = tmp_path / "opt"
+    (prefix / ".venv" / "bin").mkdir(parents=True)
+    py = prefix / ".venv" / "bin" / "python"
+    py.write_text("#!/bin/sh\necho 'pi_setup.sh: smbus2 (the [pi] extra) is not installed' >&2\nexit 7\n")
+    py.chmod(0o755)
+    pip = prefix / ".venv" / "bin" / "pip"
+    pip.write_text("#!/bin/sh\nexit 0\n")
+    pip.chmod(0o755)
+    stubs = {name: "exit 0" for name in ("id", "groupadd", "useradd", "usermod", "rsync", "dpkg", "install", "systemctl")}
+    stubs["id"] = 'case "$1" in -u) echo 0 ;; *) exit 0 ;; esac'
+    password = tmp_path / "pi.password"
+    password.write_text("secret\n")
+    args = [a if a != "pi.password" else str(password) for a in BASE]
+    r = _run(*args, "--no-i2c", "--prefix", str(prefix), stubs=stubs, tmp=tmp_path)
+    assert r.returncode == 7, (r.stdout, r.stderr)
+    assert "smbus2 (the [pi] extra) is not installed" in r.stderr and "setup stopped" in r.stderr
+    assert "Done." not in r.stdout

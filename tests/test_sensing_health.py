@@ -265,6 +265,9 @@ class LiveStandIn:
     def stop(self) -> None:
         self.running = False
 
+    def fault(self) -> str:
+        return ""  # a source delivering as asked
+
 
 def test_the_apps_status_carries_backend_arch_version_and_health(tmp_path) -> None:
     from edge_client.app.controller import AppConfig, DeviceController

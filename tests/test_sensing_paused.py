@@ -158,6 +158,9 @@ class LiveStandIn:
     def stop(self) -> None:
         self.running = False
 
+    def fault(self) -> str:
+        return ""  # withheld by the OS is a pause (sensing "paused"), not a fault of the source
+
 
 def test_client_status_says_sensing_paused(tmp_path):
     from edge_client.app.controller import DeviceController

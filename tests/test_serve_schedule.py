@@ -103,6 +103,7 @@ def test_eligibility_and_its_reasons() -> None:
         "f": _st("f"),  # revoked
         "g": _st("g", n_train=0),
         "h": _st("h", label_set="other"),
+        "i": _st("i", fault="state folder /var/lib/fedhar/i cannot be written (the local model: Read-only file system)"),
     }
     got = eligible_devices(
         statuses,
@@ -114,9 +115,10 @@ def test_eligibility_and_its_reasons() -> None:
     assert got.eligible == ("a", "b")
     assert got.left_out == {
         "c": "offline", "d": "stale", "e": "not_enrolled", "f": "revoked", "g": "no_training_windows", "h": "label_set",
+        "i": "device_fault",
     }  # fmt: skip
     no_label = eligible_devices(statuses, fresh=lambda c: True, enrolled=lambda c: True, revoked=lambda c: False)
-    assert no_label.eligible == ("a", "b", "d", "e", "f", "h")
+    assert no_label.eligible == ("a", "b", "d", "e", "f", "h")  # a device fault leaves "i" out whatever else holds
 
 
 def test_require_charging_leaves_out_only_devices_that_say_they_are_not() -> None:

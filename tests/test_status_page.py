@@ -91,6 +91,17 @@ def test_devices_merge_the_registry_the_records_and_presence(view: ServerView) -
     assert anna["last_contribution_unix"] is not None and carl["last_contribution_unix"] is None  # the registry's rows only
 
 
+def test_a_device_that_cannot_take_part_says_why_in_the_json_and_on_the_page(view: ServerView) -> None:
+    assert view.monitor is not None
+    fault = "state folder /var/lib/fedhar/phone-carl cannot be written (the local model: Read-only file system)"
+    view.monitor.handle(T.client_status("phone-carl"), ClientStatus("phone-carl", "idle", n_train=30, sent_unix=NOW, refresh_s=30.0,
+                                                                    fault=fault).to_bytes(), False)  # fmt: skip
+    c = TestClient(make_app(view))
+    devs = {d["name"]: d for d in c.get("/api/devices").json()}
+    assert devs["phone-carl"]["fault"] == fault and devs["phone-anna"]["fault"] is None
+    assert f'<span class="fault">cannot take part: {fault}</span>' in c.get("/").text
+
+
 def test_presence_expires_by_the_coordinators_rule(view: ServerView) -> None:
     assert view.monitor is not None
     view.monitor._clock = lambda: 100.0 + 3 * 30.0 + 1  # three refresh periods later, nothing new arrived

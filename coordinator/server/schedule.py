@@ -105,7 +105,7 @@ class Eligibility:
     """Which devices may take part now, and why the others may not.
 
     ``eligible``: sorted ids; ``left_out``: id -> reason (``offline``, ``stale``, ``not_enrolled``,
-    ``revoked``, ``no_training_windows``, ``label_set``, ``not_charging``).
+    ``revoked``, ``no_training_windows``, ``device_fault``, ``label_set``, ``not_charging``).
     """
 
     eligible: tuple[str, ...]
@@ -126,7 +126,8 @@ def eligible_devices(
     A device is eligible when its status is not offline and still fresh (``fresh(id)``, the
     coordinator's presence: a status older than three of its refresh periods is stale), it is
     enrolled (``enrolled(id)``) and not revoked (``revoked(id)``), it has training windows
-    (``n_train`` > 0), its label set is the federation's (when ``label_set`` is given) and, with
+    (``n_train`` > 0), it reports no fault (``fault``: its state folder cannot be written, its
+    sensor was refused or stopped), its label set is the federation's (when ``label_set`` is given) and, with
     ``require_charging``, it does not report that it is off the charger (``charging`` False; a
     device that does not report it, a board on mains, counts as charging).
 
@@ -148,6 +149,8 @@ def eligible_devices(
             out[cid] = "stale"
         elif st.n_train <= 0:
             out[cid] = "no_training_windows"
+        elif st.fault:  # the device says it cannot take part (its storage or sensor), in its status
+            out[cid] = "device_fault"
         elif label_set and st.label_set != label_set:
             out[cid] = "label_set"
         elif require_charging and getattr(st, "charging", None) is False:

@@ -431,6 +431,7 @@ class ServerView:
         or None), ``last_seen_unix``, ``rounds`` (rounds taken part in), ``last_round``,
         ``last_accuracy``, ``last_macro_f1`` (its own model on its own test split, latest round),
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
+        ``fault`` (why the device says it cannot take part: storage or sensor, in its words; None: none),
         ``n_train``, ``n_test``, ``refresh_s`` (its status's refresh period, s),
         ``last_contribution_unix`` (when the registry noted its latest contribution; None without
         a registry row), ``sensing`` (:func:`sensing_json`: ``state`` "live"/"paused"/None,
@@ -479,6 +480,7 @@ class ServerView:
                                  else self._arch_at(last[0]) if last else None),
                 "backend": (st.backend or None) if st is not None else None,
                 "program_fault": (st.program_fault or None) if st is not None else None,
+                "fault": (st.fault or None) if st is not None else None,
                 "n_train": st.n_train if st is not None else None,
                 "n_test": st.n_test if st is not None else None,
                 "sensing": sensing_json(st),
@@ -681,7 +683,7 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222;background:#fafafa
 h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.2em 0 .4em}
 table{border-collapse:collapse;font-size:.9em;background:#fff} th,td{border:1px solid #ddd;padding:3px 7px;text-align:left}
 th{background:#f0f0f0} .online{color:#137333;font-weight:bold} .offline{color:#a50e0e} .revoked,.forgotten{color:#777}
-.rate-ok{color:#137333} .rate-warn{color:#b06000;font-weight:bold;background:#fef7e0}
+.fault{color:#a50e0e;font-weight:normal} .rate-ok{color:#137333} .rate-warn{color:#b06000;font-weight:bold;background:#fef7e0}
 .charts{display:flex;flex-wrap:wrap;gap:10px} .charts svg{background:#fff;border:1px solid #ddd} .muted{color:#777}
 """
 
@@ -722,11 +724,12 @@ def render_page(view: ServerView, query: str = "") -> str:
     for d in devs:
         presence = d["state"] if d["state"] in ("revoked", "forgotten") else ("online" if d["online"] else "offline")
         label = "gone (forgotten)" if presence == "forgotten" else presence
+        fault = f'<br><span class="fault">cannot take part: {_e(d["fault"])}</span>' if d.get("fault") else ""
         arch = f"v{d['arch_version']}" if d["arch_version"] is not None else "—"
         windows = f"{d['n_train']}/{d['n_test']}" if d["n_train"] is not None else "—"
         h.append(
             f'<tr class="device" data-name="{_e(d["name"])}" data-online="{str(d["online"]).lower()}">'
-            f'<td>{_e(d["name"])}</td><td>{_e(d["owner"])}</td><td class="presence {presence}">{label}</td>'
+            f'<td>{_e(d["name"])}</td><td>{_e(d["owner"])}</td><td class="presence {presence}">{label}{fault}</td>'
             f"<td>{_when(d['last_seen_unix'], now)}</td><td>{d['rounds']}</td><td>{_pct(d['last_accuracy'])}</td>"
             f"<td>{_e(d['backend'] or 'not reported')}</td><td>{arch}</td><td>{_sensing(d['sensing'])}</td><td>{windows}</td></tr>"
         )

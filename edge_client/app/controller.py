@@ -62,6 +62,9 @@ PASSWORD_FILE = "credentials/mqtt.password"
 
 CREDENTIALS_DIR = "credentials"
 """The app's folder of secrets and certificates, relative to its private folder (mode 0700): the password and an enrolled CA."""
+ENROLLED_MARK = "credentials/enrolled"
+"""Present while the stored password came from an enrolment bundle (a typed password removes it): a refused login
+then asks for a new bundle, since nobody on the device typed anything to check."""
 
 EXIT_BROKER_REFUSED = Exit.BROKER_REFUSED
 EXIT_DUPLICATE_ID = Exit.DUPLICATE_ID
@@ -90,7 +93,7 @@ class LiveView:
     confidence: float = 0.0
     windows: int = 0
     t_start_ns: int = 0
-    note: str = "waiting for the first window (2.56 s)"
+    note: str = "waiting for the first 3 seconds of movement"
 
 
 @dataclass
@@ -256,6 +259,8 @@ class DeviceController:
         self._wake_event = threading.Event()
         self._n_train = len(self.store.windows("train"))
         self._last_update: tuple[float, int | None, float | None] | None = None  # (mtime, round, accuracy)
+        self._sensor_fault = ""
+        self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
         self._supervisor = threading.Thread(target=self._supervise, name="federation-supervisor", daemon=True)
         self._supervisor.start()
         self._refresh_federation()
@@ -502,7 +507,8 @@ class DeviceController:
             host, _, port = cfg.broker.rpartition(":")
             password = cfg.password_file.read_text().strip() if cfg.password_file else None
             tls_ca = str(cfg.tls_ca) if cfg.tls_ca else None
-            broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca)
+            broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca,
+                                  enrolled=enrolled(cfg.state_dir))  # fmt: skip
             agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, backend=backend), self.store)
         except ImportError as exc:
             self._fail(missing_backend(cfg.backend, exc))
@@ -515,6 +521,7 @@ class DeviceController:
         if self.freshness is not None:
             agent.sensing = self.freshness.state
         agent.sensing_health = self.health.snapshot
+        agent.fault = self.source.fault  # a refused or stopped sensor, in the status (the store's own fault is added there)
         agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
         if self._failures:
@@ -562,6 +569,11 @@ class DeviceController:
             else:
                 v.state = "training" if agent._state == "training" else "connected"
             v.error = self._error if v.take_part else ""
+            sensor_fault = self.source.fault()
+            if sensor_fault and not v.error:  # a refused or stopped sensor: on this screen, the Live one, and in the status
+                v.error = sensor_fault
+            if self.store.fault:  # whatever else holds: nothing can be kept, and the server is told (the agent's status)
+                v.state, v.error = "cannot take part: storage failed", self.store.fault
             if agent is not None and agent.announcement is not None:
                 v.round = int(agent.announcement.round)
             last_round, v.last_accuracy = self._last_update_info()
@@ -569,6 +581,10 @@ class DeviceController:
                 v.round = last_round
             view = replace(v)
         self._on_federation(view)
+        if sensor_fault != self._sensor_fault:
+            self._sensor_fault = sensor_fault
+            self.live = replace(self.live, activity=None, confidence=0.0, note=sensor_fault) if sensor_fault else replace(self.live)
+            self._on_live(self.live)
 
     def _last_update_info(self) -> tuple[int | None, float | None]:
         """Round and local accuracy of the last update sent (re-read only when its file changes)."""
@@ -627,12 +643,20 @@ def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
     """A broker's refusal (``BrokerRefused.kind`` and message) in the words the screen shows."""
     if kind == "auth":
         user = cfg.username if cfg.username else "(none)"
+        if enrolled(cfg.state_dir):
+            return (f"login refused: the broker no longer accepts this device ({user!r}) with its enrolment bundle; the device was "
+                    f"revoked or the bundle is out of date: ask the server's operator for a new bundle and enrol with it")  # fmt: skip
         return f"login refused: the broker does not accept user {user!r} with this password; check the user name and password"
     if kind == "tls":
         if "not signed by" in text or "verify failed" in text.lower():
             return f"wrong CA certificate: the broker's certificate is not signed by {cfg.tls_ca}; choose the CA that signed it"
         return f"TLS failed: {text}"
     return text
+
+
+def enrolled(state_dir: Path) -> bool:
+    """Whether the stored password came from an enrolment bundle (:data:`ENROLLED_MARK`)."""
+    return (state_dir / ENROLLED_MARK).is_file()
 
 
 def connection_cause(agent: Any, cfg: AppConfig) -> str | None:
@@ -675,7 +699,8 @@ def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]
     fields : dict
         Any of ``client_id`` (1-64 letters, digits, ``_ . -``), ``broker`` (``HOST:PORT``),
         ``federation`` (same rules as a client id), ``username`` ("" or None: anonymous),
-        ``password`` (str; "" removes the stored one), ``password_file`` (path or None),
+        ``password`` (str; "" removes the stored one), ``enrolled`` (True: that password came
+        from an enrolment bundle, see :data:`ENROLLED_MARK`), ``password_file`` (path or None),
         ``tls_ca`` (path of an existing CA certificate; "" or None: no TLS), ``backend``
         (one of :data:`APP_BACKENDS`).
 
@@ -689,7 +714,7 @@ def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]
     ValueError
         For an unknown key or an invalid value, naming it and the fix.
     """
-    known = {"client_id", "broker", "federation", "username", "password", "password_file", "tls_ca", "backend"}
+    known = {"client_id", "broker", "federation", "username", "password", "password_file", "tls_ca", "backend", "enrolled"}
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"unknown federation setting(s) {unknown}; known: {sorted(known)}")
@@ -723,6 +748,11 @@ def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]
         out["password_file"] = Path(fields["password_file"]) if fields["password_file"] else None
     if "password" in fields and fields["password"] is not None:
         out["password_file"] = store_password(state_dir, str(fields["password"]))
+        mark = state_dir / ENROLLED_MARK
+        if fields.get("enrolled"):
+            mark.write_text("the password in this folder came from an enrolment bundle\n")
+        else:  # typed by hand: a refused login is the typist's to check
+            mark.unlink(missing_ok=True)
     return out
 
 
@@ -754,7 +784,7 @@ def enrolment_fields(state_dir: Path, source: str | Path, ca_file: str | Path | 
     Returns
     -------
     (EnrolmentBundle, dict)
-        The bundle, and ``client_id``, ``broker``, ``federation``, ``username``, ``password``, ``tls_ca``.
+        The bundle, and ``client_id``, ``broker``, ``federation``, ``username``, ``password``, ``tls_ca``, ``enrolled``.
 
     Raises
     ------
@@ -776,6 +806,7 @@ def enrolment_fields(state_dir: Path, source: str | Path, ca_file: str | Path | 
         "username": bundle.username,
         "password": bundle.password,
         "tls_ca": broker.tls_ca or "",
+        "enrolled": True,
     }
     return bundle, fields
 

@@ -41,12 +41,35 @@ from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
 from har_io.enrolment import EnrolmentRefused
 from har_io.exit_codes import Exit
+from har_io.install_hints import install_hint
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.app")
 
 HOP_S = 1.28
 """Seconds between live predictions: 64 samples at 50 Hz."""
+
+
+def span_words(seconds: float) -> str:
+    """A duration as a person says it: "40 s", "3 min", "2 h 9 min"."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def live_words(windows: int) -> str:
+    """The Live screen's line about how long the model has been watching, in words (``windows`` one per :data:`HOP_S`)."""
+    if windows <= 0:
+        return "Nothing seen yet: the first guess comes after about 3 seconds of movement"
+    return f"Watching for {span_words(windows * HOP_S)}; the guess is updated about every second from the last 3 seconds"
+
+
+def is_bundle_text(text: str) -> bool:
+    """Whether the Enrol field holds a bundle's JSON text (pasted or scanned) rather than a file's path."""
+    return text.lstrip().startswith("{")
 
 
 def pretty(activity: str) -> str:
@@ -182,6 +205,7 @@ def create_app(
     from kivy.uix.label import Label
     from kivy.uix.progressbar import ProgressBar
     from kivy.uix.screenmanager import NoTransition, Screen, ScreenManager
+    from kivy.uix.scrollview import ScrollView
     from kivy.uix.spinner import Spinner
     from kivy.uix.switch import Switch
     from kivy.uix.textinput import TextInput
@@ -193,6 +217,19 @@ def create_app(
 
     def title(text: str) -> Label:
         return Label(text=f"[b]{text}[/b]", markup=True, font_size="22sp", size_hint_y=None, height=dp(48))
+
+    def scrolled(root: BoxLayout) -> ScrollView:
+        """``root`` (a vertical box of fixed-height rows) at its own height in a vertical ScrollView, top first.
+
+        Every screen is laid out this way so that any window, 480x800 to 1280x720 and smaller,
+        shows the top of the screen and scrolls to the rest, instead of pushing rows above the
+        window's top edge.
+        """
+        root.size_hint_y = None
+        root.bind(minimum_height=root.setter("height"))
+        view = ScrollView(do_scroll_x=False, bar_width=dp(6), scroll_type=["bars", "content"])
+        view.add_widget(root)
+        return view
 
     def row(label: str, widget: Any, height: float = 44) -> BoxLayout:
         box = BoxLayout(size_hint_y=None, height=dp(height), spacing=dp(8))
@@ -225,8 +262,7 @@ def create_app(
                 self.count_labels[n] = Label(text="0")
                 grid.add_widget(self.count_labels[n])
             root.add_widget(grid)
-            root.add_widget(Label())
-            self.add_widget(root)
+            self.add_widget(scrolled(root))
 
         def activity_name(self) -> str:
             return cfg.labels.names[[pretty(n) for n in cfg.labels.names].index(self.activity.text)]
@@ -256,24 +292,26 @@ def create_app(
             super().__init__(name="live", **kw)
             root = BoxLayout(orientation="vertical", padding=dp(12), spacing=dp(8))
             root.add_widget(title("What the model sees"))
-            self.activity = Label(text="-", font_size="40sp", bold=True)
+            self.activity = Label(text="-", font_size="40sp", bold=True, size_hint_y=None, height=dp(120))
             root.add_widget(self.activity)
             self.confidence = Label(text="", font_size="18sp", size_hint_y=None, height=dp(32))
             root.add_widget(self.confidence)
             self.bar = ProgressBar(max=100, value=0, size_hint_y=None, height=dp(24))
             root.add_widget(self.bar)
-            self.windows = Label(text="", size_hint_y=None, height=dp(28))
+            self.windows = Label(text=live_words(0), size_hint_y=None, height=dp(48), halign="center", valign="middle")
+            self.windows.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap on a narrow window
             root.add_widget(self.windows)
-            self.note = Label(text="waiting for the first window (2.56 s)", size_hint_y=None, height=dp(28), color=(0.8, 0.8, 0.8, 1))
+            self.note = Label(text=LiveView().note, size_hint_y=None, height=dp(48), color=(0.8, 0.8, 0.8, 1),
+                              halign="center", valign="middle")
+            self.note.bind(size=lambda w, size: setattr(w, "text_size", size))
             root.add_widget(self.note)
-            root.add_widget(Label(size_hint_y=0.3))
-            self.add_widget(root)
+            self.add_widget(scrolled(root))
 
         def show(self, v: LiveView) -> None:
             self.activity.text = pretty(v.activity) if v.activity else "-"
             self.confidence.text = f"confidence {v.confidence * 100:.0f} %" if v.activity else ""
             self.bar.value = v.confidence * 100
-            self.windows.text = f"{v.windows} windows, a new one every {HOP_S} s"
+            self.windows.text = live_words(v.windows)
             self.note.text = v.note
 
     class FederationScreen(Screen):
@@ -286,6 +324,8 @@ def create_app(
             root.add_widget(title("Federation"))
             enrol_row = BoxLayout(size_hint_y=None, height=dp(36), spacing=dp(4))
             self.bundle = TextInput(multiline=False, write_tab=False, font_size="13sp", hint_text="bundle file, or paste its text")
+            # A pasted bundle holds the device's password: masked as soon as it is bundle text, never readable.
+            self.bundle.bind(text=lambda w, text: setattr(w, "password", is_bundle_text(text)))
             enrol_row.add_widget(self.bundle)
             self.enrol_button = Button(text="Enrol", size_hint_x=None, width=dp(64))
             self.enrol_button.bind(on_release=lambda *_: self.enrol())
@@ -328,8 +368,7 @@ def create_app(
             self.error = Label(text="", color=(1, 0.45, 0.45, 1), size_hint_y=None, height=dp(84), halign="left", valign="top")
             self.error.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap the whole sentence
             root.add_widget(self.error)
-            root.add_widget(Label())
-            self.add_widget(root)
+            self.add_widget(scrolled(root))
             self._input_error = ""
 
         def load(self, v: FederationView) -> None:
@@ -372,10 +411,15 @@ def create_app(
                 self._input_error = "enrol: give the bundle's file (fedhar-coordinator enrol NAME wrote it), or paste its text"
                 self.error.text = self._input_error
                 return
+            pasted = is_bundle_text(source)
+            if pasted:  # parsed now, whatever the outcome: the text (password included) leaves the field
+                self.bundle.text = ""
             try:
                 b = self.app.controller.enrol(source, ca_file=self.tls_ca.text.strip() or None)
             except EnrolmentRefused as exc:
                 self._input_error = str(exc)
+                if pasted:
+                    self.bundle.hint_text = "the pasted bundle was refused (see below); paste a new one"
             except OSError as exc:
                 self._input_error = f"enrol: cannot read the bundle {source}: {exc.strerror or exc}"
             else:
@@ -510,8 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         if (exc.name or "").partition(".")[0] != "kivy":
             raise
         print(
-            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: pip install 'fedhar[app]' "
-            f"(from a checkout: pip install '.[app]')",
+            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}",
             file=sys.stderr,
         )
         return Exit.MISSING_MODULE

@@ -143,7 +143,7 @@ class ExecuTorchBackend:
     ValueError
         If ``weights`` do not match ``spec``.
     ImportError
-        If executorch is not installed (``pip install 'fedhar[executorch]'``).
+        If executorch is not installed (``pip install -e '<checkout>[executorch]'``).
     """
 
     def __init__(

@@ -3,11 +3,14 @@
 A ``SensorEventListener`` is registered for ``Sensor.TYPE_ACCELEROMETER`` (m/s^2, gravity
 included) and ``Sensor.TYPE_GYROSCOPE`` (rad/s) with a sampling period of 20,000 µs
 (50 Hz asked; Android treats it as a hint and may deliver faster, slower or in batches).
-Each sample keeps its ``SensorEvent.timestamp``: nanoseconds on the boot clock
+Each sample keeps its ``SensorEvent.timestamp``, documented as nanoseconds on the boot clock
 (``SystemClock.elapsedRealtimeNanos()``), not the time the callback ran. The callback
 only appends ``(type, timestamp, x, y, z)`` to a list; a Python loop drains the list
 every ``drain_s`` seconds and converts it with :func:`events_to_chunks`, a pure function
-tested off the phone.
+tested off the phone. Not every phone keeps to the documented clock (some stamp with the wall
+clock, or with a clock that paused in deep sleep, and not always the same for both sensors),
+so each sensor's time base is established from when its events arrive and its stamps are
+mapped to the boot clock before the pair is windowed (:mod:`har_models.data.timebase`).
 
 Sources: Android developer reference, ``SensorManager.registerListener(SensorEventListener,
 Sensor, int samplingPeriodUs, int maxReportLatencyUs)``, ``SensorEvent.timestamp``,
@@ -20,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from edge_client.sensors.base import SensorSource
+from edge_client.sensors.base import SENSOR_WORDS, SensorSource, SensorUnavailable
 from edge_client.sensors.replay import SensorChunk
+from har_models.data.timebase import StreamTimeBase, TimeBaseRefused
 
 log = logging.getLogger("fedhar.client.sensors.android")
 
@@ -96,15 +101,31 @@ class AndroidSensorSource(SensorSource):
         only delivered while the CPU is awake: the foreground service holds a wake lock.
     drain_s : float
         How often the Python loop collects the buffered events (seconds).
+    boot_clock_ns, wall_clock_ns : callables returning int, optional
+        The boot clock (default :meth:`clock_ns`, ``elapsedRealtimeNanos``) and the wall clock
+        (default ``time.time_ns``), read at each drain: each sensor's time base is established
+        from them (:class:`~har_models.data.timebase.StreamTimeBase`) and its stamps are mapped to
+        the boot clock before the two sensors are paired; a sensor whose base cannot be
+        established stops the source with a :class:`SensorUnavailable` that says so.
 
     Raises
     ------
     RuntimeError
         From :meth:`chunks` when not running on Android (no ``jnius``) or when the device
         lacks one of the two sensors.
+    SensorUnavailable
+        From :meth:`chunks` when Android refuses to register a listener (``registerListener``
+        returns false); kept in :attr:`error` and said by :meth:`fault`.
     """
 
-    def __init__(self, sampling_period_us: int = SAMPLING_PERIOD_US, max_report_latency_us: int = 0, drain_s: float = 0.25):
+    def __init__(
+        self,
+        sampling_period_us: int = SAMPLING_PERIOD_US,
+        max_report_latency_us: int = 0,
+        drain_s: float = 0.25,
+        boot_clock_ns: Callable[[], int] | None = None,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
+    ):
         super().__init__()
         if sampling_period_us <= 0 or max_report_latency_us < 0 or drain_s <= 0:
             raise ValueError(
@@ -117,6 +138,9 @@ class AndroidSensorSource(SensorSource):
         self.drain_s = float(drain_s)
         self._events: list[AndroidEvent] = []
         self._lock = threading.Lock()
+        self.boot_clock_ns = boot_clock_ns or self.clock_ns
+        self.wall_clock_ns = wall_clock_ns
+        self.time_bases: dict[str, StreamTimeBase] = {}
 
     @staticmethod
     def clock_ns() -> int:
@@ -138,6 +162,26 @@ class AndroidSensorSource(SensorSource):
             events, self._events = self._events, []
         return events
 
+    def _on_boot_clock(self, events: Sequence[AndroidEvent]) -> list[SensorChunk]:
+        """The drained events as chunks with every sensor's stamps mapped to the boot clock (held while its base is established).
+
+        Raises
+        ------
+        SensorUnavailable
+            When a sensor's time base cannot be established (the message names the sensor).
+        """
+        arrival = int(self.boot_clock_ns())
+        wall_minus_boot = int(self.wall_clock_ns()) - arrival
+        out: list[SensorChunk] = []
+        for name, t, xyz in events_to_chunks(events):
+            try:
+                t_boot, xyz_boot = self.time_bases[name].push(t, xyz, arrival, wall_minus_boot)
+            except TimeBaseRefused as exc:
+                raise SensorUnavailable(str(exc)) from exc
+            if len(t_boot):
+                out.append((name, t_boot, xyz_boot))
+        return out
+
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
         """Register the listener, yield buffered events every ``drain_s`` s, unregister on stop."""
         try:
@@ -154,13 +198,23 @@ class AndroidSensorSource(SensorSource):
         if any(s is None for s in sensors):
             raise RuntimeError("this device lacks an accelerometer or a gyroscope; fedhar needs both")
         listener = _make_listener(self._append)  # kept referenced until unregistered
-        for s in sensors:
-            manager.registerListener(listener, s, self.sampling_period_us, self.max_report_latency_us)
+        for name, s in zip(("acc", "gyro"), sensors, strict=True):
+            # registerListener answers false when the platform refuses (a rate it does not allow, a sensor it
+            # withholds): a refused sensor is an error on the screen and in the status, never a silent stream.
+            if not manager.registerListener(listener, s, self.sampling_period_us, self.max_report_latency_us):
+                manager.unregisterListener(listener)
+                raise SensorUnavailable(
+                    f"Android refused to register the {SENSOR_WORDS[name]} listener at {self.sampling_period_us} µs "
+                    f"(registerListener returned false); check the app's sensor permissions, then restart sensing"
+                )
         log.info("android sensors registered at %d µs (latency %d µs)", self.sampling_period_us, self.max_report_latency_us)
+        # Batched delivery lags by up to the batching latency, and a drain by its period: the bases allow for both.
+        batching_ns = 1000 * self.max_report_latency_us + int(self.drain_s * 1e9)
+        self.time_bases = {name: StreamTimeBase(name, batching_ns=batching_ns) for name in ("acc", "gyro")}
         try:
             while not stop_event.wait(self.drain_s):
-                yield from events_to_chunks(self._drain())
-            yield from events_to_chunks(self._drain())
+                yield from self._on_boot_clock(self._drain())
+            yield from self._on_boot_clock(self._drain())
         finally:
             manager.unregisterListener(listener)
             log.info("android sensors unregistered")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
@@ -29,6 +30,20 @@ log = logging.getLogger("fedhar.client.sensors")
 
 SENSORS = ("acc", "gyro")
 """Sensor names a source may deliver."""
+
+SENSOR_WORDS = {"acc": "accelerometer", "gyro": "gyroscope"}
+
+STALL_S = 10.0
+"""Seconds without a sample after which a sensor counts as stopped (:meth:`SensorSource.fault`): five times the
+longest gap the pipeline bridges, and far above any batching latency the sources ask for (0 to 1 s)."""
+
+
+class SensorUnavailable(RuntimeError):
+    """A sensor that cannot be used here, for a reason one sentence says (no bus device, no driver, refused).
+
+    Raised by :meth:`SensorSource.open` or from a source's thread; the thread keeps it in
+    :attr:`SensorSource.error` without a traceback in the log, since the sentence is the whole story.
+    """
 
 
 class SensorSource(ABC):
@@ -50,6 +65,10 @@ class SensorSource(ABC):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
+        self.stall_s = STALL_S
+        self.host_clock: Callable[[], float] = time.monotonic
+        self._started_at: float | None = None
+        self._last_sample: dict[str, float] = {}  # sensor -> host time (s) its newest chunk with samples arrived
 
     @abstractmethod
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
@@ -59,6 +78,19 @@ class SensorSource(ABC):
         ------
         (sensor, t_ns (n,) int64, xyz (n, 3) float64)
         """
+
+    def open(self) -> None:
+        """Acquire the sensor now, so that a missing device is a :class:`SensorUnavailable` here and not in the thread.
+
+        The default does nothing; a source whose device can be missing (an I2C bus) overrides it.
+        :meth:`start` works without it.
+
+        Raises
+        ------
+        SensorUnavailable
+            With the reason and the fix in one sentence.
+        """
+        return None
 
     def start(self, on_chunk: Callable[[SensorChunk], object], on_end: Callable[[], object] | None = None) -> None:
         """Deliver chunks to ``on_chunk`` from a background thread until :meth:`stop`.
@@ -79,11 +111,17 @@ class SensorSource(ABC):
             raise RuntimeError(f"{self.name}: already running; stop() it first")
         self._stop = threading.Event()
         self.error = None
+        self._started_at, self._last_sample = self.host_clock(), {}
 
         def loop() -> None:
             try:
                 for chunk in self.chunks(self._stop):
+                    if len(chunk[1]):
+                        self._last_sample[chunk[0]] = self.host_clock()
                     on_chunk(chunk)
+            except SensorUnavailable as exc:  # its sentence says it all; the holder of the source reports it
+                self.error = exc
+                log.debug("%s: sensor unavailable: %s", self.name, exc)
             except Exception as exc:  # reported, not raised into a dead thread
                 self.error = exc
                 log.exception("%s: sensor thread failed", self.name)
@@ -101,6 +139,38 @@ class SensorSource(ABC):
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
         self._thread = None
+
+    def fault(self) -> str:
+        """Why this source delivers no usable samples, in words for the screen and the device's status; "" when it does.
+
+        A fault is: the source failed or the platform refused it (:attr:`error`, e.g. a refused
+        registration); it has delivered no sample in :attr:`stall_s` seconds since it started;
+        or one sensor has been silent for :attr:`stall_s` while the other goes on (a listener
+        that stopped). Both sensors silent after delivering is not a fault here: the OS withholds
+        them (Doze, screen off), which :class:`~edge_client.freshness.SensingFreshness` reports as
+        paused sensing. A source stopped on purpose, or a replay that ended, has no fault.
+        """
+        if self.error is not None:
+            return f"sensor {self.name} failed: {self.error}"
+        started = self._started_at
+        if not self.running or started is None:
+            return ""
+        now = self.host_clock()
+        if not self._last_sample:
+            if now - started >= self.stall_s:
+                return (f"sensor {self.name} has delivered no sample in the {now - started:.0f} s since it started: "
+                        "the platform accepted it but sends nothing; restart sensing, or the device")  # fmt: skip
+            return ""
+        newest = max(self._last_sample.values())
+        if now - newest >= self.stall_s:
+            return ""  # everything is silent: paused by the OS, not a stopped listener
+        for sensor in SENSORS:
+            last = self._last_sample.get(sensor, started)
+            if now - last >= self.stall_s:
+                others = ", ".join(SENSOR_WORDS[s] for s in SENSORS if s != sensor)
+                return (f"sensor {self.name}: the {SENSOR_WORDS[sensor]} has sent nothing for {now - last:.0f} s while the "
+                        f"{others} goes on; its listener stopped: restart sensing")  # fmt: skip
+        return ""
 
     @property
     def running(self) -> bool:

@@ -20,12 +20,20 @@ revision 4.2 (RM-MPU-6000A-00), sections 4.2 (SMPLRT_DIV), 4.3 (CONFIG), 4.4 (GY
   overflow in ``INT_STATUS`` bit 4 (cleared by reading it).
 
 The chip's sample clock, not the Pi's read time, spaces the samples: sample ``k`` after
-the FIFO was (re)started at host time ``t0`` is stamped ``t0 + (k + 1) * 20 ms``. Data that
+the FIFO was (re)started at host time ``t0`` is stamped ``t0 + (k + 1) * 20 ms``, at first;
+the chip's oscillator is a few percent off 50 Hz, so once the reads span 30 s the stamps
+follow the rate measured against the host clock and do not drift from it
+(:class:`~har_models.data.sample_clock.SampleClock`; :attr:`Mpu6050Stats.measured_rate_hz`). Data that
 cannot be read back in order (a failed I2C transfer in the middle of the FIFO, an
 overflow) is a *gap*: it is logged and counted, the FIFO is reset and the timestamps
 restart from the host clock, so the pipeline sees a jump in time and no window spans it.
 A failed read never produces a zero sample. Busy buses fail now and then with
-errno 121 (EREMOTEIO); that is retried.
+errno 121 (EREMOTEIO); that is retried. Each fault has its own kind and counter: I/O errors,
+timeouts (errno 110, ETIMEDOUT: the chip did not answer within the bus's time, a stretched
+clock or a loose wire; counted in :attr:`Mpu6050Stats.timeouts`, and after
+:data:`TIMEOUTS_BEFORE_RECONFIGURE` in a row the chip is configured again, as one that lost
+power answers), and partial frames (a FIFO count that stays off a whole number of 12-byte
+frames: a byte was lost and every later frame would be misread, so it is a gap).
 
 ``smbus2`` is imported only by :func:`open_bus`, so the driver runs against any object
 with the same methods (``read_byte_data``, ``write_byte_data``, ``read_i2c_block_data``).
@@ -44,8 +52,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_client.sensors.base import SensorSource
+from edge_client.sensors.base import SensorSource, SensorUnavailable
 from edge_client.sensors.replay import SensorChunk
+from har_io.install_hints import install_hint
+from har_models.data.sample_clock import SampleClock
 
 log = logging.getLogger("fedhar.client.sensors.mpu6050")
 
@@ -96,6 +106,8 @@ GYRO_RATE_DLPF_HZ = 1000
 """Gyroscope output rate with the DLPF on (DLPF_CFG 1-6), Hz."""
 MAX_BLOCK = 32
 """Largest SMBus block read, bytes."""
+TIMEOUTS_BEFORE_RECONFIGURE = 3
+"""Timeouts (errno 110) in a row after which the chip is configured again (one that browned out answers as after power-on)."""
 
 STANDARD_GRAVITY = 9.80665
 """m/s^2 per g."""
@@ -232,6 +244,12 @@ class Mpu6050Stats:
         Failed I2C transfers (errno 121 and others), retried.
     overflows : int
         FIFO overflows (the reader fell more than 1024 bytes, about 1.7 s, behind).
+    timeouts : int
+        Transfers that timed out (errno 110), counted apart from the other I/O errors.
+    partial_frames : int
+        Times the FIFO held a partial frame that did not complete (lost bytes): each is a gap.
+    measured_rate_hz : float or None
+        The chip's real sample rate by the host clock, once measured (30 s of reads); None before.
     last_error : str
         The latest I/O error, for the app and logs.
     health : list of str
@@ -243,6 +261,9 @@ class Mpu6050Stats:
     gaps: int = 0
     io_errors: int = 0
     overflows: int = 0
+    timeouts: int = 0
+    partial_frames: int = 0
+    measured_rate_hz: float | None = None
     last_error: str = ""
     health: list[str] = field(default_factory=list)
 
@@ -269,10 +290,12 @@ class Mpu6050:
     stats: Mpu6050Stats = field(default_factory=Mpu6050Stats)
 
     def __post_init__(self) -> None:
-        self._t0 = 0
-        self._k = 0  # samples since the FIFO was (re)started
+        self._clock = SampleClock(self.config.period_ns)
         self._needs_reset = False  # a FIFO reset failed: try it again before reading
-        self._last_t = -(2**62)  # newest timestamp delivered, ns
+        self.needs_configure = False  # the chip stopped answering (timeouts in a row): configure it again
+        self._timeouts_in_row = 0
+        self._remainder = 0  # bytes of a partial frame left in the FIFO at the last read
+        self._rate_logged = False
         # The ranges the chip reports after configure(): what its counts are decoded with.
         self.accel_range_g = self.config.accel_range_g
         self.gyro_range_dps = self.config.gyro_range_dps
@@ -361,9 +384,9 @@ class Mpu6050:
             )
 
     def _restart_clock(self) -> None:
-        # Never before the last stamp given out: the chip's clock may have run ahead of the host's.
-        self._t0 = max(self.clock_ns(), self._last_t)
-        self._k = 0
+        # Never before the last stamp given out (SampleClock.restart): the chip's clock may have run ahead of the host's.
+        self._clock.restart(self.clock_ns())
+        self._remainder = 0
 
     def _reset_fifo(self) -> None:
         """Empty the FIFO and restart the timestamps (after lost data). A failure here is retried on the next read."""
@@ -379,9 +402,18 @@ class Mpu6050:
         self._restart_clock()
 
     def _io_error(self, what: str, exc: OSError) -> None:
-        self.stats.io_errors += 1
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.stats.last_error = f"{what}: {name} {exc}"
+        if exc.errno == errno.ETIMEDOUT:
+            self.stats.timeouts += 1
+            self._timeouts_in_row += 1
+            log.warning("MPU-6050: %s timed out (ETIMEDOUT: the chip did not answer in time; a stretched clock or a loose wire), "
+                        "%d in a row", what, self._timeouts_in_row)  # fmt: skip
+            if self._timeouts_in_row >= TIMEOUTS_BEFORE_RECONFIGURE:
+                log.warning("MPU-6050: %d timeouts in a row; configuring the chip again", self._timeouts_in_row)
+                self.needs_configure = True
+            return
+        self.stats.io_errors += 1
         log.warning("MPU-6050: %s failed (%s: %s); retrying", what, name, exc)
 
     def _gap(self, why: str) -> None:
@@ -409,11 +441,20 @@ class Mpu6050:
         except OSError as exc:  # nothing was taken out of the FIFO: no data lost
             self._io_error("status read", exc)
             return []
+        self._timeouts_in_row = 0
         count = (hi << 8) | lo
         if status & INT_FIFO_OFLOW or count >= FIFO_SIZE:
             self.stats.overflows += 1
             self._gap(f"FIFO overflow, {count} bytes waiting")
             return []
+        remainder = count % FRAME_BYTES
+        if remainder and remainder == self._remainder:
+            # A frame being written when the count is read completes by the next read; one that stays partial lost
+            # bytes, and every frame after it would be read shifted: drop them all.
+            self.stats.partial_frames += 1
+            self._gap(f"a partial frame of {remainder} bytes stayed in the FIFO (bytes were lost)")
+            return []
+        self._remainder = remainder
         n_bytes = (count // FRAME_BYTES) * FRAME_BYTES
         if n_bytes == 0:
             return []
@@ -436,10 +477,15 @@ class Mpu6050:
             return []
         raw = np.frombuffer(data, dtype=">i2").reshape(-1, 6)
         n = raw.shape[0]
-        t = self._t0 + (self._k + 1 + np.arange(n, dtype=np.int64)) * self.config.period_ns
-        self._k += n
-        self._last_t = int(t[-1])
+        t = self._clock.stamps(n, self.clock_ns())
         self.stats.samples += n
+        rate = self._clock.measured_rate_hz
+        if rate is not None:
+            self.stats.measured_rate_hz = rate
+            if not self._rate_logged and abs(rate / self.config.sample_rate_hz - 1) > 0.005:
+                self._rate_logged = True
+                log.info("MPU-6050 at 0x%02x samples at %.2f Hz by the host clock (%d Hz asked): the stamps follow the measured rate",
+                         self.config.address, rate, self.config.sample_rate_hz)  # fmt: skip
         acc, gyro = counts_to_si(raw, self.accel_range_g, self.gyro_range_dps)
         self._check_plausible(acc)
         return [("acc", t, acc), ("gyro", t.copy(), gyro)]
@@ -450,17 +496,26 @@ def open_bus(bus_number: int = 1) -> Any:
 
     Raises
     ------
-    RuntimeError
-        If smbus2 is not installed (``pip install 'fedhar[pi]'``).
-    OSError
-        If the bus device does not exist (enable I2C: ``raspi-config nonint do_i2c 0``) or
-        is not readable (add the user to group ``i2c``).
+    SensorUnavailable
+        If smbus2 is not installed (the ``[pi]`` extra), if the bus device does not exist
+        (enable I2C: ``raspi-config nonint do_i2c 0``, then reboot) or is not readable (add the
+        user to group ``i2c``); one sentence each, with the fix.
     """
     try:
         from smbus2 import SMBus
     except ImportError as exc:
-        raise RuntimeError("the MPU-6050 source needs smbus2: pip install 'fedhar[pi]'") from exc
-    return SMBus(bus_number)
+        raise SensorUnavailable(f"the MPU-6050 source needs smbus2, which is not installed: {install_hint('pi')}") from exc
+    path = f"/dev/i2c-{bus_number}"
+    try:
+        return SMBus(bus_number)
+    except FileNotFoundError as exc:
+        raise SensorUnavailable(f"{path} does not exist: enable I2C (sudo raspi-config nonint do_i2c 0) and reboot, "
+                                f"or choose another bus with --sensor mpu6050:BUS") from exc  # fmt: skip
+    except PermissionError as exc:
+        raise SensorUnavailable(f"{path} is not readable by this user: add it to group i2c (sudo usermod -aG i2c $USER), "
+                                f"then log in again") from exc  # fmt: skip
+    except OSError as exc:
+        raise SensorUnavailable(f"{path} cannot be opened: {exc.strerror or exc}") from exc
 
 
 class Mpu6050Source(SensorSource):
@@ -500,9 +555,22 @@ class Mpu6050Source(SensorSource):
         self.clock_ns = clock_ns
         self.driver: Mpu6050 | None = None
 
+    def open(self) -> None:
+        """Open the I2C bus now (:func:`open_bus`); :meth:`chunks` opens it itself if this was not called.
+
+        Raises
+        ------
+        SensorUnavailable
+            If the bus cannot be opened (see :func:`open_bus`).
+        """
+        if self._bus is None:
+            self._bus = open_bus(self.bus_number)
+
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
         """Configure the chip (retrying on I/O errors), then yield its samples every ``poll_s``."""
-        bus = self._bus if self._bus is not None else open_bus(self.bus_number)
+        self.open()
+        bus = self._bus
+        assert bus is not None  # open() set it or raised
 
         def wait(seconds: float) -> None:
             stop_event.wait(seconds)
@@ -516,4 +584,11 @@ class Mpu6050Source(SensorSource):
                 drv._io_error("configuration", exc)
                 stop_event.wait(self.retry_s)
         while not stop_event.wait(self.poll_s):
+            if drv.needs_configure:
+                try:
+                    drv.configure()
+                    drv.needs_configure = False
+                except OSError as exc:
+                    drv._io_error("configuration", exc)
+                    continue
             yield from drv.read()

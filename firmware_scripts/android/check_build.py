@@ -18,7 +18,10 @@ python-for-android release notes):
 * python-for-android is a release tag (``vYYYY.MM.DD``), not a branch that moves;
 * the CPython built is the minor version the tests run (pyproject's mypy ``python_version``);
 * the ExecuTorch AAR is the release of the exporter pinned in pyproject (``executorch==X``);
-* Gradle is told what to do with the second ``libc++_shared.so`` (fbjni's next to numpy's).
+* Gradle is told what to do with the second ``libc++_shared.so`` (fbjni's next to numpy's);
+* every package the spec pins that pyproject also names (``dependencies`` or the ``app`` extra)
+  is pinned there to the same version, so the phone runs the release the desktops and the
+  tests run (the spec once had paho-mqtt 2.1.0 while desktops resolved 2.2.0).
 """
 
 from __future__ import annotations
@@ -91,6 +94,25 @@ def pinned(requirements: list[str], name: str) -> str | None:
     return None
 
 
+def pyproject_pins_differing(requirements: list[str], pyproject: dict) -> list[tuple[str, tuple[str, str]]]:
+    """The spec's pins ``name==X`` whose package pyproject names with another requirement than ``name==X``.
+
+    Returns ``(name, (spec version, pyproject requirement))`` for each; python3 and hostpython3
+    (the interpreter, checked on its own) are left out.
+    """
+    declared = [*pyproject["project"].get("dependencies", []), *pyproject["project"].get("optional-dependencies", {}).get("app", [])]
+    by_name = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].strip().lower(): d.replace(" ", "") for d in declared}
+    out = []
+    for req in requirements:
+        name, sep, version = req.partition("==")
+        name = name.strip().lower()
+        if not sep or name in ("python3", "hostpython3") or name not in by_name:
+            continue
+        if by_name[name] != f"{name}=={version.strip()}":
+            out.append((name, (version.strip(), by_name[name])))
+    return out
+
+
 def spec_problems(spec: configparser.ConfigParser, pyproject: dict) -> list[str]:
     """Everything wrong with the spec against the rules in this module's docstring ([] when none).
 
@@ -130,6 +152,8 @@ def spec_problems(spec: configparser.ConfigParser, pyproject: dict) -> list[str]
     aar = [d.rsplit(":", 1)[-1] for d in spec_list(spec, "android.gradle_dependencies") if d.startswith("org.pytorch:executorch-android:")]
     if aar != [exporter]:
         problems.append(f"android.gradle_dependencies: executorch-android {aar} must equal the exporter's executorch=={exporter}")
+    for name, version in pyproject_pins_differing(reqs, pyproject):
+        problems.append(f"requirements: {name}=={version[0]} but pyproject.toml has {version[1]!r}: pin both to the same version")
     options = spec_list(spec, "android.add_packaging_options")
     if not any("libc++_shared.so" in o and o.startswith(("pickFirst", "jniLibs.pickFirsts")) for o in options):
         problems.append("android.add_packaging_options: no pickFirst rule for libc++_shared.so (Gradle: 2 files found)")

@@ -278,7 +278,7 @@ def export_training_program(spec: ArchSpec, train_batch: int = 32) -> bytes:
     Raises
     ------
     ImportError
-        If executorch is not installed (``pip install 'fedhar[executorch]'``).
+        If executorch is not installed (``pip install -e '<checkout>[executorch]'``).
     """
     from executorch.exir import EdgeCompileConfig, to_edge
     from torch.export import Dim, export

@@ -305,6 +305,10 @@ class SensingHealth:
         return h
 
 
+MAX_FAULT_CHARS = 500
+"""Longest :attr:`ClientStatus.fault` (a sentence or two naming the folder or sensor and the fix)."""
+
+
 @dataclass(frozen=True)
 class ClientStatus:
     """Retained presence and capability message of a client.
@@ -358,6 +362,11 @@ class ClientStatus:
         Optional (left out when None): delivered sample rates, the newest window's age, gaps
         and late samples of a client that runs a sensor pipeline in this process (a live
         sensor, a replay); None for one that does not (windows ingested before, an older client).
+    fault : str
+        Optional (left out when ""): why this device cannot take part now, in words (at most
+        :data:`MAX_FAULT_CHARS` characters): its state folder cannot be written, its sensor was
+        refused or stopped delivering. A status with a fault says the device is not to be
+        selected (:attr:`selectable`); it clears when the device recovers.
     """
 
     client_id: str
@@ -378,6 +387,12 @@ class ClientStatus:
     backend: str = ""
     arch_version: int | None = None
     sensing_health: SensingHealth | None = None
+    fault: str = ""
+
+    @property
+    def selectable(self) -> bool:
+        """Whether this status lets a coordinator select the device for a round: present, with training windows, no fault."""
+        return self.state != "offline" and self.n_train > 0 and not self.fault
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -393,6 +408,8 @@ class ClientStatus:
             del d["backend"]
         if self.arch_version is None:  # optional, as charging
             del d["arch_version"]
+        if not self.fault:  # optional, as sensing
+            del d["fault"]
         if self.sensing_health is None:  # optional, as charging
             del d["sensing_health"]
         else:
@@ -434,6 +451,8 @@ class ClientStatus:
                 raise ValueError(f"backend must be a backend name (lowercase letters, digits, '_.-', at most 32), got {st.backend!r:.40}")
             if st.arch_version is not None:
                 check_count(st.arch_version, "arch_version")
+            if not isinstance(st.fault, str) or len(st.fault) > MAX_FAULT_CHARS:
+                raise ValueError(f"fault must be a string of at most {MAX_FAULT_CHARS} characters")
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
