@@ -136,19 +136,20 @@ GRAMS = ("float32", "float64")
 summed in float64; the default) or ``"float64"`` (exact: every product in float64)."""
 
 DEFAULT_GRAM = "float32"
-"""The Gram arithmetic :func:`distances` uses unless told otherwise. float32 with centred blocks gave
-p_ij within 1e-9 of the exact float64 ones (worst absolute difference, same top-K sets) on 30 clients
-of a 0.4 M-parameter CNN whose guidance step is a fifth of the clients' spread
-(tests/test_feddwa_gram.py asserts 1e-6), and took the distances over 30 spilled paper-CNN updates
-from 5.4 to 2.4 s (``benchmarks/bench_aggregation.py --clients 30 --threads 1``)."""
+"""The Gram arithmetic :func:`distances` uses unless told otherwise. Against the exact float64 product, float32
+with centred blocks gave the same top-K sets and p_ij within 1e-7 (worst absolute difference) on 30 clients of a
+0.5 M-parameter CNN whose guidance step is a fifth of the clients' spread, and within 2e-8 on 30 spilled
+paper-CNN updates of ``benchmarks/bench_aggregation.py`` (tests/test_feddwa_gram.py asserts 1e-6). On those 30
+spilled updates the distances took 1.19-1.26 s of CPU instead of 1.65-2.05 s (1 thread, a shared machine)."""
 
 
 GRAM_CHUNK = 1024
-"""Parameters per float32 partial product in :func:`distances` with ``gram="float32"``; the partial products
-are summed in float64 (and the squared norms accumulate in float64 throughout). Rounding grows with the terms a
-float32 sum adds. Measured against the exact product, worst relative error of a squared distance (a client's own,
-the smallest, is the worst): whole 200,000-parameter blocks 7e-5; chunks of 4,096 parameters 1e-6 (30 clients,
-0.5 M-parameter CNN) and 9e-6 (6 clients, 9,198-parameter CNN); chunks of 1,024 7e-7 and 2e-6, at the same speed."""
+"""Parameters per float32 partial product and partial squared norm in :func:`distances` with ``gram="float32"``;
+the partial results are summed in float64. Rounding grows with the terms a float32 sum adds. Measured against the
+exact product, worst relative error of a squared distance (a client's own, the smallest, is the worst): whole
+200,000-parameter blocks 7e-5; chunks of 4,096 parameters 9e-7 (30 clients, 0.5 M-parameter CNN) and 1.1e-5
+(6 clients, 9,198-parameter CNN); chunks of 1,024 8e-7 and 3e-6, at the speed of one matmul per block (norms
+accumulated in float64 instead cost twice the product's time)."""
 
 
 def distances(
@@ -178,9 +179,9 @@ def distances(
     row c (D is unchanged by a common shift: ||(ŵ_i - c) - (w_j - c)|| = ||ŵ_i - w_j||), so
     the norms and products are of the size of the models' differences instead of the models
     themselves and float32 cancellation stays small; each block's ``(n, n)`` float32 product
-    and its norms are summed into float64. Half the bytes to stack and a float32 matmul make
-    it about twice as fast; the weights p_ij it leads to differ from the exact ones by far
-    less than :data:`DEFAULT_GRAM` states (tests/test_feddwa_gram.py).
+    and its norms, over chunks of :data:`GRAM_CHUNK` parameters, are summed into float64. Half
+    the bytes to stack and a float32 matmul make it faster; :data:`DEFAULT_GRAM` gives the
+    measured speed and how far the weights p_ij it leads to are from the exact ones.
 
     Parameters
     ----------
@@ -278,13 +279,13 @@ def _distances_float32(
                 x = bw[:, : s * GRAM_CHUNK].unflatten(1, (s, GRAM_CHUNK))  # (n, s, chunk), a view
                 y = bg[:, : s * GRAM_CHUNK].unflatten(1, (s, GRAM_CHUNK))
                 gram += torch.bmm(x.transpose(0, 1), y.permute(1, 2, 0)).sum(0, dtype=torch.float64)
-                sq_w += torch.linalg.vector_norm(x, dim=2, dtype=torch.float64).square_().sum(1)
-                sq_g += torch.linalg.vector_norm(y, dim=2, dtype=torch.float64).square_().sum(1)
+                sq_w += torch.linalg.vector_norm(x, dim=2).double().square_().sum(1)
+                sq_g += torch.linalg.vector_norm(y, dim=2).double().square_().sum(1)
             if m > s * GRAM_CHUNK:  # the tensor's last, shorter chunk
                 tw, tg = bw[:, s * GRAM_CHUNK :], bg[:, s * GRAM_CHUNK :]
                 gram += torch.mm(tw, tg.T, out=prod)
-                sq_w += torch.linalg.vector_norm(tw, dim=1, dtype=torch.float64).square_()
-                sq_g += torch.linalg.vector_norm(tg, dim=1, dtype=torch.float64).square_()
+                sq_w += torch.linalg.vector_norm(tw, dim=1).double().square_()
+                sq_g += torch.linalg.vector_norm(tg, dim=1).double().square_()
     finally:
         stack_w.close()
         stack_g.close()
