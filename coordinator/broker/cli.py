@@ -102,7 +102,7 @@ def build_parser(prog: str = "mosquitto_config.py") -> argparse.ArgumentParser:
 
 
 def build_broker_parser() -> argparse.ArgumentParser:
-    """The parser of ``fedhar-coordinator broker init|add|remove|rotate|list`` (the same actions as :func:`build_parser`)."""
+    """The parser of ``fedhar-coordinator broker init|add|remove|rotate|list|bridge`` (the same actions as :func:`build_parser`)."""
     existing = "a broker folder written by 'init'"
     ap = argparse.ArgumentParser(
         prog=PROG,
