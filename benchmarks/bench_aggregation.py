@@ -29,6 +29,9 @@ weights, and the personalised mixes. ``--threads`` sets torch's threads in every
 machine whose cores are busy with other work, 1 thread avoids measuring OpenMP threads that
 wait for each other).
 
+``--dwa-gram float64`` times FedDWA with the exact Gram product instead of the default float32 one
+(coordinator/feddwa.py, ``DEFAULT_GRAM``).
+
 Run: ``python benchmarks/bench_aggregation.py`` (100 clients take about 5 GB of disk for the
 spilled files and up to ~9 GB of memory in the FedDWA case; ``--clients 10,30`` for a smaller
 run, ``--json`` for machine-readable output). The last line is ``feddwa_vs_fedavg=<wall ratio at
@@ -54,6 +57,7 @@ import coordinator.feddwa as feddwa_mod
 import coordinator.strategies.feddwa as strategy_mod
 from coordinator.spill import SpilledState, spill_update
 from coordinator.strategies import Federation, make_strategy
+from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
 
@@ -166,9 +170,12 @@ def _timed_phases(acc: dict[str, float]) -> Callable[[], None]:
     return undo
 
 
-def run_case(folder: Path, strategy: str, n: int, reps: int) -> dict[str, Any]:
-    """Time ``aggregate_fit`` of ``strategy`` over the first ``n`` spilled updates, ``reps`` times (in this process)."""
-    strat = make_strategy(strategy)
+def run_case(folder: Path, strategy: str, n: int, reps: int, gram: str = feddwa_mod.DEFAULT_GRAM) -> dict[str, Any]:
+    """Time ``aggregate_fit`` of ``strategy`` over the first ``n`` spilled updates, ``reps`` times (in this process).
+
+    ``gram`` is FedDWA's Gram arithmetic (:data:`coordinator.feddwa.GRAMS`; ignored by other strategies).
+    """
+    strat = make_strategy(strategy, FedDWASettings(gram=gram) if strategy == "feddwa" else None)
     updates = spilled_updates(folder, n, guidance=strategy == "feddwa")
     fed = Federation(SPEC, SPEC, init_state(SPEC, 0))
     gc.collect()
@@ -208,9 +215,11 @@ def run_case(folder: Path, strategy: str, n: int, reps: int) -> dict[str, Any]:
     }
 
 
-def run_in_subprocess(folder: Path, strategy: str, n: int, reps: int, threads: int | None) -> dict[str, Any]:
+def run_in_subprocess(
+    folder: Path, strategy: str, n: int, reps: int, threads: int | None, gram: str = feddwa_mod.DEFAULT_GRAM
+) -> dict[str, Any]:
     """:func:`run_case` in a fresh Python process (so its peak RSS is its own); raises RuntimeError if it fails."""
-    cmd = [sys.executable, __file__, "--worker", strategy, str(n), str(reps), str(folder)]
+    cmd = [sys.executable, __file__, "--worker", strategy, str(n), str(reps), str(folder), "--dwa-gram", gram]
     if threads is not None:
         cmd += ["--threads", str(threads)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -230,13 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads in each case (default: torch's own)")
     ap.add_argument("--spill-dir", type=Path, default=None, help="where the spilled updates go (default: a temporary folder)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--dwa-gram", choices=feddwa_mod.GRAMS, default=feddwa_mod.DEFAULT_GRAM,
+                    help="FedDWA's Gram arithmetic: float32 (the default) or the exact float64 (%(default)s)")  # fmt: skip
     ap.add_argument("--worker", nargs=4, metavar=("STRATEGY", "N", "REPS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.worker:
         strategy, n, reps, folder = args.worker
-        print(json.dumps(run_case(Path(folder), strategy, int(n), int(reps))))
+        print(json.dumps(run_case(Path(folder), strategy, int(n), int(reps), args.dwa_gram)))
         return 0
 
     sizes = sorted({int(s) for s in args.clients.split(",") if s.strip()})
@@ -256,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in sizes:
             row: dict[str, Any] = {"clients": n}
             for strategy in ("fedavg", "feddwa"):
-                r = run_in_subprocess(folder, strategy, n, args.reps, args.threads)
+                r = run_in_subprocess(folder, strategy, n, args.reps, args.threads, args.dwa_gram)
                 row[strategy] = r
                 log(f"  {strategy} at {n} clients: median {r['seconds']:.2f} s of {[round(t, 2) for t in r['all_seconds']]}, "
                     f"peak RSS {_gb(r['peak_rss_bytes'])} GB")  # fmt: skip
@@ -268,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rows, indent=2))
     else:
         print(f"server step (aggregate_fit) on spilled updates, paper CNN ({SPEC.n_parameters():,} parameters, 25.8 MB), "
-              f"median of {args.reps}; torch {torch.__version__}, {args.threads or torch.get_num_threads()} threads")  # fmt: skip
+              f"median of {args.reps}; torch {torch.__version__}, {args.threads or torch.get_num_threads()} threads; "
+              f"FedDWA's Gram product in {args.dwa_gram}")  # fmt: skip
         print(f"{'clients':>7} {'FedAvg s':>9} {'FedDWA s':>9} {'ratio':>6} {'FedAvg cpu s':>13} {'FedDWA cpu s':>13} "
               f"{'cpu ratio':>9} {'FedAvg peak GB':>15} {'FedDWA peak GB':>15} {'base GB':>8}")  # fmt: skip
         for row in rows:

@@ -87,7 +87,7 @@ class CoordinatorConfig:
     fedprox : FedProxSettings
         FedProx mu (``--prox-mu``; TOML table ``[fedprox]``).
     feddwa : FedDWASettings
-        FedDWA K (``--top-k``; ``[feddwa]``).
+        FedDWA K and the distances' Gram arithmetic (``--top-k``, ``--dwa-gram``; ``[feddwa]``).
     server_opt : ServerOptSettings
         Server optimiser eta, beta, beta2, tau of Reddi et al., ICLR 2021, Algorithm 2
         (``--server-lr``, ``--server-momentum``, ``--server-beta2``, ``--server-tau``;

@@ -73,7 +73,7 @@ def test_strategy_settings_are_tables_with_the_old_flags_and_each_default_writte
     got = config_from_args(build_parser().parse_args(["--config", str(f), "--prox-mu", "0.4"]), run_dir=tmp_path)
     assert (got.feddwa.top_k, got.fedprox.mu) == (2, 0.4)  # the option wins over the file, the rest of the table stays
     doc = got.to_json()
-    assert doc["feddwa"] == {"top_k": 2} and doc["fedprox"] == {"mu": 0.4} and "top_k" not in doc
+    assert doc["feddwa"] == {"top_k": 2, "gram": "float32"} and doc["fedprox"] == {"mu": 0.4} and "top_k" not in doc
 
 
 def test_a_file_with_the_old_flat_keys_still_loads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -36,8 +36,12 @@ def test_mapped_states_give_the_same_distances_weights_and_models_as_states_in_m
     ups = [_random_update(f"c{k}", k) for k in range(7)]
     spilled = [spill_update(u, tmp_path) for u in ups]
     assert all(isinstance(u.state, feddwa.FlatBlockSource) for u in spilled)
-    mem = feddwa.aggregate([u.state for u in ups], [u.guidance for u in ups], top_k=3, block_size=block_size)  # type: ignore[misc]
-    disk = feddwa.aggregate([u.state for u in spilled], [u.guidance for u in spilled], top_k=3, block_size=block_size)  # type: ignore[misc]
+    # The exact (float64) product, to compare with the direct computation below; tests/test_feddwa_gram.py compares
+    # the float32 one of mapped and in-memory states.
+    mem = feddwa.aggregate([u.state for u in ups], [u.guidance for u in ups], top_k=3, block_size=block_size,  # type: ignore[misc]
+                           gram="float64")  # fmt: skip
+    disk = feddwa.aggregate([u.state for u in spilled], [u.guidance for u in spilled], top_k=3, block_size=block_size,  # type: ignore[misc]
+                            gram="float64")  # fmt: skip
     # Same numbers summed in the same order: equal bit for bit, not merely close.
     assert torch.equal(mem.distances, disk.distances) and torch.equal(mem.weights, disk.weights)
     for a, b in zip(mem.states, disk.states, strict=True):

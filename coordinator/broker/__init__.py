@@ -10,8 +10,10 @@
 * :mod:`~coordinator.broker.certificates`: the openssl recipe and the broker's copies in ``tls/``;
 * :mod:`~coordinator.broker.accounts`: the folder written at once (:func:`generate`) or one
   device at a time (:func:`add_device`, :func:`remove_device`);
+* :mod:`~coordinator.broker.bridge`: a regional broker for devices bridged to the coordinator's
+  (:func:`init_bridge`; docs/scale.md, "Regional brokers");
 * :mod:`~coordinator.broker.report`: what a run did, as text or JSON;
-* :mod:`~coordinator.broker.cli`: ``fedhar-coordinator broker init|add|remove|rotate|list`` and the
+* :mod:`~coordinator.broker.cli`: ``fedhar-coordinator broker init|add|remove|rotate|list|bridge`` and the
   one-command form that ``firmware_scripts/mosquitto_config.py`` keeps.
 
 Nothing here needs more than the standard library, ``har_models``' file and topic helpers and
@@ -19,8 +21,9 @@ Mosquitto's ``mosquitto_passwd``: an operator's machine without the coordinator 
 """
 
 from coordinator.broker.accounts import Outcome, add_device, configured_devices, generate, remove_device
+from coordinator.broker.bridge import init_bridge
 from coordinator.broker.passwords import find_mosquitto_passwd, password_file, read_password
-from coordinator.broker.render import acl_text, config_text
+from coordinator.broker.render import acl_text, bridge_text, bridge_topics, config_text
 from coordinator.broker.settings import DEFAULTS, BrokerSettings, SetupError, read_settings
 
 __all__ = [
@@ -30,10 +33,13 @@ __all__ = [
     "SetupError",
     "acl_text",
     "add_device",
+    "bridge_text",
+    "bridge_topics",
     "config_text",
     "configured_devices",
     "find_mosquitto_passwd",
     "generate",
+    "init_bridge",
     "password_file",
     "read_password",
     "read_settings",

@@ -24,6 +24,7 @@ from coordinator.broker.settings import (
     HOME_ASSISTANT_USER,
     MANIFEST_NAME,
     PASSWORD_SUFFIX,
+    UPSTREAM_SECRET,
     BrokerSettings,
     SetupError,
     check_settings,
@@ -179,7 +180,9 @@ def generate(
             outcome.password_file(user).unlink(missing_ok=True)
         settings = outcome.settings = install_tls_files(out, settings)
         write_broker_file(out / "acl", acl_text(settings, devices))
-        write_file(out / "mosquitto.conf", config_text(settings, out), 0o644)
+        upstream_password = _upstream_password(out) if settings.upstream else None
+        # A regional broker's configuration holds its bridge's password: readable by the broker only.
+        write_file(out / "mosquitto.conf", config_text(settings, out, upstream_password), 0o644 if upstream_password is None else 0o600)
         grant_broker_access(out, created_out, settings)
         manifest = {"settings": asdict(settings), "clients": devices, "generator": "fedhar-coordinator broker"}
         write_file(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n", 0o644)
@@ -192,12 +195,31 @@ def generate(
     return outcome
 
 
+def _upstream_password(out: Path) -> str:
+    """The bridge password kept in the regional folder ``out`` (:data:`UPSTREAM_SECRET`).
+
+    Raises
+    ------
+    SetupError
+        If it is missing or not a generated password (the message says how to make it again).
+    """
+    path = out / UPSTREAM_SECRET
+    if not path.is_file():
+        raise SetupError(
+            f"{path} is missing: this regional broker's bridge has no password; run fedhar-coordinator broker bridge init "
+            f"--out {out} --upstream-dir <the coordinator's broker folder> --upstream HOST:PORT again"
+        )
+    return read_password_file(path)
+
+
 def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> None:
     """Raise SetupError if the device id ``cid`` is the name of an account that is not a device."""
     if cid == settings.coordinator_user:
         raise SetupError(f"client id {cid!r}{where} is the coordinator's user name; rename the device or pass another --coordinator-user")
     if cid == settings.monitor_user:
         raise SetupError(f"client id {cid!r}{where} is the monitor account's user name; rename the device or pass another --monitor-user")
+    if cid in settings.bridge_users:
+        raise SetupError(f"client id {cid!r}{where} is a regional broker's bridge account; rename the device")
 
 
 def configured_devices(out: Path) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.broker.accounts import configured_devices, generate
+from coordinator.broker.bridge import init_bridge
 from coordinator.broker.certificates import OPENSSL_HELP
 from coordinator.broker.report import report, summary
 from coordinator.broker.settings import (
@@ -101,7 +102,7 @@ def build_parser(prog: str = "mosquitto_config.py") -> argparse.ArgumentParser:
 
 
 def build_broker_parser() -> argparse.ArgumentParser:
-    """The parser of ``fedhar-coordinator broker init|add|remove|rotate|list`` (the same actions as :func:`build_parser`)."""
+    """The parser of ``fedhar-coordinator broker init|add|remove|rotate|list|bridge`` (the same actions as :func:`build_parser`)."""
     existing = "a broker folder written by 'init'"
     ap = argparse.ArgumentParser(
         prog=PROG,
@@ -110,11 +111,13 @@ def build_broker_parser() -> argparse.ArgumentParser:
         f"{PROG} add --out DIR ID [ID ...]        accounts for new devices (passwords in DIR/credentials/)\n"
         f"{PROG} remove --out DIR ID [ID ...]     remove devices (alias: revoke); reload the broker afterwards\n"
         f"{PROG} rotate --out DIR [ID ...]        new passwords for these users (none named: every user)\n"
-        f"{PROG} list --out DIR                   the devices and service accounts of the folder",
+        f"{PROG} list --out DIR                   the devices and service accounts of the folder\n"
+        f"{PROG} bridge init --out REGIONAL --upstream-dir DIR --upstream HOST:PORT --name REGION [--clients ID,...]\n"
+        "                                          a regional broker for devices, bridged to the coordinator's (docs/scale.md)",
         epilog=OPENSSL_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="action", required=True, metavar="{init,add,remove,rotate,list}")
+    sub = ap.add_subparsers(dest="action", required=True, metavar="{init,add,remove,rotate,list,bridge}")
     init = sub.add_parser("init", help="write the broker folder (or change its settings)", description=DESCRIPTION,
                           epilog=OPENSSL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_common_arguments(init)
@@ -133,6 +136,23 @@ def build_broker_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="the folder's devices and service accounts")
     listing.add_argument("--out", type=Path, required=True, help=existing)
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
+    bridge = sub.add_parser("bridge", help="a regional broker for devices, bridged to the coordinator's broker")
+    bridge_sub = bridge.add_subparsers(dest="bridge_action", required=True, metavar="{init}")
+    binit = bridge_sub.add_parser(
+        "init",
+        help="write the regional broker's folder and the bridge account in the coordinator's broker folder",
+        description="Write a regional broker for devices whose bridge forwards only the federation's topics the coordinator "
+        "needs to the coordinator's broker (docs/scale.md, Regional brokers). The regional folder takes the same settings "
+        "as 'init' (its own devices, ports and TLS) and is managed afterwards with add, remove and rotate like any other.",
+        epilog=OPENSSL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    add_common_arguments(binit, "the regional broker's folder (created if missing)")
+    binit.add_argument("--upstream-dir", type=Path, required=True, help="the coordinator's broker folder (written by 'init')")
+    binit.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where the regional broker reaches the coordinator's broker")
+    binit.add_argument("--name", required=True, help="the region's name; its bridge logs in upstream as bridge-NAME")
+    binit.add_argument("--upstream-ca", type=Path, help="CA certificate of the coordinator's broker: the bridge uses TLS and checks it")
+    add_client_arguments(binit)
+    add_setting_arguments(binit)
     return ap
 
 
@@ -207,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "init":
             return _generate(PROG, args, _ids(args.clients, args.clients_file), [], [])
+        if args.action == "bridge":
+            return _bridge(args)
         if args.action == "add":
             clients = _ids(args.ids, args.clients_file)
             if not clients:
@@ -221,6 +243,28 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def _bridge(args: argparse.Namespace) -> int:
+    """``broker bridge init``: write both folders and print what was done to each; 0, 2 or 3 as :func:`_generate`."""
+    try:
+        up, regional = init_bridge(args.out, args.upstream_dir, args.upstream, args.name, _given(args),
+                                   _ids(args.clients, args.clients_file), args.upstream_ca, args.mosquitto_passwd)  # fmt: skip
+    except SetupError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return int(Exit.USAGE)
+    if not regional.settings.upstream_ca:
+        log.warning("the bridge does not use TLS: its password crosses the network in clear text; add --upstream-ca")
+    if args.json:
+        print(json.dumps({"upstream": summary(up), "regional": summary(regional)}, indent=2))
+    else:
+        user = regional.settings.upstream_user
+        print(f"upstream {up.out}: bridge account {user} ({'new' if user in up.added else 'kept'}); reload that broker\n")
+        print(report(regional))
+    return int(Exit.OK)
 
 
 def _list(out: Path, as_json: bool) -> int:

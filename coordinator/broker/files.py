@@ -89,7 +89,7 @@ def grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings) 
     if created_out:
         os.chown(out, 0, gid)
         os.chmod(out, 0o750)
-    for name in ("passwd", "acl"):
+    for name in ("passwd", "acl", *(("mosquitto.conf",) if settings.upstream else ())):  # a regional conf holds a password
         os.chown(out / name, 0, gid)
         os.chmod(out / name, 0o640)
     os.chown(out / "data", account.pw_uid, gid)

@@ -10,6 +10,46 @@ from pathlib import Path
 from coordinator.broker.settings import PACKET_MARGIN_BYTES, PID_FILE_NAME, BrokerSettings
 from har_models.wire.topics import Topics
 
+BRIDGE_QOS = 1
+"""QoS of every bridged topic: fedhar publishes everything at QoS 1 (docs/protocol.md)."""
+
+
+def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
+    """The topic filters a regional broker's bridge forwards, with their direction seen from the regional broker.
+
+    ``in`` (coordinator's broker -> regional broker, for the devices): the coordinator's status,
+    the round announcement, the progress record, the global model's chunks, each device's
+    personalised model, receipts and ExecuTorch programs. ``out`` (regional -> coordinator's
+    broker): each device's status, update chunks and program requests. These are the topics
+    of docs/protocol.md in their documented direction, and nothing else: no topic is bridged
+    both ways (a status cleared by the coordinator stays on its own broker), and ``+`` stands
+    for any client id, since the regional broker's ACL already ties each device to its own.
+
+    Parameters
+    ----------
+    topics : Topics
+        The federation's topic names.
+
+    Returns
+    -------
+    list of (filter, direction)
+        ``direction`` is ``"in"`` or ``"out"``, in Mosquitto's ``topic`` sense for a bridge
+        configured on the regional broker.
+    """
+    t = topics
+    return [
+        (t.coordinator_status, "in"),
+        (t.round, "in"),
+        (t.progress, "in"),
+        (t.global_model("+"), "in"),
+        (t.client_model("+", "+"), "in"),
+        (t.client_receipt("+"), "in"),
+        (t.client_programs("+", "+"), "in"),
+        (t.client_status("+"), "out"),
+        (t.client_update("+", "+"), "out"),
+        (t.client_program_request("+"), "out"),
+    ]
+
 
 def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     """The Mosquitto ACL file for ``settings.federation`` and the devices ``clients``.
@@ -74,10 +114,76 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
             f"topic read {t.client_programs(cid, '+')}",
             "",
         ]
+    if settings.bridge_users:
+        lines += [
+            "# Each regional broker's bridge (fedhar-coordinator broker bridge init) reads what the coordinator publishes",
+            "# for devices and writes what devices publish for the coordinator, exactly the bridged topics; nothing else.",
+        ]
+    for user in settings.bridge_users:
+        lines.append(f"user {user}")
+        lines += [f"topic {'read' if way == 'in' else 'write'} {pattern}" for pattern, way in bridge_topics(t)]
+        lines.append("")
     return "\n".join(lines)
 
 
-def config_text(settings: BrokerSettings, out: Path) -> str:
+def bridge_text(settings: BrokerSettings, password: str) -> str:
+    """The ``connection`` section of a regional broker's ``mosquitto.conf``: its bridge to the coordinator's broker.
+
+    The bridge logs in to ``settings.upstream`` as ``settings.upstream_user`` with ``password``
+    (clear text in the file, which is therefore written private), over TLS verified with
+    ``settings.upstream_ca`` when that is set, and forwards the topics of :func:`bridge_topics`
+    at QoS 1. It speaks MQTT 3.1.1 with Mosquitto's bridge extension (``try_private``), so
+    retained messages keep their retain flag on the far side, and keeps a persistent session
+    (``cleansession false``), so QoS 1 messages published while the link is down are delivered
+    when it is back.
+
+    Parameters
+    ----------
+    settings : BrokerSettings
+        A regional broker's settings (``upstream`` and ``upstream_user`` set).
+    password : str
+        The bridge account's password on the upstream broker.
+
+    Returns
+    -------
+    str
+        The lines, ending with a newline.
+
+    Raises
+    ------
+    ValueError
+        If ``settings`` has no upstream, or ``password`` is empty or holds a line break.
+    """
+    address = settings.upstream_address
+    if address is None or settings.upstream_user is None:
+        raise ValueError("bridge_text: settings.upstream and settings.upstream_user are required for a bridge")
+    if not password or any(c in password for c in "\r\n"):
+        raise ValueError("bridge_text: the bridge password must be one non-empty line")
+    host, port = address
+    user = settings.upstream_user
+    lines = [
+        "",
+        f"# Bridge to the coordinator's broker at {host}:{port}: this regional broker serves devices and forwards only the",
+        "# federation's topics the coordinator needs (fedhar-coordinator broker bridge init; docs/scale.md, Regional brokers).",
+        f"connection fedhar-{user}",
+        f"address {host}:{port}",
+        "bridge_protocol_version mqttv311",
+        "try_private true",
+        "cleansession false",
+        f"remote_clientid {user}",
+        f"remote_username {user}",
+        f"remote_password {password}",
+        "notifications false",
+        "keepalive_interval 30",
+        "restart_timeout 1 30",
+    ]
+    if settings.upstream_ca:
+        lines += [f"bridge_cafile {settings.upstream_ca}", "bridge_insecure false", "bridge_tls_version tlsv1.2"]
+    lines += [f"topic {pattern} {way} {BRIDGE_QOS}" for pattern, way in bridge_topics(Topics(settings.federation))]
+    return "\n".join(lines) + "\n"
+
+
+def config_text(settings: BrokerSettings, out: Path, upstream_password: str | None = None) -> str:
     """The ``mosquitto.conf`` for ``settings``, naming files inside the absolute folder ``out``.
 
     Parameters
@@ -85,6 +191,14 @@ def config_text(settings: BrokerSettings, out: Path) -> str:
     settings : BrokerSettings
     out : Path
         Absolute output folder; ``passwd``, ``acl`` and ``data/`` are referred to inside it.
+    upstream_password : str, optional
+        For a regional broker (``settings.upstream`` set): its bridge's password, and the
+        file ends with :func:`bridge_text`.
+
+    Raises
+    ------
+    ValueError
+        If ``settings.upstream`` is set without ``upstream_password`` (or the reverse).
 
     Returns
     -------
@@ -153,4 +267,7 @@ def config_text(settings: BrokerSettings, out: Path) -> str:
             f"require_certificate {'true' if s.require_client_cert else 'false'}",
             "tls_version tlsv1.2",
         ]
-    return "\n".join(lines) + "\n"
+    if (settings.upstream is None) != (upstream_password is None):
+        raise ValueError("config_text: a regional broker (settings.upstream) needs its bridge password, and only it has one")
+    text = "\n".join(lines) + "\n"
+    return text if upstream_password is None else text + bridge_text(settings, upstream_password)

@@ -93,10 +93,13 @@ def report(outcome: Outcome) -> str:
         f"  {cmd['broker']}",
         "After any later run of this generator, reload a running broker:",
         f"  {cmd['reload']}",
-        "",
-        "Coordinator (on the broker's host):",
-        f"  {cmd['coordinator']}",
     ]
+    if s.upstream:
+        lines += ["", f"This is a regional broker: its bridge ({s.upstream_user!r}) connects to the coordinator's broker at {s.upstream}",
+                  "(TLS, checked with " + s.upstream_ca + ")" if s.upstream_ca else "(no TLS)",
+                  "and the coordinator runs there, not here (docs/scale.md, Regional brokers)."]  # fmt: skip
+    else:
+        lines += ["", "Coordinator (on the broker's host):", f"  {cmd['coordinator']}"]
     if cmd["clients"]:
         lines += ["", "Devices (copy credentials/<id>.password" + (" and the CA certificate" if s.tls else "") + " to each device):"]
         lines += [f"  {c}" for c in cmd["clients"].values()]

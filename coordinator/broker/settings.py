@@ -42,6 +42,11 @@ TLS_DIR = "tls"
 """Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
 
 
+UPSTREAM_SECRET = "credentials/upstream.secret"
+"""Where a regional broker's folder keeps its bridge's password for the upstream broker (mode 0600; not a
+``.password`` file, so it is never taken for a device's account)."""
+
+
 
 
 HOME_ASSISTANT_USER = "homeassistant"
@@ -96,6 +101,19 @@ class BrokerSettings:
         User name of the read-only monitor account (reads the whole federation, writes nothing),
         for a status page that watches the federation without logging in as the coordinator.
         No device may use it.
+    bridge_users : tuple of str
+        On the coordinator's broker: the accounts of regional brokers' bridges
+        (:mod:`coordinator.broker.bridge`), each allowed exactly the topics a bridge forwards
+        (:func:`coordinator.broker.render.bridge_topics`). No device may use them.
+    upstream : str, optional
+        On a regional broker: ``HOST:PORT`` of the coordinator's broker that its bridge connects
+        to; None = not a regional broker.
+    upstream_user : str, optional
+        The bridge's account on the upstream broker (one of that broker's ``bridge_users``);
+        its password is kept in :data:`UPSTREAM_SECRET` of the regional folder.
+    upstream_ca : str, optional
+        CA certificate (PEM) the bridge verifies the upstream broker with; set, the bridge
+        connects over TLS (the address must be a name or IP in the upstream certificate).
     """
 
     federation: str
@@ -113,11 +131,32 @@ class BrokerSettings:
     max_queued_messages: int = 10_000
     public_host: str | None = None
     monitor_user: str = "monitor"
+    bridge_users: tuple[str, ...] = ()
+    upstream: str | None = None
+    upstream_user: str | None = None
+    upstream_ca: str | None = None
 
     @property
     def service_users(self) -> list[str]:
-        """The accounts that are not devices: the coordinator's and the monitor's."""
-        return [self.coordinator_user, self.monitor_user]
+        """The accounts that are not devices: the coordinator's, the monitor's and the regional bridges'."""
+        return [self.coordinator_user, self.monitor_user, *self.bridge_users]
+
+    @property
+    def upstream_address(self) -> tuple[str, int] | None:
+        """(host, port) of :attr:`upstream`, or None for a broker that is not regional.
+
+        Raises
+        ------
+        SetupError
+            If ``upstream`` is not ``HOST:PORT`` with a port in 1..65535.
+        """
+        if self.upstream is None:
+            return None
+        host, sep, port = self.upstream.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SetupError(f"--upstream {self.upstream!r}: expected HOST:PORT of the coordinator's broker, e.g. broker.example.org:8883")
+        return host, int(port)
 
     @property
     def tls(self) -> bool:
@@ -219,6 +258,23 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
         raise SetupError(f"--monitor-user: {exc}") from None
     if s.monitor_user == s.coordinator_user:
         raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
+    for user in s.bridge_users:
+        try:
+            check_client_id(user)
+        except ValueError as exc:
+            raise SetupError(f"bridge account: {exc}") from None
+        if user in (s.coordinator_user, s.monitor_user):
+            raise SetupError(f"bridge account {user!r} is the coordinator's or the monitor's user name; name the bridge otherwise")
+    if s.upstream is not None:
+        _ = s.upstream_address  # raises SetupError for a malformed address
+        if s.upstream_user is None:
+            raise SetupError("--upstream needs the bridge's account upstream (fedhar-coordinator broker bridge init makes it)")
+        try:
+            check_client_id(s.upstream_user)
+        except ValueError as exc:
+            raise SetupError(f"bridge account: {exc}") from None
+    elif s.upstream_ca is not None:
+        raise SetupError("--upstream-ca without --upstream: only a regional broker's bridge verifies an upstream broker")
     for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
         if not 0 < port < 65536:
             raise SetupError(f"{name} {port} is not a TCP port (1..65535)")
@@ -243,7 +299,8 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
     if s.max_queued_messages < 100:
         raise SetupError(f"--max-queued-messages {s.max_queued_messages} is too small for chunked models; use 1000 or more")
     return replace(
-        s, tls_cert=readable("tls-cert", s.tls_cert), tls_key=readable("tls-key", s.tls_key), tls_ca=readable("tls-ca", s.tls_ca)
+        s, tls_cert=readable("tls-cert", s.tls_cert), tls_key=readable("tls-key", s.tls_key), tls_ca=readable("tls-ca", s.tls_ca),
+        upstream_ca=readable("upstream-ca", s.upstream_ca),
     )
 
 
@@ -295,6 +352,7 @@ def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
     for key in ("tls_cert", "tls_key", "tls_ca"):
         if merged[key] == "":  # --no-tls
             merged[key] = None
+    merged["bridge_users"] = tuple(merged["bridge_users"])  # a JSON list in the manifest
     if merged["federation"] is None:
         raise SetupError("--federation is required on the first run in a folder")
     for key in ("federation", "coordinator_user", "monitor_user"):

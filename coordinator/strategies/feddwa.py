@@ -25,18 +25,29 @@ class FedDWASettings:
     ----------
     top_k : int >= 1
         K, sources kept per client (5 in the paper's code).
+    gram : {"float32", "float64"}
+        Arithmetic of the guidance distances' Gram product (:func:`coordinator.feddwa.distances`):
+        centred float32 blocks summed in float64 (default, :data:`coordinator.feddwa.DEFAULT_GRAM`
+        gives the measured tolerance and speed), or the exact float64 product.
 
     Raises
     ------
     ValueError
-        If top_k < 1.
+        If top_k < 1 or gram is not one of :data:`coordinator.feddwa.GRAMS`.
     """
 
     top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client", flag="--top-k"))
+    gram: str = field(
+        default=feddwa.DEFAULT_GRAM,
+        metadata=doc("FedDWA distances' Gram product: float32 (centred, summed in float64) or exact float64",
+                     flag="--dwa-gram", choices=feddwa.GRAMS),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError(f"FedDWASettings.top_k must be >= 1, got {self.top_k}")
+        if self.gram not in feddwa.GRAMS:
+            raise ValueError(f"FedDWASettings.gram must be one of {feddwa.GRAMS}, got {self.gram!r}")
 
 
 class FedDWA(FedAvg):
@@ -77,7 +88,8 @@ class FedDWA(FedAvg):
         """
         used = contributors(results)
         guid = [u.guidance if u.guidance is not None else u.state for u in used]
-        res = feddwa.aggregate([u.state for u in used], guid, top_k=self.top_k, average_weights=[u.n_train for u in used])
+        res = feddwa.aggregate([u.state for u in used], guid, top_k=self.top_k, average_weights=[u.n_train for u in used],
+                               gram=self.settings.gram)  # fmt: skip
         assert res.average is not None
         personal = {u.client_id: st for u, st in zip(used, res.states, strict=True)}
         return Aggregate(res.average, personal, res.weights, [u.client_id for u in used])
