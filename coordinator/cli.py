@@ -69,7 +69,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     return settings_from(CoordinatorConfig, args, file=file, what=str(args.config) if file else "options", **fields)
 
 
-SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "revoke", "forget", "devices", "versions")
+SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
 _DESCRIPTION = (
@@ -78,6 +78,7 @@ _DESCRIPTION = (
     "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
     "fedhar-coordinator broker ACTION     the federation's Mosquitto: init, add, remove, rotate, list (broker --help)\n"
     "fedhar-coordinator enrol NAME        enrol a device: broker account and an enrolment bundle + QR code (alias: enroll)\n"
+    "fedhar-coordinator reissue NAME      a new password and bundle for a device (same history); rename OLD NEW\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
 )
