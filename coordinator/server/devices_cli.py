@@ -482,6 +482,48 @@ def forget(data: Path, file: ServeFile, name: str) -> list[str]:
     return done
 
 
+def renew(out: Path, ca_key: Path, days: int, data: Path | None) -> list[str]:
+    """``fedhar-coordinator broker renew``: a new server certificate from the same CA, the broker reloaded, the audit log written.
+
+    Returns what was done, as lines. See :func:`coordinator.broker.certificates.renew_server_certificate`.
+
+    Raises
+    ------
+    coordinator.broker.settings.SetupError
+        If the certificate cannot be renewed (nothing was replaced then).
+    """
+    from coordinator.broker.certificates import renew_server_certificate
+    from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+    got = renew_server_certificate(out, ca_key, days)
+    until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(got.not_after_unix))
+    done = [f"new server certificate {got.path}, valid until {until}, signed by the same CA: devices keep connecting"]
+    try:
+        BrokerAdmin(out, reload="auto").reload_broker()
+        done.append("the broker was reloaded and serves it now")
+    except BrokerAdminError as exc:
+        done.append(f"the broker was not reloaded ({exc}); it serves the new certificate after: systemctl reload mosquitto")
+    if data is not None:
+        audit(data, "renew", None, f"server certificate until {until}")
+    return done
+
+
+def renew_main(argv: list[str]) -> int:
+    """``fedhar-coordinator broker renew ...`` (the options of the broker tooling's ``renew``); 0, or 2 with the reason."""
+    from coordinator.broker.cli import PROG, build_broker_parser
+    from coordinator.broker.settings import SetupError
+
+    args = build_broker_parser().parse_args(["renew", *argv])
+    setup_logging("warning")
+    try:
+        for line in renew(args.out, args.ca_key, args.days, args.data):
+            print(line)
+    except SetupError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return Exit.OK
+
+
 def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, Any]]:
     """One row per registered device: name, owner, state, online ("yes"/"no"/"unknown"), rounds taken part in, times."""
     reg = Registry(data)
