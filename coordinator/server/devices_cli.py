@@ -621,7 +621,7 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
         print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
         print(f"  {js}  (fedhar-client --enrolment {js.name})")
         print(f"  {png}  (the same as a QR code image)")
-        print("Both files hold the device's password: keep them private (mode 0600), delete them once the device has joined.")
+        print("Both files hold the device's password (mode 0600); they are deleted once the device has joined, or after a week.")
     elif cmd in ("reissue", "rename"):
         if cmd == "reissue":
             name, (js, png, qr) = args.name, reissue(data, file, args.name)
