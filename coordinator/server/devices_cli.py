@@ -272,7 +272,10 @@ def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], 
         done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
     moved = move_personal_models(data, old, new)
     done.append(f"{moved} kept personalised model(s) moved to {new}")
-    if _clear_retained(file, old):
+    seen = _retained(file, wait_s=1.0)
+    if seen is not None and seen[1]:  # a login as the coordinator would knock the running serve off the broker
+        done.append(f"the running server clears {old}'s retained status and models (and refuses the old name from now on)")
+    elif _clear_retained(file, old):
         done.append(f"{old}'s retained status and models cleared")
     else:
         done.append(f"the broker could not be reached to clear {old}'s retained status (a running serve refuses it anyway)")
