@@ -69,7 +69,8 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
     return settings_from(CoordinatorConfig, args, file=file, what=str(args.config) if file else "options", **fields)
 
 
-SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "revoke", "forget", "devices", "versions")
+SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions",
+               "backup", "restore")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
 _DESCRIPTION = (
@@ -78,7 +79,9 @@ _DESCRIPTION = (
     "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
     "fedhar-coordinator broker ACTION     the federation's Mosquitto: init, add, remove, rotate, list (broker --help)\n"
     "fedhar-coordinator enrol NAME        enrol a device: broker account and an enrolment bundle + QR code (alias: enroll)\n"
+    "fedhar-coordinator reissue NAME      a new password and bundle for a device (same history); rename OLD NEW\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
+    "fedhar-coordinator backup DEST       copy the data folder (safe while serve runs) and the broker folder; restore SRC\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
 )
 
@@ -129,10 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         cmd, rest = words[0], words[1:]
         if cmd == "serve":
             return serve_main(rest)
+        if cmd == "broker" and rest[:1] == ["renew"]:  # it also reloads the broker and writes the audit log
+            from coordinator.server.devices_cli import renew_main
+
+            return renew_main(rest[1:])
         if cmd == "broker":
             from coordinator.broker import cli as broker_cli
 
             return broker_cli.main(rest)
+        if cmd in ("backup", "restore"):
+            from coordinator.server import backup
+
+            return backup.main(cmd, rest)
         if cmd != "run":
             from coordinator.server import devices_cli
 

@@ -204,3 +204,35 @@ def test_two_handles_see_each_others_writes(tmp_path: Path) -> None:
     cli.revoke("a")
     cli.close()
     assert serving.is_revoked("a")
+
+
+def test_a_registry_of_the_previous_release_is_upgraded_in_place_and_a_rename_keeps_the_history(tmp_path: Path) -> None:
+    # server.sqlite as the release before renames wrote it: schema 1, no renamed_to column
+    db = sqlite3.connect(tmp_path / "server.sqlite")
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE devices (name TEXT PRIMARY KEY, owner TEXT, enrolled_unix REAL NOT NULL, revoked_unix REAL, forgotten_unix REAL);"
+        "CREATE TABLE epochs (epoch INTEGER PRIMARY KEY AUTOINCREMENT, started_unix REAL NOT NULL);"
+        "CREATE TABLE versions (version INTEGER PRIMARY KEY, round INTEGER NOT NULL, created_unix REAL NOT NULL,"
+        " arch_version INTEGER NOT NULL, path TEXT NOT NULL, figures TEXT NOT NULL);"
+        "CREATE TABLE participation (name TEXT NOT NULL, round INTEGER NOT NULL, t REAL NOT NULL, accuracy REAL, macro_f1 REAL,"
+        " PRIMARY KEY (name, round));"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        "INSERT INTO devices VALUES ('phone-anna', 'Anna', 1000.0, NULL, NULL);"
+        "INSERT INTO participation VALUES ('phone-anna', 0, 1001.0, 0.8, 0.7), ('phone-anna', 1, 1002.0, 0.82, 0.71);"
+    )
+    db.commit()
+    db.close()
+    reg = Registry(tmp_path)
+    assert [(d.name, d.owner, d.state, d.renamed_to) for d in reg.devices()] == [("phone-anna", "Anna", "enrolled", None)]
+    reg.rename("phone-anna", "phone-anna2")
+    rows = {d.name: d for d in reg.devices()}
+    assert rows["phone-anna"].state == "revoked" and rows["phone-anna"].renamed_to == "phone-anna2"
+    assert rows["phone-anna2"].state == "enrolled" and rows["phone-anna2"].owner == "Anna" and rows["phone-anna2"].enrolled_unix == 1000.0
+    assert [(p.round, p.accuracy) for p in reg.participation("phone-anna2")] == [(0, 0.8), (1, 0.82)]
+    assert reg.participation("phone-anna") == [] and reg.is_revoked("phone-anna") and reg.schema_version() == 1
+    with pytest.raises(ValueError, match="taken already"):
+        reg.rename("phone-anna2", "phone-anna")  # an old name is never taken again
+    with pytest.raises(ValueError, match="is not enrolled"):
+        reg.rename("phone-anna", "phone-x")
+    reg.close()

@@ -199,11 +199,14 @@ def test_a_damaged_server_database_stops_serve_with_exit_6(tmp_path: Path) -> No
 
 
 def test_versions_and_devices_of_an_empty_data_folder(tmp_path: Path) -> None:
+    # A folder without a registry is the wrong folder (or no device was ever enrolled): said so, and no
+    # stray database is left behind (an empty list read from it would look like a server without devices).
     data = tmp_path / "data"
     for cmd in (["versions"], ["devices"]):
         r = subprocess.run([sys.executable, "-m", "coordinator.cli", *cmd, "--data", str(data), "--json"],
                            capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
-        assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+        assert r.returncode == 2 and r.stdout == "" and f"{data / 'server.sqlite'} does not exist" in r.stderr, r.stderr
+    assert not data.exists()
 
 
 def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(tmp_path: Path) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import os
-from dataclasses import replace
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from coordinator.broker.settings import TLS_DIR, BrokerSettings, SetupError
@@ -92,3 +96,129 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
             atomic_write(dst, write, mode=None)
         copies[key] = str(dst)
     return replace(settings, **copies)  # type: ignore[arg-type]  # the keys are the three str | None TLS fields
+
+
+EXPIRY_WARNING_S = 30 * 24 * 3600.0
+"""How long (s) before a certificate expires the server warns (log, page): 30 days leaves time to renew by hand."""
+
+
+@dataclass(frozen=True)
+class CertificateExpiry:
+    """When one of the broker's certificates stops being valid.
+
+    ``which`` is ``"server"`` (the broker's certificate) or ``"ca"``; ``not_after_unix`` the end of
+    its validity (UNIX s, from the file's notAfter).
+    """
+
+    which: str
+    path: Path
+    not_after_unix: float
+
+    def seconds_left(self, now: float) -> float:
+        """Seconds from ``now`` (UNIX s) until it expires (negative: expired)."""
+        return self.not_after_unix - now
+
+
+def _openssl() -> str:
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise SetupError("openssl is not installed: apt-get install openssl (it reads and makes the broker's certificates)")
+    return exe
+
+
+def certificate_not_after(path: Path) -> float:
+    """The notAfter of the PEM certificate ``path``, in UNIX seconds (read with ``openssl x509 -enddate``).
+
+    Raises
+    ------
+    SetupError
+        If openssl is missing, or the file is missing or not a PEM certificate (the message names it).
+    """
+    r = subprocess.run([_openssl(), "x509", "-noout", "-enddate", "-in", str(path)], capture_output=True, text=True, timeout=30)
+    text = r.stdout.strip()
+    if r.returncode != 0 or not text.startswith("notAfter="):
+        why = (r.stderr.strip().splitlines() or ["no notAfter"])[0]
+        raise SetupError(f"certificate {path}: cannot be read ({why}); give a PEM certificate")
+    when = " ".join(text.partition("=")[2].split())  # "Dec 1 22:25:23 2027 GMT"
+    try:
+        dt = datetime.datetime.strptime(when, "%b %d %H:%M:%S %Y GMT").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        raise SetupError(f"certificate {path}: notAfter {when!r} is not a date openssl writes") from None
+    return dt.timestamp()
+
+
+def certificate_expiry(settings: BrokerSettings) -> list[CertificateExpiry]:
+    """The expiry of the broker's server certificate and CA named in ``settings`` (none without TLS).
+
+    Raises
+    ------
+    SetupError
+        As :func:`certificate_not_after`.
+    """
+    out = []
+    for which, path in (("server", settings.tls_cert), ("ca", settings.tls_ca)):
+        if path:
+            out.append(CertificateExpiry(which, Path(path), certificate_not_after(Path(path))))
+    return out
+
+
+def renew_server_certificate(out: Path, ca_key: Path, days: int = 825) -> CertificateExpiry:
+    """Issue a new server certificate for the broker folder ``out`` from its CA, valid ``days`` days.
+
+    The new certificate keeps the server key, the subject and every extension (the names and
+    addresses devices use) of ``out/tls/server.crt`` and is signed with ``out/tls/ca.crt`` and
+    ``ca_key``, so devices, which trust the CA, keep connecting without re-enrolment. It is
+    checked against the CA (``openssl verify``) before it replaces ``tls/server.crt``
+    atomically, with the mode and group the old one had. A reload of the broker (SIGHUP) makes
+    it serve the new one (Mosquitto 2 re-reads its certificates then; measured with 2.0.11).
+
+    Parameters
+    ----------
+    out : Path
+        The broker folder (``fedhar-coordinator broker init --out``), with TLS.
+    ca_key : Path
+        The CA's private key (kept offline; only read).
+    days : int
+        Validity in days (1..825, the most Apple devices accept for a server certificate).
+
+    Raises
+    ------
+    SetupError
+        If the folder has no TLS files, ``days`` is out of range, openssl is missing, or it fails
+        (a key that does not match the CA, ...): its message is included; nothing was replaced then.
+    """
+    if not 1 <= int(days) <= 825:
+        raise SetupError(f"--days {days}: give 1 to 825 days")
+    tls = Path(out).expanduser().resolve() / TLS_DIR
+    crt, key, ca = tls / "server.crt", tls / "server.key", tls / "ca.crt"
+    for p in (crt, key, ca):
+        if not p.is_file():
+            raise SetupError(
+                f"{p} does not exist: {out} has no TLS files; run fedhar-coordinator broker init with --tls-cert/--tls-key/--tls-ca"
+            )
+    if not Path(ca_key).is_file():
+        raise SetupError(f"--ca-key {ca_key}: no such file; name the CA's private key (ca.key of the openssl recipe)")
+    exe = _openssl()
+    with tempfile.TemporaryDirectory(prefix="fedhar-renew-") as tmp:
+        csr, new = Path(tmp) / "server.csr", Path(tmp) / "server.crt"
+
+        def run(*args: str) -> None:
+            r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise SetupError(f"openssl {args[0]} failed: {(r.stderr or r.stdout).strip()[:400]}; nothing was replaced")
+
+        run("x509", "-x509toreq", "-in", str(crt), "-signkey", str(key), "-copy_extensions", "copyall", "-out", str(csr))
+        run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-CAserial",
+            str(Path(tmp) / "ca.srl"), "-days", str(int(days)), "-copy_extensions", "copyall", "-out", str(new))  # fmt: skip
+        run("verify", "-CAfile", str(ca), str(new))
+        data = new.read_bytes()
+    st = crt.stat()
+
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(data)
+        os.chmod(tmp, st.st_mode & 0o777)
+        if st.st_gid != os.stat(tmp).st_gid:
+            os.chown(tmp, -1, st.st_gid)
+
+    atomic_write(crt, write, mode=None)
+    return CertificateExpiry("server", crt, certificate_not_after(crt))

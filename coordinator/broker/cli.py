@@ -57,17 +57,13 @@ def add_setting_arguments(ap: argparse.ArgumentParser) -> None:
         "--require-client-cert", action=argparse.BooleanOptionalAction, default=None, help="mutual TLS: devices present certificates"
     )
     ap.add_argument("--no-tls", action="store_true", help="drop the TLS listener configured by an earlier run")
-    ap.add_argument(
-        "--broker-user", help=f"account Mosquitto runs as after starting as root (default {DEFAULTS['broker_user']})"
-    )
+    ap.add_argument("--broker-user", help=f"account Mosquitto runs as after starting as root (default {DEFAULTS['broker_user']})")
     ap.add_argument(
         "--max-message-bytes",
         type=int,
         help=f"largest payload the fedhar programs publish, their --max-message-bytes (default {DEFAULTS['max_message_bytes']})",
     )
-    ap.add_argument(
-        "--max-queued-messages", type=int, help=f"QoS 1 messages queued per client (default {DEFAULTS['max_queued_messages']})"
-    )
+    ap.add_argument("--max-queued-messages", type=int, help=f"QoS 1 messages queued per client (default {DEFAULTS['max_queued_messages']})")
     ap.add_argument("--public-host", help="host name devices use for the broker, for the printed commands (default: this host)")
 
 
@@ -112,12 +108,13 @@ def build_broker_parser() -> argparse.ArgumentParser:
         f"{PROG} remove --out DIR ID [ID ...]     remove devices (alias: revoke); reload the broker afterwards\n"
         f"{PROG} rotate --out DIR [ID ...]        new passwords for these users (none named: every user)\n"
         f"{PROG} list --out DIR                   the devices and service accounts of the folder\n"
+        f"{PROG} renew --out DIR --ca-key KEY     a new server certificate from the same CA (devices keep working)\n"
         f"{PROG} bridge init --out REGIONAL --upstream-dir DIR --upstream HOST:PORT --name REGION [--clients ID,...]\n"
         "                                          a regional broker for devices, bridged to the coordinator's (docs/scale.md)",
         epilog=OPENSSL_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="action", required=True, metavar="{init,add,remove,rotate,list,bridge}")
+    sub = ap.add_subparsers(dest="action", required=True, metavar="{init,add,remove,rotate,list,renew,bridge}")
     init = sub.add_parser("init", help="write the broker folder (or change its settings)", description=DESCRIPTION,
                           epilog=OPENSSL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_common_arguments(init)
@@ -133,6 +130,11 @@ def build_broker_parser() -> argparse.ArgumentParser:
     rotate = sub.add_parser("rotate", help="new passwords (devices, the coordinator, the monitor)")
     add_common_arguments(rotate, existing)
     rotate.add_argument("ids", nargs="*", metavar="ID", help="user names (none: every user)")
+    renew = sub.add_parser("renew", help="a new server certificate from the same CA, without re-enrolling devices")
+    renew.add_argument("--out", type=Path, required=True, help=existing + ", with TLS")
+    renew.add_argument("--ca-key", type=Path, required=True, help="the CA's private key (ca.key of the openssl recipe; only read)")
+    renew.add_argument("--days", type=int, default=825, help="validity of the new certificate in days (default %(default)s)")
+    renew.add_argument("--data", type=Path, default=None, help="the server's data folder, to record the renewal in its audit log")
     listing = sub.add_parser("list", help="the folder's devices and service accounts")
     listing.add_argument("--out", type=Path, required=True, help=existing)
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -223,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_broker_parser().parse_args(argv)
     if args.action == "list":
         return _list(args.out, args.json)
+    if args.action == "renew":
+        return _renew(args.out, args.ca_key, args.days)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.action == "init":
@@ -265,6 +269,31 @@ def _bridge(args: argparse.Namespace) -> int:
         print(f"upstream {up.out}: bridge account {user} ({'new' if user in up.added else 'kept'}); reload that broker\n")
         print(report(regional))
     return int(Exit.OK)
+
+
+def _renew(out: Path, ca_key: Path, days: int) -> int:
+    """Renew the server certificate of broker folder ``out`` (:func:`renew_server_certificate`); 0, or 2 with the reason.
+
+    ``fedhar-coordinator broker renew`` itself runs :func:`coordinator.server.devices_cli.renew`,
+    which also reloads the broker and writes the audit log; this is the broker tooling's own
+    path (standard library only), which leaves the reload to the operator.
+    """
+    from coordinator.broker.certificates import renew_server_certificate
+
+    try:
+        got = renew_server_certificate(out, ca_key, days)
+    except SetupError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"new server certificate {got.path}, valid until {_date(got.not_after_unix)}, signed by the same CA: devices keep connecting.")
+    print("Reload the broker to serve it: systemctl reload mosquitto")
+    return int(Exit.OK)
+
+
+def _date(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(t))
 
 
 def _list(out: Path, as_json: bool) -> int:

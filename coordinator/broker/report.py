@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from coordinator.broker.accounts import Outcome
@@ -24,7 +26,7 @@ def commands(outcome: Outcome) -> dict[str, Any]:
     host = s.public_host or socket.gethostname()
     local = s.plain_bind if s.plain_bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
     coordinator = [
-        "fedhar-coordinator", "--broker", f"{local}:{s.port}", "--federation", s.federation,
+        program("fedhar-coordinator"), "--broker", f"{local}:{s.port}", "--federation", s.federation,
         "--username", s.coordinator_user, "--password-file", str(outcome.password_file(s.coordinator_user)),
     ]  # fmt: skip
     device_broker = f"{host}:{s.tls_port}" if s.tls else f"{host}:{s.port}"
@@ -67,6 +69,22 @@ def summary(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def program(name: str) -> str:
+    """How to run fedhar's console script ``name`` as written, also under sudo (whose PATH has no venv).
+
+    The full path of the script beside the running Python (a venv's ``bin/``), else in the
+    checkout's ``.venv/bin/`` (``sudo python3 firmware_scripts/mosquitto_config.py`` runs the
+    system Python), else the bare name (installed on PATH).
+    """
+    import sys
+
+    here = Path(__file__).resolve().parents[2]
+    for candidate in (Path(sys.executable).parent / name, here / ".venv" / "bin" / name):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return name
+
+
 def report(outcome: Outcome) -> str:
     """Human-readable account of ``outcome``: what changed and the commands to run next."""
     s, cmd = outcome.settings, commands(outcome)
@@ -99,7 +117,14 @@ def report(outcome: Outcome) -> str:
                   "(TLS, checked with " + s.upstream_ca + ")" if s.upstream_ca else "(no TLS)",
                   "and the coordinator runs there, not here (docs/scale.md, Regional brokers)."]  # fmt: skip
     else:
-        lines += ["", "Coordinator (on the broker's host):", f"  {cmd['coordinator']}"]
+        lines += [
+            "",
+            "The home server (on the broker's host): name this folder in its server.toml and enrol devices as root:",
+            f"  [server] broker_dir = \"{outcome.out}\"",
+            f"  sudo {program('fedhar-coordinator')} enrol NAME --data /var/lib/fedhar",
+            "A research run of a fixed number of rounds against this broker instead:",
+            f"  {cmd['coordinator']}",
+        ]
     if cmd["clients"]:
         lines += ["", "Devices (copy credentials/<id>.password" + (" and the CA certificate" if s.tls else "") + " to each device):"]
         lines += [f"  {c}" for c in cmd["clients"].values()]

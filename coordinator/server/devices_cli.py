@@ -5,12 +5,17 @@
   its enrolment bundle (:mod:`har_io.enrolment`) as ``<data>/enrolment/NAME.json`` and its QR code
   as ``NAME.png`` (both mode 0600); prints the QR code on the terminal and where the files are.
   The password is in the bundle only, never in a log line or on the terminal as text.
+* ``reissue NAME``: a new password for an enrolled device (the old one refused at once), a new
+  bundle and QR code; its history stays (:func:`reissue`).
+* ``rename OLD NEW``: the device under a new name with its history (:func:`rename`).
 * ``revoke NAME``: removes the account and ACL and reloads the broker (Mosquitto drops the live
   session), clears the device's retained status and models, and records it revoked for good: a
   running ``serve`` refuses everything it sends from then on (the registry is asked at every message).
 * ``forget NAME``: revokes it and deletes what the server holds of it: its personalised models in
-  the run's state, its spilled updates, its enrolment files and its participation rows.
-* ``devices [--json]``: enrolled, online (from the retained statuses on the broker, when it can
+  the run's state, its spilled updates, its enrolment files, its participation rows and its
+  entries in the run's round records and reports.
+* ``devices [--json]``: deletes enrolment bundles no longer needed
+  (:func:`~coordinator.server.lifecycle.prune_bundles`), then lists enrolled, online (from the retained statuses on the broker, when it can
   be reached, else unknown) and revoked devices.
 * ``versions [--json]``: the kept model versions with their figures.
 """
@@ -29,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from coordinator.server.audit import audit
 from coordinator.server.registry import Registry, RegistryDamaged
 from coordinator.server.settings import ServeFile, default_data_dir, read_serve_file
 from coordinator.state import StateDamaged
@@ -49,12 +55,21 @@ class DeviceCommandError(RuntimeError):
 
 def _parser(cmd: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"fedhar-coordinator {cmd}", description=(__doc__ or "").split("\n\n")[0])
-    if cmd in ("enrol", "revoke", "forget"):
+    if cmd in ("enrol", "revoke", "forget", "reissue"):
         ap.add_argument("name", help="the device's name: its client id and MQTT user name (letters, digits, '_', '.', '-')")
+    if cmd == "rename":
+        ap.add_argument("old", help="the device's current name")
+        ap.add_argument("new", help="its new name (never used before: letters, digits, '_', '.', '-')")
     if cmd == "enrol":
         ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
     if cmd in ("devices", "versions"):
         ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    if cmd == "devices":
+        ap.add_argument(
+            "--keep-bundles",
+            action="store_true",
+            help="do not delete enrolment bundles no longer needed (joined, revoked, or older than a week)",
+        )
     ap.add_argument("--data", type=Path, default=None, help=f"data folder (default $STATE_DIRECTORY, else {default_data_dir({})})")
     ap.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings file (default <data>/server.toml)")
     add_logging_arguments(ap, progress=False)
@@ -146,7 +161,6 @@ def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Pa
     DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
         If the broker cannot be administered.
     """
-    from coordinator.server.qr import qr_terminal, write_qr_png
 
     check_client_id(name)
     reg = Registry(data)
@@ -154,20 +168,138 @@ def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Pa
         if reg.is_revoked(name):
             raise ValueError(f"device {name!r} was revoked; a revoked name is not enrolled again: enrol it under a new name")
         if reg.is_enrolled(name):
-            raise ValueError(f"device {name!r} is already enrolled (bundle in {data / 'enrolment'}); to replace it, revoke it and "
-                             "enrol the device under a new name")
+            raise ValueError(
+                f"device {name!r} is already enrolled: for a new password and bundle (a reset or lost device), "
+                f"run fedhar-coordinator reissue {name}"
+            )
         password = _admin(file).add_device(name)
-        bundle = make_bundle(file, name, password)
-        folder = data / "enrolment"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        js = folder / f"{name}.json"
-        _write_private(js, bundle.to_json().encode())
-        png = write_qr_png(bundle, folder / f"{name}.png")
-        os.chmod(png, 0o600)
+        js, png, qr = write_bundle(data, file, name, password)
         reg.enrol(name, owner)
-        return js, png, qr_terminal(bundle)
     finally:
         reg.close()
+    audit(data, "enrol", name, f"owner {owner}" if owner else "")
+    return js, png, qr
+
+
+def write_bundle(data: Path, file: ServeFile, name: str, password: str) -> tuple[Path, Path, str]:
+    """Write ``name``'s enrolment bundle ``<data>/enrolment/NAME.json`` and QR code ``NAME.png`` (mode 0600).
+
+    Returns ``(json_path, png_path, terminal QR text)``.
+
+    Raises
+    ------
+    DeviceCommandError
+        If the broker folder's settings or CA cannot be read (see :func:`make_bundle`).
+    """
+    from coordinator.server.qr import qr_terminal, write_qr_png
+
+    bundle = make_bundle(file, name, password)
+    folder = data / "enrolment"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    js = folder / f"{name}.json"
+    _write_private(js, bundle.to_json().encode())
+    png = write_qr_png(bundle, folder / f"{name}.png")
+    os.chmod(png, 0o600)
+    return js, png, qr_terminal(bundle)
+
+
+def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
+    """Give enrolled device ``name`` a new password and a new bundle and QR code; its history stays.
+
+    The broker account is given the new password and reloaded (from then on the old password is
+    refused and a session logged in with it is closed); the registry row, participation and the
+    run's records keep the name, so the device goes on as the same device once it loads the new bundle.
+
+    Returns ``(json_path, png_path, terminal QR text)``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not enrolled (never, or revoked: a revoked device is not brought back).
+    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
+        If the broker cannot be administered.
+    """
+    check_client_id(name)
+    _existing_registry(data)
+    reg = Registry(data)
+    try:
+        if not reg.is_enrolled(name):
+            why = "was revoked, and is not brought back" if reg.is_revoked(name) else "is not enrolled"
+            raise ValueError(f"device {name!r} {why}: enrol it (under a new name) with fedhar-coordinator enrol NAME")
+    finally:
+        reg.close()
+    password = _admin(file).add_device(name, replace=True)
+    out = write_bundle(data, file, name, password)
+    audit(data, "reissue", name, "new password; the old one is refused")
+    return out
+
+
+def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], tuple[Path, Path, str]]:
+    """Rename enrolled device ``old`` to ``new``, keeping its history; returns (what was done, new bundle).
+
+    A device id is its MQTT user name and its topics' id, so the broker gets an account and ACL
+    for ``new`` (a new password) and loses ``old``'s; the registry moves the row and
+    participation to ``new`` and keeps ``old`` revoked for good (``renamed_to``); the kept
+    personalised models move to the new name; ``old``'s retained status and models are cleared
+    and its bundle deleted; a bundle for ``new`` is written. The device must load the new bundle.
+
+    Raises
+    ------
+    ValueError
+        If a name is invalid, ``old`` is not enrolled, or ``new`` was ever used.
+    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
+        If the broker cannot be administered (nothing in the registry changed when the new account failed).
+    """
+    from coordinator.server.lifecycle import delete_bundle, move_personal_models
+
+    check_client_id(old)
+    check_client_id(new)
+    _existing_registry(data)
+    reg = Registry(data)
+    try:
+        if not reg.is_enrolled(old):
+            raise ValueError(f"device {old!r} is not enrolled (see fedhar-coordinator devices); only an enrolled device is renamed")
+        if reg.is_enrolled(new) or reg.is_revoked(new):
+            raise ValueError(f"the name {new!r} is taken already (enrolled, revoked or forgotten): choose another new name")
+        admin = _admin(file)
+        password = admin.add_device(new)
+        reg.rename(old, new)
+    finally:
+        reg.close()
+    done = [f"{new}: broker account and ACL created", f"registry: {old} is now {new} (participation kept; {old} stays refused)"]
+    if old in admin.devices():
+        admin.remove_device(old)
+        done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
+    moved = move_personal_models(data, old, new)
+    done.append(f"{moved} kept personalised model(s) moved to {new}")
+    seen = _retained(file, wait_s=1.0)
+    if seen is not None and seen[1]:  # a login as the coordinator would knock the running serve off the broker
+        done.append(f"the running server clears {old}'s retained status and models (and refuses the old name from now on)")
+    elif _clear_retained(file, old):
+        done.append(f"{old}'s retained status and models cleared")
+    else:
+        done.append(f"the broker could not be reached to clear {old}'s retained status (a running serve refuses it anyway)")
+    delete_bundle(data, old)
+    bundle = write_bundle(data, file, new, password)
+    audit(data, "rename", new, f"was {old}")
+    return done, bundle
+
+
+def _existing_registry(data: Path) -> None:
+    """Raise :class:`DeviceCommandError` unless ``data`` holds a device registry (so no stray database is created).
+
+    Raises
+    ------
+    DeviceCommandError
+        Naming the folder looked in and the option that names another.
+    """
+    from coordinator.server.registry import DB_NAME
+
+    if not (data / DB_NAME).is_file():
+        raise DeviceCommandError(
+            f"{data / DB_NAME} does not exist: no device was enrolled in data folder {data}; name the server's data folder "
+            "with --data (the unit's StateDirectory, /var/lib/fedhar)"
+        )
 
 
 def _clear_retained(file: ServeFile, name: str) -> bool:
@@ -291,6 +423,9 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
     DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
         If the broker cannot be administered (the registry row is written already).
     """
+    from coordinator.server.lifecycle import delete_bundle
+
+    _existing_registry(data)
     done = []
     reg = Registry(data)
     try:
@@ -298,6 +433,9 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
     finally:
         reg.close()
     done.append(f"{name} recorded as revoked in {data / 'server.sqlite'}")
+    if delete_bundle(data, name):
+        done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
+    audit(data, "revoke", name)
     admin = _admin(file)
     if name in admin.devices():
         admin.remove_device(name)
@@ -318,30 +456,75 @@ def forget(data: Path, file: ServeFile, name: str) -> list[str]:
     """Revoke ``name`` and delete what the server holds of it; returns what was done, as lines.
 
     Deleted: its personalised models in every kept round of ``<data>/run/models``, its spilled
-    updates in ``<data>/run/spill``, its enrolment files, and its participation rows (the
-    registry keeps the name alone, so it stays refused).
+    updates in ``<data>/run/spill``, its enrolment files, its participation rows (the registry
+    keeps the name alone, so it stays refused), and its entries in the run's records
+    (``state.sqlite``, hence ``/api/rounds`` and the page, ``report.json``, ``report.md``:
+    :func:`coordinator.server.lifecycle.scrub_run`; counts stay, anonymous).
+
+    Raises
+    ------
+    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
+        If the broker cannot be administered (the registry row is revoked already).
+    coordinator.state.StateDamaged
+        If the run's database cannot be rewritten.
     """
+    from coordinator.server.lifecycle import forget_files, scrub_run
+
     done = revoke(data, file, name)
-    removed = 0
-    for path in sorted((data / "run" / "models").glob(f"r*/personal/{name}.safetensors")):
-        path.unlink(missing_ok=True)
-        removed += 1
-    for path in sorted((data / "run" / "spill").glob(f"*/{name}.safetensors")):
-        path.unlink(missing_ok=True)
-        removed += 1
-    for ext in ("json", "png"):
-        p = data / "enrolment" / f"{name}.{ext}"
-        if p.exists():
-            p.unlink()
-            removed += 1
+    removed = forget_files(data, name)
     reg = Registry(data)
     try:
         n_rows = len(reg.participation(name))
         reg.forget(name)
     finally:
         reg.close()
+    rounds = scrub_run(data / "run", name)
     done.append(f"deleted {removed} file(s) of {name} (personalised models, spilled updates, enrolment) and {n_rows} participation row(s)")
+    done.append(f"removed {name} from {rounds} round record(s) of {data / 'run'} (state.sqlite, report.json, report.md)")
+    audit(data, "forget", name, f"{n_rows} participation rows, {rounds} round records")
     return done
+
+
+def renew(out: Path, ca_key: Path, days: int, data: Path | None) -> list[str]:
+    """``fedhar-coordinator broker renew``: a new server certificate from the same CA, the broker reloaded, the audit log written.
+
+    Returns what was done, as lines. See :func:`coordinator.broker.certificates.renew_server_certificate`.
+
+    Raises
+    ------
+    coordinator.broker.settings.SetupError
+        If the certificate cannot be renewed (nothing was replaced then).
+    """
+    from coordinator.broker.certificates import renew_server_certificate
+    from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+
+    got = renew_server_certificate(out, ca_key, days)
+    until = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(got.not_after_unix))
+    done = [f"new server certificate {got.path}, valid until {until}, signed by the same CA: devices keep connecting"]
+    try:
+        BrokerAdmin(out, reload="auto").reload_broker()
+        done.append("the broker was reloaded and serves it now")
+    except BrokerAdminError as exc:
+        done.append(f"the broker was not reloaded ({exc}); it serves the new certificate after: systemctl reload mosquitto")
+    if data is not None:
+        audit(data, "renew", None, f"server certificate until {until}")
+    return done
+
+
+def renew_main(argv: list[str]) -> int:
+    """``fedhar-coordinator broker renew ...`` (the options of the broker tooling's ``renew``); 0, or 2 with the reason."""
+    from coordinator.broker.cli import PROG, build_broker_parser
+    from coordinator.broker.settings import SetupError
+
+    args = build_broker_parser().parse_args(["renew", *argv])
+    setup_logging("warning")
+    try:
+        for line in renew(args.out, args.ca_key, args.days, args.data):
+            print(line)
+    except SetupError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return Exit.OK
 
 
 def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, Any]]:
@@ -406,7 +589,7 @@ def match_data_owner(data: Path) -> list[Path]:
 
 
 def main(cmd: str, argv: list[str]) -> int:
-    """``fedhar-coordinator CMD ...`` for CMD in enrol, revoke, forget, devices, versions; returns the exit status.
+    """``fedhar-coordinator CMD ...`` for CMD in enrol, reissue, rename, revoke, forget, devices, versions; returns the exit status.
 
     ``enroll`` is an alias of ``enrol`` (the one spelling in messages and docs).
 
@@ -441,19 +624,43 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
         print(f"{args.name} enrolled. Scan the code above with the app (Federation > Enrol), or give the device")
         print(f"  {js}  (fedhar-client --enrolment {js.name})")
         print(f"  {png}  (the same as a QR code image)")
-        print("Both files hold the device's password: keep them private (mode 0600), delete them once the device has joined.")
+        print("Both files hold the device's password (mode 0600); they are deleted once the device has joined, or after a week.")
+    elif cmd in ("reissue", "rename"):
+        if cmd == "reissue":
+            name, (js, png, qr) = args.name, reissue(data, file, args.name)
+            print(qr)
+            print(f"{name} re-issued: its old password is refused from now on. Scan the code above with the app, or give the device")
+        else:
+            name = args.new
+            done, (js, png, qr) = rename(data, file, args.old, args.new)
+            for line in done:
+                print(line)
+            print(qr)
+            print(f"{args.old} renamed to {name}. The device must load its new bundle: scan the code above, or give it")
+        print(f"  {js}  (fedhar-client --enrolment {js.name})")
+        print(f"  {png}  (the same bundle as a QR code image)")
+        print("Both files hold the device's password (mode 0600); they are deleted once the device has joined.")
     elif cmd in ("revoke", "forget"):
         for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
             print(line)
     elif cmd == "devices":
-        rows = device_table(data, online_states(file))
+        from coordinator.server.lifecycle import prune_bundles
+
+        _existing_registry(data)
+        online = online_states(file)
+        if not args.keep_bundles:
+            joined = {n for n, st in (online or {}).items() if st != "offline"}
+            for name in prune_bundles(data, joined):
+                print(f"deleted the enrolment bundle of {name} (joined, revoked or older than a week)", file=sys.stderr)
+        rows = device_table(data, online)
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
             for r in rows:
                 r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
-            _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked"])
+            _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked", "renamed_to"])
     elif cmd == "versions":
+        _existing_registry(data)
         reg = Registry(data)
         try:
             vrows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]

@@ -26,6 +26,7 @@ Exported (prefix ``fedhar_``)::
     monitor_malformed_messages_total{kind}       counter: messages the monitor ignored
     broker_link_up                               gauge: 1 while the page's own broker session is up
     seconds_since_last_round                     gauge: since the newest completed round was recorded
+    certificate_expiry_seconds{which}            gauge: until the broker's server certificate / CA expires
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ class FederationCollector(Collector):
         Whether the status page's broker session is up (None: it has none; not exported).
     since_last_round : callable returning float or None, optional
         Seconds since the newest completed round was recorded (None: none yet; not exported).
+    certificates : callable returning dict, optional
+        Seconds until each of the broker's certificates expires, by ``"server"``/``"ca"`` (empty: not exported).
     """
 
     def __init__(
@@ -158,12 +161,14 @@ class FederationCollector(Collector):
         malformed: Callable[[], dict[str, int]] | None = None,
         broker_link: Callable[[], bool | None] | None = None,
         since_last_round: Callable[[], float | None] | None = None,
+        certificates: Callable[[], dict[str, float]] | None = None,
     ):
         self._totals = totals
         self._devices = devices
         self._malformed = malformed
         self._link = broker_link
         self._since = since_last_round
+        self._certs = certificates
 
     def collect(self) -> Iterator[Metric]:
         """The metric families as of now (called by the registry at every scrape)."""
@@ -204,6 +209,12 @@ class FederationCollector(Collector):
         if self._since is not None and (since := self._since()) is not None:
             yield GaugeMetricFamily("fedhar_seconds_since_last_round", "Seconds since the newest completed round was recorded",
                                     value=since)  # fmt: skip
+        if self._certs is not None and (left := self._certs()):
+            cert = GaugeMetricFamily("fedhar_certificate_expiry_seconds", "Seconds until the broker's certificate expires "
+                                     "(negative: expired), by which: server, ca", labels=["which"])  # fmt: skip
+            for which, secs in sorted(left.items()):
+                cert.add_metric([which], secs)
+            yield cert
         if self._devices is not None:
             counts = self._devices()
             dev = GaugeMetricFamily("fedhar_devices", "Devices by state", labels=["state"])
@@ -224,10 +235,11 @@ def make_registry(
     malformed: Callable[[], dict[str, int]] | None = None,
     broker_link: Callable[[], bool | None] | None = None,
     since_last_round: Callable[[], float | None] | None = None,
+    certificates: Callable[[], dict[str, float]] | None = None,
 ) -> CollectorRegistry:
     """A new CollectorRegistry holding one :class:`FederationCollector` (arguments as there)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round))
+    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round, certificates))
     return reg
 
 

@@ -69,7 +69,8 @@ class DeviceRow:
     """One device of the registry.
 
     ``enrolled_unix``, ``revoked_unix``, ``forgotten_unix`` are UNIX times in seconds (None when
-    that has not happened); ``state`` is the latest of them.
+    that has not happened); ``state`` is the latest of them; ``renamed_to`` is the name a renamed
+    device carries now (its old name is revoked).
     """
 
     name: str
@@ -78,6 +79,7 @@ class DeviceRow:
     revoked_unix: float | None
     forgotten_unix: float | None
     state: DeviceState
+    renamed_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,10 @@ class Registry:
                     found = SCHEMA_VERSION
                 else:
                     found = int(row[0])
+                columns = {r[1] for r in self._db.execute("PRAGMA table_info(devices)")}
+                if "renamed_to" not in columns:
+                    # Added beside schema 1 (an older fedhar reads the file as before: it names its columns).
+                    self._db.execute("ALTER TABLE devices ADD COLUMN renamed_to TEXT")
         if found > SCHEMA_VERSION:
             self._db.close()
             raise RegistryDamaged(
@@ -253,9 +259,44 @@ class Registry:
         """
         self.revoke(name)
         now = time.time()
+        with self._guard():
+            self._db.execute("PRAGMA secure_delete = ON")  # the deleted rows are zeroed, not left in free pages
         with self._guard(), self._db:
             self._db.execute("UPDATE devices SET owner = NULL, forgotten_unix = COALESCE(forgotten_unix, ?) WHERE name = ?", (now, name))
             self._db.execute("DELETE FROM participation WHERE name = ?", (name,))
+
+    def rename(self, old: str, new: str) -> None:
+        """Give enrolled device ``old`` the name ``new``, keeping its owner, enrolment time and participation.
+
+        In one transaction: a row for ``new`` (``old``'s owner and enrolment time), ``old``'s
+        participation rows moved to ``new``, and ``old`` recorded as revoked with ``renamed_to =
+        new``: the old name stays refused for good (a device still using it is not this one any
+        more), and :meth:`devices` shows where it went.
+
+        Raises
+        ------
+        ValueError
+            If a name is invalid, ``old`` is not enrolled, or ``new`` is in the table already
+            (enrolled, revoked or forgotten: a name is never taken twice).
+        RegistryDamaged
+            If the database cannot be read or written.
+        """
+        _check_name(old)
+        _check_name(new)
+        if old == new:
+            raise ValueError(f"rename {old!r} to itself: give a different new name")
+        now = time.time()
+        with self._guard(), self._db:
+            row = self._db.execute(
+                "SELECT owner, enrolled_unix, revoked_unix, forgotten_unix FROM devices WHERE name = ?", (old,)
+            ).fetchone()
+            if row is None or row[2] is not None or row[3] is not None:
+                raise ValueError(f"device {old!r} is not enrolled (see fedhar-coordinator devices); only an enrolled device is renamed")
+            if self._db.execute("SELECT 1 FROM devices WHERE name = ?", (new,)).fetchone() is not None:
+                raise ValueError(f"the name {new!r} is taken already (enrolled, revoked or forgotten): choose another new name")
+            self._db.execute("INSERT INTO devices (name, owner, enrolled_unix) VALUES (?, ?, ?)", (new, row[0], row[1]))
+            self._db.execute("UPDATE participation SET name = ? WHERE name = ?", (new, old))
+            self._db.execute("UPDATE devices SET revoked_unix = ?, renamed_to = ? WHERE name = ?", (now, new, old))
 
     def is_revoked(self, name: str) -> bool:
         """True if ``name`` was revoked or forgotten. Raises :class:`RegistryDamaged`."""
@@ -279,12 +320,12 @@ class Registry:
         """Every device, in order of enrolment. Raises :class:`RegistryDamaged`."""
         with self._guard():
             rows = self._db.execute(
-                "SELECT name, owner, enrolled_unix, revoked_unix, forgotten_unix FROM devices ORDER BY enrolled_unix, name"
+                "SELECT name, owner, enrolled_unix, revoked_unix, forgotten_unix, renamed_to FROM devices ORDER BY enrolled_unix, name"
             ).fetchall()
             out = []
-            for name, owner, enrolled, revoked, forgotten in rows:
+            for name, owner, enrolled, revoked, forgotten, renamed_to in rows:
                 state: DeviceState = "forgotten" if forgotten is not None else "revoked" if revoked is not None else "enrolled"
-                out.append(DeviceRow(str(name), owner, float(enrolled), revoked, forgotten, state))
+                out.append(DeviceRow(str(name), owner, float(enrolled), revoked, forgotten, state, renamed_to))
         return out
 
     # ----------------------------------------------------------------------------- epochs

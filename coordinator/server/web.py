@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode
 
@@ -52,6 +53,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.broker.certificates import EXPIRY_WARNING_S
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, RoundTotals, make_registry, scrape
@@ -61,6 +63,9 @@ from coordinator.state import RunState, StateDamaged
 from har_models.wire.messages import ClientStatus
 
 log = logging.getLogger("fedhar.server.web")
+
+AUDIT_SHOWN = 10
+"""Entries of the operator audit log on the page (the newest first); the file keeps all."""
 
 TARGET_RATE_HZ = 50.0
 """The sample rate every device must deliver (the model's 50 Hz grid)."""
@@ -232,6 +237,9 @@ class ServerView:
         :meth:`health` reports the federation stalled when no round completed for longer than
         this (s) while the schedule has a next start (enough devices are eligible). ``serve``
         sets it from its schedule; None: never.
+    broker_dir : Path, optional
+        The broker folder (``[server] broker_dir``): the expiry of its TLS certificates is shown
+        (:meth:`certificates`). ``serve`` passes it; None: no certificates shown.
     """
 
     name: str = "fedhar-home"
@@ -241,6 +249,9 @@ class ServerView:
     next_start: Callable[[], float | None] | None = None
     wall: Callable[[], float] = time.time
     stall_after_s: float | None = None
+    broker_dir: Path | None = None
+    _certs: tuple[tuple[tuple[str, float], ...], list[Any]] = field(default=((), []), repr=False)
+    _warned: dict[str, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _seen: tuple[int, int] | None = field(default=None, repr=False)
     _last: int = field(default=-1, repr=False)
@@ -349,6 +360,60 @@ class ServerView:
         if self.monitor is None or self.monitor.link is None:
             return None
         return self.snapshot().connected
+
+    def certificates(self) -> list[Any]:
+        """The broker's certificates' expiry (:class:`coordinator.broker.certificates.CertificateExpiry`, server and CA).
+
+        Read from the files of :attr:`broker_dir` again only when one of them changed (a renewal);
+        [] without a broker folder, without TLS, or when a file cannot be read (logged). Logs a
+        warning, at most once a day per certificate, from 30 days before one expires.
+        """
+        from coordinator.broker.certificates import EXPIRY_WARNING_S, certificate_expiry
+        from coordinator.broker.settings import SetupError, read_settings
+
+        if self.broker_dir is None:
+            return []
+        try:
+            settings = read_settings(Path(self.broker_dir))
+            paths = [p for p in (settings.tls_cert, settings.tls_ca) if p]
+            key = tuple((str(p), Path(p).stat().st_mtime) for p in paths)
+            with self._lock:
+                cached_key, cached = self._certs
+            if key != cached_key:
+                cached = certificate_expiry(settings)
+                with self._lock:
+                    self._certs = (key, cached)
+        except (SetupError, OSError) as exc:
+            log.warning("status page: the broker's certificates cannot be read: %s", exc)
+            return []
+        now = self.wall()
+        for c in cached:
+            left = c.seconds_left(now)
+            if left < EXPIRY_WARNING_S and now - self._warned.get(c.which, -1e18) > 86400:
+                self._warned[c.which] = now
+                when = time.strftime(_STAMP, time.localtime(c.not_after_unix))
+                log.warning("the broker's %s certificate %s %s on %s: renew it (fedhar-coordinator broker renew --out %s "
+                            "--ca-key ca.key)", c.which, c.path, "expired" if left < 0 else f"expires in {left / 86400:.0f} days",
+                            when, self.broker_dir)  # fmt: skip
+        return list(cached)
+
+    def certificate_seconds_left(self) -> dict[str, float]:
+        """Seconds until each certificate of :meth:`certificates` expires, by ``which`` (negative: expired)."""
+        now = self.wall()
+        return {c.which: c.seconds_left(now) for c in self.certificates()}
+
+    def audit(self, newest: int = 10) -> list[Any]:
+        """The ``newest`` entries of the operator audit log (:mod:`coordinator.server.audit`) of the registry's data folder."""
+        from coordinator.server.audit import read_audit
+
+        data = getattr(self.registry, "data_dir", None)
+        if data is None:
+            return []
+        try:
+            return read_audit(Path(data), newest)
+        except OSError as exc:
+            log.warning("status page: the audit log cannot be read: %s", exc)
+            return []
 
     def seconds_since_last_round(self) -> float | None:
         """Seconds since the newest completed round was recorded (None: no round yet, or no database)."""
@@ -764,6 +829,23 @@ def render_page(view: ServerView, query: str = "") -> str:
     if not versions:
         h.append('<tr><td colspan="5" class="muted">no model version yet</td></tr>')
     h.append("</table>")
+    certs = view.certificates()
+    if certs:
+        h.append("<h2>Certificates</h2>")
+        for c in certs:
+            left = c.seconds_left(now)
+            cls = "rate-warn" if left < EXPIRY_WARNING_S else "muted"
+            words = "expired" if left < 0 else f"{left / 86400:.0f} days left"
+            h.append(f'<p class="certificate {cls}" data-which="{_e(c.which)}">{_e("server certificate" if c.which == "server" else "CA")}'
+                     f" valid until {time.strftime(_STAMP, time.localtime(c.not_after_unix))} ({words})</p>")  # fmt: skip
+    entries = view.audit(AUDIT_SHOWN)
+    if entries:
+        h.append("<h2>Operator actions</h2>")
+        h.append('<table id="audit"><tr><th>when</th><th>action</th><th>device</th><th>by</th><th>detail</th></tr>')
+        for a in reversed(entries):
+            h.append(f"<tr><td>{_when(a.t, now)}</td><td>{_e(a.action)}</td><td>{_e(a.device)}</td><td>{_e(a.by)}</td>"
+                     f"<td>{_e(a.detail) if a.detail else '—'}</td></tr>")  # fmt: skip
+        h.append("</table>")
     h.append(f'<p class="muted">updated {time.strftime(_STAMP, time.localtime(now))}; '
              "JSON: " + " · ".join(f'<a href="{path}{html.escape(query)}">{label}</a>' for path, label in
                                    (("api/devices", "devices"), ("api/round", "round"), ("api/rounds", "rounds"),
@@ -800,7 +882,8 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
     Starlette
         Serve it with uvicorn (:class:`WebServer` does that in a thread).
     """
-    registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round)
+    registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round,
+                             view.certificate_seconds_left)  # fmt: skip
 
     def page(request: Request) -> Response:
         # A browser that came with ?token= keeps it on the page's links (the meta refresh keeps the URL as it is).

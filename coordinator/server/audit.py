@@ -1,0 +1,94 @@
+"""The home server's audit log ``<data>/audit.jsonl``: one JSON line per operator action, appended, never rewritten.
+
+Written by the commands that change what the server trusts or holds (enrol, reissue, rename,
+revoke, forget, backup, restore, broker renew) and shown on the status page (its newest
+entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
+``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo). A line is
+written with one ``write`` on a file opened ``O_APPEND`` and flushed to disk before the command
+reports success, so a crash leaves at most a last line cut short, which :func:`read_audit` skips.
+A forgotten device's name is kept in the log on purpose: the log says that it was forgotten.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+AUDIT_NAME = "audit.jsonl"
+
+ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew")
+"""The actions an entry may name."""
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action: when (UNIX s), which action (:data:`ACTIONS`), on which device (or None), by whom, details."""
+
+    t: float
+    action: str
+    device: str | None
+    by: str
+    detail: str
+
+
+def _who() -> str:
+    sudo = os.environ.get("SUDO_USER")
+    if sudo:
+        return sudo
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+def audit(data: Path, action: str, device: str | None = None, detail: str = "") -> AuditEntry:
+    """Append one entry to ``data / "audit.jsonl"`` (created mode 0640) and flush it to disk.
+
+    Raises
+    ------
+    ValueError
+        If ``action`` is not one of :data:`ACTIONS`.
+    OSError
+        If the file cannot be opened or written (the message of the caller names the folder).
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"audit action {action!r}: use one of {', '.join(ACTIONS)}")
+    entry = AuditEntry(time.time(), action, device, _who(), detail)
+    line = json.dumps({"t": entry.t, "action": action, "device": device, "by": entry.by, "detail": detail}) + "\n"
+    Path(data).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(data) / AUDIT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return entry
+
+
+def read_audit(data: Path, newest: int | None = None) -> list[AuditEntry]:
+    """The entries of ``data / "audit.jsonl"``, oldest first (only the ``newest`` ones when given); [] without a file.
+
+    A line that does not decode (a last line cut short by a crash) is skipped.
+
+    Raises
+    ------
+    OSError
+        If the file exists but cannot be read.
+    """
+    path = Path(data) / AUDIT_NAME
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for text in lines:
+        try:
+            d = json.loads(text)
+            out.append(AuditEntry(float(d["t"]), str(d["action"]), d.get("device"), str(d.get("by", "")), str(d.get("detail", ""))))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out if newest is None else out[-newest:] if newest > 0 else []

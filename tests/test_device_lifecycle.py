@@ -1,0 +1,192 @@
+"""A device's life after enrolment (coordinator/server/lifecycle.py, devices_cli): reissue, rename, forget, bundles.
+
+Against a real Mosquitto (TLS, ACL, one account per device, reloaded by its PID file) and real
+SQLite files: a re-issued device's old password is refused at once, a renamed device keeps its
+participation under its new account, a forgotten device leaves no trace in the run's records
+(the raw bytes of state.sqlite, report.json and report.md), bundles go when no longer needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from coordinator.record import Evaluation, FedDwaWeights, Metrics, Participation, Rejection, RoundRecord, records
+from coordinator.report import write_report
+from coordinator.server import devices_cli
+from coordinator.server.audit import read_audit
+from coordinator.server.lifecycle import prune_bundles, scrub_record
+from coordinator.server.registry import Registry
+from coordinator.server.settings import read_serve_file
+from coordinator.state import RunState
+
+ROOT = Path(__file__).resolve().parents[1]
+FED = "life"
+
+
+def _login(port: int, user: str, password: str) -> int:
+    """The CONNACK reason code of a login on the broker's plain listener (0 accepted, 5/135 not authorised)."""
+    got: list[int] = []
+    done = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"probe-{user}-{time.monotonic_ns()}")
+    c.username_pw_set(user, password)
+
+    def on_connect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        got.append(int(rc.value if hasattr(rc, "value") else rc))
+        done.set()
+
+    c.on_connect = on_connect
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        assert done.wait(10), "no CONNACK"
+    finally:
+        c.loop_stop()
+        c.disconnect()
+    return got[0]
+
+
+def _data(tmp_path: Path, b: Any) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "server.toml").write_text(f'[server]\nname = "home-test"\nbroker_dir = "{b.out}"\npublic_host = "127.0.0.1"\nhttp_port = 0\n')
+    return data
+
+
+def _round(i: int, a: str, b: str) -> dict[str, Any]:
+    m = Metrics(accuracy=0.8, macro_f1=0.7)
+    rec = RoundRecord(
+        round=i,
+        participation=Participation(
+            selected=2, updates=1, rejected=1, missing=(b,), failures={b: "stale_round"}, rejections=(Rejection(b, "stale_round", 1),)
+        ),
+        feddwa_weights=FedDwaWeights((a, b), ((0.6, 0.4), (0.25, 0.75))),
+        evaluation=Evaluation(personalisation=m, personalisation_clients={a: m, b: Metrics(accuracy=0.5, macro_f1=0.4)}),
+    )
+    return rec.to_json()
+
+
+def test_scrub_record_removes_every_entry_of_the_device_and_keeps_a_valid_record() -> None:
+    rec = _round(3, "dev-a", "dev-b")
+    out = scrub_record(rec, "dev-b")
+    assert "dev-b" not in json.dumps(out)
+    back = RoundRecord.from_json(out)
+    assert back.participation.selected == 2 and back.participation.updates == 1  # anonymous counts stay
+    assert back.participation.missing == () and dict(back.participation.failures) == {}
+    assert back.feddwa_weights == FedDwaWeights(("dev-a",), ((0.6,),))
+    assert set(back.evaluation.personalisation_clients) == {"dev-a"}
+    assert scrub_record(rec, "nobody") == rec
+
+
+def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tls_mosquitto: Callable[..., Any]) -> None:
+    b = tls_mosquitto(FED, ["spare"])
+    data = _data(tmp_path, b)
+    file = read_serve_file(data / "server.toml")
+    for name in ("dev-a", "dev-b", "dev-c"):
+        devices_cli.enrol(data, file, name, "Anna")
+
+    def pw(name: str) -> str:
+        return str(json.loads((data / "enrolment" / f"{name}.json").read_text())["password"])
+
+    # --- reissue: through the command line, as an operator runs it
+    old = pw("dev-a")
+    assert _login(b.port, "dev-a", old) == 0
+    reg = Registry(data)
+    reg.note_participation(0, "dev-a", 0.8, 0.7)
+    reg.close()
+    r = subprocess.run([sys.executable, "-m", "coordinator.cli", "reissue", "dev-a", "--data", str(data)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    new = pw("dev-a")
+    assert new != old and new not in r.stdout + r.stderr and "re-issued" in r.stdout
+    assert _login(b.port, "dev-a", old) in (4, 5, 134, 135)  # refused at once: bad user name or password / not authorised
+    assert _login(b.port, "dev-a", new) == 0
+    reg = Registry(data)
+    assert [p.round for p in reg.participation("dev-a")] == [0] and reg.is_enrolled("dev-a")  # same history
+    reg.close()
+    with pytest.raises(ValueError, match="is not enrolled"):
+        devices_cli.reissue(data, file, "never-seen")
+
+    # --- rename: new account and ACL, the old one refused, participation and models kept under the new name
+    personal = data / "run" / "models" / "r0000" / "personal"
+    personal.mkdir(parents=True)
+    (personal / "dev-a.safetensors").write_bytes(b"model of dev-a")
+    done, (js, _, _) = devices_cli.rename(data, file, "dev-a", "phone-anna")
+    assert js == data / "enrolment" / "phone-anna.json" and not (data / "enrolment" / "dev-a.json").exists()
+    assert any("broker account and ACL removed" in line for line in done)
+    assert _login(b.port, "dev-a", new) in (4, 5, 134, 135)
+    assert _login(b.port, "phone-anna", pw("phone-anna")) == 0
+    acl = (b.out / "acl").read_text()
+    assert "user phone-anna" in acl and "user dev-a\n" not in acl
+    assert (personal / "phone-anna.safetensors").read_bytes() == b"model of dev-a" and not (personal / "dev-a.safetensors").exists()
+    reg = Registry(data)
+    rows = {d.name: d for d in reg.devices()}
+    assert rows["phone-anna"].state == "enrolled" and rows["phone-anna"].owner == "Anna"
+    assert rows["phone-anna"].enrolled_unix == rows["dev-a"].enrolled_unix
+    assert rows["dev-a"].state == "revoked" and rows["dev-a"].renamed_to == "phone-anna"
+    assert [p.round for p in reg.participation("phone-anna")] == [0] and reg.participation("dev-a") == []
+    reg.close()
+    with pytest.raises(ValueError, match="taken already"):
+        devices_cli.rename(data, file, "dev-b", "dev-a")
+
+    # --- forget: the run's records, reports and API lose the device
+    run = data / "run"
+    state = RunState(run)
+    with state._db:
+        for i in range(3):
+            state._db.execute("INSERT INTO rounds (round, completed, summary) VALUES (?, ?, ?)",
+                              (i, time.time(), json.dumps(_round(i, "phone-anna", "dev-b"))))  # fmt: skip
+    state.event(1, "dev-b", "rejected", "stale_round")
+    version_before = state.rounds_version()
+    write_report(run, {"run_id": "home", "clients": ["phone-anna", "dev-b"]}, records(state.rounds()), plot=False)
+    state.close()
+    assert "dev-b" in (run / "report.md").read_text()
+    (run / "spill" / "r0002").mkdir(parents=True)
+    (run / "spill" / "r0002" / "dev-b.safetensors").write_bytes(b"x")
+    lines = devices_cli.forget(data, file, "dev-b")
+    assert any("removed dev-b from 3 round record(s)" in line for line in lines)
+    for path in (run / "state.sqlite", run / "report.json", run / "report.md"):
+        assert b"dev-b" not in path.read_bytes(), path
+    state = RunState(run)
+    assert state.rounds_version()[0] > version_before[0]  # a running page reads the rounds again
+    assert all(set(r["personalisation_clients"]) == {"phone-anna"} and r["selected"] == 2 for r in state.rounds())
+    assert state.events() == []
+    state.close()
+    assert not (run / "spill" / "r0002" / "dev-b.safetensors").exists()
+    assert json.loads((run / "report.json").read_text())["clients"] == ["phone-anna"]
+
+    # --- bundles: revoked at once; joined or old ones by prune_bundles (devices)
+    assert (data / "enrolment" / "dev-c.json").exists()
+    devices_cli.revoke(data, file, "dev-c")
+    assert not (data / "enrolment" / "dev-c.json").exists() and not (data / "enrolment" / "dev-c.png").exists()
+    devices_cli.enrol(data, file, "dev-d", None)
+    devices_cli.enrol(data, file, "dev-e", None)
+    assert prune_bundles(data) == ["phone-anna"]  # it contributed to a round: it has joined
+    assert prune_bundles(data, joined={"dev-d"}) == ["dev-d"]
+    js = data / "enrolment" / "dev-e.json"
+    os.utime(js, (time.time() - 8 * 86400, time.time() - 8 * 86400))
+    assert prune_bundles(data) == ["dev-e"] and sorted(os.listdir(data / "enrolment")) == []
+
+    actions = [(e.action, e.device) for e in read_audit(data)]
+    assert actions == [("enrol", "dev-a"), ("enrol", "dev-b"), ("enrol", "dev-c"), ("reissue", "dev-a"),
+                       ("rename", "phone-anna"), ("revoke", "dev-b"), ("forget", "dev-b"), ("revoke", "dev-c"),
+                       ("enrol", "dev-d"), ("enrol", "dev-e")]  # fmt: skip
+
+
+def test_devices_without_a_registry_creates_no_database(tmp_path: Path) -> None:
+    data = tmp_path / "nothing-here"
+    for cmd in ("devices", "versions"):
+        r = subprocess.run([sys.executable, "-m", "coordinator.cli", cmd, "--data", str(data)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert r.returncode == 2 and "does not exist: no device was enrolled" in r.stderr and "--data" in r.stderr
+    assert not data.exists()
