@@ -209,8 +209,9 @@ def run_setting(
     Returns
     -------
     list of dict
-        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr"}`` per round
-        (``lr``: the client lr of that round); fewer rounds when a server optimiser's step
+        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr", "server_eta"}`` per round
+        (``lr``: the client lr of that round; ``server_eta``: a server optimiser's step size of that
+        round, FedExP's adaptive eta_t, None for the others); fewer rounds when a server optimiser's step
         diverged (logged).
     """
     spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
@@ -234,9 +235,11 @@ def run_setting(
             break
         train_s = time.monotonic() - t0
         gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
+        eta_t = server.last_eta if isinstance(server, FedOpt) else None
         rows.append({"round": r, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
-                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": p.round_lr(r)})
-        log.info("%s round %d: val F1 %.3f, test F1 %.3f (%.0f s)", p.label, r, gv["macro_f1"], gt["macro_f1"], train_s)
+                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": p.round_lr(r), "server_eta": eta_t})
+        log.info("%s round %d: val F1 %.3f, test F1 %.3f, server step %s (%.0f s)", p.label, r, gv["macro_f1"],
+                 gt["macro_f1"], "-" if eta_t is None else f"{eta_t:.2f}", train_s)
     return rows
 
 

@@ -16,13 +16,15 @@ fedprox    as fedavg                                                       (mu/2
 fedper     as fedavg; only the conv layer is used by clients               keep hidden+out local (Arivazhagan et al. 2019)
 feddwa     client i gets sum_j p_ij w_j, p from guidance distances         train + upload guidance (Liu et al. 2023)
 fedavgm    x = x_t - eta m, m = beta m + Delta (Hsu et al. 2019)           --
+fedexp     as fedavgm with eta_t from the updates' agreement (FedExP,      --
+           Jhunjhunwala et al. 2023), m = beta m + eta_t Delta, x = x_t - m
 fedadam    Adam on the pseudo-gradient Delta (Reddi et al. 2021)           --
 fedyogi    Yogi on the pseudo-gradient Delta (Reddi et al. 2021)           --
 =========  ==============================================================  =================
 
 Files: :mod:`.base` (the interface, :class:`Federation`, :class:`Aggregate`), :mod:`.fedavg`,
 :mod:`.fedprox`, :mod:`.fedper`, :mod:`.feddwa`, :mod:`.fedopt` (the server optimisers'
-shared class and settings), :mod:`.fedavgm`, :mod:`.fedadam`, :mod:`.fedyogi`. The papers'
+shared class and settings), :mod:`.fedexp`, :mod:`.fedavgm`, :mod:`.fedadam`, :mod:`.fedyogi`. The papers'
 arithmetic stays in :mod:`coordinator.aggregation`, :mod:`coordinator.feddwa` and
 :mod:`coordinator.server_opt`.
 """
