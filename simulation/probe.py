@@ -68,7 +68,8 @@ class ProbeSetting:
     server : str
         A strategy of :func:`probe_servers` (registered, clients train plainly).
     server_lr, server_momentum : float
-        eta and beta of a server optimiser (ignored by the other strategies).
+        eta and beta of a server optimiser (ignored by the other strategies); ``server_lr``
+        None: the optimiser's own default (FedExP's cap sized by the number of clients).
     batch_size : int
         Windows per local SGD step.
     schedule : LrSchedule
@@ -80,7 +81,7 @@ class ProbeSetting:
     local_epochs: int
     rounds: int
     server: str = FedAvg.name
-    server_lr: float = 1.0
+    server_lr: float | None = 1.0
     server_momentum: float = 0.9
     batch_size: int = LocalTraining.batch_size
     schedule: LrSchedule = field(default_factory=LrSchedule)
@@ -89,7 +90,8 @@ class ProbeSetting:
     def label(self) -> str:
         """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``, with the batch and schedule when not the defaults."""
         if _takes_server_opt(self.server):
-            srv = f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
+            eta = "auto" if self.server_lr is None else f"{self.server_lr:g}"
+            srv = f" {self.server}(eta={eta}, beta={self.server_momentum:g})"
         else:
             srv = "" if self.server == FedAvg.name else f" {self.server}"
         extra = "" if self.batch_size == LocalTraining.batch_size else f" B={self.batch_size}"
@@ -271,12 +273,13 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
     return best[2], best[3], best[4]
 
 
-def parse_servers(text: str) -> list[tuple[str, float, float]]:
+def parse_servers(text: str) -> list[tuple[str, float | None, float]]:
     """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
 
     A left-out eta or beta is the coordinator's default for that optimiser (its class in
     :mod:`coordinator.strategies`), so the probe and the main job mean the same thing by
-    ``fedavgm``. Strategies without a server optimiser ignore both.
+    ``fedavgm``; for FedExP a left-out eta is None, its cap sized by the number of clients.
+    Strategies without a server optimiser ignore both.
 
     Raises
     ------
@@ -290,7 +293,8 @@ def parse_servers(text: str) -> list[tuple[str, float, float]]:
             raise ValueError(f"unknown server {name!r}; choose {', '.join(probe_servers())}")
         default = strategies.make_strategy(name)
         opt = default if isinstance(default, FedOpt) else None
-        eta = float(nums[0]) if nums else (opt.eta if opt else ProbeSetting.server_lr)
+        auto = opt is not None and opt.sized_cap  # FedExP's default cap follows the number of clients: keep it
+        eta = float(nums[0]) if nums else (None if auto else opt.eta if opt else ProbeSetting.server_lr)
         beta = float(nums[1]) if len(nums) > 1 else (opt.beta if opt else ProbeSetting.server_momentum)
         out.append((name, eta, beta))
     return out

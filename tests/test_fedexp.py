@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coordinator.cli import build_parser, config_from_args
+from coordinator.config import CoordinatorConfig
 from coordinator.server_opt import fedexp_eta, mean_sq_update_norm, pseudo_gradient
-from coordinator.strategies import Federation
-from coordinator.strategies.fedexp import FedExP
+from coordinator.strategies import DEFAULT_AGGREGATION, Federation, make_strategy
+from coordinator.strategies.fedavgm import FEDAVGM_BETA, FEDAVGM_ETA, FedAvgM
+from coordinator.strategies.fedexp import FEDEXP_BETA, FedExP
 from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec
@@ -109,3 +112,32 @@ def test_strategy_two_rounds_by_hand_with_momentum():
     m2 = [0.5 * e1 * 1.5 + 1, 0.5 * e1 + 1]
     assert x2.tolist() == pytest.approx([x1[0].item() - m2[0], x1[1].item() - m2[1]], rel=1e-6)
     assert set(s.state_dict()) == {"m.w"}
+
+
+def test_the_cap_grows_with_the_clients_unless_set():
+    # eta_max(M) = min(2, max(1, M / 15)): 1 up to 15 clients, 1.5 at 22.5 -> 22 gives 22/15, 2 from 30
+    s = FedExP()
+    assert [s.eta_max(m) for m in (1, 2, 10, 15, 30, 100)] == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert s.eta_max(22) == pytest.approx(22 / 15)
+    assert FedExP(ServerOptSettings(lr=3.0)).eta_max(2) == 3.0
+    with pytest.raises(ValueError, match="at least one"):
+        s.eta_max(0)
+
+
+def test_two_devices_with_cancelling_updates_take_the_fedavg_step_under_the_default():
+    # the 2-device case of issue 28: Delta_1 = 1, Delta_2 = -0.8 (ratio 37, above) -> eta_t = eta_max(2) = 1;
+    # with beta 0.5 and m_0 = 0: m = 1 * Delta = 0.1, x = 0 - 0.1
+    s = FedExP()
+    x = s.aggregate_fit(0, _fed(_t(0.0)), [_upd("a", 1, _t(-1.0)), _upd("b", 1, _t(0.8))]).global_state["w"]
+    assert s.last_eta == 1.0 and x.item() == pytest.approx(-0.1, abs=1e-7)
+
+
+def test_the_default_is_fedexp_and_fedavgm_stays_available_by_flag(tmp_path):
+    assert DEFAULT_AGGREGATION == "fedexp"
+    s = make_strategy(DEFAULT_AGGREGATION)
+    assert isinstance(s, FedExP) and s.beta == FEDEXP_BETA == 0.5 and s.settings.lr is None
+    old = make_strategy("fedavgm")
+    assert isinstance(old, FedAvgM) and (old.eta, old.beta) == (FEDAVGM_ETA, FEDAVGM_BETA) == (3.0, 0.5)
+    assert CoordinatorConfig(run_dir=tmp_path).aggregation == "fedexp"
+    cfg = config_from_args(build_parser().parse_args(["--aggregation", "fedavgm", "--server-eps", "0.01"]), run_dir=tmp_path)
+    assert cfg.aggregation == "fedavgm" and cfg.server_opt.eps == 0.01

@@ -63,7 +63,8 @@ class ServerOptSettings:
     lr: float | None = field(
         default=None,
         metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi), or the cap eta_max of FedExP's adaptive "
-                     "step (>= 1); default: the optimiser's own (FedAvgM 3.0, FedAdam/FedYogi 0.01)", flag="--server-lr"),
+                     "step (>= 1); default: the optimiser's own (FedExP 1 up to 15 clients, 2 from 30; FedAvgM 3.0; "
+                     "FedAdam/FedYogi 0.01)", flag="--server-lr"),
     )
     momentum: float | None = field(
         default=None,
@@ -107,6 +108,8 @@ class FedOpt(Strategy):
     rule: ClassVar[str] = ""
     default_lr: ClassVar[float] = 0.0
     default_momentum: ClassVar[float] = 0.0
+    sized_cap: ClassVar[bool] = False
+    """True when, with ``lr`` left out, :meth:`eta_max` follows the number of clients (FedExP)."""
     settings_type = ServerOptSettings
     settings_table = "server_opt"
     settings: ServerOptSettings
@@ -153,7 +156,7 @@ class FedOpt(Strategy):
         if self.rule == "exp":
             used = contributors(results)
             msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
-            eta_t = fedexp_eta(msq, delta, self.eps, self.eta)
+            eta_t = fedexp_eta(msq, delta, self.eps, self.eta_max(len(used)))
             x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
         elif self.rule == "avgm":
             x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
@@ -168,6 +171,10 @@ class FedOpt(Strategy):
         self.last_eta = eta_t
         self.m, self.v = m_new, v_new if v_new is not None else self.v
         return Aggregate(x_new, {}, None, avg.participants)
+
+    def eta_max(self, n_clients: int) -> float:
+        """FedExP's cap on eta_t in a round of ``n_clients`` contributors: the setting ``eta`` here (a subclass may size it)."""
+        return self.eta
 
     def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
         """FedDist intermediate exchanges are plain averages: one optimiser step per round."""
