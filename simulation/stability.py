@@ -104,9 +104,13 @@ def main(argv: list[str]) -> int:
     keys = sorted(panels)
     fig, axes = plt.subplots(len(keys), 1, figsize=(8, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys, strict=True):
+        colours: dict[str, str] = {}
         for label, curve in panels[key]:
+            kind = label.rsplit(" ", 1)[0]  # the setting and split, without the seed: one colour each
+            colour = colours.setdefault(kind, f"C{len(colours)}")
             style = "-" if label.startswith("fedexp") else ":"
-            ax.plot(range(len(curve)), curve, style, lw=1, label=label if "s1" in label else None)
+            ax.plot(range(len(curve)), curve, style, color=colour, lw=1,
+                    label=kind if label.endswith(" s1") else None)
         ax.set_title(f"{key[0]} CNN, N = {key[1]}", fontsize=9)
         ax.set_ylim(0, 1)
         ax.set_ylabel("global macro-F1 (test)", fontsize=8)
