@@ -28,7 +28,7 @@ from coordinator.server_opt import (
     mean_sq_update_norm,
     pseudo_gradient,
 )
-from coordinator.strategies.base import Aggregate, Federation, Strategy, contributors, fedavg_of
+from coordinator.strategies.base import Aggregate, Federation, Strategy, contributors, fedavg_of, log
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec, State
 from har_models.settings import doc
@@ -156,7 +156,10 @@ class FedOpt(Strategy):
         if self.rule == "exp":
             used = contributors(results)
             msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
-            eta_t = fedexp_eta(msq, delta, self.eps, self.eta_max(len(used)))
+            cap = self.eta_max(len(used))
+            eta_t = fedexp_eta(msq, delta, self.eps, cap)
+            log.info("round %d: %s server step %.3f (cap %.2g for %d clients, beta %.2g)", round_, self.name, eta_t, cap,
+                     len(used), self.beta)
             x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
         elif self.rule == "avgm":
             x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
