@@ -11,7 +11,9 @@ union test windows (the figure the issue names; the choice was made on validatio
 * drop: the largest fall from the best round so far, max_t (max_{s <= t} F1_s - F1_t), in points;
 * diverged: a curve cut short by non-finite weights, or a drop of more than 10 points.
 
-The same drop is computed on the validation windows (``vdrop``); a second table gives, per
+The same drop is computed on the validation windows (``vdrop``). For files of exactly two
+settings (the old default against the new one) a second table puts their runs side by side
+(a bold drop: diverged; "cut": stopped by non-finite weights); a last table gives, per
 model, split and setting, the means over sizes and seeds (the final validation F1 is what the
 choice reads). The plot draws each
 setting's test curve for every file, one panel per (model, N).
@@ -73,6 +75,7 @@ def main(argv: list[str]) -> int:
              "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
     panels: dict[tuple[str, int], list[tuple[str, list[float]]]] = defaultdict(list)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    cells: dict[tuple[str, str, int, str], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for f in sorted(files, key=lambda p: (p.stem.split("_")[0], p.stem.split("_")[1], int(p.stem.split("_n")[1].split("_")[0]),
                                           p.stem)):
         model, split, n, seed = f.stem.split("_")[0], f.stem.split("_")[1], int(f.stem.split("_n")[1].split("_")[0]), \
@@ -84,7 +87,17 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {model} | {split} | {n} | {seed} | {label} | {s['final']:.3f} | {s['worst']:.3f} | "
                          f"{100 * s['drop']:.1f} | {100 * s['vdrop']:.1f} | {'**yes**' if s['diverged'] else 'no'} |")
             groups[(model, split, label)].append(s)
+            cells[(model, split, n, seed)].append((label, s))
             panels[(model, n)].append((f"{label} {split} s{seed}", [float(r["test_f1"]) for r in c["rows"]]))
+    pairs = [(key, runs) for key, runs in cells.items() if len(runs) == 2]
+    if pairs:  # files of two settings (the old default against the new one): one row per run, side by side
+        (a, _), (b, _) = pairs[0][1]
+        lines += ["", f"| model | split | N | seed | {a}: final | worst | drop | {b}: final | worst | drop |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for (model, split, n, seed), ((_, x), (_, y)) in pairs:
+            cols = [f"{z['final']:.3f}{' (cut)' if z['cut'] else ''} | {z['worst']:.3f} | "
+                    f"{'**' if z['diverged'] else ''}{100 * z['drop']:.1f}{'**' if z['diverged'] else ''}" for z in (x, y)]
+            lines.append(f"| {model} | {split} | {n} | {seed} | {cols[0]} | {cols[1]} |")
     lines += ["", "| model | split | setting | runs | mean final val F1 | mean final test F1 | lowest worst (r5+) | "
               "largest drop | val largest drop | diverged |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (model, split, label), ss in sorted(groups.items()):
