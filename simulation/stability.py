@@ -9,6 +9,7 @@ union test windows (the figure the issue names; the choice was made on validatio
 * final: the last round's F1;
 * worst: the lowest F1 of rounds 5 to the last (after the first third of a 15-round run);
 * drop: the largest fall from the best round so far, max_t (max_{s <= t} F1_s - F1_t), in points;
+* end fall: how far the last round ends below the best round, max_t F1_t - F1_last, in points;
 * diverged: a curve cut short by non-finite weights, or a drop of more than 10 points.
 
 The same drop is computed on the validation windows (``vdrop``). For files of exactly two
@@ -60,7 +61,7 @@ def summarise(rows: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     val = [float(r["val_f1"]) for r in rows]
     cut = len(rows) < rounds
     return {"final": test[-1] if test else float("nan"), "vfinal": val[-1] if val else float("nan"),
-            "worst": min(test[5:] or test or [float("nan")]),
+            "worst": min(test[5:] or test or [float("nan")]), "end_fall": (max(test) - test[-1]) if test else float("nan"),
             "drop": max_drop(test), "vdrop": max_drop(val), "cut": cut,
             "diverged": cut or max_drop(test) > DIVERGED_DROP}
 
@@ -92,11 +93,12 @@ def main(argv: list[str]) -> int:
     pairs = [(key, runs) for key, runs in cells.items() if len(runs) == 2]
     if pairs:  # files of two settings (the old default against the new one): one row per run, side by side
         (a, _), (b, _) = pairs[0][1]
-        lines += ["", f"| model | split | N | seed | {a}: final | worst | drop | {b}: final | worst | drop |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", f"| model | split | N | seed | {a}: final | worst | drop | end fall | {b}: final | worst | drop | end fall |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for (model, split, n, seed), ((_, x), (_, y)) in pairs:
             cols = [f"{z['final']:.3f}{' (cut)' if z['cut'] else ''} | {z['worst']:.3f} | "
-                    f"{'**' if z['diverged'] else ''}{100 * z['drop']:.1f}{'**' if z['diverged'] else ''}" for z in (x, y)]
+                    f"{'**' if z['diverged'] else ''}{100 * z['drop']:.1f}{'**' if z['diverged'] else ''} | "
+                    f"{100 * z['end_fall']:.1f}" for z in (x, y)]
             lines.append(f"| {model} | {split} | {n} | {seed} | {cols[0]} | {cols[1]} |")
     lines += ["", "| model | split | setting | runs | mean final val F1 | mean final test F1 | lowest worst (r5+) | "
               "largest drop | val largest drop | diverged |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]

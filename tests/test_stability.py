@@ -18,6 +18,7 @@ def test_summarise_flags_a_fall_of_more_than_10_points_and_a_cut_curve():
     s = summarise(rows, 7)
     # worst of rounds 5+: 0.7; fall 0.85 - 0.7 = 0.15 > 0.10
     assert (s["final"], s["worst"], s["drop"], s["diverged"]) == (0.86, 0.7, pytest.approx(0.15), True)
+    assert s["end_fall"] == 0.0  # it ends at its best: the fall was a dip
     calm = summarise(rows[:5], 5)
     assert calm["drop"] == pytest.approx(0.05) and not calm["diverged"]
     assert summarise(rows[:5], 15)["diverged"]  # stopped before its 15 rounds: non-finite weights
