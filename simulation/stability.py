@@ -23,6 +23,7 @@ setting's test curve for every file, one panel per (model, N).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -30,6 +31,23 @@ from typing import Any
 
 DIVERGED_DROP = 0.10
 """A fall of more than this (10 points of macro-F1) from the best round so far counts as divergence (issue 28)."""
+
+
+_NAME = re.compile(r"^(?P<model>[a-z]+)_(?P<split>[a-z]+)_n(?P<n>\d+)_s(?P<seed>\d+)$")
+
+
+def cell_of(path: Path) -> tuple[str, str, int, str]:
+    """(model, split, N, seed) from a file name ``{model}_{split}_n{N}_s{seed}.json``.
+
+    Raises
+    ------
+    ValueError
+        If the name is not of that form (the message names the file).
+    """
+    m = _NAME.match(path.stem)
+    if m is None:
+        raise ValueError(f"{path}: expected a probe file named MODEL_SPLIT_nN_sSEED.json (e.g. small_iid_n2_s1.json)")
+    return m["model"], m["split"], int(m["n"]), m["seed"]
 
 
 def max_drop(curve: list[float]) -> float:
@@ -77,10 +95,13 @@ def main(argv: list[str]) -> int:
     panels: dict[tuple[str, int], list[tuple[str, list[float]]]] = defaultdict(list)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     cells: dict[tuple[str, str, int, str], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
-    for f in sorted(files, key=lambda p: (p.stem.split("_")[0], p.stem.split("_")[1], int(p.stem.split("_n")[1].split("_")[0]),
-                                          p.stem)):
-        model, split, n, seed = f.stem.split("_")[0], f.stem.split("_")[1], int(f.stem.split("_n")[1].split("_")[0]), \
-            f.stem.split("_s")[-1]
+    try:
+        files = sorted(files, key=cell_of)
+    except ValueError as exc:
+        print(f"stability: {exc}", file=sys.stderr)
+        return 2
+    for f in files:
+        model, split, n, seed = cell_of(f)
         doc = json.loads(f.read_text())
         for c in doc["curves"]:
             s = summarise(c["rows"], int(c["setting"]["rounds"]))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from simulation.stability import max_drop, summarise
+from simulation.stability import cell_of, max_drop, summarise
 
 
 def test_max_drop_is_the_largest_fall_from_the_best_so_far():
@@ -22,3 +24,9 @@ def test_summarise_flags_a_fall_of_more_than_10_points_and_a_cut_curve():
     calm = summarise(rows[:5], 5)
     assert calm["drop"] == pytest.approx(0.05) and not calm["diverged"]
     assert summarise(rows[:5], 15)["diverged"]  # stopped before its 15 rounds: non-finite weights
+
+
+def test_a_file_name_gives_its_cell_or_a_clear_error():
+    assert cell_of(Path("runs/paper_skew_n30_s2.json")) == ("paper", "skew", 30, "2")
+    with pytest.raises(ValueError, match="MODEL_SPLIT_nN_sSEED"):
+        cell_of(Path("two-devices-15-rounds.report.json"))
