@@ -80,8 +80,11 @@ class CoordinatorConfig:
         follow it through the plan's ``lr`` alone.
     aggregation : str
         A registered strategy (:data:`AGGREGATIONS`); default
-        :data:`coordinator.strategies.DEFAULT_AGGREGATION` (FedAvgM with eta 3 and beta 0.5,
-        the best validation macro-F1 of the search in docs/results.md, HAPT, blocks split).
+        :data:`coordinator.strategies.DEFAULT_AGGREGATION`: FedExP (its step eta_t from the
+        clients' updates, capped at 1 up to 15 clients and at 2 from 30, momentum 0.5), safe
+        from 2 to 30 clients on HAPT validation windows (docs/tuning/server-step.md). The
+        earlier default, FedAvgM eta 3 beta 0.5 (``--aggregation fedavgm``), was tuned on
+        the 30-client main job and collapsed 2-device federations (issue 28).
     growth : {"none", "feddist"}
     client_init : {"overwrite", "ala"}
     fedprox : FedProxSettings

@@ -8,5 +8,7 @@
   the strategy grid (running, resuming), its cells and shared settings, and its report
   (tables over seeds, figures);
 * :mod:`~simulation.probe`, :mod:`~simulation.baselines`, :mod:`~simulation.compare`: the
-  in-process tuning probe, centralised and local-only baselines, and the comparison table.
+  in-process tuning probe, centralised and local-only baselines, and the comparison table;
+* :mod:`~simulation.stability`: the server-step stability table (final, worst round, falls
+  from the best round) from probe curves.
 """

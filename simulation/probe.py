@@ -69,7 +69,8 @@ class ProbeSetting:
     server : str
         A strategy of :func:`probe_servers` (registered, clients train plainly).
     server_lr, server_momentum : float
-        eta and beta of a server optimiser (ignored by the other strategies).
+        eta and beta of a server optimiser (ignored by the other strategies); ``server_lr``
+        None: the optimiser's own default (FedExP's cap sized by the number of clients).
     batch_size : int
         Windows per local SGD step.
     schedule : LrSchedule
@@ -81,7 +82,7 @@ class ProbeSetting:
     local_epochs: int
     rounds: int
     server: str = FedAvg.name
-    server_lr: float = 1.0
+    server_lr: float | None = 1.0
     server_momentum: float = 0.9
     batch_size: int = LocalTraining.batch_size
     schedule: LrSchedule = field(default_factory=LrSchedule)
@@ -90,7 +91,8 @@ class ProbeSetting:
     def label(self) -> str:
         """Short name, e.g. ``lr=0.05 E=1 fedavgm(eta=1, beta=0.9)``, with the batch and schedule when not the defaults."""
         if _takes_server_opt(self.server):
-            srv = f" {self.server}(eta={self.server_lr:g}, beta={self.server_momentum:g})"
+            eta = "auto" if self.server_lr is None else f"{self.server_lr:g}"
+            srv = f" {self.server}(eta={eta}, beta={self.server_momentum:g})"
         else:
             srv = "" if self.server == FedAvg.name else f" {self.server}"
         extra = "" if self.batch_size == LocalTraining.batch_size else f" B={self.batch_size}"
@@ -210,8 +212,9 @@ def run_setting(
     Returns
     -------
     list of dict
-        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr"}`` per round
-        (``lr``: the client lr of that round); fewer rounds when a server optimiser's step
+        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr", "server_eta"}`` per round
+        (``lr``: the client lr of that round; ``server_eta``: a server optimiser's step size of that
+        round, FedExP's adaptive eta_t, None for the others); fewer rounds when a server optimiser's step
         diverged (logged).
     """
     spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
@@ -235,9 +238,11 @@ def run_setting(
             break
         train_s = time.monotonic() - t0
         gv, gt = summarise(evaluate(spec, state, val)), summarise(evaluate(spec, state, test))
+        eta_t = server.last_eta if isinstance(server, FedOpt) else None
         rows.append({"round": r, "val_f1": gv["macro_f1"], "val_acc": gv["accuracy"], "test_f1": gt["macro_f1"],
-                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": p.round_lr(r)})
-        log.info("%s round %d: val F1 %.3f, test F1 %.3f (%.0f s)", p.label, r, gv["macro_f1"], gt["macro_f1"], train_s)
+                     "test_acc": gt["accuracy"], "seconds": train_s, "lr": p.round_lr(r), "server_eta": eta_t})
+        log.info("%s round %d: val F1 %.3f, test F1 %.3f, server step %s (%.0f s)", p.label, r, gv["macro_f1"],
+                 gt["macro_f1"], "-" if eta_t is None else f"{eta_t:.2f}", train_s)
     return rows
 
 
@@ -269,12 +274,13 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
     return best[2], best[3], best[4]
 
 
-def parse_servers(text: str) -> list[tuple[str, float, float]]:
+def parse_servers(text: str) -> list[tuple[str, float | None, float]]:
     """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
 
     A left-out eta or beta is the coordinator's default for that optimiser (its class in
     :mod:`coordinator.strategies`), so the probe and the main job mean the same thing by
-    ``fedavgm``. Strategies without a server optimiser ignore both.
+    ``fedavgm``; for FedExP a left-out eta is None, its cap sized by the number of clients.
+    Strategies without a server optimiser ignore both.
 
     Raises
     ------
@@ -288,7 +294,8 @@ def parse_servers(text: str) -> list[tuple[str, float, float]]:
             raise ValueError(f"unknown server {name!r}; choose {', '.join(probe_servers())}")
         default = strategies.make_strategy(name)
         opt = default if isinstance(default, FedOpt) else None
-        eta = float(nums[0]) if nums else (opt.eta if opt else ProbeSetting.server_lr)
+        auto = opt is not None and opt.sized_cap  # FedExP's default cap follows the number of clients: keep it
+        eta = float(nums[0]) if nums else (None if auto else opt.eta if opt else ProbeSetting.server_lr)
         beta = float(nums[1]) if len(nums) > 1 else (opt.beta if opt else ProbeSetting.server_momentum)
         out.append((name, eta, beta))
     return out

@@ -70,12 +70,15 @@ def test_server_settings_left_out_are_the_coordinators():
     assert parse_servers("fedavgm,fedavgm:0.5:0.9,fedadam") == [
         ("fedavgm", 3.0, 0.5), ("fedavgm", 0.5, 0.9), ("fedadam", 0.01, 0.9)
     ]
-    with pytest.raises(ValueError, match="unknown server 'fedsgd'; choose fedadam, fedavg, fedavgm, fedyogi"):
+    with pytest.raises(ValueError, match="unknown server 'fedsgd'; choose fedadam, fedavg, fedavgm, fedexp, fedyogi"):
         parse_servers("fedsgd")
     # The probe trains every client plainly, so it offers the registered strategies whose clients do just that.
-    assert probe_servers() == ("fedadam", "fedavg", "fedavgm", "fedyogi")
+    assert probe_servers() == ("fedadam", "fedavg", "fedavgm", "fedexp", "fedyogi")
     assert ProbeSetting(0.1, 1, 1, "fedyogi", 0.02, 0.8).label == "lr=0.1 E=1 fedyogi(eta=0.02, beta=0.8)"
     assert ProbeSetting(0.1, 1, 1).label == "lr=0.1 E=1"
+    # FedExP alone keeps its cap sized by the number of clients (None), with a number the cap is fixed
+    assert parse_servers("fedexp,fedexp:3:0") == [("fedexp", None, 0.5), ("fedexp", 3.0, 0.0)]
+    assert ProbeSetting(0.1, 1, 1, "fedexp", None, 0.5).label == "lr=0.1 E=1 fedexp(eta=auto, beta=0.5)"
 
 
 def test_a_scheduled_setting_is_chosen_only_at_its_last_round():
@@ -101,7 +104,7 @@ def test_schedule_and_candidate_texts_parse_to_the_settings_they_name():
     assert p == ProbeSetting(0.05, 3, 5, "fedavgm", 2.0, 0.7, 64, LrSchedule("cosine", warmup_rounds=1))
     assert p.label == "lr=0.05 E=3 fedavgm(eta=2, beta=0.7) B=64 cosine(warmup 1)"
     # Left-out keys are the main job's defaults (FedAvgM eta 3 beta 0.5, lr 0.1, E = 1, batch 32).
-    assert parse_candidate("", max_epochs=15) == ProbeSetting(0.1, 1, 15, "fedavgm", 3.0, 0.5)
+    assert parse_candidate("", max_epochs=15) == ProbeSetting(0.1, 1, 15, "fedexp", None, 0.5)
     assert parse_candidate("E=5 rounds=2", max_epochs=15).rounds == 2
     for bad, named in (("eta=2", "'eta=2' is not KEY=VALUE"), ("server=fedsgd", "unknown server"),
                        ("E=0", "need E >= 1"), ("lr=fast", "could not convert")):

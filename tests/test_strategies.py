@@ -102,7 +102,7 @@ def test_feddwa_global_model_is_the_fedavg_average_of_its_updates(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = ("fedadam", "fedavg", "fedavgm", "feddwa", "fedper", "fedprox", "fedyogi")
+ALL = ("fedadam", "fedavg", "fedavgm", "feddwa", "fedexp", "fedper", "fedprox", "fedyogi")
 
 
 def test_the_registry_holds_one_file_per_strategy_and_everything_reads_it():
@@ -144,7 +144,7 @@ def test_every_strategy_hands_out_its_state_and_takes_it_back(name: str):
     got = again.aggregate_fit(1, Federation(SPEC, SPEC, g1), ups2).global_state
     assert all(torch.equal(got[k], want[k]) for k in want)
     stateful = first.keeps_state
-    assert bool(saved) == stateful == (name in ("fedavgm", "fedadam", "fedyogi"))
+    assert bool(saved) == stateful == (name in ("fedavgm", "fedadam", "fedyogi", "fedexp"))
     if not stateful:
         with pytest.raises(ValueError, match="keeps no state"):
             again.load_state_dict({"m.conv.weight": torch.zeros(1)})

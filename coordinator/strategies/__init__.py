@@ -16,13 +16,15 @@ fedprox    as fedavg                                                       (mu/2
 fedper     as fedavg; only the conv layer is used by clients               keep hidden+out local (Arivazhagan et al. 2019)
 feddwa     client i gets sum_j p_ij w_j, p from guidance distances         train + upload guidance (Liu et al. 2023)
 fedavgm    x = x_t - eta m, m = beta m + Delta (Hsu et al. 2019)           --
+fedexp     as fedavgm with eta_t from the updates' agreement (FedExP,      --
+           Jhunjhunwala et al. 2023), m = beta m + eta_t Delta, x = x_t - m
 fedadam    Adam on the pseudo-gradient Delta (Reddi et al. 2021)           --
 fedyogi    Yogi on the pseudo-gradient Delta (Reddi et al. 2021)           --
 =========  ==============================================================  =================
 
 Files: :mod:`.base` (the interface, :class:`Federation`, :class:`Aggregate`), :mod:`.fedavg`,
 :mod:`.fedprox`, :mod:`.fedper`, :mod:`.feddwa`, :mod:`.fedopt` (the server optimisers'
-shared class and settings), :mod:`.fedavgm`, :mod:`.fedadam`, :mod:`.fedyogi`. The papers'
+shared class and settings), :mod:`.fedexp`, :mod:`.fedavgm`, :mod:`.fedadam`, :mod:`.fedyogi`. The papers'
 arithmetic stays in :mod:`coordinator.aggregation`, :mod:`coordinator.feddwa` and
 :mod:`coordinator.server_opt`.
 """
@@ -44,9 +46,11 @@ from coordinator.strategies.fedavg import FedAvg  # noqa: E402  (imported above;
 REGISTRY: dict[str, type[Strategy]] = Strategy.registry
 """Strategy classes by ``--aggregation`` name (filled as the modules above are imported)."""
 
-DEFAULT_AGGREGATION = "fedavgm"
-"""The coordinator's default strategy: FedAvgM with eta 3 and beta 0.5, the setting with the best validation
-macro-F1 of the search in docs/results.md (HAPT, blocks split, 15 rounds)."""
+DEFAULT_AGGREGATION = "fedexp"
+"""The coordinator's default strategy: FedExP's adaptive step under momentum 0.5, capped by the number of clients
+(:mod:`coordinator.strategies.fedexp`). The earlier default, FedAvgM eta 3 beta 0.5 (``--aggregation fedavgm``), was
+chosen on the 30-client main job and collapsed 2-device federations (global macro-F1 0.06 after 15 rounds, issue 28);
+FedExP stayed within the measured bounds from 2 to 30 clients (docs/tuning/server-step.md)."""
 if DEFAULT_AGGREGATION not in REGISTRY:
     raise ImportError(f"the default strategy {DEFAULT_AGGREGATION!r} is not in {__path__}")
 

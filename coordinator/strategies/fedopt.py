@@ -2,8 +2,10 @@
 
 FedAvg clients; the server takes one optimiser step on the pseudo-gradient
 Delta_t = x_t - avg(x_i) per round (Algorithm 2, FedOpt). The arithmetic is in
-:mod:`coordinator.server_opt`; the three registered strategies (FedAvgM, FedAdam, FedYogi)
-are one file each and differ only in the rule and their default eta and beta. The moments
+:mod:`coordinator.server_opt`; the four registered strategies (FedExP, FedAvgM, FedAdam,
+FedYogi) are one file each and differ only in the rule and their default eta and beta. FedExP
+(Jhunjhunwala et al., ICLR 2023) takes its step size eta_t each round from the clients' own
+updates before the momentum step; its ``eta`` is the cap of eta_t. The moments
 m_t, v_t are the strategy's state (:meth:`FedOpt.state_dict`), persisted with each round.
 """
 
@@ -15,8 +17,18 @@ from typing import ClassVar
 
 import torch
 
-from coordinator.server_opt import BETA2, TAU, adaptive_step, fedavgm_step, fit_to_shape, pseudo_gradient
-from coordinator.strategies.base import Aggregate, Federation, Strategy, fedavg_of
+from coordinator.server_opt import (
+    BETA2,
+    EXP_EPS,
+    TAU,
+    adaptive_step,
+    fedavgm_step,
+    fedexp_eta,
+    fit_to_shape,
+    mean_sq_update_norm,
+    pseudo_gradient,
+)
+from coordinator.strategies.base import Aggregate, Federation, Strategy, contributors, fedavg_of, log
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec, State
 from har_models.settings import doc
@@ -24,20 +36,23 @@ from har_models.settings import doc
 
 @dataclass(frozen=True)
 class ServerOptSettings:
-    """Settings of the server optimisers (fedavgm, fedadam, fedyogi); the other strategies ignore them.
+    """Settings of the server optimisers (fedexp, fedavgm, fedadam, fedyogi); the other strategies ignore them.
 
     Parameters
     ----------
     lr : float > 0, optional
-        Server learning rate eta. None: the optimiser's default (FedAvgM 3.0, tuned on HAPT, docs/results.md; FedAdam and
-        FedYogi 0.01; the paper tunes it per task, 10^-2.5..10^0 for Adam and Yogi).
+        Server learning rate eta; for FedExP the largest step eta_max its adaptive eta_t may take (>= 1). None: the
+        optimiser's default (FedExP: see :mod:`coordinator.strategies.fedexp`; FedAvgM 3.0, tuned on HAPT's 30-client
+        job, docs/results.md; FedAdam and FedYogi 0.01; the paper tunes it per task, 10^-2.5..10^0 for Adam and Yogi).
     momentum : float in [0, 1), optional
-        FedAvgM's momentum beta, or FedAdam/FedYogi's first-moment decay beta1. None: the
+        FedExP's or FedAvgM's momentum beta, or FedAdam/FedYogi's first-moment decay beta1. None: the
         optimiser's default (FedAvgM 0.5, tuned on HAPT, docs/results.md; FedAdam/FedYogi 0.9).
     beta2 : float in [0, 1)
         FedAdam/FedYogi second-moment decay (0.99, Reddi et al. 2021, section 5).
     tau : float > 0
         FedAdam/FedYogi adaptivity (1e-3, Reddi et al. 2021, section 5).
+    eps : float > 0
+        FedExP's eps in eta_t's denominator (:data:`coordinator.server_opt.EXP_EPS`).
 
     Raises
     ------
@@ -47,17 +62,21 @@ class ServerOptSettings:
 
     lr: float | None = field(
         default=None,
-        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi); default: 3.0 for FedAvgM, 0.01 for "
-                     "FedAdam/FedYogi", flag="--server-lr"),
+        metadata=doc("server optimiser step size eta (fedavgm/fedadam/fedyogi), or the cap eta_max of FedExP's adaptive "
+                     "step (>= 1); default: the optimiser's own (FedExP 1 up to 15 clients, 2 from 30; FedAvgM 3.0; "
+                     "FedAdam/FedYogi 0.01)", flag="--server-lr"),
     )
     momentum: float | None = field(
         default=None,
-        metadata=doc("server optimiser momentum beta (FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1); default: 0.5 for "
-                     "FedAvgM (tuned on HAPT, docs/results.md), 0.9 for FedAdam/FedYogi", flag="--server-momentum"),
+        metadata=doc("server optimiser momentum beta (FedExP, FedAvgM) or beta1 (FedAdam/FedYogi), in [0, 1); default: "
+                     "the optimiser's own (FedAvgM 0.5, tuned on HAPT, docs/results.md; FedAdam/FedYogi 0.9)",
+                     flag="--server-momentum"),
     )
     beta2: float = field(default=BETA2, metadata=doc("FedAdam/FedYogi second-moment decay beta2, in [0, 1)",
                                                      flag="--server-beta2"))
     tau: float = field(default=TAU, metadata=doc("FedAdam/FedYogi adaptivity tau, > 0", flag="--server-tau"))
+    eps: float = field(default=EXP_EPS, metadata=doc("FedExP's eps in its step size's denominator, > 0",
+                                                     flag="--server-eps"))
 
     def __post_init__(self) -> None:
         if (self.lr is not None and not self.lr > 0) or (self.momentum is not None and not 0 <= self.momentum < 1):
@@ -65,8 +84,9 @@ class ServerOptSettings:
                 f"ServerOptSettings: lr (--server-lr) must be > 0 and momentum (--server-momentum) in [0, 1) "
                 f"(leave them out for the optimiser's defaults); got {self.lr}, {self.momentum}"
             )
-        if not 0 <= self.beta2 < 1 or not self.tau > 0:
-            raise ValueError(f"ServerOptSettings: need 0 <= beta2 < 1 and tau > 0, got beta2={self.beta2}, tau={self.tau}")
+        if not 0 <= self.beta2 < 1 or not self.tau > 0 or not self.eps > 0:
+            raise ValueError(f"ServerOptSettings: need 0 <= beta2 < 1, tau > 0 and eps > 0 (--server-beta2, --server-tau, "
+                             f"--server-eps), got beta2={self.beta2}, tau={self.tau}, eps={self.eps}")
 
 
 class FedOpt(Strategy):
@@ -77,8 +97,10 @@ class FedOpt(Strategy):
 
     Attributes
     ----------
-    eta, beta, beta2, tau : float
-        The settings in force.
+    eta, beta, beta2, tau, eps : float
+        The settings in force (for FedExP, ``eta`` is the cap eta_max).
+    last_eta : float or None
+        The step size of the last step (FedExP's adaptive eta_t; the others' eta); None before it.
     m, v : State or None
         First and second moments (None before the first step; v only for adam/yogi).
     """
@@ -86,18 +108,23 @@ class FedOpt(Strategy):
     rule: ClassVar[str] = ""
     default_lr: ClassVar[float] = 0.0
     default_momentum: ClassVar[float] = 0.0
+    sized_cap: ClassVar[bool] = False
+    """True when, with ``lr`` left out, :meth:`eta_max` follows the number of clients (FedExP)."""
     settings_type = ServerOptSettings
     settings_table = "server_opt"
     settings: ServerOptSettings
 
     def __init__(self, settings: ServerOptSettings | None = None):
         super().__init__(settings)
-        if self.rule not in ("avgm", "adam", "yogi"):
-            raise TypeError(f"{type(self).__name__}: rule must be avgm, adam or yogi, got {self.rule!r}")
+        if self.rule not in ("avgm", "adam", "yogi", "exp"):
+            raise TypeError(f"{type(self).__name__}: rule must be avgm, adam, yogi or exp, got {self.rule!r}")
         s = self.settings
         self.eta = float(self.default_lr if s.lr is None else s.lr)
         self.beta = float(self.default_momentum if s.momentum is None else s.momentum)
-        self.beta2, self.tau = float(s.beta2), float(s.tau)
+        self.beta2, self.tau, self.eps = float(s.beta2), float(s.tau), float(s.eps)
+        if self.rule == "exp" and not self.eta >= 1:
+            raise ValueError(f"{type(self).__name__}: FedExP's cap eta_max (--server-lr) must be >= 1, got {self.eta}")
+        self.last_eta: float | None = None
         self.m: State | None = None
         self.v: State | None = None
 
@@ -107,7 +134,9 @@ class FedOpt(Strategy):
         """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
 
         When FedDist widened a layer since the last step, the moments of the new units start
-        at their initial values (m 0, v tau^2), appended where growth appends units.
+        at their initial values (m 0, v tau^2), appended where growth appends units. FedExP
+        (rule "exp") first takes its step size eta_t from the clients' updates
+        (:func:`coordinator.server_opt.fedexp_eta`), then a momentum step on eta_t Delta_t.
 
         Raises
         ------
@@ -123,7 +152,16 @@ class FedOpt(Strategy):
         if self.v is not None:
             self.v = {k: fit_to_shape(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
         v_new: State | None = None
-        if self.rule == "avgm":
+        eta_t = self.eta
+        if self.rule == "exp":
+            used = contributors(results)
+            msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
+            cap = self.eta_max(len(used))
+            eta_t = fedexp_eta(msq, delta, self.eps, cap)
+            log.info("round %d: %s server step %.3f (cap %.2g for %d clients, beta %.2g)", round_, self.name, eta_t, cap,
+                     len(used), self.beta)
+            x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
+        elif self.rule == "avgm":
             x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
         else:
             x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
@@ -131,10 +169,15 @@ class FedOpt(Strategy):
         if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
             raise ValueError(
                 f"{self.name}: the server step gave non-finite values in {bad[:3]}; lower the client lr or the "
-                f"server lr/momentum (eta={self.eta}, beta={self.beta})"
+                f"server lr/momentum (eta={eta_t}, beta={self.beta})"
             )
+        self.last_eta = eta_t
         self.m, self.v = m_new, v_new if v_new is not None else self.v
         return Aggregate(x_new, {}, None, avg.participants)
+
+    def eta_max(self, n_clients: int) -> float:
+        """FedExP's cap on eta_t in a round of ``n_clients`` contributors: the setting ``eta`` here (a subclass may size it)."""
+        return self.eta
 
     def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
         """FedDist intermediate exchanges are plain averages: one optimiser step per round."""
