@@ -22,6 +22,7 @@ def now(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     return compute(Path(tmp_path_factory.mktemp("ala-golden")))
 
 
+@pytest.mark.slow
 def test_the_golden_file_covers_every_case(now: dict[str, np.ndarray]) -> None:
     with np.load(GOLDEN) as g:
         assert sorted(g.files) == sorted(now)
@@ -31,6 +32,7 @@ def test_the_golden_file_covers_every_case(now: dict[str, np.ndarray]) -> None:
     assert not np.array_equal(now["trainer/2/w/out.weight"], now["trainer/1/w/out.weight"])
 
 
+@pytest.mark.slow
 def test_ala_and_its_rounds_give_the_golden_numbers(now: dict[str, np.ndarray]) -> None:
     with np.load(GOLDEN) as g:
         for name in g.files:

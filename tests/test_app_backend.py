@@ -7,9 +7,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_app_agent_takes_numpy_when_torch_is_absent(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""

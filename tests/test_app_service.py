@@ -28,6 +28,7 @@ def _wait(cond, timeout_s: float = 60.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_ui_drives_the_service_through_the_files(tmp_path):
     rec = read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0]
     cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="phone-1", broker="127.0.0.1:1")
@@ -191,6 +192,7 @@ def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path,
         ctl.close()
 
 
+@pytest.mark.slow
 def test_missing_backend_is_named(tmp_path):
     import subprocess
     import sys

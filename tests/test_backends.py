@@ -167,6 +167,7 @@ def test_numpy_backend_runs_with_torch_blocked(tmp_path: Path) -> None:
 # -- every backend against PyTorch eager -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prox_mu", [0.0, 0.1])
 def test_one_epoch_equals_torch(other: tuple[str, Path | None], prox_mu: float) -> None:
     name, cache = other
@@ -267,6 +268,7 @@ def _grown() -> tuple[ArchSpec, dict[str, np.ndarray]]:
     return spec, {k: v.numpy() for k, v in state.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["base", "grown"])
 def test_inference_equals_eager(other: tuple[str, Path | None], arch: str) -> None:
     name, cache = other
@@ -403,6 +405,7 @@ def _android(weights: dict[str, np.ndarray], cache: Path):
     return AndroidExecuTorchBackend(SPEC, files.train, files.infer, files.meta, weights, autoclass=java_executorch_standin.autoclass)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("prox_mu", "frozen"), [(0.0, ()), (0.1, ()), (0.0, ("conv.weight", "conv.bias"))])
 def test_android_adapter_trains_like_torch(et_cache: Path, prox_mu: float, frozen: tuple[str, ...]) -> None:
     x, y = _data()
@@ -463,6 +466,7 @@ ETA = 1.0
     ("name", "mode", "start_phase"),
     [("torch", "train", True), ("torch", "eval", False), ("numpy", "eval", True), ("executorch", "eval", True)],
 )
+@pytest.mark.slow
 def test_ala_over_a_backend_learns_the_w_of_the_pytorch_ala(
     name: str, mode: str, start_phase: bool, request: pytest.FixtureRequest
 ) -> None:

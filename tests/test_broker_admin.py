@@ -332,6 +332,7 @@ def test_an_old_folder_gains_the_monitor_account_and_keeps_everything_else(tmp_p
     assert BrokerAdmin(out).monitor_credentials() == ("monitor", (out / "credentials" / "monitor.password").read_text().strip())
 
 
+@pytest.mark.slow
 def test_names_of_service_accounts_are_refused_for_devices(tmp_path):
     out = tmp_path / "broker"
     r = generate(out, "--federation", FED, "--clients", "monitor", check=False)

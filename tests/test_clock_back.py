@@ -79,6 +79,7 @@ def test_shift_rule_by_hand():
     assert step_shift(10, 0, P, S) == P + 2 * S  # a part of a period rounds up: the grid's phase is kept
 
 
+@pytest.mark.slow
 def test_backward_step_of_two_minutes_is_a_new_segment(caplog):
     t = stepped()
     with caplog.at_level(logging.WARNING, "har_models.data.resample"):
@@ -107,6 +108,7 @@ def test_backward_step_of_two_minutes_is_a_new_segment(caplog):
     check_all_chunkings(t, t.copy())
 
 
+@pytest.mark.slow
 def test_labels_across_a_backward_step_follow_the_re_based_clock():
     """A label track in the pipeline's clock: walking (1), then standing (2) from 10 s into the new segment."""
     t = stepped()
@@ -121,6 +123,7 @@ def test_labels_across_a_backward_step_follow_the_re_based_clock():
     assert np.array_equal(y, np.r_[np.ones(28, np.int64), np.full(14, 2)])
 
 
+@pytest.mark.slow
 def test_out_of_order_samples_below_the_threshold_stay_late():
     """24 samples 120 s behind (an old burst) are late; the windows are those of the clean stream."""
     clean = T0 + P * np.arange(N, dtype=np.int64)
@@ -134,6 +137,7 @@ def test_out_of_order_samples_below_the_threshold_stay_late():
     assert st.late_dropped == 48 and st.clock_steps_back == 0 and st.outliers_dropped == 0 and st.accepted == 2 * N
 
 
+@pytest.mark.slow
 def test_twenty_five_samples_behind_are_a_step():
     """25 samples 120 s behind are a step back; the old clock then returning is a forward step of that segment."""
     clean = T0 + P * np.arange(N, dtype=np.int64)
@@ -149,6 +153,7 @@ def test_twenty_five_samples_behind_are_a_step():
     assert np.array_equal(t0[22:], T0 + STEP_AT * P + shift + 64 * P * np.arange(22))
 
 
+@pytest.mark.slow
 def test_a_step_back_under_one_second_costs_its_overlap():
     """0.5 s back is below the 1 s size threshold: 15 samples late, 10 repeat stamps already taken, no segment."""
     t = T0 + P * np.arange(N, dtype=np.int64)
@@ -159,6 +164,7 @@ def test_a_step_back_under_one_second_costs_its_overlap():
     assert st.grid_points == N - 25 and t0.size == (N - 25 - 128) // 64 + 1
 
 
+@pytest.mark.slow
 def test_streams_stepping_a_sample_apart_agree_on_one_shift():
     """The gyro's first stamp after the step is 5 ms early: its own shift would be 122.00 s, the acc's 121.98 s.
 
@@ -191,6 +197,7 @@ def test_a_stream_stepping_alone_does_not_stall_the_other():
     assert early > 22  # windows after the step came out live, not only at close
 
 
+@pytest.mark.slow
 def test_live_paced_replay_across_a_backward_step():
     """A paced replay (a live source, arrival clock faked) bridges the step: 59.98 s, not 180 s; its windows are the batch ones."""
     t = stepped()

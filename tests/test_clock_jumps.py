@@ -52,11 +52,13 @@ def clean():
     return T0 + P * np.arange(N)
 
 
+@pytest.mark.slow
 def test_clean_stream_keeps_every_window():
     _, t0, stats = check_all_chunkings(clean(), clean())
     assert t0.size == 45 and stats.outliers_dropped == 0 and stats.clock_steps == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ahead_ns", [3600 * S, 10**9 * S, 2 * S])
 def test_one_future_stamp_costs_only_its_sample(ahead_ns, caplog):
     acc = clean()
@@ -70,6 +72,7 @@ def test_one_future_stamp_costs_only_its_sample(ahead_ns, caplog):
     assert stats.grid_points == N
 
 
+@pytest.mark.slow
 def test_several_outliers_each_dropped_and_warned_once(caplog):
     acc, gyr = clean(), clean()
     for i, ahead in zip([100, 900, 1700, 2500], [3600 * S, 5 * S, 86_400 * S, 10**9 * S], strict=True):
@@ -82,6 +85,7 @@ def test_several_outliers_each_dropped_and_warned_once(caplog):
     check_all_chunkings(acc, gyr)
 
 
+@pytest.mark.slow
 def test_two_adjacent_future_stamps_are_still_outliers():
     acc, gyr = clean(), clean()
     acc[1000:1002] += 3600 * S  # two in a row: their neighbours are 60 ms apart, still within max_gap (100 ms)
@@ -89,6 +93,7 @@ def test_two_adjacent_future_stamps_are_still_outliers():
     assert stats.outliers_dropped == 2 and t0.size == 45
 
 
+@pytest.mark.slow
 def test_forward_step_of_ten_minutes_is_a_gap():
     step = 600 * S
     t = clean()
@@ -102,6 +107,7 @@ def test_forward_step_of_ten_minutes_is_a_gap():
     assert stats.clock_steps == 2 and stats.outliers_dropped == 0 and stats.late_dropped == 0
 
 
+@pytest.mark.slow
 def test_step_then_stale_samples_of_the_old_clock_are_late():
     t = clean()
     t[1500:] += 600 * S
@@ -110,6 +116,7 @@ def test_step_then_stale_samples_of_the_old_clock_are_late():
     assert t0.size == 44 and stats.late_dropped == 10 and stats.clock_steps == 2
 
 
+@pytest.mark.slow
 def test_step_near_the_end_is_kept_at_close():
     t = clean()
     t[-10:] += 600 * S  # fewer than confirm_samples after the step: still a step, decided at close
@@ -117,6 +124,7 @@ def test_step_near_the_end_is_kept_at_close():
     assert stats.clock_steps == 2 and stats.outliers_dropped == 0 and t0.size == 45
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_ns", [T0 + 3600 * S, 0, T0 - 7200 * S])
 def test_wrong_first_stamp_is_dropped(first_ns):
     acc, gyr = clean(), clean()
@@ -128,6 +136,7 @@ def test_wrong_first_stamp_is_dropped(first_ns):
     assert t0.size == 45 and t0[0] == T0 + P
 
 
+@pytest.mark.slow
 def test_backlog_after_silence_is_taken_in_stamp_order():
     """Doze: 300 s of silence in arrival, then the FIFO's old events (stamped over the 300 s), then live ones."""
     live1 = T0 + P * np.arange(1500)  # 30 s live
@@ -141,6 +150,7 @@ def test_backlog_after_silence_is_taken_in_stamp_order():
     assert t0.size == (n - 128) // 64 + 1 and np.unique(t0).size == t0.size
 
 
+@pytest.mark.slow
 def test_backlog_with_lost_head_leaves_a_gap_no_window_spans():
     """The FIFO overflowed: only the last 100 s of the 300 s silence come back; the first 200 s are a gap."""
     live1 = T0 + P * np.arange(1500)

@@ -140,6 +140,7 @@ def _fails_with(cfg: BrokerConfig) -> MqttLink:
     return link
 
 
+@pytest.mark.slow
 def test_a_wrong_password_gives_the_refusal_and_no_retry(secured: Secured) -> None:
     link = _fails_with(BrokerConfig(port=secured.port, username="hapt-01", password="wrong"))
     assert link.connect_error == "login refused: not authorised (check the user name and password)"

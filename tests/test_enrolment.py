@@ -48,6 +48,7 @@ def _refusal(text: str | bytes) -> EnrolmentRefused:
     return info.value
 
 
+@pytest.mark.slow
 def test_a_bundle_round_trips_through_json_with_and_without_an_inline_ca(pki):
     ca, _ = pki
     plain = _bundle()

@@ -57,6 +57,7 @@ def _controller(state: Path, **cfg_kw) -> tuple[DeviceController, list]:
     return ctl, views
 
 
+@pytest.mark.slow
 def test_a_bundle_fills_the_same_fields_as_typing_them(pki, tmp_path):
     ca, _ = pki
     b = _bundle(tls_ca_pem=ca.read_text())
@@ -206,6 +207,7 @@ def test_on_android_a_scan_asks_the_scanner_app_and_its_text_enrols(pki, tmp_pat
     assert fields["client_id"] == "phone-anna" and fields["password"] == SECRET
 
 
+@pytest.mark.slow
 @pytest.mark.mosquitto
 def test_a_phone_enrolled_by_a_bundle_joins_the_tls_broker(tmp_path, tls_mosquitto):
     broker = tls_mosquitto("home", ["phone-anna"])

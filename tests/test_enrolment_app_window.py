@@ -23,6 +23,7 @@ pytestmark = pytest.mark.app
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", ["480x800", "800x600", "1280x720"])
 def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(tmp_path, display, window):  # noqa: F811
     if importlib.util.find_spec("kivy") is None:

@@ -35,6 +35,7 @@ def _prepare(tmp: Path, bundle: Path, *extra: str) -> PreparedClient | int:
                     *extra])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_bundle_alone_sets_the_broker_login_tls_and_federation(pki, tmp_path, caplog):
     ca, _ = pki
     with caplog.at_level(logging.INFO):
@@ -134,6 +135,7 @@ def _wait_for(path: Path, text: str, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.mosquitto
 def test_a_client_joins_a_tls_broker_with_its_bundle_alone(tmp_path, tls_mosquitto):
     """The client logs in over TLS as its own account; a bundle with a stale password is refused by the broker (exit 4)."""

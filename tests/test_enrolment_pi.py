@@ -28,6 +28,7 @@ UNIT = ROOT / "firmware_scripts" / "systemd" / "fedhar-client@.service"
 HAPT = ROOT / "datasets" / "hapt" / "user02.npz"
 
 
+@pytest.mark.slow
 def test_the_service_joins_with_what_the_script_installed_from_the_bundle(tmp_path, tls_mosquitto):
     broker = tls_mosquitto("home", ["pi-kitchen"])
     password = broker.password("pi-kitchen")

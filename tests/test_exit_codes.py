@@ -43,6 +43,7 @@ def test_every_number_has_one_name_and_known_values():
     assert rows[5].restart_helps and not rows[8].restart_helps and rows[203].by_systemd
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", sorted(MODULES))
 def test_help_ends_with_the_programs_rows(program):
     r = subprocess.run([sys.executable, "-m", MODULES[program], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ def _x(n: int, seed: int = 0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=(n, 6, 128)) * 3).astype(np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [SMALL, ArchSpec(n_classes=6)], ids=["small", "paper"])
 @pytest.mark.parametrize("chunk", [1, 16, 50])
 def test_fast_features_equal_the_models_features_batch_for_batch(spec: ArchSpec, chunk: int) -> None:

@@ -144,6 +144,7 @@ def _peak_growth(folder: Path, mode: str, names: list[str]) -> dict[str, int]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_feddwa_over_mapped_files_does_not_hold_every_update_in_memory(tmp_path: Path) -> None:
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")

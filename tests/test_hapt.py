@@ -32,6 +32,7 @@ def test_subject_one_windows_equal_direct_slicing_bit_for_bit():
     assert ws.x.tobytes() == x.tobytes()
 
 
+@pytest.mark.slow
 def test_all_subjects_give_10017_windows_269_to_404_each():
     counts = [len(load_hapt_subject(ROOT / f"user{s}.npz")) for s in hapt_subject_ids(ROOT)]
     assert len(counts) == 30

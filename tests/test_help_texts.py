@@ -53,6 +53,7 @@ def _options_without_help(text: str) -> list[str]:
     return bare
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["fedhar-client", "fedhar-coordinator", "fedhar-simulate"])
 def test_every_option_has_help_and_no_default_none(program):
     text = _help(program)
@@ -63,12 +64,14 @@ def test_every_option_has_help_and_no_default_none(program):
     assert re.search(r"--log-level \{DEBUG,INFO,WARNING,ERROR\}\s+least severe log messages", text)
 
 
+@pytest.mark.slow
 def test_server_lr_says_what_its_default_is():
     text = " ".join(_help("fedhar-coordinator").split())
     assert ("--server-lr SERVER_OPT.LR server optimiser step size eta (fedavgm/fedadam/fedyogi), or the cap eta_max of "
             "FedExP's adaptive step (>= 1); default: the optimiser's own (FedExP 1 up to 15 clients, 2 from 30; FedAvgM 3.0") in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["fedhar-study", "fedhar-compare", "fedhar-simulate"])
 def test_descriptions_have_no_rest_markup(program):
     text = _help(program)

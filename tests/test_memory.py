@@ -96,6 +96,7 @@ def test_a_threshold_that_is_not_positive_is_refused() -> None:
         bound_mmap_threshold(0)
 
 
+@pytest.mark.slow
 def test_monitor_sees_a_child_that_holds_200_mib() -> None:
     idle = MemoryMonitor(interval_s=0.05)
     idle.start()
@@ -116,6 +117,7 @@ def test_monitor_sees_a_child_that_holds_200_mib() -> None:
     assert mon.peak_rss >= mon.peak_pss > 0
 
 
+@pytest.mark.slow
 def test_monitor_of_another_process_sees_its_grandchild_s_memory() -> None:
     """A child that starts a grandchild holding 300 MB of touched pages: the tree's peak PSS includes them."""
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "

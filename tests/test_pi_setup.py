@@ -198,6 +198,7 @@ def test_an_enrolment_bundle_gives_the_id_broker_federation_password_and_ca(tmp_
     assert "holds the device's password: delete it once the client has joined" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_fingerprint_bundle_takes_the_ca_file_it_names(tmp_path):
     from har_io.enrolment import pem_fingerprints
 
@@ -218,6 +219,7 @@ def test_a_fingerprint_bundle_takes_the_ca_file_it_names(tmp_path):
     assert _env_file(r.stdout)["FEDHAR_CLIENT_ARGS"] == "--tls-ca /etc/fedhar/ca.crt --backend numpy"
 
 
+@pytest.mark.slow
 def test_a_refused_bundle_stops_setup_with_the_reason_before_any_step(tmp_path):
     cases = [
         ("{not json", (), "(bad_json): not JSON"),

@@ -112,6 +112,7 @@ def test_schedule_and_candidate_texts_parse_to_the_settings_they_name():
             parse_candidate(bad, max_epochs=15)
 
 
+@pytest.mark.slow
 def test_the_scheduled_lr_is_what_each_round_trains_at_and_the_centralised_target_runs():
     sources = dict(list(subject_sources("hapt", DEFAULT_HAPT).items())[:2])
     clients = load_clients(sources, SplitSpec(kind="blocks"))

@@ -167,6 +167,7 @@ def test_the_fuzz_baseline_is_accepted():
     _validate(VALID)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_envelopes_raise_only_update_rejected(data):
@@ -203,6 +204,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(["n_train", "n_test", "stage", "run_id", "confusion", "loss"]), json_values, max_size=4))
 def test_hostile_metadata_raises_only_update_rejected(patch):
@@ -220,6 +222,7 @@ def test_hostile_metadata_raises_only_update_rejected(patch):
         assert m.dtype == np.int64 and m.shape == (3, 3) and int(m.sum()) <= upd.n_test
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=200), max_size=20), st.data())
 def test_chunk_streams_raise_only_chunk_error_and_never_grow_past_their_bounds(junk, data):

@@ -206,6 +206,7 @@ def test_any_chunking_gives_bit_identical_grid(seed):
         assert r.stats == ref_stats, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_any_chunking_gives_bit_identical_windows(seed):
     rng = np.random.default_rng(100 + seed)
@@ -246,6 +247,7 @@ def test_anti_alias_factor_known_answers():
     assert anti_alias_factor(0.0) == 1
 
 
+@pytest.mark.slow
 def test_filter_response_by_scipy_freqz():
     from scipy import signal
 
@@ -312,6 +314,7 @@ def test_filtered_stream_keeps_gaps():
     assert r.stats.gap_points_skipped == 51
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_any_chunking_gives_bit_identical_grid_with_anti_aliasing(seed):
     rng = np.random.default_rng(200 + seed)
@@ -338,6 +341,7 @@ def test_any_chunking_gives_bit_identical_grid_with_anti_aliasing(seed):
         assert r.stats == ref.stats and r.factors == ref.factors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow_first", [True, False])
 def test_rate_decision_uses_the_first_spacings_whatever_the_chunking(slow_first):
     """A stream whose rate changes after its first second (a phone that starts near its 20 ms
@@ -476,6 +480,7 @@ def run(rate_hz, seed, sizes):
 """
 
 
+@pytest.mark.slow
 def test_fast_streams_without_scipy_equal_the_scipy_filter_bit_for_bit(tmp_path, monkeypatch):
     """62.5 .. 400 Hz input in a process where scipy cannot be imported, streamed in chunks and
     all at once, against the same streams filtered by scipy.signal (design and lfilter) here."""

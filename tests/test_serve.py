@@ -164,6 +164,7 @@ def test_reload_applies_the_tables_and_keeps_the_settings_in_force_on_a_bad_file
     server.registry.close()
 
 
+@pytest.mark.slow
 def test_a_status_page_off_loopback_without_a_token_is_refused_at_start(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _settings(data, http_port=8765)
@@ -175,6 +176,7 @@ def test_a_status_page_off_loopback_without_a_token_is_refused_at_start(tmp_path
     assert not (data / "server.sqlite").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_serve_refuses_bad_settings_with_the_key_named(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _settings(data, extra="aggregatoin = 'fedavg'")
@@ -188,6 +190,7 @@ def test_serve_refuses_bad_settings_with_the_key_named(tmp_path: Path) -> None:
     assert r.returncode == 2 and "[schedule] min_clients = 2 is below the quorum min_clients = 3" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_server_database_stops_serve_with_exit_6(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _settings(data)
@@ -198,6 +201,7 @@ def test_a_damaged_server_database_stops_serve_with_exit_6(tmp_path: Path) -> No
     assert (data / "server.sqlite").stat().st_size == 0
 
 
+@pytest.mark.slow
 def test_versions_and_devices_of_an_empty_data_folder(tmp_path: Path) -> None:
     # A folder without a registry is the wrong folder (or no device was ever enrolled): said so, and no
     # stray database is left behind (an empty list read from it would look like a server without devices).

@@ -41,12 +41,14 @@ def test_a_named_federation_and_a_default_run_id(tmp_path: Path) -> None:
         (["--resume"], 2, "--resume needs --run-dir of an earlier run"),
     ],
 )
+@pytest.mark.slow
 def test_unusable_options_are_refused_with_their_status(argv: list[str], status: int, match: str) -> None:
     with pytest.raises(PlanError, match=match) as err:
         _plan(*argv)
     assert err.value.status == status
 
 
+@pytest.mark.slow
 def test_a_damaged_earlier_run_is_status_6(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "state.sqlite").write_bytes(b"this is not a database" * 100)
     with pytest.raises(PlanError, match="is damaged") as err:

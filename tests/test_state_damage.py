@@ -77,6 +77,7 @@ def test_every_read_after_open_is_guarded(tmp_path: Path) -> None:
     assert isinstance(StateDamaged("x"), sqlite3.DatabaseError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["empty", "garbage"])
 def test_the_coordinator_command_exits_6_naming_the_file(tmp_path: Path, damage: str) -> None:
     db = _run_folder(tmp_path / "run")

@@ -124,6 +124,7 @@ def test_the_view_reads_only_new_rounds_and_its_totals_equal_a_fold_over_all(tmp
     state.close()
 
 
+@pytest.mark.slow
 def test_the_page_stays_small_and_says_what_a_person_reads(tmp_path: Path) -> None:
     state = RunState(tmp_path / "run")
     reg = Registry(tmp_path / "data")

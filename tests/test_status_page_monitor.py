@@ -42,6 +42,7 @@ def _until(monitor: Monitor, ok: Callable[[MonitorSnapshot], bool], timeout: flo
     raise AssertionError(f"the monitor did not see it within {timeout} s: {monitor.snapshot()}")
 
 
+@pytest.mark.slow
 def test_the_monitor_account_reads_the_federation(tls_mosquitto: Callable[..., Any]) -> None:
     b = tls_mosquitto("home", ["phone-anna", "pi-ben"])
     dropped: list[str] = []

@@ -38,6 +38,7 @@ def _data(n=40, seed=0):
     return WindowSet(rng.normal(size=(n, 6, 128)).astype(np.float32), np.arange(n) % 6, HAPT_LABELS)
 
 
+@pytest.mark.slow
 def test_fedprox_with_mu_zero_trains_exactly_like_fedavg():
     start = init_state(SPEC, 1)
     data = _data()
@@ -48,6 +49,7 @@ def test_fedprox_with_mu_zero_trains_exactly_like_fedavg():
     assert FedAvg().configure_fit(0, TrainingPlan()) == TrainingPlan()
 
 
+@pytest.mark.slow
 def test_fedprox_pulls_towards_the_received_model():
     start = init_state(SPEC, 1)
     data = _data()

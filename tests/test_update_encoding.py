@@ -288,6 +288,7 @@ def test_a_float32_envelope_is_byte_identical_to_one_without_encodings(tmp_path)
     assert store.load_tensors(RESIDUAL_NAME) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["torch", "numpy"])
 def test_clients_upload_int8_deltas_and_keep_the_residual_per_run(tmp_path, trainer):
     store = _store(tmp_path)
