@@ -152,7 +152,10 @@ class Coordinator:
             raise StateError(str(exc)) from None
         self.clients: dict[str, ClientStatus] = {}
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
-        self.attempt = uuid.uuid4().hex[:12]  # a fresh id per coordinator process: clients re-send stored updates after a restart
+        # A fresh id per coordinator process and per re-run of a round that closed without quorum:
+        # a client that already answered the round re-sends its stored update for a new attempt.
+        self.attempt = uuid.uuid4().hex[:12]
+        self._tried_round: int | None = None  # the round this process last ran an attempt of
         self.fed: Federation | None = None
         self.label_set = ""
         self._collect: Exchange | None = None  # the exchange being collected
@@ -193,6 +196,36 @@ class Coordinator:
         return CoordinatorStatus(
             state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s, epoch=self.epoch
         ).to_bytes()
+
+    def _new_attempt(self, round_: int) -> None:
+        """Start a new attempt (a round run again after it closed without quorum): a fresh attempt id, published at once.
+
+        Every selected client answers an attempt: one that already trained on the same model
+        re-sends its stored update, one whose model changed trains again. The coordinator
+        status goes out before the announcement, since a client acts only on an announcement
+        whose attempt its coordinator status names.
+        """
+        self.attempt = uuid.uuid4().hex[:12]
+        log.info("round %d: attempt %s (the round is run again)", round_, self.attempt)
+        if self._link.connected.is_set():
+            try:
+                self._link.publish(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
+            except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+                log.warning("round %d: the status naming the new attempt was not published (%s); the refresh sends it", round_, exc)
+
+    def _close_failed_round(self, round_: int, why: str) -> None:
+        """Show round ``round_`` closed at once after it failed: clear its retained announcement.
+
+        Clients then stop delivering for it and an observer (the status page) sees no open
+        round, instead of "answered" counts of an attempt that is over; the next attempt
+        announces the round again.
+        """
+        log.error("round %d closed without changing the model: %s", round_, why)
+        self.state.event(round_, None, "round_failed", why)
+        try:
+            self._link.publish(self.topics.round, b"", retain=True)
+        except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+            log.warning("round %d: the closed round's announcement was not cleared (%s)", round_, exc)
 
     def is_refused(self, cid: str) -> bool:
         """True if ``cid`` is refused (the ``refused`` predicate; always False without one)."""
@@ -600,6 +633,9 @@ class Coordinator:
         assert self.fed is not None
         spill.clear(self._spill_dir)  # what a failed or interrupted round left
         t0 = time.monotonic()
+        if self._tried_round == round_:
+            self._new_attempt(round_)
+        self._tried_round = round_
         selected = select_clients(self._eligible(), round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed)
         if not selected:
             log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
@@ -618,8 +654,7 @@ class Coordinator:
             except ValueError as exc:
                 why = str(exc)
         if agg is None:
-            log.error("round %d closed without changing the model: %s", round_, why)
-            self.state.event(round_, None, "round_failed", str(why))
+            self._close_failed_round(round_, str(why))
             return None
         self.fed.global_state = agg.global_state
         self.fed.personal.update(agg.personal)

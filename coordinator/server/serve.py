@@ -103,9 +103,10 @@ def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir
 
 CONFIG_NAME = "server.toml"
 RETRY_AFTER_FAILED_S = 300.0
-"""A round that closed without changing the model is tried again after at most this long (or the interval, if shorter)."""
+"""A round that closed without changing the model is tried again (a new attempt) after at most this long, or after
+``[schedule] min_round_interval_s`` if that is shorter: a failed quorum never stalls the federation for longer."""
 RETRY_MIN_S = 10.0
-"""... and at least this long, so a round that cannot start (devices of another label set) does not spin."""
+"""A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
 
 
 def version_path(data_dir: Path, version: int) -> Path:
@@ -358,10 +359,11 @@ class Server:
                         raise
                     except CoordinatorError as exc:  # e.g. devices of different label sets: not worth a restart
                         log.error("round %d could not start: %s; trying again later", round_, exc)
-                        record = None
-                    if record is None:
                         wait = min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
                         self._retry_at = time.time() + wait
+                        continue
+                    if record is None:  # closed without quorum: the next attempt within one interval
+                        self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
                         continue
                     self._after_round(record)
                     self._last_end = time.time()
