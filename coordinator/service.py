@@ -1,14 +1,11 @@
-"""The coordinator's round loop over MQTT.
+"""The MQTT grid: the coordinator's side of the broker, and ``fedhar-coordinator run``'s loop over the runner.
 
-One thread does all the work; paho's network thread only queues messages. Per round:
-
-1. select clients (online, with training windows, same label set);
-2. publish the model(s) (retained chunks) and then the round announcement (retained);
-3. collect one valid update per selected client until all arrived or the deadline passed
-   (invalid, stale, duplicate and late updates are logged with a reason and ignored);
-4. aggregate (strategy), check growth (FedDist; paper mode adds intermediate exchanges);
-5. evaluate (FedDist protocol), persist models and the round summary, rewrite the report,
-   log one summary line.
+:class:`Coordinator` holds the broker session and everything that crosses it: the client table
+(statuses and presence), update intake (reassembly, validation, spill, receipts, rejections),
+model publishing and the retained state it restores after a reconnection, program delivery,
+and the admission of devices (:mod:`coordinator.admission`). It is the network implementation
+of :class:`coordinator.runner.Grid`; the rounds themselves are :class:`coordinator.runner.FederationRunner`'s.
+One thread does all the work; paho's network thread only queues messages.
 """
 
 from __future__ import annotations
@@ -21,35 +18,31 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from coordinator import feddist, feddist_steps, spill
+from coordinator import spill
+from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.presence import Presence
 from coordinator.programs import ProgramDesk
 from coordinator.receipts import ReceiptDesk
-from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
-from coordinator.report import write_report
-from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, published_models, select_clients, summary_line
-from coordinator.state import RunState, StateDamaged
-from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
-from coordinator.updates import ClientUpdate, UpdateRejected, validate_update
-from har_io.cli import write_settings_file
-from har_io.memory import release_free_memory
+from coordinator.record import RoundRecord
+from coordinator.round import Exchange, published_models
+from coordinator.runner import CoordinatorError, FederationRunner, StateError
+from coordinator.state import StateDamaged
+from coordinator.strategies import Federation
+from coordinator.updates import UpdateRejected, validate_update
 from har_io.mqtt_link import MqttLink
-from har_models.data.labels import LABEL_SETS
-from har_models.data.windowing import ChannelStats
-from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
 from har_models.wire.messages import (
-    DEFAULT_UPDATE_ENCODING,
     ClientStatus,
     CoordinatorStatus,
     MessageError,
@@ -62,37 +55,15 @@ from har_models.wire.topics import Topics
 log = logging.getLogger("fedhar.coordinator")
 
 
-@dataclass(frozen=True)
-class _Tally:
-    """What a round's record needs of one exchange, without holding its updates.
-
-    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
-    none is float32); ``rejected``: invalid messages by (client id, reason).
-    """
-
-    bytes_up: int
-    bytes_down: int
-    up_by_encoding: Counter[str]
-    rejected: Counter[tuple[str, str]]
-
-    @classmethod
-    def of(cls, ex: Exchange) -> _Tally:
-        by_enc: Counter[str] = Counter()
-        for u in ex.updates.values():
-            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
-        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
-
-
-class CoordinatorError(RuntimeError):
-    """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
-
-
-class StateError(CoordinatorError):
-    """The run folder cannot be used as asked (another run's folder, damaged state); restarting will not help."""
+__all__ = ["Coordinator", "CoordinatorError", "StateError"]
 
 
 class Coordinator:
-    """Runs a federation described by a :class:`CoordinatorConfig`.
+    """The MQTT grid of a federation described by a :class:`CoordinatorConfig`, and ``run``'s loop over its runner.
+
+    ``runner`` (:class:`coordinator.runner.FederationRunner`) runs the rounds over this grid;
+    :meth:`run` is ``fedhar-coordinator run`` (N rounds), and ``fedhar-coordinator serve``
+    drives the same two objects through their public methods.
 
     Parameters
     ----------
@@ -107,15 +78,13 @@ class Coordinator:
         For a launcher that started the clients itself (``fedhar-simulate``): returns the ids
         of client processes that have exited and, if none is left, the error to stop with.
         Exited clients are not waited for; with none left the run stops at once.
-    refused : callable, optional
-        ``refused(client_id)`` True for a device that must never be heard again (revoked or
-        forgotten on the home server, :class:`coordinator.server.registry.Registry`): its status
-        is ignored and not counted as present, its updates are rejected with reason
-        ``revoked`` (also one already received in an open exchange), it is never selected.
-        Asked at every message, so a revocation made by another process counts at once.
-    selectable : callable, optional
-        ``selectable(client_id, status)`` False for a device the served federation leaves out
-        of the selection (not enrolled, not charging); eligibility is otherwise unchanged.
+    admission : Admission
+        Who may take part (:mod:`coordinator.admission`; default: everyone). A device it
+        refuses (revoked or forgotten on the home server) has its status ignored and not
+        counted as present, its updates rejected with reason ``revoked`` (also one already
+        received in an open exchange), and is never selected; one not enrolled or off its
+        charger when charging is required is left out of the selection. Asked at every
+        message, so a revocation made by another process counts at once.
     epoch : int
         The served coordinator's epoch (one per start of ``fedhar-coordinator serve``), carried
         in every announcement and coordinator status; 0 (``run``) leaves it out of them.
@@ -128,38 +97,25 @@ class Coordinator:
         progress: bool = True,
         report_header: dict[str, Any] | None = None,
         clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
-        refused: Callable[[str], bool] | None = None,
-        selectable: Callable[[str, ClientStatus], bool] | None = None,
+        admission: Admission = OPEN,
         epoch: int = 0,
     ):
         self.cfg = cfg
-        self._refused = refused
-        self._selectable = selectable
+        self.admission = admission
         self.epoch = epoch
         self._refused_logged: set[str] = set()
-        self.evaluator = evaluator
         self.progress = progress
-        self.report_header = dict(report_header or {})
         self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
-        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg)
-        self.feddist_cfg = feddist.FedDistConfig(
-            k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
-        )
-        try:
-            self.state = RunState(cfg.run_dir)
-        except StateDamaged as exc:
-            raise StateError(str(exc)) from None
+        self.runner = FederationRunner(cfg, self, evaluator, report_header)
+        self.state = self.runner.state  # events of exchanges and program requests go to the run's database
         self.clients: dict[str, ClientStatus] = {}
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         # A fresh id per coordinator process and per re-run of a round that closed without quorum:
         # a client that already answered the round re-sends its stored update for a new attempt.
         self.attempt = uuid.uuid4().hex[:12]
-        self._tried_round: int | None = None  # the round this process last ran an attempt of
-        self.fed: Federation | None = None
-        self.label_set = ""
         self._collect: Exchange | None = None  # the exchange being collected
-        self._header: dict[str, Any] = dict(self.report_header)
+        self._published: Federation | None = None  # the federation whose models the open exchange published
         self._bar: tqdm | None = None
         self._rejected_outside: Counter[tuple[str, str]] = Counter()  # invalid messages while no exchange is open
         self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
@@ -187,7 +143,7 @@ class Coordinator:
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
         self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/programs.py)
-            self._link, self.topics, cfg.run_id, lambda: self.fed.spec if self.fed is not None else None,
+            self._link, self.topics, cfg.run_id, lambda: self.runner.spec,
             on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
         )
 
@@ -197,7 +153,7 @@ class Coordinator:
             state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s, epoch=self.epoch
         ).to_bytes()
 
-    def _new_attempt(self, round_: int) -> None:
+    def new_attempt(self, round_: int) -> None:
         """Start a new attempt (a round run again after it closed without quorum): a fresh attempt id, published at once.
 
         Every selected client answers an attempt: one that already trained on the same model
@@ -213,15 +169,13 @@ class Coordinator:
             except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("round %d: the status naming the new attempt was not published (%s); the refresh sends it", round_, exc)
 
-    def _close_failed_round(self, round_: int, why: str) -> None:
+    def close_failed(self, round_: int) -> None:
         """Show round ``round_`` closed at once after it failed: clear its retained announcement.
 
         Clients then stop delivering for it and an observer (the status page) sees no open
         round, instead of "answered" counts of an attempt that is over; the next attempt
         announces the round again.
         """
-        log.error("round %d closed without changing the model: %s", round_, why)
-        self.state.event(round_, None, "round_failed", why)
         try:
             self._link.publish(self.topics.round, b"", retain=True)
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
@@ -229,7 +183,7 @@ class Coordinator:
 
     def is_refused(self, cid: str) -> bool:
         """True if ``cid`` is refused (the ``refused`` predicate; always False without one)."""
-        return self._refused is not None and self._refused(cid)
+        return self.admission.refused(cid)
 
     def _refresh_status(self) -> None:
         """Republish the retained "online" status every ``status_refresh_s`` seconds (own thread, until the run stops).
@@ -262,7 +216,8 @@ class Coordinator:
         try:
             if self._open is not None:
                 round_, selected, global_id, ann = self._open
-                new_global, personal, _ = self._publish_models(round_, selected)
+                assert self._published is not None
+                new_global, personal, _ = self._publish_models(self._published, round_, selected)
                 expected = RoundAnnouncement.from_bytes(ann)
                 if new_global != global_id or personal != expected.personal_models:
                     log.error("round %d: the models published again differ from the announced ones; clients may wait", round_)
@@ -401,16 +356,45 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ setup
     def _eligible(self) -> list[str]:
-        return sorted(
-            cid
-            for cid, st in self.clients.items()
-            if st.state != "offline"
-            and st.n_train > 0
-            and (not self.label_set or st.label_set == self.label_set)
-            and self.presence.fresh(cid)
-            and (self._refused is None or not self._refused(cid))
-            and (self._selectable is None or self._selectable(cid, st))
-        )
+        return list(self.eligibility().eligible)
+
+    def eligible(self) -> list[str]:
+        """The clients a round started now could select (sorted ids)."""
+        return self._eligible()
+
+    def eligibility(self, label_set: str | None = None) -> Eligibility:
+        """Who a round started now could select, and why each other known device could not (the one rule).
+
+        ``label_set``: the federation's (default: the runner's; "" before the federation exists).
+        """
+        ls = self.runner.label_set if label_set is None else label_set
+        return eligibility(self.clients, fresh=self.presence.fresh, admission=self.admission, label_set=ls)
+
+    def statuses(self) -> Mapping[str, ClientStatus]:
+        """The last status of each present device, by id (a read-only view)."""
+        return MappingProxyType(self.clients)
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a message from the devices, and handle the first that arrives."""
+        self._pump(seconds)
+
+    def pump(self, timeout: float) -> bool:
+        """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came."""
+        return self._pump(timeout)
+
+    def forget(self, cid: str) -> None:
+        """Forget device ``cid`` (revoked or forgotten): its status and presence; it is not present any more."""
+        self.clients.pop(cid, None)
+        self.presence.forget(cid)
+
+    @property
+    def link(self) -> MqttLink:
+        """The coordinator's broker session (for a serving loop that clears a revoked device's retained topics)."""
+        return self._link
+
+    def gone(self) -> set[str]:
+        """Ids of launcher-started clients that exited (``clients_gone``); raises CoordinatorError when none is left."""
+        return self._check_clients_alive()
 
     def _check_clients_alive(self) -> set[str]:
         """Ids of launcher-started clients that exited; raises CoordinatorError when none is left."""
@@ -421,118 +405,10 @@ class Coordinator:
             raise CoordinatorError(fatal)
         return gone
 
-    def _wait_for_clients(self) -> None:
-        want = self.cfg.expected_clients
-        end = time.monotonic() + self.cfg.start_timeout_s
-        log.info(
-            "waiting for %s clients (up to %.0f s)",
-            want if want else f"at least {self.cfg.min_clients}",
-            self.cfg.start_timeout_s,
-        )
-        last, changed = -1, time.monotonic()
-        while time.monotonic() < end:
-            n = len(self._eligible())
-            if n != last:
-                log.info("%d client(s) online with training windows", n)
-                last, changed = n, time.monotonic()
-            gone = self._check_clients_alive()
-            if want is not None and n >= want - len(gone):
-                if gone:
-                    log.warning("not waiting for %d client(s) whose process exited: %s", len(gone), ", ".join(sorted(gone)))
-                return
-            # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
-            if want is None and n >= self.cfg.min_clients and time.monotonic() - changed >= self.cfg.start_settle_s:
-                return
-            self._pump(0.2)
-        if len(self._eligible()) < self.cfg.min_clients:
-            raise CoordinatorError(
-                f"only {len(self._eligible())} client(s) with training windows came online within {self.cfg.start_timeout_s:.0f} s; "
-                f"need {self.cfg.min_clients}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
-                f"and federation {self.cfg.federation!r}."
-            )
-
-    def _new_federation(self) -> Federation:
-        present = [self.clients[c] for c in self._eligible()]
-        names = sorted({st.label_set for st in present})
-        if len(names) != 1 or names[0] not in LABEL_SETS:
-            raise CoordinatorError(f"clients report label sets {names}; all must use one known set ({sorted(LABEL_SETS)})")
-        self.label_set = names[0]
-        stats = None
-        for st in present:
-            try:
-                s = ChannelStats.from_json(st.train_stats)
-            except ValueError as exc:
-                log.warning("client %s: unusable training statistics (%s); left out of the normalisation", st.client_id, exc)
-                continue
-            stats = s if stats is None else stats + s
-        if stats is None:
-            raise CoordinatorError("no client reported usable training statistics; cannot set the input normalisation")
-        mean, std = stats.mean_std()
-        spec = ArchSpec(
-            n_classes=len(LABEL_SETS[self.label_set]),
-            conv_filters=self.cfg.conv_filters,
-            dense_units=self.cfg.dense_units,
-            input_mean=mean,
-            input_std=std,
-        )
-        log.info(
-            "new federation: %s, %d classes, %s parameters, normalisation from %d training samples of %d clients",
-            self.label_set,
-            spec.n_classes,
-            f"{spec.n_parameters():,}",
-            stats.count,
-            len(present),
-        )
-        self.state.put("run_id", self.cfg.run_id)
-        self.state.put("label_set", self.label_set)
-        self.state.put("initial_spec", spec.to_json())
-        self.state.put("config", self.cfg.to_json())
-        write_settings_file(self.cfg.run_dir / "config.toml", self.cfg.settings())
-        return Federation(spec, spec, init_state(spec, self.cfg.seed), {})
-
-    def _resume(self) -> int:
-        if self.state.get("run_id") not in (None, self.cfg.run_id):
-            raise StateError(
-                f"{self.cfg.run_dir} holds run {self.state.get('run_id')!r}, not {self.cfg.run_id!r}; "
-                f"resume it with --run-id {self.state.get('run_id')}"
-            )
-        if self.state.last_completed_round() < 0:
-            return -1
-        found = self.state.load_latest_intact()
-        if found is None:
-            raise StateError(
-                f"no completed round of run {self.cfg.run_id!r} in {self.cfg.run_dir} has intact model files "
-                f"(see the log for each damaged file); start a new run in another folder"
-            )
-        last, spec, g, personal = found
-        self.label_set = self.state.get("label_set", "")
-        self.fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
-        log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
-        self._resume_strategy(last, spec)
-        return last
-
-    def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
-        """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
-
-        A missing or unusable state is logged and the strategy starts from its initial state;
-        the run goes on either way.
-        """
-        name = self.strategy.name
-        try:
-            saved = self.state.load_strategy_state(last, name)
-            if saved is not None:
-                self.strategy.load_state_dict(saved, spec)
-        except ValueError as exc:
-            log.error("%s; strategy %s restarts from its initial state", exc, name)
-            return
-        if saved is None and self.strategy.keeps_state:
-            log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
-
     # ------------------------------------------------------------------------------ a round
-    def _publish_models(self, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
+    def _publish_models(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
         """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered."""
-        assert self.fed is not None
-        fed, spec = self.fed, self.fed.spec
+        spec = fed.spec
         meta = {"arch": spec.to_dict()}
         personal: dict[str, str] = {}
         down = 0
@@ -559,18 +435,19 @@ class Coordinator:
         base = first_topic.rsplit("/", 1)[0]
         self._owned_chunks[base] = max(n, self._owned_chunks.get(base, 0))
 
-    def _exchange(self, round_: int, stage: int, selected: list[str], plan: TrainingPlan) -> Exchange:
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
         """Publish models + announcement, collect updates until every selected client answered or went offline, or the deadline."""
-        assert self.fed is not None
-        spec = self.fed.spec
-        global_id, personal, down = self._publish_models(round_, selected)
+        spec = fed.spec
+        self._published = fed
+        global_id, personal, down = self._publish_models(fed, round_, selected)
         deadline = time.time() + self.cfg.round_timeout_s
         ann = RoundAnnouncement(
             run_id=self.cfg.run_id,
             round=round_,
             state="training",
             arch=spec.to_dict(),
-            label_set=self.label_set,
+            label_set=label_set,
             selected=tuple(selected),
             plan=plan,
             global_model=global_id,
@@ -581,7 +458,7 @@ class Coordinator:
             epoch=self.epoch,
         )
         c = self._collect = Exchange(
-            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(self.fed)
+            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
         )
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
@@ -594,8 +471,7 @@ class Coordinator:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
             self.receipts.request_missing(c.selected)
             c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
-            if self._refused is not None:
-                c.offline.update(cid for cid in c.selected if cid not in c.offline and self._refused(cid))
+            c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
             if time.monotonic() >= next_check:
                 c.offline.update(self._check_clients_alive() & c.selected)
                 next_check = time.monotonic() + 0.5
@@ -604,8 +480,7 @@ class Coordinator:
         for _ in range(self._link.inbox.qsize()):
             if not self._pump(0.0):
                 break
-        if self._refused is not None:
-            self._drop_refused(c)
+        self._drop_refused(c)
         self._collect = None
         self._open = None
         self.receipts.close()
@@ -628,100 +503,7 @@ class Coordinator:
                 c.rejected[(cid[:64], "revoked")] += 1
                 log.warning("round %d: the update of %s is not counted: the device was revoked during the round", c.round, cid)
 
-    def _run_round(self, round_: int) -> RoundRecord | None:
-        """Run round ``round_`` (steps of :mod:`coordinator.round`); its record, or None if it must be run again."""
-        assert self.fed is not None
-        spill.clear(self._spill_dir)  # what a failed or interrupted round left
-        t0 = time.monotonic()
-        if self._tried_round == round_:
-            self._new_attempt(round_)
-        self._tried_round = round_
-        selected = select_clients(self._eligible(), round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed)
-        if not selected:
-            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
-            self.state.event(round_, None, "round_skipped", "not enough clients")
-            return None
-        plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
-        spec0 = self.fed.spec
-        ex = self._exchange(round_, 0, selected, plan)
-        results, failures = ex.results(), ex.failures()
-        bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
-        why = check_quorum(results, failures, self.cfg.min_clients)
-        agg = None
-        if why is None:
-            try:
-                agg = self.strategy.aggregate_fit(round_, self.fed, results, failures)
-            except ValueError as exc:
-                why = str(exc)
-        if agg is None:
-            self._close_failed_round(round_, str(why))
-            return None
-        self.fed.global_state = agg.global_state
-        self.fed.personal.update(agg.personal)
-        main = _Tally.of(ex)
-        up_by_encoding, rejections = main.up_by_encoding, main.rejected
-        growth_log = None
-        if self.cfg.growth == "feddist":
-            growth_log, growth_exchanges = self._grow(round_, agg, results)
-            for gx in growth_exchanges:
-                bytes_up += gx.bytes_up
-                bytes_down += gx.bytes_down
-                rejected += sum(gx.rejected.values())
-                up_by_encoding.update(gx.up_by_encoding)
-                rejections.update(gx.rejected)
-
-        record = RoundRecord(
-            round=round_,
-            participation=Participation(
-                selected=len(selected),
-                updates=len(results),
-                rejected=rejected,
-                missing=tuple(sorted(set(selected) - set(ex.updates))),
-                failures={f.client_id: f.reason for f in failures},
-                rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
-            ),
-            arch=Architecture(self.fed.spec.version, self.fed.spec.conv_filters, self.fed.spec.dense_units),
-            traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
-            growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
-            # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
-            feddwa_weights=FedDwaWeights(
-                tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
-            ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, self.fed, spec0, results, self.evaluator, self.cfg),
-        )
-        record = replace(record, seconds=time.monotonic() - t0)
-        summary = record.to_json()
-        self.state.complete_round(round_, self.fed.spec, self.fed.global_state, self.fed.personal, summary,
-                                  strategy_state=(self.strategy.name, self.strategy.state_dict()))
-        log.info(summary_line(record))
-        del ex, results, agg
-        spill.clear(self._spill_dir)
-        release_free_memory()
-        return record
-
-    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
-        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
-
-        Returns the growth log and the traffic and rejections of each intermediate exchange.
-        """
-        assert self.fed is not None
-        steps = feddist_steps.grow(
-            round_, self.fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.feddist_cfg, self.cfg.growth_mode
-        )
-        exchanges: list[_Tally] = []
-        try:
-            ask = next(steps)
-            while True:
-                ex = self._exchange(round_, ask.stage, list(ask.selected), ask.plan)
-                exchanges.append(_Tally.of(ex))
-                ask = steps.send(ex.results())
-        except StopIteration as done:
-            out: dict[str, Any] = done.value
-        for layer, info in out["layers"].items():
-            self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
-        return out, exchanges
-
-    def _publish_progress(self, record: RoundRecord) -> None:
+    def publish_progress(self, record: RoundRecord) -> None:
         """Publish ``record`` as the federation's retained progress message (an observer's view of the run).
 
         A record too large for one message goes without its per-client parts; a broker that
@@ -739,49 +521,33 @@ class Coordinator:
                 log.warning("round %d: the progress message was not published (%s)", record.round, exc)
                 return
 
-    # ------------------------------------------------------------------------------ main
+    # ------------------------------------------------------------------------------ fedhar-coordinator run
     def run(self) -> dict[str, Any]:
         """Run (or resume) the federation to its last round; return the report document.
 
         Raises
         ------
         CoordinatorError
-            If no usable clients come online in time.
+            If no usable clients come online in time, or a round failed 3 times in a row.
+        StateError
+            If the run folder cannot be used as asked.
         har_io.mqtt_link.BrokerRefused
             If the broker refused the login or TLS failed (not retried; the message says how to fix it).
         """
         t_start = time.monotonic()
-        self._connect()
+        runner = self.runner
+        self.connect()
         try:
-            if not self.cfg.resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
-                raise StateError(
-                    f"{self.cfg.run_dir} already belongs to run {self.state.get('run_id')!r} "
-                    f"({self.state.last_completed_round() + 1} completed rounds); continue it with --resume, "
-                    f"or give a new --run-dir"
-                )
-            last = self._resume() if self.cfg.resume else -1
+            last = runner.start(self.cfg.resume)
             if last < 0:
-                self._link.publish(self.topics.round, b"", retain=True)  # forget any earlier run's round
-                self._link.publish(self.topics.progress, b"", retain=True)  # ... and its progress
-                # ... and the models it left retained (it may have crashed before clearing them)
-                self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
-            self._wait_for_clients()
-            if self.fed is None:
-                self.fed = self._new_federation()
-            header = self._header = {
-                **self.report_header,
-                "run_id": self.cfg.run_id,
-                "strategy": self.cfg.strategy_label,
-                "seed": self.cfg.seed,
-                "config": self.cfg.to_json(),
-                "label_set": self.label_set,
-            }
-            start = last + 1
+                self.clear_retained()
+            runner.wait_for_clients()
+            runner.ensure_federation()
             with (
                 logging_redirect_tqdm(),
                 tqdm(
                     total=self.cfg.rounds,
-                    initial=start,
+                    initial=last + 1,
                     desc="rounds",
                     unit="round",
                     disable=not self.progress or not sys.stderr.isatty(),
@@ -789,42 +555,56 @@ class Coordinator:
                 ) as bar,
             ):
                 self._bar = bar
-                r = start
-                failures = 0
+                r, failures = last + 1, 0
                 while r < self.cfg.rounds:
-                    record = self._run_round(r)
-                    if record is None:
+                    runner.note({"wall_seconds": round(time.monotonic() - t_start, 1)})
+                    if runner.run_round(r) is None:
                         failures += 1
                         if failures >= 3:
                             raise CoordinatorError(f"round {r} failed 3 times in a row; see the log and {self.cfg.run_dir}")
-                        self._wait_for_clients()
+                        runner.wait_for_clients()
                         continue
                     failures = 0
-                    header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-                    write_report(self.cfg.run_dir, header, records(self.state.rounds()))
-                    self._publish_progress(record)
                     bar.update(1)
                     r += 1
             self._bar = None
-            assert self.fed is not None
-            fin = RoundAnnouncement(
-                run_id=self.cfg.run_id,
-                round=self.cfg.rounds - 1,
-                state="finished",
-                arch=self.fed.spec.to_dict(),
-                label_set=self.label_set,
-                attempt=self.attempt,
-                epoch=self.epoch,
-            )
-            self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
-            # The run owns its retained model chunks: nobody may train on them once it ended.
-            self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
-            header["wall_seconds"] = round(time.monotonic() - t_start, 1)
-            return write_report(self.cfg.run_dir, header, records(self.state.rounds()))
+            self.finish()
+            return runner.report({"wall_seconds": round(time.monotonic() - t_start, 1)})
         except StateDamaged as exc:  # any read or write of the database, at any point of the run
             raise StateError(str(exc)) from None
         finally:
             self.close()
+
+    def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Rewrite the report with extra run facts (wall time, peak memory) known only at the end (the runner's report)."""
+        return self.runner.report(extra)
+
+    def clear_retained(self) -> None:
+        """Forget an earlier run's retained round, progress and models on the broker (a run that starts afresh)."""
+        self._link.publish(self.topics.round, b"", retain=True)
+        self._link.publish(self.topics.progress, b"", retain=True)
+        # ... and the models it left retained (it may have crashed before clearing them)
+        self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
+
+    def finish(self) -> None:
+        """Announce the run finished, and clear the model chunks it published: nobody may train on them once it ended."""
+        spec = self.runner.spec
+        assert spec is not None
+        fin = RoundAnnouncement(
+            run_id=self.cfg.run_id,
+            round=self.cfg.rounds - 1,
+            state="finished",
+            arch=spec.to_dict(),
+            label_set=self.runner.label_set,
+            attempt=self.attempt,
+            epoch=self.epoch,
+        )
+        self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
+        self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
+
+    def connect(self) -> None:
+        """Connect to the broker (30 s at most) and start refreshing the coordinator status (:meth:`_connect`)."""
+        self._connect()
 
     def _connect(self) -> None:
         """Connect to the broker (30 s at most) and start refreshing the coordinator status.
@@ -848,93 +628,4 @@ class Coordinator:
         self._stop_refresh.set()
         self.programs.close()
         self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
-
-    # ------------------------------------------------------------------------------ served federation
-    # fedhar-coordinator serve (coordinator/server/serve.py) drives the rounds itself, one at a time
-    # when its schedule says so, with the same round machinery as run().
-    def start_served(self) -> int:
-        """Connect and take up the run in ``run_dir`` where it stopped; the last completed round (-1: none).
-
-        A run folder with completed rounds continues from its newest intact round (the models and
-        the strategy's state), as ``run --resume`` does; without any, the earlier runs' retained
-        round, progress and models are cleared from the broker.
-
-        Raises
-        ------
-        StateError
-            If the folder holds another run or no intact round, or its database is damaged.
-        CoordinatorError, har_io.mqtt_link.BrokerRefused
-            As :meth:`_connect`.
-        """
-        self._connect()
-        try:
-            last = self._resume()
-            if last < 0:
-                self._link.publish(self.topics.round, b"", retain=True)
-                self._link.publish(self.topics.progress, b"", retain=True)
-                self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
-        except StateDamaged as exc:
-            raise StateError(str(exc)) from None
-        return last
-
-    @property
-    def link(self) -> MqttLink:
-        """The coordinator's broker session (for a serving loop that clears a revoked device's retained topics)."""
-        return self._link
-
-    def pump(self, timeout: float) -> bool:
-        """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came (:meth:`_pump`)."""
-        return self._pump(timeout)
-
-    def eligible(self) -> list[str]:
-        """The clients a round started now could select (sorted ids)."""
-        return self._eligible()
-
-    def serve_round(self, round_: int, header: dict[str, Any]) -> RoundRecord | None:
-        """Run round ``round_`` now; on success rewrite the report and publish the progress message.
-
-        Creates the federation first (from the eligible clients' statuses) when there is none yet.
-
-        Returns
-        -------
-        RoundRecord or None
-            None if the round closed without changing the model (it is run again later).
-
-        Raises
-        ------
-        StateError
-            If the run folder's database cannot be read or written.
-        CoordinatorError
-            If the clients' label sets or statistics do not allow a federation.
-        """
-        try:
-            if self.fed is None:
-                self.fed = self._new_federation()
-            self._header = {
-                **self.report_header, **header, "run_id": self.cfg.run_id, "strategy": self.cfg.strategy_label,
-                "seed": self.cfg.seed, "config": self.cfg.to_json(), "label_set": self.label_set,
-            }  # fmt: skip
-            record = self._run_round(round_)
-            if record is None:
-                return None
-            write_report(self.cfg.run_dir, self._header, records(self.state.rounds()))
-            self._publish_progress(record)
-            return record
-        except StateDamaged as exc:
-            raise StateError(str(exc)) from None
-
-    def write_final_report(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """Rewrite the report with extra run facts (wall time, peak memory) known only at the end.
-
-        Raises
-        ------
-        StateError
-            If the run folder's database cannot be read.
-        """
-        self._header.update(extra)
-        try:
-            rounds = self.state.rounds()
-        except StateDamaged as exc:
-            raise StateError(str(exc)) from None
-        return write_report(self.cfg.run_dir, self._header, records(rounds))
 

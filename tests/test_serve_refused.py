@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.admission import OPEN, Admission
 from coordinator.config import CoordinatorConfig
 from coordinator.round import Exchange
 from coordinator.service import Coordinator
@@ -26,8 +27,8 @@ SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 
 def _coordinator(tmp_path: Path, revoked: set[str] | None, epoch: int = 0) -> Coordinator:
     cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1")
-    refused = None if revoked is None else revoked.__contains__
-    return Coordinator(cfg, progress=False, refused=refused, epoch=epoch)
+    admission = OPEN if revoked is None else Admission(revoked=revoked.__contains__)
+    return Coordinator(cfg, progress=False, admission=admission, epoch=epoch)
 
 
 def _status(cid: str) -> bytes:
