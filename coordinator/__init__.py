@@ -4,8 +4,9 @@
   aggregate with failures, evaluate, close);
 * :mod:`~coordinator.runner`: the federation runner (bootstrap or resume, one round to a
   record, FedDist growth, persistence) over the transport seam :class:`~coordinator.runner.Grid`;
-* :mod:`~coordinator.service`: the MQTT grid (the broker session, client table, update intake,
-  model publishing) and ``run``'s short loop over the runner;
+* :mod:`~coordinator.mqtt_grid`: the MQTT grid (the broker session, client table, update
+  intake, model publishing, program delivery);
+* :mod:`~coordinator.service`: ``fedhar-coordinator run``'s short loop over the runner and the grid;
 * :mod:`~coordinator.admission`: who may take part, the one eligibility rule with a reason for
   each device left out;
 * :mod:`~coordinator.strategies`: one file per strategy (its settings and state) and the

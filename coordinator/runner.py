@@ -2,7 +2,7 @@
 
 It drives the pure round steps of :mod:`coordinator.round` over a transport seam, :class:`Grid`
 (after Flower's ``Grid``: eligible devices with reasons, wait, one exchange, progress, forget a
-client). :class:`coordinator.service.Coordinator` is the MQTT grid; the tests use an in-memory
+client). :class:`coordinator.mqtt_grid.MqttGrid` is the network grid; the tests use an in-memory
 one, so rounds, resume, FedDist growth and strategy state run without a broker. ``fedhar-coordinator
 run`` (N rounds) and ``serve`` (for months) are two short loops over the same runner::
 
@@ -119,6 +119,20 @@ class _Tally:
         return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
 
 
+def open_state(cfg: CoordinatorConfig) -> RunState:
+    """Open the run's database in ``cfg.run_dir`` (created when missing).
+
+    Raises
+    ------
+    StateError
+        If the database is damaged.
+    """
+    try:
+        return RunState(cfg.run_dir)
+    except StateDamaged as exc:
+        raise StateError(str(exc)) from None
+
+
 class FederationRunner:
     """Runs the rounds of a federation described by a :class:`CoordinatorConfig` over a :class:`Grid`.
 
@@ -130,6 +144,8 @@ class FederationRunner:
         Union test set for the global and generalisation measures (research harness).
     report_header : dict, optional
         Extra run facts for the report (dataset, command, ...).
+    state : RunState, optional
+        The run's database, when the grid shares it (default: :func:`open_state`).
 
     Raises
     ------
@@ -138,7 +154,7 @@ class FederationRunner:
     """
 
     def __init__(self, cfg: CoordinatorConfig, grid: Grid, evaluator: Evaluator | None = None,
-                 report_header: Mapping[str, Any] | None = None):  # fmt: skip
+                 report_header: Mapping[str, Any] | None = None, state: RunState | None = None):  # fmt: skip
         self.cfg = cfg
         self.grid = grid
         self.evaluator = evaluator
@@ -147,10 +163,7 @@ class FederationRunner:
         self.feddist_cfg = feddist.FedDistConfig(
             k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
         )
-        try:
-            self.state = RunState(cfg.run_dir)
-        except StateDamaged as exc:
-            raise StateError(str(exc)) from None
+        self.state = state if state is not None else open_state(cfg)
         self._fed: Federation | None = None
         self._label_set = ""
         self._extra: dict[str, Any] = {}

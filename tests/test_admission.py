@@ -24,7 +24,7 @@ def test_the_coordinator_decides_with_the_rule_that_explains(tmp_path: Path) -> 
     admission = Admission(revoked={"gone"}.__contains__, enrolled=lambda c: c != "stranger",
                           require_charging=lambda: charging["on"])  # fmt: skip
     cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1")
-    co = Coordinator(cfg, progress=False, admission=admission)
+    co = Coordinator(cfg, progress=False, admission=admission).grid
     for st in (_status("ok"), _status("battery", charging=False), _status("stranger"), _status("empty", n_train=0),
                _status("other", label_set="realworld8")):  # fmt: skip
         co._on_status(st.client_id, st.to_bytes())

@@ -11,7 +11,8 @@ The data folder (default :func:`coordinator.server.settings.default_data_dir`) h
 Each start records a new epoch in the registry, carried in every announcement and the
 coordinator's status; the run's state survives a restart (no ``--resume``): the next round
 continues from the newest completed one. Rounds start when the schedule allows
-(:mod:`coordinator.server.schedule`); the round itself is :class:`coordinator.service.Coordinator`'s.
+(:mod:`coordinator.server.schedule`); the rounds are :class:`coordinator.runner.FederationRunner`'s over
+:class:`coordinator.mqtt_grid.MqttGrid`, the same two objects ``fedhar-coordinator run`` drives.
 Revoked and forgotten devices are refused everywhere in the coordinator through its ``refused``
 predicate (the registry, asked at every message). SIGHUP re-reads ``server.toml``'s ``[server]``
 and ``[schedule]`` tables and logs what changed; SIGINT and SIGTERM stop the server, leaving its
@@ -199,7 +200,8 @@ class Server:
         poll_s: float = 0.5,
         report_header: dict[str, Any] | None = None,
     ):
-        from coordinator.service import Coordinator
+        from coordinator.mqtt_grid import MqttGrid
+        from coordinator.runner import FederationRunner, open_state
 
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -221,14 +223,9 @@ class Server:
         # Who may take part: the registry (revoked, enrolled) and the schedule in force (charging).
         self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
                                    require_charging=lambda: self.schedule.require_charging)  # fmt: skip
-        self.grid = Coordinator(
-            self.cfg,
-            progress=False,
-            report_header=dict(report_header or {}),
-            admission=self.admission,
-            epoch=self.epoch,
-        )
-        self.runner = self.grid.runner  # the rounds; the grid moves them over the broker
+        state = open_state(self.cfg)
+        self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch)
+        self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state)  # the rounds
         self._reload = threading.Event()
         self._last_end: float | None = None
         self._retry_at = 0.0
@@ -307,7 +304,7 @@ class Server:
         coordinator.service.CoordinatorError, har_io.mqtt_link.BrokerRefused
             If the broker cannot be reached in 30 s, or refuses the login.
         """
-        from coordinator.service import CoordinatorError, StateError
+        from coordinator.runner import CoordinatorError, StateError
 
         stop = stop or threading.Event()
         grid, runner = self.grid, self.runner
@@ -346,7 +343,7 @@ class Server:
                     self._clear_new_revocations()
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
-                eligible = grid.eligibility().eligible
+                eligible = grid.eligibility(runner.label_set).eligible
                 self._eligible_now = len(eligible)
                 start_at = self.next_start(now)
                 if len(eligible) >= self.schedule.min_clients and now >= start_at:
@@ -465,7 +462,7 @@ class Server:
         if line == self._waiting and now - self._waiting_logged < 600:
             return
         self._waiting, self._waiting_logged = line, now
-        why = self.grid.eligibility().left_out
+        why = self.grid.eligibility(self.runner.label_set).left_out
         extra = "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(why.items())) if why else ""
         log.info("%s%s", line, extra)
 
