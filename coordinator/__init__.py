@@ -2,7 +2,13 @@
 
 * :mod:`~coordinator.round`: one round as pure steps over typed values (select, configure,
   aggregate with failures, evaluate, close);
-* :mod:`~coordinator.service`: the loop that moves those values over MQTT and persists them;
+* :mod:`~coordinator.runner`: the federation runner (bootstrap or resume, one round to a
+  record, FedDist growth, persistence) over the transport seam :class:`~coordinator.runner.Grid`;
+* :mod:`~coordinator.mqtt_grid`: the MQTT grid (the broker session, client table, update
+  intake, model publishing, program delivery);
+* :mod:`~coordinator.service`: ``fedhar-coordinator run``'s short loop over the runner and the grid;
+* :mod:`~coordinator.admission`: who may take part, the one eligibility rule with a reason for
+  each device left out;
 * :mod:`~coordinator.strategies`: one file per strategy (its settings and state) and the
   registry, the only list of their names; over the papers' arithmetic in
   :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`, :mod:`~coordinator.feddist`

@@ -189,9 +189,12 @@ class EdgeAgent:
         self._train_stats = ChannelStats.of(train.x).to_json() if len(train) else {}
         self._class_counts = tuple(int(c) for c in train.class_counts())
         # Exchanges (run, round, stage) answered already, and the coordinator attempt each answer
-        # reached: a new attempt (coordinator restarted) gets the stored update again, not a retraining.
+        # reached: a new attempt (the coordinator restarted, or ran the round again after it closed
+        # without quorum) gets the stored update again, not a retraining, unless the model announced
+        # for this client changed since it trained (_trained_on: the transfer it trained on).
         self._done: set[tuple[str, int, int]] = set()
         self._sent_attempt: dict[tuple[str, int, int], str] = {}
+        self._trained_on: dict[tuple[str, int, int], str] = {}
         last = store.load_last_update()
         if last is not None:
             self._done.add((last[0]["run_id"], last[0]["round"], last[0]["stage"]))
@@ -504,6 +507,13 @@ class EdgeAgent:
         if ann is None or ann.state != "training" or cid not in ann.selected or not self._coordinator_runs(ann):
             return
         key = (ann.run_id, ann.round, ann.stage)
+        _, transfer = ann.model_for(cid)
+        trained_on = self._trained_on.get(key)
+        if key in self._done and trained_on is not None and transfer and transfer != trained_on:
+            log.info("[%s] round %d: attempt %s announces another model than the one I trained on; training again",
+                     cid, ann.round, ann.attempt)  # fmt: skip
+            self._done.discard(key)
+            del self._trained_on[key]
         if key in self._done:
             if self._sent_attempt.get(key) != ann.attempt and self._link.connected.is_set():
                 last = self.store.load_last_update()
@@ -512,7 +522,6 @@ class EdgeAgent:
                     self.delivery.start(key, last[1], ann.deadline_unix)
                 self._sent_attempt[key] = ann.attempt
             return
-        _, transfer = ann.model_for(cid)
         if not transfer or (*key, transfer) in self.rejected or transfer not in self.models:
             return
         if self.programs is not None and not self.programs.ready(ann, self._link.publish_nowait):
@@ -525,6 +534,7 @@ class EdgeAgent:
             return
         self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
         self._done.add(key)
+        self._trained_on[key] = transfer
         self.delivery.start(key, outcome.envelope, ann.deadline_unix)
         self._sent_attempt[key] = ann.attempt
         self.rounds_done += 1

@@ -406,7 +406,7 @@ def test_a_revoked_device_whose_status_stays_retained_online_is_not_eligible(tmp
             w.c.publish(f"fedhar/v1/pres/client/{st.client_id}/status", st.to_bytes(), qos=1, retain=True).wait_for_publish(WAIT_S)
         w.close()
         coord = Coordinator(CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig(port=b.port), federation="pres",
-                                              run_id="p"), progress=False)  # fmt: skip
+                                              run_id="p"), progress=False).grid  # fmt: skip
         try:
             assert coord._link.start(WAIT_S)
             end = time.monotonic() + WAIT_S

@@ -160,7 +160,7 @@ def test_reload_applies_the_tables_and_keeps_the_settings_in_force_on_a_bad_file
     server._last_end = 1773093600.0  # 2026-03-10 00:00 at UTC+2 (the server's tz below)
     server.tz = dt.timezone(dt.timedelta(hours=2))
     assert server.next_start(1773093600.0) == 1773093600.0 + 3600.0  # 01:00, inside 22:00-06:00
-    server.coordinator.state.close()
+    server.runner.state.close()
     server.registry.close()
 
 
@@ -234,7 +234,7 @@ def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(
     st.close()
     server = Server(data, BrokerConfig.parse("127.0.0.1:9"), FED)
     assert server.cfg.run_id == "home-1"  # the data folder's run is taken up
-    last = server.coordinator._resume()
+    last = server.runner.start(resume=True)
     server._catch_up_version(last)
     assert _versions(data) == [(1, 0)]
     _, kept = load_state_file(data / "versions" / "v000001.safetensors")
@@ -244,5 +244,5 @@ def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(
     reg.close()
     server._catch_up_version(last)  # a second look changes nothing
     assert _versions(data) == [(1, 0)]
-    server.coordinator.state.close()
+    server.runner.state.close()
     server.registry.close()

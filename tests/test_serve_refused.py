@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.admission import OPEN, Admission
 from coordinator.config import CoordinatorConfig
+from coordinator.mqtt_grid import MqttGrid
 from coordinator.round import Exchange
 from coordinator.service import Coordinator
 from coordinator.updates import ClientUpdate
@@ -24,10 +26,10 @@ from har_models.wire.topics import Topics
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 
 
-def _coordinator(tmp_path: Path, revoked: set[str] | None, epoch: int = 0) -> Coordinator:
+def _coordinator(tmp_path: Path, revoked: set[str] | None, epoch: int = 0) -> MqttGrid:
     cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1")
-    refused = None if revoked is None else revoked.__contains__
-    return Coordinator(cfg, progress=False, refused=refused, epoch=epoch)
+    admission = OPEN if revoked is None else Admission(revoked=revoked.__contains__)
+    return Coordinator(cfg, progress=False, admission=admission, epoch=epoch).grid
 
 
 def _status(cid: str) -> bytes:

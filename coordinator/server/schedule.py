@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
+from coordinator.admission import Admission, Eligibility, eligibility
 from coordinator.server.settings import parse_window
 from har_models.wire.messages import ClientStatus
 
@@ -100,18 +100,6 @@ def local_hhmm(t: float, tz: dt.tzinfo | None = None) -> str:
     return _local(t, tz).strftime("%H:%M")
 
 
-@dataclass(frozen=True)
-class Eligibility:
-    """Which devices may take part now, and why the others may not.
-
-    ``eligible``: sorted ids; ``left_out``: id -> reason (``offline``, ``stale``, ``not_enrolled``,
-    ``revoked``, ``no_training_windows``, ``device_fault``, ``label_set``, ``not_charging``).
-    """
-
-    eligible: tuple[str, ...]
-    left_out: dict[str, str]
-
-
 def eligible_devices(
     statuses: Mapping[str, ClientStatus],
     *,
@@ -121,43 +109,15 @@ def eligible_devices(
     require_charging: bool = False,
     label_set: str = "",
 ) -> Eligibility:
-    """The devices that may be selected for a round, from the last status each sent.
-
-    A device is eligible when its status is not offline and still fresh (``fresh(id)``, the
-    coordinator's presence: a status older than three of its refresh periods is stale), it is
-    enrolled (``enrolled(id)``) and not revoked (``revoked(id)``), it has training windows
-    (``n_train`` > 0), it reports no fault (``fault``: its state folder cannot be written, its
-    sensor was refused or stopped), its label set is the federation's (when ``label_set`` is given) and, with
-    ``require_charging``, it does not report that it is off the charger (``charging`` False; a
-    device that does not report it, a board on mains, counts as charging).
+    """The devices that may be selected for a round, and why the others may not: :func:`coordinator.admission.eligibility`
+    with an :class:`~coordinator.admission.Admission` of these predicates (the one rule; see there).
 
     Returns
     -------
     Eligibility
     """
-    ok: list[str] = []
-    out: dict[str, str] = {}
-    for cid in sorted(statuses):
-        st = statuses[cid]
-        if revoked(cid):
-            out[cid] = "revoked"
-        elif not enrolled(cid):
-            out[cid] = "not_enrolled"
-        elif st.state == "offline":
-            out[cid] = "offline"
-        elif not fresh(cid):
-            out[cid] = "stale"
-        elif st.n_train <= 0:
-            out[cid] = "no_training_windows"
-        elif st.fault:  # the device says it cannot take part (its storage or sensor), in its status
-            out[cid] = "device_fault"
-        elif label_set and st.label_set != label_set:
-            out[cid] = "label_set"
-        elif require_charging and getattr(st, "charging", None) is False:
-            out[cid] = "not_charging"
-        else:
-            ok.append(cid)
-    return Eligibility(tuple(ok), out)
+    admission = Admission(revoked=revoked, enrolled=enrolled, require_charging=lambda: require_charging)
+    return eligibility(statuses, fresh=fresh, admission=admission, label_set=label_set)
 
 
 def waiting_line(n_eligible: int, min_clients: int, start_at: float, now: float, tz: dt.tzinfo | None = None) -> str:

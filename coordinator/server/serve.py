@@ -11,7 +11,8 @@ The data folder (default :func:`coordinator.server.settings.default_data_dir`) h
 Each start records a new epoch in the registry, carried in every announcement and the
 coordinator's status; the run's state survives a restart (no ``--resume``): the next round
 continues from the newest completed one. Rounds start when the schedule allows
-(:mod:`coordinator.server.schedule`); the round itself is :class:`coordinator.service.Coordinator`'s.
+(:mod:`coordinator.server.schedule`); the rounds are :class:`coordinator.runner.FederationRunner`'s over
+:class:`coordinator.mqtt_grid.MqttGrid`, the same two objects ``fedhar-coordinator run`` drives.
 Revoked and forgotten devices are refused everywhere in the coordinator through its ``refused``
 predicate (the registry, asked at every message). SIGHUP re-reads ``server.toml``'s ``[server]``
 and ``[schedule]`` tables and logs what changed; SIGINT and SIGTERM stop the server, leaving its
@@ -30,15 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator import state as run_state
+from coordinator.admission import Admission
 from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
+from coordinator.server.lifecycle import prune_bundles
 from coordinator.server.registry import Registry, VersionRow
-from coordinator.server.schedule import eligible_devices, next_start, waiting_line
+from coordinator.server.schedule import next_start, waiting_line
 from coordinator.server.settings import SERVE_ROUNDS, ScheduleSettings, ServeFile, ServerSettings, read_serve_file
-from coordinator.state import RunState, StateDamaged, save_state_file
 from har_io.broker_config import BrokerConfig
 from har_io.cli import settings_from
-from har_models.wire.messages import ClientStatus
 from har_models.wire.topics import check_client_id
 
 log = logging.getLogger("fedhar.serve")
@@ -103,9 +105,10 @@ def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir
 
 CONFIG_NAME = "server.toml"
 RETRY_AFTER_FAILED_S = 300.0
-"""A round that closed without changing the model is tried again after at most this long (or the interval, if shorter)."""
+"""A round that closed without changing the model is tried again (a new attempt) after at most this long, or after
+``[schedule] min_round_interval_s`` if that is shorter: a failed quorum never stalls the federation for longer."""
 RETRY_MIN_S = 10.0
-"""... and at least this long, so a round that cannot start (devices of another label set) does not spin."""
+"""A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
 
 
 def version_path(data_dir: Path, version: int) -> Path:
@@ -150,7 +153,7 @@ def _changes(old: Any, new: Any, table: str) -> list[str]:
 
 def _run_id_of(data_dir: Path, name: str) -> str:
     """The run id kept in ``<data>/run``, or a new one (``<name>-YYYYmmdd-HHMMSS``) for a new data folder."""
-    state = RunState(Path(data_dir) / "run")
+    state = run_state.RunState(Path(data_dir) / "run")
     try:
         kept = state.get("run_id")
     finally:
@@ -198,7 +201,8 @@ class Server:
         poll_s: float = 0.5,
         report_header: dict[str, Any] | None = None,
     ):
-        from coordinator.service import Coordinator
+        from coordinator.mqtt_grid import MqttGrid
+        from coordinator.runner import FederationRunner, open_state
 
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -217,14 +221,12 @@ class Server:
         run_id = _run_id_of(self.data_dir, self.file.server.name)
         self.cfg = federation_config(self.file, self.data_dir, broker, federation, run_id)
         self.epoch = self.registry.new_epoch()
-        self.coordinator = Coordinator(
-            self.cfg,
-            progress=False,
-            report_header=dict(report_header or {}),
-            refused=self.registry.is_revoked,
-            selectable=self._selectable,
-            epoch=self.epoch,
-        )
+        # Who may take part: the registry (revoked, enrolled) and the schedule in force (charging).
+        self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
+                                   require_charging=lambda: self.schedule.require_charging)  # fmt: skip
+        state = open_state(self.cfg)
+        self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch)
+        self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state)  # the rounds
         self._reload = threading.Event()
         self._last_end: float | None = None
         self._retry_at = 0.0
@@ -241,12 +243,6 @@ class Server:
     @property
     def schedule(self) -> ScheduleSettings:
         return self.file.schedule
-
-    def _selectable(self, cid: str, st: ClientStatus) -> bool:
-        """Enrolled (and not revoked) and, with ``require_charging``, not off its charger."""
-        if not self.registry.is_enrolled(cid):
-            return False
-        return not (self.schedule.require_charging and st.charging is False)
 
     # ------------------------------------------------------------------------ settings reload
     def request_reload(self) -> None:
@@ -309,11 +305,14 @@ class Server:
         coordinator.service.CoordinatorError, har_io.mqtt_link.BrokerRefused
             If the broker cannot be reached in 30 s, or refuses the login.
         """
-        from coordinator.service import CoordinatorError, StateError
+        from coordinator.runner import CoordinatorError, StateError
 
         stop = stop or threading.Event()
-        co = self.coordinator
-        last = co.start_served()
+        grid, runner = self.grid, self.runner
+        grid.connect()
+        last = runner.start(resume=True)  # continues from the newest intact round, or starts afresh
+        if last < 0:
+            grid.clear_retained()
         self._catch_up_version(last)
         newest = self._newest_version()
         if newest is not None:
@@ -337,15 +336,15 @@ class Server:
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload()
-                if co.pump(self.poll_s):
+                if grid.pump(self.poll_s):
                     for _ in range(200):  # what else has arrived, without waiting
-                        if not co.pump(0.0):
+                        if not grid.pump(0.0):
                             break
                 if time.monotonic() >= next_revocation_check:
                     self._clear_new_revocations()
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
-                eligible = co.eligible()
+                eligible = grid.eligibility(runner.label_set).eligible
                 self._eligible_now = len(eligible)
                 start_at = self.next_start(now)
                 if len(eligible) >= self.schedule.min_clients and now >= start_at:
@@ -353,15 +352,17 @@ class Server:
                     log.info("round %d: starting with %d eligible devices (%s)", round_, len(eligible), ", ".join(eligible))
                     self._drop_refused_models()
                     try:
-                        record = co.serve_round(round_, {"epoch": self.epoch})
+                        runner.note({"epoch": self.epoch})
+                        record = runner.run_round(round_)
                     except StateError:
                         raise
                     except CoordinatorError as exc:  # e.g. devices of different label sets: not worth a restart
                         log.error("round %d could not start: %s; trying again later", round_, exc)
-                        record = None
-                    if record is None:
                         wait = min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
                         self._retry_at = time.time() + wait
+                        continue
+                    if record is None:  # closed without quorum: the next attempt within one interval
+                        self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
                         continue
                     self._after_round(record)
                     self._last_end = time.time()
@@ -369,14 +370,14 @@ class Server:
                     round_ += 1
                 else:
                     self._log_waiting(len(eligible), start_at, now)
-        except StateDamaged as exc:
+        except run_state.StateDamaged as exc:
             raise StateError(str(exc)) from None
         finally:
             if page is not None:
                 page.stop()
                 if self._monitor is not None:
                     self._monitor.stop()
-            co.close()
+            grid.close()
             self.registry.close()
 
     def _catch_up_version(self, last: int) -> None:
@@ -389,9 +390,7 @@ class Server:
         newest = self._newest_version()
         if last < 0 or (newest is not None and newest.round >= last):
             return
-        from coordinator.record import records
-
-        done = [r for r in records(self.coordinator.state.rounds()) if r.round == last]
+        done = [r for r in self.runner.records() if r.round == last]
         if done:
             log.info("round %d was completed but not kept as a version (the server stopped in between); keeping it now", last)
             self._after_round(done[0])
@@ -404,10 +403,9 @@ class Server:
 
         now = self.registry.revoked_names()
         for cid in sorted(now - self._revoked_seen):
-            self.coordinator.clients.pop(cid, None)
-            self.coordinator.presence.forget(cid)
+            self.grid.forget(cid)
             try:
-                cleared = clear_device_topics(self.coordinator.link, self.coordinator.topics, cid, timeout=10.0)
+                cleared = clear_device_topics(self.grid.link, self.grid.topics, cid, timeout=10.0)
                 log.info("device %s was revoked: its retained status and %d model chunk(s) cleared", cid, len(cleared) - 1)
             except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("device %s was revoked, but its retained topics were not cleared (%s); they are ignored", cid, exc)
@@ -415,12 +413,8 @@ class Server:
 
     def _drop_refused_models(self) -> None:
         """Forget the personalised models of devices revoked or forgotten since they were made (not saved again)."""
-        fed = self.coordinator.fed
-        if fed is None:
-            return
-        for cid in sorted(fed.personal):
-            if self.registry.is_revoked(cid):
-                del fed.personal[cid]
+        for cid in self.runner.personal_ids():
+            if self.registry.is_revoked(cid) and self.runner.forget_client(cid):
                 log.info("the personalised model of revoked device %s is dropped", cid)
 
     def start_status_page(self) -> Any:
@@ -451,8 +445,10 @@ class Server:
         if broker is not None:
             monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
             monitor.start(wait_s=None)
-        view = ServerView(name=self.server.name, run_state=RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
-                          monitor=monitor, next_start=self.page_next_start)  # fmt: skip
+        stall_after_s = self.server.stall_after * (self.schedule.min_round_interval_s + self.cfg.round_timeout_s)
+        view = ServerView(name=self.server.name, run_state=run_state.RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
+                          monitor=monitor, next_start=self.page_next_start, stall_after_s=stall_after_s,
+                          broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None)  # fmt: skip
         try:
             page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
         except BaseException:
@@ -469,23 +465,18 @@ class Server:
         if line == self._waiting and now - self._waiting_logged < 600:
             return
         self._waiting, self._waiting_logged = line, now
-        co = self.coordinator
-        why = eligible_devices(
-            co.clients, fresh=co.presence.fresh, enrolled=self.registry.is_enrolled, revoked=self.registry.is_revoked,
-            require_charging=self.schedule.require_charging, label_set=co.label_set,
-        ).left_out  # fmt: skip
+        why = self.grid.eligibility(self.runner.label_set).left_out
         extra = "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(why.items())) if why else ""
         log.info("%s%s", line, extra)
 
     def _after_round(self, record: RoundRecord) -> None:
         """Keep the round's global model as the next version, note each device's part, apply the retention."""
-        co = self.coordinator
-        assert co.fed is not None
+        spec, global_state = self.runner.model()
         newest = self._newest_version()
         version = 1 if newest is None else newest.version + 1
         path = version_path(self.data_dir, version)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_state_file(path, co.fed.spec, co.fed.global_state,
+        run_state.save_state_file(path, spec, global_state,
                         extra={"version": str(version), "round": str(record.round), "run_id": self.cfg.run_id})  # fmt: skip
         ev = record.evaluation
         figures: dict[str, Any] = {
@@ -499,9 +490,10 @@ class Server:
             "epoch": self.epoch,
         }
         figures = {k: (None if isinstance(v, float) and v != v else v) for k, v in figures.items()}  # NaN is not JSON
-        self.registry.add_version(version, record.round, co.fed.spec.version, path, figures)
+        self.registry.add_version(version, record.round, spec.version, path, figures)
         for cid, m in sorted(ev.personalisation_clients.items()):
             self.registry.note_participation(record.round, cid, m.accuracy, m.macro_f1)
+        prune_bundles(self.data_dir)  # devices that contributed have joined: their bundles (passwords) go
         log.info("round %d: model version %d kept in %s", record.round, version, path)
         rows = self.registry.versions()
         for old in rows[: max(0, len(rows) - self.server.keep_versions)]:

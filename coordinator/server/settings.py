@@ -110,6 +110,11 @@ class ServerSettings:
     )
     public_host: str | None = field(default=None, metadata=doc("broker host name written into enrolment bundles (default the broker's)"))
     keep_versions: int = field(default=50, metadata=doc("model versions kept (older version files are deleted)", "versions"))
+    stall_after: float = field(
+        default=3.0,
+        metadata=doc("/healthz says the federation is stalled when no round completed for this many times "
+                     "(min_round_interval_s + round_timeout_s) while enough devices are eligible"),
+    )  # fmt: skip
     monitor_user: str = field(
         default="monitor", metadata=doc("user name of the broker's read-only monitor account (broker init --monitor-user)")
     )
@@ -125,6 +130,8 @@ class ServerSettings:
             raise ValueError(f"[server] http_port = {self.http_port}: must be in 0..65535 (0 = no status page)")
         if self.keep_versions < 1:
             raise ValueError(f"[server] keep_versions = {self.keep_versions}: must be >= 1 (joining devices get the newest)")
+        if not self.stall_after >= 1:
+            raise ValueError(f"[server] stall_after = {self.stall_after}: must be >= 1 (a multiple of one round's interval and deadline)")
         kind, sep, arg = self.broker_reload.partition(":")
         if self.broker_reload not in BROKER_RELOADS and not (sep and arg and kind in ("pid", "systemctl")):
             raise ValueError(

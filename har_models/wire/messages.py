@@ -169,8 +169,9 @@ class RoundAnnouncement:
     stage : int
         0 for the main exchange; FedDist paper-mode intermediate exchanges count up.
     attempt : str
-        Changes whenever the coordinator (re)starts; a client that already answered this
-        round sends its stored update again instead of retraining.
+        Changes whenever the coordinator (re)starts and when it runs a round again after it
+        closed without quorum; a client that already answered this round sends its stored
+        update again instead of retraining (unless its announced model changed).
     epoch : int
         The served coordinator's epoch (``fedhar-coordinator serve`` counts one per start,
         1, 2, ...); a client that sees a higher one drops work of the older and announces

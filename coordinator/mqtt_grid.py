@@ -1,0 +1,556 @@
+"""The MQTT grid: the coordinator's side of the broker (the network implementation of :class:`coordinator.runner.Grid`).
+
+:class:`MqttGrid` holds the broker session and everything that crosses it: the client table
+(statuses and presence), update intake (reassembly, validation, spill, receipts, rejections),
+model publishing and the retained state it restores after a reconnection, program delivery,
+and the admission of devices (:mod:`coordinator.admission`). It decides nothing about rounds:
+those are :class:`coordinator.runner.FederationRunner`'s. One thread does all the work; paho's
+network thread only queues messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+
+from tqdm import tqdm
+
+from coordinator import spill
+from coordinator.admission import OPEN, Admission, Eligibility, eligibility
+from coordinator.config import CoordinatorConfig
+from coordinator.presence import Presence
+from coordinator.programs import ProgramDesk
+from coordinator.receipts import ReceiptDesk
+from coordinator.record import RoundRecord
+from coordinator.round import Exchange, published_models
+from coordinator.runner import CoordinatorError
+from coordinator.state import RunState
+from coordinator.strategies import Federation
+from coordinator.updates import UpdateRejected, validate_update
+from har_io.mqtt_link import MqttLink
+from har_models.nn.model import ArchSpec
+from har_models.wire import codec
+from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
+from har_models.wire.messages import (
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    RoundAnnouncement,
+    RoundProgress,
+    TrainingPlan,
+)
+from har_models.wire.topics import Topics
+
+log = logging.getLogger("fedhar.coordinator")
+
+
+class MqttGrid:
+    """The MQTT grid of a federation described by a :class:`CoordinatorConfig`.
+
+    Parameters
+    ----------
+    cfg : CoordinatorConfig
+    state : RunState
+        The run's database: exchanges and program requests record their events there.
+    spec : callable, optional
+        ``spec()``: the architecture in force (None before the federation exists), for the
+        programs a device asks for.
+    clients_gone : callable, optional
+        For a launcher that started the clients itself (``fedhar-simulate``): returns the ids
+        of client processes that have exited and, if none is left, the error to stop with.
+        Exited clients are not waited for; with none left the run stops at once.
+    admission : Admission
+        Who may take part (:mod:`coordinator.admission`; default: everyone). A device it
+        refuses (revoked or forgotten on the home server) has its status ignored and not
+        counted as present, its updates rejected with reason ``revoked`` (also one already
+        received in an open exchange), and is never selected; one not enrolled or off its
+        charger when charging is required is left out of the selection. Asked at every
+        message, so a revocation made by another process counts at once.
+    epoch : int
+        The served coordinator's epoch (one per start of ``fedhar-coordinator serve``), carried
+        in every announcement and coordinator status; 0 (``run``) leaves it out of them.
+    """
+
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        state: RunState,
+        spec: Callable[[], ArchSpec | None] = lambda: None,
+        clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
+        admission: Admission = OPEN,
+        epoch: int = 0,
+    ):
+        self.cfg = cfg
+        self.admission = admission
+        self.epoch = epoch
+        self._refused_logged: set[str] = set()
+        self._clients_gone = clients_gone
+        self.topics = Topics(cfg.federation)
+        self.state = state  # events of exchanges and program requests go to the run's database
+        self.clients: dict[str, ClientStatus] = {}
+        self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
+        # A fresh id per coordinator process and per re-run of a round that closed without quorum:
+        # a client that already answered the round re-sends its stored update for a new attempt.
+        self.attempt = uuid.uuid4().hex[:12]
+        self._collect: Exchange | None = None  # the exchange being collected
+        self._published: Federation | None = None  # the federation whose models the open exchange published
+        self.bar: tqdm | None = None  # a progress bar that shows the updates of the open exchange
+        self._rejected_outside: Counter[tuple[str, str]] = Counter()  # invalid messages while no exchange is open
+        self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
+        self._link = MqttLink(
+            cfg.broker,
+            f"fedhar-coordinator-{cfg.federation}",
+            subscriptions=[
+                (self.topics.client_status("+"), 1),
+                (self.topics.client_update("+", "+"), 1),
+                (self.topics.client_program_request("+"), 1),  # coordinator/programs.py
+            ],
+            will=(self.topics.coordinator_status, self._status_bytes("offline")),
+            on_connect=lambda link: link.publish_nowait(
+                self.topics.coordinator_status, self._status_bytes("online"), retain=True
+            ),
+        )
+        # What this run keeps retained on the broker while it runs; a broker that crashes (no
+        # autosave, or one older than the round) comes back without it, so it is published
+        # again after every reconnection (_restore_retained, from the main thread).
+        self._open: tuple[int, list[str], str, bytes] | None = None  # round, selected, global id, announcement
+        self._progress_bytes: bytes | None = None  # the last progress message
+        self._restored_connects = 0  # the link's connection count the retained state was last published for
+        self._stop_refresh = threading.Event()
+        self.presence = Presence()  # status expiry and duplicate client ids
+        self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
+        self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
+        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/programs.py)
+            self._link, self.topics, cfg.run_id, spec,
+            on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
+        )
+
+    # ------------------------------------------------------------------------------ helpers
+    def _status_bytes(self, state: str) -> bytes:
+        return CoordinatorStatus(
+            state, self.cfg.run_id, self.attempt, sent_unix=time.time(), refresh_s=self.cfg.status_refresh_s, epoch=self.epoch
+        ).to_bytes()
+
+    def new_attempt(self, round_: int) -> None:
+        """Start a new attempt (a round run again after it closed without quorum): a fresh attempt id, published at once.
+
+        Every selected client answers an attempt: one that already trained on the same model
+        re-sends its stored update, one whose model changed trains again. The coordinator
+        status goes out before the announcement, since a client acts only on an announcement
+        whose attempt its coordinator status names.
+        """
+        self.attempt = uuid.uuid4().hex[:12]
+        log.info("round %d: attempt %s (the round is run again)", round_, self.attempt)
+        if self._link.connected.is_set():
+            try:
+                self._link.publish(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
+            except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+                log.warning("round %d: the status naming the new attempt was not published (%s); the refresh sends it", round_, exc)
+
+    def close_failed(self, round_: int) -> None:
+        """Show round ``round_`` closed at once after it failed: clear its retained announcement.
+
+        Clients then stop delivering for it and an observer (the status page) sees no open
+        round, instead of "answered" counts of an attempt that is over; the next attempt
+        announces the round again.
+        """
+        try:
+            self._link.publish(self.topics.round, b"", retain=True)
+        except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+            log.warning("round %d: the closed round's announcement was not cleared (%s)", round_, exc)
+
+    def is_refused(self, cid: str) -> bool:
+        """True if ``cid`` is refused (the ``refused`` predicate; always False without one)."""
+        return self.admission.refused(cid)
+
+    def _refresh_status(self) -> None:
+        """Republish the retained "online" status every ``status_refresh_s`` seconds (own thread, until the run stops).
+
+        A client treats a coordinator status older than three periods as a dead coordinator
+        (its will may never have reached the broker); this thread keeps a live one fresh even
+        while the main thread aggregates or evaluates for minutes.
+        """
+        while not self._stop_refresh.wait(self.cfg.status_refresh_s):
+            if self._link.connected.is_set():
+                self._link.publish_nowait(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
+
+    def _restore_retained(self) -> None:
+        """After a reconnection, publish again what this run keeps retained: the open round's models and
+        announcement, and the last progress message (the status goes from the link's on-connect hook).
+
+        A broker that crashed and restarted empty (or from an autosave older than the round)
+        has lost them, and a client that subscribes finds no round to work on: the round then
+        waited for its deadline. Publishing again costs one more copy of the models for the
+        clients subscribed; a client that already answered the round does not train again.
+        Runs in the main thread (from :meth:`_pump`); a failure is logged and tried again after
+        the next reconnection, never fatal.
+        """
+        connects = self._link.connects
+        if connects <= self._restored_connects or not self._link.connected.is_set():
+            return
+        self._restored_connects = connects
+        if connects <= 1:
+            return
+        try:
+            if self._open is not None:
+                round_, selected, global_id, ann = self._open
+                assert self._published is not None
+                new_global, personal, _ = self._publish_models(self._published, round_, selected)
+                expected = RoundAnnouncement.from_bytes(ann)
+                if new_global != global_id or personal != expected.personal_models:
+                    log.error("round %d: the models published again differ from the announced ones; clients may wait", round_)
+                self._link.publish(self.topics.round, ann, retain=True)
+                log.info("round %d: reconnected (connection #%d); published the round's models and announcement again",
+                         round_, connects)  # fmt: skip
+            if self._progress_bytes is not None:
+                self._link.publish(self.topics.progress, self._progress_bytes, retain=True)
+        except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+            log.warning("could not publish the retained round state again after reconnecting (%s); trying after the next", exc)
+
+    def _pump(self, timeout: float) -> bool:
+        """Handle at most one incoming message (waiting up to ``timeout`` seconds); False if none came.
+
+        Whatever a message holds, its failure stays with it: it is logged (rate-limited),
+        counted and dropped, and the coordinator goes on.
+        """
+        if self._link.fatal is not None:
+            raise self._link.fatal
+        if self._link.connects != self._restored_connects:
+            self._restore_retained()
+        try:
+            topic, payload, retained = self._link.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        parsed = self.topics.parse_client_topic(topic)
+        if parsed is None:
+            return True
+        cid, kind = parsed
+        try:
+            if kind == "status":
+                self._on_status(cid, payload, retained)
+            elif kind == "update":
+                self._on_update_chunk(cid, payload)
+            elif kind == "program_request":
+                self.programs.on_request(cid, payload)
+        except Exception as exc:
+            self._reject(cid, "internal_error", f"{type(exc).__name__}: {exc}")
+        return True
+
+    def _on_status(self, cid: str, payload: bytes, retained: bool = False) -> None:
+        if self.is_refused(cid):
+            # A revoked device's late or retained status must not make it present again.
+            self.clients.pop(cid, None)
+            self.presence.forget(cid)
+            if self._collect is not None and cid in self._collect.selected:
+                self._collect.offline.add(cid)
+            if cid not in self._refused_logged:
+                self._refused_logged.add(cid)
+                log.warning("ignoring the status of revoked device %s (it is not counted as present)", cid[:64])
+            if payload and self._link.connected.is_set():  # a late retained status: nobody else is to see it either
+                self._link.publish_nowait(self.topics.client_status(cid), b"", retain=True)
+            return
+        if not payload:
+            self.clients.pop(cid, None)
+            self.presence.forget(cid)
+            return
+        try:
+            st = ClientStatus.from_bytes(payload)
+        except MessageError as exc:
+            log.warning("ignoring malformed status of client %r: %s", cid, exc)
+            return
+        if st.client_id != cid:
+            log.warning("ignoring status on the topic of %r that claims to be %r", cid, st.client_id)
+            return
+        self.presence.note(st, retained)
+        prev = self.clients.get(cid)
+        self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
+        if self._collect is not None and cid in self._collect.selected:
+            if st.state == "offline":
+                self._collect.offline.add(cid)
+            else:
+                self._collect.offline.discard(cid)
+        if prev is None or prev.state != st.state:
+            log.debug("client %s is %s", cid, st.state)
+
+    def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+        if self.is_refused(cid):
+            self._reject(cid, "revoked", "the device was revoked; nothing it sends is counted")
+            return
+        if cid in self.presence.conflicts:
+            self._reject(cid, "duplicate_identity", "two processes use this client id")
+            return
+        self.receipts.before_chunk(cid, payload)
+        try:
+            done = self.reassembler.add(f"update/{cid}", payload)
+        except ChunkError as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return
+        if done is None:
+            return
+        c = self._collect
+        if c is None:
+            self._reject(cid, "no_open_round", "an update arrived while no round was open")
+            return
+        status = self.clients.get(cid)
+        try:
+            upd = validate_update(
+                done[1],
+                topic_client=cid,
+                run_id=self.cfg.run_id,
+                round_=c.round,
+                stage=c.stage,
+                spec=c.spec,
+                selected=c.selected,
+                want_guidance=c.guidance,
+                max_bytes=self.cfg.max_update_bytes,
+                reported_n_train=status.n_train if status is not None else None,
+                reference=c.reference(cid) if c.reference is not None else None,
+            )
+        except UpdateRejected as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return
+        if cid in c.updates:
+            self.receipts.accepted(cid, done[0])  # a re-sent update: acknowledge it again
+            log.debug("round %d: duplicate update from %s ignored", c.round, cid)
+            return
+        try:
+            upd = spill.spill_update(upd, self._spill_dir / f"r{c.round:04d}-s{c.stage}")
+        except OSError as exc:  # a full disk: keep this update in memory rather than lose it
+            log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
+        c.add(upd)
+        self.receipts.accepted(cid, done[0])
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
+
+    def _reject(self, cid: str, reason: str, detail: str) -> None:
+        """Count an invalid message; log the first of each (client, reason) per exchange, and the total at its close."""
+        c = self._collect
+        key = (cid[:64], reason)
+        counts = c.rejected if c is not None else self._rejected_outside
+        counts[key] += 1
+        if counts[key] == 1:
+            rnd = c.round if c is not None else "-"
+            log.warning("round %s: rejected update from %s: %s (%s); repeats are counted", rnd, key[0], reason, detail[:300])
+
+    # ------------------------------------------------------------------------------ setup
+    def _eligible(self) -> list[str]:
+        return list(self.eligibility().eligible)
+
+    def eligible(self) -> list[str]:
+        """The clients a round started now could select (sorted ids)."""
+        return self._eligible()
+
+    def eligibility(self, label_set: str = "") -> Eligibility:
+        """Who a round started now could select, and why each other known device could not (the one rule).
+
+        ``label_set``: the federation's ("" before the federation exists: any).
+        """
+        return eligibility(self.clients, fresh=self.presence.fresh, admission=self.admission, label_set=label_set)
+
+    def statuses(self) -> Mapping[str, ClientStatus]:
+        """The last status of each present device, by id (a read-only view)."""
+        return MappingProxyType(self.clients)
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a message from the devices, and handle the first that arrives."""
+        self._pump(seconds)
+
+    def pump(self, timeout: float) -> bool:
+        """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came."""
+        return self._pump(timeout)
+
+    def forget(self, cid: str) -> None:
+        """Forget device ``cid`` (revoked or forgotten): its status and presence; it is not present any more."""
+        self.clients.pop(cid, None)
+        self.presence.forget(cid)
+
+    @property
+    def link(self) -> MqttLink:
+        """The coordinator's broker session (for a serving loop that clears a revoked device's retained topics)."""
+        return self._link
+
+    def gone(self) -> set[str]:
+        """Ids of launcher-started clients that exited (``clients_gone``); raises CoordinatorError when none is left."""
+        return self._check_clients_alive()
+
+    def _check_clients_alive(self) -> set[str]:
+        """Ids of launcher-started clients that exited; raises CoordinatorError when none is left."""
+        if self._clients_gone is None:
+            return set()
+        gone, fatal = self._clients_gone()
+        if fatal:
+            raise CoordinatorError(fatal)
+        return gone
+
+    # ------------------------------------------------------------------------------ a round
+    def _publish_models(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
+        """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered."""
+        spec = fed.spec
+        meta = {"arch": spec.to_dict()}
+        personal: dict[str, str] = {}
+        down = 0
+        need_global = [c for c in selected if c not in fed.personal]
+        global_id = ""
+        if need_global:
+            env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
+            n = self._link.publish_chunks(self.topics.global_model, env, retain=True)
+            self._own_chunks(self.topics.global_model(0), n)
+            global_id = transfer_id(env)
+            down += len(env) * len(need_global)
+        for cid in selected:
+            if cid in fed.personal:
+                env = codec.encode(
+                    fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
+                )
+                n = self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
+                self._own_chunks(self.topics.client_model(cid, 0), n)
+                personal[cid] = transfer_id(env)
+                down += len(env)
+        return global_id, personal, down
+
+    def _own_chunks(self, first_topic: str, n: int) -> None:
+        base = first_topic.rsplit("/", 1)[0]
+        self._owned_chunks[base] = max(n, self._owned_chunks.get(base, 0))
+
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+        """Publish models + announcement, collect updates until every selected client answered or went offline, or the deadline."""
+        spec = fed.spec
+        self._published = fed
+        global_id, personal, down = self._publish_models(fed, round_, selected)
+        deadline = time.time() + self.cfg.round_timeout_s
+        ann = RoundAnnouncement(
+            run_id=self.cfg.run_id,
+            round=round_,
+            state="training",
+            arch=spec.to_dict(),
+            label_set=label_set,
+            selected=tuple(selected),
+            plan=plan,
+            global_model=global_id,
+            personal_models=personal,
+            deadline_unix=deadline,
+            stage=stage,
+            attempt=self.attempt,
+            epoch=self.epoch,
+        )
+        c = self._collect = Exchange(
+            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
+        )
+        c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
+        self.receipts.open(round_, stage)
+        ann_bytes = ann.to_bytes()
+        self._open = (round_, list(selected), global_id, ann_bytes)
+        self._link.publish(self.topics.round, ann_bytes, retain=True)
+        end = time.monotonic() + self.cfg.round_timeout_s
+        next_check = 0.0
+        while not c.complete() and time.monotonic() < end:
+            self._pump(max(0.0, min(0.25, end - time.monotonic())))
+            self.receipts.request_missing(c.selected)
+            c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
+            c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
+            if time.monotonic() >= next_check:
+                c.offline.update(self._check_clients_alive() & c.selected)
+                next_check = time.monotonic() + 0.5
+        # Handle what had already arrived at the close, but no more than that: under a flood of
+        # messages the inbox never empties, and the round must still close at its deadline.
+        for _ in range(self._link.inbox.qsize()):
+            if not self._pump(0.0):
+                break
+        self._drop_refused(c)
+        self._collect = None
+        self._open = None
+        self.receipts.close()
+        for (cid, reason), n in sorted(c.rejected.items()):
+            self.state.event(round_, cid, "rejected", f"{reason}: {n} message(s)")
+            if n > 1:
+                log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
+        for f in c.failures():
+            kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
+            self.state.event(round_, f.client_id, kind, f"stage {stage}")
+        return c
+
+    def _drop_refused(self, c: Exchange) -> None:
+        """Take out of exchange ``c`` the updates of devices revoked while it was open (counted as rejected ``revoked``)."""
+        for cid in sorted(c.updates):
+            if self.is_refused(cid):
+                upd = c.updates.pop(cid)
+                c.bytes_up -= upd.size
+                c.offline.add(cid)
+                c.rejected[(cid[:64], "revoked")] += 1
+                log.warning("round %d: the update of %s is not counted: the device was revoked during the round", c.round, cid)
+
+    def publish_progress(self, record: RoundRecord) -> None:
+        """Publish ``record`` as the federation's retained progress message (an observer's view of the run).
+
+        A record too large for one message goes without its per-client parts; a broker that
+        does not take it costs a warning, never the run.
+        """
+        for rec in (record, record.without_details()):
+            try:
+                payload = RoundProgress(self.cfg.run_id, rec.round, self.cfg.rounds, rec.to_json()).to_bytes()
+                self._progress_bytes = payload  # published again after a reconnection (_restore_retained)
+                self._link.publish(self.topics.progress, payload, retain=True)
+                return
+            except ValueError as exc:  # too large for the message or the broker (PayloadTooLarge)
+                log.warning("round %d: progress message: %s", record.round, exc)
+            except (OSError, RuntimeError) as exc:
+                log.warning("round %d: the progress message was not published (%s)", record.round, exc)
+                return
+
+    def clear_retained(self) -> None:
+        """Forget an earlier run's retained round, progress and models on the broker (a run that starts afresh)."""
+        self._link.publish(self.topics.round, b"", retain=True)
+        self._link.publish(self.topics.progress, b"", retain=True)
+        # ... and the models it left retained (it may have crashed before clearing them)
+        self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
+
+    def finish(self, spec: ArchSpec, label_set: str) -> None:
+        """Announce the run finished, and clear the model chunks it published: nobody may train on them once it ended."""
+        fin = RoundAnnouncement(
+            run_id=self.cfg.run_id,
+            round=self.cfg.rounds - 1,
+            state="finished",
+            arch=spec.to_dict(),
+            label_set=label_set,
+            attempt=self.attempt,
+            epoch=self.epoch,
+        )
+        self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
+        self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
+
+    def connect(self) -> None:
+        """Connect to the broker (30 s at most) and start refreshing the coordinator status (:meth:`_connect`)."""
+        self._connect()
+
+    def _connect(self) -> None:
+        """Connect to the broker (30 s at most) and start refreshing the coordinator status.
+
+        Raises
+        ------
+        CoordinatorError
+            If the broker cannot be reached within 30 s.
+        har_io.mqtt_link.BrokerRefused
+            If it refused the login or TLS failed.
+        """
+        if not self._link.start(wait_s=30.0):
+            if self._link.fatal is not None:
+                raise self._link.fatal
+            raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
+        self._restored_connects = self._link.connects  # nothing of this run is retained yet
+        threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop refreshing, close the program desk, and leave the broker with the retained status "offline"."""
+        self._stop_refresh.set()
+        self.programs.close()
+        self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
+

@@ -1,0 +1,529 @@
+"""The federation runner: bootstrap or resume, one round to a :class:`~coordinator.record.RoundRecord`, growth, persistence.
+
+It drives the pure round steps of :mod:`coordinator.round` over a transport seam, :class:`Grid`
+(after Flower's ``Grid``: eligible devices with reasons, wait, one exchange, progress, forget a
+client). :class:`coordinator.mqtt_grid.MqttGrid` is the network grid; the tests use an in-memory
+one, so rounds, resume, FedDist growth and strategy state run without a broker. ``fedhar-coordinator
+run`` (N rounds) and ``serve`` (for months) are two short loops over the same runner::
+
+    last = runner.start(resume)          # bootstrap or resume: the last completed round
+    runner.wait_for_clients()
+    record = runner.run_round(last + 1)  # None: closed without quorum, run it again
+    runner.report({...})                 # report.json
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from coordinator import feddist, feddist_steps, spill
+from coordinator.admission import Eligibility
+from coordinator.config import CoordinatorConfig
+from coordinator.evaluation import Evaluator
+from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
+from coordinator.report import write_report
+from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
+from coordinator.state import RunState, StateDamaged
+from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
+from coordinator.updates import ClientUpdate
+from har_io.cli import write_settings_file
+from har_io.memory import release_free_memory
+from har_models.data.labels import LABEL_SETS
+from har_models.data.windowing import ChannelStats
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, ClientStatus, TrainingPlan
+
+log = logging.getLogger("fedhar.coordinator")
+
+
+class CoordinatorError(RuntimeError):
+    """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
+
+
+class StateError(CoordinatorError):
+    """The run folder cannot be used as asked (another run's folder, damaged state); restarting will not help."""
+
+
+class Grid(Protocol):
+    """What the runner needs of the devices' side: the transport seam (network or in memory).
+
+    The grid knows the devices (their last statuses and presence) and moves models and updates;
+    it decides nothing about rounds.
+    """
+
+    def eligibility(self, label_set: str) -> Eligibility:
+        """Who a round started now could select, and why each other known device could not (the one rule)."""
+        ...
+
+    def statuses(self) -> Mapping[str, ClientStatus]:
+        """The last status of each known device, by id."""
+        ...
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a message from the devices (a status, a late update) and take it in."""
+        ...
+
+    def gone(self) -> set[str]:
+        """Devices known to have exited for good (a launcher's processes), not to be waited for.
+
+        Raises :class:`CoordinatorError` when none is left.
+        """
+        ...
+
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+        """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
+        every selected device answered or went offline, or the deadline; the closed exchange."""
+        ...
+
+    def new_attempt(self, round_: int) -> None:
+        """Round ``round_`` is run again after it closed without quorum: every selected device answers the new attempt."""
+        ...
+
+    def close_failed(self, round_: int) -> None:
+        """Show round ``round_`` closed at once (it closed without changing the model)."""
+        ...
+
+    def publish_progress(self, record: RoundRecord) -> None:
+        """Publish the record of the last completed round for observers."""
+        ...
+
+    def forget(self, cid: str) -> None:
+        """Forget what is known of device ``cid`` (revoked or forgotten): not present, not eligible."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """What a round's record needs of one exchange, without holding its updates.
+
+    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
+    none is float32); ``rejected``: invalid messages by (client id, reason).
+    """
+
+    bytes_up: int
+    bytes_down: int
+    up_by_encoding: Counter[str]
+    rejected: Counter[tuple[str, str]]
+
+    @classmethod
+    def of(cls, ex: Exchange) -> _Tally:
+        by_enc: Counter[str] = Counter()
+        for u in ex.updates.values():
+            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
+        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
+
+
+def open_state(cfg: CoordinatorConfig) -> RunState:
+    """Open the run's database in ``cfg.run_dir`` (created when missing).
+
+    Raises
+    ------
+    StateError
+        If the database is damaged.
+    """
+    try:
+        return RunState(cfg.run_dir)
+    except StateDamaged as exc:
+        raise StateError(str(exc)) from None
+
+
+class FederationRunner:
+    """Runs the rounds of a federation described by a :class:`CoordinatorConfig` over a :class:`Grid`.
+
+    Parameters
+    ----------
+    cfg : CoordinatorConfig
+    grid : Grid
+    evaluator : Evaluator, optional
+        Union test set for the global and generalisation measures (research harness).
+    report_header : dict, optional
+        Extra run facts for the report (dataset, command, ...).
+    state : RunState, optional
+        The run's database, when the grid shares it (default: :func:`open_state`).
+
+    Raises
+    ------
+    StateError
+        If the run folder's database is damaged.
+    """
+
+    def __init__(self, cfg: CoordinatorConfig, grid: Grid, evaluator: Evaluator | None = None,
+                 report_header: Mapping[str, Any] | None = None, state: RunState | None = None):  # fmt: skip
+        self.cfg = cfg
+        self.grid = grid
+        self.evaluator = evaluator
+        self.report_header = dict(report_header or {})
+        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg)
+        self.feddist_cfg = feddist.FedDistConfig(
+            k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
+        )
+        self.state = state if state is not None else open_state(cfg)
+        self._fed: Federation | None = None
+        self._label_set = ""
+        self._extra: dict[str, Any] = {}
+        self._tried_round: int | None = None  # the round the last attempt was of
+
+    # ------------------------------------------------------------------ what others may read
+    @property
+    def label_set(self) -> str:
+        """The federation's label set ("" before it exists)."""
+        return self._label_set
+
+    @property
+    def spec(self) -> ArchSpec | None:
+        """The architecture in force (None before the federation exists)."""
+        return self._fed.spec if self._fed is not None else None
+
+    def model(self) -> tuple[ArchSpec, Mapping[str, Any]]:
+        """The architecture and global model in force.
+
+        Raises
+        ------
+        CoordinatorError
+            If there is no federation yet.
+        """
+        if self._fed is None:
+            raise CoordinatorError("there is no federation yet: no round has run")
+        return self._fed.spec, self._fed.global_state
+
+    def records(self) -> list[RoundRecord]:
+        """The records of the completed rounds, in order.
+
+        Raises
+        ------
+        StateError
+            If the run folder's database cannot be read.
+        """
+        try:
+            return records(self.state.rounds())
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+
+    def forget_client(self, cid: str) -> bool:
+        """Drop the personalised model of ``cid`` (revoked or forgotten; not saved again); True if it had one."""
+        if self._fed is None or cid not in self._fed.personal:
+            return False
+        del self._fed.personal[cid]
+        return True
+
+    def personal_ids(self) -> list[str]:
+        """Ids of the devices that have a personalised model (sorted)."""
+        return sorted(self._fed.personal) if self._fed is not None else []
+
+    # ------------------------------------------------------------------ bootstrap or resume
+    def start(self, resume: bool) -> int:
+        """Take up the run in ``cfg.run_dir``; the last completed round (-1: none).
+
+        ``resume`` False (a new run) refuses a folder that already holds a run; True continues
+        from the newest intact round (models and the strategy's state), or starts afresh in an
+        empty folder.
+
+        Raises
+        ------
+        StateError
+            If the folder holds another run (or, without ``resume``, any run), no intact round,
+            or a damaged database.
+        """
+        try:
+            if not resume and (self.state.last_completed_round() >= 0 or self.state.get("run_id") is not None):
+                raise StateError(
+                    f"{self.cfg.run_dir} already belongs to run {self.state.get('run_id')!r} "
+                    f"({self.state.last_completed_round() + 1} completed rounds); continue it with --resume, "
+                    f"or give a new --run-dir"
+                )
+            return self._resume() if resume else -1
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+
+    def _resume(self) -> int:
+        if self.state.get("run_id") not in (None, self.cfg.run_id):
+            raise StateError(
+                f"{self.cfg.run_dir} holds run {self.state.get('run_id')!r}, not {self.cfg.run_id!r}; "
+                f"resume it with --run-id {self.state.get('run_id')}"
+            )
+        if self.state.last_completed_round() < 0:
+            return -1
+        found = self.state.load_latest_intact()
+        if found is None:
+            raise StateError(
+                f"no completed round of run {self.cfg.run_id!r} in {self.cfg.run_dir} has intact model files "
+                f"(see the log for each damaged file); start a new run in another folder"
+            )
+        last, spec, g, personal = found
+        self._label_set = self.state.get("label_set", "")
+        self._fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
+        log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
+        self._resume_strategy(last, spec)
+        return last
+
+    def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
+        """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
+
+        A missing or unusable state is logged and the strategy starts from its initial state;
+        the run goes on either way.
+        """
+        name = self.strategy.name
+        try:
+            saved = self.state.load_strategy_state(last, name)
+            if saved is not None:
+                self.strategy.load_state_dict(saved, spec)
+        except ValueError as exc:
+            log.error("%s; strategy %s restarts from its initial state", exc, name)
+            return
+        if saved is None and self.strategy.keeps_state:
+            log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
+
+    def wait_for_clients(self) -> None:
+        """Wait (up to ``start_timeout_s``) for the expected clients, or for ``min_clients`` and a quiet ``start_settle_s``.
+
+        Raises
+        ------
+        CoordinatorError
+            If fewer than ``min_clients`` eligible clients came in time, or the grid's clients are all gone.
+        """
+        want = self.cfg.expected_clients
+        end = time.monotonic() + self.cfg.start_timeout_s
+        log.info(
+            "waiting for %s clients (up to %.0f s)",
+            want if want else f"at least {self.cfg.min_clients}",
+            self.cfg.start_timeout_s,
+        )
+        last, changed = -1, time.monotonic()
+        while time.monotonic() < end:
+            n = len(self.grid.eligibility(self._label_set).eligible)
+            if n != last:
+                log.info("%d client(s) online with training windows", n)
+                last, changed = n, time.monotonic()
+            gone = self.grid.gone()
+            if want is not None and n >= want - len(gone):
+                if gone:
+                    log.warning("not waiting for %d client(s) whose process exited: %s", len(gone), ", ".join(sorted(gone)))
+                return
+            # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
+            if want is None and n >= self.cfg.min_clients and time.monotonic() - changed >= self.cfg.start_settle_s:
+                return
+            self.grid.wait(0.2)
+        n = len(self.grid.eligibility(self._label_set).eligible)
+        if n < self.cfg.min_clients:
+            raise CoordinatorError(
+                f"only {n} client(s) with training windows came online within {self.cfg.start_timeout_s:.0f} s; "
+                f"need {self.cfg.min_clients}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
+                f"and federation {self.cfg.federation!r}."
+            )
+
+    def ensure_federation(self) -> None:
+        """Create the federation from the eligible clients' statuses when there is none yet.
+
+        Raises
+        ------
+        CoordinatorError
+            If the clients' label sets or statistics do not allow a federation.
+        StateError
+            If the run folder's database cannot be written.
+        """
+        if self._fed is None:
+            try:
+                self._fed = self._new_federation()
+            except StateDamaged as exc:
+                raise StateError(str(exc)) from None
+
+    def _new_federation(self) -> Federation:
+        statuses = self.grid.statuses()
+        present = [statuses[c] for c in self.grid.eligibility(self._label_set).eligible]
+        names = sorted({st.label_set for st in present})
+        if len(names) != 1 or names[0] not in LABEL_SETS:
+            raise CoordinatorError(f"clients report label sets {names}; all must use one known set ({sorted(LABEL_SETS)})")
+        self._label_set = names[0]
+        stats = None
+        for st in present:
+            try:
+                s = ChannelStats.from_json(st.train_stats)
+            except ValueError as exc:
+                log.warning("client %s: unusable training statistics (%s); left out of the normalisation", st.client_id, exc)
+                continue
+            stats = s if stats is None else stats + s
+        if stats is None:
+            raise CoordinatorError("no client reported usable training statistics; cannot set the input normalisation")
+        mean, std = stats.mean_std()
+        spec = ArchSpec(
+            n_classes=len(LABEL_SETS[self._label_set]),
+            conv_filters=self.cfg.conv_filters,
+            dense_units=self.cfg.dense_units,
+            input_mean=mean,
+            input_std=std,
+        )
+        log.info(
+            "new federation: %s, %d classes, %s parameters, normalisation from %d training samples of %d clients",
+            self._label_set,
+            spec.n_classes,
+            f"{spec.n_parameters():,}",
+            stats.count,
+            len(present),
+        )
+        self.state.put("run_id", self.cfg.run_id)
+        self.state.put("label_set", self._label_set)
+        self.state.put("initial_spec", spec.to_json())
+        self.state.put("config", self.cfg.to_json())
+        write_settings_file(self.cfg.run_dir / "config.toml", self.cfg.settings())
+        return Federation(spec, spec, init_state(spec, self.cfg.seed), {})
+
+    # ------------------------------------------------------------------ a round
+    def run_round(self, round_: int) -> RoundRecord | None:
+        """Run round ``round_`` (steps of :mod:`coordinator.round`), persist it, rewrite the report, publish its progress.
+
+        Creates the federation first when there is none. A round that closes without quorum
+        leaves the model unchanged, is shown closed at once, and its next run is a new attempt.
+
+        Returns
+        -------
+        RoundRecord or None
+            None if the round must be run again (too few eligible clients, or no quorum).
+
+        Raises
+        ------
+        StateError
+            If the run folder's database cannot be read or written.
+        CoordinatorError
+            If the clients' label sets or statistics do not allow a federation.
+        """
+        self.ensure_federation()
+        try:
+            record = self._run_round(round_)
+        except StateDamaged as exc:
+            raise StateError(str(exc)) from None
+        if record is not None:
+            self.report()
+            self.grid.publish_progress(record)
+        return record
+
+    def _run_round(self, round_: int) -> RoundRecord | None:
+        assert self._fed is not None
+        fed = self._fed
+        spill.clear(self.cfg.run_dir / "spill")  # what a failed or interrupted round left
+        t0 = time.monotonic()
+        if self._tried_round == round_:
+            self.grid.new_attempt(round_)
+        self._tried_round = round_
+        selected = select_clients(
+            self.grid.eligibility(self._label_set).eligible, round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed
+        )
+        if not selected:
+            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
+            self.state.event(round_, None, "round_skipped", "not enough clients")
+            return None
+        plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
+        spec0 = fed.spec
+        ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
+        results, failures = ex.results(), ex.failures()
+        bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
+        why = check_quorum(results, failures, self.cfg.min_clients)
+        agg = None
+        if why is None:
+            try:
+                agg = self.strategy.aggregate_fit(round_, fed, results, failures)
+            except ValueError as exc:
+                why = str(exc)
+        if agg is None:
+            log.error("round %d closed without changing the model: %s", round_, why)
+            self.state.event(round_, None, "round_failed", str(why))
+            self.grid.close_failed(round_)
+            return None
+        fed.global_state = agg.global_state
+        fed.personal.update(agg.personal)
+        main = _Tally.of(ex)
+        up_by_encoding, rejections = main.up_by_encoding, main.rejected
+        growth_log = None
+        if self.cfg.growth == "feddist":
+            growth_log, growth_exchanges = self._grow(round_, agg, results)
+            for gx in growth_exchanges:
+                bytes_up += gx.bytes_up
+                bytes_down += gx.bytes_down
+                rejected += sum(gx.rejected.values())
+                up_by_encoding.update(gx.up_by_encoding)
+                rejections.update(gx.rejected)
+
+        record = RoundRecord(
+            round=round_,
+            participation=Participation(
+                selected=len(selected),
+                updates=len(results),
+                rejected=rejected,
+                missing=tuple(sorted(set(selected) - set(ex.updates))),
+                failures={f.client_id: f.reason for f in failures},
+                rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
+            ),
+            arch=Architecture(fed.spec.version, fed.spec.conv_filters, fed.spec.dense_units),
+            traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
+            growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
+            # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
+            feddwa_weights=FedDwaWeights(
+                tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
+            ) if agg.mixing is not None else None,
+            evaluation=evaluate_round(round_, fed, spec0, results, self.evaluator, self.cfg),
+        )  # fmt: skip
+        record = replace(record, seconds=time.monotonic() - t0)
+        summary = record.to_json()
+        self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
+                                  strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip
+        log.info(summary_line(record))
+        del ex, results, agg
+        spill.clear(self.cfg.run_dir / "spill")
+        release_free_memory()
+        return record
+
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
+        """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
+
+        Returns the growth log and the traffic and rejections of each intermediate exchange.
+        """
+        assert self._fed is not None
+        fed = self._fed
+        steps = feddist_steps.grow(
+            round_, fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.feddist_cfg, self.cfg.growth_mode
+        )
+        exchanges: list[_Tally] = []
+        try:
+            ask = next(steps)
+            while True:
+                ex = self.grid.exchange(fed, self._label_set, round_, ask.stage, list(ask.selected), ask.plan)
+                exchanges.append(_Tally.of(ex))
+                ask = steps.send(ex.results())
+        except StopIteration as done:
+            out: dict[str, Any] = done.value
+        for layer, info in out["layers"].items():
+            self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
+        return out, exchanges
+
+    # ------------------------------------------------------------------ the report
+    def note(self, extra: Mapping[str, Any]) -> None:
+        """Add run facts to the report's header (kept for every later report) without writing it."""
+        self._extra.update(extra)
+
+    def report(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Rewrite ``report.json`` and ``report.md`` from the completed rounds; return the report document.
+
+        ``extra``: run facts added to the header and kept for later reports (wall time, peak
+        memory, the served epoch).
+
+        Raises
+        ------
+        StateError
+            If the run folder's database cannot be read.
+        """
+        self._extra.update(extra or {})
+        header = {
+            **self.report_header,
+            "run_id": self.cfg.run_id,
+            "strategy": self.cfg.strategy_label,
+            "seed": self.cfg.seed,
+            "config": self.cfg.to_json(),
+            "label_set": self._label_set,
+            **self._extra,
+        }
+        return write_report(self.cfg.run_dir, header, self.records())

@@ -1,0 +1,105 @@
+"""An in-memory grid (coordinator.runner.Grid) for tests: devices that answer at once, with no broker.
+
+Each device "trains" by a fixed, known step: its update is the model it was sent plus
+``step(cid) * ones`` on every float tensor (so a FedAvg of the updates is known in closed
+form), a ``guidance`` model one more step on when the plan asks for it, and a confusion
+matrix on its own test split with ``hits(cid)`` of ``n_test`` windows right. Devices in
+``silent`` are selected but never answer (a frozen phone); ``log`` records what the runner
+asked of the grid, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordinator.admission import Eligibility, eligibility
+from coordinator.record import RoundRecord
+from coordinator.round import Exchange, published_models
+from coordinator.strategies import Federation
+from coordinator.updates import ClientUpdate
+from har_models.data.windowing import ChannelStats
+from har_models.wire.messages import ClientStatus, TrainingPlan
+
+N_CLASSES = 6  # hapt6
+
+
+def device_status(cid: str, n_train: int, seed: int = 0) -> ClientStatus:
+    """A present device of label set hapt6 with ``n_train`` training windows and their channel statistics."""
+    x = np.random.default_rng(seed).normal(size=(8, 6, 128)).astype(np.float32)
+    return ClientStatus(cid, "online", label_set="hapt6", n_train=n_train, train_stats=ChannelStats.of(x).to_json(),
+                        refresh_s=0.0)  # fmt: skip
+
+
+class InMemoryGrid:
+    """Devices in memory that answer every exchange at once (see the module docstring).
+
+    Parameters
+    ----------
+    devices : mapping of str -> ClientStatus
+    step : callable, optional
+        ``step(cid)``: what the device adds to every float tensor it trains (default 0.01 x (index + 1)).
+    n_test : int
+        Test windows of each device.
+    """
+
+    def __init__(self, devices: Mapping[str, ClientStatus], step: Callable[[str], float] | None = None, n_test: int = 20):
+        self.devices = dict(devices)
+        order = sorted(self.devices)
+        self.step = step or (lambda cid: 0.01 * (order.index(cid) + 1))
+        self.n_test = n_test
+        self.silent: set[str] = set()
+        self.log: list[tuple[Any, ...]] = []
+        self.progress: list[int] = []
+
+    # ---------------------------------------------------------------- the Grid protocol
+    def eligibility(self, label_set: str) -> Eligibility:
+        return eligibility(self.devices, fresh=lambda cid: True, label_set=label_set)
+
+    def statuses(self) -> Mapping[str, ClientStatus]:
+        return self.devices
+
+    def wait(self, seconds: float) -> None:
+        self.log.append(("wait",))
+
+    def gone(self) -> set[str]:
+        return set()
+
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+        self.log.append(("exchange", round_, stage, tuple(selected)))
+        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed))
+        for cid in selected:
+            if cid not in self.silent:
+                ex.add(self.train(cid, fed.personal.get(cid, fed.global_state), round_, stage, plan))
+        return ex
+
+    def new_attempt(self, round_: int) -> None:
+        self.log.append(("new_attempt", round_))
+
+    def close_failed(self, round_: int) -> None:
+        self.log.append(("close_failed", round_))
+
+    def publish_progress(self, record: RoundRecord) -> None:
+        self.progress.append(record.round)
+
+    def forget(self, cid: str) -> None:
+        self.devices.pop(cid, None)
+
+    # ---------------------------------------------------------------- the devices
+    def train(self, cid: str, start: Mapping[str, torch.Tensor], round_: int, stage: int, plan: TrainingPlan) -> ClientUpdate:
+        """Device ``cid``'s update from model ``start``: every float tensor + step(cid), frozen ones unchanged."""
+        d = self.step(cid)
+
+        def moved(by: float) -> dict[str, torch.Tensor]:
+            return {k: (v + by if v.is_floating_point() and k not in plan.frozen else v.clone()) for k, v in start.items()}
+
+        hits = min(self.n_test, 10 + sorted(self.devices).index(cid))
+        cm = np.zeros((N_CLASSES, N_CLASSES), dtype=np.int64)
+        cm[0, 0], cm[0, 1] = hits, self.n_test - hits
+        n_train = self.devices[cid].n_train
+        return ClientUpdate(cid, round_, stage, n_train, self.n_test, moved(d), moved(2 * d) if plan.guidance else None,
+                            confusion={"trained": cm}, size=1000)  # fmt: skip

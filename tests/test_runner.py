@@ -1,0 +1,116 @@
+"""The federation runner over an in-memory grid (tests/inmemory_grid.py): rounds, a failed quorum, resume,
+FedDist growth and strategy state, with known answers and no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from inmemory_grid import InMemoryGrid, device_status
+
+from coordinator.config import CoordinatorConfig
+from coordinator.runner import FederationRunner, StateError
+from har_models.nn.model import init_state
+
+DEVICES = {"a": 30, "b": 10, "c": 60}  # training windows
+
+
+def _cfg(tmp_path: Path, **kw: object) -> CoordinatorConfig:
+    base: dict[str, object] = dict(run_dir=tmp_path / "run", run_id="mem", rounds=3, conv_filters=4, dense_units=8,
+                                   min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavg")  # fmt: skip
+    base.update(kw)
+    return CoordinatorConfig(**base)  # type: ignore[arg-type]
+
+
+def _grid() -> InMemoryGrid:
+    return InMemoryGrid({cid: device_status(cid, n) for cid, n in DEVICES.items()})
+
+
+def test_a_round_is_the_weighted_mean_of_known_steps_and_is_persisted_and_published(tmp_path: Path) -> None:
+    cfg, grid = _cfg(tmp_path), _grid()
+    runner = FederationRunner(cfg, grid)
+    assert runner.start(resume=False) == -1
+    runner.wait_for_clients()
+    runner.ensure_federation()
+    spec, g0 = runner.model()
+    g0 = {k: v.clone() for k, v in g0.items()}
+    assert g0.keys() == init_state(spec, cfg.seed).keys()
+    record = runner.run_round(0)
+    assert record is not None and grid.progress == [0]
+    # FedAvg of steps 0.01, 0.02, 0.03 weighted by 30, 10, 60 windows: (0.3 + 0.2 + 1.8) / 100 = 0.023
+    _, g1 = runner.model()
+    name = next(k for k, v in g0.items() if v.is_floating_point())
+    assert torch.allclose(g1[name], g0[name] + 0.023, atol=1e-6)
+    p = record.participation
+    assert (p.selected, p.updates, p.missing, record.traffic.bytes_up if record.traffic else None) == (3, 3, (), 3000)
+    # personalisation: each device's own hits (10, 11, 12 of 20), unweighted mean of the accuracies
+    ev = record.evaluation.personalisation
+    assert ev is not None and ev.accuracy == pytest.approx((10 + 11 + 12) / 60)
+    assert [r.round for r in runner.records()] == [0]
+    doc = runner.report({"wall_seconds": 1.5})
+    assert doc["wall_seconds"] == 1.5 and doc["label_set"] == "hapt6" and len(doc["rounds"]) == 1
+
+
+def test_a_round_without_quorum_is_closed_at_once_and_run_again_as_a_new_attempt(tmp_path: Path) -> None:
+    cfg, grid = _cfg(tmp_path, min_clients=3), _grid()
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    _, g0 = runner.model()
+    g0 = {k: v.clone() for k, v in g0.items()}
+    grid.silent = {"b"}
+    assert runner.run_round(0) is None
+    assert grid.log[-1] == ("close_failed", 0) and grid.progress == []
+    _, unchanged = runner.model()
+    assert all(torch.equal(unchanged[k], g0[k]) for k in g0)  # the model is left as it was
+    grid.silent = set()
+    record = runner.run_round(0)
+    assert record is not None and record.participation.updates == 3
+    assert [e for e in grid.log if e[0] in ("new_attempt", "exchange", "close_failed")] == [
+        ("exchange", 0, 0, ("a", "b", "c")), ("close_failed", 0), ("new_attempt", 0), ("exchange", 0, 0, ("a", "b", "c"))]
+    runner.run_round(1)
+    assert ("new_attempt", 1) not in grid.log  # a round's first attempt is not a re-run
+
+
+def test_a_resumed_run_continues_from_its_last_round_with_the_strategy_state(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, aggregation="fedavgm", rounds=4)
+    first = FederationRunner(cfg, _grid())
+    first.start(resume=False)
+    for r in range(2):
+        assert first.run_round(r) is not None
+    spec, g = first.model()
+    saved = first.strategy.state_dict()
+    assert saved  # FedAvgM keeps its momentum
+    first.state.close()
+
+    again = FederationRunner(cfg, _grid())
+    with pytest.raises(StateError, match="--resume"):
+        again.start(resume=False)
+    assert again.start(resume=True) == 1
+    spec2, g2 = again.model()
+    assert spec2 == spec and all(torch.equal(g2[k], g[k]) for k in g)
+    assert all(torch.equal(again.strategy.state_dict()[k], v) for k, v in saved.items())
+    assert again.run_round(2) is not None and [r.round for r in again.records()] == [0, 1, 2]
+
+
+def test_feddist_grows_the_model_when_devices_diverge_and_records_it(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, growth="feddist", feddist_k0=0.1, feddist_period=1, feddist_mode="function_preserving")
+    # one device far from the others: its neurons are outliers to the aggregate
+    grid = InMemoryGrid({cid: device_status(cid, n) for cid, n in DEVICES.items()},
+                        step=lambda cid: {"a": 0.0, "b": 0.0, "c": 1.0}[cid])  # fmt: skip
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    spec0, _ = runner.model()
+    record = runner.run_round(0)
+    assert record is not None and record.growth is not None
+    spec1, g1 = runner.model()
+    added = {layer: info.added for layer, info in record.growth.layers.items()}
+    assert added and spec1.version > spec0.version
+    assert spec1.conv_filters == spec0.conv_filters + added.get("conv", 0)
+    assert spec1.dense_units == spec0.dense_units + added.get("hidden", 0)
+    assert record.arch is not None and record.arch.version == spec1.version
+    assert all(torch.isfinite(v).all() for v in g1.values() if v.is_floating_point())
+    # the next round is announced with the grown model, and the devices train on it
+    assert runner.run_round(1) is not None and grid.log[-1][0] == "exchange"
