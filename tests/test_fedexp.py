@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from server_step_support import federation as _fed
+from server_step_support import tensor as _t
+from server_step_support import update as _upd
 
 from coordinator.cli import build_parser, config_from_args
 from coordinator.config import CoordinatorConfig
 from coordinator.server_opt import fedexp_eta, mean_sq_update_norm, pseudo_gradient
-from coordinator.strategies import DEFAULT_AGGREGATION, Federation, make_strategy
+from coordinator.strategies import DEFAULT_AGGREGATION, make_strategy
 from coordinator.strategies.fedavgm import FEDAVGM_BETA, FEDAVGM_ETA, FedAvgM
 from coordinator.strategies.fedexp import FEDEXP_BETA, FedExP
 from coordinator.strategies.fedopt import ServerOptSettings
-from coordinator.updates import ClientUpdate
-from har_models.nn.model import ArchSpec
-
-
-def _t(*v: float) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32)
-
-
-def _upd(cid: str, n: int, w: torch.Tensor) -> ClientUpdate:
-    return ClientUpdate(cid, 0, 0, n, 2, {"w": w}, None, size=100)
-
-
-def _fed(w: torch.Tensor) -> Federation:
-    spec = ArchSpec(n_classes=6)
-    return Federation(spec, spec, {"w": w})
 
 
 def _eta(x_t: torch.Tensor, xs: list[torch.Tensor], ns: list[float], eps: float = 1e-3, eta_max: float = 100.0) -> float:

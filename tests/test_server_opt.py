@@ -6,28 +6,16 @@ import math
 
 import pytest
 import torch
+from server_step_support import federation as _fed
+from server_step_support import tensor as _t
+from server_step_support import update as _upd
 
 from coordinator.cli import build_parser, config_from_args
 from coordinator.config import AGGREGATIONS, CoordinatorConfig
 from coordinator.server_opt import adaptive_step, fedavgm_step, pseudo_gradient
-from coordinator.strategies import FedAvg, Federation, make_strategy
+from coordinator.strategies import FedAvg, make_strategy
 from coordinator.strategies.fedavgm import FedAvgM
 from coordinator.strategies.fedopt import FedOpt, ServerOptSettings
-from coordinator.updates import ClientUpdate
-from har_models.nn.model import ArchSpec
-
-
-def _t(*v: float) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32)
-
-
-def _upd(cid: str, n: int, w: torch.Tensor) -> ClientUpdate:
-    return ClientUpdate(cid, 0, 0, n, 2, {"w": w}, None, size=100)
-
-
-def _fed(w: torch.Tensor) -> Federation:
-    spec = ArchSpec(n_classes=6)
-    return Federation(spec, spec, {"w": w})
 
 
 def test_pseudo_gradient_is_the_model_minus_the_mean():
