@@ -1,7 +1,8 @@
 """The home server's audit log ``<data>/audit.jsonl``: one JSON line per operator action, appended, never rewritten.
 
 Written by the commands that change what the server trusts or holds (enrol, reissue, rename,
-revoke, forget, backup, restore, broker renew) and shown on the status page (its newest
+revoke, forget, backup, restore, broker renew; ``serve`` for each reload of its settings, applied,
+deferred or refused) and shown on the status page (its newest
 entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
 ``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo). A line is
 written with one ``write`` on a file opened ``O_APPEND`` and flushed to disk before the command
@@ -20,7 +21,7 @@ from pathlib import Path
 
 AUDIT_NAME = "audit.jsonl"
 
-ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew")
+ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload")
 """The actions an entry may name."""
 
 

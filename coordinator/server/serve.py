@@ -15,8 +15,10 @@ continues from the newest completed one. Rounds start when the schedule allows
 :class:`coordinator.mqtt_grid.MqttGrid`, the same two objects ``fedhar-coordinator run`` drives.
 Revoked and forgotten devices are refused everywhere in the coordinator through its ``refused``
 predicate (the registry, asked at every message). SIGHUP re-reads ``server.toml``'s ``[server]``
-and ``[schedule]`` tables and logs what changed; SIGINT and SIGTERM stop the server, leaving its
-status "offline".
+and ``[schedule]`` tables and logs what changed (:meth:`Server.reload`): a file the next start would
+refuse is refused at once with the reason, the settings in force kept; a reload during an open round
+waits for the round to close and says so; each reload is written to the audit log the page shows.
+SIGINT and SIGTERM stop the server, leaving its status "offline".
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ CONFIG_NAME = "server.toml"
 RETRY_AFTER_FAILED_S = 300.0
 """A round that closed without changing the model is tried again (a new attempt) after at most this long, or after
 ``[schedule] min_round_interval_s`` if that is shorter: a failed quorum never stalls the federation for longer."""
+AT_START = frozenset(
+    {"name", "data_dir", "http_bind", "http_port", "token", "broker_dir", "monitor_user", "monitor_password_file", "stall_after"}
+)
+"""``[server]`` keys read once, when serve starts (the status page, its monitor session, the data folder): a reload
+logs their change as taking effect at the next start."""
 RETRY_MIN_S = 10.0
 """A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
 
@@ -167,6 +174,57 @@ def _run_id_of(data_dir: Path, name: str) -> str:
     return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | None = None) -> str | None:
+    """Take up a changed ``aggregation`` (``server.toml``) at start: a deliberate change, so it is logged at INFO.
+
+    When ``run_dir / "config.toml"`` names another strategy than ``cfg.aggregation``: the file is
+    copied to ``config.<YYYYmmdd-HHMMSS>.toml``; each round's saved strategy state
+    (``models/r*/strategy_state.safetensors``, or a server optimiser's older file) is renamed to
+    ``strategy_state.<old name>.<stamp>.safetensors``, kept but no longer loaded, so the new strategy
+    starts from its initial state without an error; and ``config.toml`` is rewritten with the new
+    settings. Nothing happens for a new run folder or an unchanged strategy.
+
+    Returns
+    -------
+    str or None
+        The old strategy's name when it changed, else None.
+
+    Raises
+    ------
+    OSError
+        If the run folder cannot be written (the caller stops with the path named).
+    """
+    from coordinator.state import LEGACY_SERVER_OPT_FILE, STRATEGY_STATE_FILE
+    from har_io.cli import read_settings_file, write_settings_file
+
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        return None
+    try:
+        old = read_settings_file(path).get("aggregation")
+    except ValueError as exc:
+        log.warning("%s is unreadable (%s); it is written again with the settings in force", path, exc)
+        write_settings_file(path, cfg.settings())
+        return None
+    if not isinstance(old, str) or old == cfg.aggregation:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    kept = path.with_name(f"config.{stamp}.toml")
+    kept.write_bytes(path.read_bytes())
+    moved = 0
+    for name in (STRATEGY_STATE_FILE, LEGACY_SERVER_OPT_FILE):
+        for file in sorted((Path(run_dir) / "models").glob(f"r*/{name}")):
+            file.rename(file.with_name(f"strategy_state.{old}.{stamp}.safetensors"))
+            moved += 1
+    write_settings_file(path, cfg.settings())
+    log.info(
+        "aggregation changed from %r to %r in server.toml: %s starts from its initial state; the old settings are kept in %s "
+        "and %d saved state file(s) of %s renamed to strategy_state.%s.%s.safetensors",
+        old, cfg.aggregation, cfg.aggregation, kept, moved, old, old, stamp,
+    )  # fmt: skip
+    return old
+
+
 class Server:
     """A served federation in ``data_dir`` (see the module docstring).
 
@@ -220,6 +278,7 @@ class Server:
         self.registry = Registry(self.data_dir)
         run_id = _run_id_of(self.data_dir, self.file.server.name)
         self.cfg = federation_config(self.file, self.data_dir, broker, federation, run_id)
+        archive_strategy_change(self.cfg.run_dir, self.cfg)
         self.epoch = self.registry.new_epoch()
         # Who may take part: the registry (revoked, enrolled) and the schedule in force (charging).
         self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
@@ -228,6 +287,9 @@ class Server:
         self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch)
         self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state)  # the rounds
         self._reload = threading.Event()
+        self._open_round: int | None = None  # the round run_round is running (a reload waits for it)
+        self._deferred_round: int | None = None  # the round a deferred reload waits for
+        self._pending: list[str] = []  # changes read by a reload that take effect at the next start
         self._last_end: float | None = None
         self._retry_at = 0.0
         self._waiting = ""
@@ -246,31 +308,84 @@ class Server:
 
     # ------------------------------------------------------------------------ settings reload
     def request_reload(self) -> None:
-        """Ask the loop to re-read ``server.toml`` (SIGHUP; safe from a signal handler)."""
+        """Ask the loop to re-read ``server.toml`` (SIGHUP). During an open round the reload waits
+        for the round to close, and says so in the log and in the audit log (shown on the page)."""
         self._reload.set()
+        if self._open_round is not None and self._deferred_round is None:
+            self._deferred_round = self._open_round
+            log.info("reload: deferred until round %d closes", self._open_round)
+            self._audit_reload(f"deferred until round {self._open_round} closes")
+
+    def _audit_reload(self, detail: str) -> None:
+        from coordinator.server.audit import audit
+
+        try:
+            audit(self.data_dir, "reload", None, detail)
+        except OSError as exc:
+            log.warning("reload: the audit log in %s cannot be written (%s); the reload is only in this log", self.data_dir, exc)
+
+    def _refusal(self, new: ServeFile) -> str | None:
+        """Why the next start with ``new`` would fail (None: it would start): bad federation settings, or a
+        status page off loopback without a token."""
+        try:
+            federation_config(new, self.data_dir, self.cfg.broker, self.cfg.federation, self.cfg.run_id)
+        except ValueError as exc:
+            return str(exc)
+        if new.server.http_port:
+            try:
+                from coordinator.server.web import check_bind
+            except ImportError:
+                return None
+            try:
+                check_bind(new.server.http_bind, new.server.token)
+            except ValueError as exc:
+                return str(exc)
+        return None
 
     def reload(self) -> list[str]:
         """Re-read ``server.toml``: the ``[server]`` and ``[schedule]`` tables take effect at once.
 
-        Returns the changes made, as lines (``[schedule] min_clients 2 -> 3``). A file with a
-        bad key or value is logged and the settings in force are kept. Changed federation
-        settings (the top-level keys) are logged: they take effect at the next start.
+        Returns the changes made, as lines (``[schedule] min_clients 2 -> 3``). A file the next
+        start would refuse (a bad key or value, or a status page off loopback without a token) is
+        refused now: logged as an ERROR with the reason, written to the audit log as a refused
+        reload, and the settings in force are kept. ``[server]`` keys read only at start
+        (:data:`AT_START`) and the federation settings (the top-level keys, e.g. ``aggregation``)
+        are logged at INFO as taking effect at the next start. Every reload is written to the audit
+        log (``<data>/audit.jsonl``, shown on the page), a deferred one with the round it waited for.
         """
+        deferred, self._deferred_round = self._deferred_round, None
+        after = f" (deferred until round {deferred} closed)" if deferred is not None else ""
         try:
             new = read_serve_file(self.config_path)
-            federation_config(new, self.data_dir, self.cfg.broker, self.cfg.federation, self.cfg.run_id)
         except (ValueError, OSError) as exc:
-            log.error("reload: %s; the settings in force are kept", exc)
+            why: str | None = str(exc)
+        else:
+            why = self._refusal(new)
+        if why is not None:
+            log.error("reload refused%s: %s; the settings in force are kept (fix %s, or the next start fails too)",
+                      after, why, self.config_path)  # fmt: skip
+            self._audit_reload(f"refused{after}: {why}; the settings in force are kept")
             return []
         changes = _changes(self.file.server, new.server, "server") + _changes(self.file.schedule, new.schedule, "schedule")
-        if new.federation != self.file.federation:
-            log.warning("reload: the federation settings in %s changed; they take effect at the next start", self.config_path)
-        keep_fed = self.file.federation
-        self.file = ServeFile(new.server, new.schedule, keep_fed)
+        later = [c for c in changes if c.split()[1] in AT_START]
+        changes = [c for c in changes if c not in later]
+        fed_old, fed_new = self.file.federation, new.federation
+        for key in sorted(set(fed_old) | set(fed_new)):
+            if fed_old.get(key) != fed_new.get(key):
+                later.append(f"{key} {fed_old.get(key)!r} -> {fed_new.get(key)!r}")
+        # The page, its bind and token, and the federation's settings are set up once at start.
+        self.file = ServeFile(new.server, new.schedule, fed_old)
+        self._pending = later
+        if deferred is not None:
+            log.info("reload: round %d closed; the deferred reload is applied now", deferred)
         for line in changes:
             log.info("reload: %s", line)
-        if not changes:
-            log.info("reload: %s read; [server] and [schedule] unchanged", self.config_path)
+        for line in later:
+            log.info("reload: %s takes effect at the next start", line)
+        if not changes and not later:
+            log.info("reload: %s read; nothing changed", self.config_path)
+        detail = "; ".join(changes + [f"{c} (at the next start)" for c in later]) or "nothing changed"
+        self._audit_reload(f"applied{after}: {detail}")
         self._waiting = ""  # log the waiting line again, with the new schedule
         return changes
 
@@ -353,6 +468,7 @@ class Server:
                     self._drop_refused_models()
                     try:
                         runner.note({"epoch": self.epoch})
+                        self._open_round = round_
                         record = runner.run_round(round_)
                     except StateError:
                         raise
@@ -361,6 +477,8 @@ class Server:
                         wait = min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
                         self._retry_at = time.time() + wait
                         continue
+                    finally:
+                        self._open_round = None
                     if record is None:  # closed without quorum: the next attempt within one interval
                         self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
                         continue
