@@ -84,7 +84,8 @@ def test_devices_merge_the_registry_the_records_and_presence(view: ServerView) -
     assert (carl["rounds"], carl["last_accuracy"], carl["online"]) == (2, 0.6, True)
     assert (ben["rounds"], ben["last_accuracy"], ben["online"], ben["status"]) == (1, 0.65, False, "offline")
     assert anna["sensing"] == {"state": "live", "target_hz": 50.0, "rate_hz": None, "acc_hz": None, "gyro_hz": None, "rate_ok": None,
-                               "newest_window_age_s": None, "gaps": None, "late": None, "charging": True}  # fmt: skip
+                               "newest_window_age_s": None, "window_stream_stopped": None, "gaps": None, "late": None,
+                               "charging": True}  # fmt: skip
     assert carl["sensing"]["state"] == "paused" and carl["sensing"]["charging"] is None
     assert (tab["state"], tab["online"]) == ("revoked", False)  # its status says online: a revoked device never is
     assert anna["refresh_s"] == 30.0 and ben["refresh_s"] is None

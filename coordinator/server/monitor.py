@@ -61,12 +61,24 @@ class DeviceSeen:
     last_seen_unix : float
         When the device last spoke: the time its status carries, or its arrival when it
         carries none (an older client).
+    windows : tuple (n_train, n_test, unix) or None
+        The windows of the last status that carried any (n_train or n_test > 0) and when it was
+        received: what an offline device last had (its will says 0/0).
+    backend : tuple (backend, unix) or None
+        The backend of the last status that named one, and when it was received.
+    window_age_since_unix : float or None
+        Arrival of the first status that reported the current ``sensing_health.window_age_s``:
+        a stream that stopped (a replay that ended) repeats the same age, so the age now is that
+        value plus the time since (None: no age reported).
     """
 
     status: ClientStatus
     received_unix: float
     online: bool
     last_seen_unix: float
+    windows: tuple[int, int, float] | None = None
+    backend: tuple[str, float] | None = None
+    window_age_since_unix: float | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,9 @@ class Monitor:
         self._lock = threading.Lock()
         self._presence = Presence()
         self._devices: dict[str, tuple[ClientStatus, float]] = {}
+        self._windows: dict[str, tuple[int, int, float]] = {}  # the last status that carried windows
+        self._backends: dict[str, tuple[str, float]] = {}  # the last status that named a backend
+        self._age_since: dict[str, tuple[float, float]] = {}  # reported window age -> arrival of its first report
         self._coordinator: CoordinatorStatus | None = None
         self._coordinator_fresh_until: float | None = None
         self._progress: RoundProgress | None = None
@@ -250,6 +265,9 @@ class Monitor:
             if not payload:  # the retained status was cleared (a revoked or forgotten device)
                 with self._lock:
                     self._devices.pop(cid, None)
+                    self._windows.pop(cid, None)
+                    self._backends.pop(cid, None)
+                    self._age_since.pop(cid, None)
                     self._presence.forget(cid)
                     self._receipts.pop(cid, None)
                 return
@@ -259,6 +277,16 @@ class Monitor:
             with self._lock:
                 self._presence.note(st, retained, now, now_unix)
                 self._devices[cid] = (st, now_unix)
+                if st.n_train > 0 or st.n_test > 0:
+                    self._windows[cid] = (st.n_train, st.n_test, now_unix)
+                if st.backend:
+                    self._backends[cid] = (st.backend, now_unix)
+                age = st.sensing_health.window_age_s if st.sensing_health is not None else None
+                if age is None:
+                    self._age_since.pop(cid, None)
+                elif cid not in self._age_since or self._age_since[cid][0] != age:
+                    # a retained status may be old: its age counts from when it was sent, when it says
+                    self._age_since[cid] = (age, st.sent_unix if retained and st.sent_unix else now_unix)
         elif kind == "receipt":
             r = Receipt.from_bytes(payload)
             if r.state == "accepted":
@@ -275,7 +303,9 @@ class Monitor:
             devices = {}
             for cid, (st, got) in self._devices.items():
                 online = st.state != "offline" and self._presence.fresh(cid, now)
-                devices[cid] = DeviceSeen(st, got, online, st.sent_unix or got)
+                since = self._age_since.get(cid)
+                devices[cid] = DeviceSeen(st, got, online, st.sent_unix or got, self._windows.get(cid), self._backends.get(cid),
+                                          since[1] if since is not None else None)  # fmt: skip
             cs = self._coordinator
             c_online = cs is not None and cs.state == "online" and (
                 self._coordinator_fresh_until is None or now < self._coordinator_fresh_until)  # fmt: skip

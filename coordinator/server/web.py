@@ -57,7 +57,7 @@ from coordinator.broker.certificates import EXPIRY_WARNING_S
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
 from coordinator.server.metrics import CONTENT_TYPE, RoundTotals, make_registry, scrape
-from coordinator.server.monitor import Monitor, MonitorSnapshot
+from coordinator.server.monitor import DeviceSeen, Monitor, MonitorSnapshot
 from coordinator.server.settings import SERVE_ROUNDS
 from coordinator.state import RunState, StateDamaged
 from har_models.wire.messages import ClientStatus
@@ -185,7 +185,7 @@ def _clean(obj: Any) -> Any:
     return _finite(obj)
 
 
-def sensing_json(st: ClientStatus | None) -> dict[str, Any]:
+def sensing_json(st: ClientStatus | None, seen: DeviceSeen | None = None, now: float | None = None) -> dict[str, Any]:
     """The ``sensing`` object of a device in ``/api/devices`` from its latest status (None: no status).
 
     Keys: ``state`` ("live"/"paused"/None), ``target_hz`` (:data:`TARGET_RATE_HZ`), ``acc_hz`` and
@@ -193,9 +193,18 @@ def sensing_json(st: ClientStatus | None) -> dict[str, Any]:
     the slower stream limits the 50 Hz grid), ``rate_ok``
     (both reported rates inside :data:`RATE_OK_HZ`; None without a rate), ``newest_window_age_s``
     (s), ``gaps`` (silences longer than a window in the last hour), ``late`` (samples dropped as
-    late), ``charging``. Each is None where the status does not carry it.
+    late), ``charging``. Each is None where the status does not carry it. With ``seen`` (the monitor's
+    :class:`~coordinator.server.monitor.DeviceSeen`) and ``now`` (s since the epoch) the window age is
+    the age now: the reported age plus the time since it was first reported, so a stream that stopped
+    (a replay that ended, repeating its last age) ages on the page; ``window_stream_stopped`` is True
+    when a later status repeated the same age (no new window since), else False (None: no age).
     """
     h = st.sensing_health if st is not None else None
+    age = h.window_age_s if h is not None else None
+    stopped: bool | None = None
+    if age is not None and seen is not None and seen.window_age_since_unix is not None and now is not None:
+        stopped = seen.received_unix > seen.window_age_since_unix + 0.5
+        age = age + max(0.0, now - seen.window_age_since_unix)
     rates = [r for r in ((h.acc_hz, h.gyro_hz) if h is not None else ()) if r is not None]
     lo, hi = RATE_OK_HZ
     return {
@@ -205,7 +214,8 @@ def sensing_json(st: ClientStatus | None) -> dict[str, Any]:
         "acc_hz": h.acc_hz if h is not None else None,
         "gyro_hz": h.gyro_hz if h is not None else None,
         "rate_ok": all(lo <= r <= hi for r in rates) if rates else None,
-        "newest_window_age_s": h.window_age_s if h is not None else None,
+        "newest_window_age_s": age,
+        "window_stream_stopped": stopped,
         "gaps": h.gaps_1h if h is not None else None,
         "late": h.late if h is not None else None,
         "charging": st.charging if st is not None else None,
@@ -501,8 +511,11 @@ class ServerView:
         ``last_contribution_unix`` (when the registry noted its latest contribution; None without
         a registry row), ``sensing`` (:func:`sensing_json`: ``state`` "live"/"paused"/None,
         ``target_hz`` 50, ``rate_hz``, ``acc_hz``, ``gyro_hz``, ``rate_ok``,
-        ``newest_window_age_s``, ``gaps`` (last hour), ``late``, ``charging``: None where the
-        device's status does not carry them). ``backend`` and ``arch_version`` are what the
+        ``newest_window_age_s`` (the age now), ``window_stream_stopped``, ``gaps`` (last hour), ``late``,
+        ``charging``: None where the device's status does not carry them), ``last_known`` (for a device
+        not online: ``n_train``, ``n_test`` and ``backend`` of the last status that carried them, with
+        ``windows_unix`` and ``backend_unix``, when it was received; None for an online device or
+        one never seen with them: an offline device's own last word says 0/0 and no backend). ``backend`` and ``arch_version`` are what the
         device's status reports; ``arch_version`` falls back to the architecture of the device's
         latest round in the records for a device that does not report it.
         """
@@ -528,11 +541,19 @@ class ServerView:
                 last = own.last if own is not None else None
                 last_contribution = None
             st = seen.status if seen is not None else None
+            online = bool(seen is not None and seen.online and state != "revoked")
+            last_known = None
+            if seen is not None and not online and (seen.windows is not None or seen.backend is not None):
+                last_known = {
+                    "n_train": seen.windows[0] if seen.windows else None, "n_test": seen.windows[1] if seen.windows else None,
+                    "windows_unix": seen.windows[2] if seen.windows else None,
+                    "backend": seen.backend[0] if seen.backend else None, "backend_unix": seen.backend[1] if seen.backend else None,
+                }  # fmt: skip
             out.append(_clean({
                 "name": name,
                 "owner": getattr(row, "owner", None),
                 "state": state,
-                "online": bool(seen is not None and seen.online and state != "revoked"),
+                "online": online,
                 "status": st.state if st is not None else None,
                 "last_seen_unix": seen.last_seen_unix if seen is not None else None,
                 "refresh_s": (st.refresh_s or None) if st is not None else None,
@@ -548,7 +569,8 @@ class ServerView:
                 "fault": (st.fault or None) if st is not None else None,
                 "n_train": st.n_train if st is not None else None,
                 "n_test": st.n_test if st is not None else None,
-                "sensing": sensing_json(st),
+                "sensing": sensing_json(st, seen, self.wall()),
+                "last_known": last_known,
             }))  # fmt: skip
         return out
 
@@ -669,22 +691,41 @@ def _rate(s: dict[str, Any]) -> str:
     return " · ".join(parts) + f" / {TARGET_RATE_HZ:.0f} Hz"
 
 
-def _sensing(s: dict[str, Any]) -> str:
-    parts = [_e(s.get("state") or "not reported")]
+def _sensing(s: dict[str, Any], online: bool = True) -> str:
+    """The sensing cell: its state, rates, the newest window's age now, gaps, late samples, charging.
+
+    For a device not online the figures are its last status's, said so ("last reported").
+    """
+    parts = [_e(s["state"]) if s.get("state") else "sensing state not reported"]
     if all(s.get(k) is None for k in ("rate_hz", "newest_window_age_s", "gaps", "late")):
         parts.append("health not reported")  # an older client, or windows ingested before this start
     else:
         parts.append(_rate(s))
         if s.get("newest_window_age_s") is not None:
-            age = s["newest_window_age_s"]
-            parts.append(f"newest window {age:.1f} s old" if age < 10 else f"newest window {age:.0f} s old")
+            parts.append(f"newest window {_age(s['newest_window_age_s'])} old")
+            if s.get("window_stream_stopped"):
+                parts.append("no new window since (the stream stopped or ended)")
         if s.get("gaps") is not None:
             parts.append(f"{s['gaps']} gaps in 1 h")
         if s.get("late") is not None:
             parts.append(f"{s['late']} late samples")
     if s.get("charging") is not None:
         parts.append("charging" if s["charging"] else "on battery")
-    return ", ".join(parts)
+    text = ", ".join(parts)
+    return text if online else f"last reported: {text}"
+
+
+def _age(seconds: float) -> str:
+    """An age in words: ``1.5 s``, ``42 s``, ``12 min``, ``3.2 h``, ``4.0 days``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 class RoundSeries:
@@ -792,11 +833,22 @@ def render_page(view: ServerView, query: str = "") -> str:
         fault = f'<br><span class="fault">cannot take part: {_e(d["fault"])}</span>' if d.get("fault") else ""
         arch = f"v{d['arch_version']}" if d["arch_version"] is not None else "—"
         windows = f"{d['n_train']}/{d['n_test']}" if d["n_train"] is not None else "—"
+        backend = _e(d["backend"] or "not reported")
+        known = d.get("last_known")
+        if not d["online"] and known:  # its last word (the will) says 0/0 and no backend: show what it last had
+            if known.get("n_train") is not None:
+                when = _when(known["windows_unix"], now)
+                windows = f'{known["n_train"]}/{known["n_test"]} <span class="muted">(last known, {when})</span>'
+            if known.get("backend"):
+                backend = f'{_e(known["backend"])} <span class="muted">(last known)</span>'
+        elif not d["online"]:
+            windows = "—" if d["n_train"] in (None, 0) and d["n_test"] in (None, 0) else windows
+            backend = _e(d["backend"] or "—")
         h.append(
             f'<tr class="device" data-name="{_e(d["name"])}" data-online="{str(d["online"]).lower()}">'
             f'<td>{_e(d["name"])}</td><td>{_e(d["owner"])}</td><td class="presence {presence}">{label}{fault}</td>'
             f"<td>{_when(d['last_seen_unix'], now)}</td><td>{d['rounds']}</td><td>{_pct(d['last_accuracy'])}</td>"
-            f"<td>{_e(d['backend'] or 'not reported')}</td><td>{arch}</td><td>{_sensing(d['sensing'])}</td><td>{windows}</td></tr>"
+            f"<td>{backend}</td><td>{arch}</td><td>{_sensing(d['sensing'], d['online'])}</td><td>{windows}</td></tr>"
         )
     if not devs:
         h.append('<tr><td colspan="10" class="muted">no device enrolled or seen yet</td></tr>')
