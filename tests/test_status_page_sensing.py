@@ -81,7 +81,7 @@ def test_an_offline_device_shows_its_last_known_windows_and_backend() -> None:
     assert '<td>412/96 <span class="muted">(last known, <span title="' in row.group(0) and "5 min ago</span>)" in row.group(0)
     assert '<td>executorch <span class="muted">(last known)</span></td>' in row.group(0)
     assert "<td>0/0</td>" not in row.group(0) and "<td>not reported</td>" not in row.group(0)
-    assert "<td>last reported: sensing state not reported, health not reported</td>" in row.group(0)
+    assert "<td>not reported while offline</td>" in row.group(0)
     # online again: its own figures, no "last known"
     mon.handle(T.client_status("phone-a"), status("phone-a", GOOD, backend="torch", n_train=415, n_test=96).to_bytes(), False)
     (d,) = c.get("/api/devices").json()

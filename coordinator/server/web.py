@@ -694,8 +694,11 @@ def _rate(s: dict[str, Any]) -> str:
 def _sensing(s: dict[str, Any], online: bool = True) -> str:
     """The sensing cell: its state, rates, the newest window's age now, gaps, late samples, charging.
 
-    For a device not online the figures are its last status's, said so ("last reported").
+    For a device not online the figures are its last status's, said so ("last reported"); its will
+    carries none, which reads "not reported while offline".
     """
+    if not online and not s.get("state") and all(s.get(k) is None for k in ("rate_hz", "newest_window_age_s", "gaps", "late")):
+        return "not reported while offline"
     parts = [_e(s["state"]) if s.get("state") else "sensing state not reported"]
     if all(s.get(k) is None for k in ("rate_hz", "newest_window_age_s", "gaps", "late")):
         parts.append("health not reported")  # an older client, or windows ingested before this start
