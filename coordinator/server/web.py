@@ -502,7 +502,8 @@ class ServerView:
         """One JSON object per device: enrolled ones, and any other the broker or the records show.
 
         Keys: ``name``, ``owner``, ``state`` ("enrolled", "revoked", "forgotten", or "unenrolled"
-        for a device the registry does not list), ``online``, ``status`` (its last status state
+        for a device the registry does not list), ``online`` (None: unknown, for an enrolled device
+        the broker showed while the page's broker link is down), ``status`` (its last status state
         or None), ``last_seen_unix``, ``rounds`` (rounds taken part in), ``last_round``,
         ``last_accuracy``, ``last_macro_f1`` (its own model on its own test split, latest round),
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
@@ -523,6 +524,7 @@ class ServerView:
         rows = {str(r.name): r for r in self._registry_devices()}
         part = self._participation()
         took = self._took_from_records()
+        link_down = self.broker_link() is False
         names = sorted(set(rows) | set(snap.devices) | set(took))
         out = []
         for name in names:
@@ -541,7 +543,9 @@ class ServerView:
                 last = own.last if own is not None else None
                 last_contribution = None
             st = seen.status if seen is not None else None
-            online = bool(seen is not None and seen.online and state != "revoked")
+            online: bool | None = bool(seen is not None and seen.online and state != "revoked")
+            if link_down and seen is not None and state == "enrolled":
+                online = None  # its presence cannot be known while the page's broker link is down
             last_known = None
             if seen is not None and not online and (seen.windows is not None or seen.backend is not None):
                 last_known = {
@@ -813,6 +817,8 @@ def render_page(view: ServerView, query: str = "") -> str:
         coord_word, coord_cls = ("online", "online") if coord["online"] else ("offline", "offline")
     problems = view.health()
     n_online = sum(1 for d in devs if d["online"])
+    online_words = (f'<span id="online-count">{n_online}</span> online' if link is not False
+                    else 'online <span id="online-count">unknown</span>')  # fmt: skip
     n_enrolled = sum(1 for d in devs if d["state"] == "enrolled")
     h: list[str] = [
         "<!DOCTYPE html>",
@@ -823,7 +829,7 @@ def render_page(view: ServerView, query: str = "") -> str:
         f'<p id="summary">broker link <span id="broker-link" class="{link_cls}">{link_word}</span> · '
         f'coordinator <span id="coordinator-state" class="{coord_cls}">{coord_word}</span> · '
         f'<span id="device-count">{len(devs)}</span> {_plural(len(devs), "device")} '
-        f'(<span id="enrolled-count">{n_enrolled}</span> enrolled, <span id="online-count">{n_online}</span> online) · '
+        f'(<span id="enrolled-count">{n_enrolled}</span> enrolled, {online_words}) · '
         f'<span id="rounds-completed">{n_rounds}</span> {_plural(n_rounds, "round")} completed</p>',
         *(f'<p id="health" class="rate-warn">{_e(p)}</p>' for p in problems),
         "<h2>Devices</h2>",
@@ -833,9 +839,12 @@ def render_page(view: ServerView, query: str = "") -> str:
     for d in devs:
         presence = d["state"] if d["state"] in ("revoked", "forgotten") else ("online" if d["online"] else "offline")
         label = "gone (forgotten)" if presence == "forgotten" else presence
+        if d["online"] is None:
+            presence, label = "muted", "unknown (the broker cannot be reached)"
         fault = f'<br><span class="fault">cannot take part: {_e(d["fault"])}</span>' if d.get("fault") else ""
         arch = f"v{d['arch_version']}" if d["arch_version"] is not None else "—"
         windows = f"{d['n_train']}/{d['n_test']}" if d["n_train"] is not None else "—"
+        online_attr = "unknown" if d["online"] is None else str(d["online"]).lower()
         backend = _e(d["backend"] or "not reported")
         known = d.get("last_known")
         if not d["online"] and known:  # its last word (the will) says 0/0 and no backend: show what it last had
@@ -848,10 +857,10 @@ def render_page(view: ServerView, query: str = "") -> str:
             windows = "—" if d["n_train"] in (None, 0) and d["n_test"] in (None, 0) else windows
             backend = _e(d["backend"] or "—")
         h.append(
-            f'<tr class="device" data-name="{_e(d["name"])}" data-online="{str(d["online"]).lower()}">'
+            f'<tr class="device" data-name="{_e(d["name"])}" data-online="{online_attr}">'
             f'<td>{_e(d["name"])}</td><td>{_e(d["owner"])}</td><td class="presence {presence}">{label}{fault}</td>'
             f"<td>{_when(d['last_seen_unix'], now)}</td><td>{d['rounds']}</td><td>{_pct(d['last_accuracy'])}</td>"
-            f"<td>{backend}</td><td>{arch}</td><td>{_sensing(d['sensing'], d['online'])}</td><td>{windows}</td></tr>"
+            f"<td>{backend}</td><td>{arch}</td><td>{_sensing(d['sensing'], d['online'] is True)}</td><td>{windows}</td></tr>"
         )
     if not devs:
         h.append('<tr><td colspan="10" class="muted">no device enrolled or seen yet</td></tr>')
