@@ -124,3 +124,41 @@ def test_a_changed_aggregation_at_start_archives_the_old_settings_and_state(tmp_
     _close(server)
     # the same strategy at the next start: nothing archived again
     assert archive_strategy_change(run, server.cfg) is None and len(list(run.glob("config.*.toml"))) == 1
+
+
+@pytest.mark.slow
+def test_sighup_to_a_running_serve_refuses_a_page_off_loopback_without_a_token(tmp_path: Path, mosquitto: int) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data"
+    toml = _settings(data)
+    toml.write_text(toml.read_text().replace("http_port = 8765", "http_port = 0"))
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", f"127.0.0.1:{mosquitto}", "--federation", FED]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+    try:
+
+        def wait(text: str) -> None:
+            end = time.monotonic() + 60
+            while text not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < end, f"no {text!r} in the log:\n{log.read_text()}"
+                time.sleep(0.1)
+
+        wait("serving federation")
+        toml.write_text(toml.read_text().replace("http_port = 0", 'http_port = 8765\nhttp_bind = "0.0.0.0"'))
+        proc.send_signal(signal.SIGHUP)
+        wait("reload refused: [server] http_bind = '0.0.0.0' would show the federation to the network without a login")
+        assert proc.poll() is None  # still serving, with the settings in force
+        assert read_audit(data)[-1].action == "reload" and read_audit(data)[-1].detail.startswith("refused: [server] http_bind")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "ERROR" in next(line for line in log.read_text().splitlines() if "reload refused" in line)
