@@ -179,7 +179,8 @@ def test_a_stopped_broker_and_a_stalled_federation_are_unhealthy_in_words(tmp_pa
                 time.sleep(0.1)
             r = c.get("/healthz")
             assert r.status_code == 503 and r.json()["reasons"] == [
-                "the broker cannot be reached: presence, the open round and the coordinator's state are unknown; what the page shows is the last known"]
+                "the broker cannot be reached: presence, the open round and the coordinator's state are unknown; "
+                "what the page shows is the last known"]
             page = c.get("/").text
             assert '<span id="broker-link" class="offline">down</span>' in page
             assert "coordinator <span id=\"coordinator-state\" class=\"muted\">unknown (the broker cannot be reached)</span>" in page

@@ -442,7 +442,8 @@ class ServerView:
         """
         out = []
         if self.broker_link() is False:
-            out.append("the broker cannot be reached: presence, the open round and the coordinator's state are unknown; what the page shows is the last known")
+            out.append("the broker cannot be reached: presence, the open round and the coordinator's state are unknown; "
+            "what the page shows is the last known")
         if self.stall_after_s is not None and self.next_start is not None and self.next_start() is not None:
             since = self.seconds_since_last_round()
             waited = since if since is not None else max(0.0, self.wall() - self._born)
