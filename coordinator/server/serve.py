@@ -120,7 +120,9 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     """The federation's :class:`CoordinatorConfig` from ``server.toml``'s top-level keys.
 
     ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
-    the run folder is ``<data>/run``; the run continues where it stopped (``resume``).
+    the run folder is ``<data>/run``; the run continues where it stopped (``resume``). The quality
+    guard (:mod:`coordinator.guard`) is on unless the file says ``guard = false``: a served federation
+    runs unattended, and a collapsed version must not become the one every device receives.
 
     Raises
     ------
@@ -129,6 +131,7 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
         below the quorum ``min_clients`` (a round started with fewer could not change the model).
     """
     fed = dict(file.federation)
+    fed.setdefault("guard", True)
     if "rounds" in fed:
         log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
     cfg = settings_from(
