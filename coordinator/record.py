@@ -428,7 +428,8 @@ class RoundRecord:
         What the quality guard decided (only where it is on; key left out otherwise, so research
         records stay as before).
     attempts : int
-        Attempts the round took (1 + the re-runs after failed quorums); the key is written only when > 1.
+        Exchanges the round took: 1 + those that closed without quorum before it (counted by the coordinator
+        process that completed it); the key is written only when > 1.
     """
 
     round: int

@@ -178,7 +178,7 @@ class FederationRunner:
         self._label_set = ""
         self._extra: dict[str, Any] = {}
         self._tried_round: int | None = None  # the round the last attempt was of
-        self._attempts = 0  # attempts of that round so far
+        self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
         self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
 
     # ------------------------------------------------------------------ what others may read
@@ -440,9 +440,8 @@ class FederationRunner:
         t0 = time.monotonic()
         if self._tried_round == round_:
             self.grid.new_attempt(round_)
-            self._attempts += 1
         else:
-            self._attempts = 1
+            self._failed_quorums = 0
         self._tried_round = round_
         selected = select_clients(
             self.grid.eligibility(self._label_set).eligible, round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed
@@ -466,6 +465,7 @@ class FederationRunner:
         if agg is None:
             log.error("round %d closed without changing the model: %s", round_, why)
             self.state.event(round_, None, "round_failed", str(why))
+            self._failed_quorums += 1
             self.grid.close_failed(round_)
             return None
         fed.global_state = agg.global_state
@@ -502,7 +502,8 @@ class FederationRunner:
             ) if agg.mixing is not None else None,
             evaluation=evaluate_round(round_, fed, spec0, results, self.evaluator, self.cfg),
         )  # fmt: skip
-        record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=self._attempts)
+        record = replace(record, seconds=time.monotonic() - t0, guard=guard_note,
+                         attempts=1 + self._failed_quorums)  # fmt: skip
         summary = record.to_json()
         self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
                                   strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip
