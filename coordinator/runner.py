@@ -51,6 +51,10 @@ from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, ClientStatus, Trai
 log = logging.getLogger("fedhar.coordinator")
 
 
+OPERATOR_SHRINKS = "operator_step_shrinks"
+"""Key in the run's database: operator rollbacks (:meth:`FederationRunner.adopt` with ``shrink``) so far."""
+
+
 class CoordinatorError(RuntimeError):
     """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
 
@@ -228,6 +232,43 @@ class FederationRunner:
         """Ids of the devices that have a personalised model (sorted)."""
         return sorted(self._fed.personal) if self._fed is not None else []
 
+    @property
+    def best_round(self) -> int | None:
+        """The round whose model the quality guard holds as the best version (None: guard off or nothing judged)."""
+        return self._best.round if self._best is not None else None
+
+    def best_model(self) -> tuple[ArchSpec, Mapping[str, Any]] | None:
+        """The quality guard's best version (architecture, global model); None when there is none."""
+        return (self._best.spec, self._best.global_state) if self._best is not None else None
+
+    def adopt(self, spec: ArchSpec, global_state: Mapping[str, Any], shrink: bool) -> None:
+        """Continue the federation from ``global_state`` (an operator's pin or rollback): the next round sends it out.
+
+        ``shrink``: also take a smaller server step, as after a guard rollback. The quality guard
+        forgets its best version and judges afresh from the adopted one. Personalised models are kept.
+
+        Raises
+        ------
+        CoordinatorError
+            If there is no federation yet.
+        ValueError
+            If ``global_state`` does not fit ``spec``.
+        """
+        if self._fed is None:
+            raise CoordinatorError("there is no federation yet: no round has run, so there is no version to continue from")
+        if set(global_state) != set(spec.shapes()) or any(tuple(global_state[k].shape) != tuple(v)
+                                                          for k, v in spec.shapes().items()):  # fmt: skip
+            raise ValueError("the adopted model's tensors do not match its architecture")
+        self._fed.spec = spec
+        self._fed.global_state = {k: v.clone() for k, v in global_state.items()}
+        if shrink:
+            self.strategy.shrink_step(guard.STEP_FACTOR)
+            self.state.put(OPERATOR_SHRINKS, int(self.state.get(OPERATOR_SHRINKS, 0)) + 1)
+        else:  # the old momentum points where the federation no longer is
+            self.strategy.shrink_step(1.0)
+        self._best = None
+        (self.cfg.run_dir / guard.BEST_FILE).unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ bootstrap or resume
     def start(self, resume: bool) -> int:
         """Take up the run in ``cfg.run_dir``; the last completed round (-1: none).
@@ -278,16 +319,17 @@ class FederationRunner:
     def _resume_guard(self) -> None:
         """Take the quality guard's best version back from the run folder, and the strategy's step as the rollbacks left it.
 
-        The step is shrunk once per rollback in the records (before the saved moments are loaded, since a shrink
+        The step is shrunk once per rollback: the guard's in the records, the operators' (:meth:`adopt`) counted in
+        the run's database (before the saved moments are loaded, since a shrink
         resets them). An unreadable best version is logged and judging starts afresh.
         """
-        if not self.cfg.guard:
-            return
-        try:
-            self._best = guard.load_best(self.cfg.run_dir)
-        except ValueError as exc:
-            log.error("%s", exc)
-        rollbacks = sum(1 for r in self.records() if r.guard is not None and r.guard.action == "rollback")
+        rollbacks = int(self.state.get(OPERATOR_SHRINKS, 0))
+        if self.cfg.guard:
+            try:
+                self._best = guard.load_best(self.cfg.run_dir)
+            except ValueError as exc:
+                log.error("%s", exc)
+            rollbacks += sum(1 for r in self.records() if r.guard is not None and r.guard.action == "rollback")
         for _ in range(rollbacks):
             self.strategy.shrink_step(guard.STEP_FACTOR)
         if rollbacks:

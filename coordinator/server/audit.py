@@ -20,7 +20,7 @@ from pathlib import Path
 
 AUDIT_NAME = "audit.jsonl"
 
-ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew")
+ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "pin", "rollback")
 """The actions an entry may name."""
 
 

@@ -35,6 +35,7 @@ from coordinator import state as run_state
 from coordinator.admission import Admission
 from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
+from coordinator.server import model_request
 from coordinator.server.lifecycle import prune_bundles
 from coordinator.server.registry import Registry, VersionRow
 from coordinator.server.schedule import next_start, waiting_line
@@ -109,6 +110,10 @@ RETRY_AFTER_FAILED_S = 300.0
 ``[schedule] min_round_interval_s`` if that is shorter: a failed quorum never stalls the federation for longer."""
 RETRY_MIN_S = 10.0
 """A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
+
+
+REQUEST_DONE_KEY = "model_request_done"
+"""Key in the run's database: the id of the last operator pin/rollback whose round completed."""
 
 
 def version_path(data_dir: Path, version: int) -> Path:
@@ -238,6 +243,8 @@ class Server:
         self._revoked_seen: set[str] = set()
         self._monitor: Any = None
         self._eligible_now = 0
+        self._request_taken = ""  # id of the operator's pin/rollback taken up by this process
+        self._request_pending: model_request.ModelRequest | None = None  # taken up, its round not yet completed
 
     @property
     def server(self) -> ServerSettings:
@@ -356,6 +363,7 @@ class Server:
                     self._drop_refused_models()
                     try:
                         runner.note({"epoch": self.epoch})
+                        self._take_model_request()
                         record = runner.run_round(round_)
                     except StateError:
                         raise
@@ -368,6 +376,7 @@ class Server:
                         self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
                         continue
                     self._after_round(record)
+                    self._finish_model_request()
                     self._last_end = time.time()
                     self._retry_at = 0.0
                     round_ += 1
@@ -382,6 +391,57 @@ class Server:
                     self._monitor.stop()
             grid.close()
             self.registry.close()
+
+    def _take_model_request(self) -> None:
+        """Take up an operator's pending pin or rollback (:mod:`coordinator.server.model_request`) before a round.
+
+        Once per request and process: the runner continues from the requested version's model
+        (:meth:`coordinator.runner.FederationRunner.adopt`). A request already done (its id in the run's
+        database) is deleted; one that cannot be done (the version is no longer kept, no best version) is
+        logged and deleted, and the federation goes on as it was.
+        """
+        from coordinator.runner import CoordinatorError
+
+        try:
+            req = model_request.read_request(self.data_dir)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return
+        if req is None or req.id == self._request_taken:
+            return
+        if self.runner.state.get(REQUEST_DONE_KEY) == req.id:
+            model_request.clear_request(self.data_dir, req)
+            return
+        try:
+            self.runner.ensure_federation()
+            if req.version is None:
+                best = self.runner.best_model()
+                if best is None:
+                    raise ValueError("the quality guard holds no best version yet (it is off, or no version was judged)")
+                spec, state = best
+            else:
+                rows = {v.version: v for v in self.registry.versions()}
+                if req.version not in rows:
+                    raise ValueError(f"version {req.version} is not kept (kept: {sorted(rows)})")
+                spec, state = run_state.load_state_file(rows[req.version].path)
+            self.runner.adopt(spec, state, shrink=req.action == "rollback")
+        except (ValueError, OSError, CoordinatorError) as exc:
+            log.error("operator's %s cannot be done: %s; the request is dropped", req.describe(), exc)
+            model_request.clear_request(self.data_dir, req)
+            return
+        self._request_taken = req.id
+        self._request_pending = req
+        log.warning("operator's %s: the next round starts from it%s", req.describe(),
+                    " with a halved server step" if req.action == "rollback" else "")  # fmt: skip
+
+    def _finish_model_request(self) -> None:
+        """The round that started from a requested model completed: note the request done and delete its file."""
+        req = self._request_pending
+        if req is None:
+            return
+        self.runner.state.put(REQUEST_DONE_KEY, req.id)
+        model_request.clear_request(self.data_dir, req)
+        self._request_pending = None
 
     def _catch_up_version(self, last: int) -> None:
         """Give round ``last`` its version when a stop came between the round's commit and its version file.
