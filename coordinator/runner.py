@@ -52,7 +52,7 @@ log = logging.getLogger("fedhar.coordinator")
 
 
 OPERATOR_SHRINKS = "operator_step_shrinks"
-"""Key in the run's database: operator rollbacks (:meth:`FederationRunner.adopt` with ``shrink``) so far."""
+"""Key in the run's database: the request ids of the operators' rollbacks so far (:meth:`FederationRunner.adopt`)."""
 
 
 class CoordinatorError(RuntimeError):
@@ -241,11 +241,15 @@ class FederationRunner:
         """The quality guard's best version (architecture, global model); None when there is none."""
         return (self._best.spec, self._best.global_state) if self._best is not None else None
 
-    def adopt(self, spec: ArchSpec, global_state: Mapping[str, Any], shrink: bool) -> None:
+    def adopt(self, spec: ArchSpec, global_state: Mapping[str, Any], rollback_id: str | None = None,
+              keep_best: bool = False) -> None:  # fmt: skip
         """Continue the federation from ``global_state`` (an operator's pin or rollback): the next round sends it out.
 
-        ``shrink``: also take a smaller server step, as after a guard rollback. The quality guard
-        forgets its best version and judges afresh from the adopted one. Personalised models are kept.
+        ``rollback_id``: an operator's rollback (its request id), which also takes a smaller server step, as after a
+        guard rollback, once per id: the ids are kept in the run's database, so a request taken up again after a
+        restart (whose resume already shrank the step) only resets the momentum. Unless ``keep_best`` (the adopted
+        model is the guard's best), the quality guard forgets its best version and judges afresh from the adopted
+        one: the operator's choice is not rolled back to an older best. Personalised models are kept.
 
         Raises
         ------
@@ -261,13 +265,15 @@ class FederationRunner:
             raise ValueError("the adopted model's tensors do not match its architecture")
         self._fed.spec = spec
         self._fed.global_state = {k: v.clone() for k, v in global_state.items()}
-        if shrink:
+        done = list(self.state.get(OPERATOR_SHRINKS, []))
+        if rollback_id is not None and rollback_id not in done:
             self.strategy.shrink_step(guard.STEP_FACTOR)
-            self.state.put(OPERATOR_SHRINKS, int(self.state.get(OPERATOR_SHRINKS, 0)) + 1)
+            self.state.put(OPERATOR_SHRINKS, [*done, rollback_id])
         else:  # the old momentum points where the federation no longer is
             self.strategy.shrink_step(1.0)
-        self._best = None
-        (self.cfg.run_dir / guard.BEST_FILE).unlink(missing_ok=True)
+        if not keep_best:
+            self._best = None
+            (self.cfg.run_dir / guard.BEST_FILE).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ bootstrap or resume
     def start(self, resume: bool) -> int:
@@ -323,7 +329,7 @@ class FederationRunner:
         the run's database (before the saved moments are loaded, since a shrink
         resets them). An unreadable best version is logged and judging starts afresh.
         """
-        rollbacks = int(self.state.get(OPERATOR_SHRINKS, 0))
+        rollbacks = len(self.state.get(OPERATOR_SHRINKS, []))
         if self.cfg.guard:
             try:
                 self._best = guard.load_best(self.cfg.run_dir)

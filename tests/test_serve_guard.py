@@ -114,6 +114,11 @@ def test_rollback_goes_to_the_best_version_with_half_the_step(tmp_path: Path) ->
         _round(server, r)
         w.append(_weight(server))
     devices_cli.request_model(data, "rollback", None)  # the best: version 2 (round 1's model)
+    server._take_model_request()  # taken up, then a kill -9 before its round completes: taken up again, halved once
+    assert server.runner.strategy.step_scale == 0.5
+    server.runner.state.close()
+    server.registry.close()
+    server, _ = _server(data)
     _round(server, 3)
     assert _weight(server) == pytest.approx(w[1] + 0.01, abs=1e-5)  # half the step: 2 x 0.5 x 0.01
     assert server.runner.strategy.step_scale == 0.5

@@ -11,7 +11,8 @@ takes it up before its next round, with no restart::
   to be rolled back to an older best).
 * ``rollback [VERSION]``: the same, and the server step is shrunk as after a guard rollback
   (:meth:`coordinator.strategies.base.Strategy.shrink_step`); without VERSION, the quality guard's
-  best version (``<data>/run/guard_best.safetensors``).
+  best version (``<data>/run/guard_best.safetensors``), which then stays the best; to a named version,
+  the guard judges afresh from it as after a pin.
 
 The file stays until the round that started from the requested model has completed (that round's
 model, in the run's state, carries it across a restart); its ``id`` is then noted in the run's

@@ -424,7 +424,8 @@ class Server:
                 if req.version not in rows:
                     raise ValueError(f"version {req.version} is not kept (kept: {sorted(rows)})")
                 spec, state = run_state.load_state_file(rows[req.version].path)
-            self.runner.adopt(spec, state, shrink=req.action == "rollback")
+            self.runner.adopt(spec, state, rollback_id=req.id if req.action == "rollback" else None,
+                              keep_best=req.version is None)  # fmt: skip
         except (ValueError, OSError, CoordinatorError) as exc:
             log.error("operator's %s cannot be done: %s; the request is dropped", req.describe(), exc)
             model_request.clear_request(self.data_dir, req)
