@@ -3,8 +3,8 @@
 Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
 ``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), ``broker`` (the
 federation's Mosquitto configuration, :mod:`coordinator.broker.cli`), and the home server's
-device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``devices`` and ``versions``
-(:mod:`coordinator.server.devices_cli`).
+device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``devices``, ``versions``, ``pin`` and
+``rollback`` (:mod:`coordinator.server.devices_cli`).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
 
 
 SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions",
+               "pin", "rollback",
                "backup", "restore")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
@@ -82,7 +83,8 @@ _DESCRIPTION = (
     "fedhar-coordinator reissue NAME      a new password and bundle for a device (same history); rename OLD NEW\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator backup DEST       copy the data folder (safe while serve runs) and the broker folder; restore SRC\n"
-    "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions"
+    "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions\n"
+    "fedhar-coordinator pin VERSION       serve continues from that version; rollback [VERSION]: also a smaller step"
 )
 
 

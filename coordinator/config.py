@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import strategies
+from coordinator.guard import DEFAULT_MARGIN as DEFAULT_GUARD_MARGIN
 from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.strategies.fedprox import FedProxSettings
@@ -120,6 +121,10 @@ class CoordinatorConfig:
         against the received model with error feedback: 1/4 of float32's bytes, for 0.05
         points of the main job's global macro-F1 (``docs/results.md``). ``"float32"`` sends the
         trained tensors as they are.
+    guard : bool
+        Quality guard with rollback (:mod:`coordinator.guard`); False here, True in ``serve``.
+    guard_margin : float
+        Points of start macro-F1 a version may fall below the best before a rollback (10).
     resume : bool
         Continue the run found in ``run_dir`` after its last completed round.
     """
@@ -196,6 +201,17 @@ class CoordinatorConfig:
             choices=UPDATE_ENCODINGS,
         ),
     )
+    guard: bool = field(
+        default=False,
+        metadata=doc("quality guard: a version whose clients' start macro-F1 falls more than guard_margin points below "
+                     "the best version's (or is not finite) is rolled back to the best with a halved server step "
+                     "(coordinator/guard.py); off in run and simulate so research figures stay raw, on in serve"),
+    )
+    guard_margin: float = field(
+        default=DEFAULT_GUARD_MARGIN,
+        metadata=doc("how far below the best version's start macro-F1 a version may fall before the guard rolls back",
+                     "points"),
+    )
     resume: bool = field(default=False, metadata=doc("continue the run in run_dir after its last completed round", cli=False))
 
     def __post_init__(self) -> None:
@@ -227,6 +243,8 @@ class CoordinatorConfig:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
         if not self.status_refresh_s > 0:
             raise ValueError(f"status_refresh_s must be > 0 (seconds between coordinator status refreshes), got {self.status_refresh_s}")
+        if not 0 <= self.guard_margin <= 100:
+            raise ValueError(f"guard_margin (--guard-margin) must be in [0, 100] points of macro-F1, got {self.guard_margin}")
 
     @property
     def growth_mode(self) -> str:

@@ -12,13 +12,16 @@ Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the on
      "dense_units", "bytes_up", "bytes_down", ["growth"], ["feddwa_weights"],
      ["personalisation", "personalisation_clients"], "received_union", ["global"],
      ["generalisation", "generalisation_clients"], "seconds",
-     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"]}
+     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"],
+     ["guard"], ["attempts"]}
 
 Bracketed keys appear only when they hold something; "failures", "rejections" and
 "bytes_up_by_encoding" are written only when they say more than the keys before them (a
 client failed, a message was rejected, an update was not float32), so a run without any of
 these has the same report as before the record existed. "start" (each model as it starts
 local training, on its client's test split) came later: records without it still load.
+"guard" (the quality guard's decision, only where the guard is on) and "attempts" (only when a
+failed quorum made the round run more than once) came later still.
 ``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
 ``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
 reads the rows of other writers (``fedhar-baseline``, which has no traffic or
@@ -356,8 +359,50 @@ class Evaluation:
 _OLD_KEYS = ("round", "selected", "updates", "rejected", "missing", "arch_version", "conv_filters", "dense_units",
              "bytes_up", "bytes_down", "growth", "feddwa_weights", "personalisation", "personalisation_clients",
              "received_union", "global", "generalisation", "generalisation_clients", "seconds")  # fmt: skip
-RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients")
+RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients", "guard", "attempts")
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
+
+
+GUARD_ACTIONS = ("keep", "rollback")
+"""What the quality guard (:mod:`coordinator.guard`) did in a round: kept the version it judged, or rolled back."""
+
+
+@dataclass(frozen=True)
+class GuardNote:
+    """What the quality guard decided in a round (:mod:`coordinator.guard`); the record's optional ``guard`` key.
+
+    Attributes
+    ----------
+    action : str
+        "keep" (the judged version stands) or "rollback" (the federation continues from ``to_round``'s model).
+    judged_round : int
+        The round whose model the clients' start measure of this round judged (this round - 1; -1 is the
+        initial model).
+    to_round : int
+        The best version's round: where a rollback went, or the best so far after a "keep".
+    reason : str
+        One line for people: the two scores, or what was not finite.
+    """
+
+    action: str
+    judged_round: int
+    to_round: int
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.action not in GUARD_ACTIONS:
+            raise RecordError(f"guard: action must be one of {list(GUARD_ACTIONS)}, got {self.action!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"action", "judged_round", "to_round", "reason"}``."""
+        return {"action": self.action, "judged_round": self.judged_round, "to_round": self.to_round, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Any, what: str = "guard") -> GuardNote:
+        """Read :meth:`to_json`'s object; RecordError naming ``what`` if it is malformed."""
+        d = _obj(d, what)
+        _check_keys(d, ("action", "judged_round", "to_round", "reason"), what)
+        return cls(str(d.get("action")), _int(d, "judged_round", what), _int(d, "to_round", what), str(d.get("reason", "")))
 
 
 @dataclass(frozen=True)
@@ -379,6 +424,12 @@ class RoundRecord:
     evaluation : Evaluation
     seconds : float
         Wall time of the round (monotonic clock), from selection to the stored record.
+    guard : GuardNote, optional
+        What the quality guard decided (only where it is on; key left out otherwise, so research
+        records stay as before).
+    attempts : int
+        Exchanges the round took: 1 + those that closed without quorum before it (counted by the coordinator
+        process that completed it); the key is written only when > 1.
     """
 
     round: int
@@ -389,6 +440,8 @@ class RoundRecord:
     feddwa_weights: FedDwaWeights | None = None
     evaluation: Evaluation = field(default_factory=Evaluation)
     seconds: float = 0.0
+    guard: GuardNote | None = None
+    attempts: int = 1
 
     # ------------------------------------------------------------------ readers' shortcuts
     def measure(self, name: str) -> Metrics | None:
@@ -440,6 +493,10 @@ class RoundRecord:
         if e.start is not None:
             out["start"] = e.start.to_json()
             out["start_clients"] = {c: m.to_json() for c, m in e.start_clients.items()}
+        if self.guard is not None:
+            out["guard"] = self.guard.to_json()
+        if self.attempts != 1:
+            out["attempts"] = self.attempts
         return out
 
     @classmethod
@@ -512,6 +569,8 @@ class RoundRecord:
             feddwa_weights=FedDwaWeights.from_json(d["feddwa_weights"]) if d.get("feddwa_weights") is not None else None,
             evaluation=ev,
             seconds=_num(d, "seconds", what) if "seconds" in d else 0.0,
+            guard=GuardNote.from_json(d["guard"], f"{what}: 'guard'") if d.get("guard") is not None else None,
+            attempts=_int(d, "attempts", what, 1),
         )
 
 

@@ -21,11 +21,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from coordinator import feddist, feddist_steps, spill
+from coordinator import feddist, feddist_steps, guard, spill
 from coordinator.admission import Eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
-from coordinator.record import Architecture, FedDwaWeights, GrowthLog, Participation, Rejection, RoundRecord, Traffic, records
+from coordinator.record import (
+    Architecture,
+    FedDwaWeights,
+    GrowthLog,
+    GuardNote,
+    Participation,
+    Rejection,
+    RoundRecord,
+    Traffic,
+    records,
+)
 from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
 from coordinator.state import RunState, StateDamaged
@@ -39,6 +49,10 @@ from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, ClientStatus, TrainingPlan
 
 log = logging.getLogger("fedhar.coordinator")
+
+
+OPERATOR_SHRINKS = "operator_step_shrinks"
+"""Key in the run's database: the request ids of the operators' rollbacks so far (:meth:`FederationRunner.adopt`)."""
 
 
 class CoordinatorError(RuntimeError):
@@ -168,6 +182,8 @@ class FederationRunner:
         self._label_set = ""
         self._extra: dict[str, Any] = {}
         self._tried_round: int | None = None  # the round the last attempt was of
+        self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
+        self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -216,6 +232,49 @@ class FederationRunner:
         """Ids of the devices that have a personalised model (sorted)."""
         return sorted(self._fed.personal) if self._fed is not None else []
 
+    @property
+    def best_round(self) -> int | None:
+        """The round whose model the quality guard holds as the best version (None: guard off or nothing judged)."""
+        return self._best.round if self._best is not None else None
+
+    def best_model(self) -> tuple[ArchSpec, Mapping[str, Any]] | None:
+        """The quality guard's best version (architecture, global model); None when there is none."""
+        return (self._best.spec, self._best.global_state) if self._best is not None else None
+
+    def adopt(self, spec: ArchSpec, global_state: Mapping[str, Any], rollback_id: str | None = None,
+              keep_best: bool = False) -> None:  # fmt: skip
+        """Continue the federation from ``global_state`` (an operator's pin or rollback): the next round sends it out.
+
+        ``rollback_id``: an operator's rollback (its request id), which also takes a smaller server step, as after a
+        guard rollback, once per id: the ids are kept in the run's database, so a request taken up again after a
+        restart (whose resume already shrank the step) only resets the momentum. Unless ``keep_best`` (the adopted
+        model is the guard's best), the quality guard forgets its best version and judges afresh from the adopted
+        one: the operator's choice is not rolled back to an older best. Personalised models are kept.
+
+        Raises
+        ------
+        CoordinatorError
+            If there is no federation yet.
+        ValueError
+            If ``global_state`` does not fit ``spec``.
+        """
+        if self._fed is None:
+            raise CoordinatorError("there is no federation yet: no round has run, so there is no version to continue from")
+        if set(global_state) != set(spec.shapes()) or any(tuple(global_state[k].shape) != tuple(v)
+                                                          for k, v in spec.shapes().items()):  # fmt: skip
+            raise ValueError("the adopted model's tensors do not match its architecture")
+        self._fed.spec = spec
+        self._fed.global_state = {k: v.clone() for k, v in global_state.items()}
+        done = list(self.state.get(OPERATOR_SHRINKS, []))
+        if rollback_id is not None and rollback_id not in done:
+            self.strategy.shrink_step(guard.STEP_FACTOR)
+            self.state.put(OPERATOR_SHRINKS, [*done, rollback_id])
+        else:  # the old momentum points where the federation no longer is
+            self.strategy.shrink_step(1.0)
+        if not keep_best:
+            self._best = None
+            (self.cfg.run_dir / guard.BEST_FILE).unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ bootstrap or resume
     def start(self, resume: bool) -> int:
         """Take up the run in ``cfg.run_dir``; the last completed round (-1: none).
@@ -259,8 +318,28 @@ class FederationRunner:
         self._label_set = self.state.get("label_set", "")
         self._fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
+        self._resume_guard()
         self._resume_strategy(last, spec)
         return last
+
+    def _resume_guard(self) -> None:
+        """Take the quality guard's best version back from the run folder, and the strategy's step as the rollbacks left it.
+
+        The step is shrunk once per rollback: the guard's in the records, the operators' (:meth:`adopt`) counted in
+        the run's database (before the saved moments are loaded, since a shrink
+        resets them). An unreadable best version is logged and judging starts afresh.
+        """
+        rollbacks = len(self.state.get(OPERATOR_SHRINKS, []))
+        if self.cfg.guard:
+            try:
+                self._best = guard.load_best(self.cfg.run_dir)
+            except ValueError as exc:
+                log.error("%s", exc)
+            rollbacks += sum(1 for r in self.records() if r.guard is not None and r.guard.action == "rollback")
+        for _ in range(rollbacks):
+            self.strategy.shrink_step(guard.STEP_FACTOR)
+        if rollbacks:
+            log.info("quality guard: %d rollback(s) so far; server step x%g", rollbacks, guard.STEP_FACTOR**rollbacks)
 
     def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
         """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
@@ -409,6 +488,8 @@ class FederationRunner:
         t0 = time.monotonic()
         if self._tried_round == round_:
             self.grid.new_attempt(round_)
+        else:
+            self._failed_quorums = 0
         self._tried_round = round_
         selected = select_clients(
             self.grid.eligibility(self._label_set).eligible, round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed
@@ -418,7 +499,7 @@ class FederationRunner:
             self.state.event(round_, None, "round_skipped", "not enough clients")
             return None
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
-        spec0 = fed.spec
+        spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
         results, failures = ex.results(), ex.failures()
         bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
@@ -432,6 +513,7 @@ class FederationRunner:
         if agg is None:
             log.error("round %d closed without changing the model: %s", round_, why)
             self.state.event(round_, None, "round_failed", str(why))
+            self._failed_quorums += 1
             self.grid.close_failed(round_)
             return None
         fed.global_state = agg.global_state
@@ -447,6 +529,7 @@ class FederationRunner:
                 rejected += sum(gx.rejected.values())
                 up_by_encoding.update(gx.up_by_encoding)
                 rejections.update(gx.rejected)
+        guard_note = self._judge(round_, spec0, received, results) if self.cfg.guard else None
 
         record = RoundRecord(
             round=round_,
@@ -467,7 +550,8 @@ class FederationRunner:
             ) if agg.mixing is not None else None,
             evaluation=evaluate_round(round_, fed, spec0, results, self.evaluator, self.cfg),
         )  # fmt: skip
-        record = replace(record, seconds=time.monotonic() - t0)
+        record = replace(record, seconds=time.monotonic() - t0, guard=guard_note,
+                         attempts=1 + self._failed_quorums)  # fmt: skip
         summary = record.to_json()
         self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
                                   strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip
@@ -476,6 +560,37 @@ class FederationRunner:
         spill.clear(self.cfg.run_dir / "spill")
         release_free_memory()
         return record
+
+    def _judge(self, round_: int, spec0: ArchSpec, received: Mapping[str, Any], results: list[ClientUpdate]) -> GuardNote | None:
+        """The quality guard at the end of round ``round_`` (:mod:`coordinator.guard`): judge the version the clients received.
+
+        That version was made by round ``round_ - 1`` (the initial model in round 0); the clients' start measure
+        of this round is its only test. A kept version that scores at least the best becomes the best (saved to the
+        run folder). A rollback discards this round's aggregate (made from the judged version): the federation's
+        global model and architecture become the best's, the strategy's step shrinks
+        (:meth:`~coordinator.strategies.base.Strategy.shrink_step`, x :data:`coordinator.guard.STEP_FACTOR`, momentum
+        reset) and the event is logged. Personalised models (FedDWA, FedPer) are kept as they are. None when no
+        client sent a start measure (nothing to judge).
+        """
+        assert self._fed is not None
+        fed = self._fed
+        figures = guard.client_figures(results)
+        if not figures:
+            return None
+        note = guard.judge(round_ - 1, figures, self._best, self.cfg.guard_margin, guard.finite_model(fed.global_state))
+        if note.action == "rollback" and self._best is not None:
+            best = self._best
+            fed.spec = best.spec
+            fed.global_state = {k: v.clone() for k, v in best.global_state.items()}
+            shrunk = self.strategy.shrink_step(guard.STEP_FACTOR)
+            log.warning("round %d: quality guard rolled back to the version of round %d (%s); %s", round_, best.round,
+                        note.reason, "server step halved, momentum reset" if shrunk else f"{self.strategy.name} has no "
+                        "server step to shrink")  # fmt: skip
+            self.state.event(round_, None, "rollback", f"to round {best.round}: {note.reason}")
+        elif note.to_round == round_ - 1:
+            self._best = guard.Best(round_ - 1, figures, spec0, received)
+            guard.save_best(self.cfg.run_dir, self._best)
+        return note
 
     def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
         """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.

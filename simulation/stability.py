@@ -29,6 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from har_io.exit_codes import Exit
+
 DIVERGED_DROP = 0.10
 """A fall of more than this (10 points of macro-F1) from the best round so far counts as divergence (issue 28)."""
 
@@ -88,7 +90,7 @@ def main(argv: list[str]) -> int:
     """Write the markdown tables to argv[0] and the plot to argv[1] from the probe files argv[2:]; 0 ok, 2 usage."""
     if len(argv) < 3:
         print("usage: python -m simulation.stability OUT.md PLOT.png PROBE.json ...", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     out_md, out_png, files = Path(argv[0]), Path(argv[1]), [Path(a) for a in argv[2:]]
     lines = ["| model | split | N | seed | setting | final | worst (r5+) | max drop | val max drop | diverged |",
              "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> int:
         files = sorted(files, key=cell_of)
     except ValueError as exc:
         print(f"stability: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     for f in files:
         model, split, n, seed = cell_of(f)
         doc = json.loads(f.read_text())
@@ -136,7 +138,7 @@ def main(argv: list[str]) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return 0
+        return Exit.OK
     keys = sorted(panels)
     fig, axes = plt.subplots(len(keys), 1, figsize=(8, 2.6 * len(keys)), squeeze=False)
     for ax, key in zip(axes[:, 0], keys, strict=True):
@@ -154,7 +156,7 @@ def main(argv: list[str]) -> int:
     axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.record import RoundRecord
 from coordinator.server.metrics import make_registry, scrape
-from coordinator.server.web import ServerView, WebServer, make_app
+from coordinator.server.web import ServerView, WebServer, make_app, render_page
 from coordinator.state import RunState
 from har_models.nn.model import ArchSpec, init_state
 
@@ -20,10 +20,12 @@ ROWS = [
      "global": {"accuracy": 0.5, "macro_f1": 0.4}, "personalisation": {"accuracy": 0.6, "macro_f1": 0.55}},
     {"round": 1, "selected": 3, "updates": 2, "rejected": 3, "missing": ["c"], "seconds": 20.0, "bytes_up": 2500,
      "bytes_down": 6000, "failures": {"c": "bad_shape"}, "rejections": [["c", "bad_shape", 2], ["d", "not_selected", 1]],
-     "bytes_up_by_encoding": {"float32": 2000, "int8_delta": 500}, "personalisation": {"accuracy": 0.7, "macro_f1": 0.65}},
+     "bytes_up_by_encoding": {"float32": 2000, "int8_delta": 500}, "personalisation": {"accuracy": 0.7, "macro_f1": 0.65},
+     "attempts": 3},
     {"round": 2, "selected": 3, "updates": 3, "rejected": 1, "missing": [], "seconds": 7.5, "bytes_up": 900, "bytes_down": 6000,
      "rejections": [["d", "not_selected", 1]], "bytes_up_by_encoding": {"int8_delta": 900},
-     "global": {"accuracy": 0.8, "macro_f1": float("nan")}},
+     "global": {"accuracy": 0.8, "macro_f1": float("nan")},
+     "guard": {"action": "rollback", "judged_round": 1, "to_round": 0, "reason": "start macro-F1 fell"}},
 ]  # fmt: skip
 RECORDS = [RoundRecord.from_json(r) for r in ROWS]
 
@@ -49,6 +51,10 @@ def _check_against_records(got: dict) -> None:
     assert got[("fedhar_round_duration_seconds_sum", ())] == 12.5 + 20.0 + 7.5
     assert got[("fedhar_last_round_duration_seconds", ())] == 7.5
     assert got[("fedhar_last_round", ())] == 2
+    # round 1 took 3 exchanges (2 closed without quorum), the others 1; round 2's guard rolled back
+    assert got[("fedhar_round_attempts_count", ())] == 3 and got[("fedhar_round_attempts_sum", ())] == 1 + 3 + 1
+    assert got[("fedhar_rounds_without_quorum_total", ())] == 2
+    assert got[("fedhar_rollbacks_total", ())] == 1
     # global macro-F1 of round 2 is NaN (an empty test set): the last measured one is round 0's
     assert got[("fedhar_last_macro_f1", (("measure", "global"),))] == 0.4
     assert got[("fedhar_last_accuracy", (("measure", "global"),))] == 0.8
@@ -95,3 +101,18 @@ def test_metrics_over_http_follow_the_run_database(tmp_path: Path) -> None:
     finally:
         server.stop()
         state.close()
+
+
+def test_the_page_shows_attempts_rounds_without_quorum_and_the_last_rollback(tmp_path: Path) -> None:
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    state = RunState(tmp_path / "run")
+    try:
+        for rec in RECORDS:
+            state.complete_round(rec.round, spec, init_state(spec, 1), {}, rec.to_json())
+        page = render_page(ServerView(run_state=state))
+    finally:
+        state.close()
+    # 5 exchanges over 3 rounds
+    assert '<span id="attempts-per-round">1.67</span>' in page
+    assert '<span id="rounds-without-quorum">2</span>' in page and '<span id="rollbacks">1</span>' in page
+    assert 'last: round 2 went back to the version of round <span id="rollback-to">0</span>: start macro-F1 fell' in page

@@ -67,9 +67,10 @@ def test_a_round_without_quorum_is_closed_at_once_and_run_again_as_a_new_attempt
     grid.silent = set()
     record = runner.run_round(0)
     assert record is not None and record.participation.updates == 3
+    assert record.attempts == 2 and record.to_json()["attempts"] == 2  # one failed quorum, then the attempt that closed
     assert [e for e in grid.log if e[0] in ("new_attempt", "exchange", "close_failed")] == [
         ("exchange", 0, 0, ("a", "b", "c")), ("close_failed", 0), ("new_attempt", 0), ("exchange", 0, 0, ("a", "b", "c"))]
-    runner.run_round(1)
+    assert runner.run_round(1).attempts == 1  # type: ignore[union-attr]
     assert ("new_attempt", 1) not in grid.log  # a round's first attempt is not a re-run
 
 

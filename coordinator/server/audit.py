@@ -21,7 +21,7 @@ from pathlib import Path
 
 AUDIT_NAME = "audit.jsonl"
 
-ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload")
+ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload", "pin", "rollback")
 """The actions an entry may name."""
 
 

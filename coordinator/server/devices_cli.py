@@ -1,4 +1,4 @@
-"""``fedhar-coordinator enrol | revoke | forget | devices | versions``: the home server's devices and model versions.
+"""``fedhar-coordinator enrol | revoke | forget | devices | versions | pin | rollback``: the home server's devices and model versions.
 
 * ``enrol NAME [--owner PERSON]`` (``enroll`` is an alias): creates the device's broker account and ACL (and reloads the
   broker) through :mod:`coordinator.server.broker_admin`, records it in the registry, and writes
@@ -17,7 +17,11 @@
 * ``devices [--json]``: deletes enrolment bundles no longer needed
   (:func:`~coordinator.server.lifecycle.prune_bundles`), then lists enrolled, online (from the retained statuses on the broker, when it can
   be reached, else unknown) and revoked devices.
-* ``versions [--json]``: the kept model versions with their figures.
+* ``versions [--json]``: the kept model versions with their figures, marking the newest and the
+  quality guard's best (:mod:`coordinator.guard`).
+* ``pin VERSION``: a running ``serve`` continues from that version at its next round (devices receive
+  it); ``rollback [VERSION]``: the same with a halved server step, by default to the guard's best
+  version. Both write a request (:mod:`coordinator.server.model_request`) that survives a restart.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
         ap.add_argument("new", help="its new name (never used before: letters, digits, '_', '.', '-')")
     if cmd == "enrol":
         ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
+    if cmd == "pin":
+        ap.add_argument("version", type=int, help="the model version to continue from (see fedhar-coordinator versions)")
+    if cmd == "rollback":
+        ap.add_argument("version", type=int, nargs="?", default=None,
+                        help="the model version to go back to (default: the quality guard's best)")  # fmt: skip
     if cmd in ("devices", "versions"):
         ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     if cmd == "devices":
@@ -527,6 +536,61 @@ def renew_main(argv: list[str]) -> int:
     return Exit.OK
 
 
+def version_table(data: Path) -> list[dict[str, Any]]:
+    """The kept versions (oldest first) as JSON-ready rows, each with ``mark``: "newest", "best", "best, newest" or "".
+
+    The best is the newest version of the quality guard's best round (``<data>/run/guard_best.safetensors``).
+
+    Raises
+    ------
+    DeviceCommandError
+        If ``data`` holds no server database.
+    """
+    from coordinator import guard
+
+    _existing_registry(data)
+    reg = Registry(data)
+    try:
+        rows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]
+    finally:
+        reg.close()
+    try:
+        best = guard.load_best(data / "run")
+    except ValueError as exc:
+        log.warning("%s", exc)
+        best = None
+    best_version = max((r["version"] for r in rows if best is not None and r["round"] == best.round), default=None)
+    for r in rows:
+        marks = (["best"] if r["version"] == best_version else []) + (["newest"] if r is rows[-1] else [])
+        r["mark"] = ", ".join(marks)
+    return rows
+
+
+def request_model(data: Path, action: str, version: int | None) -> list[str]:
+    """``pin VERSION`` / ``rollback [VERSION]``: write the request a running ``serve`` takes up at its next round.
+
+    Raises
+    ------
+    DeviceCommandError
+        If ``data`` holds no server database, the version is not kept, or a rollback without a version finds no
+        best version of the quality guard.
+    """
+    from coordinator.guard import BEST_FILE
+    from coordinator.server import model_request
+
+    rows = version_table(data)
+    kept = [r["version"] for r in rows]
+    if version is not None and version not in kept:
+        raise DeviceCommandError(f"version {version} is not kept in {data} (kept: {kept or 'none'}); "
+                                 f"see fedhar-coordinator versions")  # fmt: skip
+    if version is None and not (data / "run" / BEST_FILE).exists():
+        raise DeviceCommandError(f"the quality guard of {data} holds no best version (it is off, or judged none yet); "
+                                 f"name one: fedhar-coordinator rollback VERSION (see fedhar-coordinator versions)")  # fmt: skip
+    req = model_request.write_request(data, action, version)
+    audit(data, action, None, req.describe())
+    return [f"{req.describe()} requested: a running serve takes it up before its next round (also after a restart)"]
+
+
 def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, Any]]:
     """One row per registered device: name, owner, state, online ("yes"/"no"/"unknown"), rounds taken part in, times."""
     reg = Registry(data)
@@ -660,12 +724,7 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
                 r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
             _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked", "renamed_to"])
     elif cmd == "versions":
-        _existing_registry(data)
-        reg = Registry(data)
-        try:
-            vrows = [{**asdict(v), "path": str(v.path)} for v in reg.versions()]
-        finally:
-            reg.close()
+        vrows = version_table(data)
         if args.json:
             print(json.dumps(vrows, indent=1))
         else:
@@ -675,7 +734,10 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
                 r["pers_f1"] = None if f.get("personalization_macro_f1") is None else f"{100 * f['personalization_macro_f1']:.1f}%"
                 r["global_f1"] = None if f.get("global_macro_f1") is None else f"{100 * f['global_macro_f1']:.1f}%"
                 r["updates"] = f.get("updates")
-            _print_table(vrows, ["version", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])
+            _print_table(vrows, ["version", "mark", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])
+    elif cmd in ("pin", "rollback"):
+        for line in request_model(data, cmd, args.version):
+            print(line)
     else:
         print(f"{prog}: unknown command", file=sys.stderr)
         return Exit.USAGE

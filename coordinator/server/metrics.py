@@ -17,6 +17,9 @@ Exported (prefix ``fedhar_``)::
     last_round_duration_seconds                  gauge
     last_round                                   gauge: index of the last completed round (-1: none)
     updates_accepted_total                       counter: valid updates (main exchanges)
+    round_attempts                               summary (count, sum): exchanges per completed round
+    rounds_without_quorum_total                  counter: exchanges that closed without quorum before a round completed
+    rollbacks_total                              counter: quality-guard rollbacks (coordinator/guard.py)
     updates_rejected_total{reason}               counter: rejected messages by reason code
     bytes_in_total{encoding}                     counter: update envelopes received, by encoding
     bytes_out_total{encoding}                    counter: model envelopes sent (float32)
@@ -40,7 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from coordinator.record import DEFAULT_ENCODING, RoundRecord
+from coordinator.record import DEFAULT_ENCODING, GuardNote, RoundRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Content type of the text exposition format."""
@@ -79,6 +82,15 @@ class RoundTotals:
         :data:`UNKNOWN_REASON`.
     bytes_in, bytes_out : Counter encoding -> bytes
         Update envelopes received and model envelopes sent (models go out as float32).
+    attempts : int
+        Sum of the records' ``attempts`` (exchanges, 1 for a round completed at once).
+    without_quorum : int
+        Exchanges that closed without quorum before their round completed (attempts - 1 summed). A round
+        still failing is counted once it completes; a coordinator restart forgets the count of the round it was in.
+    rollbacks : int
+        Records whose quality guard rolled back.
+    last_rollback : tuple (round, GuardNote) or None
+        The newest of them: the round it happened in and the guard's note (to which round, why).
     last : dict (measure, key) -> float
         The newest finite value of ``key`` ("accuracy", "macro_f1") of ``measure`` ("global",
         "personalisation").
@@ -92,6 +104,10 @@ class RoundTotals:
     rejected: Counter[str] = field(default_factory=Counter)
     bytes_in: Counter[str] = field(default_factory=Counter)
     bytes_out: Counter[str] = field(default_factory=Counter)
+    attempts: int = 0
+    without_quorum: int = 0
+    rollbacks: int = 0
+    last_rollback: tuple[int, GuardNote] | None = None
     last: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
@@ -110,6 +126,11 @@ class RoundTotals:
         self.last_round = r.round
         p = r.participation
         self.updates += p.updates
+        self.attempts += r.attempts
+        self.without_quorum += r.attempts - 1
+        if r.guard is not None and r.guard.action == "rollback":
+            self.rollbacks += 1
+            self.last_rollback = (r.round, r.guard)
         for rej in p.rejections:
             self.rejected[rej.reason] += rej.count
         rest = p.rejected - sum(rej.count for rej in p.rejections)
@@ -183,6 +204,11 @@ class FederationCollector(Collector):
         yield last
         yield GaugeMetricFamily("fedhar_last_round", "Index of the last completed round (-1: none)", value=t.last_round)
         yield CounterMetricFamily("fedhar_updates_accepted", "Valid updates received in the rounds' main exchanges", value=t.updates)
+        yield SummaryMetricFamily("fedhar_round_attempts", "Exchanges per completed round (1 + those that closed without quorum)",
+                                  count_value=t.rounds, sum_value=t.attempts)  # fmt: skip
+        yield CounterMetricFamily("fedhar_rounds_without_quorum", "Exchanges that closed without quorum before their round "
+                                  "completed", value=t.without_quorum)  # fmt: skip
+        yield CounterMetricFamily("fedhar_rollbacks", "Quality-guard rollbacks to the best version", value=t.rollbacks)
         rej = CounterMetricFamily("fedhar_updates_rejected", "Rejected update messages by reason", labels=["reason"])
         for reason, n in sorted(t.rejected.items()):
             rej.add_metric([reason], n)

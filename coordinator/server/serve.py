@@ -37,6 +37,7 @@ from coordinator import state as run_state
 from coordinator.admission import Admission
 from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
+from coordinator.server import model_request
 from coordinator.server.lifecycle import prune_bundles
 from coordinator.server.registry import Registry, VersionRow
 from coordinator.server.schedule import next_start, waiting_line
@@ -118,6 +119,10 @@ RETRY_MIN_S = 10.0
 """A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
 
 
+REQUEST_DONE_KEY = "model_request_done"
+"""Key in the run's database: the id of the last operator pin/rollback whose round completed."""
+
+
 def version_path(data_dir: Path, version: int) -> Path:
     """``<data>/versions/v000001.safetensors`` for version 1."""
     return Path(data_dir) / "versions" / f"v{version:06d}.safetensors"
@@ -127,7 +132,9 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     """The federation's :class:`CoordinatorConfig` from ``server.toml``'s top-level keys.
 
     ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
-    the run folder is ``<data>/run``; the run continues where it stopped (``resume``).
+    the run folder is ``<data>/run``; the run continues where it stopped (``resume``). The quality
+    guard (:mod:`coordinator.guard`) is on unless the file says ``guard = false``: a served federation
+    runs unattended, and a collapsed version must not become the one every device receives.
 
     Raises
     ------
@@ -136,6 +143,7 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
         below the quorum ``min_clients`` (a round started with fewer could not change the model).
     """
     fed = dict(file.federation)
+    fed.setdefault("guard", True)
     if "rounds" in fed:
         log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
     cfg = settings_from(
@@ -297,6 +305,8 @@ class Server:
         self._revoked_seen: set[str] = set()
         self._monitor: Any = None
         self._eligible_now = 0
+        self._request_taken = ""  # id of the operator's pin/rollback taken up by this process
+        self._request_pending: model_request.ModelRequest | None = None  # taken up, its round not yet completed
 
     @property
     def server(self) -> ServerSettings:
@@ -469,6 +479,7 @@ class Server:
                     try:
                         runner.note({"epoch": self.epoch})
                         self._open_round = round_
+                        self._take_model_request()
                         record = runner.run_round(round_)
                     except StateError:
                         raise
@@ -483,6 +494,7 @@ class Server:
                         self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
                         continue
                     self._after_round(record)
+                    self._finish_model_request()
                     self._last_end = time.time()
                     self._retry_at = 0.0
                     round_ += 1
@@ -497,6 +509,58 @@ class Server:
                     self._monitor.stop()
             grid.close()
             self.registry.close()
+
+    def _take_model_request(self) -> None:
+        """Take up an operator's pending pin or rollback (:mod:`coordinator.server.model_request`) before a round.
+
+        Once per request and process: the runner continues from the requested version's model
+        (:meth:`coordinator.runner.FederationRunner.adopt`). A request already done (its id in the run's
+        database) is deleted; one that cannot be done (the version is no longer kept, no best version) is
+        logged and deleted, and the federation goes on as it was.
+        """
+        from coordinator.runner import CoordinatorError
+
+        try:
+            req = model_request.read_request(self.data_dir)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return
+        if req is None or req.id == self._request_taken:
+            return
+        if self.runner.state.get(REQUEST_DONE_KEY) == req.id:
+            model_request.clear_request(self.data_dir, req)
+            return
+        try:
+            self.runner.ensure_federation()
+            if req.version is None:
+                best = self.runner.best_model()
+                if best is None:
+                    raise ValueError("the quality guard holds no best version yet (it is off, or no version was judged)")
+                spec, state = best
+            else:
+                rows = {v.version: v for v in self.registry.versions()}
+                if req.version not in rows:
+                    raise ValueError(f"version {req.version} is not kept (kept: {sorted(rows)})")
+                spec, state = run_state.load_state_file(rows[req.version].path)
+            self.runner.adopt(spec, state, rollback_id=req.id if req.action == "rollback" else None,
+                              keep_best=req.version is None)  # fmt: skip
+        except (ValueError, OSError, CoordinatorError) as exc:
+            log.error("operator's %s cannot be done: %s; the request is dropped", req.describe(), exc)
+            model_request.clear_request(self.data_dir, req)
+            return
+        self._request_taken = req.id
+        self._request_pending = req
+        log.warning("operator's %s: the next round starts from it%s", req.describe(),
+                    " with a halved server step" if req.action == "rollback" else "")  # fmt: skip
+
+    def _finish_model_request(self) -> None:
+        """The round that started from a requested model completed: note the request done and delete its file."""
+        req = self._request_pending
+        if req is None:
+            return
+        self.runner.state.put(REQUEST_DONE_KEY, req.id)
+        model_request.clear_request(self.data_dir, req)
+        self._request_pending = None
 
     def _catch_up_version(self, last: int) -> None:
         """Give round ``last`` its version when a stop came between the round's commit and its version file.

@@ -883,6 +883,7 @@ def render_page(view: ServerView, query: str = "") -> str:
     h.append(f'<p>last completed round: <span id="last-round">{_e(last)}</span>{planned} · next start: '
              f'<span id="next-start">{_when(cur["next_start_unix"], now) if cur["next_start_unix"] else "when enough devices are eligible"}'
              f"</span></p>")  # fmt: skip
+    h.append(_attempts_line(view.totals()))
     h.append("<h2>Rounds</h2>")
     h.append('<div class="charts">' + "\n".join(view.charts()) + "</div>")
     h.append("<h2>Model versions</h2>")
@@ -917,6 +918,19 @@ def render_page(view: ServerView, query: str = "") -> str:
                                     ("api/versions", "versions"), ("metrics", "metrics"))) + "</p>")  # fmt: skip
     h.append("</body></html>")
     return "\n".join(h)
+
+
+def _attempts_line(t: RoundTotals) -> str:
+    """One line on how the rounds went: exchanges per round, exchanges without quorum, quality-guard rollbacks (the last one's why)."""
+    per = f"{t.attempts / t.rounds:.2f}" if t.rounds else "—"
+    words = (f'<p id="round-health">attempts per round <span id="attempts-per-round">{per}</span> · '
+             f'closed without quorum <span id="rounds-without-quorum">{t.without_quorum}</span> · '
+             f'rollbacks <span id="rollbacks">{t.rollbacks}</span>')  # fmt: skip
+    if t.last_rollback is not None:
+        rnd, note = t.last_rollback
+        words += (f' (last: round {rnd} went back to the version of round <span id="rollback-to">{note.to_round}</span>: '
+                  f"{_e(note.reason)})")  # fmt: skip
+    return words + "</p>"
 
 
 # ---------------------------------------------------------------------- app

@@ -184,6 +184,22 @@ class Strategy:
         """Aggregate the updates of a FedDist intermediate exchange (as :meth:`aggregate_fit` here)."""
         return self.aggregate_fit(-1, fed, results)
 
+    def shrink_step(self, factor: float) -> bool:
+        """Take a smaller server step from now on: multiply it by ``factor`` in (0, 1] and forget the momentum.
+
+        The quality guard (:mod:`coordinator.guard`) calls it after each rollback. A strategy
+        without a server step of its own (FedAvg, FedProx, FedDWA, FedPer: the new model is the
+        clients' mean) has nothing to shrink and returns False; one that has returns True.
+
+        Raises
+        ------
+        ValueError
+            If ``factor`` is not in (0, 1].
+        """
+        if not 0 < factor <= 1:
+            raise ValueError(f"{self.name}: shrink_step factor must be in (0, 1], got {factor}")
+        return False
+
     @property
     def keeps_state(self) -> bool:
         """True when the strategy carries state between rounds (its class overrides :meth:`state_dict`)."""

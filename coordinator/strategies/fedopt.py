@@ -100,7 +100,9 @@ class FedOpt(Strategy):
     eta, beta, beta2, tau, eps : float
         The settings in force (for FedExP, ``eta`` is the cap eta_max).
     last_eta : float or None
-        The step size of the last step (FedExP's adaptive eta_t; the others' eta); None before it.
+        The step size of the last step (FedExP's adaptive eta_t; the others' eta), after ``step_scale``; None before it.
+    step_scale : float
+        Factor on every step (1; the quality guard halves it at each rollback, :meth:`shrink_step`).
     m, v : State or None
         First and second moments (None before the first step; v only for adam/yogi).
     """
@@ -125,6 +127,7 @@ class FedOpt(Strategy):
         if self.rule == "exp" and not self.eta >= 1:
             raise ValueError(f"{type(self).__name__}: FedExP's cap eta_max (--server-lr) must be >= 1, got {self.eta}")
         self.last_eta: float | None = None
+        self.step_scale = 1.0
         self.m: State | None = None
         self.v: State | None = None
 
@@ -157,14 +160,16 @@ class FedOpt(Strategy):
             used = contributors(results)
             msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
             cap = self.eta_max(len(used))
-            eta_t = fedexp_eta(msq, delta, self.eps, cap)
+            eta_t = fedexp_eta(msq, delta, self.eps, cap) * self.step_scale
             log.info("round %d: %s server step %.3f (cap %.2g for %d clients, beta %.2g)", round_, self.name, eta_t, cap,
                      len(used), self.beta)
             x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
         elif self.rule == "avgm":
-            x_new, m_new = fedavgm_step(x_t, delta, self.m, self.eta, self.beta)
+            eta_t = self.eta * self.step_scale
+            x_new, m_new = fedavgm_step(x_t, delta, self.m, eta_t, self.beta)
         else:
-            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, self.eta, self.rule, self.beta, self.beta2, self.tau)
+            eta_t = self.eta * self.step_scale
+            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, eta_t, self.rule, self.beta, self.beta2, self.tau)
         bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
         if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
             raise ValueError(
@@ -174,6 +179,19 @@ class FedOpt(Strategy):
         self.last_eta = eta_t
         self.m, self.v = m_new, v_new if v_new is not None else self.v
         return Aggregate(x_new, {}, None, avg.participants)
+
+    def shrink_step(self, factor: float) -> bool:
+        """Multiply every later step by ``factor`` (``step_scale``) and reset the moments m, v to their initial state.
+
+        Raises
+        ------
+        ValueError
+            If ``factor`` is not in (0, 1].
+        """
+        super().shrink_step(factor)
+        self.step_scale *= factor
+        self.m = self.v = None
+        return True
 
     def eta_max(self, n_clients: int) -> float:
         """FedExP's cap on eta_t in a round of ``n_clients`` contributors: the setting ``eta`` here (a subclass may size it)."""

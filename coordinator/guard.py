@@ -1,0 +1,177 @@
+"""The quality guard: judge each new version by what its clients measured on it, and roll back a collapse.
+
+The coordinator holds no data, but every client measures the model it receives on its own test
+windows before it trains (the record's ``start`` measure, :class:`coordinator.record.Evaluation`).
+So the version made in round r is judged only in round r + 1, when the clients that received it
+report its start figures. The runner (:class:`coordinator.runner.FederationRunner`) does this
+at the end of every round r + 1 when the guard is on:
+
+1. score(v) = sum_i n_i F1_i / sum_i n_i, the macro-F1 of each client i weighted by its test
+   windows n_i, over the clients that reported a start measure both for the judged version and
+   for the best version so far (:func:`common_scores`);
+2. the judged version is *kept* when its score is finite and at most ``margin`` points (of
+   macro-F1, in %) below the best's on those clients; it becomes the best when its score is at
+   least the best's;
+3. otherwise (more than ``margin`` below, or a non-finite score or model) the round's new model,
+   made from the judged version, is discarded with it: the federation continues from the best
+   version's model, the strategy takes a smaller server step
+   (:meth:`coordinator.strategies.base.Strategy.shrink_step`), and the round's record says
+   ``guard: {"action": "rollback", "to_round": best, ...}``.
+
+The first version judged becomes the best (there is nothing to compare it with); when the two
+versions share no client, the judged one is kept and not made the best. The best version (its
+round, its clients' figures and its global model) lives in ``guard_best.safetensors`` in the run
+folder, written atomically, so a resumed run (also after kill -9) compares with the same best.
+
+This module is the rule; it holds no state and touches no files except through
+:func:`save_best` / :func:`load_best`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coordinator.record import GuardNote
+from coordinator.state import load_state_file, save_state_file
+from coordinator.updates import ClientUpdate
+from har_models.nn.metrics import summarise
+from har_models.nn.model import ArchSpec
+
+BEST_FILE = "guard_best.safetensors"
+"""The best version's global model and figures, in the run folder."""
+
+DEFAULT_MARGIN = 10.0
+"""Points of macro-F1 a version may fall below the best before it is rolled back. Issue 28's collapses fell 40 to 85
+points within a few rounds, while a healthy 2-device federation's round-to-round start figures move by a few points;
+10 is the drop the issue itself calls divergence."""
+
+STEP_FACTOR = 0.5
+"""What each rollback multiplies the strategy's server step by (and its momentum is reset)."""
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best version so far: its round, its clients' start figures (client id -> (macro-F1, test windows)), its model."""
+
+    round: int
+    clients: Mapping[str, tuple[float, int]]
+    spec: ArchSpec
+    global_state: Mapping[str, torch.Tensor]
+
+
+def client_figures(results: Sequence[ClientUpdate]) -> dict[str, tuple[float, int]]:
+    """Each client's (macro-F1, test windows) of the model it received, from its update's "initial" confusion matrix.
+
+    The same figures as the record's ``start_clients`` (:func:`coordinator.round.evaluate_round`); clients that sent
+    no such matrix, or one without windows, are left out.
+    """
+    out = {}
+    for u in results:
+        cm = u.confusion.get("initial")
+        if cm is not None and int(np.asarray(cm).sum()) > 0:
+            m = summarise(cm)
+            out[u.client_id] = (float(m["macro_f1"]), int(m["n"]))
+    return out
+
+
+def weighted_f1(figures: Mapping[str, tuple[float, int]], clients: set[str]) -> float:
+    """sum_i n_i F1_i / sum_i n_i over ``clients`` (NaN when they hold no windows; NaN when any F1_i is NaN)."""
+    n = sum(figures[c][1] for c in clients)
+    if n == 0:
+        return math.nan
+    return sum(figures[c][0] * figures[c][1] for c in clients) / n
+
+
+def common_scores(judged: Mapping[str, tuple[float, int]], best: Mapping[str, tuple[float, int]]) -> tuple[float, float, int]:
+    """(judged score, best score, clients in both): :func:`weighted_f1` of each over the clients that reported in both."""
+    both = set(judged) & set(best)
+    return weighted_f1(judged, both), weighted_f1(best, both), len(both)
+
+
+def finite_model(state: Mapping[str, torch.Tensor]) -> bool:
+    """True when every floating tensor of ``state`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point())
+
+
+def judge(judged_round: int, judged: Mapping[str, tuple[float, int]], best: Best | None, margin: float,
+          new_model_finite: bool = True) -> GuardNote:  # fmt: skip
+    """The guard's decision on the version of ``judged_round`` (module docstring).
+
+    Parameters
+    ----------
+    judged_round : int
+        Round that made the version the clients received (-1: the initial model).
+    judged : mapping client id -> (macro-F1 in [0, 1], test windows)
+        The clients' start figures of that version.
+    best : Best or None
+        The best version so far (None: none judged yet).
+    margin : float >= 0
+        Points of macro-F1 (0..100) the judged version may fall below the best.
+    new_model_finite : bool
+        False when this round's aggregate holds NaN or inf.
+
+    Returns
+    -------
+    GuardNote
+        "rollback" only when there is a best version to go back to; "keep" otherwise, with
+        ``to_round`` the best's round (``judged_round`` when there is no best yet).
+
+    Raises
+    ------
+    ValueError
+        If ``margin`` is negative or not finite.
+    """
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"guard margin must be a finite number of points >= 0 (--guard-margin), got {margin}")
+    if best is None:
+        return GuardNote("keep", judged_round, judged_round, "first version judged")
+    if not new_model_finite:
+        return GuardNote("rollback", judged_round, best.round, "the round's aggregate holds NaN or inf")
+    score, best_score, n = common_scores(judged, best.clients)
+    if n == 0:
+        return GuardNote("keep", judged_round, best.round, "no client measured both versions")
+    if not math.isfinite(score) or not math.isfinite(best_score):
+        return GuardNote("rollback", judged_round, best.round, f"start macro-F1 not finite ({score} against {best_score})")
+    text = (f"start macro-F1 {100 * score:.1f}% against the best's (round {best.round}) {100 * best_score:.1f}% "
+            f"on {n} client(s), margin {margin:g} points")  # fmt: skip
+    if score < best_score - margin / 100:
+        return GuardNote("rollback", judged_round, best.round, text)
+    return GuardNote("keep", judged_round, judged_round if score >= best_score else best.round, text)
+
+
+def save_best(folder: Path, best: Best) -> None:
+    """Write ``best`` to ``folder / BEST_FILE`` atomically (its figures in the file's metadata)."""
+    figures = {c: [f, n] for c, (f, n) in best.clients.items()}
+    save_state_file(folder / BEST_FILE, best.spec, best.global_state,
+                    {"round": str(best.round), "clients": json.dumps(figures)})  # fmt: skip
+
+
+def load_best(folder: Path) -> Best | None:
+    """The best version :func:`save_best` wrote in ``folder``; None when there is none.
+
+    Raises
+    ------
+    ValueError
+        If the file is unreadable or inconsistent (the message names it; delete it to start judging afresh).
+    """
+    path = folder / BEST_FILE
+    if not path.exists():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        spec, state = load_state_file(path)
+        figures = {str(c): (float(v[0]), int(v[1])) for c, v in json.loads(meta["clients"]).items()}
+        return Best(int(meta["round"]), figures, spec, state)
+    except Exception as exc:  # a damaged header raises safetensors' own types
+        raise ValueError(f"{path}: unreadable best version of the quality guard ({type(exc).__name__}: {exc}); "
+                         f"delete it to start judging afresh") from exc

@@ -1,0 +1,160 @@
+"""The quality guard (coordinator/guard.py): the rule with hand-computed scores, and a collapse rolled back on the
+in-memory grid (a device whose update is finite but 100x too large), with the smaller step and the continuation
+from the best version, also after a restart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from inmemory_grid import N_CLASSES, InMemoryGrid, device_status
+
+from coordinator import guard
+from coordinator.config import CoordinatorConfig
+from coordinator.record import GuardNote, RoundRecord
+from coordinator.runner import FederationRunner
+from coordinator.updates import ClientUpdate
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire.messages import TrainingPlan
+
+DEVICES = {"a": 30, "b": 10, "c": 60}  # training windows
+
+
+# ---------------------------------------------------------------------------------------------- the rule
+def _best(figures: Mapping[str, tuple[float, int]], round_: int = 3) -> guard.Best:
+    return guard.Best(round_, dict(figures), None, {})  # type: ignore[arg-type]
+
+
+def test_scores_are_weighted_by_test_windows_over_the_clients_in_both() -> None:
+    judged = {"a": (0.5, 10), "b": (0.9, 30), "new": (0.0, 100)}
+    best = {"a": (0.8, 10), "b": (0.9, 30), "gone": (1.0, 5)}
+    # judged over a, b: (0.5*10 + 0.9*30) / 40 = 0.8; best: (0.8*10 + 0.9*30) / 40 = 0.875
+    assert guard.common_scores(judged, best) == (pytest.approx(0.8), pytest.approx(0.875), 2)
+
+
+def test_a_version_more_than_the_margin_below_the_best_is_rolled_back_and_one_within_it_kept() -> None:
+    best = _best({"a": (0.875, 40)})
+    assert guard.judge(5, {"a": (0.8, 40)}, best, margin=10).action == "keep"  # 7.5 points below
+    note = guard.judge(5, {"a": (0.7, 40)}, best, margin=10)  # 17.5 points below
+    assert (note.action, note.judged_round, note.to_round) == ("rollback", 5, 3)
+    assert "70.0%" in note.reason and "87.5%" in note.reason
+    assert guard.judge(5, {"a": (0.9, 40)}, best, margin=10).to_round == 5  # better: the new best
+
+
+def test_non_finite_figures_or_model_roll_back_and_the_first_version_or_no_common_client_is_kept() -> None:
+    best = _best({"a": (0.9, 40)})
+    assert guard.judge(5, {"a": (math.nan, 40)}, best, 10).action == "rollback"
+    assert guard.judge(5, {"a": (0.9, 40)}, best, 10, new_model_finite=False).action == "rollback"
+    assert guard.judge(0, {"a": (0.1, 40)}, None, 10) == GuardNote("keep", 0, 0, "first version judged")
+    assert guard.judge(5, {"z": (0.1, 40)}, best, 10).to_round == 3  # kept, but not the best
+    with pytest.raises(ValueError, match="guard-margin"):
+        guard.judge(5, {"a": (0.9, 40)}, best, -1)
+
+
+def test_the_guard_note_and_attempts_are_optional_record_keys_that_round_trip() -> None:
+    plain = RoundRecord(round=4)
+    assert "guard" not in plain.to_json() and "attempts" not in plain.to_json()
+    rec = replace(plain, guard=GuardNote("rollback", 3, 1, "why"), attempts=3)
+    d = rec.to_json()
+    assert d["guard"] == {"action": "rollback", "judged_round": 3, "to_round": 1, "reason": "why"} and d["attempts"] == 3
+    assert RoundRecord.from_json(d) == rec and RoundRecord.from_json(d).to_json() == d
+
+
+# ---------------------------------------------------------------------------------------------- a collapse
+class _MeasuringGrid(InMemoryGrid):
+    """Devices that also measure the model they received: all 24 test windows right while no weight has moved more
+    than 0.5 from the initial model, every window called class 0 beyond (a collapsed model)."""
+
+    def __init__(self, g0: Mapping[str, torch.Tensor]):
+        super().__init__({cid: device_status(cid, n) for cid, n in DEVICES.items()}, step=self._step, n_test=24)
+        self.g0 = {k: v.clone() for k, v in g0.items()}
+        self._round = -1
+        self.huge_in: set[int] = set()  # rounds in which device c's update is 100x too large
+        self.received: list[tuple[int, float]] = []  # (round, drift of the model the devices received)
+
+    def _step(self, cid: str) -> float:
+        return 1.0 if cid == "c" and self._round in self.huge_in else 0.01
+
+    def train(self, cid: str, start: Mapping[str, torch.Tensor], round_: int, stage: int, plan: TrainingPlan) -> ClientUpdate:
+        self._round = round_
+        u = super().train(cid, start, round_, stage, plan)
+        drift = max(float((start[k] - self.g0[k]).abs().max()) for k in self.g0 if self.g0[k].is_floating_point())
+        if cid == "a":
+            self.received.append((round_, drift))
+        per = self.n_test // N_CLASSES
+        cm = np.diag([per] * N_CLASSES).astype(np.int64) if drift < 0.5 else np.zeros((N_CLASSES, N_CLASSES), np.int64)
+        if drift >= 0.5:
+            cm[:, 0] = per
+        return replace(u, confusion={**u.confusion, "initial": cm})
+
+
+def _cfg(tmp_path: Path, **kw: object) -> CoordinatorConfig:
+    base: dict[str, object] = dict(run_dir=tmp_path / "run", run_id="guard", rounds=6, conv_filters=4, dense_units=8,
+                                   min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavgm",
+                                   server_opt={"lr": 2.0, "momentum": 0.0}, guard=True)  # fmt: skip
+    base.update(kw)
+    return CoordinatorConfig(**base)  # type: ignore[arg-type]
+
+
+def _first_float(state: Mapping[str, torch.Tensor]) -> str:
+    return next(k for k, v in state.items() if v.is_floating_point())
+
+
+def test_a_collapse_is_rolled_back_to_the_best_version_with_half_the_server_step(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    g0 = init_state(_spec(cfg), cfg.seed)
+    grid = _MeasuringGrid(g0)
+    grid.huge_in = {2}
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    name = _first_float(g0)
+    recs = [runner.run_round(r) for r in range(5)]
+    assert all(r is not None for r in recs)
+    notes = [r.guard for r in recs if r is not None]
+    # FedAvgM eta 2 beta 0: every device steps 0.01, so each round moves the model by 2 x 0.01 = 0.02 ...
+    # ... except round 2, where c (60 of 100 windows) steps 1.0: mean (0.3 + 0.1 + 60) / 100 = 0.604, x 2 = 1.208.
+    assert [round(d, 3) for _, d in grid.received] == [0.0, 0.02, 0.04, 1.248, 0.04]
+    assert [(n.action, n.judged_round, n.to_round) for n in notes if n is not None] == [
+        ("keep", -1, -1), ("keep", 0, 0), ("keep", 1, 1), ("rollback", 2, 1), ("keep", 3, 3)]  # fmt: skip
+    assert "start macro-F1" in notes[3].reason  # type: ignore[union-attr]
+    # round 3 went back to round 1's model (g0 + 0.04); round 4 stepped from it with eta 2 x 0.5 = 1: + 0.01
+    _, g = runner.model()
+    assert torch.allclose(g[name], g0[name] + 0.05, atol=1e-5)
+    assert runner.strategy.step_scale == 0.5  # type: ignore[attr-defined]
+    assert [e[2] for e in runner.state.events("rollback")] == ["rollback"]
+    assert guard.load_best(cfg.run_dir).round == 3  # type: ignore[union-attr]
+
+    # after a restart (kill -9 keeps the same files) the step stays halved and the best is the same
+    again = FederationRunner(cfg, grid)
+    assert again.start(resume=True) == 4
+    assert again.strategy.step_scale == 0.5 and again._best is not None and again._best.round == 3  # type: ignore[attr-defined]
+    rec = again.run_round(5)
+    assert rec is not None and rec.guard is not None and rec.guard.action == "keep"
+    assert torch.allclose(again.model()[1][name], g0[name] + 0.06, atol=1e-5)
+
+
+def test_without_the_guard_the_same_collapse_stays_in_the_model_and_records_have_no_guard_key(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, guard=False)
+    g0 = init_state(_spec(cfg), cfg.seed)
+    grid = _MeasuringGrid(g0)
+    grid.huge_in = {2}
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    recs = [runner.run_round(r) for r in range(4)]
+    assert all(r is not None and "guard" not in r.to_json() for r in recs)
+    name = _first_float(g0)
+    assert torch.allclose(runner.model()[1][name], g0[name] + 1.268, atol=1e-4)  # 0.02 + 0.02 + 1.208 + 0.02
+
+
+def _spec(cfg: CoordinatorConfig) -> ArchSpec:
+    """The architecture the runner makes for the in-memory devices (the initial model is init_state(spec, seed))."""
+    grid = InMemoryGrid({cid: device_status(cid, n) for cid, n in DEVICES.items()})
+    probe = FederationRunner(replace(cfg, run_dir=cfg.run_dir.parent / "probe"), grid)
+    probe.ensure_federation()
+    assert probe.spec is not None
+    return probe.spec

@@ -1,0 +1,132 @@
+"""The quality guard in a served federation: on by default in ``serve``, off by default in ``run``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from coordinator.config import CoordinatorConfig
+from coordinator.server.serve import federation_config
+from coordinator.server.settings import settings_of
+from har_io.broker_config import BrokerConfig
+
+BROKER = BrokerConfig.parse("127.0.0.1:9")
+
+
+def test_serve_guards_by_default_run_does_not_and_server_toml_can_turn_it_off(tmp_path: Path) -> None:
+    served = federation_config(settings_of({}), tmp_path, BROKER, "home", "home")
+    assert (served.guard, served.guard_margin) == (True, 10.0)
+    assert CoordinatorConfig(run_dir=tmp_path).guard is False  # run and simulate: research figures stay raw
+    off = federation_config(settings_of({"guard": False, "guard_margin": 5.0}), tmp_path, BROKER, "home", "home")
+    assert (off.guard, off.guard_margin) == (False, 5.0)
+
+
+# ---------------------------------------------------------------------------------------------- operators
+def _server(data: Path) -> tuple[Any, int]:
+    """A Server over ``data`` whose runner drives in-memory devices (no broker): rounds, versions and requests for real."""
+    from inmemory_grid import InMemoryGrid, device_status
+
+    from coordinator.runner import FederationRunner
+    from coordinator.server.serve import Server
+
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "server.toml").exists():
+        (data / "server.toml").write_text(
+            "conv_filters = 4\ndense_units = 8\nmin_clients = 2\naggregation = \"fedavgm\"\n"
+            "[server_opt]\nlr = 2.0\nmomentum = 0.0\n[server]\nhttp_port = 0\nkeep_versions = 5\n"
+            "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
+        )
+    server = Server(data, BROKER, "home")
+
+    class Measuring(InMemoryGrid):  # devices that also report the start measure of the model they received
+        def train(self, cid: str, start: Any, round_: int, stage: int, plan: Any) -> Any:
+            u = super().train(cid, start, round_, stage, plan)
+            return dataclasses.replace(u, confusion={**u.confusion, "initial": np.diag([4] * 6)})
+
+    grid = Measuring({cid: device_status(cid, n) for cid, n in {"a": 30, "b": 10, "c": 60}.items()}, step=lambda cid: 0.01)
+    server.runner = FederationRunner(server.cfg, grid, state=server.runner.state)
+    return server, server.runner.start(resume=True)
+
+
+def _round(server: Any, r: int) -> None:
+    """One served round as ``Server.run`` does it: take a request up, run, keep the version, finish the request."""
+    server._take_model_request()
+    rec = server.runner.run_round(r)
+    assert rec is not None
+    server._after_round(rec)
+    server._finish_model_request()
+
+
+def _weight(server: Any) -> float:
+    _, g = server.runner.model()
+    return float(g[min(k for k, v in g.items() if v.is_floating_point())].flatten()[0])  # by name: files keep no order
+
+
+def test_pin_makes_serve_continue_from_that_version_once_and_across_a_restart(tmp_path: Path) -> None:
+    from coordinator.server import devices_cli, model_request
+    from coordinator.server.serve import REQUEST_DONE_KEY
+
+    data = tmp_path / "data"
+    server, last = _server(data)
+    assert last == -1
+    w = []
+    for r in range(3):  # versions 1, 2, 3: each round moves every weight by 2 x 0.01 (FedAvgM eta 2, beta 0)
+        _round(server, r)
+        w.append(_weight(server))
+    assert w[1] - w[0] == pytest.approx(0.02, abs=1e-5) and w[2] - w[1] == pytest.approx(0.02, abs=1e-5)
+    marks = {r["version"]: r["mark"] for r in devices_cli.version_table(data)}
+    # rounds 1 and 2 judged versions 1 and 2 (rounds 0, 1) with equal start figures: the later one is the best
+    assert marks == {1: "", 2: "best", 3: "newest"}
+    with pytest.raises(devices_cli.DeviceCommandError, match="version 9 is not kept"):
+        devices_cli.request_model(data, "pin", 9)
+
+    devices_cli.request_model(data, "pin", 1)
+    req = model_request.read_request(data)
+    assert req is not None and (req.action, req.version) == ("pin", 1)
+    # a kill -9 before the next round completes: the restarted serve takes the request up again
+    server.runner.state.close()
+    server.registry.close()
+    server, last = _server(data)
+    assert last == 2 and model_request.read_request(data) == req
+    _round(server, 3)
+    assert _weight(server) == pytest.approx(w[0] + 0.02, abs=1e-5)  # from version 1 (w[0]), one step of 0.02
+    assert model_request.read_request(data) is None and server.runner.state.get(REQUEST_DONE_KEY) == req.id
+    _round(server, 4)  # taken up once: rounds go on from there
+    assert _weight(server) == pytest.approx(w[0] + 0.04, abs=1e-5)
+    server.runner.state.close()
+    server.registry.close()
+
+
+def test_rollback_goes_to_the_best_version_with_half_the_step(tmp_path: Path) -> None:
+    from coordinator.server import devices_cli
+
+    data = tmp_path / "data"
+    server, _ = _server(data)
+    with pytest.raises(devices_cli.DeviceCommandError):
+        devices_cli.request_model(data, "rollback", None)  # no round yet: no versions at all
+    w = []
+    for r in range(3):
+        _round(server, r)
+        w.append(_weight(server))
+    devices_cli.request_model(data, "rollback", None)  # the best: version 2 (round 1's model)
+    server._take_model_request()  # taken up, then a kill -9 before its round completes: taken up again, halved once
+    assert server.runner.strategy.step_scale == 0.5
+    server.runner.state.close()
+    server.registry.close()
+    server, _ = _server(data)
+    _round(server, 3)
+    assert _weight(server) == pytest.approx(w[1] + 0.01, abs=1e-5)  # half the step: 2 x 0.5 x 0.01
+    assert server.runner.strategy.step_scale == 0.5
+    entries = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
+    assert entries[-1]["action"] == "rollback" and entries[-1]["detail"] == "rollback to the best version"
+    server.runner.state.close()
+    server.registry.close()
+    server, _ = _server(data)  # after a restart the step stays halved
+    assert server.runner.strategy.step_scale == 0.5
+    server.runner.state.close()
+    server.registry.close()
