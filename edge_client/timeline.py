@@ -1,0 +1,273 @@
+"""The day as recognised activity: per-window predictions smoothed into stretches, minutes per day.
+
+Pure functions over plain arrays, so they are tested with hand-made sequences; the app's
+store (:mod:`edge_client.timeline_store`) and the Today screen build on them.
+
+The smoothing rule (:func:`smooth_stretches`), in three steps:
+
+1. **Majority over a few windows.** Each window's activity becomes the most frequent one among
+   the ``k`` windows centred on it (``k`` = 5 by default, 6.4 s at one window per 1.28 s;
+   near the ends the window is cut). A tie keeps the window's own activity when it is among
+   the tied ones, else the lowest class index.
+2. **Stretches.** Consecutive windows with the same activity form a stretch from the first
+   window's start to the last window's start plus one step. Windows further apart than
+   ``max_gap_ns`` (no sensing, the phone asleep) end a stretch: no activity is invented.
+3. **Blips merged.** A stretch shorter than ``min_ns`` (10 s) that touches a neighbour on
+   at least one side is absorbed, shortest first: into its neighbours when both carry the
+   same activity (the three become one), else into the longer neighbour. A short stretch
+   alone between two gaps is kept, since there is nothing to merge it into.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+STEP_NS = 1_280_000_000
+"""Time between window starts (64 samples at 50 Hz), ns: the length one window stands for."""
+
+ACTIVE_WORDS = ("walk", "run", "stair", "cycl", "bik", "jump")
+"""An activity whose name contains one of these counts toward the weekly goal of active minutes."""
+
+DEFAULT_WEEKLY_GOAL_MIN = 150
+"""Active minutes a week, as WHO/AHA and Google Fit's Heart Points target."""
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """One stretch of one activity.
+
+    Attributes
+    ----------
+    start_ns, end_ns : int
+        Wall-clock start and end (ns since the Unix epoch), ``end_ns > start_ns``.
+    label : int
+        Class index in the label set.
+    corrected : bool
+        True when the person relabelled it.
+    """
+
+    start_ns: int
+    end_ns: int
+    label: int
+    corrected: bool = False
+
+    @property
+    def minutes(self) -> float:
+        """Length in minutes."""
+        return (self.end_ns - self.start_ns) / 60e9
+
+
+def majority(labels: np.ndarray, k: int = 5) -> np.ndarray:
+    """Each label replaced by the most frequent one among the ``k`` labels centred on it.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (N,), int
+        Class indices, >= 0.
+    k : int
+        Odd width of the filter (1: no change).
+
+    Returns
+    -------
+    ndarray of shape (N,), int64
+
+    Raises
+    ------
+    ValueError
+        If ``k`` is not a positive odd number or a label is negative.
+    """
+    y = np.asarray(labels, np.int64).reshape(-1)
+    if k < 1 or k % 2 == 0:
+        raise ValueError(f"majority: k must be a positive odd number, got {k}")
+    if y.size and y.min() < 0:
+        raise ValueError(f"majority: labels must be >= 0, got {int(y.min())}")
+    out = y.copy()
+    h = k // 2
+    for i in range(y.size):
+        counts = np.bincount(y[max(0, i - h) : i + h + 1])
+        best = np.flatnonzero(counts == counts.max())
+        out[i] = y[i] if y[i] in best else best[0]
+    return out
+
+
+def _runs(t_ns: np.ndarray, y: np.ndarray, step_ns: int, max_gap_ns: int) -> list[list[int]]:
+    """[start_ns, end_ns, label, touches_previous] for each run of equal labels without a gap."""
+    runs: list[list[int]] = []
+    for i in range(y.size):
+        t = int(t_ns[i])
+        if runs and int(y[i]) == runs[-1][2] and t - (runs[-1][1] - step_ns) <= max_gap_ns:
+            runs[-1][1] = t + step_ns
+            continue
+        touches = bool(runs) and t - (runs[-1][1] - step_ns) <= max_gap_ns
+        if touches:
+            runs[-1][1] = min(runs[-1][1], t)  # the next activity starts where this window starts
+        runs.append([t, t + step_ns, int(y[i]), int(touches)])
+    return runs
+
+
+def smooth_stretches(
+    t_ns: np.ndarray,
+    labels: np.ndarray,
+    k: int = 5,
+    step_ns: int = STEP_NS,
+    max_gap_ns: int = 5_000_000_000,
+    min_ns: int = 10_000_000_000,
+) -> list[Stretch]:
+    """Per-window predictions smoothed into stretches of activity (the rule in the module's docstring).
+
+    Parameters
+    ----------
+    t_ns : ndarray of shape (N,), int64
+        Window start times, ns, increasing.
+    labels : ndarray of shape (N,), int
+        Predicted class of each window.
+    k : int
+        Width of the majority filter, windows (odd).
+    step_ns : int
+        Time one window stands for, ns (1.28 s).
+    max_gap_ns : int
+        Window starts further apart than this end a stretch (5 s).
+    min_ns : int
+        Stretches shorter than this are merged into their neighbours (10 s).
+
+    Returns
+    -------
+    list of Stretch, in time order, not overlapping.
+
+    Raises
+    ------
+    ValueError
+        If the arrays differ in length or the times do not increase.
+    """
+    t = np.asarray(t_ns, np.int64).reshape(-1)
+    y = np.asarray(labels, np.int64).reshape(-1)
+    if t.shape != y.shape:
+        raise ValueError(f"smooth_stretches: t_ns {t.shape} and labels {y.shape} must have the same length")
+    if t.size > 1 and np.any(np.diff(t) <= 0):
+        raise ValueError("smooth_stretches: t_ns must increase strictly (sort the windows by start time)")
+    runs = _runs(t, majority(y, k), step_ns, max_gap_ns)
+    while True:
+        short = [i for i, r in enumerate(runs) if r[1] - r[0] < min_ns and (r[3] or (i + 1 < len(runs) and runs[i + 1][3]))]
+        if not short:
+            break
+        i = min(short, key=lambda j: (runs[j][1] - runs[j][0], j))
+        prev = runs[i - 1] if i > 0 and runs[i][3] else None
+        nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1][3] else None
+        if prev is not None and nxt is not None and prev[2] == nxt[2]:
+            prev[1] = nxt[1]
+            del runs[i : i + 2]
+        elif prev is not None and (nxt is None or prev[1] - prev[0] >= nxt[1] - nxt[0]):
+            prev[1] = runs[i][1]
+            del runs[i]
+        else:
+            assert nxt is not None
+            nxt[0] = runs[i][0]
+            nxt[3] = runs[i][3]
+            del runs[i]
+    return [Stretch(r[0], r[1], r[2]) for r in runs]
+
+
+def apply_corrections(stretches: Sequence[Stretch], corrections: Sequence[Stretch]) -> list[Stretch]:
+    """The stretches with the person's corrections laid over them (a correction wins where they overlap).
+
+    Parameters
+    ----------
+    stretches : sequence of Stretch
+        Recognised stretches, in time order.
+    corrections : sequence of Stretch
+        Relabelled spans, in the order they were made (a later one wins over an earlier one).
+
+    Returns
+    -------
+    list of Stretch, in time order; the corrected parts have ``corrected=True``.
+    """
+    out = list(stretches)
+    for c in corrections:
+        cut: list[Stretch] = []
+        for s in out:
+            if s.end_ns <= c.start_ns or s.start_ns >= c.end_ns:
+                cut.append(s)
+                continue
+            if s.start_ns < c.start_ns:
+                cut.append(Stretch(s.start_ns, c.start_ns, s.label, s.corrected))
+            if s.end_ns > c.end_ns:
+                cut.append(Stretch(c.end_ns, s.end_ns, s.label, s.corrected))
+        cut.append(Stretch(c.start_ns, c.end_ns, c.label, True))
+        out = sorted(cut, key=lambda s: s.start_ns)
+    return out
+
+
+def minutes_per_activity(stretches: Sequence[Stretch], n_classes: int, start_ns: int, end_ns: int) -> np.ndarray:
+    """Minutes of each activity between ``start_ns`` and ``end_ns`` (stretches clipped to that span).
+
+    Returns
+    -------
+    ndarray of shape (n_classes,), float64, minutes.
+    """
+    out = np.zeros(n_classes)
+    for s in stretches:
+        a, b = max(s.start_ns, start_ns), min(s.end_ns, end_ns)
+        if b > a:
+            out[s.label] += (b - a) / 60e9
+    return out
+
+
+def active_classes(names: Sequence[str]) -> np.ndarray:
+    """Mask of shape (len(names),), True for activities that count toward the weekly goal (:data:`ACTIVE_WORDS`)."""
+    return np.array([any(w in n.lower() for w in ACTIVE_WORDS) for n in names], bool)
+
+
+def guidance(counts: dict[str, int], target: int = 40) -> list[str]:
+    """What to record next, in words: how many more windows of which activity the model needs.
+
+    Parameters
+    ----------
+    counts : dict activity -> int
+        Training windows kept per activity (recorded and corrected).
+    target : int
+        Windows per activity wanted (40: about 51 s of recording, 32 of them for training).
+
+    Returns
+    -------
+    list of str
+        One sentence per activity still short, fewest first; empty when every one has enough.
+    """
+    short = sorted((n, a) for a, n in counts.items() if n < target)
+    return [
+        f"{a.replace('_', ' ')}: {target - n} more windows (about {(target - n) * STEP_NS / 60e9:.1f} min of recording)" for n, a in short
+    ]
+
+
+def day_csv(stretches: Sequence[Stretch], names: Sequence[str], tz_offset_s: int = 0) -> str:
+    """A day's stretches as CSV text: ``start,end,activity,minutes,corrected`` (times ISO 8601 with the offset).
+
+    Parameters
+    ----------
+    stretches : sequence of Stretch
+    names : sequence of str
+        Activity names by class index.
+    tz_offset_s : int
+        Local offset from UTC, seconds, for the printed times.
+    """
+    import datetime as dt
+
+    tz = dt.timezone(dt.timedelta(seconds=tz_offset_s))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["start", "end", "activity", "minutes", "corrected"])
+    for s in stretches:
+        w.writerow(
+            [
+                dt.datetime.fromtimestamp(s.start_ns / 1e9, tz).isoformat(timespec="seconds"),
+                dt.datetime.fromtimestamp(s.end_ns / 1e9, tz).isoformat(timespec="seconds"),
+                names[s.label],
+                f"{s.minutes:.2f}",
+                int(s.corrected),
+            ]
+        )
+    return buf.getvalue()
