@@ -73,7 +73,7 @@ def main() -> int:
         class Spy:
             def predict(self, x):
                 p = pred.predict(x)
-                seen["x"], seen["p"] = x.copy(), p.copy()
+                seen["x"], seen["p"] = x[-1:].copy(), p[-1:].copy()  # the newest window: the one the Live screen shows
                 return p
 
         return Spy()
@@ -98,6 +98,7 @@ def main() -> int:
         """A generator: each yield is a condition to wait for (polled every 50 ms) or a number of seconds."""
         rec, live, fed = app.record, app.live, app.federation
         yield 1.0
+        app.tabs["record"].dispatch("on_release")  # the app opens on Today
         # Record: walking, then sitting.
         rec.activity.text = "walking"
         rec.button.dispatch("on_release")
