@@ -673,7 +673,9 @@ def create_app(
             name = cfg.labels.names[[pretty(n) for n in cfg.labels.names].index(self.relabel_to.text)]
             made = self.app.controller.relabel(st.start_ns, st.end_ns, name)
             total = sum(self.app.controller.counts().values())
-            if made:
+            if made is None:  # the sensing service has not answered yet (Android's two processes)
+                self.taught.text = "relabelled; the sensing service is making its training windows"
+            elif made:
                 self.taught.text = f"{made} training windows from this stretch ({total} in all); the next round trains on them"
             else:
                 self.taught.text = "relabelled; its raw samples are no longer kept, so it gives no training windows"
