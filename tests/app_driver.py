@@ -163,6 +163,8 @@ def main() -> int:
         store = app.controller.store
         yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
         results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text, "error": fed.error.text}
+        yield lambda: "counted" in fed.sent.text  # the coordinator's receipt for round 1
+        results["privacy"] = {"why": fed.why.text, "sent": fed.sent.text}
         results["fields"] = {
             "client_id": fed.client_id.text,
             "username": fed.username.text,
@@ -173,6 +175,10 @@ def main() -> int:
         ctl = app.controller
         results["factors"] = {"recorder": ctl.recorder._pipeline._resampler.factors, "live": ctl._live_pipe._resampler.factors}
         shot("federation")
+        fed.children[0].scroll_to(fed.sent, animate=False)  # the privacy view, at the end of the screen
+        yield 0.5
+        shot("privacy")
+        fed.children[0].scroll_y = 1
         # Live: the model from the federation now predicts.
         app.tabs["live"].dispatch("on_release")
         n0 = app.controller.live.windows

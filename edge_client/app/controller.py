@@ -30,6 +30,7 @@ from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.replay import SensorChunk
+from edge_client.sent_log import SENT_KEY
 from edge_client.store import ClientStore
 from edge_client.timeline import guidance
 from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
@@ -132,6 +133,8 @@ class FederationView:
         Times the agent was started again after a failure since the settings last changed.
     retry_in_s : float or None
         Seconds until the next restart of a failed agent (None: none pending).
+    sent : list of dict
+        What left the device, round by round (:mod:`edge_client.sent_log`), oldest first.
     """
 
     broker: str = "127.0.0.1:1883"
@@ -150,6 +153,7 @@ class FederationView:
     error: str = ""
     restarts: int = 0
     retry_in_s: float | None = None
+    sent: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -639,6 +643,10 @@ class DeviceController:
             last_round, v.last_accuracy = self._last_update_info()
             if v.round is None:
                 v.round = last_round
+            try:
+                v.sent = list(self.store.get_meta(SENT_KEY, []))
+            except Exception as exc:  # an unreadable store: the state above already says so
+                log.debug("sent ledger: %s", exc)
             view = replace(v)
         self._on_federation(view)
         if sensor_fault != self._sensor_fault:
@@ -668,6 +676,32 @@ class DeviceController:
         self._supervisor.join(10)
         self.store.close()
         self.timeline.close()
+
+
+def taking_part_words(v: FederationView) -> str:
+    """Why the device is or is not training now, in one sentence for the person holding it.
+
+    Parameters
+    ----------
+    v : FederationView
+
+    Returns
+    -------
+    str
+    """
+    if v.state == "off":
+        return "Not taking part: switch on \"Take part in training\" to help train the shared model"
+    if v.state == "waiting for charger":
+        return "Not training now: the phone is not charging, and you chose to train only while charging"
+    if v.state == "training":
+        return f"Training round {v.round} on this phone now"
+    if v.state == "connected":
+        return "Taking part: connected, waiting for the server's next round" + (f" (last round {v.round})" if v.round is not None else "")
+    if v.state == "connecting":
+        return f"Taking part: connecting to the server at {v.broker}"
+    if v.state == "disconnected":
+        return f"Taking part, but the server at {v.broker} cannot be reached now; trying again"
+    return f"Not training: {v.error}" if v.error else f"Not training ({v.state})"
 
 
 def settings_view(cfg: AppConfig) -> FederationView:

@@ -34,10 +34,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, FederationView, LiveView, default_data_dir
+from edge_client.app.controller import (
+    APP_BACKENDS,
+    AppConfig,
+    DeviceController,
+    FederationView,
+    LiveView,
+    default_data_dir,
+    taking_part_words,
+)
 from edge_client.app.scanner import start_scan
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
+from edge_client.sent_log import sent_words
 from edge_client.timeline import DEFAULT_WEEKLY_GOAL_MIN, active_classes, day_csv, minutes_per_activity
 from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
@@ -353,6 +362,8 @@ def create_app(
             self.app = app
             root = BoxLayout(orientation="vertical", padding=dp(10), spacing=dp(3))
             root.add_widget(title("Federation"))
+            self.why = wrapped("", 44)
+            root.add_widget(self.why)
             enrol_row = BoxLayout(size_hint_y=None, height=dp(36), spacing=dp(4))
             self.bundle = TextInput(multiline=False, write_tab=False, font_size="13sp", hint_text="bundle file, or paste its text")
             # A pasted bundle holds the device's password: masked as soon as it is bundle text, never readable.
@@ -399,6 +410,11 @@ def create_app(
             self.error = Label(text="", color=(1, 0.45, 0.45, 1), size_hint_y=None, height=dp(84), halign="left", valign="top")
             self.error.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap the whole sentence
             root.add_widget(self.error)
+            privacy = wrapped("[b]What left this phone[/b]: raw sensor data never does; only one model update a round", 44)
+            privacy.markup = True
+            root.add_widget(privacy)
+            self.sent = wrapped("nothing yet: no round taken part in", 30)
+            root.add_widget(self.sent)
             self.add_widget(scrolled(root))
             self._input_error = ""
 
@@ -484,6 +500,10 @@ def create_app(
             self.charging.text = "yes" if v.charging else "no"
             self.password.hint_text = "stored (hidden)" if v.password_set else "not set"
             self.error.text = self._input_error or v.error
+            self.why.text = taking_part_words(v)
+            lines = sent_words(v.sent, v.round)
+            self.sent.text = "\n".join(lines) if lines else "nothing yet: no round taken part in"
+            self.sent.height = dp(38) * max(1, len(lines))
             self.app.footer.text = f"{v.client_id} - sensor: {self.app.sensor_name}"
 
     class TimelineBar(Widget):
