@@ -136,6 +136,11 @@ def main() -> int:
         today.bar.select(None)
         yield 0.5
         shot("today-relabelled")
+        today.prev.dispatch("on_release")  # yesterday: browsable, nothing recognised then
+        results["yesterday"] = {"date": today.date.text, "stretches": len(today.bar.stretches), "text": today.selection.text,
+                                "next_disabled": today.next.disabled, "walking": today.minute_labels[0][0].text}
+        today.next.dispatch("on_release")
+        results["back"] = {"date": today.date.text, "next_disabled": today.next.disabled, "stretches": len(today.bar.stretches)}
         ctl.stop_sensing()
 
     gen = script()

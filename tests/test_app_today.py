@@ -8,6 +8,7 @@ trainer reads. Screenshots go to docs/screenshots/ when FEDHAR_UPDATE_SCREENSHOT
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
@@ -78,6 +79,12 @@ def test_today_shows_the_replayed_day_and_a_relabelled_stretch_becomes_training_
     rows = csv_path.read_text().splitlines()
     assert rows[0] == "start,end,activity,minutes,corrected"
     assert any(row.split(",")[2:] == [other, f"{(end - start) / 60e9:.2f}", "1"] for row in rows[1:])
+
+    # Older days: yesterday has nothing, and the way back leads to today again, never past it.
+    yesterday = (datetime.date.today() - datetime.timedelta(days=1)).strftime("%a %d %b %Y")
+    assert res["yesterday"] == {"date": f"[b]{yesterday}[/b]", "stretches": 0, "walking": "0.0", "next_disabled": False,
+                                "text": "Nothing recognised on this day yet: the model classifies while the phone senses"}
+    assert res["back"]["date"] == "[b]Today[/b]" and res["back"]["next_disabled"] and res["back"]["stretches"] >= 3
 
     for name in ("today", "today-relabelled"):
         png = out / f"{name}.png"
