@@ -86,27 +86,31 @@ def majority(labels: np.ndarray, k: int = 5) -> np.ndarray:
         raise ValueError(f"majority: k must be a positive odd number, got {k}")
     if y.size and y.min() < 0:
         raise ValueError(f"majority: labels must be >= 0, got {int(y.min())}")
-    out = y.copy()
-    h = k // 2
-    for i in range(y.size):
-        counts = np.bincount(y[max(0, i - h) : i + h + 1])
-        best = np.flatnonzero(counts == counts.max())
-        out[i] = y[i] if y[i] in best else best[0]
-    return out
+    if y.size == 0:
+        return y.copy()
+    h, n = k // 2, y.size
+    # Counts per class over each centred window, from cumulative sums of one-hot rows: (N, C) at once.
+    cs = np.zeros((n + 1, int(y.max()) + 1), np.int64)
+    np.cumsum(np.eye(cs.shape[1], dtype=np.int64)[y], axis=0, out=cs[1:])
+    i = np.arange(n)
+    counts = cs[np.minimum(n, i + h + 1)] - cs[np.maximum(0, i - h)]
+    own = counts[i, y] == counts.max(axis=1)
+    return np.where(own, y, counts.argmax(axis=1))  # argmax: the lowest index among the tied
 
 
 def _runs(t_ns: np.ndarray, y: np.ndarray, step_ns: int, max_gap_ns: int) -> list[list[int]]:
     """[start_ns, end_ns, label, touches_previous] for each run of equal labels without a gap."""
+    if y.size == 0:
+        return []
+    gap = np.diff(t_ns) > max_gap_ns
+    first = np.flatnonzero(np.concatenate([[True], (y[1:] != y[:-1]) | gap]))
+    last = np.concatenate([first[1:] - 1, [y.size - 1]])
     runs: list[list[int]] = []
-    for i in range(y.size):
-        t = int(t_ns[i])
-        if runs and int(y[i]) == runs[-1][2] and t - (runs[-1][1] - step_ns) <= max_gap_ns:
-            runs[-1][1] = t + step_ns
-            continue
-        touches = bool(runs) and t - (runs[-1][1] - step_ns) <= max_gap_ns
+    for a, b in zip(first.tolist(), last.tolist(), strict=True):
+        touches = a > 0 and not bool(gap[a - 1])
         if touches:
-            runs[-1][1] = min(runs[-1][1], t)  # the next activity starts where this window starts
-        runs.append([t, t + step_ns, int(y[i]), int(touches)])
+            runs[-1][1] = min(runs[-1][1], int(t_ns[a]))  # the next activity starts where its first window starts
+        runs.append([int(t_ns[a]), int(t_ns[b]) + step_ns, int(y[a]), int(touches)])
     return runs
 
 

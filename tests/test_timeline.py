@@ -29,6 +29,17 @@ def test_majority_removes_a_single_window_blip_and_keeps_ties_as_they_are():
         majority(np.array([0]), 4)
 
 
+def test_majority_equals_the_rule_written_as_a_loop():
+    y = np.random.default_rng(0).integers(0, 4, 300)
+    for k in (1, 3, 5, 7):
+        ref = y.copy()
+        for i in range(y.size):
+            counts = np.bincount(y[max(0, i - k // 2) : i + k // 2 + 1])
+            best = np.flatnonzero(counts == counts.max())
+            ref[i] = y[i] if y[i] in best else best[0]
+        np.testing.assert_array_equal(majority(y, k), ref)
+
+
 def test_a_walk_with_a_blip_becomes_one_stretch_and_a_gap_splits_it():
     # 20 windows walking (0), one misread as sitting (3) in the middle, then 10 s of nothing, then 10 windows sitting.
     t = np.arange(20) * STEP_NS

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edge_client.app.controller import (
     APP_BACKENDS,
     AppConfig,
@@ -562,6 +564,7 @@ def create_app(
             super().__init__(name="today", **kw)
             self.app = app
             self.day = dt.date.today()
+            self._minutes: dict[dt.date, Any] = {}  # past days' minutes per activity; they change only by a relabel
             root = BoxLayout(orientation="vertical", padding=dp(10), spacing=dp(6))
             nav = BoxLayout(size_hint_y=None, height=dp(44), spacing=dp(6))
             self.prev = Button(text="<", size_hint_x=None, width=dp(48))
@@ -629,6 +632,14 @@ def create_app(
             end = dt.datetime.combine(self.day + dt.timedelta(days=1), dt.time()).astimezone()
             return int(start.timestamp() * 1e9), int(end.timestamp() * 1e9)
 
+        def day_minutes(self, day: dt.date) -> Any:
+            """Minutes per activity (C,) of a past day, computed once (a relabel clears them)."""
+            if day not in self._minutes:
+                start = int(dt.datetime.combine(day, dt.time()).astimezone().timestamp() * 1e9)
+                end = int(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()).astimezone().timestamp() * 1e9)
+                self._minutes[day] = minutes_per_activity(self.app.controller.timeline.stretches(start, end), len(cfg.labels), start, end)
+            return self._minutes[day]
+
         def go(self, days: int) -> None:
             """Show another day (never after today)."""
             self.day = min(dt.date.today(), self.day + dt.timedelta(days=days))
@@ -654,8 +665,7 @@ def create_app(
             self.next.disabled = today
             n = len(cfg.labels)
             day_min = minutes_per_activity(stretches, n, a, b)
-            week_a = a - 6 * 86_400 * 10**9
-            week_min = minutes_per_activity(tl.stretches(week_a, b), n, week_a, b)
+            week_min = day_min + sum((self.day_minutes(self.day - dt.timedelta(days=d)) for d in range(1, 7)), np.zeros(n))
             for k, (lt, lw) in self.minute_labels.items():
                 lt.text, lw.text = minutes_words(day_min[k]), minutes_words(week_min[k])
             goal = int(tl.get("weekly_goal_min", str(DEFAULT_WEEKLY_GOAL_MIN)))
@@ -692,6 +702,7 @@ def create_app(
                 return
             name = cfg.labels.names[[pretty(n) for n in cfg.labels.names].index(self.relabel_to.text)]
             made = self.app.controller.relabel(st.start_ns, st.end_ns, name)
+            self._minutes.clear()
             total = sum(self.app.controller.counts().values())
             if made is None:  # the sensing service has not answered yet (Android's two processes)
                 self.taught.text = "relabelled; the sensing service is making its training windows"
