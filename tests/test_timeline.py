@@ -90,3 +90,34 @@ def test_active_classes_and_csv():
         "1970-01-01T01:00:00+01:00,1970-01-01T01:01:30+01:00,walking,1.50,0",
         "1970-01-01T01:01:30+01:00,1970-01-01T01:02:30+01:00,sitting,1.00,1",
     ]
+
+
+def _merge_by_rescanning(t, y, min_ns=10 * S):
+    """The blip rule as first written: rescan all stretches for the shortest short one after each merge."""
+    from edge_client.timeline import _runs
+
+    runs = _runs(t, majority(y, 5), STEP_NS, 5 * S)
+    while True:
+        short = [i for i, r in enumerate(runs) if r[1] - r[0] < min_ns and (r[3] or (i + 1 < len(runs) and runs[i + 1][3]))]
+        if not short:
+            return [Stretch(r[0], r[1], r[2]) for r in runs]
+        i = min(short, key=lambda j: (runs[j][1] - runs[j][0], j))
+        prev = runs[i - 1] if i > 0 and runs[i][3] else None
+        nxt = runs[i + 1] if i + 1 < len(runs) and runs[i + 1][3] else None
+        if prev is not None and nxt is not None and prev[2] == nxt[2]:
+            prev[1] = nxt[1]
+            del runs[i : i + 2]
+        elif prev is not None and (nxt is None or prev[1] - prev[0] >= nxt[1] - nxt[0]):
+            prev[1] = runs[i][1]
+            del runs[i]
+        else:
+            nxt[0], nxt[3] = runs[i][0], runs[i][3]
+            del runs[i]
+
+
+def test_the_heap_merge_equals_the_rescanning_one_on_noisy_predictions_with_gaps():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        y = np.repeat(rng.integers(0, 6, 200), rng.integers(1, 12, 200))
+        t = np.cumsum(np.where(rng.random(y.size) < 0.02, 8 * S, STEP_NS)).astype(np.int64)
+        assert smooth_stretches(t, y) == _merge_by_rescanning(t, y)
