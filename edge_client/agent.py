@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
 from edge_client.delivery import Delivery
 from edge_client.programs import PROGRAM_MODES, make_fetcher
+from edge_client.sent_log import SENT_KEY, note_receipt, note_sent
 from edge_client.store import ClientStore
 from edge_client.trainer import ClientTrainer, RoundOutcome
 from har_io.broker_config import BrokerConfig
@@ -533,6 +534,7 @@ class EdgeAgent:
         if outcome is None:
             return
         self.store.save_last_update(ann.run_id, ann.round, ann.stage, outcome.envelope)
+        self._note_sent(ann, len(outcome.envelope))
         self._done.add(key)
         self._trained_on[key] = transfer
         self.delivery.start(key, outcome.envelope, ann.deadline_unix)
@@ -584,10 +586,24 @@ class EdgeAgent:
         a = self.announcement
         return (a.run_id, a.round, a.stage) if a is not None and a.state == "training" else None
 
+    def _note_sent(self, ann: RoundAnnouncement, n_bytes: int) -> None:
+        """Add the update to the ledger of what left the device (:mod:`edge_client.sent_log`); a full disk does not stop the round."""
+        try:
+            ledger = note_sent(self.store.get_meta(SENT_KEY, []), ann.run_id, ann.round, ann.stage, n_bytes,
+                               int(ann.arch.get("version", 0)), time.time())  # fmt: skip
+            self.store.set_meta(SENT_KEY, ledger)
+        except (OSError, ValueError) as exc:
+            log.error("[%s] round %d: cannot note the update in the ledger: %s", self.cfg.client_id, ann.round, exc)
+
     def _on_receipt(self, payload: bytes) -> None:
         try:
             r = Receipt.from_bytes(payload)
         except MessageError as exc:
             log.warning("[%s] ignoring malformed receipt: %s", self.cfg.client_id, exc)
             return
+        if r.state == "accepted":
+            try:
+                self.store.set_meta(SENT_KEY, note_receipt(self.store.get_meta(SENT_KEY, []), r.run_id, r.round, r.stage))
+            except (OSError, ValueError) as exc:
+                log.error("[%s] round %d: cannot note the receipt in the ledger: %s", self.cfg.client_id, r.round, exc)
         self.delivery.on_receipt(r)

@@ -73,7 +73,7 @@ def main() -> int:
         class Spy:
             def predict(self, x):
                 p = pred.predict(x)
-                seen["x"], seen["p"] = x.copy(), p.copy()
+                seen["x"], seen["p"] = x[-1:].copy(), p[-1:].copy()  # the newest window: the one the Live screen shows
                 return p
 
         return Spy()
@@ -98,6 +98,7 @@ def main() -> int:
         """A generator: each yield is a condition to wait for (polled every 50 ms) or a number of seconds."""
         rec, live, fed = app.record, app.live, app.federation
         yield 1.0
+        app.tabs["record"].dispatch("on_release")  # the app opens on Today
         # Record: walking, then sitting.
         rec.activity.text = "walking"
         rec.button.dispatch("on_release")
@@ -162,6 +163,8 @@ def main() -> int:
         store = app.controller.store
         yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
         results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text, "error": fed.error.text}
+        yield lambda: "counted" in fed.sent.text  # the coordinator's receipt for round 1
+        results["privacy"] = {"why": fed.why.text, "sent": fed.sent.text}
         results["fields"] = {
             "client_id": fed.client_id.text,
             "username": fed.username.text,
@@ -172,6 +175,10 @@ def main() -> int:
         ctl = app.controller
         results["factors"] = {"recorder": ctl.recorder._pipeline._resampler.factors, "live": ctl._live_pipe._resampler.factors}
         shot("federation")
+        fed.children[0].scroll_to(fed.sent, animate=False)  # the privacy view, at the end of the screen
+        yield 0.5
+        shot("privacy")
+        fed.children[0].scroll_y = 1
         # Live: the model from the federation now predicts.
         app.tabs["live"].dispatch("on_release")
         n0 = app.controller.live.windows

@@ -112,7 +112,7 @@ def main() -> int:
         yield
         # Every widget of every screen can be scrolled into the window.
         unreachable: dict[str, list[str]] = {}
-        for name in ("record", "live", "federation"):
+        for name in ("today", "record", "live", "federation"):
             app.tabs[name].dispatch("on_release")
             yield
             screen = app.sm.get_screen(name)

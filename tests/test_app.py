@@ -194,7 +194,22 @@ def test_app_joins_a_secured_federation_without_torch_or_scipy(tmp_path, secured
     np.testing.assert_allclose(np.load(out / "live_p.npy")[0], p, rtol=1e-5)
     assert res["live"]["windows"].startswith("Watching for ") and "; the guess is updated about every second" in res["live"]["windows"]
 
-    for name in ("record", "live", "federation", "federation-refused"):
+    # What left the phone: each round's update with the size of its envelope; round 1's counted by the coordinator.
+    from edge_client.sent_log import size_words
+    from edge_client.store import ClientStore
+
+    store = ClientStore(state, HAPT_LABELS)
+    meta, envelope = store.load_last_update()
+    ledger = store.get_meta("sent_log", [])
+    store.close()
+    (last,) = [e for e in ledger if (e["run_id"], e["round"], e["stage"]) == (meta["run_id"], meta["round"], meta["stage"])]
+    assert last["bytes"] == len(envelope)
+    (r1,) = [e for e in ledger if e["round"] == 1]
+    assert r1["counted"] and "round 1, " in res["privacy"]["sent"]
+    assert f"a model update of {size_words(r1['bytes'])} (model v{r1['arch_version']}), counted" in res["privacy"]["sent"]
+    assert res["privacy"]["why"].startswith(("Taking part: connected", "Training round"))
+
+    for name in ("record", "live", "federation", "federation-refused", "privacy"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         if os.environ.get("FEDHAR_UPDATE_SCREENSHOTS") == "1" and window == "480x800":  # the phone's shape

@@ -30,7 +30,10 @@ from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.replay import SensorChunk
+from edge_client.sent_log import SENT_KEY
 from edge_client.store import ClientStore
+from edge_client.timeline import guidance
+from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
 from edge_client.window_log import WindowLog
 from har_io.enrolment import EnrolmentBundle, read_bundle
 from har_io.exit_codes import Exit
@@ -130,6 +133,8 @@ class FederationView:
         Times the agent was started again after a failure since the settings last changed.
     retry_in_s : float or None
         Seconds until the next restart of a failed agent (None: none pending).
+    sent : list of dict
+        What left the device, round by round (:mod:`edge_client.sent_log`), oldest first.
     """
 
     broker: str = "127.0.0.1:1883"
@@ -148,6 +153,7 @@ class FederationView:
     error: str = ""
     restarts: int = 0
     retry_in_s: float | None = None
+    sent: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +181,11 @@ class AppConfig:
         file when the agent starts, never kept in the settings).
     backend : str
         Training backend, one of :data:`APP_BACKENDS` ("auto": the client's own choice).
+    timeline_days : float
+        Days the recognised timeline and the corrections are kept (90).
+    raw_days : float
+        Days the raw samples behind the timeline are kept: how long a stretch can be corrected
+        into training windows (2; about 100 MB a day of sensing).
     """
 
     state_dir: Path
@@ -188,6 +199,8 @@ class AppConfig:
     password_file: Path | None = None
     tls_ca: Path | None = None
     backend: str = "auto"
+    timeline_days: float = 90.0
+    raw_days: float = 2.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -229,6 +242,9 @@ class DeviceController:
         self.store = ClientStore(cfg.state_dir, cfg.labels)
         self.window_log = WindowLog(cfg.state_dir / RECORDED_LOG, cfg.labels, max_windows=cfg.max_windows)
         self.recorder = Recorder(self.window_log)
+        self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels, cfg.timeline_days, cfg.raw_days)
+        self._wall_offset_ns: int | None = None  # wall clock minus sensor clock, fixed at the first window
+        self._last_wall_ns = -(2**62)
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)
         self._on_federation = on_federation or (lambda v: None)
@@ -290,7 +306,7 @@ class DeviceController:
             self.freshness.note(live, self._live_pipe.clock_shift_ns)  # windows are re-based after a backward clock step
         self.health.note(live)
         if len(live):
-            self._predict(live.x[-1:], int(live.t_start_ns[-1]) if live.t_start_ns is not None else 0, len(live))
+            self._predict(live.x, live.t_start_ns if live.t_start_ns is not None else np.zeros(len(live), np.int64))
 
     def _current_predictor(self) -> Predictor | None:
         path = self.store.folder / "local_model.safetensors"
@@ -300,18 +316,66 @@ class DeviceController:
             self._predictor = self._predictor_loader(self.store) if mtime is not None else None
         return self._predictor
 
-    def _predict(self, x: np.ndarray, t_start_ns: int, n_new: int) -> None:
+    def _predict(self, x: np.ndarray, t_start_ns: np.ndarray) -> None:
+        """Classify new windows (N, 6, T) with the current local model: the Live view shows the newest, the timeline keeps all."""
         pred = self._current_predictor()
-        view = replace(self.live, windows=self.live.windows + n_new, t_start_ns=t_start_ns)
+        view = replace(self.live, windows=self.live.windows + len(x), t_start_ns=int(t_start_ns[-1]))
         if pred is None:
             view.activity, view.confidence = None, 0.0
             view.note = "no model yet: take part in a federation round first"
         else:
-            p = pred.predict(x)[0]
-            k = int(np.argmax(p))
-            view.activity, view.confidence, view.note = self.cfg.labels.names[k], float(p[k]), ""
+            p = pred.predict(x)
+            k = np.argmax(p, axis=1)
+            view.activity, view.confidence, view.note = self.cfg.labels.names[int(k[-1])], float(p[-1, k[-1]]), ""
+            try:
+                self.timeline.add(self._wall_ns(t_start_ns), k, p[np.arange(len(k)), k], x)
+            except Exception as exc:  # a full or read-only folder: the timeline pauses, sensing and the Live view go on
+                log.error("timeline: cannot store %d windows: %s", len(k), exc)
         self.live = view
         self._on_live(view)
+
+    def _wall_ns(self, t_sensor_ns: np.ndarray) -> np.ndarray:
+        """Window starts on the wall clock: the sensor's stamps plus one offset, fixed at the first window.
+
+        One fixed offset keeps the timeline's spacing that of the sensor clock (a replay at 25x
+        shows the recording's own durations); it is taken again when a mapped time would lie
+        before the newest stored one (the sensor clock stepped back, the service restarted).
+        """
+        t = np.asarray(t_sensor_ns, np.int64)
+        if self._wall_offset_ns is None or int(t[0]) + self._wall_offset_ns <= self._last_wall_ns:
+            self._wall_offset_ns = time.time_ns() - int(t[-1]) - 2_560_000_000  # the newest window ended just now
+            self._wall_offset_ns = max(self._wall_offset_ns, self._last_wall_ns + 1 - int(t[0]))
+        wall = t + self._wall_offset_ns
+        self._last_wall_ns = int(wall[-1])
+        return wall
+
+    # -- timeline and corrections --------------------------------------------------------
+    def relabel(self, start_ns: int, end_ns: int, activity: str) -> int:
+        """Relabel a stretch of the timeline as ``activity``; its raw samples become training windows.
+
+        The windows join the recorded-window log (the recorder's own) and the store's training
+        windows, so the next round trains on them.
+
+        Returns
+        -------
+        int
+            Windows made from the stretch (0 when its raw samples are older than ``raw_days``).
+
+        Raises
+        ------
+        KeyError
+            For an activity outside the label set.
+        """
+        ws = self.timeline.relabel(start_ns, end_ns, activity)
+        if len(ws):
+            self.window_log.append(ws)
+            self._sync()
+        log.info("relabelled %.1f min as %s: %d training windows", (end_ns - start_ns) / 60e9, activity, len(ws))
+        return len(ws)
+
+    def guidance(self) -> list[str]:
+        """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""
+        return guidance(self.counts())
 
     # -- recording -------------------------------------------------------------------------
     def start_recording(self, activity: str) -> None:
@@ -579,6 +643,10 @@ class DeviceController:
             last_round, v.last_accuracy = self._last_update_info()
             if v.round is None:
                 v.round = last_round
+            try:
+                v.sent = list(self.store.get_meta(SENT_KEY, []))
+            except Exception as exc:  # an unreadable store: the state above already says so
+                log.debug("sent ledger: %s", exc)
             view = replace(v)
         self._on_federation(view)
         if sensor_fault != self._sensor_fault:
@@ -607,6 +675,33 @@ class DeviceController:
         self._stop_agent()
         self._supervisor.join(10)
         self.store.close()
+        self.timeline.close()
+
+
+def taking_part_words(v: FederationView) -> str:
+    """Why the device is or is not training now, in one sentence for the person holding it.
+
+    Parameters
+    ----------
+    v : FederationView
+
+    Returns
+    -------
+    str
+    """
+    if v.state == "off":
+        return "Not taking part: switch on \"Take part in training\" to help train the shared model"
+    if v.state == "waiting for charger":
+        return "Not training now: the phone is not charging, and you chose to train only while charging"
+    if v.state == "training":
+        return f"Training round {v.round} on this phone now"
+    if v.state == "connected":
+        return "Taking part: connected, waiting for the server's next round" + (f" (last round {v.round})" if v.round is not None else "")
+    if v.state == "connecting":
+        return f"Taking part: connecting to the server at {v.broker}"
+    if v.state == "disconnected":
+        return f"Taking part, but the server at {v.broker} cannot be reached now; trying again"
+    return f"Not training: {v.error}" if v.error else f"Not training ({v.state})"
 
 
 def settings_view(cfg: AppConfig) -> FederationView:

@@ -9,9 +9,15 @@ each written to a temporary name and renamed (so a reader sees the old or the ne
 * ``app_settings.json`` — written by the UI: device id, broker, federation, user name, the
   password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
   and is never written here or logged), CA certificate, training backend, label set, the
-  activity being recorded (or null), take part, train only while charging;
+  activity being recorded (or null), take part, train only while charging, and the last
+  relabel requests of the Today screen (``relabel``: id, start and end ns, activity);
 * ``app_status.json`` — written by the service: counts per activity, the live prediction,
-  the federation state, what is being recorded.
+  the federation state, what is being recorded, and the training windows each relabel
+  request made (``relabelled``: id -> count).
+
+The Today screen reads the timeline (``timeline.sqlite``, SQLite in WAL mode, so the UI
+reads while the service writes) directly; a relabel goes through the service, which owns
+the recorded-window log and the store the trainer reads.
 
 :func:`run_service` is the service; :class:`RemoteController` is what the UI uses instead of
 :class:`~edge_client.app.controller.DeviceController`, with the same methods.
@@ -40,6 +46,8 @@ from edge_client.app.controller import (
 )
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
+from edge_client.timeline import guidance
+from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
 from har_io.enrolment import EnrolmentBundle
 from har_models.data.labels import LABEL_SETS
 from har_models.files import atomic_write_bytes
@@ -165,7 +173,13 @@ def run_service(
 
         source = AndroidSensorSource()
     stop = stop or threading.Event()
-    status: dict[str, Any] = {"counts": {}, "live": asdict(LiveView()), "federation": asdict(FederationView()), "recording": None}
+    status: dict[str, Any] = {
+        "counts": {},
+        "live": asdict(LiveView()),
+        "federation": asdict(FederationView()),
+        "recording": None,
+        "relabelled": {},
+    }
     lock = threading.Lock()
 
     holder: dict[str, DeviceController] = {}  # the controller reports before its constructor returns
@@ -190,6 +204,8 @@ def run_service(
         supervise_s=poll_s,
     )
     holder["ctl"] = ctl
+    # Requests answered before a restart stay answered: a relabel is applied once.
+    status["relabelled"] = json.loads(ctl.timeline.get("relabelled", "{}"))
     publish("counts", ctl.counts())
     ctl.start_sensing()
     applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
@@ -212,6 +228,18 @@ def run_service(
                 if key in s and s[key] != applied.get(key):
                     setter(bool(s[key]))
                     applied[key] = s[key]
+            for req in s.get("relabel") or []:
+                if not isinstance(req, dict) or str(req.get("id")) in status["relabelled"]:
+                    continue
+                try:
+                    made = ctl.relabel(int(req["start_ns"]), int(req["end_ns"]), str(req["activity"]))
+                except (KeyError, ValueError, TypeError) as exc:
+                    log.error("settings: relabel %s: %s", req, exc)
+                    made = 0
+                done = dict(list((dict(status["relabelled"]) | {str(req.get("id")): made}).items())[-RELABEL_KEPT:])
+                ctl.timeline.set("relabelled", json.dumps(done))
+                publish("relabelled", done)
+                publish("counts", ctl.counts())
             rec = s.get("recording")
             if rec != ctl.recorder.activity:
                 if rec is None:
@@ -238,6 +266,10 @@ class _RecorderState:
     @property
     def recording(self) -> bool:
         return self.activity is not None
+
+
+RELABEL_KEPT = 20
+"""Relabel requests (in the settings) and their answers (in the status) kept: the newest ones."""
 
 
 BACKGROUND_START_REFUSED = "cannot start the sensing service from the background"
@@ -313,6 +345,8 @@ class RemoteController:
         self.live = LiveView()
         self.federation = settings_view(cfg)
         self._counts = {n: 0 for n in cfg.labels.names}
+        self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels)
+        self._relabelled: dict[str, int] = {}
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)
         self._on_federation = on_federation or (lambda v: None)
@@ -333,6 +367,7 @@ class RemoteController:
                 continue
             self._seen = st.get("time")
             self.recorder.activity = st.get("recording")
+            self._relabelled = {str(k): int(v) for k, v in (st.get("relabelled") or {}).items()}
             self.recorder.session_windows = int(st.get("session_windows", 0))
             if st.get("counts"):
                 self._counts = {k: int(v) for k, v in st["counts"].items()}
@@ -435,10 +470,42 @@ class RemoteController:
         """Recorded windows per activity, as last reported."""
         return dict(self._counts)
 
+    def relabel(self, start_ns: int, end_ns: int, activity: str, wait_s: float = 5.0) -> int | None:
+        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`) and wait for its count.
+
+        Returns
+        -------
+        int or None
+            Training windows made; None when the service has not answered within ``wait_s``
+            (it still will: the Today screen says the request was handed on).
+
+        Raises
+        ------
+        KeyError
+            For an activity outside the label set.
+        """
+        self.cfg.labels.index(activity)
+        rid = f"{time.time_ns()}"
+        reqs = list(self.settings.get("relabel") or [])
+        reqs.append({"id": rid, "start_ns": int(start_ns), "end_ns": int(end_ns), "activity": activity})
+        self.settings["relabel"] = reqs[-RELABEL_KEPT:]
+        self._save()
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            if rid in self._relabelled:
+                return self._relabelled[rid]
+            time.sleep(0.05)
+        return None
+
+    def guidance(self) -> list[str]:
+        """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""
+        return guidance(self.counts())
+
     def close(self) -> None:
         """Stop polling (the service goes on)."""
         self._stop.set()
         self._thread.join(5)
+        self.timeline.close()
 
 
 _VIEW_FIELDS = set(FederationView.__dataclass_fields__)

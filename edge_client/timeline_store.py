@@ -1,0 +1,255 @@
+"""The device's timeline on disk: each classified window, the raw samples behind it, the person's corrections.
+
+One SQLite file, ``timeline.sqlite``, in the client's state folder (it never leaves the
+device), with three tables:
+
+* ``predictions`` — one row per classified window: wall-clock start (ns), class, confidence;
+  about 26 bytes a row, 67,500 rows (1.8 MB) a day of sensing; kept ``retention_days`` (90).
+* ``raw`` — the 50 Hz grid samples the windows were cut from, each sample once (a window
+  overlaps the previous one by half, so only its new samples are stored): 1,200 bytes a
+  second, about 100 MB a day of sensing; kept ``raw_days`` (2), so a stretch can be
+  corrected, and become training windows, for that long.
+* ``corrections`` — the spans the person relabelled and how many training windows each gave;
+  kept as long as the predictions.
+
+Old rows are deleted at most every ``prune_every_s`` while windows are added, so the file's
+size is bounded by the two retention settings. Writes come from the sensing thread and reads
+from the screen's; one connection with a lock serves both.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge_client.timeline import Stretch, apply_corrections, smooth_stretches
+from har_models.data.labels import LabelSet
+from har_models.data.windowing import N_CHANNELS, STEP, WINDOW, Windower, WindowSet
+
+TIMELINE_FILE = "timeline.sqlite"
+"""File name of the timeline inside a device's state folder."""
+
+PERIOD_NS = 20_000_000
+"""Grid period of the raw samples (50 Hz), ns."""
+
+DAY_NS = 86_400 * 10**9
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS predictions (t_ns INTEGER PRIMARY KEY, label INTEGER NOT NULL, confidence REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS raw (t0_ns INTEGER PRIMARY KEY, n INTEGER NOT NULL, x BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS corrections (
+    id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    label INTEGER NOT NULL, windows INTEGER NOT NULL, made_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class TimelineStore:
+    """Classified windows, their raw samples and the corrections of one device.
+
+    Parameters
+    ----------
+    path : Path
+        The SQLite file (created with its folder).
+    labels : LabelSet
+        Label set of the predictions.
+    retention_days : float
+        Days predictions and corrections are kept (90).
+    raw_days : float
+        Days raw samples are kept, i.e. how long a stretch can still teach the model (2).
+    prune_every_s : float
+        Least time between two deletions of old rows.
+
+    Raises
+    ------
+    ValueError
+        If a retention is not positive.
+    """
+
+    def __init__(self, path: Path, labels: LabelSet, retention_days: float = 90.0, raw_days: float = 2.0, prune_every_s: float = 600.0):
+        if retention_days <= 0 or raw_days <= 0:
+            raise ValueError(f"TimelineStore: retention_days ({retention_days}) and raw_days ({raw_days}) must be > 0")
+        self.path = Path(path)
+        self.labels = labels
+        self.retention_days = float(retention_days)
+        self.raw_days = float(raw_days)
+        self.prune_every_s = float(prune_every_s)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+        self._last_raw_t: int | None = None
+        self._last_prune = 0.0
+
+    def close(self) -> None:
+        """Close the file."""
+        with self._lock:
+            self._db.close()
+
+    # -- writing ---------------------------------------------------------------------------
+    def add(self, t_ns: np.ndarray, labels: np.ndarray, confidence: np.ndarray, x: np.ndarray, now_ns: int | None = None) -> None:
+        """Store classified windows and the samples of theirs not stored yet.
+
+        Parameters
+        ----------
+        t_ns : ndarray of shape (N,), int64
+            Wall-clock start of each window, ns, increasing.
+        labels : ndarray of shape (N,), int
+            Predicted class.
+        confidence : ndarray of shape (N,), float
+            Its probability, 0..1.
+        x : ndarray of shape (N, 6, T), float32
+            The windows (acc m/s^2, gyro rad/s) on the 50 Hz grid.
+        now_ns : int, optional
+            Wall clock for pruning (default: now).
+
+        Raises
+        ------
+        ValueError
+            On mis-shaped arguments.
+        """
+        t = np.asarray(t_ns, np.int64).reshape(-1)
+        y = np.asarray(labels, np.int64).reshape(-1)
+        c = np.asarray(confidence, np.float64).reshape(-1)
+        x = np.asarray(x, np.float32)
+        if not (t.shape == y.shape == c.shape) or x.ndim != 3 or x.shape[:2] != (t.size, N_CHANNELS):
+            raise ValueError(
+                f"TimelineStore.add: expected t, labels, confidence (N,) and x (N, 6, T); got {t.shape}, {y.shape}, {c.shape}, {x.shape}"
+            )
+        raws = []
+        for i in range(t.size):
+            ts = int(t[i]) + PERIOD_NS * np.arange(x.shape[2], dtype=np.int64)
+            new = ts > (self._last_raw_t if self._last_raw_t is not None else -(2**62))
+            if new.any():
+                k = int(np.argmax(new))
+                raws.append((int(ts[k]), int(x.shape[2] - k), np.ascontiguousarray(x[i, :, k:].T).tobytes()))
+                self._last_raw_t = int(ts[-1])
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO predictions VALUES (?, ?, ?)", zip(t.tolist(), y.tolist(), c.tolist(), strict=True)
+            )
+            self._db.executemany("INSERT OR REPLACE INTO raw VALUES (?, ?, ?)", raws)
+            self._db.commit()
+        now = time.time_ns() if now_ns is None else int(now_ns)
+        if now / 1e9 - self._last_prune >= self.prune_every_s:
+            self.prune(now)
+
+    def prune(self, now_ns: int) -> None:
+        """Delete predictions and corrections older than ``retention_days``, raw samples older than ``raw_days``."""
+        with self._lock:
+            self._db.execute("DELETE FROM predictions WHERE t_ns < ?", (now_ns - int(self.retention_days * DAY_NS),))
+            self._db.execute("DELETE FROM corrections WHERE end_ns < ?", (now_ns - int(self.retention_days * DAY_NS),))
+            self._db.execute("DELETE FROM raw WHERE t0_ns < ?", (now_ns - int(self.raw_days * DAY_NS),))
+            self._db.commit()
+        self._last_prune = now_ns / 1e9
+
+    # -- reading ---------------------------------------------------------------------------
+    def predictions(self, start_ns: int, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window starts (N,) int64 ns and classes (N,) int64 between the two times, in time order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT t_ns, label FROM predictions WHERE t_ns >= ? AND t_ns < ? ORDER BY t_ns", (start_ns, end_ns)
+            ).fetchall()
+        a = np.array(rows, np.int64).reshape(-1, 2)
+        return a[:, 0], a[:, 1]
+
+    def corrections(self, start_ns: int, end_ns: int) -> list[tuple[Stretch, int]]:
+        """The corrections overlapping the span, oldest first, each with its number of training windows."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT start_ns, end_ns, label, windows FROM corrections WHERE end_ns > ? AND start_ns < ? ORDER BY id",
+                (start_ns, end_ns),
+            ).fetchall()
+        return [(Stretch(a, b, y, True), n) for a, b, y, n in rows]
+
+    def stretches(self, start_ns: int, end_ns: int) -> list[Stretch]:
+        """The smoothed stretches of the span (:func:`~edge_client.timeline.smooth_stretches`), corrections laid over them."""
+        t, y = self.predictions(start_ns - 10 * 10**9, end_ns + 10 * 10**9)  # neighbours across the edges smooth alike
+        found = smooth_stretches(t, y)
+        found = apply_corrections(found, [c for c, _ in self.corrections(start_ns, end_ns)])
+        return [
+            Stretch(max(s.start_ns, start_ns), min(s.end_ns, end_ns), s.label, s.corrected)
+            for s in found
+            if s.end_ns > start_ns and s.start_ns < end_ns
+        ]
+
+    def raw_samples(self, start_ns: int, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
+        """Grid samples between the two times: times (m,) int64 ns and values (m, 6) float32."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT t0_ns, n, x FROM raw WHERE t0_ns < ? AND t0_ns + n * ? > ? ORDER BY t0_ns", (end_ns, PERIOD_NS, start_ns)
+            ).fetchall()
+        if not rows:
+            return np.empty(0, np.int64), np.empty((0, N_CHANNELS), np.float32)
+        t = np.concatenate([t0 + PERIOD_NS * np.arange(n, dtype=np.int64) for t0, n, _ in rows])
+        v = np.concatenate([np.frombuffer(b, np.float32).reshape(n, N_CHANNELS) for _, n, b in rows])
+        keep = (t >= start_ns) & (t < end_ns)
+        return t[keep], v[keep]
+
+    # -- corrections -----------------------------------------------------------------------
+    def relabel(self, start_ns: int, end_ns: int, activity: str, window: int = WINDOW, step: int = STEP) -> WindowSet:
+        """Relabel a span as ``activity``: its raw samples become labelled windows, and the correction is kept.
+
+        The samples go through :class:`~har_models.data.windowing.Windower`, the windower of the
+        recorder's pipeline (128 samples, a new one every 64; no window across a gap), over the
+        samples of every window that starts inside the span.
+
+        Parameters
+        ----------
+        start_ns, end_ns : int
+            The span, wall clock ns.
+        activity : str
+            Its activity.
+
+        Returns
+        -------
+        WindowSet
+            The labelled windows (empty when the raw samples are older than ``raw_days`` or the
+            span is shorter than one window); the caller adds them to the training windows.
+
+        Raises
+        ------
+        KeyError
+            If ``activity`` is not in the label set.
+        ValueError
+            If ``end_ns <= start_ns``.
+        """
+        label = self.labels.index(activity)
+        if end_ns <= start_ns:
+            raise ValueError(f"relabel: the span must end after it starts, got {start_ns}..{end_ns}")
+        # A stretch runs from its first window's start to its last one's start plus a step; the windows
+        # starting inside it reach (window - step) samples further.
+        t, v = self.raw_samples(start_ns, end_ns + (window - step) * PERIOD_NS)
+        xs, ys, ts = Windower(window, step, PERIOD_NS).push(t, v, np.full(t.shape, label, np.int64))
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO corrections (start_ns, end_ns, label, windows, made_ns) VALUES (?, ?, ?, ?, ?)",
+                (int(start_ns), int(end_ns), label, len(ys), time.time_ns()),
+            )
+            self._db.commit()
+        return WindowSet(xs, ys, self.labels, ts)
+
+    def corrected_windows(self) -> int:
+        """Training windows made from corrections so far (within the retention)."""
+        with self._lock:
+            (n,) = self._db.execute("SELECT COALESCE(SUM(windows), 0) FROM corrections").fetchone()
+        return int(n)
+
+    # -- settings --------------------------------------------------------------------------
+    def get(self, key: str, default: str) -> str:
+        """A setting kept with the timeline (the weekly goal)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else default
+
+    def set(self, key: str, value: str) -> None:
+        """Keep a setting with the timeline."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            self._db.commit()
