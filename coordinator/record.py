@@ -32,7 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-DEFAULT_ENCODING = "float32"
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
+
+DEFAULT_ENCODING = DEFAULT_UPDATE_ENCODING
 """The update encoding an absent ``bytes_up_by_encoding`` stands for (as an envelope without one)."""
 
 
