@@ -12,13 +12,16 @@ Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the on
      "dense_units", "bytes_up", "bytes_down", ["growth"], ["feddwa_weights"],
      ["personalisation", "personalisation_clients"], "received_union", ["global"],
      ["generalisation", "generalisation_clients"], "seconds",
-     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"]}
+     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"],
+     ["duplicates"]}
 
 Bracketed keys appear only when they hold something; "failures", "rejections" and
 "bytes_up_by_encoding" are written only when they say more than the keys before them (a
 client failed, a message was rejected, an update was not float32), so a run without any of
 these has the same report as before the record existed. "start" (each model as it starts
 local training, on its client's test split) came later: records without it still load.
+"duplicates" (re-sent copies of updates already counted, e.g. from a restarted device: not
+rejections) is written only when there were some.
 ``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
 ``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
 reads the rows of other writers (``fedhar-baseline``, which has no traffic or
@@ -154,6 +157,9 @@ class Participation:
         Why each missing client has none (``offline``, ``missed_deadline`` or a rejection reason).
     rejections : tuple of Rejection
         The rejected messages by client and reason, sorted.
+    duplicates : int
+        Re-sent copies of updates already counted (same client, round, stage and sha256):
+        harmless, and not in ``rejected``.
     """
 
     selected: int = 0
@@ -162,6 +168,7 @@ class Participation:
     missing: tuple[str, ...] = ()
     failures: Mapping[str, str] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
+    duplicates: int = 0
 
 
 @dataclass(frozen=True)
@@ -358,7 +365,7 @@ class Evaluation:
 _OLD_KEYS = ("round", "selected", "updates", "rejected", "missing", "arch_version", "conv_filters", "dense_units",
              "bytes_up", "bytes_down", "growth", "feddwa_weights", "personalisation", "personalisation_clients",
              "received_union", "global", "generalisation", "generalisation_clients", "seconds")  # fmt: skip
-RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients")
+RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients", "duplicates")
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
 
 
@@ -442,6 +449,8 @@ class RoundRecord:
         if e.start is not None:
             out["start"] = e.start.to_json()
             out["start_clients"] = {c: m.to_json() for c, m in e.start_clients.items()}
+        if p.duplicates:
+            out["duplicates"] = p.duplicates
         return out
 
     @classmethod
@@ -476,6 +485,7 @@ class RoundRecord:
             missing=tuple(missing),
             failures=dict(failures),
             rejections=tuple(rejections),
+            duplicates=_int(d, "duplicates", what, 0),
         )
         arch = Architecture(
             version=_int(d, "arch_version", what, 0),

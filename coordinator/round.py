@@ -83,7 +83,15 @@ class Exchange:
     updates : dict client id -> ClientUpdate
         The first valid update of each selected client.
     rejected : Counter of (client id, reason)
-        Invalid messages, counted (a flood costs a counter increment, not a log line each).
+        Invalid messages, counted (a flood costs a counter increment, not a log line each),
+        including those that arrived while no exchange was open since the previous one
+        (``carried``).
+    carried : Counter of (client id, reason)
+        The part of ``rejected`` that arrived between exchanges (``no_open_round`` and the
+        like): counted in this exchange's record, but no reason for a selected client's failure.
+    duplicates : Counter of client id
+        Re-sent copies of an update already counted (same client, round, stage and sha256,
+        e.g. from a restarted device): harmless, so counted apart from ``rejected``.
     offline : set of str
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int
@@ -100,6 +108,8 @@ class Exchange:
     guidance: bool
     updates: dict[str, ClientUpdate] = field(default_factory=dict)
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    carried: Counter[tuple[str, str]] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -124,7 +134,7 @@ class Exchange:
     def failures(self) -> list[Failure]:
         """Selected clients without a valid update, with why (offline, rejected, or missed the deadline)."""
         out = []
-        rejected_by = {cid: reason for (cid, reason) in self.rejected}
+        rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
         for cid in sorted(self.selected - set(self.updates)):
             reason = "offline" if cid in self.offline else rejected_by.get(cid, "missed_deadline")
             out.append(Failure(cid, reason))
@@ -134,6 +144,11 @@ class Exchange:
     def n_rejected(self) -> int:
         """Invalid messages in this exchange (each counted once)."""
         return sum(self.rejected.values())
+
+    @property
+    def n_duplicates(self) -> int:
+        """Re-sent copies of already counted updates received in this exchange (not rejections)."""
+        return sum(self.duplicates.values())
 
 
 def published_models(fed: Federation) -> Callable[[str], Mapping[str, Any]]:
