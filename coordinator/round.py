@@ -29,6 +29,7 @@ from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
+from har_models.nn.metrics import pct
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import TrainingPlan
 
@@ -242,10 +243,6 @@ def _metrics_of(per: Mapping[str, Mapping[str, Any]]) -> dict[str, Metrics]:
     return {cid: Metrics.from_json(m) for cid, m in per.items()}
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
-
-
 def device_summary(record: RoundRecord) -> str:
     """Each device's part in a round, for the round's log line: ``a 91.2%, b 88.0%, c missed (offline)``.
 
@@ -256,7 +253,7 @@ def device_summary(record: RoundRecord) -> str:
     """
     per = record.evaluation.personalisation_clients
     failures = record.participation.failures
-    parts = {cid: f"{cid} {_pct(m.accuracy)}" for cid, m in per.items()}
+    parts = {cid: f"{cid} {pct(m.accuracy)}" for cid, m in per.items()}
     for cid in record.participation.missing:
         why = failures.get(cid)
         parts[cid] = f"{cid} missed ({why})" if why else f"{cid} missed"
@@ -276,8 +273,8 @@ def summary_line(record: RoundRecord) -> str:
     return (
         f"round {record.round}: {part.selected} selected, {part.updates} updates, "
         f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
-        f"global acc {_pct(g.accuracy if g else None)} F1 {_pct(g.macro_f1 if g else None)}, "
-        f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}"
-        + (f", start acc {_pct(st.accuracy)} F1 {_pct(st.macro_f1)}" if (st := record.evaluation.start) else "")
+        f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
+        f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"
+        + (f", start acc {pct(st.accuracy)} F1 {pct(st.macro_f1)}" if (st := record.evaluation.start) else "")
         + f"; up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
     ) + (f"; devices: {devices}" if (devices := device_summary(record)) else "")
