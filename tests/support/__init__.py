@@ -4,7 +4,10 @@
 * :mod:`support.server_step_support`: tensors, updates and a federation for the server-step tests.
 * :mod:`support.mpu6050_emulator`: an emulated MPU-6050 on an I2C bus (register map, FIFO).
 * :mod:`support.ala_golden`: FedALA's golden figures (``python tests/support/ala_golden.py`` rewrites them).
+* :mod:`support.mqtt_peer`, :mod:`support.mqtt_watcher`: an MQTT client a test drives, and one that records a federation's topics.
+* :mod:`support.android_standin`, :mod:`support.java_executorch_standin`: pyjnius's Android sensors and ExecuTorch's Java classes, without a device.
+* :mod:`support.realworld_synth`: a synthetic REALWORLD archive.
 
-The process and broker helpers (``small_federation``, ``secured_broker``, ``mqtt_peer``,
-``mqtt_watcher``, the app drivers and stand-ins, ``realworld_synth``) still sit at ``tests/``.
+``small_federation``, ``secured_broker`` and the app drivers (run as scripts by path) still sit at
+``tests/``: ``conftest.py`` and the end-to-end tests import them there.
 """
