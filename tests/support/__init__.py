@@ -5,9 +5,13 @@
 * :mod:`support.mpu6050_emulator`: an emulated MPU-6050 on an I2C bus (register map, FIFO).
 * :mod:`support.ala_golden`: FedALA's golden figures (``python tests/support/ala_golden.py`` rewrites them).
 * :mod:`support.mqtt_peer`, :mod:`support.mqtt_watcher`: an MQTT client a test drives, and one that records a federation's topics.
-* :mod:`support.android_standin`, :mod:`support.java_executorch_standin`: pyjnius's Android sensors and ExecuTorch's Java classes, without a device.
+* :mod:`support.android_standin`, :mod:`support.java_executorch_standin`: pyjnius's Android sensors and
+  ExecuTorch's Java classes, without a device.
 * :mod:`support.realworld_synth`: a synthetic REALWORLD archive.
 
-``small_federation``, ``secured_broker`` and the app drivers (run as scripts by path) still sit at
-``tests/``: ``conftest.py`` and the end-to-end tests import them there.
+* :mod:`support.small_federation`: the small federation's command lines and runner (``conftest.py``'s ``small_simulation``).
+* :mod:`support.secured_broker`: a Mosquitto with TLS, ACL and one account per client.
+
+The app drivers (``app_driver.py``, ``app_enrol_driver.py``) stay at ``tests/``: they are programs,
+run by path in a subprocess under Xvfb, not imported.
 """
