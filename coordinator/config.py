@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import strategies
+from coordinator.feddist import FedDistConfig
 from coordinator.guard import DEFAULT_MARGIN as DEFAULT_GUARD_MARGIN
 from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.strategies.fedprox import FedProxSettings
 from har_io.broker_config import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT_SEED
+from har_models.nn.arch import ArchSpec
 from har_models.settings import AlaConfig, LocalTraining, LrSchedule, doc, from_mapping, to_mapping
 from har_models.wire.messages import UPDATE_ENCODINGS
 from har_models.wire.topics import check_client_id
@@ -178,17 +180,19 @@ class CoordinatorConfig:
             choices=GROWTH_MODES,
         ),
     )
-    feddist_k0: float = field(default=3.0, metadata=doc("FedDist k_0 (k_r = k_0 + delta * floor(r / period))"))
-    feddist_delta: float = field(default=0.25, metadata=doc("FedDist delta"))
-    feddist_period: int = field(default=5, metadata=doc("FedDist period", "rounds"))
+    # The defaults are FedDistConfig's and ArchSpec's, so each is written once.
+    feddist_k0: float = field(default=FedDistConfig.k0, metadata=doc("FedDist k_0 (k_r = k_0 + delta * floor(r / period))"))
+    feddist_delta: float = field(default=FedDistConfig.delta, metadata=doc("FedDist delta"))
+    feddist_period: int = field(default=FedDistConfig.period, metadata=doc("FedDist period", "rounds"))
     feddist_max_width_factor: float = field(
-        default=2.0, metadata=doc("cap on each layer's width, as a multiple of round 0's", flag="--feddist-max-width")
+        default=FedDistConfig.max_width_factor,
+        metadata=doc("cap on each layer's width, as a multiple of round 0's", flag="--feddist-max-width"),
     )
     ala: AlaConfig = field(
         default_factory=AlaConfig, metadata=doc('FedALA settings as JSON, e.g. \'{"eta": 1.0, "rand_percent": 80}\'', kind="json")
     )
-    conv_filters: int = field(default=196, metadata=doc("initial conv filters F"))
-    dense_units: int = field(default=1024, metadata=doc("initial hidden units H"))
+    conv_filters: int = field(default=ArchSpec.conv_filters, metadata=doc("initial conv filters F"))
+    dense_units: int = field(default=ArchSpec.dense_units, metadata=doc("initial hidden units H"))
     generalisation_every: int = field(
         default=5, metadata=doc("rounds between generalisation evaluations (0 = last only)", "rounds")
     )

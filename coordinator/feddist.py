@@ -190,7 +190,9 @@ class GrowthDecision:
         }
 
 
-def threshold_k(round_idx: int, k0: float = 3.0, delta: float = 0.25, period: int = 5) -> float:
+def threshold_k(
+    round_idx: int, k0: float = FedDistConfig.k0, delta: float = FedDistConfig.delta, period: int = FedDistConfig.period
+) -> float:
     """The FedDist threshold schedule k_r = k_0 + delta * floor(r / period).
 
     Ek et al., PerCom 2021, authors' code (``stdCount`` 3.0, +0.25 every 5 rounds;

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -50,6 +50,10 @@ from har_models.wire.messages import (
 from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator")
+
+COUNTED_PER_CLIENT = 4
+"""Counted updates remembered per client to tell a re-sent copy (a duplicate) from a rejection: a
+device re-sends only its last stored update, and FedDist's second stage makes two in a round."""
 
 
 class MqttGrid:
@@ -103,7 +107,12 @@ class MqttGrid:
         self._collect: Exchange | None = None  # the exchange being collected
         self._published: Federation | None = None  # the federation whose models the open exchange published
         self.bar: tqdm | None = None  # a progress bar that shows the updates of the open exchange
-        self._rejected_outside: Counter[tuple[str, str]] = Counter()  # invalid messages while no exchange is open
+        # Invalid messages and duplicates while no exchange is open: counted into the next one's record.
+        self._rejected_outside: Counter[tuple[str, str]] = Counter()
+        self._duplicates_outside: Counter[str] = Counter()
+        # The sha256 (transfer id) of each client's last few counted updates: a restarted device
+        # re-sends its stored update, and a copy of one already counted is a duplicate, not a rejection.
+        self._counted: dict[str, deque[str]] = {}
         self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
         self._link = MqttLink(
             cfg.broker,
@@ -296,6 +305,9 @@ class MqttGrid:
         if done is None:
             return
         c = self._collect
+        if done[0] in self._counted.get(cid, ()):
+            self._duplicate(cid, done[0])
+            return
         if c is None:
             self._reject(cid, "no_open_round", "an update arrived while no round was open")
             return
@@ -326,9 +338,29 @@ class MqttGrid:
         except OSError as exc:  # a full disk: keep this update in memory rather than lose it
             log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
         c.add(upd)
+        self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(done[0])
         self.receipts.accepted(cid, done[0])
         if self.bar is not None:
             self.bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
+
+    def _carry_outside(self, c: Exchange) -> None:
+        """Count in exchange ``c`` what arrived while none was open, so every rejection reaches a round record."""
+        c.rejected.update(self._rejected_outside)
+        c.carried.update(self._rejected_outside)
+        c.duplicates.update(self._duplicates_outside)
+        self._rejected_outside.clear()
+        self._duplicates_outside.clear()
+
+    def _duplicate(self, cid: str, transfer: str) -> None:
+        """Count a re-sent copy of an update already counted; re-acknowledge it if its exchange is the open one."""
+        c = self._collect
+        if c is not None and self.receipts.accepted_transfers.get(cid) == transfer:
+            self.receipts.accepted(cid, transfer)  # it did not get its receipt: say so again
+        if c is not None:
+            c.duplicates[cid[:64]] += 1
+        else:
+            self._duplicates_outside[cid[:64]] += 1
+        log.debug("round %s: a copy of an update of %s already counted; not a rejection", c.round if c else "-", cid)
 
     def _reject(self, cid: str, reason: str, detail: str) -> None:
         """Count an invalid message; log the first of each (client, reason) per exchange, and the total at its close."""
@@ -445,6 +477,7 @@ class MqttGrid:
         c = self._collect = Exchange(
             round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
         )
+        self._carry_outside(c)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
         ann_bytes = ann.to_bytes()

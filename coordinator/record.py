@@ -13,7 +13,7 @@ Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the on
      ["personalisation", "personalisation_clients"], "received_union", ["global"],
      ["generalisation", "generalisation_clients"], "seconds",
      ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"],
-     ["guard"], ["attempts"]}
+     ["guard"], ["attempts"], ["duplicates"]}
 
 Bracketed keys appear only when they hold something; "failures", "rejections" and
 "bytes_up_by_encoding" are written only when they say more than the keys before them (a
@@ -22,6 +22,8 @@ these has the same report as before the record existed. "start" (each model as i
 local training, on its client's test split) came later: records without it still load.
 "guard" (the quality guard's decision, only where the guard is on) and "attempts" (only when a
 failed quorum made the round run more than once) came later still.
+"duplicates" (re-sent copies of updates already counted, e.g. from a restarted device: not
+rejections) is written only when there were some.
 ``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
 ``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
 reads the rows of other writers (``fedhar-baseline``, which has no traffic or
@@ -35,7 +37,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-DEFAULT_ENCODING = "float32"
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
+
+DEFAULT_ENCODING = DEFAULT_UPDATE_ENCODING
 """The update encoding an absent ``bytes_up_by_encoding`` stands for (as an envelope without one)."""
 
 
@@ -155,6 +159,9 @@ class Participation:
         Why each missing client has none (``offline``, ``missed_deadline`` or a rejection reason).
     rejections : tuple of Rejection
         The rejected messages by client and reason, sorted.
+    duplicates : int
+        Re-sent copies of updates already counted (same client, round, stage and sha256):
+        harmless, and not in ``rejected``.
     """
 
     selected: int = 0
@@ -163,6 +170,7 @@ class Participation:
     missing: tuple[str, ...] = ()
     failures: Mapping[str, str] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
+    duplicates: int = 0
 
 
 @dataclass(frozen=True)
@@ -359,7 +367,8 @@ class Evaluation:
 _OLD_KEYS = ("round", "selected", "updates", "rejected", "missing", "arch_version", "conv_filters", "dense_units",
              "bytes_up", "bytes_down", "growth", "feddwa_weights", "personalisation", "personalisation_clients",
              "received_union", "global", "generalisation", "generalisation_clients", "seconds")  # fmt: skip
-RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients", "guard", "attempts")
+RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients", "guard", "attempts",
+               "duplicates")
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
 
 
@@ -497,6 +506,8 @@ class RoundRecord:
             out["guard"] = self.guard.to_json()
         if self.attempts != 1:
             out["attempts"] = self.attempts
+        if p.duplicates:
+            out["duplicates"] = p.duplicates
         return out
 
     @classmethod
@@ -531,6 +542,7 @@ class RoundRecord:
             missing=tuple(missing),
             failures=dict(failures),
             rejections=tuple(rejections),
+            duplicates=_int(d, "duplicates", what, 0),
         )
         arch = Architecture(
             version=_int(d, "arch_version", what, 0),

@@ -29,6 +29,7 @@ from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
+from har_models.nn.metrics import pct
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import TrainingPlan
 
@@ -83,7 +84,15 @@ class Exchange:
     updates : dict client id -> ClientUpdate
         The first valid update of each selected client.
     rejected : Counter of (client id, reason)
-        Invalid messages, counted (a flood costs a counter increment, not a log line each).
+        Invalid messages, counted (a flood costs a counter increment, not a log line each),
+        including those that arrived while no exchange was open since the previous one
+        (``carried``).
+    carried : Counter of (client id, reason)
+        The part of ``rejected`` that arrived between exchanges (``no_open_round`` and the
+        like): counted in this exchange's record, but no reason for a selected client's failure.
+    duplicates : Counter of client id
+        Re-sent copies of an update already counted (same client, round, stage and sha256,
+        e.g. from a restarted device): harmless, so counted apart from ``rejected``.
     offline : set of str
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int
@@ -100,6 +109,8 @@ class Exchange:
     guidance: bool
     updates: dict[str, ClientUpdate] = field(default_factory=dict)
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    carried: Counter[tuple[str, str]] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -124,7 +135,7 @@ class Exchange:
     def failures(self) -> list[Failure]:
         """Selected clients without a valid update, with why (offline, rejected, or missed the deadline)."""
         out = []
-        rejected_by = {cid: reason for (cid, reason) in self.rejected}
+        rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
         for cid in sorted(self.selected - set(self.updates)):
             reason = "offline" if cid in self.offline else rejected_by.get(cid, "missed_deadline")
             out.append(Failure(cid, reason))
@@ -134,6 +145,11 @@ class Exchange:
     def n_rejected(self) -> int:
         """Invalid messages in this exchange (each counted once)."""
         return sum(self.rejected.values())
+
+    @property
+    def n_duplicates(self) -> int:
+        """Re-sent copies of already counted updates received in this exchange (not rejections)."""
+        return sum(self.duplicates.values())
 
 
 def published_models(fed: Federation) -> Callable[[str], Mapping[str, Any]]:
@@ -227,10 +243,6 @@ def _metrics_of(per: Mapping[str, Mapping[str, Any]]) -> dict[str, Metrics]:
     return {cid: Metrics.from_json(m) for cid, m in per.items()}
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
-
-
 def device_summary(record: RoundRecord) -> str:
     """Each device's part in a round, for the round's log line: ``a 91.2%, b 88.0%, c missed (offline)``.
 
@@ -241,7 +253,7 @@ def device_summary(record: RoundRecord) -> str:
     """
     per = record.evaluation.personalisation_clients
     failures = record.participation.failures
-    parts = {cid: f"{cid} {_pct(m.accuracy)}" for cid, m in per.items()}
+    parts = {cid: f"{cid} {pct(m.accuracy)}" for cid, m in per.items()}
     for cid in record.participation.missing:
         why = failures.get(cid)
         parts[cid] = f"{cid} missed ({why})" if why else f"{cid} missed"
@@ -261,8 +273,8 @@ def summary_line(record: RoundRecord) -> str:
     return (
         f"round {record.round}: {part.selected} selected, {part.updates} updates, "
         f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
-        f"global acc {_pct(g.accuracy if g else None)} F1 {_pct(g.macro_f1 if g else None)}, "
-        f"personalisation acc {_pct(p.accuracy if p else None)} F1 {_pct(p.macro_f1 if p else None)}"
-        + (f", start acc {_pct(st.accuracy)} F1 {_pct(st.macro_f1)}" if (st := record.evaluation.start) else "")
+        f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
+        f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"
+        + (f", start acc {pct(st.accuracy)} F1 {pct(st.macro_f1)}" if (st := record.evaluation.start) else "")
         + f"; up {traffic.bytes_up / 1e6:.1f} MB, down {traffic.bytes_down / 1e6:.1f} MB"
     ) + (f"; devices: {devices}" if (devices := device_summary(record)) else "")

@@ -124,13 +124,14 @@ class _Tally:
     bytes_down: int
     up_by_encoding: Counter[str]
     rejected: Counter[tuple[str, str]]
+    duplicates: int = 0
 
     @classmethod
     def of(cls, ex: Exchange) -> _Tally:
         by_enc: Counter[str] = Counter()
         for u in ex.updates.values():
             by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
-        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected))
+        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
 
 
 def open_state(cfg: CoordinatorConfig) -> RunState:
@@ -519,7 +520,7 @@ class FederationRunner:
         fed.global_state = agg.global_state
         fed.personal.update(agg.personal)
         main = _Tally.of(ex)
-        up_by_encoding, rejections = main.up_by_encoding, main.rejected
+        up_by_encoding, rejections, duplicates = main.up_by_encoding, main.rejected, main.duplicates
         growth_log = None
         if self.cfg.growth == "feddist":
             growth_log, growth_exchanges = self._grow(round_, agg, results)
@@ -529,6 +530,7 @@ class FederationRunner:
                 rejected += sum(gx.rejected.values())
                 up_by_encoding.update(gx.up_by_encoding)
                 rejections.update(gx.rejected)
+                duplicates += gx.duplicates
         guard_note = self._judge(round_, spec0, received, results) if self.cfg.guard else None
 
         record = RoundRecord(
@@ -540,6 +542,7 @@ class FederationRunner:
                 missing=tuple(sorted(set(selected) - set(ex.updates))),
                 failures={f.client_id: f.reason for f in failures},
                 rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
+                duplicates=duplicates,
             ),
             arch=Architecture(fed.spec.version, fed.spec.conv_filters, fed.spec.dense_units),
             traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),

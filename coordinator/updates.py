@@ -18,8 +18,9 @@ import torch
 
 from har_models.nn.model import ArchSpec
 from har_models.wire import codec
-from har_models.wire.messages import GUIDANCE_PREFIX, check_count
+from har_models.wire.messages import GUIDANCE_PREFIX
 from har_models.wire.update_encoding import decode_update
+from har_models.wire.update_meta import Confusions, UpdateMeta, UpdateMetaError
 
 
 class UpdateRejected(ValueError):
@@ -79,31 +80,23 @@ class Failure:
     reason: str
 
 
-def _confusions(meta: dict[str, Any], n_classes: int, n_test: int) -> dict[str, np.ndarray]:
-    raw = meta.get("confusion", {})
-    if not isinstance(raw, dict):
-        raise UpdateRejected("bad_metrics", "metadata 'confusion' is not an object")
+def _confusions(conf: Confusions, n_classes: int, n_test: int) -> dict[str, np.ndarray]:
+    """The matrices present, each checked against this run's classes and the update's ``n_test``."""
     out = {}
-    for key, value in raw.items():
-        if value is None:
+    for key in ("received", "initial", "trained"):
+        m = getattr(conf, key)
+        if m is None:
             continue
-        # Every entry is range-checked as a Python int before numpy sees it: 10**30 or 2**63-1
-        # would otherwise overflow here or when matrices are summed.
-        ok = (
-            isinstance(value, list)
-            and len(value) == n_classes
-            and all(isinstance(row, list) and len(row) == n_classes for row in value)
-        )
-        if not ok:
-            raise UpdateRejected("bad_metrics", f"confusion matrix {str(key)[:40]!r} must be a {n_classes}x{n_classes} list of lists")
-        try:
-            rows = [[check_count(c, f"confusion matrix {str(key)[:40]!r} entry") for c in row] for row in value]
-        except ValueError as exc:
-            raise UpdateRejected("bad_metrics", str(exc)) from None
-        if sum(map(sum, rows)) > n_test:
-            raise UpdateRejected("bad_metrics", f"confusion matrix {str(key)[:40]!r} counts more windows than n_test = {n_test}")
-        out[str(key)] = np.asarray(rows, dtype=np.int64)
+        if len(m) != n_classes:
+            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} must be a {n_classes}x{n_classes} list of lists")
+        if sum(map(sum, m)) > n_test:
+            raise UpdateRejected("bad_metrics", f"confusion matrix {key!r} counts more windows than n_test = {n_test}")
+        out[key] = np.asarray(m, dtype=np.int64)
     return out
+
+
+_META_REASONS = {"run_id": "wrong_run", "stage": "stale_stage"}
+"""Rejection reason of metadata that :meth:`UpdateMeta.from_wire` cannot read, by the key at fault (else ``bad_metrics``)."""
 
 
 def validate_update(
@@ -171,13 +164,22 @@ def validate_update(
         raise UpdateRejected("client_mismatch", f"envelope says client {env.client_id!r}, topic says {topic_client!r}")
     if topic_client not in selected:
         raise UpdateRejected("not_selected", f"client {topic_client!r} is not selected for round {round_}")
-    if meta.get("run_id") != run_id:
-        raise UpdateRejected("wrong_run", f"update is for run {meta.get('run_id')!r}, the current run is {run_id!r}")
+    # One parser (UpdateMeta.from_wire, lenient as the intake always was); a fault it finds is
+    # reported where today's checks stand, so each defect keeps its reason and its precedence.
+    um: UpdateMeta | None = None
+    meta_error: UpdateMetaError | None = None
+    try:
+        um = UpdateMeta.from_wire(meta, strict=False)
+    except UpdateMetaError as exc:
+        meta_error = exc
+    fault = meta_error.key if meta_error is not None else None
+    if fault == "run_id" or (um is not None and um.run_id != run_id):
+        raise UpdateRejected("wrong_run", f"update is for run {meta.get('run_id')!r:.80}, the current run is {run_id!r}")
     if env.round != round_:
         reason = "stale_round" if env.round < round_ else "future_round"
         raise UpdateRejected(reason, f"update is for round {env.round}, the open round is {round_}")
-    if meta.get("stage", 0) != stage:
-        raise UpdateRejected("stale_stage", f"update is for stage {meta.get('stage')}, the open stage is {stage}")
+    if fault == "stage" or (um is not None and um.stage != stage):
+        raise UpdateRejected("stale_stage", f"update is for stage {meta.get('stage')!r:.40}, the open stage is {stage}")
     if env.arch_version != spec.version:
         raise UpdateRejected(
             "wrong_arch_version", f"update has architecture v{env.arch_version}, the current one is v{spec.version}"
@@ -197,11 +199,10 @@ def validate_update(
             codec.check_tensors(shapes, guided)
     except codec.EnvelopeError as exc:
         raise UpdateRejected(exc.reason, str(exc)) from None
-    try:
-        n_train = check_count(meta.get("n_train"), "n_train")
-        n_test = check_count(meta.get("n_test"), "n_test")
-    except ValueError as exc:
-        raise UpdateRejected("bad_metrics", str(exc)) from None
+    if um is None:
+        assert meta_error is not None
+        raise UpdateRejected(_META_REASONS.get(fault or "", "bad_metrics"), str(meta_error))
+    n_train, n_test = um.n_train, um.n_test
     if reported_n_train is not None and n_train > reported_n_train:
         # The weight n_k of FedAvg must be what the device announced with its windows, not
         # whatever an update claims: otherwise one device could make the aggregate its own model.
@@ -221,7 +222,7 @@ def validate_update(
         n_test=n_test,
         state=to_torch(trained),
         guidance=to_torch(guided) if want_guidance else None,
-        confusion=_confusions(meta, spec.n_classes, n_test),
+        confusion=_confusions(um.confusion, spec.n_classes, n_test),
         meta={k: v for k, v in meta.items() if k != "confusion"},
         size=env.size,
     )

@@ -67,8 +67,8 @@ def centralised(
     lr: float = LocalTraining.lr,
     batch_size: int = LocalTraining.batch_size,
     seed: int = 1,
-    conv_filters: int = 196,
-    dense_units: int = 1024,
+    conv_filters: int = ArchSpec.conv_filters,
+    dense_units: int = ArchSpec.dense_units,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Train one model on all training windows; one summary row per epoch (measured as a round)."""
@@ -108,8 +108,8 @@ def local_only(
     lr: float = LocalTraining.lr,
     batch_size: int = LocalTraining.batch_size,
     seed: int = 1,
-    conv_filters: int = 196,
-    dense_units: int = 1024,
+    conv_filters: int = ArchSpec.conv_filters,
+    dense_units: int = ArchSpec.dense_units,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Each subject trains alone for ``epochs``; one summary row (personalisation and generalisation)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,9 @@ from typing import Any
 from coordinator.record import RecordError, records
 from har_io.cli import HelpFormatter, plain
 from har_io.exit_codes import Exit
+from har_models.nn.metrics import pct
 
 MEASURES = ("global", "personalisation", "generalisation")
-
-
-def _pct(x: Any) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
 def row(doc: dict[str, Any], name: str) -> list[str]:
@@ -33,7 +29,7 @@ def row(doc: dict[str, Any], name: str) -> list[str]:
     cells = [name, str(len(rounds))]
     for m in MEASURES:
         f = final.get(m, {})
-        cells += [_pct(f.get("accuracy")), _pct(f.get("macro_f1"))]
+        cells += [pct(f.get("accuracy"), sign=""), pct(f.get("macro_f1"), sign="")]
     traffic = [r.traffic for r in rounds if r.traffic is not None]
     ups = [t.bytes_up for t in traffic if t.bytes_up]
     downs = [t.bytes_down for t in traffic if t.bytes_down]

@@ -86,7 +86,7 @@ def main() -> int:
             Path(path).rename(out / f"{name}.png")
 
     class Tap(MotionEvent):
-        def depack(self, args):  # type: ignore[no-untyped-def]
+        def depack(self, args: tuple[float, float]) -> None:
             self.is_touch = True
             self.sx, self.sy = args
             super().depack(args)

@@ -1,6 +1,6 @@
 """Shared fixtures: a real Mosquitto on a free loopback port, and a small federation run in this process.
 
-The small federation's command line lives in ``small_federation.py`` (the CNN's width, the
+The small federation's command line lives in ``support/small_federation.py`` (the CNN's width, the
 deadlines); ``small_simulation`` runs it in the test's temporary folder.
 
 Markers (registered in pyproject.toml, ``--strict-markers``): ``slow`` (a test or module that
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from small_federation import run_simulation
+from support.small_federation import run_simulation
 
 from simulation.broker import LocalMosquitto, find_mosquitto
 
@@ -51,8 +51,8 @@ def mosquitto(tmp_path: Path) -> Iterator[int]:
 def small_simulation(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     """A runner for small federations in this test's folder: ``small_simulation(*extra, name="run", run_id=None, **small)``.
 
-    Each call runs :func:`small_federation.run_simulation` in ``tmp_path / name`` (``run_id``
-    defaults to ``name``) with ``small_federation.simulate_args(**small)`` (3 HAPT clients, an
+    Each call runs :func:`support.small_federation.run_simulation` in ``tmp_path / name`` (``run_id``
+    defaults to ``name``) with ``support.small_federation.simulate_args(**small)`` (3 HAPT clients, an
     8-filter / 32-unit CNN, 120 s deadlines, generalisation every round) followed by ``extra``,
     and returns the run's ``report.json``; the run folder stays at ``tmp_path / name`` for
     the test to inspect. A non-zero exit fails the test.
@@ -68,9 +68,9 @@ def small_simulation(tmp_path: Path) -> Callable[..., dict[str, Any]]:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(ca.crt, other-ca.crt): a CA that signed the test broker's certificate, and an unrelated one (openssl).
 
-    Skips the module's tests where openssl is missing (:func:`secured_broker.make_pki`).
+    Skips the module's tests where openssl is missing (:func:`support.secured_broker.make_pki`).
     """
-    from secured_broker import Missing, make_pki
+    from support.secured_broker import Missing, make_pki
 
     try:
         ca, _, _, other = make_pki(tmp_path_factory.mktemp("pki"))
@@ -81,7 +81,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def tls_mosquitto(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Any]]:
-    """``start(federation, clients)``: a Mosquitto with TLS, ACL and one account per client (``secured_broker.py``).
+    """``start(federation, clients)``: a Mosquitto with TLS, ACL and one account per client (``support/secured_broker.py``).
 
     It runs in ``tmp_path / "mqtt"`` until the test ends. Skipped when mosquitto,
     mosquitto_passwd or openssl is missing, unless FEDHAR_REQUIRE_MOSQUITTO=1 (set by
@@ -89,7 +89,7 @@ def tls_mosquitto(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Any]]:
     """
     from contextlib import ExitStack
 
-    from secured_broker import Missing, secured_mosquitto
+    from support.secured_broker import Missing, secured_mosquitto
 
     with ExitStack() as stack:
 

@@ -1,6 +1,6 @@
 """FedALA's blend weights, blended model and client rounds stay those of the code before its speed-ups (fixed seeds).
 
-The golden file (``tests/fixtures/ala_golden.npz``) was written by ``python tests/ala_golden.py`` on the code of
+The golden file (``tests/fixtures/ala_golden.npz``) was written by ``python tests/support/ala_golden.py`` on the code of
 b88bc3e; the speed-ups (features computed in larger batches, the test split's features shared by the received and
 the initial model's evaluation, fewer copies) must not change a number. On the CPU that wrote the file they are
 equal bit for bit; the tolerance leaves room for another CPU's BLAS, whose other summation order changes the last
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ala_golden import GOLDEN, compute
+from support.ala_golden import GOLDEN, compute
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def display(tmp_path):
 @pytest.fixture
 def secured(tmp_path):
     """A Mosquitto with TLS, an ACL and per-device accounts (firmware_scripts/mosquitto_config.py)."""
-    from secured_broker import Missing, secured_mosquitto
+    from support.secured_broker import Missing, secured_mosquitto
 
     try:
         with secured_mosquitto(tmp_path / "mqtt", "apptest", ["phone-1"]) as b:

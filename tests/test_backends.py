@@ -396,7 +396,7 @@ def test_bad_inputs_are_named(name: str) -> None:
 
 
 def _android(weights: dict[str, np.ndarray], cache: Path):
-    import java_executorch_standin
+    from support import java_executorch_standin
 
     from edge_client.backends.android_executorch import AndroidExecuTorchBackend
     from har_models.nn.export import ensure_programs

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqtt_peer import QUIET_S, WAIT_S
-from mqtt_peer import MqttPeer as Peer
+from support.mqtt_peer import QUIET_S, WAIT_S
+from support.mqtt_peer import MqttPeer as Peer
 
 from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError, BrokerReloadFailed, clear_device_topics
 from har_io.broker_config import BrokerConfig

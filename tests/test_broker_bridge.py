@@ -22,9 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from mqtt_peer import MqttPeer
-from secured_broker import make_pki
-from small_federation import coordinator_args, processes, wait_or_stop
+from support.mqtt_peer import MqttPeer
+from support.secured_broker import make_pki
+from support.small_federation import coordinator_args, processes, wait_or_stop
 
 from coordinator.broker.bridge import bridge_user, init_bridge
 from coordinator.broker.cli import main as broker_main

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mqtt_watcher import Watcher
-from small_federation import coordinator_args, processes, wait_or_stop
+from support.mqtt_watcher import Watcher
+from support.small_federation import coordinator_args, processes, wait_or_stop
 
 from har_models.data.labels import LABEL_SETS
 from har_models.nn.model import ArchSpec, init_state

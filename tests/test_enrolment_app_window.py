@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from secured_broker import Missing, make_pki
+from support.secured_broker import Missing, make_pki
 from test_app import display  # noqa: F401  (the fixture: an Xvfb display)
 
 from har_io.enrolment import EnrolmentBundle

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import segno
-from secured_broker import Missing, make_pki
+from support.secured_broker import Missing, make_pki
 
 from coordinator.server.qr import PNG_SCALE, QR_BORDER, QR_MAX_VERSION, make_qr, qr_payload, qr_terminal, write_qr_png
 from har_io.enrolment import EnrolmentBundle, pem_fingerprints

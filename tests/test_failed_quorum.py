@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqtt_watcher import Watcher
+from support.mqtt_watcher import Watcher
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from small_federation import coordinator_args
+from support.small_federation import coordinator_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator

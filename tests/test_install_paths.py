@@ -1,7 +1,7 @@
 """The README's home-server commands work as written: each documented ``fedhar-coordinator`` line is run.
 
 The lines of the README's home-server section that call the venv's ``fedhar-coordinator`` are run
-in document order against a real Mosquitto (``tests/secured_broker.py``), with only their paths
+in document order against a real Mosquitto (``tests/support/secured_broker.py``), with only their paths
 mapped to temporary folders (``/opt/fedhar/.venv/bin/fedhar-coordinator`` to this venv's
 program, ``/var/lib/fedhar``, ``/etc/mosquitto/fedhar``, ``/srv/backup``). What cannot run here
 (apt, useradd, systemctl) is checked as text: full paths under sudo, no ``sudo -u fedhar

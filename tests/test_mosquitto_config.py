@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqtt_peer import QUIET_S, WAIT_S
-from mqtt_peer import MqttPeer as Peer
-from small_federation import run_simulation
+from support.mqtt_peer import QUIET_S, WAIT_S
+from support.mqtt_peer import MqttPeer as Peer
+from support.small_federation import run_simulation
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from mpu6050_emulator import EmulatedMpu6050Bus
+from support.mpu6050_emulator import EmulatedMpu6050Bus
 
 from edge_client.sensors.mpu6050 import Mpu6050, Mpu6050Config, Mpu6050Source, counts_to_si
 from har_models.data.labels import HAPT_LABELS

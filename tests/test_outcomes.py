@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from small_federation import run_simulation
+from support.small_federation import run_simulation
 
 from coordinator.state import RunState
 

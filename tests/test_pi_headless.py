@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from small_federation import coordinator_args
+from support.small_federation import coordinator_args
 
 from edge_client import record_cli
 from edge_client.window_log import WindowLog

@@ -166,7 +166,7 @@ def _bundle_file(tmp: Path, **over: object) -> Path:
 
 
 def _ca(tmp: Path) -> tuple[Path, Path]:
-    from secured_broker import Missing, make_pki
+    from support.secured_broker import Missing, make_pki
 
     try:
         ca, _, _, other = make_pki(tmp / "pki")

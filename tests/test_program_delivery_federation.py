@@ -4,7 +4,7 @@ A small FedDist federation (three HAPT subjects, a small CNN, the embedded broke
 coordinator in this process, the clients as separate processes) whose architecture grows after
 round 0. One client trains with PyTorch; one with ExecuTorch's Python runtime and one through the
 Android adapter (``--backend executorch-android``, ExecuTorch's Java classes replaced by
-``tests/java_executorch_standin.py``, since no JVM exists here). Neither ExecuTorch client has
+``tests/support/java_executorch_standin.py``, since no JVM exists here). Neither ExecuTorch client has
 programs, and both have the exporter replaced by one that fails, so each version's programs can
 only come from the coordinator. Real ExecuTorch programs (executorch 1.4.0) run throughout.
 """
@@ -40,7 +40,7 @@ NO_EXPORT = (
 # ... and, for the Android adapter, pyjnius's autoclass is the stand-in of ExecuTorch's Java classes.
 STANDIN_JNIUS = (
     "import types\n"
-    "from tests.java_executorch_standin import autoclass\n"
+    "from tests.support.java_executorch_standin import autoclass\n"
     "sys.modules['jnius'] = types.SimpleNamespace(autoclass=autoclass)\n"
 )
 MAIN = "from edge_client.cli import main\nsys.exit(main(sys.argv[1:]))\n"

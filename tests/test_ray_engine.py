@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from small_federation import assert_upload_bytes_close, round_figures, simulate_args
+from support.small_federation import assert_upload_bytes_close, round_figures, simulate_args
 
 from simulation import simulate
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from mqtt_watcher import Watcher
-from small_federation import coordinator_args, model_args, processes, wait_or_stop
+from support.mqtt_watcher import Watcher
+from support.small_federation import coordinator_args, model_args, processes, wait_or_stop
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PayloadTooLarge

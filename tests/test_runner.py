@@ -1,4 +1,4 @@
-"""The federation runner over an in-memory grid (tests/inmemory_grid.py): rounds, a failed quorum, resume,
+"""The federation runner over an in-memory grid (tests/support/inmemory_grid.py): rounds, a failed quorum, resume,
 FedDist growth and strategy state, with known answers and no broker."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from inmemory_grid import InMemoryGrid, device_status
+from support.inmemory_grid import InMemoryGrid, device_status
 
 from coordinator.config import CoordinatorConfig
 from coordinator.runner import FederationRunner, StateError

@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-import android_standin
 import numpy as np
 import pytest
+from support import android_standin
 
 from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.app.controller import AppConfig, DeviceController
@@ -109,7 +109,7 @@ def test_a_source_that_never_delivers_is_a_fault_and_all_silent_after_delivering
 
 @pytest.fixture
 def android(monkeypatch):
-    """pyjnius as the Android source reaches the platform (tests/android_standin.py), refusing the sensor type given."""
+    """pyjnius as the Android source reaches the platform (tests/support/android_standin.py), refusing the sensor type given."""
     return lambda refuse: android_standin.install(monkeypatch, refuse=refuse)
 
 

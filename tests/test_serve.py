@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
+from support.small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
 from coordinator.state import load_state_file

@@ -1,4 +1,4 @@
-"""The home server end to end against a real Mosquitto with TLS and an ACL (tests/secured_broker.py):
+"""The home server end to end against a real Mosquitto with TLS and an ACL (tests/support/secured_broker.py):
 three devices enrolled with ``fedhar-coordinator enrol`` join with their bundle alone, ``serve`` runs rounds
 as they are eligible, one is revoked mid-run (refused by the broker, its late retained status and an update
 sent after the revocation not counted, never selected again), and a SIGKILLed ``serve`` started again goes
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
+from support.small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
 from har_io.broker_config import BrokerConfig

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from server_step_support import federation as _fed
-from server_step_support import tensor as _t
-from server_step_support import update as _upd
+from support.server_step_support import federation as _fed
+from support.server_step_support import tensor as _t
+from support.server_step_support import update as _upd
 
 from coordinator.cli import build_parser, config_from_args
 from coordinator.config import AGGREGATIONS, CoordinatorConfig

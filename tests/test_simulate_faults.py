@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from realworld_synth import build
-from small_federation import simulate_args
+from support.realworld_synth import build
+from support.small_federation import simulate_args
 
 from edge_client.store import ClientStore
 from har_models.data.labels import HAPT_LABELS

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from realworld_synth import build
-from small_federation import run_simulation
+from support.realworld_synth import build
+from support.small_federation import run_simulation
 
 pytestmark = pytest.mark.slow  # a federation of 15 clients
 

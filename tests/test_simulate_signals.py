@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from small_federation import simulate_args
+from support.small_federation import simulate_args
 
 from coordinator.state import RunState
 from simulation.simulate import Interrupted, StopSignals

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from small_federation import coordinator_args, model_args, simulate_args
+from support.small_federation import coordinator_args, model_args, simulate_args
 
 from coordinator import cli
 from simulation import simulate

@@ -8,7 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
-from small_federation import model_args
+from support.small_federation import model_args
 
 from coordinator import strategies
 from har_models.data.splits import SplitSpec

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import time
 
-import android_standin
 import numpy as np
 import pytest
+from support import android_standin
 
 from edge_client.sensors.android import TYPE_ACCELEROMETER, TYPE_GYROSCOPE, AndroidSensorSource
 from har_models.data.labels import HAPT_LABELS

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from small_federation import simulate_args
+from support.small_federation import simulate_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.round import base_plan, published_models

@@ -103,3 +103,31 @@ def test_an_update_may_not_claim_more_windows_than_its_status_reported():
     with pytest.raises(UpdateRejected, match="status reported 39") as e:
         validate_update(data, reported_n_train=39, **kw)
     assert e.value.reason == "bad_metrics"
+
+
+def test_the_intake_reads_metadata_with_update_meta_and_ignores_a_newer_clients_keys():
+    """One parser: a key this build does not know is ignored by the intake, refused by the strict reading."""
+    from har_models.wire.update_meta import UpdateMeta, UpdateMetaError
+
+    newer = {**GOOD_META, "battery_pct": 81, "ala": {"passes": 1, "future": True}, "confusion": {**GOOD_META["confusion"], "x": 1}}
+    u = check(make(meta=newer))
+    assert (u.n_train, u.n_test) == (40, 10)
+    assert u.confusion["trained"].tolist() == np.eye(6, dtype=int).tolist()
+    assert set(u.confusion) == {"trained"}
+    lenient = UpdateMeta.from_wire(newer, strict=False)
+    assert (lenient.stage, lenient.label_set, lenient.train_loss, lenient.steps) == (0, "unnamed", (), 0)
+    assert lenient.ala is not None and lenient.ala.passes == 1
+    with pytest.raises(UpdateMetaError, match="unknown keys") as e:
+        UpdateMeta.from_wire(newer)
+    assert e.value.key == "battery_pct"
+
+
+def test_metadata_faults_keep_their_reasons():
+    """from_wire's key at fault maps onto the intake's reason codes; round checks keep precedence."""
+    no_run = {k: v for k, v in GOOD_META.items() if k != "run_id"}
+    assert reason(make(meta=no_run)) == "wrong_run"
+    assert reason(make(meta={**GOOD_META, "run_id": 7})) == "wrong_run"
+    assert reason(make(meta={**GOOD_META, "stage": "zero"})) == "stale_stage"
+    assert reason(make(meta={**GOOD_META, "train_loss": "low"})) == "bad_metrics"
+    assert reason(make(meta={**GOOD_META, "n_train": -1}, round_=2)) == "stale_round"
+    assert check(make(meta={k: v for k, v in GOOD_META.items() if k != "stage"})).stage == 0  # as the intake always read it

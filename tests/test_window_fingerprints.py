@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from realworld_synth import build  # noqa: E402
+from support.realworld_synth import build  # noqa: E402
 
 from edge_client.sources import ingest_source  # noqa: E402
 from edge_client.store import ClientStore  # noqa: E402

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.server.audit import audit
+from coordinator.server.figures import read_figures
 from coordinator.server.registry import Registry, RegistryDamaged
 from coordinator.server.settings import ServeFile, default_data_dir, read_serve_file
 from coordinator.state import StateDamaged
@@ -729,9 +730,9 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
             print(json.dumps(vrows, indent=1))
         else:
             for r in vrows:
-                f = r["figures"]
+                f = read_figures(r["figures"])  # older releases wrote personalization_*
                 r["created"] = _when(r["created_unix"])
-                r["pers_f1"] = None if f.get("personalization_macro_f1") is None else f"{100 * f['personalization_macro_f1']:.1f}%"
+                r["pers_f1"] = None if f.get("personalisation_macro_f1") is None else f"{100 * f['personalisation_macro_f1']:.1f}%"
                 r["global_f1"] = None if f.get("global_macro_f1") is None else f"{100 * f['global_macro_f1']:.1f}%"
                 r["updates"] = f.get("updates")
             _print_table(vrows, ["version", "mark", "round", "created", "arch_version", "updates", "pers_f1", "global_f1", "path"])

@@ -86,7 +86,8 @@ class DeviceRow:
 class VersionRow:
     """One kept model version: ``version`` (1, 2, ...), the round (0-based) whose global model it is,
     when it was written (UNIX s), the architecture version, the file, and the round's figures
-    (e.g. ``{"personalization_accuracy": 0.71, ...}``)."""
+    (e.g. ``{"personalisation_accuracy": 0.71, ...}``; releases before wrote ``personalization_*``:
+    read them through :func:`coordinator.server.figures.read_figures`)."""
 
     version: int
     round: int

@@ -56,10 +56,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from coordinator.broker.certificates import EXPIRY_WARNING_S
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server import charts
+from coordinator.server.figures import read_figures
 from coordinator.server.metrics import CONTENT_TYPE, RoundTotals, make_registry, scrape
 from coordinator.server.monitor import DeviceSeen, Monitor, MonitorSnapshot
 from coordinator.server.settings import SERVE_ROUNDS
 from coordinator.state import RunState, StateDamaged
+from har_models.nn.metrics import pct
 from har_models.wire.messages import ClientStatus
 
 log = logging.getLogger("fedhar.server.web")
@@ -631,7 +633,8 @@ class ServerView:
         if self.registry is None:
             return []
         rows = [_clean({"version": v.version, "round": v.round, "created_unix": v.created_unix, "arch_version": v.arch_version,
-                        "path": str(v.path), "figures": dict(v.figures or {})}) for v in self.registry.versions(newest)]  # fmt: skip
+                        "path": str(v.path), "figures": read_figures(v.figures or {})})
+                for v in self.registry.versions(newest)]  # fmt: skip
         return sorted(rows, key=lambda r: -int(r["version"]))
 
     def malformed_counts(self) -> dict[str, int]:
@@ -663,12 +666,12 @@ _STAMP = "%Y-%m-%d %H:%M:%S %Z"
 """How the page writes a time: the server's local time with its zone."""
 
 def _figure_label(key: str) -> str:
-    """A version figure's key in words: ``personalization_macro_f1`` -> ``personalisation macro-F1``."""
-    return key.replace("personalization", "personalisation").replace("macro_f1", "macro-F1").replace("_", " ")
+    """A version figure's key in words: ``personalisation_macro_f1`` -> ``personalisation macro-F1``."""
+    return key.replace("macro_f1", "macro-F1").replace("_", " ")
 
 
 def _pct(v: float | None) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+    return pct(v, missing="—")
 
 
 def _e(v: Any) -> str:

@@ -56,16 +56,14 @@ from typing import Any
 import numpy as np
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
-from har_models.nn.metrics import confusion_matrix
 from har_models.wire.programs import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
 
-from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
-from .numpy_ref import softmax, weighted_cross_entropy
+from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
 
 METHOD = "forward"
 
 
-class AndroidExecuTorchBackend:
+class AndroidExecuTorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` over ExecuTorch's Java training API (pyjnius).
 
     Parameters
@@ -162,11 +160,6 @@ class AndroidExecuTorchBackend:
             )
         return cls(spec, paths["train"], paths["infer"], paths["meta"], weights=weights, autoclass=autoclass)
 
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture of the loaded programs."""
-        return self._spec
-
     # -- Java conversions --------------------------------------------------------------------------
 
     def _tensor(self, a: np.ndarray) -> Any:
@@ -196,7 +189,7 @@ class AndroidExecuTorchBackend:
 
     def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Write parameters by name into the module's own tensors; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "AndroidExecuTorchBackend.set_weights", partial)
+        arrays = self._weights_in(weights, arch_version, partial)
         try:
             for n, a in arrays.items():
                 buf = self._params.get(self._fqn[n]).getRawDataBuffer()
@@ -233,9 +226,9 @@ class AndroidExecuTorchBackend:
         dropout_masks: Sequence[np.ndarray] | None = None,
     ) -> np.ndarray:
         """One epoch of SGD with ExecuTorch's Java ``SGD``; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = check_windows(self._spec, x, y, "AndroidExecuTorchBackend.train_epoch")
+        xa, ya = self._windows(x, y, "train_epoch")
         assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "AndroidExecuTorchBackend")
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
         if batch_size > self.train_batch:
             raise ValueError(f"AndroidExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's {self.train_batch}")
         ref = {n: np.asarray(prox_ref[n], np.float32) for n in PARAM_NAMES} if prox_mu > 0 and prox_ref is not None else {}
@@ -283,7 +276,7 @@ class AndroidExecuTorchBackend:
         dropout_mask: np.ndarray | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = check_windows(self._spec, x, y, "AndroidExecuTorchBackend.top_layer_grads")
+        xa, ya = self._windows(x, y, "top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(PARAM_NAMES)
         if unknown:
@@ -298,7 +291,7 @@ class AndroidExecuTorchBackend:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` from the inference program, in chunks of ``infer_batch`` windows."""
-        xa, _ = check_windows(self._spec, x, None, "AndroidExecuTorchBackend")
+        xa, _ = self._windows(x, None)
         weights = [getattr(self._EValue, "from")(self._params.get(self._fqn[n])) for n in PARAM_NAMES]
         out = []
         for s in range(0, len(xa), self.infer_batch):
@@ -306,15 +299,3 @@ class AndroidExecuTorchBackend:
             res = self._infer.forward(self._evalue(chunk), *weights)
             out.append(np.asarray(res[0].toTensor().getDataAsFloatArray(), np.float32).reshape(len(chunk), self._spec.n_classes))
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix ``(C, C)`` and mean (weighted) CE from the inference program."""
-        xa, ya = check_windows(self._spec, x, y, "AndroidExecuTorchBackend.evaluate")
-        assert ya is not None
-        z = self.logits(xa)
-        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
-        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities ``(B, C)`` float32 from the inference program."""
-        return softmax(self.logits(x))

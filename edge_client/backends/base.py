@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from har_models.nn.arch import ArchSpec
+from har_models.nn.metrics import confusion_matrix
 from har_models.wire import codec
 
 BACKEND_NAMES = ("torch", "executorch", "executorch-android", "numpy")
@@ -226,6 +227,62 @@ class TrainingBackend(Protocol):
         (loss, dict name -> ndarray of that tensor's shape, float32)
         """
         ...
+
+
+
+class BackendBase:
+    """The preamble the four backends shared, written once: the spec, checked inputs, evaluate and predict.
+
+    A backend sets ``self._spec`` and implements ``logits(x)`` (``(N, C)`` float32, dropout off);
+    it inherits :attr:`spec`, :meth:`evaluate` (confusion matrix and mean weighted CE of those
+    logits) and :meth:`predict` (their softmax), and checks its inputs with :meth:`_windows` and
+    :meth:`_weights_in`, whose errors name the backend class and method (``"NumpyBackend.evaluate"``).
+    A backend whose loss or probabilities are computed otherwise overrides :meth:`_mean_loss` or
+    :meth:`predict` (the PyTorch backend uses PyTorch's, as ``train_local`` does).
+    """
+
+    _spec: ArchSpec
+
+    @property
+    def spec(self) -> ArchSpec:
+        """The architecture this backend runs."""
+        return self._spec
+
+    def _who(self, method: str | None = None) -> str:
+        name = type(self).__name__
+        return name if method is None else f"{name}.{method}"
+
+    def _windows(self, x: np.ndarray, y: np.ndarray | None, method: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """:func:`check_windows` against this backend's spec, errors naming ``Class.method``."""
+        return check_windows(self._spec, x, y, self._who(method))
+
+    def _weights_in(self, weights: Mapping[str, np.ndarray], arch_version: int | None, partial: bool) -> dict[str, np.ndarray]:
+        """:func:`check_weights` for ``set_weights``, errors naming ``Class.set_weights``."""
+        return check_weights(self._spec, weights, arch_version, self._who("set_weights"), partial)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(N, C)`` float32 of windows ``(N, 6, T)``, dropout off (each backend's own)."""
+        raise NotImplementedError(f"{self._who('logits')}: a backend must implement logits")
+
+    def _mean_loss(self, z: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> float:
+        """``mean_b(w_{y_b} * CE_b)`` of logits ``z`` ``(N, C)`` and labels ``y`` ``(N,)``, N >= 1."""
+        from .numpy_ref import weighted_cross_entropy  # numpy_ref's backend derives from this class
+
+        return weighted_cross_entropy(z, y, class_weights)[0]
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
+        """Confusion matrix ``(C, C)`` and mean (weighted) CE with dropout off (NaN without windows)."""
+        xa, ya = self._windows(x, y, "evaluate")
+        assert ya is not None
+        z = self.logits(xa)
+        loss = self._mean_loss(z, ya, class_weights) if len(ya) else float("nan")
+        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(B, C)`` float32, dropout off."""
+        from .numpy_ref import softmax
+
+        return softmax(self.logits(x))
 
 
 def check_weights(

@@ -40,12 +40,10 @@ import torch
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
-from har_models.nn.metrics import confusion_matrix
 from har_models.nn.model import init_state
 from har_models.wire.programs import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
 
-from .base import ArchitectureMismatch, EvalResult, batch_dropout_mask, check_train_args, check_weights, check_windows
-from .numpy_ref import softmax, weighted_cross_entropy
+from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
 
 log = logging.getLogger("fedhar.client.executorch")
 
@@ -113,7 +111,7 @@ def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights
     return bytes(out)
 
 
-class ExecuTorchBackend:
+class ExecuTorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` on ExecuTorch programs (Python runtime).
 
     Parameters
@@ -198,11 +196,6 @@ class ExecuTorchBackend:
         self._rng = np.random.default_rng(0)
         self.set_weights({n: v.numpy() for n, v in init_state(spec, 0).items()} if weights is None else weights)
 
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture of the loaded programs."""
-        return self._spec
-
     def _run_train(self, x: np.ndarray, y: np.ndarray, sw: np.ndarray, mask: np.ndarray) -> list[torch.Tensor]:
         inputs = (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(sw), torch.from_numpy(mask))
         return list(self._train.run_method("forward", inputs, clone_outputs=False))
@@ -213,7 +206,7 @@ class ExecuTorchBackend:
 
     def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Copy parameters by name into the program's memory; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "ExecuTorchBackend.set_weights", partial)
+        arrays = self._weights_in(weights, arch_version, partial)
         with torch.no_grad():
             for n, a in arrays.items():
                 self._params[n].copy_(torch.from_numpy(a))
@@ -258,9 +251,9 @@ class ExecuTorchBackend:
         ValueError
             Also when ``batch_size`` exceeds the program's ``train_batch``.
         """
-        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.train_epoch")
+        xa, ya = self._windows(x, y, "train_epoch")
         assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "ExecuTorchBackend")
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
         if batch_size > self.train_batch:
             raise ValueError(f"ExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's train_batch "
                              f"{self.train_batch}; construct the backend with train_batch >= {batch_size}")
@@ -288,7 +281,7 @@ class ExecuTorchBackend:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 from the inference program, in chunks of ``infer_batch``."""
-        xa, _ = check_windows(self._spec, x, None, "ExecuTorchBackend")
+        xa, _ = self._windows(x, None)
         chunks = [torch.from_numpy(xa[s : s + self.infer_batch]) for s in range(0, len(xa), self.infer_batch)]
         if self._infer is not None:
             w = tuple(self._params[n] for n in PARAM_NAMES)
@@ -319,18 +312,6 @@ class ExecuTorchBackend:
             Path(path).unlink()  # the runtime has read and packed the weights
         return self._static
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix ``(C, C)`` and mean (weighted) CE from the inference program."""
-        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.evaluate")
-        assert ya is not None
-        z = self.logits(xa)
-        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
-        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities ``(B, C)`` float32 from the inference program."""
-        return softmax(self.logits(x))
-
     def top_layer_grads(
         self,
         x: np.ndarray,
@@ -343,7 +324,7 @@ class ExecuTorchBackend:
         dropout_mask: np.ndarray | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and its gradient w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = check_windows(self._spec, x, y, "ExecuTorchBackend.top_layer_grads")
+        xa, ya = self._windows(x, y, "top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(PARAM_NAMES)
         if unknown:

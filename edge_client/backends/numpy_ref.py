@@ -36,9 +36,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from har_models.nn.arch import ArchSpec
-from har_models.nn.metrics import confusion_matrix
 
-from .base import EvalResult, batch_dropout_mask, batch_sizes, check_train_args, check_weights, check_windows
+from .base import BackendBase, batch_dropout_mask, batch_sizes, check_train_args, check_weights
 
 Params = dict[str, np.ndarray]
 
@@ -165,7 +164,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
-class NumpyBackend:
+class NumpyBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` in plain numpy (the reference and the torch-free path).
 
     Parameters
@@ -188,14 +187,9 @@ class NumpyBackend:
         self._rng = np.random.default_rng(0)
         self.eval_batch = int(eval_batch)
 
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture this backend runs."""
-        return self._spec
-
     def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Load parameters by name; see :meth:`TrainingBackend.set_weights`."""
-        self._w.update(check_weights(self._spec, weights, arch_version, "NumpyBackend.set_weights", partial))
+        self._w.update(self._weights_in(weights, arch_version, partial))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Copies of the parameters by name (float32)."""
@@ -217,9 +211,9 @@ class NumpyBackend:
         dropout_masks: Sequence[np.ndarray] | None = None,
     ) -> np.ndarray:
         """One epoch of SGD; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.train_epoch")
+        xa, ya = self._windows(x, y, "train_epoch")
         assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "NumpyBackend")
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
         trained = [n for n in self._spec.shapes() if n not in frozen]
         ref = {n: np.asarray(prox_ref[n], np.float32) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
         if dropout_seed is not None:
@@ -245,21 +239,9 @@ class NumpyBackend:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 of windows ``(N, 6, T)`` with dropout off, in chunks of ``eval_batch``."""
-        xa, _ = check_windows(self._spec, x, None, "NumpyBackend")
+        xa, _ = self._windows(x, None)
         out = [forward(self._spec, self._w, xa[s : s + self.eval_batch])[0] for s in range(0, len(xa), self.eval_batch)]
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix ``(C, C)`` and mean (weighted) CE with dropout off."""
-        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.evaluate")
-        assert ya is not None
-        z = self.logits(xa)
-        loss = weighted_cross_entropy(z, ya, class_weights)[0] if len(ya) else float("nan")
-        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities ``(B, C)`` float32, dropout off."""
-        return softmax(self.logits(x))
 
     def top_layer_grads(
         self,
@@ -273,7 +255,7 @@ class NumpyBackend:
         dropout_mask: np.ndarray | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = check_windows(self._spec, x, y, "NumpyBackend.top_layer_grads")
+        xa, ya = self._windows(x, y, "top_layer_grads")
         assert ya is not None
         unknown = set(names) - set(self._spec.shapes())
         if unknown:

@@ -34,7 +34,7 @@ from har_models.nn.model import HarCNN, build_model, init_state
 from har_models.nn.training import make_loss
 from har_models.settings import AlaConfig
 
-from .base import EvalResult, check_train_args, check_weights, check_windows
+from .base import BackendBase, EvalResult, check_train_args, check_weights
 
 if TYPE_CHECKING:
     from edge_client.ala import AlaLearned
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 State = dict[str, torch.Tensor]
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` on a PyTorch :class:`~har_models.nn.model.HarCNN` (CPU, float32).
 
     Parameters
@@ -65,14 +65,9 @@ class TorchBackend:
         self.model = build_model(spec, {n: torch.from_numpy(v) for n, v in check_weights(spec, start, None, "TorchBackend").items()})
         self.eval_batch = int(eval_batch)
 
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture this backend runs."""
-        return self._spec
-
     def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Load parameters by name; see :meth:`TrainingBackend.set_weights`."""
-        arrays = check_weights(self._spec, weights, arch_version, "TorchBackend.set_weights", partial)
+        arrays = self._weights_in(weights, arch_version, partial)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 if name in arrays:
@@ -114,9 +109,9 @@ class TorchBackend:
         dropout_masks: Sequence[np.ndarray] | None = None,
     ) -> np.ndarray:
         """One epoch of SGD, operation for operation as ``train_local``; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = check_windows(self._spec, x, y, "TorchBackend.train_epoch")
+        xa, ya = self._windows(x, y, "train_epoch")
         assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, "TorchBackend")
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
         model = self.model
         model.train()
         params = []
@@ -148,18 +143,14 @@ class TorchBackend:
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 with dropout off, in chunks of ``eval_batch``."""
-        xa, _ = check_windows(self._spec, x, None, "TorchBackend")
+        xa, _ = self._windows(x, None)
         self.model.eval()
         out = [self.model(torch.from_numpy(xa[s : s + self.eval_batch])).numpy() for s in range(0, len(xa), self.eval_batch)]
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix ``(C, C)`` and mean (weighted) CE with dropout off."""
-        xa, ya = check_windows(self._spec, x, y, "TorchBackend.evaluate")
-        assert ya is not None
-        z = self.logits(xa)
-        loss = float(make_loss(class_weights)(torch.from_numpy(z), torch.from_numpy(ya))) if len(ya) else float("nan")
-        return EvalResult(confusion_matrix(ya, z.argmax(axis=1).astype(np.int64), self._spec.n_classes), loss)
+    def _mean_loss(self, z: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> float:
+        """Mean (weighted) CE by PyTorch's loss, as ``train_local`` computes it."""
+        return float(make_loss(class_weights)(torch.from_numpy(z), torch.from_numpy(y)))
 
     head_params: tuple[str, ...] = HarCNN.HEAD_PARAMS
     """The output layer's tensors, the only ones :meth:`evaluate_pair` may swap."""
@@ -189,7 +180,7 @@ class TorchBackend:
         ValueError
             If x/y or the head's shapes do not fit the architecture.
         """
-        xa, ya = check_windows(self._spec, x, y, "TorchBackend.evaluate_pair")
+        xa, ya = self._windows(x, y, "evaluate_pair")
         assert ya is not None
         if not set(head) <= set(self.head_params):
             return None
@@ -228,7 +219,7 @@ class TorchBackend:
         dropout_mask: np.ndarray | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = check_windows(self._spec, x, y, "TorchBackend.top_layer_grads")
+        xa, ya = self._windows(x, y, "top_layer_grads")
         assert ya is not None
         params = dict(self.model.named_parameters())
         unknown = set(names) - set(params)

@@ -120,3 +120,14 @@ def mean_over_clients(cms: Sequence[np.ndarray]) -> dict[str, float]:
         "accuracy_weighted": accuracy(total),
         "clients": len(rows),
     }
+
+
+def pct(x: float | None, *, missing: str = "n/a", sign: str = "%") -> str:
+    """A fraction in [0, 1] as a percentage with one decimal (``0.9125`` -> ``"91.2%"``); ``missing`` for None or NaN.
+
+    The one formatter of the logs' round line, ``fedhar-compare``'s table and the status page
+    (``missing="—"``); ``sign=""`` leaves the percent sign out (a table whose header says %).
+    """
+    if x is None or (isinstance(x, float) and x != x):  # NaN: a measure without windows
+        return missing
+    return f"{100 * x:.1f}{sign}"

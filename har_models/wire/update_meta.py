@@ -9,8 +9,14 @@ One typed record, :class:`UpdateMeta`, written by the client round
 [backend], confusion, [encoding]``
 
 ``backend`` is written only for a backend other than ``"torch"`` and ``encoding`` only for an
-update encoding other than ``"float32"`` (:mod:`har_models.wire.update_encoding`); a missing key
-reads back as that default. ``ala`` is ``{}`` when FedALA did not run.
+update encoding other than :data:`~har_models.wire.messages.DEFAULT_UPDATE_ENCODING` (``"float32"``,
+:mod:`har_models.wire.update_encoding`); a missing key reads back as that default. ``ala`` is ``{}``
+when FedALA did not run.
+
+Two readings of the same object, one parser (:meth:`UpdateMeta.from_wire`): the strict one (tests,
+tools) refuses unknown and missing keys; the coordinator's intake (``strict=False``, ``docs/protocol.md``,
+"Update metadata") ignores keys it does not know, so a newer client's additions do not cost its update,
+and needs only ``run_id``, ``n_train`` and ``n_test``; every key present is validated either way.
 
 No PyTorch here (the phone decodes and writes these).
 """
@@ -22,14 +28,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AlaNote", "Confusions", "UpdateMeta"]
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, MAX_WINDOW_COUNT
+
+__all__ = ["INTAKE_DEFAULTS", "AlaNote", "Confusions", "UpdateMeta", "UpdateMetaError"]
 
 Matrix = tuple[tuple[int, ...], ...]
 
 
+INTAKE_DEFAULTS: dict[str, Any] = {
+    "stage": 0,
+    "label_set": "unnamed",
+    "train_loss": [],
+    "train_seconds": 0.0,
+    "steps": 0,
+    "init_mode": "received",
+}
+"""What a missing key reads as in the lenient reading (``UpdateMeta.from_wire(meta, strict=False)``).
+
+Every client release has written these keys; the coordinator never needed them to aggregate, so
+it has never refused an update without them, and it still does not."""
+
+
+class UpdateMetaError(ValueError):
+    """Update metadata that cannot be read; ``key`` names the top-level key at fault (None: several or the object)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
 def _count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"update metadata: {what} must be an integer >= 0, got {value!r}")
+    # Bounded where it enters: 10**30 or 2**63-1 would overflow numpy, or outweigh every other
+    # device in a weighted average (har_models.wire.messages.MAX_WINDOW_COUNT).
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WINDOW_COUNT:
+        raise ValueError(f"update metadata: {what} must be an integer in [0, {MAX_WINDOW_COUNT}], got {value!r:.40}")
     return value
 
 
@@ -177,7 +209,7 @@ class UpdateMeta:
     ala: AlaNote | None = None
     backend: str = "torch"
     confusion: Confusions = Confusions()
-    encoding: str = "float32"
+    encoding: str = DEFAULT_UPDATE_ENCODING
 
     def __post_init__(self) -> None:
         _text(self.run_id, "run_id")
@@ -217,56 +249,94 @@ class UpdateMeta:
         if self.backend != "torch":
             out["backend"] = self.backend
         out["confusion"] = self.confusion.to_wire()
-        if self.encoding != "float32":
+        if self.encoding != DEFAULT_UPDATE_ENCODING:
             out["encoding"] = self.encoding
         return out
 
     @classmethod
-    def from_wire(cls, meta: Mapping[str, Any]) -> UpdateMeta:
-        """Read an envelope's metadata (e.g. a received update's ``env.meta``), validating every field.
+    def from_wire(cls, meta: Mapping[str, Any], *, strict: bool = True) -> UpdateMeta:
+        """Read an envelope's metadata (e.g. a received update's ``env.meta``), validating every key present.
+
+        Parameters
+        ----------
+        meta : mapping
+            The envelope's JSON object.
+        strict : bool
+            True: every key of the module docstring but the optional ones (``ala``, ``backend``,
+            ``confusion``, ``encoding``) must be there, and no other. False (the coordinator's
+            intake): keys this build does not know are ignored, at every level (``ala``,
+            ``confusion``), and only ``run_id``, ``n_train`` and ``n_test`` are required; a
+            missing key reads as :data:`INTAKE_DEFAULTS`.
 
         Raises
         ------
-        ValueError
-            If a key is missing, unknown or of the wrong type (naming it).
+        UpdateMetaError
+            If a key is missing, unknown (strict only) or of the wrong type or range; the message
+            names it and ``key`` is the top-level key at fault.
         """
         if not isinstance(meta, Mapping):
-            raise ValueError(f"update metadata must be a JSON object, got {type(meta).__name__}")
+            raise UpdateMetaError(f"update metadata must be a JSON object, got {type(meta).__name__}")
         required = {"run_id", "stage", "n_train", "n_test", "label_set", "train_loss", "train_seconds", "steps", "init_mode"}
         known = required | {"ala", "backend", "confusion", "encoding"}
-        unknown = sorted(set(meta) - known)
-        if unknown:
-            raise ValueError(f"update metadata: unknown keys {unknown}; known {sorted(known)}")
+        if strict:
+            unknown = sorted(set(meta) - known)
+            if unknown:
+                raise UpdateMetaError(f"update metadata: unknown keys {unknown}; known {sorted(known)}", unknown[0])
+        else:
+            required = {"run_id", "n_train", "n_test"}
+            meta = {**INTAKE_DEFAULTS, **{k: v for k, v in meta.items() if k in known}}
         missing = sorted(required - set(meta))
         if missing:
-            raise ValueError(f"update metadata: missing keys {missing}")
+            raise UpdateMetaError(f"update metadata: missing keys {missing}", missing[0])
+
+        def at(key: str | None, read: Any) -> Any:
+            try:
+                return read()
+            except ValueError as exc:
+                raise UpdateMetaError(str(exc), key) from None
+
+        run_id = at("run_id", lambda: _text(meta["run_id"], "run_id"))
+        stage = at("stage", lambda: _count(meta["stage"], "stage"))
+        n_train = at("n_train", lambda: _count(meta["n_train"], "n_train"))
+        n_test = at("n_test", lambda: _count(meta["n_test"], "n_test"))
         ala_raw = meta.get("ala", {})
         if not isinstance(ala_raw, Mapping):
-            raise ValueError(f"update metadata: ala must be an object, got {ala_raw!r}")
+            raise UpdateMetaError(f"update metadata: ala must be an object, got {ala_raw!r:.80}", "ala")
         ala = None
         if ala_raw:
             extra = sorted(set(ala_raw) - {"passes", "n_sample", "converged", "fallback"})
-            if extra:
-                raise ValueError(f"update metadata: unknown ala keys {extra}")
-            ala = AlaNote(ala_raw.get("passes", 0), ala_raw.get("n_sample", 0), ala_raw.get("converged", False), ala_raw.get("fallback"))
+            if extra and strict:
+                raise UpdateMetaError(f"update metadata: unknown ala keys {extra}", "ala")
+            ala = at(
+                "ala",
+                lambda: AlaNote(
+                    ala_raw.get("passes", 0), ala_raw.get("n_sample", 0), ala_raw.get("converged", False), ala_raw.get("fallback")
+                ),
+            )
         conf = meta.get("confusion", {})
-        if not isinstance(conf, Mapping) or set(conf) - {"received", "initial", "trained"}:
-            raise ValueError(f"update metadata: confusion must be an object with received, initial, trained, got {str(conf)[:80]}")
+        if not isinstance(conf, Mapping) or (strict and set(conf) - {"received", "initial", "trained"}):
+            raise UpdateMetaError(
+                f"update metadata: confusion must be an object with received, initial, trained, got {str(conf)[:80]}", "confusion"
+            )
+        confusion = at("confusion", lambda: Confusions(*(_matrix(conf.get(k), k) for k in ("received", "initial", "trained"))))
         loss = meta["train_loss"]
         if not isinstance(loss, list | tuple):
-            raise ValueError(f"update metadata: train_loss must be a list of numbers, got {loss!r}")
-        return cls(
-            run_id=meta["run_id"],
-            stage=meta["stage"],
-            n_train=meta["n_train"],
-            n_test=meta["n_test"],
-            label_set=meta["label_set"],
-            train_loss=tuple(_number(v, "train_loss entry") for v in loss),
-            train_seconds=_number(meta["train_seconds"], "train_seconds"),
-            steps=meta["steps"],
-            init_mode=meta["init_mode"],
-            ala=ala,
-            backend=meta.get("backend", "torch"),
-            confusion=Confusions(*(_matrix(conf.get(k), k) for k in ("received", "initial", "trained"))),
-            encoding=meta.get("encoding", "float32"),
+            raise UpdateMetaError(f"update metadata: train_loss must be a list of numbers, got {loss!r:.80}", "train_loss")
+        return at(
+            None,
+            lambda: cls(
+                run_id=run_id,
+                stage=stage,
+                n_train=n_train,
+                n_test=n_test,
+                label_set=meta["label_set"],
+                train_loss=tuple(_number(v, "train_loss entry") for v in loss),
+                train_seconds=_number(meta["train_seconds"], "train_seconds"),
+                steps=meta["steps"],
+                init_mode=meta["init_mode"],
+                ala=ala,
+                backend=meta.get("backend", "torch"),
+                confusion=confusion,
+                encoding=meta.get("encoding", DEFAULT_UPDATE_ENCODING),
+            ),
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from simulation.broker import free_port, stop_process, wait_for_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
 
 

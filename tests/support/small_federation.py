@@ -4,7 +4,7 @@ One place for the command-line options those tests share (an 8-filter, 32-unit C
 the paper's 196 filters and 1024 units, no progress bar, two-minute deadlines), so that each
 test writes only the options it is about. ``conftest.py``'s ``small_simulation`` fixture runs
 one; modules that build a command line at import time (for a subprocess, a study, a Ray
-cluster) import these functions directly, as they import ``realworld_synth``.
+cluster) import these functions directly, as they import ``support.realworld_synth``.
 
 Options are strings in argparse's form; a later repeat of an option overrides an earlier one,
 so ``[*simulate_args(), "--rounds", "3"]`` is the usual way to add to them.

@@ -1,6 +1,6 @@
 """FedALA's figures on fixed seeds, as the code of b88bc3e computed them: the golden file for tests/test_ala_golden.py.
 
-``python tests/ala_golden.py`` rewrites ``tests/fixtures/ala_golden.npz``; do that only when a change is meant to
+``python tests/support/ala_golden.py`` rewrites ``tests/fixtures/ala_golden.npz``; do that only when a change is meant to
 alter FedALA's results (and say so in the commit). The cases: the ALA call itself (the torch kernel) in the start
 phase and in a later round, dropout on; and three rounds of ``ClientTrainer`` with ``client_init = "ala"``
 (first participation, first ALA round, a later one), whose updates, confusions and stored W are recorded.
@@ -23,7 +23,7 @@ from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
 from har_models.wire.messages import RoundAnnouncement, TrainingPlan
 
-GOLDEN = Path(__file__).resolve().parent / "fixtures" / "ala_golden.npz"
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "ala_golden.npz"
 SPEC = ArchSpec(n_classes=6, conv_filters=6, dense_units=16)
 
 

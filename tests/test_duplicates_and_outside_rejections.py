@@ -1,0 +1,89 @@
+"""A re-sent copy of a counted update is a duplicate, not a rejection; rejections between rounds are counted too (issue 29)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator.config import CoordinatorConfig
+from coordinator.mqtt_grid import MqttGrid
+from coordinator.record import Participation, RoundRecord
+from coordinator.round import Exchange
+from coordinator.service import Coordinator
+from har_io.broker_config import BrokerConfig
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire import codec
+from har_models.wire.chunking import split_payload
+
+SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+META = {"run_id": "r1", "stage": 0, "n_train": 40, "n_test": 10}
+
+
+def _grid(tmp_path: Path) -> MqttGrid:
+    cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1")
+    return Coordinator(cfg, progress=False).grid
+
+
+def _update(round_: int, run_id: str = "r1") -> bytes:
+    state = {k: v.numpy() for k, v in init_state(SPEC, 1).items()}
+    return codec.encode(state, kind="update", round=round_, arch_version=SPEC.version, client_id="c1", meta={**META, "run_id": run_id})
+
+
+def _send(grid: MqttGrid, data: bytes) -> None:
+    for chunk in split_payload(data, 1 << 20):
+        grid._on_update_chunk("c1", chunk)
+
+
+def _open(grid: MqttGrid, round_: int) -> Exchange:
+    ex = grid._collect = Exchange(round_, 0, SPEC, frozenset({"c1"}), False)
+    grid.receipts.open(round_, 0)
+    grid._carry_outside(ex)
+    return ex
+
+
+def _close(grid: MqttGrid) -> None:
+    grid._collect = None
+    grid.receipts.close()
+
+
+def test_a_restarted_devices_resent_update_is_a_duplicate_not_a_stale_round(tmp_path: Path) -> None:
+    grid = _grid(tmp_path)
+    data = _update(3)
+    ex3 = _open(grid, 3)
+    _send(grid, data)
+    assert list(ex3.updates) == ["c1"] and ex3.rejected == {}
+    _close(grid)
+    ex4 = _open(grid, 4)
+    _send(grid, data)  # the device restarted and re-sends its stored round-3 update
+    assert ex4.rejected == {} and ex4.duplicates == {"c1": 1} and ex4.n_duplicates == 1
+    assert ex4.updates == {}
+    _send(grid, _update(2))  # an update never counted stays a rejection
+    assert ex4.rejected == {("c1", "stale_round"): 1}
+
+
+def test_rejections_and_duplicates_between_rounds_go_into_the_next_exchange(tmp_path: Path) -> None:
+    grid = _grid(tmp_path)
+    data = _update(3)
+    for round_, update in ((3, data), (4, _update(4))):
+        _open(grid, round_)
+        _send(grid, update)
+        assert list(grid._collect.updates) == ["c1"]  # type: ignore[union-attr]
+        _close(grid)
+    _send(grid, _update(4, run_id="other"))  # no round open: counted, not dropped
+    _send(grid, data)  # between rounds, a copy of the round-3 update: a duplicate
+    ex5 = _open(grid, 5)
+    assert ex5.rejected == {("c1", "no_open_round"): 1} and ex5.n_rejected == 1
+    assert ex5.duplicates == {"c1": 1}
+    # counted in the record, but not why c1 has no update in round 5
+    assert [(f.client_id, f.reason) for f in ex5.failures()] == [("c1", "missed_deadline")]
+    _close(grid)
+    assert _open(grid, 6).rejected == {}
+
+
+def test_the_record_writes_duplicates_only_when_there_were_some() -> None:
+    rec = RoundRecord(round=1, participation=Participation(selected=2, updates=2, duplicates=3))
+    d = rec.to_json()
+    assert d["duplicates"] == 3 and list(d)[-1] == "duplicates"
+    assert RoundRecord.from_json(d) == rec and RoundRecord.from_json(d).to_json() == d
+    plain = RoundRecord(round=1, participation=Participation(selected=2, updates=2)).to_json()
+    assert "duplicates" not in plain
+    assert RoundRecord.from_json(plain).participation.duplicates == 0
