@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from inmemory_grid import N_CLASSES, InMemoryGrid, device_status
+from support.inmemory_grid import N_CLASSES, InMemoryGrid, device_status
 
 from coordinator import guard
 from coordinator.config import CoordinatorConfig

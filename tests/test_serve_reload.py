@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from small_federation import CONV_FILTERS, DENSE_UNITS
+from support.small_federation import CONV_FILTERS, DENSE_UNITS
 
 from coordinator.server.audit import read_audit
 from coordinator.server.serve import Server, archive_strategy_change
