@@ -29,7 +29,7 @@ def test_serve_guards_by_default_run_does_not_and_server_toml_can_turn_it_off(tm
 # ---------------------------------------------------------------------------------------------- operators
 def _server(data: Path) -> tuple[Any, int]:
     """A Server over ``data`` whose runner drives in-memory devices (no broker): rounds, versions and requests for real."""
-    from inmemory_grid import InMemoryGrid, device_status
+    from support.inmemory_grid import InMemoryGrid, device_status
 
     from coordinator.runner import FederationRunner
     from coordinator.server.serve import Server
