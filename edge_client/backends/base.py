@@ -43,6 +43,8 @@ from har_models.nn.arch import ArchSpec
 from har_models.nn.metrics import confusion_matrix
 from har_models.wire import codec
 
+from .numpy_loss import softmax, weighted_cross_entropy
+
 BACKEND_NAMES = ("torch", "executorch", "executorch-android", "numpy")
 """The backends, in order of preference (the one list: ``fedhar-client --backend``, the app, :func:`make_backend`)."""
 
@@ -266,8 +268,6 @@ class BackendBase:
 
     def _mean_loss(self, z: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> float:
         """``mean_b(w_{y_b} * CE_b)`` of logits ``z`` ``(N, C)`` and labels ``y`` ``(N,)``, N >= 1."""
-        from .numpy_ref import weighted_cross_entropy  # numpy_ref's backend derives from this class
-
         return weighted_cross_entropy(z, y, class_weights)[0]
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
@@ -280,8 +280,6 @@ class BackendBase:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Class probabilities ``(B, C)`` float32, dropout off."""
-        from .numpy_ref import softmax
-
         return softmax(self.logits(x))
 
 

@@ -38,6 +38,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from har_models.nn.arch import ArchSpec
 
 from .base import BackendBase, batch_dropout_mask, batch_sizes, check_train_args, check_weights
+from .numpy_loss import softmax, weighted_cross_entropy
 
 Params = dict[str, np.ndarray]
 
@@ -102,28 +103,6 @@ def forward(spec: ArchSpec, w: Mapping[str, np.ndarray], x: np.ndarray, mask: np
     return logits.astype(np.float32, copy=False), _Cache(cols, relu_conv, arg, flat, hidden, dropped, mask)
 
 
-def weighted_cross_entropy(logits: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> tuple[float, np.ndarray]:
-    """``mean_b(w_{y_b} * CE_b)`` and its gradient w.r.t. the logits.
-
-    ``CE_b = logsumexp(z_b) - z_{b, y_b}``; the gradient is ``w_{y_b} (softmax(z_b) - onehot(y_b)) / B``.
-
-    Returns
-    -------
-    (loss, dlogits (B, C) float32)
-    """
-    b = logits.shape[0]
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    s = e.sum(axis=1, keepdims=True)
-    ce = np.log(s[:, 0]) - z[np.arange(b), y]
-    sw = np.ones(b, np.float32) if class_weights is None else np.asarray(class_weights, np.float32)[y]
-    loss = float(np.mean(ce * sw, dtype=np.float32))
-    d = e / s
-    d[np.arange(b), y] -= 1.0
-    d *= (sw / np.float32(b))[:, None]
-    return loss, d.astype(np.float32, copy=False)
-
-
 def backward(spec: ArchSpec, w: Mapping[str, np.ndarray], cache: _Cache, dlogits: np.ndarray, names: Sequence[str] | None = None) -> Params:
     """Gradients of the loss w.r.t. the parameters, from ``dlogits`` ``(B, C)`` and a forward ``cache``.
 
@@ -155,13 +134,6 @@ def backward(spec: ArchSpec, w: Mapping[str, np.ndarray], cache: _Cache, dlogits
     g["conv.weight"] = (dconv.T @ cache.cols).reshape(spec.shapes()["conv.weight"])
     g["conv.bias"] = dconv.sum(axis=0)
     return {n: g[n].astype(np.float32, copy=False) for n in want}
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of ``(B, C)`` logits, float32."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
 class NumpyBackend(BackendBase):
