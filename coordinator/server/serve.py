@@ -202,7 +202,6 @@ def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | 
     OSError
         If the run folder cannot be written (the caller stops with the path named).
     """
-    from coordinator.state import LEGACY_SERVER_OPT_FILE, STRATEGY_STATE_FILE
     from har_io.cli import read_settings_file, write_settings_file
 
     path = Path(run_dir) / "config.toml"
@@ -220,7 +219,7 @@ def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | 
     kept = path.with_name(f"config.{stamp}.toml")
     kept.write_bytes(path.read_bytes())
     moved = 0
-    for name in (STRATEGY_STATE_FILE, LEGACY_SERVER_OPT_FILE):
+    for name in (run_state.STRATEGY_STATE_FILE, run_state.LEGACY_SERVER_OPT_FILE):
         for file in sorted((Path(run_dir) / "models").glob(f"r*/{name}")):
             file.rename(file.with_name(f"strategy_state.{old}.{stamp}.safetensors"))
             moved += 1
