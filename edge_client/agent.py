@@ -491,6 +491,10 @@ class EdgeAgent:
             return False
         if self._coordinator_fresh():
             return True
+        if not self._link.inbox.empty():
+            # A training step blocks this loop while the coordinator's refreshes queue up behind it:
+            # judge its presence once the messages that arrived meanwhile are read, not before.
+            return False
         if not self._coordinator_gone_logged:
             self._coordinator_gone_logged = True
             age = time.time() - co.sent_unix
