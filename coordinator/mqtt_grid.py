@@ -10,6 +10,7 @@ network thread only queues messages.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -113,6 +114,9 @@ class MqttGrid:
         # The sha256 (transfer id) of each client's last few counted updates: a restarted device
         # re-sends its stored update, and a copy of one already counted is a duplicate, not a rejection.
         self._counted: dict[str, deque[str]] = {}
+        # What the open round counted so far: forgotten when the round closes without quorum, since
+        # its next attempt must count the stored updates the devices send again (they are no copies).
+        self._counted_this_round: list[tuple[str, str]] = []
         self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
         self._link = MqttLink(
             cfg.broker,
@@ -171,6 +175,10 @@ class MqttGrid:
         round, instead of "answered" counts of an attempt that is over; the next attempt
         announces the round again.
         """
+        for cid, transfer in self._counted_this_round:  # nothing of the failed attempt was counted in a record
+            with contextlib.suppress(KeyError, ValueError):
+                self._counted[cid].remove(transfer)
+        self._counted_this_round = []
         try:
             self._link.publish(self.topics.round, b"", retain=True)
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
@@ -339,6 +347,7 @@ class MqttGrid:
             log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
         c.add(upd)
         self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(done[0])
+        self._counted_this_round.append((cid, done[0]))
         self.receipts.accepted(cid, done[0])
         if self.bar is not None:
             self.bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
@@ -474,6 +483,8 @@ class MqttGrid:
             attempt=self.attempt,
             epoch=self.epoch,
         )
+        if stage == 0:
+            self._counted_this_round = []
         c = self._collect = Exchange(
             round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
         )
