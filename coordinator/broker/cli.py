@@ -189,16 +189,18 @@ def _ids(texts: list[str], files: list[Path]) -> list[str]:
     return ids
 
 
+def _refused(name: str, exc: SetupError | OSError) -> int:
+    """Print ``exc`` as ``name``'s one-line error; the exit status: a SetupError's own, else 2 (a file that cannot be used)."""
+    print(f"{name}: error: {exc}", file=sys.stderr)
+    return exc.exit_code if isinstance(exc, SetupError) else int(Exit.USAGE)
+
+
 def _generate(name: str, args: argparse.Namespace, clients: list[str], rotate: list[str], revoke: list[str]) -> int:
     """Run :func:`generate` for the parsed ``args`` and print what it did; the exit status (errors: 2, mosquitto_passwd: 3)."""
     try:
         outcome = generate(args.out, _given(args), clients, rotate=rotate, revoke=revoke, mosquitto_passwd=args.mosquitto_passwd)
-    except SetupError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return int(Exit.USAGE)
+    except (SetupError, OSError) as exc:
+        return _refused(name, exc)
     if not outcome.settings.tls:
         log.warning("no TLS: passwords cross the network in clear text; add --tls-cert/--tls-key/--tls-ca for devices on a network")
         sys.stderr.flush()
@@ -215,8 +217,7 @@ def generator_main(argv: list[str] | None = None) -> int:
         rotate = ["*"] if args.rotate == "*" else parse_ids(args.rotate or "")
         revoke = parse_ids(args.revoke or "")
     except SetupError as exc:
-        print(f"mosquitto_config: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _refused("mosquitto_config", exc)
     return _generate("mosquitto_config", args, clients, rotate, revoke)
 
 
@@ -245,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(PROG, args, [], ids or ["*"], [])
         return _generate(PROG, args, [], [], ids)  # remove / revoke
     except SetupError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _refused(PROG, exc)
 
 
 def _bridge(args: argparse.Namespace) -> int:
@@ -254,12 +254,8 @@ def _bridge(args: argparse.Namespace) -> int:
     try:
         up, regional = init_bridge(args.out, args.upstream_dir, args.upstream, args.name, _given(args),
                                    _ids(args.clients, args.clients_file), args.upstream_ca, args.mosquitto_passwd)  # fmt: skip
-    except SetupError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return int(Exit.USAGE)
+    except (SetupError, OSError) as exc:
+        return _refused(PROG, exc)
     if not regional.settings.upstream_ca:
         log.warning("the bridge does not use TLS: its password crosses the network in clear text; add --upstream-ca")
     if args.json:
@@ -283,8 +279,7 @@ def _renew(out: Path, ca_key: Path, days: int) -> int:
     try:
         got = renew_server_certificate(out, ca_key, days)
     except SetupError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _refused(PROG, exc)
     print(f"new server certificate {got.path}, valid until {_date(got.not_after_unix)}, signed by the same CA: devices keep connecting.")
     print("Reload the broker to serve it: systemctl reload mosquitto")
     return int(Exit.OK)
@@ -302,8 +297,7 @@ def _list(out: Path, as_json: bool) -> int:
         settings = read_settings(out)
         devices = configured_devices(out)
     except SetupError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _refused(PROG, exc)
     if as_json:
         print(json.dumps({"out": str(out.expanduser().resolve()), "federation": settings.federation,
                           "service_users": settings.service_users, "clients": devices}, indent=2))  # fmt: skip
