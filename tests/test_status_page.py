@@ -224,7 +224,7 @@ def test_a_taken_port_is_a_clear_error(view: ServerView) -> None:
     first = WebServer(make_app(view), port=0)
     port = first.start()
     try:
-        with pytest.raises(RuntimeError, match=f"did not start on 127.0.0.1:{port}.*http_port"):
+        with pytest.raises(RuntimeError, match=f"did not start on 127.0.0.1:{port}: it could not bind.*http_port"):
             WebServer(make_app(view), port=port).start(timeout=5)
         with pytest.raises(BindRefused):
             WebServer(make_app(view), host="0.0.0.0", port=0)

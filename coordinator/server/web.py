@@ -1054,6 +1054,13 @@ class WebServer:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
+        self._refused = False  # uvicorn gave up at start (it ends its thread with SystemExit, e.g. a port in use)
+
+    def _serve(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn's startup failure: start() reports it; the thread ends without a stray traceback
+            self._refused = True
 
     def start(self, timeout: float = 10.0) -> int:
         """Start serving; return the bound port.
@@ -1063,13 +1070,15 @@ class WebServer:
         RuntimeError
             If the server has not started within ``timeout`` s (e.g. the port is taken).
         """
-        self._thread = threading.Thread(target=self._server.run, name="fedhar-web", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="fedhar-web", daemon=True)
         self._thread.start()
         end = time.monotonic() + timeout
         while not self._server.started and time.monotonic() < end and self._thread.is_alive():
             time.sleep(0.02)
         if not self._server.started:
-            raise RuntimeError(f"the status page did not start on {self.host}:{self.port} within {timeout} s "
+            self.stop()
+            why = "it could not bind" if self._refused else f"not within {timeout} s"
+            raise RuntimeError(f"the status page did not start on {self.host}:{self.port}: {why} "
                                f"(is the port in use? set [server] http_port)")  # fmt: skip
         for srv in getattr(self._server, "servers", []):
             for sock in srv.sockets:
