@@ -127,12 +127,9 @@ def download(url: str, dest: Path, *, resume: bool = True, quiet: bool = False, 
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
+    """Hex sha256 of a file, read in blocks by the standard library (``hashlib.file_digest``)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def verify_archive(
