@@ -44,10 +44,10 @@ DEFAULT_ENCODING = DEFAULT_UPDATE_ENCODING
 
 MEASURES = ("global", "personalisation", "generalisation", "start")
 """The measures a record's evaluation carries, in report order: the three figures of the FedDist
-evaluation protocol (Ek et al. 2022, section 5: the global model on the union of test sets, each
-client's model on its own test set, and on the union; DESIGN.md section 6), then "start" (each
-client's model as it starts local training, on its own test split: FedALA's protocol, Zhang et al.
-2023; only in runs that recorded it). The one list the report, compare, the study and ``/metrics``
+evaluation protocol (Ek et al., PerCom 2021, arXiv 2110.10223, the authors' evaluation code: the
+global model on the union of the clients' test sets, each client's model on its own test set, and
+on the union), then "start" (each client's model as it starts local training, on its own test
+split: FedALA's protocol, Zhang et al., AAAI 2023; only in runs that recorded it). The one list the report, compare, the study and ``/metrics``
 derive theirs from."""
 
 PROTOCOL_MEASURES = MEASURES[:3]
