@@ -5,7 +5,7 @@
 * :mod:`~coordinator.runner`: the federation runner (bootstrap or resume, one round to a
   record, FedDist growth, persistence) over the transport seam :class:`~coordinator.runner.Grid`;
 * :mod:`~coordinator.mqtt_grid`: the MQTT grid (the broker session, client table, update
-  intake, model publishing, program delivery);
+  intake, model publishing, delivery of ExecuTorch ``.pte`` files by :mod:`~coordinator.pte_desk`);
 * :mod:`~coordinator.service`: ``fedhar-coordinator run``'s short loop over the runner and the grid;
 * :mod:`~coordinator.admission`: who may take part, the one eligibility rule with a reason for
   each device left out;

@@ -28,7 +28,7 @@ from coordinator import spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.presence import Presence
-from coordinator.programs import ProgramDesk
+from coordinator.pte_desk import ProgramDesk
 from coordinator.receipts import ReceiptDesk
 from coordinator.record import RoundRecord
 from coordinator.round import Exchange, published_models
@@ -124,7 +124,7 @@ class MqttGrid:
             subscriptions=[
                 (self.topics.client_status("+"), 1),
                 (self.topics.client_update("+", "+"), 1),
-                (self.topics.client_program_request("+"), 1),  # coordinator/programs.py
+                (self.topics.client_program_request("+"), 1),  # coordinator/pte_desk.py
             ],
             will=(self.topics.coordinator_status, self._status_bytes("offline")),
             on_connect=lambda link: link.publish_nowait(
@@ -141,7 +141,7 @@ class MqttGrid:
         self.presence = Presence()  # status expiry and duplicate client ids
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
-        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/programs.py)
+        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/pte_desk.py)
             self._link, self.topics, cfg.run_id, spec,
             on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
         )
