@@ -13,8 +13,11 @@
   registry, the only list of their names; over the papers' arithmetic in
   :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`, :mod:`~coordinator.feddist`
   and :mod:`~coordinator.server_opt`;
+* :mod:`~coordinator.client_table` (each device's last status with its presence, read the same
+  way by the grid, the status page's monitor and the device commands) over
+  :mod:`~coordinator.presence`;
 * :mod:`~coordinator.updates` (validation of uploads), :mod:`~coordinator.receipts`,
-  :mod:`~coordinator.presence`, :mod:`~coordinator.spill`;
+  :mod:`~coordinator.spill`;
 * :mod:`~coordinator.record`: the typed record of a completed round (what the report, the
   study and the retained progress message carry);
 * :mod:`~coordinator.state` (SQLite + safetensors run folder) and :mod:`~coordinator.report`;

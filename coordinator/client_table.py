@@ -19,18 +19,40 @@ told online or offline by one set of rules everywhere:
 The table is a read-only mapping from client id to the status the coordinator acts on: the last
 status received, except that an "offline" status (a last will, which says 0 windows) keeps the
 fields of the status before it with the state set to offline, so what the device last reported
-stays known. :meth:`ClientTable.latest` gives the status exactly as received. The table holds no
-lock: each owner guards it as it guards the rest of its state.
+stays known. :meth:`ClientTable.latest` and :meth:`ClientTable.seen` give the status exactly as
+received (with its arrival and last-seen time). The table holds no lock: each owner guards it as
+it guards the rest of its state.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from coordinator.presence import Presence
 from har_models.wire.messages import ClientStatus, MessageError
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One device's last status exactly as received (an offline will included).
+
+    Attributes
+    ----------
+    status : ClientStatus
+    received_unix : float
+        When it arrived (s since the epoch, the receiver's clock).
+    """
+
+    status: ClientStatus
+    received_unix: float
+
+    @property
+    def last_seen_unix(self) -> float:
+        """When the device last spoke (s since the epoch): the time its status carries, else its arrival (an older client)."""
+        return self.status.sent_unix or self.received_unix
 
 
 class ClientTable(Mapping[str, ClientStatus]):
@@ -46,7 +68,7 @@ class ClientTable(Mapping[str, ClientStatus]):
     def __init__(self, presence: Presence | None = None):
         self.presence = Presence() if presence is None else presence
         self._known: dict[str, ClientStatus] = {}  # what the coordinator acts on (an offline will keeps the last fields)
-        self._latest: dict[str, tuple[ClientStatus, float]] = {}  # as received, with its arrival (s since the epoch)
+        self._seen: dict[str, Seen] = {}  # as received, with its arrival
 
     # ------------------------------------------------------------------ Mapping
     def __getitem__(self, cid: str) -> ClientStatus:
@@ -92,30 +114,24 @@ class ClientTable(Mapping[str, ClientStatus]):
         self.presence.note(st, retained, now, now_unix)
         prev = self._known.get(cid)
         self._known[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
-        self._latest[cid] = (st, now_unix)
+        self._seen[cid] = Seen(st, now_unix)
         return st
 
     def forget(self, cid: str) -> None:
         """Drop everything known of ``cid`` (its status was cleared, or it was revoked or forgotten)."""
         self._known.pop(cid, None)
-        self._latest.pop(cid, None)
+        self._seen.pop(cid, None)
         self.presence.forget(cid)
 
     # ------------------------------------------------------------------ reading
+    def seen(self) -> Mapping[str, Seen]:
+        """Each known device's last status exactly as received, with its arrival and last-seen time (a read-only view)."""
+        return MappingProxyType(self._seen)
+
     def latest(self, cid: str) -> ClientStatus | None:
         """``cid``'s last status exactly as received (an offline will included); None if unknown."""
-        seen = self._latest.get(cid)
-        return None if seen is None else seen[0]
-
-    def received_unix(self, cid: str) -> float | None:
-        """When ``cid``'s last status arrived (s since the epoch, this machine's clock); None if unknown."""
-        seen = self._latest.get(cid)
-        return None if seen is None else seen[1]
-
-    def last_seen_unix(self, cid: str) -> float | None:
-        """When ``cid`` last spoke (s since the epoch): the time its last status carries, else its arrival; None if unknown."""
-        seen = self._latest.get(cid)
-        return None if seen is None else (seen[0].sent_unix or seen[1])
+        seen = self._seen.get(cid)
+        return None if seen is None else seen.status
 
     def fresh(self, cid: str, now: float | None = None) -> bool:
         """True unless ``cid``'s last status expired or its id is used by two processes (``now``: monotonic s)."""

@@ -47,8 +47,8 @@ MEASURES = ("global", "personalisation", "generalisation", "start")
 evaluation protocol (Ek et al., PerCom 2021, arXiv 2110.10223, the authors' evaluation code: the
 global model on the union of the clients' test sets, each client's model on its own test set, and
 on the union), then "start" (each client's model as it starts local training, on its own test
-split: FedALA's protocol, Zhang et al., AAAI 2023; only in runs that recorded it). The one list the report, compare, the study and ``/metrics``
-derive theirs from."""
+split: FedALA's protocol, Zhang et al., AAAI 2023; only in runs that recorded it). The one list
+the report, compare, the study and ``/metrics`` derive theirs from."""
 
 PROTOCOL_MEASURES = MEASURES[:3]
 """The FedDist protocol's three measures (global, personalisation, generalisation), without "start"."""

@@ -25,8 +25,8 @@ def test_a_live_status_is_online_for_three_refresh_periods_from_its_arrival() ->
     assert st is not None and st.n_train == 40
     assert dict(table) == {"phone-a": st} and len(table) == 1
     assert table.online("phone-a", T0 + 89.9) and not table.online("phone-a", T0 + 90.0)  # 3 x 30 s
-    assert table.received_unix("phone-a") == U0
-    assert table.last_seen_unix("phone-a") == U0 - 5  # the time the status carries
+    assert table.seen()["phone-a"].received_unix == U0
+    assert table.seen()["phone-a"].last_seen_unix == U0 - 5  # the time the status carries
 
 
 def test_a_retained_status_is_aged_from_the_time_it_carries() -> None:
@@ -38,7 +38,7 @@ def test_a_retained_status_is_aged_from_the_time_it_carries() -> None:
 def test_last_seen_is_the_arrival_when_the_status_carries_no_time() -> None:
     table = ClientTable()
     table.note("phone-a", _status(), False, T0, U0)
-    assert table.last_seen_unix("phone-a") == U0
+    assert table.seen()["phone-a"].last_seen_unix == U0
     assert table.online("phone-a", T0 + 1e6)  # refresh_s 0: a client that does not refresh never expires
 
 
@@ -50,14 +50,14 @@ def test_an_offline_will_keeps_what_the_device_last_reported_and_latest_is_the_w
     known = table["phone-a"]
     assert (known.state, known.n_train, known.n_test, known.backend) == ("offline", 40, 10, "torch")
     assert table.latest("phone-a") == will and not table.online("phone-a", T0 + 1)
-    assert table.received_unix("phone-a") == U0 + 1
+    assert table.seen()["phone-a"].received_unix == U0 + 1
 
 
 def test_an_empty_payload_forgets_the_device() -> None:
     table = ClientTable()
     table.note("phone-a", _status(), False, T0, U0)
     assert table.note("phone-a", b"", True, T0 + 1, U0 + 1) is None
-    assert "phone-a" not in table and table.latest("phone-a") is None and table.last_seen_unix("phone-a") is None
+    assert "phone-a" not in table and table.latest("phone-a") is None and dict(table.seen()) == {}
     assert not table.online("phone-a", T0 + 1)
 
 
@@ -70,7 +70,7 @@ def test_a_bad_status_raises_and_changes_nothing(payload: bytes, match: str) -> 
     before = table.note("phone-a", _status(n_train=7), False, T0, U0)
     with pytest.raises(MessageError, match=match):
         table.note("phone-a", payload, False, T0 + 1, U0 + 1)
-    assert table["phone-a"] == before and table.received_unix("phone-a") == U0
+    assert table["phone-a"] == before and table.seen()["phone-a"].received_unix == U0
 
 
 def test_an_id_used_by_two_processes_is_never_fresh() -> None:

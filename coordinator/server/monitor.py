@@ -294,12 +294,10 @@ class Monitor:
         now = self._clock()
         with self._lock:
             devices = {}
-            table = self._clients
-            for cid in table:
-                st, got, seen = table.latest(cid), table.received_unix(cid), table.last_seen_unix(cid)
-                assert st is not None and got is not None and seen is not None  # every id in the table has them
+            for cid, seen in self._clients.seen().items():
                 since = self._age_since.get(cid)
-                devices[cid] = DeviceSeen(st, got, table.online(cid, now), seen, self._windows.get(cid), self._backends.get(cid),
+                devices[cid] = DeviceSeen(seen.status, seen.received_unix, self._clients.online(cid, now), seen.last_seen_unix,
+                                          self._windows.get(cid), self._backends.get(cid),
                                           since[1] if since is not None else None)  # fmt: skip
             cs = self._coordinator
             c_online = cs is not None and cs.state == "online" and (
