@@ -5,7 +5,7 @@
 * :mod:`~coordinator.runner`: the federation runner (bootstrap or resume, one round to a
   record, FedDist growth, persistence) over the transport seam :class:`~coordinator.runner.Grid`;
 * :mod:`~coordinator.mqtt_grid`: the MQTT grid (the broker session, client table, update
-  intake, model publishing, program delivery);
+  intake, model publishing, delivery of ExecuTorch ``.pte`` files by :mod:`~coordinator.pte_desk`);
 * :mod:`~coordinator.service`: ``fedhar-coordinator run``'s short loop over the runner and the grid;
 * :mod:`~coordinator.admission`: who may take part, the one eligibility rule with a reason for
   each device left out;
@@ -13,8 +13,11 @@
   registry, the only list of their names; over the papers' arithmetic in
   :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`, :mod:`~coordinator.feddist`
   and :mod:`~coordinator.server_opt`;
+* :mod:`~coordinator.client_table` (each device's last status with its presence, read the same
+  way by the grid, the status page's monitor and the device commands) over
+  :mod:`~coordinator.presence`;
 * :mod:`~coordinator.updates` (validation of uploads), :mod:`~coordinator.receipts`,
-  :mod:`~coordinator.presence`, :mod:`~coordinator.spill`;
+  :mod:`~coordinator.spill`;
 * :mod:`~coordinator.record`: the typed record of a completed round (what the report, the
   study and the retained progress message carry);
 * :mod:`~coordinator.state` (SQLite + safetensors run folder) and :mod:`~coordinator.report`;

@@ -19,16 +19,16 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from types import MappingProxyType
 
 from tqdm import tqdm
 
 from coordinator import spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
+from coordinator.client_table import ClientTable
 from coordinator.config import CoordinatorConfig
 from coordinator.presence import Presence
-from coordinator.programs import ProgramDesk
+from coordinator.pte_desk import ProgramDesk
 from coordinator.receipts import ReceiptDesk
 from coordinator.record import RoundRecord
 from coordinator.round import Exchange, published_models
@@ -100,7 +100,7 @@ class MqttGrid:
         self._clients_gone = clients_gone
         self.topics = Topics(cfg.federation)
         self.state = state  # events of exchanges and program requests go to the run's database
-        self.clients: dict[str, ClientStatus] = {}
+        self.clients = ClientTable()  # the last status of each device, with presence (coordinator/client_table.py)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         # A fresh id per coordinator process and per re-run of a round that closed without quorum:
         # a client that already answered the round re-sends its stored update for a new attempt.
@@ -124,7 +124,7 @@ class MqttGrid:
             subscriptions=[
                 (self.topics.client_status("+"), 1),
                 (self.topics.client_update("+", "+"), 1),
-                (self.topics.client_program_request("+"), 1),  # coordinator/programs.py
+                (self.topics.client_program_request("+"), 1),  # coordinator/pte_desk.py
             ],
             will=(self.topics.coordinator_status, self._status_bytes("offline")),
             on_connect=lambda link: link.publish_nowait(
@@ -138,10 +138,9 @@ class MqttGrid:
         self._progress_bytes: bytes | None = None  # the last progress message
         self._restored_connects = 0  # the link's connection count the retained state was last published for
         self._stop_refresh = threading.Event()
-        self.presence = Presence()  # status expiry and duplicate client ids
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
-        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/programs.py)
+        self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/pte_desk.py)
             self._link, self.topics, cfg.run_id, spec,
             on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
         )
@@ -264,8 +263,7 @@ class MqttGrid:
     def _on_status(self, cid: str, payload: bytes, retained: bool = False) -> None:
         if self.is_refused(cid):
             # A revoked device's late or retained status must not make it present again.
-            self.clients.pop(cid, None)
-            self.presence.forget(cid)
+            self.clients.forget(cid)
             if self._collect is not None and cid in self._collect.selected:
                 self._collect.offline.add(cid)
             if cid not in self._refused_logged:
@@ -274,21 +272,14 @@ class MqttGrid:
             if payload and self._link.connected.is_set():  # a late retained status: nobody else is to see it either
                 self._link.publish_nowait(self.topics.client_status(cid), b"", retain=True)
             return
-        if not payload:
-            self.clients.pop(cid, None)
-            self.presence.forget(cid)
-            return
-        try:
-            st = ClientStatus.from_bytes(payload)
-        except MessageError as exc:
-            log.warning("ignoring malformed status of client %r: %s", cid, exc)
-            return
-        if st.client_id != cid:
-            log.warning("ignoring status on the topic of %r that claims to be %r", cid, st.client_id)
-            return
-        self.presence.note(st, retained)
         prev = self.clients.get(cid)
-        self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
+        try:
+            st = self.clients.note(cid, payload, retained)
+        except MessageError as exc:
+            log.warning("ignoring a status of client %r: %s", cid, exc)
+            return
+        if st is None:  # its retained status was cleared
+            return
         if self._collect is not None and cid in self._collect.selected:
             if st.state == "offline":
                 self._collect.offline.add(cid)
@@ -410,8 +401,12 @@ class MqttGrid:
 
     def forget(self, cid: str) -> None:
         """Forget device ``cid`` (revoked or forgotten): its status and presence; it is not present any more."""
-        self.clients.pop(cid, None)
-        self.presence.forget(cid)
+        self.clients.forget(cid)
+
+    @property
+    def presence(self) -> Presence:
+        """Freshness of the statuses and client ids used by two processes (the client table's)."""
+        return self.clients.presence
 
     @property
     def link(self) -> MqttLink:

@@ -42,6 +42,17 @@ from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
 DEFAULT_ENCODING = DEFAULT_UPDATE_ENCODING
 """The update encoding an absent ``bytes_up_by_encoding`` stands for (as an envelope without one)."""
 
+MEASURES = ("global", "personalisation", "generalisation", "start")
+"""The measures a record's evaluation carries, in report order: the three figures of the FedDist
+evaluation protocol (Ek et al., PerCom 2021, arXiv 2110.10223, the authors' evaluation code: the
+global model on the union of the clients' test sets, each client's model on its own test set, and
+on the union), then "start" (each client's model as it starts local training, on its own test
+split: FedALA's protocol, Zhang et al., AAAI 2023; only in runs that recorded it). The one list
+the report, compare, the study and ``/metrics`` derive theirs from."""
+
+PROTOCOL_MEASURES = MEASURES[:3]
+"""The FedDist protocol's three measures (global, personalisation, generalisation), without "start"."""
+
 
 class RecordError(ValueError):
     """A round record's JSON that cannot be read: the message names the key and what it should be."""

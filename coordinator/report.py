@@ -12,11 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coordinator.record import RoundRecord, records
+from coordinator.record import MEASURES, RoundRecord, records
 from har_models.files import atomic_write, atomic_write_bytes
-
-MEASURES = ("global", "personalisation", "generalisation", "start")
-"""The measures of the final and best figures, in report order ("start" only in runs that recorded it)."""
 
 MODEL_NOTES = {
     "global": "global model after this round's aggregation (and growth) on the union of all clients' test sets "

@@ -6,7 +6,8 @@
   labelled windows and the client's state folder;
 * :mod:`~edge_client.sources`: where a client's training windows come from;
 * the client round: :mod:`~edge_client.trainer` over :mod:`edge_client.backends`
-  (PyTorch, numpy reference, ExecuTorch), with FedALA in :mod:`~edge_client.ala`;
+  (PyTorch, numpy reference, ExecuTorch), with FedALA in :mod:`~edge_client.ala`, and
+  :mod:`~edge_client.pte_fetch` (the ExecuTorch ``.pte`` files asked of the coordinator);
 * :mod:`~edge_client.agent` (follows the federation over MQTT) and :mod:`~edge_client.cli`
   (``fedhar-client``, ``fedhar-record`` in :mod:`~edge_client.record_cli`);
 * :mod:`edge_client.app`: the Kivy app.

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
 from edge_client.delivery import Delivery
-from edge_client.programs import PROGRAM_MODES, make_fetcher
+from edge_client.pte_fetch import PROGRAM_MODES, make_fetcher
 from edge_client.sent_log import SENT_KEY, note_receipt, note_sent
 from edge_client.store import ClientStore
 from edge_client.trainer import ClientTrainer, RoundOutcome
@@ -98,7 +98,7 @@ class ClientConfig:
         Folder of the exported ExecuTorch programs (``executorch`` backends).
     programs : {"auto", "export", "fetch"}
         Whether an ``executorch`` client exports its programs or asks the coordinator for them
-        (:func:`edge_client.programs.needs_delivery`; ``executorch-android`` always asks).
+        (:func:`edge_client.pte_fetch.needs_delivery`; ``executorch-android`` always asks).
     exit_after_run : str, optional
         Exit once the coordinator announces that this run id finished (used by simulations);
         otherwise run until stopped.
@@ -156,7 +156,7 @@ class EdgeAgent:
         # Clients hosted together in one worker process train one at a time: memory stays that of
         # one training, and each training sees the same global RNG and thread settings as alone.
         self._train_lock = train_lock if train_lock is not None else contextlib.nullcontext()
-        # Programs delivered by the coordinator, for a client that cannot export them (edge_client/programs.py).
+        # Programs delivered by the coordinator, for a client that cannot export them (edge_client/pte_fetch.py).
         self.programs = make_fetcher(cfg.client_id, Topics(cfg.federation), cfg.backend, cfg.programs, cfg.program_cache, store.folder,
                                      cfg.max_model_bytes)  # fmt: skip
         program_cache = str(self.programs.folder) if self.programs is not None else cfg.program_cache

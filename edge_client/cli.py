@@ -16,7 +16,7 @@ from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.backends.factory import choose_backend
 from edge_client.freshness import SensingHealthMeter
 from edge_client.power import charging_linux
-from edge_client.programs import PROGRAM_MODES
+from edge_client.pte_fetch import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StateFolderUnusable, StoreInUseError

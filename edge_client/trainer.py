@@ -39,7 +39,7 @@ from har_models.data.labels import balanced_class_weights
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.messages import GUIDANCE_PREFIX, RoundAnnouncement
-from har_models.wire.programs import ProgramRefused
+from har_models.wire.pte_delivery import ProgramRefused
 from har_models.wire.safetensors_np import read_metadata
 from har_models.wire.update_encoding import encode_update
 from har_models.wire.update_meta import AlaNote, Confusions, UpdateMeta

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coordinator.record import RecordError, records
+from coordinator.record import PROTOCOL_MEASURES, RecordError, records
 from har_io.cli import HelpFormatter, plain
 from har_io.exit_codes import Exit
 from har_models.nn.metrics import pct
 
-MEASURES = ("global", "personalisation", "generalisation")
+MEASURES = PROTOCOL_MEASURES
+"""The measures compared, in column order: the FedDist protocol's three (:data:`coordinator.record.PROTOCOL_MEASURES`)."""
 
 
 def row(doc: dict[str, Any], name: str) -> list[str]:

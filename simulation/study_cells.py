@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.config import CoordinatorConfig
+from coordinator.record import MEASURES
 
-MEASURES = ("global", "personalisation", "generalisation", "start")
-"""The three figures of the FedDist evaluation protocol, then "start" (each client's model as it starts
-local training, on its own test split: FedALA's protocol), in report order."""
+__all__ = ["BASELINES", "MEASURES", "Cell", "StudySettings", "finished"]  # MEASURES: coordinator.record's, re-exported
+
 BASELINES = ("centralised", "local-only")
 """Cells that are baselines (``fedhar-baseline MODE``), not federations."""
 

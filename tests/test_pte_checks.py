@@ -27,7 +27,7 @@ from edge_client.backends.torch_eager import TorchBackend
 from har_models.nn.arch import PARAM_NAMES
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import ClientStatus, MessageError
-from har_models.wire.programs import (
+from har_models.wire.pte_delivery import (
     PTE_IDENTIFIER,
     ProgramRefused,
     ProgramSet,

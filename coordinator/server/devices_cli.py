@@ -371,16 +371,19 @@ def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], boo
     with it would disconnect the page's session (seen on a fresh install: each ``revoke`` and
     ``devices`` knocked the page's monitor off for a second or two). Without a page, the broker is
     read with the read-only monitor account (never the coordinator's, which would disconnect a
-    running coordinator).
+    running coordinator), and the retained statuses go through the coordinator's client table
+    (:class:`coordinator.client_table.ClientTable`): a device whose status has expired (it vanished
+    without its last will) is "offline" there, as on the page.
     """
     page = _from_status_page(file)
     if page is not None:
         return page
     if not file.server.broker_dir:
         return None
+    from coordinator.client_table import ClientTable
     from coordinator.server.broker_admin import BrokerAdminError
     from har_io.mqtt_link import MqttLink
-    from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, fresh_until
+    from har_models.wire.messages import CoordinatorStatus, MessageError, fresh_until
     from har_models.wire.topics import Topics
 
     try:
@@ -393,7 +396,7 @@ def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], boo
     broker = BrokerConfig.parse(f"127.0.0.1:{int(s.port)}", username=user, password=password)
     link = MqttLink(broker, f"fedhar-admin-{os.getpid()}",
                     subscriptions=[(topics.client_status("+"), 1), (topics.coordinator_status, 1)])  # fmt: skip
-    out: dict[str, str] = {}
+    table = ClientTable()
     serving = False
     try:
         if not link.start(wait_s=10.0):
@@ -404,22 +407,23 @@ def _retained(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], boo
                 topic, payload, retained = link.inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if not payload:
-                continue
             try:
                 if topic == topics.coordinator_status:
+                    if not payload:
+                        continue
                     co = CoordinatorStatus.from_bytes(payload)
                     until = fresh_until(co.sent_unix, co.refresh_s, retained, time.monotonic(), time.time())
                     serving = co.state == "online" and (until is None or until > time.monotonic())
                     continue
                 parsed = topics.parse_client_topic(topic)
-                if parsed is not None:
-                    out[parsed[0]] = ClientStatus.from_bytes(payload).state
+                if parsed is not None and parsed[1] == "status":
+                    table.note(parsed[0], payload, retained)  # an empty payload: a status cleared while reading
             except MessageError:
                 continue
     finally:
         link.stop()
-    return out, serving
+    now = time.monotonic()
+    return {cid: st.state if table.online(cid, now) else "offline" for cid, st in table.items()}, serving
 
 
 def revoke(data: Path, file: ServeFile, name: str) -> list[str]:

@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from coordinator.record import DEFAULT_ENCODING, GuardNote, RoundRecord
+from coordinator.record import DEFAULT_ENCODING, MEASURES, GuardNote, RoundRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Content type of the text exposition format."""
@@ -54,8 +54,9 @@ sum of its ``rejections``, as in records written before reasons were kept)."""
 
 DEVICE_STATES = ("enrolled", "online", "revoked", "forgotten")
 
-EXPORTED_MEASURES = ("global", "personalisation")
-"""The measures whose latest accuracy and macro-F1 ``/metrics`` exports."""
+EXPORTED_MEASURES = MEASURES[:2]
+"""The measures whose latest accuracy and macro-F1 ``/metrics`` exports: global and personalisation
+(the first two of :data:`coordinator.record.MEASURES`)."""
 
 
 @dataclass

@@ -12,8 +12,9 @@ update chunks::
     {p}/client/+/status        each device's presence (ClientStatus)
     {p}/client/+/receipt       the coordinator's receipts: who has answered the open round
 
-and keeps the latest of each, with presence freshness by the coordinator's own rules
-(:class:`coordinator.presence.Presence`: a status older than ``PRESENCE_PERIODS`` refresh
+and keeps the latest of each. Device statuses go into the coordinator's own client table
+(:class:`coordinator.client_table.ClientTable`: the same parsing, topic check, presence and
+last-seen rules as the running coordinator's; a status older than ``PRESENCE_PERIODS`` refresh
 periods counts as offline). Messages are parsed with the wire module's checks; a malformed
 one is counted by kind (:attr:`Monitor.malformed`) and ignored. Everything is behind one lock:
 paho's thread feeds the inbox, the monitor's own thread parses, and the web threads read
@@ -30,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coordinator.presence import Presence
+from coordinator.client_table import ClientTable
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
 from har_models.wire.messages import (
@@ -57,7 +58,7 @@ class DeviceSeen:
     received_unix : float
         When it arrived (s since the epoch, this machine's clock).
     online : bool
-        Its state is not "offline" and it is fresh (:class:`coordinator.presence.Presence`).
+        Its state is not "offline" and it is fresh (:meth:`coordinator.client_table.ClientTable.online`).
     last_seen_unix : float
         When the device last spoke: the time its status carries, or its arrival when it
         carries none (an older client).
@@ -147,8 +148,7 @@ class Monitor:
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
-        self._presence = Presence()
-        self._devices: dict[str, tuple[ClientStatus, float]] = {}
+        self._clients = ClientTable()  # each device's last status and presence, by the coordinator's rules
         self._windows: dict[str, tuple[int, int, float]] = {}  # the last status that carried windows
         self._backends: dict[str, tuple[str, float]] = {}  # the last status that named a backend
         self._age_since: dict[str, tuple[float, float]] = {}  # reported window age -> arrival of its first report
@@ -262,21 +262,14 @@ class Monitor:
         except ValueError as exc:
             raise MessageError(str(exc)) from None
         if kind == "status":
-            if not payload:  # the retained status was cleared (a revoked or forgotten device)
-                with self._lock:
-                    self._devices.pop(cid, None)
+            with self._lock:
+                st = self._clients.note(cid, payload, retained, now, now_unix)  # MessageError: counted by handle()
+                if st is None:  # the retained status was cleared (a revoked or forgotten device)
                     self._windows.pop(cid, None)
                     self._backends.pop(cid, None)
                     self._age_since.pop(cid, None)
-                    self._presence.forget(cid)
                     self._receipts.pop(cid, None)
-                return
-            st = ClientStatus.from_bytes(payload)
-            if st.client_id != cid:
-                raise MessageError(f"client status on {cid!r}'s topic names {st.client_id!r:.70}")
-            with self._lock:
-                self._presence.note(st, retained, now, now_unix)
-                self._devices[cid] = (st, now_unix)
+                    return
                 if st.n_train > 0 or st.n_test > 0:
                     self._windows[cid] = (st.n_train, st.n_test, now_unix)
                 if st.backend:
@@ -301,10 +294,10 @@ class Monitor:
         now = self._clock()
         with self._lock:
             devices = {}
-            for cid, (st, got) in self._devices.items():
-                online = st.state != "offline" and self._presence.fresh(cid, now)
+            for cid, seen in self._clients.seen().items():
                 since = self._age_since.get(cid)
-                devices[cid] = DeviceSeen(st, got, online, st.sent_unix or got, self._windows.get(cid), self._backends.get(cid),
+                devices[cid] = DeviceSeen(seen.status, seen.received_unix, self._clients.online(cid, now), seen.last_seen_unix,
+                                          self._windows.get(cid), self._backends.get(cid),
                                           since[1] if since is not None else None)  # fmt: skip
             cs = self._coordinator
             c_online = cs is not None and cs.state == "online" and (
@@ -313,12 +306,10 @@ class Monitor:
             answered: set[str] = set()
             if ann is not None and ann.state == "training":
                 for cid in ann.selected:
-                    if self._receipts.get(cid) == (ann.run_id, ann.round):
+                    st = self._clients.latest(cid)
+                    sent = st is not None and st.run_id == ann.run_id and st.last_round >= ann.round  # its status says so
+                    if self._receipts.get(cid) == (ann.run_id, ann.round) or sent:
                         answered.add(cid)
-                    elif cid in self._devices:
-                        st = self._devices[cid][0]
-                        if st.run_id == ann.run_id and st.last_round >= ann.round:
-                            answered.add(cid)
             return MonitorSnapshot(
                 devices=devices,
                 coordinator=cs,

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
-from har_models.wire.programs import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
+from har_models.wire.pte_delivery import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
 
 from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
 
@@ -76,7 +76,7 @@ class AndroidExecuTorchBackend(BackendBase):
     autoclass : callable, optional
         ``jnius.autoclass`` (imported lazily when None); tests pass a stand-in.
     runtime : RuntimeInfo
-        The AAR's runtime (:data:`~har_models.wire.programs.ANDROID_RUNTIME`); the programs are checked
+        The AAR's runtime (:data:`~har_models.wire.pte_delivery.ANDROID_RUNTIME`); the programs are checked
         against it before the Java runtime loads them.
 
     Raises
@@ -84,7 +84,7 @@ class AndroidExecuTorchBackend(BackendBase):
     ArchitectureMismatch
         If ``meta_json`` records another architecture than ``spec``.
     ProgramRefused
-        ``pte_corrupt`` or ``pte_incompatible`` (:func:`har_models.wire.programs.check_program_set`).
+        ``pte_corrupt`` or ``pte_incompatible`` (:func:`har_models.wire.pte_delivery.check_program_set`).
     ImportError
         If pyjnius is not available (not on Android, or not in the build's requirements).
     """

@@ -41,7 +41,7 @@ import torch
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, param_fqn, read_program_spec
 from har_models.nn.model import init_state
-from har_models.wire.programs import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
+from har_models.wire.pte_delivery import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
 
 from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
 
@@ -137,7 +137,7 @@ class ExecuTorchBackend(BackendBase):
         If ``programs`` were exported for another architecture (version or widths) than ``spec``.
     ProgramRefused
         ``pte_corrupt`` or ``pte_incompatible``: a program this runtime must not load (checked before
-        loading, :func:`har_models.wire.programs.check_program_set`).
+        loading, :func:`har_models.wire.pte_delivery.check_program_set`).
     ValueError
         If ``weights`` do not match ``spec``.
     ImportError

@@ -60,7 +60,7 @@ to float32 rounding (the convolution's two gradients sum in another order).
 Metadata. ``<key>.json`` also records the exporter's executorch release, the schema version it
 writes and the file identifier, and each file's length and sha256 (:func:`exporter_versions`), so a
 device checks a program against its runtime before loading it
-(:func:`har_models.wire.programs.check_program_set`).
+(:func:`har_models.wire.pte_delivery.check_program_set`).
 
 Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
 the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
@@ -435,7 +435,7 @@ def exporter_versions(files: ProgramFiles) -> dict[str, object]:
     ``executorch`` (the exporter's release), ``schema_version`` (``Program.version`` it writes,
     ``executorch.exir.version.EXECUTORCH_SCHEMA_VERSION``), ``pte_identifier`` (the flatbuffer file
     identifier, bytes 4..8 of each ``.pte``) and ``files`` (``{name: {"bytes", "sha256"}}`` of the
-    four files); see :func:`har_models.wire.programs.check_program_set`.
+    four files); see :func:`har_models.wire.pte_delivery.check_program_set`.
 
     Raises
     ------

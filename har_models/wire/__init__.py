@@ -5,5 +5,7 @@
 * :mod:`~har_models.wire.codec`: named tensors <-> safetensors bytes in a versioned envelope;
 * :mod:`~har_models.wire.chunking`: envelopes larger than the broker's limit, in checked chunks;
 * :mod:`~har_models.wire.update_encoding`: float32, float16 or 8-bit delta uploads;
-* :mod:`~har_models.wire.safetensors_np`: a numpy reader/writer for devices without the Rust wheel.
+* :mod:`~har_models.wire.safetensors_np`: a numpy reader/writer for devices without the Rust wheel;
+* :mod:`~har_models.wire.pte_delivery`: ExecuTorch ``.pte`` files for devices that cannot export
+  them (the request, the envelope, storage and the checks before a runtime loads them).
 """

@@ -1,20 +1,20 @@
-"""The client's side of program delivery: ask the coordinator for the ExecuTorch programs it lacks, check, store.
+"""The client's side of program delivery: ask the coordinator for the ExecuTorch ``.pte`` programs it lacks, check, store.
 
 A client training through exported programs (``--backend executorch`` or ``executorch-android``)
 needs the training and inference programs of every architecture version the federation
 announces; after a FedDist growth the version changes and the programs must change with it. A
 phone, or a board without PyTorch, cannot export them. Such a client (:func:`needs_delivery`)
 keeps a :class:`ProgramFetcher`: before training a round whose architecture it has no programs
-for, it sends a :class:`~har_models.wire.programs.ProgramRequest` on its own
+for, it sends a :class:`~har_models.wire.pte_delivery.ProgramRequest` on its own
 ``program_request`` topic (again after 60, 120, 240, 300, ... s while none arrives, but never
 while program chunks are still arriving), receives
 the coordinator's ``"program"`` envelope in chunks on its own ``programs/{i}`` topics, checks it
-(:func:`~har_models.wire.programs.decode_programs`: sha256, addressee, run, architecture version
+(:func:`~har_models.wire.pte_delivery.decode_programs`: sha256, addressee, run, architecture version
 and spec, each file's length and sha256; with the Python runtime also the exporter's cache key,
 which fails when the coordinator's executorch version differs from this one) and stores it in its
 program folder in the exporter's cache layout, where the backend finds it. Then it trains. The
 backend checks the stored programs against its runtime before loading them
-(:func:`~har_models.wire.programs.check_program_set`); a refused set makes the round train on the
+(:func:`~har_models.wire.pte_delivery.check_program_set`); a refused set makes the round train on the
 numpy backend (:class:`edge_client.trainer.ClientTrainer`) with the reason in the client's status.
 
 Nothing here imports PyTorch. docs/protocol.md ("ExecuTorch programs") describes the exchange.
@@ -33,7 +33,7 @@ from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, peek_transfer
 from har_models.wire.messages import RoundAnnouncement
-from har_models.wire.programs import ProgramError, ProgramRequest, ProgramSet, decode_programs, find_programs, store_programs
+from har_models.wire.pte_delivery import ProgramError, ProgramRequest, ProgramSet, decode_programs, find_programs, store_programs
 from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.client.programs")
@@ -178,7 +178,7 @@ class ProgramFetcher:
         ------
         ProgramError
             ``unrequested`` (no request for that version is open), every reason of
-            :func:`~har_models.wire.programs.decode_programs`, and ``runtime_mismatch`` when the Python
+            :func:`~har_models.wire.pte_delivery.decode_programs`, and ``runtime_mismatch`` when the Python
             runtime's own cache key for the programs differs from the exporter's (another executorch version).
         """
         try:

@@ -1,7 +1,7 @@
 """Program delivery without a broker: requests, program envelopes, the client's checks and storage, the coordinator's checks.
 
 The program files here are stand-in byte strings: what is checked is the envelope, not the
-programs' content (``tests/test_program_delivery_federation.py`` runs real programs end to end).
+programs' content (``tests/test_pte_delivery_federation.py`` runs real programs end to end).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.programs import ProgramDesk
+from coordinator.pte_desk import ProgramDesk
 from edge_client.agent import ClientConfig
 from edge_client.backends import BACKEND_NAMES, BackendOptions, make_backend
-from edge_client.programs import ProgramFetcher, make_fetcher, needs_delivery
+from edge_client.pte_fetch import ProgramFetcher, make_fetcher, needs_delivery
 from har_io.mqtt_link import BrokerConfig
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
 from har_models.wire.chunking import split_payload
 from har_models.wire.messages import RoundAnnouncement
-from har_models.wire.programs import (
+from har_models.wire.pte_delivery import (
     MAX_REQUEST_BYTES,
     PROGRAM_FILES,
     ProgramError,

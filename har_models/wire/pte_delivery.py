@@ -1,4 +1,4 @@
-"""Delivery of ExecuTorch programs: the request a client sends and the envelope the coordinator answers with.
+"""Delivery of ExecuTorch ``.pte`` programs: the request a client sends and the envelope the coordinator answers with.
 
 A client whose backend runs exported programs (ExecuTorch) but cannot export them (a phone, a
 board without the exporter) asks for the programs of an architecture version with a small JSON

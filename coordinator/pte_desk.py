@@ -1,7 +1,10 @@
-"""The coordinator's program desk: ExecuTorch programs of the current architecture for clients that ask.
+"""The coordinator's program desk: ExecuTorch ``.pte`` programs of the current architecture for clients that ask.
+
+Modules about ExecuTorch ``.pte`` files are named after them (``pte_*``), so that "program" in a
+file name is never confused with the console programs (``fedhar-coordinator``, ``fedhar-client``, ...).
 
 A client that trains through exported programs but cannot export them sends a
-:class:`~har_models.wire.programs.ProgramRequest` on ``{p}/client/{cid}/program_request``
+:class:`~har_models.wire.pte_delivery.ProgramRequest` on ``{p}/client/{cid}/program_request``
 (docs/protocol.md, "ExecuTorch programs"). The desk checks it (run, architecture version),
 exports the programs of the federation's current architecture with
 :func:`har_models.nn.export.ensure_programs` (cached on disk per architecture, so each version
@@ -33,7 +36,7 @@ from pathlib import Path
 from har_io.install_hints import install_hint
 from har_io.mqtt_link import MqttLink
 from har_models.nn.arch import ArchSpec
-from har_models.wire.programs import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
+from har_models.wire.pte_delivery import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
 from har_models.wire.topics import Topics
 
 log = logging.getLogger("fedhar.coordinator.programs")
