@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from kivy.metrics import dp
 from kivy.uix.boxlayout import BoxLayout
 from kivy.uix.button import Button
 from kivy.uix.label import Label
+from kivy.uix.popup import Popup
 from kivy.uix.screenmanager import Screen
 from kivy.uix.spinner import Spinner
 from kivy.uix.switch import Switch
@@ -17,9 +20,20 @@ from edge_client.app.controller import APP_BACKENDS, AppConfig, FederationView, 
 from edge_client.app.scanner import start_scan
 from edge_client.app.screens.layout import on_ui, row, scrolled, title, wrapped
 from edge_client.app.words import is_bundle_text
+from edge_client.leave import leave_words
 from edge_client.sent_log import sent_words
 from har_io.enrolment import EnrolmentRefused
 
+log = logging.getLogger("fedhar.app")
+
+LEAVE_COLOUR = (0.8, 0.25, 0.2, 1)
+"""Background (RGBA) of the buttons that leave the federation."""
+
+LEAVE_QUESTION = (
+    "This phone stops training and tells the server it left. Its broker password, certificate and local model "
+    "are deleted; your recorded activities and the Today timeline stay. To join again you need a new bundle."
+)
+"""The confirmation's words: what leaving does, what goes and what stays."""
 
 class FederationScreen(Screen):
     """Settings of the federation (entered by hand or by Enrol), the connection state and every failure in words.
@@ -51,6 +65,8 @@ class FederationScreen(Screen):
         self.scan_button.bind(on_release=lambda *_: self.scan())
         enrol_row.add_widget(self.scan_button)
         root.add_widget(enrol_row)
+        self.left = wrapped("", 0)  # after leaving: what was done, above the Enrol row's fields
+        root.add_widget(self.left)
 
         def field(label: str, **opts: Any) -> TextInput:
             box = TextInput(multiline=False, write_tab=False, font_size="15sp", **opts)
@@ -90,8 +106,63 @@ class FederationScreen(Screen):
         root.add_widget(privacy)
         self.sent = wrapped("nothing yet: no round taken part in", 30)
         root.add_widget(self.sent)
-        self.add_widget(scrolled(root))
+        self.leave_button = Button(text="Leave the federation", size_hint_y=None, height=dp(40), background_color=LEAVE_COLOUR)
+        self.leave_button.bind(on_release=lambda *_: self.confirm_leave())
+        root.add_widget(self.leave_button)
+        self.view = scrolled(root)
+        self.add_widget(self.view)
         self._input_error = ""
+        self.leave_popup: Popup | None = None
+
+    def confirm_leave(self) -> None:
+        """Ask before leaving: what goes and what stays, a switch to ask the server to forget this device, Leave or Cancel."""
+        box = BoxLayout(orientation="vertical", padding=dp(8), spacing=dp(8))
+        box.add_widget(wrapped(LEAVE_QUESTION, 118))
+        self.forget_switch = Switch(active=False)
+        box.add_widget(row("Also ask the server to forget this phone", self.forget_switch, 52))
+        buttons = BoxLayout(size_hint_y=None, height=dp(44), spacing=dp(8))
+        self.leave_cancel = Button(text="Cancel")
+        self.leave_confirm = Button(text="Leave", background_color=LEAVE_COLOUR)
+        buttons.add_widget(self.leave_cancel)
+        buttons.add_widget(self.leave_confirm)
+        box.add_widget(buttons)
+        self.leave_popup = popup = Popup(title="Leave the federation?", content=box, size_hint=(0.94, None), height=dp(300),
+                                         auto_dismiss=False)  # fmt: skip
+        self.leave_cancel.bind(on_release=lambda *_: popup.dismiss())
+        self.leave_confirm.bind(on_release=lambda *_: self.leave(self.forget_switch.active))
+        popup.open()
+
+    def leave(self, forget: bool) -> None:
+        """Leave (the controller's :meth:`~edge_client.app.controller.DeviceController.leave`) in a background thread:
+        asking the broker may take seconds, and the window must not freeze meanwhile."""
+        self.leave_confirm.disabled = self.leave_cancel.disabled = True
+        self.leave_confirm.text = "Leaving..."
+        client_id = self.app.controller.cfg.client_id
+
+        def run() -> None:
+            try:
+                words = leave_words(self.app.controller.leave(forget), client_id)
+            except OSError as exc:  # a file that cannot be deleted: said, never a crash
+                words = f"Leaving did not finish: {exc}. Training is stopped; try again, or clear the app's data."
+            except Exception as exc:  # the window must outlive any failure; the log has the traceback
+                log.exception("leaving the federation")
+                words = f"Leaving did not finish: {type(exc).__name__}: {exc}"
+            on_ui(self._left)(words)
+
+        threading.Thread(target=run, name="leave", daemon=True).start()
+
+    def _left(self, words: str) -> None:
+        """After leaving: the Enrol row at the top of this screen, with what was done above it."""
+        if self.leave_popup is not None:
+            self.leave_popup.dismiss()
+            self.leave_popup = None
+        self.take_part.active = False
+        self.load(self.app.controller.federation)
+        self.bundle.hint_text = "left: enrol with a new bundle file, or paste its text"
+        self.left.text = words
+        self.left.height = dp(104)
+        self.app.show("federation")
+        self.view.scroll_y = 1
 
     def load(self, v: FederationView) -> None:
         """Fill the fields from the settings in force (the password is never shown: only whether one is stored)."""
