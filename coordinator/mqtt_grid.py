@@ -101,6 +101,7 @@ class MqttGrid:
         self.topics = Topics(cfg.federation)
         self.state = state  # events of exchanges and program requests go to the run's database
         self.clients: dict[str, ClientStatus] = {}
+        self.leaving: dict[str, ClientStatus] = {}  # devices whose newest status says they left from their app (ClientStatus.left)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         # A fresh id per coordinator process and per re-run of a round that closed without quorum:
         # a client that already answered the round re-sends its stored update for a new attempt.
@@ -286,6 +287,12 @@ class MqttGrid:
         if st.client_id != cid:
             log.warning("ignoring status on the topic of %r that claims to be %r", cid, st.client_id)
             return
+        if st.left:  # the device left from its app (its own account wrote this status): the server keeps its word
+            if cid not in self.leaving:
+                log.warning("device %s left the federation from its app%s", cid, " and asks to be forgotten" if st.left == "forget" else "")
+            self.leaving[cid] = st
+        else:
+            self.leaving.pop(cid, None)  # back (enrolled again)
         self.presence.note(st, retained)
         prev = self.clients.get(cid)
         self.clients[cid] = st if st.state != "offline" or prev is None else replace(prev, state="offline")
