@@ -492,8 +492,9 @@ class DeviceController:
         broker password, the enrolled CA and the local model with its training state are
         deleted (:func:`edge_client.leave.delete_federation_state`) and the settings go back to
         a device that never joined (the client id and backend stay). Recorded windows and the
-        timeline stay. Blocks for up to :data:`edge_client.leave.CONNECT_WAIT_S` seconds while
-        the broker is asked: call it off the UI thread.
+        timeline stay. Blocks while the broker is asked (at most twice
+        :data:`edge_client.leave.CONNECT_WAIT_S` seconds: the login, then the acknowledgement): call
+        it off the UI thread.
 
         Parameters
         ----------
