@@ -101,6 +101,7 @@ class MqttGrid:
         self.topics = Topics(cfg.federation)
         self.state = state  # events of exchanges and program requests go to the run's database
         self.clients = ClientTable()  # the last status of each device, with presence (coordinator/client_table.py)
+        self.leaving: dict[str, ClientStatus] = {}  # devices whose newest status says they left from their app (ClientStatus.left)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         # A fresh id per coordinator process and per re-run of a round that closed without quorum:
         # a client that already answered the round re-sends its stored update for a new attempt.
@@ -280,6 +281,12 @@ class MqttGrid:
             return
         if st is None:  # its retained status was cleared
             return
+        if st.left:  # the device left from its app (its own account wrote this status): the server keeps its word
+            if cid not in self.leaving:
+                log.warning("device %s left the federation from its app%s", cid, " and asks to be forgotten" if st.left == "forget" else "")
+            self.leaving[cid] = st
+        else:
+            self.leaving.pop(cid, None)  # back (enrolled again)
         if self._collect is not None and cid in self._collect.selected:
             if st.state == "offline":
                 self._collect.offline.add(cid)

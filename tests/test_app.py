@@ -215,3 +215,6 @@ def test_app_joins_a_secured_federation_without_torch_or_scipy(tmp_path, secured
         if os.environ.get("FEDHAR_UPDATE_SCREENSHOTS") == "1" and window == "480x800":  # the phone's shape
             SHOTS.mkdir(parents=True, exist_ok=True)
             shutil.copy(png, SHOTS / f"{name}.png")
+        if os.environ.get("FEDHAR_UPDATE_SCREENSHOTS") == "1" and window == "800x600" and name == "privacy":  # the desktop's
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(png, SHOTS / "privacy-800x600.png")

@@ -257,3 +257,57 @@ def test_federation_settings_reach_the_service(tmp_path):
         service.join(60)
         ui.close()
     assert not service.is_alive()
+
+
+@pytest.mark.slow
+def test_leaving_through_the_service_is_done_once_even_across_a_restart(tmp_path, mosquitto):
+    """Android's two processes: the UI asks, the service leaves (tells the broker, deletes), and a restarted service,
+    which reads the same settings file, does not leave again after the device has joined anew."""
+    from edge_client.store import ClientStore
+    from har_models.nn.arch import ArchSpec
+
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    store = ClientStore(tmp_path, HAPT_LABELS)
+    store.save_local_model(spec.to_json(), {"w": np.zeros(3, np.float32)})
+    store.close()
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="localhost", broker="127.0.0.1:1")
+    ui = RemoteController(cfg, poll_s=0.05)
+    rec = read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0]
+
+    def start() -> tuple[threading.Event, threading.Thread]:
+        stop = threading.Event()
+        kwargs = {"state_dir": tmp_path, "source": ReplaySensor(rec, speed=50.0), "stop": stop, "poll_s": 0.05, "charging": lambda: True}
+        service = threading.Thread(target=run_service, kwargs=kwargs)
+        service.start()
+        return stop, service
+
+    stop, service = start()
+    try:
+        ui.set_federation(client_id="phone-9", broker=f"127.0.0.1:{mosquitto}", federation="home", username="phone-9", password="pw-1")
+        assert _wait(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get("client_id") == "phone-9")
+        out = ui.leave(forget=True, wait_s=30.0)
+        assert out.told and out.forget and out.not_told == ""
+        assert out.deleted == ("the broker password and certificate of the enrolment", "the local model and its training state")
+        assert not (tmp_path / "credentials").exists() and not (tmp_path / "local_model.safetensors").exists()
+        settings = read_json(tmp_path / "app_settings.json") or {}
+        assert (settings["client_id"], settings["broker"], settings["password_file"], settings["take_part"]) == (
+            "phone-9", "127.0.0.1:1883", None, False)  # fmt: skip
+        assert "leave" not in settings
+        assert (ui.federation.client_id, ui.federation.federation, ui.federation.password_set) == ("phone-9", "default", False)
+        # Joined anew, then the service restarts: the old request is answered already, the new password stays.
+        ui.set_federation(broker=f"127.0.0.1:{mosquitto}", federation="home", username="phone-9", password="pw-2")
+    finally:
+        stop.set()
+        service.join(60)
+    restarted = time.time()
+    stop, service = start()
+    try:
+        assert _wait(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("time", 0) > restarted + 0.3)  # the new service runs
+        assert (read_json(tmp_path / STATUS_FILE) or {})["federation"]["password_set"] is True
+        time.sleep(0.5)  # several polls of the settings file
+        assert (tmp_path / "credentials" / "mqtt.password").read_text() == "pw-2"
+    finally:
+        stop.set()
+        service.join(60)
+        ui.close()
+    assert not service.is_alive()

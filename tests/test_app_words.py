@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_client.app.main import HOP_S, is_bundle_text, live_words, span_words
+from edge_client.app.words import HOP_S, is_bundle_text, live_words, span_words
 
 
 def test_durations_read_as_a_person_says_them():

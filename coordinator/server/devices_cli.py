@@ -437,7 +437,7 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
     DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
         If the broker cannot be administered (the registry row is written already).
     """
-    from coordinator.server.lifecycle import delete_bundle
+    from coordinator.server.lifecycle import delete_bundle, drop_leave_request
 
     _existing_registry(data)
     done = []
@@ -447,6 +447,8 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
     finally:
         reg.close()
     done.append(f"{name} recorded as revoked in {data / 'server.sqlite'}")
+    if drop_leave_request(data, name):
+        done.append(f"{name}'s request from its app, to leave, is answered")
     if delete_bundle(data, name):
         done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
     audit(data, "revoke", name)
@@ -597,7 +599,11 @@ def request_model(data: Path, action: str, version: int | None) -> list[str]:
 
 
 def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, Any]]:
-    """One row per registered device: name, owner, state, online ("yes"/"no"/"unknown"), rounds taken part in, times."""
+    """One row per registered device: name, owner, state, online ("yes"/"no"/"unknown"), rounds taken part in, times,
+    and ``left``: "forget" or "keep" for a device that left from its app (:func:`.lifecycle.leave_requests`), else None."""
+    from coordinator.server.lifecycle import leave_requests
+
+    left = leave_requests(data)
     reg = Registry(data)
     try:
         rows = []
@@ -605,7 +611,8 @@ def device_table(data: Path, online: dict[str, str] | None) -> list[dict[str, An
             took = reg.participation(d.name)
             seen = "unknown" if online is None else ("yes" if online.get(d.name) not in (None, "offline") else "no")
             rows.append({**asdict(d), "online": seen if d.state == "enrolled" else "no", "rounds": len(took),
-                         "last_round": took[-1].round if took else None})  # fmt: skip
+                         "last_round": took[-1].round if took else None,
+                         "left": ("forget" if left[d.name].get("forget") else "keep") if d.name in left else None})  # fmt: skip
         return rows
     finally:
         reg.close()
@@ -728,6 +735,10 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
             for r in rows:
                 r["enrolled"], r["revoked"] = _when(r["enrolled_unix"]), _when(r["revoked_unix"])
             _print_table(rows, ["name", "owner", "state", "online", "rounds", "last_round", "enrolled", "revoked", "renamed_to"])
+            from coordinator.server.lifecycle import leave_lines
+
+            for line in leave_lines(data):
+                print(line)
     elif cmd == "versions":
         vrows = version_table(data)
         if args.json:

@@ -197,3 +197,68 @@ def move_personal_models(data: Path, old: str, new: str) -> int:
         os.replace(path, path.with_name(f"{new}.safetensors"))
         n += 1
     return n
+
+
+LEAVE_REQUESTS = "leave_requests.json"
+"""Devices that left from their app, in the data folder: name -> ``{"forget": bool, "sent_unix": float, "noted_unix": float}``."""
+
+
+def leave_requests(data: Path) -> dict[str, dict[str, Any]]:
+    """The devices that said they left (:attr:`har_models.wire.messages.ClientStatus.left`), by name; {} when none (or unreadable)."""
+    try:
+        doc = json.loads((Path(data) / LEAVE_REQUESTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in doc.items() if isinstance(v, dict)} if isinstance(doc, dict) else {}
+
+
+def note_leave_request(data: Path, name: str, forget: bool, sent_unix: float, now: float | None = None) -> bool:
+    """Keep a device's word that it left (asking to be forgotten when ``forget``); returns whether it is news.
+
+    Only the device's own broker account can publish its status, so the request is the device's;
+    it deletes nothing: the operator sees it (``fedhar-coordinator devices``) and decides
+    (``fedhar-coordinator forget NAME``), which drops it (:func:`drop_leave_request`).
+
+    Raises
+    ------
+    OSError
+        If the file cannot be written.
+    """
+    from har_models.files import atomic_write_bytes
+
+    requests = leave_requests(data)
+    old = requests.get(name)
+    if old is not None and old.get("forget") == forget and old.get("sent_unix") == sent_unix:
+        return False
+    requests[name] = {"forget": bool(forget), "sent_unix": float(sent_unix), "noted_unix": time.time() if now is None else now}
+    atomic_write_bytes(Path(data) / LEAVE_REQUESTS, json.dumps(requests, indent=1, sort_keys=True).encode())
+    return True
+
+
+def drop_leave_request(data: Path, name: str) -> bool:
+    """Forget ``name``'s leave request (it was acted on, or the device came back); returns whether there was one.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be written.
+    """
+    from har_models.files import atomic_write_bytes
+
+    requests = leave_requests(data)
+    if requests.pop(name, None) is None:
+        return False
+    atomic_write_bytes(Path(data) / LEAVE_REQUESTS, json.dumps(requests, indent=1, sort_keys=True).encode())
+    return True
+
+
+def leave_lines(data: Path) -> list[str]:
+    """One line per device that left from its app, for ``fedhar-coordinator devices``: when, and what the operator may do."""
+    out = []
+    for name, req in sorted(leave_requests(data).items()):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(req.get("sent_unix") or req.get("noted_unix") or 0)))
+        if req.get("forget"):
+            out.append(f"{name} left from its app on {when} and asks to be forgotten: fedhar-coordinator forget {name}")
+        else:
+            out.append(f"{name} left from its app on {when} (fedhar-coordinator revoke {name} refuses it for good)")
+    return out

@@ -466,6 +466,7 @@ class Server:
                             break
                 if time.monotonic() >= next_revocation_check:
                     self._clear_new_revocations()
+                    self._note_leave_requests()
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
                 eligible = grid.eligibility(runner.label_set).eligible
@@ -591,6 +592,25 @@ class Server:
             except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("device %s was revoked, but its retained topics were not cleared (%s); they are ignored", cid, exc)
         self._revoked_seen = set(now)
+
+    def _note_leave_requests(self) -> None:
+        """Keep the word of each device that left from its app (:attr:`MqttGrid.leaving`) in the data folder, for the operator.
+
+        Nothing is deleted here: ``fedhar-coordinator devices`` lists the requests, and the operator
+        answers one with ``forget NAME`` (or ``revoke NAME``). A device that left is offline, so it
+        is not selected meanwhile.
+        """
+        from coordinator.server.lifecycle import note_leave_request
+
+        for cid, st in sorted(self.grid.leaving.items()):
+            if self.registry.is_revoked(cid):
+                continue
+            try:
+                if note_leave_request(self.data_dir, cid, st.left == "forget", st.sent_unix) and st.left == "forget":
+                    log.warning("device %s asks to be forgotten: fedhar-coordinator forget %s deletes what the server holds of it",
+                                cid, cid)  # fmt: skip
+            except OSError as exc:
+                log.error("device %s left, but its request cannot be kept in %s: %s", cid, self.data_dir, exc)
 
     def _drop_refused_models(self) -> None:
         """Forget the personalised models of devices revoked or forgotten since they were made (not saved again)."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from edge_client.app.predictor import Predictor, load_predictor
 from edge_client.freshness import SensingFreshness, SensingHealthMeter
+from edge_client.leave import LeaveOutcome, announce_leaving, delete_federation_state
 from edge_client.power import is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
@@ -482,6 +483,63 @@ class DeviceController:
             If the bundle's file cannot be read.
         """
         return enrol(self, source, ca_file)
+
+    def leave(self, forget: bool) -> LeaveOutcome:
+        """Leave the federation: stop taking part, tell the server, delete what joined this device to it.
+
+        The agent is stopped first; then the device's own broker account publishes its leaving
+        status (:func:`edge_client.leave.announce_leaving`, "forget" when ``forget``); then the
+        broker password, the enrolled CA and the local model with its training state are
+        deleted (:func:`edge_client.leave.delete_federation_state`) and the settings go back to
+        a device that never joined (the client id and backend stay). Recorded windows and the
+        timeline stay. Blocks while the broker is asked (at most twice
+        :data:`edge_client.leave.CONNECT_WAIT_S` seconds: the login, then the acknowledgement): call
+        it off the UI thread.
+
+        Parameters
+        ----------
+        forget : bool
+            Also ask the server's operator to delete what the server holds of this device.
+
+        Returns
+        -------
+        LeaveOutcome
+            Whether the server was told (and why not), and what was deleted.
+
+        Raises
+        ------
+        OSError
+            If the credentials or the model cannot be deleted (the agent is stopped already).
+        """
+        with self._fed_lock:
+            self.federation.take_part = False
+        self._stop_agent()
+        cfg = self.cfg
+        told, why = False, "no broker account is set"
+        if cfg.username or cfg.password_file or cfg.tls_ca:
+            try:
+                from har_io.broker_config import BrokerConfig
+
+                host, _, port = cfg.broker.rpartition(":")
+                password = cfg.password_file.read_text().strip() if cfg.password_file and cfg.password_file.is_file() else None
+                broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password,
+                                      tls_ca=str(cfg.tls_ca) if cfg.tls_ca else None, enrolled=enrolled(cfg.state_dir))  # fmt: skip
+            except (OSError, ValueError) as exc:
+                why = f"the server was not told: {exc}"
+            else:
+                not_told = announce_leaving(broker, cfg.federation, cfg.client_id, forget)
+                told, why = not_told is None, not_told or ""
+        deleted = delete_federation_state(self.store, cfg.state_dir / CREDENTIALS_DIR)
+        with self._fed_lock:
+            self.cfg = replace(cfg, broker=AppConfig.broker, federation=AppConfig.federation, username=None, password_file=None,
+                               tls_ca=None)  # fmt: skip
+            self.federation = replace(settings_view(self.cfg), charge_only=self.federation.charge_only, charging=self.federation.charging)
+            self._failures, self._retry_at, self._error = 0, 0.0, ""
+            self._last_update = None
+        log.warning("left the federation %s as %s%s; deleted: %s", cfg.federation, cfg.client_id,
+                    " and asked to be forgotten" if forget and told else "", ", ".join(deleted) or "nothing")  # fmt: skip
+        self._wake()
+        return LeaveOutcome(forget=forget, told=told, not_told="" if told else why, deleted=tuple(deleted))
 
     def _wake(self) -> None:
         self._refresh_federation()

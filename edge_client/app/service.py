@@ -10,10 +10,12 @@ each written to a temporary name and renamed (so a reader sees the old or the ne
   password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
   and is never written here or logged), CA certificate, training backend, label set, the
   activity being recorded (or null), take part, train only while charging, and the last
-  relabel requests of the Today screen (``relabel``: id, start and end ns, activity);
+  relabel requests of the Today screen (``relabel``: id, start and end ns, activity), and a
+  request to leave the federation (``leave``: id, forget);
 * ``app_status.json`` — written by the service: counts per activity, the live prediction,
-  the federation state, what is being recorded, and the training windows each relabel
-  request made (``relabelled``: id -> count).
+  the federation state, what is being recorded, the training windows each relabel
+  request made (``relabelled``: id -> count), and what the last leave request did (``left``:
+  id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
 
 The Today screen reads the timeline (``timeline.sqlite``, SQLite in WAL mode, so the UI
 reads while the service writes) directly; a relabel goes through the service, which owns
@@ -44,6 +46,7 @@ from edge_client.app.controller import (
     federation_fields,
     settings_view,
 )
+from edge_client.leave import LeaveOutcome
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
 from edge_client.timeline import guidance
@@ -179,6 +182,7 @@ def run_service(
         "federation": asdict(FederationView()),
         "recording": None,
         "relabelled": {},
+        "left": {},
     }
     lock = threading.Lock()
 
@@ -206,6 +210,7 @@ def run_service(
     holder["ctl"] = ctl
     # Requests answered before a restart stay answered: a relabel is applied once.
     status["relabelled"] = json.loads(ctl.timeline.get("relabelled", "{}"))
+    status["left"] = json.loads(ctl.timeline.get("left", "{}"))
     publish("counts", ctl.counts())
     ctl.start_sensing()
     applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
@@ -240,6 +245,16 @@ def run_service(
                 ctl.timeline.set("relabelled", json.dumps(done))
                 publish("relabelled", done)
                 publish("counts", ctl.counts())
+            req = s.get("leave")
+            if isinstance(req, dict) and str(req.get("id")) != status.get("left", {}).get("id"):
+                try:
+                    outcome = asdict(ctl.leave(bool(req.get("forget"))))
+                except OSError as exc:  # a file that cannot be deleted: the UI says so
+                    log.error("leaving: %s", exc)
+                    outcome = {"error": str(exc)}
+                # Answered once, also across a restart; the UI writes the settings of a device that never joined next.
+                ctl.timeline.set("left", json.dumps({"id": str(req.get("id"))} | outcome))
+                publish("left", {"id": str(req.get("id"))} | outcome)
             rec = s.get("recording")
             if rec != ctl.recorder.activity:
                 if rec is None:
@@ -347,6 +362,7 @@ class RemoteController:
         self._counts = {n: 0 for n in cfg.labels.names}
         self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels)
         self._relabelled: dict[str, int] = {}
+        self._left: dict[str, Any] = {}  # the service's answer to the last leave request
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)
         self._on_federation = on_federation or (lambda v: None)
@@ -368,6 +384,7 @@ class RemoteController:
             self._seen = st.get("time")
             self.recorder.activity = st.get("recording")
             self._relabelled = {str(k): int(v) for k, v in (st.get("relabelled") or {}).items()}
+            self._left = dict(st.get("left") or {})
             self.recorder.session_windows = int(st.get("session_windows", 0))
             if st.get("counts"):
                 self._counts = {k: int(v) for k, v in st["counts"].items()}
@@ -500,6 +517,43 @@ class RemoteController:
     def guidance(self) -> list[str]:
         """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""
         return guidance(self.counts())
+
+    def leave(self, forget: bool, wait_s: float = 30.0) -> LeaveOutcome:
+        """Ask the service to leave the federation (as :meth:`DeviceController.leave`) and wait for what it did.
+
+        The settings are set back to a device that never joined (client id and backend kept) once
+        the service answers, so a restarted service does not join again.
+
+        Raises
+        ------
+        OSError
+            If the service could not delete a file, or did not answer within ``wait_s`` (it
+            still may: the screen says so).
+        """
+        rid = f"{time.time_ns()}"
+        self.settings["leave"] = {"id": rid, "forget": bool(forget)}
+        self.settings["take_part"] = False
+        self._save()
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            left = self._left
+            if left.get("id") == rid:
+                break
+            time.sleep(0.05)
+        else:
+            raise OSError(f"the sensing service did not answer in {wait_s:.0f} s; it leaves when it reads the request")
+        if "error" in left:
+            raise OSError(left["error"])
+        self.cfg = replace(self.cfg, broker=AppConfig.broker, federation=AppConfig.federation, username=None, password_file=None,
+                           tls_ca=None)  # fmt: skip
+        fresh = settings_of(self.cfg)
+        for key in FEDERATION_KEYS:
+            self.settings[key] = fresh[key]
+        self.settings.pop("leave", None)
+        self._save()
+        self.federation = replace(settings_view(self.cfg), charge_only=self.federation.charge_only, charging=self.federation.charging)
+        return LeaveOutcome(forget=bool(left["forget"]), told=bool(left["told"]), not_told=str(left.get("not_told", "")),
+                            deleted=tuple(left.get("deleted", ())))  # fmt: skip
 
     def close(self) -> None:
         """Stop polling (the service goes on)."""

@@ -368,6 +368,12 @@ class ClientStatus:
         :data:`MAX_FAULT_CHARS` characters): its state folder cannot be written, its sensor was
         refused or stopped delivering. A status with a fault says the device is not to be
         selected (:attr:`selectable`); it clears when the device recovers.
+    left : {"", "keep", "forget"}
+        Optional (left out when ""): the device left its federation from the app (state
+        "offline"): "keep" when its person only left, "forget" when they also ask the server's
+        operator to delete what the server holds of the device (``fedhar-coordinator forget``).
+        Only the device's own broker account may write its status topic, so the request is the
+        device's; it deletes nothing by itself (docs/protocol.md, "Leaving").
     """
 
     client_id: str
@@ -389,6 +395,7 @@ class ClientStatus:
     arch_version: int | None = None
     sensing_health: SensingHealth | None = None
     fault: str = ""
+    left: str = ""
 
     @property
     def selectable(self) -> bool:
@@ -411,6 +418,8 @@ class ClientStatus:
             del d["arch_version"]
         if not self.fault:  # optional, as sensing
             del d["fault"]
+        if not self.left:  # optional, as sensing
+            del d["left"]
         if self.sensing_health is None:  # optional, as charging
             del d["sensing_health"]
         else:
@@ -458,11 +467,19 @@ class ClientStatus:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
             raise MessageError(f"client status: unknown state {st.state!r:.40}")
+        if st.left not in LEAVE_REQUESTS:
+            raise MessageError(f"client status: left must be one of {LEAVE_REQUESTS}, got {st.left!r:.40}")
+        if st.left and st.state != "offline":
+            raise MessageError(f"client status: a device that left is offline, not {st.state!r:.40}")
         if st.sensing not in ("", "live", "paused"):
             raise MessageError(f"client status: sensing must be '', 'live' or 'paused', got {st.sensing!r:.40}")
         if st.charging is not None and not isinstance(st.charging, bool):
             raise MessageError(f"client status: charging must be true, false or left out, got {st.charging!r:.40}")
         return st
+
+
+LEAVE_REQUESTS = ("", "keep", "forget")
+"""Values of :attr:`ClientStatus.left`: stayed, left, left and asks to be forgotten."""
 
 
 def offline_status(cid: str, instance: str = "") -> bytes:
