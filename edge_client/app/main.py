@@ -9,8 +9,9 @@ Three screens:
   the app's private folder, shown only as "stored"), CA certificate and training backend,
   entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
   or on Android its QR code through a scanner app); connection state, current round, last local accuracy, a switch to take
-  part and one to train only while charging; and every failure in words (refused login,
-  wrong CA, unreachable broker, too few windows, missing backend).
+  part and one to train only while charging; every failure in words (refused login,
+  wrong CA, unreachable broker, too few windows, missing backend); what left the phone each
+  round; and what sensing and rounds cost it in CPU and battery (:func:`edge_client.cost.cost_words`).
 
 The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
 from its background threads; every report is moved onto the UI thread with
@@ -417,6 +418,11 @@ def create_app(
             root.add_widget(privacy)
             self.sent = wrapped("nothing yet: no round taken part in", 30)
             root.add_widget(self.sent)
+            cost_title = wrapped("[b]What it costs this phone[/b]", 30)
+            cost_title.markup = True
+            root.add_widget(cost_title)
+            self.cost = wrapped("", 30)
+            root.add_widget(self.cost)
             self.add_widget(scrolled(root))
             self._input_error = ""
 
@@ -506,6 +512,8 @@ def create_app(
             lines = sent_words(v.sent, v.round)
             self.sent.text = "\n".join(lines) if lines else "nothing yet: no round taken part in"
             self.sent.height = dp(38) * max(1, len(lines))
+            self.cost.text = "\n".join(v.cost)
+            self.cost.height = dp(38) * max(1, len(v.cost))
             self.app.footer.text = f"{v.client_id} - sensor: {self.app.sensor_name}"
 
     class TimelineBar(Widget):
