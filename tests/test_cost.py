@@ -6,19 +6,26 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
+from support.replay_day import hapt_day
 
 from coordinator.server.monitor import Monitor
 from coordinator.server.web import ServerView, make_app
 from edge_client.agent import ClientConfig, EdgeAgent
+from edge_client.app.controller import AppConfig, DeviceController
 from edge_client.backends.numpy_ref import init_weights
 from edge_client.cost import ROUND_COST_KEY, SENSING_MIN_S, CostMeter, RoundCost, cost_words
 from edge_client.power import battery_percent_linux
+from edge_client.recorder import RECORDED_LOG
+from edge_client.sensors.base import ReplaySensor
 from edge_client.store import ClientStore
+from edge_client.trainer import RoundOutcome
+from edge_client.window_log import WindowLog
 from har_io.broker_config import BrokerConfig
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.windowing import WindowSet
@@ -244,14 +251,14 @@ def test_the_agent_measures_a_round_keeps_it_in_the_store_and_reports_it_in_its_
         agent.models[transfer] = envelope
         real, inner = agent.trainer.run_round, []
 
-        def round_that_burns(a: RoundAnnouncement, tensors: dict) -> object:
+        def round_that_burns(a: RoundAnnouncement, tensors: Mapping[str, np.ndarray]) -> RoundOutcome:
             burn(0.5)  # known work in the round, then the real round on the numpy backend
             p0 = time.process_time()
             out = real(a, tensors)
             inner.append(time.process_time() - p0)
             return out
 
-        agent.trainer.run_round = round_that_burns  # type: ignore[method-assign]
+        agent.trainer.run_round = round_that_burns  # type: ignore[assignment,method-assign]
         outcome = agent._decode_and_train(ann, transfer, ("r", 1, 0))
         assert outcome is not None and outcome.meta.n_train == len(store.windows("train"))
         (rc,) = agent.cost.rounds()
@@ -279,3 +286,43 @@ def test_cost_words_name_each_backend_with_its_latest_round_and_mean() -> None:
     ]
     assert cost_words(DeviceCost())[:2] == ["Sensing: measuring its CPU use (after a minute of sensing)",
                                             "A round: no round trained on this device yet"]  # fmt: skip
+
+
+# -- the app: sensing measured on the sensor thread, shown in the view, carried by the agent's status ------------------
+@pytest.mark.slow
+def test_the_app_measures_sensing_shows_it_and_its_agent_reports_it(tmp_path: Path) -> None:
+    store = ClientStore(tmp_path, HAPT_LABELS)
+    store.save_local_model(SPEC.to_json(), init_weights(SPEC, 3))  # every window is classified for the timeline
+    store.close()
+    x = np.random.default_rng(0).normal(size=(20, 6, 128)).astype(np.float32)
+    WindowLog(tmp_path / RECORDED_LOG, HAPT_LABELS).append(WindowSet(x, np.arange(20) % 6, HAPT_LABELS, np.arange(20, dtype=np.int64)))
+    source = ReplaySensor(hapt_day(75.0), speed=None, loop=False)
+    levels = iter([81.0, 80.0])
+    cfg = AppConfig(state_dir=tmp_path, labels=HAPT_LABELS, client_id="phone-1", broker="127.0.0.1:1", backend="numpy")
+    p0 = time.process_time()
+    ctl = DeviceController(cfg, source, charging=lambda: False, battery=lambda: next(levels, 80.0), supervise_s=0.05)
+    try:
+        ctl.start_sensing()
+        end = time.monotonic() + 120
+        while source.running and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not source.running
+        used = time.process_time() - p0
+        assert 74.0 <= ctl.cost.sensed_s() <= 75.0  # the replay's span on its own clock, not the wall time it took
+        assert 0 < ctl.cost.sensing_cpu_s() <= used  # the sensor thread's share of what the process used meanwhile
+        per_h = ctl.cost.sensing_cpu_s_per_h()
+        assert per_h is not None
+        assert per_h == pytest.approx(ctl.cost.sensing_cpu_s() / ctl.cost.sensed_s() * 3600)
+        ctl.set_charge_only(False)
+        ctl.set_take_part(True)  # starts the agent (its broker is unreachable: the status is built all the same)
+        end = time.monotonic() + 30
+        while ctl._agent is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert ctl._agent is not None
+        cost = ClientStatus.from_bytes(ctl._agent._status_bytes()).cost
+        assert cost is not None and cost.sensing_cpu_s_per_h == pytest.approx(per_h, rel=1e-3)
+        assert cost.battery_pct_per_day is None  # a level is reported, but not yet for 30 min off the charger
+        assert ctl.federation.cost[0] == f"Sensing: {per_h:.0f} s of CPU per hour ({per_h / 36:.1f} % of one core)"
+        assert ctl.federation.cost[-1] == "Battery: measuring (a figure after 30 min off the charger)"
+    finally:
+        ctl.close()
