@@ -4,11 +4,13 @@ The people who carry a sensing phone complain first about its battery, so the de
 what it spends and shows it, on its screen and in its status to the server
 (:class:`har_models.wire.messages.DeviceCost`):
 
-* **sensing** — the CPU time of the sensor thread (:func:`time.thread_time`: reading the
-  sensor, resampling, windowing, classifying every window for the timeline, recording), per hour
-  of sensed samples. The hour is on the sensor's clock (the span its stamps cover), so a replay
-  at any speed gives the figure of real-time sensing. A thread's own CPU clock is taken rather
-  than the process's, because a round trains in the same process meanwhile.
+* **sensing** — the process's CPU time while it senses, rounds left out (:meth:`CostMeter.sensing`:
+  reading the sensor, resampling, windowing, classifying every window for the timeline,
+  recording, the work those hand to library threads such as PyTorch's intra-op pool or a
+  threaded BLAS, and the app's other threads meanwhile), per hour of sensed samples. The hour is
+  on the sensor's clock (the span its stamps cover), so a replay at any speed gives the figure
+  of real-time sensing. While a round runs, only the sensor thread's own CPU clock
+  (:func:`time.thread_time`) counts, since the round's threads run in the same process.
 * **rounds** — the process's CPU time (:func:`time.process_time`, every thread: a PyTorch round
   runs its kernels on several) from the received model to the encoded update, less what the
   sensing thread used in that time; with the wall time and the backend, per round.
@@ -112,8 +114,11 @@ class CostMeter:
         self._cpu_done = 0.0
         self._span_done_s = 0.0
         self._thread: threading.Thread | None = None
-        self._cpu_base = 0.0
         self._cpu_run = 0.0
+        self._th_last = 0.0  # the sensor thread's CPU clock at its previous chunk's end
+        self._p_last: float | None = None  # the process's CPU clock then (None: no chunk of this thread ended yet)
+        self._rounds_running = 0
+        self._round_since_chunk = False  # a round ran since the previous chunk ended
         self._t_lo: int | None = None
         self._t_hi: int | None = None
         self._rounds: deque[RoundCost] = deque(maxlen=ROUNDS_KEPT)
@@ -129,12 +134,15 @@ class CostMeter:
     # -- sensing -------------------------------------------------------------------------------
     @contextmanager
     def sensing(self, t_ns: np.ndarray) -> Iterator[None]:
-        """Count the sensor thread's CPU time up to the end of handling one chunk of samples stamped ``t_ns``.
+        """Count the CPU time of sensing up to the end of handling one chunk of samples stamped ``t_ns``.
 
         Wrap the handling of every chunk, on the sensor thread. The first chunk a thread hands
-        over starts its count; from then on all the thread's CPU time counts, the reading of the
-        sensor between chunks included. A new thread (sensing restarted) starts a new count, added
-        to the old ones.
+        over counts that thread's CPU time while handling it; from then on, each chunk counts the
+        process's CPU time since the previous chunk ended: the reading of the sensor, the handling,
+        the work handed to library threads, and the app's other threads meanwhile. Where a round
+        ran in that interval, only the sensor thread's own CPU time counts (the round's is the
+        round's). A new sensor thread (sensing restarted) starts again as with the first chunk;
+        the time between two runs is not sensing.
 
         Parameters
         ----------
@@ -145,15 +153,20 @@ class CostMeter:
         with self._lock:
             if me is not self._thread:
                 self._close_run()
-                self._thread, self._cpu_base, self._cpu_run = me, self._thread_cpu(), 0.0
+                self._thread, self._th_last, self._p_last = me, self._thread_cpu(), None
         try:
             yield
         finally:
-            now = self._thread_cpu()
+            th, proc = self._thread_cpu(), self._process_cpu()
             t = np.asarray(t_ns)
             with self._lock:
                 if me is self._thread:
-                    self._cpu_run = max(0.0, now - self._cpu_base)
+                    if self._p_last is None or self._rounds_running or self._round_since_chunk:
+                        self._cpu_run += max(0.0, th - self._th_last)
+                    else:
+                        self._cpu_run += max(0.0, proc - self._p_last)
+                    self._th_last, self._p_last = th, proc
+                    self._round_since_chunk = self._rounds_running > 0
                     if t.size:
                         lo, hi = int(t.min()), int(t.max())
                         self._t_lo = lo if self._t_lo is None else min(self._t_lo, lo)
@@ -168,7 +181,7 @@ class CostMeter:
         return 0.0 if self._t_lo is None or self._t_hi is None else (self._t_hi - self._t_lo) / 1e9
 
     def sensing_cpu_s(self) -> float:
-        """CPU seconds the sensor threads used so far (all of them, this process)."""
+        """CPU seconds of sensing so far (see :meth:`sensing`), every run of the sensor thread in this process."""
         with self._lock:
             return self._cpu_done + self._cpu_run
 
@@ -189,6 +202,9 @@ class CostMeter:
     def round(self, round_: int, backend: Callable[[], str]) -> Iterator[None]:
         """Measure the round run inside the block; kept only if the block ends without an exception.
 
+        The round's CPU is the process's CPU time over the block less what sensing counted
+        meanwhile (the sensor thread's own, see :meth:`sensing`).
+
         Parameters
         ----------
         round_ : int
@@ -196,8 +212,15 @@ class CostMeter:
         backend : callable returning str
             The backend the round ran on, asked once it ended (a refused program falls back to numpy).
         """
+        with self._lock:
+            self._rounds_running += 1
+            self._round_since_chunk = True
         p0, s0, w0 = self._process_cpu(), self.sensing_cpu_s(), self._wall()
-        yield
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._rounds_running -= 1
         cpu = (self._process_cpu() - p0) - (self.sensing_cpu_s() - s0)
         rc = RoundCost(int(round_), backend(), max(0.0, cpu), max(0.0, self._wall() - w0), time.time())
         with self._lock:

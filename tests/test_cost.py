@@ -81,6 +81,36 @@ def test_sensing_cpu_per_hour_is_the_sensor_threads_cpu_over_the_sensed_span() -
     assert 0.75 <= meter.sensing_cpu_s() <= 0.75 + 2 * SLACK_S
 
 
+@pytest.mark.slow
+def test_work_sensing_hands_to_other_threads_counts_as_sensing_and_in_a_round_as_the_rounds() -> None:
+    meter = CostMeter()
+
+    def helped(burn_s: float) -> None:  # a library that runs the work on a pool thread of its own (PyTorch, BLAS)
+        worker = threading.Thread(target=burn, args=(burn_s,))
+        worker.start()
+        worker.join()
+
+    def sensor(burn_s: float, chunks: int) -> None:
+        for k in range(chunks):
+            with meter.sensing(stamps(k, k + 1)):
+                if k:  # the first chunk of a thread counts that thread alone
+                    helped(burn_s)
+
+    t = threading.Thread(target=sensor, args=(0.3, 2))
+    t.start()
+    t.join()
+    assert 0.3 <= meter.sensing_cpu_s() <= 0.3 + SLACK_S
+    # a round's pool threads are the round's: a sensor chunk that ends during the round counts its own thread only
+    before = meter.sensing_cpu_s()
+    with meter.round(1, lambda: "torch"):
+        helped(0.3)
+        t = threading.Thread(target=sensor, args=(0.0, 2))
+        t.start()
+        t.join()
+    assert meter.sensing_cpu_s() - before <= SLACK_S / 3
+    assert 0.3 <= meter.rounds()[0].cpu_s <= 0.3 + SLACK_S
+
+
 def test_no_sensing_figure_before_a_minute_of_samples() -> None:
     meter = CostMeter()
     with meter.sensing(stamps(0.0, SENSING_MIN_S - 1)):
