@@ -181,6 +181,7 @@ class EdgeAgent:
         self.fault: Callable[[], str] = lambda: ""  # the holder's device fault in words (a refused sensor); the store's is added
         # CPU of rounds (and, from a holder that senses, of sensing and the battery), in the status; the app shares its own.
         self.cost = CostMeter(rounds=_kept_round_costs(store))
+        self.battery: Callable[[], float | None] = lambda: None  # battery level, %, sampled into ``cost`` at each status
         # A storage fault (or its end) is in the status at once: the coordinator stops selecting this device.
         store.fault_listeners.append(lambda _fault: self._set_state(self._state))
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
@@ -248,6 +249,7 @@ class EdgeAgent:
         return self._link.status()
 
     def _status_bytes(self) -> bytes:
+        self.cost.note_battery(self.battery(), self.charging())
         try:
             last = self.store.get_meta("last_update") or {}
         except sqlite3.Error:  # a broken store: the status still goes out, saying so in its fault

@@ -297,6 +297,10 @@ def test_the_agent_measures_a_round_keeps_it_in_the_store_and_reports_it_in_its_
         cost = ClientStatus.from_bytes(agent._status_bytes()).cost
         assert cost is not None and (cost.round_cpu_s, cost.round_backend) == (round(rc.cpu_s, 3), "numpy")
         assert cost.battery_pct_per_day is None and cost.sensing_cpu_s_per_h is None  # a board without sensing or battery
+        assert not agent.cost.battery_seen()
+        agent.battery, agent.charging = (lambda: 57.0), (lambda: False)  # a board on a UPS HAT: sampled at each status
+        agent._status_bytes()
+        assert agent.cost.battery_seen()
         # kept in the store: a restarted agent (or the app's screen) still has it
         assert store.get_meta(ROUND_COST_KEY) == agent.cost.rounds_json()
         again = EdgeAgent(ClientConfig(client_id="c", broker=BrokerConfig(port=1), federation="home", backend="numpy"), store)
