@@ -250,6 +250,7 @@ class EdgeAgent:
 
     def _status_bytes(self) -> bytes:
         self.cost.note_battery(self.battery(), self.charging())
+        cost = self.cost.snapshot()
         try:
             last = self.store.get_meta("last_update") or {}
         except sqlite3.Error:  # a broken store: the status still goes out, saying so in its fault
@@ -274,7 +275,7 @@ class EdgeAgent:
             arch_version=self.trainer.arch_version,
             sensing_health=self.sensing_health(),
             fault="; ".join(f for f in (self.store.fault, self.fault()) if f)[:MAX_FAULT_CHARS],
-            cost=self.cost.snapshot(),
+            cost=cost if cost.to_json() else None,  # nothing measured yet: the message a client sent before it measured
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:

@@ -322,11 +322,12 @@ class DeviceCost:
     Parameters
     ----------
     sensing_cpu_s_per_h : float or None
-        CPU seconds the sensing thread used (reading the sensor, resampling, windowing, classifying
-        each window for the timeline, recording) per hour of sensed samples, s/h; in [0, 3600 x cores].
+        CPU seconds the device's process used while sensing, rounds left out (reading the sensor,
+        resampling, windowing, classifying each window for the timeline, recording, and the
+        library threads this work uses), per hour of sensed samples, s/h; in [0, 3600 x cores].
     round_cpu_s : float or None
-        Process CPU seconds of the device's latest round (decoding, initialisation, local training,
-        evaluation, encoding), less the sensing thread's share of that time, s.
+        Process CPU seconds of the device's latest round (initialisation, local training,
+        evaluation, encoding), less what sensing used meanwhile, s.
     round_wall_s : float or None
         Wall-clock seconds of that round, s.
     round_backend : str
