@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
+from edge_client.cost import ROUND_COST_KEY, CostMeter
 from edge_client.delivery import Delivery
 from edge_client.pte_fetch import PROGRAM_MODES, make_fetcher
 from edge_client.sent_log import SENT_KEY, note_receipt, note_sent
@@ -178,6 +179,9 @@ class EdgeAgent:
         self.charging: Callable[[], bool | None] = lambda: None  # on the charger (edge_client.power); None: not reported
         self.sensing_health: Callable[[], SensingHealth | None] = lambda: None  # a SensingHealthMeter's snapshot; None: no pipeline here
         self.fault: Callable[[], str] = lambda: ""  # the holder's device fault in words (a refused sensor); the store's is added
+        # CPU of rounds (and, from a holder that senses, of sensing and the battery), in the status; the app shares its own.
+        self.cost = CostMeter(rounds=_kept_round_costs(store))
+        self.battery: Callable[[], float | None] = lambda: None  # battery level, %, sampled into ``cost`` at each status
         # A storage fault (or its end) is in the status at once: the coordinator stops selecting this device.
         store.fault_listeners.append(lambda _fault: self._set_state(self._state))
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
@@ -245,6 +249,8 @@ class EdgeAgent:
         return self._link.status()
 
     def _status_bytes(self) -> bytes:
+        self.cost.note_battery(self.battery(), self.charging())
+        cost = self.cost.snapshot()
         try:
             last = self.store.get_meta("last_update") or {}
         except sqlite3.Error:  # a broken store: the status still goes out, saying so in its fault
@@ -269,6 +275,7 @@ class EdgeAgent:
             arch_version=self.trainer.arch_version,
             sensing_health=self.sensing_health(),
             fault="; ".join(f for f in (self.store.fault, self.fault()) if f)[:MAX_FAULT_CHARS],
+            cost=cost if cost.to_json() else None,  # nothing measured yet: the message a client sent before it measured
         ).to_bytes()
 
     def _set_state(self, state: str) -> None:
@@ -569,7 +576,10 @@ class EdgeAgent:
         self.models.pop(transfer, None)  # decoded: the 26 MB of envelope bytes are not needed any more
         self._set_state("training")
         try:
-            return self.trainer.run_round(ann, env.tensors)
+            with self.cost.round(ann.round, lambda: self.trainer.backend_in_use):
+                outcome = self.trainer.run_round(ann, env.tensors)
+            self._keep_round_costs()
+            return outcome
         except Exception as exc:
             # Whatever a plan or model from the network contains, the client survives: it says
             # why it cannot follow this one and waits for the next round.
@@ -578,6 +588,13 @@ class EdgeAgent:
             self._done.add(key)
             self._set_state("idle")
             return None
+
+    def _keep_round_costs(self) -> None:
+        """Store the kept round costs (:data:`~edge_client.cost.ROUND_COST_KEY`), so the screen and a restart see them."""
+        try:
+            self.store.set_meta(ROUND_COST_KEY, self.cost.rounds_json())
+        except (OSError, ValueError, sqlite3.Error) as exc:  # a full disk does not stop the round
+            log.error("[%s] cannot keep the round's cost: %s", self.cfg.client_id, exc)
 
     # -- end-to-end delivery (edge_client.delivery) ---------------------------------------------------
     def _stored_update(self) -> tuple[tuple[str, int, int], bytes] | None:
@@ -611,3 +628,12 @@ class EdgeAgent:
             except (OSError, ValueError) as exc:
                 log.error("[%s] round %d: cannot note the receipt in the ledger: %s", self.cfg.client_id, r.round, exc)
         self.delivery.on_receipt(r)
+
+
+def _kept_round_costs(store: ClientStore) -> list[dict[str, object]]:
+    """The round costs kept in ``store`` (:data:`~edge_client.cost.ROUND_COST_KEY`); [] if none or unreadable."""
+    try:
+        kept = store.get_meta(ROUND_COST_KEY, [])
+    except (sqlite3.Error, ValueError):
+        return []
+    return kept if isinstance(kept, list) else []

@@ -15,7 +15,7 @@ from pathlib import Path
 from edge_client.agent import BACKENDS, ClientConfig, EdgeAgent
 from edge_client.backends.factory import choose_backend
 from edge_client.freshness import SensingHealthMeter
-from edge_client.power import charging_linux
+from edge_client.power import battery_percent_linux, charging_linux
 from edge_client.pte_fetch import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
 from edge_client.sources import ingest_source
@@ -295,6 +295,7 @@ def serve(
             agent.sensing_health = client.health.snapshot
         if train_lock is None:  # a device of its own: its power supply is this machine's (a virtual client's is not)
             agent.charging = charging_linux
+            agent.battery = battery_percent_linux  # a board on a battery (a UPS HAT): its drain per day in the status
         code = agent.run(stop, max_seconds=client.args.max_seconds)
         hint = enrolment_refusal_hint(getattr(client.args, "enrolment", None), agent.refusal)
         if hint:

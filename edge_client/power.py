@@ -90,6 +90,78 @@ def charging_android() -> bool | None:
         return False
 
 
+def battery_percent_linux(root: Path = SYSFS_POWER) -> float | None:
+    """Battery level, percent of capacity, from the Linux power-supply class; None if no battery reports one.
+
+    The first supply of ``type`` Battery (in name order) that has ``capacity`` (0..100) gives it;
+    one without it but with ``energy_now``/``energy_full`` (or ``charge_now``/``charge_full``)
+    gives their ratio. Never raises: an unreadable or malformed file counts as not reported.
+
+    Parameters
+    ----------
+    root : Path
+        The power-supply class folder (replaceable for tests).
+    """
+    try:
+        devices = sorted(root.iterdir())
+    except OSError:
+        return None
+    for dev in devices:
+        if _read(dev / "type") != "Battery":
+            continue
+        cap = _number(dev / "capacity")
+        if cap is not None and 0 <= cap <= 100:
+            return cap
+        for now, full in (("energy_now", "energy_full"), ("charge_now", "charge_full")):
+            a, b = _number(dev / now), _number(dev / full)
+            if a is not None and b is not None and b > 0 and 0 <= a <= b:
+                return 100.0 * a / b
+    return None
+
+
+def _number(path: Path) -> float | None:
+    text = _read(path)
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+BATTERY_PROPERTY_CAPACITY = 4
+"""``BatteryManager.BATTERY_PROPERTY_CAPACITY`` (API 21): remaining capacity as an integer percentage."""
+
+
+def battery_percent_android() -> float | None:
+    """Battery level, percent, from Android's ``BatteryManager.getIntProperty(BATTERY_PROPERTY_CAPACITY)``.
+
+    None off Android (no pyjnius), and where the property is not supported (the call returns
+    ``Integer.MIN_VALUE``, or 0 before API 28 on some devices: both read as not reported, never
+    as an empty battery) or cannot be read.
+    """
+    try:
+        from jnius import autoclass
+    except ImportError:
+        return None
+    from edge_client.sensors.android import android_context
+
+    try:
+        ctx: Any = android_context(autoclass)
+        if ctx is None:
+            return None
+        Context = autoclass("android.content.Context")
+        value = int(ctx.getSystemService(Context.BATTERY_SERVICE).getIntProperty(BATTERY_PROPERTY_CAPACITY))
+    except Exception as exc:  # a Java exception or a missing class: not reported, not a crash
+        log.debug("cannot read the battery level (%s)", exc)
+        return None
+    return float(value) if 0 < value <= 100 else None
+
+
+def battery_percent() -> float | None:
+    """Battery level in percent (Android first, then Linux sysfs); None where the platform reports none."""
+    level = battery_percent_android()
+    return battery_percent_linux() if level is None else level
+
+
 def is_charging(unknown_means: bool = True) -> bool:
     """True if the device charges (Android first, then Linux sysfs).
 

@@ -164,7 +164,8 @@ def main() -> int:
         yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
         results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text, "error": fed.error.text}
         yield lambda: "counted" in fed.sent.text  # the coordinator's receipt for round 1
-        results["privacy"] = {"why": fed.why.text, "sent": fed.sent.text}
+        yield lambda: "A round (numpy): " in fed.cost.text  # round 1's cost, measured by the agent, on the screen
+        results["privacy"] = {"why": fed.why.text, "sent": fed.sent.text, "cost": fed.cost.text}
         results["fields"] = {
             "client_id": fed.client_id.text,
             "username": fed.username.text,
@@ -175,7 +176,7 @@ def main() -> int:
         ctl = app.controller
         results["factors"] = {"recorder": ctl.recorder._pipeline._resampler.factors, "live": ctl._live_pipe._resampler.factors}
         shot("federation")
-        fed.children[0].scroll_to(fed.sent, animate=False)  # the privacy view, at the end of the screen
+        fed.children[0].scroll_to(fed.cost, animate=False)  # the privacy view and the cost, at the end of the screen
         yield 0.5
         shot("privacy")
         fed.children[0].scroll_y = 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,6 +209,24 @@ def test_app_joins_a_secured_federation_without_torch_or_scipy(tmp_path, secured
     assert r1["counted"] and "round 1, " in res["privacy"]["sent"]
     assert f"a model update of {size_words(r1['bytes'])} (model v{r1['arch_version']}), counted" in res["privacy"]["sent"]
     assert res["privacy"]["why"].startswith(("Taking part: connected", "Training round"))
+
+    # What it costs: the round's CPU as the agent measured and kept it, sensing's, and a battery this machine may not have.
+    from edge_client.cost import ROUND_COST_KEY
+    from edge_client.power import battery_percent_linux
+
+    store = ClientStore(state, HAPT_LABELS)
+    kept = {c["round"]: c for c in store.get_meta(ROUND_COST_KEY, [])}
+    store.close()
+    cost = res["privacy"]["cost"].splitlines()
+    assert cost[0] == "Sensing: measuring its CPU use (after a minute of sensing)" or re.fullmatch(
+        r"Sensing: \d+ s of CPU per hour \(\d+\.\d % of one core\)", cost[0]
+    )
+    m = re.match(r"A round \(numpy\): (\d+\.\d) s of CPU in (\d+\.\d) s, round (\d+)", cost[1])
+    assert m is not None, cost
+    c = kept[int(m.group(3))]
+    assert (c["backend"], f"{c['cpu_s']:.1f}", f"{c['wall_s']:.1f}") == ("numpy", m.group(1), m.group(2))
+    no_battery = battery_percent_linux() is None
+    assert (cost[-1] == "Battery: unknown (this device reports no battery level)") == no_battery
 
     for name in ("record", "live", "federation", "federation-refused", "privacy"):
         png = out / f"{name}.png"

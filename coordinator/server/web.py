@@ -519,7 +519,10 @@ class ServerView:
         ``charging``: None where the device's status does not carry them), ``last_known`` (for a device
         not online: ``n_train``, ``n_test`` and ``backend`` of the last status that carried them, with
         ``windows_unix`` and ``backend_unix``, when it was received; None for an online device or
-        one never seen with them: an offline device's own last word says 0/0 and no backend). ``backend`` and ``arch_version`` are what the
+        one never seen with them: an offline device's own last word says 0/0 and no backend), ``cost`` (what the device
+        measured of its own cost, :class:`~har_models.wire.messages.DeviceCost` as JSON: ``sensing_cpu_s_per_h``,
+        ``round_cpu_s``, ``round_wall_s``, ``round_backend``, ``battery_pct_per_day``, each left out where the
+        status does not carry it; {} from a device that does not measure it). ``backend`` and ``arch_version`` are what the
         device's status reports; ``arch_version`` falls back to the architecture of the device's
         latest round in the records for a device that does not report it.
         """
@@ -577,6 +580,7 @@ class ServerView:
                 "n_train": st.n_train if st is not None else None,
                 "n_test": st.n_test if st is not None else None,
                 "sensing": sensing_json(st, seen, self.wall()),
+                "cost": st.cost.to_json() if st is not None and st.cost is not None else {},
                 "last_known": last_known,
             }))  # fmt: skip
         return out
@@ -726,6 +730,21 @@ def _sensing(s: dict[str, Any], online: bool = True) -> str:
     return text if online else f"last reported: {text}"
 
 
+def _cost(c: dict[str, Any]) -> str:
+    """The cost cell: CPU of sensing per hour and of the latest round, and the battery's drain, as the device measured them."""
+    parts = []
+    if c.get("sensing_cpu_s_per_h") is not None:
+        parts.append(f"sensing {c['sensing_cpu_s_per_h']:.0f} s CPU/h")
+    if c.get("round_cpu_s") is not None:
+        on = f" ({_e(c['round_backend'])})" if c.get("round_backend") else ""
+        parts.append(f"round {c['round_cpu_s']:.1f} s CPU{on}")
+    if c.get("battery_pct_per_day") is not None:
+        parts.append(f"battery {c['battery_pct_per_day']:.0f} %/day")
+    elif parts:
+        parts.append("battery unknown")
+    return ", ".join(parts) if parts else '<span class="muted">not reported</span>'
+
+
 def _age(seconds: float) -> str:
     """An age in words: ``1.5 s``, ``42 s``, ``12 min``, ``3.2 h``, ``4.0 days``."""
     if seconds < 10:
@@ -838,7 +857,7 @@ def render_page(view: ServerView, query: str = "") -> str:
         *(f'<p id="health" class="rate-warn">{_e(p)}</p>' for p in problems),
         "<h2>Devices</h2>",
         '<table id="devices"><tr><th>device</th><th>owner</th><th>presence</th><th>last seen</th><th>rounds</th>'
-        "<th>last local accuracy</th><th>backend</th><th>arch</th><th>sensing</th><th>windows (train/test)</th></tr>",
+        "<th>last local accuracy</th><th>backend</th><th>arch</th><th>sensing</th><th>windows (train/test)</th><th>cost</th></tr>",
     ]
     for d in devs:
         presence = d["state"] if d["state"] in ("revoked", "forgotten") else ("online" if d["online"] else "offline")
@@ -864,10 +883,11 @@ def render_page(view: ServerView, query: str = "") -> str:
             f'<tr class="device" data-name="{_e(d["name"])}" data-online="{online_attr}">'
             f'<td>{_e(d["name"])}</td><td>{_e(d["owner"])}</td><td class="presence {presence}">{label}{fault}</td>'
             f"<td>{_when(d['last_seen_unix'], now)}</td><td>{d['rounds']}</td><td>{_pct(d['last_accuracy'])}</td>"
-            f"<td>{backend}</td><td>{arch}</td><td>{_sensing(d['sensing'], d['online'] is True)}</td><td>{windows}</td></tr>"
+            f"<td>{backend}</td><td>{arch}</td><td>{_sensing(d['sensing'], d['online'] is True)}</td><td>{windows}</td>"
+            f"<td>{_cost(d['cost'])}</td></tr>"
         )
     if not devs:
-        h.append('<tr><td colspan="10" class="muted">no device enrolled or seen yet</td></tr>')
+        h.append('<tr><td colspan="11" class="muted">no device enrolled or seen yet</td></tr>')
     h.append("</table>")
     h.append("<h2>Round</h2>")
     if cur["state"] == "training":

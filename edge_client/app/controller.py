@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from edge_client.app.predictor import Predictor, load_predictor
+from edge_client.cost import ROUND_COST_KEY, CostMeter, cost_words
 from edge_client.freshness import SensingFreshness, SensingHealthMeter
 from edge_client.leave import LeaveOutcome, announce_leaving, delete_federation_state
-from edge_client.power import is_charging
+from edge_client.power import battery_percent, is_charging
 from edge_client.recorder import RECORDED_LOG, Recorder, sync_to_store
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.replay import SensorChunk
@@ -55,6 +56,9 @@ TRAIN_FRACTION = 0.8
 
 APP_BACKENDS = ("auto", "torch", "executorch", "executorch-android", "numpy")
 """Training backends the app's settings may name; "auto" leaves the choice to the client."""
+
+BATTERY_READ_S = 60.0
+"""Seconds between two readings of the battery level (a JNI call on Android, a sysfs file on Linux)."""
 
 BACKOFF_FIRST_S = 2.0
 """Wait before restarting an agent that failed the first time (seconds); doubled after each failure."""
@@ -136,6 +140,9 @@ class FederationView:
         Seconds until the next restart of a failed agent (None: none pending).
     sent : list of dict
         What left the device, round by round (:mod:`edge_client.sent_log`), oldest first.
+    cost : list of str
+        What sensing and rounds cost the device, and the battery's drain, in words
+        (:func:`edge_client.cost.cost_words`).
     """
 
     broker: str = "127.0.0.1:1883"
@@ -155,6 +162,7 @@ class FederationView:
     restarts: int = 0
     retry_in_s: float | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)
+    cost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -224,6 +232,9 @@ class DeviceController:
         How often the federation supervisor looks at the charging state and the agent.
     clock : callable returning float
         Monotonic seconds (replaceable in tests of the restart back-off).
+    battery : callable returning float or None
+        Battery level in percent, None where the platform reports none (default
+        :func:`~edge_client.power.battery_percent`); read at most every :data:`BATTERY_READ_S`.
     """
 
     def __init__(
@@ -237,6 +248,7 @@ class DeviceController:
         charging: Callable[[], bool] = is_charging,
         supervise_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        battery: Callable[[], float | None] = battery_percent,
     ):
         self.cfg = cfg
         self.source = source
@@ -244,6 +256,10 @@ class DeviceController:
         self.window_log = WindowLog(cfg.state_dir / RECORDED_LOG, cfg.labels, max_windows=cfg.max_windows)
         self.recorder = Recorder(self.window_log)
         self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels, cfg.timeline_days, cfg.raw_days)
+        kept = self.store.get_meta(ROUND_COST_KEY, [])
+        self.cost = CostMeter(rounds=kept if isinstance(kept, list) else [])  # shared with the agent, which measures rounds
+        self._battery = battery
+        self._battery_read_at = -float("inf")
         self._wall_offset_ns: int | None = None  # wall clock minus sensor clock, fixed at the first window
         self._last_wall_ns = -(2**62)
         self._on_live = on_live or (lambda v: None)
@@ -299,6 +315,10 @@ class DeviceController:
         self._on_counts(self.recorder.counts())
 
     def _on_chunk(self, chunk: SensorChunk) -> None:
+        with self.cost.sensing(chunk[1]):
+            self._handle_chunk(chunk)
+
+    def _handle_chunk(self, chunk: SensorChunk) -> None:
         recorded = self.recorder.push(chunk)
         if len(recorded):
             self._on_counts(self.recorder.counts())
@@ -556,6 +576,9 @@ class DeviceController:
 
     def _supervise_once(self) -> None:
         charging = bool(self._charging())
+        if self._clock() - self._battery_read_at >= BATTERY_READ_S:
+            self._battery_read_at = self._clock()
+            self.cost.note_battery(self._battery(), charging)
         with self._fed_lock:
             self.federation.charging = charging
             want = self.federation.take_part and (charging or not self.federation.charge_only)
@@ -643,6 +666,7 @@ class DeviceController:
         if self.freshness is not None:
             agent.sensing = self.freshness.state
         agent.sensing_health = self.health.snapshot
+        agent.cost = self.cost  # sensing's CPU and the battery measured here, the rounds there: one set of figures in the status
         agent.fault = self.source.fault  # a refused or stopped sensor, in the status (the store's own fault is added there)
         agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
@@ -701,6 +725,7 @@ class DeviceController:
             last_round, v.last_accuracy = self._last_update_info()
             if v.round is None:
                 v.round = last_round
+            v.cost = cost_words(self.cost.snapshot(), self.cost.rounds(), self.cost.battery_seen())
             try:
                 v.sent = list(self.store.get_meta(SENT_KEY, []))
             except Exception as exc:  # an unreadable store: the state above already says so

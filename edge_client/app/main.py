@@ -12,8 +12,9 @@ Four screens, each built by its own module in :mod:`edge_client.app.screens`:
   entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
   or on Android its QR code through a scanner app); connection state, current round, last local accuracy, a switch to take
   part and one to train only while charging; every failure in words (refused login,
-  wrong CA, unreachable broker, too few windows, missing backend); what left the phone; and
-  leaving the federation, after a confirmation (:mod:`edge_client.leave`).
+  wrong CA, unreachable broker, too few windows, missing backend); what left the phone each
+  round; what sensing and rounds cost it in CPU and battery (:func:`edge_client.cost.cost_words`);
+  and leaving the federation, after a confirmation (:mod:`edge_client.leave`).
 
 The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
 from its background threads; every report is moved onto the UI thread with

@@ -306,6 +306,73 @@ class SensingHealth:
         return h
 
 
+MAX_CPU_S = 1e7
+"""Largest CPU-seconds figure a :class:`DeviceCost` may carry (about 116 days of one core)."""
+MAX_BATTERY_PCT_PER_DAY = 10_000.0
+"""Largest battery drain a :class:`DeviceCost` may carry, percent per day (a full battery in under 15 min)."""
+
+
+@dataclass(frozen=True)
+class DeviceCost:
+    """What taking part costs the device, as it measured itself (part of :class:`ClientStatus`).
+
+    Every field is optional (None or "": not measured yet, or not reported by the platform) and
+    left out of the message then. Measured by :mod:`edge_client.cost`.
+
+    Parameters
+    ----------
+    sensing_cpu_s_per_h : float or None
+        CPU seconds the device's process used while sensing, rounds left out (reading the sensor,
+        resampling, windowing, classifying each window for the timeline, recording, and the
+        library threads this work uses), per hour of sensed samples, s/h; in [0, 3600 x cores].
+    round_cpu_s : float or None
+        Process CPU seconds of the device's latest round (initialisation, local training,
+        evaluation, encoding), less what sensing used meanwhile, s.
+    round_wall_s : float or None
+        Wall-clock seconds of that round, s.
+    round_backend : str
+        Training backend of that round ("torch", "executorch", "executorch-android", "numpy").
+    battery_pct_per_day : float or None
+        The battery's drain while not charging, percent of its capacity per day (the whole
+        device's, not fedhar's alone); None where the platform reports no battery level (a desktop,
+        a board on mains) or the device has not been off the charger long enough to tell.
+    """
+
+    sensing_cpu_s_per_h: float | None = None
+    round_cpu_s: float | None = None
+    round_wall_s: float | None = None
+    round_backend: str = ""
+    battery_pct_per_day: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as JSON, None and "" fields left out."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+    @classmethod
+    def from_json(cls, d: Any) -> DeviceCost:
+        """Parse and range-check :meth:`to_json` output.
+
+        Raises
+        ------
+        ValueError
+            For a non-object, an unknown key, a CPU or wall figure that is not a number in
+            [0, :data:`MAX_CPU_S`] (NaN included), a battery drain outside
+            [0, :data:`MAX_BATTERY_PCT_PER_DAY`], or a backend that is not a backend name.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"cost must be an object, got {d!r:.40}")
+        c = cls(**d)  # TypeError for an unknown key
+        for name, top in (("sensing_cpu_s_per_h", MAX_CPU_S), ("round_cpu_s", MAX_CPU_S), ("round_wall_s", MAX_CPU_S),
+                          ("battery_pct_per_day", MAX_BATTERY_PCT_PER_DAY)):  # fmt: skip
+            v = getattr(c, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= top):
+                raise ValueError(f"cost.{name} must be a number in [0, {top:g}] or left out, got {v!r:.40}")
+        b = c.round_backend
+        if not isinstance(b, str) or len(b) > 32 or not set(b) <= _BACKEND_CHARS:
+            raise ValueError(f"cost.round_backend must be a backend name (lowercase letters, digits, '_.-', at most 32), got {b!r:.40}")
+        return c
+
+
 MAX_FAULT_CHARS = 500
 """Longest :attr:`ClientStatus.fault` (a sentence or two naming the folder or sensor and the fix)."""
 
@@ -374,6 +441,10 @@ class ClientStatus:
         operator to delete what the server holds of the device (``fedhar-coordinator forget``).
         Only the device's own broker account may write its status topic, so the request is the
         device's; it deletes nothing by itself (docs/protocol.md, "Leaving").
+    cost : DeviceCost or None
+        Optional (left out when None): CPU seconds of sensing per hour and of the latest round,
+        and the battery's drain per day (:class:`DeviceCost`); None from a client that does not
+        measure them (an older client).
     """
 
     client_id: str
@@ -396,6 +467,7 @@ class ClientStatus:
     sensing_health: SensingHealth | None = None
     fault: str = ""
     left: str = ""
+    cost: DeviceCost | None = None
 
     @property
     def selectable(self) -> bool:
@@ -424,6 +496,10 @@ class ClientStatus:
             del d["sensing_health"]
         else:
             d["sensing_health"] = self.sensing_health.to_json()
+        if self.cost is None:  # optional, as charging
+            del d["cost"]
+        else:
+            d["cost"] = self.cost.to_json()
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -444,6 +520,8 @@ class ClientStatus:
             d["class_counts"] = tuple(check_count(c, "class_counts[i]") for c in counts)
             if d.get("sensing_health") is not None:
                 d["sensing_health"] = SensingHealth.from_json(d["sensing_health"])
+            if d.get("cost") is not None:
+                d["cost"] = DeviceCost.from_json(d["cost"])
             st = cls(**d)
             check_client_id(st.client_id)
             check_count(st.n_train, "n_train")

@@ -106,6 +106,11 @@ class FederationScreen(Screen):
         root.add_widget(privacy)
         self.sent = wrapped("nothing yet: no round taken part in", 30)
         root.add_widget(self.sent)
+        cost_title = wrapped("[b]What it costs this phone[/b]", 30)
+        cost_title.markup = True
+        root.add_widget(cost_title)
+        self.cost = wrapped("", 30)
+        root.add_widget(self.cost)
         self.leave_button = Button(text="Leave the federation", size_hint_y=None, height=dp(40), background_color=LEAVE_COLOUR)
         self.leave_button.bind(on_release=lambda *_: self.confirm_leave())
         root.add_widget(self.leave_button)
@@ -251,4 +256,6 @@ class FederationScreen(Screen):
         lines = sent_words(v.sent, v.round)
         self.sent.text = "\n".join(lines) if lines else "nothing yet: no round taken part in"
         self.sent.height = dp(38) * max(1, len(lines))
+        self.cost.text = "\n".join(v.cost)
+        self.cost.height = dp(38) * max(1, len(v.cost))
         self.app.footer.text = f"{v.client_id} - sensor: {self.app.sensor_name}"
