@@ -1,6 +1,7 @@
 """Chunked transfers and JSON control messages."""
 
 import hashlib
+import json
 import random
 
 import pytest
@@ -121,3 +122,18 @@ def test_client_status_round_trip_and_rejections():
         ClientStatus.from_bytes(st.to_bytes().replace(b'"n_train": 10', b'"n_train": -1'))
     with pytest.raises(MessageError):
         ClientStatus.from_bytes(b"\xff\xfe")
+
+
+def test_a_status_from_a_newer_client_reads_without_its_new_keys_and_strict_refuses_them() -> None:
+    """Forward compatibility: an unknown top-level key is dropped (docs/protocol.md), a nested one is not."""
+    st = ClientStatus(client_id="phone-1", state="online", label_set="hapt6", n_train=12, n_test=3)
+    doc = json.loads(st.to_bytes())
+    doc["added_by_a_later_release"] = {"x": 1}
+    newer = json.dumps(doc).encode()
+    assert ClientStatus.from_bytes(newer) == st
+    with pytest.raises(MessageError, match=r"unknown fields \['added_by_a_later_release'\]"):
+        ClientStatus.from_bytes(newer, strict=True)
+    doc.pop("added_by_a_later_release")
+    doc["cost"] = {"sensing_cpu_s_per_h": 3.5, "not_a_cost_key": 1}
+    with pytest.raises(MessageError):
+        ClientStatus.from_bytes(json.dumps(doc).encode())

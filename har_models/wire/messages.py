@@ -503,16 +503,26 @@ class ClientStatus:
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> ClientStatus:
+    def from_bytes(cls, payload: bytes, strict: bool = False) -> ClientStatus:
         """Parse a status message.
+
+        Unknown top-level keys are ignored unless ``strict`` (docs/protocol.md, "Client status"):
+        a newer client may add a field, and an older coordinator still sees it present and
+        selectable. Inside ``sensing_health`` and ``cost`` every key is checked.
 
         Raises
         ------
         MessageError
-            If it is not JSON, of another protocol, or malformed.
+            If it is not JSON, of another protocol, or malformed; with ``strict``, also for an
+            unknown key (named).
         """
         d = _load_json(payload, "client status")
         d.pop("protocol")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown and strict:
+            raise MessageError(f"client status: unknown fields {unknown[:8]}")
+        for key in unknown:
+            del d[key]
         try:
             counts = d.get("class_counts", [])
             if not isinstance(counts, list):
