@@ -447,6 +447,12 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
         done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
     audit(data, "revoke", name)
     admin = _admin(file)
+    from coordinator.broker import device_ca
+    from coordinator.broker.files import folder_lock
+
+    with folder_lock(admin.broker_dir):  # written before the reload below, which makes the broker read the new list
+        if device_ca.revoke_device(admin.broker_dir, name):
+            done.append(f"{name}'s certificate put on the device CA's revocation list")
     if name in admin.devices():
         admin.remove_device(name)
         done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
