@@ -81,8 +81,8 @@ def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
     Raises
     ------
     ValueError
-        If ``client_id`` is invalid, or the invitation carries no CA and ``folder/ca.crt`` is
-        missing or is not the pinned one.
+        If ``client_id`` is invalid, or the invitation carries no CA and none that is the pinned one is
+        in ``folder/ca.crt`` or can be fetched (:func:`fetch_ca`).
     DeviceKeyError
         If openssl is missing or fails.
     """
@@ -93,7 +93,7 @@ def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
     if invitation.tls_ca_pem is not None:
         atomic_write_bytes(ca, invitation.tls_ca_pem, mode=0o644)
     elif not ca.is_file():
-        raise ValueError(f"the invitation carries only the CA's fingerprint: copy the server's ca.crt to {ca} and ask again")
+        fetch_ca(invitation, folder)
     if invitation.tls_ca_sha256 not in pem_fingerprints(ca.read_text(), str(ca)):
         raise ValueError(f"{ca} is not the CA the invitation pins (SHA-256 {invitation.tls_ca_sha256}); copy the server's ca.crt again")
     key = folder / KEY_NAME
@@ -101,6 +101,55 @@ def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
         make_key(key)
     spki = key_public_der(key)
     return Prepared(folder, client_id, enrolment_code(spki), key_fingerprint(spki), make_csr(key, client_id))
+
+
+def fetch_ca(invitation: Invitation, folder: Path, wait_s: float = 15.0) -> Path:
+    """Fetch the broker's CA from its retained ``fedhar/v1/<fed>/ca`` and keep it as ``folder/ca.crt`` only if it is the pinned one.
+
+    For an invitation whose code carries only the CA's fingerprint. The connection cannot check
+    the broker yet (that is what the CA is for), so it logs in with the enrolment account only,
+    whose password grants nothing but asking (docs/protocol.md); what it reads is kept only if
+    its SHA-256 is the invitation's ``tls_ca_sha256``.
+
+    Raises
+    ------
+    ValueError
+        If nothing came within ``wait_s`` s (the operator has not run ``fedhar-coordinator
+        invite``), or what came is not the pinned CA (nothing written then).
+    """
+    import ssl
+
+    import paho.mqtt.client as mqtt
+
+    topics = Topics(invitation.federation)
+    got: queue.Queue[bytes] = queue.Queue()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=invitation.enrol_user)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # checked below by its fingerprint instead; nothing secret is sent
+    c.tls_set_context(ctx)
+    c.username_pw_set(invitation.enrol_user, invitation.enrol_password)
+    c.on_connect = lambda client, u, f, rc, p=None: client.subscribe(topics.ca, 1)
+    c.on_message = lambda client, u, msg: got.put(bytes(msg.payload))
+    try:
+        c.connect(invitation.host, invitation.port, keepalive=30)
+        c.loop_start()
+        pem = got.get(timeout=wait_s).decode(errors="replace")
+    except (OSError, queue.Empty) as exc:
+        raise ValueError(f"the CA could not be fetched from {invitation.host}:{invitation.port} ({type(exc).__name__}): on the "
+                         "server, run fedhar-coordinator invite (it publishes it), or copy ca.crt to the device") from None  # fmt: skip
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    try:
+        ok = invitation.tls_ca_sha256 in pem_fingerprints(pem, "the fetched CA")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"the CA the broker at {invitation.host} offers is not the one the invitation pins; nothing kept")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(folder / CA_NAME, pem, mode=0o644)
+    return folder / CA_NAME
 
 
 def _enrol_broker(invitation: Invitation, folder: Path) -> BrokerConfig:
@@ -201,3 +250,53 @@ def device_broker(folder: Path, invitation: Invitation, client_id: str) -> Broke
         raise ValueError(f"{folder / CERT_NAME} does not exist: the device is not approved yet (fedhar-coordinator approve CODE)")
     return BrokerConfig.parse(f"{invitation.host}:{invitation.device_port}", username=client_id, tls_ca=str(folder / CA_NAME),
                               tls_cert=str(folder / CERT_NAME), tls_key=str(folder / KEY_NAME))  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    """``fedhar-client request-certificate --invitation FILE --client-id NAME [--folder DIR] [--wait S]``; returns the exit status.
+
+    Makes the key and request, prints the enrolment code and key fingerprint to compare on the
+    server, waits for ``fedhar-coordinator approve CODE``, and prints the ``fedhar-client``
+    options that log in with the certificate. 0 approved; 2 bad options or invitation, or not
+    approved in time (run it again: the same key and code are kept); 4 the broker refused the
+    enrolment account or its certificate.
+    """
+    import argparse
+    import sys
+
+    from har_io.exit_codes import Exit
+    from har_io.mqtt_link import BrokerRefused
+
+    ap = argparse.ArgumentParser(prog="fedhar-client request-certificate", description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--invitation", required=True, help="the invitation: a file (fedhar-coordinator invite writes it) or its scanned text")
+    ap.add_argument("--client-id", required=True, help="the name to ask for (letters, digits, _ . -)")
+    ap.add_argument("--folder", type=Path, default=None, help="where the key and certificate are kept (default ~/.fedhar/<id>/certificate)")
+    ap.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the approval (default %(default)s)")
+    args = ap.parse_args(argv)
+    prog = "fedhar-client request-certificate"
+    try:
+        text = args.invitation
+        if not text.lstrip().startswith("{"):
+            text = Path(text).read_text()
+        inv = Invitation.from_json(text)
+        folder = args.folder or Path.home() / ".fedhar" / check_client_id(args.client_id) / "certificate"
+        prep = prepare(folder, args.client_id, inv)
+    except (ValueError, OSError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    print(f"enrolment code:  {prep.code}")
+    print(f"key fingerprint: {prep.fingerprint}")
+    print(f"On the server: fedhar-coordinator pending (compare the fingerprint), then fedhar-coordinator approve {prep.code}")
+    sys.stdout.flush()
+    try:
+        crt = request_certificate(prep, inv, wait_s=args.wait)
+    except EnrolmentNotApproved as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    except BrokerRefused as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.BROKER_REFUSED
+    print(f"approved: {crt}. Log in with")
+    print(f"  fedhar-client --broker {inv.host}:{inv.device_port} --federation {inv.federation} --client-id {args.client_id} "
+          f"--tls-ca {folder / CA_NAME} --tls-cert {crt} --tls-key {folder / KEY_NAME} --source ...")  # fmt: skip
+    return Exit.OK

@@ -7,6 +7,7 @@ the operator's :mod:`coordinator.server.enrol_desk` and ``devices_cli.revoke``.
 
 from __future__ import annotations
 
+import json
 import queue
 import ssl
 import threading
@@ -19,11 +20,12 @@ import pytest
 
 from coordinator.server import devices_cli, enrol_desk
 from coordinator.server.audit import read_audit
+from coordinator.server.qr import invitation_payload
 from coordinator.server.registry import Registry
 from coordinator.server.settings import read_serve_file
 from edge_client import cert_enrol
 from har_io.broker_config import BrokerConfig
-from har_io.cert_enrolment import EnrolRequest
+from har_io.cert_enrolment import EnrolRequest, Invitation
 from har_io.device_key import code_topic_level, make_csr, make_key
 from har_io.mqtt_link import MqttLink, PacketRejected
 from har_models.wire.messages import ClientStatus
@@ -196,3 +198,45 @@ def test_unapproved_forged_and_self_made_certificates_are_refused(tls_mosquitto:
     ok, _ = _cert_login(cert_enrol.device_broker(tmp_path / "phone", inv, "phone-anna"))
     assert not ok
     assert "certificate verify failed" in b.log.read_text()[before:]
+
+
+def test_the_commands_invite_pending_approve_and_request_certificate(tls_mosquitto: Any, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The operator's and the device's command lines, with an invitation whose code holds only the CA's fingerprint."""
+    b = tls_mosquitto("home", [], device_certs=True)
+    data, file = _server(tmp_path, b)
+    assert devices_cli.main("invite", ["--data", str(data)]) == 0
+    said = capsys.readouterr().out
+    inv = Invitation.from_json((data / "enrolment" / "invitation.json").read_text())
+    assert inv.tls_ca_pem == b.ca.read_text()  # the file has the CA ...
+    payload = invitation_payload(inv)  # ... the QR code (an RSA-2048 CA does not fit) only its fingerprint
+    assert "tls_ca_pem" not in payload and inv.tls_ca_sha256 in payload
+    assert f"fingerprint (SHA-256 {inv.tls_ca_sha256}); the CA is also on the broker" in said
+    assert oct((data / "enrolment" / "invitation.png").stat().st_mode & 0o777) == "0o600"
+
+    folder = tmp_path / "board"
+    status: dict[str, int] = {}
+    asker = threading.Thread(target=lambda: status.update(rc=cert_enrol.main(
+        ["--invitation", payload, "--client-id", "board-1", "--folder", str(folder), "--wait", "60"])), daemon=True)  # fmt: skip
+    asker.start()
+    end = time.monotonic() + 20
+    reqs: list[enrol_desk.PendingRequest] = []
+    while not reqs and time.monotonic() < end:
+        reqs = enrol_desk.pending(file)
+    assert [r.client_id for r in reqs] == ["board-1"]
+    # The CA was fetched over the unverified connection and kept because its fingerprint is the pinned one.
+    assert (folder / "ca.crt").read_text() == b.ca.read_text()
+    shown = capsys.readouterr().out  # what the device printed while it waits
+    assert devices_cli.main("pending", ["--data", str(data), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["code"], r["client_id"], r["problem"]) for r in listed] == [(reqs[0].code, "board-1", None)]
+    assert devices_cli.main("approve", ["not-a-code", "--data", str(data)]) == 2
+    assert "expected 10 letters" in capsys.readouterr().err
+    assert devices_cli.main("approve", [reqs[0].code, "--data", str(data)]) == 0
+    asker.join(60)
+    out = capsys.readouterr().out
+    assert status == {"rc": 0}
+    assert f"enrolment code:  {reqs[0].code}" in shown and f"key fingerprint: {reqs[0].fingerprint}" in shown
+    assert f"--broker 127.0.0.1:{b.device_cert_port}" in out and f"--tls-cert {folder / 'device.crt'}" in out
+    ok, why = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
+    assert ok, why

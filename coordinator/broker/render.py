@@ -118,15 +118,17 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     if settings.device_cert_port is not None:
         lines += [
             "# Enrolment by certificate: the shared enrolment account only leaves a request under an enrolment code and",
-            "# reads the replies (certificates are public); the desk (fedhar-coordinator pending/approve) reads the",
+            "# reads the replies (certificates are public) and the CA; the desk (fedhar-coordinator pending/approve) reads the",
             "# requests and writes the replies. A device enrolled so logs in by certificate: its CN is its user name above.",
             f"user {ENROL_USER}",
             f"topic write {t.enrol_request('+')}",
             f"topic read {t.enrol_reply('+')}",
+            f"topic read {t.ca}",
             "",
             f"user {ENROL_DESK_USER}",
             f"topic readwrite {t.enrol_request('+')}",
             f"topic readwrite {t.enrol_reply('+')}",
+            f"topic readwrite {t.ca}",
             "",
         ]
     if settings.bridge_users:

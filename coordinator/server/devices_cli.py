@@ -65,14 +65,18 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
     if cmd == "rename":
         ap.add_argument("old", help="the device's current name")
         ap.add_argument("new", help="its new name (never used before: letters, digits, '_', '.', '-')")
-    if cmd == "enrol":
+    if cmd == "approve":
+        ap.add_argument("code", help="the enrolment code the device shows (ABCDE-FGHJK; case and dashes do not matter)")
+    if cmd in ("enrol", "approve"):
         ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
+    if cmd == "invite":
+        ap.add_argument("--host", default=None, help="the broker's host name devices use (default [server] public_host, else the broker's)")
     if cmd == "pin":
         ap.add_argument("version", type=int, help="the model version to continue from (see fedhar-coordinator versions)")
     if cmd == "rollback":
         ap.add_argument("version", type=int, nargs="?", default=None,
                         help="the model version to go back to (default: the quality guard's best)")  # fmt: skip
-    if cmd in ("devices", "versions"):
+    if cmd in ("devices", "versions", "pending"):
         ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     if cmd == "devices":
         ap.add_argument(
@@ -659,6 +663,54 @@ def match_data_owner(data: Path) -> list[Path]:
     return changed
 
 
+def _desk_command(cmd: str, args: argparse.Namespace, data: Path, file: ServeFile) -> None:
+    """``invite``, ``pending`` and ``approve``: enrolment by certificate (:mod:`coordinator.server.enrol_desk`)."""
+    from coordinator.server import enrol_desk
+
+    if cmd == "approve":
+        for line in enrol_desk.approve(data, file, args.code, args.owner):
+            print(line)
+        return
+    if cmd == "pending":
+        reqs = enrol_desk.pending(file)
+        if args.json:
+            print(json.dumps([{k: v for k, v in asdict(r).items() if k != "csr_pem"} for r in reqs], indent=1))
+        elif not reqs:
+            print("no request waits (a device asks with fedhar-client request-certificate or the app)")
+        for r in [] if args.json else reqs:
+            print(f"{r.code}  {r.client_id or '?'}  key {r.fingerprint or '?'}" + (f"  NOT APPROVABLE: {r.problem}" if r.problem else ""))
+        return
+    from coordinator.server.qr import invitation_payload, text_qr
+
+    inv = enrol_desk.invitation(file, args.host)
+    payload = invitation_payload(inv)
+    folder = data / "enrolment"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    js, png = folder / "invitation.json", folder / "invitation.png"
+    _write_private(js, inv.to_json().encode())
+    code = text_qr(payload)
+    from har_models.files import atomic_write
+
+    atomic_write(png, lambda tmp: code.save(str(tmp), kind="png", scale=8, border=4), mode=0o600)
+    try:
+        enrol_desk.publish_ca(file, inv)
+        ca_note = "the CA is also on the broker for devices that fetch it"
+    except enrol_desk.DeskUnreachable as exc:
+        ca_note = f"the CA could not be left on the broker ({exc}); a device whose code has only the fingerprint needs ca.crt"
+    import io
+
+    out = io.StringIO()
+    code.terminal(out=out, compact=True, border=2)
+    print(out.getvalue())
+    inline = '"tls_ca_pem"' in payload
+    print(f"Invitation to federation {inv.federation} at {inv.host}:{inv.port} (devices log in on {inv.device_port} once approved).")
+    print(f"  {js}  (fedhar-client request-certificate --invitation {js.name} --client-id NAME)")
+    print(f"  {png}  (the code above)")
+    print("The code holds the broker's address, the enrolment account (it can only ask) and the CA "
+          + ("certificate itself." if inline else f"fingerprint (SHA-256 {inv.tls_ca_sha256}); {ca_note}."))
+    print("It holds no device's secret: each device makes its own key; approve it with fedhar-coordinator approve CODE.")
+
+
 def main(cmd: str, argv: list[str]) -> int:
     """``fedhar-coordinator CMD ...`` for CMD in enrol, reissue, rename, revoke, forget, devices, versions; returns the exit status.
 
@@ -711,6 +763,8 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
         print(f"  {js}  (fedhar-client --enrolment {js.name})")
         print(f"  {png}  (the same bundle as a QR code image)")
         print("Both files hold the device's password (mode 0600); they are deleted once the device has joined.")
+    elif cmd in ("invite", "pending", "approve"):
+        _desk_command(cmd, args, data, file)
     elif cmd in ("revoke", "forget"):
         for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
             print(line)

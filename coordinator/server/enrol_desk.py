@@ -41,8 +41,12 @@ READ_WAIT_S = 2.0
 milliseconds on a home server's loopback, the rest is margin for a busy broker."""
 
 
-class EnrolDeskError(RuntimeError):
-    """The desk cannot do what was asked; the message names the fix."""
+class EnrolDeskError(ValueError):
+    """The desk cannot do what was asked (no such request, one that cannot be approved, no device CA); the message names the fix."""
+
+
+class DeskUnreachable(RuntimeError):
+    """The broker cannot be reached with the desk account; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def read_requests(broker: BrokerConfig, topics: Topics, level: str = "+", wait_s
     found: dict[str, PendingRequest] = {}
     try:
         if not link.start(wait_s=15.0):
-            raise EnrolDeskError(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
+            raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
         end = time.monotonic() + wait_s
         while time.monotonic() < end:
             try:
@@ -150,7 +154,7 @@ def _answer(broker: BrokerConfig, topics: Topics, level: str, reply: EnrolReply)
     link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=[])
     try:
         if not link.start(wait_s=15.0):
-            raise EnrolDeskError(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
+            raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
         link.publish(topics.enrol_reply(level), reply.to_bytes(), retain=True, timeout=30.0)
         link.clear_retained([topics.enrol_request(level)], timeout=30.0)
     finally:
@@ -247,6 +251,24 @@ def invitation(file: ServeFile, host: str | None = None) -> Invitation:
         tls_ca_sha256=pem_fingerprints(ca_pem)[0],
         tls_ca_pem=ca_pem,
     )
+
+
+def publish_ca(file: ServeFile, invitation: Invitation) -> None:
+    """Leave the broker's CA certificate retained at ``fedhar/v1/<fed>/ca``, for devices whose code holds only its fingerprint.
+
+    Raises
+    ------
+    EnrolDeskError, DeskUnreachable
+        Without a broker folder with device certificates, or if the broker cannot be reached.
+    """
+    _, broker, topics = _desk(file)
+    link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=[])
+    try:
+        if not link.start(wait_s=15.0):
+            raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
+        link.publish(topics.ca, (invitation.tls_ca_pem or "").encode(), retain=True, timeout=30.0)
+    finally:
+        link.stop()
 
 
 def _hostname() -> str:

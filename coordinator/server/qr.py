@@ -13,6 +13,13 @@ the fingerprint before it connects; the ``.json`` file always holds the whole bu
 
 The code holds the password: the PNG is written with mode 0600, and the terminal text is for
 the operator's eyes (it is never logged).
+
+An *invitation* (:class:`har_io.cert_enrolment.Invitation`, enrolment by certificate) holds no
+device's secret, only the shared enrolment account's. Its code (:func:`invitation_payload`)
+carries the CA inline when the code stays at most :data:`QR_MAX_VERSION` (an EC P-256 CA
+does), else its fingerprint, and the device fetches the CA from the broker's retained
+``fedhar/v1/<fed>/ca`` over a connection it does not trust yet, keeping it only if its
+SHA-256 is the fingerprint (:func:`edge_client.cert_enrol.fetch_ca`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import segno
 
+from har_io.cert_enrolment import Invitation
 from har_io.enrolment import EnrolmentBundle
 from har_models.files import atomic_write
 
@@ -57,6 +65,28 @@ def qr_payload(bundle: EnrolmentBundle) -> str:
         return full
     slim = dataclasses.replace(bundle, tls_ca_pem=None, tls_ca_sha256=bundle.ca_fingerprint())
     return slim.to_json(indent=None)
+
+
+def invitation_payload(invitation: Invitation) -> str:
+    """The text an invitation's QR code holds: its compact JSON, the CA by fingerprint only if the whole one is too large."""
+    full = invitation.to_json()
+    if invitation.tls_ca_pem is None or int(_make(full).version) <= QR_MAX_VERSION:
+        return full
+    return dataclasses.replace(invitation, tls_ca_pem=None).to_json()
+
+
+def text_qr(text: str) -> segno.QRCode:
+    """The QR code of ``text`` (byte mode, UTF-8, error level :data:`QR_ERROR`).
+
+    Raises
+    ------
+    ValueError
+        If it does not fit a QR code.
+    """
+    try:
+        return _make(text)
+    except segno.DataOverflowError as exc:
+        raise ValueError(f"{len(text.encode())} bytes do not fit a QR code: {exc}") from None
 
 
 def make_qr(bundle: EnrolmentBundle) -> segno.QRCode:

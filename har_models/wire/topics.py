@@ -97,6 +97,11 @@ class Topics:
         """Chunk ``index`` of the program envelope the coordinator sends to client ``cid``."""
         return f"{self.prefix}/client/{cid}/programs/{index}"
 
+    @property
+    def ca(self) -> str:
+        """Where the server leaves the broker's CA certificate (retained PEM) for devices that hold only its fingerprint."""
+        return f"{self.prefix}/ca"
+
     def enrol_request(self, code: str) -> str:
         """Where a device enrolling by certificate leaves its request (retained), ``code`` its enrolment code's topic level."""
         return f"{self.prefix}/enrol/{code}"
