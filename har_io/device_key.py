@@ -143,6 +143,10 @@ def csr_public_key(csr_pem: str) -> bytes:
     if len(data) > MAX_CSR_BYTES or "-----BEGIN CERTIFICATE REQUEST-----" not in csr_pem:
         raise DeviceKeyError(f"the request is not a PEM certificate request of at most {MAX_CSR_BYTES} bytes")
     r = _run(["req", "-verify", "-noout", "-pubkey"], data=data, what="request")
+    # OpenSSL 3.0 exits 0 when the signature does not verify; only its words tell ("...verify OK" / "...verify failure").
+    said = (r.stderr + r.stdout).decode(errors="replace")
+    if "verify OK" not in said or "failure" in said:
+        raise DeviceKeyError("request: its signature does not verify with its own key (altered on the way, or not made by its holder)")
     return _p256(_pem_public_key(r.stdout.decode(), "request"), "request")
 
 
