@@ -211,9 +211,14 @@ class Invitation:
     def __repr__(self) -> str:
         return f"Invitation(coordinator={self.coordinator!r}, federation={self.federation!r}, host={self.host!r}, port={self.port})"
 
-    def to_json(self) -> str:
-        """Compact JSON with ``format`` and ``version`` (the CA left out when None)."""
+    def to_json(self, compact: bool = False) -> str:
+        """Compact JSON with ``format`` and ``version`` (the CA left out when None).
+
+        ``compact`` leaves out ``tls_ca_sha256`` when the CA is inline (a reader takes the CA's own), for a QR code.
+        """
         doc = {k: v for k, v in asdict(self).items() if v is not None}
+        if compact and self.tls_ca_pem is not None:
+            del doc["tls_ca_sha256"]
         return json.dumps({"format": INVITATION_FORMAT, "version": VERSION, **doc}, separators=(",", ":"))
 
     @classmethod
@@ -226,7 +231,14 @@ class Invitation:
             If it is too large, not JSON, of another format or version, or a field is missing or invalid.
         """
         doc = _load(data, INVITATION_FORMAT)
-        keys = ("coordinator", "federation", "host", "enrol_user", "enrol_password", "tls_ca_sha256")
+        keys = ("coordinator", "federation", "host", "enrol_user", "enrol_password")
         s = {k: _str(doc, k, INVITATION_FORMAT) for k in keys}
         ports = {k: doc.get(k) for k in ("port", "device_port")}
-        return cls(**s, **ports, tls_ca_pem=_str(doc, "tls_ca_pem", INVITATION_FORMAT, optional=True))  # type: ignore[arg-type]
+        pem = _str(doc, "tls_ca_pem", INVITATION_FORMAT, optional=True)
+        pin = _str(doc, "tls_ca_sha256", INVITATION_FORMAT, optional=pem is not None)
+        if pin is None:  # the compact form (a QR code) leaves out the pin of an inline CA: it is the CA's own
+            try:
+                pin = pem_fingerprints(str(pem))[0]
+            except ValueError as exc:
+                raise EnrolmentMessageError(f"{INVITATION_FORMAT}: {exc}") from None
+        return cls(**s, **ports, tls_ca_sha256=pin, tls_ca_pem=pem)  # type: ignore[arg-type]

@@ -195,3 +195,39 @@ def test_a_device_keeps_only_a_certificate_of_its_own_key_and_name(tmp_path: Pat
         cert_enrol.store_certificate(prep, EnrolReply("phone-anna", refused="name_revoked"))
     mine = device_ca.sign_device(out, make_csr(key, "phone-anna"), "phone-anna")
     assert cert_enrol.store_certificate(prep, EnrolReply("phone-anna", certificate_pem=mine)).read_text() == mine
+
+
+def test_with_the_recipes_ec_ca_both_qr_codes_carry_the_ca_itself(tmp_path: Path) -> None:
+    """The openssl recipe of ``broker init --help`` run as printed: bundle and invitation codes hold the whole CA, at version <= 20."""
+    import secrets
+
+    import segno
+
+    from coordinator.broker.certificates import OPENSSL_HELP
+    from coordinator.server.qr import QR_MAX_VERSION, invitation_payload, qr_payload
+    from har_io.enrolment import EnrolmentBundle
+
+    recipe = OPENSSL_HELP.split("\n\n")[1]
+    r = subprocess.run(["bash", "-e", "-c", recipe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pem = (tmp_path / "ca.crt").read_text()
+    password = secrets.token_urlsafe(32)  # the generator's length (PASSWORD_BYTES)
+    bundle = EnrolmentBundle(coordinator="fedhar-home", federation="home", client_id="phone-anna", password=password,
+                             host="homeserver.local", port=8883, tls_ca_pem=pem)  # fmt: skip
+    inv = Invitation("fedhar-home", "home", "homeserver.local", 8883, 8884, "enrol", password, pem_fingerprints(pem)[0], pem)
+    for text in (qr_payload(bundle), invitation_payload(inv)):
+        assert "-----BEGIN CERTIFICATE-----" in text
+        assert int(segno.make(text, error="L", micro=False, boost_error=False, mode="byte").version) <= QR_MAX_VERSION
+    assert Invitation.from_json(invitation_payload(inv)) == inv
+
+
+def test_an_invitation_with_a_large_ca_carries_its_fingerprint_to_fetch_and_pin(tmp_path: Path) -> None:
+    from coordinator.server.qr import invitation_payload
+
+    r = _openssl("req", "-x509", "-newkey", "rsa:3072", "-nodes", "-days", "2", "-subj", "/CN=fedhar CA",
+                 "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.crt"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    pem = (tmp_path / "ca.crt").read_text()
+    inv = Invitation("fedhar-home", "home", "homeserver.local", 8883, 8884, "enrol", "p" * 43, pem_fingerprints(pem)[0], pem)
+    slim = Invitation.from_json(invitation_payload(inv))
+    assert slim.tls_ca_pem is None and slim.tls_ca_sha256 == inv.tls_ca_sha256

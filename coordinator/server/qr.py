@@ -68,8 +68,9 @@ def qr_payload(bundle: EnrolmentBundle) -> str:
 
 
 def invitation_payload(invitation: Invitation) -> str:
-    """The text an invitation's QR code holds: its compact JSON, the CA by fingerprint only if the whole one is too large."""
-    full = invitation.to_json()
+    """The text an invitation's QR code holds: its compact JSON (the CA inline, without its pin, which is the CA's own), or,
+    if that is above :data:`QR_MAX_VERSION`, the CA by its fingerprint only."""
+    full = invitation.to_json(compact=True)
     if invitation.tls_ca_pem is None or int(_make(full).version) <= QR_MAX_VERSION:
         return full
     return dataclasses.replace(invitation, tls_ca_pem=None).to_json()
