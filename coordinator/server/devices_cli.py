@@ -1,4 +1,4 @@
-"""``fedhar-coordinator enrol | revoke | forget | devices | versions | pin | rollback``: the home server's devices and model versions.
+"""``fedhar-coordinator enrol | invite | pending | approve | revoke | forget | devices | versions | pin | rollback``: devices and versions.
 
 * ``enrol NAME [--owner PERSON]`` (``enroll`` is an alias): creates the device's broker account and ACL (and reloads the
   broker) through :mod:`coordinator.server.broker_admin`, records it in the registry, and writes
@@ -8,7 +8,10 @@
 * ``reissue NAME``: a new password for an enrolled device (the old one refused at once), a new
   bundle and QR code; its history stays (:func:`reissue`).
 * ``rename OLD NEW``: the device under a new name with its history (:func:`rename`).
-* ``revoke NAME``: removes the account and ACL and reloads the broker (Mosquitto drops the live
+* ``invite``, ``pending``, ``approve CODE [--owner PERSON]``: enrolment by certificate, where no device
+  secret travels (:mod:`coordinator.server.enrol_desk`; docs/protocol.md, "Enrolment by certificate").
+* ``revoke NAME``: puts a device certificate, if it has one, on the device CA's revocation list,
+  removes the account and ACL and reloads the broker (Mosquitto drops the live
   session), clears the device's retained status and models, and records it revoked for good: a
   running ``serve`` refuses everything it sends from then on (the registry is asked at every message).
 * ``forget NAME``: revokes it and deletes what the server holds of it: its personalised models in
@@ -712,7 +715,7 @@ def _desk_command(cmd: str, args: argparse.Namespace, data: Path, file: ServeFil
 
 
 def main(cmd: str, argv: list[str]) -> int:
-    """``fedhar-coordinator CMD ...`` for CMD in enrol, reissue, rename, revoke, forget, devices, versions; returns the exit status.
+    """``fedhar-coordinator CMD ...`` for CMD in enrol, invite, pending, approve, reissue, rename, revoke, forget, devices, versions.
 
     ``enroll`` is an alias of ``enrol`` (the one spelling in messages and docs).
 

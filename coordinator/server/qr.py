@@ -1,11 +1,11 @@
 """An enrolment bundle as a QR code: a PNG to show or print, and a block of text for the terminal (segno).
 
 What the code holds (:func:`qr_payload`) is the bundle's compact JSON, which a phone's
-scanner hands to the app as text, exactly as if it had been pasted. A bundle with the CA
-certificate inline is too large for a code that scans easily: with the CA that
-``mosquitto_config.py --help``'s openssl recipe makes (RSA 3072) it is 1718 bytes, a version 30
-code of 137 x 137 modules at the lowest error correction, wider than a terminal; with an EC
-P-256 CA 824 bytes, version 20 (97 x 97). So a bundle whose code would be above
+scanner hands to the app as text, exactly as if it had been pasted. With the EC P-256 CA that
+``mosquitto_config.py --help``'s openssl recipe makes, a bundle with the CA inline is 829
+bytes, a version 20 code (97 x 97 modules). A larger CA is too large for a code that scans
+easily: an RSA-3072 CA makes 1718 bytes, a version 30 code of 137 x 137 modules at the lowest
+error correction, wider than a terminal. So a bundle whose code would be above
 :data:`QR_MAX_VERSION` goes into the code with the CA replaced by its SHA-256 fingerprint (about
 280 bytes: version 11, 61 x 61 modules, 65 columns of terminal). The device that scans it needs the
 CA certificate from elsewhere (the bundle's ``.json`` file, or ``ca.crt``), and checks it against
