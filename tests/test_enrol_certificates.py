@@ -240,3 +240,7 @@ def test_the_commands_invite_pending_approve_and_request_certificate(tls_mosquit
     assert f"--broker 127.0.0.1:{b.device_cert_port}" in out and f"--tls-cert {folder / 'device.crt'}" in out
     ok, why = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
     assert ok, why
+    # Re-issued (a bundle with a new password for the same name): the certificate is refused from that reload on.
+    assert devices_cli.main("reissue", ["board-1", "--data", str(data)]) == 0
+    ok, _ = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
+    assert not ok

@@ -224,7 +224,8 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
     """Give enrolled device ``name`` a new password and a new bundle and QR code; its history stays.
 
     The broker account is given the new password and reloaded (from then on the old password is
-    refused and a session logged in with it is closed); the registry row, participation and the
+    refused and a session logged in with it is closed; a certificate the device was enrolled with
+    is revoked at the same reload); the registry row, participation and the
     run's records keep the name, so the device goes on as the same device once it loads the new bundle.
 
     Returns ``(json_path, png_path, terminal QR text)``.
@@ -245,10 +246,24 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
             raise ValueError(f"device {name!r} {why}: enrol it (under a new name) with fedhar-coordinator enrol NAME")
     finally:
         reg.close()
-    password = _admin(file).add_device(name, replace=True)
+    admin = _admin(file)
+    revoked = _revoke_certificate(admin, name)  # a certificate it was enrolled with is refused from the reload below on
+    password = admin.add_device(name, replace=True)
     out = write_bundle(data, file, name, password)
-    audit(data, "reissue", name, "new password; the old one is refused")
+    audit(data, "reissue", name, "new password; the old one is refused" + ("; its certificate revoked" if revoked else ""))
     return out
+
+
+def _revoke_certificate(admin: Any, name: str) -> bool:
+    """Put ``name``'s device certificate, if it was enrolled by certificate, on the device CA's revocation list.
+
+    The broker refuses the certificate from its next reload (the caller's). False if ``name`` has none.
+    """
+    from coordinator.broker import device_ca
+    from coordinator.broker.files import folder_lock
+
+    with folder_lock(admin.broker_dir):
+        return device_ca.revoke_device(admin.broker_dir, name)
 
 
 def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], tuple[Path, Path, str]]:
@@ -284,6 +299,8 @@ def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], 
     finally:
         reg.close()
     done = [f"{new}: broker account and ACL created", f"registry: {old} is now {new} (participation kept; {old} stays refused)"]
+    if _revoke_certificate(admin, old):
+        done.append(f"{old}'s certificate put on the device CA's revocation list")
     if old in admin.devices():
         admin.remove_device(old)
         done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
@@ -454,12 +471,8 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
         done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
     audit(data, "revoke", name)
     admin = _admin(file)
-    from coordinator.broker import device_ca
-    from coordinator.broker.files import folder_lock
-
-    with folder_lock(admin.broker_dir):  # written before the reload below, which makes the broker read the new list
-        if device_ca.revoke_device(admin.broker_dir, name):
-            done.append(f"{name}'s certificate put on the device CA's revocation list")
+    if _revoke_certificate(admin, name):  # before the reload below, at which the broker reads the new list
+        done.append(f"{name}'s certificate put on the device CA's revocation list")
     if name in admin.devices():
         admin.remove_device(name)
         done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
