@@ -231,3 +231,26 @@ def test_an_invitation_with_a_large_ca_carries_its_fingerprint_to_fetch_and_pin(
     inv = Invitation("fedhar-home", "home", "homeserver.local", 8883, 8884, "enrol", "p" * 43, pem_fingerprints(pem)[0], pem)
     slim = Invitation.from_json(invitation_payload(inv))
     assert slim.tls_ca_pem is None and slim.tls_ca_sha256 == inv.tls_ca_sha256
+
+
+def test_no_device_certificate_carries_a_service_accounts_name(tmp_path: Path) -> None:
+    """A certificate with the CN ``coordinator`` would log in as the coordinator on the device-certificate listener."""
+    import getpass
+
+    from coordinator.broker.accounts import generate
+    from coordinator.broker.certificates import OPENSSL_HELP
+
+    if shutil.which("mosquitto_passwd") is None and not Path("/usr/bin/mosquitto_passwd").exists():
+        pytest.skip("mosquitto_passwd not installed")
+    r = subprocess.run(["bash", "-e", "-c", OPENSSL_HELP.split("\n\n")[1]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "broker"
+    given = {"federation": "home", "tls_cert": str(tmp_path / "server.crt"), "tls_key": str(tmp_path / "server.key"),
+             "tls_ca": str(tmp_path / "ca.crt"), "device_cert_port": 8884, "broker_user": getpass.getuser()}  # fmt: skip
+    outcome = generate(out, given, ["phone-anna"])
+    assert {"enrol", "enrol-desk"} <= set(outcome.added) and outcome.clients == ["phone-anna"]
+    csr = make_csr(make_key(tmp_path / "device.key"), "coordinator")
+    for name in ("coordinator", "monitor", "enrol", "enrol-desk"):
+        with pytest.raises(SetupError, match="service account"):
+            device_ca.sign_device(out, csr, name)
+    assert certificate_subject_cn(device_ca.sign_device(out, csr, "phone-anna")) == "phone-anna"

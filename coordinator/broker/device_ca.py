@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from coordinator.broker.certificates import _openssl
-from coordinator.broker.settings import TLS_DIR, SetupError
+from coordinator.broker.settings import MANIFEST_NAME, TLS_DIR, SetupError, read_settings
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import check_client_id
 
@@ -146,12 +146,17 @@ def sign_device(out: Path, csr_pem: str, client_id: str, days: int = CERT_DAYS) 
     Raises
     ------
     SetupError
-        If the folder has no device CA, the name or ``days`` is invalid, or openssl fails.
+        If the folder has no device CA, the name or ``days`` is invalid, the name is a service
+        account's (the coordinator's, the monitor's, ...: a certificate with that CN would log in
+        as it), or openssl fails.
     """
     try:
         check_client_id(client_id)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
+    services = read_settings(Path(out)).service_users if (Path(out) / MANIFEST_NAME).is_file() else []
+    if client_id in services:
+        raise SetupError(f"{client_id!r} is the name of a service account of {out}; a device certificate never carries it")
     if not 1 <= int(days) <= CERT_DAYS:
         raise SetupError(f"days {days}: give 1 to {CERT_DAYS}")
     p = paths(out)

@@ -203,10 +203,11 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
     name = req.client_id
     reg = Registry(data)
     try:
-        refusal = "name_revoked" if reg.is_revoked(name) else "name_taken" if reg.is_enrolled(name) else None
+        taken = reg.is_enrolled(name) or name in admin.settings().service_users  # a service account's name would log in as it
+        refusal = "name_revoked" if reg.is_revoked(name) else "name_taken" if taken else None
         if refusal is not None:
             _answer(broker, topics, level, EnrolReply(name, refused=refusal))
-            why = "was revoked (a revoked name is not used again)" if refusal == "name_revoked" else "is enrolled already"
+            why = "was revoked (a revoked name is not used again)" if refusal == "name_revoked" else "is taken"
             raise EnrolDeskError(f"the request under code {code} asks for the name {name!r}, which {why}; the device was told so")
         out = admin.broker_dir
         with folder_lock(out):
