@@ -224,7 +224,7 @@ def test_with_the_recipes_ec_ca_both_qr_codes_carry_the_ca_itself(tmp_path: Path
 def test_an_invitation_with_a_large_ca_carries_its_fingerprint_to_fetch_and_pin(tmp_path: Path) -> None:
     from coordinator.server.qr import invitation_payload
 
-    r = _openssl("req", "-x509", "-newkey", "rsa:3072", "-nodes", "-days", "2", "-subj", "/CN=fedhar CA",
+    r = _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=fedhar CA",
                  "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.crt"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     pem = (tmp_path / "ca.crt").read_text()
@@ -254,3 +254,24 @@ def test_no_device_certificate_carries_a_service_accounts_name(tmp_path: Path) -
         with pytest.raises(SetupError, match="service account"):
             device_ca.sign_device(out, csr, name)
     assert certificate_subject_cn(device_ca.sign_device(out, csr, "phone-anna")) == "phone-anna"
+
+
+@pytest.mark.slow  # each command loads the server's modules: about 1 s apiece
+def test_the_desk_commands_on_a_folder_without_device_certificates_say_how_to_add_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import getpass
+
+    from coordinator.broker.accounts import generate
+    from coordinator.server import devices_cli
+
+    if shutil.which("mosquitto_passwd") is None and not Path("/usr/bin/mosquitto_passwd").exists():
+        pytest.skip("mosquitto_passwd not installed")
+    out = tmp_path / "broker"
+    generate(out, {"federation": "home", "broker_user": getpass.getuser()}, [])
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "server.toml").write_text(f'[server]\nbroker_dir = "{out}"\n')
+    for cmd, argv in (("invite", []), ("pending", []), ("approve", ["AEY53-KLFJ7"])):
+        assert devices_cli.main(cmd, [*argv, "--data", str(data)]) == 2
+        err = capsys.readouterr().err
+        assert f"no device-certificate listener: run fedhar-coordinator broker init --out {out} --device-cert-port" in err
