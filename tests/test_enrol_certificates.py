@@ -153,7 +153,7 @@ def test_request_pending_approve_login_by_certificate_then_revoked(tls_mosquitto
 
 
 def test_unapproved_forged_and_self_made_certificates_are_refused(tls_mosquitto: Any, tmp_path: Path) -> None:
-    b = tls_mosquitto("home", [], device_certs=True)
+    b = tls_mosquitto("home", ["phone-bob"], device_certs=True)  # phone-bob: an account made with the broker tooling
     data, file = _server(tmp_path, b)
     inv = enrol_desk.invitation(file)
     prep = cert_enrol.prepare(tmp_path / "phone", "phone-anna", inv)
@@ -187,6 +187,16 @@ def test_unapproved_forged_and_self_made_certificates_are_refused(tls_mosquitto:
         assert not reg.is_enrolled("phone-anna")
     finally:
         reg.close()
+
+    # A name that already has a broker account is refused, and the device is told why.
+    bob = cert_enrol.prepare(tmp_path / "bob", "phone-bob", inv)
+    with pytest.raises(cert_enrol.EnrolmentNotApproved):
+        cert_enrol.request_certificate(bob, inv, wait_s=0.5)
+    with pytest.raises(enrol_desk.EnrolDeskError, match="asks for the name 'phone-bob', which is taken"):
+        enrol_desk.approve(data, file, bob.code)
+    with pytest.raises(cert_enrol.EnrolmentNotApproved, match="the name is another device's"):
+        cert_enrol.request_certificate(bob, inv, wait_s=10.0)
+    assert not (tmp_path / "bob" / "device.crt").exists()
 
     # A certificate the device made itself (not signed by the device CA) is refused in the handshake.
     import subprocess

@@ -185,9 +185,11 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
     DeviceKeyError
         If ``code`` is not an enrolment code.
     EnrolDeskError
-        If no request waits under ``code``, it cannot be approved (its problem is named), or the
-        broker cannot be reached. A name that is enrolled or was revoked is refused, and the
-        device told so in the reply.
+        If no request waits under ``code``, or it cannot be approved (its problem is named). A
+        name that is enrolled, has a broker account, is a service account's or was revoked is
+        refused, and the device told so in the reply.
+    DeskUnreachable
+        If the broker cannot be reached with the desk account.
     coordinator.server.broker_admin.BrokerAdminError
         If the broker account cannot be made (the certificate is then signed but not sent).
     """
@@ -203,7 +205,8 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
     name = req.client_id
     reg = Registry(data)
     try:
-        taken = reg.is_enrolled(name) or name in admin.settings().service_users  # a service account's name would log in as it
+        # A service account's name would log in as that account; a broker account made outside the server is a device's.
+        taken = reg.is_enrolled(name) or name in admin.settings().service_users or name in admin.devices()
         refusal = "name_revoked" if reg.is_revoked(name) else "name_taken" if taken else None
         if refusal is not None:
             _answer(broker, topics, level, EnrolReply(name, refused=refusal))
