@@ -275,3 +275,14 @@ def test_the_desk_commands_on_a_folder_without_device_certificates_say_how_to_ad
         assert devices_cli.main(cmd, [*argv, "--data", str(data)]) == 2
         err = capsys.readouterr().err
         assert f"no device-certificate listener: run fedhar-coordinator broker init --out {out} --device-cert-port" in err
+
+
+def test_fedhar_client_request_certificate_refuses_a_bad_invitation_with_the_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from edge_client import cli
+
+    rc = cli.main(["request-certificate", "--invitation", '{"format": "fedhar-enrolment"}', "--client-id", "pi-kitchen",
+                   "--folder", str(tmp_path / "k")])  # fmt: skip
+    assert rc == 2
+    assert "not a fedhar-invitation message" in capsys.readouterr().err
+    assert not (tmp_path / "k" / "device.key").exists()  # nothing made for an invitation that cannot be used
