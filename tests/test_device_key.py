@@ -254,6 +254,11 @@ def test_no_device_certificate_carries_a_service_accounts_name(tmp_path: Path) -
         with pytest.raises(SetupError, match="service account"):
             device_ca.sign_device(out, csr, name)
     assert certificate_subject_cn(device_ca.sign_device(out, csr, "phone-anna")) == "phone-anna"
+    # A folder with a device called "enrol" cannot get the enrolment accounts until that device is renamed or removed.
+    older = tmp_path / "older"
+    generate(older, {k: v for k, v in given.items() if k != "device_cert_port"}, ["enrol"])
+    with pytest.raises(SetupError, match="has a device named enrol, an enrolment account's name"):
+        generate(older, {"device_cert_port": 8884}, [])
 
 
 @pytest.mark.slow  # each command loads the server's modules: about 1 s apiece

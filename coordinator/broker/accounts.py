@@ -22,6 +22,8 @@ from coordinator.broker.files import folder_lock, grant_broker_access, write_bro
 from coordinator.broker.passwords import PASSWORD_BYTES, find_mosquitto_passwd, read_password, read_password_file, write_passwd
 from coordinator.broker.render import acl_text, config_text
 from coordinator.broker.settings import (
+    ENROL_DESK_USER,
+    ENROL_USER,
     HOME_ASSISTANT_USER,
     MANIFEST_NAME,
     PASSWORD_SUFFIX,
@@ -131,6 +133,9 @@ def generate(
             f"{out} has a device named {settings.monitor_user!r}, the monitor account's default name: "
             "pass --monitor-user with another name (e.g. --monitor-user fedhar-monitor)"
         )
+    taken = sorted(set(before.get("clients", [])) & {ENROL_USER, ENROL_DESK_USER}) if settings.device_cert_port is not None else []
+    if taken:
+        raise SetupError(f"{out} has a device named {', '.join(taken)}, an enrolment account's name: rename or remove that device first")
     # Home Assistant's account, which the removed --home-assistant made: not a device, so it goes.
     dropped = {HOME_ASSISTANT_USER} - set(services) if before_settings.get("home_assistant") else set()
     for user in sorted(dropped):

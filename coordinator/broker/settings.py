@@ -44,7 +44,8 @@ TLS_DIR = "tls"
 
 ENROL_USER = "enrol"
 """The shared enrolment account of a folder with device certificates: it may only leave requests
-(``.../enrol/<code>``) and read replies (``.../enrol/<code>/reply``); its password is in the invitation."""
+(``.../enrol/<code>``) and read replies (``.../enrol/<code>/reply``) and the CA (``.../ca``); its password is in
+the invitation."""
 
 ENROL_DESK_USER = "enrol-desk"
 """The account ``fedhar-coordinator pending`` and ``approve`` log in with (loopback): reads requests, writes replies."""
@@ -152,7 +153,8 @@ class BrokerSettings:
 
     @property
     def service_users(self) -> list[str]:
-        """The accounts that are not devices: the coordinator's, the monitor's and the regional bridges'."""
+        """The accounts that are not devices: the coordinator's, the monitor's, the regional bridges' and, with
+        :attr:`device_cert_port`, the enrolment accounts (:data:`ENROL_USER`, :data:`ENROL_DESK_USER`)."""
         enrol = (ENROL_USER, ENROL_DESK_USER) if self.device_cert_port is not None else ()
         return [self.coordinator_user, self.monitor_user, *self.bridge_users, *enrol]
 
