@@ -70,7 +70,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
 
 
 SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions",
-               "pin", "rollback",
+               "pin", "rollback", "invite", "pending", "approve",
                "backup", "restore")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
@@ -80,6 +80,7 @@ _DESCRIPTION = (
     "fedhar-coordinator serve [OPTIONS]   the home server: a federation that never ends (serve --help)\n"
     "fedhar-coordinator broker ACTION     the federation's Mosquitto: init, add, remove, rotate, list (broker --help)\n"
     "fedhar-coordinator enrol NAME        enrol a device: broker account and an enrolment bundle + QR code (alias: enroll)\n"
+    "fedhar-coordinator invite            enrolment by certificate: a QR code with no device secret; pending; approve CODE\n"
     "fedhar-coordinator reissue NAME      a new password and bundle for a device (same history); rename OLD NEW\n"
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator backup DEST       copy the data folder (safe while serve runs) and the broker folder; restore SRC\n"

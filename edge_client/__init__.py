@@ -10,5 +10,7 @@
   :mod:`~edge_client.pte_fetch` (the ExecuTorch ``.pte`` files asked of the coordinator);
 * :mod:`~edge_client.agent` (follows the federation over MQTT) and :mod:`~edge_client.cli`
   (``fedhar-client``, ``fedhar-record`` in :mod:`~edge_client.record_cli`);
+* :mod:`~edge_client.cert_enrol`: the device's side of enrolment by certificate
+  (``fedhar-client request-certificate``);
 * :mod:`edge_client.app`: the Kivy app.
 """

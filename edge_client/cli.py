@@ -335,11 +335,18 @@ EXIT_MISSING_MODULE = Exit.MISSING_MODULE
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-client``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
 
+    ``fedhar-client request-certificate ...`` asks for a client certificate instead (:func:`edge_client.cert_enrol.main`).
+
     0 ok, 2 usage, 3 data, 4 the broker refused the login or TLS failed, 6 another client holds the state
     folder or it cannot be written (read-only, full), 7 a module the chosen backend needs is not installed, 8 another
     process uses this client id;
     the systemd unit restarts on none of these but 0 and 1.
     """
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["request-certificate"]:  # enrolment by certificate (edge_client/cert_enrol.py); no other option is a bare word
+        from edge_client import cert_enrol
+
+        return cert_enrol.main(words[1:])
     try:
         return _main(argv)
     except ModuleNotFoundError as exc:

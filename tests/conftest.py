@@ -81,7 +81,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def tls_mosquitto(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Any]]:
-    """``start(federation, clients)``: a Mosquitto with TLS, ACL and one account per client (``support/secured_broker.py``).
+    """``start(federation, clients, device_certs=False)``: a Mosquitto with TLS, ACL and one account per client
+    (``support/secured_broker.py``); ``device_certs`` adds the device-certificate listener.
 
     It runs in ``tmp_path / "mqtt"`` until the test ends. Skipped when mosquitto,
     mosquitto_passwd or openssl is missing, unless FEDHAR_REQUIRE_MOSQUITTO=1 (set by
@@ -93,9 +94,9 @@ def tls_mosquitto(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Any]]:
 
     with ExitStack() as stack:
 
-        def start(federation: str, clients: list[str]) -> Any:
+        def start(federation: str, clients: list[str], device_certs: bool = False) -> Any:
             try:
-                return stack.enter_context(secured_mosquitto(tmp_path / "mqtt", federation, clients))
+                return stack.enter_context(secured_mosquitto(tmp_path / "mqtt", federation, clients, device_certs))
             except Missing as exc:
                 if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
                     pytest.fail(str(exc))

@@ -11,6 +11,7 @@ which is run as systemd runs it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import signal
@@ -89,14 +90,24 @@ def test_the_generator_prints_commands_that_run_as_written() -> None:
 
 
 def test_each_documented_fedhar_coordinator_line_runs(tmp_path: Path, tls_mosquitto: Callable[..., Any]) -> None:
-    b = tls_mosquitto("home", ["spare"])
+    b = tls_mosquitto("home", ["spare"], device_certs=True)
     data, backups = tmp_path / "var-lib-fedhar", tmp_path / "srv-backup"
     data.mkdir()
     # step 3's server.toml (broker_dir), with the test broker's address and no page
     (data / "server.toml").write_text(f'[server]\nbroker_dir = "{b.out}"\npublic_host = "127.0.0.1"\nhttp_port = 0\n'
                                       "\n[schedule]\nmin_clients = 2\nmin_round_interval_s = 600\n")  # fmt: skip
+    # step 4's enrolment by certificate: a device's request waits on the broker under the code the README's approve names
+    from coordinator.server.enrol_desk import invitation
+    from coordinator.server.settings import read_serve_file
+    from edge_client.cert_enrol import EnrolmentNotApproved, prepare, request_certificate
+
+    inv = invitation(read_serve_file(data / "server.toml"))
+    asked = prepare(tmp_path / "pi-kitchen", "pi-kitchen", inv)
+    with contextlib.suppress(EnrolmentNotApproved):  # the request stays, retained, until the documented approve
+        request_certificate(asked, inv, wait_s=0.5)
     mapping = {"/var/lib/fedhar": str(data), "/etc/mosquitto/fedhar": str(b.out), "/srv/backup": str(backups),
-               "fedhar-$(date +%F)": "fedhar-bk", "fedhar-2026-12-01": "fedhar-bk", "ca.key": str(b.ca.with_name("ca.key"))}  # fmt: skip
+               "fedhar-$(date +%F)": "fedhar-bk", "fedhar-2026-12-01": "fedhar-bk", "ca.key": str(b.ca.with_name("ca.key")),
+               "ABCDE-FGHJK": asked.code}  # fmt: skip
     lines = [x for x in _command_lines(_home_server_section()) if x.startswith(f"sudo {VENV_PROG} ")]
     ran = []
     for line in lines:
@@ -106,6 +117,7 @@ def test_each_documented_fedhar_coordinator_line_runs(tmp_path: Path, tls_mosqui
         r = subprocess.run([sys.executable, "-m", "coordinator.cli", *argv], capture_output=True, text=True, timeout=180, cwd=ROOT)
         assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
         ran.append(argv[0] if argv[0] != "broker" else f"broker {argv[1]}")
-    assert ran == ["enrol", "reissue", "rename", "revoke", "devices", "broker renew", "backup", "restore"]
+    assert ran == ["enrol", "invite", "pending", "approve", "reissue", "rename", "revoke", "devices", "broker renew", "backup", "restore"]
+    assert (tmp_path / "pi-kitchen" / "device.crt").exists() is False  # approved on the server; the device fetches it when it asks again
     assert (data / "server.sqlite").is_file() and (backups / "fedhar-bk" / "manifest.json").is_file()
     assert any(p.name.startswith("var-lib-fedhar.before-restore-") for p in tmp_path.iterdir())  # moved aside, not deleted

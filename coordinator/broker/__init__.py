@@ -8,6 +8,8 @@
 * :mod:`~coordinator.broker.passwords`: passwords made, hashed by ``mosquitto_passwd``, kept in
   ``credentials/``;
 * :mod:`~coordinator.broker.certificates`: the openssl recipe and the broker's copies in ``tls/``;
+* :mod:`~coordinator.broker.device_ca`: the device CA that signs and revokes the certificates of
+  devices enrolled by certificate (``--device-cert-port``);
 * :mod:`~coordinator.broker.accounts`: the folder written at once (:func:`generate`) or one
   device at a time (:func:`add_device`, :func:`remove_device`);
 * :mod:`~coordinator.broker.bridge`: a regional broker for devices bridged to the coordinator's

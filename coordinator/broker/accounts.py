@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.broker.certificates import install_tls_files
+from coordinator.broker.device_ca import ensure_device_ca
 from coordinator.broker.files import folder_lock, grant_broker_access, write_broker_file, write_file
 from coordinator.broker.passwords import PASSWORD_BYTES, find_mosquitto_passwd, read_password, read_password_file, write_passwd
 from coordinator.broker.render import acl_text, config_text
 from coordinator.broker.settings import (
+    ENROL_DESK_USER,
+    ENROL_USER,
     HOME_ASSISTANT_USER,
     MANIFEST_NAME,
     PASSWORD_SUFFIX,
@@ -130,6 +133,9 @@ def generate(
             f"{out} has a device named {settings.monitor_user!r}, the monitor account's default name: "
             "pass --monitor-user with another name (e.g. --monitor-user fedhar-monitor)"
         )
+    taken = sorted(set(before.get("clients", [])) & {ENROL_USER, ENROL_DESK_USER}) if settings.device_cert_port is not None else []
+    if taken:
+        raise SetupError(f"{out} has a device named {', '.join(taken)}, an enrolment account's name: rename or remove that device first")
     # Home Assistant's account, which the removed --home-assistant made: not a device, so it goes.
     dropped = {HOME_ASSISTANT_USER} - set(services) if before_settings.get("home_assistant") else set()
     for user in sorted(dropped):
@@ -179,6 +185,8 @@ def generate(
         for user in [*revoke, *sorted(dropped)]:
             outcome.password_file(user).unlink(missing_ok=True)
         settings = outcome.settings = install_tls_files(out, settings)
+        if settings.device_cert_port is not None and ensure_device_ca(out, settings.federation):
+            log.info("made the device CA in %s", out / "tls")
         write_broker_file(out / "acl", acl_text(settings, devices))
         upstream_password = _upstream_password(out) if settings.upstream else None
         # A regional broker's configuration holds its bridge's password: readable by the broker only.
@@ -220,6 +228,8 @@ def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> N
         raise SetupError(f"client id {cid!r}{where} is the monitor account's user name; rename the device or pass another --monitor-user")
     if cid in settings.bridge_users:
         raise SetupError(f"client id {cid!r}{where} is a regional broker's bridge account; rename the device")
+    if cid in settings.service_users:
+        raise SetupError(f"client id {cid!r}{where} is the enrolment service's account; rename the device")
 
 
 def configured_devices(out: Path) -> list[str]:

@@ -17,11 +17,11 @@ OPENSSL_HELP = """\
 TLS certificates (once, on the operator's machine; keep ca.key offline). Replace homeserver and
 the address with the names and addresses devices use to reach the broker:
 
-  openssl req -x509 -newkey rsa:3072 -nodes -days 3650 -subj "/CN=fedhar CA" \\
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 -subj "/CN=fedhar CA" \\
       -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout ca.key -out ca.crt
-  openssl req -newkey rsa:3072 -nodes -subj "/CN=homeserver" -keyout server.key -out server.csr
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=homeserver" -keyout server.key -out server.csr
   printf '%s\\n' "subjectAltName=DNS:homeserver,DNS:homeserver.local,IP:192.168.1.10" \\
-      "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" \\
+      "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth" \\
       "authorityKeyIdentifier=keyid,issuer" > server.ext
   openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 \\
       -extfile server.ext -out server.crt
@@ -30,6 +30,7 @@ then pass --tls-cert server.crt --tls-key server.key --tls-ca ca.crt, and copy c
 key) to every device (fedhar-client --tls-ca ca.crt). The three files are copied into the output
 folder's tls/ (the key readable by the broker's account only), so the broker never reads them
 where they were made; run the same command again with the three options after renewing them.
+EC P-256 keeps the CA small enough (about 600 bytes) to travel inside an enrolment QR code.
 """
 
 

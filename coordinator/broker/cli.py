@@ -56,6 +56,10 @@ def add_setting_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--require-client-cert", action=argparse.BooleanOptionalAction, default=None, help="mutual TLS: devices present certificates"
     )
+    ap.add_argument(
+        "--device-cert-port", type=int,
+        help="add a listener where devices enrolled by certificate log in (fedhar-coordinator approve), e.g. 8884",
+    )  # fmt: skip
     ap.add_argument("--no-tls", action="store_true", help="drop the TLS listener configured by an earlier run")
     ap.add_argument("--broker-user", help=f"account Mosquitto runs as after starting as root (default {DEFAULTS['broker_user']})")
     ap.add_argument(

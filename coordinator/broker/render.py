@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.broker.settings import PACKET_MARGIN_BYTES, PID_FILE_NAME, BrokerSettings
+from coordinator.broker.device_ca import paths as device_ca_paths
+from coordinator.broker.settings import ENROL_DESK_USER, ENROL_USER, PACKET_MARGIN_BYTES, PID_FILE_NAME, BrokerSettings
 from har_models.wire.topics import Topics
 
 BRIDGE_QOS = 1
@@ -112,6 +113,22 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
             f"topic write {t.client_update(cid, '+')}",
             f"topic write {t.client_program_request(cid)}",
             f"topic read {t.client_programs(cid, '+')}",
+            "",
+        ]
+    if settings.device_cert_port is not None:
+        lines += [
+            "# Enrolment by certificate: the shared enrolment account only leaves a request under an enrolment code and",
+            "# reads the replies (certificates are public) and the CA; the desk (fedhar-coordinator pending/approve) reads the",
+            "# requests and writes the replies. A device enrolled so logs in by certificate: its CN is its user name above.",
+            f"user {ENROL_USER}",
+            f"topic write {t.enrol_request('+')}",
+            f"topic read {t.enrol_reply('+')}",
+            f"topic read {t.ca}",
+            "",
+            f"user {ENROL_DESK_USER}",
+            f"topic readwrite {t.enrol_request('+')}",
+            f"topic readwrite {t.enrol_reply('+')}",
+            f"topic readwrite {t.ca}",
             "",
         ]
     if settings.bridge_users:
@@ -265,6 +282,23 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
             lines.append(f"cafile {s.tls_ca}")
         lines += [
             f"require_certificate {'true' if s.require_client_cert else 'false'}",
+            "tls_version tlsv1.2",
+        ]
+    if s.tls and s.device_cert_port is not None:
+        ca = device_ca_paths(out)
+        lines += [
+            "",
+            "# MQTT over TLS for devices enrolled by certificate (fedhar-coordinator approve): only a certificate signed",
+            "# by the device CA and not on its revocation list is let in, and its CN is the user name the ACL knows.",
+            f"listener {s.device_cert_port} {s.tls_bind}".rstrip(),
+            "protocol mqtt",
+            "use_username_as_clientid true",
+            f"certfile {s.tls_cert}",
+            f"keyfile {s.tls_key}",
+            f"cafile {ca['crt']}",
+            f"crlfile {ca['crl']}",
+            "require_certificate true",
+            "use_identity_as_username true",
             "tls_version tlsv1.2",
         ]
     if (settings.upstream is None) != (upstream_password is None):

@@ -91,6 +91,8 @@ def report(outcome: Outcome) -> str:
     listeners = f"port {s.port} on {s.plain_bind or 'all interfaces'}"
     if s.tls:
         listeners += f", TLS port {s.tls_port} on {s.tls_bind or 'all interfaces'}"
+    if s.tls and s.device_cert_port is not None:
+        listeners += f", device-certificate port {s.device_cert_port}"
     lines = [
         f"fedhar broker configuration for federation {s.federation!r} in {outcome.out}",
         f"  listeners: {listeners}; {len(outcome.clients)} devices and the coordinator ({s.coordinator_user!r})",
@@ -122,6 +124,9 @@ def report(outcome: Outcome) -> str:
             "The home server (on the broker's host): name this folder in its server.toml and enrol devices as root:",
             f"  [server] broker_dir = \"{outcome.out}\"",
             f"  sudo {program('fedhar-coordinator')} enrol NAME --data /var/lib/fedhar",
+            *(["or by certificate, with no device secret in a code (docs/protocol.md, Enrolment by certificate):",
+               f"  sudo {program('fedhar-coordinator')} invite --data /var/lib/fedhar    (then pending, approve CODE)"]
+              if s.device_cert_port is not None else []),
             "A research run of a fixed number of rounds against this broker instead:",
             f"  {cmd['coordinator']}",
         ]

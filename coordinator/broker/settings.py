@@ -42,6 +42,15 @@ TLS_DIR = "tls"
 """Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
 
 
+ENROL_USER = "enrol"
+"""The shared enrolment account of a folder with device certificates: it may only leave requests
+(``.../enrol/<code>``) and read replies (``.../enrol/<code>/reply``) and the CA (``.../ca``); its password is in
+the invitation."""
+
+ENROL_DESK_USER = "enrol-desk"
+"""The account ``fedhar-coordinator pending`` and ``approve`` log in with (loopback): reads requests, writes replies."""
+
+
 UPSTREAM_SECRET = "credentials/upstream.secret"
 """Where a regional broker's folder keeps its bridge's password for the upstream broker (mode 0600; not a
 ``.password`` file, so it is never taken for a device's account)."""
@@ -114,6 +123,11 @@ class BrokerSettings:
     upstream_ca : str, optional
         CA certificate (PEM) the bridge verifies the upstream broker with; set, the bridge
         connects over TLS (the address must be a name or IP in the upstream certificate).
+    device_cert_port : int, optional
+        Port of the device-certificate listener (``require_certificate``, the certificate's CN
+        as the user name), for devices enrolled by certificate (:mod:`coordinator.broker.device_ca`);
+        set, the folder also has the device CA and the :data:`ENROL_USER` and
+        :data:`ENROL_DESK_USER` accounts. None = no such listener. Needs the TLS listener.
     """
 
     federation: str
@@ -135,11 +149,14 @@ class BrokerSettings:
     upstream: str | None = None
     upstream_user: str | None = None
     upstream_ca: str | None = None
+    device_cert_port: int | None = None
 
     @property
     def service_users(self) -> list[str]:
-        """The accounts that are not devices: the coordinator's, the monitor's and the regional bridges'."""
-        return [self.coordinator_user, self.monitor_user, *self.bridge_users]
+        """The accounts that are not devices: the coordinator's, the monitor's, the regional bridges' and, with
+        :attr:`device_cert_port`, the enrolment accounts (:data:`ENROL_USER`, :data:`ENROL_DESK_USER`)."""
+        enrol = (ENROL_USER, ENROL_DESK_USER) if self.device_cert_port is not None else ()
+        return [self.coordinator_user, self.monitor_user, *self.bridge_users, *enrol]
 
     @property
     def upstream_address(self) -> tuple[str, int] | None:
@@ -282,6 +299,13 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
         raise SetupError("--tls-cert and --tls-key go together (the server certificate and its private key)")
     if s.tls and s.port == s.tls_port:
         raise SetupError(f"--port and --tls-port are both {s.port}; the plain and the TLS listener need different ports")
+    if s.device_cert_port is not None:
+        if not s.tls:
+            raise SetupError("--device-cert-port needs --tls-cert and --tls-key: devices trust the broker by its certificate")
+        if not 0 < s.device_cert_port < 65536 or s.device_cert_port in (s.port, s.tls_port):
+            raise SetupError(f"--device-cert-port {s.device_cert_port}: give a TCP port (1..65535) other than --port and --tls-port")
+        if s.require_client_cert:
+            raise SetupError("--device-cert-port with --require-client-cert: enrolment needs the password listener; drop one of them")
     if s.require_client_cert and not (s.tls and s.tls_ca):
         raise SetupError("--require-client-cert needs --tls-cert, --tls-key and --tls-ca (the CA that signs device certificates)")
     if s.tls_ca and not s.tls:

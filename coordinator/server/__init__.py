@@ -5,6 +5,7 @@
 revoked devices, coordinator epochs, numbered model versions, per-device participation), the run's
 state (``run/``), the kept model versions (``versions/``) and the enrolment bundles
 (``enrolment/``). The modules here add the schedule that decides when a round may start, device
-enrolment and revocation against the broker, and the read-only status page and metrics; the round
+enrolment and revocation against the broker (enrolment by certificate in
+:mod:`~coordinator.server.enrol_desk`), and the read-only status page and metrics; the round
 machinery itself is :mod:`coordinator.service`'s.
 """

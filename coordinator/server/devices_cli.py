@@ -1,4 +1,4 @@
-"""``fedhar-coordinator enrol | revoke | forget | devices | versions | pin | rollback``: the home server's devices and model versions.
+"""``fedhar-coordinator enrol | invite | pending | approve | revoke | forget | devices | versions | pin | rollback``: devices and versions.
 
 * ``enrol NAME [--owner PERSON]`` (``enroll`` is an alias): creates the device's broker account and ACL (and reloads the
   broker) through :mod:`coordinator.server.broker_admin`, records it in the registry, and writes
@@ -8,7 +8,10 @@
 * ``reissue NAME``: a new password for an enrolled device (the old one refused at once), a new
   bundle and QR code; its history stays (:func:`reissue`).
 * ``rename OLD NEW``: the device under a new name with its history (:func:`rename`).
-* ``revoke NAME``: removes the account and ACL and reloads the broker (Mosquitto drops the live
+* ``invite``, ``pending``, ``approve CODE [--owner PERSON]``: enrolment by certificate, where no device
+  secret travels (:mod:`coordinator.server.enrol_desk`; docs/protocol.md, "Enrolment by certificate").
+* ``revoke NAME``: puts a device certificate, if it has one, on the device CA's revocation list,
+  removes the account and ACL and reloads the broker (Mosquitto drops the live
   session), clears the device's retained status and models, and records it revoked for good: a
   running ``serve`` refuses everything it sends from then on (the registry is asked at every message).
 * ``forget NAME``: revokes it and deletes what the server holds of it: its personalised models in
@@ -65,14 +68,18 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
     if cmd == "rename":
         ap.add_argument("old", help="the device's current name")
         ap.add_argument("new", help="its new name (never used before: letters, digits, '_', '.', '-')")
-    if cmd == "enrol":
+    if cmd == "approve":
+        ap.add_argument("code", help="the enrolment code the device shows (ABCDE-FGHJK; case and dashes do not matter)")
+    if cmd in ("enrol", "approve"):
         ap.add_argument("--owner", default=None, help="the person the device belongs to (shown on the status page)")
+    if cmd == "invite":
+        ap.add_argument("--host", default=None, help="the broker's host name devices use (default [server] public_host, else the broker's)")
     if cmd == "pin":
         ap.add_argument("version", type=int, help="the model version to continue from (see fedhar-coordinator versions)")
     if cmd == "rollback":
         ap.add_argument("version", type=int, nargs="?", default=None,
                         help="the model version to go back to (default: the quality guard's best)")  # fmt: skip
-    if cmd in ("devices", "versions"):
+    if cmd in ("devices", "versions", "pending"):
         ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     if cmd == "devices":
         ap.add_argument(
@@ -217,7 +224,8 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
     """Give enrolled device ``name`` a new password and a new bundle and QR code; its history stays.
 
     The broker account is given the new password and reloaded (from then on the old password is
-    refused and a session logged in with it is closed); the registry row, participation and the
+    refused and a session logged in with it is closed; a certificate the device was enrolled with
+    is revoked at the same reload); the registry row, participation and the
     run's records keep the name, so the device goes on as the same device once it loads the new bundle.
 
     Returns ``(json_path, png_path, terminal QR text)``.
@@ -238,10 +246,24 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
             raise ValueError(f"device {name!r} {why}: enrol it (under a new name) with fedhar-coordinator enrol NAME")
     finally:
         reg.close()
-    password = _admin(file).add_device(name, replace=True)
+    admin = _admin(file)
+    revoked = _revoke_certificate(admin, name)  # a certificate it was enrolled with is refused from the reload below on
+    password = admin.add_device(name, replace=True)
     out = write_bundle(data, file, name, password)
-    audit(data, "reissue", name, "new password; the old one is refused")
+    audit(data, "reissue", name, "new password; the old one is refused" + ("; its certificate revoked" if revoked else ""))
     return out
+
+
+def _revoke_certificate(admin: Any, name: str) -> bool:
+    """Put ``name``'s device certificate, if it was enrolled by certificate, on the device CA's revocation list.
+
+    The broker refuses the certificate from its next reload (the caller's). False if ``name`` has none.
+    """
+    from coordinator.broker import device_ca
+    from coordinator.broker.files import folder_lock
+
+    with folder_lock(admin.broker_dir):
+        return device_ca.revoke_device(admin.broker_dir, name)
 
 
 def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], tuple[Path, Path, str]]:
@@ -277,6 +299,8 @@ def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], 
     finally:
         reg.close()
     done = [f"{new}: broker account and ACL created", f"registry: {old} is now {new} (participation kept; {old} stays refused)"]
+    if _revoke_certificate(admin, old):
+        done.append(f"{old}'s certificate put on the device CA's revocation list")
     if old in admin.devices():
         admin.remove_device(old)
         done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
@@ -453,6 +477,8 @@ def revoke(data: Path, file: ServeFile, name: str) -> list[str]:
         done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
     audit(data, "revoke", name)
     admin = _admin(file)
+    if _revoke_certificate(admin, name):  # before the reload below, at which the broker reads the new list
+        done.append(f"{name}'s certificate put on the device CA's revocation list")
     if name in admin.devices():
         admin.remove_device(name)
         done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
@@ -664,8 +690,56 @@ def match_data_owner(data: Path) -> list[Path]:
     return changed
 
 
+def _desk_command(cmd: str, args: argparse.Namespace, data: Path, file: ServeFile) -> None:
+    """``invite``, ``pending`` and ``approve``: enrolment by certificate (:mod:`coordinator.server.enrol_desk`)."""
+    from coordinator.server import enrol_desk
+
+    if cmd == "approve":
+        for line in enrol_desk.approve(data, file, args.code, args.owner):
+            print(line)
+        return
+    if cmd == "pending":
+        reqs = enrol_desk.pending(file)
+        if args.json:
+            print(json.dumps([{k: v for k, v in asdict(r).items() if k != "csr_pem"} for r in reqs], indent=1))
+        elif not reqs:
+            print("no request waits (a device asks with fedhar-client request-certificate or the app)")
+        for r in [] if args.json else reqs:
+            print(f"{r.code}  {r.client_id or '?'}  key {r.fingerprint or '?'}" + (f"  NOT APPROVABLE: {r.problem}" if r.problem else ""))
+        return
+    from coordinator.server.qr import invitation_payload, text_qr
+
+    inv = enrol_desk.invitation(file, args.host)
+    payload = invitation_payload(inv)
+    folder = data / "enrolment"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    js, png = folder / "invitation.json", folder / "invitation.png"
+    _write_private(js, inv.to_json().encode())
+    code = text_qr(payload)
+    from har_models.files import atomic_write
+
+    atomic_write(png, lambda tmp: code.save(str(tmp), kind="png", scale=8, border=4), mode=0o600)
+    try:
+        enrol_desk.publish_ca(file, inv)
+        ca_note = "the CA is also on the broker for devices that fetch it"
+    except enrol_desk.DeskUnreachable as exc:
+        ca_note = f"the CA could not be left on the broker ({exc}); a device whose code has only the fingerprint needs ca.crt"
+    import io
+
+    out = io.StringIO()
+    code.terminal(out=out, compact=True, border=2)
+    print(out.getvalue())
+    inline = '"tls_ca_pem"' in payload
+    print(f"Invitation to federation {inv.federation} at {inv.host}:{inv.port} (devices log in on {inv.device_port} once approved).")
+    print(f"  {js}  (fedhar-client request-certificate --invitation {js.name} --client-id NAME)")
+    print(f"  {png}  (the code above)")
+    print("The code holds the broker's address, the enrolment account (it can only ask) and the CA "
+          + ("certificate itself." if inline else f"fingerprint (SHA-256 {inv.tls_ca_sha256}); {ca_note}."))
+    print("It holds no device's secret: each device makes its own key; approve it with fedhar-coordinator approve CODE.")
+
+
 def main(cmd: str, argv: list[str]) -> int:
-    """``fedhar-coordinator CMD ...`` for CMD in enrol, reissue, rename, revoke, forget, devices, versions; returns the exit status.
+    """``fedhar-coordinator CMD ...`` for CMD in enrol, invite, pending, approve, reissue, rename, revoke, forget, devices, versions.
 
     ``enroll`` is an alias of ``enrol`` (the one spelling in messages and docs).
 
@@ -716,6 +790,8 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
         print(f"  {js}  (fedhar-client --enrolment {js.name})")
         print(f"  {png}  (the same bundle as a QR code image)")
         print("Both files hold the device's password (mode 0600); they are deleted once the device has joined.")
+    elif cmd in ("invite", "pending", "approve"):
+        _desk_command(cmd, args, data, file)
     elif cmd in ("revoke", "forget"):
         for line in (revoke if cmd == "revoke" else forget)(data, file, args.name):
             print(line)

@@ -1,11 +1,11 @@
 """An enrolment bundle as a QR code: a PNG to show or print, and a block of text for the terminal (segno).
 
 What the code holds (:func:`qr_payload`) is the bundle's compact JSON, which a phone's
-scanner hands to the app as text, exactly as if it had been pasted. A bundle with the CA
-certificate inline is too large for a code that scans easily: with the CA that
-``mosquitto_config.py --help``'s openssl recipe makes (RSA 3072) it is 1718 bytes, a version 30
-code of 137 x 137 modules at the lowest error correction, wider than a terminal; with an EC
-P-256 CA 824 bytes, version 20 (97 x 97). So a bundle whose code would be above
+scanner hands to the app as text, exactly as if it had been pasted. With the EC P-256 CA that
+``mosquitto_config.py --help``'s openssl recipe makes, a bundle with the CA inline is 829
+bytes, a version 20 code (97 x 97 modules). A larger CA is too large for a code that scans
+easily: an RSA-3072 CA makes 1718 bytes, a version 30 code of 137 x 137 modules at the lowest
+error correction, wider than a terminal. So a bundle whose code would be above
 :data:`QR_MAX_VERSION` goes into the code with the CA replaced by its SHA-256 fingerprint (about
 280 bytes: version 11, 61 x 61 modules, 65 columns of terminal). The device that scans it needs the
 CA certificate from elsewhere (the bundle's ``.json`` file, or ``ca.crt``), and checks it against
@@ -13,6 +13,13 @@ the fingerprint before it connects; the ``.json`` file always holds the whole bu
 
 The code holds the password: the PNG is written with mode 0600, and the terminal text is for
 the operator's eyes (it is never logged).
+
+An *invitation* (:class:`har_io.cert_enrolment.Invitation`, enrolment by certificate) holds no
+device's secret, only the shared enrolment account's. Its code (:func:`invitation_payload`)
+carries the CA inline when the code stays at most :data:`QR_MAX_VERSION` (an EC P-256 CA
+does), else its fingerprint, and the device fetches the CA from the broker's retained
+``fedhar/v1/<fed>/ca`` over a connection it does not trust yet, keeping it only if its
+SHA-256 is the fingerprint (:func:`edge_client.cert_enrol.fetch_ca`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import segno
 
+from har_io.cert_enrolment import Invitation
 from har_io.enrolment import EnrolmentBundle
 from har_models.files import atomic_write
 
@@ -57,6 +65,29 @@ def qr_payload(bundle: EnrolmentBundle) -> str:
         return full
     slim = dataclasses.replace(bundle, tls_ca_pem=None, tls_ca_sha256=bundle.ca_fingerprint())
     return slim.to_json(indent=None)
+
+
+def invitation_payload(invitation: Invitation) -> str:
+    """The text an invitation's QR code holds: its compact JSON (the CA inline, without its pin, which is the CA's own), or,
+    if that is above :data:`QR_MAX_VERSION`, the CA by its fingerprint only."""
+    full = invitation.to_json(compact=True)
+    if invitation.tls_ca_pem is None or int(_make(full).version) <= QR_MAX_VERSION:
+        return full
+    return dataclasses.replace(invitation, tls_ca_pem=None).to_json()
+
+
+def text_qr(text: str) -> segno.QRCode:
+    """The QR code of ``text`` (byte mode, UTF-8, error level :data:`QR_ERROR`).
+
+    Raises
+    ------
+    ValueError
+        If it does not fit a QR code.
+    """
+    try:
+        return _make(text)
+    except segno.DataOverflowError as exc:
+        raise ValueError(f"{len(text.encode())} bytes do not fit a QR code: {exc}") from None
 
 
 def make_qr(bundle: EnrolmentBundle) -> segno.QRCode:

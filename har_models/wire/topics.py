@@ -97,6 +97,19 @@ class Topics:
         """Chunk ``index`` of the program envelope the coordinator sends to client ``cid``."""
         return f"{self.prefix}/client/{cid}/programs/{index}"
 
+    @property
+    def ca(self) -> str:
+        """Where the server leaves the broker's CA certificate (retained PEM) for devices that hold only its fingerprint."""
+        return f"{self.prefix}/ca"
+
+    def enrol_request(self, code: str) -> str:
+        """Where a device enrolling by certificate leaves its request (retained), ``code`` its enrolment code's topic level."""
+        return f"{self.prefix}/enrol/{code}"
+
+    def enrol_reply(self, code: str) -> str:
+        """Where the server leaves its answer (retained) to the request of enrolment code ``code``."""
+        return f"{self.prefix}/enrol/{code}/reply"
+
     def parse_client_topic(self, topic: str) -> tuple[str, str] | None:
         """``(client_id, kind)`` for a ``{p}/client/{cid}/{kind}/...`` topic, else None."""
         parts = topic.split("/")

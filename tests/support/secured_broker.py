@@ -37,6 +37,7 @@ class SecuredBroker:
     ca: Path
     wrong_ca: Path
     log: Path
+    device_cert_port: int | None = None
 
     def password(self, user: str) -> str:
         """The generated password of ``user``."""
@@ -76,8 +77,11 @@ def make_pki(d: Path) -> tuple[Path, Path, Path, Path]:
 
 
 @contextmanager
-def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterator[SecuredBroker]:
+def secured_mosquitto(tmp: Path, federation: str, clients: list[str], device_certs: bool = False) -> Iterator[SecuredBroker]:
     """Generate the configuration for ``clients`` and run Mosquitto on it until the block ends.
+
+    With ``device_certs`` the folder also has the device-certificate listener (``--device-cert-port``,
+    a free port) with its device CA and enrolment accounts.
 
     Raises
     ------
@@ -90,10 +94,13 @@ def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterato
     _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
     ca, crt, key, wrong_ca = make_pki(tmp / "pki")
     out, port, tls_port = tmp / "broker", free_port(), free_port()
+    device_port = free_port() if device_certs else None
     me = pwd.getpwuid(os.geteuid()).pw_name  # started as root, Mosquitto would switch to an account that cannot read tmp
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--broker-user", me, "--public-host", "127.0.0.1", "--json",
            "--federation", federation, "--clients", ",".join(clients), "--port", str(port), "--tls-port", str(tls_port),
            "--tls-bind", "127.0.0.1", "--tls-cert", str(crt), "--tls-key", str(key), "--tls-ca", str(ca)]  # fmt: skip
+    if device_port is not None:
+        cmd += ["--device-cert-port", str(device_port)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"mosquitto_config.py failed: {r.stderr}")
@@ -101,9 +108,9 @@ def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterato
     with open(log, "wb") as sink:
         proc = subprocess.Popen([exe, "-c", str(out / "mosquitto.conf"), "-v"], stdout=sink, stderr=subprocess.STDOUT)
     try:
-        for p in (port, tls_port):
+        for p in (port, tls_port, *([device_port] if device_port else [])):
             if not wait_for_port("127.0.0.1", p, 10):
                 raise RuntimeError(f"mosquitto did not listen on {p}; log:\n{log.read_text()}")
-        yield SecuredBroker(out, port, tls_port, ca, wrong_ca, log)
+        yield SecuredBroker(out, port, tls_port, ca, wrong_ca, log, device_port)
     finally:
         stop_process(proc)

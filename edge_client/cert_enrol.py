@@ -1,0 +1,302 @@
+"""A device asks for its client certificate: own key, request left on the broker, certificate fetched and checked.
+
+:func:`prepare` makes the device's key and request in its folder and returns the enrolment
+code and key fingerprint to show; :func:`request_certificate` leaves the request on the broker
+with the invitation's enrolment account and waits for the operator's ``fedhar-coordinator
+approve``; it writes the certificate only after checking it holds the device's own public key
+and name. The folder then holds everything to log in (:func:`device_broker`):
+
+* ``ca.crt``: the CA the broker is trusted by, as pinned by the invitation's fingerprint;
+* ``device.key``: the private key (mode 0600; made here, never sent anywhere);
+* ``device.crt``: the client certificate, once approved.
+
+docs/protocol.md, "Enrolment by certificate", has the flow and what each step protects against.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from har_io.broker_config import BrokerConfig
+from har_io.cert_enrolment import EnrolmentMessageError, EnrolReply, EnrolRequest, Invitation
+from har_io.device_key import (
+    DeviceKeyError,
+    certificate_public_key,
+    certificate_subject_cn,
+    code_topic_level,
+    enrolment_code,
+    key_fingerprint,
+    key_public_der,
+    make_csr,
+    make_key,
+)
+from har_io.enrolment import pem_fingerprints
+from har_io.mqtt_link import MqttLink
+from har_models.files import atomic_write_bytes
+from har_models.wire.topics import Topics, check_client_id
+
+log = logging.getLogger("fedhar.enrol")
+
+KEY_NAME, CERT_NAME, CA_NAME = "device.key", "device.crt", "ca.crt"
+
+
+class EnrolmentNotApproved(RuntimeError):
+    """The certificate did not come: not approved in time, refused by the operator, or not the device's; the message says which."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A device's key and request, ready to be sent.
+
+    Attributes
+    ----------
+    folder : Path
+        Where ``device.key`` (and later ``device.crt``) are.
+    client_id : str
+        The name asked for.
+    code : str
+        The enrolment code to show (``ABCDE-FGHJK``).
+    fingerprint : str
+        SHA-256 of the public key, to show beside the code (the operator compares it).
+    csr_pem : str
+        The certificate request.
+    """
+
+    folder: Path
+    client_id: str
+    code: str
+    fingerprint: str
+    csr_pem: str
+
+
+def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
+    """Pin the invitation's CA into ``folder/ca.crt``, make the key unless it exists, and the request.
+
+    A key already in ``folder`` is kept (asking again after a restart shows the same code).
+
+    Raises
+    ------
+    ValueError
+        If ``client_id`` is invalid, or the invitation carries no CA and none that is the pinned one is
+        in ``folder/ca.crt`` or can be fetched (:func:`fetch_ca`).
+    DeviceKeyError
+        If openssl is missing or fails.
+    """
+    check_client_id(client_id)
+    folder = Path(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca = folder / CA_NAME
+    if invitation.tls_ca_pem is not None:
+        atomic_write_bytes(ca, invitation.tls_ca_pem, mode=0o644)
+    elif not ca.is_file():
+        fetch_ca(invitation, folder)
+    if invitation.tls_ca_sha256 not in pem_fingerprints(ca.read_text(), str(ca)):
+        raise ValueError(f"{ca} is not the CA the invitation pins (SHA-256 {invitation.tls_ca_sha256}); copy the server's ca.crt again")
+    key = folder / KEY_NAME
+    if not key.exists():
+        make_key(key)
+    spki = key_public_der(key)
+    return Prepared(folder, client_id, enrolment_code(spki), key_fingerprint(spki), make_csr(key, client_id))
+
+
+def fetch_ca(invitation: Invitation, folder: Path, wait_s: float = 15.0) -> Path:
+    """Fetch the broker's CA from its retained ``fedhar/v1/<fed>/ca`` and keep it as ``folder/ca.crt`` only if it is the pinned one.
+
+    For an invitation whose code carries only the CA's fingerprint. The connection cannot check
+    the broker yet (that is what the CA is for), so it logs in with the enrolment account only,
+    whose password grants nothing but asking (docs/protocol.md); what it reads is kept only if
+    its SHA-256 is the invitation's ``tls_ca_sha256``.
+
+    Raises
+    ------
+    ValueError
+        If nothing came within ``wait_s`` s (the operator has not run ``fedhar-coordinator
+        invite``), or what came is not the pinned CA (nothing written then).
+    """
+    import ssl
+
+    import paho.mqtt.client as mqtt
+
+    topics = Topics(invitation.federation)
+    got: queue.Queue[bytes] = queue.Queue()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=invitation.enrol_user)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # checked below by its fingerprint instead; nothing secret is sent
+    c.tls_set_context(ctx)
+    c.username_pw_set(invitation.enrol_user, invitation.enrol_password)
+    c.on_connect = lambda client, u, f, rc, p=None: client.subscribe(topics.ca, 1)
+    c.on_message = lambda client, u, msg: got.put(bytes(msg.payload))
+    try:
+        c.connect(invitation.host, invitation.port, keepalive=30)
+        c.loop_start()
+        pem = got.get(timeout=wait_s).decode(errors="replace")
+    except (OSError, queue.Empty) as exc:
+        raise ValueError(f"the CA could not be fetched from {invitation.host}:{invitation.port} ({type(exc).__name__}): on the "
+                         "server, run fedhar-coordinator invite (it publishes it), or copy ca.crt to the device") from None  # fmt: skip
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    try:
+        ok = invitation.tls_ca_sha256 in pem_fingerprints(pem, "the fetched CA")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"the CA the broker at {invitation.host} offers is not the one the invitation pins; nothing kept")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write_bytes(folder / CA_NAME, pem, mode=0o644)
+    return folder / CA_NAME
+
+
+def _enrol_broker(invitation: Invitation, folder: Path) -> BrokerConfig:
+    return BrokerConfig.parse(f"{invitation.host}:{invitation.port}", username=invitation.enrol_user,
+                              password=invitation.enrol_password, tls_ca=str(folder / CA_NAME))  # fmt: skip
+
+
+def request_certificate(prepared: Prepared, invitation: Invitation, wait_s: float = 600.0, broker: BrokerConfig | None = None) -> Path:
+    """Leave the request on the broker and wait up to ``wait_s`` seconds for the certificate; returns ``device.crt``.
+
+    The request is left retained, so the operator may approve it while the device waits, or
+    after it has given up (asking again fetches the waiting certificate). The connection checks
+    the broker's certificate against the pinned CA.
+
+    Parameters
+    ----------
+    prepared : Prepared
+        From :func:`prepare`.
+    invitation : Invitation
+    wait_s : float
+        Seconds to wait for the approval.
+    broker : BrokerConfig, optional
+        How to reach the broker with the enrolment account (default: the invitation's host and port).
+
+    Raises
+    ------
+    EnrolmentNotApproved
+        If no reply came in time, the operator refused the name, or the certificate is not for
+        this key and name (nothing is written then).
+    har_io.mqtt_link.BrokerRefused
+        If the broker refused the enrolment account or its certificate did not verify.
+    """
+    topics = Topics(invitation.federation)
+    level = code_topic_level(prepared.code)
+    cfg = broker or _enrol_broker(invitation, prepared.folder)
+    link = MqttLink(cfg, f"{invitation.enrol_user}-{level}", subscriptions=[(topics.enrol_reply(level), 1)])
+    reply: EnrolReply | None = None
+    try:
+        if not link.start(wait_s=min(30.0, wait_s)):
+            if link.fatal is not None:
+                raise link.fatal
+            raise EnrolmentNotApproved(f"the broker at {cfg.address} could not be reached: {link.connect_error}")
+        link.publish(topics.enrol_request(level), EnrolRequest(prepared.client_id, prepared.csr_pem).to_bytes(), retain=True, timeout=30.0)
+        log.info("%s: request left under code %s; waiting for its approval", prepared.client_id, prepared.code)
+        end = time.monotonic() + wait_s
+        while reply is None and time.monotonic() < end:
+            try:
+                _, payload, _ = link.inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if not payload:
+                continue
+            try:
+                reply = EnrolReply.from_bytes(payload)
+            except EnrolmentMessageError as exc:
+                log.warning("%s: unreadable reply ignored: %s", prepared.client_id, exc)
+    finally:
+        link.stop()
+    if reply is None:
+        raise EnrolmentNotApproved(f"not approved within {wait_s:.0f} s: on the server, run fedhar-coordinator approve {prepared.code}")
+    return store_certificate(prepared, reply)
+
+
+def store_certificate(prepared: Prepared, reply: EnrolReply) -> Path:
+    """Check the reply's certificate holds this device's key and name, and write it as ``device.crt`` (mode 0644).
+
+    Raises
+    ------
+    EnrolmentNotApproved
+        If the reply is a refusal, or its certificate is for another key or name.
+    """
+    if reply.certificate_pem is None:
+        hints = {"name_taken": "the name is another device's", "name_revoked": "the name was revoked for good"}
+        hint = hints.get(str(reply.refused), "refused")
+        raise EnrolmentNotApproved(f"the server refused {prepared.client_id!r}: {hint}; ask again under another name")
+    try:
+        same_key = certificate_public_key(reply.certificate_pem) == key_public_der(prepared.folder / KEY_NAME)
+        name = certificate_subject_cn(reply.certificate_pem)
+    except DeviceKeyError as exc:
+        raise EnrolmentNotApproved(f"the reply's certificate cannot be read: {exc}") from None
+    if not same_key or name != prepared.client_id or reply.client_id != prepared.client_id:
+        raise EnrolmentNotApproved(f"the reply's certificate is not this device's (name {name!r}, own key: {same_key}); nothing written")
+    path = prepared.folder / CERT_NAME
+    atomic_write_bytes(path, reply.certificate_pem, mode=0o644)
+    return path
+
+
+def device_broker(folder: Path, invitation: Invitation, client_id: str) -> BrokerConfig:
+    """How the enrolled device logs in: the device-certificate listener, its certificate and key, the pinned CA.
+
+    Raises
+    ------
+    ValueError
+        If ``device.crt`` is missing (not approved yet) or another option is invalid.
+    """
+    folder = Path(folder)
+    if not (folder / CERT_NAME).is_file():
+        raise ValueError(f"{folder / CERT_NAME} does not exist: the device is not approved yet (fedhar-coordinator approve CODE)")
+    return BrokerConfig.parse(f"{invitation.host}:{invitation.device_port}", username=client_id, tls_ca=str(folder / CA_NAME),
+                              tls_cert=str(folder / CERT_NAME), tls_key=str(folder / KEY_NAME))  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    """``fedhar-client request-certificate --invitation FILE --client-id NAME [--folder DIR] [--wait S]``; returns the exit status.
+
+    Makes the key and request, prints the enrolment code and key fingerprint to compare on the
+    server, waits for ``fedhar-coordinator approve CODE``, and prints the ``fedhar-client``
+    options that log in with the certificate. 0 approved; 2 bad options or invitation, or not
+    approved in time (run it again: the same key and code are kept); 4 the broker refused the
+    enrolment account or its certificate.
+    """
+    import argparse
+    import sys
+
+    from har_io.exit_codes import Exit
+    from har_io.mqtt_link import BrokerRefused
+
+    ap = argparse.ArgumentParser(prog="fedhar-client request-certificate", description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--invitation", required=True, help="the invitation: a file (fedhar-coordinator invite writes it) or its scanned text")
+    ap.add_argument("--client-id", required=True, help="the name to ask for (letters, digits, _ . -)")
+    ap.add_argument("--folder", type=Path, default=None, help="where the key and certificate are kept (default ~/.fedhar/<id>/certificate)")
+    ap.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the approval (default %(default)s)")
+    args = ap.parse_args(argv)
+    prog = "fedhar-client request-certificate"
+    try:
+        text = args.invitation
+        if not text.lstrip().startswith("{"):
+            text = Path(text).read_text()
+        inv = Invitation.from_json(text)
+        folder = args.folder or Path.home() / ".fedhar" / check_client_id(args.client_id) / "certificate"
+        prep = prepare(folder, args.client_id, inv)
+    except (ValueError, OSError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    print(f"enrolment code:  {prep.code}")
+    print(f"key fingerprint: {prep.fingerprint}")
+    print(f"On the server: fedhar-coordinator pending (compare the fingerprint), then fedhar-coordinator approve {prep.code}")
+    sys.stdout.flush()
+    try:
+        crt = request_certificate(prep, inv, wait_s=args.wait)
+    except EnrolmentNotApproved as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    except BrokerRefused as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return Exit.BROKER_REFUSED
+    print(f"approved: {crt}. Log in with")
+    print(f"  fedhar-client --broker {inv.host}:{inv.device_port} --federation {inv.federation} --client-id {args.client_id} "
+          f"--tls-ca {folder / CA_NAME} --tls-cert {crt} --tls-key {folder / KEY_NAME} --source ...")  # fmt: skip
+    return Exit.OK
