@@ -30,9 +30,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import ray_driver
 from support.small_federation import assert_upload_bytes_close, round_figures, simulate_args
-
-from simulation import simulate
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 if not HAS_RAY and os.environ.get("FEDHAR_REQUIRE_RAY") == "1":
@@ -124,7 +123,11 @@ def ray_cluster() -> Iterator[str]:
 
 
 def _run(argv: list[str]) -> int:
-    return simulate.main(argv)
+    """fedhar-simulate's exit status, run in a process of its own (:mod:`support.ray_driver`: never a Ray driver in pytest's)."""
+    done = ray_driver.simulate(argv)
+    if done.rc != 0:
+        print(done.err[-3000:])
+    return done.rc
 
 
 def test_a_federation_on_a_two_node_ray_cluster_places_clients_on_both_and_matches_the_workers_engine(

@@ -2,7 +2,8 @@
 
 Each test starts its own local two-node cluster with the helpers of ``test_ray_engine``
 (loopback addresses, torn down by the process ids it started, never by a name-wide
-``ray stop``), so killing a node in one test cannot break another.
+``ray stop``), so killing a node in one test cannot break another. Every Ray driver (the
+runs, the store probe) runs in a process of its own (``support.ray_driver``), never in pytest's.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import functools
 import importlib.util
 import json
-import logging
 import os
 import re
 import subprocess
@@ -21,12 +21,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-
-from simulation import fleet, simulate
+from support import ray_driver
 
 pytest.importorskip("ray")
 from test_ray_engine import HEAD_IP, NODE_IP, SMALL, _cluster
@@ -81,10 +79,7 @@ def _gone_within(pids: list[int], limit_s: float) -> list[int]:
     return alive
 
 
-def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is_given_up(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO)  # the coordinator's log names each placement (pid) at INFO
+def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is_given_up(tmp_path: Path) -> None:
     run = tmp_path / "run"
     stop, events = threading.Event(), list[str]()
     with _cluster(2, 1) as (address, procs):
@@ -118,15 +113,16 @@ def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is
                     "--engine", "ray", "--ray-address", address,
                     "--workers", "2", "--min-clients", "1", "--round-timeout", str(int(ROUND_TIMEOUT_S)),
                     "--run-dir", str(run), "--run-id", "die"]  # fmt: skip
-            rc = simulate.main(argv)
+            done = ray_driver.simulate(argv)
         finally:
             stop.set()
             killer.join(10)
+        rc = done.rc
         wall = time.monotonic() - t0
         doc = json.loads((run / "report.json").read_text())
         pids = [w["pid"] for w in doc["ray_workers"]]
         left = _gone_within(pids, 20.0)  # every actor process, the killed ones and the replacements, has ended
-    assert rc == 0, events
+    assert rc == 0, (events, done.err[-3000:])
     a, b = events[0].split()[-1], events[1].split()[-1]
     assert events == [f"killed {a}", f"stopped node of {b}", f"killed {b}", f"killed {b}", f"killed {b}"]
     assert left == []
@@ -145,11 +141,8 @@ def test_actors_and_a_node_that_die_are_replaced_and_a_worker_dead_four_times_is
     print(f"faults run: {wall:.0f} s wall, round seconds {[r['seconds'] for r in rounds]}")
 
 
-def test_with_every_actor_gone_the_run_ends_with_a_clear_error_not_a_hang(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_with_every_actor_gone_the_run_ends_with_a_clear_error_not_a_hang(tmp_path: Path) -> None:
     """The head has no CPUs: once the only node with CPUs stops, no replacement can be placed anywhere."""
-    monkeypatch.setattr(fleet, "PLACEMENT_TIMEOUT_S", 20.0)
     run = tmp_path / "run"
     stop = threading.Event()
     with _cluster(0, 2) as (address, procs):
@@ -166,12 +159,12 @@ def test_with_every_actor_gone_the_run_ends_with_a_clear_error_not_a_hang(
                     "--engine", "ray", "--ray-address", address,
                     "--workers", "2",
                     "--min-clients", "1", "--round-timeout", str(int(ROUND_TIMEOUT_S)), "--run-dir", str(run), "--run-id", "all"]
-            rc = simulate.main(argv)
+            done = ray_driver.simulate(argv, placement_timeout_s=20.0)
             took = time.monotonic() - t0
         finally:
             stop.set()
             killer.join(10)
-    err = capsys.readouterr().err
+    rc, err = done.rc, done.err
     assert rc == 5
     # Whichever comes first ends it: the fleet's error once the replacements' placement bound passes, or the
     # coordinator's after three rounds in a row with every selected client offline.
@@ -211,14 +204,13 @@ def cluster_2_8() -> object:
         yield address
 
 
-def test_placement_respects_each_nodes_cpus_and_never_waits_forever(
-    cluster_2_8: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_placement_respects_each_nodes_cpus_and_never_waits_forever(cluster_2_8: str, tmp_path: Path) -> None:
     address = cluster_2_8
     base = [*SMALL, "--engine", "ray", "--ray-address", address, "--threads-per-client", "2"]
     # A: 2 + 8 CPUs at 2 threads per actor hold 1 + 4 actors: 5 by default, each on a node with room for it.
     run = tmp_path / "a"
-    assert simulate.main([*base, "--clients", "10", "--rounds", "1", "--workers", "0", "--run-dir", str(run), "--run-id", "a"]) == 0
+    done = ray_driver.simulate([*base, "--clients", "10", "--rounds", "1", "--workers", "0", "--run-dir", str(run), "--run-id", "a"])
+    assert done.rc == 0, done.err[-3000:]
     doc = json.loads((run / "report.json").read_text())
     placed = doc["ray_workers"]
     per_node = Counter(w["node_ip"] for w in placed)
@@ -226,65 +218,23 @@ def test_placement_respects_each_nodes_cpus_and_never_waits_forever(
     assert all(w["node_id"] and w["node_ip"] in (HEAD_IP, NODE_IP) for w in placed)
     assert sorted(c for w in placed for c in w["clients"]) == [f"hapt-{k:02d}" for k in range(1, 11)]
     assert doc["rounds"][0]["updates"] == 10
-    capsys.readouterr()
     # More actors than the nodes can ever hold: refused at once, naming the capacity and the fix.
-    rc = simulate.main([*base, "--clients", "6", "--rounds", "1", "--workers", "6", "--run-dir", str(tmp_path / "b")])
-    err = capsys.readouterr().err
+    done = ray_driver.simulate([*base, "--clients", "6", "--rounds", "1", "--workers", "6", "--run-dir", str(tmp_path / "b")])
+    rc, err = done.rc, done.err
     assert rc == 2 and "can hold 5 actor(s) of 2 CPU(s) each" in err and "lower --workers or --threads-per-client" in err
     # B: another job holds the 8-CPU node: the second actor's CPUs are not coming; the start fails in bounded time.
-    monkeypatch.setattr(fleet, "PLACEMENT_TIMEOUT_S", 15.0)
     holder = _hold_cpus(address, 8, NODE_IP)
     try:
         t0 = time.monotonic()
-        rc = simulate.main([*base, "--clients", "2", "--rounds", "1", "--workers", "2", "--run-dir", str(tmp_path / "c")])
+        done = ray_driver.simulate([*base, "--clients", "2", "--rounds", "1", "--workers", "2", "--run-dir", str(tmp_path / "c")],
+                                   placement_timeout_s=15.0)
         took = time.monotonic() - t0
     finally:
         holder.kill()
         holder.wait(10)
-    err = capsys.readouterr().err
+    rc, err = done.rc, done.err
     assert rc == 4 and "1 of 2 Ray actor(s)" in err and "found no node with 2 free CPU(s) within 15 s" in err
-    assert took < 15 + 60  # the placement bound plus joining the cluster and stopping the placed actor
-
-
-def _driver_refs() -> int:
-    """Object references this process (the run's Ray driver) holds: each pins its object in a store or in its own memory.
-
-    Read from the core worker's reference table (what ``ray memory`` lists per process). Small
-    results (an actor's exit statuses) live there inline and never reach the plasma store.
-    """
-    import ray
-
-    worker: Any = ray._private.worker.global_worker  # private: the per-process table behind `ray memory`
-    return len(worker.core_worker.get_all_reference_counts())
-
-
-def _store_sees_a_put(address: str) -> dict[str, int]:
-    """Check that :func:`fleet.ray_object_store` reads the real store: a 1 MiB array put on the head shows, then goes.
-
-    Returns the head's store (bytes used, objects) before the put, after it and after it was freed.
-    """
-    import numpy as np
-    import ray
-
-    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-
-        def head() -> dict[str, Any]:
-            return next(n for n in fleet.ray_object_store() if n["node_ip"] == HEAD_IP)
-
-        before = head()
-        ref = ray.put(np.zeros(2**17))  # 2**17 float64 = 1 MiB: over the inline limit, so it goes to the driver node's store
-        during = head()
-        del ref
-        after = head()
-        end = time.monotonic() + 10
-        while after["objects"] != before["objects"] and time.monotonic() < end:  # the free is asynchronous
-            time.sleep(0.1)
-            after = head()
-    finally:
-        ray.shutdown()
-    return {"before_bytes": before["bytes_used"], "before_objects": before["objects"], "during_bytes": during["bytes_used"],
-            "during_objects": during["objects"], "after_bytes": after["bytes_used"], "after_objects": after["objects"]}
+    assert took < 15 + 60  # the placement bound, starting the driver's interpreter, joining the cluster, stopping the actor
 
 
 def test_object_store_stays_flat_over_fifty_rounds(cluster_2_8: str, tmp_path: Path) -> None:
@@ -294,36 +244,16 @@ def test_object_store_stays_flat_over_fifty_rounds(cluster_2_8: str, tmp_path: P
             pytest.fail("FEDHAR_REQUIRE_RAY=1 but grpcio is missing: pip install -e '.[ray]'", pytrace=False)
         pytest.skip("reading Ray's object store needs grpcio: pip install -e '.[ray]'")
     address, run = cluster_2_8, tmp_path / "run"
-    probe = _store_sees_a_put(address)
+    probe = ray_driver.store_probe(address, tmp_path / "probe.json")
     print(f"store probe on the head: {probe}")
     assert probe["during_bytes"] - probe["before_bytes"] >= 2**20 and probe["during_objects"] == probe["before_objects"] + 1
     assert probe["after_bytes"] == probe["before_bytes"] and probe["after_objects"] == probe["before_objects"]
-    samples: dict[int, dict[str, Any]] = {}  # completed rounds -> {node ip: (bytes used, objects)} and the driver's refs
-    stop = threading.Event()
-
-    def sample() -> None:
-        import ray
-
-        while not stop.is_set():
-            n = len(_report(run).get("rounds", []))
-            if n and n not in samples and ray.is_initialized():
-                with contextlib.suppress(RuntimeError):  # the driver is connecting or leaving: this round goes unsampled
-                    nodes = {s["node_ip"]: (s["bytes_used"], s["objects"]) for s in fleet.ray_object_store()}
-                    # The least of three readings: an exit poll's reference is briefly doubled while it is renewed.
-                    samples[n] = {"nodes": nodes, "refs": min(_driver_refs() for _ in range(3))}
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.monotonic()
-    try:
-        argv = [*SMALL, "--clients", "2", "--rounds", "50", "--local-epochs", "1", "--conv-filters", "4", "--dense-units", "16",
-                "--engine", "ray", "--ray-address", address, "--workers", "2", "--run-dir", str(run), "--run-id", "long"]
-        assert simulate.main(argv) == 0
-    finally:
-        stop.set()
-        sampler.join(10)
-    wall = time.monotonic() - t0
+    argv = [*SMALL, "--clients", "2", "--rounds", "50", "--local-epochs", "1", "--conv-filters", "4", "--dense-units", "16",
+            "--engine", "ray", "--ray-address", address, "--workers", "2", "--run-dir", str(run), "--run-id", "long"]
+    # completed rounds -> {"nodes": {node ip: [bytes used, objects]}, "refs": the driver's references}, read in the driver
+    sampled = ray_driver.sampled_run(argv, run, tmp_path / "samples.json")
+    assert sampled["rc"] == 0
+    samples, wall = sampled["samples"], sampled["wall_s"]
     doc = json.loads((run / "report.json").read_text())
     assert len(doc["rounds"]) == 50
     assert {w["node_ip"] for w in doc["ray_workers"]} == {HEAD_IP, NODE_IP}  # both nodes host an actor: both stores count
