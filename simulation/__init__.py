@@ -11,4 +11,6 @@
   in-process tuning probe, centralised and local-only baselines, and the comparison table;
 * :mod:`~simulation.stability`: the server-step stability table (final, worst round, falls
   from the best round) from probe curves.
+* :mod:`~simulation.step_candidates`: the probe with candidate server steps for federations
+  of fewer than 15 clients (tuning only; none is the coordinator's default).
 """
