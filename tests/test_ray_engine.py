@@ -95,22 +95,28 @@ def _teardown(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def _cluster(head_cpus: int, node_cpus: int) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
-    """A head node and a second node with the CPUs given (``ray start --num-cpus``); the head's address and both processes."""
+def _cluster(
+    head_cpus: int, node_cpus: int, head_ip: str = HEAD_IP, node_ip: str = NODE_IP
+) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A head node and a second node with the CPUs given (``ray start --num-cpus``); the head's address and both processes.
+
+    ``head_ip`` and ``node_ip`` are the nodes' loopback addresses; a module that may run beside
+    this one (tests in parallel processes) passes its own, so two clusters never share an address.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))  # Ray's socket paths must stay short
     gcs, *p = _free_ports(9)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(_ray_start(
-            ["--head", "--node-ip-address", HEAD_IP, "--port", str(gcs), "--num-cpus", str(head_cpus), "--include-dashboard",
+            ["--head", "--node-ip-address", head_ip, "--port", str(gcs), "--num-cpus", str(head_cpus), "--include-dashboard",
              "false", "--dashboard-agent-listen-port", str(p[0]), "--dashboard-agent-grpc-port", str(p[1]),
              "--runtime-env-agent-port", str(p[2]), "--metrics-export-port", str(p[3]), "--temp-dir", str(tmp / "head")],
             tmp / "head.log"))
         procs.append(_ray_start(
-            ["--address", f"{HEAD_IP}:{gcs}", "--node-ip-address", NODE_IP, "--num-cpus", str(node_cpus),
+            ["--address", f"{head_ip}:{gcs}", "--node-ip-address", node_ip, "--num-cpus", str(node_cpus),
              "--dashboard-agent-listen-port", str(p[4]), "--dashboard-agent-grpc-port", str(p[5]), "--runtime-env-agent-port",
              str(p[6]), "--metrics-export-port", str(p[7]), "--temp-dir", str(tmp / "node")], tmp / "node.log"))
-        yield f"{HEAD_IP}:{gcs}", procs
+        yield f"{head_ip}:{gcs}", procs
     finally:
         _teardown(procs)
 

@@ -27,10 +27,17 @@ import pytest
 from support import ray_driver
 
 pytest.importorskip("ray")
-from test_ray_engine import HEAD_IP, NODE_IP, SMALL, _cluster
+from test_ray_engine import SMALL
+from test_ray_engine import _cluster as _engine_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROUND_TIMEOUT_S = 60.0
+HEAD_IP, NODE_IP = "127.0.0.4", "127.0.0.5"  # not test_ray_engine's: the two modules may run at once in parallel test processes
+
+
+def _cluster(head_cpus: int, node_cpus: int) -> contextlib.AbstractContextManager[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """test_ray_engine's two-node cluster on this module's own loopback addresses."""
+    return _engine_cluster(head_cpus, node_cpus, HEAD_IP, NODE_IP)
 
 
 def _report(run: Path) -> dict:
