@@ -459,12 +459,22 @@ class ServerView:
         return out
 
     def totals(self) -> RoundTotals:
-        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call)."""
+        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call).
+
+        ``without_quorum`` also counts the exchanges of a round that has not completed yet: the run's
+        ``round_failed`` events are written as each exchange closes without quorum, so a federation that
+        keeps failing one round shows it at once (the records alone count a round's failed exchanges only
+        once it completes, and lose them if the coordinator restarts within it). The larger of the two is
+        taken: records written without those events still count.
+        """
         if self.run_state is None:
             return RoundTotals.of(self.records())
         self._sync()
+        failed = self.run_state.count_events("round_failed")
         with self._lock:
-            return copy.deepcopy(self._totals)
+            out = copy.deepcopy(self._totals)
+        out.without_quorum = max(out.without_quorum, failed)
+        return out
 
     def charts(self) -> list[str]:
         """The page's round charts (:func:`round_charts`), drawn again only when a round was added or rewritten."""
