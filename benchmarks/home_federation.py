@@ -22,9 +22,11 @@ during the freeze and at the end.
 At the end, the personalisation macro-F1 and accuracy per round (from the run's records,
 ``/api/rounds``) go to ``OUT/curve.csv``; the last line printed is::
 
-    rounds=R final_f1=... best_f1=... worst_f1=... rounds_without_quorum=N longest_gap_s=... deadline_s=... interval_s=...
+    rounds=R final_f1=... best_f1=... worst_f1=... max_drop_from_best=... rounds_without_quorum=N longest_gap_s=...
+    deadline_s=... interval_s=...
 
-(figures in per cent; the worst is over rounds after the first, the gap is between two
+(figures in per cent; the worst is over rounds after the first, max_drop_from_best the deepest fall
+of a round below the best round before it (a collapse shows here), the gap is between two
 consecutive completed rounds as the poller saw them, at one-second resolution).
 
 Run: ``python benchmarks/home_federation.py --out /tmp/home-fed`` (about 25 minutes with the
@@ -135,8 +137,9 @@ def _save_page(http: int, out: Path, name: str) -> None:
         (out / f"{name}{suffix}").write_text(f"{body}" if code else f"unreachable: {body}")
 
 
-def plot(curve: list[tuple[int, Any, Any, int]], events: list[tuple[float, str]], completed_at: dict[int, float], path: Path) -> None:
-    """Personalisation macro-F1 and accuracy per round, with the freeze and the broker restart marked at the rounds they fell in."""
+def plot(curve: list[tuple[int, Any, Any, int, Any]], events: list[tuple[float, str]], completed_at: dict[int, float], path: Path) -> None:
+    """Personalisation macro-F1 and accuracy per round and the received version's start macro-F1 (%), with the freeze
+    and the broker restart marked at the first round completed after them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,15 +149,17 @@ def plot(curve: list[tuple[int, Any, Any, int]], events: list[tuple[float, str]]
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     ax.plot(rounds, [100 * c[1] for c in curve], marker="o", ms=3, label="personalisation macro-F1")
     ax.plot(rounds, [100 * c[2] for c in curve], marker="s", ms=3, label="personalisation accuracy")
+    ax.plot(rounds, [100 * c[4] if c[4] is not None else float("nan") for c in curve], ls=":", color="grey",
+            label="start macro-F1 (the received version)")  # fmt: skip
     for t, what in events:
         if what.startswith(("SIGSTOP", "broker stopped")):
             r = min((r for r, at in completed_at.items() if at >= t), default=rounds[-1])
             ax.axvline(r, color="grey", ls="--", lw=0.8)
-            ax.annotate(what.split(" in round")[0].replace("broker stopped", "broker restart"), (r, 52), rotation=90, fontsize=7,
+            ax.annotate(what.split(" in round")[0].replace("broker stopped", "broker restart"), (r, 3), rotation=90, fontsize=7,
                         ha="right", va="bottom")  # fmt: skip
     ax.set_xlabel("round")
     ax.set_ylabel("%")
-    ax.set_ylim(50, 100)
+    ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("Two enrolled devices, served federation, README defaults (schedule compressed)", fontsize=9)
@@ -163,9 +168,48 @@ def plot(curve: list[tuple[int, Any, Any, int]], events: list[tuple[float, str]]
     plt.close(fig)
 
 
+def summarise(out: Path, deadline: float, interval: float, draw: bool) -> str:
+    """Write OUT/curve.csv (and OUT/curve.png with ``draw``) from a finished run's files; return the figures line.
+
+    Reads OUT/rounds.json (``/api/rounds`` at the end; else the run's ``data/run/report.json``), OUT/poll.jsonl
+    (when each round was first seen completed, the rounds-without-quorum counter) and OUT/events.json if any.
+    """
+    if (out / "rounds.json").exists():
+        rounds = json.loads((out / "rounds.json").read_text())
+    else:
+        rounds = json.loads((out / "data" / "run" / "report.json").read_text())["rounds"]
+    curve = []
+    for rec in rounds:
+        pers, start = rec.get("personalisation") or {}, rec.get("start") or {}
+        curve.append((int(rec["round"]), pers.get("macro_f1"), pers.get("accuracy"), int(rec.get("attempts", 1)), start.get("macro_f1")))
+    with open(out / "curve.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "personalisation_macro_f1", "personalisation_accuracy", "attempts", "start_macro_f1"])
+        w.writerows(curve)
+    completed_at: dict[int, float] = {}
+    failed = sum(c[3] - 1 for c in curve)
+    for line in (out / "poll.jsonl").read_text().splitlines():
+        snap = json.loads(line)
+        last = snap["round"].get("last_completed")
+        if isinstance(last, int):
+            for r in range(last + 1):
+                completed_at.setdefault(r, snap["t"])
+        failed = max(failed, int(snap["metrics"].get("fedhar_rounds_without_quorum_total", 0)))
+    events = [(e["t"], e["what"]) for e in json.loads((out / "events.json").read_text())] if (out / "events.json").exists() else []
+    times = [completed_at[r] for r in sorted(completed_at)]
+    gaps = [b - t for t, b in itertools.pairwise(times)]
+    f1 = [c[1] for c in curve if c[1] is not None]
+    drop = max(max(f1[: i + 1]) - x for i, x in enumerate(f1))  # the deepest fall below the best round so far
+    if draw:
+        plot(curve, events, completed_at, out / "curve.png")
+    return (f"rounds={len(curve)} final_f1={100 * f1[-1]:.1f} best_f1={100 * max(f1):.1f} worst_f1={100 * min(f1[1:] or f1):.1f} "
+            f"max_drop_from_best={100 * drop:.1f} rounds_without_quorum={failed} longest_gap_s={max(gaps, default=0):.0f} "
+            f"deadline_s={deadline:.0f} interval_s={interval:.0f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="working folder (made; must not exist)")
+    ap.add_argument("--out", type=Path, required=True, help="working folder (made; must not exist, but with --summarise)")
     ap.add_argument("--rounds", type=int, default=32, help="stop once this many rounds have completed")
     ap.add_argument("--interval", type=float, default=20.0, help="[schedule] min_round_interval_s (README 600)")
     ap.add_argument("--deadline", type=float, default=60.0, help="round_timeout_s (default 900)")
@@ -175,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subjects", default="1,2", help="the two devices' HAPT subjects")
     ap.add_argument("--plot", action="store_true", help="draw OUT/curve.png (matplotlib)")
     ap.add_argument("--max-minutes", type=float, default=45.0, help="give up after this long")
+    ap.add_argument("--summarise", action="store_true", help="only write the curve and the figures of the finished run in --out")
     a = ap.parse_args(argv)
     out: Path = a.out
+    if a.summarise:
+        print(summarise(out, a.deadline, a.interval, a.plot))
+        return 0
     out.mkdir(parents=True)
     subjects = [int(s) for s in a.subjects.split(",")]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -207,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     poll_log = open(out / "poll.jsonl", "a")  # noqa: SIM115 - closed in finally
     events: list[tuple[float, str]] = []
-    completed_at: dict[int, float] = {}
     try:
         with open(out / "serve.log", "ab") as sink:
             procs.append(subprocess.Popen([*coord, "serve", "--data", str(data)], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -233,9 +280,6 @@ def main(argv: list[str] | None = None) -> int:
             poll_log.flush()
             cur = snap["round"]
             last = cur.get("last_completed")
-            if isinstance(last, int):
-                for r in range(last + 1):
-                    completed_at.setdefault(r, snap["t"])
             done = (last + 1) if isinstance(last, int) else 0
             if done >= a.rounds:
                 break
@@ -279,27 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.kill()
         broker.stop()
     (out / "events.json").write_text(json.dumps([{"t": t, "what": w} for t, w in events], indent=1))
-
-    curve = []
-    for rec in rounds:
-        pers = (rec.get("evaluation") or {}).get("personalisation") or {}
-        curve.append((int(rec["round"]), pers.get("macro_f1"), pers.get("accuracy"), int(rec.get("attempts", 1))))
-    with open(out / "curve.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round", "personalisation_macro_f1", "personalisation_accuracy", "attempts"])
-        w.writerows(curve)
-    f1 = [c[1] for c in curve if c[1] is not None]
-    times = [completed_at[r] for r in sorted(completed_at)]
-    gaps = [b - t for t, b in itertools.pairwise(times)]
-    failed = 0
-    lines = [json.loads(x) for x in (out / "poll.jsonl").read_text().splitlines() if x.strip()]
-    for snap in lines:
-        failed = max(failed, int(snap["metrics"].get("fedhar_rounds_without_quorum_total", 0)))
-    if a.plot:
-        plot(curve, events, completed_at, out / "curve.png")
-    print(f"rounds={len(curve)} final_f1={100 * f1[-1]:.1f} best_f1={100 * max(f1):.1f} worst_f1={100 * min(f1[1:] or f1):.1f} "
-          f"rounds_without_quorum={failed} longest_gap_s={max(gaps, default=0):.0f} deadline_s={a.deadline:.0f} "
-          f"interval_s={a.interval:.0f}")  # fmt: skip
+    (out / "rounds.json").write_text(json.dumps(rounds))
+    print(summarise(out, a.deadline, a.interval, a.plot))
     return 0
 
 
