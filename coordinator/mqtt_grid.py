@@ -118,6 +118,9 @@ class MqttGrid:
         # What the open round counted so far: forgotten when the round closes without quorum, since
         # its next attempt must count the stored updates the devices send again (they are no copies).
         self._counted_this_round: list[tuple[str, str]] = []
+        # The round whose last attempt closed without quorum, until its next attempt opens: an update for it
+        # that arrives in between is the device answering too early (it re-sends it to the next attempt).
+        self._failed_round: int | None = None
         self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
         self._link = MqttLink(
             cfg.broker,
@@ -179,6 +182,7 @@ class MqttGrid:
             with contextlib.suppress(KeyError, ValueError):
                 self._counted[cid].remove(transfer)
         self._counted_this_round = []
+        self._failed_round = round_
         try:
             self._link.publish(self.topics.round, b"", retain=True)
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
@@ -315,6 +319,9 @@ class MqttGrid:
             self._duplicate(cid, done[0])
             return
         if c is None:
+            if self._for_failed_round(done[1]):
+                self._duplicate(cid, done[0])
+                return
             self._reject(cid, "no_open_round", "an update arrived while no round was open")
             return
         status = self.clients.get(cid)
@@ -357,6 +364,22 @@ class MqttGrid:
         c.duplicates.update(self._duplicates_outside)
         self._rejected_outside.clear()
         self._duplicates_outside.clear()
+
+    def _for_failed_round(self, data: bytes) -> bool:
+        """Whether ``data`` is an update of this run for the round whose last attempt closed without quorum.
+
+        Between two attempts of a round (e.g. devices delivering after a broker restart closed the
+        attempt) such an update is no fault: the device sends its stored update again to the next
+        attempt, which counts it. It is counted with the duplicates, apart from the rejections.
+        """
+        if self._failed_round is None:
+            return False
+        try:
+            header = codec.peek_header(data)
+        except codec.EnvelopeError:
+            return False
+        return bool(header["kind"] == "update" and header["round"] == self._failed_round
+                    and header.get("meta", {}).get("run_id") == self.cfg.run_id)  # fmt: skip
 
     def _duplicate(self, cid: str, transfer: str) -> None:
         """Count a re-sent copy of an update already counted; re-acknowledge it if its exchange is the open one."""
@@ -490,6 +513,7 @@ class MqttGrid:
         c = self._collect = Exchange(
             round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
         )
+        self._failed_round = None
         self._carry_outside(c)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)

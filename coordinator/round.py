@@ -92,7 +92,9 @@ class Exchange:
         like): counted in this exchange's record, but no reason for a selected client's failure.
     duplicates : Counter of client id
         Re-sent copies of an update already counted (same client, round, stage and sha256,
-        e.g. from a restarted device): harmless, so counted apart from ``rejected``.
+        e.g. from a restarted device), and updates for a round's failed attempt that arrived before
+        its next attempt opened (the device sends them again there): harmless, so counted apart
+        from ``rejected``.
     offline : set of str
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int

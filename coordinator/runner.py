@@ -184,6 +184,7 @@ class FederationRunner:
         self._extra: dict[str, Any] = {}
         self._tried_round: int | None = None  # the round the last attempt was of
         self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
+        self.last_failure = ""  # why the last run_round closed without changing the model ("" after a completed round)
         self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
 
     # ------------------------------------------------------------------ what others may read
@@ -498,6 +499,7 @@ class FederationRunner:
         if not selected:
             log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
             self.state.event(round_, None, "round_skipped", "not enough clients")
+            self.last_failure = f"fewer than {self.cfg.min_clients} eligible devices at its start"
             return None
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
         spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
@@ -515,6 +517,7 @@ class FederationRunner:
             log.error("round %d closed without changing the model: %s", round_, why)
             self.state.event(round_, None, "round_failed", str(why))
             self._failed_quorums += 1
+            self.last_failure = str(why)
             self.grid.close_failed(round_)
             return None
         fed.global_state = agg.global_state
@@ -555,6 +558,7 @@ class FederationRunner:
         )  # fmt: skip
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note,
                          attempts=1 + self._failed_quorums)  # fmt: skip
+        self.last_failure = ""
         summary = record.to_json()
         self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
                                   strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip

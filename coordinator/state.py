@@ -175,6 +175,11 @@ class RunState:
             rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
+    def count_events(self, kind: str) -> int:
+        """How many events of ``kind`` were recorded (one query, no rows read out). Raises :class:`StateDamaged`."""
+        with self._guard():
+            return int(self._db.execute("SELECT COUNT(*) FROM events WHERE kind = ?", (kind,)).fetchone()[0])
+
     def rounds(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
         """Summaries of completed rounds with an index above ``after`` (all by default), in order, at most ``limit``.
 

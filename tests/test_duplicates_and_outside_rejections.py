@@ -87,3 +87,23 @@ def test_the_record_writes_duplicates_only_when_there_were_some() -> None:
     plain = RoundRecord(round=1, participation=Participation(selected=2, updates=2)).to_json()
     assert "duplicates" not in plain
     assert RoundRecord.from_json(plain).participation.duplicates == 0
+
+
+def test_an_update_for_a_failed_attempt_that_arrives_before_the_next_one_is_no_rejection(tmp_path: Path, mosquitto: int) -> None:
+    cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig(port=mosquitto), run_id="r1")
+    grid = Coordinator(cfg, progress=False).grid
+    grid.connect()  # close_failed clears the retained announcement at the broker
+    try:
+        _open(grid, 3)
+        _close(grid)
+        grid.close_failed(3)  # round 3's attempt closed without quorum (e.g. the broker went down and took every device with it)
+        data = _update(3)
+        _send(grid, data)  # the device delivers once the broker is back, before the next attempt opens
+        _send(grid, _update(2))  # another round's update: a rejection as before
+        _send(grid, _update(3, run_id="other"))  # another run's: a rejection as before
+        ex = _open(grid, 3)  # the next attempt
+        assert ex.rejected == {("c1", "no_open_round"): 2} and ex.duplicates == {"c1": 1}
+        _send(grid, data)  # the device sends its stored update again to the new attempt: counted there
+        assert list(ex.updates) == ["c1"] and ex.rejected == {("c1", "no_open_round"): 2}
+    finally:
+        grid.close()

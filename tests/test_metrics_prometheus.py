@@ -116,3 +116,25 @@ def test_the_page_shows_attempts_rounds_without_quorum_and_the_last_rollback(tmp
     assert '<span id="attempts-per-round">1.67</span>' in page
     assert '<span id="rounds-without-quorum">2</span>' in page and '<span id="rollbacks">1</span>' in page
     assert 'last: round 2 went back to the version of round <span id="rollback-to">0</span>: start macro-F1 fell' in page
+
+
+def test_exchanges_without_quorum_count_as_they_close_not_when_their_round_completes(tmp_path: Path) -> None:
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    state = RunState(tmp_path / "run")
+    try:
+        state.complete_round(0, spec, init_state(spec, 1), {}, RECORDS[0].to_json())
+        view = ServerView(run_state=state)
+        reg = make_registry(view.totals)
+        assert _samples(scrape(reg).decode())[("fedhar_rounds_without_quorum_total", ())] == 0
+        # Round 1 fails twice (the runner writes a round_failed event as each exchange closes) and has not completed.
+        state.event(1, None, "round_failed", "1 update(s) with training windows, below the quorum of 2")
+        state.event(1, None, "round_failed", "no update arrived (2 offline)")
+        got = _samples(scrape(reg).decode())
+        assert got[("fedhar_rounds_without_quorum_total", ())] == 2 and got[("fedhar_rounds_completed_total", ())] == 1
+        assert '<span id="rounds-without-quorum">2</span>' in render_page(view)
+        # Its third exchange completes it (attempts 3): the two are not counted again.
+        state.complete_round(1, spec, init_state(spec, 1), {}, RECORDS[1].to_json())
+        got = _samples(scrape(reg).decode())
+        assert got[("fedhar_rounds_without_quorum_total", ())] == 2 and got[("fedhar_round_attempts_sum", ())] == 1 + 3
+    finally:
+        state.close()

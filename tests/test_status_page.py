@@ -123,6 +123,43 @@ def test_the_open_round_and_its_progress(view: ServerView) -> None:
     assert cur["coordinator"] == {"online": True, "state": "online", "run_id": "run-1"}
 
 
+def test_answered_counts_only_this_attempts_updates_and_a_round_closed_without_quorum_shows_closed(view: ServerView) -> None:
+    mon = view.monitor
+    assert mon is not None
+    c = TestClient(make_app(view))
+
+    def ann(attempt: str) -> bytes:
+        return RoundAnnouncement("run-1", 2, "training", {}, "hapt6", selected=("phone-anna", "phone-carl"), deadline_unix=NOW + 600,
+                                 attempt=attempt, epoch=3).to_bytes()  # fmt: skip
+
+    # A new attempt of round 2: anna's receipt came under the earlier announcement, so it is no answer to this one.
+    mon.handle(T.round, ann("a1"))
+    cur = c.get("/api/round").json()
+    assert (cur["state"], cur["round"], cur["answered"], cur["missing"]) == ("training", 2, [], ["phone-anna", "phone-carl"])
+    mon.handle(T.client_receipt("phone-carl"), Receipt("run-1", 2, 0, "c" * 64, "accepted").to_bytes())
+    mon.handle(T.client_receipt("phone-anna"), Receipt("run-1", 1, 0, "d" * 64, "accepted").to_bytes())  # another round's
+    mon.handle(T.client_receipt("phone-anna"), Receipt("run-1", 2, 1, "e" * 64, "accepted").to_bytes())  # another stage's
+    assert c.get("/api/round").json()["answered"] == ["phone-carl"]
+    # The attempt closes without quorum: its announcement is cleared, and the page shows no open round at once.
+    mon.handle(T.round, b"")
+    cur = c.get("/api/round").json()
+    assert (cur["state"], cur["round"], cur["answered"], cur["missing"]) == ("idle", None, [], [])
+    assert "no round open (idle)" in c.get("/").text
+    # The re-run: nothing is answered until the coordinator counts an update in it, whatever the statuses say.
+    mon.handle(T.client_status("phone-carl"), ClientStatus("phone-carl", "idle", n_train=30, run_id="run-1", last_round=2,
+                                                           sent_unix=NOW, refresh_s=30.0).to_bytes())  # fmt: skip
+    mon.handle(T.round, ann("a2"))
+    cur = c.get("/api/round").json()
+    assert (cur["answered"], cur["missing"]) == ([], ["phone-anna", "phone-carl"])
+    assert "2 selected, 0 answered, 2 missing (phone-anna, phone-carl)" in c.get("/").text
+    mon.handle(T.client_receipt("phone-carl"), Receipt("run-1", 2, 0, "c" * 64, "accepted").to_bytes())  # its stored update, counted
+    cur = c.get("/api/round").json()
+    assert (cur["answered"], cur["missing"]) == (["phone-carl"], ["phone-anna"])
+    # The broker delivers the retained announcement again after a reconnect: the same attempt, its answers stand.
+    mon.handle(T.round, ann("a2"), True)
+    assert c.get("/api/round").json()["answered"] == ["phone-carl"]
+
+
 def test_rounds_and_versions(view: ServerView) -> None:
     c = TestClient(make_app(view))
     rounds = c.get("/api/rounds").json()

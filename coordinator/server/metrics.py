@@ -18,7 +18,8 @@ Exported (prefix ``fedhar_``)::
     last_round                                   gauge: index of the last completed round (-1: none)
     updates_accepted_total                       counter: valid updates (main exchanges)
     round_attempts                               summary (count, sum): exchanges per completed round
-    rounds_without_quorum_total                  counter: exchanges that closed without quorum before a round completed
+    rounds_without_quorum_total                  counter: exchanges that closed without quorum, counted as each closes
+                                                 (the run's round_failed events; ServerView.totals)
     rollbacks_total                              counter: quality-guard rollbacks (coordinator/guard.py)
     updates_rejected_total{reason}               counter: rejected messages by reason code
     bytes_in_total{encoding}                     counter: update envelopes received, by encoding
@@ -86,8 +87,9 @@ class RoundTotals:
     attempts : int
         Sum of the records' ``attempts`` (exchanges, 1 for a round completed at once).
     without_quorum : int
-        Exchanges that closed without quorum before their round completed (attempts - 1 summed). A round
-        still failing is counted once it completes; a coordinator restart forgets the count of the round it was in.
+        Exchanges that closed without quorum before their round completed (attempts - 1 summed). Folded from
+        records alone, a round still failing is counted once it completes; :meth:`coordinator.server.web.ServerView.totals`
+        raises it to the run's ``round_failed`` events, written as each exchange closes.
     rollbacks : int
         Records whose quality guard rolled back.
     last_rollback : tuple (round, GuardNote) or None
@@ -207,8 +209,8 @@ class FederationCollector(Collector):
         yield CounterMetricFamily("fedhar_updates_accepted", "Valid updates received in the rounds' main exchanges", value=t.updates)
         yield SummaryMetricFamily("fedhar_round_attempts", "Exchanges per completed round (1 + those that closed without quorum)",
                                   count_value=t.rounds, sum_value=t.attempts)  # fmt: skip
-        yield CounterMetricFamily("fedhar_rounds_without_quorum", "Exchanges that closed without quorum before their round "
-                                  "completed", value=t.without_quorum)  # fmt: skip
+        yield CounterMetricFamily("fedhar_rounds_without_quorum", "Exchanges that closed without quorum",
+                                  value=t.without_quorum)  # fmt: skip
         yield CounterMetricFamily("fedhar_rollbacks", "Quality-guard rollbacks to the best version", value=t.rollbacks)
         rej = CounterMetricFamily("fedhar_updates_rejected", "Rejected update messages by reason", labels=["reason"])
         for reason, n in sorted(t.rejected.items()):

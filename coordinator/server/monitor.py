@@ -97,8 +97,11 @@ class MonitorSnapshot:
     announcement : RoundAnnouncement or None
         The open round (or the "finished" announcement).
     answered : frozenset of str
-        Selected clients of the open round that have an accepted receipt for it, or whose
-        status says they sent its update.
+        Selected clients of the open round whose update the coordinator counted in this
+        attempt: an accepted receipt for the round's exchange (run, round, stage) that arrived
+        while this announcement (its ``attempt`` and ``epoch``) was open. A receipt of an earlier
+        attempt of the same round (one that closed without quorum), or a device's status saying it
+        sent an update, is not an answer: the re-run counts only what it received itself.
     malformed : dict kind -> int
         Messages ignored because they did not parse, by kind ("status", "coordinator", "round",
         "progress", "receipt").
@@ -156,7 +159,8 @@ class Monitor:
         self._coordinator_fresh_until: float | None = None
         self._progress: RoundProgress | None = None
         self._announcement: RoundAnnouncement | None = None
-        self._receipts: dict[str, tuple[str, int]] = {}  # client -> (run id, round) of its last accepted receipt
+        # client -> the open announcement's identity (_attempt_key) when its last accepted receipt for that exchange arrived
+        self._receipts: dict[str, tuple[str, int, int, str, int]] = {}
         self.malformed: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -284,7 +288,9 @@ class Monitor:
             r = Receipt.from_bytes(payload)
             if r.state == "accepted":
                 with self._lock:
-                    self._receipts[cid] = (r.run_id, r.round)
+                    ann = self._announcement
+                    if ann is not None and ann.state == "training" and (r.run_id, r.round, r.stage) == (ann.run_id, ann.round, ann.stage):
+                        self._receipts[cid] = _attempt_key(ann)
         else:
             raise MessageError(f"topic {topic!r:.80} is not one the monitor reads")
 
@@ -305,11 +311,8 @@ class Monitor:
             ann = self._announcement
             answered: set[str] = set()
             if ann is not None and ann.state == "training":
-                for cid in ann.selected:
-                    st = self._clients.latest(cid)
-                    sent = st is not None and st.run_id == ann.run_id and st.last_round >= ann.round  # its status says so
-                    if self._receipts.get(cid) == (ann.run_id, ann.round) or sent:
-                        answered.add(cid)
+                key = _attempt_key(ann)
+                answered = {cid for cid in ann.selected if self._receipts.get(cid) == key}
             return MonitorSnapshot(
                 devices=devices,
                 coordinator=cs,
@@ -320,3 +323,8 @@ class Monitor:
                 malformed=dict(self.malformed),
                 connected=self.link is not None and self.link.connected.is_set(),
             )
+
+
+def _attempt_key(ann: RoundAnnouncement) -> tuple[str, int, int, str, int]:
+    """What tells one attempt of an exchange from another: run, round, stage, the coordinator's attempt id and epoch."""
+    return (ann.run_id, ann.round, ann.stage, ann.attempt, ann.epoch)

@@ -30,6 +30,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,8 @@ class Server:
         self._retry_at = 0.0
         self._waiting = ""
         self._waiting_logged = 0.0
+        self._page_waiting: str | None = None  # why no round runs now, for the status page (None while one runs)
+        self._failed: tuple[int, str, float] | None = None  # the round whose last attempt failed, why, when (unix)
         self._revoked_seen: set[str] = set()
         self._monitor: Any = None
         self._eligible_now = 0
@@ -417,6 +420,16 @@ class Server:
             return None
         return self.next_start(now)
 
+    def page_waiting(self) -> str | None:
+        """Why no round runs now, in words, for the status page and ``/api/round``; None while a round runs.
+
+        E.g. ``"round 9's last attempt closed without quorum at 01:20:13 local (1 update(s) with training windows,
+        below the quorum of 2 ...); waiting: 2 eligible devices, 2 needed (next start not before 01:20:33 local)"``
+        or ``"waiting: 1 of 2 eligible devices; not eligible: pi-kitchen (offline)"``. Written by the serving loop
+        each time it looks (a plain attribute read: safe from the page's threads).
+        """
+        return None if self._open_round is not None else self._page_waiting
+
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set (or KeyboardInterrupt: SIGINT, SIGTERM through :func:`install_signals`).
 
@@ -469,9 +482,11 @@ class Server:
                     self._note_leave_requests()
                     next_revocation_check = time.monotonic() + 2.0
                 now = time.time()
-                eligible = grid.eligibility(runner.label_set).eligible
+                seen = grid.eligibility(runner.label_set)
+                eligible = seen.eligible
                 self._eligible_now = len(eligible)
                 start_at = self.next_start(now)
+                self._page_waiting = self._waiting_text(len(eligible), start_at, now, seen.left_out)
                 if len(eligible) >= self.schedule.min_clients and now >= start_at:
                     self._waiting = ""
                     log.info("round %d: starting with %d eligible devices (%s)", round_, len(eligible), ", ".join(eligible))
@@ -492,14 +507,16 @@ class Server:
                         self._open_round = None
                     if record is None:  # closed without quorum: the next attempt within one interval
                         self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, self.schedule.min_round_interval_s)
+                        self._failed = (round_, runner.last_failure, time.time())
                         continue
+                    self._failed = None
                     self._after_round(record)
                     self._finish_model_request()
                     self._last_end = time.time()
                     self._retry_at = 0.0
                     round_ += 1
                 else:
-                    self._log_waiting(len(eligible), start_at, now)
+                    self._log_waiting(len(eligible), start_at, now, seen.left_out)
         except run_state.StateDamaged as exc:
             raise StateError(str(exc)) from None
         finally:
@@ -648,7 +665,7 @@ class Server:
             monitor.start(wait_s=None)
         stall_after_s = self.server.stall_after * (self.schedule.min_round_interval_s + self.cfg.round_timeout_s)
         view = ServerView(name=self.server.name, run_state=run_state.RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
-                          monitor=monitor, next_start=self.page_next_start, stall_after_s=stall_after_s,
+                          monitor=monitor, next_start=self.page_next_start, waiting=self.page_waiting, stall_after_s=stall_after_s,
                           broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None)  # fmt: skip
         try:
             page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
@@ -660,15 +677,22 @@ class Server:
         self._monitor = monitor
         return page
 
-    def _log_waiting(self, n: int, start_at: float, now: float) -> None:
+    def _waiting_text(self, n: int, start_at: float, now: float, left_out: Mapping[str, str]) -> str:
+        """The waiting line with the devices that are not eligible and why, after the last failed attempt if any."""
+        line = waiting_line(n, self.schedule.min_clients, start_at, now, self.tz) + _not_eligible(left_out)
+        if self._failed is not None:
+            rnd, why, at = self._failed
+            when = dt.datetime.fromtimestamp(at, self.tz).strftime("%H:%M:%S")
+            line = f"round {rnd}'s last attempt closed without quorum at {when} local ({why}); {line}"
+        return line
+
+    def _log_waiting(self, n: int, start_at: float, now: float, left_out: Mapping[str, str]) -> None:
         """Log the waiting line when it changes, and every 10 minutes while it does not."""
         line = waiting_line(n, self.schedule.min_clients, start_at, now, self.tz)
         if line == self._waiting and now - self._waiting_logged < 600:
             return
         self._waiting, self._waiting_logged = line, now
-        why = self.grid.eligibility(self.runner.label_set).left_out
-        extra = "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(why.items())) if why else ""
-        log.info("%s%s", line, extra)
+        log.info("%s%s", line, _not_eligible(left_out))
 
     def _after_round(self, record: RoundRecord) -> None:
         """Keep the round's global model as the next version, note each device's part, apply the retention."""
@@ -713,3 +737,8 @@ def install_signals(server: Server) -> None:
 
     signal.signal(signal.SIGHUP, on_hup)
     signal.signal(signal.SIGTERM, on_term)
+
+
+def _not_eligible(left_out: Mapping[str, str]) -> str:
+    """``"; not eligible: a (offline), b (no training windows)"`` for the waiting line, or "" when every device is."""
+    return "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(left_out.items())) if left_out else ""

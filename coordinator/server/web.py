@@ -243,6 +243,9 @@ class ServerView:
     next_start : callable returning float or None, optional
         When the schedule will start the next round (s since the epoch; None: not known / waiting
         for devices). ``serve`` provides it.
+    waiting : callable returning str or None, optional
+        Why no round runs now, in words (the devices not eligible and why, a last attempt that
+        closed without quorum, the schedule's next start); None while one runs. ``serve`` provides it.
     wall : callable returning float
         Wall-clock time (s since the epoch).
     stall_after_s : float, optional
@@ -259,6 +262,7 @@ class ServerView:
     registry: RegistryLike | None = None
     monitor: Monitor | None = None
     next_start: Callable[[], float | None] | None = None
+    waiting: Callable[[], str | None] | None = None
     wall: Callable[[], float] = time.time
     stall_after_s: float | None = None
     broker_dir: Path | None = None
@@ -455,12 +459,22 @@ class ServerView:
         return out
 
     def totals(self) -> RoundTotals:
-        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call)."""
+        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call).
+
+        ``without_quorum`` also counts the exchanges of a round that has not completed yet: the run's
+        ``round_failed`` events are written as each exchange closes without quorum, so a federation that
+        keeps failing one round shows it at once (the records alone count a round's failed exchanges only
+        once it completes, and lose them if the coordinator restarts within it). The larger of the two is
+        taken: records written without those events still count.
+        """
         if self.run_state is None:
             return RoundTotals.of(self.records())
         self._sync()
+        failed = self.run_state.count_events("round_failed")
         with self._lock:
-            return copy.deepcopy(self._totals)
+            out = copy.deepcopy(self._totals)
+        out.without_quorum = max(out.without_quorum, failed)
+        return out
 
     def charts(self) -> list[str]:
         """The page's round charts (:func:`round_charts`), drawn again only when a round was added or rewritten."""
@@ -602,7 +616,8 @@ class ServerView:
         "finished" or "idle" when no round is open), ``run_id``, ``round``, ``stage``,
         ``epoch``, ``selected``, ``answered``, ``missing`` (selected, not answered yet), ``deadline_unix``,
         ``deadline_in_s``, ``last_completed`` (round index or None), ``rounds_planned``,
-        ``next_start_unix``.
+        ``next_start_unix``, ``waiting`` (while no round is open: why, in words; None when not known).
+        ``answered`` holds only the updates counted in the open attempt (:class:`MonitorSnapshot`).
         """
         snap = self.snapshot()
         now = self.wall()
@@ -628,6 +643,7 @@ class ServerView:
             "last_completed": last,
             "rounds_planned": snap.progress.rounds if snap.progress is not None else None,
             "next_start_unix": self.next_start() if self.next_start is not None else None,
+            "waiting": self.waiting() if self.waiting is not None and not open_ else None,
         }  # fmt: skip
         return _clean(out)
 
@@ -900,6 +916,8 @@ def render_page(view: ServerView, query: str = "") -> str:
         )
     else:
         h.append(f'<p id="round">no round open ({_e(cur["state"])})</p>')
+        if cur["waiting"]:
+            h.append(f'<p id="waiting">{_e(cur["waiting"])}</p>')
     last = cur["last_completed"]
     # A served federation's round budget (SERVE_ROUNDS) is no plan an operator made: show no "of N" for it.
     planned = f" of {cur['rounds_planned']}" if cur["rounds_planned"] and cur["rounds_planned"] < SERVE_ROUNDS else ""
