@@ -52,6 +52,7 @@ class InMemoryGrid:
         self.step = step or (lambda cid: 0.01 * (order.index(cid) + 1))
         self.n_test = n_test
         self.silent: set[str] = set()
+        self.leaving: dict[str, ClientStatus] = {}  # as MqttGrid.leaving: devices that left from their app (none here)
         self.log: list[tuple[Any, ...]] = []
         self.progress: list[int] = []
 
