@@ -75,18 +75,17 @@ def make_pki(d: Path) -> tuple[Path, Path, Path, Path]:
     return d / "ca.crt", d / "server.crt", d / "server.key", d / "other-ca.crt"
 
 
-@contextmanager
-def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterator[SecuredBroker]:
-    """Generate the configuration for ``clients`` and run Mosquitto on it until the block ends.
+def configure(tmp: Path, federation: str, clients: list[str]) -> SecuredBroker:
+    """Certificates and the generated configuration for ``clients`` in ``tmp``; Mosquitto not started.
 
     Raises
     ------
     Missing
         If mosquitto, mosquitto_passwd or openssl is not installed.
     RuntimeError
-        If the generator fails or Mosquitto does not listen within 10 s.
+        If openssl or the generator fails.
     """
-    exe = _tool("mosquitto", "/usr/sbin/mosquitto")
+    _tool("mosquitto", "/usr/sbin/mosquitto")
     _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
     ca, crt, key, wrong_ca = make_pki(tmp / "pki")
     out, port, tls_port = tmp / "broker", free_port(), free_port()
@@ -97,13 +96,43 @@ def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterato
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"mosquitto_config.py failed: {r.stderr}")
-    log = tmp / "mosquitto.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen([exe, "-c", str(out / "mosquitto.conf"), "-v"], stdout=sink, stderr=subprocess.STDOUT)
+    return SecuredBroker(out, port, tls_port, ca, wrong_ca, tmp / "mosquitto.log")
+
+
+def start(broker: SecuredBroker) -> subprocess.Popen[bytes]:
+    """Run Mosquitto on ``broker``'s configuration (its log appended to ``broker.log``) once it listens on both ports.
+
+    Started again after a stop, it serves the same ports, accounts and persisted messages.
+
+    Raises
+    ------
+    RuntimeError
+        If Mosquitto does not listen on both ports within 10 s (it is stopped first).
+    """
+    with open(broker.log, "ab") as sink:
+        proc = subprocess.Popen([_tool("mosquitto", "/usr/sbin/mosquitto"), "-c", str(broker.out / "mosquitto.conf"), "-v"],
+                                stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    for p in (broker.port, broker.tls_port):
+        if not wait_for_port("127.0.0.1", p, 10):
+            stop_process(proc)
+            raise RuntimeError(f"mosquitto did not listen on {p}; log:\n{broker.log.read_text()[-3000:]}")
+    return proc
+
+
+@contextmanager
+def secured_mosquitto(tmp: Path, federation: str, clients: list[str]) -> Iterator[SecuredBroker]:
+    """Generate the configuration for ``clients`` (:func:`configure`) and run Mosquitto on it until the block ends.
+
+    Raises
+    ------
+    Missing
+        If mosquitto, mosquitto_passwd or openssl is not installed.
+    RuntimeError
+        If the generator fails or Mosquitto does not listen within 10 s.
+    """
+    broker = configure(tmp, federation, clients)
+    proc = start(broker)
     try:
-        for p in (port, tls_port):
-            if not wait_for_port("127.0.0.1", p, 10):
-                raise RuntimeError(f"mosquitto did not listen on {p}; log:\n{log.read_text()}")
-        yield SecuredBroker(out, port, tls_port, ca, wrong_ca, log)
+        yield broker
     finally:
         stop_process(proc)
