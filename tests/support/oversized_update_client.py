@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     def oversized(store: Any, ann: Any, tensors: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray]) -> Any:
         return _encode_for_upload(store, ann, scaled_update(tensors, received, scale), received)
 
-    trainer.encode_for_upload = oversized  # type: ignore[assignment]
+    trainer.encode_for_upload = oversized
     return cli.main(argv)
 
 
