@@ -212,11 +212,17 @@ class Soak:
                 self.note(f"{dev.name} runs again (SIGCONT)")
 
     def oversized_counted(self) -> int:
-        """Updates of the oversized device that the coordinator confirmed (its log says so for each)."""
+        """Completed rounds that counted an update of the oversized device (its name in the record's personalisation_clients)."""
+        return sum(1 for rec in self.records() if "dev-oversized" in (rec.get("personalisation_clients") or {}))
+
+    def records(self) -> list[dict[str, Any]]:
+        """The completed rounds' records, in the order they completed (none while the database cannot be read)."""
+        db = self.data / "run" / "state.sqlite"
         try:
-            return (self.out / "logs" / "dev-oversized.log").read_text(errors="replace").count("the coordinator confirmed the update")
-        except OSError:
-            return 0
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+                return [json.loads(s) for (s,) in con.execute("SELECT summary FROM rounds ORDER BY completed")]
+        except sqlite3.Error:
+            return []
 
     def working(self) -> list[Device]:
         return [d for d in self.devices.values() if d.working]
@@ -373,6 +379,7 @@ def figures(soak: Soak, started: float) -> dict[str, Any]:
         "longest_wait_after_fault_s": round(max(waits, default=math.nan), 1),
         "deadline_s": args.deadline,
         "stall_limit_s": allowed,
+        "oversized_rounds": soak.oversized_counted(),
         "rollbacks": rollbacks,
         "rejected_updates": rejected,
         "rounds_without_quorum": failed,
