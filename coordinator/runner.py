@@ -40,7 +40,7 @@ from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
 from coordinator.state import RunState, StateDamaged
 from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
-from coordinator.updates import ClientUpdate
+from coordinator.updates import ClientUpdate, Failure
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
 from har_models.data.labels import LABEL_SETS
@@ -504,6 +504,14 @@ class FederationRunner:
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
         results, failures = ex.results(), ex.failures()
         bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
+        oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
+        for cid, text in sorted(oversized.items()):
+            log.warning("round %d: the update of %s is left out: %s", round_, cid, text)
+            self.state.event(round_, cid, "rejected", f"oversized_update: {text}")
+        if oversized:
+            results = [u for u in results if u.client_id not in oversized]
+            failures = [*failures, *(Failure(cid, "oversized_update") for cid in sorted(oversized))]
+            rejected += len(oversized)
         why = check_quorum(results, failures, self.cfg.min_clients)
         agg = None
         if why is None:
@@ -521,6 +529,7 @@ class FederationRunner:
         fed.personal.update(agg.personal)
         main = _Tally.of(ex)
         up_by_encoding, rejections, duplicates = main.up_by_encoding, main.rejected, main.duplicates
+        rejections.update({(cid, "oversized_update"): 1 for cid in oversized})
         growth_log = None
         if self.cfg.growth == "feddist":
             growth_log, growth_exchanges = self._grow(round_, agg, results)
@@ -539,7 +548,7 @@ class FederationRunner:
                 selected=len(selected),
                 updates=len(results),
                 rejected=rejected,
-                missing=tuple(sorted(set(selected) - set(ex.updates))),
+                missing=tuple(sorted(set(selected) - {u.client_id for u in results})),
                 failures={f.client_id: f.reason for f in failures},
                 rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
                 duplicates=duplicates,
