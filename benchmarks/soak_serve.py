@@ -9,12 +9,13 @@ and run as real ``fedhar-client`` processes from their bundles, each replaying o
 
 A plan drawn from ``--seed`` acts at completed-round marks:
 
-* fixed faults at fractions of ``--rounds`` (``--faults`` chooses which): a device frozen with
-  SIGSTOP for about one deadline (``freeze``, 25 %); a device whose update is finite but 100x too
-  large (``oversized``, tests/support/oversized_update_client.py) from 15 % for ``--oversized-rounds``
-  rounds; Mosquitto stopped and started again on the same ports (``broker``, 40 %); ``serve``
-  reloaded with SIGHUP after a change of ``[schedule] min_round_interval_s`` (``reload``, 55 %);
-  ``serve`` killed with SIGKILL and started again (``kill``, 70 %);
+* fixed faults at fractions of ``--rounds`` (``--faults`` chooses which): a device whose update is
+  finite but 100x too large (``oversized``, tests/support/oversized_update_client.py) from 15 % until
+  ``--oversized-rounds`` of its updates were counted or left out (at most three times as many rounds
+  after it connected); a device frozen with SIGSTOP for about one deadline (``freeze``, 25 %);
+  Mosquitto stopped and started again on the same ports (``broker``, 40 %); ``serve`` reloaded with
+  SIGHUP after a change of ``[schedule] min_round_interval_s`` (``reload``, 55 %); ``serve`` killed
+  with SIGKILL and started again (``kill``, 70 %);
 * every ``--churn-every`` rounds, one random device action: join (start an enrolled device that is
   off, or enrol a new one up to ``--devices-max``), leave (SIGTERM), freeze (SIGSTOP for 0.3 to 1.2
   deadlines), restart (SIGTERM, start again), revoke and re-enrol (``revoke``, then ``enrol`` under
@@ -22,10 +23,11 @@ A plan drawn from ``--seed`` acts at completed-round marks:
 
 Figures come from the run's ``state.sqlite`` (each completed round's time and record; the
 ``round_failed`` and ``rollback`` events), ``/proc/<pid>/status`` (the coordinator's VmHWM) and
-the data folder's size. A *stall* is a wait for a completed round longer than one deadline plus
-one interval, counted from the later of the previous completed round and the end of the last
-fault before it (a device back from a freeze, the broker or the coordinator started again, a
-device gone). The figures are printed LAST as one line of ``key=value``:
+the data folder's size. A *stall* is a wait for a completed round longer than one deadline, two
+intervals and 5 s of a round's own work (``stall_limit_s``), counted from the later of the previous
+completed round and the end of the last fault before it: a device back from a freeze or gone, the
+broker started again, a started or restarted program (device or ``serve``) connected to the broker.
+The figures are printed LAST as one line of ``key=value``:
 
     python benchmarks/soak_serve.py --rounds 300 --seed 1 --out /tmp/soak
 
@@ -103,7 +105,8 @@ class Soak:
     actions: list[str] = field(default_factory=list)
     next_subject: int = 1
     revoked: set[str] = field(default_factory=set)
-    oversized_until: int | None = None  # completed rounds at which the oversized device leaves
+    oversized_until: int | None = None  # completed rounds at which the oversized device leaves at the latest
+    oversized_on = False  # it joined and has not left yet
     pending: dict[Path, int] = field(default_factory=dict)  # log -> its connections when a program was (re)started
 
     def expect_connect(self, log: Path) -> None:
@@ -215,6 +218,16 @@ class Soak:
         """Completed rounds that counted an update of the oversized device (its name in the record's personalisation_clients)."""
         return sum(1 for rec in self.records() if "dev-oversized" in (rec.get("personalisation_clients") or {}))
 
+    def oversized_rejected(self) -> int:
+        """Updates of the oversized device the guard left out (``rejected`` events with reason ``oversized_update``)."""
+        db = self.data / "run" / "state.sqlite"
+        q = "SELECT COUNT(*) FROM events WHERE kind = 'rejected' AND client = 'dev-oversized' AND detail LIKE 'oversized_update%'"
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+                return int(con.execute(q).fetchone()[0])
+        except sqlite3.Error:
+            return 0
+
     def records(self) -> list[dict[str, Any]]:
         """The completed rounds' records, in the order they completed (none while the database cannot be read)."""
         db = self.data / "run" / "state.sqlite"
@@ -317,8 +330,8 @@ def fixed_fault(soak: Soak, what: str) -> None:
     if what == "oversized":
         dev = soak.enrol(base="dev-oversized", oversized=True)
         soak.start_device(dev)
-        soak.note(f"{dev.name} joins: its updates are {SCALE:g}x too large, until {args.oversized_rounds} of them were counted")
-        soak.oversized_until = soak.completed() + 3 * args.oversized_rounds  # at the latest
+        soak.note(f"{dev.name} joins: its updates are {SCALE:g}x too large, until {args.oversized_rounds} of them were counted or left out")
+        soak.oversized_on = True
     elif what == "freeze":
         soak.freeze(max(soak.working(), key=lambda d: d.name), args.deadline)
     elif what == "broker":
@@ -379,7 +392,8 @@ def figures(soak: Soak, started: float) -> dict[str, Any]:
         "longest_wait_after_fault_s": round(max(waits, default=math.nan), 1),
         "deadline_s": args.deadline,
         "stall_limit_s": allowed,
-        "oversized_rounds": soak.oversized_counted(),
+        "oversized_counted": soak.oversized_counted(),
+        "oversized_rejected": soak.oversized_rejected(),
         "rollbacks": rollbacks,
         "rejected_updates": rejected,
         "rounds_without_quorum": failed,
@@ -422,18 +436,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             n = soak.completed()
             if soak.serve_proc is not None and soak.serve_proc.poll() is not None:
                 raise RuntimeError(f"serve exited {soak.serve_proc.returncode}; see {out / 'serve.log'}")
-            if n >= args.rounds:
+            if n >= args.rounds and len(done_marks) == len(plan) and not soak.oversized_on:
                 break
             if n == last:
                 continue
             last = n
-            if soak.oversized_until is not None and (n >= soak.oversized_until or soak.oversized_counted() >= args.oversized_rounds):
+            log = out / "logs" / "dev-oversized.log"
+            if soak.oversized_on and soak.oversized_until is None and log not in soak.pending:
+                soak.oversized_until = n + 3 * args.oversized_rounds  # counted from its connection: a start takes seconds
+            if (
+                soak.oversized_on
+                and soak.oversized_until is not None
+                and (n >= soak.oversized_until or soak.oversized_counted() + soak.oversized_rejected() >= args.oversized_rounds)
+            ):
                 for dev in soak.devices.values():
                     if dev.oversized and dev.on:
                         soak.stop_device(dev)
                         soak.recoveries.append(time.time())
                         soak.note(f"{dev.name} leaves")
-                soak.oversized_until = None
+                soak.oversized_on = False
             for mark in sorted(plan):
                 if n >= mark and mark not in done_marks:
                     done_marks.add(mark)
@@ -457,7 +478,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=300, help="completed rounds to run (default %(default)s)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=300,
+        help="completed rounds to run, at least: the run goes on until the plan's faults are done (default %(default)s)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="seed of the device plan (default %(default)s)")
     ap.add_argument("--devices-max", type=int, default=8, help="most devices on at once, 2 to 8 (default %(default)s)")
     ap.add_argument("--devices-start", type=int, default=3, help="devices at the start (default %(default)s)")
@@ -468,7 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--churn-every", type=int, default=6, help="a random device action every N completed rounds; 0: none (default %(default)s)"
     )
-    ap.add_argument("--oversized-rounds", type=int, default=10, help="rounds the oversized device stays (default %(default)s)")
+    ap.add_argument(
+        "--oversized-rounds",
+        type=int,
+        default=10,
+        help="the oversized device leaves once this many of its updates were counted or left out (default %(default)s)",
+    )
     ap.add_argument("--max-minutes", type=float, default=120.0, help="stop after this long whatever the rounds (default %(default)s)")
     args = ap.parse_args(argv)
     if not 2 <= args.devices_max <= 8 or not 2 <= args.devices_start <= args.devices_max:
