@@ -28,6 +28,9 @@ other updates (:func:`oversized_updates`) is left out of the aggregate and count
 (``oversized_update``): the rollback above judges a version only after clients trained on it, and cannot
 tell which device spoiled it.
 
+A halved step is not halved for good: after :data:`RECOVER_AFTER` versions kept in a row it doubles back,
+at most to the strategy's setting (the runner replays the records' decisions after a restart).
+
 This module is the rule; it holds no state and touches no files except through
 :func:`save_best` / :func:`load_best`.
 """
@@ -99,6 +102,11 @@ def common_scores(judged: Mapping[str, tuple[float, int]], best: Mapping[str, tu
     both = set(judged) & set(best)
     return weighted_f1(judged, both), weighted_f1(best, both), len(both)
 
+
+RECOVER_AFTER = 20
+"""Versions kept in a row after which a server step that rollbacks shrank doubles back (never above its setting). Without
+it each rollback halved the step for good: in the soak five rollbacks in ten rounds left FedExP's step at 0.031 for the
+240 rounds after them. Twenty rounds is long enough that a federation still collapsing is rolled back again first."""
 
 NORM_FACTOR = 10.0
 """How many times the median change of the other updates an update's change to the model may be before it is left out

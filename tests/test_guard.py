@@ -206,3 +206,37 @@ def _spec(cfg: CoordinatorConfig) -> ArchSpec:
     probe.ensure_federation()
     assert probe.spec is not None
     return probe.spec
+
+
+def test_a_halved_step_doubles_back_after_versions_kept_in_a_row_also_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guard, "RECOVER_AFTER", 2)
+    cfg = _cfg(tmp_path, rounds=8)
+    g0 = init_state(_spec(cfg), cfg.seed)
+    grid = _MeasuringGrid(g0)
+    grid.huge_in, grid.huge = {2}, set(DEVICES)
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    scales = []
+    for r in range(5):
+        rec = runner.run_round(r)
+        assert rec is not None and rec.guard is not None
+        scales.append(runner.strategy.step_scale)  # type: ignore[attr-defined]
+    # round 3 rolls back (x 0.5); rounds 4 and 5 keep: the second keep in a row doubles the step back
+    assert scales == [1.0, 1.0, 1.0, 0.5, 0.5]
+    again = FederationRunner(cfg, grid)  # a restart after round 4 replays the records: halved, one kept since
+    assert again.start(resume=True) == 4  # the last completed round
+    assert again.strategy.step_scale == 0.5  # type: ignore[attr-defined]
+    rec = again.run_round(5)
+    assert rec is not None and rec.guard is not None and rec.guard.action == "keep"
+    assert again.strategy.step_scale == 1.0  # type: ignore[attr-defined]
+    rec = again.run_round(6)
+    assert again.strategy.step_scale == 1.0  # type: ignore[attr-defined]  # never above the setting
+    third = FederationRunner(cfg, grid)
+    third.start(resume=True)
+    assert third.strategy.step_scale == 1.0  # type: ignore[attr-defined]
+    # the model, from round 1's g0 + 0.04 after the rollback: + 0.01 in rounds 4 and 5 (eta 2 x 0.5; round 5 doubles
+    # the step only once its aggregate is made), + 0.02 in round 6
+    name = _first_float(g0)
+    assert torch.allclose(third.model()[1][name], g0[name] + 0.04 + 0.01 + 0.01 + 0.02, atol=1e-5)
