@@ -40,7 +40,7 @@ from coordinator.report import write_report
 from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
 from coordinator.state import RunState, StateDamaged
 from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
-from coordinator.updates import ClientUpdate, Failure
+from coordinator.updates import ClientUpdate
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
 from har_models.data.labels import LABEL_SETS
@@ -525,13 +525,8 @@ class FederationRunner:
         results, failures = ex.results(), ex.failures()
         bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
         oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
-        for cid, text in sorted(oversized.items()):
-            log.warning("round %d: the update of %s is left out: %s", round_, cid, text)
-            self.state.event(round_, cid, "rejected", f"oversized_update: {text}")
         if oversized:
-            results = [u for u in results if u.client_id not in oversized]
-            failures = [*failures, *(Failure(cid, "oversized_update") for cid in sorted(oversized))]
-            rejected += len(oversized)
+            results = self._clip(round_, results, received, oversized)
         why = check_quorum(results, failures, self.cfg.min_clients)
         agg = None
         if why is None:
@@ -549,7 +544,6 @@ class FederationRunner:
         fed.personal.update(agg.personal)
         main = _Tally.of(ex)
         up_by_encoding, rejections, duplicates = main.up_by_encoding, main.rejected, main.duplicates
-        rejections.update({(cid, "oversized_update"): 1 for cid in oversized})
         growth_log = None
         if self.cfg.growth == "feddist":
             growth_log, growth_exchanges = self._grow(round_, agg, results)
@@ -568,7 +562,7 @@ class FederationRunner:
                 selected=len(selected),
                 updates=len(results),
                 rejected=rejected,
-                missing=tuple(sorted(set(selected) - {u.client_id for u in results})),
+                missing=tuple(sorted(set(selected) - set(ex.updates))),
                 failures={f.client_id: f.reason for f in failures},
                 rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
                 duplicates=duplicates,
@@ -592,6 +586,26 @@ class FederationRunner:
         spill.clear(self.cfg.run_dir / "spill")
         release_free_memory()
         return record
+
+    def _clip(self, round_: int, results: list[ClientUpdate], received: Mapping[str, Any],
+              oversized: Mapping[str, tuple[float, str]]) -> list[ClientUpdate]:  # fmt: skip
+        """``results`` with each update named in ``oversized`` clipped to the others' median norm (:func:`coordinator.guard.clipped`),
+        logged and stored as a ``clipped_update`` event; one whose change is not finite is left out (never seen: the wire
+        check rejects non-finite tensors)."""
+        out = []
+        for u in results:
+            if u.client_id not in oversized:
+                out.append(u)
+                continue
+            median, text = oversized[u.client_id]
+            try:
+                out.append(guard.clipped(u, received, median))
+            except ValueError as exc:
+                log.warning("round %d: the update of %s is left out: %s", round_, u.client_id, exc)
+                continue
+            log.warning("round %d: the update of %s is clipped to the others' median norm: %s", round_, u.client_id, text)
+            self.state.event(round_, u.client_id, "clipped_update", text)
+        return out
 
     def _judge(self, round_: int, spec0: ArchSpec, received: Mapping[str, Any], results: list[ClientUpdate]) -> GuardNote | None:
         """The quality guard at the end of round ``round_`` (:mod:`coordinator.guard`): judge the version the clients received.
