@@ -361,8 +361,12 @@ def fixed_fault(soak: Soak, what: str) -> None:
         soak.note("serve started again")
 
 
-def figures(soak: Soak, started: float) -> dict[str, Any]:
-    """The soak's figures from the run's database, the plan's recoveries and the coordinator's memory."""
+def figures(soak: Soak, started: float, ended: float) -> dict[str, Any]:
+    """The soak's figures from the run's database, the plan's recoveries and the coordinator's memory.
+
+    The wait from the last completed round to ``ended`` (the end of the run, unix s) counts as a gap too, so a
+    federation stuck at its end shows as a stall.
+    """
     args = soak.args
     db = soak.data / "run" / "state.sqlite"
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
@@ -371,7 +375,7 @@ def figures(soak: Soak, started: float) -> dict[str, Any]:
         rollbacks = con.execute("SELECT COUNT(*) FROM events WHERE kind = 'rollback'").fetchone()[0]
         rejected = con.execute("SELECT COUNT(*) FROM events WHERE kind = 'rejected'").fetchone()[0]
         clipped = con.execute("SELECT COUNT(*) FROM events WHERE kind = 'clipped_update'").fetchone()[0]
-    times = [started] + [float(t) for _, t, _ in rows]
+    times = [started] + [float(t) for _, t, _ in rows] + [ended]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     allowed = args.deadline + args.interval * 2 + GRACE_S  # after the reload the interval is doubled
     waits, stalls = [], 0
@@ -468,6 +472,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             soak.note(f"--max-minutes {args.max_minutes} reached")
         soak.sample_rss()
         soak.thaw_due()
+        ended = time.time()
     finally:
         if soak.serve_proc is not None:
             stop_process(soak.serve_proc, grace_s=60)  # SIGTERM, as systemd stops it (a background job ignores SIGINT)
@@ -475,7 +480,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             soak.stop_device(dev)
         if soak.broker_proc is not None:
             stop_process(soak.broker_proc)
-    return figures(soak, started)
+    return figures(soak, started, ended)
 
 
 def main(argv: list[str] | None = None) -> int:
