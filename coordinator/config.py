@@ -124,7 +124,8 @@ class CoordinatorConfig:
         points of the main job's global macro-F1 (``docs/results.md``). ``"float32"`` sends the
         trained tensors as they are.
     guard : bool
-        Quality guard with rollback (:mod:`coordinator.guard`); False here, True in ``serve``.
+        Quality guard with rollback, which also clips an update more than 10x the round's
+        others (:mod:`coordinator.guard`); False here, True in ``serve``.
     guard_margin : float
         Points of start macro-F1 a version may fall below the best before a rollback (10).
     resume : bool

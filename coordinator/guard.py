@@ -23,6 +23,16 @@ versions share no client, the judged one is kept and not made the best. The best
 round, its clients' figures and its global model) lives in ``guard_best.safetensors`` in the run
 folder, written atomically, so a resumed run (also after kill -9) compares with the same best.
 
+Before that, in every round with the guard on, an update that changes the model far more than the round's
+other updates (:func:`oversized_updates`) is clipped to the median of the others' norms (:func:`clipped`)
+and the event counted (``clipped_update``): the rollback above judges a version only after clients trained
+on it, and cannot tell which device spoiled it. Clipped, not left out: a device re-sends its stored update
+to every new attempt of the round on the same model, so an update left out would fail the quorum of a
+two-device federation again at every attempt (the soak test stalled that way).
+
+A halved step is not halved for good: after :data:`RECOVER_AFTER` versions kept in a row it doubles back,
+at most to the strategy's setting (the runner replays the records' decisions after a restart).
+
 This module is the rule; it holds no state and touches no files except through
 :func:`save_best` / :func:`load_best`.
 """
@@ -32,7 +42,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +103,105 @@ def common_scores(judged: Mapping[str, tuple[float, int]], best: Mapping[str, tu
     """(judged score, best score, clients in both): :func:`weighted_f1` of each over the clients that reported in both."""
     both = set(judged) & set(best)
     return weighted_f1(judged, both), weighted_f1(best, both), len(both)
+
+
+RECOVER_AFTER = 20
+"""Versions kept in a row after which a server step that rollbacks shrank doubles back (never above its setting). Without
+it each rollback halved the step for good: in the soak five rollbacks in ten rounds left FedExP's step at 0.031 for the
+240 rounds after them. Twenty rounds is long enough that a federation still collapsing is rolled back again first."""
+
+NORM_FACTOR = 10.0
+"""How many times the median change of the other updates an update's change to the model may be before it is clipped
+(:func:`oversized_updates`). Clients of one round train from the same model with the same plan and data of one kind,
+so their changes are of one order of magnitude; a device whose update is 100x too large (benchmarks/soak_serve.py)
+lies far beyond 10. Without this rule the guard could only roll back after the fact: in the soak such a device made
+every other round a rollback while it stayed, and each rollback halved the server step."""
+
+
+def update_norms(results: Sequence[ClientUpdate], received: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """||w_i - w_0||_2 of each update: its trained tensors w_i against the model w_0 it received, over the floating
+    tensors both hold with the same shape (client id -> norm, in the weights' units)."""
+    out = {}
+    for u in results:
+        sq = 0.0
+        for name, w0 in received.items():
+            w = u.state.get(name)
+            if w is not None and w.shape == w0.shape and w0.is_floating_point():
+                sq += float(((w.double() - w0.double()) ** 2).sum())
+        out[u.client_id] = math.sqrt(sq)
+    return out
+
+
+def oversized_updates(
+    results: Sequence[ClientUpdate], received: Mapping[str, torch.Tensor], factor: float = NORM_FACTOR
+) -> dict[str, tuple[float, str]]:
+    """The updates of a round that change the model far more than the others do (the runner clips them).
+
+    An update i is oversized when ||w_i - w_0|| > ``factor`` x the median of the other updates' norms
+    (:func:`update_norms`), or when its norm is not finite. The median of the *others* lets two updates
+    tell which of them is the outlier; with one update there is nothing to compare and none is left
+    out. This is norm bounding (Sun et al., "Can You Really Backdoor Federated Learning?", 2019,
+    arXiv:1911.07963, Sec. 4), with the bound taken from the round's own updates since a home
+    federation has no fixed scale of its updates.
+
+    Parameters
+    ----------
+    results : sequence of ClientUpdate
+        The round's valid updates.
+    received : mapping name -> tensor
+        The global model the clients received (w_0).
+    factor : float > 1
+
+    Returns
+    -------
+    dict client id -> (median, reason)
+        The other updates' median norm (what :func:`clipped` scales the update down to) and text for
+        the log and the round's events.
+
+    Raises
+    ------
+    ValueError
+        If ``factor`` is not a finite number > 1.
+    """
+    if not (math.isfinite(factor) and factor > 1):
+        raise ValueError(f"the update norm factor must be a finite number > 1, got {factor}")
+    norms = update_norms(results, received)
+    out = {}
+    for cid, norm in norms.items():
+        others = [v for c, v in norms.items() if c != cid and math.isfinite(v)]
+        if not others:
+            continue
+        median = float(np.median(others))
+        if not math.isfinite(norm) or norm > factor * median:
+            out[cid] = (median, f"update norm {norm:.3g} is more than {factor:g} x the other updates' median {median:.3g}")
+    return out
+
+
+def clipped(update: ClientUpdate, received: Mapping[str, torch.Tensor], norm: float) -> ClientUpdate:
+    """``update`` with its change to the model scaled down to L2 norm ``norm``: w0 + (w - w0) norm / ||w - w0||.
+
+    Only the floating tensors that :func:`update_norms` measures change; the rest (and the guidance) stay.
+    An update whose change is no larger than ``norm`` is returned as it is.
+
+    Raises
+    ------
+    ValueError
+        If ``norm`` is negative or not finite, or the update's change is not finite.
+    """
+    if not (math.isfinite(norm) and norm >= 0):
+        raise ValueError(f"clipped: the norm to clip to must be finite and >= 0, got {norm}")
+    have = update_norms([update], received)[update.client_id]
+    if not math.isfinite(have):
+        raise ValueError(f"clipped: the update of {update.client_id} changes the model by a non-finite amount")
+    if have <= norm:
+        return update
+    scale = norm / have
+    state = dict(update.state)
+    for name, w0 in received.items():
+        w = state.get(name)
+        if w is not None and w.shape == w0.shape and w0.is_floating_point():
+            state[name] = (w0.double() + (w.double() - w0.double()) * scale).to(w.dtype)
+    return replace(update, state=state)
 
 
 def finite_model(state: Mapping[str, torch.Tensor]) -> bool:
@@ -173,5 +282,6 @@ def load_best(folder: Path) -> Best | None:
         figures = {str(c): (float(v[0]), int(v[1])) for c, v in json.loads(meta["clients"]).items()}
         return Best(int(meta["round"]), figures, spec, state)
     except Exception as exc:  # a damaged header raises safetensors' own types
-        raise ValueError(f"{path}: unreadable best version of the quality guard ({type(exc).__name__}: {exc}); "
-                         f"delete it to start judging afresh") from exc
+        raise ValueError(
+            f"{path}: unreadable best version of the quality guard ({type(exc).__name__}: {exc}); delete it to start judging afresh"
+        ) from exc

@@ -186,6 +186,7 @@ class FederationRunner:
         self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
         self.last_failure = ""  # why the last run_round closed without changing the model ("" after a completed round)
         self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
+        self._kept = 0  # versions the guard kept since the server step last changed
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -332,16 +333,35 @@ class FederationRunner:
         resets them). An unreadable best version is logged and judging starts afresh.
         """
         rollbacks = len(self.state.get(OPERATOR_SHRINKS, []))
-        if self.cfg.guard:
-            try:
-                self._best = guard.load_best(self.cfg.run_dir)
-            except ValueError as exc:
-                log.error("%s", exc)
-            rollbacks += sum(1 for r in self.records() if r.guard is not None and r.guard.action == "rollback")
         for _ in range(rollbacks):
             self.strategy.shrink_step(guard.STEP_FACTOR)
-        if rollbacks:
-            log.info("quality guard: %d rollback(s) so far; server step x%g", rollbacks, guard.STEP_FACTOR**rollbacks)
+        if not self.cfg.guard:
+            return
+        try:
+            self._best = guard.load_best(self.cfg.run_dir)
+        except ValueError as exc:
+            log.error("%s", exc)
+        self._kept = 0
+        shrinks = 0
+        for rec in self.records():  # the step as the guard's decisions left it, halvings and recoveries in order
+            if rec.guard is not None:
+                shrinks += rec.guard.action == "rollback"
+                self._step_after(rec.round, rec.guard.action, quiet=True)
+        if shrinks:
+            log.info("quality guard: %d rollback(s) so far; %d version(s) kept since the step last changed", shrinks, self._kept)
+
+    def _step_after(self, round_: int, action: str, quiet: bool = False) -> None:
+        """The server step after the guard's decision ``action`` in round ``round_``: halved at a rollback; doubled back
+        (at most to its setting) after :data:`coordinator.guard.RECOVER_AFTER` versions kept in a row."""
+        if action == "rollback":
+            self.strategy.shrink_step(guard.STEP_FACTOR)
+            self._kept = 0
+            return
+        self._kept += 1
+        if self._kept >= guard.RECOVER_AFTER and self.strategy.grow_step(1 / guard.STEP_FACTOR):
+            self._kept = 0
+            if not quiet:
+                log.info("round %d: %d versions kept in a row; server step doubled back", round_, guard.RECOVER_AFTER)
 
     def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
         """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
@@ -506,6 +526,9 @@ class FederationRunner:
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
         results, failures = ex.results(), ex.failures()
         bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
+        oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
+        if oversized:
+            results = self._clip(round_, results, received, oversized)
         why = check_quorum(results, failures, self.cfg.min_clients)
         agg = None
         if why is None:
@@ -568,6 +591,26 @@ class FederationRunner:
         release_free_memory()
         return record
 
+    def _clip(self, round_: int, results: list[ClientUpdate], received: Mapping[str, Any],
+              oversized: Mapping[str, tuple[float, str]]) -> list[ClientUpdate]:  # fmt: skip
+        """``results`` with each update named in ``oversized`` clipped to the others' median norm (:func:`coordinator.guard.clipped`),
+        logged and stored as a ``clipped_update`` event; one whose change is not finite is left out (never seen: the wire
+        check rejects non-finite tensors)."""
+        out = []
+        for u in results:
+            if u.client_id not in oversized:
+                out.append(u)
+                continue
+            median, text = oversized[u.client_id]
+            try:
+                out.append(guard.clipped(u, received, median))
+            except ValueError as exc:
+                log.warning("round %d: the update of %s is left out: %s", round_, u.client_id, exc)
+                continue
+            log.warning("round %d: the update of %s is clipped to the others' median norm: %s", round_, u.client_id, text)
+            self.state.event(round_, u.client_id, "clipped_update", text)
+        return out
+
     def _judge(self, round_: int, spec0: ArchSpec, received: Mapping[str, Any], results: list[ClientUpdate]) -> GuardNote | None:
         """The quality guard at the end of round ``round_`` (:mod:`coordinator.guard`): judge the version the clients received.
 
@@ -576,7 +619,8 @@ class FederationRunner:
         run folder). A rollback discards this round's aggregate (made from the judged version): the federation's
         global model and architecture become the best's, the strategy's step shrinks
         (:meth:`~coordinator.strategies.base.Strategy.shrink_step`, x :data:`coordinator.guard.STEP_FACTOR`, momentum
-        reset) and the event is logged. Personalised models (FedDWA, FedPer) are kept as they are. None when no
+        reset) and the event is logged. Personalised models (FedDWA, FedPer) are kept as they are. After
+        :data:`coordinator.guard.RECOVER_AFTER` kept versions in a row a shrunk step doubles back. None when no
         client sent a start measure (nothing to judge).
         """
         assert self._fed is not None
@@ -589,7 +633,8 @@ class FederationRunner:
             best = self._best
             fed.spec = best.spec
             fed.global_state = {k: v.clone() for k, v in best.global_state.items()}
-            shrunk = self.strategy.shrink_step(guard.STEP_FACTOR)
+            shrunk = self.strategy.shrink_step(1.0)  # tells whether there is a step; _step_after halves it
+            self._step_after(round_, "rollback")
             log.warning("round %d: quality guard rolled back to the version of round %d (%s); %s", round_, best.round,
                         note.reason, "server step halved, momentum reset" if shrunk else f"{self.strategy.name} has no "
                         "server step to shrink")  # fmt: skip
@@ -597,6 +642,8 @@ class FederationRunner:
         elif note.to_round == round_ - 1:
             self._best = guard.Best(round_ - 1, figures, spec0, received)
             guard.save_best(self.cfg.run_dir, self._best)
+        if note.action == "keep":
+            self._step_after(round_, "keep")
         return note
 
     def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:

@@ -190,3 +190,26 @@ def test_devices_without_a_registry_creates_no_database(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
         assert r.returncode == 2 and "does not exist: no device was enrolled" in r.stderr and "--data" in r.stderr
     assert not data.exists()
+
+
+@pytest.mark.slow
+def test_a_bundle_being_enrolled_survives_a_round_ending_at_that_moment(
+    tmp_path: Path, tls_mosquitto: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running serve prunes bundles at the end of every round; one ending while ``enrol`` writes the bundle keeps it."""
+    b = tls_mosquitto(FED, ["spare"])
+    data = _data(tmp_path, b)
+    file = read_serve_file(data / "server.toml")
+    written = devices_cli.write_bundle
+    pruned: list[list[str]] = []
+
+    def write_then_round_ends(*args: Any) -> Any:
+        out = written(*args)
+        pruned.append(prune_bundles(data))  # what serve does when a round ends at this moment
+        return out
+
+    monkeypatch.setattr(devices_cli, "write_bundle", write_then_round_ends)
+    js, png, _ = devices_cli.enrol(data, file, "dev-new", None)
+    assert pruned == [[]]
+    assert js.exists() and png.exists()
+    assert json.loads(js.read_text())["client_id"] == "dev-new"

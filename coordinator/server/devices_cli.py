@@ -190,8 +190,10 @@ def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> tuple[Pa
                 f"run fedhar-coordinator reissue {name}"
             )
         password = _admin(file).add_device(name)
-        js, png, qr = write_bundle(data, file, name, password)
+        # The registry row comes before the bundle: a running serve prunes, at the end of every round, the bundles of
+        # names the registry does not hold as enrolled, and would delete a bundle written first (the soak test saw it).
         reg.enrol(name, owner)
+        js, png, qr = write_bundle(data, file, name, password)
     finally:
         reg.close()
     audit(data, "enrol", name, f"owner {owner}" if owner else "")

@@ -21,6 +21,7 @@ coordinator's configuration under :attr:`Strategy.settings_table`; the registry
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -198,6 +199,21 @@ class Strategy:
         """
         if not 0 < factor <= 1:
             raise ValueError(f"{self.name}: shrink_step factor must be in (0, 1], got {factor}")
+        return False
+
+    def grow_step(self, factor: float) -> bool:
+        """Take a larger server step from now on, never above the setting: the quality guard's recovery after rollbacks.
+
+        Multiplies the step by ``factor`` >= 1 up to the strategy's own step; False when there is no
+        server step (the default here) or it is at its setting already.
+
+        Raises
+        ------
+        ValueError
+            If ``factor`` is below 1 or not finite.
+        """
+        if not (math.isfinite(factor) and factor >= 1):
+            raise ValueError(f"{self.name}: grow_step factor must be a finite number >= 1, got {factor}")
         return False
 
     @property

@@ -193,6 +193,20 @@ class FedOpt(Strategy):
         self.m = self.v = None
         return True
 
+    def grow_step(self, factor: float) -> bool:
+        """Multiply ``step_scale`` by ``factor``, at most back to 1; the moments are kept. False when it is 1 already.
+
+        Raises
+        ------
+        ValueError
+            If ``factor`` is below 1 or not finite.
+        """
+        super().grow_step(factor)
+        if self.step_scale >= 1.0:
+            return False
+        self.step_scale = min(1.0, self.step_scale * factor)
+        return True
+
     def eta_max(self, n_clients: int) -> float:
         """FedExP's cap on eta_t in a round of ``n_clients`` contributors: the setting ``eta`` here (a subclass may size it)."""
         return self.eta

@@ -76,9 +76,8 @@ def make_pki(d: Path) -> tuple[Path, Path, Path, Path]:
     return d / "ca.crt", d / "server.crt", d / "server.key", d / "other-ca.crt"
 
 
-@contextmanager
-def secured_mosquitto(tmp: Path, federation: str, clients: list[str], device_certs: bool = False) -> Iterator[SecuredBroker]:
-    """Generate the configuration for ``clients`` and run Mosquitto on it until the block ends.
+def configure(tmp: Path, federation: str, clients: list[str], device_certs: bool = False) -> SecuredBroker:
+    """Certificates and the generated configuration for ``clients`` in ``tmp``; Mosquitto not started.
 
     With ``device_certs`` the folder also has the device-certificate listener (``--device-cert-port``,
     a free port) with its device CA and enrolment accounts.
@@ -88,9 +87,9 @@ def secured_mosquitto(tmp: Path, federation: str, clients: list[str], device_cer
     Missing
         If mosquitto, mosquitto_passwd or openssl is not installed.
     RuntimeError
-        If the generator fails or Mosquitto does not listen within 10 s.
+        If the generator fails.
     """
-    exe = _tool("mosquitto", "/usr/sbin/mosquitto")
+    _tool("mosquitto", "/usr/sbin/mosquitto")
     _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
     ca, crt, key, wrong_ca = make_pki(tmp / "pki")
     out, port, tls_port = tmp / "broker", free_port(), free_port()
@@ -104,13 +103,44 @@ def secured_mosquitto(tmp: Path, federation: str, clients: list[str], device_cer
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"mosquitto_config.py failed: {r.stderr}")
-    log = tmp / "mosquitto.log"
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen([exe, "-c", str(out / "mosquitto.conf"), "-v"], stdout=sink, stderr=subprocess.STDOUT)
+    return SecuredBroker(out, port, tls_port, ca, wrong_ca, tmp / "mosquitto.log", device_port)
+
+
+def start(broker: SecuredBroker) -> subprocess.Popen[bytes]:
+    """Run Mosquitto on ``broker``'s configuration (its log appended to ``broker.log``) once it listens on every port.
+
+    Started again after a stop, it serves the same ports, accounts and persisted messages.
+
+    Raises
+    ------
+    RuntimeError
+        If Mosquitto does not listen on its ports within 10 s (it is stopped first).
+    """
+    with open(broker.log, "ab") as sink:
+        proc = subprocess.Popen([_tool("mosquitto", "/usr/sbin/mosquitto"), "-c", str(broker.out / "mosquitto.conf"), "-v"],
+                                stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    ports = (broker.port, broker.tls_port, *([broker.device_cert_port] if broker.device_cert_port else []))
+    for p in ports:
+        if not wait_for_port("127.0.0.1", p, 10):
+            stop_process(proc)
+            raise RuntimeError(f"mosquitto did not listen on {p}; log:\n{broker.log.read_text()[-3000:]}")
+    return proc
+
+
+@contextmanager
+def secured_mosquitto(tmp: Path, federation: str, clients: list[str], device_certs: bool = False) -> Iterator[SecuredBroker]:
+    """Generate the configuration for ``clients`` (:func:`configure`) and run Mosquitto on it until the block ends.
+
+    Raises
+    ------
+    Missing
+        If mosquitto, mosquitto_passwd or openssl is not installed.
+    RuntimeError
+        If the generator fails or Mosquitto does not listen within 10 s.
+    """
+    broker = configure(tmp, federation, clients, device_certs)
+    proc = start(broker)
     try:
-        for p in (port, tls_port, *([device_port] if device_port else [])):
-            if not wait_for_port("127.0.0.1", p, 10):
-                raise RuntimeError(f"mosquitto did not listen on {p}; log:\n{log.read_text()}")
-        yield SecuredBroker(out, port, tls_port, ca, wrong_ca, log, device_port)
+        yield broker
     finally:
         stop_process(proc)
