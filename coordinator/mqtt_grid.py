@@ -281,7 +281,7 @@ class MqttGrid:
         try:
             st = self.clients.note(cid, payload, retained)
         except MessageError as exc:
-            log.warning("ignoring a status of client %r: %s", cid, exc)
+            log.warning("ignoring malformed status of client %r: %s", cid, exc)
             return
         if st is None:  # its retained status was cleared
             return

@@ -48,3 +48,38 @@ def test_publishes_from_the_program_thread_wake_the_network_loop(mosquitto: int,
     finally:
         sender.stop()
         receiver.stop()
+
+
+def test_the_network_loop_resumes_after_a_race_in_paho_s_queue_and_reports_one_that_keeps_coming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """paho's loop raising "OrderedDict mutated during iteration" is resumed; the sixth time in a minute ends it, reported."""
+    import paho.mqtt.client as mqtt
+
+    script: list[BaseException | None] = []
+
+    def paho_loop(self: mqtt.Client, timeout: float = 1.0, retry_first_connection: bool = False) -> mqtt.MQTTErrorCode:
+        step = script.pop(0)
+        if step is not None:
+            raise step
+        return mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    monkeypatch.setattr(mqtt.Client, "loop_forever", paho_loop)
+    client = mqtt_link._Client(mqtt.CallbackAPIVersion.VERSION2, client_id="t-loop")
+    resumed: list[Exception] = []
+    errors: list[Exception] = []
+    client.on_loop_resumed, client.on_loop_error = resumed.append, errors.append
+    race = RuntimeError("OrderedDict mutated during iteration")
+    script[:] = [race, race, None]
+    assert client.loop_forever() == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert (len(resumed), errors) == (2, [])
+    resumed.clear()
+    script[:] = [race] * (mqtt_link.MAX_LOOP_RESUMES + 1)
+    assert client.loop_forever() == mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
+    assert len(resumed) == mqtt_link.MAX_LOOP_RESUMES and errors == [race] and script == []
+    other = RuntimeError("some other fault")  # not the race: reported at once, never resumed
+    resumed.clear()
+    errors.clear()
+    script[:] = [other]
+    assert client.loop_forever() == mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
+    assert resumed == [] and errors == [other]
