@@ -171,7 +171,12 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     assert not (data / "enrolment" / "dev-c.json").exists() and not (data / "enrolment" / "dev-c.png").exists()
     devices_cli.enrol(data, file, "dev-d", None)
     devices_cli.enrol(data, file, "dev-e", None)
-    assert prune_bundles(data) == ["phone-anna"]  # it contributed to a round: it has joined
+    # phone-anna's bundle (from the rename) is newer than its last contribution: kept until the device uses it
+    assert prune_bundles(data) == [] and (data / "enrolment" / "phone-anna.json").exists()
+    reg = Registry(data)
+    reg.note_participation(5, "phone-anna", 0.8, 0.7)  # it took part with the new bundle: it has joined
+    reg.close()
+    assert prune_bundles(data) == ["phone-anna"]
     assert prune_bundles(data, joined={"dev-d"}) == ["dev-d"]
     js = data / "enrolment" / "dev-e.json"
     os.utime(js, (time.time() - 8 * 86400, time.time() - 8 * 86400))

@@ -58,8 +58,10 @@ def prune_bundles(data: Path, joined: set[str] | frozenset[str] = frozenset(), m
     """Delete the enrolment bundles that are no longer needed; returns the device names whose files went.
 
     A bundle goes when its device is not enrolled (revoked, renamed, forgotten, or unknown to the
-    registry), has joined (named in ``joined``, or has contributed to a round: participation
-    rows), or its JSON file is older than ``max_age_s`` seconds (``now`` in UNIX s, default now).
+    registry), has joined (named in ``joined``, or has contributed to a round since the bundle was
+    written: a participation row newer than the file, so a bundle made again by ``reissue`` for a
+    device that took part before stays until the device uses it), or its JSON file is older than
+    ``max_age_s`` seconds (``now`` in UNIX s, default now).
 
     Raises
     ------
@@ -73,12 +75,14 @@ def prune_bundles(data: Path, joined: set[str] | frozenset[str] = frozenset(), m
     names = sorted({p.stem for p in folder.iterdir() if p.suffix in (".json", ".png")})
     reg = Registry(data)
     try:
-        took = set(reg.participation_summary())
+        last_took = {name: p.last_t for name, p in reg.participation_summary().items()}  # UNIX s of the newest row
         gone = []
         for name in names:
             js = folder / f"{name}.json"
-            old = js.exists() and now - js.stat().st_mtime > max_age_s
-            if not reg.is_enrolled(name) or name in joined or name in took or old:
+            written = js.stat().st_mtime if js.exists() else 0.0
+            old = js.exists() and now - written > max_age_s
+            took = name in last_took and last_took[name] >= written
+            if not reg.is_enrolled(name) or name in joined or took or old:
                 delete_bundle(data, name)
                 gone.append(name)
     finally:
