@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 BLOCKED = ("torch", "scipy")
@@ -34,6 +33,8 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from support.app_script import run_script  # noqa: E402
 
 from edge_client.app.controller import AppConfig  # noqa: E402
 from edge_client.app.main import create_app  # noqa: E402
@@ -83,7 +84,6 @@ def main() -> int:
     source = ReplaySensor(rec, speed=25.0, loop=True)
     app = create_app(cfg, source, predictor_loader=loader, charging=lambda: False, supervise_s=0.3)
 
-    from kivy.clock import Clock
     from kivy.core.window import Window
 
     Window.size = tuple(int(v) for v in (sys.argv[4] if len(sys.argv) > 4 else "480x800").split("x"))
@@ -200,37 +200,7 @@ def main() -> int:
         results["last_update_round"] = app.controller.store.get_meta("last_update", {}).get("round")
         results["still_blocked"] = {n: sys.modules.get(n, "absent") is None for n in BLOCKED}
 
-    gen = script()
-    state_ = {"wait": None, "until": 0.0, "deadline": time.monotonic() + TIMEOUT_S}
-
-    def tick(_dt):
-        try:
-            while True:
-                w = state_["wait"]
-                if callable(w):
-                    if not w():
-                        if time.monotonic() > state_["deadline"]:
-                            raise TimeoutError(f"waited {TIMEOUT_S} s for a condition at step {len(results)}")
-                        return
-                elif time.monotonic() < state_["until"]:
-                    return
-                nxt = next(gen)
-                if callable(nxt):
-                    state_["wait"] = nxt
-                else:
-                    state_["wait"], state_["until"] = None, time.monotonic() + float(nxt)
-        except StopIteration:
-            Clock.unschedule(tick)
-            app.stop()
-        except Exception:
-            results["error"] = traceback.format_exc()
-            Clock.unschedule(tick)
-            app.stop()
-
-    Clock.schedule_interval(tick, 0.05)
-    app.run()
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return 0 if results["error"] is None else 1
+    return run_script(app, script(), results, out, TIMEOUT_S)
 
 
 if __name__ == "__main__":

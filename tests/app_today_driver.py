@@ -15,11 +15,8 @@ the weekly goal, exports the day as CSV, and writes what the widgets showed to
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 os.environ.setdefault("KIVY_NO_ARGS", "1")
@@ -31,6 +28,8 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from support.app_script import run_script  # noqa: E402
 
 from edge_client.app.controller import AppConfig  # noqa: E402
 from edge_client.app.main import create_app  # noqa: E402
@@ -73,7 +72,6 @@ def main() -> int:
     source = ReplaySensor(rec, speed=40.0, loop=False)
     app = create_app(cfg, source, charging=lambda: False, supervise_s=0.5)
 
-    from kivy.clock import Clock
     from kivy.core.window import Window
     from kivy.input.motionevent import MotionEvent
 
@@ -143,37 +141,7 @@ def main() -> int:
         results["back"] = {"date": today.date.text, "next_disabled": today.next.disabled, "stretches": len(today.bar.stretches)}
         ctl.stop_sensing()
 
-    gen = script()
-    state_ = {"wait": None, "until": 0.0, "deadline": time.monotonic() + TIMEOUT_S}
-
-    def tick(_dt):
-        try:
-            while True:
-                w = state_["wait"]
-                if callable(w):
-                    if not w():
-                        if time.monotonic() > state_["deadline"]:
-                            raise TimeoutError(f"waited {TIMEOUT_S} s for a condition; results so far: {results}")
-                        return
-                elif time.monotonic() < state_["until"]:
-                    return
-                nxt = next(gen)
-                if callable(nxt):
-                    state_["wait"] = nxt
-                else:
-                    state_["wait"], state_["until"] = None, time.monotonic() + float(nxt)
-        except StopIteration:
-            Clock.unschedule(tick)
-            app.stop()
-        except Exception:
-            results["error"] = traceback.format_exc()
-            Clock.unschedule(tick)
-            app.stop()
-
-    Clock.schedule_interval(tick, 0.05)
-    app.run()
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return 0 if results["error"] is None else 1
+    return run_script(app, script(), results, out, TIMEOUT_S)
 
 
 if __name__ == "__main__":

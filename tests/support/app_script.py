@@ -1,0 +1,60 @@
+"""Run a scripted session in the real Kivy app window: the loop the app drivers (tests/app_*_driver.py) share.
+
+A driver writes its session as a generator. Each item it yields is either a number (wait that
+many seconds, with the window live) or a callable (wait until it returns true, at most the
+session's deadline). :func:`run_script` steps the generator from Kivy's clock on the UI thread,
+so every step may touch widgets; it stops the app when the script ends or raises, and writes
+``results`` (with the traceback under ``"error"``) to ``OUT_DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+Step = float | Callable[[], bool]
+
+
+def run_script(app: Any, script: Iterator[Step], results: dict[str, Any], out: Path, timeout_s: float) -> int:
+    """Run ``app`` (a Kivy ``App``) while ``script`` drives it; write ``out / "results.json"``; 0 if no step failed, else 1.
+
+    A condition not met within ``timeout_s`` seconds of the session's start is a failure
+    (``TimeoutError``, recorded in ``results["error"]`` with the results gathered so far).
+    """
+    from kivy.clock import Clock
+
+    results.setdefault("error", None)
+    state: dict[str, Any] = {"wait": None, "until": 0.0, "deadline": time.monotonic() + timeout_s}
+
+    def tick(_dt: float) -> None:
+        try:
+            while True:
+                wait = state["wait"]
+                if callable(wait):
+                    if not wait():
+                        if time.monotonic() > state["deadline"]:
+                            raise TimeoutError(f"waited {timeout_s} s for a condition; results so far: {results}")
+                        return
+                elif time.monotonic() < state["until"]:
+                    return
+                step = next(script)
+                if callable(step):
+                    state["wait"] = step
+                else:
+                    state["wait"], state["until"] = None, time.monotonic() + float(step)
+        except StopIteration:
+            Clock.unschedule(tick)
+            app.stop()
+        except Exception:
+            results["error"] = traceback.format_exc()
+            Clock.unschedule(tick)
+            app.stop()
+
+    Clock.schedule_interval(tick, 0.05)
+    app.run()
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if results["error"] is None else 1
