@@ -14,12 +14,11 @@ import json
 import os
 import queue
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.app_script import run_driver
 from test_app import _require, display, secured  # noqa: F401  (the fixtures: an Xvfb display, a secured Mosquitto)
 
 from edge_client.leave import leaving_status
@@ -64,13 +63,8 @@ def test_leaving_deletes_the_credentials_and_model_and_asks_the_server_to_forget
     bundle = EnrolmentBundle("fedhar-home", "apptest", "phone-1", password, "127.0.0.1", secured.tls_port, tls_ca_pem=ca_pem)
     (tmp_path / "phone-1.json").write_text(bundle.to_json())
     out, state = tmp_path / "out", tmp_path / "state"
-    env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / "tests" / "app_leave_driver.py"), str(out), str(state), str(tmp_path / "phone-1.json"), window]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
-    assert res["error"] is None, res["error"]
-    assert r.returncode == 0
+    res, printed = run_driver("app_leave_driver.py", out, str(state), str(tmp_path / "phone-1.json"), window, display=display,
+                     kivy_home=tmp_path / "kivy")  # fmt: skip
     assert res["window"] == [int(v) for v in window.split("x")]
 
     # Enrolled and taking part: the bundle's password and mark, the model a round left.
@@ -108,7 +102,7 @@ def test_leaving_deletes_the_credentials_and_model_and_asks_the_server_to_forget
     assert (st.client_id, st.state, st.left, st.selectable) == ("phone-1", "offline", "forget", False)
     assert abs(st.sent_unix - time.time()) < 120
     assert json.loads(payload) == json.loads(leaving_status("phone-1", True, st.sent_unix))
-    assert password not in r.stdout + r.stderr
+    assert password not in printed
 
     for name in ("leave-confirm", "left"):
         png = out / f"{name}.png"

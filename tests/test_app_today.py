@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.app_script import run_driver
 
 from edge_client.timeline import STEP_NS
 from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
@@ -37,13 +35,7 @@ SHOTS = ROOT / "docs" / "screenshots"
 @pytest.mark.parametrize("window", ["480x800", "800x600"])
 def test_today_shows_the_replayed_day_and_a_relabelled_stretch_becomes_training_windows(tmp_path, display, window):  # noqa: F811
     out, state = tmp_path / "out", tmp_path / "state"
-    env = {**os.environ, "DISPLAY": display, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "app_today_driver.py"), str(out), str(state), window],
-        env=env, capture_output=True, text=True, timeout=400,
-    )
-    res = json.loads((out / "results.json").read_text())
-    assert res["error"] is None and r.returncode == 0, (res["error"], r.stderr[-3000:])
+    res, _ = run_driver("app_today_driver.py", out, str(state), window, display=display, timeout_s=400)
     assert res["window"] == [int(v) for v in window.split("x")]
 
     # Before: stretches in time order, not overlapping, as the store smooths them; nothing recorded yet.

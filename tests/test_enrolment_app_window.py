@@ -8,11 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.app_script import run_driver
 from support.secured_broker import Missing, make_pki
 from test_app import display  # noqa: F401  (the fixture: an Xvfb display)
 
@@ -38,13 +37,8 @@ def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(t
     bundle = EnrolmentBundle("fedhar-home", "home", "phone-anna", secret, "192.168.1.10", 8883, tls_ca_pem=ca.read_text())
     (tmp_path / "phone-anna.json").write_text(bundle.to_json())
     out, state = tmp_path / "out", tmp_path / "state"
-    env = dict(os.environ, DISPLAY=display, KIVY_HOME=str(tmp_path / "kivy"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / "tests" / "app_enrol_driver.py"), str(out), str(state), str(tmp_path / "phone-anna.json"), window]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
-    assert res["error"] is None, res["error"]
-    assert r.returncode == 0
+    res, printed = run_driver("app_enrol_driver.py", out, str(state), str(tmp_path / "phone-anna.json"), window, display=display,
+                     kivy_home=tmp_path / "kivy")  # fmt: skip
     # The window is the size asked, the Enrol row and the first fields are in it as it opens, and every widget of
     # every screen can be scrolled into it.
     assert res["window"] == [int(v) for v in window.split("x")]
@@ -68,4 +62,4 @@ def test_enrol_on_the_federation_screen_fills_every_field_or_shows_the_refusal(t
         import shutil
 
         shutil.copy(out / "federation-enrolled.png", os.environ["FEDHAR_KEEP_SHOTS"])
-    assert secret not in r.stdout + r.stderr + json.dumps(res)
+    assert secret not in printed + json.dumps(res)

@@ -58,3 +58,40 @@ def run_script(app: Any, script: Iterator[Step], results: dict[str, Any], out: P
     app.run()
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if results["error"] is None else 1
+
+
+def run_driver(
+    driver: str,
+    out: Path,
+    *args: str,
+    display: str,
+    kivy_home: Path | None = None,
+    timeout_s: float = 180.0,
+    context: Callable[[], str] | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Run the app driver ``tests/<driver>`` (``OUT_DIR`` then ``args``) on X display ``display``.
+
+    Returns its ``results.json`` and what it printed (stdout and stderr), which a test may search
+    for a secret that must not appear.
+
+    The driver runs in a process of its own with the repository on ``PYTHONPATH`` (and
+    ``KIVY_HOME`` when given). Fails the calling test (AssertionError) when the driver wrote no
+    results, recorded an error or exited non-zero; ``context()`` is added to that message (a
+    coordinator's log, say). Raises ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds.
+    """
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DISPLAY=display, PYTHONPATH=str(root))
+    if kivy_home is not None:
+        env["KIVY_HOME"] = str(kivy_home)
+    r = subprocess.run([sys.executable, str(root / "tests" / driver), str(out), *args], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    more = context() if context is not None else ""
+    assert (out / "results.json").exists(), r.stdout[-3000:] + r.stderr[-3000:] + more
+    res: dict[str, Any] = json.loads((out / "results.json").read_text())
+    assert res["error"] is None, str(res["error"]) + more
+    assert r.returncode == 0, r.stderr[-3000:] + more
+    return res, r.stdout + r.stderr
