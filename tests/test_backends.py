@@ -190,6 +190,7 @@ def test_one_epoch_equals_torch(other: tuple[str, Path | None], prox_mu: float) 
     assert moved > 1e-4  # the comparison is not between two untouched models
 
 
+@pytest.mark.slow
 def test_max_pool_ties_send_the_gradient_to_the_first_maximum(other: tuple[str, Path | None]) -> None:
     """Every pool window ties, with different patches under the taps that the weights ignore.
 
@@ -432,6 +433,7 @@ def test_android_adapter_imports_no_torch() -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["base", "grown"])
 def test_weights_as_inputs_program_equals_eager(et_cache: Path, arch: str) -> None:
     spec, w = (SPEC, _weights()) if arch == "base" else _grown()

@@ -291,6 +291,7 @@ def test_the_bridge_account_may_only_forward(tmp_path: Path) -> None:
             coord.close()
 
 
+@pytest.mark.slow
 @pytest.mark.mosquitto
 def test_the_bridge_connects_over_tls_checked_with_the_upstream_ca(tmp_path: Path) -> None:
     up, reg, up_port, reg_port = _pair(tmp_path, upstream_tls=True)

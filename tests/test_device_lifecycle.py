@@ -88,6 +88,7 @@ def test_scrub_record_removes_every_entry_of_the_device_and_keeps_a_valid_record
     assert scrub_record(rec, "nobody") == rec
 
 
+@pytest.mark.slow
 def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tls_mosquitto: Callable[..., Any]) -> None:
     b = tls_mosquitto(FED, ["spare"])
     data = _data(tmp_path, b)
@@ -188,6 +189,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
                        ("enrol", "dev-d"), ("enrol", "dev-e")]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_devices_without_a_registry_creates_no_database(tmp_path: Path) -> None:
     data = tmp_path / "nothing-here"
     for cmd in ("devices", "versions"):

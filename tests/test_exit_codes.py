@@ -106,6 +106,7 @@ def test_exit_status_of_maps_errors_in_order_and_lets_bugs_through(capsys):
         exit_codes.exit_status_of("prog", fail(KeyboardInterrupt()), errors)
 
 
+@pytest.mark.slow
 def test_every_main_returns_a_name_of_the_table_not_a_bare_number():
     """A ``main`` (or ``*_main``) of the packages says ``return Exit.USAGE``, never ``return 2``: the number then means
     what the table says, and a grep for a code's name finds every place that returns it."""

@@ -7,6 +7,7 @@ gradients here are what the program computes (tests/test_backends.py runs the pr
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -44,6 +45,7 @@ def test_relu_equals_relu_and_its_gradient() -> None:
     assert a.grad.tolist() == [0.0, 0.0, 0.0, 4.0, 5.0, 0.0, 7.0]
 
 
+@pytest.mark.slow
 def test_training_graph_computes_harcnn() -> None:
     spec = ArchSpec(n_classes=5, conv_filters=7, dense_units=12, input_mean=(0.5, -0.2, 9.0, 0.0, 0.1, -0.1))
     state = init_state(spec, 3)

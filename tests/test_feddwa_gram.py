@@ -52,6 +52,7 @@ def round_of_updates(
     return trained, guidance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drift", [0.0, 3.0])
 def test_float32_weights_are_within_the_stated_tolerance_of_the_exact_ones(drift: float) -> None:
     trained, guidance = round_of_updates(30, MID, drift=drift)

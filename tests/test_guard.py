@@ -132,6 +132,7 @@ def _first_float(state: Mapping[str, torch.Tensor]) -> str:
     return next(k for k, v in state.items() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_a_collapse_is_rolled_back_to_the_best_version_with_half_the_server_step(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     g0 = init_state(_spec(cfg), cfg.seed)
@@ -212,6 +213,7 @@ def _spec(cfg: CoordinatorConfig) -> ArchSpec:
     return probe.spec
 
 
+@pytest.mark.slow
 def test_a_halved_step_doubles_back_after_versions_kept_in_a_row_also_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from coordinator.broker.report import program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +91,7 @@ def test_the_generator_prints_commands_that_run_as_written() -> None:
     assert Path(prog).is_absolute() and Path(prog).is_file()  # the venv's, not a bare name sudo cannot find
 
 
+@pytest.mark.slow
 def test_each_documented_fedhar_coordinator_line_runs(tmp_path: Path, tls_mosquitto: Callable[..., Any]) -> None:
     b = tls_mosquitto("home", ["spare"], device_certs=True)
     data, backups = tmp_path / "var-lib-fedhar", tmp_path / "srv-backup"

@@ -403,6 +403,7 @@ def test_the_printed_commands_use_the_generated_credentials(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- TLS
+@pytest.mark.slow
 def test_tls_listener_with_openssl_made_certificates(tmp_path):
     _mosquitto()
     if shutil.which("openssl") is None:

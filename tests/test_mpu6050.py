@@ -262,6 +262,7 @@ def test_source_feeds_the_pipeline_with_50hz_windows():
 
 
 # ------------------------------------------------------------------ the chip's own clock, timeouts, partial frames
+@pytest.mark.slow
 @pytest.mark.parametrize("real_hz", [51.5, 48.7])  # 3 % fast, 2.6 % slow
 def test_stamps_follow_the_chips_real_rate_and_do_not_drift_from_the_host_clock(real_hz, caplog):
     bus = EmulatedMpu6050Bus()

@@ -41,6 +41,7 @@ def _served_not_after(port: int, ca: Path) -> float:
     return ssl.cert_time_to_seconds(str(cert["notAfter"]))
 
 
+@pytest.mark.slow
 def test_expiry_on_page_metrics_and_log_then_renew_without_new_ca(
     tmp_path: Path, tls_mosquitto: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -87,6 +88,7 @@ def test_expiry_on_page_metrics_and_log_then_renew_without_new_ca(
     reg.close()
 
 
+@pytest.mark.slow
 def test_backup_while_writing_and_restore_with_checks(tmp_path: Path) -> None:
     data = tmp_path / "data"
     broker = tmp_path / "broker"

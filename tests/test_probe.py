@@ -57,6 +57,7 @@ def test_validation_never_shares_samples_with_probe_training_nor_test_windows():
                 assert not np.any(np.abs(t[same] - t[i]) < WINDOW_NS), f"{cid}: validation window {i} shares samples"
 
 
+@pytest.mark.slow
 def test_a_tiny_probe_runs_and_measures_every_round():
     sources = dict(list(subject_sources("hapt", DEFAULT_HAPT).items())[:2])
     clients = load_clients(sources, SplitSpec(kind="blocks"))

@@ -398,6 +398,7 @@ def _scipy_taps(period_ns, factor):
     return signal.firwin(numtaps | 1, 0.44 * f_out, window=("kaiser", beta), fs=fs)
 
 
+@pytest.mark.slow
 def test_shipped_taps_are_scipys_design_bit_for_bit():
     from scipy import special
 

@@ -204,6 +204,7 @@ def recording(n_acc: int, acc_step_ns: int, n_gyro: int, gyro_step_ns: int) -> R
                      LabelTrack(np.array([0]), np.array([7])))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_paced_replay_reports_what_the_pipeline_received() -> None:
     """A recording whose phone delivered 40 Hz acc and 50 Hz gyro, replayed at 10x on a test clock: the meter
     reports 40 and 50 Hz (the samples' own clock), not the 50 Hz a replay is meant to give nor the 400/500 per wall second."""

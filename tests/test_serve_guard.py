@@ -67,6 +67,7 @@ def _weight(server: Any) -> float:
     return float(g[min(k for k, v in g.items() if v.is_floating_point())].flatten()[0])  # by name: files keep no order
 
 
+@pytest.mark.slow
 def test_pin_makes_serve_continue_from_that_version_once_and_across_a_restart(tmp_path: Path) -> None:
     from coordinator.server import devices_cli, model_request
     from coordinator.server.serve import REQUEST_DONE_KEY

@@ -188,6 +188,7 @@ def test_label_skew2_known_class_sets():
         skewed_classes(six, "user01", 1, n_keep=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["paper", "blocks"])
 def test_label_skew2_gives_every_hapt_client_exactly_two_classes_and_loses_no_other_window(kind):
     spec = SplitSpec.parse(f"{kind}+label_skew2", seed=1)

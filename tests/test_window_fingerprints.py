@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -85,6 +86,7 @@ def compute(tmp: Path) -> dict[str, dict[str, object]]:
     return out
 
 
+@pytest.mark.slow
 def test_windows_and_split_are_bit_identical_to_the_recorded_fingerprints(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDHAR_CACHE_DIR", str(tmp_path / "cache"))
     want = json.loads(FIXTURE.read_text())
