@@ -90,6 +90,9 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     old_rounds = [r["round"] for r in old_report["rounds"]]
     assert old_rounds == list(range(6))
 
+    # a backup of the old release's folder, as taken before an upgrade
+    r = _cli("backup", str(tmp_path / "backup"), "--data", str(data))
+    assert r.returncode == 0, r.stderr
     # the old registry and versions as the CLI shows them (both at once: each start imports torch)
     cli = [sys.executable, "-m", "coordinator.cli"]
     reads = [subprocess.Popen([*cli, *args, "--data", str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -129,6 +132,8 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
         stop_process(broker)
     text = serve_log.read_text()
     assert "continuing after round 5 (model version 6)" in text, text[-3000:]
+    # server.toml names no strategy: the run keeps the old release's (fedavgm) and its saved state
+    assert "aggregation changed" not in text and "no saved state of strategy" not in text, text[-3000:]
     new_versions = _versions(data)
     kept = [v for v in new_versions if v[0] <= 6]
     assert kept == old_versions[-len(kept) :] and len(kept) >= 3  # the newest old ones kept (keep_versions = 5 prunes older)
@@ -164,14 +169,17 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
         cols = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
     assert "renamed_to" in cols
 
-    # backup of the upgraded folder, then restore over it as after a failed upgrade (server stopped)
-    r = _cli("backup", str(tmp_path / "backup"), "--data", str(data))
-    assert r.returncode == 0, r.stderr
-    (data / "server.sqlite").unlink()
+    # going back: the backup of the old folder restored over the upgraded one (server stopped)
     r = _cli("restore", str(tmp_path / "backup"), "--data", str(data), "--force")
     assert r.returncode == 0, r.stderr
-    assert _versions(data) == new_versions
+    assert _versions(data) == old_versions
+    assert [r["round"] for r in json.loads((data / "run" / "report.json").read_text())["rounds"]] == old_rounds
     r = _cli("devices", "--data", str(data), "--json")
     assert r.returncode == 0, r.stderr
-    assert {d["name"]: d["state"] for d in json.loads(r.stdout)} == {"dev-a": "enrolled", "dev-b": "enrolled", "dev-c": "revoked"}
+    rows = {d["name"]: d for d in json.loads(r.stdout)}
+    assert {n: (d["state"], d["rounds"]) for n, d in rows.items()} == {
+        "dev-a": ("enrolled", 6),
+        "dev-b": ("enrolled", 6),
+        "dev-c": ("revoked", 3),
+    }
     shutil.rmtree(tmp_path / "backup")
