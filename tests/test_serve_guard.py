@@ -36,6 +36,8 @@ def test_a_server_toml_without_aggregation_keeps_the_runs_strategy(tmp_path: Pat
     assert named.aggregation == default  # a name in server.toml is the operator's choice
     (tmp_path / "run" / "config.toml").write_text("aggregation = [\n")  # unreadable: the default
     assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
+    (tmp_path / "run" / "config.toml").write_text('aggregation = "fedremoved"\n')  # a strategy this release lacks
+    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
 
 
 # ---------------------------------------------------------------------------------------------- operators

@@ -169,10 +169,11 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
 def kept_aggregation(run_dir: Path) -> str | None:
     """The strategy named in ``run_dir / "config.toml"`` (what the run uses), or None.
 
-    None for a new run folder or a file that cannot be read (the caller then takes the
-    default, and :func:`archive_strategy_change` rewrites an unreadable file). Never raises
-    for a missing or bad file.
+    None for a new run folder, a file that cannot be read, or a strategy this release does
+    not have (the caller then takes the default; :func:`archive_strategy_change` rewrites an
+    unreadable file and archives the old strategy's state). Never raises for a missing or bad file.
     """
+    from coordinator import strategies
     from har_io.cli import read_settings_file
 
     path = Path(run_dir) / "config.toml"
@@ -182,7 +183,7 @@ def kept_aggregation(run_dir: Path) -> str | None:
         name = read_settings_file(path).get("aggregation")
     except (ValueError, OSError):
         return None
-    return name if isinstance(name, str) and name else None
+    return name if isinstance(name, str) and name in strategies.names() else None
 
 
 def _changes(old: Any, new: Any, table: str) -> list[str]:
