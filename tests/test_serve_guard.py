@@ -26,6 +26,20 @@ def test_serve_guards_by_default_run_does_not_and_server_toml_can_turn_it_off(tm
     assert (off.guard, off.guard_margin) == (False, 5.0)
 
 
+def test_a_server_toml_without_aggregation_keeps_the_runs_strategy(tmp_path: Path) -> None:
+    default = federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation
+    other = "fedavgm" if default != "fedavgm" else "fedavg"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text(f'aggregation = "{other}"\n')  # what an older release's run wrote
+    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == other
+    named = federation_config(settings_of({"aggregation": default}), tmp_path, BROKER, "home", "home")
+    assert named.aggregation == default  # a name in server.toml is the operator's choice
+    (tmp_path / "run" / "config.toml").write_text("aggregation = [\n")  # unreadable: the default
+    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
+    (tmp_path / "run" / "config.toml").write_text('aggregation = "fedremoved"\n')  # a strategy this release lacks
+    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
+
+
 # ---------------------------------------------------------------------------------------------- operators
 def _server(data: Path) -> tuple[Any, int]:
     """A Server over ``data`` whose runner drives in-memory devices (no broker): rounds, versions and requests for real."""

@@ -133,7 +133,10 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     """The federation's :class:`CoordinatorConfig` from ``server.toml``'s top-level keys.
 
     ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
-    the run folder is ``<data>/run``; the run continues where it stopped (``resume``). The quality
+    the run folder is ``<data>/run``; the run continues where it stopped (``resume``). A file that
+    names no ``aggregation`` keeps the strategy the run already uses (``<data>/run/config.toml``),
+    so a release with another default strategy does not switch a running federation on upgrade
+    (:func:`kept_aggregation`); a new run takes the default. The quality
     guard (:mod:`coordinator.guard`) is on unless the file says ``guard = false``: a served federation
     runs unattended, and a collapsed version must not become the one every device receives.
 
@@ -145,6 +148,10 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     """
     fed = dict(file.federation)
     fed.setdefault("guard", True)
+    if "aggregation" not in fed:
+        kept = kept_aggregation(Path(data_dir) / "run")
+        if kept is not None:
+            fed["aggregation"] = kept
     if "rounds" in fed:
         log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
     cfg = settings_from(
@@ -157,6 +164,26 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
             f"{cfg.min_clients}; a round started with fewer devices could not change the model: raise [schedule] min_clients"
         )
     return cfg
+
+
+def kept_aggregation(run_dir: Path) -> str | None:
+    """The strategy named in ``run_dir / "config.toml"`` (what the run uses), or None.
+
+    None for a new run folder, a file that cannot be read, or a strategy this release does
+    not have (the caller then takes the default; :func:`archive_strategy_change` rewrites an
+    unreadable file and archives the old strategy's state). Never raises for a missing or bad file.
+    """
+    from coordinator import strategies
+    from har_io.cli import read_settings_file
+
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        return None
+    try:
+        name = read_settings_file(path).get("aggregation")
+    except (ValueError, OSError):
+        return None
+    return name if isinstance(name, str) and name in strategies.names() else None
 
 
 def _changes(old: Any, new: Any, table: str) -> list[str]:
