@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 from coordinator.config import CoordinatorConfig
-from coordinator.server.serve import federation_config
+from coordinator.server.serve import archive_strategy_change, federation_config
 from coordinator.server.settings import settings_of
 from har_io.broker_config import BrokerConfig
 
@@ -26,18 +28,29 @@ def test_serve_guards_by_default_run_does_not_and_server_toml_can_turn_it_off(tm
     assert (off.guard, off.guard_margin) == (False, 5.0)
 
 
-def test_a_server_toml_without_aggregation_keeps_the_runs_strategy(tmp_path: Path) -> None:
-    default = federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation
-    other = "fedavgm" if default != "fedavgm" else "fedavg"
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.toml").write_text(f'aggregation = "{other}"\n')  # what an older release's run wrote
-    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == other
-    named = federation_config(settings_of({"aggregation": default}), tmp_path, BROKER, "home", "home")
-    assert named.aggregation == default  # a name in server.toml is the operator's choice
-    (tmp_path / "run" / "config.toml").write_text("aggregation = [\n")  # unreadable: the default
-    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
-    (tmp_path / "run" / "config.toml").write_text('aggregation = "fedremoved"\n')  # a strategy this release lacks
-    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default
+def test_a_server_toml_without_aggregation_takes_this_release_default_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run an older release started with another default switches to this release's, with a WARNING saying how to keep it."""
+    default = federation_config(settings_of({}), tmp_path, BROKER, "home", "home")
+    other = "fedavgm" if default.aggregation != "fedavgm" else "fedavg"
+    run = tmp_path / "run"
+    (run / "models" / "r0005").mkdir(parents=True)
+    (run / "config.toml").write_text(f'aggregation = "{other}"\n')  # what an older release's run wrote
+    (run / "models" / "r0005" / "strategy_state.safetensors").write_bytes(b"old state")
+    assert federation_config(settings_of({}), tmp_path, BROKER, "home", "home").aggregation == default.aggregation
+    with caplog.at_level(logging.INFO, logger="fedhar.serve"):
+        assert archive_strategy_change(run, default, now=0.0, named=False) == other
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    text = warning.getMessage()
+    assert f"this release's default is {default.aggregation!r}, not {other!r}" in text
+    assert f"put aggregation = {other!r} in server.toml" in text and "in server.toml:" not in text
+    assert (run / "models" / "r0005" / f"strategy_state.{other}.{time.strftime('%Y%m%d-%H%M%S', time.localtime(0))}.safetensors").exists()
+    caplog.clear()
+    named = federation_config(settings_of({"aggregation": other}), tmp_path, BROKER, "home", "home")
+    with caplog.at_level(logging.INFO, logger="fedhar.serve"):
+        assert archive_strategy_change(run, named, now=1.0) == default.aggregation  # named: the operator's change, INFO
+    assert [r.levelno for r in caplog.records] == [logging.INFO] and "changed from" in caplog.records[0].getMessage()
 
 
 # ---------------------------------------------------------------------------------------------- operators

@@ -132,8 +132,9 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
         stop_process(broker)
     text = serve_log.read_text()
     assert "continuing after round 5 (model version 6)" in text, text[-3000:]
-    # server.toml names no strategy: the run keeps the old release's (fedavgm) and its saved state
-    assert "aggregation changed" not in text and "no saved state of strategy" not in text, text[-3000:]
+    # server.toml names no strategy: the run takes this release's default and the log says why and how to keep the old one
+    assert "this release's default is 'fedexp', not 'fedavgm'" in text and "put aggregation = 'fedavgm' in server.toml" in text
+    assert "aggregation changed from" not in text, text[-3000:]  # that is for a change the operator made
     new_versions = _versions(data)
     kept = [v for v in new_versions if v[0] <= 6]
     assert kept == old_versions[-len(kept) :] and len(kept) >= 3  # the newest old ones kept (keep_versions = 5 prunes older)

@@ -134,9 +134,8 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
 
     ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
     the run folder is ``<data>/run``; the run continues where it stopped (``resume``). A file that
-    names no ``aggregation`` keeps the strategy the run already uses (``<data>/run/config.toml``),
-    so a release with another default strategy does not switch a running federation on upgrade
-    (:func:`kept_aggregation`); a new run takes the default. The quality
+    names no ``aggregation`` takes this release's default, also for a run an earlier release
+    started with another default (:func:`archive_strategy_change` says so at start). The quality
     guard (:mod:`coordinator.guard`) is on unless the file says ``guard = false``: a served federation
     runs unattended, and a collapsed version must not become the one every device receives.
 
@@ -148,10 +147,6 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     """
     fed = dict(file.federation)
     fed.setdefault("guard", True)
-    if "aggregation" not in fed:
-        kept = kept_aggregation(Path(data_dir) / "run")
-        if kept is not None:
-            fed["aggregation"] = kept
     if "rounds" in fed:
         log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
     cfg = settings_from(
@@ -164,26 +159,6 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
             f"{cfg.min_clients}; a round started with fewer devices could not change the model: raise [schedule] min_clients"
         )
     return cfg
-
-
-def kept_aggregation(run_dir: Path) -> str | None:
-    """The strategy named in ``run_dir / "config.toml"`` (what the run uses), or None.
-
-    None for a new run folder, a file that cannot be read, or a strategy this release does
-    not have (the caller then takes the default; :func:`archive_strategy_change` rewrites an
-    unreadable file and archives the old strategy's state). Never raises for a missing or bad file.
-    """
-    from coordinator import strategies
-    from har_io.cli import read_settings_file
-
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        return None
-    try:
-        name = read_settings_file(path).get("aggregation")
-    except (ValueError, OSError):
-        return None
-    return name if isinstance(name, str) and name in strategies.names() else None
 
 
 def _changes(old: Any, new: Any, table: str) -> list[str]:
@@ -210,8 +185,12 @@ def _run_id_of(data_dir: Path, name: str) -> str:
     return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | None = None) -> str | None:
-    """Take up a changed ``aggregation`` (``server.toml``) at start: a deliberate change, so it is logged at INFO.
+def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | None = None, named: bool = True) -> str | None:
+    """Take up a changed ``aggregation`` at start: named in ``server.toml`` (``named``), a deliberate change logged at INFO.
+
+    A ``server.toml`` that names none (``named=False``) gets this release's default; when the run
+    was started by a release with another default, the switch is a WARNING that names both
+    strategies, why the default changed and the line that keeps the old one.
 
     When ``run_dir / "config.toml"`` names another strategy than ``cfg.aggregation``: the file is
     copied to ``config.<YYYYmmdd-HHMMSS>.toml``; each round's saved strategy state
@@ -252,11 +231,17 @@ def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | 
             file.rename(file.with_name(f"strategy_state.{old}.{stamp}.safetensors"))
             moved += 1
     write_settings_file(path, cfg.settings())
-    log.info(
-        "aggregation changed from %r to %r in server.toml: %s starts from its initial state; the old settings are kept in %s "
-        "and %d saved state file(s) of %s renamed to strategy_state.%s.%s.safetensors",
-        old, cfg.aggregation, cfg.aggregation, kept, moved, old, old, stamp,
-    )  # fmt: skip
+    where = (f"{cfg.aggregation} starts from its initial state; the old settings are kept in {kept} and {moved} saved state "
+             f"file(s) of {old} renamed to strategy_state.{old}.{stamp}.safetensors")  # fmt: skip
+    if named:
+        log.info("aggregation changed from %r to %r in server.toml: %s", old, cfg.aggregation, where)
+    else:
+        log.warning(
+            "server.toml names no aggregation, and this release's default is %r, not %r as when this run started: "
+            "the federation now uses %r (%s). The default changed because FedAvgM with server step 3 can collapse "
+            "a federation of a few devices (docs/tuning/server-step.md). To keep %r, put aggregation = %r in server.toml",
+            cfg.aggregation, old, cfg.aggregation, where, old, old,
+        )  # fmt: skip
     return old
 
 
@@ -313,7 +298,7 @@ class Server:
         self.registry = Registry(self.data_dir)
         run_id = _run_id_of(self.data_dir, self.file.server.name)
         self.cfg = federation_config(self.file, self.data_dir, broker, federation, run_id)
-        archive_strategy_change(self.cfg.run_dir, self.cfg)
+        archive_strategy_change(self.cfg.run_dir, self.cfg, named="aggregation" in self.file.federation)
         self.epoch = self.registry.new_epoch()
         # Who may take part: the registry (revoked, enrolled) and the schedule in force (charging).
         self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
