@@ -17,23 +17,16 @@ side asserts them.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-BLOCKED = ("torch", "scipy")
-for _name in BLOCKED:  # as on a phone: neither is in the APK
-    sys.modules[_name] = None  # type: ignore[assignment]
+from support.app_script import PHONE_LACKS as BLOCKED
+from support.app_script import as_on_a_phone
 
-os.environ.setdefault("KIVY_NO_ARGS", "1")
-os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
+ROOT = as_on_a_phone()
 
 import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from support.app_script import run_script  # noqa: E402
 
 from edge_client.app.controller import AppConfig  # noqa: E402

@@ -15,19 +15,15 @@ event API, as tests/app_driver.py does.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-os.environ.setdefault("KIVY_NO_ARGS", "1")
-os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
-for _name in ("torch", "scipy"):  # as on a phone
-    sys.modules[_name] = None  # type: ignore[assignment]
+from support.app_script import as_on_a_phone
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = as_on_a_phone()
+
 
 from edge_client.app.controller import AppConfig  # noqa: E402
 from edge_client.app.main import create_app  # noqa: E402

@@ -13,17 +13,13 @@ with screenshots of the confirmation (``leave-confirm.png``) and of the screen a
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("KIVY_NO_ARGS", "1")
-os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
-for _name in ("torch", "scipy"):  # as on a phone
-    sys.modules[_name] = None  # type: ignore[assignment]
+from support.app_script import as_on_a_phone
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = as_on_a_phone()
+
 
 from support.app_script import run_script  # noqa: E402
 

@@ -15,20 +15,14 @@ the weekly goal, exports the day as CSV, and writes what the widgets showed to
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("KIVY_NO_ARGS", "1")
-os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
-for _name in ("torch", "scipy"):  # as on a phone
-    sys.modules[_name] = None  # type: ignore[assignment]
+from support.app_script import as_on_a_phone
+
+ROOT = as_on_a_phone()
 
 import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from support.app_script import run_script  # noqa: E402
 
 from edge_client.app.controller import AppConfig  # noqa: E402

@@ -18,6 +18,28 @@ from typing import Any
 
 Step = float | Callable[[], bool]
 
+PHONE_LACKS = ("torch", "scipy")
+"""Modules a driver makes unimportable, as on a phone: neither is in the APK."""
+
+
+def as_on_a_phone() -> Path:
+    """Prepare a driver's process as the app runs on a phone; returns the repository root, now on ``sys.path``.
+
+    Call it before any import of Kivy or of the project: Kivy is told to leave the command line
+    and the console alone, :data:`PHONE_LACKS` cannot be imported, and the repository comes first
+    on ``sys.path`` (the driver runs as a script from ``tests/``).
+    """
+    import os
+    import sys
+
+    os.environ.setdefault("KIVY_NO_ARGS", "1")
+    os.environ.setdefault("KIVY_NO_CONSOLELOG", "1")
+    for name in PHONE_LACKS:
+        sys.modules[name] = None  # type: ignore[assignment]
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    return root
+
 
 def run_script(app: Any, script: Iterator[Step], results: dict[str, Any], out: Path, timeout_s: float) -> int:
     """Run ``app`` (a Kivy ``App``) while ``script`` drives it; write ``out / "results.json"``; 0 if no step failed, else 1.
