@@ -72,6 +72,9 @@ class MqttGrid:
         For a launcher that started the clients itself (``fedhar-simulate``): returns the ids
         of client processes that have exited and, if none is left, the error to stop with.
         Exited clients are not waited for; with none left the run stops at once.
+    clients_restarted : callable, optional
+        For the same launcher: client id -> when (s since the epoch) its process was last
+        restarted after a crash, for clients not ended for good (:meth:`restarted`).
     admission : Admission
         Who may take part (:mod:`coordinator.admission`; default: everyone). A device it
         refuses (revoked or forgotten on the home server) has its status ignored and not
@@ -92,12 +95,14 @@ class MqttGrid:
         clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
         admission: Admission = OPEN,
         epoch: int = 0,
+        clients_restarted: Callable[[], Mapping[str, float]] | None = None,
     ):
         self.cfg = cfg
         self.admission = admission
         self.epoch = epoch
         self._refused_logged: set[str] = set()
         self._clients_gone = clients_gone
+        self._clients_restarted = clients_restarted
         self.topics = Topics(cfg.federation)
         self.state = state  # events of exchanges and program requests go to the run's database
         self.clients = ClientTable()  # the last status of each device, with presence (coordinator/client_table.py)
@@ -446,6 +451,10 @@ class MqttGrid:
     def gone(self) -> set[str]:
         """Ids of launcher-started clients that exited (``clients_gone``); raises CoordinatorError when none is left."""
         return self._check_clients_alive()
+
+    def restarted(self) -> Mapping[str, float]:
+        """Launcher-started clients whose process was restarted after a crash: id -> when (s since the epoch)."""
+        return {} if self._clients_restarted is None else self._clients_restarted()
 
     def _check_clients_alive(self) -> set[str]:
         """Ids of launcher-started clients that exited; raises CoordinatorError when none is left."""

@@ -89,6 +89,10 @@ class Grid(Protocol):
         """
         ...
 
+    def restarted(self) -> Mapping[str, float]:
+        """Devices whose process a launcher restarted after a crash and that are coming back: id -> when (s since the epoch)."""
+        ...
+
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
                  plan: TrainingPlan) -> Exchange:  # fmt: skip
         """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
@@ -187,6 +191,7 @@ class FederationRunner:
         self.last_failure = ""  # why the last run_round closed without changing the model ("" after a completed round)
         self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
         self._kept = 0  # versions the guard kept since the server step last changed
+        self._restarts_waited: dict[str, float] = {}  # device -> the restart (its time) already waited for
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -417,6 +422,57 @@ class FederationRunner:
                 f"need {self.cfg.min_clients}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
                 f"and federation {self.cfg.federation!r}."
             )
+
+    def wait_for_restarted(self, round_: int) -> None:
+        """Before round ``round_``: wait (up to ``start_timeout_s``) for devices whose process was restarted to come back.
+
+        A launcher (``fedhar-simulate``) restarts a crashed worker; its clients miss the round
+        the crash fell in, and, without this wait, every further round that opens before the
+        replacement process is online (a Ray actor is placed and imports PyTorch first: seconds
+        on a loaded machine). With it, a crash costs its clients that one round however long
+        the restart takes. A device is back once it is eligible with a status its new process
+        sent: another process instance than when its restart was first seen here, or sent
+        after the restart. Each restart is waited for once; a device given up by the launcher
+        is not waited for. Devices no launcher restarted (``serve``'s) never wait here.
+
+        Raises
+        ------
+        CoordinatorError
+            If the grid's clients are all gone.
+        """
+        self.grid.gone()  # a death not noticed yet (the round closed by its last will first) is noticed, and restarted
+        restarted = self.grid.restarted()
+        new = {cid: at for cid, at in restarted.items() if self._restarts_waited.get(cid) != at}
+        if not new:
+            return
+        statuses = self.grid.statuses()
+        old = {cid: statuses[cid].instance if cid in statuses else None for cid in new}
+
+        def back(cid: str) -> bool:
+            st = self.grid.statuses().get(cid)
+            return st is not None and (st.instance != old[cid] or st.sent_unix >= new[cid])
+
+        t0 = time.monotonic()
+        end = t0 + self.cfg.start_timeout_s
+        pending, said = set(new), False
+        while True:
+            self.grid.gone()  # notices deaths, places replacements; raises once every client is gone
+            restarted = self.grid.restarted()
+            eligible = set(self.grid.eligibility(self._label_set).eligible)
+            pending = {c for c in pending if restarted.get(c) == new[c] and not (c in eligible and back(c))}
+            if not pending or time.monotonic() >= end:
+                break
+            if not said:  # only when there is something to wait for
+                said = True
+                log.info("round %d: waiting up to %.0f s for %d restarted client(s) to come back: %s", round_,
+                         self.cfg.start_timeout_s, len(pending), ", ".join(sorted(pending)))  # fmt: skip
+            self.grid.wait(0.2)
+        self._restarts_waited.update(new)
+        if pending:
+            log.warning("round %d: restarted client(s) %s not back within %g s; the round opens without them", round_,
+                        ", ".join(sorted(pending)), self.cfg.start_timeout_s)  # fmt: skip
+        elif said:
+            log.info("round %d: restarted client(s) back after %.1f s", round_, time.monotonic() - t0)
 
     def ensure_federation(self) -> None:
         """Create the federation from the eligible clients' statuses when there is none yet.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tqdm import tqdm
@@ -41,7 +41,7 @@ class Coordinator:
         Show a progress bar on the terminal.
     report_header : dict, optional
         Extra run facts for the report (dataset, command, ...).
-    clients_gone, admission, epoch
+    clients_gone, admission, epoch, clients_restarted
         As :class:`coordinator.mqtt_grid.MqttGrid`.
 
     Attributes
@@ -66,12 +66,13 @@ class Coordinator:
         clients_gone: Callable[[], tuple[set[str], str | None]] | None = None,
         admission: Admission = OPEN,
         epoch: int = 0,
+        clients_restarted: Callable[[], Mapping[str, float]] | None = None,
     ):
         self.cfg = cfg
         self.progress = progress
         self.state = open_state(cfg)
         self.grid = MqttGrid(cfg, self.state, lambda: self.runner.spec, clients_gone=clients_gone, admission=admission,
-                             epoch=epoch)  # fmt: skip
+                             epoch=epoch, clients_restarted=clients_restarted)  # fmt: skip
         self.runner = FederationRunner(cfg, self.grid, evaluator, report_header, state=self.state)
 
     def run(self) -> dict[str, Any]:
@@ -111,6 +112,7 @@ class Coordinator:
                 r, failures = last + 1, 0
                 while r < self.cfg.rounds:
                     runner.note({"wall_seconds": round(time.monotonic() - t_start, 1)})
+                    runner.wait_for_restarted(r)
                     if runner.run_round(r) is None:
                         failures += 1
                         if failures >= 3:

@@ -95,6 +95,7 @@ class Fleet:
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # process name -> process
     _members: dict[str, list[str]] = field(default_factory=dict)  # process name -> client ids
     _restarts: dict[str, int] = field(default_factory=dict)
+    _restarted_at: dict[str, float] = field(default_factory=dict)  # process name -> wall time of its last restart (s)
     ray_address: str | None = None
     _stopping: bool = False
     _ray: Any = None  # the ray module, once connected
@@ -314,6 +315,7 @@ class Fleet:
                 code = -9
             if code != 0 and not self._stopping and self._restarts.get(name, 0) < MAX_RESTARTS:
                 self._restarts[name] = self._restarts.get(name, 0) + 1
+                self._restarted_at[name] = time.time()
                 log.warning("%s (clients %s) exited with %s; restarting it (%d/%d)", name, ", ".join(members), code,
                             self._restarts[name], MAX_RESTARTS)
                 with contextlib.suppress(Exception):
@@ -377,6 +379,7 @@ class Fleet:
                 continue
             if self.engine == "workers" and code != 0 and not self._stopping and self._restarts.get(name, 0) < MAX_RESTARTS:
                 self._restarts[name] = self._restarts.get(name, 0) + 1
+                self._restarted_at[name] = time.time()
                 log.warning("%s (clients %s) exited with %s; restarting it (%d/%d)", name, ", ".join(members), code,
                             self._restarts[name], MAX_RESTARTS)
                 gone |= set(members)
@@ -386,6 +389,24 @@ class Fleet:
         if len(gone) < len(self.clients) or not self.clients:
             return gone, None
         return gone, self._fatal()
+
+    def restarted(self) -> dict[str, float]:
+        """Clients whose worker was restarted after it died and is not ended for good: client id -> when (s since the epoch).
+
+        The time is this machine's clock just before the replacement started; a status its
+        clients sent after it comes from the new process. Clients whose worker ended for good
+        (given up, or dead past :data:`MAX_RESTARTS`) are left out. Call :meth:`gone` regularly:
+        it is what notices deaths and starts (``ray``: places) the replacements.
+        """
+        back: dict[str, float] = {}
+        for name, at in self._restarted_at.items():
+            if self.engine == "ray":
+                if name in self._codes:
+                    continue
+            elif self._procs[name].poll() is not None:  # dead again: gone() restarts it (a new time) or it ended
+                continue
+            back.update(dict.fromkeys(self._members[name], at))
+        return back
 
     def _fatal(self) -> str:
         if self.engine == "ray":

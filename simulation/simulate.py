@@ -598,7 +598,8 @@ def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals
         stops.check()  # called from the coordinator's wait loops: a safe point to stop at
         return fleet.gone()
 
-    out.coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone)
+    out.coord = Coordinator(cfg, evaluator, progress=not args.no_progress, report_header=header, clients_gone=clients_gone,
+                            clients_restarted=fleet.restarted)  # fmt: skip
     out.coord.run()
 
 

@@ -3,6 +3,9 @@ FedDist growth and strategy state, with known answers and no broker."""
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,64 @@ def test_feddist_grows_the_model_when_devices_diverge_and_records_it(tmp_path: P
     assert all(torch.isfinite(v).all() for v in g1.values() if v.is_floating_point())
     # the next round is announced with the grown model, and the devices train on it
     assert runner.run_round(1) is not None and grid.log[-1][0] == "exchange"
+
+
+class _ComesBack(InMemoryGrid):
+    """Device ``a`` was restarted at t = 1000 s: offline (its last will) until the 3rd wait, then online as a new instance."""
+
+    def __init__(self) -> None:
+        super().__init__({cid: replace(device_status(cid, n), instance="old", sent_unix=990.0) for cid, n in DEVICES.items()})
+        self.devices["a"] = replace(self.devices["a"], state="offline")
+        self.restarts = {"a": 1000.0}
+        self.waits = 0
+
+    def wait(self, seconds: float) -> None:
+        super().wait(seconds)
+        self.waits += 1
+        if self.waits == 3:
+            self.devices["a"] = replace(self.devices["a"], state="online", instance="new", sent_unix=1003.0)
+
+
+def test_a_restarted_device_is_waited_for_once_so_its_crash_costs_it_one_round(tmp_path: Path) -> None:
+    cfg, grid = _cfg(tmp_path, start_timeout_s=30.0), _ComesBack()
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    runner.wait_for_restarted(1)
+    assert grid.waits == 3  # waited until its new process said it is online, not longer
+    assert runner.run_round(1).participation.selected == 3  # type: ignore[union-attr]
+    runner.wait_for_restarted(2)
+    assert grid.waits == 3  # that restart was waited for: no new wait
+
+
+def test_a_restarted_device_back_with_its_old_instance_counts_only_by_a_status_sent_after_the_restart(tmp_path: Path) -> None:
+    cfg, grid = _cfg(tmp_path, start_timeout_s=30.0), _ComesBack()
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    # Its retained status still says online (the last will not handled yet), sent before the restart: not back.
+    grid.devices["a"] = replace(grid.devices["a"], state="online")
+    grid.waits = 1  # the 2nd wait brings the new status
+    runner.wait_for_restarted(1)
+    assert grid.waits == 3
+
+
+def test_a_restarted_device_that_never_comes_back_delays_one_round_by_the_start_timeout_then_not_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, grid = _cfg(tmp_path, start_timeout_s=0.5), _ComesBack()
+    grid.waits = -10**9  # never back
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    with caplog.at_level(logging.WARNING, logger="coordinator.runner"):
+        t0 = time.monotonic()
+        runner.wait_for_restarted(1)
+        waited = grid.waits
+        runner.wait_for_restarted(2)
+    assert time.monotonic() - t0 >= 0.5 and grid.waits == waited  # the second round did not wait again
+    assert "restarted client(s) a not back within 0.5 s; the round opens without them" in caplog.text
+    # A device given up by its launcher is not waited for; a new restart of it is.
+    grid.restarts = {}
+    runner.wait_for_restarted(3)
+    assert grid.waits == waited

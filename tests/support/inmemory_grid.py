@@ -52,6 +52,7 @@ class InMemoryGrid:
         self.step = step or (lambda cid: 0.01 * (order.index(cid) + 1))
         self.n_test = n_test
         self.silent: set[str] = set()
+        self.restarts: dict[str, float] = {}  # as a launcher's: device -> when its process was restarted (s since the epoch)
         self.leaving: dict[str, ClientStatus] = {}  # as MqttGrid.leaving: devices that left from their app (none here)
         self.log: list[tuple[Any, ...]] = []
         self.progress: list[int] = []
@@ -68,6 +69,9 @@ class InMemoryGrid:
 
     def gone(self) -> set[str]:
         return set()
+
+    def restarted(self) -> Mapping[str, float]:
+        return self.restarts
 
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
                  plan: TrainingPlan) -> Exchange:  # fmt: skip
