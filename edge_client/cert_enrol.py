@@ -16,6 +16,7 @@ docs/protocol.md, "Enrolment by certificate", has the flow and what each step pr
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from dataclasses import dataclass
@@ -73,10 +74,14 @@ class Prepared:
     csr_pem: str
 
 
-def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
+def prepare(folder: Path, client_id: str, invitation: Invitation, new_key: bool = False) -> Prepared:
     """Pin the invitation's CA into ``folder/ca.crt``, make the key unless it exists, and the request.
 
     A key already in ``folder`` is kept (asking again after a restart shows the same code).
+    ``new_key``: a key that has a certificate already (``device.crt``) is replaced by a new one
+    and that certificate deleted, for a device the operator re-issued or renamed (its certificate
+    is revoked); a key still waiting for its first certificate is kept, so asking again after a
+    restart shows the same code.
 
     Raises
     ------
@@ -97,6 +102,10 @@ def prepare(folder: Path, client_id: str, invitation: Invitation) -> Prepared:
     if invitation.tls_ca_sha256 not in pem_fingerprints(ca.read_text(), str(ca)):
         raise ValueError(f"{ca} is not the CA the invitation pins (SHA-256 {invitation.tls_ca_sha256}); copy the server's ca.crt again")
     key = folder / KEY_NAME
+    if new_key and key.exists() and (folder / CERT_NAME).exists():
+        fresh = make_key(folder / f"{KEY_NAME}.new")
+        os.replace(fresh, key)  # the old key is gone in one step; its certificate with it
+        (folder / CERT_NAME).unlink()
     if not key.exists():
         make_key(key)
     spki = key_public_der(key)
@@ -253,7 +262,9 @@ def device_broker(folder: Path, invitation: Invitation, client_id: str) -> Broke
 
 
 def main(argv: list[str]) -> int:
-    """``fedhar-client request-certificate --invitation FILE --client-id NAME [--folder DIR] [--wait S]``; returns the exit status.
+    """``fedhar-client request-certificate --invitation FILE --client-id NAME [--folder DIR] [--wait S] [--new-key]``.
+
+    Returns the exit status.
 
     Makes the key and request, prints the enrolment code and key fingerprint to compare on the
     server, waits for ``fedhar-coordinator approve CODE``, and prints the ``fedhar-client``
@@ -272,6 +283,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--client-id", required=True, help="the name to ask for (letters, digits, _ . -)")
     ap.add_argument("--folder", type=Path, default=None, help="where the key and certificate are kept (default ~/.fedhar/<id>/certificate)")
     ap.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the approval (default %(default)s)")
+    ap.add_argument("--new-key", action="store_true",
+                    help="replace a key that has a certificate with a new one (after the operator's reissue or rename)")
     args = ap.parse_args(argv)
     prog = "fedhar-client request-certificate"
     try:
@@ -280,7 +293,7 @@ def main(argv: list[str]) -> int:
             text = Path(text).read_text()
         inv = Invitation.from_json(text)
         folder = args.folder or Path.home() / ".fedhar" / check_client_id(args.client_id) / "certificate"
-        prep = prepare(folder, args.client_id, inv)
+        prep = prepare(folder, args.client_id, inv, new_key=args.new_key)
     except (ValueError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return Exit.USAGE

@@ -250,7 +250,65 @@ def test_the_commands_invite_pending_approve_and_request_certificate(tls_mosquit
     assert f"--broker 127.0.0.1:{b.device_cert_port}" in out and f"--tls-cert {folder / 'device.crt'}" in out
     ok, why = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
     assert ok, why
-    # Re-issued (a bundle with a new password for the same name): the certificate is refused from that reload on.
+    # Re-issued: the certificate is refused from that reload on, and no password bundle is made for a device
+    # enrolled by certificate; it asks again with a new key of its own, which approve accepts for its name.
     assert devices_cli.main("reissue", ["board-1", "--data", str(data)]) == 0
+    said = capsys.readouterr().out
+    assert "gets no bundle" in said and "--client-id board-1 --new-key" in said
+    assert not (data / "enrolment" / "board-1.json").exists()
     ok, _ = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
     assert not ok
+    old_key = (folder / "device.key").read_bytes()
+    _ask_and_approve(capsys, data, file, payload, "board-1", folder)
+    assert (folder / "device.key").read_bytes() != old_key  # a new key, not the one of the revoked certificate
+    ok, why = _cert_login(cert_enrol.device_broker(folder, inv, "board-1"))
+    assert ok, why
+    # Renamed: the same, under the new name; the old name's certificate is refused.
+    assert devices_cli.main("rename", ["board-1", "board-2", "--data", str(data)]) == 0
+    said = capsys.readouterr().out
+    assert "gets no bundle" in said and "--client-id board-2 --new-key" in said
+    assert not list((data / "enrolment").glob("board-*.json"))
+    _ask_and_approve(capsys, data, file, payload, "board-2", folder)
+    ok, why = _cert_login(cert_enrol.device_broker(folder, inv, "board-2"))
+    assert ok, why
+    reg = Registry(data)
+    try:
+        assert [(d.name, d.state) for d in reg.devices()] == [("board-1", "revoked"), ("board-2", "enrolled")]
+    finally:
+        reg.close()
+    assert [(e.action, e.device) for e in read_audit(data)] == [
+        ("enrol", "board-1"), ("reissue", "board-1"), ("reissue", "board-1"), ("rename", "board-2"), ("reissue", "board-2")]
+    # A new key is signed once: another request for the enrolled name is refused as taken again.
+    other = cert_enrol.prepare(tmp_path / "intruder", "board-2", inv)
+    told: list[str] = []
+
+    def intrude() -> None:
+        try:
+            cert_enrol.request_certificate(other, inv, wait_s=30)
+        except Exception as exc:  # what the device is told, asserted below
+            told.append(str(exc))
+
+    intruder = threading.Thread(target=intrude, daemon=True)
+    intruder.start()
+    _wait_pending(file, other.code)
+    with pytest.raises(enrol_desk.EnrolDeskError, match="is taken"):
+        enrol_desk.approve(data, file, other.code)
+    intruder.join(30)
+    assert told == ["the server refused 'board-2': the name is another device's; ask again under another name"]
+
+
+def _ask_and_approve(capsys: pytest.CaptureFixture[str], data: Path, file: Any, payload: str, name: str, folder: Path) -> None:
+    """The device asks with ``--new-key`` under ``name``; the operator approves the code it shows."""
+    status: dict[str, int] = {}
+    asker = threading.Thread(target=lambda: status.update(rc=cert_enrol.main(
+        ["--invitation", payload, "--client-id", name, "--folder", str(folder), "--wait", "60", "--new-key"])), daemon=True)  # fmt: skip
+    asker.start()
+    end = time.monotonic() + 20
+    reqs: list[enrol_desk.PendingRequest] = []
+    while not reqs and time.monotonic() < end:
+        reqs = [r for r in enrol_desk.pending(file) if r.client_id == name]
+    assert reqs, f"no request of {name} showed in pending"
+    assert devices_cli.main("approve", [reqs[0].code, "--data", str(data)]) == 0
+    asker.join(60)
+    assert status == {"rc": 0}
+    capsys.readouterr()

@@ -171,7 +171,44 @@ def sign_device(out: Path, csr_pem: str, client_id: str, days: int = CERT_DAYS) 
              what=f"certificate of {client_id}")  # fmt: skip
         pem = crt.read_text()
     atomic_write_bytes(p["issued"] / f"{client_id}.crt", pem, mode=0o644)
+    (p["issued"] / f"{client_id}{NEW_KEY_SUFFIX}").unlink(missing_ok=True)  # the new key it waited for is signed
     return pem
+
+
+NEW_KEY_SUFFIX = ".awaits-new-key"
+"""Marker beside the issued certificates: ``devices/issued/<name>.awaits-new-key``."""
+
+
+def await_new_key(out: Path, client_id: str) -> None:
+    """Let an enrolled device ``client_id`` be signed once more, for a key it makes anew (``reissue``, ``rename``).
+
+    An enrolled name is otherwise refused by the enrolment desk (taken). The marker goes when
+    :func:`sign_device` signs a certificate for the name.
+
+    Raises
+    ------
+    SetupError
+        If the name is invalid or ``out`` has no device CA.
+    """
+    try:
+        check_client_id(client_id)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    p = paths(out)
+    if not p["key"].is_file():
+        raise SetupError(f"the broker folder {out} has no device CA")
+    atomic_write_bytes(p["issued"] / f"{client_id}{NEW_KEY_SUFFIX}", b"", mode=0o644)
+
+
+def awaits_new_key(out: Path, client_id: str) -> bool:
+    """Whether enrolled device ``client_id`` may be signed for a new key (:func:`await_new_key`, not signed since)."""
+    return (paths(out)["issued"] / f"{client_id}{NEW_KEY_SUFFIX}").is_file()
+
+
+def enrolled_by_certificate(out: Path, client_id: str) -> bool:
+    """Whether ``client_id`` holds, or last held, a certificate of this device CA (issued, revoked, or awaiting a new key)."""
+    issued_dir = paths(out)["issued"]
+    return any((issued_dir / f"{client_id}{end}").is_file() for end in (".crt", ".crt.revoked", NEW_KEY_SUFFIX))
 
 
 def issued(out: Path, client_id: str) -> Path | None:

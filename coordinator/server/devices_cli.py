@@ -222,15 +222,20 @@ def write_bundle(data: Path, file: ServeFile, name: str, password: str) -> tuple
     return js, png, qr_terminal(bundle)
 
 
-def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
-    """Give enrolled device ``name`` a new password and a new bundle and QR code; its history stays.
+def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str] | None:
+    """Give enrolled device ``name`` new credentials; its history stays.
 
-    The broker account is given the new password and reloaded (from then on the old password is
-    refused and a session logged in with it is closed; a certificate the device was enrolled with
-    is revoked at the same reload); the registry row, participation and the
-    run's records keep the name, so the device goes on as the same device once it loads the new bundle.
+    A device enrolled by password gets a new password and a new bundle and QR code: the broker
+    account is given the new password and reloaded (from then on the old password is refused and
+    a session logged in with it is closed). A device enrolled by certificate gets no secret from
+    the server: its certificate is revoked (refused from the reload done here), and the name may
+    be approved once more for a key the device makes anew (``fedhar-client request-certificate``
+    or the app, then ``approve CODE``; :func:`coordinator.broker.device_ca.await_new_key`).
+    Either way the registry row, participation and the run's records keep the name, so the device
+    goes on as the same device.
 
-    Returns ``(json_path, png_path, terminal QR text)``.
+    Returns ``(json_path, png_path, terminal QR text)`` of the new bundle, or None for a device
+    enrolled by certificate (no bundle: it asks for a certificate).
 
     Raises
     ------
@@ -249,6 +254,11 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
     finally:
         reg.close()
     admin = _admin(file)
+    if _by_certificate(admin, name):
+        _revoke_certificate(admin, name, await_new_key=True)
+        admin.reload_broker()  # the broker re-reads the revocation list
+        audit(data, "reissue", name, "certificate revoked; the name awaits a new key (approve its request)")
+        return None
     revoked = _revoke_certificate(admin, name)  # a certificate it was enrolled with is refused from the reload below on
     password = admin.add_device(name, replace=True)
     out = write_bundle(data, file, name, password)
@@ -256,26 +266,40 @@ def reissue(data: Path, file: ServeFile, name: str) -> tuple[Path, Path, str]:
     return out
 
 
-def _revoke_certificate(admin: Any, name: str) -> bool:
+def _revoke_certificate(admin: Any, name: str, await_new_key: str | bool = False) -> bool:
     """Put ``name``'s device certificate, if it was enrolled by certificate, on the device CA's revocation list.
 
     The broker refuses the certificate from its next reload (the caller's). False if ``name`` has none.
+    ``await_new_key``: True, or the name the device carries from now on (a rename), lets that name be
+    approved once more for a key the device makes anew.
     """
     from coordinator.broker import device_ca
     from coordinator.broker.files import folder_lock
 
     with folder_lock(admin.broker_dir):
-        return device_ca.revoke_device(admin.broker_dir, name)
+        revoked = device_ca.revoke_device(admin.broker_dir, name)
+        if await_new_key:
+            device_ca.await_new_key(admin.broker_dir, name if await_new_key is True else str(await_new_key))
+        return revoked
 
 
-def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], tuple[Path, Path, str]]:
-    """Rename enrolled device ``old`` to ``new``, keeping its history; returns (what was done, new bundle).
+def _by_certificate(admin: Any, name: str) -> bool:
+    """Whether ``name`` was enrolled by certificate (the device CA issued it one), so it never gets a password bundle."""
+    from coordinator.broker import device_ca
+
+    return device_ca.enrolled_by_certificate(admin.broker_dir, name)
+
+
+def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], tuple[Path, Path, str] | None]:
+    """Rename enrolled device ``old`` to ``new``, keeping its history; returns (what was done, new bundle or None).
 
     A device id is its MQTT user name and its topics' id, so the broker gets an account and ACL
     for ``new`` (a new password) and loses ``old``'s; the registry moves the row and
     participation to ``new`` and keeps ``old`` revoked for good (``renamed_to``); the kept
     personalised models move to the new name; ``old``'s retained status and models are cleared
-    and its bundle deleted; a bundle for ``new`` is written. The device must load the new bundle.
+    and its bundle deleted. A device enrolled by password gets a bundle for ``new`` and must load
+    it. A device enrolled by certificate gets none (the bundle is None): its certificate is revoked
+    and it asks for one under ``new`` with a key it makes anew, which ``approve`` accepts.
 
     Raises
     ------
@@ -296,13 +320,16 @@ def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], 
         if reg.is_enrolled(new) or reg.is_revoked(new):
             raise ValueError(f"the name {new!r} is taken already (enrolled, revoked or forgotten): choose another new name")
         admin = _admin(file)
+        by_certificate = _by_certificate(admin, old)
         password = admin.add_device(new)
         reg.rename(old, new)
     finally:
         reg.close()
     done = [f"{new}: broker account and ACL created", f"registry: {old} is now {new} (participation kept; {old} stays refused)"]
-    if _revoke_certificate(admin, old):
+    if _revoke_certificate(admin, old, await_new_key=new if by_certificate else False):
         done.append(f"{old}'s certificate put on the device CA's revocation list")
+    if by_certificate:
+        done.append(f"{new} may be approved for a key the device makes anew (it was enrolled by certificate: no bundle)")
     if old in admin.devices():
         admin.remove_device(old)
         done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
@@ -316,7 +343,7 @@ def rename(data: Path, file: ServeFile, old: str, new: str) -> tuple[list[str], 
     else:
         done.append(f"the broker could not be reached to clear {old}'s retained status (a running serve refuses it anyway)")
     delete_bundle(data, old)
-    bundle = write_bundle(data, file, new, password)
+    bundle = None if by_certificate else write_bundle(data, file, new, password)
     audit(data, "rename", new, f"was {old}")
     return done, bundle
 
@@ -779,16 +806,24 @@ def _command(cmd: str, args: argparse.Namespace, data: Path, prog: str) -> int |
         print("Both files hold the device's password (mode 0600); they are deleted once the device has joined, or after a week.")
     elif cmd in ("reissue", "rename"):
         if cmd == "reissue":
-            name, (js, png, qr) = args.name, reissue(data, file, args.name)
-            print(qr)
-            print(f"{name} re-issued: its old password is refused from now on. Scan the code above with the app, or give the device")
+            name, bundle = args.name, reissue(data, file, args.name)
+            said = f"{name} re-issued: its old password is refused from now on. Scan the code above with the app, or give the device"
         else:
             name = args.new
-            done, (js, png, qr) = rename(data, file, args.old, args.new)
+            done, bundle = rename(data, file, args.old, args.new)
             for line in done:
                 print(line)
-            print(qr)
-            print(f"{args.old} renamed to {name}. The device must load its new bundle: scan the code above, or give it")
+            said = f"{args.old} renamed to {name}. The device must load its new bundle: scan the code above, or give it"
+        if bundle is None:  # enrolled by certificate: no secret from the server
+            what = "re-issued: its certificate is refused from now on" if cmd == "reissue" else f"renamed from {args.old}"
+            print(f"{name} {what}. It was enrolled by certificate, so it gets no bundle: on the device, make a new key and ask")
+            print(f"  fedhar-client request-certificate --invitation invitation.json --client-id {name} --new-key   (or the app)")
+            print(f"then compare the code it shows with {prog.rsplit(' ', 1)[0]} pending --data {data}, and approve it:")
+            print(f"  {prog.rsplit(' ', 1)[0]} approve CODE --data {data}")
+            return None
+        js, png, qr = bundle
+        print(qr)
+        print(said)
         print(f"  {js}  (fedhar-client --enrolment {js.name})")
         print(f"  {png}  (the same bundle as a QR code image)")
         print("Both files hold the device's password (mode 0600); they are deleted once the device has joined.")

@@ -187,7 +187,9 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
     EnrolDeskError
         If no request waits under ``code``, or it cannot be approved (its problem is named). A
         name that is enrolled, has a broker account, is a service account's or was revoked is
-        refused, and the device told so in the reply.
+        refused, and the device told so in the reply; except an enrolled name that awaits a new
+        key (``reissue`` or ``rename`` of a device enrolled by certificate), which is signed and
+        keeps its registry row, ACL and history.
     DeskUnreachable
         If the broker cannot be reached with the desk account.
     coordinator.server.broker_admin.BrokerAdminError
@@ -205,25 +207,30 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
     name = req.client_id
     reg = Registry(data)
     try:
+        out = admin.broker_dir
+        # An enrolled device re-issued or renamed by the operator asks again with a new key: its name awaits one.
+        rekey = reg.is_enrolled(name) and device_ca.awaits_new_key(out, name)
         # A service account's name would log in as that account; a broker account made outside the server is a device's.
         taken = reg.is_enrolled(name) or name in admin.settings().service_users or name in admin.devices()
-        refusal = "name_revoked" if reg.is_revoked(name) else "name_taken" if taken else None
+        refusal = "name_revoked" if reg.is_revoked(name) else "name_taken" if taken and not rekey else None
         if refusal is not None:
             _answer(broker, topics, level, EnrolReply(name, refused=refusal))
             why = "was revoked (a revoked name is not used again)" if refusal == "name_revoked" else "is taken"
             raise EnrolDeskError(f"the request under code {code} asks for the name {name!r}, which {why}; the device was told so")
-        out = admin.broker_dir
         with folder_lock(out):
             pem = device_ca.sign_device(out, req.csr_pem, name)
-        admin.add_device(name)  # ACL and an account whose password never leaves the server
-        reg.enrol(name, owner)
+        if not rekey:
+            admin.add_device(name)  # ACL and an account whose password never leaves the server
+            reg.enrol(name, owner)
     finally:
         reg.close()
     _answer(broker, topics, level, EnrolReply(name, certificate_pem=pem))
-    audit(data, "enrol", name, f"by certificate, code {code}, key {req.fingerprint}" + (f", owner {owner}" if owner else ""))
+    action, how = ("reissue", "new key by certificate") if rekey else ("enrol", "by certificate")
+    audit(data, action, name, f"{how}, code {code}, key {req.fingerprint}" + (f", owner {owner}" if owner else ""))
     return [
         f"{name} approved: certificate signed by the device CA (key {req.fingerprint})",
-        f"{name}'s ACL added; broker reloaded ({file.server.broker_reload})",
+        f"{name} keeps its ACL and history (a new key for an enrolled device)" if rekey
+        else f"{name}'s ACL added; broker reloaded ({file.server.broker_reload})",
         f"the certificate waits for the device under code {code}; it logs in on port {admin.settings().device_cert_port}",
     ]
 
