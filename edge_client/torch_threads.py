@@ -8,11 +8,13 @@ must change the process's and put it back, and nothing else may train meanwhile.
 
 The sensing thread classifies every window for the Today timeline (a few windows every
 1.28 s). At PyTorch's default count each tiny forward pass wakes the intra-op pool, whose
-threads then spin waiting for more work: ``benchmarks/bench_device_cost.py --small`` measured
-57.2 CPU s per hour of sensing classifying with the torch predictor at the default count on this
-2-core machine, 9.8 with ``--threads 1`` for the whole process; the probabilities are the
-same. So a prediction runs on :data:`INFERENCE_THREADS` inside :func:`inference_threads`, which
-changes the process's count and restores it, and a round runs inside :func:`training_threads`:
+threads then spin waiting for more work: on a 2-core machine ``benchmarks/bench_device_cost.py
+--small`` measured 8.9-35.9 CPU s per hour of sensing with the torch predictor at PyTorch's count
+(the busier the machine, the more) and 4.6-6.0 on one thread; the paper's CNN, whose passes keep
+both threads busy, 11.0-14.6 and 10.0-12.4 (``docs/benchmarks-client.md``, section 3). The
+probabilities are the same. So a prediction runs on :data:`INFERENCE_THREADS` inside
+:func:`inference_threads`, which changes the process's count and restores it, and a round runs
+inside :func:`training_threads`:
 
 * while any training holds the setting, a prediction changes nothing and runs at the training's
   count (it costs more then, but the round's threads and its numbers are untouched: how a

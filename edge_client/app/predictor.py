@@ -48,8 +48,8 @@ class TorchPredictor:
         1): the process's count is changed for the call and restored, and left alone while a
         round trains (:func:`~edge_client.torch_threads.inference_threads`). None: PyTorch's count
         as it is. The probabilities are the same either way (``tests/test_torch_threads.py``); the
-        CPU is not: ``benchmarks/bench_device_cost.py --small`` measured 57.2 CPU s per hour of
-        sensing at the default count of a 2-core machine, against 9.8 on one thread.
+        CPU is not: ``benchmarks/bench_device_cost.py --small`` measured 4.6-6.0 CPU s per hour of
+        sensing on one thread, 8.9-35.9 at PyTorch's count on a 2-core machine.
 
     Raises
     ------
