@@ -3,6 +3,7 @@ Today timeline, a recording stopped) are in the next status on the broker, exact
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -11,13 +12,15 @@ import pytest
 from support.mqtt_watcher import Watcher
 from support.replay_day import hapt_day
 
+from edge_client.agent import ClientConfig, EdgeAgent
 from edge_client.app.controller import AppConfig, DeviceController
 from edge_client.backends.numpy_ref import init_weights
-from edge_client.recorder import RECORDED_LOG
+from edge_client.recorder import RECORDED_LOG, sync_to_store
 from edge_client.sensors.base import ReplaySensor
 from edge_client.store import ClientStore
 from edge_client.timeline import STEP_NS
 from edge_client.window_log import WindowLog
+from har_io.broker_config import BrokerConfig
 from har_models.data.labels import HAPT_LABELS
 from har_models.data.windowing import ChannelStats, WindowSet
 from har_models.nn.arch import ArchSpec
@@ -77,3 +80,40 @@ def test_a_relabel_while_the_agent_runs_is_in_the_next_status_with_the_exact_cou
     finally:
         ctl.close()
         watcher.close()
+
+
+def test_windows_synced_from_the_recording_log_while_the_agent_runs_are_in_its_next_status(tmp_path: Path, mosquitto: int) -> None:
+    """The path of a stopped recording (and of fedhar-client's recorded source): the log synced into the store."""
+    rng = np.random.default_rng(2)
+
+    def windows(label: int, n: int, t0: int) -> WindowSet:
+        return WindowSet(rng.normal(size=(n, 6, 128)).astype(np.float32), np.full(n, label), HAPT_LABELS, t0 + np.arange(n) * STEP_NS)
+
+    log = WindowLog(tmp_path / RECORDED_LOG, HAPT_LABELS)
+    log.append(windows(WALKING, 20, 0))
+    store = ClientStore(tmp_path / "state", HAPT_LABELS)
+    assert sync_to_store(log, store) == (16, 4)
+    agent = EdgeAgent(ClientConfig("board-1", BrokerConfig(port=mosquitto), backend="numpy"), store)
+    watcher = Watcher(mosquitto, Topics("default").client_status("board-1"))
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,))
+    t.start()
+    try:
+
+        def status(pred):
+            _, payload, _ = watcher.wait_for(lambda t, p, r: p and pred(ClientStatus.from_bytes(p)), timeout=20)
+            return ClientStatus.from_bytes(payload)
+
+        assert status(lambda s: s.state != "offline").n_train == 16
+        log.append(windows(SITTING, 10, 10**12))  # a recording of sitting stopped: round(0.2 * 10) = 2 test windows
+        assert sync_to_store(log, store) == (16 + 8, 4 + 2)
+        after = status(lambda s: s.n_train != 16)
+        assert (after.n_train, after.n_test) == (24, 6)
+        assert after.class_counts == tuple({WALKING: 16, SITTING: 8}.get(c, 0) for c in range(6))
+        assert after.train_stats == ChannelStats.of(store.windows("train").x).to_json()
+    finally:
+        stop.set()
+        t.join(30)
+        watcher.close()
+        store.close()
+    assert not t.is_alive() and store.window_listeners == [] and store.fault_listeners == []  # the store outlives the agent
