@@ -7,7 +7,11 @@ as it goes; the sensor thread's CPU seconds over the replay's own span give CPU 
 of sensing (:meth:`edge_client.cost.CostMeter.sensing_cpu_s_per_h`). Baseline, in the same run:
 the same replay with no model yet (no classification), so the ratio is what the timeline's
 classification adds. One figure per predictor the device may use (``torch`` where PyTorch is
-installed, else the ``numpy`` reference: a phone).
+installed, else the ``numpy`` reference: a phone); the torch predictor runs on one intra-op
+thread as on a device (:mod:`edge_client.torch_threads`), and once more at PyTorch's own count
+(``torch, PyTorch's threads``), the setting it had before, as the baseline of that choice. The
+predictor's runtime is imported before the replay: a device imports it once per process, and in
+a 412 s replay the import of PyTorch (about 1.5 CPU s here) would add some 13 CPU s per hour.
 
 **Rounds.** One client round (:meth:`edge_client.trainer.ClientTrainer.run_round`: initialise,
 E local epochs, evaluate, encode) on subject 1's windows (both sessions, 80 % train) with each
@@ -26,7 +30,7 @@ method is the device's own, so the app shows the phone's.
 
 Run: ``python benchmarks/bench_device_cost.py`` (the paper's CNN, ArchSpec defaults; ``--small``
 for 8 filters / 32 units). The last line is ``key=value`` pairs:
-``cpu_s_per_hour_sensing=... cpu_s_per_round_<backend>=...``.
+``cpu_s_per_hour_sensing=... cpu_s_per_hour_sensing_torch_all_threads=... cpu_s_per_round_<backend>=...``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from edge_client.backends import BackendOptions, available_backends
 from edge_client.cost import CostMeter
 from edge_client.sensors.base import ReplaySensor
 from edge_client.store import ClientStore
+from edge_client.torch_threads import INFERENCE_THREADS
 from edge_client.trainer import ClientTrainer
 from har_models.data.hapt import read_hapt_recordings
 from har_models.data.labels import HAPT_LABELS
@@ -63,11 +68,12 @@ def _initial_model(spec: ArchSpec) -> dict[str, np.ndarray]:
     return init_weights(spec, 0)
 
 
-def sensing_cost(spec: ArchSpec | None, predictor: str) -> tuple[float, float, float, float]:
+def sensing_cost(spec: ArchSpec | None, predictor: str, torch_threads: int | None = INFERENCE_THREADS) -> tuple[float, float, float, float]:
     """CPU s per hour of sensing, CPU s, sensed s of the app replaying session exp0, and the process's CPU s meanwhile.
 
     ``spec`` None: no model yet. The process's CPU (every thread: the supervisor, a library's
-    worker threads) bounds the sensor thread's from above.
+    worker threads) bounds the sensor thread's from above. ``torch_threads``: the torch
+    predictor's intra-op threads (None: PyTorch's own count).
     """
     rec = read_hapt_recordings(HAPT)[0]
     with tempfile.TemporaryDirectory(prefix="fedhar-cost-") as folder:
@@ -75,10 +81,11 @@ def sensing_cost(spec: ArchSpec | None, predictor: str) -> tuple[float, float, f
         if spec is not None:
             store = ClientStore(state, HAPT_LABELS)
             store.save_local_model(spec.to_json(), _initial_model(spec))
+            load_predictor(store, prefer=(predictor,))  # imports the runtime now, not inside the measured replay
             store.close()
         source = ReplaySensor(rec, speed=None, loop=False)
         cfg = AppConfig(state_dir=state, labels=HAPT_LABELS, client_id="bench", broker="127.0.0.1:1")
-        ctl = DeviceController(cfg, source, predictor_loader=lambda s: load_predictor(s, prefer=(predictor,)),
+        ctl = DeviceController(cfg, source, predictor_loader=lambda s: load_predictor(s, prefer=(predictor,), torch_threads=torch_threads),
                                charging=lambda: False, battery=lambda: None)  # fmt: skip
         try:
             p0 = time.process_time()
@@ -142,16 +149,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     out: dict[str, float] = {}
 
     print(f"model: {spec.conv_filters} filters, {spec.dense_units} units; CPU seconds of this process (all threads)")
-    print(f"{'sensing (HAPT exp0 replay)':<30} {'CPU s':>7} {'sensed s':>9} {'CPU s/h':>8} {'vs no model':>12} {'process CPU s/h':>16}")
+    print(f"{'sensing (HAPT exp0 replay)':<42} {'CPU s':>7} {'sensed s':>9} {'CPU s/h':>8} {'vs no model':>12} {'process CPU s/h':>16}")
     base, base_cpu, base_span, base_proc = sensing_cost(None, "numpy")
-    print(f"{'no model yet (baseline)':<30} {base_cpu:7.2f} {base_span:9.1f} {base:8.1f} {1.0:12.2f} {base_proc / base_span * 3600:16.1f}")
+    print(f"{'no model yet (baseline)':<42} {base_cpu:7.2f} {base_span:9.1f} {base:8.1f} {1.0:12.2f} {base_proc / base_span * 3600:16.1f}")
     out["cpu_s_per_hour_sensing_no_model"] = base
     available = set(available_backends())
     predictors = [p for p in args.predictors.split(",") if p and (p != "torch" or "torch" in available)]
-    for p in predictors:
-        per_h, cpu, span, proc = sensing_cost(spec, p)
-        print(f"{'classifying with ' + p:<30} {cpu:7.2f} {span:9.1f} {per_h:8.1f} {per_h / base:12.2f} {proc / span * 3600:16.1f}")
-        out[f"cpu_s_per_hour_sensing_{p}"] = per_h
+    runs: list[tuple[str, str, str, int | None]] = [(p, p, p, INFERENCE_THREADS) for p in predictors]  # (row, predictor, key, threads)
+    if "torch" in predictors:  # the baseline of the one-thread choice: the torch predictor at PyTorch's own count
+        runs.insert(predictors.index("torch") + 1, ("torch, PyTorch's threads", "torch", "torch_all_threads", None))
+    for name, p, key, threads in runs:
+        per_h, cpu, span, proc = sensing_cost(spec, p, threads)
+        print(f"{'classifying with ' + name:<42} {cpu:7.2f} {span:9.1f} {per_h:8.1f} {per_h / base:12.2f} {proc / span * 3600:16.1f}")
+        out[f"cpu_s_per_hour_sensing_{key}"] = per_h
     # The figure a device shows: with the predictor it would pick (torch where installed, else numpy).
     out["cpu_s_per_hour_sensing"] = out[f"cpu_s_per_hour_sensing_{predictors[0]}"]
 

@@ -51,7 +51,6 @@ from har_io.exit_codes import Exit
 from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerRefused, MqttLink
-from har_models.data.windowing import ChannelStats
 from har_models.wire import codec
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer
 from har_models.wire.messages import (
@@ -183,16 +182,15 @@ class EdgeAgent:
         self.cost = CostMeter(rounds=_kept_round_costs(store))
         self.battery: Callable[[], float | None] = lambda: None  # battery level, %, sampled into ``cost`` at each status
         # A storage fault (or its end) is in the status at once: the coordinator stops selecting this device.
-        store.fault_listeners.append(lambda _fault: self._set_state(self._state))
+        # New windows too (a relabelled stretch, a recording stopped): a coordinator that selects by
+        # windows sees them, and an update trained on them is not more than the status reported.
+        self._republish: Callable[[object], None] = lambda _changed: self._publish_status()  # from the writer's thread
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._stopped = threading.Event()
         self._state = "online"
-        train = store.windows("train")
-        self._n_train, self._n_test = len(train), len(store.windows("test"))
-        self._train_stats = ChannelStats.of(train.x).to_json() if len(train) else {}
-        self._class_counts = tuple(int(c) for c in train.class_counts())
+        store.window_counts()  # read from the table here, as the agent starts; kept by the store from then on
         # Exchanges (run, round, stage) answered already, and the coordinator attempt each answer
         # reached: a new attempt (the coordinator restarted, or ran the round again after it closed
         # without quorum) gets the stored update again, not a retraining, unless the model announced
@@ -229,6 +227,8 @@ class EdgeAgent:
             receipt_wait_s=cfg.receipt_wait_s,
             max_message_bytes=cfg.broker.max_message_bytes,
         )
+        store.fault_listeners.append(self._republish)  # last: a listener may run at once, from another thread
+        store.window_listeners.append(self._republish)
 
     @property
     def refusal(self) -> BrokerRefused | None:
@@ -255,14 +255,15 @@ class EdgeAgent:
             last = self.store.get_meta("last_update") or {}
         except sqlite3.Error:  # a broken store: the status still goes out, saying so in its fault
             last = {}
+        windows = self.store.window_counts()  # the store's now: windows added while running count at once
         return ClientStatus(
             client_id=self.cfg.client_id,
             state=self._state,
             label_set=self.store.labels.name,
-            n_train=self._n_train,
-            n_test=self._n_test,
-            train_stats=self._train_stats,
-            class_counts=self._class_counts,
+            n_train=windows.n_train,
+            n_test=windows.n_test,
+            train_stats=windows.train_stats,
+            class_counts=windows.class_counts,
             run_id=str(last.get("run_id", "")),
             last_round=int(last.get("round", -1)),
             instance=self.instance,
@@ -280,6 +281,10 @@ class EdgeAgent:
 
     def _set_state(self, state: str) -> None:
         self._state = state
+        self._publish_status()
+
+    def _publish_status(self) -> None:
+        """Publish the retained status as things are now (any thread; nothing while disconnected: the connect sends it)."""
         if self._link.connected.is_set():
             self._link.publish_nowait(self.topics.client_status(self.cfg.client_id), self._status_bytes(), retain=True)
 
@@ -297,8 +302,8 @@ class EdgeAgent:
         log.info(
             "[%s] starting: %d training / %d test windows; broker %s:%d",
             self.cfg.client_id,
-            self._n_train,
-            self._n_test,
+            self.store.window_counts().n_train,
+            self.store.window_counts().n_test,
             self.cfg.broker.host,
             self.cfg.broker.port,
         )
@@ -337,6 +342,10 @@ class EdgeAgent:
             if self.exit_code != EXIT_DUPLICATE_ID:  # the other process's status is not ours to overwrite
                 final = (self.topics.client_status(self.cfg.client_id), offline_status(self.cfg.client_id, self.instance))
             self._link.stop(final=final)
+            # The store outlives this agent (the app starts another after a failure or a change of settings).
+            for listeners in (self.store.fault_listeners, self.store.window_listeners):
+                with contextlib.suppress(ValueError):
+                    listeners.remove(self._republish)
             log.info("[%s] stopped after %d round(s)", self.cfg.client_id, self.rounds_done)
         return self.exit_code
 

@@ -21,6 +21,12 @@ A folder that cannot be written (read-only, full, its owner changed) is a
 failed write sets :attr:`ClientStore.fault` (the sentence the screen and the device's status
 show, which keeps the coordinator from selecting the device) and tells the
 :attr:`ClientStore.fault_listeners`; the next write that succeeds clears it.
+
+What a device reports of its windows (:class:`WindowCounts`: training and test windows, training
+windows per class, the training windows' channel statistics) is the store's to say, since every
+way windows arrive (a replayed source, a recording stopped, a relabelled stretch) writes them
+here: :meth:`ClientStore.window_counts` is kept in step with each write, and the
+:attr:`ClientStore.window_listeners` are told of it, so the status sent next carries them.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +47,7 @@ import numpy as np
 
 from har_models.data.labels import LabelSet
 from har_models.data.splits import DEFAULT_SPLIT_SEED, DEFAULT_TEST_FRACTION, SplitSpec
-from har_models.data.windowing import N_CHANNELS, WindowSet
+from har_models.data.windowing import N_CHANNELS, ChannelStats, WindowSet
 from har_models.files import atomic_write, atomic_write_bytes
 from har_models.wire.safetensors_np import read_metadata
 
@@ -65,6 +72,33 @@ CREATE TABLE IF NOT EXISTS windows (
     x BLOB NOT NULL
 );
 """
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    """What a device reports of its stored windows (aggregates only, never a window).
+
+    Attributes
+    ----------
+    n_train, n_test : int
+        Training and test windows.
+    class_counts : tuple of int, length C
+        Training windows per class of the store's label set.
+    train_stats : dict
+        :meth:`ChannelStats.to_json <har_models.data.windowing.ChannelStats.to_json>` of the training
+        windows (samples per channel, their sums and sums of squares); empty without training windows.
+    """
+
+    n_train: int
+    n_test: int
+    class_counts: tuple[int, ...]
+    train_stats: dict[str, object]
+
+    @classmethod
+    def of(cls, train: WindowSet, n_test: int) -> WindowCounts:
+        """The counts of training windows ``train`` (x of shape (N, 6, T)) beside ``n_test`` test windows."""
+        stats = ChannelStats.of(train.x).to_json() if len(train) else {}
+        return cls(len(train), int(n_test), tuple(int(c) for c in train.class_counts()), stats)
 
 
 class StoreInUseError(OSError):
@@ -168,6 +202,9 @@ class ClientStore:
         self._lock = threading.Lock()
         self.fault = ""
         self.fault_listeners: list[Callable[[str], object]] = []
+        # Called with the new counts after every write of the windows (from the writing thread).
+        self.window_listeners: list[Callable[[WindowCounts], object]] = []
+        self._counts: WindowCounts | None = None  # of the window table; read once, then replaced by each write
         self._lock_file: IO[str] | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -284,6 +321,8 @@ class ClientStore:
         ------
         ValueError
             If the windows' label set or shape differ from the store's.
+        StateFolderUnusable
+            If the folder cannot be written (the windows and :meth:`window_counts` stay as they were).
         """
         if data.labels != self.labels:
             raise ValueError(f"replace_windows: windows use label set {data.labels.name!r}, the store {self.labels.name!r}")
@@ -298,11 +337,38 @@ class ClientStore:
             (source, int(data.t_start_ns[i]), int(data.y[i]), str(part[i]), data.x[i].astype("<f4").tobytes())
             for i in range(len(data))
         ]
+        # The training windows in table order (ascending index), as windows("train") reads them back.
+        counts = WindowCounts.of(data.subset(np.sort(train_idx)), len(test_idx))
         with self._writing("the recorded windows"), self._lock, self._db:
             self._db.execute("DELETE FROM windows")
             self._db.executemany("INSERT INTO windows (source, t_start_ns, label, split, x) VALUES (?, ?, ?, ?, ?)", rows)
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("split", json.dumps(spec.to_json())))
+        self._counts = counts  # after the commit: a failed write leaves the old windows and their counts
+        for listener in list(self.window_listeners):
+            try:
+                listener(counts)
+            except Exception:  # the windows are written; a listener's failure must not undo that for the caller
+                log.exception("a listener of the window counts failed")
         return len(train_idx), len(test_idx)
+
+    def window_counts(self) -> WindowCounts:
+        """The counts of the windows stored now (cheap: read from the table once, then kept with each write).
+
+        Raises
+        ------
+        sqlite3.Error
+            If the table cannot be read the first time.
+        """
+        counts = self._counts
+        if counts is None:
+            with self._lock:
+                (n_test,) = self._db.execute("SELECT COUNT(*) FROM windows WHERE split = 'test'").fetchone()
+            counts = WindowCounts.of(self.windows("train"), n_test)
+            with self._lock:
+                if self._counts is None:  # a write in between holds newer counts
+                    self._counts = counts
+                counts = self._counts
+        return counts
 
     def windows(self, split: str) -> WindowSet:
         """All stored windows of ``split`` ("train" or "test"), in insertion order."""

@@ -35,6 +35,7 @@ from edge_client.ala import AlaKernel, AlaState, adaptive_local_aggregation, pad
 from edge_client.backends.base import BackendOptions, TrainingBackend, train
 from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
+from edge_client.torch_threads import training_threads
 from har_models.data.labels import balanced_class_weights
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
@@ -275,6 +276,11 @@ class ClientTrainer:
         ImportError
             If the backend's runtime is not installed.
         """
+        # The round keeps PyTorch's thread count as the process has it, whatever the sensing thread's predictions do.
+        with training_threads():
+            return self._run_round(ann, received_np)
+
+    def _run_round(self, ann: RoundAnnouncement, received_np: Mapping[str, np.ndarray]) -> RoundOutcome:
         spec = ArchSpec.from_json(ann.arch)
         codec.check_tensors(spec.shapes(), received_np)
         plan = ann.plan

@@ -85,7 +85,7 @@ def _record(ctl, activity: str = "walking", n: int = 20) -> None:
     ctl.start_recording(activity)
     assert _wait(lambda: ctl.counts().get(activity, 0) >= n)
     ctl.stop_recording()
-    assert _wait(lambda: ctl._n_train >= 0.8 * n - 2)
+    assert _wait(lambda: ctl.store.window_counts().n_train >= 0.8 * n - 2)
 
 
 def test_password_is_stored_private_and_never_in_settings_or_logs(tmp_path, caplog):

@@ -53,3 +53,49 @@ def test_a_store_of_another_label_set_is_refused(tmp_path):
     ClientStore(tmp_path, HAPT_LABELS).close()
     with pytest.raises(ValueError, match=r"realworld8.*--state-dir"):
         ClientStore(tmp_path, REALWORLD_LABELS)
+
+
+def _constant_windows(values_by_class: dict[int, float], per_class: int = 5) -> WindowSet:
+    """``per_class`` windows of each class, every sample of class c's windows equal to ``value * (channel + 1)``."""
+    ys = [c for c in values_by_class for _ in range(per_class)]
+    x = np.stack([np.repeat(values_by_class[c] * np.arange(1, 7, dtype=np.float32)[:, None], 128, axis=1) for c in ys])
+    return WindowSet(x, np.array(ys), HAPT_LABELS, np.arange(len(ys)) * 10)
+
+
+def test_window_counts_follow_every_write_and_match_a_reread(tmp_path):
+    s = ClientStore(tmp_path, HAPT_LABELS)
+    heard = []
+    s.window_listeners.append(heard.append)
+    empty = s.window_counts()
+    assert (empty.n_train, empty.n_test, empty.class_counts, empty.train_stats) == (0, 0, (0,) * 6, {})
+
+    # 5 windows of class 0 (every sample 1 * (channel + 1)) and 5 of class 2 (-2 * (channel + 1)):
+    # round(0.2 * 5) = 1 test window per class, so 4 + 4 training windows of 128 samples.
+    s.replace_windows("a", _constant_windows({0: 1.0, 2: -2.0}), 0.2, seed=1)
+    got = s.window_counts()
+    assert (got.n_train, got.n_test, got.class_counts) == (8, 2, (4, 0, 4, 0, 0, 0))
+    assert got.train_stats == {
+        "count": 8 * 128,
+        "sum": [128 * (4 * 1.0 - 4 * 2.0) * (c + 1) for c in range(6)],  # -512 (c + 1)
+        "sum_sq": [128 * (4 * 1.0 + 4 * 4.0) * (c + 1) ** 2 for c in range(6)],  # 2560 (c + 1)^2
+    }
+    assert heard == [got]
+
+    # More windows (5 of class 4, all 3 * (channel + 1)) replace them: the counts are the new table's at once.
+    s.replace_windows("b", _constant_windows({0: 1.0, 2: -2.0, 4: 3.0}), 0.2, seed=1)
+    got = s.window_counts()
+    assert (got.n_train, got.n_test, got.class_counts) == (12, 3, (4, 0, 4, 0, 4, 0))
+    assert got.train_stats["sum"] == [128 * (4 - 8 + 12) * (c + 1) for c in range(6)]
+    assert len(heard) == 2 and heard[-1] == got
+
+    # Refused windows change nothing and tell nobody.
+    other = _constant_windows({0: 1.0})
+    with pytest.raises(ValueError, match="label set"):
+        s.replace_windows("c", WindowSet(other.x, other.y, REALWORLD_LABELS, other.t_start_ns))
+    assert s.window_counts() == got and len(heard) == 2
+    s.close()
+
+    # What was kept with the writes is what the table says when read again.
+    s = ClientStore(tmp_path, HAPT_LABELS)
+    assert s.window_counts() == got
+    s.close()

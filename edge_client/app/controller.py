@@ -290,7 +290,6 @@ class DeviceController:
         self._agent_stop = threading.Event()
         self._closing = threading.Event()
         self._wake_event = threading.Event()
-        self._n_train = len(self.store.windows("train"))
         self._last_update: tuple[float, int | None, float | None] | None = None  # (mtime, round, accuracy)
         self._sensor_fault = ""
         self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
@@ -417,7 +416,6 @@ class DeviceController:
 
     def _sync(self) -> None:
         n_train, n_test = sync_to_store(self.window_log, self.store, self.cfg.split_seed)
-        self._n_train = n_train
         log.info("recorded windows in the store: %d training, %d test", n_train, n_test)
         self._on_counts(self.recorder.counts())
 
@@ -630,7 +628,6 @@ class DeviceController:
 
     def _start_agent(self) -> None:
         n_train, _ = sync_to_store(self.window_log, self.store, self.cfg.split_seed)
-        self._n_train = n_train
         if n_train < MIN_TRAIN_WINDOWS:
             self._error = not_enough_data(n_train)
             return
@@ -705,9 +702,10 @@ class DeviceController:
             elif v.charge_only and not v.charging:
                 v.state = "waiting for charger"
             elif not running:
-                if self._n_train < MIN_TRAIN_WINDOWS:
+                n_train = self.store.window_counts().n_train  # the store's now, however the windows came
+                if n_train < MIN_TRAIN_WINDOWS:
                     v.state = "not enough data"
-                    self._error = not_enough_data(self._n_train)
+                    self._error = not_enough_data(n_train)
                 else:
                     v.state = "failed" if self._failures else "connecting"
             elif not agent.connection.connected:
