@@ -122,7 +122,9 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     personal = data / "run" / "models" / "r0000" / "personal"
     personal.mkdir(parents=True)
     (personal / "dev-a.safetensors").write_bytes(b"model of dev-a")
-    done, (js, _, _) = devices_cli.rename(data, file, "dev-a", "phone-anna")
+    done, bundle = devices_cli.rename(data, file, "dev-a", "phone-anna")
+    assert bundle is not None  # enrolled by password: a bundle under the new name
+    js = bundle[0]
     assert js == data / "enrolment" / "phone-anna.json" and not (data / "enrolment" / "dev-a.json").exists()
     assert any("broker account and ACL removed" in line for line in done)
     assert _login(b.port, "dev-a", new) in (4, 5, 134, 135)
