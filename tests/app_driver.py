@@ -103,6 +103,9 @@ def main() -> int:
         yield lambda: int(rec.count_labels["sitting"].text) >= 8
         rec.button.dispatch("on_release")
         yield 1.0
+        # A window that ended before the stop may still come out of the pipeline: the screen catches up with the log.
+        yield lambda: {n: rec.count_labels[n].text for n in HAPT_LABELS.names} == {
+            n: str(c) for n, c in app.controller.counts().items()}  # fmt: skip
         counts = app.controller.counts()
         results["counts_widget"] = {n: rec.count_labels[n].text for n in HAPT_LABELS.names}
         results["counts_log"] = counts
