@@ -222,3 +222,47 @@ def test_a_bundle_being_enrolled_survives_a_round_ending_at_that_moment(
     assert pruned == [[]]
     assert js.exists() and png.exists()
     assert json.loads(js.read_text())["client_id"] == "dev-new"
+
+
+def test_a_bundle_reissued_while_a_round_was_open_stays_until_a_later_round(tmp_path: Path) -> None:
+    """serve notes a round's participation with the time the round opened: an update sent with the old
+    password in the round open during ``reissue`` is not taken as the device having loaded its new bundle."""
+    data = tmp_path / "data"
+    reg = Registry(data)
+    reg.enrol("dev-a", "Anna")
+    js = data / "enrolment" / "dev-a.json"
+    js.parent.mkdir(parents=True)
+    js.write_text("{}")
+    written = js.stat().st_mtime
+    reg.note_participation(4, "dev-a", 0.5, 0.4, t=written - 30.0)  # the round opened 30 s before the reissue, ended after it
+    assert reg.participation_summary()["dev-a"].last_t == written - 30.0
+    assert prune_bundles(data) == [] and js.exists()
+    reg.note_participation(5, "dev-a", 0.6, 0.5, t=written + 1.0)  # a round opened after: only the new password got it in
+    assert prune_bundles(data) == ["dev-a"] and not js.exists()
+    reg.close()
+
+
+def test_a_renamed_device_keeps_one_history_and_the_page_says_renamed(tmp_path: Path) -> None:
+    """An update under the old name in the round open during ``rename`` counts under the new name; the old
+    name's row on the page says where it went, with no rounds of its own (they are counted once, under the new name)."""
+    from coordinator.server.serve import _not_eligible
+    from coordinator.server.web import ServerView, render_page
+
+    data = tmp_path / "data"
+    reg = Registry(data)
+    reg.enrol("dev-b", "Ben")
+    for r in range(3):
+        reg.note_participation(r, "dev-b", 0.5, 0.4)
+    reg.rename("dev-b", "kitchen-pi")
+    reg.note_participation(3, "dev-b", 0.7, 0.6)  # the round open during the rename ends after it
+    assert [p.round for p in reg.participation("kitchen-pi")] == [0, 1, 2, 3] and reg.participation("dev-b") == []
+    view = ServerView(name="home", registry=reg)
+    rows = {d["name"]: d for d in view.devices()}
+    assert rows["dev-b"]["renamed_to"] == "kitchen-pi" and rows["dev-b"]["rounds"] == 0 and rows["dev-b"]["state"] == "revoked"
+    assert rows["kitchen-pi"]["rounds"] == 4 and rows["kitchen-pi"]["renamed_to"] is None and rows["kitchen-pi"]["last_round"] == 3
+    page = render_page(view)
+    assert '<td class="presence revoked">renamed to kitchen-pi</td>' in page
+    reg.close()
+    # the waiting line names the devices that could take part and cannot: never a revoked (or forgotten) one
+    assert _not_eligible({"dev-a": "revoked", "pi": "offline"}) == "; not eligible: pi (offline)"
+    assert _not_eligible({"dev-a": "revoked"}) == ""

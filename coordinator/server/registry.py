@@ -386,11 +386,17 @@ class Registry:
             return [VersionRow(int(v), int(r), float(c), int(a), Path(p), json.loads(f)) for v, r, c, a, p, f in reversed(rows)]
 
     # ----------------------------------------------------------------------------- participation
-    def note_participation(self, round_: int, name: str, accuracy: float | None, macro_f1: float | None) -> None:
+    def note_participation(self, round_: int, name: str, accuracy: float | None, macro_f1: float | None, t: float | None = None) -> None:
         """Record that ``name`` contributed to round ``round_`` with these local figures (0..1, or None).
 
+        ``t`` (UNIX s, default now) is the row's time: ``serve`` gives the time the round opened, so
+        that a row never looks newer than an enrolment bundle written while the round was open (its
+        update may have come with the old password: the device has not shown that it loaded the
+        bundle, and :func:`coordinator.server.lifecycle.prune_bundles` keeps it).
         Writing the same (device, round) again replaces the row. A forgotten device's participation
-        is not recorded (the server holds nothing of it).
+        is not recorded (the server holds nothing of it). A renamed device's is recorded under its
+        new name (an update sent under the old name in the round open during ``rename``), so its
+        history stays in one piece.
 
         Raises
         ------
@@ -401,12 +407,16 @@ class Registry:
         acc = None if accuracy is None else float(accuracy)
         f1 = None if macro_f1 is None else float(macro_f1)
         with self._guard(), self._db:
-            row = self._db.execute("SELECT forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone()
+            for _ in range(16):  # a name renamed while its round was open: the row goes to the name it has now
+                row = self._db.execute("SELECT forgotten_unix, renamed_to FROM devices WHERE name = ?", (name,)).fetchone()
+                if row is None or row[1] is None:
+                    break
+                name = str(row[1])
             if row is not None and row[0] is not None:
                 return
             self._db.execute(
                 "INSERT OR REPLACE INTO participation (name, round, t, accuracy, macro_f1) VALUES (?, ?, ?, ?, ?)",
-                (name, int(round_), time.time(), acc, f1),
+                (name, int(round_), time.time() if t is None else float(t), acc, f1),
             )
 
     def participation_summary(self) -> dict[str, ParticipationSummary]:

@@ -507,6 +507,7 @@ class Server:
                         runner.note({"epoch": self.epoch})
                         self._open_round = round_
                         self._take_model_request()
+                        opened = time.time()
                         record = runner.run_round(round_)
                     except StateError:
                         raise
@@ -522,7 +523,7 @@ class Server:
                         self._failed = (round_, runner.last_failure, time.time())
                         continue
                     self._failed = None
-                    self._after_round(record)
+                    self._after_round(record, opened)
                     self._finish_model_request()
                     self._last_end = time.time()
                     self._retry_at = 0.0
@@ -706,8 +707,13 @@ class Server:
         self._waiting, self._waiting_logged = line, now
         log.info("%s%s", line, _not_eligible(left_out))
 
-    def _after_round(self, record: RoundRecord) -> None:
-        """Keep the round's global model as the next version, note each device's part, apply the retention."""
+    def _after_round(self, record: RoundRecord, opened_unix: float | None = None) -> None:
+        """Keep the round's global model as the next version, note each device's part, apply the retention.
+
+        ``opened_unix``: when the round opened (UNIX s; None: now), the time of its participation rows,
+        so that a bundle re-issued while the round was open is not taken as used by an update sent with
+        the old password (:func:`coordinator.server.lifecycle.prune_bundles`).
+        """
         spec, global_state = self.runner.model()
         newest = self._newest_version()
         version = 1 if newest is None else newest.version + 1
@@ -729,7 +735,7 @@ class Server:
         figures = {k: (None if isinstance(v, float) and v != v else v) for k, v in figures.items()}  # NaN is not JSON
         self.registry.add_version(version, record.round, spec.version, path, figures)
         for cid, m in sorted(ev.personalisation_clients.items()):
-            self.registry.note_participation(record.round, cid, m.accuracy, m.macro_f1)
+            self.registry.note_participation(record.round, cid, m.accuracy, m.macro_f1, t=opened_unix)
         prune_bundles(self.data_dir)  # devices that contributed have joined: their bundles (passwords) go
         log.info("round %d: model version %d kept in %s", record.round, version, path)
         rows = self.registry.versions()
@@ -752,5 +758,10 @@ def install_signals(server: Server) -> None:
 
 
 def _not_eligible(left_out: Mapping[str, str]) -> str:
-    """``"; not eligible: a (offline), b (no training windows)"`` for the waiting line, or "" when every device is."""
-    return "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in sorted(left_out.items())) if left_out else ""
+    """``"; not eligible: a (offline), b (no training windows)"`` for the waiting line, or "" when every device is.
+
+    Revoked devices are left out: they are no candidates (the devices table says revoked), and a
+    forgotten one's name must not come back on the page.
+    """
+    named = sorted((c, r) for c, r in left_out.items() if r != "revoked")
+    return "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in named) if named else ""

@@ -519,14 +519,15 @@ class ServerView:
         """One JSON object per device: enrolled ones, and any other the broker or the records show.
 
         Keys: ``name``, ``owner``, ``state`` ("enrolled", "revoked", "forgotten", or "unenrolled"
-        for a device the registry does not list), ``online`` (None: unknown, for an enrolled device
+        for a device the registry does not list), ``renamed_to`` (the name a renamed device has now,
+        else None; its rounds count under that name, so its own ``rounds`` is 0), ``online`` (None: unknown, for an enrolled device
         the broker showed while the page's broker link is down), ``status`` (its last status state
         or None), ``last_seen_unix``, ``rounds`` (rounds taken part in), ``last_round``,
         ``last_accuracy``, ``last_macro_f1`` (its own model on its own test split, latest round),
         ``arch_version`` (of the model after its latest round), ``backend``, ``program_fault``,
         ``fault`` (why the device says it cannot take part: storage or sensor, in its words; None: none),
         ``n_train``, ``n_test``, ``refresh_s`` (its status's refresh period, s),
-        ``last_contribution_unix`` (when the registry noted its latest contribution; None without
+        ``last_contribution_unix`` (when the round of its latest contribution opened; None without
         a registry row), ``sensing`` (:func:`sensing_json`: ``state`` "live"/"paused"/None,
         ``target_hz`` 50, ``rate_hz``, ``acc_hz``, ``gyro_hz``, ``rate_ok``,
         ``newest_window_age_s`` (the age now), ``window_stream_stopped``, ``gaps`` (last hour), ``late``,
@@ -554,10 +555,14 @@ class ServerView:
             seen = None if gone else snap.devices.get(name)
             own = took.get(name) if not gone else None
             last: tuple[int, float | None, float | None] | None
-            if name in part:
+            last_contribution: float | None
+            renamed_to = getattr(row, "renamed_to", None)
+            if renamed_to is not None:  # its participation moved to the new name: counted there, not twice
+                n_rounds, last, last_contribution = 0, None, None
+            elif name in part:
                 p = part[name]
                 n_rounds, last = p.rounds, (int(p.last.round), p.last.accuracy, p.last.macro_f1)
-                last_contribution: float | None = p.last_t
+                last_contribution = p.last_t
             else:
                 n_rounds = own.rounds if own is not None else 0
                 last = own.last if own is not None else None
@@ -577,6 +582,7 @@ class ServerView:
                 "name": name,
                 "owner": getattr(row, "owner", None),
                 "state": state,
+                "renamed_to": renamed_to,
                 "online": online,
                 "status": st.state if st is not None else None,
                 "last_seen_unix": seen.last_seen_unix if seen is not None else None,
@@ -877,7 +883,7 @@ def render_page(view: ServerView, query: str = "") -> str:
     ]
     for d in devs:
         presence = d["state"] if d["state"] in ("revoked", "forgotten") else ("online" if d["online"] else "offline")
-        label = "gone (forgotten)" if presence == "forgotten" else presence
+        label = "gone (forgotten)" if presence == "forgotten" else f"renamed to {_e(d['renamed_to'])}" if d.get("renamed_to") else presence
         if d["online"] is None:
             presence, label = "muted", "unknown (the broker cannot be reached)"
         fault = f'<br><span class="fault">cannot take part: {_e(d["fault"])}</span>' if d.get("fault") else ""
