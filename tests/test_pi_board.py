@@ -5,8 +5,12 @@ One test walks what an operator does, on a Debian bookworm arm64 root file syste
 fresh board), against this host's Mosquitto over TLS with per-device accounts:
 
 0. the unit copied by hand before any setup fails with 203 (no program) and stays failed;
-1. ``pi_setup.sh --wheelhouse`` installs offline; the unit starts and, with nothing recorded
-   yet, fails with exit 3 and stays failed (no restart loop);
+1. as README.md ("The home server", step 4) and docs/devices.md tell it: ``fedhar-coordinator
+   enrol pi-board`` on the host (its Mosquitto's accounts, reloaded) writes the enrolment bundle,
+   and ``pi_setup.sh --enrolment pi-board.json --wheelhouse`` installs offline from it (client id,
+   broker, federation, password and CA all from the bundle); scipy is in neither the wheelhouse
+   nor the service's venv (no device program needs it); the unit starts and, with nothing
+   recorded yet, fails with exit 3 and stays failed (no restart loop);
 2. ``fedhar-record`` records two activities from a replayed HAPT session as user ``fedhar``;
 3. the restarted unit (``--source recorded:hapt6``, numpy backend) trains 2 rounds next to an
    x86-64 client on the host; the host's coordinator counts both updates in each round;
@@ -17,7 +21,8 @@ fresh board), against this host's Mosquitto over TLS with per-device accounts:
 6. ``pi_setup.sh`` again converges (same env file, unit active); ``--uninstall --purge`` removes it.
 
 Under qemu-user systemd cannot mount a unit's credentials (LoadCredential=), so board.sh adds
-drop-ins that hand over the same password file from ExecStartPre (see board.sh); the 243 exit of
+drop-ins that hand over the same password file (the one pi_setup.sh wrote from the bundle) from
+ExecStartPre (see board.sh); the 243 exit of
 a missing password file is therefore not checked here, nor 217 (no user fedhar): with the
 drop-in, the privileged ExecStartPre fails first, and RestartPreventExitStatus= applies to the
 main process only. Needs root, debootstrap,
@@ -31,6 +36,7 @@ transcript: FEDHAR_BOARD_TRANSCRIPT (docs/board-run.txt holds one run).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -51,6 +57,7 @@ CACHE = Path(os.environ.get("FEDHAR_BOARD_CACHE", Path.home() / ".cache" / "fedh
 BOARD_ROOT = Path(os.environ.get("FEDHAR_BOARD_ROOT", CACHE / "pi-rootfs"))
 WHEELHOUSE = CACHE / "wheelhouse-aarch64"
 FED = "board"
+COORDINATOR = "fedhar-board-host"
 PI = "pi-board"
 X86 = "x86-01"
 
@@ -81,11 +88,18 @@ class Transcript:
         with open(self.path, "a") as f:
             f.write(f"\n## {text}\n")
 
-    def run(self, cmd: list[str], timeout: float, check: bool = True, show: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, cmd: list[str], timeout: float, check: bool = True, show: str | None = None, secret_qr: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd``; with ``secret_qr`` the QR code it prints (it holds a password) is left out of the transcript."""
         t0 = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         took = time.monotonic() - t0
         out = (r.stdout + r.stderr).rstrip()
+        if secret_qr:
+            kept = [ln for ln in out.splitlines() if not set(ln) <= set(" \u2580\u2584\u2588")]
+            gone = len(out.splitlines()) - len(kept)
+            out = "\n".join([f"[the QR code, {gone} lines, left out here: it holds the device's password]", *kept])
         with open(self.path, "a") as f:
             f.write(f"\n$ {show or ' '.join(cmd)}\n{out}\n[exit {r.returncode}, {took:.1f} s]\n")
         if check:
@@ -176,11 +190,10 @@ def test_the_pi_path_on_a_booted_arm64_board(booted: Board, tmp_path: Path, tran
     _certificates(tmp_path / "tls", t)
     out, port, tls_port = tmp_path / "broker", free_port(), free_port()
     t.run([sys.executable, str(ROOT / "firmware_scripts" / "mosquitto_config.py"), "--out", str(out), "--federation", FED,
-           "--clients", f"{PI},{X86},pi-nomod", "--port", str(port), "--tls-port", str(tls_port), "--tls-bind", "127.0.0.1",
+           "--clients", f"{X86},pi-nomod", "--port", str(port), "--tls-port", str(tls_port), "--tls-bind", "127.0.0.1",
+           "--public-host", "127.0.0.1",
            "--broker-user", "root", "--tls-cert", str(tmp_path / "tls" / "server.crt"),
            "--tls-key", str(tmp_path / "tls" / "server.key"), "--tls-ca", str(tmp_path / "tls" / "ca.crt")], 120)  # fmt: skip
-    shutil.copy(tmp_path / "tls" / "ca.crt", host / "ca.crt")
-    shutil.copy(out / "credentials" / f"{PI}.password", host / f"{PI}.password")
     shutil.copy(out / "credentials" / "pi-nomod.password", host / "pi-nomod.password")
     procs: list[subprocess.Popen[bytes]] = []
     mlog = open(tmp_path / "mosquitto.log", "wb")  # noqa: SIM115 - closed in finally
@@ -201,12 +214,35 @@ def test_the_pi_path_on_a_booted_arm64_board(booted: Board, tmp_path: Path, tran
         b.sh("journalctl --no-pager -u fedhar-client@pi-early | grep -E 'Failed at step|Main process exited'")
         b.sh("/mnt/fedhar/firmware_scripts/pi_setup.sh --client-id pi-early --uninstall --purge")
 
-        t.note("1. pi_setup.sh from the wheelhouse; nothing recorded yet, so the unit fails with 3 and is not restarted")
-        setup = f"/mnt/fedhar/firmware_scripts/pi_setup.sh --client-id {PI} --broker 127.0.0.1:{tls_port} --federation {FED}"
-        setup += f" --password-file /mnt/host/{PI}.password --tls-ca /mnt/host/ca.crt --wheelhouse /mnt/wheelhouse"
-        b.sh(setup, timeout=1800)
+        t.note("1. fedhar-coordinator enrol on the host; pi_setup.sh --enrolment on the board (no scipy); nothing recorded yet: exit 3")
+        data = tmp_path / "server-data"
+        data.mkdir()
+        (data / "server.toml").write_text(f'[server]\nname = "{COORDINATOR}"\nbroker_dir = "{out}"\n')
+        console = Path(sys.executable).with_name("fedhar-coordinator")
+        enrol = [str(console)] if console.exists() else [sys.executable, "-m", "coordinator.cli"]
+        r = t.run([*enrol, "enrol", PI, "--owner", "board", "--data", str(data)], 120, secret_qr=True)
+        assert f"{PI} enrolled." in r.stdout
+        bundle = json.loads((data / "enrolment" / f"{PI}.json").read_text())
+        assert (bundle["coordinator"], bundle["federation"], bundle["client_id"]) == (COORDINATOR, FED, PI)
+        assert (bundle["host"], bundle["port"]) == ("127.0.0.1", tls_port)
+        assert bundle["tls_ca_pem"].strip() == (tmp_path / "tls" / "ca.crt").read_text().strip()
+        shutil.copy(data / "enrolment" / f"{PI}.json", host / f"{PI}.json")  # what an operator copies to the Pi
+        setup = f"/mnt/fedhar/firmware_scripts/pi_setup.sh --enrolment /mnt/host/{PI}.json --wheelhouse /mnt/wheelhouse"
+        r = b.sh(setup, timeout=1800)
+        assert f"enrolment bundle /mnt/host/{PI}.json: client {PI} of federation {FED} (coordinator {COORDINATOR}), " \
+               f"broker 127.0.0.1:{tls_port}" in r.stdout  # fmt: skip
+        # The bundle's password and CA, installed for the unit (root, 0600 for the password); the password never shown.
+        files = b.sh(f"stat -c '%a %U %n' /etc/fedhar/{PI}.password /etc/fedhar/{PI}.ca.crt && "
+                     f"sha256sum /etc/fedhar/{PI}.password && cat /etc/fedhar/{PI}.ca.crt").stdout  # fmt: skip
+        assert f"600 root /etc/fedhar/{PI}.password" in files and f"644 root /etc/fedhar/{PI}.ca.crt" in files
+        assert hashlib.sha256(bundle["password"].encode()).hexdigest() + f"  /etc/fedhar/{PI}.password" in files
+        assert bundle["tls_ca_pem"].strip() in files
+        # No scipy: none in the wheelhouse, none in the service's venv, yet the setup's own check passed.
+        r = b.sh("ls /mnt/wheelhouse | grep -ic scipy; /opt/fedhar/.venv/bin/python -c 'import scipy'", check=False)
+        assert r.returncode == 1 and r.stdout.strip() == "0" and "ModuleNotFoundError: No module named 'scipy'" in r.stderr, r
         env_first = b.sh(f"cat /etc/fedhar/client-{PI}.env").stdout
-        assert "FEDHAR_CLIENT_ARGS=--tls-ca /etc/fedhar/ca.crt --backend numpy" in env_first
+        assert f"FEDHAR_BROKER=127.0.0.1:{tls_port}\nFEDHAR_FEDERATION={FED}\n" in env_first
+        assert f"FEDHAR_CLIENT_ARGS=--tls-ca /etc/fedhar/{PI}.ca.crt --backend numpy" in env_first
         props = b.wait_unit(f"fedhar-client@{PI}", "failed", 300)
         time.sleep(20)  # longer than RestartSec=15: a restart would have happened by now
         props = b.unit(f"fedhar-client@{PI}")
