@@ -24,8 +24,13 @@ Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and 
   acknowledgements, so memory stays bounded;
 * a packet the broker refused (MQTT 5 reason code, or the connection dropped while it was in
   flight) is taken out of paho's queue, never re-sent unchanged, and the link's chunk size
-  is halved for the next attempt. paho 2.x has no public call for that: :meth:`MqttLink._forget`
-  and ``_on_disconnect`` read and edit its ``_out_messages`` under its ``_out_message_mutex``.
+  is halved for the next attempt. The cut it belongs to is given up whole: its other chunks
+  still in paho's queue (the short last one fits any limit) are taken out too, before paho
+  could send them again after the reconnection, where they would arrive among the chunks
+  of the smaller cut and make a receiver restart the transfer
+  (:class:`har_models.wire.chunking.Reassembler` restarts a transfer whose chunks announce
+  another count), losing the chunks it already had. paho 2.x has no public call for that:
+  :meth:`MqttLink._take_out` reads and edits its ``_out_messages`` under its ``_out_message_mutex``.
 
 Where and how to log in (address, credentials, TLS) is :class:`har_io.broker_config.BrokerConfig`.
 """
@@ -87,6 +92,21 @@ class BrokerRefused(RuntimeError):
 
 class PacketRejected(RuntimeError):
     """The broker refused or dropped a packet because of its size; the link now cuts smaller chunks."""
+
+
+class _Cut:
+    """The chunk messages of one :meth:`MqttLink._publish_cut` call: their ids, and whether the cut was given up.
+
+    A cut is given up once the broker refused one of its messages; its messages still
+    unacknowledged then leave paho's queue (:meth:`MqttLink._give_up`) and no more are sent.
+    ``mids`` changes under the link's ``_state_lock``, ``given_up`` under its ``_ack``.
+    """
+
+    __slots__ = ("given_up", "mids")
+
+    def __init__(self) -> None:
+        self.mids: set[int] = set()
+        self.given_up = False
 
 
 MAX_LOOP_RESUMES = 5
@@ -244,6 +264,7 @@ class MqttLink:
         self._inflight: dict[int, int] = {}  # mid -> payload bytes, until acknowledged
         self._refused: dict[int, str] = {}  # mid -> why the broker refused it
         self._acked: OrderedDict[int, None] = OrderedDict()  # mids the broker acknowledged (the newest 4096)
+        self._cuts: set[_Cut] = set()  # the chunk cuts being published now
         self._ack = threading.Condition()
         self._state_lock = threading.Lock()
         self._life_lock = threading.Lock()  # start, stop and the MQTT 3.1.1 rebuild of the client
@@ -384,6 +405,8 @@ class MqttLink:
         self._waits = 0
         self.broker_max_packet = getattr(properties, "MaximumPacketSize", None) if self.protocol == "5" else None
         self.connects += 1
+        # paho sends its queue again right after this callback returns: a refused cut's chunks must be out of it.
+        self._give_up_refused_cuts()
         for topic, qos in self.subscriptions:
             client.subscribe(topic, qos)
         self.connected.set()
@@ -444,20 +467,63 @@ class MqttLink:
         self.inbox.put((msg.topic, self._intern(payload) if self._intern is not None else payload, bool(msg.retain)))
 
     def _forget(self, mids: dict[int, int], why: str) -> None:
-        """Take packets out of paho's resend queue (paho 2.x keeps them in ``_out_messages``)."""
-        c = self._client
-        with c._out_message_mutex:
-            for mid in mids:
-                msg = c._out_messages.pop(mid, None)
-                if msg is not None and msg.qos > 0:
-                    c._inflight_messages = max(0, c._inflight_messages - 1)
-                self._refused[mid] = why
+        """Take refused packets (mid -> payload bytes) out of paho's resend queue and record the refusal."""
+        self._take_out(mids)
         with self._ack:
+            for mid in mids:
+                self._refused[mid] = why
             self._ack.notify_all()
         with self._state_lock:
             for mid in mids:
                 self._inflight.pop(mid, None)
         self.note_refused(max(mids.values()))
+
+    def _take_out(self, mids: Collection[int]) -> list[int]:
+        """Take messages out of paho's queue, so paho never sends them (again); return the ids that were in it.
+
+        paho 2.x keeps every unacknowledged QoS 1 message in ``_out_messages`` and sends them all
+        again after a reconnect; it has no public call to drop one.
+        """
+        c = self._client
+        gone = []
+        with c._out_message_mutex:
+            for mid in mids:
+                msg = c._out_messages.pop(mid, None)
+                if msg is None:
+                    continue
+                gone.append(mid)
+                if msg.state in (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec):  # what paho counts in flight
+                    c._inflight_messages = max(0, c._inflight_messages - 1)
+        return gone
+
+    def _give_up(self, cut: _Cut) -> None:
+        """Send no more of ``cut`` and take its unacknowledged messages out of paho's queue (any thread)."""
+        with self._ack:
+            cut.given_up = True
+        with self._state_lock:
+            mids = list(cut.mids)
+        gone = self._take_out(mids)
+        with self._state_lock:
+            for mid in gone:
+                self._inflight.pop(mid, None)
+        if gone:
+            log.info("%s: %d queued chunk(s) of a refused cut withdrawn; it goes again in smaller chunks", self.client_name, len(gone))
+        with self._ack:
+            self._ack.notify_all()
+
+    def _give_up_refused_cuts(self) -> None:
+        """Give up every cut being published that the broker refused a message of (paho's thread, on connect).
+
+        The main thread gives a cut up as soon as it sees the refusal; this catches a cut whose
+        refusal it has not seen yet when paho reconnects and would send the cut's rest again.
+        """
+        with self._publish_lock:  # no chunk is between paho's publish() and its cut's record
+            with self._state_lock:
+                cuts = [(cut, list(cut.mids)) for cut in self._cuts]
+            with self._ack:
+                refused = [cut for cut, mids in cuts if cut.given_up or any(mid in self._refused for mid in mids)]
+            for cut in refused:
+                self._give_up(cut)
 
     def note_refused(self, refused_payload: int) -> None:
         """Cut later chunks to half of ``refused_payload`` bytes (floor :data:`MIN_CHUNK_BYTES`): a message that size was lost."""
@@ -720,24 +786,39 @@ class MqttLink:
         size: int,
         only: Collection[int] | None,
     ) -> int:
+        cut = _Cut()
+        with self._state_lock:
+            self._cuts.add(cut)
         pending: list[mqtt.MQTTMessageInfo] = []
         n = 0
-        for i, chunk in enumerate(iter_chunks(payload, size)):
-            n += 1
-            if only is not None and i not in only:
-                continue
-            pending.append(self._send(topic_of(i), chunk, 1, retain, deadline))
-            if len(pending) >= PUBLISH_WINDOW:
-                self._wait(pending.pop(0), deadline)
-        for info in pending:
-            self._wait(info, deadline)
+        try:
+            for i, chunk in enumerate(iter_chunks(payload, size)):
+                n += 1
+                if only is not None and i not in only:
+                    continue
+                pending.append(self._send(topic_of(i), chunk, 1, retain, deadline, cut))
+                if len(pending) >= PUBLISH_WINDOW:
+                    self._wait(pending.pop(0), deadline, cut)
+            for info in pending:
+                self._wait(info, deadline, cut)
+        except PacketRejected:
+            # The payload goes again in smaller chunks: none of this cut may follow them onto the wire.
+            self._give_up(cut)
+            raise
+        finally:
+            with self._state_lock:
+                self._cuts.discard(cut)
+                mids = list(cut.mids)
+            with self._ack:
+                for mid in mids:  # refusals of chunks nobody waited for
+                    self._refused.pop(mid, None)
         return n
 
     def chunk_size(self, topic_of: Callable[[int], str]) -> int:
         """Chunk message size for topics ``topic_of(i)`` under every known limit (bytes)."""
         return max(CHUNK_HEADER_BYTES + 1, self.payload_limit(topic_of(10**9)))
 
-    def _send(self, topic: str, payload: bytes, qos: int, retain: bool, deadline: float) -> mqtt.MQTTMessageInfo:
+    def _send(self, topic: str, payload: bytes, qos: int, retain: bool, deadline: float, cut: _Cut | None = None) -> mqtt.MQTTMessageInfo:
         while True:
             while not self.connected.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
                 if self.fatal is not None:
@@ -750,6 +831,9 @@ class MqttLink:
                 raise PacketRejected(f"{self.client_name}: a {len(payload)}-byte message is over the {self.size_cap} bytes "
                                      f"left after the broker refused a larger one")  # fmt: skip
             with self._publish_lock:
+                if cut is not None and cut.given_up:
+                    raise PacketRejected(f"{self.client_name}: the broker refused a chunk cut like this one; "
+                                         f"the rest of the cut is not sent")  # fmt: skip
                 info = self._client.publish(topic, payload, qos=qos, retain=retain)
                 # At QoS 1 paho keeps the message and sends it (again) after a reconnect when the
                 # link just dropped (NO_CONN, CONN_LOST): track it like a sent one, never publish a copy.
@@ -757,6 +841,8 @@ class MqttLink:
                 if queued:
                     with self._state_lock:
                         self._inflight[info.mid] = len(payload)
+                        if cut is not None:
+                            cut.mids.add(info.mid)
             if not queued and info.rc in (mqtt.MQTT_ERR_NO_CONN, mqtt.MQTT_ERR_CONN_LOST):  # QoS 0: try again once reconnected
                 time.sleep(0.1)
                 continue
@@ -765,7 +851,7 @@ class MqttLink:
             self.bytes_sent += len(payload)
             return info
 
-    def _wait(self, info: mqtt.MQTTMessageInfo, deadline: float) -> None:
+    def _wait(self, info: mqtt.MQTTMessageInfo, deadline: float, cut: _Cut | None = None) -> None:
         mid = info.mid
         with self._ack:
             while True:
@@ -773,6 +859,8 @@ class MqttLink:
                 # taken out of its queue is never acknowledged: check the refusal first.
                 why = self._refused.pop(mid, None)
                 if why is not None:
+                    if cut is not None:
+                        cut.given_up = True  # before the refusal leaves _refused, where paho's thread looks for it
                     self._acked.pop(mid, None)
                     with self._state_lock:
                         self._inflight.pop(mid, None)
@@ -785,7 +873,12 @@ class MqttLink:
                     del self._acked[mid]
                     with self._state_lock:
                         self._inflight.pop(mid, None)
+                        if cut is not None:
+                            cut.mids.discard(mid)
                     return
+                if cut is not None and cut.given_up:  # paho's thread took this chunk out with the rest of its cut
+                    raise PacketRejected(f"{self.client_name}: the broker refused a chunk of this cut; chunks are now cut to "
+                                         f"{self.size_cap} bytes")  # fmt: skip
                 if self.fatal is not None:
                     raise self.fatal
                 left = deadline - time.monotonic()

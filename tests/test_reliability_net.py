@@ -11,10 +11,12 @@ import json
 import math
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -183,6 +185,62 @@ def test_a_refused_packet_is_never_sent_again_unchanged(tmp_path, setting, versi
         finally:
             link.stop()
             w.close()
+
+
+def test_no_chunk_of_a_refused_cut_is_sent_after_the_reconnection(tmp_path):
+    """The broker closes the connection on the first chunk of a cut; the cut's other chunks, queued
+    behind it, are given up with it. Its last chunk (112 bytes, under any limit) sent again after the
+    reconnection reached the subscriber among the smaller cut's chunks, whose count differs, so the
+    receiver restarted the transfer and lost what it had (this test's neighbour failed that way under
+    load); a big one sent again made the broker close the connection once more.
+
+    The broker is held (SIGSTOP) while the link queues the whole cut, so the refusal always comes
+    with every chunk of the cut in paho's queue.
+    """
+    cid = "t-rest"
+    with mosquitto(tmp_path, "max_packet_size 262144") as b:
+        assert b.proc is not None
+        w = Watcher(b.port, "t/update/+")
+        # 600,000 bytes in chunk messages of 300,028 bytes: two the broker refuses, then a 112-byte rest.
+        link = MqttLink(BrokerConfig(port=b.port, mqtt_version="3.1.1", max_message_bytes=300_028), cid)
+        payload = os.urandom(600_000)
+        first = split_payload(payload, 300_028)
+        assert [len(c) for c in first] == [300_028, 300_028, 112]
+        result: dict[str, object] = {}
+
+        def send() -> None:
+            try:
+                result["chunks"] = link.publish_chunks(lambda i: f"t/update/{i}", payload, timeout=60)
+            except Exception as exc:  # reported by the assertion below
+                result["error"] = exc
+
+        sender = threading.Thread(target=send)
+        try:
+            assert link.start(WAIT_S)
+            b.proc.send_signal(signal.SIGSTOP)
+            try:
+                sender.start()
+                end = time.monotonic() + WAIT_S
+                while link.bytes_sent < sum(map(len, first)) and time.monotonic() < end:
+                    time.sleep(0.01)
+                assert link.bytes_sent == sum(map(len, first))  # the whole first cut is in paho's hands
+            finally:
+                b.proc.send_signal(signal.SIGCONT)
+            sender.join(60)
+            assert result == {"chunks": 5} and link.size_cap == 150_014 and link.connects == 2
+            assert _reassemble(w, 5) == payload
+        finally:
+            link.stop()
+            w.close()
+            sender.join(60)
+        end = time.monotonic() + WAIT_S
+        while b.count(f"Received DISCONNECT from {cid}") == 0 and time.monotonic() < end:
+            time.sleep(0.05)
+        # The broker logs a PUBLISH it took, not one it refused. Before its DISCONNECT it took the second cut only.
+        pattern = rf"Received PUBLISH from {cid} \(d\d, q1, r0, m\d+, '(t/update/\d+)', \.\.\. \((\d+) bytes\)\)"
+        took = re.findall(pattern, b.log.read_text())
+        assert sorted(took) == [(f"t/update/{i}", "150014") for i in range(4)] + [("t/update/4", "224")]
+        assert b.count(f"Received DISCONNECT from {cid}") == 1 and b.count("disconnected due to oversize packet") == 1
 
 
 def test_a_silently_dropping_broker_is_detected_end_to_end_and_the_update_arrives(tmp_path):
