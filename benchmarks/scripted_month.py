@@ -43,16 +43,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tarfile
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -61,10 +58,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulation.broker import find_mosquitto, free_port, stop_process, wait_for_port
-
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "upgrade-2ffcc27.tar.gz"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.upgrade_fixture import move_upgrade_fixture, mqtt_login  # noqa: E402
+
+from simulation.broker import find_mosquitto, free_port, stop_process, wait_for_port  # noqa: E402
+
 HAPT = ROOT / "datasets" / "hapt"
 FED = "homefed"
 NEW_NAME = "kitchen-pi"
@@ -75,55 +76,6 @@ REFUSED = (4, 5, 134, 135)  # CONNACK: bad user name or password / not authorise
 
 class Missing(RuntimeError):
     """A program or library the run needs is not installed (exit 2)."""
-
-
-def move_fixture(tmp: Path) -> tuple[Path, int, int]:
-    """Unpack the upgrade fixture under ``tmp``; point its files at their new place, new ports and this account.
-
-    Returns (root folder holding ``data``, ``broker`` and ``pki``; plain port; TLS port).
-    """
-    with tarfile.open(FIXTURE) as tar:
-        tar.extractall(tmp, filter="data")
-    root = tmp / "root"
-    made = json.loads((root / "made.json").read_text())
-    port, tls_port = free_port(), free_port()
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    for rel in ("data/server.toml", "broker/mosquitto.conf", "broker/fedhar-broker.json"):
-        f = root / rel
-        text = f.read_text().replace(made["root"], str(root))
-        for old, new in ((made["port"], port), (made["tls_port"], tls_port)):
-            text = text.replace(f"listener {old} ", f"listener {new} ")
-        text = text.replace(f'"port": {made["port"]},', f'"port": {port},').replace(
-            f'"tls_port": {made["tls_port"]},', f'"tls_port": {tls_port},'
-        )
-        text = text.replace("\nuser root\n", f"\nuser {me}\n").replace('"broker_user": "root"', f'"broker_user": "{me}"')
-        f.write_text(text)
-    return root, port, tls_port
-
-
-def mqtt_login(port: int, user: str, password: str) -> int:
-    """The CONNACK code of a login on the broker's plain listener: 0 accepted, one of :data:`REFUSED` refused."""
-    import paho.mqtt.client as mqtt
-
-    got: list[int] = []
-    done = threading.Event()
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"probe-{user}-{time.monotonic_ns()}")
-    c.username_pw_set(user, password)
-
-    def on_connect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
-        got.append(int(rc.value if hasattr(rc, "value") else rc))
-        done.set()
-
-    c.on_connect = on_connect
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        if not done.wait(10):
-            raise RuntimeError(f"no CONNACK for {user} on port {port}")
-    finally:
-        c.loop_stop()
-        c.disconnect()
-    return got[0]
 
 
 def get(port: int, path: str) -> str:
@@ -367,7 +319,7 @@ def _said(page: dict[str, Any], names: list[str]) -> str:
 # ---------------------------------------------------------------------- the month
 def run_month(m: Month) -> None:
     """The eight steps in order (module docstring)."""
-    m.root, m.port, m.tls_port = move_fixture(m.work)
+    m.root, _, m.port, m.tls_port = move_upgrade_fixture(m.work)
     m.data = m.root / "data"
     toml = m.data / "server.toml"
     m.http = free_port()

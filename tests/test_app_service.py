@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.polling import poll
 
 from edge_client.app.controller import AppConfig
 from edge_client.app.service import STATUS_FILE, RemoteController, read_json, run_service
@@ -19,13 +20,6 @@ from har_models.data.labels import HAPT_LABELS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _wait(cond, timeout_s: float = 60.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow
@@ -45,16 +39,16 @@ def test_ui_drives_the_service_through_the_files(tmp_path):
     service = threading.Thread(target=run_service, kwargs=kwargs)
     service.start()
     try:
-        assert _wait(lambda: (tmp_path / STATUS_FILE).exists())
+        assert poll(lambda: (tmp_path / STATUS_FILE).exists())
         ui.start_recording("walking_upstairs")
-        assert _wait(lambda: ui.counts().get("walking_upstairs", 0) >= 16)  # enough to train on (10 training windows)
-        assert _wait(lambda: ui.recorder.recording and ui.recorder.session_windows >= 5)  # the service's own view
+        assert poll(lambda: ui.counts().get("walking_upstairs", 0) >= 16)  # enough to train on (10 training windows)
+        assert poll(lambda: ui.recorder.recording and ui.recorder.session_windows >= 5)  # the service's own view
         ui.stop_recording()
-        assert _wait(lambda: read_json(tmp_path / STATUS_FILE)["recording"] is None)
+        assert poll(lambda: read_json(tmp_path / STATUS_FILE)["recording"] is None)
         ui.set_take_part(True)
-        assert _wait(lambda: ui.federation.state == "waiting for charger" and ui.federation.take_part)
+        assert poll(lambda: ui.federation.state == "waiting for charger" and ui.federation.take_part)
         ui.set_charge_only(False)
-        assert _wait(lambda: ui.federation.state in ("connecting", "disconnected") and not ui.federation.charge_only)
+        assert poll(lambda: ui.federation.state in ("connecting", "disconnected") and not ui.federation.charge_only)
     finally:
         stop.set()
         service.join(60)
@@ -83,9 +77,9 @@ def _controller(tmp_path, **cfg_kw):
 
 def _record(ctl, activity: str = "walking", n: int = 20) -> None:
     ctl.start_recording(activity)
-    assert _wait(lambda: ctl.counts().get(activity, 0) >= n)
+    assert poll(lambda: ctl.counts().get(activity, 0) >= n)
     ctl.stop_recording()
-    assert _wait(lambda: ctl.store.window_counts().n_train >= 0.8 * n - 2)
+    assert poll(lambda: ctl.store.window_counts().n_train >= 0.8 * n - 2)
 
 
 def test_password_is_stored_private_and_never_in_settings_or_logs(tmp_path, caplog):
@@ -129,7 +123,7 @@ def test_not_enough_data_says_how_many_windows_are_needed(tmp_path):
     ctl, views = _controller(tmp_path, broker="127.0.0.1:1")
     try:
         ctl.set_take_part(True)
-        assert _wait(lambda: views and views[-1].state == "not enough data")
+        assert poll(lambda: views and views[-1].state == "not enough data")
         assert views[-1].error == (
             "nothing to train on: 0 training windows recorded, 10 needed; record about 13 more windows (0.6 min of an activity)"
         )
@@ -145,7 +139,7 @@ def test_unreachable_broker_is_named_and_the_agent_is_not_restarted_in_a_loop(tm
     try:
         _record(ctl)
         ctl.set_take_part(True)
-        assert _wait(lambda: views and views[-1].error.startswith("broker unreachable"), 30)
+        assert poll(lambda: views and views[-1].error.startswith("broker unreachable"), 30)
         v = views[-1]
         assert v.error == (
             f"broker unreachable: connection refused at 127.0.0.1:{port}"
@@ -172,21 +166,21 @@ def test_refused_login_and_wrong_ca_in_words_with_exponential_back_off(tmp_path,
 
         ctl._start_agent = counted
         ctl.set_take_part(True)
-        assert _wait(lambda: views and views[-1].error.startswith("login refused"), 30)
-        assert _wait(lambda: len(starts) >= 4, 90)
+        assert poll(lambda: views and views[-1].error.startswith("login refused"), 30)
+        assert poll(lambda: len(starts) >= 4, 90)
         gaps = np.diff(starts[:4])
         # back-off 2, 4, 8 s after each failed run (a run lasts the connection attempt); once a second
         # the four starts would lie about 1 s apart
         assert np.all(gaps >= np.array([2.0, 4.0, 8.0])), gaps
-        assert _wait(lambda: views[-1].state == "failed" and views[-1].retry_in_s is not None and views[-1].restarts >= 3, 30)
+        assert poll(lambda: views[-1].state == "failed" and views[-1].retry_in_s is not None and views[-1].restarts >= 3, 30)
         assert views[-1].error.startswith("login refused")
         ctl.set_federation(password=broker.password("phone-1"), tls_ca=str(broker.wrong_ca))
-        assert _wait(lambda: views[-1].error.startswith("wrong CA certificate"), 30)
+        assert poll(lambda: views[-1].error.startswith("wrong CA certificate"), 30)
         assert views[-1].error == (
             f"wrong CA certificate: the broker's certificate is not signed by {broker.wrong_ca}; choose the CA that signed it"
         )
         ctl.set_federation(tls_ca=str(broker.ca))
-        assert _wait(lambda: views[-1].state == "connected" and views[-1].error == "", 30)
+        assert poll(lambda: views[-1].state == "connected" and views[-1].error == "", 30)
         assert views[-1].restarts == 0  # new settings start the count again
     finally:
         ctl.close()
@@ -205,11 +199,11 @@ def test_missing_backend_is_named(tmp_path):
         sys.path.insert(0, {str(ROOT / "tests")!r})
         import time
         from pathlib import Path
-        from test_app_service import _controller, _record, _wait
+        from test_app_service import _controller, _record, poll
         ctl, views = _controller(Path({str(tmp_path)!r}), broker="127.0.0.1:1", backend="torch")
         _record(ctl)
         ctl.set_take_part(True)
-        ok = _wait(lambda: views and "cannot run here" in views[-1].error, 30)
+        ok = poll(lambda: views and "cannot run here" in views[-1].error, 30)
         print(views[-1].state, "|", views[-1].error)
         ctl.close()
         """
@@ -241,11 +235,11 @@ def test_federation_settings_reach_the_service(tmp_path):
     service = threading.Thread(target=run_service, kwargs=kwargs)
     service.start()
     try:
-        assert _wait(lambda: (tmp_path / STATUS_FILE).exists())
+        assert poll(lambda: (tmp_path / STATUS_FILE).exists())
         ui.set_federation(client_id="phone-9", federation="home", username="phone-9", password="pw-one", backend="numpy")
         want = {"client_id": "phone-9", "federation": "home", "username": "phone-9", "password_set": True, "backend": "numpy"}
         # read from the status file the service writes (the UI's own view is updated at once, so it proves nothing)
-        assert _wait(lambda: {k: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get(k) for k in want} == want)
+        assert poll(lambda: {k: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get(k) for k in want} == want)
         stamp = json.loads((tmp_path / "app_settings.json").read_text())["password_stamp"]
         time.sleep(0.02)
         ui.set_federation(password="pw-two")  # same file, new password: the stamp changes, so the service restarts its agent
@@ -284,7 +278,7 @@ def test_leaving_through_the_service_is_done_once_even_across_a_restart(tmp_path
     stop, service = start()
     try:
         ui.set_federation(client_id="phone-9", broker=f"127.0.0.1:{mosquitto}", federation="home", username="phone-9", password="pw-1")
-        assert _wait(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get("client_id") == "phone-9")
+        assert poll(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("federation", {}).get("client_id") == "phone-9")
         out = ui.leave(forget=True, wait_s=30.0)
         assert out.told and out.forget and out.not_told == ""
         assert out.deleted == ("the broker password and certificate of the enrolment", "the local model and its training state")
@@ -302,7 +296,7 @@ def test_leaving_through_the_service_is_done_once_even_across_a_restart(tmp_path
     restarted = time.time()
     stop, service = start()
     try:
-        assert _wait(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("time", 0) > restarted + 0.3)  # the new service runs
+        assert poll(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("time", 0) > restarted + 0.3)  # the new service runs
         assert (read_json(tmp_path / STATUS_FILE) or {})["federation"]["password_set"] is True
         time.sleep(0.5)  # several polls of the settings file
         assert (tmp_path / "credentials" / "mqtt.password").read_text() == "pw-2"

@@ -12,14 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
+from support.upgrade_fixture import mqtt_login
 
 from coordinator.record import Evaluation, FedDwaWeights, Metrics, Participation, Rejection, RoundRecord, records
 from coordinator.report import write_report
@@ -32,28 +31,6 @@ from coordinator.state import RunState
 
 ROOT = Path(__file__).resolve().parents[1]
 FED = "life"
-
-
-def _login(port: int, user: str, password: str) -> int:
-    """The CONNACK reason code of a login on the broker's plain listener (0 accepted, 5/135 not authorised)."""
-    got: list[int] = []
-    done = threading.Event()
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"probe-{user}-{time.monotonic_ns()}")
-    c.username_pw_set(user, password)
-
-    def on_connect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
-        got.append(int(rc.value if hasattr(rc, "value") else rc))
-        done.set()
-
-    c.on_connect = on_connect
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        assert done.wait(10), "no CONNACK"
-    finally:
-        c.loop_stop()
-        c.disconnect()
-    return got[0]
 
 
 def _data(tmp_path: Path, b: Any) -> Path:
@@ -101,7 +78,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
 
     # --- reissue: through the command line, as an operator runs it
     old = pw("dev-a")
-    assert _login(b.port, "dev-a", old) == 0
+    assert mqtt_login(b.port, "dev-a", old) == 0
     reg = Registry(data)
     reg.note_participation(0, "dev-a", 0.8, 0.7)
     reg.close()
@@ -110,8 +87,8 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     assert r.returncode == 0, r.stderr
     new = pw("dev-a")
     assert new != old and new not in r.stdout + r.stderr and "re-issued" in r.stdout
-    assert _login(b.port, "dev-a", old) in (4, 5, 134, 135)  # refused at once: bad user name or password / not authorised
-    assert _login(b.port, "dev-a", new) == 0
+    assert mqtt_login(b.port, "dev-a", old) in (4, 5, 134, 135)  # refused at once: bad user name or password / not authorised
+    assert mqtt_login(b.port, "dev-a", new) == 0
     reg = Registry(data)
     assert [p.round for p in reg.participation("dev-a")] == [0] and reg.is_enrolled("dev-a")  # same history
     reg.close()
@@ -127,8 +104,8 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     js = bundle[0]
     assert js == data / "enrolment" / "phone-anna.json" and not (data / "enrolment" / "dev-a.json").exists()
     assert any("broker account and ACL removed" in line for line in done)
-    assert _login(b.port, "dev-a", new) in (4, 5, 134, 135)
-    assert _login(b.port, "phone-anna", pw("phone-anna")) == 0
+    assert mqtt_login(b.port, "dev-a", new) in (4, 5, 134, 135)
+    assert mqtt_login(b.port, "phone-anna", pw("phone-anna")) == 0
     acl = (b.out / "acl").read_text()
     assert "user phone-anna" in acl and "user dev-a\n" not in acl
     assert (personal / "phone-anna.safetensors").read_bytes() == b"model of dev-a" and not (personal / "dev-a.safetensors").exists()

@@ -14,11 +14,11 @@ import logging
 import os
 import stat
 import sys
-import time
 import types
 from pathlib import Path
 
 import pytest
+from support.polling import poll
 
 from edge_client.app import scanner
 from edge_client.app.controller import PASSWORD_FILE, AppConfig, DeviceController, enrolment_fields
@@ -38,13 +38,6 @@ def _bundle(**over: object) -> EnrolmentBundle:
     return EnrolmentBundle(**kw)
 
 
-def _wait(cond, timeout_s: float = 30.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _controller(state: Path, **cfg_kw) -> tuple[DeviceController, list]:
@@ -214,13 +207,13 @@ def test_a_phone_enrolled_by_a_bundle_joins_the_tls_broker(tmp_path, tls_mosquit
     ctl, views = _controller(tmp_path / "state", backend="numpy")
     try:
         ctl.start_recording("walking")
-        assert _wait(lambda: ctl.counts().get("walking", 0) >= 20, 60)
+        assert poll(lambda: ctl.counts().get("walking", 0) >= 20, 60)
         ctl.stop_recording()
         b = _bundle(password=broker.password("phone-anna"), port=broker.tls_port, tls_ca_pem=broker.ca.read_text())
         ctl.enrol(b.to_json())
         ctl.set_charge_only(False)
         ctl.set_take_part(True)
-        assert _wait(lambda: views and views[-1].state == "connected" and views[-1].error == "", 60), views[-1:]
+        assert poll(lambda: views and views[-1].state == "connected" and views[-1].error == "", 60), views[-1:]
     finally:
         ctl.close()
     assert "u'phone-anna'" in broker.log.read_text()

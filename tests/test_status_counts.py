@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.mqtt_watcher import Watcher
+from support.polling import poll
 from support.replay_day import hapt_day
 
 from edge_client.agent import ClientConfig, EdgeAgent
@@ -31,13 +32,6 @@ SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=0)
 WALKING, SITTING = HAPT_LABELS.index("walking"), HAPT_LABELS.index("sitting")
 
 
-def _wait(cond, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow
@@ -53,7 +47,7 @@ def test_a_relabel_while_the_agent_runs_is_in_the_next_status_with_the_exact_cou
     ctl = DeviceController(cfg, source, charging=lambda: True, battery=lambda: None, supervise_s=0.1)
     try:
         ctl.start_sensing()
-        assert _wait(lambda: not source.running, 60), "the 35 s replay did not end within a minute"
+        assert poll(lambda: not source.running, 60), "the 35 s replay did not end within a minute"
         ctl.set_take_part(True)
 
         def status(pred):

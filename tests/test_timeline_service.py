@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.polling import poll
 
 from edge_client.app.controller import AppConfig
 from edge_client.app.service import STATUS_FILE, RemoteController, read_json, run_service
@@ -23,13 +24,6 @@ from har_models.nn.arch import ArchSpec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _wait(cond, timeout_s: float = 60.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _service(tmp_path: Path, stop: threading.Event) -> threading.Thread:
@@ -52,13 +46,13 @@ def test_the_service_fills_the_timeline_and_a_relabel_from_the_ui_is_applied_onc
     stop = threading.Event()
     service = _service(tmp_path, stop)
     try:
-        assert _wait(lambda: (tmp_path / STATUS_FILE).exists())
+        assert poll(lambda: (tmp_path / STATUS_FILE).exists())
         far = time.time_ns() + 86_400 * 10**9
-        assert _wait(lambda: sum(s.minutes for s in ui.timeline.stretches(0, far)) >= 1.0)
+        assert poll(lambda: sum(s.minutes for s in ui.timeline.stretches(0, far)) >= 1.0)
         st = ui.timeline.stretches(0, far)[0]
         made = ui.relabel(st.start_ns, st.end_ns, "standing")
         assert made == round((st.end_ns - st.start_ns) / STEP_NS) and made > 0
-        assert _wait(lambda: ui.counts()["standing"] == made)
+        assert poll(lambda: ui.counts()["standing"] == made)
         with pytest.raises(KeyError):
             ui.relabel(st.start_ns, st.end_ns, "swimming")
     finally:
@@ -68,7 +62,7 @@ def test_the_service_fills_the_timeline_and_a_relabel_from_the_ui_is_applied_onc
     stop2 = threading.Event()
     service = _service(tmp_path, stop2)
     try:
-        assert _wait(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("relabelled") and ui.counts()["standing"] == made)
+        assert poll(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("relabelled") and ui.counts()["standing"] == made)
         time.sleep(0.5)
     finally:
         stop2.set()

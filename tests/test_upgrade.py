@@ -14,26 +14,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.small_federation import processes, wait_for
+from support.upgrade_fixture import move_upgrade_fixture
 
 from coordinator.server.registry import Registry
-from simulation.broker import find_mosquitto, free_port, stop_process, wait_for_port
+from simulation.broker import find_mosquitto, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "upgrade-2ffcc27.tar.gz"
 HAPT = ROOT / "datasets" / "hapt"
 
 
@@ -53,35 +50,13 @@ def _versions(data: Path) -> list[tuple[int, int]]:
         reg.close()
 
 
-def _move(tmp: Path) -> tuple[Path, dict[str, Any], int, int]:
-    """Unpack the fixture under ``tmp`` and point its files at their new place and new ports."""
-    with tarfile.open(FIXTURE) as tar:
-        tar.extractall(tmp, filter="data")
-    root = tmp / "root"
-    made = json.loads((root / "made.json").read_text())
-    port, tls_port = free_port(), free_port()
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    for rel in ("data/server.toml", "broker/mosquitto.conf", "broker/fedhar-broker.json"):
-        f = root / rel
-        text = f.read_text().replace(made["root"], str(root))
-        text = text.replace(f"listener {made['port']} ", f"listener {port} ").replace(
-            f"listener {made['tls_port']} ", f"listener {tls_port} "
-        )
-        text = text.replace(f'"port": {made["port"]},', f'"port": {port},').replace(
-            f'"tls_port": {made["tls_port"]},', f'"tls_port": {tls_port},'
-        )
-        text = text.replace("\nuser root\n", f"\nuser {me}\n").replace('"broker_user": "root"', f'"broker_user": "{me}"')
-        f.write_text(text)
-    return root, made, port, tls_port
-
-
 def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     exe = find_mosquitto()
     if exe is None:
         if os.environ.get("FEDHAR_REQUIRE_MOSQUITTO") == "1":
             pytest.fail("mosquitto is required (FEDHAR_REQUIRE_MOSQUITTO=1) but not installed; apt-get install mosquitto")
         pytest.skip("mosquitto not installed (apt-get install mosquitto)")
-    root, made, port, tls_port = _move(tmp_path)
+    root, made, port, tls_port = move_upgrade_fixture(tmp_path)
     data = root / "data"
     before = _digests(data)
     old_versions = _versions(data)
