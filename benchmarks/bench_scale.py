@@ -37,8 +37,11 @@ Measured per N (``--sizes``), over ``--rounds`` rounds:
   (``--min-clients N --start-settle 3``), so its start-up (every retained status delivered to
   it) is over seconds before round 0 and the starting sample, taken at most 1 s before the
   announcement, falls in that quiet gap;
-* ``lost`` / ``double``: per round, N minus the updates the report counted, and the duplicates it
-  counted (``duplicates``); and the devices' own tally of receipts.
+* ``lost`` / ``double``: over the rounds, updates the coordinator's report counted short of N,
+  and beyond N; ``copies``: re-sent copies of updates already counted, which the coordinator
+  recognised and did not count (``duplicates`` in the report: a device re-sends when its
+  receipt takes longer than its receipt wait); the devices' own tally of ``accepted`` receipts
+  per round is in the JSON line of each N (``device_accepted``, ``resent``).
 
 Only the MQTT transport exists; a blob transport is not measured. The last line holds the
 figures of the largest N as ``key=value``.
@@ -520,7 +523,7 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
             "round_wall_s": sum(walls) / len(walls), "round_wall_max_s": max(walls),
             "broker_bytes_per_round": per_round, "broker_in_per_round": (b2[0] - b1[0]) / rounds,
             "broker_out_per_round": (b2[1] - b1[1]) / rounds, "bytes_per_device": per_round / n,
-            "lost": sum(n - c for c in counted), "double": sum(duplicates),
+            "lost": sum(max(0, n - c) for c in counted), "double": sum(max(0, c - n) for c in counted), "copies": sum(duplicates),
         }  # fmt: skip
     finally:
         if coord is not None and coord.returncode is None:
@@ -572,10 +575,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("MQTT transport (no blob transport exists); coordinator FedAvg, CNN F=1 H=2; "
           f"{args.rounds} rounds; devices in {args.procs} generator processes; Mosquitto on loopback")  # fmt: skip
-    print(f"{'updates':>8} {'counted/round':>14} {'lost':>5} {'double':>6} {'cpu_s/update':>13} {'peak RSS MiB':>13} "
+    print(f"{'updates':>8} {'counted/round':>20} {'lost':>5} {'double':>6} {'copies':>7} {'cpu_s/update':>13} {'peak RSS MiB':>13} "
           f"{'round s':>8} {'broker MB/round':>16} {'B/device':>9} {'connect s':>10}")  # fmt: skip
     for r in results:
-        print(f"{r['updates']:>8} {'/'.join(map(str, r['counted'])):>14} {r['lost']:>5} {r['double']:>6} "
+        print(f"{r['updates']:>8} {'/'.join(map(str, r['counted'])):>20} {r['lost']:>5} {r['double']:>6} {r['copies']:>7} "
               f"{r['cpu_s_per_update']:>13.5f} {r['coord_peak_rss_mib']:>13.1f} {r['round_wall_s']:>8.2f} "
               f"{r['broker_bytes_per_round'] / 1e6:>16.2f} {r['bytes_per_device']:>9.0f} {r['connect_s']:>10.1f}")  # fmt: skip
     small, big = results[0], results[-1]
