@@ -1,7 +1,8 @@
 """Thousands of devices: the real coordinator against N light simulated devices on one Mosquitto (MQTT transport).
 
 The coordinator is the real one (``python -m coordinator.cli run``, FedAvg, a tiny CNN of
-``--conv-filters 1 --dense-units 2``). The devices are simulated by a light load generator:
+``--conv-filters 1 --dense-units 2`` by default: a 1.6 kB update envelope; a wider one shows
+whether the coordinator holds updates). The devices are simulated by a light load generator:
 ``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a selector over
 their sockets, no thread per device). Each device speaks the protocol of ``edge_client/agent.py``:
 
@@ -47,6 +48,7 @@ Only the MQTT transport exists; a blob transport is not measured. The last line 
 figures of the largest N as ``key=value``.
 
     python benchmarks/bench_scale.py [--sizes 100,1000,10000] [--rounds 3] [--procs 4] [--keep DIR]
+        [--conv-filters 1 --dense-units 2]
 """
 
 from __future__ import annotations
@@ -440,8 +442,11 @@ def _log(stack: contextlib.ExitStack, path: Path) -> Any:
     return stack.enter_context(path.open("ab"))
 
 
-def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s: float) -> dict[str, Any]:
-    """One run with ``n`` devices: the figures of the module docstring as a dict (raises RuntimeError on a failed run)."""
+def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s: float, width: tuple[int, int] = (1, 2)) -> dict[str, Any]:
+    """One run with ``n`` devices and the CNN of ``width`` (conv filters F, dense units H): the figures of the module docstring.
+
+    Raises RuntimeError on a failed run.
+    """
     import psutil
 
     exe = find_mosquitto()
@@ -492,7 +497,7 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         run_dir = folder / "run"
         cmd = [sys.executable, "-m", "coordinator.cli", "run", "--broker", f"127.0.0.1:{port}", "--federation", FEDERATION,
                "--run-id", f"scale-{n}", "--run-dir", str(run_dir), "--min-clients", str(n), "--start-settle", "3",
-               "--rounds", str(rounds), "--aggregation", "fedavg", "--conv-filters", "1", "--dense-units", "2",
+               "--rounds", str(rounds), "--aggregation", "fedavg", "--conv-filters", str(width[0]), "--dense-units", str(width[1]),
                "--round-timeout", str(timeout_s), "--start-timeout", "120", "--no-progress", "--no-guard",
                "--log-level", "WARNING", "--seed", str(seed)]  # fmt: skip
         coord = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=_log(logs, folder / "coordinator.log"), stderr=subprocess.STDOUT)
@@ -542,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per run (default 3)")
     ap.add_argument("--procs", type=int, default=4, help="load generator processes (default 4)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--conv-filters", type=int, default=1, help="the CNN's conv filters F (default 1: a 1.6 kB update)")
+    ap.add_argument("--dense-units", type=int, default=2, help="the CNN's dense units H (default 2)")
     ap.add_argument("--round-timeout", type=float, default=900.0, help="the coordinator's --round-timeout (s)")
     ap.add_argument("--keep", type=Path, help="keep each run's folder (logs, report) under this folder")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -562,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             t0 = time.monotonic()
             try:
-                res = measure(n, args.rounds, min(args.procs, n), base / f"n{n}", args.seed, args.round_timeout)
+                res = measure(n, args.rounds, min(args.procs, n), base / f"n{n}", args.seed, args.round_timeout,
+                              (args.conv_filters, args.dense_units))  # fmt: skip
             except (RuntimeError, KeyError, OSError, subprocess.TimeoutExpired) as exc:
                 print(f"N={n}: not measured: {type(exc).__name__}: {exc}", flush=True)
                 continue
@@ -573,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_scale: no size finished", file=sys.stderr)
         return 1
     print()
-    print("MQTT transport (no blob transport exists); coordinator FedAvg, CNN F=1 H=2; "
+    print(f"MQTT transport (no blob transport exists); coordinator FedAvg, CNN F={args.conv_filters} H={args.dense_units}; "
           f"{args.rounds} rounds; devices in {args.procs} generator processes; Mosquitto on loopback")  # fmt: skip
     print(f"{'updates':>8} {'counted/round':>20} {'lost':>5} {'double':>6} {'copies':>7} {'cpu_s/update':>13} {'peak RSS MiB':>13} "
           f"{'round s':>8} {'broker MB/round':>16} {'B/device':>9} {'connect s':>10}")  # fmt: skip
