@@ -52,7 +52,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from simulation.broker import free_port, stop_process, wait_for_port
+from simulation.broker import free_ports, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     py = sys.executable
 
     ca, crt, key = make_pki(out / "pki")
-    port, tls_port, http = free_port(), free_port(), free_port()
+    port, tls_port, http = free_ports(3)
     broker_dir = out / "broker"
     _run([py, str(ROOT / "firmware_scripts" / "mosquitto_config.py"), "--out", str(broker_dir), "--federation", FEDERATION,
           "--tls-cert", str(crt), "--tls-key", str(key), "--tls-ca", str(ca), "--public-host", "127.0.0.1",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -32,6 +33,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` different TCP ports that are free on ``host`` right now (held open together while chosen, so
+    two calls of :func:`free_port` in a row cannot return the same port)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def wait_for_port(host: str, port: int, timeout_s: float) -> bool:

@@ -31,7 +31,7 @@ from coordinator.broker.cli import main as broker_main
 from coordinator.broker.render import acl_text, bridge_text, bridge_topics, config_text
 from coordinator.broker.settings import UPSTREAM_SECRET, BrokerSettings, SetupError, read_settings
 from har_models.wire.topics import Topics
-from simulation.broker import free_port, stop_process, wait_for_port
+from simulation.broker import free_port, free_ports, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -129,7 +129,7 @@ def _mosquitto_tools() -> str:
 def _pair(tmp: Path, clients: str = "hapt-01,hapt-02", *extra: str, upstream_tls: bool = False) -> tuple[Path, Path, int, int]:
     """Write the upstream folder (``broker init``) and the regional one (``broker bridge init``); (up, reg, up port, reg port)."""
     up, reg = tmp / "upstream", tmp / "regional"
-    up_port, reg_port = free_port(), free_port()
+    up_port, reg_port = free_ports(2)
     init = ["init", "--out", str(up), "--federation", "fx", "--port", str(up_port), "--bind", "127.0.0.1", "--broker-user", ME]
     upstream = f"127.0.0.1:{up_port}"
     bridge_tls: list[str] = []

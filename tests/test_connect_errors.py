@@ -33,7 +33,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.link_status import LinkStatus, describe_connect_failure, describe_early_close, describe_refusal
 from har_io.mqtt_link import MqttLink
 from har_models.data.labels import LABEL_SETS
-from simulation.broker import LocalMosquitto, find_mosquitto, free_port, stop_process, wait_for_port
+from simulation.broker import LocalMosquitto, find_mosquitto, free_port, free_ports, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPT = ROOT / "datasets" / "hapt"
@@ -114,7 +114,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     (pki / "server.ext").write_text("subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "30",
             "-extfile", "server.ext", "-out", "server.crt")  # fmt: skip
-    out, port, tls_port = tmp / "broker", free_port(), free_port()
+    out, (port, tls_port) = tmp / "broker", free_ports(2)
     r = subprocess.run([sys.executable, str(ROOT / "firmware_scripts" / "mosquitto_config.py"), "--out", str(out), "--federation", "ce",
                         "--clients", "hapt-01", "--port", str(port), "--tls-port", str(tls_port), "--tls-bind", "127.0.0.1",
                         "--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key"), "--tls-ca", str(pki / "ca.crt"),

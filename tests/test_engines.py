@@ -68,6 +68,8 @@ def test_a_killed_worker_costs_its_clients_one_round_and_they_come_back(tmp_path
     assert [r["round"] for r in rounds] == list(range(12))
     # worker-0 hosted hapt-01 and hapt-03 (round-robin): they missed the round the kill fell in, hapt-02 carried it.
     hit = [r for r in rounds if r["updates"] < 3]
-    assert hit and all(set(r["missing"]) <= {"hapt-01", "hapt-03"} for r in hit)
+    # At most the round the kill fell in (none when the restarted clients still answered it: on a loaded machine the
+    # survivor's training can outlast the restart); the rounds after wait for the restarted clients.
+    assert len(hit) <= 1 and all(set(r["missing"]) <= {"hapt-01", "hapt-03"} for r in hit), [r["updates"] for r in rounds]
     assert rounds[-1]["updates"] == 3, [r["updates"] for r in rounds]  # the restarted worker's clients are back
     assert "restarting it (1/3)" in (run / "logs" / "coordinator.log").read_text()

@@ -33,7 +33,7 @@ from support.small_federation import run_simulation
 
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
-from simulation.broker import free_port, stop_process, wait_for_port
+from simulation.broker import free_port, free_ports, stop_process, wait_for_port
 
 pytestmark = pytest.mark.mosquitto  # a generated Mosquitto configuration run by a real Mosquitto
 
@@ -425,7 +425,7 @@ def test_tls_listener_with_openssl_made_certificates(tmp_path):
     )
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "30",
         "-extfile", "server.ext", "-out", "server.crt")  # fmt: skip
-    out, port, tls_port = tmp_path / "broker", free_port(), free_port()
+    out, (port, tls_port) = tmp_path / "broker", free_ports(2)
     generate(out, "--federation", FED, "--clients", "hapt-01", "--port", str(port), "--tls-port", str(tls_port),
              "--tls-bind", "127.0.0.1", "--tls-cert", str(d / "server.crt"), "--tls-key", str(d / "server.key"),
              "--tls-ca", str(d / "ca.crt"))  # fmt: skip

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 
-from simulation.broker import free_port, stop_process, wait_for_port
+from simulation.broker import free_ports, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BOARD = ROOT / "firmware_scripts" / "pi_emulated" / "board.sh"
@@ -188,7 +188,7 @@ def test_the_pi_path_on_a_booted_arm64_board(booted: Board, tmp_path: Path, tran
 
     t.note("the host's Mosquitto: TLS on loopback, one account per device (mosquitto_config.py)")
     _certificates(tmp_path / "tls", t)
-    out, port, tls_port = tmp_path / "broker", free_port(), free_port()
+    out, (port, tls_port) = tmp_path / "broker", free_ports(2)
     t.run([sys.executable, str(ROOT / "firmware_scripts" / "mosquitto_config.py"), "--out", str(out), "--federation", FED,
            "--clients", f"{X86},pi-nomod", "--port", str(port), "--tls-port", str(tls_port), "--tls-bind", "127.0.0.1",
            "--public-host", "127.0.0.1",

@@ -196,7 +196,9 @@ def test_a_killed_ray_actor_costs_its_clients_one_round_and_is_replaced(ray_clus
     rounds = doc["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4, 5]
     hit = [r for r in rounds if r["updates"] < 3]
-    assert hit and all(set(r["missing"]) <= {"hapt-01", "hapt-03"} for r in hit)
+    # Only worker-0's clients miss rounds: the round of the kill (none if their replacement still answered it), and
+    # the next one at most when Ray reports the death after that round has opened.
+    assert len(hit) <= 2 and all(set(r["missing"]) <= {"hapt-01", "hapt-03"} for r in hit), [r["updates"] for r in rounds]
     assert rounds[-1]["updates"] == 3  # the replacement actor's clients are back
     assert "restarting it (1/3)" in (run / "logs" / "coordinator.log").read_text()
     # The replacement is a new process, recorded in the header beside the one that was killed.

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulation.broker import free_port, stop_process, wait_for_port
+from simulation.broker import free_ports, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "firmware_scripts" / "mosquitto_config.py"
@@ -92,8 +92,9 @@ def configure(tmp: Path, federation: str, clients: list[str], device_certs: bool
     _tool("mosquitto", "/usr/sbin/mosquitto")
     _tool("mosquitto_passwd", "/usr/bin/mosquitto_passwd")
     ca, crt, key, wrong_ca = make_pki(tmp / "pki")
-    out, port, tls_port = tmp / "broker", free_port(), free_port()
-    device_port = free_port() if device_certs else None
+    ports = free_ports(3)
+    out, port, tls_port = tmp / "broker", ports[0], ports[1]
+    device_port = ports[2] if device_certs else None
     me = pwd.getpwuid(os.geteuid()).pw_name  # started as root, Mosquitto would switch to an account that cannot read tmp
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--broker-user", me, "--public-host", "127.0.0.1", "--json",
            "--federation", federation, "--clients", ",".join(clients), "--port", str(port), "--tls-port", str(tls_port),

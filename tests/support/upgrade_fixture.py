@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulation.broker import free_port
+from simulation.broker import free_ports
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade-2ffcc27.tar.gz"
 """Made by ``tests/support/make_upgrade_fixture.py``: ``root/data``, ``root/broker``, ``root/pki`` and ``root/made.json``."""
@@ -29,7 +29,7 @@ def move_upgrade_fixture(tmp: Path) -> tuple[Path, dict[str, Any], int, int]:
         tar.extractall(tmp, filter="data")
     root = tmp / "root"
     made = json.loads((root / "made.json").read_text())
-    port, tls_port = free_port(), free_port()
+    port, tls_port = free_ports(2)
     me = pwd.getpwuid(os.geteuid()).pw_name
     for rel in ("data/server.toml", "broker/mosquitto.conf", "broker/fedhar-broker.json"):
         f = root / rel
