@@ -162,3 +162,38 @@ def test_sighup_to_a_running_serve_refuses_a_page_off_loopback_without_a_token(t
             proc.kill()
             proc.wait(10)
     assert "ERROR" in next(line for line in log.read_text().splitlines() if "reload refused" in line)
+
+
+@pytest.mark.slow
+def test_serve_started_with_sigint_ignored_and_blocked_still_stops_on_sigint(tmp_path: Path, mosquitto: int) -> None:
+    """Both are inherited from whatever started it (``trap '' INT``, ``nohup``, a parent that blocked the signal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data"
+    toml = _settings(data)
+    toml.write_text(toml.read_text().replace("http_port = 8765", "http_port = 0"))
+    log = tmp_path / "serve.log"
+
+    def ignore_and_block_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--data", str(data), "--broker", f"127.0.0.1:{mosquitto}", "--federation", FED]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, preexec_fn=ignore_and_block_sigint)
+    try:
+        end = time.monotonic() + 60
+        while "serving federation" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "fedhar-coordinator serve: stopped; everything completed is kept" in log.read_text()

@@ -745,7 +745,12 @@ class Server:
 
 
 def install_signals(server: Server) -> None:
-    """SIGHUP re-reads the settings (:meth:`Server.reload` from the loop); SIGTERM stops like SIGINT."""
+    """SIGHUP re-reads the settings (:meth:`Server.reload` from the loop); SIGTERM and SIGINT stop.
+
+    SIGINT is given Python's own handler even when the process started with it ignored or
+    blocked (both are inherited: a shell's ``trap '' INT``, ``nohup``, a parent that blocked it),
+    so ``serve`` always stops on Ctrl-C or ``kill -INT`` as documented.
+    """
 
     def on_hup(signum: int, frame: object) -> None:
         server.request_reload()
@@ -755,6 +760,8 @@ def install_signals(server: Server) -> None:
 
     signal.signal(signal.SIGHUP, on_hup)
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP, signal.SIGTERM, signal.SIGINT})
 
 
 def _not_eligible(left_out: Mapping[str, str]) -> str:
