@@ -7,7 +7,6 @@ coordinator's ``report.json``, not from the benchmark's table.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.script_module import load_script
 
 from har_models.wire import codec
 from har_models.wire.messages import ClientStatus, RoundAnnouncement
@@ -28,15 +28,7 @@ BENCH = ROOT / "benchmarks" / "bench_scale.py"
 
 
 def _bench() -> Any:
-    """The benchmark as a module (registered first: its dataclasses look their module up)."""
-    if "bench_scale" in sys.modules:
-        return sys.modules["bench_scale"]
-    spec = importlib.util.spec_from_file_location("bench_scale", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_scale"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH)
 
 
 def test_update_is_the_received_model_plus_small_deterministic_noise() -> None:

@@ -8,7 +8,6 @@ makes it on first use). Without either the run is skipped.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,21 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_vs_flower.py"
 
 
 def _bench() -> Any:
-    """The benchmark as a module (registered first: its dataclasses look their module up)."""
-    if "bench_vs_flower" in sys.modules:
-        return sys.modules["bench_vs_flower"]
-    spec = importlib.util.spec_from_file_location("bench_vs_flower", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_vs_flower"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH)
 
 
 def _flower_python() -> Path | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.registry_views import kept_versions
 from support.small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
@@ -51,18 +52,8 @@ def _client(cid: str, user: int, state: Path, port: int, log: Path) -> subproces
 
 
 def _newest(data: Path) -> int:
-    got = _versions(data)
+    got = kept_versions(data)
     return got[-1][0] if got else 0
-
-
-def _versions(data: Path) -> list[tuple[int, int]]:
-    if not (data / "server.sqlite").exists():
-        return []
-    reg = Registry(data)
-    try:
-        return [(v.version, v.round) for v in reg.versions()]
-    finally:
-        reg.close()
 
 
 @pytest.mark.slow
@@ -85,7 +76,7 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
         wait_for(lambda: _newest(data) >= 2, 240, "two model versions", logs)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        before = _versions(data)
+        before = kept_versions(data)
         last_round = before[-1][1]
         page = free_port()
         toml = data / "server.toml"
@@ -111,7 +102,7 @@ def test_serve_survives_a_sigkill_and_continues_from_the_newest_version_in_a_new
     assert "serving federation 'servefed': epoch 2, run " in text
     # a SIGKILL between a round's commit and its version file: the restart keeps that round as a version first
     assert f"continuing after round {last_round} " in text or f"continuing after round {last_round + 1} " in text
-    after = _versions(data)
+    after = kept_versions(data)
     # versions count on and keep_versions = 3 keeps the newest three; their rounds follow without a gap or a repeat
     assert [v for v, _ in after] == list(range(after[-1][0] - 2, after[-1][0] + 1))
     assert [r for _, r in after] == list(range(after[0][1], after[0][1] + 3))
@@ -236,13 +227,13 @@ def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(
     assert server.cfg.run_id == "home-1"  # the data folder's run is taken up
     last = server.runner.start(resume=True)
     server._catch_up_version(last)
-    assert _versions(data) == [(1, 0)]
+    assert kept_versions(data) == [(1, 0)]
     _, kept = load_state_file(data / "versions" / "v000001.safetensors")
     assert all(torch.equal(kept[k], v) for k, v in init_state(spec, 3).items())
     reg = Registry(data)
     assert [(p.name, p.round, p.accuracy, p.macro_f1) for p in reg.participation()] == [("dev-a", 0, 0.5, 0.25)]
     reg.close()
     server._catch_up_version(last)  # a second look changes nothing
-    assert _versions(data) == [(1, 0)]
+    assert kept_versions(data) == [(1, 0)]
     server.runner.state.close()
     server.registry.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.registry_views import kept_versions
 from support.small_federation import CONV_FILTERS, DENSE_UNITS, processes, wait_for
 
 from coordinator.server.registry import Registry
@@ -38,16 +39,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
-def _versions(data: Path) -> list[tuple[int, int]]:
-    reg = Registry(data)
-    try:
-        return [(v.version, v.round) for v in reg.versions()]
-    finally:
-        reg.close()
-
-
 def _newest(data: Path) -> int:
-    v = _versions(data)
+    v = kept_versions(data)
     return v[-1][0] if v else 0
 
 
@@ -158,7 +151,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
         # SIGKILL and start again without --resume: the next round follows the newest version, in epoch 2
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        newest = _versions(data)[-1]
+        newest = kept_versions(data)[-1]
         second = serve()
         wait_for(lambda: _newest(data) >= newest[0] + 2, 240, "two more rounds after the restart", logs)
         wait_for(lambda: all("epoch 1 -> 2" in (tmp_path / f"{n}.log").read_text() for n in ("dev-a", "dev-b")), 30,
@@ -169,7 +162,7 @@ def _scenario(tmp_path: Path, b: Any) -> None:
     # a SIGKILL between a round's commit and its version file: the restart keeps that round as a version first
     assert "epoch 2, run " in text
     assert f"continuing after round {newest[1]} " in text or f"continuing after round {newest[1] + 1} " in text
-    kept = [r for _, r in _versions(data)]
+    kept = [r for _, r in kept_versions(data)]
     assert kept == list(range(kept[0], kept[0] + len(kept)))  # no round without its version
     report = json.loads((data / "run" / "report.json").read_text())
     rounds = [r["round"] for r in report["rounds"]]

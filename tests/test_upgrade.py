@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.registry_views import kept_versions
 from support.small_federation import processes, wait_for
 from support.upgrade_fixture import move_upgrade_fixture
 
@@ -42,14 +43,6 @@ def _digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _versions(data: Path) -> list[tuple[int, int]]:
-    reg = Registry(data)
-    try:
-        return [(v.version, v.round) for v in reg.versions()]
-    finally:
-        reg.close()
-
-
 def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     exe = find_mosquitto()
     if exe is None:
@@ -59,7 +52,7 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     root, made, port, tls_port = move_upgrade_fixture(tmp_path)
     data = root / "data"
     before = _digests(data)
-    old_versions = _versions(data)
+    old_versions = kept_versions(data)
     assert old_versions[-1][0] == made["newest_version"] == 6 and [r for _, r in old_versions] == [1, 2, 3, 4, 5]
     old_report = json.loads((data / "run" / "report.json").read_text())
     old_rounds = [r["round"] for r in old_report["rounds"]]
@@ -100,7 +93,7 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
                        "--state-dir", str(tmp_path / f"s-{name}"), "--threads", "1"]  # fmt: skip
                 with open(tmp_path / f"{name}.log", "wb") as out:
                     procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
-            wait_for(lambda: _versions(data)[-1][0] >= 7, 40, "a round served by the new release", logs)
+            wait_for(lambda: kept_versions(data)[-1][0] >= 7, 40, "a round served by the new release", logs)
             serve.send_signal(signal.SIGINT)
             assert serve.wait(30) == 130, serve_log.read_text()[-3000:]
     finally:
@@ -110,7 +103,7 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     # server.toml names no strategy: the run takes this release's default and the log says why and how to keep the old one
     assert "this release's default is 'fedexp', not 'fedavgm'" in text and "put aggregation = 'fedavgm' in server.toml" in text
     assert "aggregation changed from" not in text, text[-3000:]  # that is for a change the operator made
-    new_versions = _versions(data)
+    new_versions = kept_versions(data)
     kept = [v for v in new_versions if v[0] <= 6]
     assert kept == old_versions[-len(kept) :] and len(kept) >= 3  # the newest old ones kept (keep_versions = 5 prunes older)
     assert new_versions[len(kept)] == (7, 6)
@@ -148,7 +141,7 @@ def test_previous_release_folder_is_read_and_served_on(tmp_path: Path) -> None:
     # going back: the backup of the old folder restored over the upgraded one (server stopped)
     r = _cli("restore", str(tmp_path / "backup"), "--data", str(data), "--force")
     assert r.returncode == 0, r.stderr
-    assert _versions(data) == old_versions
+    assert kept_versions(data) == old_versions
     assert [r["round"] for r in json.loads((data / "run" / "report.json").read_text())["rounds"]] == old_rounds
     r = _cli("devices", "--data", str(data), "--json")
     assert r.returncode == 0, r.stderr
