@@ -1,0 +1,203 @@
+"""Model bytes as content-addressed blobs: the storage interface of the blob transport.
+
+With ``transport = "blobs"`` the broker carries only control messages; the bytes of models and
+updates go through a blob store (docs/scale.md, "Blob transport"):
+
+* a model version is one immutable object named by the SHA-256 of its envelope
+  (``objects/{sha256}``), written once and fetched by every client that needs it over HTTP(S)
+  through a URL the coordinator signs;
+* each selected client uploads its update to its own slot of the exchange
+  (``uploads/{run_id}/r{round:04d}-s{stage}/{client_id}``, see :func:`upload_slot`) through a
+  short-lived signed PUT URL handed to it on its own topic, then says ``{round, sha256, size}``
+  over MQTT; the coordinator reads the slot and checks every byte against that hash.
+
+Devices never hold storage credentials: what they get is one URL per object or slot, valid
+until the exchange's deadline. This module is the interface (:class:`BlobStore`), the values
+that travel (:class:`BlobRef`, :class:`UploadGrant`) and the HMAC signature of the folder back
+end; the back ends are :class:`coordinator.blob_folder.FolderBlobStore` (a folder served by
+the coordinator's web server) and :class:`coordinator.blob_s3.S3BlobStore` (any S3-compatible
+store, presigned URLs). Nothing here is ever unpickled: blobs are safetensors envelopes,
+decoded and checked by :mod:`har_models.wire.codec` exactly as over MQTT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from har_models.wire.topics import check_client_id
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+"""A SHA-256 digest as lowercase hex: the name of every object."""
+
+TRANSPORTS = ("mqtt", "blobs")
+"""How model bytes travel: through the broker in chunks (the default) or through a blob store."""
+
+
+class BlobError(Exception):
+    """A blob could not be stored, found, fetched or trusted (the message says which and why)."""
+
+
+def check_sha256(value: Any, what: str = "sha256") -> str:
+    """``value`` if it is a lowercase hex SHA-256 digest, else ValueError naming ``what``."""
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise ValueError(f"{what} must be 64 lowercase hex characters, got {value!r:.80}")
+    return value
+
+
+def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of ``data`` as lowercase hex (the object name of ``data``)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def object_key(sha256: str) -> str:
+    """The store key of the object named ``sha256``: ``objects/{sha256}``."""
+    return f"objects/{check_sha256(sha256)}"
+
+
+def upload_slot(run_id: str, round_: int, stage: int, client_id: str) -> str:
+    """The store key a client's update for one exchange is written to.
+
+    ``uploads/{run_id}/r{round:04d}-s{stage}/{client_id}``. One slot per client and exchange:
+    a second upload replaces the first (the client re-sends only its one stored update).
+
+    Raises
+    ------
+    ValueError
+        If the run id is not a plain name (letters, digits, ``._-``) or the client id is invalid.
+    """
+    if not re.match(r"^[A-Za-z0-9._-]{1,128}$", run_id) or run_id in (".", ".."):
+        raise ValueError(f"run id {run_id!r:.80} cannot name a blob slot (letters, digits, '._-' only)")
+    if round_ < 0 or stage < 0:
+        raise ValueError(f"round {round_} and stage {stage} must be >= 0")
+    return f"uploads/{run_id}/r{round_:04d}-s{stage}/{check_client_id(client_id)}"
+
+
+def sign(secret: bytes, method: str, path: str, expires_unix: int, max_bytes: int) -> str:
+    """HMAC-SHA256 (hex) over method, path, expiry and size limit: the folder back end's URL signature.
+
+    Parameters
+    ----------
+    secret : bytes
+        The coordinator's signing key (never leaves the coordinator's machine).
+    method : {"GET", "PUT"}
+    path : str
+        The URL path, e.g. ``/blobs/objects/<sha256>``.
+    expires_unix : int
+        Unix time (s) after which the URL is refused.
+    max_bytes : int
+        Largest body a PUT may carry (0 for a GET).
+    """
+    msg = f"{method}\n{path}\n{expires_unix}\n{max_bytes}".encode()
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def signature_ok(secret: bytes, method: str, path: str, expires_unix: int, max_bytes: int, signature: str) -> bool:
+    """Whether ``signature`` is :func:`sign`'s for these values (compared in constant time)."""
+    return hmac.compare_digest(sign(secret, method, path, expires_unix, max_bytes), signature)
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Where a model envelope is and how to check it: what the announcement and a grant carry.
+
+    Parameters
+    ----------
+    sha256 : str
+        SHA-256 of the envelope, hex (also its transfer id, as over MQTT).
+    size : int
+        Envelope length, bytes.
+    url : str
+        An ``http(s)`` URL that answers a GET with exactly those bytes until the exchange's deadline.
+    """
+
+    sha256: str
+    size: int
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size, "url": self.url}
+
+    @classmethod
+    def from_json(cls, d: Any) -> BlobRef:
+        """Parse and check; ValueError if a field is missing or of the wrong kind."""
+        if not isinstance(d, dict) or set(d) != {"sha256", "size", "url"}:
+            raise ValueError(f"a blob reference needs exactly sha256, size and url, got {d!r:.120}")
+        size = d["size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"blob size must be an integer >= 0, got {size!r:.40}")
+        return cls(check_sha256(d["sha256"]), size, _check_url(d["url"]))
+
+
+@dataclass(frozen=True)
+class UploadGrant:
+    """Permission to upload one update: a signed PUT URL for the client's slot of one exchange.
+
+    Parameters
+    ----------
+    url : str
+        ``http(s)`` URL a PUT of the update envelope goes to (no credentials needed).
+    expires_unix : float
+        Unix time (s) after which the store refuses it (the exchange's deadline).
+    max_bytes : int
+        Largest envelope the coordinator accepts (its ``max_update_bytes``).
+    """
+
+    url: str
+    expires_unix: float
+    max_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "expires_unix": self.expires_unix, "max_bytes": self.max_bytes}
+
+    @classmethod
+    def from_json(cls, d: Any) -> UploadGrant:
+        """Parse and check; ValueError if a field is missing or of the wrong kind."""
+        if not isinstance(d, dict) or set(d) != {"url", "expires_unix", "max_bytes"}:
+            raise ValueError(f"an upload grant needs exactly url, expires_unix and max_bytes, got {d!r:.120}")
+        exp, mx = d["expires_unix"], d["max_bytes"]
+        if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+            raise ValueError(f"expires_unix must be a number, got {exp!r:.40}")
+        if isinstance(mx, bool) or not isinstance(mx, int) or mx <= 0:
+            raise ValueError(f"max_bytes must be an integer > 0, got {mx!r:.40}")
+        return cls(_check_url(d["url"]), float(exp), mx)
+
+
+def _check_url(url: Any) -> str:
+    if not isinstance(url, str) or not re.match(r"^https?://[^\s]{1,4000}$", url):
+        raise ValueError(f"a blob URL must be http(s)://..., got {url!r:.120}")
+    return url
+
+
+class BlobStore(Protocol):
+    """Where the coordinator keeps model objects and receives update uploads (one interface, two back ends).
+
+    Every method may raise :class:`BlobError` for a store that cannot be reached or refuses.
+    """
+
+    def put_object(self, data: bytes) -> str:
+        """Store ``data`` as ``objects/{sha256}`` unless that object exists already; return its sha256 (hex)."""
+        ...
+
+    def has_object(self, sha256: str) -> bool:
+        """Whether ``objects/{sha256}`` exists."""
+        ...
+
+    def object_url(self, sha256: str, expires_unix: float) -> str:
+        """A URL that GETs ``objects/{sha256}`` without credentials until ``expires_unix`` (s)."""
+        ...
+
+    def upload_url(self, slot: str, expires_unix: float, max_bytes: int) -> str:
+        """A URL that takes one PUT of at most ``max_bytes`` into ``slot`` (:func:`upload_slot`) until ``expires_unix``."""
+        ...
+
+    def read_upload(self, slot: str, max_bytes: int) -> bytes | None:
+        """The bytes in ``slot``; None if nothing was uploaded there. BlobError if more than ``max_bytes``."""
+        ...
+
+    def drop_uploads(self, prefix: str) -> None:
+        """Delete every upload slot whose key starts with ``prefix`` (an exchange that closed)."""
+        ...
