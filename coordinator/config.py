@@ -12,6 +12,7 @@ from coordinator.guard import DEFAULT_MARGIN as DEFAULT_GUARD_MARGIN
 from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.strategies.fedprox import FedProxSettings
+from har_io.blobs import TRANSPORTS
 from har_io.broker_config import BrokerConfig
 from har_models.data.splits import DEFAULT_SPLIT_SEED
 from har_models.nn.arch import ArchSpec
@@ -32,6 +33,8 @@ which is what a plan or an update that names no encoding means, so that messages
 releases keep their meaning. Chosen on the whole main job (30 clients, 15 rounds, seed 1):
 global macro-F1 92.19 against float32's 92.24, for 0.25 of the upload bytes (``docs/results.md``).
 """
+BLOB_STORES = ("folder", "s3")
+"""The blob store back ends (:mod:`coordinator.blob_folder`, :mod:`coordinator.blob_s3`)."""
 _LT = {f.name: f for f in fields(LocalTraining)}
 
 
@@ -218,6 +221,26 @@ class CoordinatorConfig:
                      "points"),
     )
     resume: bool = field(default=False, metadata=doc("continue the run in run_dir after its last completed round", cli=False))
+    transport: str = field(
+        default="mqtt",
+        metadata=doc("how model bytes travel: in chunks through the broker (mqtt), or as content-addressed objects in a "
+                     "blob store fetched and uploaded over HTTP with signed URLs, MQTT carrying only control (blobs; "
+                     "docs/scale.md)", choices=TRANSPORTS),
+    )
+    blob_store: str = field(
+        default="folder",
+        metadata=doc("with transport blobs: a folder served over HTTP by the coordinator (folder), or an S3-compatible "
+                     "store (s3: s3_bucket, s3_endpoint; credentials from the environment, never sent to devices)",
+                     choices=BLOB_STORES),
+    )
+    blob_bind: str = field(default="127.0.0.1", metadata=doc("address the folder store's HTTP server binds (run, simulate)"))
+    blob_port: int = field(default=0, metadata=doc("port of the folder store's HTTP server (0: a free one)"))
+    blob_public_url: str = field(
+        default="", metadata=doc("base URL devices reach the folder store at, if not http://blob_bind:port (a proxy, a name)")
+    )
+    s3_endpoint: str = field(default="", metadata=doc("S3 endpoint URL (empty: AWS's own)"))
+    s3_bucket: str = field(default="", metadata=doc("S3 bucket that holds the objects and upload slots"))
+    s3_prefix: str = field(default="", metadata=doc("key prefix inside the S3 bucket, e.g. 'fedhar/'"))
 
     def __post_init__(self) -> None:
         check_client_id(self.run_id)
@@ -237,6 +260,8 @@ class CoordinatorConfig:
             ("feddist_mode", GROWTH_MODES),
             ("class_weights", ("balanced", "none")),
             ("update_encoding", UPDATE_ENCODINGS),
+            ("transport", TRANSPORTS),
+            ("blob_store", BLOB_STORES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -248,6 +273,10 @@ class CoordinatorConfig:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
         if not self.status_refresh_s > 0:
             raise ValueError(f"status_refresh_s must be > 0 (seconds between coordinator status refreshes), got {self.status_refresh_s}")
+        if self.transport == "blobs" and self.blob_store == "s3" and not self.s3_bucket:
+            raise ValueError("transport blobs with blob_store s3 needs s3_bucket (--s3-bucket)")
+        if not 0 <= self.blob_port <= 65535:
+            raise ValueError(f"blob_port must be in [0, 65535], got {self.blob_port}")
         if not 0 <= self.guard_margin <= 100:
             raise ValueError(f"guard_margin (--guard-margin) must be in [0, 100] points of macro-F1, got {self.guard_margin}")
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from coordinator import spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
+from coordinator.blob_transport import URL_GRACE_S, NoticeRefused, make_grant, open_blob_store, publish_object, read_noticed
 from coordinator.client_table import ClientTable
 from coordinator.config import CoordinatorConfig
 from coordinator.presence import Presence
@@ -36,9 +37,11 @@ from coordinator.runner import CoordinatorError
 from coordinator.state import RunState
 from coordinator.strategies import Federation
 from coordinator.updates import UpdateRejected, validate_update
+from har_io.blobs import BlobError, BlobStore
 from har_io.mqtt_link import MqttLink
 from har_models.nn.model import ArchSpec
 from har_models.wire import codec
+from har_models.wire.blob_messages import BLOB_NOTICE_INDEX, BlobNotice, BlobRef
 from har_models.wire.chunking import ChunkError, Reassembler, transfer_id
 from har_models.wire.messages import (
     ClientStatus,
@@ -149,6 +152,13 @@ class MqttGrid:
         self._stop_refresh = threading.Event()
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
+        # Blob transport (cfg.transport == "blobs", coordinator/blob_transport.py): the store, opened by connect().
+        self.blobs: BlobStore | None = None
+        self._close_blobs: Callable[[], None] = lambda: None
+        self._global_blob: BlobRef | None = None  # the open exchange's global model in the store
+        self._personal_blobs: dict[str, BlobRef] = {}  # ... and each selected client's own model (FedDWA, FedPer)
+        self._grants: dict[str, bytes] = {}  # client id -> its retained grant of the open exchange (published again on reconnect)
+        self._granted: set[str] = set()  # clients with a retained grant on the broker (cleared at the end)
         self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/pte_desk.py)
             self._link, self.topics, cfg.run_id, spec,
             on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
@@ -229,10 +239,13 @@ class MqttGrid:
             if self._open is not None:
                 round_, selected, global_id, ann = self._open
                 assert self._published is not None
-                new_global, personal, _ = self._publish_models(self._published, round_, selected)
-                expected = RoundAnnouncement.from_bytes(ann)
-                if new_global != global_id or personal != expected.personal_models:
-                    log.error("round %d: the models published again differ from the announced ones; clients may wait", round_)
+                if self.blobs is None:
+                    new_global, personal, _ = self._publish_models(self._published, round_, selected)
+                    expected = RoundAnnouncement.from_bytes(ann)
+                    if new_global != global_id or personal != expected.personal_models:
+                        log.error("round %d: the models published again differ from the announced ones; clients may wait", round_)
+                for cid, grant in self._grants.items():  # blob transport: the models are in the store, the grants on the broker
+                    self._link.publish(self.topics.client_grant(cid), grant, retain=True)
                 self._link.publish(self.topics.round, ann, retain=True)
                 log.info("round %d: reconnected (connection #%d); published the round's models and announcement again",
                          round_, connects)  # fmt: skip
@@ -262,6 +275,8 @@ class MqttGrid:
         try:
             if kind == "status":
                 self._on_status(cid, payload, retained)
+            elif kind == "update" and topic.endswith("/" + BLOB_NOTICE_INDEX):
+                self._on_blob_notice(cid, payload)
             elif kind == "update":
                 self._on_update_chunk(cid, payload)
             elif kind == "program_request":
@@ -319,6 +334,45 @@ class MqttGrid:
             return
         if done is None:
             return
+        self._take_update(cid, done[0], done[1])
+
+    def _on_blob_notice(self, cid: str, payload: bytes) -> None:
+        """Blob transport: read the update a client's notice announces from its slot, check it, and take it."""
+        if self.is_refused(cid):
+            self._reject(cid, "revoked", "the device was revoked; nothing it sends is counted")
+            return
+        if cid in self.presence.conflicts:
+            self._reject(cid, "duplicate_identity", "two processes use this client id")
+            return
+        if self.blobs is None:
+            self._reject(cid, "wrong_transport", "an upload notice arrived, but this coordinator does not use the blob transport")
+            return
+        try:
+            notice = BlobNotice.from_bytes(payload)
+        except MessageError as exc:
+            self._reject(cid, "malformed", str(exc))
+            return
+        if notice.sha256 in self._counted.get(cid, ()):
+            self._duplicate(cid, notice.sha256)
+            return
+        c = self._collect
+        if notice.run_id != self.cfg.run_id or c is None or (notice.round, notice.stage) != (c.round, c.stage):
+            if c is None and notice.run_id == self.cfg.run_id and notice.round == self._failed_round:
+                self._duplicate(cid, notice.sha256)
+                return
+            self._reject(cid, "stale_round", f"the notice is for run {notice.run_id[:40]} round {notice.round}.{notice.stage}, "
+                                             f"the open exchange is {'none' if c is None else f'{c.round}.{c.stage}'}")  # fmt: skip
+            return
+        try:
+            fetched = read_noticed(self.blobs, cid, notice, self.cfg.max_update_bytes)
+        except NoticeRefused as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return
+        self._take_update(cid, fetched.transfer, fetched.data)
+
+    def _take_update(self, cid: str, transfer: str, data: bytes) -> None:
+        """Count the whole update envelope ``data`` (SHA-256 ``transfer``) of ``cid``, whichever way it came, or reject it."""
+        done = (transfer, data)
         c = self._collect
         if done[0] in self._counted.get(cid, ()):
             self._duplicate(cid, done[0])
@@ -467,7 +521,12 @@ class MqttGrid:
 
     # ------------------------------------------------------------------------------ a round
     def _publish_models(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
-        """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered."""
+        """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered.
+
+        With the blob transport the models go to the blob store instead (:meth:`_publish_blobs`).
+        """
+        if self.blobs is not None:
+            return self._publish_blobs(fed, round_, selected)
         spec = fed.spec
         meta = {"arch": spec.to_dict()}
         personal: dict[str, str] = {}
@@ -490,6 +549,51 @@ class MqttGrid:
                 personal[cid] = transfer_id(env)
                 down += len(env)
         return global_id, personal, down
+
+    def _publish_blobs(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
+        """Blob transport: write G and the selected clients' P_i to the store (each once, named by its SHA-256).
+
+        Keeps G's reference for the announcement and each client's own model for its grant
+        (:meth:`_grant_all`). Returns the transfer ids and the bytes the clients will fetch.
+        """
+        assert self.blobs is not None
+        spec = fed.spec
+        meta = {"arch": spec.to_dict()}
+        expires = time.time() + self.cfg.round_timeout_s + URL_GRACE_S
+        personal: dict[str, str] = {}
+        self._personal_blobs = {}
+        down = 0
+        need_global = [c for c in selected if c not in fed.personal]
+        self._global_blob = None
+        global_id = ""
+        if need_global:
+            env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
+            self._global_blob = publish_object(self.blobs, env, expires)
+            global_id = self._global_blob.sha256
+            down += len(env) * len(need_global)
+        for cid in selected:
+            if cid in fed.personal:
+                env = codec.encode(
+                    fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
+                )
+                ref = publish_object(self.blobs, env, expires)
+                self._personal_blobs[cid] = ref
+                personal[cid] = ref.sha256
+                down += len(env)
+        return global_id, personal, down
+
+    def _grant_all(self, round_: int, stage: int, selected: Sequence[str]) -> None:
+        """Blob transport: hand each selected client its grant (upload URL, own model) on its retained grant topic."""
+        assert self.blobs is not None
+        expires = time.time() + self.cfg.round_timeout_s + URL_GRACE_S
+        personal = self._personal_blobs
+        self._grants = {}
+        for cid in selected:
+            grant = make_grant(self.blobs, self.cfg.run_id, round_, stage, self.attempt, cid, expires, self.cfg.max_update_bytes,
+                               personal.get(cid))  # fmt: skip
+            self._grants[cid] = grant.to_bytes()
+            self._link.publish(self.topics.client_grant(cid), self._grants[cid], retain=True)
+            self._granted.add(cid)
 
     def _own_chunks(self, first_topic: str, n: int) -> None:
         base = first_topic.rsplit("/", 1)[0]
@@ -516,6 +620,8 @@ class MqttGrid:
             stage=stage,
             attempt=self.attempt,
             epoch=self.epoch,
+            transport="blobs" if self.blobs is not None else "mqtt",
+            global_blob=self._global_blob.to_json() if self.blobs is not None and self._global_blob is not None else None,
         )
         if stage == 0:
             self._counted_this_round = []
@@ -528,6 +634,8 @@ class MqttGrid:
         self.receipts.open(round_, stage)
         ann_bytes = ann.to_bytes()
         self._open = (round_, list(selected), global_id, ann_bytes)
+        if self.blobs is not None:
+            self._grant_all(round_, stage, selected)  # before the announcement: a client that trains finds its grant there
         self._link.publish(self.topics.round, ann_bytes, retain=True)
         end = time.monotonic() + self.cfg.round_timeout_s
         next_check = 0.0
@@ -547,7 +655,13 @@ class MqttGrid:
         self._drop_refused(c)
         self._collect = None
         self._open = None
+        self._grants = {}
         self.receipts.close()
+        if self.blobs is not None:
+            try:
+                self.blobs.drop_uploads(f"uploads/{self.cfg.run_id}/r{round_:04d}-s{stage}/")
+            except BlobError as exc:
+                log.warning("round %d: the exchange's upload slots were not removed from the blob store (%s)", round_, exc)
         for (cid, reason), n in sorted(c.rejected.items()):
             self.state.event(round_, cid, "rejected", f"{reason}: {n} message(s)")
             if n > 1:
@@ -590,7 +704,7 @@ class MqttGrid:
         self._link.publish(self.topics.round, b"", retain=True)
         self._link.publish(self.topics.progress, b"", retain=True)
         # ... and the models it left retained (it may have crashed before clearing them)
-        self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+")])
+        self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+"), self.topics.client_grant("+")])
 
     def finish(self, spec: ArchSpec, label_set: str) -> None:
         """Announce the run finished, and clear the model chunks it published: nobody may train on them once it ended."""
@@ -604,7 +718,8 @@ class MqttGrid:
             epoch=self.epoch,
         )
         self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
-        self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)])
+        self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)]
+                                  + [self.topics.client_grant(cid) for cid in sorted(self._granted)])  # fmt: skip
 
     def connect(self) -> None:
         """Connect to the broker (30 s at most) and start refreshing the coordinator status (:meth:`_connect`)."""
@@ -625,11 +740,17 @@ class MqttGrid:
                 raise self._link.fatal
             raise CoordinatorError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port} within 30 s")
         self._restored_connects = self._link.connects  # nothing of this run is retained yet
+        if self.cfg.transport == "blobs" and self.blobs is None:
+            try:
+                self.blobs, self._close_blobs = open_blob_store(self.cfg)
+            except BlobError as exc:
+                raise CoordinatorError(f"cannot open the blob store: {exc}") from None
         threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
 
     def close(self) -> None:
         """Stop refreshing, close the program desk, and leave the broker with the retained status "offline"."""
         self._stop_refresh.set()
         self.programs.close()
+        self._close_blobs()
         self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 

@@ -38,20 +38,25 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
+from edge_client.blob_upload import TransportLink
 from edge_client.cost import ROUND_COST_KEY, CostMeter
 from edge_client.delivery import Delivery
 from edge_client.pte_fetch import PROGRAM_MODES, make_fetcher
 from edge_client.sent_log import SENT_KEY, note_receipt, note_sent
 from edge_client.store import ClientStore
 from edge_client.trainer import ClientTrainer, RoundOutcome
+from har_io.blob_http import BlobCache, fetch_model
+from har_io.blobs import BlobError
 from har_io.broker_config import BrokerConfig
 from har_io.exit_codes import Exit
 from har_io.link_status import LinkStatus
 from har_io.memory import release_free_memory
 from har_io.mqtt_link import BrokerRefused, MqttLink
 from har_models.wire import codec
+from har_models.wire.blob_messages import BLOB_NOTICE_INDEX, BlobGrant, BlobRef
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, peek_transfer
 from har_models.wire.messages import (
     MAX_FAULT_CHARS,
@@ -142,6 +147,9 @@ class EdgeAgent:
         Shared by clients hosted in one worker process (:mod:`simulation.worker`).
     shared_transfers : SharedTransfers, optional
         Shared by clients hosted in one worker process: the model they all receive is held once.
+    blob_cache : BlobCache, optional
+        Where models fetched from a blob store are kept by hash (blob transport); shared by the
+        clients of one worker process. Default: ``blob-cache/`` in the store's folder.
     """
 
     def __init__(
@@ -150,6 +158,7 @@ class EdgeAgent:
         store: ClientStore,
         train_lock: threading.Lock | None = None,
         shared_transfers: SharedTransfers | None = None,
+        blob_cache: BlobCache | None = None,
     ):
         self.cfg = cfg
         self.store = store
@@ -168,6 +177,10 @@ class EdgeAgent:
         self._coordinator_until: float | None = None  # monotonic time its status goes stale; None = never
         self._coordinator_gone_logged = False
         self.models: OrderedDict[str, bytes] = OrderedDict()  # transfer id -> envelope (newest last)
+        # Blob transport (docs/scale.md): models fetched by hash, the grant of the open exchange.
+        self.blob_cache = blob_cache if blob_cache is not None else BlobCache(Path(store.folder) / "blob-cache")
+        self.grant: BlobGrant | None = None
+        self._fetch_retry_at = 0.0  # monotonic time a failed model fetch may be tried again
         # (run, round, stage, transfer) that failed validation: keyed by the exchange, since a
         # later run may send byte-identical models.
         self.rejected: set[tuple[str, int, int, str]] = set()
@@ -211,6 +224,7 @@ class EdgeAgent:
                 (self.topics.global_model("+"), 1),
                 (self.topics.client_model(cfg.client_id, "+"), 1),
                 (self.topics.client_receipt(cfg.client_id), 1),
+                (self.topics.client_grant(cfg.client_id), 1),
             ]
             + (self.programs.subscriptions() if self.programs is not None else []),
             will=(self.topics.client_status(cfg.client_id), offline_status(cfg.client_id, self.instance)),
@@ -220,7 +234,7 @@ class EdgeAgent:
             intern=shared_transfers.message if shared_transfers is not None else None,
         )
         self.delivery = Delivery(
-            self._link,
+            TransportLink(self._link, self.topics.client_update(cfg.client_id, BLOB_NOTICE_INDEX), self._transport_of, self._grant_of),
             lambda i: self.topics.client_update(cfg.client_id, i),
             self._stored_update,
             cfg.client_id,
@@ -432,6 +446,12 @@ class EdgeAgent:
         if topic == self.topics.client_receipt(cid):
             self._on_receipt(payload)
             return
+        if topic == self.topics.client_grant(cid):
+            try:
+                self.grant = BlobGrant.from_bytes(payload)
+            except MessageError as exc:
+                log.warning("[%s] ignoring malformed upload grant: %s", cid, exc)
+            return
         if self.programs is not None and self.programs.owns(topic):
             self.programs.on_message(payload)
             return
@@ -543,6 +563,8 @@ class EdgeAgent:
                     self.delivery.start(key, last[1], ann.deadline_unix)
                 self._sent_attempt[key] = ann.attempt
             return
+        if transfer and ann.transport == "blobs" and transfer not in self.models and (*key, transfer) not in self.rejected:
+            self._fetch_blob(ann, key, transfer)
         if not transfer or (*key, transfer) in self.rejected or transfer not in self.models:
             return
         if self.programs is not None and not self.programs.ready(ann, self._link.publish_nowait):
@@ -564,6 +586,46 @@ class EdgeAgent:
         del outcome
         release_free_memory()
         self._set_state("idle")
+
+    def _fetch_blob(self, ann: RoundAnnouncement, key: tuple[str, int, int], transfer: str) -> None:
+        """Fetch the model ``transfer`` of a blob-transport round into :attr:`models` (checked byte for byte).
+
+        The global model's reference is in the announcement, a personalised one in this
+        client's grant (which may not have arrived yet). A failed fetch is logged and tried
+        again 5 s later while the round is open.
+        """
+        if time.monotonic() < self._fetch_retry_at:
+            return
+        cid = self.cfg.client_id
+        ref: BlobRef | None = None
+        try:
+            if transfer == ann.global_model and ann.global_blob is not None:
+                ref = BlobRef.from_json(ann.global_blob)
+            elif self.grant is not None and self.grant.key() == key and self.grant.model is not None:
+                ref = self.grant.model
+        except ValueError as exc:  # the announcement was checked on arrival; kept for safety
+            log.warning("[%s] round %d: bad model reference: %s", cid, ann.round, exc)
+        if ref is None or ref.sha256 != transfer:
+            return  # the grant naming this client's own model is still on its way
+        try:
+            envelope = fetch_model(ref, self.cfg.max_model_bytes, self.blob_cache)
+        except BlobError as exc:
+            log.warning("[%s] round %d: cannot fetch model %s: %s; trying again in 5 s", cid, ann.round, transfer[:12], exc)
+            self._fetch_retry_at = time.monotonic() + 5.0
+            return
+        self.models[transfer] = envelope
+        while len(self.models) > 2:
+            self.models.popitem(last=False)
+
+    def _transport_of(self, key: tuple[str, int, int]) -> str:
+        """How exchange ``key`` was announced ("blobs" or "mqtt"; an exchange no longer announced: "mqtt")."""
+        a = self.announcement
+        return a.transport if a is not None and (a.run_id, a.round, a.stage) == key else "mqtt"
+
+    def _grant_of(self, key: tuple[str, int, int]) -> BlobGrant | None:
+        """This client's upload grant for exchange ``key``, if it arrived."""
+        g = self.grant
+        return g if g is not None and g.key() == key else None
 
     def _decode_and_train(self, ann: RoundAnnouncement, transfer: str, key: tuple[str, int, int]) -> RoundOutcome | None:
         """Check the received model against the announcement and run the round; None if the client cannot."""

@@ -13,7 +13,7 @@ updates go through a blob store (docs/scale.md, "Blob transport"):
 
 Devices never hold storage credentials: what they get is one URL per object or slot, valid
 until the exchange's deadline. This module is the interface (:class:`BlobStore`), the values
-that travel (:class:`BlobRef`, :class:`UploadGrant`) and the HMAC signature of the folder back
+that travel (:mod:`har_models.wire.blob_messages`) and the HMAC signature of the folder back
 end; the back ends are :class:`coordinator.blob_folder.FolderBlobStore` (a folder served by
 the coordinator's web server) and :class:`coordinator.blob_s3.S3BlobStore` (any S3-compatible
 store, presigned URLs). Nothing here is ever unpickled: blobs are safetensors envelopes,
@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from har_models.wire.blob_messages import BlobRef, UploadGrant, check_sha256
 from har_models.wire.topics import check_client_id
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-"""A SHA-256 digest as lowercase hex: the name of every object."""
+__all__ = ["TRANSPORTS", "BlobError", "BlobRef", "BlobStore", "UploadGrant", "check_sha256", "object_key", "sha256_hex",
+           "sign", "signature_ok", "upload_slot"]
 
 TRANSPORTS = ("mqtt", "blobs")
 """How model bytes travel: through the broker in chunks (the default) or through a blob store."""
@@ -39,13 +39,6 @@ TRANSPORTS = ("mqtt", "blobs")
 
 class BlobError(Exception):
     """A blob could not be stored, found, fetched or trusted (the message says which and why)."""
-
-
-def check_sha256(value: Any, what: str = "sha256") -> str:
-    """``value`` if it is a lowercase hex SHA-256 digest, else ValueError naming ``what``."""
-    if not isinstance(value, str) or not SHA256_RE.match(value):
-        raise ValueError(f"{what} must be 64 lowercase hex characters, got {value!r:.80}")
-    return value
 
 
 def sha256_hex(data: bytes) -> str:
@@ -98,78 +91,6 @@ def sign(secret: bytes, method: str, path: str, expires_unix: int, max_bytes: in
 def signature_ok(secret: bytes, method: str, path: str, expires_unix: int, max_bytes: int, signature: str) -> bool:
     """Whether ``signature`` is :func:`sign`'s for these values (compared in constant time)."""
     return hmac.compare_digest(sign(secret, method, path, expires_unix, max_bytes), signature)
-
-
-@dataclass(frozen=True)
-class BlobRef:
-    """Where a model envelope is and how to check it: what the announcement and a grant carry.
-
-    Parameters
-    ----------
-    sha256 : str
-        SHA-256 of the envelope, hex (also its transfer id, as over MQTT).
-    size : int
-        Envelope length, bytes.
-    url : str
-        An ``http(s)`` URL that answers a GET with exactly those bytes until the exchange's deadline.
-    """
-
-    sha256: str
-    size: int
-    url: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "url": self.url}
-
-    @classmethod
-    def from_json(cls, d: Any) -> BlobRef:
-        """Parse and check; ValueError if a field is missing or of the wrong kind."""
-        if not isinstance(d, dict) or set(d) != {"sha256", "size", "url"}:
-            raise ValueError(f"a blob reference needs exactly sha256, size and url, got {d!r:.120}")
-        size = d["size"]
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"blob size must be an integer >= 0, got {size!r:.40}")
-        return cls(check_sha256(d["sha256"]), size, _check_url(d["url"]))
-
-
-@dataclass(frozen=True)
-class UploadGrant:
-    """Permission to upload one update: a signed PUT URL for the client's slot of one exchange.
-
-    Parameters
-    ----------
-    url : str
-        ``http(s)`` URL a PUT of the update envelope goes to (no credentials needed).
-    expires_unix : float
-        Unix time (s) after which the store refuses it (the exchange's deadline).
-    max_bytes : int
-        Largest envelope the coordinator accepts (its ``max_update_bytes``).
-    """
-
-    url: str
-    expires_unix: float
-    max_bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "expires_unix": self.expires_unix, "max_bytes": self.max_bytes}
-
-    @classmethod
-    def from_json(cls, d: Any) -> UploadGrant:
-        """Parse and check; ValueError if a field is missing or of the wrong kind."""
-        if not isinstance(d, dict) or set(d) != {"url", "expires_unix", "max_bytes"}:
-            raise ValueError(f"an upload grant needs exactly url, expires_unix and max_bytes, got {d!r:.120}")
-        exp, mx = d["expires_unix"], d["max_bytes"]
-        if isinstance(exp, bool) or not isinstance(exp, (int, float)):
-            raise ValueError(f"expires_unix must be a number, got {exp!r:.40}")
-        if isinstance(mx, bool) or not isinstance(mx, int) or mx <= 0:
-            raise ValueError(f"max_bytes must be an integer > 0, got {mx!r:.40}")
-        return cls(_check_url(d["url"]), float(exp), mx)
-
-
-def _check_url(url: Any) -> str:
-    if not isinstance(url, str) or not re.match(r"^https?://[^\s]{1,4000}$", url):
-        raise ValueError(f"a blob URL must be http(s)://..., got {url!r:.120}")
-    return url
 
 
 class BlobStore(Protocol):

@@ -20,7 +20,7 @@ def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
 
     ``in`` (coordinator's broker -> regional broker, for the devices): the coordinator's status,
     the round announcement, the progress record, the global model's chunks, each device's
-    personalised model, receipts and ExecuTorch programs. ``out`` (regional -> coordinator's
+    personalised model, receipts, blob-transport grants and ExecuTorch programs. ``out`` (regional -> coordinator's
     broker): each device's status, update chunks and program requests. These are the topics
     of docs/protocol.md in their documented direction, and nothing else: no topic is bridged
     both ways (a status cleared by the coordinator stays on its own broker), and ``+`` stands
@@ -45,6 +45,7 @@ def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
         (t.global_model("+"), "in"),
         (t.client_model("+", "+"), "in"),
         (t.client_receipt("+"), "in"),
+        (t.client_grant("+"), "in"),
         (t.client_programs("+", "+"), "in"),
         (t.client_status("+"), "out"),
         (t.client_update("+", "+"), "out"),
@@ -109,6 +110,7 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
             f"topic read {t.global_model('+')}",
             f"topic read {t.client_model(cid, '+')}",
             f"topic read {t.client_receipt(cid)}",
+            f"topic read {t.client_grant(cid)}",
             f"topic readwrite {t.client_status(cid)}",
             f"topic write {t.client_update(cid, '+')}",
             f"topic write {t.client_program_request(cid)}",

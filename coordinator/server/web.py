@@ -1082,17 +1082,21 @@ class WebServer:
         TCP port; 0 picks a free one (:attr:`port` says which after :meth:`start`).
     token : str, optional
         The app's token; only checked here against the address (:func:`check_bind`).
+    signed : bool
+        The app answers only requests whose URL the coordinator signed (the blob app,
+        :mod:`coordinator.blob_folder`): it may face the network without a token.
 
     Raises
     ------
     BindRefused
-        From :func:`check_bind`.
+        From :func:`check_bind` (not for a ``signed`` app).
     """
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 8765, token: str | None = None):
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 8765, token: str | None = None, signed: bool = False):
         import uvicorn
 
-        check_bind(host, token)
+        if not signed:
+            check_bind(host, token)
         self.host = host
         self.port = port
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")

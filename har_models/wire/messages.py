@@ -177,6 +177,13 @@ class RoundAnnouncement:
         1, 2, ...); a client that sees a higher one drops work of the older and announces
         itself at once (public report BR-46). 0 (``run``, or a coordinator built before
         epochs) is left out of the message, so older clients parse it as before.
+    transport : {"mqtt", "blobs"}
+        How the round's model bytes travel. "mqtt" (chunks on the model topics) is left out of
+        the message, so older clients parse it as before; "blobs": from a blob store over HTTP
+        (:mod:`har_models.wire.blob_messages`), each selected client's upload URL in its grant.
+    global_blob : dict or None
+        With ``transport="blobs"``: the global model's
+        :class:`~har_models.wire.blob_messages.BlobRef` as JSON (sha256 = ``global_model``).
     """
 
     run_id: str
@@ -192,6 +199,8 @@ class RoundAnnouncement:
     stage: int = 0
     attempt: str = ""
     epoch: int = 0
+    transport: str = "mqtt"
+    global_blob: dict[str, Any] | None = None
 
     def model_for(self, cid: str) -> tuple[str, str]:
         """``(source, transfer)`` of the model ``cid`` must start from: source is "personal" or "global"."""
@@ -208,6 +217,10 @@ class RoundAnnouncement:
             del d["plan"]["update_encoding"]
         if not self.epoch:  # no epoch (fedhar-coordinator run): the message older clients know
             del d["epoch"]
+        if self.transport == "mqtt":  # the models travel as before: the message older clients know
+            del d["transport"]
+        if self.global_blob is None:
+            del d["global_blob"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -233,6 +246,17 @@ class RoundAnnouncement:
             raise MessageError(f"round announcement: epoch must be an integer >= 0, got {ann.epoch!r:.40}")
         if not isinstance(ann.arch, dict) or not isinstance(ann.personal_models, dict):
             raise MessageError("round announcement: 'arch' and 'personal_models' must be objects")
+        if ann.transport not in ("mqtt", "blobs"):
+            raise MessageError(f"round announcement: transport {ann.transport!r:.40} is neither 'mqtt' nor 'blobs'")
+        if ann.global_blob is not None:
+            from har_models.wire.blob_messages import BlobRef  # that module builds on this one
+
+            try:
+                ref = BlobRef.from_json(ann.global_blob)
+            except ValueError as exc:
+                raise MessageError(f"round announcement: global_blob: {exc}") from None
+            if ref.sha256 != ann.global_model:
+                raise MessageError("round announcement: global_blob names another model than global_model")
         return ann
 
 

@@ -9,7 +9,9 @@ Topics (``{p}`` = ``fedhar/v1/{federation}``)::
     {p}/client/{cid}/status         retained client status (JSON); last will "offline"
     {p}/client/{cid}/model/{i}      retained chunk i of the client's personalised model
     {p}/client/{cid}/update/{i}     chunk i of the client's update envelope (not retained)
+    {p}/client/{cid}/update/blob    blob transport: the client uploaded its update (JSON notice)
     {p}/client/{cid}/receipt        the coordinator's receipt for an update (not retained)
+    {p}/client/{cid}/grant          blob transport: the client's upload URL (+ own model) for the round (retained)
     {p}/client/{cid}/program_request  a client asks for the ExecuTorch programs of a version (JSON)
     {p}/client/{cid}/programs/{i}   chunk i of the program envelope sent to that client (not retained)
 
@@ -88,6 +90,10 @@ class Topics:
 
     def client_receipt(self, cid: str) -> str:
         return f"{self.prefix}/client/{cid}/receipt"
+
+    def client_grant(self, cid: str) -> str:
+        """Blob transport: the retained grant of client ``cid`` for the open exchange (its upload URL, its own model)."""
+        return f"{self.prefix}/client/{cid}/grant"
 
     def client_program_request(self, cid: str) -> str:
         """Where client ``cid`` asks for the ExecuTorch programs of an architecture version (JSON)."""

@@ -1,0 +1,215 @@
+"""Control messages of the blob transport (docs/protocol.md, "Blob transport").
+
+With ``transport = "blobs"`` the model bytes leave the broker (:mod:`har_io.blobs`); what
+stays on MQTT are these small JSON messages:
+
+* :class:`BlobRef` — where a model envelope is, its size and SHA-256: the global model's is in
+  the round announcement (``blobs.global``), a personalised model's in that client's grant;
+* :class:`BlobGrant` — on ``{p}/client/{cid}/grant`` (retained, readable by that device only):
+  the exchange it belongs to, the client's own model (personalised) if it has one, and the
+  signed URL it uploads its update to (:class:`UploadGrant`);
+* :class:`BlobNotice` — on ``{p}/client/{cid}/update/blob``: the client uploaded its update;
+  ``{run, round, stage, sha256, size}``, which the coordinator checks every byte against.
+
+Every field is checked where it enters, as for every message (:class:`MessageError`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from har_models.wire.messages import PROTOCOL_VERSION, MessageError
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+"""A SHA-256 digest as lowercase hex: the name of every object."""
+
+BLOB_NOTICE_INDEX = "blob"
+"""The last level of the update topic a :class:`BlobNotice` is published on (``{p}/client/{cid}/update/blob``):
+chunks use numbers there, so the two never mix, and the device's ACL and a bridge already carry it."""
+
+
+def check_sha256(value: Any, what: str = "sha256") -> str:
+    """``value`` if it is a lowercase hex SHA-256 digest, else ValueError naming ``what``."""
+    if not isinstance(value, str) or not SHA256_RE.match(value):
+        raise ValueError(f"{what} must be 64 lowercase hex characters, got {value!r:.80}")
+    return value
+
+
+def _check_url(url: Any) -> str:
+    if not isinstance(url, str) or not re.match(r"^https?://\S{1,4000}$", url):
+        raise ValueError(f"a blob URL must be http(s)://..., got {url!r:.120}")
+    return url
+
+
+def _int(value: Any, what: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} must be an integer >= {low}, got {value!r:.40}")
+    return value
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Where a model envelope is and how to check it.
+
+    Parameters
+    ----------
+    sha256 : str
+        SHA-256 of the envelope, hex (also its transfer id, as over MQTT).
+    size : int
+        Envelope length, bytes.
+    url : str
+        An ``http(s)`` URL that answers a GET with exactly those bytes until the exchange's deadline.
+    """
+
+    sha256: str
+    size: int
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size, "url": self.url}
+
+    @classmethod
+    def from_json(cls, d: Any) -> BlobRef:
+        """Parse and check; ValueError if a field is missing, unknown or of the wrong kind."""
+        if not isinstance(d, dict) or set(d) != {"sha256", "size", "url"}:
+            raise ValueError(f"a blob reference needs exactly sha256, size and url, got {d!r:.120}")
+        return cls(check_sha256(d["sha256"]), _int(d["size"], "blob size"), _check_url(d["url"]))
+
+
+@dataclass(frozen=True)
+class UploadGrant:
+    """Permission to upload one update: a signed PUT URL for the client's slot of one exchange.
+
+    Parameters
+    ----------
+    url : str
+        ``http(s)`` URL a PUT of the update envelope goes to (no credentials needed).
+    expires_unix : float
+        Unix time (s) after which the store refuses it (the exchange's deadline).
+    max_bytes : int
+        Largest envelope the coordinator accepts (its ``max_update_bytes``), bytes.
+    """
+
+    url: str
+    expires_unix: float
+    max_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "expires_unix": self.expires_unix, "max_bytes": self.max_bytes}
+
+    @classmethod
+    def from_json(cls, d: Any) -> UploadGrant:
+        """Parse and check; ValueError if a field is missing, unknown or of the wrong kind."""
+        if not isinstance(d, dict) or set(d) != {"url", "expires_unix", "max_bytes"}:
+            raise ValueError(f"an upload grant needs exactly url, expires_unix and max_bytes, got {d!r:.120}")
+        exp = d["expires_unix"]
+        if isinstance(exp, bool) or not isinstance(exp, int | float):
+            raise ValueError(f"expires_unix must be a number, got {exp!r:.40}")
+        return cls(_check_url(d["url"]), float(exp), _int(d["max_bytes"], "max_bytes", 1))
+
+
+def _load(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        d = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageError(f"{what}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise MessageError(f"{what}: expected a JSON object")
+    if d.pop("protocol", None) != PROTOCOL_VERSION:
+        raise MessageError(f"{what}: not protocol {PROTOCOL_VERSION}")
+    return d
+
+
+@dataclass(frozen=True)
+class BlobGrant:
+    """What one selected client needs for one exchange in blob mode (retained on its grant topic).
+
+    Parameters
+    ----------
+    run_id : str
+    round : int
+    stage : int
+    attempt : str
+        The coordinator attempt it was made for (a new attempt hands out new grants).
+    upload : UploadGrant
+    model : BlobRef or None
+        The client's personalised model (FedDWA, FedPer); None: it starts from the global model
+        named in the announcement.
+    """
+
+    run_id: str
+    round: int
+    stage: int
+    attempt: str
+    upload: UploadGrant
+    model: BlobRef | None = None
+
+    def key(self) -> tuple[str, int, int]:
+        """The exchange: (run id, round, stage)."""
+        return (self.run_id, self.round, self.stage)
+
+    def to_bytes(self) -> bytes:
+        d: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "round": self.round, "stage": self.stage,
+                             "attempt": self.attempt, "upload": self.upload.to_json()}  # fmt: skip
+        if self.model is not None:
+            d["model"] = self.model.to_json()
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> BlobGrant:
+        """Parse a grant. MessageError if it is not one, or malformed."""
+        d = _load(payload, "upload grant")
+        try:
+            if set(d) - {"run_id", "round", "stage", "attempt", "upload", "model"}:
+                raise ValueError(f"unknown fields {sorted(set(d) - {'run_id', 'round', 'stage', 'attempt', 'upload', 'model'})}")
+            if not isinstance(d.get("run_id"), str) or not isinstance(d.get("attempt"), str):
+                raise ValueError("run_id and attempt must be strings")
+            model = d.get("model")
+            return cls(d["run_id"], _int(d.get("round"), "round"), _int(d.get("stage"), "stage"), d["attempt"],
+                       UploadGrant.from_json(d.get("upload")), None if model is None else BlobRef.from_json(model))  # fmt: skip
+        except (KeyError, ValueError) as exc:
+            raise MessageError(f"upload grant: {exc}") from None
+
+
+@dataclass(frozen=True)
+class BlobNotice:
+    """A client's word that its update is in its upload slot (``{p}/client/{cid}/update/blob``).
+
+    Parameters
+    ----------
+    run_id : str
+    round : int
+    stage : int
+    sha256 : str
+        SHA-256 of the uploaded envelope, hex; the coordinator refuses bytes that do not match.
+    size : int
+        Its length, bytes.
+    """
+
+    run_id: str
+    round: int
+    stage: int
+    sha256: str
+    size: int
+
+    def to_bytes(self) -> bytes:
+        d = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "round": self.round, "stage": self.stage,
+             "sha256": self.sha256, "size": self.size}  # fmt: skip
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> BlobNotice:
+        """Parse a notice. MessageError if it is not one, or malformed."""
+        d = _load(payload, "upload notice")
+        try:
+            if set(d) != {"run_id", "round", "stage", "sha256", "size"}:
+                raise ValueError(f"expected run_id, round, stage, sha256 and size, got {sorted(d)}")
+            if not isinstance(d["run_id"], str):
+                raise ValueError("run_id must be a string")
+            return cls(d["run_id"], _int(d["round"], "round"), _int(d["stage"], "stage"), check_sha256(d["sha256"]),
+                       _int(d["size"], "size"))  # fmt: skip
+        except ValueError as exc:
+            raise MessageError(f"upload notice: {exc}") from None
