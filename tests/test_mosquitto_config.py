@@ -170,7 +170,8 @@ def test_acl_rules_are_exactly_these(broker):
         c = f"{P}/client/{cid}"
         return [
             f"user {cid}", f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/model/global/+",
-            f"topic read {c}/model/+", f"topic read {c}/receipt", f"topic readwrite {c}/status", f"topic write {c}/update/+",
+            f"topic read {c}/model/+", f"topic read {c}/receipt", f"topic read {c}/grant", f"topic readwrite {c}/status",
+            f"topic write {c}/update/+",
             f"topic write {c}/program_request", f"topic read {c}/programs/+",
         ]  # fmt: skip
 
