@@ -123,6 +123,9 @@ class FolderBlobStore:
             raise BlobError(f"the upload in {slot} is {size} bytes, over the {max_bytes}-byte limit")
         return path.read_bytes()
 
+    def drop_object(self, sha256: str) -> None:
+        self._path(object_key(sha256)).unlink(missing_ok=True)
+
     def drop_uploads(self, prefix: str) -> None:
         if not prefix.startswith("uploads/"):
             raise BlobError(f"only upload slots can be dropped, not {prefix!r:.100}")

@@ -157,6 +157,7 @@ class MqttGrid:
         self._close_blobs: Callable[[], None] = lambda: None
         self._global_blob: BlobRef | None = None  # the open exchange's global model in the store
         self._personal_blobs: dict[str, BlobRef] = {}  # ... and each selected client's own model (FedDWA, FedPer)
+        self._objects: set[str] = set()  # objects this run wrote for the open (or last) exchange: older ones are dropped
         self._grants: dict[str, bytes] = {}  # client id -> its retained grant of the open exchange (published again on reconnect)
         self._granted: set[str] = set()  # clients with a retained grant on the broker (cleared at the end)
         self.programs = ProgramDesk(  # ExecuTorch programs for clients that ask (coordinator/pte_desk.py)
@@ -580,6 +581,13 @@ class MqttGrid:
                 self._personal_blobs[cid] = ref
                 personal[cid] = ref.sha256
                 down += len(env)
+        now = {global_id, *personal.values()} - {""}
+        for sha in sorted(self._objects - now):  # the models of the last exchange: no client needs them any more
+            try:
+                self.blobs.drop_object(sha)
+            except BlobError as exc:
+                log.warning("round %d: an earlier model %s was not removed from the blob store (%s)", round_, sha[:12], exc)
+        self._objects = now
         return global_id, personal, down
 
     def _grant_all(self, round_: int, stage: int, selected: Sequence[str]) -> None:

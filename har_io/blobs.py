@@ -122,3 +122,7 @@ class BlobStore(Protocol):
     def drop_uploads(self, prefix: str) -> None:
         """Delete every upload slot whose key starts with ``prefix`` (an exchange that closed)."""
         ...
+
+    def drop_object(self, sha256: str) -> None:
+        """Delete ``objects/{sha256}`` if it exists (a model no exchange needs any more)."""
+        ...

@@ -311,8 +311,13 @@ def test_the_bridge_connects_over_tls_checked_with_the_upstream_ca(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.mosquitto
-def test_a_federation_round_runs_across_the_bridge(tmp_path: Path) -> None:
-    """The coordinator on the upstream broker, two fedhar-client processes on the regional one: one round, both updates."""
+@pytest.mark.parametrize("transport", ["mqtt", "blobs"])
+def test_a_federation_round_runs_across_the_bridge(tmp_path: Path, transport: str) -> None:
+    """The coordinator on the upstream broker, two fedhar-client processes on the regional one: one round, both updates.
+
+    In both transports: over blobs only the control messages cross the bridge (the grants
+    included), and the clients fetch the model from and upload to the coordinator's store.
+    """
     up, reg, up_port, reg_port = _pair(tmp_path)
     logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", "hapt-01", "hapt-02")}
     with _running(up, up_port) as up_log, _running(reg, reg_port), processes() as procs:
@@ -327,7 +332,7 @@ def test_a_federation_round_runs_across_the_bridge(tmp_path: Path) -> None:
         cmd = [sys.executable, "-m", "coordinator.cli", "--run-id", "bridged", "--run-dir", str(tmp_path / "run"),
                "--broker", f"127.0.0.1:{up_port}", "--federation", "fx", "--username", "coordinator",
                "--password-file", str(up / "credentials" / "coordinator.password"), *coordinator_args(round_timeout_s=150),
-               "--rounds", "1", "--local-epochs", "1", "--expected-clients", "2"]  # fmt: skip
+               "--rounds", "1", "--local-epochs", "1", "--expected-clients", "2", "--transport", transport]  # fmt: skip
         with open(logs["coordinator"], "ab") as out:
             coord = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         procs.append(coord)
@@ -338,3 +343,6 @@ def test_a_federation_round_runs_across_the_bridge(tmp_path: Path) -> None:
     assert [(r["round"], r["selected"], r["updates"], r["rejected"]) for r in doc["rounds"]] == [(0, 2, 2, 0)]
     for cid in ("hapt-01", "hapt-02"):
         assert "the coordinator confirmed the update" in logs[cid].read_text()
+    assert doc["config"]["transport"] == transport
+    objects = tmp_path / "run" / "blobs" / "objects"
+    assert (len(list(objects.iterdir())) if objects.is_dir() else 0) == (1 if transport == "blobs" else 0)
