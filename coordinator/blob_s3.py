@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -48,6 +49,8 @@ READ_TIMEOUT_S = 60.0
 """Seconds to wait for the store's answer on an open connection (an update of a few MB over a LAN takes well under this)."""
 MAX_ATTEMPTS = 3
 """Tries per request (boto3's "standard" retry mode, with backoff) before :class:`BlobError`."""
+DELETE_BATCH = 1000
+"""Keys per ListObjectsV2 page and per DeleteObjects request (the most S3 allows in one DeleteObjects)."""
 
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 _DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
@@ -86,9 +89,13 @@ def make_s3_client(endpoint_url: str | None = None, region: str | None = None, *
 
     Raises
     ------
+    ValueError
+        If ``endpoint_url`` is not ``http(s)://...``.
     BlobError
         If boto3 is not installed (the message has the install command).
     """
+    if endpoint_url is not None and (not isinstance(endpoint_url, str) or not re.match(r"^https?://[^\s/]+", endpoint_url)):
+        raise ValueError(f"S3 endpoint_url must be http(s)://host[:port], e.g. http://127.0.0.1:9000, got {endpoint_url!r:.120}")
     boto3 = _boto3()
     from botocore.config import Config
 
@@ -144,7 +151,7 @@ class S3BlobStore:
 
     # -- the BlobStore interface ---------------------------------------------------------------
 
-    def put_object(self, data: bytes) -> str:
+    def put_object(self, data: bytes | bytearray | memoryview) -> str:
         """Store ``data`` as ``{prefix}objects/{sha256}`` unless it exists (HeadObject first); return the sha256 (hex).
 
         Raises
@@ -232,7 +239,7 @@ class S3BlobStore:
         return data
 
     def drop_uploads(self, prefix: str) -> None:
-        """Delete every key under ``{self.prefix}{prefix}`` (ListObjectsV2 pages, DeleteObjects in batches of 1000).
+        """Delete every key under ``{self.prefix}{prefix}`` (ListObjectsV2 pages, DeleteObjects in batches of :data:`DELETE_BATCH`).
 
         Raises
         ------
@@ -247,12 +254,13 @@ class S3BlobStore:
 
         def keys_of_pages() -> list[list[str]]:
             paginator = self.client.get_paginator("list_objects_v2")
-            return [[o["Key"] for o in page.get("Contents", ())] for page in paginator.paginate(Bucket=self.bucket, Prefix=full)]
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=full, PaginationConfig={"PageSize": DELETE_BATCH})
+            return [[o["Key"] for o in page.get("Contents", ())] for page in pages]
 
         dropped = 0
         for keys in self._call("list uploads", full, keys_of_pages):
-            for i in range(0, len(keys), 1000):
-                batch = [{"Key": k} for k in keys[i : i + 1000]]
+            for i in range(0, len(keys), DELETE_BATCH):
+                batch = [{"Key": k} for k in keys[i : i + DELETE_BATCH]]
                 resp = self._call("delete uploads", full, lambda b=batch: self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": b, "Quiet": True}))  # fmt: skip
                 errors = resp.get("Errors") or []
