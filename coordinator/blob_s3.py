@@ -99,10 +99,12 @@ def make_s3_client(endpoint_url: str | None = None, region: str | None = None, *
     boto3 = _boto3()
     from botocore.config import Config
 
-    config = Config(signature_version="s3v4", connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
-                    retries={"max_attempts": max_attempts, "mode": "standard"},
-                    s3={"addressing_style": "path" if endpoint_url else "auto"},
-                    request_checksum_calculation="when_required", response_checksum_validation="when_required")  # fmt: skip
+    options: dict[str, Any] = {"signature_version": "s3v4", "connect_timeout": connect_timeout_s, "read_timeout": read_timeout_s,
+                               "retries": {"max_attempts": max_attempts, "mode": "standard"},
+                               "s3": {"addressing_style": "path" if endpoint_url else "auto"}}  # fmt: skip
+    if "request_checksum_calculation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36; older ones send no checksums unasked
+        options.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
+    config = Config(**options)
     session = boto3.session.Session()
     return session.client("s3", endpoint_url=endpoint_url, region_name=region or session.region_name or "us-east-1", config=config)
 
