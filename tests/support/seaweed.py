@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -62,14 +63,20 @@ class SeaweedMini:
         self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
         self.log_file = data_dir / "weed.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.socket_dir: str | None = None
 
     def __enter__(self) -> SeaweedMini:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [self.weed, "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
                 "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 *(f"-{flag}={port}" for flag, port in self.ports.items())]  # fmt: skip
+        # weed writes its logs to the temporary folder, and sockets under /tmp: a short folder of its own for both where a
+        # flag allows (a socket path has at most 107 bytes); the rest are removed by name on exit.
+        self.socket_dir = tempfile.mkdtemp(prefix="weed-")
+        args += [f"-s3.localSocket={self.socket_dir}/s3.sock", f"-filer.localSocket={self.socket_dir}/filer.sock"]
+        env = {**os.environ, "TMPDIR": self.socket_dir}
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir)
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir, env=env)
         try:
             self._wait_ready()
         except BaseException:
@@ -81,6 +88,12 @@ class SeaweedMini:
         if self.process is not None:
             stop_process(self.process)
             self.process = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
+            for port in self.ports.values():  # the gRPC sockets weed names by port in /tmp whatever TMPDIR says
+                for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                    sock.unlink(missing_ok=True)
 
     def log_tail(self, n: int = 3000) -> str:
         """The last ``n`` characters of ``weed.log``."""
