@@ -29,6 +29,7 @@ Limits
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -239,6 +240,20 @@ class S3BlobStore:
             raise BlobError(f"upload slot {slot} in {self._where()} grew past the limit of {max_bytes} bytes while it was read; "
                             "the update is refused")  # fmt: skip
         return data
+
+    def drop_object(self, sha256: str) -> None:
+        """Delete ``{prefix}objects/{sha256}`` (DeleteObject; deleting a missing key is no error in S3).
+
+        Raises
+        ------
+        ValueError
+            For a malformed digest.
+        BlobError
+            If the store refuses or cannot be reached.
+        """
+        key = self.prefix + object_key(sha256)
+        with contextlib.suppress(_Missing):
+            self._call("delete object", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
 
     def drop_uploads(self, prefix: str) -> None:
         """Delete every key under ``{self.prefix}{prefix}`` (ListObjectsV2 pages, DeleteObjects in batches of :data:`DELETE_BATCH`).

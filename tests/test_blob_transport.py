@@ -51,7 +51,7 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, d
 def _put(url: str, body: bytes, chunked: bool = False) -> int:
     """PUT ``body``; ``chunked`` sends it without a Content-Length (the server must count as it reads)."""
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=10)
     try:
         if chunked:
             conn.putrequest("PUT", f"{u.path}?{u.query}")
@@ -237,3 +237,9 @@ def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on
     assert len(list((run / "blobs" / "objects").iterdir())) == 1  # the last round's global model: earlier ones are dropped
     assert not [p for p in (run / "blobs" / "uploads").rglob("*") if p.is_file()]  # closed exchanges' slots are gone
     assert json.loads((run / "report.json").read_text())["config"]["transport"] == "blobs"
+
+
+def test_the_folder_store_keeps_the_contract_of_every_blob_store(served):
+    from support.blob_contract import check_store_contract
+
+    check_store_contract(served, run_id="folder-contract")

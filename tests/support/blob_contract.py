@@ -133,6 +133,10 @@ def check_store_contract(store: BlobStore, *, run_id: str = "contract", check_ex
         assert store.read_upload(slot, 1 << 20) is None, f"{slot} survived drop_uploads({exchange_prefix(slot_a)!r})"
     assert store.read_upload(slot_other, 1 << 20) == other, "drop_uploads removed another exchange's slot"
     assert store.has_object(model_sha), "drop_uploads removed an object"
+    store.drop_object(model_sha)
+    assert not store.has_object(model_sha), "drop_object left the object"
+    store.drop_object(model_sha)  # dropping it again is no error
+    assert store.put_object(model) == model_sha and store.has_object(model_sha), "a dropped object could not be written again"
     store.drop_uploads(exchange_prefix(slot_other))
     assert store.read_upload(slot_other, 1 << 20) is None
 
