@@ -43,7 +43,10 @@ def open_blob_store(cfg: CoordinatorConfig) -> tuple[BlobStore, Callable[[], Non
     if cfg.blob_store == "s3":
         from coordinator.blob_s3 import S3BlobStore
 
-        return S3BlobStore(cfg.s3_bucket, endpoint_url=cfg.s3_endpoint or None, prefix=cfg.s3_prefix), lambda: None
+        s3 = S3BlobStore(cfg.s3_bucket, endpoint_url=cfg.s3_endpoint or None, prefix=cfg.s3_prefix)
+        s3.check_bucket()  # a wrong endpoint, bucket or key fails the start, not the first round
+        log.info("blob transport: objects and uploads in S3 bucket %s at %s", cfg.s3_bucket, cfg.s3_endpoint or "AWS")
+        return s3, lambda: None
     from coordinator.blob_folder import BlobServer, FolderBlobStore, load_secret
 
     store = FolderBlobStore(cfg.run_dir / "blobs", "", load_secret(cfg.run_dir / "blob-secret"))
