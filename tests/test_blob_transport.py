@@ -243,3 +243,16 @@ def test_the_folder_store_keeps_the_contract_of_every_blob_store(served):
     from support.blob_contract import check_store_contract
 
     check_store_contract(served, run_id="folder-contract")
+
+
+@pytest.mark.slow
+def test_personalised_models_travel_as_objects_named_in_each_clients_grant(small_simulation, tmp_path):
+    """FedDWA: from round 1 each client starts from its own model, an object of its own, named in its grant only."""
+    docs = {t: small_simulation("--rounds", "2", "--aggregation", "feddwa", "--transport", t, name=f"dwa-{t}", run_id="dwa")
+            for t in ("mqtt", "blobs")}  # fmt: skip
+    figures = {t: [(r["updates"], r["global"]["macro_f1"], r["personalisation"]["macro_f1"]) for r in d["rounds"]]
+               for t, d in docs.items()}  # fmt: skip
+    assert figures["blobs"] == figures["mqtt"] and [f[0] for f in figures["mqtt"]] == [3, 3]
+    # Round 1's three personalised models are the objects left in the store, none of them another's.
+    objects = sorted(p.name for p in (tmp_path / "dwa-blobs" / "blobs" / "objects").iterdir())
+    assert len(objects) == 3
