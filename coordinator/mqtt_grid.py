@@ -88,6 +88,9 @@ class MqttGrid:
     epoch : int
         The served coordinator's epoch (one per start of ``fedhar-coordinator serve``), carried
         in every announcement and coordinator status; 0 (``run``) leaves it out of them.
+    blob_store : BlobStore, optional
+        With ``cfg.transport == "blobs"``: a store served by someone else (``serve`` serves its
+        folder store beside the status page); else :meth:`connect` opens the one ``cfg`` names.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class MqttGrid:
         admission: Admission = OPEN,
         epoch: int = 0,
         clients_restarted: Callable[[], Mapping[str, float]] | None = None,
+        blob_store: BlobStore | None = None,
     ):
         self.cfg = cfg
         self.admission = admission
@@ -153,7 +157,7 @@ class MqttGrid:
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, self.reassembler)  # end-to-end delivery
         self._owned_chunks: dict[str, int] = {}  # retained chunk topic base -> chunks published (cleared at the end)
         # Blob transport (cfg.transport == "blobs", coordinator/blob_transport.py): the store, opened by connect().
-        self.blobs: BlobStore | None = None
+        self.blobs: BlobStore | None = blob_store if cfg.transport == "blobs" else None
         self._close_blobs: Callable[[], None] = lambda: None
         self._global_blob: BlobRef | None = None  # the open exchange's global model in the store
         self._personal_blobs: dict[str, BlobRef] = {}  # ... and each selected client's own model (FedDWA, FedPer)

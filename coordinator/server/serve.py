@@ -304,7 +304,9 @@ class Server:
         self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
                                    require_charging=lambda: self.schedule.require_charging)  # fmt: skip
         state = open_state(self.cfg)
-        self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch)
+        self._blob_store = self._page_blob_store()
+        self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch,
+                             blob_store=self._blob_store)  # fmt: skip
         self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state)  # the rounds
         self._reload = threading.Event()
         self._open_round: int | None = None  # the round run_round is running (a reload waits for it)
@@ -648,6 +650,30 @@ class Server:
             if self.registry.is_revoked(cid) and self.runner.forget_client(cid):
                 log.info("the personalised model of revoked device %s is dropped", cid)
 
+    def _page_blob_store(self) -> Any:
+        """The folder blob store the status page serves under ``/blobs/`` (transport blobs, folder store, a page); else None.
+
+        Its URLs start with ``blob_public_url``, else with the page's own address (known once the
+        page bound its port). Without a page the grid serves the store on ``blob_bind:blob_port``.
+
+        Raises
+        ------
+        ValueError
+            If the page binds a wildcard address (``0.0.0.0``, ``::``) and no ``blob_public_url``
+            says how devices reach it.
+        """
+        cfg = self.cfg
+        if cfg.transport != "blobs" or cfg.blob_store != "folder" or not self.file.server.http_port:
+            return None
+        try:
+            from coordinator.blob_folder import FolderBlobStore, load_secret
+        except ImportError:  # no web libraries: the page is not served either
+            return None
+        if not cfg.blob_public_url and self.file.server.http_bind in ("0.0.0.0", "::", ""):
+            raise ValueError(f"[server] http_bind = {self.file.server.http_bind!r} serves the blob store on every address: "
+                                   "set blob_public_url (e.g. 'http://homeserver.lan:8765') so devices know where to fetch")  # fmt: skip
+        return FolderBlobStore(cfg.run_dir / "blobs", cfg.blob_public_url, load_secret(cfg.run_dir / "blob-secret"))
+
     def start_status_page(self) -> Any:
         """Start the status page (coordinator.server.web) in a thread when ``[server] http_port`` is not 0.
 
@@ -681,7 +707,18 @@ class Server:
                           monitor=monitor, next_start=self.page_next_start, waiting=self.page_waiting, stall_after_s=stall_after_s,
                           broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None)  # fmt: skip
         try:
-            page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token)
+            blob_routes: list[Any] = []
+            if self._blob_store is not None:
+                from coordinator.blob_folder import blob_app
+
+                blob_routes = list(blob_app(self._blob_store).routes)
+            page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token, blob_routes=blob_routes)
+            if self._blob_store is not None and not self.cfg.blob_public_url:
+                host = self.server.http_bind
+                self._blob_store.base_url = f"http://{f'[{host}]' if ':' in host else host}:{page.port}"
+            if self._blob_store is not None:
+                log.info("blob transport: models and uploads in %s, served at %s/blobs/", self._blob_store.folder,
+                         self._blob_store.base_url)  # fmt: skip
         except BaseException:
             if monitor is not None:
                 monitor.stop()

@@ -50,7 +50,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.broker.certificates import EXPIRY_WARNING_S
@@ -156,15 +156,18 @@ class TokenGate:
     """ASGI middleware: every HTTP request must carry ``token`` (header or query), else 401.
 
     The comparison is :func:`hmac.compare_digest` over UTF-8 bytes (constant time in the
-    length of the expected token).
+    length of the expected token). Paths under ``open_prefix`` (the blob store's, whose every
+    URL carries the coordinator's own signature: :mod:`coordinator.blob_folder`) pass without it:
+    devices hold those URLs, never the page's token.
     """
 
-    def __init__(self, app: ASGIApp, token: str):
+    def __init__(self, app: ASGIApp, token: str, open_prefix: str | None = None):
         self.app = app
         self._token = token.encode()
+        self._open_prefix = open_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not (self._open_prefix and str(scope.get("path", "")).startswith(self._open_prefix)):
             got = _token_of(scope)
             if got is None or not hmac.compare_digest(got.encode("utf-8", "replace"), self._token):
                 resp = JSONResponse({"error": "this server needs its token: send 'Authorization: Bearer <token>' or ?token=<token>"},
@@ -994,14 +997,17 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return v
 
 
-def make_app(view: ServerView, token: str | None = None) -> Starlette:
+def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The Starlette application of the status page, API and metrics over ``view``.
 
     Parameters
     ----------
     view : ServerView
     token : str, optional
-        When given, every request must carry it (see :class:`TokenGate`).
+        When given, every request must carry it (see :class:`TokenGate`), except those to ``/blobs/``.
+    blob_routes : sequence of Route
+        The folder blob store's routes (:func:`coordinator.blob_folder.blob_app`), served under
+        ``/blobs/`` when the federation uses the blob transport; they check their own signatures.
 
     Returns
     -------
@@ -1061,10 +1067,11 @@ def make_app(view: ServerView, token: str | None = None) -> Starlette:
         Route("/api/versions", api_versions, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        *blob_routes,
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, StateDamaged: damaged, Exception: internal_error})
     if token:
-        app.add_middleware(TokenGate, token=token)
+        app.add_middleware(TokenGate, token=token, open_prefix="/blobs/" if blob_routes else None)
     app.state.view = view
     app.state.metrics = registry
     return app
@@ -1141,8 +1148,11 @@ class WebServer:
             self._thread.join(timeout)
 
 
-def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 8765, token: str | None = None) -> WebServer:
+def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
+                      blob_routes: Sequence[BaseRoute] = ()) -> WebServer:  # fmt: skip
     """Serve :func:`make_app` of ``view`` on ``host``:``port`` in a thread (what ``serve`` calls); stop it with ``.stop()``.
+
+    ``blob_routes``: the folder blob store's, served under ``/blobs/`` beside the page (:func:`make_app`).
 
     Raises
     ------
@@ -1151,7 +1161,7 @@ def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 876
     RuntimeError
         If it does not start within 10 s (e.g. the port is taken).
     """
-    server = WebServer(make_app(view, token=token), host=host, port=port, token=token)
+    server = WebServer(make_app(view, token=token, blob_routes=blob_routes), host=host, port=port, token=token)
     server.start()
     threading.Thread(target=view.warm, name="status-page-warm", daemon=True).start()
     return server
