@@ -168,6 +168,7 @@ class MqttGrid:
             self._link, self.topics, cfg.run_id, spec,
             on_reject=lambda cid, reason, detail: self.state.event(None, cid, "program_request_rejected", f"{reason}: {detail}"),
         )
+        self.programs.blobs = self.blobs  # blob transport: programs through the same store
 
     # ------------------------------------------------------------------------------ helpers
     def _status_bytes(self, state: str) -> bytes:
@@ -757,6 +758,7 @@ class MqttGrid:
                 self.blobs, self._close_blobs = open_blob_store(self.cfg)
             except BlobError as exc:
                 raise CoordinatorError(f"cannot open the blob store: {exc}") from None
+            self.programs.blobs = self.blobs
         threading.Thread(target=self._refresh_status, name="coordinator-status-refresh", daemon=True).start()
 
     def close(self) -> None:

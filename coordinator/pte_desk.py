@@ -33,9 +33,11 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from har_io.blobs import BlobError, BlobStore
 from har_io.install_hints import install_hint
 from har_io.mqtt_link import MqttLink
 from har_models.nn.arch import ArchSpec
+from har_models.wire.blob_messages import PROGRAM_BLOB_INDEX, ProgramBlob
 from har_models.wire.pte_delivery import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
 from har_models.wire.topics import Topics
 
@@ -48,6 +50,9 @@ def default_cache() -> Path:
     return Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
 
 Rejected = Callable[[str, str, str], None]
+
+PROGRAM_URL_TTL_S = 3600.0
+"""How long the URL of a program object sent to a client stays valid (s): it fetches at once, and asks again after 60 s if not."""
 
 
 class ProgramDesk:
@@ -93,6 +98,9 @@ class ProgramDesk:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._sets: OrderedDict[str, ProgramSet] = OrderedDict()  # spec JSON -> exported set (two newest)
+        # Blob transport (set by the grid once its store is open): programs go to the store, a reference over MQTT.
+        self.blobs: BlobStore | None = None
+        self._program_objects: dict[str, str] = {}  # client id -> sha256 of the last program object it was sent
 
     def on_request(self, cid: str, payload: bytes) -> None:
         """Check the request of client ``cid`` (from the topic) and queue the answer; reject it with a reason otherwise.
@@ -179,16 +187,41 @@ class ProgramDesk:
             try:
                 programs = self.programs_for(spec)
                 env = encode_programs(programs, client_id=cid, run_id=self.run_id, executorch_version=version("executorch"))
-                n = self.link.publish_chunks(functools.partial(self.topics.client_programs, cid), env)
+                if self.blobs is not None:
+                    self._send_blob(cid, spec, env)
+                else:
+                    n = self.link.publish_chunks(functools.partial(self.topics.client_programs, cid), env)
+                    log.info("sent the ExecuTorch programs of v%d to %s: %d bytes in %d chunk(s)", spec.version, cid, len(env), n)
                 self.sent[(cid, spec.version)] += 1
                 with self._lock:
                     self._last_sent[(cid, spec.to_json())] = time.monotonic()
-                log.info("sent the ExecuTorch programs of v%d to %s: %d bytes in %d chunk(s)", spec.version, cid, len(env), n)
             except Exception as exc:  # the round loop goes on; the client asks again
                 log.error("could not send the programs of v%d to %s: %s: %s", spec.version, cid, type(exc).__name__, exc)
             finally:
                 with self._lock:
                     self._queued.discard((cid, spec.to_json()))
+
+    def _send_blob(self, cid: str, spec: ArchSpec, env: bytes) -> None:
+        """Blob transport: write the client's program envelope to the store and send it the reference.
+
+        The envelope names its client, so it is an object of that client's; the one sent to it
+        before is deleted. The URL is valid for :data:`PROGRAM_URL_TTL_S`.
+        """
+        from coordinator.blob_transport import publish_object
+
+        assert self.blobs is not None
+        ref = publish_object(self.blobs, env, time.time() + PROGRAM_URL_TTL_S)
+        msg = ProgramBlob(self.run_id, spec.version, ref)
+        self.link.publish(self.topics.client_programs(cid, PROGRAM_BLOB_INDEX), msg.to_bytes())
+        old = self._program_objects.get(cid)
+        self._program_objects[cid] = ref.sha256
+        if old is not None and old != ref.sha256 and old not in self._program_objects.values():
+            try:
+                self.blobs.drop_object(old)
+            except BlobError as exc:
+                log.warning("the earlier program object of %s was not removed from the blob store (%s)", cid, exc)
+        log.info("sent the ExecuTorch programs of v%d to %s through the blob store: %d bytes, object %s", spec.version, cid,
+                 len(env), ref.sha256[:12])  # fmt: skip
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread after the answer it is sending (waits at most ``timeout_s`` seconds)."""

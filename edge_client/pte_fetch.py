@@ -29,10 +29,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from har_io.blob_http import fetch_model
+from har_io.blobs import BlobError
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
+from har_models.wire.blob_messages import ProgramBlob
 from har_models.wire.chunking import ChunkError, Reassembler, peek_transfer
-from har_models.wire.messages import RoundAnnouncement
+from har_models.wire.messages import MessageError, RoundAnnouncement
 from har_models.wire.pte_delivery import ProgramError, ProgramRequest, ProgramSet, decode_programs, find_programs, store_programs
 from har_models.wire.topics import Topics
 
@@ -142,7 +145,13 @@ class ProgramFetcher:
         return False
 
     def on_message(self, payload: bytes) -> None:
-        """Take one program chunk; when the transfer is whole, check and store it. Never raises; rejections are logged."""
+        """Take one program chunk, or a reference to the programs in the blob store; check and store a whole set.
+
+        Never raises; rejections are logged.
+        """
+        if payload[:1] == b"{":
+            self._on_blob(payload)
+            return
         t = peek_transfer(payload)
         self._last_chunk = time.monotonic()
         try:
@@ -154,8 +163,30 @@ class ProgramFetcher:
             return
         if t is not None:
             self.reassembler.forget(STREAM, t)  # stored or rejected: a later send of the same bytes is looked at again
+        self._take(done[1])
+
+    def _on_blob(self, payload: bytes) -> None:
+        """Blob transport: fetch the program envelope a :class:`ProgramBlob` names (checked byte for byte), then take it."""
         try:
-            programs = self.accept(done[1])
+            msg = ProgramBlob.from_bytes(payload)
+        except MessageError as exc:
+            log.warning("[%s] ignoring a malformed program reference: %s", self.client_id, exc)
+            return
+        if msg.arch_version not in self._wanted:
+            self.rejected.append("unrequested")
+            log.error("[%s] rejected the programs received (unrequested): v%d, none asked for", self.client_id, msg.arch_version)
+            return
+        try:
+            envelope = fetch_model(msg.ref, self.max_bytes)
+        except BlobError as exc:
+            log.warning("[%s] cannot fetch the programs of v%d: %s; asking again later", self.client_id, msg.arch_version, exc)
+            return
+        self._take(envelope)
+
+    def _take(self, envelope: bytes) -> None:
+        """Check a whole program envelope (:meth:`accept`) and store it."""
+        try:
+            programs = self.accept(envelope)
         except ProgramError as exc:
             self.rejected.append(exc.reason)
             log.error("[%s] rejected the programs received (%s): %s", self.client_id, exc.reason, exc)
@@ -169,7 +200,7 @@ class ProgramFetcher:
         self._next_ask.pop(programs.spec.to_json(), None)
         self.stored.append(programs.spec.version)
         log.info("[%s] stored the ExecuTorch programs of architecture v%d (%d bytes) in %s", self.client_id, programs.spec.version,
-                 len(done[1]), self.folder)  # fmt: skip
+                 len(envelope), self.folder)  # fmt: skip
 
     def accept(self, envelope: bytes) -> ProgramSet:
         """Check a whole program envelope against the request made for its version.

@@ -24,6 +24,7 @@ from coordinator.service import Coordinator
 from coordinator.state import RunState
 from har_io.mqtt_link import BrokerConfig
 from har_models.data.subjects import union_test_set
+from har_models.wire import codec
 from simulation.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.slow  # exports ExecuTorch programs and runs a growing federation
@@ -65,7 +66,9 @@ def _stored_versions(folder: Path) -> list[int]:
     return sorted(json.loads(p.read_text())["spec"]["version"] for p in folder.glob("*.json"))
 
 
-def test_executorch_clients_get_the_programs_of_each_grown_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("transport", ["mqtt", "blobs"])
+def test_executorch_clients_get_the_programs_of_each_grown_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   transport: str) -> None:  # fmt: skip
     pytest.importorskip("executorch")
     exporter_cache = tmp_path / "coordinator-programs"
     monkeypatch.setenv("FEDHAR_PROGRAM_CACHE", str(exporter_cache))  # the coordinator exports each version afresh
@@ -77,7 +80,7 @@ def test_executorch_clients_get_the_programs_of_each_grown_version(tmp_path: Pat
                 run_dir=tmp_path / "run", broker=BrokerConfig(port=broker.port), federation="grow", run_id="grow",
                 rounds=2, expected_clients=3, start_timeout_s=300, round_timeout_s=400, conv_filters=8, dense_units=32,
                 lr=0.05, local_epochs=1, generalisation_every=0, growth="feddist", feddist_mode="function_preserving",
-                feddist_k0=0.1,
+                feddist_k0=0.1, transport=transport,
             )  # fmt: skip
             doc = Coordinator(cfg, Evaluator(union_test_set(sources)), progress=False).run()
         finally:
@@ -106,3 +109,9 @@ def test_executorch_clients_get_the_programs_of_each_grown_version(tmp_path: Pat
     assert "asking the coordinator" not in logs[1]  # the PyTorch client never asks
     assert _stored_versions(exporter_cache) == [0, grown]  # the coordinator exported each version once
     assert RunState(tmp_path / "run").events("program_request_rejected") == []
+    if transport == "blobs":
+        # The programs went through the blob store: each ExecuTorch client's last set is an object addressed to it
+        # (the one before it was dropped), beside the last round's global model.
+        kinds = sorted((codec.peek_header(p.read_bytes())["kind"], codec.peek_header(p.read_bytes())["client_id"])
+                       for p in (tmp_path / "run" / "blobs" / "objects").iterdir())  # fmt: skip
+        assert kinds == [("model", ""), ("program", "hapt-02"), ("program", "hapt-03")], kinds

@@ -9,7 +9,9 @@ stays on MQTT are these small JSON messages:
   the exchange it belongs to, the client's own model (personalised) if it has one, and the
   signed URL it uploads its update to (:class:`UploadGrant`);
 * :class:`BlobNotice` — on ``{p}/client/{cid}/update/blob``: the client uploaded its update;
-  ``{run, round, stage, sha256, size}``, which the coordinator checks every byte against.
+  ``{run, round, stage, sha256, size}``, which the coordinator checks every byte against;
+* :class:`ProgramBlob` — on ``{p}/client/{cid}/programs/blob``: the ExecuTorch programs a client
+  asked for are in the store (the same program envelope that otherwise comes in chunks).
 
 Every field is checked where it enters, as for every message (:class:`MessageError`).
 """
@@ -25,6 +27,9 @@ from har_models.wire.messages import PROTOCOL_VERSION, MessageError
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 """A SHA-256 digest as lowercase hex: the name of every object."""
+
+PROGRAM_BLOB_INDEX = "blob"
+"""The last level of the program topic a :class:`ProgramBlob` is published on (``{p}/client/{cid}/programs/blob``)."""
 
 BLOB_NOTICE_INDEX = "blob"
 """The last level of the update topic a :class:`BlobNotice` is published on (``{p}/client/{cid}/update/blob``):
@@ -213,3 +218,36 @@ class BlobNotice:
                        _int(d["size"], "size"))  # fmt: skip
         except ValueError as exc:
             raise MessageError(f"upload notice: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ProgramBlob:
+    """Where the program envelope a client asked for is (blob transport; ``{p}/client/{cid}/programs/blob``).
+
+    Parameters
+    ----------
+    run_id : str
+    arch_version : int
+        The architecture version whose programs these are.
+    ref : BlobRef
+        The envelope of kind ``"program"`` (:mod:`har_models.wire.pte_delivery`), addressed to that client.
+    """
+
+    run_id: str
+    arch_version: int
+    ref: BlobRef
+
+    def to_bytes(self) -> bytes:
+        d = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "arch_version": self.arch_version, "ref": self.ref.to_json()}
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> ProgramBlob:
+        """Parse one. MessageError if it is not one, or malformed."""
+        d = _load(payload, "program reference")
+        try:
+            if set(d) != {"run_id", "arch_version", "ref"} or not isinstance(d["run_id"], str):
+                raise ValueError(f"expected run_id (a string), arch_version and ref, got {sorted(d)}")
+            return cls(d["run_id"], _int(d["arch_version"], "arch_version"), BlobRef.from_json(d["ref"]))
+        except ValueError as exc:
+            raise MessageError(f"program reference: {exc}") from None
