@@ -617,7 +617,10 @@ class MqttGrid:
         """Publish models + announcement, collect updates until every selected client answered or went offline, or the deadline."""
         spec = fed.spec
         self._published = fed
-        global_id, personal, down = self._publish_models(fed, round_, selected)
+        try:
+            global_id, personal, down = self._publish_models(fed, round_, selected)
+        except BlobError as exc:  # the blob store is down or refuses: this exchange gets no update, the run goes on
+            return self._store_failed(fed, round_, stage, selected, plan, exc)
         deadline = time.time() + self.cfg.round_timeout_s
         ann = RoundAnnouncement(
             run_id=self.cfg.run_id,
@@ -682,6 +685,18 @@ class MqttGrid:
         for f in c.failures():
             kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
+        return c
+
+    def _store_failed(self, fed: Federation, round_: int, stage: int, selected: Sequence[str], plan: TrainingPlan,
+                      exc: BlobError) -> Exchange:  # fmt: skip
+        """An exchange that could not start because the blob store failed: closed at once, every selected client
+        failed with reason ``blob_store_unavailable`` (the round then closes without quorum and is run again)."""
+        log.error("round %d: the models could not be written to the blob store (%s); the exchange closes without updates "
+                  "and the round is run again", round_, exc)  # fmt: skip
+        self.state.event(round_, None, "blob_store_failed", str(exc)[:300])
+        c = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance)
+        for cid in selected:
+            c.rejected[(cid[:64], "blob_store_unavailable")] += 1
         return c
 
     def _drop_refused(self, c: Exchange) -> None:

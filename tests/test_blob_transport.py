@@ -256,3 +256,55 @@ def test_personalised_models_travel_as_objects_named_in_each_clients_grant(small
     # Round 1's three personalised models are the objects left in the store, none of them another's.
     objects = sorted(p.name for p in (tmp_path / "dwa-blobs" / "blobs" / "objects").iterdir())
     assert len(objects) == 3
+
+
+# ------------------------------------------------------------------------------ the grid's side, without a broker
+class _DownStore(FolderBlobStore):
+    """A folder store whose writes fail, as an S3 store that cannot be reached does."""
+
+    def put_object(self, data: bytes) -> str:
+        raise BlobError("store at http://s3.invalid: EndpointConnectionError (is it running?)")
+
+
+def _grid(tmp_path: Path, transport: str = "blobs", store=None):
+    from coordinator.config import CoordinatorConfig
+    from coordinator.mqtt_grid import MqttGrid
+    from coordinator.state import RunState
+
+    cfg = CoordinatorConfig(run_dir=tmp_path / "run", federation="blobfed", run_id="run", transport=transport,
+                            max_update_bytes=4096)  # fmt: skip
+    state = RunState(cfg.run_dir)
+    return MqttGrid(cfg, state, blob_store=store), state
+
+
+def test_a_blob_store_that_fails_closes_the_exchange_without_updates_instead_of_the_coordinator(tmp_path):
+    from coordinator.round import base_plan
+    from coordinator.strategies import Federation
+    from har_models.nn.model import ArchSpec, init_state
+
+    store = _DownStore(tmp_path / "blobs", "http://127.0.0.1:9", b"k" * 32)
+    grid, state = _grid(tmp_path, store=store)
+    try:
+        spec = ArchSpec(n_classes=6, conv_filters=2, dense_units=4)
+        ex = grid.exchange(Federation(spec, spec, init_state(spec, 0)), "hapt6", 3, 0, ["dev-a", "dev-b"], base_plan(grid.cfg, 3))
+        assert ex.updates == {} and [(f.client_id, f.reason) for f in ex.failures()] == [
+            ("dev-a", "blob_store_unavailable"), ("dev-b", "blob_store_unavailable")]
+        assert [(r, c, d[:33]) for r, c, _, d in state.events("blob_store_failed")] == [(3, None, "store at http://s3.invalid: Endpo")]
+    finally:
+        state.close()
+
+
+def test_a_notice_that_does_not_belong_to_the_open_exchange_is_counted_and_dropped(tmp_path):
+    notice = BlobNotice("run", 0, 0, SHA_A, 10).to_bytes()
+    grid, state = _grid(tmp_path, store=FolderBlobStore(tmp_path / "blobs", "http://127.0.0.1:9", b"k" * 32))
+    plain, plain_state = _grid(tmp_path / "plain", transport="mqtt")
+    try:
+        grid._on_blob_notice("dev-a", notice)  # no exchange open
+        grid._on_blob_notice("dev-a", b"{not json")
+        grid._on_blob_notice("dev-a", BlobNotice("other-run", 0, 0, SHA_A, 10).to_bytes())
+        plain._on_blob_notice("dev-a", notice)  # a coordinator over MQTT takes no notice
+        assert dict(grid._rejected_outside) == {("dev-a", "stale_round"): 2, ("dev-a", "malformed"): 1}
+        assert dict(plain._rejected_outside) == {("dev-a", "wrong_transport"): 1}
+    finally:
+        state.close()
+        plain_state.close()
