@@ -479,7 +479,14 @@ class MqttGrid:
         """Who a round started now could select, and why each other known device could not (the one rule).
 
         ``label_set``: the federation's ("" before the federation exists: any).
+
+        The messages already waiting are handled first: after minutes of aggregation and
+        evaluation without reading the broker, the devices' latest statuses are in the inbox,
+        and judging presence before reading them would find every device stale.
         """
+        for _ in range(self._link.inbox.qsize()):
+            if not self._pump(0.0):
+                break
         return eligibility(self.clients, fresh=self.presence.fresh, admission=self.admission, label_set=label_set)
 
     def statuses(self) -> Mapping[str, ClientStatus]:

@@ -4,6 +4,9 @@ commands all read statuses through it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from coordinator.client_table import ClientTable
@@ -100,3 +103,22 @@ def test_the_grid_and_the_monitor_hold_the_same_kind_of_table(tmp_path) -> None:
     seen = mon.snapshot().devices["phone-a"]
     assert (seen.online, seen.last_seen_unix, seen.status.n_train) == (True, U0 - 2, 3)
     assert mon.snapshot().malformed == {"status": 1}
+
+
+def test_eligibility_reads_the_statuses_waiting_in_the_inbox_before_judging_presence(tmp_path: Path) -> None:
+    """After minutes without reading the broker (aggregation, evaluation), a device whose newest status waits in the
+    inbox is present: its status is read before presence is judged, not after."""
+    from coordinator.config import CoordinatorConfig
+    from coordinator.state import RunState
+
+    cfg = CoordinatorConfig(run_dir=tmp_path / "run", federation="home")
+    state = RunState(cfg.run_dir)
+    try:
+        grid = MqttGrid(cfg, state)
+        grid._on_status("phone-a", _status(n_train=3, sent_unix=time.time(), refresh_s=0.02))  # stale after 0.06 s
+        time.sleep(0.2)
+        assert grid.clients.online("phone-a") is False
+        grid.link.inbox.put((grid.topics.client_status("phone-a"), _status(n_train=3, sent_unix=time.time(), refresh_s=30.0), False))
+        assert list(grid.eligibility().eligible) == ["phone-a"] and grid.link.inbox.empty()
+    finally:
+        state.close()
