@@ -325,12 +325,18 @@ class MqttGrid:
         if prev is None or prev.state != st.state:
             log.debug("client %s is %s", cid, st.state)
 
-    def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+    def _sender_refused(self, cid: str) -> bool:
+        """True, with the message counted as rejected, if nothing ``cid`` sends may count (revoked, or its id in two processes)."""
         if self.is_refused(cid):
             self._reject(cid, "revoked", "the device was revoked; nothing it sends is counted")
-            return
+            return True
         if cid in self.presence.conflicts:
             self._reject(cid, "duplicate_identity", "two processes use this client id")
+            return True
+        return False
+
+    def _on_update_chunk(self, cid: str, payload: bytes) -> None:
+        if self._sender_refused(cid):
             return
         self.receipts.before_chunk(cid, payload)
         try:
@@ -344,11 +350,7 @@ class MqttGrid:
 
     def _on_blob_notice(self, cid: str, payload: bytes) -> None:
         """Blob transport: read the update a client's notice announces from its slot, check it, and take it."""
-        if self.is_refused(cid):
-            self._reject(cid, "revoked", "the device was revoked; nothing it sends is counted")
-            return
-        if cid in self.presence.conflicts:
-            self._reject(cid, "duplicate_identity", "two processes use this client id")
+        if self._sender_refused(cid):
             return
         if self.blobs is None:
             self._reject(cid, "wrong_transport", "an upload notice arrived, but this coordinator does not use the blob transport")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from har_models.wire.messages import PROTOCOL_VERSION, MessageError
+from har_models.wire.messages import PROTOCOL_VERSION, MessageError, load_json_message
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 """A SHA-256 digest as lowercase hex: the name of every object."""
@@ -117,14 +117,9 @@ class UploadGrant:
 
 
 def _load(payload: bytes, what: str) -> dict[str, Any]:
-    try:
-        d = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MessageError(f"{what}: not valid JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise MessageError(f"{what}: expected a JSON object")
-    if d.pop("protocol", None) != PROTOCOL_VERSION:
-        raise MessageError(f"{what}: not protocol {PROTOCOL_VERSION}")
+    """The JSON object of a message of this protocol, its ``protocol`` key taken out (MessageError otherwise)."""
+    d = load_json_message(payload, what)
+    d.pop("protocol")
     return d
 
 

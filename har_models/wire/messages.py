@@ -43,7 +43,8 @@ class MessageError(ValueError):
     """A JSON control message that must be ignored (malformed or of another protocol)."""
 
 
-def _load_json(payload: bytes, what: str) -> dict[str, Any]:
+def load_json_message(payload: bytes, what: str) -> dict[str, Any]:
+    """The JSON object ``payload`` holds, checked to be of this protocol; MessageError naming ``what`` otherwise."""
     try:
         d = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -232,7 +233,7 @@ class RoundAnnouncement:
         MessageError
             If the message is not JSON, of another protocol version, or malformed.
         """
-        d = _load_json(payload, "round announcement")
+        d = load_json_message(payload, "round announcement")
         d.pop("protocol")
         try:
             d["plan"] = TrainingPlan.from_json(d.get("plan", {}))
@@ -540,7 +541,7 @@ class ClientStatus:
             If it is not JSON, of another protocol, or malformed; with ``strict``, also for an
             unknown key (named).
         """
-        d = _load_json(payload, "client status")
+        d = load_json_message(payload, "client status")
         d.pop("protocol")
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown and strict:
@@ -684,7 +685,7 @@ class CoordinatorStatus:
         MessageError
             If it is not JSON, of another protocol, or malformed.
         """
-        d = _load_json(payload, "coordinator status")
+        d = load_json_message(payload, "coordinator status")
         d.pop("protocol")
         try:
             st = cls(**d)
@@ -747,7 +748,7 @@ class Receipt:
         MessageError
             If it is not JSON, of another protocol, or malformed.
         """
-        d = _load_json(payload, "receipt")
+        d = load_json_message(payload, "receipt")
         d.pop("protocol")
         try:
             missing = d.get("missing", [])
@@ -830,7 +831,7 @@ class RoundProgress:
         """
         if len(payload) > MAX_PROGRESS_BYTES:
             raise MessageError(f"round progress: {len(payload)} bytes, above {MAX_PROGRESS_BYTES}")
-        d = _load_json(payload, "round progress")
+        d = load_json_message(payload, "round progress")
         d.pop("protocol")
         if d.get("version") != PROGRESS_VERSION:
             raise MessageError(f"round progress: version {d.get('version')!r:.20}, this build reads {PROGRESS_VERSION}")
