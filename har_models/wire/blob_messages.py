@@ -19,14 +19,14 @@ Every field is checked where it enters, as for every message (:class:`MessageErr
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from har_models.wire.blob_ref import BlobRef, check_blob_url, check_int, check_sha256
 from har_models.wire.messages import PROTOCOL_VERSION, MessageError, load_json_message
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-"""A SHA-256 digest as lowercase hex: the name of every object."""
+__all__ = ["BLOB_NOTICE_INDEX", "PROGRAM_BLOB_INDEX", "BlobGrant", "BlobNotice", "BlobRef", "ProgramBlob", "UploadGrant",
+           "check_sha256"]
 
 PROGRAM_BLOB_INDEX = "blob"
 """The last level of the program topic a :class:`ProgramBlob` is published on (``{p}/client/{cid}/programs/blob``)."""
@@ -34,54 +34,6 @@ PROGRAM_BLOB_INDEX = "blob"
 BLOB_NOTICE_INDEX = "blob"
 """The last level of the update topic a :class:`BlobNotice` is published on (``{p}/client/{cid}/update/blob``):
 chunks use numbers there, so the two never mix, and the device's ACL and a bridge already carry it."""
-
-
-def check_sha256(value: Any, what: str = "sha256") -> str:
-    """``value`` if it is a lowercase hex SHA-256 digest, else ValueError naming ``what``."""
-    if not isinstance(value, str) or not SHA256_RE.match(value):
-        raise ValueError(f"{what} must be 64 lowercase hex characters, got {value!r:.80}")
-    return value
-
-
-def _check_url(url: Any) -> str:
-    if not isinstance(url, str) or not re.match(r"^https?://\S{1,4000}$", url):
-        raise ValueError(f"a blob URL must be http(s)://..., got {url!r:.120}")
-    return url
-
-
-def _int(value: Any, what: str, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{what} must be an integer >= {low}, got {value!r:.40}")
-    return value
-
-
-@dataclass(frozen=True)
-class BlobRef:
-    """Where a model envelope is and how to check it.
-
-    Parameters
-    ----------
-    sha256 : str
-        SHA-256 of the envelope, hex (also its transfer id, as over MQTT).
-    size : int
-        Envelope length, bytes.
-    url : str
-        An ``http(s)`` URL that answers a GET with exactly those bytes until the exchange's deadline.
-    """
-
-    sha256: str
-    size: int
-    url: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size, "url": self.url}
-
-    @classmethod
-    def from_json(cls, d: Any) -> BlobRef:
-        """Parse and check; ValueError if a field is missing, unknown or of the wrong kind."""
-        if not isinstance(d, dict) or set(d) != {"sha256", "size", "url"}:
-            raise ValueError(f"a blob reference needs exactly sha256, size and url, got {d!r:.120}")
-        return cls(check_sha256(d["sha256"]), _int(d["size"], "blob size"), _check_url(d["url"]))
 
 
 @dataclass(frozen=True)
@@ -113,7 +65,7 @@ class UploadGrant:
         exp = d["expires_unix"]
         if isinstance(exp, bool) or not isinstance(exp, int | float):
             raise ValueError(f"expires_unix must be a number, got {exp!r:.40}")
-        return cls(_check_url(d["url"]), float(exp), _int(d["max_bytes"], "max_bytes", 1))
+        return cls(check_blob_url(d["url"]), float(exp), check_int(d["max_bytes"], "max_bytes", 1))
 
 
 def _load(payload: bytes, what: str) -> dict[str, Any]:
@@ -168,7 +120,7 @@ class BlobGrant:
             if not isinstance(d.get("run_id"), str) or not isinstance(d.get("attempt"), str):
                 raise ValueError("run_id and attempt must be strings")
             model = d.get("model")
-            return cls(d["run_id"], _int(d.get("round"), "round"), _int(d.get("stage"), "stage"), d["attempt"],
+            return cls(d["run_id"], check_int(d.get("round"), "round"), check_int(d.get("stage"), "stage"), d["attempt"],
                        UploadGrant.from_json(d.get("upload")), None if model is None else BlobRef.from_json(model))  # fmt: skip
         except (KeyError, ValueError) as exc:
             raise MessageError(f"upload grant: {exc}") from None
@@ -209,8 +161,8 @@ class BlobNotice:
                 raise ValueError(f"expected run_id, round, stage, sha256 and size, got {sorted(d)}")
             if not isinstance(d["run_id"], str):
                 raise ValueError("run_id must be a string")
-            return cls(d["run_id"], _int(d["round"], "round"), _int(d["stage"], "stage"), check_sha256(d["sha256"]),
-                       _int(d["size"], "size"))  # fmt: skip
+            return cls(d["run_id"], check_int(d["round"], "round"), check_int(d["stage"], "stage"), check_sha256(d["sha256"]),
+                       check_int(d["size"], "size"))  # fmt: skip
         except ValueError as exc:
             raise MessageError(f"upload notice: {exc}") from None
 
@@ -243,6 +195,6 @@ class ProgramBlob:
         try:
             if set(d) != {"run_id", "arch_version", "ref"} or not isinstance(d["run_id"], str):
                 raise ValueError(f"expected run_id (a string), arch_version and ref, got {sorted(d)}")
-            return cls(d["run_id"], _int(d["arch_version"], "arch_version"), BlobRef.from_json(d["ref"]))
+            return cls(d["run_id"], check_int(d["arch_version"], "arch_version"), BlobRef.from_json(d["ref"]))
         except ValueError as exc:
             raise MessageError(f"program reference: {exc}") from None

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
+from har_models.wire.blob_ref import BlobRef
 from har_models.wire.topics import check_client_id
 
 PROTOCOL_VERSION = 1
@@ -250,8 +251,6 @@ class RoundAnnouncement:
         if ann.transport not in ("mqtt", "blobs"):
             raise MessageError(f"round announcement: transport {ann.transport!r:.40} is neither 'mqtt' nor 'blobs'")
         if ann.global_blob is not None:
-            from har_models.wire.blob_messages import BlobRef  # that module builds on this one
-
             try:
                 ref = BlobRef.from_json(ann.global_blob)
             except ValueError as exc:
