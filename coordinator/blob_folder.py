@@ -82,6 +82,10 @@ class FolderBlobStore:
         self.folder = Path(folder)
         self.base_url = base_url.rstrip("/")
         self.secret = secret
+        self.served = 0  # objects answered whole by blob_app (200), and their bytes
+        self.served_bytes = 0
+        self.taken = 0  # uploads stored by blob_app (201), and their bytes
+        self.taken_bytes = 0
         (self.folder / "objects").mkdir(parents=True, exist_ok=True)
         (self.folder / "uploads").mkdir(parents=True, exist_ok=True)
 
@@ -190,6 +194,8 @@ def blob_app(store: FolderBlobStore) -> Starlette:
         path = store._path(object_key(sha))
         if not path.is_file():
             return JSONResponse({"error": f"no object {sha}"}, status_code=404)
+        store.served += 1
+        store.served_bytes += path.stat().st_size
         return FileResponse(path, headers=headers, media_type="application/octet-stream")
 
     async def put_upload(request: Request) -> Response:
@@ -226,6 +232,8 @@ def blob_app(store: FolderBlobStore) -> Starlette:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        store.taken += 1
+        store.taken_bytes += size
         return JSONResponse({"slot": slot, "size": size}, status_code=201)
 
     return Starlette(routes=[

@@ -789,6 +789,10 @@ class MqttGrid:
         """Stop refreshing, close the program desk, and leave the broker with the retained status "offline"."""
         self._stop_refresh.set()
         self.programs.close()
+        moved = [int(getattr(self.blobs, k, -1)) for k in ("served", "served_bytes", "taken", "taken_bytes")]
+        if min(moved) >= 0:  # the folder store counts what its HTTP side moved
+            log.info("blob transport: %d model fetch(es) served (%.1f MB), %d upload(s) taken (%.1f MB)", moved[0],
+                     moved[1] / 1e6, moved[2], moved[3] / 1e6)  # fmt: skip
         self._close_blobs()
         self._link.stop(final=(self.topics.coordinator_status, self._status_bytes("offline")))
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
+from har_io.blob_http import BlobCache
 from har_io.cli import add_logging_arguments, setup_logging
 from har_io.exit_codes import Exit
 from har_models.files import atomic_write_bytes
@@ -87,6 +88,7 @@ def host(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lock = threading.Lock()
     shared = SharedTransfers()  # the global model all hosted clients receive is held once
+    blobs = BlobCache()  # ... and, over the blob transport, fetched once (kept in memory, by hash)
     statuses: dict[int, int] = {}
     threads = []
 
@@ -95,7 +97,8 @@ def host(
         try:
             with lock:  # ingesting also allocates: one client at a time
                 client: PreparedClient | int = prepare(argv)
-            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock, shared_transfers=shared)
+            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock, shared_transfers=shared,
+                                                                       blob_cache=blobs)
         except Exception:
             log.exception("hosted client %s failed", _client_id(argv, k))
         finally:

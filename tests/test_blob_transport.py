@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -220,12 +221,14 @@ class _Observer:
 
 
 @pytest.mark.slow
-def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on_the_broker(small_simulation, mosquitto, tmp_path):
+def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on_the_broker(small_simulation, mosquitto, tmp_path,
+                                                                                            caplog):  # fmt: skip
     figures = {}
     seen = {}
+    caplog.set_level(logging.INFO, logger="fedhar.coordinator")
     for transport in ("mqtt", "blobs"):
         obs = _Observer(mosquitto)
-        doc = small_simulation("--rounds", "2", "--broker", f"127.0.0.1:{mosquitto}", "--transport", transport,
+        doc = small_simulation("--rounds", "2", "--broker", f"127.0.0.1:{mosquitto}", "--transport", transport, "--workers", "1",
                                name=transport, run_id="blobs-e2e")  # fmt: skip
         seen[transport] = obs.stop()
         figures[transport] = [(r["updates"], r["global"]["macro_f1"], r["personalisation"]["macro_f1"]) for r in doc["rounds"]]
@@ -237,6 +240,8 @@ def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on
     assert len(list((run / "blobs" / "objects").iterdir())) == 1  # the last round's global model: earlier ones are dropped
     assert not [p for p in (run / "blobs" / "uploads").rglob("*") if p.is_file()]  # closed exchanges' slots are gone
     assert json.loads((run / "report.json").read_text())["config"]["transport"] == "blobs"
+    # The worker hosting the three clients fetched each round's model once for all of them; each client uploaded once a round.
+    assert "blob transport: 2 model fetch(es) served" in caplog.text and ", 6 upload(s) taken" in caplog.text
 
 
 def test_the_folder_store_keeps_the_contract_of_every_blob_store(served):
