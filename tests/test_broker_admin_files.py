@@ -48,6 +48,7 @@ def test_the_monitor_reads_the_federation_and_writes_nothing():
         f"topic read {P}/model/global/+",
         f"topic read {P}/client/phone-anna/model/+",
         f"topic read {P}/client/phone-anna/receipt",
+        f"topic read {P}/client/phone-anna/grant",
         f"topic readwrite {P}/client/phone-anna/status",
         f"topic write {P}/client/phone-anna/update/+",
         f"topic write {P}/client/phone-anna/program_request",
