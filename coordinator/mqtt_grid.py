@@ -26,6 +26,7 @@ from tqdm import tqdm
 from coordinator import spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.client_table import ClientTable
+from coordinator.cohort import NO_STEERING, Steering
 from coordinator.config import CoordinatorConfig
 from coordinator.presence import Presence
 from coordinator.pte_desk import ProgramDesk
@@ -86,6 +87,8 @@ class MqttGrid:
         The served coordinator's epoch (one per start of ``fedhar-coordinator serve``), carried
         in every announcement and coordinator status; 0 (``run``) leaves it out of them.
     """
+
+    _steering: Steering = NO_STEERING  # the runner's steering of the exchanges (:meth:`steer`); frozen, so shared safely
 
     def __init__(
         self,
@@ -175,6 +178,11 @@ class MqttGrid:
                 self._link.publish(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
             except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("round %d: the status naming the new attempt was not published (%s); the refresh sends it", round_, exc)
+
+    def steer(self, steering: Steering) -> None:
+        """Apply ``steering`` to the exchanges that follow (:mod:`coordinator.cohort`): the main exchange closes once
+        ``steering.close_at`` updates arrived, and every announcement carries ``steering.pace``."""
+        self._steering = steering
 
     def close_failed(self, round_: int) -> None:
         """Show round ``round_`` closed at once after it failed: clear its retained announcement.
@@ -427,8 +435,16 @@ class MqttGrid:
         return MappingProxyType(self.clients)
 
     def wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for a message from the devices, and handle the first that arrives."""
-        self._pump(seconds)
+        """Wait up to ``seconds`` for a message from the devices, and handle it and those queued behind it then.
+
+        A caller that looks at every device between waits (eligibility before round 0) then makes
+        one pass per burst of statuses, not one per status. The queued messages are counted
+        first, so a flood still returns.
+        """
+        if self._pump(seconds):
+            for _ in range(self._link.inbox.qsize()):
+                if not self._pump(0.0):
+                    break
 
     def pump(self, timeout: float) -> bool:
         """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came."""
@@ -516,11 +532,13 @@ class MqttGrid:
             stage=stage,
             attempt=self.attempt,
             epoch=self.epoch,
+            pace=self._steering.pace,
         )
         if stage == 0:
             self._counted_this_round = []
         c = self._collect = Exchange(
-            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
+            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed),
+            enough=self._steering.close_at if stage == 0 else None,
         )
         self._failed_round = None
         self._carry_outside(c)
@@ -533,10 +551,13 @@ class MqttGrid:
         next_check = 0.0
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
-            self.receipts.request_missing(c.selected)
-            c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
-            c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
             if time.monotonic() >= next_check:
+                # Passes over every selected device, so at most twice a second, not after each message: per message
+                # they made a round O(selected x messages), O(N^2) (docs/scale.md). A status saying offline and an
+                # update from a refused device are handled as they arrive (_on_status, _on_update_chunk).
+                self.receipts.request_missing(c.selected)
+                c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
+                c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
                 c.offline.update(self._check_clients_alive() & c.selected)
                 next_check = time.monotonic() + 0.5
         # Handle what had already arrived at the close, but no more than that: under a flood of
@@ -553,7 +574,7 @@ class MqttGrid:
             if n > 1:
                 log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
         for f in c.failures():
-            kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
+            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full") else "no_valid_update"
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
+from har_models.wire.pace import Pace
 from har_models.wire.topics import check_client_id
 
 PROTOCOL_VERSION = 1
@@ -177,6 +178,9 @@ class RoundAnnouncement:
         1, 2, ...); a client that sees a higher one drops work of the older and announces
         itself at once (public report BR-46). 0 (``run``, or a coordinator built before
         epochs) is left out of the message, so older clients parse it as before.
+    pace : Pace, optional
+        When devices should check in again (pace steering, :mod:`har_models.wire.pace`); sent
+        only by a coordinator with a cohort goal, left out of the message otherwise.
     """
 
     run_id: str
@@ -192,6 +196,7 @@ class RoundAnnouncement:
     stage: int = 0
     attempt: str = ""
     epoch: int = 0
+    pace: Pace | None = None
 
     def model_for(self, cid: str) -> tuple[str, str]:
         """``(source, transfer)`` of the model ``cid`` must start from: source is "personal" or "global"."""
@@ -208,6 +213,8 @@ class RoundAnnouncement:
             del d["plan"]["update_encoding"]
         if not self.epoch:  # no epoch (fedhar-coordinator run): the message older clients know
             del d["epoch"]
+        if self.pace is None:  # no cohort goal: the message older clients know
+            del d["pace"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -224,6 +231,8 @@ class RoundAnnouncement:
         try:
             d["plan"] = TrainingPlan.from_json(d.get("plan", {}))
             d["selected"] = tuple(check_client_id(c) for c in d.get("selected", []))
+            if d.get("pace") is not None:
+                d["pace"] = Pace.from_json(d["pace"])
             ann = cls(**d)
         except (TypeError, ValueError) as exc:
             raise MessageError(f"round announcement: {exc}") from None

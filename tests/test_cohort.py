@@ -1,0 +1,238 @@
+"""Cohorts with a goal count, a minimum fraction and a deadline, and pace steering (coordinator/cohort.py), over the
+in-memory grid (tests/support/inmemory_grid.py) with known answers; and the O(N)-per-message costs they remove."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.inmemory_grid import InMemoryGrid, device_status
+
+from coordinator.cohort import NO_STEERING, PACE_LEAD_S, cohort_cap, pace_window, quorum, steering
+from coordinator.config import CoordinatorConfig
+from coordinator.round import Exchange, select_clients
+from coordinator.runner import FederationRunner
+from har_models.nn.model import ArchSpec
+from har_models.wire.messages import MessageError, RoundAnnouncement
+from har_models.wire.pace import Pace
+
+IDS = [f"d{i:02d}" for i in range(20)]
+
+
+def _cfg(tmp_path: Path, name: str = "run", **kw: Any) -> CoordinatorConfig:
+    base: dict[str, Any] = dict(run_dir=tmp_path / name, run_id="mem", rounds=3, conv_filters=4, dense_units=8,
+                                min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavg")  # fmt: skip
+    base.update(kw)
+    return CoordinatorConfig(**base)
+
+
+def _grid(n: int = 20) -> InMemoryGrid:
+    return InMemoryGrid({cid: device_status(cid, 10 + i) for i, cid in enumerate(IDS[:n])})
+
+
+def _runner(cfg: CoordinatorConfig, grid: InMemoryGrid) -> FederationRunner:
+    runner = FederationRunner(cfg, grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    return runner
+
+
+def _selected(grid: InMemoryGrid) -> list[tuple[str, ...]]:
+    return [e[3] for e in grid.log if e[0] == "exchange"]
+
+
+# ---------------------------------------------------------------------------- the settings
+def test_without_a_goal_the_quorum_is_min_clients_and_nothing_is_capped_or_steered(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, min_clients=3)
+    assert (quorum(cfg), cohort_cap(cfg)) == (3, 0)
+    assert steering(cfg, 1000.0, 60.0, 500, 3) is NO_STEERING
+
+
+def test_goal_margin_and_minimum_fraction_give_known_cap_and_quorum(tmp_path: Path) -> None:
+    # Bonawitz et al.'s 130 %: goal 10 -> 13 selected; 0.8 of the goal -> 8 updates needed
+    cfg = _cfg(tmp_path, cohort_goal=10, cohort_overselect=0.3, cohort_min_fraction=0.8)
+    assert (cohort_cap(cfg), quorum(cfg)) == (13, 8)
+    # the fraction only raises the floor min_clients
+    assert quorum(_cfg(tmp_path, min_clients=4, cohort_goal=10, cohort_min_fraction=0.2)) == 4
+    assert quorum(_cfg(tmp_path, min_clients=2, cohort_goal=10, cohort_min_fraction=0.25)) == 3  # ceil(2.5)
+    assert cohort_cap(_cfg(tmp_path, cohort_goal=7)) == 7
+
+
+@pytest.mark.parametrize(("kw", "what"), [
+    (dict(min_clients=3, cohort_goal=2), "cohort_goal"),
+    (dict(cohort_goal=-1), "cohort_goal"),
+    (dict(cohort_goal=5, cohort_min_fraction=1.5), "cohort_min_fraction"),
+    (dict(cohort_goal=5, cohort_overselect=-0.1), "cohort_overselect"),
+])  # fmt: skip
+def test_bad_cohort_settings_are_refused_by_name(tmp_path: Path, kw: dict[str, Any], what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        _cfg(tmp_path, **kw)
+
+
+# ---------------------------------------------------------------------------- selection
+def test_a_cap_bounds_the_seeded_draw_reproducibly_and_no_cap_is_the_draw_of_before() -> None:
+    eligible = [f"p{i:04d}" for i in range(1000)]
+    first = select_clients(eligible, 4, 2, 1.0, seed=7, cap=13)
+    assert len(first) == 13 and set(first) <= set(eligible) and first == sorted(first)
+    assert select_clients(list(reversed(eligible)), 4, 2, 1.0, seed=7, cap=13) == first  # order of arrival does not matter
+    assert select_clients(eligible, 5, 2, 1.0, seed=7, cap=13) != first  # another round, another cohort
+    assert select_clients(eligible, 4, 2, 1.0, seed=8, cap=13) != first  # another seed, another cohort
+    # the fraction's count below the cap stands; the cap never goes below the quorum
+    assert len(select_clients(eligible, 4, 2, 0.005, seed=7, cap=13)) == 5
+    assert len(select_clients(eligible, 4, 20, 1.0, seed=7, cap=13)) == 20
+    # cap 0 is the selection of before: (seed, round)-seeded draw of ceil(fraction x n)
+    rng = np.random.default_rng([7, 4])
+    assert select_clients(eligible, 4, 2, 0.1, seed=7) == sorted(rng.choice(sorted(eligible), size=100, replace=False).tolist())
+    assert select_clients(eligible[:10], 4, 2, 1.0, seed=7, cap=13) == eligible[:10]  # fewer than the cap: all
+
+
+# ---------------------------------------------------------------------------- rounds over the in-memory grid
+def test_a_round_selects_goal_times_margin_and_closes_at_the_goal(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, cohort_goal=5, cohort_overselect=0.4)  # 7 selected of 20, closes at 5 updates
+    grid = _grid()
+    runner = _runner(cfg, grid)
+    record = runner.run_round(0)
+    assert record is not None
+    (sel,) = _selected(grid)
+    assert len(sel) == 7
+    p = record.participation
+    assert (p.selected, p.updates) == (7, 5)
+    # the in-memory devices answer in id order: the last two selected were not needed
+    assert p.missing == sel[5:] and p.failures == {cid: "cohort_full" for cid in sel[5:]}
+    assert grid.steering.close_at == 5
+
+
+def test_the_cohorts_are_reproducible_from_the_seed_and_change_from_round_to_round(tmp_path: Path) -> None:
+    def cohorts(name: str, seed: int) -> list[tuple[str, ...]]:
+        grid = _grid()
+        runner = _runner(_cfg(tmp_path, name, seed=seed, cohort_goal=4), grid)
+        for r in range(2):
+            assert runner.run_round(r) is not None
+        return _selected(grid)
+
+    a, b, other = cohorts("a", 1), cohorts("b", 1), cohorts("c", 2)
+    assert a == b and all(len(s) == 4 for s in a)
+    assert len(set(a)) == 2 and a != other
+
+
+def test_a_round_below_the_minimum_fraction_is_closed_and_run_again(tmp_path: Path) -> None:
+    # goal 5, 0.8 of it: 4 updates needed, where min_clients (2) alone would have taken 3
+    cfg = _cfg(tmp_path, cohort_goal=5, cohort_min_fraction=0.8)
+    grid = _grid()
+    runner = _runner(cfg, grid)
+    sel = select_clients(IDS, 0, 4, 1.0, cfg.seed, 5)
+    grid.silent = set(sel[3:])  # 3 of the 5 selected answer
+    assert runner.run_round(0) is None
+    assert grid.log[-1] == ("close_failed", 0)
+    assert "3 update(s) with training windows, below the quorum of 4" in runner.last_failure
+    grid.silent = set(sel[4:])  # 4 answer: enough
+    record = runner.run_round(0)
+    assert record is not None and record.attempts == 2
+    assert (record.participation.updates, record.participation.failures) == (4, {sel[4]: "missed_deadline"})
+
+
+def test_too_few_eligible_devices_for_the_raised_quorum_skip_the_round(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, cohort_goal=5, cohort_min_fraction=1.0)
+    grid = _grid(6)
+    runner = _runner(cfg, grid)
+    for cid in IDS[:2]:
+        grid.forget(cid)  # 4 left, 5 needed
+    assert runner.run_round(0) is None
+    assert runner.last_failure == "fewer than 5 eligible devices at its start"
+    assert not _selected(grid)
+
+
+def test_without_a_goal_announcements_carry_no_pace_and_every_selected_device_is_waited_for(tmp_path: Path) -> None:
+    grid = _grid(6)
+    runner = _runner(_cfg(tmp_path), grid)
+    record = runner.run_round(0)
+    assert record is not None and record.participation.updates == 6
+    assert grid.steering is NO_STEERING and grid.announced == [(0, 0, None)]
+
+
+# ---------------------------------------------------------------------------- pace steering
+def test_the_pace_window_of_a_small_federation_is_just_before_the_next_round() -> None:
+    p = pace_window(1000.0, 600.0, present=3, cohort=5)
+    assert (p.next_round_unix, p.check_in_after_unix, p.check_in_before_unix) == (1600.0, 1570.0, 1600.0)
+    assert p.window_s == PACE_LEAD_S
+    # a short period: the lead is at most half of it
+    q = pace_window(1000.0, 10.0, present=3, cohort=5)
+    assert (q.next_round_unix, q.check_in_after_unix, q.check_in_before_unix) == (1010.0, 1005.0, 1010.0)
+
+
+def test_the_pace_window_spreads_a_large_population_over_the_rounds_it_needs() -> None:
+    # 10,000 present, 130 per round: ceil(10000 / 130) = 77 rounds of 60 s
+    p = pace_window(1000.0, 60.0, present=10_000, cohort=130)
+    assert p.next_round_unix == 1060.0 and p.check_in_after_unix == 1030.0
+    assert p.window_s == 76 * 60.0
+    # each device draws its own time, uniformly: about cohort devices per round's worth of window
+    draws = np.array([p.draw(random.Random(i)) for i in range(10_000)])
+    assert draws.min() >= p.check_in_after_unix and draws.max() <= p.check_in_before_unix
+    per_round = np.histogram(draws, bins=76, range=(p.check_in_after_unix, p.check_in_before_unix))[0]
+    assert 90 < per_round.mean() < 140 and per_round.max() < 200  # no herd
+    with pytest.raises(ValueError, match="period_s"):
+        pace_window(1000.0, 0.0, present=1, cohort=1)
+
+
+def test_the_runner_announces_a_pace_from_the_deadline_then_from_the_period_seen(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, cohort_goal=4, round_timeout_s=120.0)
+    grid = _grid()
+    runner = _runner(cfg, grid)
+    t0 = time.time()
+    assert runner.run_round(0) is not None
+    time.sleep(0.05)
+    assert runner.run_round(1) is not None
+    (r0, s0, p0), (r1, s1, p1) = grid.announced
+    assert (r0, s0, r1, s1) == (0, 0, 1, 0) and p0 is not None and p1 is not None
+    # round 0: no period seen yet, the deadline stands for it; 20 present, 4 per round -> 5 rounds
+    assert p0.next_round_unix - t0 == pytest.approx(120.0, abs=1.0)
+    assert p0.check_in_after_unix == pytest.approx(p0.next_round_unix - PACE_LEAD_S)
+    assert p0.window_s == pytest.approx(4 * 120.0)
+    # round 1: the period is the time between the two openings (round 0 and a 50 ms pause), so short that the
+    # lead is half of it; the window covers 4 more periods
+    period = 2 * (p1.next_round_unix - p1.check_in_after_unix)
+    assert 0.05 <= period < 5.0
+    assert p1.window_s == pytest.approx(4 * period, rel=1e-6)
+
+
+def test_the_pace_travels_in_the_announcement_and_its_absence_keeps_the_old_message() -> None:
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8).to_dict()
+    pace = Pace(1600.0, 1570.0, 1900.0)
+    ann = RoundAnnouncement("r", 3, "training", spec, "hapt6", selected=("a", "b"), pace=pace)
+    back = RoundAnnouncement.from_bytes(ann.to_bytes())
+    assert back == ann and back.pace == pace
+    plain = RoundAnnouncement("r", 3, "training", spec, "hapt6", selected=("a", "b"))
+    assert b"pace" not in plain.to_bytes() and RoundAnnouncement.from_bytes(plain.to_bytes()).pace is None
+    text = ann.to_bytes().decode()
+    for bad, why in ((text.replace("1900.0", "1500.0"), "before it starts"), (text.replace("1600.0", '"soon"'), "next_round_unix"),
+                     (text.replace('"check_in_before_unix": 1900.0', '"x": 1'), "pace")):  # fmt: skip
+        with pytest.raises(MessageError, match=why):
+            RoundAnnouncement.from_bytes(bad.encode())
+
+
+# ---------------------------------------------------------------------------- costs that do not grow with N
+class _CountingSet(frozenset[str]):
+    """A frozenset that counts the passes over it."""
+
+    passes = 0
+
+    def __iter__(self) -> Any:
+        type(self).passes += 1
+        return super().__iter__()
+
+
+def test_asking_whether_an_exchange_is_complete_does_not_pass_over_the_selected_devices() -> None:
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    selected = _CountingSet(f"p{i:05d}" for i in range(10_000))
+    ex = Exchange(0, 0, spec, selected, False)
+    ex.offline = {"p00001", "p00002", "not-selected"}
+    _CountingSet.passes = 0
+    for _ in range(1000):
+        assert not ex.complete()
+    assert _CountingSet.passes == 0
+    ex.enough = 0
+    assert ex.complete()
