@@ -236,3 +236,98 @@ def test_asking_whether_an_exchange_is_complete_does_not_pass_over_the_selected_
     assert _CountingSet.passes == 0
     ex.enough = 0
     assert ex.complete()
+
+
+# ---------------------------------------------------------------------------- the client side
+def test_a_client_keeps_its_own_time_in_the_announced_window_once_per_announcement(tmp_path: Path) -> None:
+    from edge_client.agent import ClientConfig, EdgeAgent
+    from edge_client.store import ClientStore
+    from har_io.broker_config import BrokerConfig
+    from har_models.data.labels import HAPT_LABELS
+    from har_models.wire.topics import Topics
+
+    agents = [EdgeAgent(ClientConfig(cid, BrokerConfig(port=9), backend="numpy"), ClientStore(tmp_path / cid, HAPT_LABELS))
+              for cid in ("a", "b")]  # fmt: skip
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8).to_dict()
+    pace = Pace(1600.0, 1570.0, 1900.0)
+    ann = RoundAnnouncement("r", 3, "training", spec, "hapt6", selected=("a",), pace=pace)
+    for agent in agents:
+        agent._handle(Topics().round, ann.to_bytes())
+    a, b = (agent.check_in for agent in agents)
+    assert a is not None and b is not None
+    assert (a.run_id, a.round, a.stage, a.selected, a.pace) == ("r", 3, 0, True, pace)
+    assert (b.selected, b.pace) == (False, pace)
+    assert 1570.0 <= a.at_unix <= 1900.0 and 1570.0 <= b.at_unix <= 1900.0 and a.at_unix != b.at_unix  # each its own jitter
+    agents[1]._handle(Topics().round, ann.to_bytes())  # the retained announcement again (a reconnection)
+    assert agents[1].check_in == b
+    agents[1]._handle(Topics().round, RoundAnnouncement("r", 4, "training", spec, "hapt6", selected=("a",)).to_bytes())
+    assert agents[1].check_in is None  # a round without a pace: nothing to schedule
+
+
+def test_a_wait_before_round_0_takes_in_a_burst_of_statuses_so_eligibility_runs_once_per_burst(tmp_path: Path) -> None:
+    from coordinator.service import Coordinator
+    from har_io.broker_config import BrokerConfig
+    from har_models.wire.topics import Topics
+
+    grid = Coordinator(_cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9")), progress=False).grid
+    topics = Topics()
+    for cid in IDS:
+        grid.link.inbox.put((topics.client_status(cid), device_status(cid, 10).to_bytes(), False))
+    grid.wait(0.5)
+    assert len(grid.eligibility().eligible) == len(IDS)  # one wait took in all 20, not one
+    assert grid.link.inbox.qsize() == 0
+    t0 = time.monotonic()
+    grid.wait(0.05)  # nothing queued: it waits and returns
+    assert time.monotonic() - t0 >= 0.04
+
+
+@pytest.mark.slow
+def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_messages_cost_no_pass_over_it(
+    tmp_path: Path, mosquitto: int
+) -> None:
+    from support.mqtt_watcher import Watcher
+
+    from coordinator.service import Coordinator
+    from har_io.broker_config import BrokerConfig
+    from har_models.wire.topics import Topics
+
+    n, goal = 1000, 400
+    cfg = _cfg(tmp_path, broker=BrokerConfig(port=mosquitto), cohort_goal=goal, cohort_overselect=0.25, round_timeout_s=1.0)
+    co = Coordinator(cfg, progress=False)
+    grid, topics = co.grid, Topics()
+    ids = [f"p{i:04d}" for i in range(n)]
+    statuses = {cid: device_status(cid, 10).to_bytes() for cid in ids}
+    for cid in ids:  # as the broker delivers them: a burst of statuses
+        grid.link.inbox.put((topics.client_status(cid), statuses[cid], False))
+    grid.wait(0.5)
+    assert len(grid.eligibility().eligible) == n
+    grid.connect()
+    try:
+        watcher = Watcher(mosquitto, topics.round)
+        co.runner.start(resume=False)
+        co.runner.ensure_federation()
+        for cid in ids * 3:  # three more statuses of every device wait to be handled while the round collects
+            grid.link.inbox.put((topics.client_status(cid), statuses[cid], False))
+        passes = 0
+        fresh = grid.presence.fresh
+
+        def counted(cid: str, now: float | None = None) -> bool:
+            nonlocal passes
+            passes += 1
+            return fresh(cid, now)
+
+        grid.clients.presence.fresh = counted  # type: ignore[method-assign]
+        t0 = time.time()
+        assert co.runner.run_round(0) is None  # nobody trains here: closed at its 1 s deadline without quorum
+        ann = None
+        while ann is None:
+            _, payload, _ = watcher.q.get(timeout=10)
+            ann = RoundAnnouncement.from_bytes(payload) if payload else None
+        assert len(ann.selected) == 500 and set(ann.selected) <= set(ids)  # 400 x 1.25, not 1000
+        assert ann.pace is not None and ann.pace.next_round_unix == pytest.approx(t0 + 1.0, abs=1.0)
+        assert ann.pace.window_s == pytest.approx(1.0, abs=0.05)  # 1000 present, 500 a round: 2 rounds of 1 s
+        assert grid.link.inbox.qsize() == 0  # the 3,000 statuses were handled during the round
+        # one eligibility pass (1,000) and a pass over the 500 selected twice a second, not 3,000 x 500 = 1.5 M
+        assert passes <= n + 500 * 6
+    finally:
+        grid.close()
