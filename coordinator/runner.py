@@ -586,8 +586,8 @@ class FederationRunner:
             self.state.event(round_, None, "round_skipped", "not enough clients")
             self.last_failure = f"fewer than {self._quorum} eligible devices at its start"
             return None
-        if self._opened is not None:  # the pace's period: the last time between two openings, never above a deadline's worth
-            self._period_s = max(1e-3, min(t0 - self._opened, self.cfg.round_timeout_s))
+        if self._opened is not None:  # the pace's period: the last time between two openings (serve's schedule included)
+            self._period_s = max(1e-3, t0 - self._opened)
         self._opened = t0
         self.grid.steer(cohort.steering(self.cfg, time.time(), self._period_s, len(eligible), len(selected)))
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
