@@ -331,3 +331,17 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
         assert passes <= n + 500 * 6
     finally:
         grid.close()
+
+
+def test_the_announcement_bytes_benchmark_counts_a_capped_cohort(capsys: pytest.CaptureFixture[str]) -> None:
+    from support.script_module import load_script
+
+    bench = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cohort_bytes.py")
+    n_all, b_all, n_cohort, b_cohort = bench.announcement_bytes(1000, goal=100, margin=0.3)
+    assert (n_all, n_cohort) == (1000, 130)
+    # each id costs its 9 characters, quotes, comma and space in the list: 13 bytes; the cohort's message adds the
+    # pace object, with three times of 12 characters each (1700000000.0 and the like)
+    pace = len(b'"pace": {"check_in_after_unix": , "check_in_before_unix": , "next_round_unix": }, ') + 3 * 12
+    assert b_all - b_cohort == 13 * (1000 - 130) - pace
+    assert bench.main(["--sizes", "100,1000"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("announcement bytes per round with goal 100 over without")
