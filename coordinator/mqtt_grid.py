@@ -89,6 +89,7 @@ class MqttGrid:
     """
 
     _steering: Steering = NO_STEERING  # the runner's steering of the exchanges (:meth:`steer`); frozen, so shared safely
+    _not_needed: tuple[int, int, frozenset[str]] | None = None  # (round, stage, ids) the last exchange closed at its goal left out
 
     def __init__(
         self,
@@ -328,7 +329,7 @@ class MqttGrid:
         if done is None:
             return
         c = self._collect
-        if done[0] in self._counted.get(cid, ()):
+        if done[0] in self._counted.get(cid, ()) or self._from_not_needed(cid, done[1]):
             self._duplicate(cid, done[0])
             return
         if c is None:
@@ -393,6 +394,24 @@ class MqttGrid:
             return False
         return bool(header["kind"] == "update" and header["round"] == self._failed_round
                     and header.get("meta", {}).get("run_id") == self.cfg.run_id)  # fmt: skip
+
+    def _from_not_needed(self, cid: str, data: bytes) -> bool:
+        """Whether ``data`` is the update of a device that the last exchange closed at its cohort goal did not wait for.
+
+        Such a device was selected, trained and sends its update after the close (and again until the
+        deadline, for want of a receipt): no fault, so it is counted with the duplicates, not as a
+        rejection that would also stand as its reason for missing a later round.
+        """
+        nn = self._not_needed
+        if nn is None or cid not in nn[2]:
+            return False
+        try:
+            header = codec.peek_header(data)
+        except codec.EnvelopeError:
+            return False
+        meta = header.get("meta", {})
+        return bool(header["kind"] == "update" and (header["round"], meta.get("stage", 0)) == nn[:2]
+                    and meta.get("run_id") == self.cfg.run_id)  # fmt: skip
 
     def _duplicate(self, cid: str, transfer: str) -> None:
         """Count a re-sent copy of an update already counted; re-acknowledge it if its exchange is the open one."""
@@ -566,6 +585,8 @@ class MqttGrid:
             if not self._pump(0.0):
                 break
         self._drop_refused(c)
+        if c.enough is not None and len(c.updates) >= c.enough:  # closed at its cohort goal: the others' updates may follow
+            self._not_needed = (round_, stage, frozenset(c.selected - c.updates.keys()))
         self._collect = None
         self._open = None
         self.receipts.close()

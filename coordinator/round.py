@@ -97,9 +97,9 @@ class Exchange:
         like): counted in this exchange's record, but no reason for a selected client's failure.
     duplicates : Counter of client id
         Re-sent copies of an update already counted (same client, round, stage and sha256,
-        e.g. from a restarted device), and updates for a round's failed attempt that arrived before
-        its next attempt opened (the device sends them again there): harmless, so counted apart
-        from ``rejected``.
+        e.g. from a restarted device), updates for a round's failed attempt that arrived before
+        its next attempt opened (the device sends them again there), and the updates of devices an
+        exchange closed at its cohort goal did not wait for: harmless, so counted apart from ``rejected``.
     offline : set of str
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int
@@ -109,8 +109,9 @@ class Exchange:
         what int8_delta updates are deltas against.
     enough : int, optional
         A cohort goal (:class:`coordinator.cohort.Steering`): the exchange is complete once this
-        many valid updates arrived, and a selected client that had not answered then failed with
-        reason ``cohort_full``. None: complete only when every selected client answered or went offline.
+        many valid updates arrived (updates already received when it closes are counted too), and
+        a selected client that had not answered then failed with reason ``cohort_full``. None:
+        complete only when every selected client answered or went offline.
     """
 
     round: int
@@ -292,9 +293,12 @@ def summary_line(record: RoundRecord) -> str:
     """
     g, p = record.evaluation.global_, record.evaluation.personalisation
     part, traffic = record.participation, record.traffic or Traffic()
+    unneeded = sum(1 for why in part.failures.values() if why == "cohort_full")  # the round closed at its cohort goal first
     return (
         f"round {record.round}: {part.selected} selected, {part.updates} updates, "
-        f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
+        f"{part.rejected} rejected, {len(part.missing) - unneeded} missed the deadline"
+        + (f", {unneeded} not needed (cohort goal reached)" if unneeded else "")
+        + f", {record.seconds:.1f} s; "
         f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
         f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"
         + (f", start acc {pct(st.accuracy)} F1 {pct(st.macro_f1)}" if (st := record.evaluation.start) else "")

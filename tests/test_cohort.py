@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,60 @@ def test_the_announcement_bytes_benchmark_counts_a_capped_cohort(capsys: pytest.
     assert b_all - b_cohort == 13 * (1000 - 130) - pace
     assert bench.main(["--sizes", "100,1000"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("announcement bytes per round with goal 100 over without")
+
+
+def test_the_rounds_line_counts_the_devices_not_needed_apart_from_those_that_missed_the_deadline(tmp_path: Path) -> None:
+    from coordinator.round import summary_line
+
+    grid = _grid()
+    runner = _runner(_cfg(tmp_path, cohort_goal=3, cohort_overselect=0.6, min_clients=2), grid)  # ceil(4.8) = 5 selected
+    sel = select_clients(IDS, 0, 2, 1.0, 1, 5)
+    grid.silent = {sel[0]}  # never answers; the next three reach the goal: neither it nor the last was waited for
+    record = runner.run_round(0)
+    assert record is not None and record.participation.failures == {sel[0]: "cohort_full", sel[4]: "cohort_full"}
+    assert "5 selected, 3 updates, 0 rejected, 0 missed the deadline, 2 not needed (cohort goal reached), " in summary_line(record)
+    sel1 = select_clients(IDS, 1, 2, 1.0, 1, 5)
+    grid.silent = set(sel1[:3])  # 2 of round 1's cohort answer: below the goal, the round waits for its deadline
+    record = runner.run_round(1)
+    assert record is not None and record.participation.updates == 2
+    assert "5 selected, 2 updates, 0 rejected, 3 missed the deadline, " in summary_line(record)
+    assert "not needed" not in summary_line(record)
+
+
+@pytest.mark.slow
+def test_a_simulated_federation_with_a_cohort_goal_runs_its_rounds_with_real_clients(
+    small_simulation: Callable[..., dict[str, Any]],
+) -> None:
+    # 3 clients, goal 2 with margin 0.5: all 3 selected, each round closes at 2 updates; the clients take the pace
+    doc = small_simulation("--rounds", "2", "--cohort-goal", "2", "--cohort-overselect", "0.5", clients=3)
+    assert [r["round"] for r in doc["rounds"]] == [0, 1]
+    for r in doc["rounds"]:
+        assert r["selected"] == 3 and r["updates"] >= 2  # updates already received at the close count too
+        assert set(r["failures"].values()) <= {"cohort_full"} and len(r["missing"]) == 3 - r["updates"]
+    assert doc["config"]["cohort_goal"] == 2
+
+
+def test_the_late_update_of_a_device_a_round_closed_at_its_goal_did_not_wait_for_is_no_rejection(tmp_path: Path) -> None:
+    from coordinator.service import Coordinator
+    from har_io.broker_config import BrokerConfig
+    from har_models.nn.model import init_state
+    from har_models.wire import codec
+    from har_models.wire.chunking import split_payload
+
+    spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+    grid = Coordinator(_cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1"), progress=False).grid
+
+    def send(cid: str, round_: int) -> None:
+        state = {k: v.numpy() for k, v in init_state(spec, 1).items()}
+        meta = {"run_id": "r1", "stage": 0, "n_train": 40, "n_test": 10}
+        for chunk in split_payload(codec.encode(state, kind="update", round=round_, arch_version=spec.version, client_id=cid,
+                                                meta=meta), 1 << 20):  # fmt: skip
+            grid._on_update_chunk(cid, chunk)
+
+    grid._not_needed = (3, 0, frozenset({"late"}))  # as round 3 left it, closed at its goal before "late" answered
+    ex = grid._collect = Exchange(4, 0, spec, frozenset({"late", "other"}), False)
+    grid.receipts.open(4, 0)
+    send("late", 3)  # round 3's update, trained before the close, arrives in round 4
+    send("other", 3)  # a round-3 update of a device round 3 did not leave out stays a rejection
+    assert ex.duplicates == {"late": 1} and ex.rejected == {("other", "stale_round"): 1}
+    assert {f.client_id: f.reason for f in ex.failures()} == {"late": "missed_deadline", "other": "stale_round"}
