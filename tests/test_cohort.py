@@ -403,3 +403,17 @@ def test_the_late_update_of_a_device_a_round_closed_at_its_goal_did_not_wait_for
     send("other", 3)  # a round-3 update of a device round 3 did not leave out stays a rejection
     assert ex.duplicates == {"late": 1} and ex.rejected == {("other", "stale_round"): 1}
     assert {f.client_id: f.reason for f in ex.failures()} == {"late": "missed_deadline", "other": "stale_round"}
+
+
+def test_serve_refuses_a_schedule_that_starts_rounds_below_a_cohorts_quorum(tmp_path: Path) -> None:
+    from coordinator.server.serve import federation_config
+    from coordinator.server.settings import read_serve_file
+    from har_io.broker_config import BrokerConfig
+
+    path = tmp_path / "server.toml"
+    path.write_text("min_clients = 2\ncohort_goal = 10\ncohort_min_fraction = 0.5\n[schedule]\nmin_clients = 4\n")
+    with pytest.raises(ValueError, match=r"\[schedule\] min_clients = 4 is below the quorum ceil\(cohort_min_fraction x cohort_goal\) = 5"):
+        federation_config(read_serve_file(path), tmp_path, BrokerConfig(), "home", "run")
+    path.write_text("min_clients = 2\ncohort_goal = 10\ncohort_min_fraction = 0.5\n[schedule]\nmin_clients = 5\n")
+    cfg = federation_config(read_serve_file(path), tmp_path, BrokerConfig(), "home", "run")
+    assert (cfg.cohort_goal, quorum(cfg)) == (10, 5)
