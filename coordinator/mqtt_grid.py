@@ -560,6 +560,8 @@ class MqttGrid:
             enough=self._steering.close_at if stage == 0 else None,
         )
         self._failed_round = None
+        if self._not_needed is not None and self._not_needed[:2] == (round_, stage):  # this exchange again: it counts them
+            self._not_needed = None
         self._carry_outside(c)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
