@@ -9,6 +9,8 @@
 * :mod:`~coordinator.service`: ``fedhar-coordinator run``'s short loop over the runner and the grid;
 * :mod:`~coordinator.admission`: who may take part, the one eligibility rule with a reason for
   each device left out;
+* :mod:`~coordinator.cohort`: cohorts with a goal count, a minimum fraction and a deadline, and
+  pace steering (when devices check in again);
 * :mod:`~coordinator.strategies`: one file per strategy (its settings and state) and the
   registry, the only list of their names; over the papers' arithmetic in
   :mod:`~coordinator.aggregation`, :mod:`~coordinator.feddwa`, :mod:`~coordinator.feddist`

@@ -71,6 +71,22 @@ class CoordinatorConfig:
         three periods as a dead coordinator (docs/reliability.md, "A dead coordinator").
     fraction : float
         Share of eligible clients selected per round (1.0 = all, as FedDist).
+    cohort_goal : int
+        Updates a round aims for (0 = no goal: ``fraction`` alone decides, as before). With a
+        goal, a round selects at most ``ceil(cohort_goal * (1 + cohort_overselect))`` eligible
+        devices (drawn with the run's seeded generator, as ``fraction``'s selection), its main
+        exchange closes as soon as ``cohort_goal`` updates arrived (or at ``round_timeout_s``,
+        the round's deadline), and its announcements tell every device when to check in again
+        (pace steering, :mod:`coordinator.cohort`; Bonawitz et al., MLSys 2019, section 2).
+        Must be at least ``min_clients``.
+    cohort_overselect : float
+        Over-selection margin: select ``cohort_goal x (1 + margin)`` devices so that stragglers
+        and drop-outs do not leave the round short (Bonawitz et al. select 130 % of the goal: 0.3).
+    cohort_min_fraction : float
+        Fraction of ``cohort_goal`` that must answer for the round to count. The quorum in
+        force is ``max(min_clients, ceil(cohort_min_fraction * cohort_goal))`` updates with
+        training windows: ``min_clients`` stays a floor, the fraction can only raise it. A round
+        that closes below the quorum leaves the model unchanged and is run again, as before.
     seed : int
         Seeds the initial model, client selection and the clients' local shuffling.
     split_seed : int
@@ -159,6 +175,19 @@ class CoordinatorConfig:
                      "periods as a dead coordinator", "s", flag="--status-refresh"),
     )
     fraction: float = field(default=1.0, metadata=doc("share of eligible clients selected per round (1.0 = all, as FedDist)"))
+    cohort_goal: int = field(
+        default=0,
+        metadata=doc("updates a round aims for: select at most goal x (1 + cohort_overselect) eligible devices, close the "
+                     "round once goal updates arrived, and tell every device when to check in again (0 = off)", "updates"),
+    )
+    cohort_overselect: float = field(
+        default=0.0, metadata=doc("over-selection margin with a cohort goal: select goal x (1 + margin) devices (0.3: 1.3 x the goal)")
+    )
+    cohort_min_fraction: float = field(
+        default=0.0,
+        metadata=doc("fraction of cohort_goal that must answer for a round to count; the quorum is "
+                     "max(min_clients, ceil(fraction x goal))"),
+    )
     seed: int = field(default=1, metadata=doc("seeds the initial model, client selection and local shuffling"))
     split_seed: int = field(default=DEFAULT_SPLIT_SEED, metadata=doc("seed of every client's 80/20 train/test split"))
     local_epochs: int = field(default=LocalTraining.local_epochs, metadata=_LT["local_epochs"].metadata)
@@ -268,6 +297,15 @@ class CoordinatorConfig:
         if self.rounds < 1 or self.min_clients < 1 or not 0 < self.fraction <= 1:
             raise ValueError(
                 f"need rounds >= 1, min_clients >= 1, 0 < fraction <= 1; got {self.rounds}, {self.min_clients}, {self.fraction}"
+            )
+        if self.cohort_goal < 0 or 0 < self.cohort_goal < self.min_clients:
+            raise ValueError(
+                f"cohort_goal (--cohort-goal) must be 0 (off) or at least min_clients ({self.min_clients}), got {self.cohort_goal}"
+            )
+        if not 0 <= self.cohort_overselect <= 10 or not 0 <= self.cohort_min_fraction <= 1:
+            raise ValueError(
+                f"need 0 <= cohort_overselect <= 10 and 0 <= cohort_min_fraction <= 1; got {self.cohort_overselect}, "
+                f"{self.cohort_min_fraction}"
             )
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")

@@ -27,6 +27,7 @@ from coordinator import spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.blob_transport import URL_GRACE_S, NoticeRefused, make_grant, open_blob_store, publish_object, read_noticed
 from coordinator.client_table import ClientTable
+from coordinator.cohort import NO_STEERING, Steering
 from coordinator.config import CoordinatorConfig
 from coordinator.presence import Presence
 from coordinator.pte_desk import ProgramDesk
@@ -92,6 +93,9 @@ class MqttGrid:
         With ``cfg.transport == "blobs"``: a store served by someone else (``serve`` serves its
         folder store beside the status page); else :meth:`connect` opens the one ``cfg`` names.
     """
+
+    _steering: Steering = NO_STEERING  # the runner's steering of the exchanges (:meth:`steer`); frozen, so shared safely
+    _not_needed: tuple[int, int, frozenset[str]] | None = None  # (round, stage, ids) the last exchange closed at its goal left out
 
     def __init__(
         self,
@@ -191,6 +195,11 @@ class MqttGrid:
                 self._link.publish(self.topics.coordinator_status, self._status_bytes("online"), retain=True)
             except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
                 log.warning("round %d: the status naming the new attempt was not published (%s); the refresh sends it", round_, exc)
+
+    def steer(self, steering: Steering) -> None:
+        """Apply ``steering`` to the exchanges that follow (:mod:`coordinator.cohort`): the main exchange closes once
+        ``steering.close_at`` updates arrived, and every announcement carries ``steering.pace``."""
+        self._steering = steering
 
     def close_failed(self, round_: int) -> None:
         """Show round ``round_`` closed at once after it failed: clear its retained announcement.
@@ -365,7 +374,9 @@ class MqttGrid:
             return
         c = self._collect
         if notice.run_id != self.cfg.run_id or c is None or (notice.round, notice.stage) != (c.round, c.stage):
-            if c is None and notice.run_id == self.cfg.run_id and notice.round == self._failed_round:
+            nn = self._not_needed  # the cohort's close did not wait for this device: its late update is no fault
+            late = nn is not None and cid in nn[2] and (notice.round, notice.stage) == nn[:2]
+            if notice.run_id == self.cfg.run_id and (late or (c is None and notice.round == self._failed_round)):
                 self._duplicate(cid, notice.sha256)
                 return
             self._reject(cid, "stale_round", f"the notice is for run {notice.run_id[:40]} round {notice.round}.{notice.stage}, "
@@ -382,7 +393,7 @@ class MqttGrid:
         """Count the whole update envelope ``data`` (SHA-256 ``transfer``) of ``cid``, whichever way it came, or reject it."""
         done = (transfer, data)
         c = self._collect
-        if done[0] in self._counted.get(cid, ()):
+        if done[0] in self._counted.get(cid, ()) or self._from_not_needed(cid, done[1]):
             self._duplicate(cid, done[0])
             return
         if c is None:
@@ -448,6 +459,24 @@ class MqttGrid:
         return bool(header["kind"] == "update" and header["round"] == self._failed_round
                     and header.get("meta", {}).get("run_id") == self.cfg.run_id)  # fmt: skip
 
+    def _from_not_needed(self, cid: str, data: bytes) -> bool:
+        """Whether ``data`` is the update of a device that the last exchange closed at its cohort goal did not wait for.
+
+        Such a device was selected, trained and sends its update after the close (and again until the
+        deadline, for want of a receipt): no fault, so it is counted with the duplicates, not as a
+        rejection that would also stand as its reason for missing a later round.
+        """
+        nn = self._not_needed
+        if nn is None or cid not in nn[2]:
+            return False
+        try:
+            header = codec.peek_header(data)
+        except codec.EnvelopeError:
+            return False
+        meta = header.get("meta", {})
+        return bool(header["kind"] == "update" and (header["round"], meta.get("stage", 0)) == nn[:2]
+                    and meta.get("run_id") == self.cfg.run_id)  # fmt: skip
+
     def _duplicate(self, cid: str, transfer: str) -> None:
         """Count a re-sent copy of an update already counted; re-acknowledge it if its exchange is the open one."""
         c = self._collect
@@ -496,8 +525,16 @@ class MqttGrid:
         return MappingProxyType(self.clients)
 
     def wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for a message from the devices, and handle the first that arrives."""
-        self._pump(seconds)
+        """Wait up to ``seconds`` for a message from the devices, and handle it and those queued behind it then.
+
+        A caller that looks at every device between waits (eligibility before round 0) then makes
+        one pass per burst of statuses, not one per status. The queued messages are counted
+        first, so a flood still returns.
+        """
+        if self._pump(seconds):
+            for _ in range(self._link.inbox.qsize()):
+                if not self._pump(0.0):
+                    break
 
     def pump(self, timeout: float) -> bool:
         """Handle at most one incoming message, waiting up to ``timeout`` s; False if none came."""
@@ -647,13 +684,17 @@ class MqttGrid:
             epoch=self.epoch,
             transport="blobs" if self.blobs is not None else "mqtt",
             global_blob=self._global_blob.to_json() if self.blobs is not None and self._global_blob is not None else None,
+            pace=self._steering.pace,
         )
         if stage == 0:
             self._counted_this_round = []
         c = self._collect = Exchange(
-            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed)
+            round_, stage, spec, frozenset(selected), plan.guidance, bytes_down=down, reference=published_models(fed),
+            enough=self._steering.close_at if stage == 0 else None,
         )
         self._failed_round = None
+        if self._not_needed is not None and self._not_needed[:2] == (round_, stage):  # this exchange again: it counts them
+            self._not_needed = None
         self._carry_outside(c)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
@@ -666,10 +707,13 @@ class MqttGrid:
         next_check = 0.0
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
-            self.receipts.request_missing(c.selected)
-            c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
-            c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
             if time.monotonic() >= next_check:
+                # Passes over every selected device, so at most twice a second, not after each message: per message
+                # they made a round O(selected x messages), O(N^2) (docs/scale.md). A status saying offline and an
+                # update from a refused device are handled as they arrive (_on_status, _on_update_chunk).
+                self.receipts.request_missing(c.selected)
+                c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
+                c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
                 c.offline.update(self._check_clients_alive() & c.selected)
                 next_check = time.monotonic() + 0.5
         # Handle what had already arrived at the close, but no more than that: under a flood of
@@ -678,6 +722,8 @@ class MqttGrid:
             if not self._pump(0.0):
                 break
         self._drop_refused(c)
+        if c.enough is not None and len(c.updates) >= c.enough:  # closed at its cohort goal: the others' updates may follow
+            self._not_needed = (round_, stage, frozenset(c.selected - c.updates.keys()))
         self._collect = None
         self._open = None
         self._grants = {}
@@ -692,7 +738,7 @@ class MqttGrid:
             if n > 1:
                 log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
         for f in c.failures():
-            kind = f.reason if f.reason in ("offline", "missed_deadline") else "no_valid_update"
+            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full") else "no_valid_update"
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
 

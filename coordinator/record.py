@@ -167,7 +167,7 @@ class Participation:
     missing : tuple of str
         Selected clients without a valid update, sorted.
     failures : dict client id -> reason
-        Why each missing client has none (``offline``, ``missed_deadline`` or a rejection reason).
+        Why each missing client has none (``offline``, ``missed_deadline``, ``cohort_full`` or a rejection reason).
     rejections : tuple of Rejection
         The rejected messages by client and reason, sorted.
     duplicates : int

@@ -34,17 +34,22 @@ from har_models.nn.model import ArchSpec
 from har_models.wire.messages import TrainingPlan
 
 
-def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fraction: float, seed: int) -> list[str]:
+def select_clients(eligible: Sequence[str], round_: int, min_clients: int, fraction: float, seed: int,
+                   cap: int = 0) -> list[str]:  # fmt: skip
     """The clients selected for round ``round_``, sorted.
 
     All eligible clients when ``fraction`` covers them (FedDist: C = 1); otherwise
     max(min_clients, ceil(fraction * n)) drawn without replacement by a generator seeded
-    with (seed, round), so a resumed run selects the same clients. Empty below quorum.
+    with (seed, round), so a resumed run selects the same clients. ``cap`` > 0 (a cohort
+    goal, :func:`coordinator.cohort.cohort_cap`) bounds that count from above, never below
+    ``min_clients``: the same seeded draw, of fewer. Empty below ``min_clients`` (the quorum).
     """
     eligible = sorted(eligible)
     if len(eligible) < min_clients:
         return []
     k = max(min_clients, math.ceil(fraction * len(eligible)))
+    if cap > 0:
+        k = max(min_clients, min(k, cap))
     if k >= len(eligible):
         return eligible
     rng = np.random.default_rng([seed, round_])
@@ -92,9 +97,9 @@ class Exchange:
         like): counted in this exchange's record, but no reason for a selected client's failure.
     duplicates : Counter of client id
         Re-sent copies of an update already counted (same client, round, stage and sha256,
-        e.g. from a restarted device), and updates for a round's failed attempt that arrived before
-        its next attempt opened (the device sends them again there): harmless, so counted apart
-        from ``rejected``.
+        e.g. from a restarted device), updates for a round's failed attempt that arrived before
+        its next attempt opened (the device sends them again there), and the updates of devices an
+        exchange closed at its cohort goal did not wait for: harmless, so counted apart from ``rejected``.
     offline : set of str
         Selected clients whose status said offline while the exchange was open.
     bytes_up, bytes_down : int
@@ -102,6 +107,11 @@ class Exchange:
     reference : callable client id -> state, optional
         The model published to each client for this exchange (see :func:`published_models`):
         what int8_delta updates are deltas against.
+    enough : int, optional
+        A cohort goal (:class:`coordinator.cohort.Steering`): the exchange is complete once this
+        many valid updates arrived (updates already received when it closes are counted too), and
+        a selected client that had not answered then failed with reason ``cohort_full``. None:
+        complete only when every selected client answered or went offline.
     """
 
     round: int
@@ -117,6 +127,7 @@ class Exchange:
     bytes_up: int = 0
     bytes_down: int = 0
     reference: Callable[[str], Mapping[str, Any]] | None = None
+    enough: int | None = None
 
     def add(self, update: ClientUpdate) -> bool:
         """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
@@ -127,19 +138,29 @@ class Exchange:
         return True
 
     def complete(self) -> bool:
-        """True once every selected client has answered or gone offline: no reason to wait longer."""
-        return all(c in self.updates or c in self.offline for c in self.selected)
+        """True once every selected client has answered or gone offline, or ``enough`` updates arrived: no reason to wait longer.
+
+        Counted, not searched: O(offline clients), so asking after every message costs the
+        same whatever the number selected (updates come only from selected clients: :func:`coordinator.updates.validate_update`
+        refuses the others).
+        """
+        if self.enough is not None and len(self.updates) >= self.enough:
+            return True
+        gone = sum(1 for c in self.offline if c in self.selected and c not in self.updates)
+        return len(self.updates) + gone >= len(self.selected)
 
     def results(self) -> list[ClientUpdate]:
         """The valid updates, ordered by client id (the aggregation order, fixed for reproducibility)."""
         return [self.updates[c] for c in sorted(self.updates)]
 
     def failures(self) -> list[Failure]:
-        """Selected clients without a valid update, with why (offline, rejected, or missed the deadline)."""
+        """Selected clients without a valid update, with why (offline, rejected, missed the deadline, or
+        ``cohort_full``: the exchange closed at its goal before they answered)."""
         out = []
         rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
+        late = "cohort_full" if self.enough is not None and len(self.updates) >= self.enough else "missed_deadline"
         for cid in sorted(self.selected - set(self.updates)):
-            reason = "offline" if cid in self.offline else rejected_by.get(cid, "missed_deadline")
+            reason = "offline" if cid in self.offline else rejected_by.get(cid, late)
             out.append(Failure(cid, reason))
         return out
 
@@ -272,9 +293,12 @@ def summary_line(record: RoundRecord) -> str:
     """
     g, p = record.evaluation.global_, record.evaluation.personalisation
     part, traffic = record.participation, record.traffic or Traffic()
+    unneeded = sum(1 for why in part.failures.values() if why == "cohort_full")  # the round closed at its cohort goal first
     return (
         f"round {record.round}: {part.selected} selected, {part.updates} updates, "
-        f"{part.rejected} rejected, {len(part.missing)} missed the deadline, {record.seconds:.1f} s; "
+        f"{part.rejected} rejected, {len(part.missing) - unneeded} missed the deadline"
+        + (f", {unneeded} not needed (cohort goal reached)" if unneeded else "")
+        + f", {record.seconds:.1f} s; "
         f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
         f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"
         + (f", start acc {pct(st.accuracy)} F1 {pct(st.macro_f1)}" if (st := record.evaluation.start) else "")

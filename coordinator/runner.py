@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from coordinator import feddist, feddist_steps, guard, spill
+from coordinator import cohort, feddist, feddist_steps, guard, spill
 from coordinator.admission import Eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
@@ -97,6 +97,11 @@ class Grid(Protocol):
                  plan: TrainingPlan) -> Exchange:  # fmt: skip
         """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
         every selected device answered or went offline, or the deadline; the closed exchange."""
+        ...
+
+    def steer(self, steering: cohort.Steering) -> None:
+        """Apply ``steering`` (close the main exchange at a cohort goal, the pace its announcements carry) to the
+        exchanges that follow, until the next call (:mod:`coordinator.cohort`)."""
         ...
 
     def new_attempt(self, round_: int) -> None:
@@ -192,6 +197,9 @@ class FederationRunner:
         self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
         self._kept = 0  # versions the guard kept since the server step last changed
         self._restarts_waited: dict[str, float] = {}  # device -> the restart (its time) already waited for
+        self._quorum = cohort.quorum(cfg)  # updates a round needs (min_clients, raised by a cohort's minimum fraction)
+        self._opened: float | None = None  # when the last round attempt opened (monotonic s), for the pace's period
+        self._period_s = cfg.round_timeout_s  # expected time between round openings (s): the deadline until one is seen
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -386,18 +394,20 @@ class FederationRunner:
             log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
 
     def wait_for_clients(self) -> None:
-        """Wait (up to ``start_timeout_s``) for the expected clients, or for ``min_clients`` and a quiet ``start_settle_s``.
+        """Wait (up to ``start_timeout_s``) for the expected clients, or for the quorum and a quiet ``start_settle_s``.
+
+        The quorum is ``min_clients``, or more with a cohort goal (:func:`coordinator.cohort.quorum`).
 
         Raises
         ------
         CoordinatorError
-            If fewer than ``min_clients`` eligible clients came in time, or the grid's clients are all gone.
+            If fewer eligible clients than the quorum came in time, or the grid's clients are all gone.
         """
         want = self.cfg.expected_clients
         end = time.monotonic() + self.cfg.start_timeout_s
         log.info(
             "waiting for %s clients (up to %.0f s)",
-            want if want else f"at least {self.cfg.min_clients}",
+            want if want else f"at least {self._quorum}",
             self.cfg.start_timeout_s,
         )
         last, changed = -1, time.monotonic()
@@ -412,14 +422,14 @@ class FederationRunner:
                     log.warning("not waiting for %d client(s) whose process exited: %s", len(gone), ", ".join(sorted(gone)))
                 return
             # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
-            if want is None and n >= self.cfg.min_clients and time.monotonic() - changed >= self.cfg.start_settle_s:
+            if want is None and n >= self._quorum and time.monotonic() - changed >= self.cfg.start_settle_s:
                 return
             self.grid.wait(0.2)
         n = len(self.grid.eligibility(self._label_set).eligible)
-        if n < self.cfg.min_clients:
+        if n < self._quorum:
             raise CoordinatorError(
                 f"only {n} client(s) with training windows came online within {self.cfg.start_timeout_s:.0f} s; "
-                f"need {self.cfg.min_clients}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
+                f"need {self._quorum}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
                 f"and federation {self.cfg.federation!r}."
             )
 
@@ -569,14 +579,17 @@ class FederationRunner:
         else:
             self._failed_quorums = 0
         self._tried_round = round_
-        selected = select_clients(
-            self.grid.eligibility(self._label_set).eligible, round_, self.cfg.min_clients, self.cfg.fraction, self.cfg.seed
-        )
+        eligible = self.grid.eligibility(self._label_set).eligible
+        selected = select_clients(eligible, round_, self._quorum, self.cfg.fraction, self.cfg.seed, cohort.cohort_cap(self.cfg))
         if not selected:
-            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.cfg.min_clients)
+            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self._quorum)
             self.state.event(round_, None, "round_skipped", "not enough clients")
-            self.last_failure = f"fewer than {self.cfg.min_clients} eligible devices at its start"
+            self.last_failure = f"fewer than {self._quorum} eligible devices at its start"
             return None
+        if self._opened is not None:  # the pace's period: the last time between two openings (serve's schedule included)
+            self._period_s = max(1e-3, t0 - self._opened)
+        self._opened = t0
+        self.grid.steer(cohort.steering(self.cfg, time.time(), self._period_s, len(eligible), len(selected)))
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
         spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
@@ -585,7 +598,7 @@ class FederationRunner:
         oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
         if oversized:
             results = self._clip(round_, results, received, oversized)
-        why = check_quorum(results, failures, self.cfg.min_clients)
+        why = check_quorum(results, failures, self._quorum)
         agg = None
         if why is None:
             try:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import random
 import sqlite3
 import threading
 import time
@@ -69,6 +70,7 @@ from har_models.wire.messages import (
     fresh_until,
     offline_status,
 )
+from har_models.wire.pace import Pace
 from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.client")
@@ -135,6 +137,32 @@ class ClientConfig:
             raise ValueError(f"programs must be one of {PROGRAM_MODES}, got {self.programs!r}")
 
 
+@dataclass(frozen=True)
+class CheckIn:
+    """When this device should check in again, from the pace of a round announcement (:mod:`har_models.wire.pace`).
+
+    Attributes
+    ----------
+    run_id : str
+    round, stage : int
+        The announcement the pace came with.
+    selected : bool
+        Whether this device was selected in that round: if so, the time applies once its update is delivered.
+    pace : Pace
+        The window the coordinator gave every device.
+    at_unix : float
+        This device's own time in that window (s since the epoch), drawn once per announcement: the jitter that
+        spreads a population's check-ins.
+    """
+
+    run_id: str
+    round: int
+    stage: int
+    selected: bool
+    pace: Pace
+    at_unix: float
+
+
 class EdgeAgent:
     """Runs one edge client against the broker until stopped (or its run finished).
 
@@ -199,6 +227,8 @@ class EdgeAgent:
         # windows sees them, and an update trained on them is not more than the status reported.
         self._republish: Callable[[object], None] = lambda _changed: self._publish_status()  # from the writer's thread
         self.epoch = 0  # the highest coordinator epoch seen (0: none, an unserved coordinator)
+        self.check_in: CheckIn | None = None  # pace steering: when to come back (_note_pace); None: no pace announced
+        self._pace_rng = random.Random()  # this device's own draws in the announced windows
         self._predecessor: str | None = None  # the instance whose status was retained when we first connected
         self._own_status_seen = False
         self._stopped = threading.Event()
@@ -424,6 +454,7 @@ class EdgeAgent:
                 log.info("[%s] ignoring round %d of coordinator epoch %d: epoch %d runs now", cid, ann.round, ann.epoch, self.epoch)
                 return
             self.announcement = ann
+            self._note_pace(ann)
             return
         if topic == self.topics.client_status(cid):
             self._on_own_status(payload)
@@ -499,6 +530,26 @@ class EdgeAgent:
         log.info("[%s] the coordinator restarted (epoch %d -> %d): dropped the work of epoch %d and announced myself again",
                  cid, old, epoch, old)  # fmt: skip
         self._set_state(self._state)
+
+    def _note_pace(self, ann: RoundAnnouncement) -> None:
+        """Keep the check-in time of ``ann``'s pace in :attr:`check_in` (drawn once per announcement; cleared without one).
+
+        A phone would schedule its next wake-up at ``check_in.at_unix`` once it has nothing to do in
+        the round (not selected, or its update delivered) and disconnect until then (Android's
+        WorkManager; not part of this agent). This agent stays connected: it records the time, which
+        its holder can show, and goes on following announcements.
+        """
+        if ann.pace is None:
+            self.check_in = None
+            return
+        old = self.check_in
+        if old is not None and (old.run_id, old.round, old.stage, old.pace) == (ann.run_id, ann.round, ann.stage, ann.pace):
+            return  # the same announcement again (a reconnection): the same time
+        selected = self.cfg.client_id in ann.selected
+        self.check_in = CheckIn(ann.run_id, ann.round, ann.stage, selected, ann.pace, ann.pace.draw(self._pace_rng))
+        log.debug("[%s] round %d: %s; check in again at %s (window %.0f s, next round at %s)", self.cfg.client_id, ann.round,
+                  "selected" if selected else "not selected", time.strftime("%H:%M:%S", time.localtime(self.check_in.at_unix)),
+                  ann.pace.window_s, time.strftime("%H:%M:%S", time.localtime(ann.pace.next_round_unix)))  # fmt: skip
 
     def _coordinator_fresh(self) -> bool:
         """False once the coordinator's status is older than its promised refresh periods allow."""

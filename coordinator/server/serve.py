@@ -36,6 +36,7 @@ from typing import Any
 
 from coordinator import state as run_state
 from coordinator.admission import Admission
+from coordinator.cohort import quorum
 from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
 from coordinator.server import model_request
@@ -143,7 +144,8 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     ------
     ValueError
         For an unknown key or a bad value (the key is named), or a ``[schedule] min_clients``
-        below the quorum ``min_clients`` (a round started with fewer could not change the model).
+        below the quorum (``min_clients``, or more with a cohort goal: :func:`coordinator.cohort.quorum`;
+        a round started with fewer could not change the model).
     """
     fed = dict(file.federation)
     fed.setdefault("guard", True)
@@ -153,11 +155,13 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
         CoordinatorConfig, None, file=fed, what=f"{CONFIG_NAME} (federation settings)",
         run_dir=Path(data_dir) / "run", broker=broker, federation=federation, run_id=run_id, rounds=SERVE_ROUNDS, resume=True,
     )  # fmt: skip
-    if file.schedule.min_clients < cfg.min_clients:
+    if file.schedule.min_clients < quorum(cfg):
         raise ValueError(
-            f"{CONFIG_NAME}: [schedule] min_clients = {file.schedule.min_clients} is below the quorum min_clients = "
-            f"{cfg.min_clients}; a round started with fewer devices could not change the model: raise [schedule] min_clients"
-        )
+            f"{CONFIG_NAME}: [schedule] min_clients = {file.schedule.min_clients} is below the quorum "
+            + (f"min_clients = {cfg.min_clients}" if quorum(cfg) == cfg.min_clients else
+               f"ceil(cohort_min_fraction x cohort_goal) = {quorum(cfg)}")
+            + "; a round started with fewer devices could not change the model: raise [schedule] min_clients"
+        )  # fmt: skip
     return cfg
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
 from har_models.wire.blob_ref import BlobRef
+from har_models.wire.pace import Pace
 from har_models.wire.topics import check_client_id
 
 PROTOCOL_VERSION = 1
@@ -186,6 +187,9 @@ class RoundAnnouncement:
     global_blob : dict or None
         With ``transport="blobs"``: the global model's
         :class:`~har_models.wire.blob_messages.BlobRef` as JSON (sha256 = ``global_model``).
+    pace : Pace, optional
+        When devices should check in again (pace steering, :mod:`har_models.wire.pace`); sent
+        only by a coordinator with a cohort goal, left out of the message otherwise.
     """
 
     run_id: str
@@ -203,6 +207,7 @@ class RoundAnnouncement:
     epoch: int = 0
     transport: str = "mqtt"
     global_blob: dict[str, Any] | None = None
+    pace: Pace | None = None
 
     def model_for(self, cid: str) -> tuple[str, str]:
         """``(source, transfer)`` of the model ``cid`` must start from: source is "personal" or "global"."""
@@ -223,6 +228,8 @@ class RoundAnnouncement:
             del d["transport"]
         if self.global_blob is None:
             del d["global_blob"]
+        if self.pace is None:  # no cohort goal: the message older clients know
+            del d["pace"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -239,6 +246,8 @@ class RoundAnnouncement:
         try:
             d["plan"] = TrainingPlan.from_json(d.get("plan", {}))
             d["selected"] = tuple(check_client_id(c) for c in d.get("selected", []))
+            if d.get("pace") is not None:
+                d["pace"] = Pace.from_json(d["pace"])
             ann = cls(**d)
         except (TypeError, ValueError) as exc:
             raise MessageError(f"round announcement: {exc}") from None

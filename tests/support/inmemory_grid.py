@@ -5,7 +5,9 @@ Each device "trains" by a fixed, known step: its update is the model it was sent
 form), a ``guidance`` model one more step on when the plan asks for it, and a confusion
 matrix on its own test split with ``hits(cid)`` of ``n_test`` windows right. Devices in
 ``silent`` are selected but never answer (a frozen phone); ``log`` records what the runner
-asked of the grid, in order.
+asked of the grid, in order. The runner's steering (:meth:`steer`) is kept in ``steering``:
+the main exchange stops taking updates at its ``close_at`` (the selected devices answer in
+id order), and ``announced`` keeps the pace each exchange's announcement would carry.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import numpy as np
 import torch
 
 from coordinator.admission import Eligibility, eligibility
+from coordinator.cohort import NO_STEERING, Steering
 from coordinator.record import RoundRecord
 from coordinator.round import Exchange, published_models
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate
 from har_models.data.windowing import ChannelStats
 from har_models.wire.messages import ClientStatus, TrainingPlan
+from har_models.wire.pace import Pace
 
 N_CLASSES = 6  # hapt6
 
@@ -56,6 +60,8 @@ class InMemoryGrid:
         self.leaving: dict[str, ClientStatus] = {}  # as MqttGrid.leaving: devices that left from their app (none here)
         self.log: list[tuple[Any, ...]] = []
         self.progress: list[int] = []
+        self.steering: Steering = NO_STEERING
+        self.announced: list[tuple[int, int, Pace | None]] = []  # (round, stage, pace) of each exchange's announcement
 
     # ---------------------------------------------------------------- the Grid protocol
     def eligibility(self, label_set: str) -> Eligibility:
@@ -76,11 +82,18 @@ class InMemoryGrid:
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
                  plan: TrainingPlan) -> Exchange:  # fmt: skip
         self.log.append(("exchange", round_, stage, tuple(selected)))
-        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed))
+        self.announced.append((round_, stage, self.steering.pace))
+        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed),
+                      enough=self.steering.close_at if stage == 0 else None)  # fmt: skip
         for cid in selected:
+            if ex.complete():
+                break
             if cid not in self.silent:
                 ex.add(self.train(cid, fed.personal.get(cid, fed.global_state), round_, stage, plan))
         return ex
+
+    def steer(self, steering: Steering) -> None:
+        self.steering = steering
 
     def new_attempt(self, round_: int) -> None:
         self.log.append(("new_attempt", round_))
