@@ -309,6 +309,9 @@ def test_a_notice_that_does_not_belong_to_the_open_exchange_is_counted_and_dropp
         grid._on_blob_notice("dev-a", BlobNotice("other-run", 0, 0, SHA_A, 10).to_bytes())
         plain._on_blob_notice("dev-a", notice)  # a coordinator over MQTT takes no notice
         assert dict(grid._rejected_outside) == {("dev-a", "stale_round"): 2, ("dev-a", "malformed"): 1}
+        grid._not_needed = (0, 0, frozenset({"dev-b"}))  # round 0 closed at its cohort goal without waiting for dev-b
+        grid._on_blob_notice("dev-b", notice)
+        assert dict(grid._duplicates_outside) == {"dev-b": 1} and ("dev-b", "stale_round") not in grid._rejected_outside
         assert dict(plain._rejected_outside) == {("dev-a", "wrong_transport"): 1}
     finally:
         state.close()
