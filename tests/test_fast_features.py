@@ -53,3 +53,21 @@ def test_evaluate_pair_equals_two_evaluations_and_leaves_the_model_alone() -> No
     only_bias = backend.evaluate_pair(x, y, {"out.bias": head["out.bias"]})
     assert only_bias is not None
     assert np.array_equal(only_bias[1].confusion, TorchBackend(SMALL, {**received, "out.bias": head["out.bias"]}).evaluate(x, y).confusion)
+
+
+def test_learn_ala_reads_the_received_model_in_place_and_never_writes_it() -> None:
+    # The temporary model of W's learning holds the received lower tensors themselves (no copy): they must come out
+    # unchanged, and the blended model must still take them as they were.
+    from har_models.settings import AlaConfig
+
+    received = {k: v.numpy() for k, v in init_state(SMALL, 1).items()}
+    local = {k: (v + 0.05).astype(np.float32) for k, v in received.items()}
+    before = {k: v.copy() for k, v in received.items()}
+    w = {h: np.full(received[h].shape, 0.5, np.float32) for h in ("out.weight", "out.bias")}
+    x, y = _x(60, 4), np.arange(60) % 6
+    res = TorchBackend(SMALL).learn_ala(received, local, w, x, y, config=AlaConfig(max_passes=3), batch_size=16, seed=2,
+                                        start_phase=True)  # fmt: skip
+    assert res.fallback is None and len(res.losses) >= 1
+    assert all(np.array_equal(received[k], before[k]) for k in received)
+    assert all(np.array_equal(res.state[k], before[k]) for k in ("conv.weight", "conv.bias", "hidden.weight", "hidden.bias"))
+    assert not np.array_equal(res.weights["out.weight"], w["out.weight"])  # W was learned (written into copies)

@@ -294,7 +294,9 @@ class TorchBackend(BackendBase):
         # the caller's global RNG state is restored afterwards.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
-            model = build_model(self._spec, theta)
+            # The lower tensors are only read (W's learning writes the higher ones): the model holds theta's own
+            # tensors there instead of a copy of them (25.8 MB for the paper CNN), and copies of those it writes.
+            model = build_model(self._spec, {n: t.clone() if n in w else t for n, t in theta.items()}, copy=False)
             w_stored = dict(w)  # entries are replaced, never modified in place, during learning
             n_total = int(xs.shape[0])
             n_sample = int(n_total * config.rand_percent // 100)  # floor(s/100 * N), exact for whole percentages

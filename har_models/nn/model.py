@@ -45,6 +45,13 @@ class HarCNN(nn.Module):
     spec : ArchSpec
     state : mapping name -> tensor, optional
         Parameters to load (checked against ``spec``); default :func:`init_state` with seed 0.
+    copy : bool
+        True (default): the parameters are copies of ``state``. False: each parameter is the
+        float32 tensor of ``state`` itself (shared memory, nothing copied; a tensor of another
+        dtype is converted), so a caller that only reads them saves a copy of the model (25.8 MB
+        for the paper CNN). The caller then must not change those tensors while the model is in
+        use, and whatever writes a parameter in place writes ``state``'s tensor: pass copies of
+        the tensors it writes.
 
     Raises
     ------
@@ -52,7 +59,7 @@ class HarCNN(nn.Module):
         If ``state`` does not match ``spec``.
     """
 
-    def __init__(self, spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None):
+    def __init__(self, spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None, *, copy: bool = True):
         super().__init__()
         self.spec = spec
         # Declared in forward order: FedALA's "higher layers" are the last registered tensors.
@@ -69,8 +76,13 @@ class HarCNN(nn.Module):
         else:
             check_state(spec, state)
         with torch.no_grad():
-            for name, p in self.named_parameters():
-                p.copy_(torch.as_tensor(state[name], dtype=torch.float32))
+            for name, p in list(self.named_parameters()):
+                value = torch.as_tensor(state[name], dtype=torch.float32)
+                if copy:
+                    p.copy_(value)
+                else:  # the unused empty parameter made above is dropped (never written, so never paged in)
+                    layer, attr = name.rsplit(".", 1)
+                    setattr(getattr(self, layer), attr, nn.Parameter(value))
 
     HEAD_PARAMS = ("out.weight", "out.bias")
     """The parameters :meth:`head` uses; :meth:`features` uses none of them."""
@@ -117,15 +129,15 @@ def init_state(spec: ArchSpec, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_model(spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None) -> HarCNN:
-    """A :class:`HarCNN` for ``spec``, loaded with ``state`` if given.
+def build_model(spec: ArchSpec, state: Mapping[str, torch.Tensor] | None = None, *, copy: bool = True) -> HarCNN:
+    """A :class:`HarCNN` for ``spec``, loaded with ``state`` if given (``copy=False``: over ``state``'s tensors, see :class:`HarCNN`).
 
     Raises
     ------
     ValueError
         If ``state`` does not match ``spec`` (see :func:`check_state`).
     """
-    return HarCNN(spec, state)
+    return HarCNN(spec, state, copy=copy)
 
 
 def get_state(model: nn.Module) -> dict[str, torch.Tensor]:
