@@ -651,7 +651,8 @@ class MqttGrid:
             grant = make_grant(self.blobs, self.cfg.run_id, round_, stage, self.attempt, cid, expires, self.cfg.max_update_bytes,
                                personal.get(cid))  # fmt: skip
             self._grants[cid] = grant.to_bytes()
-            self._link.publish(self.topics.client_grant(cid), self._grants[cid], retain=True)
+            # Queued, not one round trip each (10,000 grants): paho sends them in order, before the announcement.
+            self._link.publish_nowait(self.topics.client_grant(cid), self._grants[cid], retain=True)
             self._granted.add(cid)
 
     def _own_chunks(self, first_topic: str, n: int) -> None:
@@ -674,7 +675,9 @@ class MqttGrid:
             state="training",
             arch=spec.to_dict(),
             label_set=label_set,
-            selected=tuple(selected),
+            # Blob transport: each selected device learns it from its own grant; the announcement every device
+            # receives lists nobody, so a round's broker bytes do not grow as (selected) x (devices).
+            selected=tuple(selected) if self.blobs is None else (),
             plan=plan,
             global_model=global_id,
             personal_models=personal,

@@ -545,7 +545,7 @@ class EdgeAgent:
         old = self.check_in
         if old is not None and (old.run_id, old.round, old.stage, old.pace) == (ann.run_id, ann.round, ann.stage, ann.pace):
             return  # the same announcement again (a reconnection): the same time
-        selected = self.cfg.client_id in ann.selected
+        selected = self._is_selected(ann)
         self.check_in = CheckIn(ann.run_id, ann.round, ann.stage, selected, ann.pace, ann.pace.draw(self._pace_rng))
         log.debug("[%s] round %d: %s; check in again at %s (window %.0f s, next round at %s)", self.cfg.client_id, ann.round,
                   "selected" if selected else "not selected", time.strftime("%H:%M:%S", time.localtime(self.check_in.at_unix)),
@@ -596,7 +596,7 @@ class EdgeAgent:
         self.delivery.poll(self._open_key())
         ann = self.announcement
         cid = self.cfg.client_id
-        if ann is None or ann.state != "training" or cid not in ann.selected or not self._coordinator_runs(ann):
+        if ann is None or ann.state != "training" or not self._is_selected(ann) or not self._coordinator_runs(ann):
             return
         key = (ann.run_id, ann.round, ann.stage)
         _, transfer = ann.model_for(cid)
@@ -667,6 +667,14 @@ class EdgeAgent:
         self.models[transfer] = envelope
         while len(self.models) > 2:
             self.models.popitem(last=False)
+
+    def _is_selected(self, ann: RoundAnnouncement) -> bool:
+        """Whether ``ann`` selects this client: it names it, or (blob transport, whose announcement names nobody)
+        this client holds its grant for that exchange and attempt."""
+        if self.cfg.client_id in ann.selected:
+            return True
+        g = self._grant_of((ann.run_id, ann.round, ann.stage))
+        return ann.transport == "blobs" and g is not None and g.attempt == ann.attempt
 
     def _transport_of(self, key: tuple[str, int, int]) -> str:
         """How exchange ``key`` was announced ("blobs" or "mqtt"; an exchange no longer announced: "mqtt")."""

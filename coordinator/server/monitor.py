@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from coordinator.client_table import ClientTable
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
+from har_models.wire.blob_messages import BlobGrant
 from har_models.wire.messages import (
     ClientStatus,
     CoordinatorStatus,
@@ -96,6 +97,9 @@ class MonitorSnapshot:
         The retained record of the last completed round.
     announcement : RoundAnnouncement or None
         The open round (or the "finished" announcement).
+    selected : frozenset of str
+        The clients the open round selected: those its announcement names or, with the blob
+        transport (whose announcement names nobody), those holding a grant for its exchange and attempt.
     answered : frozenset of str
         Selected clients of the open round whose update the coordinator counted in this
         attempt: an accepted receipt for the round's exchange (run, round, stage) that arrived
@@ -114,6 +118,7 @@ class MonitorSnapshot:
     coordinator_online: bool = False
     progress: RoundProgress | None = None
     announcement: RoundAnnouncement | None = None
+    selected: frozenset[str] = frozenset()
     answered: frozenset[str] = frozenset()
     malformed: dict[str, int] = field(default_factory=dict)
     connected: bool = False
@@ -161,6 +166,7 @@ class Monitor:
         self._announcement: RoundAnnouncement | None = None
         # client -> the open announcement's identity (_attempt_key) when its last accepted receipt for that exchange arrived
         self._receipts: dict[str, tuple[str, int, int, str, int]] = {}
+        self._grants: dict[str, tuple[str, int, int, str]] = {}  # blob transport: client -> (run, round, stage, attempt) of its grant
         self.malformed: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,7 +178,7 @@ class Monitor:
         """The topic filters the monitor reads (no model or update chunks)."""
         p = self.topics.prefix
         return [self.topics.coordinator_status, self.topics.round, self.topics.progress, f"{p}/client/+/status",
-                f"{p}/client/+/receipt"]  # fmt: skip
+                f"{p}/client/+/receipt", f"{p}/client/+/grant"]  # fmt: skip
 
     # ------------------------------------------------------------------ session
     def start(self, wait_s: float | None = 10.0) -> bool:
@@ -291,6 +297,13 @@ class Monitor:
                     ann = self._announcement
                     if ann is not None and ann.state == "training" and (r.run_id, r.round, r.stage) == (ann.run_id, ann.round, ann.stage):
                         self._receipts[cid] = _attempt_key(ann)
+        elif kind == "grant":
+            with self._lock:
+                if not payload:
+                    self._grants.pop(cid, None)
+                    return
+                g = BlobGrant.from_bytes(payload)
+                self._grants[cid] = (g.run_id, g.round, g.stage, g.attempt)
         else:
             raise MessageError(f"topic {topic!r:.80} is not one the monitor reads")
 
@@ -310,15 +323,20 @@ class Monitor:
                 self._coordinator_fresh_until is None or now < self._coordinator_fresh_until)  # fmt: skip
             ann = self._announcement
             answered: set[str] = set()
+            selected: frozenset[str] = frozenset()
             if ann is not None and ann.state == "training":
                 key = _attempt_key(ann)
-                answered = {cid for cid in ann.selected if self._receipts.get(cid) == key}
+                selected = frozenset(ann.selected)
+                if ann.transport == "blobs" and not selected:  # the announcement names nobody: the grants say who
+                    selected = frozenset(c for c, g in self._grants.items() if g == (ann.run_id, ann.round, ann.stage, ann.attempt))
+                answered = {cid for cid in selected if self._receipts.get(cid) == key}
             return MonitorSnapshot(
                 devices=devices,
                 coordinator=cs,
                 coordinator_online=c_online,
                 progress=self._progress,
                 announcement=ann,
+                selected=selected,
                 answered=frozenset(answered),
                 malformed=dict(self.malformed),
                 connected=self.link is not None and self.link.connected.is_set(),
