@@ -1,54 +1,79 @@
-"""Thousands of devices: the real coordinator against N light simulated devices on one Mosquitto (MQTT transport).
+"""Thousands of devices: the real coordinator against N light simulated devices on one Mosquitto, in both transports.
 
 The coordinator is the real one (``python -m coordinator.cli run``, FedAvg, a tiny CNN of
 ``--conv-filters 1 --dense-units 2`` by default: a 1.6 kB update envelope; a wider one shows
-whether the coordinator holds updates). The devices are simulated by a light load generator:
-``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a selector over
-their sockets, no thread per device). Each device speaks the protocol of ``edge_client/agent.py``:
+whether the coordinator holds updates). Each N (``--sizes``) is measured in each transport
+(``--transports mqtt,blobs``, both by default): ``mqtt``, model bytes in chunks through the
+broker; ``blobs``, the coordinator started with ``--transport blobs`` (its folder store, served by
+its own HTTP server on a free loopback port), model bytes over HTTP and only control messages on
+the broker (``coordinator/blob_transport.py``). The devices are simulated by a light load
+generator: ``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a
+selector over their sockets, no thread per device). Each device speaks the protocol of
+``edge_client/agent.py``:
 
 * it connects with its last will (``offline_status``), subscribes to the coordinator's status, the
-  round announcement, the global model's chunks and its own receipt topic, and publishes its
-  retained :class:`~har_models.wire.messages.ClientStatus` (label set ``hapt6``, ``n_train``,
-  channel statistics; ``refresh_s`` 0, so the status never goes stale however long a round of
-  10,000 takes);
-* when an announcement selects it and it holds the announced model whole (its own
-  :class:`~har_models.wire.chunking.Reassembler` over its own copy of the chunks; the process keeps
-  one copy of each chunk), it answers with a real update envelope: the received tensors plus
-  deterministic noise of standard deviation 1e-3 (no training), encoded by
-  :func:`har_models.wire.codec.encode` with an :class:`~har_models.wire.update_meta.UpdateMeta`,
-  cut by :func:`har_models.wire.chunking.iter_chunks` and published at QoS 1 on its update topics;
+  round announcement, the global model's chunks, its own receipt topic and its own grant topic,
+  and publishes its retained :class:`~har_models.wire.messages.ClientStatus` (label set
+  ``hapt6``, ``n_train``, channel statistics; ``refresh_s`` 0, so the status never goes stale
+  however long a round of 10,000 takes);
+* when an announcement selects it and it holds the announced model, it answers with a real update
+  envelope: the received tensors plus deterministic noise of standard deviation 1e-3 (no
+  training), encoded by :func:`har_models.wire.codec.encode` with an
+  :class:`~har_models.wire.update_meta.UpdateMeta`;
+* MQTT: it holds the model once its own :class:`~har_models.wire.chunking.Reassembler` put it
+  together from its own copy of the chunks (the process keeps one copy of each chunk); the update
+  is cut by :func:`har_models.wire.chunking.iter_chunks` and published at QoS 1 on its update topics;
+* blobs: it holds the model once its :class:`~har_models.wire.blob_messages.BlobGrant` for the
+  exchange arrived and the model named by the announcement's ``global_blob`` is in the process's
+  :class:`~har_io.blob_http.BlobCache` (fetched over HTTP ONCE PER GENERATOR PROCESS, as a worker
+  hosting virtual clients does, every byte checked against the SHA-256 by
+  :func:`har_io.blob_http.fetch_model`); the update is PUT to the grant's signed URL, then its
+  :class:`~har_models.wire.blob_messages.BlobNotice` is published at QoS 1 on
+  ``{p}/client/{cid}/update/blob``. The PUTs run in a pool of ``UPLOAD_THREADS`` (4) threads per
+  process, each on one kept-alive ``http.client`` connection to the store (opened again once if
+  the server closed it while idle), so 10,000 uploads use 16 TCP connections, not 10,000; the
+  notice is published from the selector's thread once its PUT answered 201;
 * it follows the end-to-end delivery of ``edge_client/delivery.py``: an update counts when the
-  coordinator's receipt says ``accepted``; ``missing`` chunks are sent again; without a word the
-  update is sent whole again after 30 s, then 60 s, while its round is open.
+  coordinator's receipt says ``accepted``; ``missing`` chunks are sent again (MQTT); without a
+  word the update is sent whole again (all chunks, or the PUT and the notice again) after 30 s,
+  then 60 s, while its round is open.
 
 Mosquitto 2 runs on loopback with the house broker's queue settings (``max_inflight_messages 20``,
 ``max_queued_messages 10000``, ``coordinator/broker/render.py``), anonymous, and ``sys_interval 1``
 so that it publishes ``$SYS/broker/bytes/received`` and ``.../sent`` every second.
 
-Measured per N (``--sizes``), over ``--rounds`` rounds:
+Measured per N and transport, over ``--rounds`` rounds:
 
 * ``cpu_s/update``: the coordinator's CPU seconds (user + system, ``psutil``) from the first
-  round's announcement to the run's ``finished`` announcement, over the updates it accepted;
+  round's announcement to the run's ``finished`` announcement, over the updates it accepted
+  (in blob mode this includes the coordinator's HTTP server, a thread of the same process);
 * ``peak RSS``: the coordinator's peak resident set over its whole life (``ru_maxrss`` of
   ``os.wait4``: exact, not sampled);
 * ``round s``: mean wall time of a round (``report.json``, announcement to close);
-* ``broker B/round``: bytes received + sent by the broker (``$SYS``) from the last sample
-  before round 0's announcement to the first sample after the ``finished`` announcement, over
-  the rounds; ``B/device`` that over N. The coordinator starts without ``--expected-clients``
+* ``broker B/round``: bytes received + sent by the broker (``$SYS``, so never HTTP) from the last
+  sample before round 0's traffic began (its first model chunk or grant reaching a device, or its
+  announcement, whichever came first: the models and grants are published before the
+  announcement) to the first sample after the ``finished`` announcement, over the rounds;
+  ``B/device`` that over N. The coordinator starts without ``--expected-clients``
   (``--min-clients N --start-settle 3``), so its start-up (every retained status delivered to
-  it) is over seconds before round 0 and the starting sample, taken at most 1 s before the
-  announcement, falls in that quiet gap;
+  it) is over seconds before round 0 and the starting sample, taken at most 1 s before round 0's
+  traffic, falls in that quiet gap;
+* ``HTTP B/round`` (blob mode): body bytes the generator moved over HTTP, over the rounds: the
+  models fetched (once per process and round) plus the updates PUT (re-sends included); HTTP
+  headers and the signed URLs' query strings are not counted;
 * ``lost`` / ``double``: over the rounds, updates the coordinator's report counted short of N,
   and beyond N; ``copies``: re-sent copies of updates already counted, which the coordinator
   recognised and did not count (``duplicates`` in the report: a device re-sends when its
   receipt takes longer than its receipt wait); the devices' own tally of ``accepted`` receipts
-  per round is in the JSON line of each N (``device_accepted``, ``resent``).
+  per round is in the JSON line of each run (``device_accepted``, ``resent``, ``upload_errors``),
+  with the 1-minute load average when it ended (``load_avg_1m``; the machine may be shared).
 
-Only the MQTT transport exists; a blob transport is not measured. The last line holds the
-figures of the largest N as ``key=value``.
+The last line holds the figures of the largest N as ``key=value``, per transport (``mqtt_*``,
+``blobs_*``, with ``blobs_http_bytes_per_round``), then ``blob_broker_ratio`` (blob mode's broker
+bytes per round over MQTT mode's; goal < 0.01) and ``lost`` / ``double`` summed over both.
 
-    python benchmarks/bench_scale.py [--sizes 100,1000,10000] [--rounds 3] [--procs 4] [--keep DIR]
-        [--conv-filters 1 --dense-units 2]
+    python benchmarks/bench_scale.py [--sizes 100,1000,10000] [--transports mqtt,blobs] [--rounds 3] [--procs 4]
+        [--keep DIR] [--conv-filters 1 --dense-units 2]
 """
 
 from __future__ import annotations
