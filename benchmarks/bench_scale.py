@@ -621,7 +621,7 @@ def _log(stack: contextlib.ExitStack, path: Path) -> Any:
 
 
 def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s: float, width: tuple[int, int] = (1, 2),
-            transport: str = "mqtt") -> dict[str, Any]:  # fmt: skip
+            transport: str = "mqtt", start_timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
     """One run with ``n`` devices, the CNN of ``width`` (conv filters F, dense units H) and ``transport``: the module's figures.
 
     Raises ValueError for an unknown transport, RuntimeError on a failed run.
@@ -680,7 +680,7 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         cmd = [sys.executable, "-m", "coordinator.cli", "run", "--broker", f"127.0.0.1:{port}", "--federation", FEDERATION,
                "--run-id", f"scale-{n}", "--run-dir", str(run_dir), "--min-clients", str(n), "--start-settle", "3",
                "--rounds", str(rounds), "--aggregation", "fedavg", "--conv-filters", str(width[0]), "--dense-units", str(width[1]),
-               "--round-timeout", str(timeout_s), "--start-timeout", "120", "--no-progress", "--no-guard",
+               "--round-timeout", str(timeout_s), "--start-timeout", str(start_timeout_s), "--no-progress", "--no-guard",
                "--log-level", "WARNING", "--seed", str(seed), "--transport", transport]  # fmt: skip
         if transport == "blobs":  # the folder store in the run folder, served by the coordinator on a free loopback port
             cmd += ["--blob-store", "folder", "--blob-bind", "127.0.0.1", "--blob-port", "0"]
@@ -767,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-filters", type=int, default=1, help="the CNN's conv filters F (default 1: a 1.6 kB update)")
     ap.add_argument("--dense-units", type=int, default=2, help="the CNN's dense units H (default 2)")
     ap.add_argument("--round-timeout", type=float, default=900.0, help="the coordinator's --round-timeout (s)")
+    ap.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="the coordinator's --start-timeout (s): how long N statuses may take to reach it (default 600)",
+    )
     ap.add_argument("--keep", type=Path, help="keep each run's folder (logs, report) under this folder")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--transport", default="mqtt", choices=TRANSPORTS, help=argparse.SUPPRESS)
@@ -792,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 try:
                     res = measure(n, args.rounds, min(args.procs, n), base / f"n{n}-{transport}", args.seed, args.round_timeout,
-                                  (args.conv_filters, args.dense_units), transport)  # fmt: skip
+                                  (args.conv_filters, args.dense_units), transport, args.start_timeout)  # fmt: skip
                 except (RuntimeError, KeyError, OSError, subprocess.TimeoutExpired) as exc:
                     print(f"N={n} {transport}: not measured: {type(exc).__name__}: {exc}", flush=True)
                     continue
