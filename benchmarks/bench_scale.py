@@ -31,7 +31,9 @@ selector over their sockets, no thread per device). Each device speaks the proto
   :class:`~har_models.wire.blob_messages.BlobNotice` is published at QoS 1 on
   ``{p}/client/{cid}/update/blob``. The PUTs run in a pool of ``UPLOAD_THREADS`` (4) threads per
   process, each on one kept-alive ``http.client`` connection to the store (opened again once if
-  the server closed it while idle), so 10,000 uploads use 16 TCP connections, not 10,000; the
+  the server closed it while idle), so 10,000 uploads from 4 processes take 16 TCP connections
+  a round, not 10,000 (the store's server closes idle ones between rounds; ``http_connections``
+  in the JSON line counts those opened: 32 for 1,000 devices and 2 rounds); the
   notice is published from the selector's thread once its PUT answered 201;
 * it follows the end-to-end delivery of ``edge_client/delivery.py``: an update counts when the
   coordinator's receipt says ``accepted``; ``missing`` chunks are sent again (MQTT); without a
@@ -179,6 +181,8 @@ class Uploader:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bench-put")
         self.local = threading.local()
         self.done: queue.Queue[tuple[Device, Pending, int, str | None]] = queue.Queue()
+        self.opened = 0  # HTTP connections opened (the keep-alive check: about one per thread)
+        self._lock = threading.Lock()
 
     def submit(self, d: Device, p: Pending, grant: BlobGrant) -> None:
         """PUT ``p.envelope`` to ``grant``'s URL in a pool thread; the outcome goes to :attr:`done`."""
@@ -192,6 +196,8 @@ class Uploader:
                 c.close()
             host, _, port = netloc.rpartition(":")
             c = conns[netloc] = http.client.HTTPConnection(host, int(port), timeout=60)
+            with self._lock:
+                self.opened += 1
         return c
 
     def _put(self, d: Device, p: Pending, grant: BlobGrant) -> None:
@@ -536,7 +542,8 @@ def worker_main(args: argparse.Namespace) -> int:
     gen.run(sys.stdout, stop)
     print(json.dumps({"sent": gen.sent, "accepted": gen.accepted, "resent": gen.resent, "http_down": gen.http_down,
                       "http_up": gen.http_up, "upload_errors": gen.upload_errors, "model_fetches": gen.cache.fetches,
-                      "first_model_msg": gen.first_model_msg}), flush=True)  # fmt: skip
+                      "first_model_msg": gen.first_model_msg,
+                      "http_connections": gen.uploader.opened if gen.uploader is not None else 0}), flush=True)  # fmt: skip
     return 0
 
 
@@ -719,6 +726,7 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
             "http_bytes_per_round": (http_down + http_up) / rounds, "http_down_per_round": http_down / rounds,
             "http_up_per_round": http_up / rounds, "model_fetches": sum(int(t["model_fetches"]) for t in tallies),
             "upload_errors": sum(int(t["upload_errors"]) for t in tallies),
+            "http_connections": sum(int(t["http_connections"]) for t in tallies),
             "lost": sum(max(0, n - c) for c in counted), "double": sum(max(0, c - n) for c in counted), "copies": sum(duplicates),
             "load_avg_1m": os.getloadavg()[0],
         }  # fmt: skip

@@ -100,6 +100,8 @@ def test_fifty_devices_two_rounds_both_transports_every_update_counted_once(tmp_
     mqtt_run, blob_run = runs["mqtt"], runs["blobs"]
     # Blob mode: the model was fetched once per generator process and round, and every update went over HTTP.
     assert (blob_run["model_fetches"], blob_run["upload_errors"]) == (2 * 2, 0)
+    # ... on kept-alive connections: at most one per upload thread and round (2 processes x 4 threads x 2 rounds), not one per PUT.
+    assert 1 <= blob_run["http_connections"] <= 2 * 4 * 2
     assert (mqtt_run["model_fetches"], mqtt_run["http_bytes_per_round"]) == (0, 0)
     update_bytes = blob_run["http_up_per_round"] / 50  # no re-sends in so small a run: one PUT per device and round
     assert blob_run["resent"] == 0 and 1000 < update_bytes < 3000  # a 1.6 kB envelope for this CNN
