@@ -1,62 +1,91 @@
-"""Thousands of devices: the real coordinator against N light simulated devices on one Mosquitto (MQTT transport).
+"""Thousands of devices: the real coordinator against N light simulated devices on one Mosquitto, in both transports.
 
 The coordinator is the real one (``python -m coordinator.cli run``, FedAvg, a tiny CNN of
 ``--conv-filters 1 --dense-units 2`` by default: a 1.6 kB update envelope; a wider one shows
-whether the coordinator holds updates). The devices are simulated by a light load generator:
-``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a selector over
-their sockets, no thread per device). Each device speaks the protocol of ``edge_client/agent.py``:
+whether the coordinator holds updates). Each N (``--sizes``) is measured in each transport
+(``--transports mqtt,blobs``, both by default): ``mqtt``, model bytes in chunks through the
+broker; ``blobs``, the coordinator started with ``--transport blobs`` (its folder store, served by
+its own HTTP server on a free loopback port), model bytes over HTTP and only control messages on
+the broker (``coordinator/blob_transport.py``). The devices are simulated by a light load
+generator: ``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a
+selector over their sockets, no thread per device). Each device speaks the protocol of
+``edge_client/agent.py``:
 
 * it connects with its last will (``offline_status``), subscribes to the coordinator's status, the
-  round announcement, the global model's chunks and its own receipt topic, and publishes its
-  retained :class:`~har_models.wire.messages.ClientStatus` (label set ``hapt6``, ``n_train``,
-  channel statistics; ``refresh_s`` 0, so the status never goes stale however long a round of
-  10,000 takes);
-* when an announcement selects it and it holds the announced model whole (its own
-  :class:`~har_models.wire.chunking.Reassembler` over its own copy of the chunks; the process keeps
-  one copy of each chunk), it answers with a real update envelope: the received tensors plus
-  deterministic noise of standard deviation 1e-3 (no training), encoded by
-  :func:`har_models.wire.codec.encode` with an :class:`~har_models.wire.update_meta.UpdateMeta`,
-  cut by :func:`har_models.wire.chunking.iter_chunks` and published at QoS 1 on its update topics;
+  round announcement, the global model's chunks, its own receipt topic and its own grant topic,
+  and publishes its retained :class:`~har_models.wire.messages.ClientStatus` (label set
+  ``hapt6``, ``n_train``, channel statistics; ``refresh_s`` 0, so the status never goes stale
+  however long a round of 10,000 takes);
+* when an announcement selects it and it holds the announced model, it answers with a real update
+  envelope: the received tensors plus deterministic noise of standard deviation 1e-3 (no
+  training), encoded by :func:`har_models.wire.codec.encode` with an
+  :class:`~har_models.wire.update_meta.UpdateMeta`;
+* MQTT: it holds the model once its own :class:`~har_models.wire.chunking.Reassembler` put it
+  together from its own copy of the chunks (the process keeps one copy of each chunk); the update
+  is cut by :func:`har_models.wire.chunking.iter_chunks` and published at QoS 1 on its update topics;
+* blobs: it holds the model once its :class:`~har_models.wire.blob_messages.BlobGrant` for the
+  exchange arrived and the model named by the announcement's ``global_blob`` is in the process's
+  :class:`~har_io.blob_http.BlobCache` (fetched over HTTP ONCE PER GENERATOR PROCESS, as a worker
+  hosting virtual clients does, every byte checked against the SHA-256 by
+  :func:`har_io.blob_http.fetch_model`); the update is PUT to the grant's signed URL, then its
+  :class:`~har_models.wire.blob_messages.BlobNotice` is published at QoS 1 on
+  ``{p}/client/{cid}/update/blob``. The PUTs run in a pool of ``UPLOAD_THREADS`` (4) threads per
+  process, each on one kept-alive ``http.client`` connection to the store (opened again once if
+  the server closed it while idle), so 10,000 uploads from 4 processes take 16 TCP connections
+  a round, not 10,000 (the store's server closes idle ones between rounds; ``http_connections``
+  in the JSON line counts those opened: 32 for 1,000 devices and 2 rounds); the
+  notice is published from the selector's thread once its PUT answered 201;
 * it follows the end-to-end delivery of ``edge_client/delivery.py``: an update counts when the
-  coordinator's receipt says ``accepted``; ``missing`` chunks are sent again; without a word the
-  update is sent whole again after 30 s, then 60 s, while its round is open.
+  coordinator's receipt says ``accepted``; ``missing`` chunks are sent again (MQTT); without a
+  word the update is sent whole again (all chunks, or the PUT and the notice again) after 30 s,
+  then 60 s, while its round is open.
 
 Mosquitto 2 runs on loopback with the house broker's queue settings (``max_inflight_messages 20``,
 ``max_queued_messages 10000``, ``coordinator/broker/render.py``), anonymous, and ``sys_interval 1``
 so that it publishes ``$SYS/broker/bytes/received`` and ``.../sent`` every second.
 
-Measured per N (``--sizes``), over ``--rounds`` rounds:
+Measured per N and transport, over ``--rounds`` rounds:
 
 * ``cpu_s/update``: the coordinator's CPU seconds (user + system, ``psutil``) from the first
-  round's announcement to the run's ``finished`` announcement, over the updates it accepted;
+  round's announcement to the run's ``finished`` announcement, over the updates it accepted
+  (in blob mode this includes the coordinator's HTTP server, a thread of the same process);
 * ``peak RSS``: the coordinator's peak resident set over its whole life (``ru_maxrss`` of
   ``os.wait4``: exact, not sampled);
 * ``round s``: mean wall time of a round (``report.json``, announcement to close);
-* ``broker B/round``: bytes received + sent by the broker (``$SYS``) from the last sample
-  before round 0's announcement to the first sample after the ``finished`` announcement, over
-  the rounds; ``B/device`` that over N. The coordinator starts without ``--expected-clients``
+* ``broker B/round``: bytes received + sent by the broker (``$SYS``, so never HTTP) from the last
+  sample before round 0's traffic began (its first model chunk or grant reaching a device, or its
+  announcement, whichever came first: the models and grants are published before the
+  announcement) to the first sample after the ``finished`` announcement, over the rounds;
+  ``B/device`` that over N. The coordinator starts without ``--expected-clients``
   (``--min-clients N --start-settle 3``), so its start-up (every retained status delivered to
-  it) is over seconds before round 0 and the starting sample, taken at most 1 s before the
-  announcement, falls in that quiet gap;
+  it) is over seconds before round 0 and the starting sample, taken at most 1 s before round 0's
+  traffic, falls in that quiet gap;
+* ``HTTP B/round`` (blob mode): body bytes the generator moved over HTTP, over the rounds: the
+  models fetched (once per process and round) plus the updates PUT (re-sends included); HTTP
+  headers and the signed URLs' query strings are not counted;
 * ``lost`` / ``double``: over the rounds, updates the coordinator's report counted short of N,
   and beyond N; ``copies``: re-sent copies of updates already counted, which the coordinator
   recognised and did not count (``duplicates`` in the report: a device re-sends when its
   receipt takes longer than its receipt wait); the devices' own tally of ``accepted`` receipts
-  per round is in the JSON line of each N (``device_accepted``, ``resent``).
+  per round is in the JSON line of each run (``device_accepted``, ``resent``, ``upload_errors``),
+  with the 1-minute load average when it ended (``load_avg_1m``; the machine may be shared).
 
-Only the MQTT transport exists; a blob transport is not measured. The last line holds the
-figures of the largest N as ``key=value``.
+The last line holds the figures of the largest N as ``key=value``, per transport (``mqtt_*``,
+``blobs_*``, with ``blobs_http_bytes_per_round``), then ``blob_broker_ratio`` (blob mode's broker
+bytes per round over MQTT mode's; goal < 0.01) and ``lost`` / ``double`` summed over both.
 
-    python benchmarks/bench_scale.py [--sizes 100,1000,10000] [--rounds 3] [--procs 4] [--keep DIR]
-        [--conv-filters 1 --dense-units 2]
+    python benchmarks/bench_scale.py [--sizes 100,1000,10000] [--transports mqtt,blobs] [--rounds 3] [--procs 4]
+        [--keep DIR] [--conv-filters 1 --dense-units 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
+import queue
 import resource
 import selectors
 import signal
@@ -65,6 +94,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +106,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import paho.mqtt.client as mqtt  # noqa: E402
 
+from har_io.blob_http import BlobCache, fetch_model  # noqa: E402
+from har_io.blobs import BlobError  # noqa: E402
 from har_models.wire import codec  # noqa: E402
+from har_models.wire.blob_messages import BLOB_NOTICE_INDEX, BlobGrant, BlobNotice, BlobRef  # noqa: E402
 from har_models.wire.chunking import ChunkError, Reassembler, SharedTransfers, iter_chunks, transfer_id  # noqa: E402
 from har_models.wire.messages import ClientStatus, MessageError, Receipt, RoundAnnouncement, offline_status  # noqa: E402
 from har_models.wire.topics import Topics  # noqa: E402
@@ -92,6 +126,11 @@ RECEIPT_WAIT_S = 30.0
 """First wait for a receipt before an update is sent whole again; doubles up to 60 s (as ``edge_client.delivery``)."""
 KEEPALIVE_S = 300
 MAX_MESSAGE_BYTES = 1_000_000
+MAX_MODEL_BYTES = 1 << 26
+"""Largest global model a simulated device fetches in blob mode (bytes)."""
+UPLOAD_THREADS = 4
+"""Threads per generator process that PUT updates to their grants' URLs (blob mode), each on one kept-alive connection."""
+TRANSPORTS = ("mqtt", "blobs")
 
 
 def device_id(index: int) -> str:
@@ -128,32 +167,91 @@ def update_envelope(index: int, ann: RoundAnnouncement, received: dict[str, np.n
 # -- the load generator (one process, many devices) ---------------------------------------------------
 
 
+class Uploader:
+    """PUTs of update envelopes to signed URLs (blob mode), off the selector's thread.
+
+    ``threads`` threads, each holding one kept-alive :class:`http.client.HTTPConnection` per
+    server (opened again once if the server closed it while idle), so 10,000 uploads cost a
+    handful of TCP connections, not 10,000. A finished PUT is put on :attr:`done` as
+    ``(device, pending, body bytes, error or None)``; the selector's thread takes it from there
+    and publishes the notice, so paho is only ever driven from that one thread.
+    """
+
+    def __init__(self, threads: int = UPLOAD_THREADS):
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bench-put")
+        self.local = threading.local()
+        self.done: queue.Queue[tuple[Device, Pending, int, str | None]] = queue.Queue()
+        self.opened = 0  # HTTP connections opened (the keep-alive check: about one per thread)
+        self._lock = threading.Lock()
+
+    def submit(self, d: Device, p: Pending, grant: BlobGrant) -> None:
+        """PUT ``p.envelope`` to ``grant``'s URL in a pool thread; the outcome goes to :attr:`done`."""
+        self.pool.submit(self._put, d, p, grant)
+
+    def _conn(self, netloc: str, fresh: bool) -> http.client.HTTPConnection:
+        conns: dict[str, http.client.HTTPConnection] = self.local.__dict__.setdefault("conns", {})
+        c = conns.get(netloc)
+        if c is None or fresh:
+            if c is not None:
+                c.close()
+            host, _, port = netloc.rpartition(":")
+            c = conns[netloc] = http.client.HTTPConnection(host, int(port), timeout=60)
+            with self._lock:
+                self.opened += 1
+        return c
+
+    def _put(self, d: Device, p: Pending, grant: BlobGrant) -> None:
+        error: str | None = None
+        url = urllib.parse.urlsplit(grant.upload.url)
+        target = f"{url.path}?{url.query}"
+        for attempt in range(2):  # a kept-alive connection the server closed while idle: open it again, once
+            try:
+                c = self._conn(url.netloc, fresh=attempt > 0)
+                c.request("PUT", target, body=p.envelope, headers={"Content-Type": "application/octet-stream"})
+                resp = c.getresponse()
+                body = resp.read()
+                error = None if resp.status == 201 else f"HTTP {resp.status} {body[:200]!r}"
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        self.done.put((d, p, len(p.envelope), error))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 @dataclass
 class Pending:
-    """An update sent and not yet accepted: its exchange, chunks, transfer id, next whole send (monotonic s) and wait."""
+    """An update sent and not yet accepted: its exchange, envelope (and chunks), transfer id, next whole send (monotonic s).
+
+    ``uploading``: a PUT of it is in flight (blob mode); it is not sent again meanwhile.
+    """
 
     key: tuple[str, int, int]
+    envelope: bytes
     chunks: list[bytes]
     transfer: str
     due: float
     wait_s: float = RECEIPT_WAIT_S
+    uploading: bool = False
 
 
 @dataclass
 class Device:
-    """One simulated device: its paho client, reassembler, the exchanges it answered and its pending update."""
+    """One simulated device: its paho client, reassembler, grant, the exchanges it answered and its pending update."""
 
     index: int
     client: mqtt.Client
     reassembler: Reassembler
     connected: bool = False
     models: dict[str, bytes] = field(default_factory=dict)
+    grant: BlobGrant | None = None
     answered: set[tuple[str, int, int]] = field(default_factory=set)
     pending: Pending | None = None
 
 
 class Generator:
-    """``count`` devices from index ``first`` on one selector, in this process's one thread.
+    """``count`` devices from index ``first`` on one selector, in this process's one thread (plus upload threads).
 
     Parameters
     ----------
@@ -170,6 +268,8 @@ class Generator:
         self.topics = Topics(FEDERATION)
         self.sel = selectors.DefaultSelector()
         self.shared = SharedTransfers(max_transfers=2)
+        self.cache = BlobCache()  # blob mode: the global model, fetched once for all devices of this process
+        self.uploader: Uploader | None = None
         self.instance = os.urandom(4).hex()
         self.devices = [self._device(i) for i in range(first, first + count)]
         self.announcement: RoundAnnouncement | None = None
@@ -181,6 +281,10 @@ class Generator:
         self.sent: dict[int, int] = {}
         self.accepted: dict[int, int] = {}
         self.resent = 0
+        self.http_down: dict[int, int] = {}  # round -> model bytes fetched over HTTP (blob mode)
+        self.http_up: dict[int, int] = {}  # round -> update bytes PUT (blob mode, re-sends included)
+        self.upload_errors = 0
+        self.first_model_msg: float | None = None  # monotonic time the first model chunk or grant reached a device
         self.finished = False
 
     def _device(self, index: int) -> Device:
@@ -218,7 +322,7 @@ class Generator:
         d.connected = True
         cid = device_id(d.index)
         c.subscribe([(self.topics.coordinator_status, 1), (self.topics.round, 1), (self.topics.global_model("+"), 1),
-                     (self.topics.client_receipt(cid), 1)])  # fmt: skip
+                     (self.topics.client_receipt(cid), 1), (self.topics.client_grant(cid), 1)])  # fmt: skip
         info = c.publish(self.topics.client_status(cid), device_status(d.index, self.instance), qos=1, retain=True)
         self._status_mids[id(d)] = info.mid
 
@@ -228,11 +332,23 @@ class Generator:
 
     def _on_message(self, _c: mqtt.Client, d: Device, msg: mqtt.MQTTMessage) -> None:
         topic, payload = msg.topic, bytes(msg.payload)
+        cid = device_id(d.index)
         if topic == self.topics.round:
             self._note_announcement(payload)
-        elif topic == self.topics.client_receipt(device_id(d.index)):
+        elif topic == self.topics.client_receipt(cid):
             self._on_receipt(d, payload)
+        elif topic == self.topics.client_grant(cid):
+            if not payload:
+                return  # the coordinator cleared it at the end
+            if self.first_model_msg is None:
+                self.first_model_msg = time.monotonic()
+            try:
+                d.grant = BlobGrant.from_bytes(payload)
+            except MessageError:
+                return
         elif topic.startswith(self.topics.global_model("")) and payload:
+            if self.first_model_msg is None:
+                self.first_model_msg = time.monotonic()
             try:
                 done = d.reassembler.add("global", payload)
             except ChunkError:
@@ -265,40 +381,108 @@ class Generator:
         if r.state == "accepted":
             self.accepted[r.round] = self.accepted.get(r.round, 0) + 1
             d.pending = None
-        elif r.count == len(p.chunks):
+        elif p.chunks and r.count == len(p.chunks):  # chunks the coordinator misses (MQTT mode only)
             for i in r.missing:
                 if i < len(p.chunks):
                     d.client.publish(self.topics.client_update(device_id(d.index), i), p.chunks[i], qos=1)
             self.resent += 1
 
-    def _work(self, d: Device) -> None:
-        ann = self.announcement
-        cid = device_id(d.index)
-        if ann is None or ann.state != "training" or cid not in self._selected:
-            return
+    def _received(self, ann: RoundAnnouncement, d: Device, transfer: str) -> dict[str, np.ndarray] | None:
+        """The announced model's tensors (decoded once per process), or None while ``d`` does not hold it yet.
+
+        MQTT mode: ``d`` reassembled it from its chunks. Blob mode: ``d`` holds its grant for the
+        exchange, and the model was fetched over HTTP once for this process (:class:`BlobCache`
+        by SHA-256, every byte checked by :func:`har_io.blob_http.fetch_model`).
+        """
         key = (ann.run_id, ann.round, ann.stage)
-        _, transfer = ann.model_for(cid)
-        if key in d.answered or transfer not in d.models:
-            return
+        if ann.transport == "blobs":
+            if d.grant is None or d.grant.key() != key or ann.global_blob is None:
+                return None
+            if transfer not in self._decoded:
+                ref = BlobRef.from_json(ann.global_blob)
+                fetches = self.cache.fetches
+                try:
+                    data = fetch_model(ref, MAX_MODEL_BYTES, self.cache)
+                except BlobError as exc:
+                    print(f"fetching the global model failed: {exc}", file=sys.stderr, flush=True)
+                    return None
+                if self.cache.fetches > fetches:
+                    self.http_down[ann.round] = self.http_down.get(ann.round, 0) + len(data)
+                env = codec.decode(data, verified=transfer)
+                self._decoded = {transfer: {k: np.asarray(v, dtype=np.float32) for k, v in env.tensors.items()}}
+            return self._decoded[transfer]
+        if transfer not in d.models:
+            return None
         received = self._decoded.get(transfer)
         if received is None:
             env = codec.decode(d.models[transfer], verified=transfer)
             received = {k: np.asarray(v, dtype=np.float32) for k, v in env.tensors.items()}
             self._decoded = {transfer: received}
+        return received
+
+    def _work(self, d: Device) -> None:
+        ann = self.announcement
+        cid = device_id(d.index)
+        if ann is None or ann.state != "training":
+            return
+        # Over MQTT the announcement names the selected devices; over blobs it names nobody, and a device is
+        # selected when it holds its grant for this exchange and attempt (as edge_client/agent.py decides).
+        granted = d.grant is not None and (*d.grant.key(), d.grant.attempt) == (ann.run_id, ann.round, ann.stage, ann.attempt)
+        if cid not in self._selected and not (ann.transport == "blobs" and granted):
+            return
+        key = (ann.run_id, ann.round, ann.stage)
+        _, transfer = ann.model_for(cid)
+        if key in d.answered:
+            return
+        received = self._received(ann, d, transfer)
+        if received is None:
+            return
         envelope = update_envelope(d.index, ann, received, self.seed)
-        d.pending = Pending(key, list(iter_chunks(envelope, MAX_MESSAGE_BYTES)), transfer_id(envelope), 0.0)
+        chunks = [] if ann.transport == "blobs" else list(iter_chunks(envelope, MAX_MESSAGE_BYTES))
+        d.pending = Pending(key, envelope, chunks, transfer_id(envelope), 0.0)
         d.answered.add(key)
         d.models = {}
         self.sent[ann.round] = self.sent.get(ann.round, 0) + 1
         self._send_whole(d)
 
     def _send_whole(self, d: Device) -> None:
+        """Send the pending update whole: its chunks (MQTT), or a PUT to the grant's URL and then the notice (blobs)."""
         p = d.pending
         assert p is not None
-        for i, chunk in enumerate(p.chunks):
-            d.client.publish(self.topics.client_update(device_id(d.index), i), chunk, qos=1)
         p.due = time.monotonic() + p.wait_s
         p.wait_s = min(2 * p.wait_s, 60.0)
+        if not p.chunks:
+            grant = d.grant
+            if p.uploading or grant is None or grant.key() != p.key:
+                return
+            if self.uploader is None:
+                self.uploader = Uploader()
+            p.uploading = True
+            self.uploader.submit(d, p, grant)
+            return
+        for i, chunk in enumerate(p.chunks):
+            d.client.publish(self.topics.client_update(device_id(d.index), i), chunk, qos=1)
+
+    def _uploaded(self) -> None:
+        """Publish the notice of every PUT that finished (blob mode); a failed PUT is tried again at its due time."""
+        if self.uploader is None:
+            return
+        while True:
+            try:
+                d, p, size, error = self.uploader.done.get_nowait()
+            except queue.Empty:
+                return
+            p.uploading = False
+            if error is not None:
+                self.upload_errors += 1
+                if self.upload_errors <= 5:
+                    print(f"upload of {device_id(d.index)} failed: {error}", file=sys.stderr, flush=True)
+                continue
+            self.http_up[p.key[1]] = self.http_up.get(p.key[1], 0) + size
+            if d.pending is not p:
+                continue  # accepted or dropped meanwhile
+            notice = BlobNotice(p.key[0], p.key[1], p.key[2], p.transfer, size)
+            d.client.publish(self.topics.client_update(device_id(d.index), BLOB_NOTICE_INDEX), notice.to_bytes(), qos=1)
 
     def _retry(self) -> None:
         """Send whole again what waited past its receipt wait, while its round is open."""
@@ -310,7 +494,7 @@ class Generator:
                 continue
             if p.key != open_key:
                 d.pending = None
-            elif now >= p.due:
+            elif now >= p.due and not p.uploading:
                 self.resent += 1
                 self._send_whole(d)
 
@@ -322,20 +506,21 @@ class Generator:
             self.pump(0.01)
 
     def pump(self, timeout_s: float) -> None:
-        """Serve ready sockets once (waiting at most ``timeout_s``)."""
+        """Serve ready sockets once (waiting at most ``timeout_s``), then publish the notices of finished uploads."""
         for key, events in self.sel.select(timeout_s):
             c = key.data.client
             if events & selectors.EVENT_READ:
                 c.loop_read(100)
             if events & selectors.EVENT_WRITE:
                 c.loop_write()
+        self._uploaded()
 
     def run(self, ready_out: Any, stop: threading.Event) -> None:
         """Connect, say ``ready`` on ``ready_out`` once every status is acknowledged, serve until the run finishes."""
         self.connect_all()
         said_ready, last_misc = False, time.monotonic()
         while not stop.is_set():
-            self.pump(0.05)
+            self.pump(0.02 if self.uploader is not None else 0.05)
             now = time.monotonic()
             if not said_ready and len(self.status_acks) == len(self.devices):
                 print("ready", flush=True, file=ready_out)
@@ -347,6 +532,8 @@ class Generator:
                 last_misc = now
             if self.finished and not any(d.pending for d in self.devices):
                 break
+        if self.uploader is not None:
+            self.uploader.close()
         for d in self.devices:
             d.client.disconnect()
         self.pump(0.1)
@@ -358,7 +545,10 @@ def worker_main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     gen = Generator(args.port, args.first, args.count, args.seed)
     gen.run(sys.stdout, stop)
-    print(json.dumps({"sent": gen.sent, "accepted": gen.accepted, "resent": gen.resent}), flush=True)
+    print(json.dumps({"sent": gen.sent, "accepted": gen.accepted, "resent": gen.resent, "http_down": gen.http_down,
+                      "http_up": gen.http_up, "upload_errors": gen.upload_errors, "model_fetches": gen.cache.fetches,
+                      "first_model_msg": gen.first_model_msg,
+                      "http_connections": gen.uploader.opened if gen.uploader is not None else 0}), flush=True)  # fmt: skip
     return 0
 
 
@@ -442,11 +632,14 @@ def _log(stack: contextlib.ExitStack, path: Path) -> Any:
     return stack.enter_context(path.open("ab"))
 
 
-def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s: float, width: tuple[int, int] = (1, 2)) -> dict[str, Any]:
-    """One run with ``n`` devices and the CNN of ``width`` (conv filters F, dense units H): the figures of the module docstring.
+def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s: float, width: tuple[int, int] = (1, 2),
+            transport: str = "mqtt", start_timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
+    """One run with ``n`` devices, the CNN of ``width`` (conv filters F, dense units H) and ``transport``: the module's figures.
 
-    Raises RuntimeError on a failed run.
+    Raises ValueError for an unknown transport, RuntimeError on a failed run.
     """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     import psutil
 
     exe = find_mosquitto()
@@ -486,7 +679,8 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         for i, count in enumerate(share):
             if count:
                 workers.append(subprocess.Popen([sys.executable, __file__, "--worker", "--port", str(port), "--first", str(first),
-                                                 "--count", str(count), "--seed", str(seed)], stdout=subprocess.PIPE,
+                                                 "--count", str(count), "--seed", str(seed), "--transport", transport],
+                                                stdout=subprocess.PIPE,
                                                 stderr=_log(logs, folder / f"worker{i}.log"), text=True, env=env))  # fmt: skip
             first += count
         for w in workers:
@@ -498,8 +692,10 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         cmd = [sys.executable, "-m", "coordinator.cli", "run", "--broker", f"127.0.0.1:{port}", "--federation", FEDERATION,
                "--run-id", f"scale-{n}", "--run-dir", str(run_dir), "--min-clients", str(n), "--start-settle", "3",
                "--rounds", str(rounds), "--aggregation", "fedavg", "--conv-filters", str(width[0]), "--dense-units", str(width[1]),
-               "--round-timeout", str(timeout_s), "--start-timeout", "120", "--no-progress", "--no-guard",
-               "--log-level", "WARNING", "--seed", str(seed)]  # fmt: skip
+               "--round-timeout", str(timeout_s), "--start-timeout", str(start_timeout_s), "--no-progress", "--no-guard",
+               "--log-level", "WARNING", "--seed", str(seed), "--transport", transport]  # fmt: skip
+        if transport == "blobs":  # the folder store in the run folder, served by the coordinator on a free loopback port
+            cmd += ["--blob-store", "folder", "--blob-bind", "127.0.0.1", "--blob-port", "0"]
         coord = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=_log(logs, folder / "coordinator.log"), stderr=subprocess.STDOUT)
         proc_holder.append(psutil.Process(coord.pid))
         _, status, usage = os.wait4(coord.pid, 0)
@@ -516,19 +712,28 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         duplicates = [int(r.get("duplicates", 0)) for r in recs]
         accepted = [sum(int(t["accepted"].get(str(r), 0)) for t in tallies) for r in range(rounds)]
         walls = [float(r["seconds"]) for r in recs]
-        b1 = observer.bytes_before(observer.announced["r0.0"])
+        # Round 0's traffic starts with its models (MQTT) or grants (blobs), published before its announcement.
+        firsts = [float(t["first_model_msg"]) for t in tallies if t.get("first_model_msg") is not None]
+        b1 = observer.bytes_before(min([observer.announced["r0.0"], *firsts]))
         b2 = observer.bytes_after(observer.announced["finished"])
         per_round = (b2[0] - b1[0] + b2[1] - b1[1]) / rounds
         cpu = coord_cpu["finished"] - coord_cpu["r0.0"]
+        http_down = sum(int(v) for t in tallies for v in t["http_down"].values())
+        http_up = sum(int(v) for t in tallies for v in t["http_up"].values())
         return {
-            "updates": n, "rounds": rounds, "connect_s": connect_s, "counted": counted, "duplicates": duplicates,
+            "transport": transport, "updates": n, "rounds": rounds, "connect_s": connect_s, "counted": counted, "duplicates": duplicates,
             "device_accepted": accepted, "resent": sum(int(t["resent"]) for t in tallies),
             "cpu_s_per_update": cpu / max(1, sum(counted)), "coord_cpu_s_rounds": cpu,
             "coord_cpu_s_total": usage.ru_utime + usage.ru_stime, "coord_peak_rss_mib": usage.ru_maxrss / 1024,
             "round_wall_s": sum(walls) / len(walls), "round_wall_max_s": max(walls),
             "broker_bytes_per_round": per_round, "broker_in_per_round": (b2[0] - b1[0]) / rounds,
             "broker_out_per_round": (b2[1] - b1[1]) / rounds, "bytes_per_device": per_round / n,
+            "http_bytes_per_round": (http_down + http_up) / rounds, "http_down_per_round": http_down / rounds,
+            "http_up_per_round": http_up / rounds, "model_fetches": sum(int(t["model_fetches"]) for t in tallies),
+            "upload_errors": sum(int(t["upload_errors"]) for t in tallies),
+            "http_connections": sum(int(t["http_connections"]) for t in tallies),
             "lost": sum(max(0, n - c) for c in counted), "double": sum(max(0, c - n) for c in counted), "copies": sum(duplicates),
+            "load_avg_1m": os.getloadavg()[0],
         }  # fmt: skip
     finally:
         if coord is not None and coord.returncode is None:
@@ -541,17 +746,49 @@ def measure(n: int, rounds: int, procs: int, folder: Path, seed: int, timeout_s:
         logs.close()
 
 
+def summary_line(results: list[dict[str, Any]]) -> str:
+    """The last line: ``key=value`` figures of the largest N, per transport (``mqtt_*``, ``blobs_*``), then the comparison.
+
+    ``blob_broker_ratio`` is blob mode's broker bytes per round over MQTT mode's at that N (only
+    when both were measured); ``lost`` and ``double`` are summed over the transports measured at it.
+    """
+    n = max(r["updates"] for r in results)
+    at = {r["transport"]: r for r in results if r["updates"] == n}
+    parts = [f"updates={n}"]
+    for t in TRANSPORTS:
+        r = at.get(t)
+        if r is None:
+            continue
+        parts += [f"{t}_cpu_s_per_update={r['cpu_s_per_update']:.6f}", f"{t}_coord_peak_rss_mib={r['coord_peak_rss_mib']:.1f}",
+                  f"{t}_round_wall_s={r['round_wall_s']:.2f}", f"{t}_broker_bytes_per_round={r['broker_bytes_per_round']:.0f}",
+                  f"{t}_bytes_per_device={r['bytes_per_device']:.0f}"]  # fmt: skip
+        if t == "blobs":
+            parts.append(f"blobs_http_bytes_per_round={r['http_bytes_per_round']:.0f}")
+    if "mqtt" in at and "blobs" in at:
+        parts.append(f"blob_broker_ratio={at['blobs']['broker_bytes_per_round'] / at['mqtt']['broker_bytes_per_round']:.4f}")
+    parts += [f"lost={sum(r['lost'] for r in at.values())}", f"double={sum(r['double'] for r in at.values())}"]
+    return " ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="fedhar at scale: the real coordinator against N simulated devices (MQTT transport)")
+    ap = argparse.ArgumentParser(description="fedhar at scale: the real coordinator against N simulated devices, MQTT and blob transports")
     ap.add_argument("--sizes", default="100,1000,10000", help="updates per round (devices), comma-separated (default 100,1000,10000)")
+    ap.add_argument("--transports", default="mqtt,blobs", help="transports to measure at each size, comma-separated (default mqtt,blobs)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per run (default 3)")
     ap.add_argument("--procs", type=int, default=4, help="load generator processes (default 4)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--conv-filters", type=int, default=1, help="the CNN's conv filters F (default 1: a 1.6 kB update)")
     ap.add_argument("--dense-units", type=int, default=2, help="the CNN's dense units H (default 2)")
     ap.add_argument("--round-timeout", type=float, default=900.0, help="the coordinator's --round-timeout (s)")
+    ap.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="the coordinator's --start-timeout (s): how long N statuses may take to reach it (default 600)",
+    )
     ap.add_argument("--keep", type=Path, help="keep each run's folder (logs, report) under this folder")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--transport", default="mqtt", choices=TRANSPORTS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -563,39 +800,46 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes or min(sizes) < 2:
         ap.error("--sizes needs sizes of at least 2 devices")
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if not transports or set(transports) - set(TRANSPORTS):
+        ap.error(f"--transports takes {' and/or '.join(TRANSPORTS)}, comma-separated; got {args.transports!r}")
     results = []
     with tempfile.TemporaryDirectory(prefix="fedhar-scale-") as tmp:
         base = args.keep or Path(tmp)
         for n in sizes:
-            t0 = time.monotonic()
-            try:
-                res = measure(n, args.rounds, min(args.procs, n), base / f"n{n}", args.seed, args.round_timeout,
-                              (args.conv_filters, args.dense_units))  # fmt: skip
-            except (RuntimeError, KeyError, OSError, subprocess.TimeoutExpired) as exc:
-                print(f"N={n}: not measured: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            res["run_s"] = time.monotonic() - t0
-            results.append(res)
-            print(f"N={n}: {json.dumps(res)}", flush=True)
+            for transport in transports:
+                t0 = time.monotonic()
+                try:
+                    res = measure(n, args.rounds, min(args.procs, n), base / f"n{n}-{transport}", args.seed, args.round_timeout,
+                                  (args.conv_filters, args.dense_units), transport, args.start_timeout)  # fmt: skip
+                except (RuntimeError, KeyError, OSError, subprocess.TimeoutExpired) as exc:
+                    print(f"N={n} {transport}: not measured: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                res["run_s"] = time.monotonic() - t0
+                results.append(res)
+                print(f"N={n} {transport}: {json.dumps(res)}", flush=True)
     if not results:
         print("bench_scale: no size finished", file=sys.stderr)
         return 1
     print()
-    print(f"MQTT transport (no blob transport exists); coordinator FedAvg, CNN F={args.conv_filters} H={args.dense_units}; "
-          f"{args.rounds} rounds; devices in {args.procs} generator processes; Mosquitto on loopback")  # fmt: skip
-    print(f"{'updates':>8} {'counted/round':>20} {'lost':>5} {'double':>6} {'copies':>7} {'cpu_s/update':>13} {'peak RSS MiB':>13} "
-          f"{'round s':>8} {'broker MB/round':>16} {'B/device':>9} {'connect s':>10}")  # fmt: skip
+    print(f"coordinator FedAvg, CNN F={args.conv_filters} H={args.dense_units}; {args.rounds} rounds; devices in {args.procs} "
+          f"generator processes; Mosquitto on loopback; blobs: folder store served by the coordinator")  # fmt: skip
+    print(f"{'updates':>8} {'transport':>9} {'counted/round':>20} {'lost':>5} {'double':>6} {'copies':>7} {'cpu_s/update':>13} "
+          f"{'peak RSS MiB':>13} {'round s':>8} {'broker MB/round':>16} {'B/device':>9} {'HTTP MB/round':>14} {'connect s':>10} "
+          f"{'load 1m':>8}")  # fmt: skip
     for r in results:
-        print(f"{r['updates']:>8} {'/'.join(map(str, r['counted'])):>20} {r['lost']:>5} {r['double']:>6} {r['copies']:>7} "
-              f"{r['cpu_s_per_update']:>13.5f} {r['coord_peak_rss_mib']:>13.1f} {r['round_wall_s']:>8.2f} "
-              f"{r['broker_bytes_per_round'] / 1e6:>16.2f} {r['bytes_per_device']:>9.0f} {r['connect_s']:>10.1f}")  # fmt: skip
-    small, big = results[0], results[-1]
-    ratio = big["coord_peak_rss_mib"] / small["coord_peak_rss_mib"]
-    print(f"memory: coordinator peak RSS {small['coord_peak_rss_mib']:.1f} MiB at {small['updates']} updates, "
-          f"{big['coord_peak_rss_mib']:.1f} MiB at {big['updates']} ({ratio:.2f}x)")  # fmt: skip
-    print(f"updates={big['updates']} cpu_s_per_update={big['cpu_s_per_update']:.6f} coord_peak_rss_mib={big['coord_peak_rss_mib']:.1f} "
-          f"round_wall_s={big['round_wall_s']:.2f} broker_bytes_per_round={big['broker_bytes_per_round']:.0f} "
-          f"bytes_per_device={big['bytes_per_device']:.0f} lost={big['lost']} double={big['double']}")  # fmt: skip
+        print(f"{r['updates']:>8} {r['transport']:>9} {'/'.join(map(str, r['counted'])):>20} {r['lost']:>5} {r['double']:>6} "
+              f"{r['copies']:>7} {r['cpu_s_per_update']:>13.5f} {r['coord_peak_rss_mib']:>13.1f} {r['round_wall_s']:>8.2f} "
+              f"{r['broker_bytes_per_round'] / 1e6:>16.3f} {r['bytes_per_device']:>9.0f} {r['http_bytes_per_round'] / 1e6:>14.3f} "
+              f"{r['connect_s']:>10.1f} {r['load_avg_1m']:>8.2f}")  # fmt: skip
+    for t in transports:
+        mine = [r for r in results if r["transport"] == t]
+        if len(mine) > 1:
+            small, big = mine[0], mine[-1]
+            print(f"memory ({t}): coordinator peak RSS {small['coord_peak_rss_mib']:.1f} MiB at {small['updates']} updates, "
+                  f"{big['coord_peak_rss_mib']:.1f} MiB at {big['updates']} "
+                  f"({big['coord_peak_rss_mib'] / small['coord_peak_rss_mib']:.2f}x)")  # fmt: skip
+    print(summary_line(results))
     return 0
 
 
