@@ -316,3 +316,27 @@ def test_a_notice_that_does_not_belong_to_the_open_exchange_is_counted_and_dropp
     finally:
         state.close()
         plain_state.close()
+
+
+def test_the_status_page_takes_a_blob_rounds_selected_devices_from_their_grants():
+    """Over blobs the announcement names nobody: the page's monitor counts the devices holding a grant of this attempt."""
+    from coordinator.server.monitor import Monitor
+    from har_models.wire.messages import Receipt
+    from har_models.wire.topics import Topics
+
+    t = Topics("fed")
+    mon = Monitor(t)
+    ref = BlobRef(SHA_A, 1, "http://127.0.0.1:9/x")
+    upload = UploadGrant("http://127.0.0.1:9/u", time.time() + 60, 100)
+    ann = RoundAnnouncement("run", 2, "training", {}, "x", global_model=SHA_A, attempt="att2", transport="blobs",
+                            global_blob=ref.to_json())  # fmt: skip
+    mon.handle(t.round, ann.to_bytes())
+    mon.handle(t.client_grant("dev-a"), BlobGrant("run", 2, 0, "att2", upload).to_bytes())
+    mon.handle(t.client_grant("dev-b"), BlobGrant("run", 2, 0, "att2", upload).to_bytes())
+    mon.handle(t.client_grant("dev-c"), BlobGrant("run", 2, 0, "att1", upload).to_bytes())  # an earlier attempt's
+    mon.handle(t.client_grant("dev-d"), BlobGrant("run", 1, 0, "att2", upload).to_bytes())  # an earlier round's
+    mon.handle(t.client_receipt("dev-a"), Receipt("run", 2, 0, SHA_A, "accepted").to_bytes())
+    snap = mon.snapshot()
+    assert snap.selected == {"dev-a", "dev-b"} and snap.answered == {"dev-a"}
+    mon.handle(t.client_grant("dev-b"), b"")  # cleared at the end of the run
+    assert mon.snapshot().selected == {"dev-a"}
