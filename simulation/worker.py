@@ -49,6 +49,14 @@ log = logging.getLogger("fedhar.worker")
 #: 0.5 ms, 0.34 s at 0.2 ms.
 SWITCH_INTERVAL_S = 0.0002
 
+#: Transfers whose chunks and payload the hosted clients share (:class:`SharedTransfers`'s ``max_transfers``).
+#: A held transfer costs the model's bytes three times (the chunk messages, the chunks and the
+#: reassembled payload: 77 MB for the paper CNN). The clients of a round receive one transfer, the
+#: global model, after the previous round closed; with two held, round r's copies stayed through
+#: round r + 1's download and training, the worker's peak. With one, the first chunk of the next
+#: transfer lets the previous one go (a client that still reassembles it keeps the chunks it has).
+HELD_TRANSFERS = 1
+
 
 def _client_id(argv: list[str], k: int) -> str:
     try:
@@ -86,7 +94,7 @@ def host(
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lock = threading.Lock()
-    shared = SharedTransfers()  # the global model all hosted clients receive is held once
+    shared = SharedTransfers(max_transfers=HELD_TRANSFERS)  # the global model all hosted clients receive is held once
     statuses: dict[int, int] = {}
     threads = []
 

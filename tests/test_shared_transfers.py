@@ -112,3 +112,24 @@ def test_equal_chunk_messages_are_held_once_and_others_pass_through() -> None:
     # A reassembler fed the held messages delivers the payload as before.
     done = feed(Reassembler(shared=shared), second)
     assert done is not None and done[1] == PAYLOAD
+
+
+def test_a_worker_holding_one_transfer_lets_the_last_round_go_when_the_next_model_arrives() -> None:
+    from simulation.worker import HELD_TRANSFERS
+
+    shared = SharedTransfers(max_transfers=HELD_TRANSFERS)
+    old, new = bytes([1]) * 3_000, bytes([2]) * 3_000
+    old_chunks, new_chunks = split_payload(old, 1_000), split_payload(new, 1_000)
+    held_messages = [shared.message(c) for c in fresh(old_chunks)]
+    done = feed(Reassembler(shared=shared), held_messages)
+    assert done is not None and shared.whole(transfer_id(old), 3_000) is done[1]
+    late = Reassembler(shared=shared)
+    feed(late, [held_messages[0]])  # a client still reassembling the old model when the new one starts
+    shared.message(fresh(new_chunks)[0])  # the next round's first chunk message
+    assert shared.message(fresh(old_chunks)[0]) is not held_messages[0]  # the old messages are no longer held
+    done_new = feed(Reassembler(shared=shared), fresh(new_chunks))
+    assert done_new is not None and done_new[1] == new
+    assert shared.whole(transfer_id(old), 3_000) is None  # nor its payload
+    assert shared.whole(transfer_id(new), 3_000) is done_new[1]
+    finished = feed(late, fresh(old_chunks[1:]))  # the late client still completes and verifies its model
+    assert finished is not None and finished[1] == old
