@@ -128,7 +128,7 @@ class TorchBackend(BackendBase):
         losses = []
         for i, s in enumerate(range(0, len(xa), batch_size)):
             idx = ot[s : s + batch_size]
-            opt.zero_grad(set_to_none=False)  # one gradient buffer per tensor, reused (as train_local)
+            opt.zero_grad(set_to_none=True)
             with self._masked(dropout_masks[i] if dropout_masks is not None else None):
                 loss = loss_fn(model(xt[idx]), yt[idx])
             if ref:

@@ -133,10 +133,7 @@ def train_local(
             total, seen = 0.0, 0
             for s in range(0, n, cfg.batch_size):
                 idx = order[s : s + cfg.batch_size]
-                # Zeroed in place: each tensor's gradient buffer is allocated at the first step and
-                # reused (0 + g is g exactly, so the weights are those of fresh buffers, bit for bit;
-                # tests/test_gradient_buffers.py).
-                opt.zero_grad(set_to_none=False)
+                opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x[idx]), y[idx])
                 if ref:
                     loss = loss + 0.5 * cfg.prox_mu * sum(((p - ref[name]) ** 2).sum() for name, p in params)
