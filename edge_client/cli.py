@@ -22,7 +22,6 @@ from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StateFolderUnusable, StoreInUseError
 from edge_client.window_log import WindowLog
 from har_io import exit_codes
-from har_io.blob_http import BlobCache
 from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
@@ -281,17 +280,14 @@ def serve(
     stop: threading.Event,
     train_lock: threading.Lock | None = None,
     shared_transfers: SharedTransfers | None = None,
-    blob_cache: BlobCache | None = None,
 ) -> int:
     """Run a prepared client until ``stop`` is set, its ``--max-seconds`` pass or its run finished; close its store.
 
-    ``train_lock``, ``shared_transfers`` and ``blob_cache`` are shared by the clients one worker process hosts
-    (:mod:`simulation.worker`); without ``blob_cache`` the client keeps fetched models in its own store.
+    ``train_lock`` and ``shared_transfers`` are shared by the clients one worker process hosts (:mod:`simulation.worker`).
     """
     try:
         try:
-            agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers,
-                              blob_cache=blob_cache)  # fmt: skip
+            agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers)
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
             print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
             return Exit.USAGE

@@ -8,9 +8,6 @@ thread count and global RNG it would see alone, so a federation run in workers g
 the same figures as one process per client, to the last digit. They also share a
 :class:`~har_models.wire.chunking.SharedTransfers`: every hosted client receives the global
 model over its own connection, and the worker holds one copy of it, not one per client.
-With the blob transport they share one :class:`~har_io.blob_http.BlobCache` instead: the
-first hosted client to need a model version fetches it over HTTP and checks its SHA-256, and
-the others take those bytes, so a worker fetches each version once, not once per client.
 
 Usage (``fedhar-simulate --engine workers`` starts these)::
 
@@ -36,7 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_client.cli import PreparedClient, prepare, serve
-from har_io.blob_http import BlobCache
 from har_io.cli import add_logging_arguments, setup_logging
 from har_io.exit_codes import Exit
 from har_models.files import atomic_write_bytes
@@ -91,9 +87,6 @@ def host(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lock = threading.Lock()
     shared = SharedTransfers()  # the global model all hosted clients receive is held once
-    # Blob transport: one fetch of each model version for all hosted clients, kept in memory only
-    # (each client's own default would fetch it again and write a copy into its store).
-    blobs = BlobCache()
     statuses: dict[int, int] = {}
     threads = []
 
@@ -102,8 +95,7 @@ def host(
         try:
             with lock:  # ingesting also allocates: one client at a time
                 client: PreparedClient | int = prepare(argv)
-            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock, shared_transfers=shared,
-                                                                  blob_cache=blobs)  # fmt: skip
+            status = client if isinstance(client, int) else serve(client, stop, train_lock=lock, shared_transfers=shared)
         except Exception:
             log.exception("hosted client %s failed", _client_id(argv, k))
         finally:
@@ -119,8 +111,6 @@ def host(
     for t in threads:
         while t.is_alive():
             t.join(0.5)
-    if blobs.fetches:
-        log.info("%d model version(s) fetched from the blob store for %d hosted client(s)", blobs.fetches, len(client_argvs))
     bad = {k: s for k, s in statuses.items() if s != 0}
     if bad:
         log.warning("%d of %d hosted client(s) ended with a non-zero status", len(bad), len(client_argvs))

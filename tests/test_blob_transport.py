@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import re
 import threading
 import time
 import urllib.error
@@ -235,11 +234,6 @@ def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on
     assert seen["mqtt"]["model"] > 50_000 and seen["mqtt"]["update"] > 20_000
     assert seen["blobs"].get("model", 0) == 0 and seen["blobs"]["update"] < 6 * 300 and seen["blobs"]["grant"] > 0
     run = tmp_path / "blobs"
-    # A worker fetches each round's global model once for all the clients it hosts (3 clients in 2 workers, 2 rounds).
-    fetched = [re.search(r"(\d+) model version\(s\) fetched from the blob store for (\d+) hosted", p.read_text())
-               for p in sorted((run / "logs").glob("worker-*.log"))]  # fmt: skip
-    assert all(fetched), "a worker's log does not say how many models it fetched"
-    assert [int(m.group(1)) for m in fetched if m] == [2, 2] and sum(int(m.group(2)) for m in fetched if m) == 3
     assert len(list((run / "blobs" / "objects").iterdir())) == 1  # the last round's global model: earlier ones are dropped
     assert not [p for p in (run / "blobs" / "uploads").rglob("*") if p.is_file()]  # closed exchanges' slots are gone
     assert json.loads((run / "report.json").read_text())["config"]["transport"] == "blobs"
