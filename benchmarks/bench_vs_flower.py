@@ -19,7 +19,11 @@ tensors); ``--clients/--rounds/--conv-filters/--dense-units/--update-encoding/..
   checkout's code (``PYTHONPATH``), whichever checkout the venv was installed from;
 - **fedhar**: ``fedhar-simulate`` (``python -m simulation.simulate`` of this checkout, the
   default workers engine and embedded broker) with the same settings and a run folder under
-  the temporary folder.
+  the temporary folder, models moving by ``--transport``: ``mqtt`` (default; every model and
+  update in chunks through the broker) or ``blobs`` (``fedhar-simulate --transport blobs``:
+  models and updates as content-addressed objects in the run folder's store, fetched and
+  uploaded over HTTP on loopback, the broker carrying control only; docs/scale.md, "Blob
+  transport"). Flower's side is the same for both.
 
 Each repeat runs both, alternating which goes first (Flower first in repeats 0, 2, ...; fedhar
 first in 1, 3, ...), one at a time. Per run it measures the wall time (start of the process to
@@ -38,9 +42,10 @@ Flower runs use Flower's own averaging (float32, in reply order), whose final fi
 against fedhar's too.
 
 The last two lines are ``fedhar_vs_flower_wall=<ratio>`` (fedhar's mean wall time over Flower's)
-and ``fedhar_vs_flower_peak_memory=<ratio>`` (mean peak PSS, fedhar over Flower).
+and ``fedhar_vs_flower_peak_memory=<ratio>`` (mean peak PSS, fedhar over Flower); with
+``--transport blobs`` they are ``fedhar_blobs_vs_flower_wall=`` and ``fedhar_blobs_vs_flower_peak_memory=``.
 
-    python benchmarks/bench_vs_flower.py [--repeats 1] [--flower-python PATH] [--no-check] [--keep DIR]
+    python benchmarks/bench_vs_flower.py [--repeats 1] [--transport mqtt|blobs] [--flower-python PATH] [--no-check] [--keep DIR]
         [--clients 30 --rounds 15 --conv-filters 196 --dense-units 1024 --local-epochs 1 --lr 0.1 --batch-size 32 --seed 1]
 """
 
@@ -67,6 +72,8 @@ FLOWER_JOB = ROOT / "benchmarks" / "flower_job.py"
 DEFAULT_VENV = Path.home() / ".cache" / "fedhar" / "bench-flower-venv"
 """Where the Flower venv is made when neither ``--flower-python`` nor ``--flower-venv`` says otherwise."""
 FLOWER_EXTRAS = "bench-flower,client"
+TRANSPORTS = ("mqtt", "blobs")
+"""fedhar's transports (``fedhar-simulate --transport``); the ratio lines name any but the default ``mqtt``."""
 
 # The job's settings and their defaults: the main job's (README's first command). Both sides get every one.
 JOB_OPTIONS: dict[str, Any] = {
@@ -146,8 +153,16 @@ def flower_cmd(python: Path, job: dict[str, Any], order: str, args: argparse.Nam
             "--order", order, "--out", str(out)]  # fmt: skip
 
 
-def fedhar_cmd(job: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
-    """``fedhar-simulate`` (this checkout's module) with the job's settings, FedAvgM, no progress bar."""
+def fedhar_cmd(job: dict[str, Any], run_dir: Path, run_id: str, transport: str = "mqtt") -> list[str]:
+    """``fedhar-simulate`` (this checkout's module) with the job's settings, FedAvgM, no progress bar, ``transport``.
+
+    Raises
+    ------
+    BenchError
+        If ``transport`` is not one of :data:`TRANSPORTS`.
+    """
+    if transport not in TRANSPORTS:
+        raise BenchError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}; pass --transport mqtt or blobs")
     return [
         sys.executable, "-m", "simulation.simulate",
         "--clients", str(job["clients"]), "--rounds", str(job["rounds"]),
@@ -156,7 +171,7 @@ def fedhar_cmd(job: dict[str, Any], run_dir: Path, run_id: str) -> list[str]:
         "--seed", str(job["seed"]), "--split", str(job["split"]), "--split-seed", str(job["split_seed"]),
         "--aggregation", "fedavgm", "--server-lr", str(job["server_lr"]), "--server-momentum", str(job["server_momentum"]),
         "--generalisation-every", str(job["generalisation_every"]), "--update-encoding", str(job["update_encoding"]),
-        "--no-progress", "--run-dir", str(run_dir), "--run-id", run_id,
+        "--transport", transport, "--no-progress", "--run-dir", str(run_dir), "--run-id", run_id,
     ]  # fmt: skip
 
 
@@ -184,14 +199,15 @@ def run_fedhar(job: dict[str, Any], repeat: int, args: argparse.Namespace, work:
     log_file = work / f"fedhar-{repeat}.log"
     load = os.getloadavg()[0]
     print(f"  fedhar run {repeat}: started (log {log_file})", flush=True)
-    wall, mon, rc = run_measured(fedhar_cmd(job, run_dir, f"vsflower{repeat}"), log_file, None, args.sample_s)
+    cmd = fedhar_cmd(job, run_dir, f"vsflower{repeat}", args.transport)
+    wall, mon, rc = run_measured(cmd, log_file, None, args.sample_s)
     report = run_dir / "report.json"
     if rc != 0 or not report.exists():
         raise BenchError(f"fedhar-simulate failed (exit {rc}); its log {log_file} ends:\n{_tail(log_file)}")
     doc = json.loads(report.read_text())
     own = doc.get("peak_memory", {}).get("peak_pss_mb")
     return RunResult("fedhar", repeat, wall, mon.peak_pss / 2**20, mon.peak_rss / 2**20, mon.peak_procs, load, doc["rounds"],
-                     note=f"its own report: {own} MB PSS, {doc.get('wall_seconds')} s")  # fmt: skip
+                     note=f"{args.transport}; its own report: {own} MB PSS, {doc.get('wall_seconds')} s")  # fmt: skip
 
 
 def flower_python(args: argparse.Namespace) -> Path:
@@ -265,12 +281,36 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, float]:
     return abs(a.final["macro_f1"] - b.final["macro_f1"]), worst
 
 
+def ratio_lines(transport: str, fedhar: list[RunResult], flower: list[RunResult]) -> list[str]:
+    """The benchmark's last two lines: mean wall time and mean peak PSS, fedhar's over Flower's.
+
+    ``fedhar_vs_flower_wall=<ratio>`` and ``fedhar_vs_flower_peak_memory=<ratio>`` for ``mqtt``;
+    for another transport the keys start with ``fedhar_<transport>_`` (``fedhar_blobs_vs_flower_wall=``).
+    Ratios are rounded to 2 decimals.
+
+    Raises
+    ------
+    BenchError
+        If either list is empty or ``transport`` is not one of :data:`TRANSPORTS`.
+    """
+    if transport not in TRANSPORTS:
+        raise BenchError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
+    if not fedhar or not flower:
+        raise BenchError(f"ratios need runs of both sides (fedhar: {len(fedhar)}, Flower: {len(flower)})")
+    wall = (sum(r.wall_s for r in fedhar) / len(fedhar)) / (sum(r.wall_s for r in flower) / len(flower))
+    mem = (sum(r.peak_pss_mb for r in fedhar) / len(fedhar)) / (sum(r.peak_pss_mb for r in flower) / len(flower))
+    key = "fedhar" if transport == "mqtt" else f"fedhar_{transport}"
+    return [f"{key}_vs_flower_wall={wall:.2f}", f"{key}_vs_flower_peak_memory={mem:.2f}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
     for name, default in JOB_OPTIONS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=f"both sides (default {default})")
     ap.add_argument("--repeats", type=int, default=1, help="timed pairs of runs (default 1)")
+    ap.add_argument("--transport", choices=TRANSPORTS, default="mqtt",
+                    help="how fedhar's models move: through the broker (mqtt) or as blobs over HTTP (blobs) (default mqtt)")  # fmt: skip
     ap.add_argument("--flower-python", type=Path, default=None, help="Python of a venv with flwr[simulation] and this checkout")
     ap.add_argument("--flower-venv", type=Path, default=DEFAULT_VENV, help="venv to use, made when missing (default %(default)s)")
     ap.add_argument("--actors", type=int, default=2, help="Flower's client actors (default 2)")
@@ -296,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         py = flower_python(args)
         print(f"bench_vs_flower: {job['clients'] or 'all'} HAPT clients, {job['rounds']} rounds, CNN F={job['conv_filters']} "
               f"H={job['dense_units']}, E={job['local_epochs']}, lr {job['lr']}, batch {job['batch_size']}, seed {job['seed']}, "
-              f"split {job['split']}; FedAvgM eta {job['server_lr']} beta {job['server_momentum']}; {args.repeats} repeat(s); "
+              f"split {job['split']}; FedAvgM eta {job['server_lr']} beta {job['server_momentum']}; fedhar's transport "
+              f"{args.transport}; {args.repeats} repeat(s); "
               f"cores {os.cpu_count()}; files in {work}", flush=True)  # fmt: skip
         results: list[RunResult] = []
         for i in range(args.repeats):
@@ -327,15 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check, Flower averaging in the project's order (client-id order, float64): max |final global macro-F1 - "
               f"fedhar's| = {d_final:.3g} (any round, accuracy or macro-F1: {d_any:.3g})")  # fmt: skip
         print(f"flower_project_order_max_final_macro_f1_diff={d_final:.3g}")
-    wall = (sum(r.wall_s for r in fedhar) / len(fedhar)) / (sum(r.wall_s for r in flower) / len(flower))
-    mem = (sum(r.peak_pss_mb for r in fedhar) / len(fedhar)) / (sum(r.peak_pss_mb for r in flower) / len(flower))
     rnd_f = sum(r.ordinary_round_s() for r in flower) / len(flower)
     rnd_h = sum(r.ordinary_round_s() for r in fedhar) / len(fedhar)
-    print(f"per ordinary round: fedhar {rnd_h:.2f} s, Flower {rnd_f:.2f} s, ratio {rnd_h / rnd_f:.2f}")
+    print(f"per ordinary round: fedhar ({args.transport}) {rnd_h:.2f} s, Flower {rnd_f:.2f} s, ratio {rnd_h / rnd_f:.2f}")
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"fedhar_vs_flower_wall={wall:.2f}")
-    print(f"fedhar_vs_flower_peak_memory={mem:.2f}")
+    for line in ratio_lines(args.transport, fedhar, flower):
+        print(line)
     return 0
 
 

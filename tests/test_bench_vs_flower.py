@@ -50,22 +50,63 @@ def test_compare_gives_the_final_and_the_largest_round_difference() -> None:
         bench.compare(a, run("flower", [(0.5, 0.4)]))
 
 
+def _result(bench: Any, side: str, wall_s: float, peak_pss_mb: float) -> Any:
+    return bench.RunResult(side, 0, wall_s, peak_pss_mb, peak_pss_mb, 1, 0.0, [])
+
+
+def test_ratio_lines_are_mean_over_mean_and_name_the_transport() -> None:
+    bench = _bench()
+    fedhar = [_result(bench, "fedhar", 300.0, 3000.0), _result(bench, "fedhar", 200.0, 2000.0)]  # mean 250 s, 2500 MB
+    flower = [_result(bench, "flower", 200.0, 5000.0)]
+    # 250 / 200 = 1.25; 2500 / 5000 = 0.5. Over MQTT the keys of the earlier docs stay.
+    assert bench.ratio_lines("mqtt", fedhar, flower) == ["fedhar_vs_flower_wall=1.25", "fedhar_vs_flower_peak_memory=0.50"]
+    assert bench.ratio_lines("blobs", fedhar, flower) == [
+        "fedhar_blobs_vs_flower_wall=1.25",
+        "fedhar_blobs_vs_flower_peak_memory=0.50",
+    ]
+    with pytest.raises(bench.BenchError, match="runs of both sides"):
+        bench.ratio_lines("mqtt", fedhar, [])
+    with pytest.raises(bench.BenchError, match="not one of mqtt, blobs"):
+        bench.ratio_lines("s3", fedhar, flower)
+
+
+@pytest.mark.parametrize("transport", ["mqtt", "blobs"])
+def test_fedhar_side_is_the_main_job_with_the_chosen_transport(transport: str, tmp_path: Path) -> None:
+    """fedhar's command line, read back by fedhar-simulate's own parser: the job's settings and the transport."""
+    from simulation.simulate import build_parser
+
+    bench = _bench()
+    cmd = bench.fedhar_cmd(dict(bench.JOB_OPTIONS), tmp_path / "run", "vsflower0", transport)
+    assert cmd[:3] == [sys.executable, "-m", "simulation.simulate"]
+    ns = build_parser().parse_args(cmd[3:])
+    assert ns.transport == transport
+    assert (ns.clients, ns.rounds, ns.aggregation, getattr(ns, "server_opt.momentum")) == (30, 15, "fedavgm", 0.5)
+    assert ns.update_encoding == bench.JOB_OPTIONS["update_encoding"]
+    with pytest.raises(bench.BenchError, match="pass --transport mqtt or blobs"):
+        bench.fedhar_cmd(dict(bench.JOB_OPTIONS), tmp_path / "run", "vsflower0", "s3")
+
+
 @pytest.mark.slow
-def test_small_comparison_gives_ratios_and_the_same_figures_in_the_project_s_order(tmp_path: Path) -> None:
-    """4 clients, 2 rounds, a small CNN: both sides run, the check run in the project's order matches fedhar exactly."""
+@pytest.mark.parametrize("transport", ["mqtt", "blobs"])
+def test_small_comparison_gives_ratios_and_the_same_figures_in_the_project_s_order(transport: str, tmp_path: Path) -> None:
+    """4 clients, 2 rounds, a small CNN: both sides run, the check run in the project's order matches fedhar exactly.
+
+    In blob mode fedhar gives the figures of MQTT, so Flower's check run matches it to the digit too.
+    """
     py = _flower_python()
     if py is None or not py.exists():
         pytest.skip("no Flower venv: set FEDHAR_FLOWER_PYTHON or run `python benchmarks/bench_vs_flower.py` once to make "
                     f"{_bench().DEFAULT_VENV}")  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(BENCH), "--clients", "4", "--rounds", "2", "--conv-filters", "8", "--dense-units", "32",
-         "--flower-python", str(py), "--keep", str(tmp_path)],
+         "--transport", transport, "--flower-python", str(py), "--keep", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    wall = re.fullmatch(r"fedhar_vs_flower_wall=([0-9.]+)", lines[-2])
-    mem = re.fullmatch(r"fedhar_vs_flower_peak_memory=([0-9.]+)", lines[-1])
+    key = "fedhar" if transport == "mqtt" else "fedhar_blobs"
+    wall = re.fullmatch(key + r"_vs_flower_wall=([0-9.]+)", lines[-2])
+    mem = re.fullmatch(key + r"_vs_flower_peak_memory=([0-9.]+)", lines[-1])
     assert wall and mem, lines[-4:]
     assert 0 < float(wall.group(1)) < 100 and 0 < float(mem.group(1)) < 100
     # Same windows, split, CNN, seeds and training, averaged in client-id order in float64: the same arithmetic.
