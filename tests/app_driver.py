@@ -29,7 +29,7 @@ ROOT = as_on_a_phone()
 import numpy as np  # noqa: E402
 from support.app_script import run_script  # noqa: E402
 
-from edge_client.app.controller import AppConfig  # noqa: E402
+from edge_client.app.controller import AppConfig, _trained_accuracy  # noqa: E402
 from edge_client.app.main import create_app  # noqa: E402
 from edge_client.app.predictor import load_predictor  # noqa: E402
 from edge_client.sensors.base import ReplaySensor  # noqa: E402
@@ -158,6 +158,16 @@ def main() -> int:
         results["state_connected"] = fed.state.text
         store = app.controller.store
         yield lambda: fed.round.text == "1" and fed.state.text == "connected" and store.get_meta("last_update", {}).get("round") == 1
+
+        def shows_round_1_accuracy() -> bool:
+            # The screen refreshes from the controller on its own tick: wait until it shows round 1's update, not round 0's.
+            last = store.load_last_update()
+            if last is None or last[0].get("round") != 1:
+                return False
+            acc = _trained_accuracy(last[1])
+            return acc is not None and fed.accuracy.text == f"{acc * 100:.1f} %"
+
+        yield shows_round_1_accuracy
         results["federation"] = {"state": fed.state.text, "round": fed.round.text, "accuracy": fed.accuracy.text, "error": fed.error.text}
         yield lambda: "counted" in fed.sent.text  # the coordinator's receipt for round 1
         yield lambda: "A round (numpy): " in fed.cost.text  # round 1's cost, measured by the agent, on the screen

@@ -22,11 +22,13 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from support.mqtt_watcher import Watcher
 from support.small_federation import coordinator_args
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import Coordinator
 from har_io.broker_config import BrokerConfig
+from har_models.wire.messages import RoundAnnouncement
 from har_models.wire.topics import Topics
 
 pytestmark = pytest.mark.slow  # federations with killed clients and coordinators
@@ -109,16 +111,18 @@ def test_a_client_killed_mid_round_closes_the_round_by_its_last_will(tmp_path, m
     # Client 2 trains slowly (many local epochs), so it is still training when it is killed.
     procs = [_client(1, mosquitto, fed, tmp_path), _client(2, mosquitto, fed, tmp_path)]
     killer_done = threading.Event()
+    # Killed once round 1's announcement selected it, so it dies while the round waits for it (killed when round 0's
+    # report appears, its will could reach the coordinator before round 1's selection, which then leaves it out).
+    watcher = Watcher(mosquitto, Topics(fed).round)
 
     def kill_client_2_once_round_1_opens() -> None:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            report = tmp_path / "run" / "report.json"
-            if report.exists() and len(json.loads(report.read_text()).get("rounds", [])) >= 1:
-                procs[1].send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        killer_done.set()
+        try:
+            watcher.wait_for(lambda _t, payload, _r: bool(payload) and RoundAnnouncement.from_bytes(payload).round == 1
+                             and "hapt-02" in RoundAnnouncement.from_bytes(payload).selected, 120)  # fmt: skip
+            procs[1].send_signal(signal.SIGKILL)
+        finally:
+            watcher.close()
+            killer_done.set()
 
     threading.Thread(target=kill_client_2_once_round_1_opens, daemon=True).start()
     try:

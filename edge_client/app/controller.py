@@ -290,7 +290,7 @@ class DeviceController:
         self._agent_stop = threading.Event()
         self._closing = threading.Event()
         self._wake_event = threading.Event()
-        self._last_update: tuple[float, int | None, float | None] | None = None  # (mtime, round, accuracy)
+        self._last_update: tuple[tuple[int, int, int], int | None, float | None] | None = None  # (file identity, round, accuracy)
         self._sensor_fault = ""
         self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
         self._supervisor = threading.Thread(target=self._supervise, name="federation-supervisor", daemon=True)
@@ -738,14 +738,17 @@ class DeviceController:
     def _last_update_info(self) -> tuple[int | None, float | None]:
         """Round and local accuracy of the last update sent (re-read only when its file changes)."""
         path = self.store.folder / "last_update.bin"
-        mtime = path.stat().st_mtime if path.exists() else None
-        if mtime is None:
+        try:
+            st = path.stat()
+        except OSError:
             return None, None
-        if self._last_update is None or self._last_update[0] != mtime:
+        # The file is replaced whole at each update (a new inode): its identity, not only its time, tells them apart.
+        ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._last_update is None or self._last_update[0] != ident:
             last = self.store.load_last_update()
             if last is None:
                 return None, None
-            self._last_update = (mtime, int(last[0]["round"]), _trained_accuracy(last[1]))
+            self._last_update = (ident, int(last[0]["round"]), _trained_accuracy(last[1]))
         return self._last_update[1], self._last_update[2]
 
     def close(self) -> None:
