@@ -281,6 +281,8 @@ class DeviceController:
         self._fed_lock = threading.Lock()
         self._clock = clock
         self._failures = 0  # consecutive failed agent runs since the settings changed or the agent last connected
+        self._settings_generation = 0  # counts changes of the federation settings
+        self._agent_generation = 0  # the generation the running (or last) agent was started with
         self._retry_at = 0.0  # clock time before which a failed agent is not started again
         self._error = ""
         self._agent_exc: BaseException | None = None
@@ -474,6 +476,7 @@ class DeviceController:
             keep = {k: getattr(self.federation, k) for k in ("state", "round", "last_accuracy", "take_part", "charge_only", "charging")}
             self.federation = replace(settings_view(self.cfg), **keep)
             self._failures, self._retry_at, self._error = 0, 0.0, ""  # new settings: try at once
+            self._settings_generation += 1  # an agent of the old settings that ends now is no failure of the new ones
         self._stop_agent()
         self._wake()
 
@@ -605,6 +608,8 @@ class DeviceController:
         agent, exc = self._agent, self._agent_exc
         self._agent, self._agent_thread, self._agent_exc = None, None, None
         code = getattr(agent, "exit_code", 0)
+        if self._agent_generation != self._settings_generation:
+            return  # it ran with settings changed since: its end says nothing of the new ones, which start afresh
         if exc is not None:
             self._fail(f"the training agent stopped: {type(exc).__name__}: {exc}")
         elif code == EXIT_DUPLICATE_ID:
@@ -667,6 +672,7 @@ class DeviceController:
         agent.fault = self.source.fault  # a refused or stopped sensor, in the status (the store's own fault is added there)
         agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
+        self._agent_generation = self._settings_generation
         if self._failures:
             with self._fed_lock:
                 self.federation.restarts += 1
