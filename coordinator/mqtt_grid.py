@@ -575,71 +575,72 @@ class MqttGrid:
     def _publish_models(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
         """Publish G (if anyone needs it) and the P_i of selected clients; return transfer ids and bytes delivered.
 
-        With the blob transport the models go to the blob store instead (:meth:`_publish_blobs`).
+        Over MQTT as retained chunks (:meth:`_to_broker`); with the blob transport to the blob
+        store instead (:meth:`_to_store`), whose objects of the last exchange are then dropped.
         """
-        if self.blobs is not None:
-            return self._publish_blobs(fed, round_, selected)
         spec = fed.spec
         meta = {"arch": spec.to_dict()}
+        send = self._to_store(round_) if self.blobs is not None else self._to_broker
         personal: dict[str, str] = {}
         down = 0
         need_global = [c for c in selected if c not in fed.personal]
         global_id = ""
         if need_global:
             env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
-            n = self._link.publish_chunks(self.topics.global_model, env, retain=True)
-            self._own_chunks(self.topics.global_model(0), n)
-            global_id = transfer_id(env)
+            global_id = send(None, env)
             down += len(env) * len(need_global)
         for cid in selected:
             if cid in fed.personal:
                 env = codec.encode(
                     fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
                 )
-                n = self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
-                self._own_chunks(self.topics.client_model(cid, 0), n)
-                personal[cid] = transfer_id(env)
+                personal[cid] = send(cid, env)
                 down += len(env)
+        if self.blobs is not None:
+            self._drop_objects_but(round_, {global_id, *personal.values()} - {""})
         return global_id, personal, down
 
-    def _publish_blobs(self, fed: Federation, round_: int, selected: Sequence[str]) -> tuple[str, dict[str, str], int]:
-        """Blob transport: write G and the selected clients' P_i to the store (each once, named by its SHA-256).
+    def _to_broker(self, cid: str | None, env: bytes) -> str:
+        """Publish model envelope ``env`` retained in chunks: G (``cid`` None) or ``cid``'s P_i; return its transfer id."""
+        if cid is None:
+            n = self._link.publish_chunks(self.topics.global_model, env, retain=True)
+            self._own_chunks(self.topics.global_model(0), n)
+        else:
+            n = self._link.publish_chunks(functools.partial(self.topics.client_model, cid), env, retain=True)
+            self._own_chunks(self.topics.client_model(cid, 0), n)
+        return transfer_id(env)
 
-        Keeps G's reference for the announcement and each client's own model for its grant
-        (:meth:`_grant_all`). Returns the transfer ids and the bytes the clients will fetch.
+    def _to_store(self, round_: int) -> Callable[[str | None, bytes], str]:
+        """Blob transport: a sender that writes a model envelope to the store once, named by its SHA-256.
+
+        It keeps G's reference for the announcement and each client's own model for its grant
+        (:meth:`_grant_all`), and returns the object's SHA-256 (its transfer id).
         """
         assert self.blobs is not None
-        spec = fed.spec
-        meta = {"arch": spec.to_dict()}
+        store = self.blobs
         expires = time.time() + self.cfg.round_timeout_s + URL_GRACE_S
-        personal: dict[str, str] = {}
-        self._personal_blobs = {}
-        down = 0
-        need_global = [c for c in selected if c not in fed.personal]
         self._global_blob = None
-        global_id = ""
-        if need_global:
-            env = codec.encode(fed.global_state, kind="model", round=round_, arch_version=spec.version, meta=meta)
-            self._global_blob = publish_object(self.blobs, env, expires)
-            global_id = self._global_blob.sha256
-            down += len(env) * len(need_global)
-        for cid in selected:
-            if cid in fed.personal:
-                env = codec.encode(
-                    fed.personal[cid], kind="model", round=round_, arch_version=spec.version, client_id=cid, meta=meta
-                )
-                ref = publish_object(self.blobs, env, expires)
+        self._personal_blobs = {}
+
+        def send(cid: str | None, env: bytes) -> str:
+            ref = publish_object(store, env, expires)
+            if cid is None:
+                self._global_blob = ref
+            else:
                 self._personal_blobs[cid] = ref
-                personal[cid] = ref.sha256
-                down += len(env)
-        now = {global_id, *personal.values()} - {""}
-        for sha in sorted(self._objects - now):  # the models of the last exchange: no client needs them any more
+            return ref.sha256
+
+        return send
+
+    def _drop_objects_but(self, round_: int, now: set[str]) -> None:
+        """Blob transport: drop the objects of the last exchange that exchange ``now`` does not use (no client needs them)."""
+        assert self.blobs is not None
+        for sha in sorted(self._objects - now):
             try:
                 self.blobs.drop_object(sha)
             except BlobError as exc:
                 log.warning("round %d: an earlier model %s was not removed from the blob store (%s)", round_, sha[:12], exc)
         self._objects = now
-        return global_id, personal, down
 
     def _grant_all(self, round_: int, stage: int, selected: Sequence[str]) -> None:
         """Blob transport: hand each selected client its grant (upload URL, own model) on its retained grant topic."""
