@@ -391,21 +391,20 @@ class MqttGrid:
 
     def _take_update(self, cid: str, transfer: str, data: bytes) -> None:
         """Count the whole update envelope ``data`` (SHA-256 ``transfer``) of ``cid``, whichever way it came, or reject it."""
-        done = (transfer, data)
         c = self._collect
-        if done[0] in self._counted.get(cid, ()) or self._from_not_needed(cid, done[1]):
-            self._duplicate(cid, done[0])
+        if transfer in self._counted.get(cid, ()) or self._from_not_needed(cid, data):
+            self._duplicate(cid, transfer)
             return
         if c is None:
-            if self._for_failed_round(done[1]):
-                self._duplicate(cid, done[0])
+            if self._for_failed_round(data):
+                self._duplicate(cid, transfer)
                 return
             self._reject(cid, "no_open_round", "an update arrived while no round was open")
             return
         status = self.clients.get(cid)
         try:
             upd = validate_update(
-                done[1],
+                data,
                 topic_client=cid,
                 run_id=self.cfg.run_id,
                 round_=c.round,
@@ -421,7 +420,7 @@ class MqttGrid:
             self._reject(cid, exc.reason, str(exc))
             return
         if cid in c.updates:
-            self.receipts.accepted(cid, done[0])  # a re-sent update: acknowledge it again
+            self.receipts.accepted(cid, transfer)  # a re-sent update: acknowledge it again
             log.debug("round %d: duplicate update from %s ignored", c.round, cid)
             return
         try:
@@ -429,9 +428,9 @@ class MqttGrid:
         except OSError as exc:  # a full disk: keep this update in memory rather than lose it
             log.warning("round %d: cannot spill the update of %s to disk (%s); keeping it in memory", c.round, cid, exc)
         c.add(upd)
-        self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(done[0])
-        self._counted_this_round.append((cid, done[0]))
-        self.receipts.accepted(cid, done[0])
+        self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(transfer)
+        self._counted_this_round.append((cid, transfer))
+        self.receipts.accepted(cid, transfer)
         if self.bar is not None:
             self.bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
 
