@@ -122,6 +122,8 @@ def steering(cfg: CoordinatorConfig, now_unix: float, period_s: float, present: 
     :data:`NO_STEERING` without a cohort goal; else close at ``cohort_goal`` updates and the
     :func:`pace_window` for a cohort of ``selected`` devices (at least 1) and a period of ``period_s``.
     """
+    if cfg.buffer_size:  # FedBuff: close at K updates, fresh or stale (coordinator/fedbuff.py); no pace
+        return Steering(close_at=cfg.buffer_size)
     if not cfg.cohort_goal:
         return NO_STEERING
     return Steering(close_at=cfg.cohort_goal, pace=pace_window(now_unix, period_s, present, max(1, selected)))

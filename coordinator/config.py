@@ -188,6 +188,22 @@ class CoordinatorConfig:
         metadata=doc("fraction of cohort_goal that must answer for a round to count; the quorum is "
                      "max(min_clients, ceil(fraction x goal))"),
     )
+    buffer_size: int = field(
+        default=0,
+        metadata=doc("FedBuff's K: buffered asynchronous rounds that close once K updates are in, fresh ones and, weighted by "
+                     "1/sqrt(1 + staleness), those of devices still training an earlier version (0 = off: synchronous "
+                     "rounds)", "updates"),
+    )
+    max_staleness: int = field(
+        default=4,
+        metadata=doc("with buffer_size: the oldest version (rounds back) whose updates are still taken; a device still "
+                     "training it is free again after that", "rounds"),
+    )
+    concurrency: int = field(
+        default=0,
+        metadata=doc("with buffer_size: the most devices training at once, over every version (0 = every eligible "
+                     "device that fraction selects)", "devices"),
+    )
     seed: int = field(default=1, metadata=doc("seeds the initial model, client selection and local shuffling"))
     split_seed: int = field(default=DEFAULT_SPLIT_SEED, metadata=doc("seed of every client's 80/20 train/test split"))
     local_epochs: int = field(default=LocalTraining.local_epochs, metadata=_LT["local_epochs"].metadata)
@@ -307,6 +323,7 @@ class CoordinatorConfig:
                 f"need 0 <= cohort_overselect <= 10 and 0 <= cohort_min_fraction <= 1; got {self.cohort_overselect}, "
                 f"{self.cohort_min_fraction}"
             )
+        self._check_buffered()
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("round_timeout_s must be > 0 and start_timeout_s >= 0")
         if not self.status_refresh_s > 0:
@@ -317,6 +334,27 @@ class CoordinatorConfig:
             raise ValueError(f"blob_port must be in [0, 65535], got {self.blob_port}")
         if not 0 <= self.guard_margin <= 100:
             raise ValueError(f"guard_margin (--guard-margin) must be in [0, 100] points of macro-F1, got {self.guard_margin}")
+
+    def _check_buffered(self) -> None:
+        """Refuse buffered rounds (``buffer_size``) with what needs every update of a round together."""
+        if self.buffer_size < 0 or self.concurrency < 0 or self.max_staleness < 1:
+            raise ValueError(f"need buffer_size >= 0, concurrency >= 0 and max_staleness >= 1; got {self.buffer_size}, "
+                             f"{self.concurrency}, {self.max_staleness}")  # fmt: skip
+        if not self.buffer_size:
+            return
+        if self.buffer_size < self.min_clients:
+            raise ValueError(f"buffer_size (--buffer-size) must be at least min_clients ({self.min_clients}), got {self.buffer_size}")
+        if self.cohort_goal:
+            raise ValueError("buffer_size and cohort_goal both close a round at a count of updates: set one of them (0 = off)")
+        if self.growth != "none":
+            raise ValueError("buffered rounds (buffer_size) cannot grow the model: FedDist's steps need every update of a "
+                             "round together; use growth = 'none' or buffer_size = 0")  # fmt: skip
+        if strategies.strategy_class(self.aggregation).personalised:
+            raise ValueError(f"buffered rounds (buffer_size) need one global model every client takes whole; "
+                             f"{self.aggregation!r} keeps personalised models: use fedavg, fedavgm, fedexp or fedadam, "
+                             f"or buffer_size = 0")  # fmt: skip
+        if 0 < self.concurrency < self.buffer_size:
+            raise ValueError(f"concurrency ({self.concurrency}) must be at least buffer_size ({self.buffer_size}) or 0 (all)")
 
     @property
     def growth_mode(self) -> str:

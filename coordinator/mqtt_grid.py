@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from tqdm import tqdm
 
-from coordinator import spill
+from coordinator import fedbuff, spill
 from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.blob_transport import URL_GRACE_S, NoticeRefused, make_grant, open_blob_store, publish_object, read_noticed
 from coordinator.client_table import ClientTable
@@ -138,6 +138,11 @@ class MqttGrid:
         # that arrives in between is the device answering too early (it re-sends it to the next attempt).
         self._failed_round: int | None = None
         self._spill_dir = cfg.run_dir / "spill"  # this round's updates (coordinator.spill); removed when it closes
+        # Buffered rounds (cfg.buffer_size, coordinator/fedbuff.py): who still trains an earlier version, and the
+        # updates of such devices that arrived while no exchange was open (the next exchange's buffer takes them).
+        self.in_flight: fedbuff.InFlight | None = fedbuff.InFlight(cfg.max_staleness) if cfg.buffer_size else None
+        self._stale: list[fedbuff.Stale] = []
+        self._last_stale: list[fedbuff.Stale] = []  # the last closed exchange's: given back if its round failed
         self._link = MqttLink(
             cfg.broker,
             f"fedhar-coordinator-{cfg.federation}",
@@ -212,6 +217,8 @@ class MqttGrid:
             with contextlib.suppress(KeyError, ValueError):
                 self._counted[cid].remove(transfer)
         self._counted_this_round = []
+        self._stale[:0] = self._last_stale  # the stale updates the failed attempt took count in the next one
+        self._last_stale = []
         self._failed_round = round_
         try:
             self._link.publish(self.topics.round, b"", retain=True)
@@ -395,6 +402,8 @@ class MqttGrid:
         if transfer in self._counted.get(cid, ()) or self._from_not_needed(cid, data):
             self._duplicate(cid, transfer)
             return
+        if self.in_flight is not None and self._take_stale(cid, transfer, data):
+            return
         if c is None:
             if self._for_failed_round(data):
                 self._duplicate(cid, transfer)
@@ -433,6 +442,51 @@ class MqttGrid:
         self.receipts.accepted(cid, transfer)
         if self.bar is not None:
             self.bar.set_postfix_str(f"round {c.round}: {len(c.updates)}/{len(c.selected)} updates")
+
+    def _take_stale(self, cid: str, transfer: str, data: bytes) -> bool:
+        """Buffered rounds: take ``data`` if it is the update of a version ``cid`` is still training (FedBuff's stale update).
+
+        Checked as its own round's update was (against that version's architecture and model),
+        and kept in memory for the buffer of the exchange open now or, if none is, of the next one;
+        False if it is no such update (it then goes the way of any other).
+        """
+        assert self.in_flight is not None
+        try:
+            header = codec.peek_header(data)
+        except codec.EnvelopeError:
+            return False
+        meta = header.get("meta", {})
+        c = self._collect
+        r = header.get("round")
+        if header.get("kind") != "update" or meta.get("run_id") != self.cfg.run_id or meta.get("stage", 0) != 0:
+            return False
+        if not isinstance(r, int) or (c is not None and r == c.round and cid in c.selected):
+            return False  # the open exchange's own update
+        v = self.in_flight.version_of(cid, r)
+        if v is None:
+            return False
+        self.in_flight.arrived(cid, r)
+        status = self.clients.get(cid)
+        try:
+            upd = validate_update(data, topic_client=cid, run_id=self.cfg.run_id, round_=r, stage=0, spec=v.spec,
+                                  selected=(cid,), want_guidance=False, max_bytes=self.cfg.max_update_bytes,
+                                  reported_n_train=status.n_train if status is not None else None, reference=v.state)  # fmt: skip
+        except UpdateRejected as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return True
+        stale = fedbuff.Stale(upd, v)
+        if c is not None:
+            c.stale.append(stale)
+            c.bytes_up += upd.size
+        else:
+            self._stale.append(stale)
+        self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(transfer)
+        log.debug("update of %s for version %d taken into the buffer", cid, r)
+        return True
+
+    def training(self) -> set[str]:
+        """Buffered rounds: the devices still training an earlier version (not to be selected); empty otherwise."""
+        return self.in_flight.training() if self.in_flight is not None else set()
 
     def _carry_outside(self, c: Exchange) -> None:
         """Count in exchange ``c`` what arrived while none was open, so every rejection reaches a round record."""
@@ -699,6 +753,12 @@ class MqttGrid:
         if self._not_needed is not None and self._not_needed[:2] == (round_, stage):  # this exchange again: it counts them
             self._not_needed = None
         self._carry_outside(c)
+        if self.in_flight is not None and stage == 0:
+            c.buffered = True
+            c.stale.extend(self._stale)
+            c.bytes_up += sum(s.update.size for s in self._stale)
+            self._stale = []
+            c.awaiting = len(self.in_flight)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
         ann_bytes = ann.to_bytes()
@@ -718,6 +778,9 @@ class MqttGrid:
                 c.offline.update(cid for cid in c.selected if not self.presence.fresh(cid))  # vanished without a will
                 c.offline.update(cid for cid in c.selected if cid not in c.offline and self.is_refused(cid))
                 c.offline.update(self._check_clients_alive() & c.selected)
+                if self.in_flight is not None and c.buffered:
+                    self._forget_vanished(self.in_flight)
+                    c.awaiting = len(self.in_flight)
                 next_check = time.monotonic() + 0.5
         # Handle what had already arrived at the close, but no more than that: under a flood of
         # messages the inbox never empties, and the round must still close at its deadline.
@@ -725,7 +788,11 @@ class MqttGrid:
             if not self._pump(0.0):
                 break
         self._drop_refused(c)
-        if c.enough is not None and len(c.updates) >= c.enough:  # closed at its cohort goal: the others' updates may follow
+        if c.buffered:  # FedBuff: who has not answered trains on; its update goes into a later version's buffer
+            assert self.in_flight is not None
+            self.in_flight.close(round_, spec, fed.global_state, sorted(c.selected - c.updates.keys() - c.offline))
+            self._last_stale = list(c.stale)
+        elif c.enough is not None and len(c.updates) >= c.enough:  # closed at its cohort goal: the others' updates may follow
             self._not_needed = (round_, stage, frozenset(c.selected - c.updates.keys()))
         self._collect = None
         self._open = None
@@ -741,7 +808,7 @@ class MqttGrid:
             if n > 1:
                 log.warning("round %d: %d messages from %s rejected (%s)", round_, n, cid, reason)
         for f in c.failures():
-            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full") else "no_valid_update"
+            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full", "still_training") else "no_valid_update"
             self.state.event(round_, f.client_id, kind, f"stage {stage}")
         return c
 
@@ -756,6 +823,14 @@ class MqttGrid:
         for cid in selected:
             c.rejected[(cid[:64], "blob_store_unavailable")] += 1
         return c
+
+    def _forget_vanished(self, in_flight: fedbuff.InFlight) -> None:
+        """Stop waiting for devices training an earlier version that went offline, stale or were refused."""
+        waiting = in_flight.training()
+        gone = {cid for cid in waiting if not self.presence.fresh(cid) or self.is_refused(cid)
+                or (cid in self.clients and self.clients[cid].state == "offline")}  # fmt: skip
+        for cid in in_flight.drop(gone):
+            log.info("no longer waiting for %s's update of an earlier version: it went offline", cid)
 
     def _drop_refused(self, c: Exchange) -> None:
         """Take out of exchange ``c`` the updates of devices revoked while it was open (counted as rejected ``revoked``)."""

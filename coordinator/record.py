@@ -173,6 +173,9 @@ class Participation:
     duplicates : int
         Re-sent copies of updates already counted (same client, round, stage and sha256):
         harmless, and not in ``rejected``.
+    stale : dict client id -> int
+        Buffered rounds (FedBuff): the updates among ``updates`` trained from an earlier version,
+        with their staleness tau (rounds back); the key is written only when not empty.
     """
 
     selected: int = 0
@@ -182,6 +185,7 @@ class Participation:
     failures: Mapping[str, str] = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
     duplicates: int = 0
+    stale: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -379,7 +383,7 @@ _OLD_KEYS = ("round", "selected", "updates", "rejected", "missing", "arch_versio
              "bytes_up", "bytes_down", "growth", "feddwa_weights", "personalisation", "personalisation_clients",
              "received_union", "global", "generalisation", "generalisation_clients", "seconds")  # fmt: skip
 RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "start", "start_clients", "guard", "attempts",
-               "duplicates")
+               "duplicates", "stale")
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
 
 
@@ -519,6 +523,8 @@ class RoundRecord:
             out["attempts"] = self.attempts
         if p.duplicates:
             out["duplicates"] = p.duplicates
+        if p.stale:
+            out["stale"] = dict(p.stale)
         return out
 
     @classmethod
@@ -554,6 +560,7 @@ class RoundRecord:
             failures=dict(failures),
             rejections=tuple(rejections),
             duplicates=_int(d, "duplicates", what, 0),
+            stale={str(c): _int(d["stale"], c, f"{what}: 'stale'") for c in _obj(d.get("stale", {}), f"{what}: 'stale'")},
         )
         arch = Architecture(
             version=_int(d, "arch_version", what, 0),

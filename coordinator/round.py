@@ -26,6 +26,7 @@ import numpy as np
 
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
+from coordinator.fedbuff import Stale
 from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
@@ -107,6 +108,15 @@ class Exchange:
     reference : callable client id -> state, optional
         The model published to each client for this exchange (see :func:`published_models`):
         what int8_delta updates are deltas against.
+    stale : list of coordinator.fedbuff.Stale
+        Buffered rounds: valid updates of devices that trained an earlier version (FedBuff), in
+        the order they arrived; they count towards ``enough``.
+    buffered : bool
+        Whether this is a buffered round's exchange (the selected devices that did not answer
+        at its close train on: reason ``still_training``).
+    awaiting : int
+        Buffered rounds: devices still training an earlier version; while any is, an exchange
+        whose selected devices all answered waits on (for ``enough`` or the deadline).
     enough : int, optional
         A cohort goal (:class:`coordinator.cohort.Steering`): the exchange is complete once this
         many valid updates arrived (updates already received when it closes are counted too), and
@@ -128,6 +138,9 @@ class Exchange:
     bytes_down: int = 0
     reference: Callable[[str], Mapping[str, Any]] | None = None
     enough: int | None = None
+    stale: list[Stale] = field(default_factory=list)
+    buffered: bool = False
+    awaiting: int = 0
 
     def add(self, update: ClientUpdate) -> bool:
         """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
@@ -144,10 +157,17 @@ class Exchange:
         same whatever the number selected (updates come only from selected clients: :func:`coordinator.updates.validate_update`
         refuses the others).
         """
-        if self.enough is not None and len(self.updates) >= self.enough:
+        if self.enough is not None and self.n_buffered >= self.enough:
             return True
         gone = sum(1 for c in self.offline if c in self.selected and c not in self.updates)
-        return len(self.updates) + gone >= len(self.selected)
+        return len(self.updates) + gone >= len(self.selected) and self.awaiting == 0
+
+    @property
+    def n_buffered(self) -> int:
+        """Clients with a valid update here: fresh ones, and those with only a stale one (buffered rounds)."""
+        if not self.stale:
+            return len(self.updates)
+        return len(self.updates) + len({s.update.client_id for s in self.stale} - self.updates.keys())
 
     def results(self) -> list[ClientUpdate]:
         """The valid updates, ordered by client id (the aggregation order, fixed for reproducibility)."""
@@ -158,7 +178,8 @@ class Exchange:
         ``cohort_full``: the exchange closed at its goal before they answered)."""
         out = []
         rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
-        late = "cohort_full" if self.enough is not None and len(self.updates) >= self.enough else "missed_deadline"
+        full = self.enough is not None and self.n_buffered >= self.enough
+        late = ("still_training" if self.buffered else "cohort_full") if full else "missed_deadline"
         for cid in sorted(self.selected - set(self.updates)):
             reason = "offline" if cid in self.offline else rejected_by.get(cid, late)
             out.append(Failure(cid, reason))
@@ -294,10 +315,13 @@ def summary_line(record: RoundRecord) -> str:
     g, p = record.evaluation.global_, record.evaluation.personalisation
     part, traffic = record.participation, record.traffic or Traffic()
     unneeded = sum(1 for why in part.failures.values() if why == "cohort_full")  # the round closed at its cohort goal first
+    training = sum(1 for why in part.failures.values() if why == "still_training")  # buffered: they train on
     return (
-        f"round {record.round}: {part.selected} selected, {part.updates} updates, "
-        f"{part.rejected} rejected, {len(part.missing) - unneeded} missed the deadline"
+        f"round {record.round}: {part.selected} selected, {part.updates} updates"
+        + (f" ({len(part.stale)} from earlier versions)" if part.stale else "")
+        + f", {part.rejected} rejected, {len(part.missing) - unneeded - training} missed the deadline"
         + (f", {unneeded} not needed (cohort goal reached)" if unneeded else "")
+        + (f", {training} still training (buffer full)" if training else "")
         + f", {record.seconds:.1f} s; "
         f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
         f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from coordinator import cohort, feddist, feddist_steps, guard, spill
+from coordinator import cohort, fedbuff, feddist, feddist_steps, guard, spill
 from coordinator.admission import Eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
@@ -120,6 +120,10 @@ class Grid(Protocol):
         """Forget what is known of device ``cid`` (revoked or forgotten): not present, not eligible."""
         ...
 
+    def training(self) -> set[str]:
+        """Buffered rounds: the devices still training an earlier version (:mod:`coordinator.fedbuff`); else empty."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Tally:
@@ -138,7 +142,7 @@ class _Tally:
     @classmethod
     def of(cls, ex: Exchange) -> _Tally:
         by_enc: Counter[str] = Counter()
-        for u in ex.updates.values():
+        for u in [*ex.updates.values(), *(s.update for s in ex.stale)]:
             by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
         return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
 
@@ -580,8 +584,12 @@ class FederationRunner:
             self._failed_quorums = 0
         self._tried_round = round_
         eligible = self.grid.eligibility(self._label_set).eligible
-        selected = select_clients(eligible, round_, self._quorum, self.cfg.fraction, self.cfg.seed, cohort.cohort_cap(self.cfg))
-        if not selected:
+        training = self.grid.training() if self.cfg.buffer_size else set()
+        if self.cfg.buffer_size:
+            selected = self._select_free(eligible, training, round_)
+        else:
+            selected = select_clients(eligible, round_, self._quorum, self.cfg.fraction, self.cfg.seed, cohort.cohort_cap(self.cfg))
+        if not selected and not training:
             log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self._quorum)
             self.state.event(round_, None, "round_skipped", "not enough clients")
             self.last_failure = f"fewer than {self._quorum} eligible devices at its start"
@@ -594,6 +602,12 @@ class FederationRunner:
         spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
         results, failures = ex.results(), ex.failures()
+        fresh, trained = results, results  # trained: the models as the clients sent them (evaluation)
+        taus: dict[str, int] = {}
+        if ex.stale:  # FedBuff: the buffer's stale updates, weighted and rebased onto the version sent now
+            results, taus = fedbuff.fold(ex.stale, fresh, round_, spec0, received)
+            taken = {s.update.client_id: s.update for s in ex.stale if s.update.client_id in taus}
+            trained = sorted([*fresh, *taken.values()], key=lambda u: u.client_id)
         bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
         oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
         if oversized:
@@ -626,7 +640,7 @@ class FederationRunner:
                 up_by_encoding.update(gx.up_by_encoding)
                 rejections.update(gx.rejected)
                 duplicates += gx.duplicates
-        guard_note = self._judge(round_, spec0, received, results) if self.cfg.guard else None
+        guard_note = self._judge(round_, spec0, received, fresh) if self.cfg.guard else None  # start measures of spec0's version
 
         record = RoundRecord(
             round=round_,
@@ -638,6 +652,7 @@ class FederationRunner:
                 failures={f.client_id: f.reason for f in failures},
                 rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
                 duplicates=duplicates,
+                stale=taus,
             ),
             arch=Architecture(fed.spec.version, fed.spec.conv_filters, fed.spec.dense_units),
             traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
@@ -646,7 +661,7 @@ class FederationRunner:
             feddwa_weights=FedDwaWeights(
                 tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
             ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, fed, spec0, results, self.evaluator, self.cfg),
+            evaluation=evaluate_round(round_, fed, spec0, trained, self.evaluator, self.cfg),
         )  # fmt: skip
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note,
                          attempts=1 + self._failed_quorums)  # fmt: skip
@@ -655,10 +670,20 @@ class FederationRunner:
         self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
                                   strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip
         log.info(summary_line(record))
-        del ex, results, agg
+        del ex, results, fresh, trained, agg
         spill.clear(self.cfg.run_dir / "spill")
         release_free_memory()
         return record
+
+    def _select_free(self, eligible: Sequence[str], training: set[str], round_: int) -> list[str]:
+        """Buffered rounds: the devices round ``round_`` hands the model to: eligible ones not training an earlier
+        version, ``fraction`` of them (seeded draw, :func:`coordinator.round.select_clients`), at most
+        ``concurrency`` minus those training (FedBuff's bound on concurrent clients). May be empty while some train."""
+        free = sorted(set(eligible) - training)
+        room = self.cfg.concurrency - len(training) if self.cfg.concurrency else len(free)
+        if room <= 0 or not free:
+            return []
+        return select_clients(free, round_, 1, self.cfg.fraction, self.cfg.seed, room)
 
     def _clip(self, round_: int, results: list[ClientUpdate], received: Mapping[str, Any],
               oversized: Mapping[str, tuple[float, str]]) -> list[ClientUpdate]:  # fmt: skip

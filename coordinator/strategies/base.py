@@ -128,12 +128,16 @@ class Strategy:
         True when FedDist's paper mode (copied outgoing weights and intermediate layer-wise
         rounds) applies unchanged: one global model that every client takes whole. False
         (the default) makes ``feddist_mode = "auto"`` pick the function-preserving mode.
+    personalised : bool
+        True when the strategy keeps a model per client (FedDWA, FedPer): its round needs
+        every update together, so it cannot run buffered rounds (:mod:`coordinator.fedbuff`).
     """
 
     name: ClassVar[str] = ""
     settings_type: ClassVar[type | None] = None
     settings_table: ClassVar[str] = ""
     feddist_paper: ClassVar[bool] = False
+    personalised: ClassVar[bool] = False
     registry: ClassVar[dict[str, type[Strategy]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -62,6 +62,7 @@ class FedDWA(FedAvg):
     settings_type = FedDWASettings
     settings_table = "feddwa"
     feddist_paper = False
+    personalised = True
     settings: FedDWASettings
 
     @property

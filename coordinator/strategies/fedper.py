@@ -21,6 +21,7 @@ class FedPer(FedAvg):
 
     name = "fedper"
     feddist_paper = False
+    personalised = True
 
     def configure_fit(self, round_: int, base: TrainingPlan) -> TrainingPlan:
         """``base`` with ``keep_local`` = the dense layers."""

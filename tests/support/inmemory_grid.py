@@ -107,6 +107,9 @@ class InMemoryGrid:
     def forget(self, cid: str) -> None:
         self.devices.pop(cid, None)
 
+    def training(self) -> set[str]:
+        return set()  # devices answer at once: none still trains an earlier version
+
     # ---------------------------------------------------------------- the devices
     def train(self, cid: str, start: Mapping[str, torch.Tensor], round_: int, stage: int, plan: TrainingPlan) -> ClientUpdate:
         """Device ``cid``'s update from model ``start``: every float tensor + step(cid), frozen ones unchanged."""

@@ -1,0 +1,260 @@
+"""Buffered asynchronous rounds (FedBuff, coordinator/fedbuff.py; Nguyen et al., AISTATS 2022, Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from support.inmemory_grid import InMemoryGrid, device_status
+
+from coordinator import fedbuff
+from coordinator.config import CoordinatorConfig
+from coordinator.record import RoundRecord
+from coordinator.round import Exchange, published_models
+from coordinator.runner import FederationRunner
+from coordinator.strategies import Federation
+from coordinator.updates import ClientUpdate
+from har_models.nn.model import ArchSpec, init_state
+from har_models.wire.messages import TrainingPlan
+
+SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> CoordinatorConfig:
+    base: dict[str, Any] = dict(run_dir=tmp_path / "run", rounds=3, min_clients=2, conv_filters=4, dense_units=8,
+                                aggregation="fedavg", guard=False)  # fmt: skip
+    base.update(kw)
+    return CoordinatorConfig(**base)
+
+
+def _update(cid: str, state: Mapping[str, torch.Tensor], round_: int = 0, n_train: int = 10) -> ClientUpdate:
+    return ClientUpdate(cid, round_, 0, n_train, 5, dict(state), None, size=100)
+
+
+# ---------------------------------------------------------------- the arithmetic, by hand
+def test_the_staleness_weight_is_one_over_the_root_of_one_plus_tau() -> None:
+    assert [fedbuff.staleness_weight(t) for t in (0, 1, 3, 8)] == [1.0, 1 / math.sqrt(2), 0.5, 1 / 3]
+    with pytest.raises(ValueError, match="staleness"):
+        fedbuff.staleness_weight(-1)
+
+
+def test_a_stale_update_is_its_weighted_change_rebased_onto_the_current_model() -> None:
+    old = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    now = {"w": torch.tensor([3.0, 3.0]), "b": torch.tensor([1.0])}
+    y = {"w": torch.tensor([2.0, 0.0]), "b": torch.tensor([4.0])}  # change from old: (+1, -2), (+4)
+    out = fedbuff.rebase(_update("a", y), old, now, tau=3)  # s(3) = 1/2
+    assert torch.equal(out.state["w"], torch.tensor([3.5, 2.0])) and torch.equal(out.state["b"], torch.tensor([3.0]))
+    assert out.n_train == 10 and out.client_id == "a"
+    fresh = fedbuff.rebase(_update("a", y), now, now, tau=0)  # tau 0 from the current model: the update itself
+    assert all(torch.equal(fresh.state[k], y[k]) for k in y)
+    with pytest.raises(ValueError, match="shape"):
+        fedbuff.rebase(_update("a", {"w": torch.zeros(3), "b": torch.zeros(1)}), old, now, tau=1)
+    with pytest.raises(ValueError, match="other tensors"):
+        fedbuff.rebase(_update("a", {"w": torch.zeros(2)}), old, now, tau=1)
+
+
+def test_fold_keeps_fresh_updates_first_per_client_and_orders_the_buffer_by_client_id() -> None:
+    x = {"w": torch.zeros(2)}
+    v2 = fedbuff.Version(2, SPEC, {"w": torch.ones(2)}, set())
+    stale = [fedbuff.Stale(_update("c", {"w": torch.full((2,), 5.0)}, 2), v2),
+             fedbuff.Stale(_update("a", {"w": torch.full((2,), 9.0)}, 2), v2)]  # fmt: skip
+    fresh = [_update("b", {"w": torch.full((2,), 7.0)}, 4), _update("a", {"w": torch.full((2,), 3.0)}, 4)]
+    out, taus = fedbuff.fold(stale, fresh, 4, SPEC, x)
+    assert [u.client_id for u in out] == ["a", "b", "c"]
+    assert torch.equal(out[0].state["w"], torch.full((2,), 3.0))  # a's fresh update, as sent
+    assert taus == {"c": 2}  # "a" sent a fresh update too: its stale one is left out
+    c = next(u for u in out if u.client_id == "c")
+    assert torch.allclose(c.state["w"], torch.full((2,), 4.0 / math.sqrt(3)))  # 0 + s(2) x (5 - 1)
+    grown = fedbuff.Version(1, ArchSpec(n_classes=6, conv_filters=4, dense_units=8, version=1), {"w": torch.ones(2)}, set())
+    out, taus = fedbuff.fold([fedbuff.Stale(_update("d", {"w": torch.ones(2)}, 1), grown)], [], 4, SPEC, x)
+    assert out == [] and taus == {}  # trained on another architecture: not folded
+
+
+def test_in_flight_forgets_a_device_once_its_update_arrived_it_vanished_or_its_version_is_too_old() -> None:
+    f = fedbuff.InFlight(max_staleness=2)
+    f.close(0, SPEC, {}, ["a", "b"])
+    f.close(1, SPEC, {}, ["c"])
+    assert f.training() == {"a", "b", "c"} and len(f) == 3
+    assert f.version_of("a", 0) is not None and f.version_of("a", 1) is None and f.version_of("z", 0) is None
+    f.arrived("a", 0)
+    assert f.training() == {"b", "c"}
+    assert f.drop({"c", "zz"}) == {"c"} and f.training() == {"b"}
+    assert f.version_of("b", 0) is not None  # round 2 may take version 0's update: tau = 2 = max_staleness
+    f.close(2, SPEC, {}, [])  # round 3 would take it with tau 3, beyond max_staleness 2: b is free again
+    assert f.training() == set() and f.version_of("b", 0) is None
+    with pytest.raises(ValueError, match="max_staleness"):
+        fedbuff.InFlight(0)
+
+
+# ---------------------------------------------------------------- settings
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        (dict(buffer_size=2, aggregation="feddwa"), "personalised"),
+        (dict(buffer_size=2, aggregation="fedper"), "personalised"),
+        (dict(buffer_size=2, growth="feddist"), "cannot grow"),
+        (dict(buffer_size=2, cohort_goal=2), "set one of them"),
+        (dict(buffer_size=1), "at least min_clients"),
+        (dict(buffer_size=3, concurrency=2), "concurrency"),
+        (dict(buffer_size=2, max_staleness=0), "max_staleness"),
+        (dict(buffer_size=-1), "buffer_size >= 0"),
+    ],
+)
+def test_settings_buffered_rounds_cannot_honour_are_refused_by_name(tmp_path: Path, kw: dict[str, Any], what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        _cfg(tmp_path, **kw)
+
+
+def test_buffered_rounds_are_off_by_default_and_run_with_every_single_model_strategy(tmp_path: Path) -> None:
+    assert CoordinatorConfig(run_dir=tmp_path).buffer_size == 0
+    for name in ("fedavg", "fedavgm", "fedexp", "fedadam", "fedprox"):
+        assert _cfg(tmp_path, buffer_size=2, aggregation=name).buffer_size == 2
+
+
+# ---------------------------------------------------------------- the runner, with devices one round late
+class LateGrid(InMemoryGrid):
+    """Buffered rounds in memory, as the coordinator's MQTT grid runs them: devices answer in id order, devices in
+    ``late`` (and any the round closed without) answer in the next exchange, from the model their round sent.
+
+    A round closes at ``close_at`` updates, the stale ones (which arrive first) included; the
+    devices it did not wait for go on training and their updates are FedBuff's stale updates of
+    the version they trained.
+    """
+
+    def __init__(self, devices: Mapping[str, Any], late: set[str]):
+        super().__init__(devices)
+        self.late = late
+        self.in_flight = fedbuff.InFlight(4)
+        self._next: list[fedbuff.Stale] = []
+
+    def training(self) -> set[str]:
+        return self.in_flight.training()
+
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+        self.log.append(("exchange", round_, stage, tuple(selected)))
+        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed),
+                      enough=self.steering.close_at, buffered=True)  # fmt: skip
+        ex.stale, self._next = self._next, []
+        ex.bytes_up += sum(s.update.size for s in ex.stale)
+        for s in ex.stale:
+            self.in_flight.arrived(s.update.client_id, s.version.round)
+        for cid in selected:
+            if cid not in self.late and not ex.complete():
+                ex.add(self.train(cid, fed.global_state, round_, stage, plan))
+        waiting = [c for c in selected if c not in ex.updates]
+        self.in_flight.close(round_, fed.spec, fed.global_state, waiting)
+        for cid in waiting:
+            v = self.in_flight.version_of(cid, round_)
+            assert v is not None
+            self._next.append(fedbuff.Stale(self.train(cid, fed.global_state, round_, stage, plan), v))
+        return ex
+
+
+def test_a_buffered_round_folds_a_late_device_with_its_staleness_weight_and_does_not_select_it_while_it_trains(
+    tmp_path: Path,
+) -> None:
+    devices = {c: device_status(c, 10) for c in ("a", "b", "c")}  # steps 0.01, 0.02, 0.03 on every float tensor
+    grid = LateGrid(devices, late={"c"})
+    runner = FederationRunner(_cfg(tmp_path, buffer_size=2), grid)
+    runner.start(resume=False)
+    runner.ensure_federation()
+    w = "conv.weight"
+    g0 = runner.model()[1][w].clone()
+    r0 = runner.run_round(0)
+    assert r0 is not None and r0.participation.stale == {}  # a and b, fresh
+    assert r0.participation.failures == {"c": "still_training"}
+    g1 = runner.model()[1][w].clone()
+    assert torch.allclose(g1, g0 + 0.015, atol=1e-6)  # FedAvg of +0.01 and +0.02, equal n
+    r1 = runner.run_round(1)
+    exchanges = [e[3] for e in grid.log if e[0] == "exchange"]
+    assert exchanges[1] == ("a", "b")  # c was still training: not selected
+    # c's update (+0.03 from g0) arrived first and a's filled the buffer of K = 2; b trains on
+    assert r1 is not None and r1.participation.stale == {"c": 1} and r1.participation.failures == {"b": "still_training"}
+    g2 = runner.model()[1][w].clone()
+    assert torch.allclose(g2, g1 + (0.01 + 0.03 / math.sqrt(2)) / 2, atol=1e-6)  # s(1) = 1/sqrt(2)
+    assert RoundRecord.from_json(r1.to_json()).participation.stale == {"c": 1}  # the record keeps it
+    r2 = runner.run_round(2)
+    assert r2 is not None and r2.participation.stale == {"b": 1}
+    assert [e[3] for e in grid.log if e[0] == "exchange"][2] == ("a", "c")  # c is free again; b was training
+
+
+def test_a_synchronous_record_has_no_stale_key(tmp_path: Path) -> None:
+    grid = InMemoryGrid({c: device_status(c, 10) for c in ("a", "b")})
+    runner = FederationRunner(_cfg(tmp_path), grid)
+    runner.start(resume=False)
+    rec = runner.run_round(0)
+    assert rec is not None and "stale" not in rec.to_json() and rec.participation.stale == {}
+
+
+# ---------------------------------------------------------------- the MQTT grid's intake
+def _grid_and_sender(tmp_path: Path, **kw: Any) -> tuple[Any, Callable[[str, int], None]]:
+    from coordinator.service import Coordinator
+    from har_io.broker_config import BrokerConfig
+    from har_models.wire import codec
+    from har_models.wire.chunking import split_payload
+
+    cfg = _cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1", update_encoding="float32", **kw)
+    grid = Coordinator(cfg, progress=False).grid
+
+    def send(cid: str, round_: int) -> None:
+        state = {k: (v + 0.5).numpy() for k, v in init_state(SPEC, 1).items()}
+        meta = {"run_id": "r1", "stage": 0, "n_train": 40, "n_test": 10}
+        for chunk in split_payload(codec.encode(state, kind="update", round=round_, arch_version=SPEC.version, client_id=cid,
+                                                meta=meta), 1 << 20):  # fmt: skip
+            grid._on_update_chunk(cid, chunk)
+
+    return grid, send
+
+
+def test_the_mqtt_grid_takes_the_update_of_a_device_still_training_an_earlier_version_into_the_buffer(tmp_path: Path) -> None:
+    grid, send = _grid_and_sender(tmp_path, buffer_size=2, max_staleness=2)
+    x0 = init_state(SPEC, 1)
+    grid.in_flight.close(0, SPEC, x0, ["old"])  # round 0 closed while "old" still trained; 4 back from round 4
+    grid.in_flight.close(3, SPEC, x0, ["late"])  # round 3 closed while "late" still trained its model x0
+    assert grid.training() == {"late"}
+    send("late", 3)  # between exchanges: kept for the next one
+    assert len(grid._stale) == 1 and grid.training() == set()
+    ex = grid._collect = Exchange(4, 0, SPEC, frozenset({"a", "b"}), False, enough=2, buffered=True)
+    ex.stale.extend(grid._stale)
+    grid.receipts.open(4, 0)
+    send("other", 3)  # a round-3 update of a device round 3 did not leave training: refused as before
+    send("old", 0)  # beyond max_staleness 2: refused, as without buffered rounds
+    send("late", 3)  # the same update again: a copy, not a second entry in the buffer
+    assert ex.rejected == {("other", "not_selected"): 1, ("old", "not_selected"): 1} and ex.duplicates == {"late": 1} and len(ex.stale) == 1
+    assert not ex.complete()
+    send("a", 4)
+    assert ex.complete() and len(ex.updates) == 1  # one fresh, one stale: K = 2
+    s = ex.stale[0]
+    assert s.update.client_id == "late" and s.version.round == 3
+    assert all(torch.allclose(s.update.state[k], x0[k] + 0.5) for k in x0)  # as sent, decoded against its version
+
+
+def test_an_exchange_that_every_selected_device_answered_waits_while_earlier_versions_are_still_training() -> None:
+    ex = Exchange(5, 0, SPEC, frozenset({"a"}), False, enough=3, buffered=True, awaiting=1)
+    ex.add(_update("a", {}, 5))
+    assert not ex.complete()  # one device still trains version 4: its update may fill the buffer
+    ex.awaiting = 0
+    assert ex.complete()  # nobody else can answer: close with what is there (the quorum decides)
+
+
+# ---------------------------------------------------------------- real clients over MQTT
+@pytest.mark.slow
+def test_a_simulated_federation_in_buffered_rounds_folds_the_updates_of_clients_still_training(
+    small_simulation: Callable[..., dict[str, Any]],
+) -> None:
+    # 3 clients in one worker train one at a time: each round closes at K = 2, the third client trains on and its
+    # update lands in the next round's buffer as a stale one; nothing is rejected, and every round changes the model
+    doc = small_simulation("--rounds", "4", "--buffer-size", "2", clients=3)
+    rounds = doc["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    assert all(r["updates"] >= 2 and r["rejected"] == 0 for r in rounds)
+    stale = [r.get("stale", {}) for r in rounds]
+    assert stale[0] == {} and any(stale[1:]), stale
+    assert all(1 <= tau <= 4 for s in stale for tau in s.values())
+    assert all(set(r.get("failures", {}).values()) <= {"still_training"} for r in rounds)
+    assert doc["config"]["buffer_size"] == 2
