@@ -260,10 +260,11 @@ def _connections(log: Path) -> int:
         return 0
 
 
-def settings(deadline: float, interval: float, broker_dir: Path) -> str:
-    """server.toml of the soak: the tiny CNN, one local epoch, the compressed schedule, the guard on (serve's default)."""
+def settings(deadline: float, interval: float, broker_dir: Path, buffer_size: int = 0) -> str:
+    """server.toml of the soak: the tiny CNN, one local epoch, the compressed schedule, the guard on (serve's default);
+    ``buffer_size`` > 0: buffered rounds of that K (coordinator/fedbuff.py)."""
     return (f"conv_filters = 4\ndense_units = 8\nlocal_epochs = 1\nround_timeout_s = {deadline}\nstart_timeout_s = {deadline}\n"
-            f"min_clients = 2\nstatus_refresh_s = 2\n"
+            f"min_clients = 2\nstatus_refresh_s = 2\n" + (f"buffer_size = {buffer_size}\n" if buffer_size else "") +
             f'[server]\nname = "soak-home"\nbroker_dir = "{broker_dir}"\npublic_host = "127.0.0.1"\nhttp_port = 0\nkeep_versions = 20\n'
             f"[schedule]\nmin_clients = 2\nmin_round_interval_s = {interval}\n")  # fmt: skip
 
@@ -383,10 +384,13 @@ def figures(soak: Soak, started: float, ended: float) -> dict[str, Any]:
         anchor = max([a, *(t for t in soak.recoveries if a < t < b)])
         waits.append(b - anchor)
         stalls += b - anchor > allowed
-    pers = []
+    pers, updates, stale = [], 0, 0
     for _, _, summary in rows:
-        p = json.loads(summary).get("personalisation") or {}
+        rec = json.loads(summary)
+        p = rec.get("personalisation") or {}
         pers.append(float(p.get("macro_f1", math.nan)))
+        updates += int(rec.get("updates", 0))
+        stale += len(rec.get("stale", {}))
     warm = min(20, len(pers) // 5)
     after = [f for f in pers[warm:] if not math.isnan(f)]
     size = sum(f.stat().st_size for f in soak.data.rglob("*") if f.is_file())
@@ -405,6 +409,9 @@ def figures(soak: Soak, started: float, ended: float) -> dict[str, Any]:
         "rounds_without_quorum": failed,
         "pers_f1_final": round(pers[-1] * scale, 1) if pers else math.nan,
         "pers_f1_worst": round(min(after) * scale, 1) if after else math.nan,
+        "pers_f1_mean": round(sum(after) / len(after) * scale, 1) if after else math.nan,
+        "updates_per_min": round(updates / max(1e-9, (ended - started) / 60), 1),
+        "stale_updates": stale,
         "warmup_rounds": warm,
         "coordinator_peak_rss_mib": round(soak.peak_rss_kib / 1024, 1),
         "data_mib": round(size / 2**20, 1),
@@ -422,7 +429,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     soak.next_subject = rng.randint(1, 30)
     soak.broker = configure(out / "mqtt", FED, ["spare"])
     soak.data.mkdir(exist_ok=True)
-    (soak.data / "server.toml").write_text(settings(args.deadline, args.interval, soak.broker.out))
+    (soak.data / "server.toml").write_text(settings(args.deadline, args.interval, soak.broker.out, args.buffer_size))
     soak.start_broker()
     plan = fixed_plan(args.rounds, [f for f in args.faults.split(",") if f])
     try:
@@ -507,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         default=10,
         help="the oversized device leaves once this many of its updates were counted (default %(default)s)",
     )
+    ap.add_argument("--buffer-size", type=int, default=0,
+                    help="K of buffered rounds (FedBuff, coordinator/fedbuff.py); 0: synchronous rounds (default %(default)s)")
     ap.add_argument("--max-minutes", type=float, default=120.0, help="stop after this long whatever the rounds (default %(default)s)")
     args = ap.parse_args(argv)
     if not 2 <= args.devices_max <= 8 or not 2 <= args.devices_start <= args.devices_max:

@@ -380,6 +380,8 @@ class MqttGrid:
             self._duplicate(cid, notice.sha256)
             return
         c = self._collect
+        if self._stale_notice(cid, notice):
+            return
         if notice.run_id != self.cfg.run_id or c is None or (notice.round, notice.stage) != (c.round, c.stage):
             nn = self._not_needed  # the cohort's close did not wait for this device: its late update is no fault
             late = nn is not None and cid in nn[2] and (notice.round, notice.stage) == nn[:2]
@@ -395,6 +397,26 @@ class MqttGrid:
             self._reject(cid, exc.reason, str(exc))
             return
         self._take_update(cid, fetched.transfer, fetched.data)
+
+    def _stale_notice(self, cid: str, notice: BlobNotice) -> bool:
+        """Buffered rounds over blobs: take the update a notice announces for a version ``cid`` is still training.
+
+        Its slot (of that version's round) is read, checked and taken as a stale update
+        (:meth:`_take_stale`). False if the notice is no such update.
+        """
+        assert self.blobs is not None
+        c = self._collect
+        if (self.in_flight is None or notice.run_id != self.cfg.run_id or notice.stage != 0
+                or self.in_flight.version_of(cid, notice.round) is None
+                or (c is not None and c.round == notice.round and cid in c.selected)):  # fmt: skip
+            return False
+        try:
+            fetched = read_noticed(self.blobs, cid, notice, self.cfg.max_update_bytes)
+        except NoticeRefused as exc:
+            self._reject(cid, exc.reason, str(exc))
+            return True
+        self._take_update(cid, fetched.transfer, fetched.data)  # its slot goes with its round's, max_staleness rounds on
+        return True
 
     def _take_update(self, cid: str, transfer: str, data: bytes) -> None:
         """Count the whole update envelope ``data`` (SHA-256 ``transfer``) of ``cid``, whichever way it came, or reject it."""
@@ -481,6 +503,7 @@ class MqttGrid:
         else:
             self._stale.append(stale)
         self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(transfer)
+        self.receipts.accepted_stale(cid, transfer, r)
         log.debug("update of %s for version %d taken into the buffer", cid, r)
         return True
 
@@ -800,7 +823,11 @@ class MqttGrid:
         self.receipts.close()
         if self.blobs is not None:
             try:
-                self.blobs.drop_uploads(f"uploads/{self.cfg.run_id}/r{round_:04d}-s{stage}/")
+                # Buffered rounds: the devices still training this round upload to its slots later; the slots of the
+                # round whose updates can no longer be taken go instead.
+                gone = round_ - self.cfg.max_staleness if c.buffered else round_
+                if gone >= 0:
+                    self.blobs.drop_uploads(f"uploads/{self.cfg.run_id}/r{gone:04d}-s{stage}/")
             except BlobError as exc:
                 log.warning("round %d: the exchange's upload slots were not removed from the blob store (%s)", round_, exc)
         for (cid, reason), n in sorted(c.rejected.items()):

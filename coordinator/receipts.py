@@ -114,6 +114,17 @@ class ReceiptDesk:
             n += 1
         return n
 
+    def accepted_stale(self, cid: str, transfer: str, round_: int) -> None:
+        """Buffered rounds: the update ``transfer`` of ``cid`` for the earlier round ``round_`` is taken into a buffer.
+
+        The receipt names that round (stage 0), whatever exchange is open, so the device's record
+        of what it sent notes it as confirmed (:mod:`edge_client.sent_log`).
+        """
+        if not self.link.connected.is_set():
+            return
+        self.link.publish_nowait(self.topics.client_receipt(cid), Receipt(self.run_id, round_, 0, transfer, "accepted").to_bytes())
+        self.sent += 1
+
     def _send(self, cid: str, transfer: str, state: str, missing: tuple[int, ...] = (), count: int = 0) -> None:
         if self.exchange is None or not self.link.connected.is_set():
             return

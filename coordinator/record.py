@@ -13,7 +13,7 @@ Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the on
      ["personalisation", "personalisation_clients"], "received_union", ["global"],
      ["generalisation", "generalisation_clients"], "seconds",
      ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"],
-     ["guard"], ["attempts"], ["duplicates"]}
+     ["guard"], ["attempts"], ["duplicates"], ["stale"]}
 
 Bracketed keys appear only when they hold something; "failures", "rejections" and
 "bytes_up_by_encoding" are written only when they say more than the keys before them (a
@@ -23,7 +23,8 @@ local training, on its client's test split) came later: records without it still
 "guard" (the quality guard's decision, only where the guard is on) and "attempts" (only when a
 failed quorum made the round run more than once) came later still.
 "duplicates" (re-sent copies of updates already counted, e.g. from a restarted device: not
-rejections) is written only when there were some.
+rejections) is written only when there were some, as is "stale" (buffered rounds: the
+updates trained from an earlier version, client id -> staleness tau in rounds).
 ``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
 ``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
 reads the rows of other writers (``fedhar-baseline``, which has no traffic or
@@ -167,7 +168,7 @@ class Participation:
     missing : tuple of str
         Selected clients without a valid update, sorted.
     failures : dict client id -> reason
-        Why each missing client has none (``offline``, ``missed_deadline``, ``cohort_full`` or a rejection reason).
+        Why each missing client has none (``offline``, ``missed_deadline``, ``cohort_full``, ``still_training`` or a rejection reason).
     rejections : tuple of Rejection
         The rejected messages by client and reason, sorted.
     duplicates : int

@@ -73,7 +73,8 @@ class Failure:
     Attributes
     ----------
     client_id : str
-    reason : {"missed_deadline", "offline", "cannot_train", "cohort_full"} or a rejection reason of :func:`validate_update`
+    reason : {"missed_deadline", "offline", "cannot_train", "cohort_full", "still_training"} or a rejection reason of
+        :func:`validate_update`
     """
 
     client_id: str

@@ -677,9 +677,15 @@ class EdgeAgent:
         return ann.transport == "blobs" and g is not None and g.attempt == ann.attempt
 
     def _transport_of(self, key: tuple[str, int, int]) -> str:
-        """How exchange ``key`` was announced ("blobs" or "mqtt"; an exchange no longer announced: "mqtt")."""
+        """How exchange ``key`` was announced ("blobs" or "mqtt").
+
+        An exchange no longer announced (a buffered round closed while this client trained it) is
+        "blobs" while this client holds its upload grant (only the blob transport grants), else "mqtt".
+        """
         a = self.announcement
-        return a.transport if a is not None and (a.run_id, a.round, a.stage) == key else "mqtt"
+        if a is not None and (a.run_id, a.round, a.stage) == key:
+            return a.transport
+        return "blobs" if self._grant_of(key) is not None else "mqtt"
 
     def _grant_of(self, key: tuple[str, int, int]) -> BlobGrant | None:
         """This client's upload grant for exchange ``key``, if it arrived."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from coordinator.runner import FederationRunner
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
-from har_models.wire.messages import TrainingPlan
+from har_models.wire.messages import Receipt, TrainingPlan
 
 SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 
@@ -217,8 +220,20 @@ def test_the_mqtt_grid_takes_the_update_of_a_device_still_training_an_earlier_ve
     grid.in_flight.close(0, SPEC, x0, ["old"])  # round 0 closed while "old" still trained; 4 back from round 4
     grid.in_flight.close(3, SPEC, x0, ["late"])  # round 3 closed while "late" still trained its model x0
     assert grid.training() == {"late"}
+    sent: list[tuple[str, bytes]] = []
+
+    class Link:  # the receipts' link, connected: what they publish is kept
+        connected = threading.Event()
+
+        def publish_nowait(self, topic: str, payload: bytes, retain: bool = False) -> None:
+            sent.append((topic, payload))
+
+    Link.connected.set()
+    grid.receipts.link = Link()
     send("late", 3)  # between exchanges: kept for the next one
     assert len(grid._stale) == 1 and grid.training() == set()
+    receipt = Receipt.from_bytes(sent[-1][1])  # confirmed to the device, naming its own round
+    assert sent[-1][0] == grid.topics.client_receipt("late") and (receipt.round, receipt.stage, receipt.state) == (3, 0, "accepted")
     ex = grid._collect = Exchange(4, 0, SPEC, frozenset({"a", "b"}), False, enough=2, buffered=True)
     ex.stale.extend(grid._stale)
     grid.receipts.open(4, 0)
@@ -244,12 +259,14 @@ def test_an_exchange_that_every_selected_device_answered_waits_while_earlier_ver
 
 # ---------------------------------------------------------------- real clients over MQTT
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["mqtt", "blobs"])
 def test_a_simulated_federation_in_buffered_rounds_folds_the_updates_of_clients_still_training(
-    small_simulation: Callable[..., dict[str, Any]],
+    small_simulation: Callable[..., dict[str, Any]], transport: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # 3 clients in one worker train one at a time: each round closes at K = 2, the third client trains on and its
-    # update lands in the next round's buffer as a stale one; nothing is rejected, and every round changes the model
-    doc = small_simulation("--rounds", "4", "--buffer-size", "2", clients=3)
+    caplog.set_level(logging.INFO, logger="fedhar.coordinator")
+    # 4 clients in one worker train one at a time: each round closes at K = 2, the clients it did not wait for train
+    # on and their updates land in a later round's buffer as stale ones; nothing is rejected, every round counts
+    doc = small_simulation("--rounds", "4", "--buffer-size", "2", "--transport", transport, "--workers", "1", clients=4)
     rounds = doc["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     assert all(r["updates"] >= 2 and r["rejected"] == 0 for r in rounds)
@@ -258,3 +275,31 @@ def test_a_simulated_federation_in_buffered_rounds_folds_the_updates_of_clients_
     assert all(1 <= tau <= 4 for s in stale for tau in s.values())
     assert all(set(r.get("failures", {}).values()) <= {"still_training"} for r in rounds)
     assert doc["config"]["buffer_size"] == 2
+    if transport == "blobs":  # every counted update, stale ones too, came through the store, and at most one per
+        # selection (a client still training the last round may upload before the run ends; a stale update is left
+        # out of a buffer that holds a fresh one of the same client)
+        taken = re.search(r"(\d+) upload\(s\) taken", caplog.text)
+        assert taken is not None, caplog.text[-2000:]
+        assert sum(r["updates"] for r in rounds) <= int(taken[1]) <= sum(r["selected"] for r in rounds)
+
+
+def test_a_client_uploads_to_its_blob_grant_after_a_buffered_round_closed_without_it(tmp_path: Path) -> None:
+    # The device trained round 3 over blobs; round 4 was announced (without it) before its update left: the update
+    # still goes to round 3's slot, not in chunks over the broker; an exchange it holds no grant for stays MQTT.
+    from edge_client.agent import ClientConfig, EdgeAgent
+    from edge_client.store import ClientStore
+    from har_io.broker_config import BrokerConfig
+    from har_models.data.labels import HAPT_LABELS
+    from har_models.wire.blob_messages import BlobGrant, UploadGrant
+    from har_models.wire.messages import RoundAnnouncement
+    from har_models.wire.topics import Topics
+
+    agent = EdgeAgent(ClientConfig("a", BrokerConfig(port=9), backend="numpy"), ClientStore(tmp_path / "a", HAPT_LABELS))
+    spec = SPEC.to_dict()
+    agent._handle(Topics().round, RoundAnnouncement("r", 3, "training", spec, "hapt6", transport="blobs").to_bytes())
+    grant = BlobGrant("r", 3, 0, "att", UploadGrant("http://127.0.0.1:9/u", 1_800_000_000.0, 4096))
+    agent._handle(Topics().client_grant("a"), grant.to_bytes())
+    assert agent._transport_of(("r", 3, 0)) == "blobs"
+    agent._handle(Topics().round, RoundAnnouncement("r", 4, "training", spec, "hapt6", transport="blobs").to_bytes())
+    assert agent._transport_of(("r", 3, 0)) == "blobs"  # its grant is still the one of round 3
+    assert agent._transport_of(("r", 2, 0)) == "mqtt"
