@@ -51,3 +51,22 @@ def test_a_short_soak_has_no_stall_and_the_guard_bounds_the_oversized_update(tmp
     assert math.isfinite(float(got["pers_f1_final"])) and 0 <= float(got["pers_f1_final"]) <= 100
     assert float(got["longest_gap_s"]) <= float(got["stall_limit_s"]) + float(got["deadline_s"]), got
     assert float(got["coordinator_peak_rss_mib"]) > 0 and float(got["data_mib"]) > 0
+
+
+def test_in_buffered_rounds_a_frozen_device_does_not_hold_a_round_until_its_deadline(tmp_path: Path) -> None:
+    # Synchronous rounds wait for the device frozen mid-round until the deadline (15 s: longest_gap_s=15.2 in a run
+    # with the same options but --buffer-size); a buffered round closes at its K = 2 other updates and goes on.
+    if find_mosquitto() is None:
+        pytest.skip("mosquitto not installed (apt-get install mosquitto)")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "soak_serve.py"), "--rounds", "10", "--seed", "3", "--faults", "freeze",
+           "--churn-every", "0", "--deadline", "15", "--devices-start", "3", "--max-minutes", "4", "--buffer-size", "2",
+           "--out", str(tmp_path / "soak")]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=360)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout.strip().splitlines()
+    got = figures(out[-1])
+    assert "frozen (SIGSTOP)" in "\n".join(out[:-1])
+    assert "buffer_size = 2" in (tmp_path / "soak" / "data" / "server.toml").read_text()
+    assert int(got["rounds_completed"]) >= 10 and int(got["stalls"]) == 0, got
+    assert float(got["longest_gap_s"]) < float(got["deadline_s"]) / 2, got
+    assert int(got["rounds_without_quorum"]) == 0, got
