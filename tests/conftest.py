@@ -13,7 +13,10 @@ Mosquitto, the app's and the Ray tests carry theirs in ``pytestmark``.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,13 @@ import pytest
 from support.small_federation import run_simulation
 
 from simulation.broker import LocalMosquitto, find_mosquitto
+
+# Kivy makes its home folder (~/.kivy) and its config on first import without allowing for another process doing
+# the same: on a fresh machine, pytest-xdist workers collecting the app's tests at once raced (FileExistsError on
+# ~/.kivy). Each test process gets a home of its own, removed at its exit, unless the caller chose one.
+if "KIVY_HOME" not in os.environ:
+    os.environ["KIVY_HOME"] = tempfile.mkdtemp(prefix="fedhar-tests-kivy-")
+    atexit.register(shutil.rmtree, os.environ["KIVY_HOME"], True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
