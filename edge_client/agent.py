@@ -40,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edge_client.backends.base import BACKEND_NAMES, BackendOptions
 from edge_client.blob_upload import TransportLink
@@ -241,7 +242,7 @@ class EdgeAgent:
         self._done: set[tuple[str, int, int]] = set()
         self._sent_attempt: dict[tuple[str, int, int], str] = {}
         self._trained_on: dict[tuple[str, int, int], str] = {}
-        last = store.load_last_update()
+        last = self._own_last_update()
         if last is not None:
             self._done.add((last[0]["run_id"], last[0]["round"], last[0]["stage"]))
         self._link = MqttLink(
@@ -608,7 +609,7 @@ class EdgeAgent:
             del self._trained_on[key]
         if key in self._done:
             if self._sent_attempt.get(key) != ann.attempt and self._link.connected.is_set():
-                last = self.store.load_last_update()
+                last = self._own_last_update()
                 if last is not None and (last[0]["run_id"], last[0]["round"], last[0]["stage"]) == key:
                     log.info("[%s] round %d: sending the stored update for coordinator attempt %s", cid, ann.round, ann.attempt)
                     self.delivery.start(key, last[1], ann.deadline_unix)
@@ -735,8 +736,29 @@ class EdgeAgent:
     # -- end-to-end delivery (edge_client.delivery) ---------------------------------------------------
     def _stored_update(self) -> tuple[tuple[str, int, int], bytes] | None:
         """The update in the store as (run id, round, stage) and its bytes, or None."""
-        last = self.store.load_last_update()
+        last = self._own_last_update()
         return None if last is None else ((last[0]["run_id"], last[0]["round"], last[0]["stage"]), last[1])
+
+    def _own_last_update(self) -> tuple[dict[str, Any], bytes] | None:
+        """The store's last update, if it was made by this client id; None if there is none or another id made it.
+
+        A state folder kept across a change of client id (a device renamed or re-enrolled under a
+        new name) holds an update whose envelope names the old id: the coordinator refuses it
+        (``client_mismatch``), so sending it again to every new attempt would leave the round
+        without this device. It is not sent; the device trains the round again.
+        """
+        last = self.store.load_last_update()
+        if last is None:
+            return None
+        try:
+            made_by = codec.peek_header(last[1]).get("client_id")
+        except codec.EnvelopeError:
+            made_by = None
+        if made_by != self.cfg.client_id:
+            log.warning("[%s] the stored update of round %s was made by %r, not this client id: not sent again; "
+                        "the round is trained again", self.cfg.client_id, last[0].get("round"), made_by)  # fmt: skip
+            return None
+        return last
 
     def _open_key(self) -> tuple[str, int, int] | None:
         """The exchange whose round is open for training now, or None."""

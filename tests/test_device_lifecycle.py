@@ -243,3 +243,25 @@ def test_a_renamed_device_keeps_one_history_and_the_page_says_renamed(tmp_path: 
     # the waiting line names the devices that could take part and cannot: never a revoked (or forgotten) one
     assert _not_eligible({"dev-a": "revoked", "pi": "offline"}) == "; not eligible: pi (offline)"
     assert _not_eligible({"dev-a": "revoked"}) == ""
+
+
+def test_a_device_renamed_with_its_state_folder_does_not_send_the_update_its_old_id_made(tmp_path) -> None:
+    # The state folder of 'dev-b' now serves 'kitchen-pi' (renamed); it holds dev-b's update of round 14. The coordinator
+    # refuses an envelope naming another client (client_mismatch), so re-sending it to each new attempt stalled the
+    # round (CI, tests/test_scripted_month.py): the renamed device must train the round again instead.
+    import numpy as np
+
+    from edge_client.agent import ClientConfig, EdgeAgent
+    from edge_client.store import ClientStore
+    from har_io.broker_config import BrokerConfig
+    from har_models.data.labels import HAPT_LABELS
+    from har_models.wire import codec
+
+    store = ClientStore(tmp_path / "state", HAPT_LABELS)
+    env = codec.encode({"w": np.zeros(3, np.float32)}, kind="update", round=14, arch_version=0, client_id="dev-b",
+                       meta={"run_id": "home", "stage": 0})  # fmt: skip
+    store.save_last_update("home", 14, 0, env)
+    old = EdgeAgent(ClientConfig("dev-b", BrokerConfig(port=9), backend="numpy"), store)
+    assert ("home", 14, 0) in old._done and old._stored_update() == (("home", 14, 0), env)  # its own: sent again
+    renamed = EdgeAgent(ClientConfig("kitchen-pi", BrokerConfig(port=9), backend="numpy"), store)
+    assert ("home", 14, 0) not in renamed._done and renamed._stored_update() is None  # trains round 14 again
