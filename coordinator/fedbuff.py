@@ -121,7 +121,7 @@ class InFlight:
 
     def training(self) -> set[str]:
         """Every device still training a kept version."""
-        return set().union(*(v.training for v in self._versions.values())) if self._versions else set()
+        return set().union(*(v.training for v in self._versions.values()))
 
     def version_of(self, cid: str, round_: int) -> Version | None:
         """The kept version ``round_`` if ``cid`` is still training it, else None."""

@@ -405,10 +405,7 @@ class MqttGrid:
         (:meth:`_take_stale`). False if the notice is no such update.
         """
         assert self.blobs is not None
-        c = self._collect
-        if (self.in_flight is None or notice.run_id != self.cfg.run_id or notice.stage != 0
-                or self.in_flight.version_of(cid, notice.round) is None
-                or (c is not None and c.round == notice.round and cid in c.selected)):  # fmt: skip
+        if self._stale_version(cid, notice.run_id, notice.round, notice.stage) is None:
             return False
         try:
             fetched = read_noticed(self.blobs, cid, notice, self.cfg.max_update_bytes)
@@ -478,16 +475,14 @@ class MqttGrid:
         except codec.EnvelopeError:
             return False
         meta = header.get("meta", {})
-        c = self._collect
         r = header.get("round")
-        if header.get("kind") != "update" or meta.get("run_id") != self.cfg.run_id or meta.get("stage", 0) != 0:
+        if header.get("kind") != "update" or not isinstance(r, int):
             return False
-        if not isinstance(r, int) or (c is not None and r == c.round and cid in c.selected):
-            return False  # the open exchange's own update
-        v = self.in_flight.version_of(cid, r)
+        v = self._stale_version(cid, meta.get("run_id"), r, meta.get("stage", 0))
         if v is None:
             return False
         self.in_flight.arrived(cid, r)
+        c = self._collect
         status = self.clients.get(cid)
         try:
             upd = validate_update(data, topic_client=cid, run_id=self.cfg.run_id, round_=r, stage=0, spec=v.spec,
@@ -498,14 +493,26 @@ class MqttGrid:
             return True
         stale = fedbuff.Stale(upd, v)
         if c is not None:
-            c.stale.append(stale)
-            c.bytes_up += upd.size
+            c.add_stale(stale)
         else:
             self._stale.append(stale)
         self._counted.setdefault(cid, deque(maxlen=COUNTED_PER_CLIENT)).append(transfer)
         self.receipts.accepted_stale(cid, transfer, r)
         log.debug("update of %s for version %d taken into the buffer", cid, r)
         return True
+
+    def _stale_version(self, cid: str, run_id: object, round_: int, stage: object) -> fedbuff.Version | None:
+        """Buffered rounds: the version an update of ``cid`` for (``run_id``, ``round_``, ``stage``) is a stale update of.
+
+        None unless the run is this one, the stage 0, and ``cid`` still trains that version; and
+        None for the open exchange's own update (a selected device's of its round).
+        """
+        c = self._collect
+        if self.in_flight is None or run_id != self.cfg.run_id or stage != 0:
+            return None
+        if c is not None and c.round == round_ and cid in c.selected:
+            return None
+        return self.in_flight.version_of(cid, round_)
 
     def training(self) -> set[str]:
         """Buffered rounds: the devices still training an earlier version (not to be selected); empty otherwise."""
@@ -778,8 +785,8 @@ class MqttGrid:
         self._carry_outside(c)
         if self.in_flight is not None and stage == 0:
             c.buffered = True
-            c.stale.extend(self._stale)
-            c.bytes_up += sum(s.update.size for s in self._stale)
+            for s in self._stale:
+                c.add_stale(s)
             self._stale = []
             c.awaiting = len(self.in_flight)
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")

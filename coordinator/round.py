@@ -162,6 +162,11 @@ class Exchange:
         gone = sum(1 for c in self.offline if c in self.selected and c not in self.updates)
         return len(self.updates) + gone >= len(self.selected) and self.awaiting == 0
 
+    def add_stale(self, stale: Stale) -> None:
+        """Take a valid update of a device that trained an earlier version into this buffered exchange (its bytes counted)."""
+        self.stale.append(stale)
+        self.bytes_up += stale.update.size
+
     @property
     def n_buffered(self) -> int:
         """Clients with a valid update here: fresh ones, and those with only a stale one (buffered rounds)."""

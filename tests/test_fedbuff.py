@@ -142,8 +142,9 @@ class LateGrid(InMemoryGrid):
         self.log.append(("exchange", round_, stage, tuple(selected)))
         ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed),
                       enough=self.steering.close_at, buffered=True)  # fmt: skip
-        ex.stale, self._next = self._next, []
-        ex.bytes_up += sum(s.update.size for s in ex.stale)
+        for s in self._next:
+            ex.add_stale(s)
+        self._next = []
         for s in ex.stale:
             self.in_flight.arrived(s.update.client_id, s.version.round)
         for cid in selected:
@@ -235,7 +236,8 @@ def test_the_mqtt_grid_takes_the_update_of_a_device_still_training_an_earlier_ve
     receipt = Receipt.from_bytes(sent[-1][1])  # confirmed to the device, naming its own round
     assert sent[-1][0] == grid.topics.client_receipt("late") and (receipt.round, receipt.stage, receipt.state) == (3, 0, "accepted")
     ex = grid._collect = Exchange(4, 0, SPEC, frozenset({"a", "b"}), False, enough=2, buffered=True)
-    ex.stale.extend(grid._stale)
+    for s in grid._stale:
+        ex.add_stale(s)
     grid.receipts.open(4, 0)
     send("other", 3)  # a round-3 update of a device round 3 did not leave training: refused as before
     send("old", 0)  # beyond max_staleness 2: refused, as without buffered rounds
