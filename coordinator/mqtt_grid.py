@@ -29,12 +29,12 @@ from coordinator.blob_transport import URL_GRACE_S, NoticeRefused, make_grant, o
 from coordinator.client_table import ClientTable
 from coordinator.cohort import NO_STEERING, Steering
 from coordinator.config import CoordinatorConfig
+from coordinator.grid import CoordinatorError
 from coordinator.presence import Presence
 from coordinator.pte_desk import ProgramDesk
 from coordinator.receipts import ReceiptDesk
 from coordinator.record import RoundRecord
 from coordinator.round import Exchange, published_models
-from coordinator.runner import CoordinatorError
 from coordinator.state import RunState
 from coordinator.strategies import Federation
 from coordinator.updates import UpdateRejected, validate_update
@@ -52,7 +52,7 @@ from har_models.wire.messages import (
     RoundProgress,
     TrainingPlan,
 )
-from har_models.wire.topics import Topics
+from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -117,7 +117,7 @@ class MqttGrid:
         self.topics = Topics(cfg.federation)
         self.state = state  # events of exchanges and program requests go to the run's database
         self.clients = ClientTable()  # the last status of each device, with presence (coordinator/client_table.py)
-        self.leaving: dict[str, ClientStatus] = {}  # devices whose newest status says they left from their app (ClientStatus.left)
+        self._leaving: dict[str, ClientStatus] = {}  # devices whose newest status says they left from their app (ClientStatus.left)
         self.reassembler = Reassembler(max_payload_bytes=cfg.max_update_bytes)
         # A fresh id per coordinator process and per re-run of a round that closed without quorum:
         # a client that already answered the round re-sends its stored update for a new attempt.
@@ -328,11 +328,11 @@ class MqttGrid:
         if st is None:  # its retained status was cleared
             return
         if st.left:  # the device left from its app (its own account wrote this status): the server keeps its word
-            if cid not in self.leaving:
+            if cid not in self._leaving:
                 log.warning("device %s left the federation from its app%s", cid, " and asks to be forgotten" if st.left == "forget" else "")
-            self.leaving[cid] = st
+            self._leaving[cid] = st
         else:
-            self.leaving.pop(cid, None)  # back (enrolled again)
+            self._leaving.pop(cid, None)  # back (enrolled again)
         if self._collect is not None and cid in self._collect.selected:
             if st.state == "offline":
                 self._collect.offline.add(cid)
@@ -916,9 +916,32 @@ class MqttGrid:
         self._link.clear_retained([f"{base}/{i}" for base, n in sorted(self._owned_chunks.items()) for i in range(n)]
                                   + [self.topics.client_grant(cid) for cid in sorted(self._granted)])  # fmt: skip
 
-    def connect(self) -> None:
+    def open(self) -> None:
         """Connect to the broker (30 s at most) and start refreshing the coordinator status (:meth:`_connect`)."""
         self._connect()
+
+    def leaving(self) -> Mapping[str, ClientStatus]:
+        """Devices whose newest status says they left from their app (``ClientStatus.left``), by id (a read-only view)."""
+        return MappingProxyType(self._leaving)
+
+    def clear_device(self, cid: str) -> bool:
+        """Delete what the broker retains of device ``cid`` (its status, personalised model chunks and grant) through
+        this grid's own session; True when done, False (logged) when the broker did not take it.
+
+        Raises
+        ------
+        ValueError
+            For an invalid client id (a ``+`` or ``#`` would widen the sweep to other devices).
+        """
+        check_client_id(cid)
+        try:
+            self._link.clear_retained([self.topics.client_status(cid), self.topics.client_grant(cid)], timeout=10.0)
+            models = self._link.sweep_retained([self.topics.client_model(cid, "+")], timeout=10.0)
+        except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+            log.warning("the retained topics of %s were not cleared (%s); they are ignored", cid, exc)
+            return False
+        log.info("cleared the retained status, grant and %d model chunk(s) of %s", len(models), cid)
+        return True
 
     def _connect(self) -> None:
         """Connect to the broker (30 s at most) and start refreshing the coordinator status.

@@ -19,12 +19,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from coordinator import cohort, fedbuff, feddist, feddist_steps, guard, spill
-from coordinator.admission import Eligibility
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
+from coordinator.grid import CoordinatorError, Grid, StateError
 from coordinator.record import (
     Architecture,
     FedDwaWeights,
@@ -46,83 +46,13 @@ from har_io.memory import release_free_memory
 from har_models.data.labels import LABEL_SETS
 from har_models.data.windowing import ChannelStats
 from har_models.nn.model import ArchSpec, init_state
-from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, ClientStatus, TrainingPlan
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
 
 log = logging.getLogger("fedhar.coordinator")
 
 
 OPERATOR_SHRINKS = "operator_step_shrinks"
 """Key in the run's database: the request ids of the operators' rollbacks so far (:meth:`FederationRunner.adopt`)."""
-
-
-class CoordinatorError(RuntimeError):
-    """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
-
-
-class StateError(CoordinatorError):
-    """The run folder cannot be used as asked (another run's folder, damaged state); restarting will not help."""
-
-
-class Grid(Protocol):
-    """What the runner needs of the devices' side: the transport seam (network or in memory).
-
-    The grid knows the devices (their last statuses and presence) and moves models and updates;
-    it decides nothing about rounds.
-    """
-
-    def eligibility(self, label_set: str) -> Eligibility:
-        """Who a round started now could select, and why each other known device could not (the one rule)."""
-        ...
-
-    def statuses(self) -> Mapping[str, ClientStatus]:
-        """The last status of each known device, by id."""
-        ...
-
-    def wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for a message from the devices (a status, a late update) and take it in."""
-        ...
-
-    def gone(self) -> set[str]:
-        """Devices known to have exited for good (a launcher's processes), not to be waited for.
-
-        Raises :class:`CoordinatorError` when none is left.
-        """
-        ...
-
-    def restarted(self) -> Mapping[str, float]:
-        """Devices whose process a launcher restarted after a crash and that are coming back: id -> when (s since the epoch)."""
-        ...
-
-    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
-                 plan: TrainingPlan) -> Exchange:  # fmt: skip
-        """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
-        every selected device answered or went offline, or the deadline; the closed exchange."""
-        ...
-
-    def steer(self, steering: cohort.Steering) -> None:
-        """Apply ``steering`` (close the main exchange at a cohort goal, the pace its announcements carry) to the
-        exchanges that follow, until the next call (:mod:`coordinator.cohort`)."""
-        ...
-
-    def new_attempt(self, round_: int) -> None:
-        """Round ``round_`` is run again after it closed without quorum: every selected device answers the new attempt."""
-        ...
-
-    def close_failed(self, round_: int) -> None:
-        """Show round ``round_`` closed at once (it closed without changing the model)."""
-        ...
-
-    def publish_progress(self, record: RoundRecord) -> None:
-        """Publish the record of the last completed round for observers."""
-        ...
-
-    def forget(self, cid: str) -> None:
-        """Forget what is known of device ``cid`` (revoked or forgotten): not present, not eligible."""
-        ...
-
-    def training(self) -> set[str]:
-        """Buffered rounds: the devices still training an earlier version (:mod:`coordinator.fedbuff`); else empty."""
-        ...
 
 
 @dataclass(frozen=True)

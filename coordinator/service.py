@@ -20,8 +20,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from coordinator.admission import OPEN, Admission
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
+from coordinator.grid import CoordinatorError, StateError
 from coordinator.mqtt_grid import MqttGrid
-from coordinator.runner import CoordinatorError, FederationRunner, StateError, open_state
+from coordinator.runner import FederationRunner, open_state
 from coordinator.state import StateDamaged
 
 __all__ = ["Coordinator", "CoordinatorError", "StateError"]
@@ -90,7 +91,7 @@ class Coordinator:
         t_start = time.monotonic()
         runner = self.runner
         grid = self.grid
-        grid.connect()
+        grid.open()
         try:
             last = runner.start(self.cfg.resume)
             if last < 0:

@@ -302,7 +302,7 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
         grid.link.inbox.put((topics.client_status(cid), statuses[cid], False))
     grid.wait(0.5)
     assert len(grid.eligibility().eligible) == n
-    grid.connect()
+    grid.open()
     try:
         watcher = Watcher(mosquitto, topics.round)
         co.runner.start(resume=False)

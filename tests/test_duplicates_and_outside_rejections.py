@@ -92,7 +92,7 @@ def test_the_record_writes_duplicates_only_when_there_were_some() -> None:
 def test_an_update_for_a_failed_attempt_that_arrives_before_the_next_one_is_no_rejection(tmp_path: Path, mosquitto: int) -> None:
     cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig(port=mosquitto), run_id="r1")
     grid = Coordinator(cfg, progress=False).grid
-    grid.connect()  # close_failed clears the retained announcement at the broker
+    grid.open()  # close_failed clears the retained announcement at the broker
     try:
         _open(grid, 3)
         _close(grid)

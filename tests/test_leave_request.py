@@ -39,9 +39,9 @@ def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never
 
         deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
         deliver("phone-2", ClientStatus("phone-2", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
-        assert grid.clients["phone-1"].selectable and grid.leaving == {}
+        assert grid.clients["phone-1"].selectable and grid.leaving() == {}
         deliver("phone-1", leaving_status("phone-1", forget=True, now_unix=SENT))
-        assert list(grid.leaving) == ["phone-1"] and grid.leaving["phone-1"].left == "forget"
+        assert list(grid.leaving()) == ["phone-1"] and grid.leaving()["phone-1"].left == "forget"
         assert grid.clients["phone-1"].state == "offline" and not grid.clients["phone-1"].selectable
         assert grid.clients["phone-2"].selectable  # only that device
 
@@ -59,7 +59,7 @@ def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never
 
         # Enrolled again, the device says it is back: the grid forgets that it left.
         deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
-        assert grid.leaving == {} and grid.clients["phone-1"].selectable
+        assert grid.leaving() == {} and grid.clients["phone-1"].selectable
         # The operator's answer (revoke or forget) drops the request.
         assert drop_leave_request(data, "phone-1") and leave_requests(data) == {} and leave_lines(data) == []
         assert not drop_leave_request(data, "phone-1")

@@ -26,20 +26,10 @@ pytestmark = pytest.mark.slow  # the loop's retry after the failed attempt and i
 
 
 class LoopGrid(InMemoryGrid):
-    """In-memory devices with the calls the serving loop makes of its MQTT grid (nothing to connect or pump)."""
+    """In-memory devices whose wait takes a moment (the serving loop polls it)."""
 
-    def connect(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def clear_retained(self) -> None:
-        pass
-
-    def pump(self, seconds: float) -> bool:
+    def wait(self, seconds: float) -> None:
         time.sleep(min(seconds, 0.02))
-        return False
 
 
 def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:

@@ -464,7 +464,7 @@ class Server:
 
         stop = stop or threading.Event()
         grid, runner = self.grid, self.runner
-        grid.connect()
+        grid.open()
         last = runner.start(resume=True)  # continues from the newest intact round, or starts afresh
         if last < 0:
             grid.clear_retained()
@@ -491,10 +491,7 @@ class Server:
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload()
-                if grid.pump(self.poll_s):
-                    for _ in range(200):  # what else has arrived, without waiting
-                        if not grid.pump(0.0):
-                            break
+                grid.wait(self.poll_s)  # a message, and what else has arrived behind it
                 if time.monotonic() >= next_revocation_check:
                     self._clear_new_revocations()
                     self._note_leave_requests()
@@ -617,20 +614,15 @@ class Server:
         """For each device revoked since the last look (``fedhar-coordinator revoke`` runs in another
         process): clear its retained status and personalised model chunks on the broker, through this
         server's own session (logging in as the coordinator elsewhere would disconnect this one)."""
-        from coordinator.server.broker_admin import clear_device_topics
-
         now = self.registry.revoked_names()
         for cid in sorted(now - self._revoked_seen):
             self.grid.forget(cid)
-            try:
-                cleared = clear_device_topics(self.grid.link, self.grid.topics, cid, timeout=10.0)
-                log.info("device %s was revoked: its retained status and %d model chunk(s) cleared", cid, len(cleared) - 1)
-            except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
-                log.warning("device %s was revoked, but its retained topics were not cleared (%s); they are ignored", cid, exc)
+            if self.grid.clear_device(cid):
+                log.info("device %s was revoked: what the broker retained of it is cleared", cid)
         self._revoked_seen = set(now)
 
     def _note_leave_requests(self) -> None:
-        """Keep the word of each device that left from its app (:attr:`MqttGrid.leaving`) in the data folder, for the operator.
+        """Keep the word of each device that left from its app (:meth:`coordinator.grid.Grid.leaving`) in the data folder, for the operator.
 
         Nothing is deleted here: ``fedhar-coordinator devices`` lists the requests, and the operator
         answers one with ``forget NAME`` (or ``revoke NAME``). A device that left is offline, so it
@@ -638,7 +630,7 @@ class Server:
         """
         from coordinator.server.lifecycle import note_leave_request
 
-        for cid, st in sorted(self.grid.leaving.items()):
+        for cid, st in sorted(self.grid.leaving().items()):
             if self.registry.is_revoked(cid):
                 continue
             try:

@@ -57,13 +57,33 @@ class InMemoryGrid:
         self.n_test = n_test
         self.silent: set[str] = set()
         self.restarts: dict[str, float] = {}  # as a launcher's: device -> when its process was restarted (s since the epoch)
-        self.leaving: dict[str, ClientStatus] = {}  # as MqttGrid.leaving: devices that left from their app (none here)
+        self.left: dict[str, ClientStatus] = {}  # devices that left from their app (Grid.leaving; none unless a test says)
         self.log: list[tuple[Any, ...]] = []
         self.progress: list[int] = []
         self.steering: Steering = NO_STEERING
         self.announced: list[tuple[int, int, Pace | None]] = []  # (round, stage, pace) of each exchange's announcement
 
-    # ---------------------------------------------------------------- the Grid protocol
+    # ---------------------------------------------------------------- the Grid protocol: the session
+    def open(self) -> None:
+        self.log.append(("open",))
+
+    def close(self) -> None:
+        self.log.append(("close",))
+
+    def clear_retained(self) -> None:
+        self.log.append(("clear_retained",))
+
+    def finish(self, spec: Any, label_set: str) -> None:
+        self.log.append(("finish",))
+
+    def clear_device(self, cid: str) -> bool:
+        self.log.append(("clear_device", cid))
+        return True
+
+    def leaving(self) -> Mapping[str, ClientStatus]:
+        return self.left
+
+    # ---------------------------------------------------------------- the Grid protocol: rounds
     def eligibility(self, label_set: str) -> Eligibility:
         return eligibility(self.devices, fresh=lambda cid: True, label_set=label_set)
 

@@ -1,0 +1,123 @@
+"""The seam between rounds and devices: the :class:`Grid` protocol and the errors that end a federation.
+
+After Flower's ``Grid`` (``flwr.server.grid``): the round logic (:class:`coordinator.runner.FederationRunner`)
+and the two serving loops (``fedhar-coordinator run``, :mod:`coordinator.service`; ``serve``,
+:mod:`coordinator.server.serve`) know only this protocol. :class:`coordinator.mqtt_grid.MqttGrid` is the
+network grid (a broker session with one carrier of model bytes, :mod:`coordinator.transport`); the tests
+pass an in-memory one, so rounds, resume, growth and the serving loop run without a broker.
+
+The grid knows the devices (their last statuses and presence) and moves models and updates; it
+decides nothing about rounds: who is selected, when an exchange may close and what an update of an
+earlier version is worth are the round policy's (:mod:`coordinator.rounds`), handed over as a
+:class:`~coordinator.rounds.base.Steering` with each exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from coordinator.admission import Eligibility
+    from coordinator.cohort import Steering
+    from coordinator.record import RoundRecord
+    from coordinator.round import Exchange
+    from coordinator.strategies import Federation
+    from har_models.nn.model import ArchSpec
+    from har_models.wire.messages import ClientStatus, TrainingPlan
+
+
+class CoordinatorError(RuntimeError):
+    """The federation cannot go on (no clients, inconsistent state); the message says why and what to do."""
+
+
+class StateError(CoordinatorError):
+    """The run folder cannot be used as asked (another run's folder, damaged state); restarting will not help."""
+
+
+class Grid(Protocol):
+    """What the runner and the serving loops need of the devices' side (network or in memory)."""
+
+    # ------------------------------------------------------------------ the session (run and serve loops)
+    def open(self) -> None:
+        """Connect (to the broker, the blob store); from now on devices are heard.
+
+        Raises :class:`CoordinatorError` when the devices' side cannot be reached.
+        """
+        ...
+
+    def close(self) -> None:
+        """Leave: say offline to the devices and release what :meth:`open` took."""
+        ...
+
+    def clear_retained(self) -> None:
+        """Forget what an earlier run left for the devices (a run that starts afresh)."""
+        ...
+
+    def finish(self, spec: ArchSpec, label_set: str) -> None:
+        """Announce the run finished and take back every model it published."""
+        ...
+
+    def clear_device(self, cid: str) -> bool:
+        """Remove what the devices' side keeps for device ``cid`` (revoked or forgotten); True when done."""
+        ...
+
+    def leaving(self) -> Mapping[str, ClientStatus]:
+        """Devices whose newest status says they left from their app, by id."""
+        ...
+
+    # ------------------------------------------------------------------ the devices (runner)
+    def eligibility(self, label_set: str) -> Eligibility:
+        """Who a round started now could select, and why each other known device could not (the one rule)."""
+        ...
+
+    def statuses(self) -> Mapping[str, ClientStatus]:
+        """The last status of each known device, by id."""
+        ...
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a message from the devices (a status, a late update) and take it in."""
+        ...
+
+    def gone(self) -> set[str]:
+        """Devices known to have exited for good (a launcher's processes), not to be waited for.
+
+        Raises :class:`CoordinatorError` when none is left.
+        """
+        ...
+
+    def restarted(self) -> Mapping[str, float]:
+        """Devices whose process a launcher restarted after a crash and that are coming back: id -> when (s since the epoch)."""
+        ...
+
+    def forget(self, cid: str) -> None:
+        """Forget what is known of device ``cid`` (revoked or forgotten): not present, not eligible."""
+        ...
+
+    # ------------------------------------------------------------------ one round (runner)
+    def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
+                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+        """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
+        every selected device answered or went offline, or the deadline; the closed exchange."""
+        ...
+
+    def steer(self, steering: Steering) -> None:
+        """Apply ``steering`` (close the main exchange at a count of updates, the pace its announcements carry) to the
+        exchanges that follow, until the next call."""
+        ...
+
+    def training(self) -> set[str]:
+        """Buffered rounds: the devices still training an earlier version; else empty."""
+        ...
+
+    def new_attempt(self, round_: int) -> None:
+        """Round ``round_`` is run again after it closed without quorum: every selected device answers the new attempt."""
+        ...
+
+    def close_failed(self, round_: int) -> None:
+        """Show round ``round_`` closed at once (it closed without changing the model)."""
+        ...
+
+    def publish_progress(self, record: RoundRecord) -> None:
+        """Publish the record of the last completed round for observers."""
+        ...
