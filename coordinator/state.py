@@ -42,6 +42,43 @@ class StateDamaged(sqlite3.DatabaseError):
     opening the database keep working. A damaged database is never read as an empty one.
     """
 
+
+class StorageFull(OSError):
+    """A write of the run's state failed for want of space: ``folder`` has ``free`` bytes, ``needed`` were asked for.
+
+    Not damage: nothing written before is touched (every file is written atomically), and the
+    same write succeeds once space returns. ``str()`` reads ``disk full: <folder>, <free> of <needed>``.
+    """
+
+    def __init__(self, folder: Path, free: int, needed: int):
+        super().__init__(28, f"disk full: {folder}, {_mb(free)} free of {_mb(needed)} needed")
+        self.folder, self.free, self.needed = folder, free, needed
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError, or safetensors' error, which carries the OS message) says the disk is full."""
+    if isinstance(exc, OSError) and exc.errno in (28, 122):  # ENOSPC, EDQUOT
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def storage_full(folder: Path, needed: int) -> StorageFull:
+    """A :class:`StorageFull` for ``folder`` with its free space now."""
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    except OSError:
+        free = 0
+    return StorageFull(folder, free, needed)
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (round INTEGER PRIMARY KEY, completed REAL NOT NULL, summary TEXT NOT NULL);
@@ -67,7 +104,12 @@ def save_state_file(
 def _save_tensors(path: Path, state: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> None:
     """Tensors as C-contiguous float32 safetensors with ``meta``, written atomically and durably."""
     arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32) for k, v in state.items()}
-    atomic_write(path, lambda tmp: save_file(arrays, str(tmp), metadata=dict(meta)))
+    try:
+        atomic_write(path, lambda tmp: save_file(arrays, str(tmp), metadata=dict(meta)))
+    except Exception as exc:
+        if is_out_of_space(exc):
+            raise storage_full(path.parent, sum(a.nbytes for a in arrays.values())) from None
+        raise
 
 
 def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
