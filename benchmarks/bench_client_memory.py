@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator.config import CoordinatorConfig  # noqa: E402
+from coordinator.config import CoordinatorConfig, EvaluationSettings, ModelSettings, Timing, TrainingSettings  # noqa: E402
 from coordinator.evaluation import Evaluator  # noqa: E402
 from coordinator.service import Coordinator  # noqa: E402
 from har_io.broker_config import BrokerConfig  # noqa: E402
@@ -144,9 +144,10 @@ def federation(name: str, backends: list[str], args: argparse.Namespace, rounds:
         try:
             cfg = CoordinatorConfig(
                 run_dir=tmp / name / "run", broker=BrokerConfig(port=broker.port), federation=name, run_id=name,
-                rounds=rounds, expected_clients=len(backends), min_clients=len(backends), start_timeout_s=600,
-                round_timeout_s=600, conv_filters=args.conv_filters, dense_units=args.dense_units, local_epochs=1,
-                generalisation_every=0, client_init=client_init,
+                rounds=rounds, min_clients=len(backends), client_init=client_init,
+                timing=Timing(expected_clients=len(backends), start_timeout_s=600, round_timeout_s=600),
+                model=ModelSettings(conv_filters=args.conv_filters, dense_units=args.dense_units),
+                training=TrainingSettings(local_epochs=1), evaluation=EvaluationSettings(generalisation_every=0),
             )
             doc = Coordinator(cfg, Evaluator(union_test_set({c.cid: source for c in clients})), progress=False).run()
         finally:

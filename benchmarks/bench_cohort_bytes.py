@@ -3,9 +3,9 @@
 Baseline: a round without a goal (``fraction`` 1.0, the default) announces every eligible device
 in ``selected``; the broker sends the retained announcement to every device subscribed, so its
 bytes per round are (announcement size) x (devices), O(N^2). Candidate: a cohort goal
-(``--cohort-goal``, ``--cohort-overselect``; :mod:`coordinator.cohort`): the announcement names
+(``--cohort-goal``, ``--cohort-overselect``; :mod:`coordinator.rounds.cohort`): the announcement names
 the capped cohort drawn by :func:`coordinator.round.select_clients` and carries one pace
-(:func:`coordinator.cohort.pace_window`), so it stays the same size whatever N.
+(:func:`coordinator.rounds.cohort.pace_window`), so it stays the same size whatever N.
 
 Both are encoded by :meth:`har_models.wire.messages.RoundAnnouncement.to_bytes` with the smallest
 CNN of ``bench_scale.py`` (1 filter, 2 units) and ids of the load generator's form (``dev-00000``).
@@ -23,9 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.cohort import cohort_cap, pace_window, quorum
-from coordinator.config import CoordinatorConfig
-from coordinator.round import select_clients
+from coordinator.config import CohortSettings, CoordinatorConfig
+from coordinator.rounds.cohort import CohortRounds, pace_window
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import RoundAnnouncement
 
@@ -35,8 +34,8 @@ def announcement_bytes(n: int, goal: int, margin: float, seed: int = 1) -> tuple
     spec = ArchSpec(n_classes=6, conv_filters=1, dense_units=2).to_dict()
     ids = [f"dev-{i:05d}" for i in range(n)]
     plain = RoundAnnouncement("run", 0, "training", spec, "hapt6", selected=tuple(ids)).to_bytes()
-    cfg = CoordinatorConfig(run_dir=Path("unused"), cohort_goal=goal, cohort_overselect=margin, seed=seed)
-    cohort = select_clients(ids, 0, quorum(cfg), cfg.fraction, seed, cohort_cap(cfg))
+    cfg = CoordinatorConfig(run_dir=Path("unused"), seed=seed, cohort=CohortSettings(goal=goal, overselect=margin))
+    cohort = CohortRounds(cfg).select(ids, 0)
     pace = pace_window(1.7e9, 60.0, n, len(cohort))
     steered = RoundAnnouncement("run", 0, "training", spec, "hapt6", selected=tuple(cohort), pace=pace).to_bytes()
     return len(ids), len(plain), len(cohort), len(steered)

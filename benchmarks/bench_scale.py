@@ -6,7 +6,7 @@ whether the coordinator holds updates). Each N (``--sizes``) is measured in each
 (``--transports mqtt,blobs``, both by default): ``mqtt``, model bytes in chunks through the
 broker; ``blobs``, the coordinator started with ``--transport blobs`` (its folder store, served by
 its own HTTP server on a free loopback port), model bytes over HTTP and only control messages on
-the broker (``coordinator/blob_transport.py``). The devices are simulated by a light load
+the broker (``coordinator/transport/blobs.py``). The devices are simulated by a light load
 generator: ``--procs`` processes, each holding N / procs paho-mqtt connections in one thread (a
 selector over their sockets, no thread per device). Each device speaks the protocol of
 ``edge_client/agent.py``:

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.config import DEFAULT_CLIENT_UPDATE_ENCODING
+from coordinator.round import DEFAULT_CLIENT_UPDATE_ENCODING
 from coordinator.strategies.fedavgm import FEDAVGM_ETA
 from simulation.simulate import MemoryMonitor
 

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     data.mkdir()
     # The README's server.toml; only the schedule compressed, and the page on a free port.
     (data / "server.toml").write_text(
-        f"round_timeout_s = {a.deadline}\n\n"
+        f"[timing]\nround_timeout_s = {a.deadline}\n\n"
         f'[server]\nbroker_dir = "{broker_dir}"\nhttp_port = {http}\n\n'
         f"[schedule]\nmin_clients = 2\nmin_round_interval_s = {a.interval}\n"
     )

@@ -262,9 +262,10 @@ def _connections(log: Path) -> int:
 
 def settings(deadline: float, interval: float, broker_dir: Path, buffer_size: int = 0) -> str:
     """server.toml of the soak: the tiny CNN, one local epoch, the compressed schedule, the guard on (serve's default);
-    ``buffer_size`` > 0: buffered rounds of that K (coordinator/fedbuff.py)."""
-    return (f"conv_filters = 4\ndense_units = 8\nlocal_epochs = 1\nround_timeout_s = {deadline}\nstart_timeout_s = {deadline}\n"
-            f"min_clients = 2\nstatus_refresh_s = 2\n" + (f"buffer_size = {buffer_size}\n" if buffer_size else "") +
+    ``buffer_size`` > 0: buffered rounds of that K (coordinator/rounds/buffered.py)."""
+    return (f"min_clients = 2\n[model]\nconv_filters = 4\ndense_units = 8\n[training]\nlocal_epochs = 1\n"
+            f"[timing]\nround_timeout_s = {deadline}\nstart_timeout_s = {deadline}\nstatus_refresh_s = 2\n"
+            + (f"[buffer]\nsize = {buffer_size}\n" if buffer_size else "") +
             f'[server]\nname = "soak-home"\nbroker_dir = "{broker_dir}"\npublic_host = "127.0.0.1"\nhttp_port = 0\nkeep_versions = 20\n'
             f"[schedule]\nmin_clients = 2\nmin_round_interval_s = {interval}\n")  # fmt: skip
 

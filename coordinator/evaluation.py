@@ -16,14 +16,36 @@ their test sets.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from har_models.data.splits import DEFAULT_SPLIT_SEED
 from har_models.data.windowing import WindowSet
 from har_models.nn.metrics import mean_over_clients, summarise
 from har_models.nn.model import ArchSpec
 from har_models.nn.training import evaluate
+from har_models.settings import doc
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The ``[evaluation]`` settings table.
+
+    Parameters
+    ----------
+    split_seed : int
+        Seed of every client's 80/20 train/test split; the union test set uses the same one.
+    generalisation_every : int
+        Evaluate every client's model on the union test set every this many rounds (and in the last
+        round); it costs one full evaluation per client. 0 = last round only.
+    """
+
+    split_seed: int = field(default=DEFAULT_SPLIT_SEED, metadata=doc("seed of every client's 80/20 train/test split"))
+    generalisation_every: int = field(
+        default=5, metadata=doc("rounds between generalisation evaluations (0 = last only)", "rounds")
+    )
 
 
 class Evaluator:

@@ -21,14 +21,66 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from coordinator import feddist
+from coordinator import feddist, strategies
 from coordinator.strategies import Aggregate, Federation, Strategy
 from coordinator.updates import ClientUpdate
 from har_models.nn.growth import pad_state_like
+from har_models.settings import doc
 from har_models.wire.messages import TrainingPlan
+
+GROWTH_MODES = ("auto", "paper", "function_preserving")
+_FD = feddist.FedDistConfig
+
+
+@dataclass(frozen=True)
+class FedDistSettings:
+    """The ``[feddist]`` settings table (FedDist, Ek et al., PerCom 2021; read with ``growth = "feddist"``).
+
+    Parameters
+    ----------
+    mode : {"auto", "paper", "function_preserving"}
+        Outgoing weights of new units copied from the source client (with the paper's intermediate
+        layer-wise rounds) or zero (no client's function changes). "auto" picks "paper" for plain FedDist
+        (a strategy that takes the paper's mode, overwrite initialisation: comparable with the paper) and
+        "function_preserving" when growth is combined with personalisation (reference/algorithms.md 5.2, step 6).
+    k0, delta, period, max_width_factor :
+        k_r = k0 + delta * floor(r / period); each layer's width capped at ``max_width_factor`` x round 0's
+        (the defaults are :class:`coordinator.feddist.FedDistConfig`'s, written once there).
+    """
+
+    mode: str = field(
+        default="auto",
+        metadata=doc("outgoing weights of new units: copied + intermediate rounds (paper) or zero (function_preserving); "
+                     "auto = paper for plain FedDist, function_preserving when combined with FedDWA/FedPer/ALA",
+                     choices=GROWTH_MODES, flag="--feddist-mode"),
+    )
+    k0: float = field(default=_FD.k0, metadata=doc("FedDist k_0 (k_r = k_0 + delta * floor(r / period))", flag="--feddist-k0"))
+    delta: float = field(default=_FD.delta, metadata=doc("FedDist delta", flag="--feddist-delta"))
+    period: int = field(default=_FD.period, metadata=doc("FedDist period", "rounds", flag="--feddist-period"))
+    max_width_factor: float = field(
+        default=_FD.max_width_factor,
+        metadata=doc("cap on each layer's width, as a multiple of round 0's", flag="--feddist-max-width"),
+    )
+
+    def check(self, cfg: Any) -> None:
+        """Refuse an unknown mode or out-of-range values (ValueError naming the setting)."""
+        if self.mode not in GROWTH_MODES:
+            raise ValueError(f"[feddist] mode must be one of {GROWTH_MODES}, got {self.mode!r}")
+        self.config()
+
+    def config(self) -> feddist.FedDistConfig:
+        """The growth check's settings (ValueError for values out of range)."""
+        return feddist.FedDistConfig(k0=self.k0, delta=self.delta, period=self.period, max_width_factor=self.max_width_factor)
+
+    def mode_in_force(self, aggregation: str, client_init: str) -> str:
+        """The mode in force ("paper" or "function_preserving") with "auto" resolved for ``aggregation`` and ``client_init``."""
+        if self.mode != "auto":
+            return self.mode
+        plain = strategies.strategy_class(aggregation).feddist_paper and client_init == "overwrite"
+        return "paper" if plain else "function_preserving"
 
 log = logging.getLogger("fedhar.coordinator.feddist")
 

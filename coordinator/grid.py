@@ -15,16 +15,68 @@ earlier version is worth are the round policy's (:mod:`coordinator.rounds`), han
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from har_models.settings import doc
 
 if TYPE_CHECKING:
     from coordinator.admission import Eligibility
-    from coordinator.cohort import Steering
+    from coordinator.exchange import Exchange
     from coordinator.record import RoundRecord
-    from coordinator.round import Exchange
+    from coordinator.rounds.base import Steering
     from coordinator.strategies import Federation
     from har_models.nn.model import ArchSpec
     from har_models.wire.messages import ClientStatus, TrainingPlan
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The ``[timing]`` settings table: how long the coordinator waits for the devices.
+
+    Parameters
+    ----------
+    expected_clients : int, optional
+        Start as soon as this many clients are online (else wait ``start_timeout_s``); set by a
+        launcher that knows how many it started.
+    start_timeout_s : float
+        Seconds to wait for ``expected_clients`` (or the quorum) before the first round.
+    start_settle_s : float
+        Without ``expected_clients``: start once the quorum is online and no further client has
+        come online for this many seconds.
+    round_timeout_s : float
+        Deadline of each exchange, seconds after its announcement.
+    status_refresh_s : float
+        Seconds between republications of the retained coordinator status (from a thread of its
+        own, so a long evaluation does not stop it); clients treat a status older than three
+        periods as a dead coordinator (docs/reliability.md, "A dead coordinator").
+    """
+
+    expected_clients: int | None = field(default=None, metadata=doc("start as soon as this many clients are online", cli=False))
+    start_timeout_s: float = field(
+        default=300.0, metadata=doc("seconds to wait for clients before the first round", "s", flag="--start-timeout")
+    )
+    start_settle_s: float = field(
+        default=10.0,
+        metadata=doc("without --expected-clients: start once min_clients are online and nobody new came for this long", "s",
+                     flag="--start-settle"),
+    )
+    round_timeout_s: float = field(
+        default=900.0, metadata=doc("seconds before a round closes without the missing updates", "s", flag="--round-timeout")
+    )
+    status_refresh_s: float = field(
+        default=30.0,
+        metadata=doc("republish the retained coordinator status this often; clients treat one older than three "
+                     "periods as a dead coordinator", "s", flag="--status-refresh"),
+    )
+
+    def check(self, cfg: Any) -> None:
+        """Refuse waits that cannot work (ValueError naming the setting)."""
+        if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
+            raise ValueError("[timing] round_timeout_s (--round-timeout) must be > 0 and start_timeout_s (--start-timeout) >= 0")
+        if not self.status_refresh_s > 0:
+            raise ValueError(f"[timing] status_refresh_s (--status-refresh) must be > 0 (seconds between coordinator status "
+                             f"refreshes), got {self.status_refresh_s}")  # fmt: skip
 
 
 class CoordinatorError(RuntimeError):
@@ -96,18 +148,9 @@ class Grid(Protocol):
 
     # ------------------------------------------------------------------ one round (runner)
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
-                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+                 plan: TrainingPlan, steering: Steering) -> Exchange:  # fmt: skip
         """One exchange: publish the models of ``fed`` the selected devices start from, announce, collect until
-        every selected device answered or went offline, or the deadline; the closed exchange."""
-        ...
-
-    def steer(self, steering: Steering) -> None:
-        """Apply ``steering`` (close the main exchange at a count of updates, the pace its announcements carry) to the
-        exchanges that follow, until the next call."""
-        ...
-
-    def training(self) -> set[str]:
-        """Buffered rounds: the devices still training an earlier version; else empty."""
+        ``steering`` says the exchange is complete, or the deadline; the closed exchange."""
         ...
 
     def new_attempt(self, round_: int) -> None:

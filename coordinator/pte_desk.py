@@ -33,11 +33,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from har_io.blobs import BlobError, BlobStore
 from har_io.install_hints import install_hint
 from har_io.mqtt_link import MqttLink
 from har_models.nn.arch import ArchSpec
-from har_models.wire.blob_messages import PROGRAM_BLOB_INDEX, ProgramBlob
 from har_models.wire.pte_delivery import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
 from har_models.wire.topics import Topics
 
@@ -73,6 +71,9 @@ class ProgramDesk:
         Called on the first rejection of each (client, reason), e.g. to record it as an event.
     min_interval_s : float
         Least time between two sends of one version to one client (s); clients ask again after 60 s at the earliest.
+    send : callable (client id, version, envelope) -> str, optional
+        How an answer reaches its client (the grid's carrier, :meth:`coordinator.transport.Carrier.send_program`;
+        returns a line for the log). Default: in chunks on the client's program topics.
     """
 
     def __init__(
@@ -84,8 +85,10 @@ class ProgramDesk:
         cache_dir: str | os.PathLike[str] | None = None,
         on_reject: Rejected | None = None,
         min_interval_s: float = 30.0,
+        send: Callable[[str, int, bytes], str] | None = None,
     ):
         self.link, self.topics, self.run_id = link, topics, run_id
+        self.send = send or self._send_chunks
         self.current_spec = current_spec
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache()
         self.on_reject = on_reject
@@ -98,9 +101,6 @@ class ProgramDesk:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._sets: OrderedDict[str, ProgramSet] = OrderedDict()  # spec JSON -> exported set (two newest)
-        # Blob transport (set by the grid once its store is open): programs go to the store, a reference over MQTT.
-        self.blobs: BlobStore | None = None
-        self._program_objects: dict[str, str] = {}  # client id -> sha256 of the last program object it was sent
 
     def on_request(self, cid: str, payload: bytes) -> None:
         """Check the request of client ``cid`` (from the topic) and queue the answer; reject it with a reason otherwise.
@@ -187,11 +187,8 @@ class ProgramDesk:
             try:
                 programs = self.programs_for(spec)
                 env = encode_programs(programs, client_id=cid, run_id=self.run_id, executorch_version=version("executorch"))
-                if self.blobs is not None:
-                    self._send_blob(cid, spec, env)
-                else:
-                    n = self.link.publish_chunks(functools.partial(self.topics.client_programs, cid), env)
-                    log.info("sent the ExecuTorch programs of v%d to %s: %d bytes in %d chunk(s)", spec.version, cid, len(env), n)
+                how = self.send(cid, spec.version, env)
+                log.info("sent the ExecuTorch programs of v%d to %s: %s", spec.version, cid, how)
                 self.sent[(cid, spec.version)] += 1
                 with self._lock:
                     self._last_sent[(cid, spec.to_json())] = time.monotonic()
@@ -201,27 +198,9 @@ class ProgramDesk:
                 with self._lock:
                     self._queued.discard((cid, spec.to_json()))
 
-    def _send_blob(self, cid: str, spec: ArchSpec, env: bytes) -> None:
-        """Blob transport: write the client's program envelope to the store and send it the reference.
-
-        The envelope names its client, so it is an object of that client's; the one sent to it
-        before is deleted. The URL is valid for :data:`PROGRAM_URL_TTL_S`.
-        """
-        from coordinator.blob_transport import publish_object
-
-        assert self.blobs is not None
-        ref = publish_object(self.blobs, env, time.time() + PROGRAM_URL_TTL_S)
-        msg = ProgramBlob(self.run_id, spec.version, ref)
-        self.link.publish(self.topics.client_programs(cid, PROGRAM_BLOB_INDEX), msg.to_bytes())
-        old = self._program_objects.get(cid)
-        self._program_objects[cid] = ref.sha256
-        if old is not None and old != ref.sha256 and old not in self._program_objects.values():
-            try:
-                self.blobs.drop_object(old)
-            except BlobError as exc:
-                log.warning("the earlier program object of %s was not removed from the blob store (%s)", cid, exc)
-        log.info("sent the ExecuTorch programs of v%d to %s through the blob store: %d bytes, object %s", spec.version, cid,
-                 len(env), ref.sha256[:12])  # fmt: skip
+    def _send_chunks(self, cid: str, version: int, env: bytes) -> str:
+        n = self.link.publish_chunks(functools.partial(self.topics.client_programs, cid), env)
+        return f"{len(env)} bytes in {n} chunk(s)"
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread after the answer it is sending (waits at most ``timeout_s`` seconds)."""

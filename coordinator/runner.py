@@ -21,15 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from coordinator import cohort, fedbuff, feddist, feddist_steps, guard, spill
+from coordinator import feddist_steps, guard, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
+from coordinator.exchange import Exchange
 from coordinator.grid import CoordinatorError, Grid, StateError
 from coordinator.record import (
     Architecture,
     FedDwaWeights,
     GrowthLog,
-    GuardNote,
     Participation,
     Rejection,
     RoundRecord,
@@ -37,9 +37,10 @@ from coordinator.record import (
     records,
 )
 from coordinator.report import write_report
-from coordinator.round import Exchange, base_plan, check_quorum, evaluate_round, select_clients, summary_line
+from coordinator.round import base_plan, check_quorum, evaluate_round, summary_line
+from coordinator.rounds import NO_STEERING, Batch, Parts, compose
 from coordinator.state import RunState, StateDamaged
-from coordinator.strategies import Aggregate, Federation, Strategy, make_strategy
+from coordinator.strategies import Aggregate, Federation
 from coordinator.updates import ClientUpdate
 from har_io.cli import write_settings_file
 from har_io.memory import release_free_memory
@@ -53,6 +54,9 @@ log = logging.getLogger("fedhar.coordinator")
 
 OPERATOR_SHRINKS = "operator_step_shrinks"
 """Key in the run's database: the request ids of the operators' rollbacks so far (:meth:`FederationRunner.adopt`)."""
+
+POLICY_STATE = "round_policy_state"
+"""Key in the run's database: what the round policy keeps across a restart (:meth:`coordinator.rounds.base.RoundPolicy.record`)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,12 @@ class _Tally:
     duplicates: int = 0
 
     @classmethod
-    def of(cls, ex: Exchange) -> _Tally:
+    def of(cls, ex: Exchange, extra: Sequence[ClientUpdate] = ()) -> _Tally:
+        """The tally of ``ex`` and of ``extra`` updates the round aggregates from elsewhere (a buffer's)."""
         by_enc: Counter[str] = Counter()
-        for u in [*ex.updates.values(), *(s.update for s in ex.stale)]:
+        for u in [*ex.updates.values(), *extra]:
             by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
-        return cls(ex.bytes_up, ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
+        return cls(ex.bytes_up + sum(u.size for u in extra), ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
 
 
 def open_state(cfg: CoordinatorConfig) -> RunState:
@@ -104,6 +109,8 @@ class FederationRunner:
         Extra run facts for the report (dataset, command, ...).
     state : RunState, optional
         The run's database, when the grid shares it (default: :func:`open_state`).
+    parts : Parts, optional
+        The round policy and strategy, when the grid shares them (default: :func:`coordinator.rounds.compose`).
 
     Raises
     ------
@@ -112,28 +119,27 @@ class FederationRunner:
     """
 
     def __init__(self, cfg: CoordinatorConfig, grid: Grid, evaluator: Evaluator | None = None,
-                 report_header: Mapping[str, Any] | None = None, state: RunState | None = None):  # fmt: skip
+                 report_header: Mapping[str, Any] | None = None, state: RunState | None = None,
+                 parts: Parts | None = None):  # fmt: skip
         self.cfg = cfg
         self.grid = grid
         self.evaluator = evaluator
         self.report_header = dict(report_header or {})
-        self.strategy: Strategy = make_strategy(cfg.aggregation, cfg)
-        self.feddist_cfg = feddist.FedDistConfig(
-            k0=cfg.feddist_k0, delta=cfg.feddist_delta, period=cfg.feddist_period, max_width_factor=cfg.feddist_max_width_factor
-        )
         self.state = state if state is not None else open_state(cfg)
+        parts = parts if parts is not None else compose(cfg, self.state)
+        self.policy = parts.policy
+        self.strategy = parts.strategy
+        # a restart must find every version the round policy may still need
+        self.state.keep_rounds = max(self.state.keep_rounds, 1 + self.policy.versions_needed)
         self._fed: Federation | None = None
         self._label_set = ""
         self._extra: dict[str, Any] = {}
         self._tried_round: int | None = None  # the round the last attempt was of
         self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
         self.last_failure = ""  # why the last run_round closed without changing the model ("" after a completed round)
-        self._best: guard.Best | None = None  # the quality guard's best version (cfg.guard)
-        self._kept = 0  # versions the guard kept since the server step last changed
         self._restarts_waited: dict[str, float] = {}  # device -> the restart (its time) already waited for
-        self._quorum = cohort.quorum(cfg)  # updates a round needs (min_clients, raised by a cohort's minimum fraction)
         self._opened: float | None = None  # when the last round attempt opened (monotonic s), for the pace's period
-        self._period_s = cfg.round_timeout_s  # expected time between round openings (s): the deadline until one is seen
+        self._period_s = cfg.timing.round_timeout_s  # expected time between round openings (s): the deadline until one is seen
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -189,11 +195,13 @@ class FederationRunner:
     @property
     def best_round(self) -> int | None:
         """The round whose model the quality guard holds as the best version (None: guard off or nothing judged)."""
-        return self._best.round if self._best is not None else None
+        best = self.strategy.best_version()
+        return best[0] if best is not None else None
 
     def best_model(self) -> tuple[ArchSpec, Mapping[str, Any]] | None:
         """The quality guard's best version (architecture, global model); None when there is none."""
-        return (self._best.spec, self._best.global_state) if self._best is not None else None
+        best = self.strategy.best_version()
+        return (best[1], best[2]) if best is not None else None
 
     def adopt(self, spec: ArchSpec, global_state: Mapping[str, Any], rollback_id: str | None = None,
               keep_best: bool = False) -> None:  # fmt: skip
@@ -226,8 +234,7 @@ class FederationRunner:
         else:  # the old momentum points where the federation no longer is
             self.strategy.shrink_step(1.0)
         if not keep_best:
-            self._best = None
-            (self.cfg.run_dir / guard.BEST_FILE).unlink(missing_ok=True)
+            self.strategy.forget_best()
 
     # ------------------------------------------------------------------ bootstrap or resume
     def start(self, resume: bool) -> int:
@@ -272,47 +279,32 @@ class FederationRunner:
         self._label_set = self.state.get("label_set", "")
         self._fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
-        self._resume_guard()
+        self._resume_parts()
         self._resume_strategy(last, spec)
         return last
 
-    def _resume_guard(self) -> None:
-        """Take the quality guard's best version back from the run folder, and the strategy's step as the rollbacks left it.
-
-        The step is shrunk once per rollback: the guard's in the records, the operators' (:meth:`adopt`) counted in
-        the run's database (before the saved moments are loaded, since a shrink
-        resets them). An unreadable best version is logged and judging starts afresh.
-        """
-        rollbacks = len(self.state.get(OPERATOR_SHRINKS, []))
-        for _ in range(rollbacks):
+    def _resume_parts(self) -> None:
+        """Take the round's parts back as the completed rounds left them: the server step after the operators'
+        rollbacks (:meth:`adopt`, counted in the run's database) and the strategy's own decisions (a quality guard's
+        best version and halvings, :meth:`~coordinator.strategies.base.Strategy.restore`), both before the saved
+        moments are loaded (a shrink resets them); and the versions the round policy may still receive updates for,
+        whose models are the run folder's kept versions."""
+        for _ in range(len(self.state.get(OPERATOR_SHRINKS, []))):
             self.strategy.shrink_step(guard.STEP_FACTOR)
-        if not self.cfg.guard:
-            return
+        self.strategy.restore(self.records())
+        self.policy.restore(dict(self.state.get(POLICY_STATE, {})), self._version_model)
+
+    def _version_model(self, round_: int) -> tuple[ArchSpec, Any] | None:
+        """The model version ``round_`` handed out (made by round ``round_ - 1``), if the run folder still keeps it."""
         try:
-            self._best = guard.load_best(self.cfg.run_dir)
-        except ValueError as exc:
-            log.error("%s", exc)
-        self._kept = 0
-        shrinks = 0
-        for rec in self.records():  # the step as the guard's decisions left it, halvings and recoveries in order
-            if rec.guard is not None:
-                shrinks += rec.guard.action == "rollback"
-                self._step_after(rec.round, rec.guard.action, quiet=True)
-        if shrinks:
-            log.info("quality guard: %d rollback(s) so far; %d version(s) kept since the step last changed", shrinks, self._kept)
-
-    def _step_after(self, round_: int, action: str, quiet: bool = False) -> None:
-        """The server step after the guard's decision ``action`` in round ``round_``: halved at a rollback; doubled back
-        (at most to its setting) after :data:`coordinator.guard.RECOVER_AFTER` versions kept in a row."""
-        if action == "rollback":
-            self.strategy.shrink_step(guard.STEP_FACTOR)
-            self._kept = 0
-            return
-        self._kept += 1
-        if self._kept >= guard.RECOVER_AFTER and self.strategy.grow_step(1 / guard.STEP_FACTOR):
-            self._kept = 0
-            if not quiet:
-                log.info("round %d: %d versions kept in a row; server step doubled back", round_, guard.RECOVER_AFTER)
+            if round_ == 0:
+                spec = ArchSpec.from_json(self.state.get("initial_spec"))
+                return spec, init_state(spec, self.cfg.seed)
+            spec, g, _ = self.state.load_round_models(round_ - 1)
+            return spec, g
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.debug("version %d: %s", round_, exc)
+            return None
 
     def _resume_strategy(self, last: int, spec: ArchSpec) -> None:
         """Give the strategy back the state saved with round ``last`` (e.g. a server optimiser's m_t, v_t).
@@ -320,7 +312,7 @@ class FederationRunner:
         A missing or unusable state is logged and the strategy starts from its initial state;
         the run goes on either way.
         """
-        name = self.strategy.name
+        name = self.strategy.persisted_name
         try:
             saved = self.state.load_strategy_state(last, name)
             if saved is not None:
@@ -341,12 +333,12 @@ class FederationRunner:
         CoordinatorError
             If fewer eligible clients than the quorum came in time, or the grid's clients are all gone.
         """
-        want = self.cfg.expected_clients
-        end = time.monotonic() + self.cfg.start_timeout_s
+        want = self.cfg.timing.expected_clients
+        end = time.monotonic() + self.cfg.timing.start_timeout_s
         log.info(
             "waiting for %s clients (up to %.0f s)",
-            want if want else f"at least {self._quorum}",
-            self.cfg.start_timeout_s,
+            want if want else f"at least {self.policy.quorum}",
+            self.cfg.timing.start_timeout_s,
         )
         last, changed = -1, time.monotonic()
         while time.monotonic() < end:
@@ -360,14 +352,14 @@ class FederationRunner:
                     log.warning("not waiting for %d client(s) whose process exited: %s", len(gone), ", ".join(sorted(gone)))
                 return
             # Without an expected count: start once enough clients are here and no newcomer arrived for a while.
-            if want is None and n >= self._quorum and time.monotonic() - changed >= self.cfg.start_settle_s:
+            if want is None and n >= self.policy.quorum and time.monotonic() - changed >= self.cfg.timing.start_settle_s:
                 return
             self.grid.wait(0.2)
         n = len(self.grid.eligibility(self._label_set).eligible)
-        if n < self._quorum:
+        if n < self.policy.quorum:
             raise CoordinatorError(
-                f"only {n} client(s) with training windows came online within {self.cfg.start_timeout_s:.0f} s; "
-                f"need {self._quorum}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
+                f"only {n} client(s) with training windows came online within {self.cfg.timing.start_timeout_s:.0f} s; "
+                f"need {self.policy.quorum}. Check that clients use broker {self.cfg.broker.host}:{self.cfg.broker.port} "
                 f"and federation {self.cfg.federation!r}."
             )
 
@@ -401,7 +393,7 @@ class FederationRunner:
             return st is not None and (st.instance != old[cid] or st.sent_unix >= new[cid])
 
         t0 = time.monotonic()
-        end = t0 + self.cfg.start_timeout_s
+        end = t0 + self.cfg.timing.start_timeout_s
         pending, said = set(new), False
         while True:
             self.grid.gone()  # notices deaths, places replacements; raises once every client is gone
@@ -413,12 +405,12 @@ class FederationRunner:
             if not said:  # only when there is something to wait for
                 said = True
                 log.info("round %d: waiting up to %.0f s for %d restarted client(s) to come back: %s", round_,
-                         self.cfg.start_timeout_s, len(pending), ", ".join(sorted(pending)))  # fmt: skip
+                         self.cfg.timing.start_timeout_s, len(pending), ", ".join(sorted(pending)))  # fmt: skip
             self.grid.wait(0.2)
         self._restarts_waited.update(new)
         if pending:
             log.warning("round %d: restarted client(s) %s not back within %g s; the round opens without them", round_,
-                        ", ".join(sorted(pending)), self.cfg.start_timeout_s)  # fmt: skip
+                        ", ".join(sorted(pending)), self.cfg.timing.start_timeout_s)  # fmt: skip
         elif said:
             log.info("round %d: restarted client(s) back after %.1f s", round_, time.monotonic() - t0)
 
@@ -458,8 +450,8 @@ class FederationRunner:
         mean, std = stats.mean_std()
         spec = ArchSpec(
             n_classes=len(LABEL_SETS[self._label_set]),
-            conv_filters=self.cfg.conv_filters,
-            dense_units=self.cfg.dense_units,
+            conv_filters=self.cfg.model.conv_filters,
+            dense_units=self.cfg.model.dense_units,
             input_mean=mean,
             input_std=std,
         )
@@ -518,39 +510,27 @@ class FederationRunner:
             self._failed_quorums = 0
         self._tried_round = round_
         eligible = self.grid.eligibility(self._label_set).eligible
-        training = self.grid.training() if self.cfg.buffer_size else set()
-        if self.cfg.buffer_size:
-            selected = self._select_free(eligible, training, round_)
-        else:
-            selected = select_clients(eligible, round_, self._quorum, self.cfg.fraction, self.cfg.seed, cohort.cohort_cap(self.cfg))
-        if not selected and not training:
-            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self._quorum)
+        selected = self.policy.select(eligible, round_)
+        if not selected and not self.policy.busy():
+            log.warning("round %d: fewer than %d eligible clients online; waiting", round_, self.policy.quorum)
             self.state.event(round_, None, "round_skipped", "not enough clients")
-            self.last_failure = f"fewer than {self._quorum} eligible devices at its start"
+            self.last_failure = f"fewer than {self.policy.quorum} eligible devices at its start"
             return None
         if self._opened is not None:  # the pace's period: the last time between two openings (serve's schedule included)
             self._period_s = max(1e-3, t0 - self._opened)
         self._opened = t0
-        self.grid.steer(cohort.steering(self.cfg, time.time(), self._period_s, len(eligible), len(selected)))
+        steering = self.policy.steering(time.time(), self._period_s, len(eligible), len(selected))
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
         spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
-        ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan)
-        results, failures = ex.results(), ex.failures()
-        fresh, trained = results, results  # trained: the models as the clients sent them (evaluation)
-        taus: dict[str, int] = {}
-        if ex.stale:  # FedBuff: the buffer's stale updates, weighted and rebased onto the version sent now
-            results, taus = fedbuff.fold(ex.stale, fresh, round_, spec0, received)
-            taken = {s.update.client_id: s.update for s in ex.stale if s.update.client_id in taus}
-            trained = sorted([*fresh, *taken.values()], key=lambda u: u.client_id)
-        bytes_up, bytes_down, rejected = ex.bytes_up, ex.bytes_down, ex.n_rejected
-        oversized = guard.oversized_updates(results, received) if self.cfg.guard else {}
-        if oversized:
-            results = self._clip(round_, results, received, oversized)
-        why = check_quorum(results, failures, self._quorum)
+        ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan, steering)
+        self.policy.closed(ex, fed)
+        batch = self.policy.batch(ex, round_, spec0, received)
+        failures = ex.failures()
+        why = check_quorum(batch.results, failures, self.policy.quorum)
         agg = None
         if why is None:
             try:
-                agg = self.strategy.aggregate_fit(round_, fed, results, failures)
+                agg = self.strategy.aggregate_fit(round_, fed, batch.results, failures)
             except ValueError as exc:
                 why = str(exc)
         if agg is None:
@@ -560,119 +540,60 @@ class FederationRunner:
             self.last_failure = str(why)
             self.grid.close_failed(round_)
             return None
+        self.policy.completed()
         fed.global_state = agg.global_state
         fed.personal.update(agg.personal)
-        main = _Tally.of(ex)
-        up_by_encoding, rejections, duplicates = main.up_by_encoding, main.rejected, main.duplicates
+        tallies = [_Tally.of(ex, batch.extra)]
         growth_log = None
         if self.cfg.growth == "feddist":
-            growth_log, growth_exchanges = self._grow(round_, agg, results)
-            for gx in growth_exchanges:
-                bytes_up += gx.bytes_up
-                bytes_down += gx.bytes_down
-                rejected += sum(gx.rejected.values())
-                up_by_encoding.update(gx.up_by_encoding)
-                rejections.update(gx.rejected)
-                duplicates += gx.duplicates
-        guard_note = self._judge(round_, spec0, received, fresh) if self.cfg.guard else None  # start measures of spec0's version
+            growth_log, growth_exchanges = self._grow(round_, agg, batch.results)
+            tallies += growth_exchanges
+        guard_note = self.strategy.judge(round_, fed, spec0, received, ex.results())  # start measures of spec0's version
+        record = self._record(round_, ex, batch, agg, tallies, failures, growth_log, spec0)
+        record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=1 + self._failed_quorums)
+        self.last_failure = ""
+        summary = record.to_json()
+        self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
+                                  strategy_state=(self.strategy.persisted_name, self.strategy.state_dict()))  # fmt: skip
+        self.state.put(POLICY_STATE, self.policy.record())
+        log.info(summary_line(record))
+        del ex, batch, agg
+        spill.clear(self.cfg.run_dir / "spill")
+        release_free_memory()
+        return record
 
-        record = RoundRecord(
+    def _record(self, round_: int, ex: Exchange, batch: Batch, agg: Aggregate, tallies: Sequence[_Tally],
+                failures: Sequence[Any], growth_log: dict[str, Any] | None, spec0: ArchSpec) -> RoundRecord:  # fmt: skip
+        """The record of round ``round_``: who took part, its traffic over every exchange, growth, FedDWA's p_ij and the
+        evaluation (the guard's note and the timing are added by the caller)."""
+        assert self._fed is not None
+        fed = self._fed
+        rejections: Counter[tuple[str, str]] = Counter()
+        by_encoding: Counter[str] = Counter()
+        for t in tallies:
+            rejections.update(t.rejected)
+            by_encoding.update(t.up_by_encoding)
+        return RoundRecord(
             round=round_,
             participation=Participation(
-                selected=len(selected),
-                updates=len(results),
-                rejected=rejected,
-                missing=tuple(sorted(set(selected) - set(ex.updates))),
+                selected=len(ex.selected),
+                updates=len(batch.results),
+                rejected=sum(t.rejected.total() for t in tallies),
+                missing=tuple(sorted(ex.selected - set(ex.updates))),
                 failures={f.client_id: f.reason for f in failures},
                 rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
-                duplicates=duplicates,
-                stale=taus,
+                duplicates=sum(t.duplicates for t in tallies),
+                stale=batch.stale,
             ),
             arch=Architecture(fed.spec.version, fed.spec.conv_filters, fed.spec.dense_units),
-            traffic=Traffic(bytes_up, bytes_down, dict(sorted(up_by_encoding.items()))),
+            traffic=Traffic(sum(t.bytes_up for t in tallies), sum(t.bytes_down for t in tallies), dict(sorted(by_encoding.items()))),
             growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
             # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
             feddwa_weights=FedDwaWeights(
                 tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
             ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, fed, spec0, trained, self.evaluator, self.cfg),
+            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg),
         )  # fmt: skip
-        record = replace(record, seconds=time.monotonic() - t0, guard=guard_note,
-                         attempts=1 + self._failed_quorums)  # fmt: skip
-        self.last_failure = ""
-        summary = record.to_json()
-        self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
-                                  strategy_state=(self.strategy.name, self.strategy.state_dict()))  # fmt: skip
-        log.info(summary_line(record))
-        del ex, results, fresh, trained, agg
-        spill.clear(self.cfg.run_dir / "spill")
-        release_free_memory()
-        return record
-
-    def _select_free(self, eligible: Sequence[str], training: set[str], round_: int) -> list[str]:
-        """Buffered rounds: the devices round ``round_`` hands the model to: eligible ones not training an earlier
-        version, ``fraction`` of them (seeded draw, :func:`coordinator.round.select_clients`), at most
-        ``concurrency`` minus those training (FedBuff's bound on concurrent clients). May be empty while some train."""
-        free = sorted(set(eligible) - training)
-        room = self.cfg.concurrency - len(training) if self.cfg.concurrency else len(free)
-        if room <= 0 or not free:
-            return []
-        return select_clients(free, round_, 1, self.cfg.fraction, self.cfg.seed, room)
-
-    def _clip(self, round_: int, results: list[ClientUpdate], received: Mapping[str, Any],
-              oversized: Mapping[str, tuple[float, str]]) -> list[ClientUpdate]:  # fmt: skip
-        """``results`` with each update named in ``oversized`` clipped to the others' median norm (:func:`coordinator.guard.clipped`),
-        logged and stored as a ``clipped_update`` event; one whose change is not finite is left out (never seen: the wire
-        check rejects non-finite tensors)."""
-        out = []
-        for u in results:
-            if u.client_id not in oversized:
-                out.append(u)
-                continue
-            median, text = oversized[u.client_id]
-            try:
-                out.append(guard.clipped(u, received, median))
-            except ValueError as exc:
-                log.warning("round %d: the update of %s is left out: %s", round_, u.client_id, exc)
-                continue
-            log.warning("round %d: the update of %s is clipped to the others' median norm: %s", round_, u.client_id, text)
-            self.state.event(round_, u.client_id, "clipped_update", text)
-        return out
-
-    def _judge(self, round_: int, spec0: ArchSpec, received: Mapping[str, Any], results: list[ClientUpdate]) -> GuardNote | None:
-        """The quality guard at the end of round ``round_`` (:mod:`coordinator.guard`): judge the version the clients received.
-
-        That version was made by round ``round_ - 1`` (the initial model in round 0); the clients' start measure
-        of this round is its only test. A kept version that scores at least the best becomes the best (saved to the
-        run folder). A rollback discards this round's aggregate (made from the judged version): the federation's
-        global model and architecture become the best's, the strategy's step shrinks
-        (:meth:`~coordinator.strategies.base.Strategy.shrink_step`, x :data:`coordinator.guard.STEP_FACTOR`, momentum
-        reset) and the event is logged. Personalised models (FedDWA, FedPer) are kept as they are. After
-        :data:`coordinator.guard.RECOVER_AFTER` kept versions in a row a shrunk step doubles back. None when no
-        client sent a start measure (nothing to judge).
-        """
-        assert self._fed is not None
-        fed = self._fed
-        figures = guard.client_figures(results)
-        if not figures:
-            return None
-        note = guard.judge(round_ - 1, figures, self._best, self.cfg.guard_margin, guard.finite_model(fed.global_state))
-        if note.action == "rollback" and self._best is not None:
-            best = self._best
-            fed.spec = best.spec
-            fed.global_state = {k: v.clone() for k, v in best.global_state.items()}
-            shrunk = self.strategy.shrink_step(1.0)  # tells whether there is a step; _step_after halves it
-            self._step_after(round_, "rollback")
-            log.warning("round %d: quality guard rolled back to the version of round %d (%s); %s", round_, best.round,
-                        note.reason, "server step halved, momentum reset" if shrunk else f"{self.strategy.name} has no "
-                        "server step to shrink")  # fmt: skip
-            self.state.event(round_, None, "rollback", f"to round {best.round}: {note.reason}")
-        elif note.to_round == round_ - 1:
-            self._best = guard.Best(round_ - 1, figures, spec0, received)
-            guard.save_best(self.cfg.run_dir, self._best)
-        if note.action == "keep":
-            self._step_after(round_, "keep")
-        return note
 
     def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
         """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
@@ -682,13 +603,13 @@ class FederationRunner:
         assert self._fed is not None
         fed = self._fed
         steps = feddist_steps.grow(
-            round_, fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.feddist_cfg, self.cfg.growth_mode
+            round_, fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.cfg.feddist.config(), self.cfg.growth_mode
         )
         exchanges: list[_Tally] = []
         try:
             ask = next(steps)
             while True:
-                ex = self.grid.exchange(fed, self._label_set, round_, ask.stage, list(ask.selected), ask.plan)
+                ex = self.grid.exchange(fed, self._label_set, round_, ask.stage, list(ask.selected), ask.plan, NO_STEERING)
                 exchanges.append(_Tally.of(ex))
                 ask = steps.send(ex.results())
         except StopIteration as done:

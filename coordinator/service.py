@@ -22,6 +22,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.grid import CoordinatorError, StateError
 from coordinator.mqtt_grid import MqttGrid
+from coordinator.rounds import compose
 from coordinator.runner import FederationRunner, open_state
 from coordinator.state import StateDamaged
 
@@ -72,9 +73,10 @@ class Coordinator:
         self.cfg = cfg
         self.progress = progress
         self.state = open_state(cfg)
+        parts = compose(cfg, self.state)  # the round policy and the strategy, shared by the grid and the runner
         self.grid = MqttGrid(cfg, self.state, lambda: self.runner.spec, clients_gone=clients_gone, admission=admission,
-                             epoch=epoch, clients_restarted=clients_restarted)  # fmt: skip
-        self.runner = FederationRunner(cfg, self.grid, evaluator, report_header, state=self.state)
+                             epoch=epoch, clients_restarted=clients_restarted, late=parts.policy.late)  # fmt: skip
+        self.runner = FederationRunner(cfg, self.grid, evaluator, report_header, state=self.state, parts=parts)
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the federation to its last round; return the report document.

@@ -93,14 +93,30 @@ def signature_ok(secret: bytes, method: str, path: str, expires_unix: int, max_b
     return hmac.compare_digest(sign(secret, method, path, expires_unix, max_bytes), signature)
 
 
+class UploadReader(Protocol):
+    """An upload slot opened for reading (:meth:`BlobStore.open_upload`): its size, read as a stream."""
+
+    size: int
+    """Bytes in the slot."""
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` more bytes (b"" at the end)."""
+        ...
+
+    def close(self) -> None:
+        """Release the slot."""
+        ...
+
+
 class BlobStore(Protocol):
     """Where the coordinator keeps model objects and receives update uploads (one interface, two back ends).
 
     Every method may raise :class:`BlobError` for a store that cannot be reached or refuses.
     """
 
-    def put_object(self, data: bytes) -> str:
-        """Store ``data`` as ``objects/{sha256}`` unless that object exists already; return its sha256 (hex)."""
+    def put_object(self, data: bytes, replace: bool = False) -> str:
+        """Store ``data`` as ``objects/{sha256}`` unless that object exists already (``replace``: write it again, a
+        copy found damaged); return its sha256 (hex)."""
         ...
 
     def has_object(self, sha256: str) -> bool:
@@ -115,12 +131,17 @@ class BlobStore(Protocol):
         """A URL that takes one PUT of at most ``max_bytes`` into ``slot`` (:func:`upload_slot`) until ``expires_unix``."""
         ...
 
-    def read_upload(self, slot: str, max_bytes: int) -> bytes | None:
-        """The bytes in ``slot``; None if nothing was uploaded there. BlobError if more than ``max_bytes``."""
+    def open_upload(self, slot: str, max_bytes: int) -> UploadReader | None:
+        """``slot`` opened for reading, its size known before a byte is read; None if nothing was uploaded there.
+        BlobError if it holds more than ``max_bytes`` (refused unread)."""
+        ...
+
+    def list_exchanges(self, root: str) -> list[str]:
+        """The exchange prefixes below ``root`` (``uploads/{run_id}/``) that hold slots: ``uploads/{run_id}/r0005-s0/``."""
         ...
 
     def drop_uploads(self, prefix: str) -> None:
-        """Delete every upload slot whose key starts with ``prefix`` (an exchange that closed)."""
+        """Delete the upload slots of an exchange (``prefix`` ends with ``/``) or one slot (a slot's whole key)."""
         ...
 
     def drop_object(self, sha256: str) -> None:

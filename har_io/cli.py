@@ -44,7 +44,8 @@ def option_fields(cls: type) -> list[tuple[str, dataclasses.Field[Any], Any]]:
     out: list[tuple[str, dataclasses.Field[Any], Any]] = []
     for f in cli_fields(cls):
         if f.metadata.get("kind") == "table":
-            out += [(f"{f.name}.{dest}", g, tp) for dest, g, tp in option_fields(hints[f.name])]
+            table = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else type(_default_of(f))  # a table built at run time
+            out += [(f"{f.name}.{dest}", g, tp) for dest, g, tp in option_fields(table)]
         else:
             out.append((f.name, f, hints[f.name]))
     return out
@@ -121,10 +122,11 @@ def settings_from(
 ) -> T:
     """Resolve a settings dataclass: its defaults, then ``file`` (a TOML mapping), then the options given, then ``fixed``.
 
-    A nested ``kind="table"`` field is a TOML table (``[fedprox]``, ``mu = 0.01``). A flat
-    key that names one of its fields by its flag (``prox_mu`` for ``--prox-mu``: the layout
-    of files written before the tables) is read into the table, with a warning naming the
-    new key.
+    A nested ``kind="table"`` field is a TOML table (``[cohort]``, ``goal = 3``). Keys of an
+    earlier layout are read into their tables with a warning naming the new key: those the
+    class moves itself (a ``migrate(data, what)`` classmethod, e.g.
+    :meth:`coordinator.config.CoordinatorConfig.migrate`), and any flat key that names a
+    table field by its flag (``prox_mu`` for ``--prox-mu``).
 
     Raises
     ------
@@ -132,7 +134,11 @@ def settings_from(
         For an unknown key or a wrong type in the file or the options (the key is named),
         a flat key given together with its table entry, or a value the dataclass rejects.
     """
-    merged: dict[str, Any] = _move_flat_keys(cls, dict(file or {}), what or cls.__name__)
+    data = dict(file or {})
+    migrate = getattr(cls, "migrate", None)
+    if migrate is not None:
+        data = migrate(data, what or cls.__name__)
+    merged: dict[str, Any] = _move_flat_keys(cls, data, what or cls.__name__)
     if args is not None:
         for dest, _, _ in option_fields(cls):
             if not hasattr(args, dest):
@@ -155,14 +161,21 @@ def _move_flat_keys(cls: type, data: dict[str, Any], what: str) -> dict[str, Any
         flat = option_flag(f)[2:].replace("-", "_")
         if not table or flat not in data or flat in known:
             continue
-        into = data.get(table, {})
+        into: Any = data
+        for part in table.split("."):
+            into = into.get(part, {}) if isinstance(into, dict) else None
         if not isinstance(into, dict):
             continue  # from_mapping names the bad table
         new_key = f"[{table}] {name}"
         if name in into:
             raise ValueError(f"{what}: {flat!r} and {new_key} both given; keep only {new_key}")
         log.warning("%s: %r is the old name of %s; read as such (write it in the table)", what, flat, new_key)
-        data[table] = {**into, name: data.pop(flat)}
+        value = data.pop(flat)
+        parent = data
+        for part in table.split("."):
+            parent[part] = dict(parent.get(part, {}))
+            parent = parent[part]
+        parent[name] = value
     return data
 
 

@@ -124,7 +124,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], what: str = "", **given:
             raise ValueError(f"{prefix}unknown setting {key!r}{hint}; {cls.__name__} knows {sorted(known)}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-            kwargs[key] = from_mapping(tp, value, f"{what} [{key}]" if what else key)
+            kwargs[key] = value if isinstance(value, tp) else from_mapping(tp, value, f"{what} [{key}]" if what else key)
         else:
             try:
                 kwargs[key] = _check_type(cls, key, tp, value)

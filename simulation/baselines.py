@@ -148,20 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
     defaults = CoordinatorConfig(run_dir=Path("."))
     ap.add_argument(
-        "--epochs", type=int, default=defaults.rounds * defaults.local_epochs,
+        "--epochs", type=int, default=defaults.rounds * defaults.training.local_epochs,
         help="passes over the training data (default %(default)s: the federation's rounds x local epochs)",
     )
-    ap.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
-    ap.add_argument("--batch-size", type=int, default=defaults.batch_size, help="(default %(default)s)")
+    ap.add_argument("--lr", type=float, default=defaults.training.lr, help="SGD learning rate (default %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=defaults.training.batch_size, help="(default %(default)s)")
     ap.add_argument("--seed", type=int, default=defaults.seed, help="training seed (default %(default)s)")
     ap.add_argument(
-        "--split-seed", type=int, default=defaults.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
+        "--split-seed", type=int, default=defaults.evaluation.split_seed, help="80/20 split seed, as the clients' (default %(default)s)"
     )
     ap.add_argument(
         "--split", default=DEFAULT_SPLIT, help="paper | blocks, optionally +label_skew[2], as the clients' (default %(default)s)"
     )
-    ap.add_argument("--conv-filters", type=int, default=defaults.conv_filters, help="(default %(default)s)")
-    ap.add_argument("--dense-units", type=int, default=defaults.dense_units, help="(default %(default)s)")
+    ap.add_argument("--conv-filters", type=int, default=defaults.model.conv_filters, help="(default %(default)s)")
+    ap.add_argument("--dense-units", type=int, default=defaults.model.dense_units, help="(default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, help="PyTorch threads (0 = default)")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (for logs: the results are printed either way)")

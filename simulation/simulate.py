@@ -44,7 +44,7 @@ from typing import Any
 import psutil
 
 from coordinator.cli import add_federation_arguments, config_from_args
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, Timing
 from coordinator.evaluation import Evaluator
 from coordinator.record import RoundRecord, records
 from coordinator.service import Coordinator, CoordinatorError, StateError
@@ -408,7 +408,7 @@ def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationP
             setattr(args, opt, str(Path(getattr(args, opt)).resolve()))
     try:
         settings = config_from_args(args, run_dir=Path("."))
-        split = SplitSpec.parse(args.split, seed=settings.split_seed)
+        split = SplitSpec.parse(args.split, seed=settings.evaluation.split_seed)
     except ValueError as exc:
         raise PlanError(Exit.USAGE, str(exc)) from None
     if args.resume:
@@ -578,9 +578,8 @@ def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals
         broker=broker,
         federation=p.federation,
         run_id=p.run_id,
-        expected_clients=len(sources),
         min_clients=min(settings.min_clients, len(sources)),
-    )
+    timing=Timing(expected_clients=len(sources)))
     header = out.header = {
         "dataset": f"{p.dataset} ({p.data})",
         "clients": len(sources),
@@ -622,7 +621,7 @@ def _client_argv(p: SimulationPlan, cid: str, source: str, broker: BrokerConfig)
         "--max-message-bytes",
         str(args.max_message_bytes),
         "--split-seed",
-        str(p.settings.split_seed),
+        str(p.settings.evaluation.split_seed),
         "--mqtt-version",
         broker.mqtt_version,
         "--split",

@@ -79,14 +79,14 @@ class StudySettings:
     """
 
     rounds: int = _FED.rounds
-    local_epochs: int = _FED.local_epochs
-    lr: float = _FED.lr
-    conv_filters: int = _FED.conv_filters
-    dense_units: int = _FED.dense_units
+    local_epochs: int = _FED.training.local_epochs
+    lr: float = _FED.training.lr
+    conv_filters: int = _FED.model.conv_filters
+    dense_units: int = _FED.model.dense_units
     clients: int = 0
     dataset: str = "hapt"
     data: Path | None = None
-    split_seed: int = _FED.split_seed
+    split_seed: int = _FED.evaluation.split_seed
     extra: tuple[str, ...] = ()
 
     def common(self) -> list[str]:

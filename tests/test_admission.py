@@ -27,9 +27,9 @@ def test_the_coordinator_decides_with_the_rule_that_explains(tmp_path: Path) -> 
     co = Coordinator(cfg, progress=False, admission=admission).grid
     for st in (_status("ok"), _status("battery", charging=False), _status("stranger"), _status("empty", n_train=0),
                _status("other", label_set="realworld8")):  # fmt: skip
-        co._on_status(st.client_id, st.to_bytes())
-    co._on_status("gone", _status("gone").to_bytes())  # refused: not even counted as present
-    assert co.eligible() == ["ok", "other"]  # no federation yet: any label set
+        co.handle(co.topics.client_status(st.client_id), st.to_bytes())
+    co.handle(co.topics.client_status("gone"), _status("gone").to_bytes())  # refused: not even counted as present
+    assert list(co.eligibility().eligible) == ["ok", "other"]  # no federation yet: any label set
     got = co.eligibility("hapt6")
     assert got.eligible == ("ok",)
     assert got.left_out == {"battery": "not_charging", "stranger": "not_enrolled", "empty": "no_training_windows",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, EvaluationSettings, ModelSettings, Timing, TrainingSettings
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator
 from coordinator.state import RunState
@@ -46,9 +46,10 @@ def test_torch_numpy_and_executorch_clients_learn_together(tmp_path: Path) -> No
         try:
             cfg = CoordinatorConfig(
                 run_dir=tmp_path / "run", broker=BrokerConfig(port=broker.port), federation="mixed", run_id="mixed",
-                rounds=3, expected_clients=3, start_timeout_s=300, round_timeout_s=300, conv_filters=8, dense_units=32,
-                lr=0.05, local_epochs=2, generalisation_every=0,
-            )
+                rounds=3, timing=Timing(expected_clients=3, start_timeout_s=300,
+                                        round_timeout_s=300), model=ModelSettings(conv_filters=8,
+                                        dense_units=32), training=TrainingSettings(lr=0.05,
+                                        local_epochs=2), evaluation=EvaluationSettings(generalisation_every=0))
             doc = Coordinator(cfg, Evaluator(union_test_set(sources)), progress=False).run()
         finally:
             for p in procs:
@@ -77,9 +78,10 @@ def test_without_torch_and_without_backend_the_client_picks_numpy_says_so_and_tr
         try:
             cfg = CoordinatorConfig(
                 run_dir=tmp_path / "run", broker=BrokerConfig(port=broker.port), federation="plain", run_id="plain",
-                rounds=1, expected_clients=1, min_clients=1, start_timeout_s=200, round_timeout_s=200, conv_filters=8, dense_units=32,
-                lr=0.05, local_epochs=1, generalisation_every=0,
-            )
+                rounds=1, min_clients=1, timing=Timing(expected_clients=1, start_timeout_s=200,
+                                                       round_timeout_s=200), model=ModelSettings(conv_filters=8,
+                                                       dense_units=32), training=TrainingSettings(lr=0.05,
+                                                       local_epochs=1), evaluation=EvaluationSettings(generalisation_every=0))
             doc = Coordinator(cfg, Evaluator(union_test_set({cid: src})), progress=False).run()
         finally:
             try:

@@ -79,9 +79,9 @@ def test_fedhar_side_is_the_main_job_with_the_chosen_transport(transport: str, t
     cmd = bench.fedhar_cmd(dict(bench.JOB_OPTIONS), tmp_path / "run", "vsflower0", transport)
     assert cmd[:3] == [sys.executable, "-m", "simulation.simulate"]
     ns = build_parser().parse_args(cmd[3:])
-    assert ns.transport == transport
-    assert (ns.clients, ns.rounds, ns.aggregation, getattr(ns, "server_opt.momentum")) == (30, 15, "fedavgm", 0.5)
-    assert ns.update_encoding == bench.JOB_OPTIONS["update_encoding"]
+    assert getattr(ns, "transport.kind") == transport
+    assert (ns.clients, ns.rounds, ns.aggregation, getattr(ns, "strategies.server_opt.momentum")) == (30, 15, "fedavgm", 0.5)
+    assert getattr(ns, "training.update_encoding") == bench.JOB_OPTIONS["update_encoding"]
     with pytest.raises(bench.BenchError, match="pass --transport mqtt or blobs"):
         bench.fedhar_cmd(dict(bench.JOB_OPTIONS), tmp_path / "run", "vsflower0", "s3")
 

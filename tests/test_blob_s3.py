@@ -1,4 +1,4 @@
-"""coordinator.blob_s3: the blob transport's S3 back end against moto's S3 server and a real SeaweedFS.
+"""coordinator.transport.s3_store: the blob transport's S3 back end against moto's S3 server and a real SeaweedFS.
 
 Both run :func:`support.blob_contract.check_store_contract` (devices' requests made with urllib
 only). moto ignores a presigned URL's expiry and any credentials, so against it the expiry is
@@ -26,8 +26,8 @@ import pytest
 from support.blob_contract import check_store_contract, http_get, http_put
 from support.seaweed import SeaweedMini, find_weed
 
-from coordinator import blob_s3
-from coordinator.blob_s3 import MAX_PRESIGN_S, S3BlobStore, make_s3_client
+from coordinator.transport import s3_store as blob_s3
+from coordinator.transport.s3_store import MAX_PRESIGN_S, S3BlobStore, make_s3_client
 from har_io.blobs import BlobError, object_key, upload_slot
 from simulation.broker import free_ports
 
@@ -204,12 +204,12 @@ def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="sha256"):
         store.object_url("not-a-digest", time.time() + 10)
     with pytest.raises(TypeError, match="bytes"):
-        store.put_object("text")  # type: ignore[arg-type]
+        store.put_object("text")  # type: ignore[arg-type,unused-ignore]
 
 
 def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     # The module imports without boto3 (only building a store needs it).
-    code = "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None; import coordinator.blob_s3"
+    code = "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None; import coordinator.transport.s3_store"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     monkeypatch.setitem(sys.modules, "boto3", None)

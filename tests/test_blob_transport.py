@@ -15,13 +15,17 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from coordinator.blob_folder import BlobServer, FolderBlobStore, load_secret
-from coordinator.blob_transport import NoticeRefused, make_grant, publish_object, read_noticed
+from coordinator.config import TransportSettings
+from coordinator.transport import Refused
+from coordinator.transport.blobs import publish_object, read_noticed
+from coordinator.transport.folder_store import BlobServer, FolderBlobStore, load_secret
 from har_io.blob_http import BlobCache, fetch_model, upload_update
 from har_io.blobs import BlobError, upload_slot
+from har_models.wire import codec
 from har_models.wire.blob_messages import BlobGrant, BlobNotice, BlobRef, UploadGrant
 from har_models.wire.messages import MessageError, RoundAnnouncement
 
@@ -171,9 +175,12 @@ def test_a_device_uses_a_model_only_if_every_byte_matches_and_fetches_it_once(se
 
 def test_the_coordinator_counts_an_upload_only_as_the_notice_describes_it(served):
     store = served
-    env = b"update envelope" * 50
-    grant = make_grant(store, "run", 4, 0, "att", "dev-a", time.time() + 60, 4096, None)
-    with pytest.raises(NoticeRefused) as missing:
+    env = codec.encode({"w": np.arange(300, dtype=np.float32)}, kind="update", round=4, arch_version=0, client_id="dev-a",
+                       meta={"run_id": "run"})  # fmt: skip
+    assert len(env) < 4096
+    expires = time.time() + 60
+    grant = BlobGrant("run", 4, 0, "att", UploadGrant(store.upload_url(upload_slot("run", 4, 0, "dev-a"), expires, 4096), expires, 4096))
+    with pytest.raises(Refused) as missing:
         read_noticed(store, "dev-a", BlobNotice("run", 4, 0, hashlib.sha256(env).hexdigest(), len(env)), 4096)
     assert missing.value.reason == "blob_missing"
     upload_update(grant.upload, env)
@@ -183,10 +190,15 @@ def test_the_coordinator_counts_an_upload_only_as_the_notice_describes_it(served
     for bad, reason in ((BlobNotice("run", 4, 0, SHA_A, len(env)), "blob_mismatch"),
                         (BlobNotice("run", 4, 0, notice.sha256, len(env) + 1), "blob_mismatch"),
                         (BlobNotice("run", 4, 0, notice.sha256, 5000), "too_large")):  # fmt: skip
-        with pytest.raises(NoticeRefused) as exc:
+        with pytest.raises(Refused) as exc:
             read_noticed(store, "dev-a", bad, 4096)
         assert exc.value.reason == reason
-    with pytest.raises(NoticeRefused) as other:  # another client's notice cannot point at dev-a's slot
+    junk = b"GIF89a" + b"\0" * 3000  # not an envelope: refused after its first bytes, its hash never computed
+    upload_update(UploadGrant(store.upload_url(upload_slot("run", 4, 0, "dev-j"), expires, 4096), expires, 4096), junk)
+    with pytest.raises(Refused) as exc:
+        read_noticed(store, "dev-j", BlobNotice("run", 4, 0, hashlib.sha256(junk).hexdigest(), len(junk)), 4096)
+    assert exc.value.reason == "bad_magic"
+    with pytest.raises(Refused) as other:  # another client's notice cannot point at dev-a's slot
         read_noticed(store, "dev-b", notice, 4096)
     assert other.value.reason == "blob_missing"
     with pytest.raises(BlobError, match="over the coordinator's limit"):
@@ -267,23 +279,24 @@ def test_personalised_models_travel_as_objects_named_in_each_clients_grant(small
 class _DownStore(FolderBlobStore):
     """A folder store whose writes fail, as an S3 store that cannot be reached does."""
 
-    def put_object(self, data: bytes) -> str:
+    def put_object(self, data: bytes, replace: bool = False) -> str:
         raise BlobError("store at http://s3.invalid: EndpointConnectionError (is it running?)")
 
 
-def _grid(tmp_path: Path, transport: str = "blobs", store=None):
+def _grid(tmp_path: Path, transport: str = "blobs", store=None, late=None):
     from coordinator.config import CoordinatorConfig
     from coordinator.mqtt_grid import MqttGrid
     from coordinator.state import RunState
 
-    cfg = CoordinatorConfig(run_dir=tmp_path / "run", federation="blobfed", run_id="run", transport=transport,
-                            max_update_bytes=4096)  # fmt: skip
+    cfg = CoordinatorConfig(run_dir=tmp_path / "run", federation="blobfed", run_id="run",
+                            transport=TransportSettings(kind=transport, max_update_bytes=4096))  # fmt: skip
     state = RunState(cfg.run_dir)
-    return MqttGrid(cfg, state, blob_store=store), state
+    return MqttGrid(cfg, state, blob_store=store, **({"late": late} if late else {})), state
 
 
 def test_a_blob_store_that_fails_closes_the_exchange_without_updates_instead_of_the_coordinator(tmp_path):
     from coordinator.round import base_plan
+    from coordinator.rounds import NO_STEERING
     from coordinator.strategies import Federation
     from har_models.nn.model import ArchSpec, init_state
 
@@ -291,7 +304,8 @@ def test_a_blob_store_that_fails_closes_the_exchange_without_updates_instead_of_
     grid, state = _grid(tmp_path, store=store)
     try:
         spec = ArchSpec(n_classes=6, conv_filters=2, dense_units=4)
-        ex = grid.exchange(Federation(spec, spec, init_state(spec, 0)), "hapt6", 3, 0, ["dev-a", "dev-b"], base_plan(grid.cfg, 3))
+        ex = grid.exchange(Federation(spec, spec, init_state(spec, 0)), "hapt6", 3, 0, ["dev-a", "dev-b"], base_plan(grid.cfg, 3),
+                           NO_STEERING)  # fmt: skip
         assert ex.updates == {} and [(f.client_id, f.reason) for f in ex.failures()] == [
             ("dev-a", "blob_store_unavailable"), ("dev-b", "blob_store_unavailable")]
         assert [(r, c, d[:33]) for r, c, _, d in state.events("blob_store_failed")] == [(3, None, "store at http://s3.invalid: Endpo")]
@@ -300,19 +314,38 @@ def test_a_blob_store_that_fails_closes_the_exchange_without_updates_instead_of_
 
 
 def test_a_notice_that_does_not_belong_to_the_open_exchange_is_counted_and_dropped(tmp_path):
+    from coordinator.exchange import Exchange
+    from coordinator.rounds import Late
+    from har_models.nn.model import ArchSpec
+    from har_models.wire.blob_messages import BLOB_NOTICE_INDEX
+
     notice = BlobNotice("run", 0, 0, SHA_A, 10).to_bytes()
-    grid, state = _grid(tmp_path, store=FolderBlobStore(tmp_path / "blobs", "http://127.0.0.1:9", b"k" * 32))
+
+    def not_needed(cid: str, round_: int, stage: int) -> Late | None:  # round 0 closed at its cohort goal without dev-b
+        return Late(round_) if (cid, round_, stage) == ("dev-b", 0, 0) else None
+
+    grid, state = _grid(tmp_path, store=FolderBlobStore(tmp_path / "blobs", "http://127.0.0.1:9", b"k" * 32), late=not_needed)
     plain, plain_state = _grid(tmp_path / "plain", transport="mqtt")
+
+    def carried(g) -> Exchange:  # what arrived while no exchange was open, as the next one counts it
+        ex = Exchange(1, 0, ArchSpec(n_classes=6, conv_filters=2, dense_units=4), frozenset(), False)
+        g.intake.open(ex, 4096)
+        g.intake.close()
+        return ex
+
+    def to(cid: str) -> str:
+        return grid.topics.client_update(cid, BLOB_NOTICE_INDEX)
+
     try:
-        grid._on_blob_notice("dev-a", notice)  # no exchange open
-        grid._on_blob_notice("dev-a", b"{not json")
-        grid._on_blob_notice("dev-a", BlobNotice("other-run", 0, 0, SHA_A, 10).to_bytes())
-        plain._on_blob_notice("dev-a", notice)  # a coordinator over MQTT takes no notice
-        assert dict(grid._rejected_outside) == {("dev-a", "stale_round"): 2, ("dev-a", "malformed"): 1}
-        grid._not_needed = (0, 0, frozenset({"dev-b"}))  # round 0 closed at its cohort goal without waiting for dev-b
-        grid._on_blob_notice("dev-b", notice)
-        assert dict(grid._duplicates_outside) == {"dev-b": 1} and ("dev-b", "stale_round") not in grid._rejected_outside
-        assert dict(plain._rejected_outside) == {("dev-a", "wrong_transport"): 1}
+        grid.handle(to("dev-a"), notice)  # no exchange open
+        grid.handle(to("dev-a"), b"{not json")
+        grid.handle(to("dev-a"), BlobNotice("other-run", 0, 0, SHA_A, 10).to_bytes())
+        grid.handle(to("dev-b"), notice)
+        plain.handle(to("dev-a"), notice)  # a coordinator over MQTT takes no notice
+        ex = carried(grid)
+        assert dict(ex.rejected) == {("dev-a", "stale_round"): 2, ("dev-a", "malformed"): 1}
+        assert dict(ex.duplicates) == {"dev-b": 1} and ("dev-b", "stale_round") not in ex.rejected
+        assert dict(carried(plain).rejected) == {("dev-a", "wrong_transport"): 1}
     finally:
         state.close()
         plain_state.close()

@@ -115,10 +115,10 @@ def test_eligibility_reads_the_statuses_waiting_in_the_inbox_before_judging_pres
     state = RunState(cfg.run_dir)
     try:
         grid = MqttGrid(cfg, state)
-        grid._on_status("phone-a", _status(n_train=3, sent_unix=time.time(), refresh_s=0.02))  # stale after 0.06 s
+        grid.handle(grid.topics.client_status("phone-a"), _status(n_train=3, sent_unix=time.time(), refresh_s=0.02))  # stale after 0.06 s
         time.sleep(0.2)
         assert grid.clients.online("phone-a") is False
-        grid.link.inbox.put((grid.topics.client_status("phone-a"), _status(n_train=3, sent_unix=time.time(), refresh_s=30.0), False))
-        assert list(grid.eligibility().eligible) == ["phone-a"] and grid.link.inbox.empty()
+        grid.inbox.put((grid.topics.client_status("phone-a"), _status(n_train=3, sent_unix=time.time(), refresh_s=30.0), False))
+        assert list(grid.eligibility().eligible) == ["phone-a"] and grid.inbox.empty()
     finally:
         state.close()

@@ -1,4 +1,4 @@
-"""Cohorts with a goal count, a minimum fraction and a deadline, and pace steering (coordinator/cohort.py), over the
+"""Cohorts with a goal count, a minimum fraction and a deadline, and pace steering (coordinator/rounds/cohort.py), over the
 in-memory grid (tests/support/inmemory_grid.py) with known answers; and the O(N)-per-message costs they remove."""
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.configs import config
 from support.inmemory_grid import InMemoryGrid, device_status
 
-from coordinator.cohort import NO_STEERING, PACE_LEAD_S, cohort_cap, pace_window, quorum, steering
-from coordinator.config import CoordinatorConfig
-from coordinator.round import Exchange, select_clients
+from coordinator.config import CohortSettings, CoordinatorConfig, ModelSettings, Timing
+from coordinator.exchange import Exchange
+from coordinator.rounds import NO_STEERING, Steering, policy_of, select_clients
+from coordinator.rounds.cohort import PACE_LEAD_S, CohortRounds, pace_window
 from coordinator.runner import FederationRunner
+from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import MessageError, RoundAnnouncement
 from har_models.wire.pace import Pace
@@ -25,10 +28,33 @@ IDS = [f"d{i:02d}" for i in range(20)]
 
 
 def _cfg(tmp_path: Path, name: str = "run", **kw: Any) -> CoordinatorConfig:
-    base: dict[str, Any] = dict(run_dir=tmp_path / name, run_id="mem", rounds=3, conv_filters=4, dense_units=8,
-                                min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavg")  # fmt: skip
-    base.update(kw)
-    return CoordinatorConfig(**base)
+    return config(dict(run_dir=tmp_path / name, run_id="mem", rounds=3, model=ModelSettings(conv_filters=4, dense_units=8),
+                       min_clients=2, timing=Timing(start_timeout_s=1.0, start_settle_s=0.0), aggregation="fedavg"), kw)  # fmt: skip
+
+
+def quorum(cfg: CoordinatorConfig) -> int:
+    """The updates a round of ``cfg`` needs (its round policy's quorum)."""
+    return policy_of(cfg).quorum
+
+
+def cohort_cap(cfg: CoordinatorConfig) -> int:
+    """The most devices a round of ``cfg`` selects (0: no cap)."""
+    return CohortRounds(cfg).cap if cfg.cohort.goal else 0
+
+
+def steering(cfg: CoordinatorConfig, now: float, period: float, present: int, selected: int) -> Steering:
+    """The steering the round policy of ``cfg`` gives a round."""
+    return policy_of(cfg).steering(now, period, present, selected)
+
+
+def _full_exchange(round_: int, goal: int, selected: list[str]) -> Exchange:
+    """An exchange of ``round_`` that closed at its cohort goal, the first ``goal`` of ``selected`` having answered."""
+    ex = Exchange(round_, 0, ArchSpec(n_classes=6, conv_filters=4, dense_units=8), frozenset(selected), False,
+                  Steering(close_at=goal, unanswered="cohort_full"))  # fmt: skip
+    for cid in selected[:goal]:
+        ex.add(ClientUpdate(cid, round_, 0, 40, 10, {}, None, size=1))
+    assert ex.full()
+    return ex
 
 
 def _grid(n: int = 20) -> InMemoryGrid:
@@ -55,19 +81,19 @@ def test_without_a_goal_the_quorum_is_min_clients_and_nothing_is_capped_or_steer
 
 def test_goal_margin_and_minimum_fraction_give_known_cap_and_quorum(tmp_path: Path) -> None:
     # Bonawitz et al.'s 130 %: goal 10 -> 13 selected; 0.8 of the goal -> 8 updates needed
-    cfg = _cfg(tmp_path, cohort_goal=10, cohort_overselect=0.3, cohort_min_fraction=0.8)
+    cfg = _cfg(tmp_path, cohort=CohortSettings(goal=10, overselect=0.3, min_fraction=0.8))
     assert (cohort_cap(cfg), quorum(cfg)) == (13, 8)
     # the fraction only raises the floor min_clients
-    assert quorum(_cfg(tmp_path, min_clients=4, cohort_goal=10, cohort_min_fraction=0.2)) == 4
-    assert quorum(_cfg(tmp_path, min_clients=2, cohort_goal=10, cohort_min_fraction=0.25)) == 3  # ceil(2.5)
-    assert cohort_cap(_cfg(tmp_path, cohort_goal=7)) == 7
+    assert quorum(_cfg(tmp_path, min_clients=4, cohort=CohortSettings(goal=10, min_fraction=0.2))) == 4
+    assert quorum(_cfg(tmp_path, min_clients=2, cohort=CohortSettings(goal=10, min_fraction=0.25))) == 3  # ceil(2.5)
+    assert cohort_cap(_cfg(tmp_path, cohort=CohortSettings(goal=7))) == 7
 
 
 @pytest.mark.parametrize(("kw", "what"), [
-    (dict(min_clients=3, cohort_goal=2), "cohort_goal"),
-    (dict(cohort_goal=-1), "cohort_goal"),
-    (dict(cohort_goal=5, cohort_min_fraction=1.5), "cohort_min_fraction"),
-    (dict(cohort_goal=5, cohort_overselect=-0.1), "cohort_overselect"),
+    (dict(min_clients=3, cohort=CohortSettings(goal=2)), r"\[cohort\] goal"),
+    (dict(cohort=CohortSettings(goal=-1)), r"\[cohort\] goal"),
+    (dict(cohort=CohortSettings(goal=5, min_fraction=1.5)), r"\[cohort\] min_fraction"),
+    (dict(cohort=CohortSettings(goal=5, overselect=-0.1)), r"\[cohort\] overselect"),
 ])  # fmt: skip
 def test_bad_cohort_settings_are_refused_by_name(tmp_path: Path, kw: dict[str, Any], what: str) -> None:
     with pytest.raises(ValueError, match=what):
@@ -93,7 +119,7 @@ def test_a_cap_bounds_the_seeded_draw_reproducibly_and_no_cap_is_the_draw_of_bef
 
 # ---------------------------------------------------------------------------- rounds over the in-memory grid
 def test_a_round_selects_goal_times_margin_and_closes_at_the_goal(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, cohort_goal=5, cohort_overselect=0.4)  # 7 selected of 20, closes at 5 updates
+    cfg = _cfg(tmp_path, cohort=CohortSettings(goal=5, overselect=0.4))  # 7 selected of 20, closes at 5 updates
     grid = _grid()
     runner = _runner(cfg, grid)
     record = runner.run_round(0)
@@ -110,7 +136,7 @@ def test_a_round_selects_goal_times_margin_and_closes_at_the_goal(tmp_path: Path
 def test_the_cohorts_are_reproducible_from_the_seed_and_change_from_round_to_round(tmp_path: Path) -> None:
     def cohorts(name: str, seed: int) -> list[tuple[str, ...]]:
         grid = _grid()
-        runner = _runner(_cfg(tmp_path, name, seed=seed, cohort_goal=4), grid)
+        runner = _runner(_cfg(tmp_path, name, seed=seed, cohort=CohortSettings(goal=4)), grid)
         for r in range(2):
             assert runner.run_round(r) is not None
         return _selected(grid)
@@ -122,7 +148,7 @@ def test_the_cohorts_are_reproducible_from_the_seed_and_change_from_round_to_rou
 
 def test_a_round_below_the_minimum_fraction_is_closed_and_run_again(tmp_path: Path) -> None:
     # goal 5, 0.8 of it: 4 updates needed, where min_clients (2) alone would have taken 3
-    cfg = _cfg(tmp_path, cohort_goal=5, cohort_min_fraction=0.8)
+    cfg = _cfg(tmp_path, cohort=CohortSettings(goal=5, min_fraction=0.8))
     grid = _grid()
     runner = _runner(cfg, grid)
     sel = select_clients(IDS, 0, 4, 1.0, cfg.seed, 5)
@@ -137,7 +163,7 @@ def test_a_round_below_the_minimum_fraction_is_closed_and_run_again(tmp_path: Pa
 
 
 def test_too_few_eligible_devices_for_the_raised_quorum_skip_the_round(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, cohort_goal=5, cohort_min_fraction=1.0)
+    cfg = _cfg(tmp_path, cohort=CohortSettings(goal=5, min_fraction=1.0))
     grid = _grid(6)
     runner = _runner(cfg, grid)
     for cid in IDS[:2]:
@@ -180,7 +206,7 @@ def test_the_pace_window_spreads_a_large_population_over_the_rounds_it_needs() -
 
 
 def test_the_runner_announces_a_pace_from_the_deadline_then_from_the_period_seen(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, cohort_goal=4, round_timeout_s=120.0)
+    cfg = _cfg(tmp_path, cohort=CohortSettings(goal=4), timing={"round_timeout_s": 120.0})
     grid = _grid()
     runner = _runner(cfg, grid)
     t0 = time.time()
@@ -235,7 +261,7 @@ def test_asking_whether_an_exchange_is_complete_does_not_pass_over_the_selected_
     for _ in range(1000):
         assert not ex.complete()
     assert _CountingSet.passes == 0
-    ex.enough = 0
+    ex.steering = Steering(close_at=0)
     assert ex.complete()
 
 
@@ -273,10 +299,10 @@ def test_a_wait_before_round_0_takes_in_a_burst_of_statuses_so_eligibility_runs_
     grid = Coordinator(_cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9")), progress=False).grid
     topics = Topics()
     for cid in IDS:
-        grid.link.inbox.put((topics.client_status(cid), device_status(cid, 10).to_bytes(), False))
+        grid.inbox.put((topics.client_status(cid), device_status(cid, 10).to_bytes(), False))
     grid.wait(0.5)
     assert len(grid.eligibility().eligible) == len(IDS)  # one wait took in all 20, not one
-    assert grid.link.inbox.qsize() == 0
+    assert grid.inbox.qsize() == 0
     t0 = time.monotonic()
     grid.wait(0.05)  # nothing queued: it waits and returns
     assert time.monotonic() - t0 >= 0.04
@@ -293,13 +319,14 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
     from har_models.wire.topics import Topics
 
     n, goal = 1000, 400
-    cfg = _cfg(tmp_path, broker=BrokerConfig(port=mosquitto), cohort_goal=goal, cohort_overselect=0.25, round_timeout_s=1.0)
+    cfg = _cfg(tmp_path, broker=BrokerConfig(port=mosquitto), cohort=CohortSettings(goal=goal, overselect=0.25),
+               timing={"round_timeout_s": 1.0})
     co = Coordinator(cfg, progress=False)
     grid, topics = co.grid, Topics()
     ids = [f"p{i:04d}" for i in range(n)]
     statuses = {cid: device_status(cid, 10).to_bytes() for cid in ids}
     for cid in ids:  # as the broker delivers them: a burst of statuses
-        grid.link.inbox.put((topics.client_status(cid), statuses[cid], False))
+        grid.inbox.put((topics.client_status(cid), statuses[cid], False))
     grid.wait(0.5)
     assert len(grid.eligibility().eligible) == n
     grid.open()
@@ -308,7 +335,7 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
         co.runner.start(resume=False)
         co.runner.ensure_federation()
         for cid in ids * 3:  # three more statuses of every device wait to be handled while the round collects
-            grid.link.inbox.put((topics.client_status(cid), statuses[cid], False))
+            grid.inbox.put((topics.client_status(cid), statuses[cid], False))
         passes = 0
         fresh = grid.presence.fresh
 
@@ -318,10 +345,13 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
             return fresh(cid, now)
 
         grid.clients.presence.fresh = counted  # type: ignore[method-assign]
-        grid._not_needed = (0, 0, frozenset(ids))  # as if an attempt of round 0 had closed at its goal without them
+        policy = co.runner.policy
+        assert isinstance(policy, CohortRounds)
+        policy.closed(_full_exchange(0, goal, ids), co.runner._fed)  # type: ignore[arg-type]  # an attempt of round 0 closed at its goal
+        assert policy.not_needed is not None and policy.not_needed[:2] == (0, 0)
         t0 = time.time()
         assert co.runner.run_round(0) is None  # nobody trains here: closed at its 1 s deadline without quorum
-        assert grid._not_needed is None  # round 0 opened again: their round-0 updates count in it, not as copies
+        assert policy.not_needed is None  # round 0 opened again: their round-0 updates count in it, not as copies
         ann = None
         while ann is None:
             _, payload, _ = watcher.q.get(timeout=10)
@@ -329,7 +359,7 @@ def test_over_mosquitto_the_announcement_names_the_cohort_with_its_pace_and_mess
         assert len(ann.selected) == 500 and set(ann.selected) <= set(ids)  # 400 x 1.25, not 1000
         assert ann.pace is not None and ann.pace.next_round_unix == pytest.approx(t0 + 1.0, abs=1.0)
         assert ann.pace.window_s == pytest.approx(1.0, abs=0.05)  # 1000 present, 500 a round: 2 rounds of 1 s
-        assert grid.link.inbox.qsize() == 0  # the 3,000 statuses were handled during the round
+        assert grid.inbox.qsize() == 0  # the 3,000 statuses were handled during the round
         # one eligibility pass (1,000) and a pass over the 500 selected twice a second, not 3,000 x 500 = 1.5 M
         assert passes <= n + 500 * 6
     finally:
@@ -354,7 +384,7 @@ def test_the_rounds_line_counts_the_devices_not_needed_apart_from_those_that_mis
     from coordinator.round import summary_line
 
     grid = _grid()
-    runner = _runner(_cfg(tmp_path, cohort_goal=3, cohort_overselect=0.6, min_clients=2), grid)  # ceil(4.8) = 5 selected
+    runner = _runner(_cfg(tmp_path, min_clients=2, cohort=CohortSettings(goal=3, overselect=0.6)), grid)  # ceil(4.8) = 5 selected
     sel = select_clients(IDS, 0, 2, 1.0, 1, 5)
     grid.silent = {sel[0]}  # never answers; the next three reach the goal: neither it nor the last was waited for
     record = runner.run_round(0)
@@ -389,17 +419,20 @@ def test_the_late_update_of_a_device_a_round_closed_at_its_goal_did_not_wait_for
     from har_models.wire.chunking import split_payload
 
     spec = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
-    grid = Coordinator(_cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1"), progress=False).grid
+    co = Coordinator(_cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1", cohort=CohortSettings(goal=2)),
+                     progress=False)  # fmt: skip
+    grid = co.grid
 
     def send(cid: str, round_: int) -> None:
         state = {k: v.numpy() for k, v in init_state(spec, 1).items()}
         meta = {"run_id": "r1", "stage": 0, "n_train": 40, "n_test": 10}
-        for chunk in split_payload(codec.encode(state, kind="update", round=round_, arch_version=spec.version, client_id=cid,
-                                                meta=meta), 1 << 20):  # fmt: skip
-            grid._on_update_chunk(cid, chunk)
+        for i, chunk in enumerate(split_payload(codec.encode(state, kind="update", round=round_, arch_version=spec.version,
+                                                             client_id=cid, meta=meta), 1 << 20)):  # fmt: skip
+            grid.handle(grid.topics.client_update(cid, i), chunk)
 
-    grid._not_needed = (3, 0, frozenset({"late"}))  # as round 3 left it, closed at its goal before "late" answered
-    ex = grid._collect = Exchange(4, 0, spec, frozenset({"late", "other"}), False)
+    co.runner.policy.closed(_full_exchange(3, 2, ["a", "b", "late"]), co.runner._fed)  # type: ignore[arg-type]
+    ex = Exchange(4, 0, spec, frozenset({"late", "other"}), False)  # round 3 closed at its goal before "late" answered
+    grid.intake.open(ex, 1 << 30)
     grid.receipts.open(4, 0)
     send("late", 3)  # round 3's update, trained before the close, arrives in round 4
     send("other", 3)  # a round-3 update of a device round 3 did not leave out stays a rejection
@@ -413,9 +446,9 @@ def test_serve_refuses_a_schedule_that_starts_rounds_below_a_cohorts_quorum(tmp_
     from har_io.broker_config import BrokerConfig
 
     path = tmp_path / "server.toml"
-    path.write_text("min_clients = 2\ncohort_goal = 10\ncohort_min_fraction = 0.5\n[schedule]\nmin_clients = 4\n")
-    with pytest.raises(ValueError, match=r"\[schedule\] min_clients = 4 is below the quorum ceil\(cohort_min_fraction x cohort_goal\) = 5"):
+    path.write_text("min_clients = 2\n[cohort]\ngoal = 10\nmin_fraction = 0.5\n[schedule]\nmin_clients = 4\n")
+    with pytest.raises(ValueError, match=r"\[schedule\] min_clients = 4 is below the quorum ceil\(\[cohort\] min_fraction x goal\) = 5"):
         federation_config(read_serve_file(path), tmp_path, BrokerConfig(), "home", "run")
-    path.write_text("min_clients = 2\ncohort_goal = 10\ncohort_min_fraction = 0.5\n[schedule]\nmin_clients = 5\n")
+    path.write_text("min_clients = 2\n[cohort]\ngoal = 10\nmin_fraction = 0.5\n[schedule]\nmin_clients = 5\n")
     cfg = federation_config(read_serve_file(path), tmp_path, BrokerConfig(), "home", "run")
-    assert (cfg.cohort_goal, quorum(cfg)) == (10, 5)
+    assert (cfg.cohort.goal, CohortRounds(cfg).quorum) == (10, 5)

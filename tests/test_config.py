@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import build_parser, config_from_args, main
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, EvaluationSettings, Timing, TrainingSettings
 from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.strategies.fedopt import ServerOptSettings
 from coordinator.strategies.fedprox import FedProxSettings
@@ -38,9 +38,9 @@ def test_help_shows_each_dataclass_default() -> None:
 def test_training_defaults_have_one_source() -> None:
     # Hand-written copies of these numbers were what let six defaults drift apart.
     plan, train, cfg = TrainingPlan(), TrainConfig(), CoordinatorConfig(run_dir=Path("."))
-    assert (plan.lr, train.lr, cfg.lr) == (LocalTraining.lr,) * 3 == (0.1,) * 3
-    assert (plan.batch_size, train.batch_size, cfg.batch_size) == (LocalTraining.batch_size,) * 3 == (32,) * 3
-    assert (plan.local_epochs, train.epochs, cfg.local_epochs) == (1, 1, 1)
+    assert (plan.lr, train.lr, cfg.training.lr) == (LocalTraining.lr,) * 3 == (0.1,) * 3
+    assert (plan.batch_size, train.batch_size, cfg.training.batch_size) == (LocalTraining.batch_size,) * 3 == (32,) * 3
+    assert (plan.local_epochs, train.epochs, cfg.training.local_epochs) == (1, 1, 1)
 
 
 def test_options_override_the_file_which_overrides_defaults(tmp_path: Path) -> None:
@@ -48,13 +48,13 @@ def test_options_override_the_file_which_overrides_defaults(tmp_path: Path) -> N
     f.write_text('rounds = 3\nlr = 0.05\naggregation = "feddwa"\n[ala]\neta = 0.5\n')
     args = build_parser().parse_args(["--config", str(f), "--lr", "0.2"])
     cfg = config_from_args(args, run_dir=tmp_path)
-    assert (cfg.rounds, cfg.lr, cfg.aggregation, cfg.ala.eta, cfg.ala.rand_percent) == (3, 0.2, "feddwa", 0.5, 80.0)
+    assert (cfg.rounds, cfg.training.lr, cfg.aggregation, cfg.ala.eta, cfg.ala.rand_percent) == (3, 0.2, "feddwa", 0.5, 80.0)
 
 
 def test_resolved_settings_round_trip_through_toml(tmp_path: Path) -> None:
     cfg = CoordinatorConfig(
-        run_dir=tmp_path, rounds=7, lr=0.03, client_init="ala", ala=AlaConfig(eta=0.25, layer_idx=4), split_seed=3,
-        expected_clients=None,
+        run_dir=tmp_path, rounds=7, client_init="ala", ala=AlaConfig(eta=0.25, layer_idx=4), training=TrainingSettings(lr=0.03),
+        evaluation=EvaluationSettings(split_seed=3), timing=Timing(expected_clients=None),
     )
     write_settings_file(tmp_path / "config.toml", cfg.settings())
     back = config_from_args(build_parser().parse_args(["--config", str(tmp_path / "config.toml")]), run_dir=tmp_path)
@@ -64,15 +64,18 @@ def test_resolved_settings_round_trip_through_toml(tmp_path: Path) -> None:
 
 def test_strategy_settings_are_tables_with_the_old_flags_and_each_default_written_once(tmp_path: Path) -> None:
     cfg = CoordinatorConfig(run_dir=tmp_path)
-    assert (cfg.fedprox, cfg.feddwa, cfg.server_opt) == (FedProxSettings(0.01), FedDWASettings(5), ServerOptSettings())
+    tables = cfg.strategies
+    assert (tables.fedprox, tables.feddwa, tables.server_opt) == (FedProxSettings(0.01), FedDWASettings(5), ServerOptSettings())
     args = build_parser().parse_args(["--prox-mu", "0.2", "--top-k", "3", "--server-lr", "0.5", "--server-momentum", "0.1"])
     got = config_from_args(args, run_dir=tmp_path)
-    assert (got.fedprox.mu, got.feddwa.top_k, got.server_opt.lr, got.server_opt.momentum) == (0.2, 3, 0.5, 0.1)
+    t = got.strategies
+    assert (t.fedprox.mu, t.feddwa.top_k, t.server_opt.lr, t.server_opt.momentum) == (0.2, 3, 0.5, 0.1)
     f = tmp_path / "fed.toml"
-    f.write_text('aggregation = "feddwa"\n[feddwa]\ntop_k = 2\n[fedprox]\nmu = 0.3\n')
+    f.write_text('aggregation = "feddwa"\n[strategies.feddwa]\ntop_k = 2\n[strategies.fedprox]\nmu = 0.3\n')
     got = config_from_args(build_parser().parse_args(["--config", str(f), "--prox-mu", "0.4"]), run_dir=tmp_path)
-    assert (got.feddwa.top_k, got.fedprox.mu) == (2, 0.4)  # the option wins over the file, the rest of the table stays
-    doc = got.to_json()
+    t = got.strategies
+    assert (t.feddwa.top_k, t.fedprox.mu) == (2, 0.4)  # the option wins over the file, the rest of the table stays
+    doc = got.to_json()["strategies"]
     assert doc["feddwa"] == {"top_k": 2, "gram": "float32"} and doc["fedprox"] == {"mu": 0.4} and "top_k" not in doc
 
 
@@ -80,11 +83,11 @@ def test_a_file_with_the_old_flat_keys_still_loads(tmp_path: Path, caplog: pytes
     f = tmp_path / "old.toml"  # a run folder's config.toml as written before the tables
     f.write_text('aggregation = "fedavgm"\nprox_mu = 0.02\ntop_k = 4\nserver_lr = 0.7\nserver_momentum = 0.3\n')
     cfg = config_from_args(build_parser().parse_args(["--config", str(f)]), run_dir=tmp_path)
-    assert cfg.fedprox == FedProxSettings(0.02) and cfg.feddwa == FedDWASettings(4)
-    assert cfg.server_opt == ServerOptSettings(lr=0.7, momentum=0.3)
-    assert "'prox_mu' is the old name of [fedprox] mu" in caplog.text
-    f.write_text("top_k = 4\n[feddwa]\ntop_k = 3\n")
-    with pytest.raises(ValueError, match=r"'top_k' and \[feddwa\] top_k both given; keep only \[feddwa\] top_k"):
+    assert cfg.strategies.fedprox == FedProxSettings(0.02) and cfg.strategies.feddwa == FedDWASettings(4)
+    assert cfg.strategies.server_opt == ServerOptSettings(lr=0.7, momentum=0.3)
+    assert "'prox_mu' is the old name of [strategies.fedprox] mu" in caplog.text
+    f.write_text("top_k = 4\n[strategies.feddwa]\ntop_k = 3\n")
+    with pytest.raises(ValueError, match=r"'top_k' and \[strategies.feddwa\] top_k both given; keep only \[strategies.feddwa\] top_k"):
         config_from_args(build_parser().parse_args(["--config", str(f)]), run_dir=tmp_path)
 
 
@@ -95,9 +98,9 @@ def test_a_file_with_the_old_flat_keys_still_loads(tmp_path: Path, caplog: pytes
         ("[fedprox]\nmuu = 0.1\n", "[fedprox]: unknown setting 'muu' (did you mean 'mu'?)"),
         ("[feddwa]\ntop_k = 0\n", "FedDWASettings.top_k must be >= 1, got 0"),
         ("[server_opt]\nmomentum = 1.5\n", "momentum (--server-momentum) in [0, 1)"),
-        ("fedprox = 0.1\n", "expected a table/object of FedProxSettings settings"),
+        ("fedprox = 0.1\n", "'fedprox' must be a table of settings ([strategies.fedprox])"),
         ('rounds = "ten"\n', "CoordinatorConfig.rounds = 'ten': expected an integer"),
-        ("lr = true\n", "CoordinatorConfig.lr = True: expected a finite number"),
+        ("lr = true\n", "TrainingSettings.lr = True: expected a finite number"),
         ('aggregation = "fedsgd"\n', "aggregation must be one of"),
         ("[ala]\nrand_pct = 50\n", "'rand_pct' (did you mean 'rand_percent'?)"),
         ("[ala]\neta = -1.0\n", "AlaConfig.eta must be finite and >= 0, got -1.0"),

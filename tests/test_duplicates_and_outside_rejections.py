@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
+from coordinator.exchange import Exchange
 from coordinator.mqtt_grid import MqttGrid
 from coordinator.record import Participation, RoundRecord
-from coordinator.round import Exchange
 from coordinator.service import Coordinator
 from har_io.broker_config import BrokerConfig
 from har_models.nn.model import ArchSpec, init_state
@@ -29,19 +29,19 @@ def _update(round_: int, run_id: str = "r1") -> bytes:
 
 
 def _send(grid: MqttGrid, data: bytes) -> None:
-    for chunk in split_payload(data, 1 << 20):
-        grid._on_update_chunk("c1", chunk)
+    for i, chunk in enumerate(split_payload(data, 1 << 20)):
+        grid.handle(grid.topics.client_update("c1", i), chunk)
 
 
 def _open(grid: MqttGrid, round_: int) -> Exchange:
-    ex = grid._collect = Exchange(round_, 0, SPEC, frozenset({"c1"}), False)
+    ex = Exchange(round_, 0, SPEC, frozenset({"c1"}), False)
     grid.receipts.open(round_, 0)
-    grid._carry_outside(ex)
+    grid.intake.open(ex, 1 << 30)
     return ex
 
 
 def _close(grid: MqttGrid) -> None:
-    grid._collect = None
+    grid.intake.close()
     grid.receipts.close()
 
 
@@ -66,7 +66,7 @@ def test_rejections_and_duplicates_between_rounds_go_into_the_next_exchange(tmp_
     for round_, update in ((3, data), (4, _update(4))):
         _open(grid, round_)
         _send(grid, update)
-        assert list(grid._collect.updates) == ["c1"]  # type: ignore[union-attr]
+        assert grid.intake.collecting is not None and list(grid.intake.collecting.updates) == ["c1"]
         _close(grid)
     _send(grid, _update(4, run_id="other"))  # no round open: counted, not dropped
     _send(grid, data)  # between rounds, a copy of the round-3 update: a duplicate

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from support.mqtt_watcher import Watcher
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, ModelSettings, Timing, TrainingSettings
 from coordinator.service import Coordinator
 from har_io.broker_config import BrokerConfig
 from har_models.data.labels import LABEL_SETS
@@ -75,8 +75,9 @@ def test_a_device_frozen_mid_round_does_not_stall_the_federation_and_an_update_c
     procs = [_client(1, mosquitto, fed, tmp_path), _client(2, mosquitto, fed, tmp_path)]
     watcher = Watcher(mosquitto, topics.round)
     cfg = CoordinatorConfig(run_dir=tmp_path / "run", broker=BrokerConfig(port=mosquitto), federation=fed, run_id=fed,
-                            conv_filters=8, dense_units=16, rounds=1, expected_clients=2, min_clients=2, local_epochs=5,
-                            start_timeout_s=120, round_timeout_s=DEADLINE_S)  # fmt: skip
+                            rounds=1, min_clients=2, model=ModelSettings(conv_filters=8, dense_units=16),
+                            timing=Timing(expected_clients=2, start_timeout_s=120, round_timeout_s=DEADLINE_S),
+                            training=TrainingSettings(local_epochs=5))  # fmt: skip
     out: dict[str, Any] = {}
 
     def coordinate() -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from support.configs import config
 from support.mqtt_watcher import Watcher
 from support.small_federation import coordinator_args
 
@@ -57,10 +58,8 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _small(run_dir: Path, port: int, federation: str, **kw: object) -> CoordinatorConfig:
-    base: dict[str, object] = dict(run_dir=run_dir, broker=BrokerConfig(port=port), federation=federation, run_id=federation,
-                                   conv_filters=8, dense_units=16, start_timeout_s=120, round_timeout_s=120, min_clients=1)  # fmt: skip
-    base.update(kw)
-    return CoordinatorConfig(**base)  # type: ignore[arg-type]
+    return config(dict(run_dir=run_dir, broker=BrokerConfig(port=port), federation=federation, run_id=federation, min_clients=1,
+                       model={"conv_filters": 8, "dense_units": 16}, timing={"start_timeout_s": 120, "round_timeout_s": 120}), kw)
 
 
 def _flood(port: int, topic: str, stop: threading.Event, sent: list[int], limit: int = 60_000, seconds: float = 30.0) -> None:

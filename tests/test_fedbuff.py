@@ -1,4 +1,4 @@
-"""Buffered asynchronous rounds (FedBuff, coordinator/fedbuff.py; Nguyen et al., AISTATS 2022, Algorithm 1)."""
+"""Buffered asynchronous rounds (FedBuff, coordinator/rounds/buffered.py; Nguyen et al., AISTATS 2022, Algorithm 1)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 import torch
+from support.configs import config
 from support.inmemory_grid import InMemoryGrid, device_status
 
-from coordinator import fedbuff
-from coordinator.config import CoordinatorConfig
+from coordinator.config import BufferSettings, CohortSettings, CoordinatorConfig, ModelSettings, TrainingSettings
+from coordinator.exchange import Exchange, published_models
 from coordinator.record import RoundRecord
-from coordinator.round import Exchange, published_models
+from coordinator.rounds import Late, Steering, compose
+from coordinator.rounds import buffered as fedbuff
 from coordinator.runner import FederationRunner
+from coordinator.state import RunState
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
@@ -28,10 +31,8 @@ SPEC = ArchSpec(n_classes=6, conv_filters=4, dense_units=8)
 
 
 def _cfg(tmp_path: Path, **kw: Any) -> CoordinatorConfig:
-    base: dict[str, Any] = dict(run_dir=tmp_path / "run", rounds=3, min_clients=2, conv_filters=4, dense_units=8,
-                                aggregation="fedavg", guard=False)  # fmt: skip
-    base.update(kw)
-    return CoordinatorConfig(**base)
+    return config(dict(run_dir=tmp_path / "run", rounds=3, min_clients=2, model=ModelSettings(conv_filters=4, dense_units=8),
+                       aggregation="fedavg"), kw)
 
 
 def _update(cid: str, state: Mapping[str, torch.Tensor], round_: int = 0, n_train: int = 10) -> ClientUpdate:
@@ -97,14 +98,14 @@ def test_in_flight_forgets_a_device_once_its_update_arrived_it_vanished_or_its_v
 @pytest.mark.parametrize(
     ("kw", "what"),
     [
-        (dict(buffer_size=2, aggregation="feddwa"), "personalised"),
-        (dict(buffer_size=2, aggregation="fedper"), "personalised"),
-        (dict(buffer_size=2, growth="feddist"), "cannot grow"),
-        (dict(buffer_size=2, cohort_goal=2), "set one of them"),
-        (dict(buffer_size=1), "at least min_clients"),
-        (dict(buffer_size=3, concurrency=2), "concurrency"),
-        (dict(buffer_size=2, max_staleness=0), "max_staleness"),
-        (dict(buffer_size=-1), "buffer_size >= 0"),
+        (dict(buffer=BufferSettings(size=2), aggregation="feddwa"), "personalised"),
+        (dict(buffer=BufferSettings(size=2), aggregation="fedper"), "personalised"),
+        (dict(buffer=BufferSettings(size=2), growth="feddist"), "cannot grow"),
+        (dict(buffer=BufferSettings(size=2), cohort=CohortSettings(goal=2)), "set one of them"),
+        (dict(buffer=BufferSettings(size=1)), "at least min_clients"),
+        (dict(buffer=BufferSettings(size=3, concurrency=2)), "concurrency"),
+        (dict(buffer=BufferSettings(size=2, max_staleness=0)), "max_staleness"),
+        (dict(buffer=BufferSettings(size=-1)), "size >= 0"),
     ],
 )
 def test_settings_buffered_rounds_cannot_honour_are_refused_by_name(tmp_path: Path, kw: dict[str, Any], what: str) -> None:
@@ -113,9 +114,9 @@ def test_settings_buffered_rounds_cannot_honour_are_refused_by_name(tmp_path: Pa
 
 
 def test_buffered_rounds_are_off_by_default_and_run_with_every_single_model_strategy(tmp_path: Path) -> None:
-    assert CoordinatorConfig(run_dir=tmp_path).buffer_size == 0
+    assert CoordinatorConfig(run_dir=tmp_path).buffer.size == 0
     for name in ("fedavg", "fedavgm", "fedexp", "fedadam", "fedprox"):
-        assert _cfg(tmp_path, buffer_size=2, aggregation=name).buffer_size == 2
+        assert _cfg(tmp_path, aggregation=name, buffer=BufferSettings(size=2)).buffer.size == 2
 
 
 # ---------------------------------------------------------------- the runner, with devices one round late
@@ -123,48 +124,46 @@ class LateGrid(InMemoryGrid):
     """Buffered rounds in memory, as the coordinator's MQTT grid runs them: devices answer in id order, devices in
     ``late`` (and any the round closed without) answer in the next exchange, from the model their round sent.
 
-    A round closes at ``close_at`` updates, the stale ones (which arrive first) included; the
-    devices it did not wait for go on training and their updates are FedBuff's stale updates of
-    the version they trained.
+    A round closes once it is full (the stale updates, which arrive first, included); the devices it did not wait
+    for go on training, and their updates reach the round policy as FedBuff's stale updates of the version they
+    trained, through ``late`` (the policy's :meth:`~coordinator.rounds.base.RoundPolicy.late`, as the intake asks it).
     """
 
-    def __init__(self, devices: Mapping[str, Any], late: set[str]):
+    def __init__(self, devices: Mapping[str, Any], late: set[str], policy_late: Callable[[str, int, int], Late | None]):
         super().__init__(devices)
         self.late = late
-        self.in_flight = fedbuff.InFlight(4)
-        self._next: list[fedbuff.Stale] = []
-
-    def training(self) -> set[str]:
-        return self.in_flight.training()
+        self.policy_late = policy_late
+        self._next: list[ClientUpdate] = []
 
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
-                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+                 plan: TrainingPlan, steering: Steering) -> Exchange:  # fmt: skip
         self.log.append(("exchange", round_, stage, tuple(selected)))
-        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed),
-                      enough=self.steering.close_at, buffered=True)  # fmt: skip
-        for s in self._next:
-            ex.add_stale(s)
+        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, steering, reference=published_models(fed))
+        for upd in self._next:
+            late = self.policy_late(upd.client_id, upd.round, upd.stage)
+            assert late is not None and late.take is not None
+            late.take(upd)
         self._next = []
-        for s in ex.stale:
-            self.in_flight.arrived(s.update.client_id, s.version.round)
         for cid in selected:
             if cid not in self.late and not ex.complete():
                 ex.add(self.train(cid, fed.global_state, round_, stage, plan))
-        waiting = [c for c in selected if c not in ex.updates]
-        self.in_flight.close(round_, fed.spec, fed.global_state, waiting)
-        for cid in waiting:
-            v = self.in_flight.version_of(cid, round_)
-            assert v is not None
-            self._next.append(fedbuff.Stale(self.train(cid, fed.global_state, round_, stage, plan), v))
+        self._next = [self.train(cid, fed.global_state, round_, stage, plan) for cid in selected if cid not in ex.updates]
         return ex
+
+
+def _late_runner(tmp_path: Path, devices: Mapping[str, Any], late: set[str], **kw: Any) -> tuple[FederationRunner, LateGrid]:
+    cfg = _cfg(tmp_path, **kw)
+    state = RunState(cfg.run_dir)
+    parts = compose(cfg, state)
+    grid = LateGrid(devices, late, parts.policy.late)
+    return FederationRunner(cfg, grid, state=state, parts=parts), grid
 
 
 def test_a_buffered_round_folds_a_late_device_with_its_staleness_weight_and_does_not_select_it_while_it_trains(
     tmp_path: Path,
 ) -> None:
     devices = {c: device_status(c, 10) for c in ("a", "b", "c")}  # steps 0.01, 0.02, 0.03 on every float tensor
-    grid = LateGrid(devices, late={"c"})
-    runner = FederationRunner(_cfg(tmp_path, buffer_size=2), grid)
+    runner, grid = _late_runner(tmp_path, devices, {"c"}, buffer=BufferSettings(size=2))
     runner.start(resume=False)
     runner.ensure_federation()
     w = "conv.weight"
@@ -196,31 +195,33 @@ def test_a_synchronous_record_has_no_stale_key(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the MQTT grid's intake
-def _grid_and_sender(tmp_path: Path, **kw: Any) -> tuple[Any, Callable[[str, int], None]]:
+def _grid_and_sender(tmp_path: Path, **kw: Any) -> tuple[Any, Any, Callable[[str, int], None]]:
     from coordinator.service import Coordinator
     from har_io.broker_config import BrokerConfig
     from har_models.wire import codec
     from har_models.wire.chunking import split_payload
 
-    cfg = _cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1", update_encoding="float32", **kw)
-    grid = Coordinator(cfg, progress=False).grid
+    cfg = _cfg(tmp_path, broker=BrokerConfig.parse("127.0.0.1:9"), run_id="r1", **kw, training=TrainingSettings(update_encoding="float32"))
+    co = Coordinator(cfg, progress=False)
+    grid = co.grid
 
     def send(cid: str, round_: int) -> None:
         state = {k: (v + 0.5).numpy() for k, v in init_state(SPEC, 1).items()}
         meta = {"run_id": "r1", "stage": 0, "n_train": 40, "n_test": 10}
-        for chunk in split_payload(codec.encode(state, kind="update", round=round_, arch_version=SPEC.version, client_id=cid,
-                                                meta=meta), 1 << 20):  # fmt: skip
-            grid._on_update_chunk(cid, chunk)
+        for i, chunk in enumerate(split_payload(codec.encode(state, kind="update", round=round_, arch_version=SPEC.version,
+                                                             client_id=cid, meta=meta), 1 << 20)):  # fmt: skip
+            grid.handle(grid.topics.client_update(cid, i), chunk)
 
-    return grid, send
+    return grid, co.runner.policy, send
 
 
 def test_the_mqtt_grid_takes_the_update_of_a_device_still_training_an_earlier_version_into_the_buffer(tmp_path: Path) -> None:
-    grid, send = _grid_and_sender(tmp_path, buffer_size=2, max_staleness=2)
+    grid, policy, send = _grid_and_sender(tmp_path, buffer=BufferSettings(size=2, max_staleness=2))
+    assert isinstance(policy, fedbuff.BufferedRounds)
     x0 = init_state(SPEC, 1)
-    grid.in_flight.close(0, SPEC, x0, ["old"])  # round 0 closed while "old" still trained; 4 back from round 4
-    grid.in_flight.close(3, SPEC, x0, ["late"])  # round 3 closed while "late" still trained its model x0
-    assert grid.training() == {"late"}
+    policy.in_flight.close(0, SPEC, x0, ["old"])  # round 0 closed while "old" still trained; 4 back from round 4
+    policy.in_flight.close(3, SPEC, x0, ["late"])  # round 3 closed while "late" still trained its model x0
+    assert policy.training() == {"late"}
     sent: list[tuple[str, bytes]] = []
 
     class Link:  # the receipts' link, connected: what they publish is kept
@@ -232,30 +233,30 @@ def test_the_mqtt_grid_takes_the_update_of_a_device_still_training_an_earlier_ve
     Link.connected.set()
     grid.receipts.link = Link()
     send("late", 3)  # between exchanges: kept for the next one
-    assert len(grid._stale) == 1 and grid.training() == set()
+    assert len(policy.held) == 1 and policy.training() == set()
     receipt = Receipt.from_bytes(sent[-1][1])  # confirmed to the device, naming its own round
     assert sent[-1][0] == grid.topics.client_receipt("late") and (receipt.round, receipt.stage, receipt.state) == (3, 0, "accepted")
-    ex = grid._collect = Exchange(4, 0, SPEC, frozenset({"a", "b"}), False, enough=2, buffered=True)
-    for s in grid._stale:
-        ex.add_stale(s)
+    ex = Exchange(4, 0, SPEC, frozenset({"a", "b"}), False, policy.steering(0.0, 1.0, 2, 2))
+    grid.intake.open(ex, 1 << 30)
     grid.receipts.open(4, 0)
     send("other", 3)  # a round-3 update of a device round 3 did not leave training: refused as before
     send("old", 0)  # beyond max_staleness 2: refused, as without buffered rounds
     send("late", 3)  # the same update again: a copy, not a second entry in the buffer
-    assert ex.rejected == {("other", "not_selected"): 1, ("old", "not_selected"): 1} and ex.duplicates == {"late": 1} and len(ex.stale) == 1
+    assert ex.rejected == {("other", "not_selected"): 1, ("old", "not_selected"): 1}
+    assert ex.duplicates == {"late": 1} and len(policy.held) == 1
     assert not ex.complete()
     send("a", 4)
     assert ex.complete() and len(ex.updates) == 1  # one fresh, one stale: K = 2
-    s = ex.stale[0]
+    s = policy.held[0]
     assert s.update.client_id == "late" and s.version.round == 3
     assert all(torch.allclose(s.update.state[k], x0[k] + 0.5) for k in x0)  # as sent, decoded against its version
 
 
 def test_an_exchange_that_every_selected_device_answered_waits_while_earlier_versions_are_still_training() -> None:
-    ex = Exchange(5, 0, SPEC, frozenset({"a"}), False, enough=3, buffered=True, awaiting=1)
+    ex = Exchange(5, 0, SPEC, frozenset({"a"}), False, Steering(close_at=3, unanswered="still_training"), awaited=1)
     ex.add(_update("a", {}, 5))
     assert not ex.complete()  # one device still trains version 4: its update may fill the buffer
-    ex.awaiting = 0
+    ex.awaited = 0
     assert ex.complete()  # nobody else can answer: close with what is there (the quorum decides)
 
 
@@ -276,7 +277,7 @@ def test_a_simulated_federation_in_buffered_rounds_folds_the_updates_of_clients_
     assert stale[0] == {} and any(stale[1:]), stale
     assert all(1 <= tau <= 4 for s in stale for tau in s.values())
     assert all(set(r.get("failures", {}).values()) <= {"still_training"} for r in rounds)
-    assert doc["config"]["buffer_size"] == 2
+    assert doc["config"]["buffer"]["size"] == 2
     if transport == "blobs":  # every counted update, stale ones too, came through the store, and at most one per
         # selection (a client still training the last round may upload before the run ends; a stale update is left
         # out of a buffer that holds a fresh one of the same client)

@@ -128,4 +128,4 @@ def test_the_default_is_fedexp_and_fedavgm_stays_available_by_flag(tmp_path):
     assert isinstance(old, FedAvgM) and (old.eta, old.beta) == (FEDAVGM_ETA, FEDAVGM_BETA) == (3.0, 0.5)
     assert CoordinatorConfig(run_dir=tmp_path).aggregation == "fedexp"
     cfg = config_from_args(build_parser().parse_args(["--aggregation", "fedavgm", "--server-eps", "0.01"]), run_dir=tmp_path)
-    assert cfg.aggregation == "fedavgm" and cfg.server_opt.eps == 0.01
+    assert cfg.aggregation == "fedavgm" and cfg.strategies.server_opt.eps == 0.01

@@ -8,14 +8,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from support.configs import config
 from support.inmemory_grid import N_CLASSES, InMemoryGrid, device_status
 
 from coordinator import guard
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, GuardSettings
 from coordinator.record import GuardNote, RoundRecord
 from coordinator.runner import FederationRunner
 from coordinator.updates import ClientUpdate
@@ -85,7 +87,7 @@ def test_an_update_is_oversized_beyond_ten_times_the_median_of_the_others() -> N
 def test_the_guard_note_and_attempts_are_optional_record_keys_that_round_trip() -> None:
     plain = RoundRecord(round=4)
     assert "guard" not in plain.to_json() and "attempts" not in plain.to_json()
-    rec = replace(plain, guard=GuardNote("rollback", 3, 1, "why"), attempts=3)
+    rec = replace(plain, attempts=3, guard=GuardNote("rollback", 3, 1, "why"))
     d = rec.to_json()
     assert d["guard"] == {"action": "rollback", "judged_round": 3, "to_round": 1, "reason": "why"} and d["attempts"] == 3
     assert RoundRecord.from_json(d) == rec and RoundRecord.from_json(d).to_json() == d
@@ -120,12 +122,16 @@ class _MeasuringGrid(InMemoryGrid):
         return replace(u, confusion={**u.confusion, "initial": cm})
 
 
+def _scale(runner: FederationRunner) -> float:
+    """The server step's scale of the strategy inside the runner's quality guard."""
+    inner: Any = getattr(runner.strategy, "inner", runner.strategy)
+    return float(inner.step_scale)
+
+
 def _cfg(tmp_path: Path, **kw: object) -> CoordinatorConfig:
-    base: dict[str, object] = dict(run_dir=tmp_path / "run", run_id="guard", rounds=6, conv_filters=4, dense_units=8,
-                                   min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavgm",
-                                   server_opt={"lr": 2.0, "momentum": 0.0}, guard=True)  # fmt: skip
-    base.update(kw)
-    return CoordinatorConfig(**base)  # type: ignore[arg-type]
+    return config(dict(run_dir=tmp_path / "run", run_id="guard", rounds=6, model={"conv_filters": 4, "dense_units": 8},
+                       min_clients=2, timing={"start_timeout_s": 1.0, "start_settle_s": 0.0}, aggregation="fedavgm",
+                       strategies={"server_opt": {"lr": 2.0, "momentum": 0.0}}, guard={"enabled": True}), kw)  # fmt: skip
 
 
 def _first_float(state: Mapping[str, torch.Tensor]) -> str:
@@ -153,21 +159,21 @@ def test_a_collapse_is_rolled_back_to_the_best_version_with_half_the_server_step
     # round 3 went back to round 1's model (g0 + 0.04); round 4 stepped from it with eta 2 x 0.5 = 1: + 0.01
     _, g = runner.model()
     assert torch.allclose(g[name], g0[name] + 0.05, atol=1e-5)
-    assert runner.strategy.step_scale == 0.5  # type: ignore[attr-defined]
+    assert _scale(runner) == 0.5
     assert [e[2] for e in runner.state.events("rollback")] == ["rollback"]
     assert guard.load_best(cfg.run_dir).round == 3  # type: ignore[union-attr]
 
     # after a restart (kill -9 keeps the same files) the step stays halved and the best is the same
     again = FederationRunner(cfg, grid)
     assert again.start(resume=True) == 4
-    assert again.strategy.step_scale == 0.5 and again._best is not None and again._best.round == 3  # type: ignore[attr-defined]
+    assert _scale(again) == 0.5 and again.best_round == 3
     rec = again.run_round(5)
     assert rec is not None and rec.guard is not None and rec.guard.action == "keep"
     assert torch.allclose(again.model()[1][name], g0[name] + 0.06, atol=1e-5)
 
 
 def test_without_the_guard_the_same_collapse_stays_in_the_model_and_records_have_no_guard_key(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, guard=False)
+    cfg = _cfg(tmp_path, guard=GuardSettings(enabled=False))
     g0 = init_state(_spec(cfg), cfg.seed)
     grid = _MeasuringGrid(g0)
     grid.huge_in = {2}  # c's update alone 100x: (0.3 + 0.1 + 60) / 100 = 0.604, x 2 = 1.208
@@ -198,7 +204,7 @@ def test_one_update_far_larger_than_the_others_is_clipped_and_nothing_is_rolled_
         p = r.participation
         assert (p.selected, p.updates, p.missing, dict(p.failures), p.rejections) == (3, 3, (), {}, ())
     assert all(r is not None and r.guard is not None and r.guard.action == "keep" for r in recs)
-    assert runner.strategy.step_scale == 1.0  # type: ignore[attr-defined]
+    assert _scale(runner) == 1.0
     events = runner.state.events("clipped_update")
     assert [(e[0], e[1]) for e in events] == [(2, "c"), (3, "c")]
     assert all(e[3].startswith("update norm") and "more than 10 x the other updates' median" in e[3] for e in events)
@@ -228,20 +234,20 @@ def test_a_halved_step_doubles_back_after_versions_kept_in_a_row_also_after_a_re
     for r in range(5):
         rec = runner.run_round(r)
         assert rec is not None and rec.guard is not None
-        scales.append(runner.strategy.step_scale)  # type: ignore[attr-defined]
+        scales.append(_scale(runner))
     # round 3 rolls back (x 0.5); rounds 4 and 5 keep: the second keep in a row doubles the step back
     assert scales == [1.0, 1.0, 1.0, 0.5, 0.5]
     again = FederationRunner(cfg, grid)  # a restart after round 4 replays the records: halved, one kept since
     assert again.start(resume=True) == 4  # the last completed round
-    assert again.strategy.step_scale == 0.5  # type: ignore[attr-defined]
+    assert _scale(again) == 0.5
     rec = again.run_round(5)
     assert rec is not None and rec.guard is not None and rec.guard.action == "keep"
-    assert again.strategy.step_scale == 1.0  # type: ignore[attr-defined]
+    assert _scale(again) == 1.0
     rec = again.run_round(6)
-    assert again.strategy.step_scale == 1.0  # type: ignore[attr-defined]  # never above the setting
+    assert _scale(again) == 1.0  # never above the setting
     third = FederationRunner(cfg, grid)
     third.start(resume=True)
-    assert third.strategy.step_scale == 1.0  # type: ignore[attr-defined]
+    assert _scale(third) == 1.0
     # the model, from round 1's g0 + 0.04 after the rollback: + 0.01 in rounds 4 and 5 (eta 2 x 0.5; round 5 doubles
     # the step only once its aggregate is made), + 0.02 in round 6
     name = _first_float(g0)

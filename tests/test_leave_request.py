@@ -34,8 +34,7 @@ def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never
         grid, topics = server.grid, server.grid.topics
 
         def deliver(cid: str, payload: bytes) -> None:
-            grid._link.inbox.put((topics.client_status(cid), payload, False))
-            assert grid.pump(0.0)
+            grid.handle(topics.client_status(cid), payload)
 
         deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
         deliver("phone-2", ClientStatus("phone-2", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import build_parser, config_from_args
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, TrainingSettings
 from coordinator.round import base_plan
 from har_io.cli import write_settings_file
 from har_models.settings import LrSchedule
@@ -65,27 +65,28 @@ def test_a_bad_schedule_is_refused_with_its_flag_named(kwargs: dict[str, object]
 def test_options_and_toml_set_the_schedule_and_it_round_trips(tmp_path: Path) -> None:
     args = build_parser().parse_args(["--lr-schedule", "cosine", "--lr-warmup", "1", "--rounds", "5", "--lr", "0.2"])
     cfg = config_from_args(args, run_dir=tmp_path)
-    assert cfg.lr_schedule == LrSchedule("cosine", warmup_rounds=1)
+    assert cfg.training.lr_schedule == LrSchedule("cosine", warmup_rounds=1)
     assert [cfg.round_lr(r) for r in range(5)] == pytest.approx([0.1, 0.2, 0.2 * (1 + math.sqrt(0.5)) / 2, 0.1,
                                                                  0.2 * (1 - math.sqrt(0.5)) / 2])
     write_settings_file(tmp_path / "config.toml", cfg.settings())
-    assert "[lr_schedule]" in (tmp_path / "config.toml").read_text()
+    assert "[training.lr_schedule]" in (tmp_path / "config.toml").read_text()
     back = config_from_args(build_parser().parse_args(["--config", str(tmp_path / "config.toml")]), run_dir=tmp_path)
     assert back == cfg
     bad = tmp_path / "bad.toml"
-    bad.write_text('[lr_schedule]\nkind = "cosin"\n')
+    bad.write_text('[training.lr_schedule]\nkind = "cosin"\n')
     with pytest.raises(ValueError, match=r"lr_schedule.*must be one of"):
         config_from_args(build_parser().parse_args(["--config", str(bad)]), run_dir=tmp_path)
 
 
 def test_a_client_that_knows_no_schedule_still_takes_each_rounds_plan() -> None:
     """The schedule travels as the plan's lr alone: no new key, so a client built before it parses every round's plan."""
-    cfg = CoordinatorConfig(run_dir=Path("."), rounds=4, lr_schedule=LrSchedule("step", step_every=2, step_gamma=0.5))
+    cfg = CoordinatorConfig(run_dir=Path("."), rounds=4,
+                            training=TrainingSettings(lr_schedule=LrSchedule("step", step_every=2, step_gamma=0.5)))
     lrs = []
     for r in range(cfg.rounds):
         ann = RoundAnnouncement(run_id="r", round=r, state="training", arch={}, label_set="hapt6", selected=("c",),
                                 plan=base_plan(cfg, r))
         plan = json.loads(ann.to_bytes())["plan"]
-        assert set(plan) == _OLD_PLAN_KEYS and plan["update_encoding"] == cfg.update_encoding == "int8_delta"
+        assert set(plan) == _OLD_PLAN_KEYS and plan["update_encoding"] == cfg.training.update_encoding == "int8_delta"
         lrs.append(TrainingPlan.from_json(plan).lr)
     assert lrs == [0.1, 0.1, 0.05, 0.05]

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import (
+    CoordinatorConfig,
+    EvaluationSettings,
+    FedDistSettings,
+    ModelSettings,
+    Timing,
+    TrainingSettings,
+    TransportSettings,
+)
 from coordinator.evaluation import Evaluator
 from coordinator.service import Coordinator
 from coordinator.state import RunState
@@ -78,9 +86,10 @@ def test_executorch_clients_get_the_programs_of_each_grown_version(tmp_path: Pat
         try:
             cfg = CoordinatorConfig(
                 run_dir=tmp_path / "run", broker=BrokerConfig(port=broker.port), federation="grow", run_id="grow",
-                rounds=2, expected_clients=3, start_timeout_s=300, round_timeout_s=400, conv_filters=8, dense_units=32,
-                lr=0.05, local_epochs=1, generalisation_every=0, growth="feddist", feddist_mode="function_preserving",
-                feddist_k0=0.1, transport=transport,
+                rounds=2, growth="feddist", timing=Timing(expected_clients=3, start_timeout_s=300, round_timeout_s=400),
+                model=ModelSettings(conv_filters=8, dense_units=32), training=TrainingSettings(lr=0.05, local_epochs=1),
+                evaluation=EvaluationSettings(generalisation_every=0), feddist=FedDistSettings(mode="function_preserving", k0=0.1),
+                transport=TransportSettings(kind=transport),
             )  # fmt: skip
             doc = Coordinator(cfg, Evaluator(union_test_set(sources)), progress=False).run()
         finally:

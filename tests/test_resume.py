@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.configs import config
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, Timing
 from coordinator.service import Coordinator
 from coordinator.state import LEGACY_SERVER_OPT_FILE, STRATEGY_STATE_FILE, RunState
 from coordinator.strategies.fedopt import ServerOptSettings
@@ -39,14 +40,14 @@ def test_resume_continues_after_the_last_completed_round(tmp_path):
         procs = _clients(broker, tmp_path)
         try:
             common = dict(run_dir=run_dir, broker=BrokerConfig(port=broker.port), federation="resume", run_id="r1",
-                          start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16)
-            Coordinator(CoordinatorConfig(rounds=1, expected_clients=2, **common), progress=False).run()
+                          timing={"start_timeout_s": 120, "round_timeout_s": 120}, model={"conv_filters": 8, "dense_units": 16})
+            Coordinator(config(common, dict(rounds=1, timing=Timing(expected_clients=2))), progress=False).run()
             state = RunState(run_dir)
             first_global = state.load_round_models(0)[1]
             state.close()
             # The same run, asked for 3 rounds, picks up at round 1 from round 0's models. No expected count
             # this time: it starts once 2 clients are online and nobody new came for 1 s.
-            cfg = CoordinatorConfig(rounds=3, resume=True, min_clients=2, start_settle_s=1.0, **common)
+            cfg = CoordinatorConfig(rounds=3, resume=True, min_clients=2, **common, timing=Timing(start_settle_s=1.0))
             doc = Coordinator(cfg, progress=False).run()
         finally:
             for p in procs:
@@ -68,11 +69,11 @@ def _fedavgm_run(tmp_path: Path, name: str, stops: list[int]) -> dict[str, torch
         procs = _clients(broker, tmp_path / name)
         try:
             common = dict(run_dir=run_dir, broker=BrokerConfig(port=broker.port), federation="resume", run_id="m1",
-                          start_timeout_s=120, round_timeout_s=120, conv_filters=8, dense_units=16, lr=0.05,
-                          aggregation="fedavgm", server_opt=ServerOptSettings(momentum=0.5))
+                          timing={"start_timeout_s": 120, "round_timeout_s": 120}, model={"conv_filters": 8, "dense_units": 16},
+                          training={"lr": 0.05}, aggregation="fedavgm", strategies={"server_opt": ServerOptSettings(momentum=0.5)})
             for k, last in enumerate(stops):
-                more = dict(expected_clients=2) if k == 0 else dict(resume=True, min_clients=2, start_settle_s=1.0)
-                Coordinator(CoordinatorConfig(rounds=last + 1, **common, **more), progress=False).run()  # type: ignore[arg-type]
+                more = dict(timing={"expected_clients": 2}) if k == 0 else dict(resume=True, min_clients=2, timing={"start_settle_s": 1.0})
+                Coordinator(config(common, more, dict(rounds=last + 1)), progress=False).run()
         finally:
             for p in procs:
                 p.terminate()

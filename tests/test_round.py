@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, TrainingSettings
+from coordinator.exchange import Exchange
 from coordinator.record import RoundRecord
-from coordinator.round import Exchange, base_plan, check_quorum, select_clients, summary_line
+from coordinator.round import base_plan, check_quorum, summary_line
+from coordinator.rounds import select_clients
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
 from har_models.settings import AlaConfig
@@ -60,7 +62,7 @@ def test_quorum_counts_only_results_with_training_windows() -> None:
 
 
 def test_base_plan_carries_the_ala_settings_only_when_ala_is_on() -> None:
-    cfg = CoordinatorConfig(run_dir=Path("."), lr=0.05, client_init="ala", ala=AlaConfig(eta=0.5))
+    cfg = CoordinatorConfig(run_dir=Path("."), client_init="ala", ala=AlaConfig(eta=0.5), training=TrainingSettings(lr=0.05))
     plan = base_plan(cfg)
     assert plan.lr == 0.05 and plan.ala_config() == AlaConfig(eta=0.5)
     assert base_plan(CoordinatorConfig(run_dir=Path("."))).ala == {}

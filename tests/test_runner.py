@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.configs import config
 from support.inmemory_grid import InMemoryGrid, device_status
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, FedDistSettings
 from coordinator.runner import FederationRunner, StateError
 from har_models.nn.model import init_state
 
@@ -20,10 +21,8 @@ DEVICES = {"a": 30, "b": 10, "c": 60}  # training windows
 
 
 def _cfg(tmp_path: Path, **kw: object) -> CoordinatorConfig:
-    base: dict[str, object] = dict(run_dir=tmp_path / "run", run_id="mem", rounds=3, conv_filters=4, dense_units=8,
-                                   min_clients=2, start_timeout_s=1.0, start_settle_s=0.0, aggregation="fedavg")  # fmt: skip
-    base.update(kw)
-    return CoordinatorConfig(**base)  # type: ignore[arg-type]
+    return config(dict(run_dir=tmp_path / "run", run_id="mem", rounds=3, model={"conv_filters": 4, "dense_units": 8},
+                       min_clients=2, timing={"start_timeout_s": 1.0, "start_settle_s": 0.0}, aggregation="fedavg"), kw)  # fmt: skip
 
 
 def _grid() -> InMemoryGrid:
@@ -99,7 +98,7 @@ def test_a_resumed_run_continues_from_its_last_round_with_the_strategy_state(tmp
 
 
 def test_feddist_grows_the_model_when_devices_diverge_and_records_it(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, growth="feddist", feddist_k0=0.1, feddist_period=1, feddist_mode="function_preserving")
+    cfg = _cfg(tmp_path, growth="feddist", feddist=FedDistSettings(k0=0.1, period=1, mode="function_preserving"))
     # one device far from the others: its neurons are outliers to the aggregate
     grid = InMemoryGrid({cid: device_status(cid, n) for cid, n in DEVICES.items()},
                         step=lambda cid: {"a": 0.0, "b": 0.0, "c": 1.0}[cid])  # fmt: skip
@@ -137,7 +136,7 @@ class _ComesBack(InMemoryGrid):
 
 
 def test_a_restarted_device_is_waited_for_once_so_its_crash_costs_it_one_round(tmp_path: Path) -> None:
-    cfg, grid = _cfg(tmp_path, start_timeout_s=30.0), _ComesBack()
+    cfg, grid = _cfg(tmp_path, timing={"start_timeout_s": 30.0}), _ComesBack()
     runner = FederationRunner(cfg, grid)
     runner.start(resume=False)
     runner.ensure_federation()
@@ -149,7 +148,7 @@ def test_a_restarted_device_is_waited_for_once_so_its_crash_costs_it_one_round(t
 
 
 def test_a_restarted_device_back_with_its_old_instance_counts_only_by_a_status_sent_after_the_restart(tmp_path: Path) -> None:
-    cfg, grid = _cfg(tmp_path, start_timeout_s=30.0), _ComesBack()
+    cfg, grid = _cfg(tmp_path, timing={"start_timeout_s": 30.0}), _ComesBack()
     runner = FederationRunner(cfg, grid)
     runner.start(resume=False)
     runner.ensure_federation()
@@ -163,7 +162,7 @@ def test_a_restarted_device_back_with_its_old_instance_counts_only_by_a_status_s
 def test_a_restarted_device_that_never_comes_back_delays_one_round_by_the_start_timeout_then_not_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cfg, grid = _cfg(tmp_path, start_timeout_s=0.5), _ComesBack()
+    cfg, grid = _cfg(tmp_path, timing={"start_timeout_s": 0.5}), _ComesBack()
     grid.waits = -10**9  # never back
     runner = FederationRunner(cfg, grid)
     runner.start(resume=False)

@@ -31,8 +31,8 @@ FED = "servefed"
 def _settings(data: Path, extra: str = "", http_port: int = 0) -> None:
     data.mkdir(parents=True, exist_ok=True)
     (data / "server.toml").write_text(
-        f"conv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\nround_timeout_s = 120\nlocal_epochs = 1\n"
-        f"min_clients = 2\nstatus_refresh_s = 5\n{extra}\n"
+        f"min_clients = 2\n{extra}\n[model]\nconv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\n"
+        f"[timing]\nround_timeout_s = 120\nstatus_refresh_s = 5\n[training]\nlocal_epochs = 1\n"
         f"[server]\nhttp_port = {http_port}\nkeep_versions = 3\n"
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )

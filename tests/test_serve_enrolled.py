@@ -61,8 +61,8 @@ def _scenario(tmp_path: Path, b: Any) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "server.toml").write_text(
-        f"conv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\nround_timeout_s = 60\nlocal_epochs = 1\nmin_clients = 2\n"
-        "status_refresh_s = 5\n"
+        f"min_clients = 2\n[model]\nconv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\n"
+        "[timing]\nround_timeout_s = 60\nstatus_refresh_s = 5\n[training]\nlocal_epochs = 1\n"
         f'[server]\nname = "home-test"\nbroker_dir = "{b.out}"\npublic_host = "127.0.0.1"\nhttp_port = 0\nkeep_versions = 5\n'
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )

@@ -22,10 +22,12 @@ BROKER = BrokerConfig.parse("127.0.0.1:9")
 
 def test_serve_guards_by_default_run_does_not_and_server_toml_can_turn_it_off(tmp_path: Path) -> None:
     served = federation_config(settings_of({}), tmp_path, BROKER, "home", "home")
-    assert (served.guard, served.guard_margin) == (True, 10.0)
-    assert CoordinatorConfig(run_dir=tmp_path).guard is False  # run and simulate: research figures stay raw
-    off = federation_config(settings_of({"guard": False, "guard_margin": 5.0}), tmp_path, BROKER, "home", "home")
-    assert (off.guard, off.guard_margin) == (False, 5.0)
+    assert (served.guard.enabled, served.guard.margin) == (True, 10.0)
+    assert CoordinatorConfig(run_dir=tmp_path).guard.enabled is False  # run and simulate: research figures stay raw
+    off = federation_config(settings_of({"guard": {"enabled": False, "margin": 5.0}}), tmp_path, BROKER, "home", "home")
+    assert (off.guard.enabled, off.guard.margin) == (False, 5.0)
+    old = federation_config(settings_of({"guard": False, "guard_margin": 5.0}), tmp_path, BROKER, "home", "home")
+    assert (old.guard.enabled, old.guard.margin) == (False, 5.0)  # an earlier release's flat keys still load
 
 
 def test_a_server_toml_without_aggregation_takes_this_release_default_and_says_why(
@@ -64,8 +66,8 @@ def _server(data: Path) -> tuple[Any, int]:
     data.mkdir(parents=True, exist_ok=True)
     if not (data / "server.toml").exists():
         (data / "server.toml").write_text(
-            "conv_filters = 4\ndense_units = 8\nmin_clients = 2\naggregation = \"fedavgm\"\n"
-            "[server_opt]\nlr = 2.0\nmomentum = 0.0\n[server]\nhttp_port = 0\nkeep_versions = 5\n"
+            "min_clients = 2\naggregation = \"fedavgm\"\n[model]\nconv_filters = 4\ndense_units = 8\n"
+            "[strategies.server_opt]\nlr = 2.0\nmomentum = 0.0\n[server]\nhttp_port = 0\nkeep_versions = 5\n"
             "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
         )
     server = Server(data, BROKER, "home")
@@ -143,18 +145,18 @@ def test_rollback_goes_to_the_best_version_with_half_the_step(tmp_path: Path) ->
         w.append(_weight(server))
     devices_cli.request_model(data, "rollback", None)  # the best: version 2 (round 1's model)
     server._take_model_request()  # taken up, then a kill -9 before its round completes: taken up again, halved once
-    assert server.runner.strategy.step_scale == 0.5
+    assert server.runner.strategy.inner.step_scale == 0.5
     server.runner.state.close()
     server.registry.close()
     server, _ = _server(data)
     _round(server, 3)
     assert _weight(server) == pytest.approx(w[1] + 0.01, abs=1e-5)  # half the step: 2 x 0.5 x 0.01
-    assert server.runner.strategy.step_scale == 0.5
+    assert server.runner.strategy.inner.step_scale == 0.5
     entries = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
     assert entries[-1]["action"] == "rollback" and entries[-1]["detail"] == "rollback to the best version"
     server.runner.state.close()
     server.registry.close()
     server, _ = _server(data)  # after a restart the step stays halved
-    assert server.runner.strategy.step_scale == 0.5
+    assert server.runner.strategy.inner.step_scale == 0.5
     server.runner.state.close()
     server.registry.close()

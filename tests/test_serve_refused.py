@@ -13,8 +13,8 @@ import pytest
 
 from coordinator.admission import OPEN, Admission
 from coordinator.config import CoordinatorConfig
+from coordinator.exchange import Exchange
 from coordinator.mqtt_grid import MqttGrid
-from coordinator.round import Exchange
 from coordinator.service import Coordinator
 from coordinator.updates import ClientUpdate
 from har_io.broker_config import BrokerConfig
@@ -40,24 +40,32 @@ def _update(cid: str) -> ClientUpdate:
     return ClientUpdate(cid, 0, 0, 50, 10, init_state(SPEC, 1), None, size=1234)
 
 
+def _eligible(co: MqttGrid) -> list[str]:
+    return list(co.eligibility().eligible)
+
+
+TOPICS = Topics("default")
+
+
 def test_a_revoked_status_is_not_present_and_it_is_never_eligible(tmp_path: Path) -> None:
     revoked: set[str] = set()
     co = _coordinator(tmp_path, revoked)
     for cid in ("a", "b", "c"):
-        co._on_status(cid, _status(cid))
-    assert co.eligible() == ["a", "b", "c"]
+        co.handle(TOPICS.client_status(cid), _status(cid))
+    assert _eligible(co) == ["a", "b", "c"]
     revoked.add("c")
-    assert co.eligible() == ["a", "b"]  # asked at every look, so another process's revocation counts at once
-    co._on_status("c", _status("c"), retained=True)  # its late retained status
-    assert "c" not in co.clients and co.eligible() == ["a", "b"]
+    assert _eligible(co) == ["a", "b"]  # asked at every look, so another process's revocation counts at once
+    co.handle(TOPICS.client_status("c"), _status("c"), retained=True)  # its late retained status
+    assert "c" not in co.clients and _eligible(co) == ["a", "b"]
 
 
 def test_update_chunks_of_a_revoked_device_are_rejected_as_revoked(tmp_path: Path) -> None:
     revoked = {"c"}
     co = _coordinator(tmp_path, revoked)
-    co._collect = ex = Exchange(0, 0, SPEC, frozenset({"a", "c"}), False)
+    ex = Exchange(0, 0, SPEC, frozenset({"a", "c"}), False)
+    co.intake.open(ex, 1 << 20)
     for chunk in split_payload(b"x" * 5000, 4096):
-        co._on_update_chunk("c", chunk)
+        co.handle(TOPICS.client_update("c", 0), chunk)
     assert ex.rejected == {("c", "revoked"): 2} and ex.updates == {}
     assert ex.failures()[1].client_id == "c"
 
@@ -69,8 +77,9 @@ def test_an_update_received_before_the_revocation_is_not_counted(tmp_path: Path)
     ex.add(_update("a"))
     ex.add(_update("c"))
     assert ex.bytes_up == 2468
+    co.intake.open(ex, 1 << 20)
     revoked.add("c")  # revoked while the round is open
-    co._drop_refused(ex)
+    co.intake.close()
     assert list(ex.updates) == ["a"] and ex.bytes_up == 1234
     assert ex.rejected == {("c", "revoked"): 1} and "c" in ex.offline and ex.complete()
     assert [(f.client_id, f.reason) for f in ex.failures()] == [("c", "offline")]
@@ -78,14 +87,14 @@ def test_an_update_received_before_the_revocation_is_not_counted(tmp_path: Path)
 
 def test_without_a_predicate_nothing_is_refused(tmp_path: Path) -> None:
     co = _coordinator(tmp_path, None)
-    assert not co.is_refused("c")
-    co._on_status("c", _status("c"))
-    assert co.eligible() == ["c"]
+    assert not co.admission.refused("c")
+    co.handle(TOPICS.client_status("c"), _status("c"))
+    assert _eligible(co) == ["c"]
 
 
 def test_the_epoch_is_in_the_status_and_left_out_when_zero(tmp_path: Path) -> None:
-    assert CoordinatorStatus.from_bytes(_coordinator(tmp_path / "x", set(), epoch=7)._status_bytes("online")).epoch == 7
-    plain = _coordinator(tmp_path / "y", None)._status_bytes("online")
+    assert CoordinatorStatus.from_bytes(_coordinator(tmp_path / "x", set(), epoch=7).status_bytes("online")).epoch == 7
+    plain = _coordinator(tmp_path / "y", None).status_bytes("online")
     assert b"epoch" not in plain and CoordinatorStatus.from_bytes(plain).epoch == 0
     ann = RoundAnnouncement("r1", 3, "training", SPEC.to_dict(), "hapt6", epoch=2)
     assert RoundAnnouncement.from_bytes(ann.to_bytes()).epoch == 2

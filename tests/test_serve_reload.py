@@ -21,7 +21,7 @@ def _settings(data: Path, extra: str = "", server: str = "") -> Path:
     data.mkdir(parents=True, exist_ok=True)
     toml = data / "server.toml"
     toml.write_text(
-        f"conv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\nmin_clients = 2\n{extra}\n"
+        f"min_clients = 2\n{extra}\n[model]\nconv_filters = {CONV_FILTERS}\ndense_units = {DENSE_UNITS}\n"
         f"[server]\nhttp_port = 8765\n{server}\n[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )
     return toml

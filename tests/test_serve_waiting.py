@@ -49,7 +49,7 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
     data = tmp_path / "data"
     data.mkdir()
     (data / "server.toml").write_text(
-        "conv_filters = 4\ndense_units = 8\nmin_clients = 2\n[server]\nhttp_port = 0\n"
+        "min_clients = 2\n[model]\nconv_filters = 4\ndense_units = 8\n[server]\nhttp_port = 0\n"
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )
     server = Server(data, BROKER, "home")

@@ -104,7 +104,7 @@ def test_the_server_flags_fill_the_server_opt_table(tmp_path):
     args = build_parser().parse_args(["--aggregation", "fedyogi", "--server-lr", "0.03", "--server-momentum", "0.8",
                                       "--server-beta2", "0.9", "--server-tau", "0.01"])
     cfg = config_from_args(args, run_dir=tmp_path)
-    assert cfg.server_opt == ServerOptSettings(lr=0.03, momentum=0.8, beta2=0.9, tau=0.01)
+    assert cfg.strategies.server_opt == ServerOptSettings(lr=0.03, momentum=0.8, beta2=0.9, tau=0.01)
     opt = make_strategy(cfg.aggregation, cfg)
     assert isinstance(opt, FedOpt) and (opt.eta, opt.beta, opt.beta2, opt.tau) == (0.03, 0.8, 0.9, 0.01)
     for bad, named in (("--server-lr=0", "lr (--server-lr) must be > 0"), ("--server-momentum=1", "momentum"),

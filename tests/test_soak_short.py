@@ -66,7 +66,7 @@ def test_in_buffered_rounds_a_frozen_device_does_not_hold_a_round_until_its_dead
     out = r.stdout.strip().splitlines()
     got = figures(out[-1])
     assert "frozen (SIGSTOP)" in "\n".join(out[:-1])
-    assert "buffer_size = 2" in (tmp_path / "soak" / "data" / "server.toml").read_text()
+    assert "[buffer]\nsize = 2" in (tmp_path / "soak" / "data" / "server.toml").read_text()
     assert int(got["rounds_completed"]) >= 10 and int(got["stalls"]) == 0, got
     assert float(got["longest_gap_s"]) < float(got["deadline_s"]) / 2, got
     assert int(got["rounds_without_quorum"]) == 0, got

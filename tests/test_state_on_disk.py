@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, Timing
 from coordinator.service import Coordinator, StateError
 from coordinator.state import RunState, load_state_file, save_state_file
 from har_io.broker_config import BrokerConfig
@@ -79,7 +79,8 @@ def test_a_run_folder_belongs_to_one_run(tmp_path: Path) -> None:
 
         def config(resume: bool) -> CoordinatorConfig:
             broker_config = BrokerConfig(port=broker.port)
-            return CoordinatorConfig(run_dir=tmp_path, broker=broker_config, start_timeout_s=1, run_id="second", resume=resume)
+            return CoordinatorConfig(run_dir=tmp_path, broker=broker_config, run_id="second", resume=resume,
+                                     timing=Timing(start_timeout_s=1))
 
         with pytest.raises(StateError, match="already belongs to run 'first'"):
             Coordinator(config(resume=False), progress=False).run()

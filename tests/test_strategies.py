@@ -121,7 +121,7 @@ def test_the_registry_holds_one_file_per_strategy_and_everything_reads_it():
 
 
 def test_a_strategy_reads_its_own_table_of_the_configuration():
-    cfg = CoordinatorConfig(run_dir=Path("."), fedprox=FedProxSettings(mu=0.5), feddwa={"top_k": 3})
+    cfg = CoordinatorConfig(run_dir=Path("."), strategies={"fedprox": FedProxSettings(mu=0.5), "feddwa": {"top_k": 3}})
     assert make_strategy("fedprox", cfg).configure_fit(0, TrainingPlan()).prox_mu == 0.5
     assert make_strategy("feddwa", cfg).top_k == 3
     assert make_strategy("fedprox").configure_fit(0, TrainingPlan()).prox_mu == FedProxSettings().mu == 0.01

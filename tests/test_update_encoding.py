@@ -11,8 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 from support.small_federation import simulate_args
 
-from coordinator.config import CoordinatorConfig
-from coordinator.round import base_plan, published_models
+from coordinator.config import CoordinatorConfig, TrainingSettings
+from coordinator.exchange import published_models
+from coordinator.round import base_plan
 from coordinator.strategies import Federation
 from coordinator.updates import UpdateRejected, validate_update
 from edge_client.store import ClientStore
@@ -237,7 +238,7 @@ def test_published_models_give_each_client_its_own_reference():
 
 # ------------------------------------------------------------------------------------ settings
 def test_the_setting_travels_from_config_to_plan_and_announcement():
-    cfg = CoordinatorConfig(run_dir=Path("."), update_encoding="int8_delta")
+    cfg = CoordinatorConfig(run_dir=Path("."), training=TrainingSettings(update_encoding="int8_delta"))
     plan = base_plan(cfg)
     assert plan.update_encoding == "int8_delta"
     ann = RoundAnnouncement(run_id="r", round=0, state="training", arch=SPEC.to_dict(), label_set="hapt6", plan=plan)
@@ -247,7 +248,7 @@ def test_the_setting_travels_from_config_to_plan_and_announcement():
     assert "update_encoding" not in json.loads(plain.to_bytes())["plan"]
     assert RoundAnnouncement.from_bytes(plain.to_bytes()).plan.update_encoding == "float32"
     with pytest.raises(ValueError, match="update_encoding"):
-        CoordinatorConfig(run_dir=Path("."), update_encoding="int4")
+        CoordinatorConfig(run_dir=Path("."), training=TrainingSettings(update_encoding="int4"))
     with pytest.raises(ValueError, match="update_encoding"):
         TrainingPlan(update_encoding="int4")
     with pytest.raises(MessageError, match="update_encoding"):

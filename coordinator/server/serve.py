@@ -36,9 +36,9 @@ from typing import Any
 
 from coordinator import state as run_state
 from coordinator.admission import Admission
-from coordinator.cohort import quorum
 from coordinator.config import CoordinatorConfig
 from coordinator.record import RoundRecord
+from coordinator.rounds import policy_of
 from coordinator.server import model_request
 from coordinator.server.lifecycle import prune_bundles
 from coordinator.server.registry import Registry, VersionRow
@@ -144,22 +144,23 @@ def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, fed
     ------
     ValueError
         For an unknown key or a bad value (the key is named), or a ``[schedule] min_clients``
-        below the quorum (``min_clients``, or more with a cohort goal: :func:`coordinator.cohort.quorum`;
+        below the quorum (``min_clients``, or more with a cohort goal: :attr:`coordinator.rounds.base.RoundPolicy.quorum`;
         a round started with fewer could not change the model).
     """
-    fed = dict(file.federation)
-    fed.setdefault("guard", True)
+    fed = CoordinatorConfig.migrate(dict(file.federation), f"{CONFIG_NAME} (federation settings)")
+    fed["guard"] = {"enabled": True, **fed.get("guard", {})}
     if "rounds" in fed:
         log.warning("server.toml: rounds = %r is ignored by serve: a served federation has no last round", fed.pop("rounds"))
     cfg = settings_from(
         CoordinatorConfig, None, file=fed, what=f"{CONFIG_NAME} (federation settings)",
         run_dir=Path(data_dir) / "run", broker=broker, federation=federation, run_id=run_id, rounds=SERVE_ROUNDS, resume=True,
     )  # fmt: skip
-    if file.schedule.min_clients < quorum(cfg):
+    quorum = policy_of(cfg).quorum
+    if file.schedule.min_clients < quorum:
         raise ValueError(
             f"{CONFIG_NAME}: [schedule] min_clients = {file.schedule.min_clients} is below the quorum "
-            + (f"min_clients = {cfg.min_clients}" if quorum(cfg) == cfg.min_clients else
-               f"ceil(cohort_min_fraction x cohort_goal) = {quorum(cfg)}")
+            + (f"min_clients = {cfg.min_clients}" if quorum == cfg.min_clients else
+               f"ceil([cohort] min_fraction x goal) = {quorum}")
             + "; a round started with fewer devices could not change the model: raise [schedule] min_clients"
         )  # fmt: skip
     return cfg
@@ -284,6 +285,7 @@ class Server:
         report_header: dict[str, Any] | None = None,
     ):
         from coordinator.mqtt_grid import MqttGrid
+        from coordinator.rounds import compose
         from coordinator.runner import FederationRunner, open_state
 
         self.data_dir = Path(data_dir)
@@ -308,10 +310,11 @@ class Server:
         self.admission = Admission(revoked=self.registry.is_revoked, enrolled=self.registry.is_enrolled,
                                    require_charging=lambda: self.schedule.require_charging)  # fmt: skip
         state = open_state(self.cfg)
+        parts = compose(self.cfg, state)
         self._blob_store = self._page_blob_store()
         self.grid = MqttGrid(self.cfg, state, lambda: self.runner.spec, admission=self.admission, epoch=self.epoch,
-                             blob_store=self._blob_store)  # fmt: skip
-        self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state)  # the rounds
+                             blob_store=self._blob_store, late=parts.policy.late)  # fmt: skip
+        self.runner = FederationRunner(self.cfg, self.grid, report_header=report_header, state=state, parts=parts)
         self._reload = threading.Event()
         self._open_round: int | None = None  # the round run_round is running (a reload waits for it)
         self._deferred_round: int | None = None  # the round a deferred reload waits for
@@ -659,16 +662,17 @@ class Server:
             says how devices reach it.
         """
         cfg = self.cfg
-        if cfg.transport != "blobs" or cfg.blob_store != "folder" or not self.file.server.http_port:
+        if cfg.transport.kind != "blobs" or cfg.transport.store != "folder" or not self.file.server.http_port:
             return None
         try:
-            from coordinator.blob_folder import FolderBlobStore, load_secret
+            from coordinator.transport.folder_store import FolderBlobStore, load_secret
         except ImportError:  # no web libraries: the page is not served either
             return None
-        if not cfg.blob_public_url and self.file.server.http_bind in ("0.0.0.0", "::", ""):
+        if not cfg.transport.public_url and self.file.server.http_bind in ("0.0.0.0", "::", ""):
             raise ValueError(f"[server] http_bind = {self.file.server.http_bind!r} serves the blob store on every address: "
-                                   "set blob_public_url (e.g. 'http://homeserver.lan:8765') so devices know where to fetch")  # fmt: skip
-        return FolderBlobStore(cfg.run_dir / "blobs", cfg.blob_public_url, load_secret(cfg.run_dir / "blob-secret"))
+                                   "set [transport] public_url (e.g. 'http://homeserver.lan:8765') so devices find it")  # fmt: skip
+        return FolderBlobStore(cfg.run_dir / "blobs", cfg.transport.public_url, load_secret(cfg.run_dir / "blob-secret"),
+                               refused=self.admission.refused)  # fmt: skip
 
     def start_status_page(self) -> Any:
         """Start the status page (coordinator.server.web) in a thread when ``[server] http_port`` is not 0.
@@ -698,18 +702,18 @@ class Server:
         if broker is not None:
             monitor = Monitor(Topics(self.cfg.federation), broker, client_name=f"fedhar-monitor-{self.cfg.federation}")
             monitor.start(wait_s=None)
-        stall_after_s = self.server.stall_after * (self.schedule.min_round_interval_s + self.cfg.round_timeout_s)
+        stall_after_s = self.server.stall_after * (self.schedule.min_round_interval_s + self.cfg.timing.round_timeout_s)
         view = ServerView(name=self.server.name, run_state=run_state.RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
                           monitor=monitor, next_start=self.page_next_start, waiting=self.page_waiting, stall_after_s=stall_after_s,
                           broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None)  # fmt: skip
         try:
             blob_routes: list[Any] = []
             if self._blob_store is not None:
-                from coordinator.blob_folder import blob_app
+                from coordinator.transport.folder_store import blob_app
 
                 blob_routes = list(blob_app(self._blob_store).routes)
             page = start_status_page(view, self.server.http_bind, self.server.http_port, self.server.token, blob_routes=blob_routes)
-            if self._blob_store is not None and not self.cfg.blob_public_url:
+            if self._blob_store is not None and not self.cfg.transport.public_url:
                 host = self.server.http_bind
                 self._blob_store.base_url = f"http://{f'[{host}]' if ':' in host else host}:{page.port}"
             if self._blob_store is not None:

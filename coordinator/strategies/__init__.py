@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import field, make_dataclass
 from typing import Any
 
 from coordinator.strategies.base import Aggregate, Federation, Strategy, contributors, fedavg_of
@@ -83,8 +84,9 @@ def make_strategy(name: str, settings: Any = None) -> Strategy:
         A registered name (:func:`names`).
     settings : optional
         Either the strategy's own settings object, or anything holding the settings tables as
-        attributes (a :class:`coordinator.config.CoordinatorConfig`), from which the one the
-        strategy reads (its ``settings_table``) is taken. None: the strategy's defaults.
+        attributes (the configuration's ``strategies`` table, :data:`StrategySettings`, or the
+        configuration itself), from which the one the strategy reads (its ``settings_table``)
+        is taken. None: its defaults.
 
     Raises
     ------
@@ -97,7 +99,7 @@ def make_strategy(name: str, settings: Any = None) -> Strategy:
     if cls.settings_type is None:
         return cls()
     if settings is not None and not isinstance(settings, cls.settings_type):
-        settings = getattr(settings, cls.settings_table)
+        settings = getattr(getattr(settings, "strategies", settings), cls.settings_table)
     return cls(settings)
 
 
@@ -119,6 +121,23 @@ def settings_tables() -> dict[str, type]:
     return out
 
 
+def _strategy_settings() -> Any:
+    """The ``[strategies]`` settings table: one sub-table per strategy that has settings (``[strategies.fedprox]``),
+    collected from the registry, so a new strategy with settings needs no line in the coordinator's configuration."""
+    from har_models.settings import doc
+
+    tables = sorted(settings_tables().items())
+    return make_dataclass(
+        "StrategySettings",
+        [(t, tp, field(default_factory=tp, metadata=doc((tp.__doc__ or t).strip().splitlines()[0], kind="table")))
+         for t, tp in tables],
+        frozen=True,
+    )  # fmt: skip
+
+
+StrategySettings: Any = _strategy_settings()
+"""The settings dataclass of the ``[strategies]`` table (fields: each strategy's ``settings_table``)."""
+
 __all__ = [
     "DEFAULT_AGGREGATION",
     "REGISTRY",
@@ -126,6 +145,7 @@ __all__ = [
     "FedAvg",
     "Federation",
     "Strategy",
+    "StrategySettings",
     "contributors",
     "fedavg_of",
     "make_strategy",

@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -32,6 +32,9 @@ from coordinator.aggregation import State, weighted_average
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
 from har_models.wire.messages import TrainingPlan
+
+if TYPE_CHECKING:
+    from coordinator.record import GuardNote, RoundRecord
 
 log = logging.getLogger("fedhar.coordinator.strategy")
 
@@ -219,6 +222,27 @@ class Strategy:
         if not (math.isfinite(factor) and factor >= 1):
             raise ValueError(f"{self.name}: grow_step factor must be a finite number >= 1, got {factor}")
         return False
+
+    @property
+    def persisted_name(self) -> str:
+        """The name the strategy's state is kept under in the run folder (a wrapper's: its inner strategy's)."""
+        return self.name
+
+    def judge(self, round_: int, fed: Federation, spec0: ArchSpec, received: State,
+              results: Sequence[ClientUpdate]) -> GuardNote | None:  # fmt: skip
+        """Judge the version the clients received in round ``round_`` by their start measures, after the round: a quality
+        guard (:mod:`coordinator.rounds.guarded`) may put ``fed`` back to an earlier version. None here: nothing judged."""
+        return None
+
+    def restore(self, records: Sequence[RoundRecord]) -> None:
+        """Take up, after a restart, what the strategy decided in the completed rounds (their ``records``); nothing here."""
+
+    def best_version(self) -> tuple[int, ArchSpec, Mapping[str, Any]] | None:
+        """The version a quality guard holds as the best (round, architecture, global model); None here."""
+        return None
+
+    def forget_best(self) -> None:
+        """An operator chose another version: a quality guard judges afresh from it; nothing here."""
 
     @property
     def keeps_state(self) -> bool:

@@ -20,6 +20,23 @@ HTTP_TIMEOUT_S = 10.0
 """Seconds a device's request may take against a store on loopback before the contract fails."""
 
 
+def read_upload(store: BlobStore, slot: str, max_bytes: int) -> bytes | None:
+    """The bytes in ``slot`` as the coordinator reads them (:meth:`BlobStore.open_upload`, as a stream); None when empty."""
+    reader = store.open_upload(slot, max_bytes)
+    if reader is None:
+        return None
+    try:
+        assert reader.size <= max_bytes, f"{slot}: open_upload let {reader.size} bytes past a limit of {max_bytes}"
+        parts = []
+        while chunk := reader.read(4096):
+            parts.append(chunk)
+        data = b"".join(parts)
+        assert len(data) == reader.size, f"{slot}: {len(data)} bytes read, the reader said {reader.size}"
+        return data
+    finally:
+        reader.close()
+
+
 def http_get(url: str) -> tuple[int, bytes]:
     """GET ``url`` as a device does: (status, body); an HTTP error answer is returned, not raised."""
     try:
@@ -95,15 +112,15 @@ def check_store_contract(store: BlobStore, *, run_id: str = "contract", check_ex
 
     # Upload slots: empty, written by PUT, replaced by a second PUT.
     slot_a = upload_slot(run_id, 3, 1, "dev-a")
-    assert store.read_upload(slot_a, 1 << 20) is None, "an empty slot is not None"
+    assert read_upload(store, slot_a, 1 << 20) is None, "an empty slot is not None"
     update1 = b"fedhar-update-1\x00" + os.urandom(2048)
     status_put = http_put(store.upload_url(slot_a, ahead, 1 << 20), update1)
     assert status_put is not None and 200 <= status_put < 300, f"PUT to a signed upload URL answered {status_put}"
-    assert store.read_upload(slot_a, 1 << 20) == update1
+    assert read_upload(store, slot_a, 1 << 20) == update1
     update2 = b"fedhar-update-2\x00" + os.urandom(1024)
     status_put = http_put(store.upload_url(slot_a, ahead, 1 << 20), update2)
     assert status_put is not None and 200 <= status_put < 300, f"a second PUT answered {status_put}"
-    assert store.read_upload(slot_a, 1 << 20) == update2, "a second upload did not replace the first"
+    assert read_upload(store, slot_a, 1 << 20) == update2, "a second upload did not replace the first"
 
     # The size limit: exactly max_bytes passes; one byte more never reaches the coordinator.
     limit = 100
@@ -111,13 +128,13 @@ def check_store_contract(store: BlobStore, *, run_id: str = "contract", check_ex
     exact = os.urandom(limit)
     status_put = http_put(store.upload_url(slot_b, ahead, limit), exact)
     assert status_put is not None and 200 <= status_put < 300, f"PUT of exactly max_bytes answered {status_put}"
-    assert store.read_upload(slot_b, limit) == exact
+    assert read_upload(store, slot_b, limit) == exact
     slot_c = upload_slot(run_id, 3, 1, "dev-c")
     oversized = os.urandom(limit + 1)
     status_put = http_put(store.upload_url(slot_c, ahead, limit), oversized)
     refused_by_url = status_put is None or status_put >= 400
     try:
-        got = store.read_upload(slot_c, limit)
+        got = read_upload(store, slot_c, limit)
     except BlobError as exc:
         assert slot_c in str(exc) and str(limit) in str(exc), f"the refusal names neither the slot nor the limit: {exc}"
     else:
@@ -128,17 +145,23 @@ def check_store_contract(store: BlobStore, *, run_id: str = "contract", check_ex
     other = b"fedhar-other-exchange\x00" + os.urandom(64)
     status_put = http_put(store.upload_url(slot_other, ahead, 1 << 20), other)
     assert status_put is not None and 200 <= status_put < 300, f"PUT answered {status_put}"
+    assert store.list_exchanges(f"uploads/{run_id}/") == [exchange_prefix(slot_a), exchange_prefix(slot_other)]
+    slot_d = upload_slot(run_id, 3, 1, "dev-a2")  # a client id that starts with another's: dropping one slot leaves it
+    status_put = http_put(store.upload_url(slot_d, ahead, 1 << 20), other)
+    assert status_put is not None and 200 <= status_put < 300, f"PUT answered {status_put}"
+    store.drop_uploads(slot_a)
+    assert read_upload(store, slot_a, 1 << 20) is None and read_upload(store, slot_d, 1 << 20) == other, "one slot's drop"
     store.drop_uploads(exchange_prefix(slot_a))
     for slot in (slot_a, slot_b, slot_c):
-        assert store.read_upload(slot, 1 << 20) is None, f"{slot} survived drop_uploads({exchange_prefix(slot_a)!r})"
-    assert store.read_upload(slot_other, 1 << 20) == other, "drop_uploads removed another exchange's slot"
+        assert read_upload(store, slot, 1 << 20) is None, f"{slot} survived drop_uploads({exchange_prefix(slot_a)!r})"
+    assert read_upload(store, slot_other, 1 << 20) == other, "drop_uploads removed another exchange's slot"
     assert store.has_object(model_sha), "drop_uploads removed an object"
     store.drop_object(model_sha)
     assert not store.has_object(model_sha), "drop_object left the object"
     store.drop_object(model_sha)  # dropping it again is no error
     assert store.put_object(model) == model_sha and store.has_object(model_sha), "a dropped object could not be written again"
     store.drop_uploads(exchange_prefix(slot_other))
-    assert store.read_upload(slot_other, 1 << 20) is None
+    assert read_upload(store, slot_other, 1 << 20) is None
 
     if check_expiry:
         time.sleep(max(0.0, soon + 1.5 - time.time()))
@@ -147,4 +170,4 @@ def check_store_contract(store: BlobStore, *, run_id: str = "contract", check_ex
         assert body != model
         status_put = http_put(expiring_put, b"too late")
         assert status_put is None or 400 <= status_put < 500, f"PUT to an expired upload URL answered {status_put}"
-        assert store.read_upload(slot_late, 1024) is None, "an expired upload URL still wrote its slot"
+        assert read_upload(store, slot_late, 1024) is None, "an expired upload URL still wrote its slot"

@@ -1,13 +1,13 @@
-"""An in-memory grid (coordinator.runner.Grid) for tests: devices that answer at once, with no broker.
+"""An in-memory grid (coordinator.grid.Grid) for tests: devices that answer at once, with no broker.
 
 Each device "trains" by a fixed, known step: its update is the model it was sent plus
 ``step(cid) * ones`` on every float tensor (so a FedAvg of the updates is known in closed
 form), a ``guidance`` model one more step on when the plan asks for it, and a confusion
 matrix on its own test split with ``hits(cid)`` of ``n_test`` windows right. Devices in
 ``silent`` are selected but never answer (a frozen phone); ``log`` records what the runner
-asked of the grid, in order. The runner's steering (:meth:`steer`) is kept in ``steering``:
-the main exchange stops taking updates at its ``close_at`` (the selected devices answer in
-id order), and ``announced`` keeps the pace each exchange's announcement would carry.
+asked of the grid, in order. Each exchange's steering (from the round policy) is kept in
+``steering``: the main exchange stops taking updates once it is full (the selected devices answer
+in id order), and ``announced`` keeps the pace each exchange's announcement would carry.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from coordinator.admission import Eligibility, eligibility
-from coordinator.cohort import NO_STEERING, Steering
+from coordinator.exchange import Exchange, published_models
 from coordinator.record import RoundRecord
-from coordinator.round import Exchange, published_models
+from coordinator.rounds import NO_STEERING, Steering
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate
 from har_models.data.windowing import ChannelStats
@@ -100,20 +100,17 @@ class InMemoryGrid:
         return self.restarts
 
     def exchange(self, fed: Federation, label_set: str, round_: int, stage: int, selected: Sequence[str],
-                 plan: TrainingPlan) -> Exchange:  # fmt: skip
+                 plan: TrainingPlan, steering: Steering) -> Exchange:  # fmt: skip
         self.log.append(("exchange", round_, stage, tuple(selected)))
-        self.announced.append((round_, stage, self.steering.pace))
-        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, reference=published_models(fed),
-                      enough=self.steering.close_at if stage == 0 else None)  # fmt: skip
+        self.steering = steering
+        self.announced.append((round_, stage, steering.pace))
+        ex = Exchange(round_, stage, fed.spec, frozenset(selected), plan.guidance, steering, reference=published_models(fed))
         for cid in selected:
             if ex.complete():
                 break
             if cid not in self.silent:
                 ex.add(self.train(cid, fed.personal.get(cid, fed.global_state), round_, stage, plan))
         return ex
-
-    def steer(self, steering: Steering) -> None:
-        self.steering = steering
 
     def new_attempt(self, round_: int) -> None:
         self.log.append(("new_attempt", round_))
@@ -126,9 +123,6 @@ class InMemoryGrid:
 
     def forget(self, cid: str) -> None:
         self.devices.pop(cid, None)
-
-    def training(self) -> set[str]:
-        return set()  # devices answer at once: none still trains an earlier version
 
     # ---------------------------------------------------------------- the devices
     def train(self, cid: str, start: Mapping[str, torch.Tensor], round_: int, stage: int, plan: TrainingPlan) -> ClientUpdate:

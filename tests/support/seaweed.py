@@ -103,7 +103,7 @@ class SeaweedMini:
             return ""
 
     def _wait_ready(self) -> None:
-        from coordinator.blob_s3 import make_s3_client
+        from coordinator.transport.s3_store import make_s3_client
 
         client = make_s3_client(self.endpoint, "us-east-1", connect_timeout_s=1.0, read_timeout_s=5.0, max_attempts=1)
         end = time.monotonic() + self.start_timeout_s

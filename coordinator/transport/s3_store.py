@@ -154,8 +154,9 @@ class S3BlobStore:
 
     # -- the BlobStore interface ---------------------------------------------------------------
 
-    def put_object(self, data: bytes | bytearray | memoryview) -> str:
-        """Store ``data`` as ``{prefix}objects/{sha256}`` unless it exists (HeadObject first); return the sha256 (hex).
+    def put_object(self, data: bytes | bytearray | memoryview, replace: bool = False) -> str:
+        """Store ``data`` as ``{prefix}objects/{sha256}`` unless it exists (HeadObject first; ``replace``: write it again,
+        a copy found damaged); return the sha256 (hex).
 
         Raises
         ------
@@ -168,7 +169,7 @@ class S3BlobStore:
             raise TypeError(f"a blob is bytes, got {type(data).__name__}")
         data = bytes(data)
         sha = sha256_hex(data)
-        if self.has_object(sha):
+        if not replace and self.has_object(sha):
             return sha
         key = self.prefix + object_key(sha)
         self._call("store object", key, lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data))
@@ -241,6 +242,41 @@ class S3BlobStore:
                             "the update is refused")  # fmt: skip
         return data
 
+    def open_upload(self, slot: str, max_bytes: int) -> _BodyReader | None:
+        """``slot`` opened for reading as a stream (HeadObject for its size first: a slot over ``max_bytes`` is refused
+        unread); None if there is nothing in it.
+
+        Raises
+        ------
+        BlobError
+            If the slot holds more than ``max_bytes`` bytes, or the store cannot be reached or refuses.
+        """
+        _check_max_bytes(max_bytes)
+        key = self.prefix + _check_slot(slot)
+        head = self._head(key)
+        if head is None:
+            return None
+        size = int(head.get("ContentLength", 0))
+        if size > max_bytes:
+            raise BlobError(f"upload slot {slot} in {self._where()} holds {size} bytes, more than the limit of {max_bytes}; "
+                            "the update is refused without being downloaded")  # fmt: skip
+        try:
+            resp = self._call("read upload", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key))
+        except _Missing:
+            return None  # deleted between the two requests
+        return _BodyReader(resp["Body"], size, lambda n: self._call("read upload", key, lambda: resp["Body"].read(n)))
+
+    def list_exchanges(self, root: str) -> list[str]:
+        """The exchange prefixes under ``{prefix}{root}`` that hold slots (ListObjectsV2 with a delimiter)."""
+        full = self.prefix + root
+
+        def prefixes() -> list[str]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/")
+            return [p["Prefix"][len(self.prefix):] for page in pages for p in page.get("CommonPrefixes", ())]
+
+        return sorted(self._call("list uploads", full, prefixes))
+
     def drop_object(self, sha256: str) -> None:
         """Delete ``{prefix}objects/{sha256}`` (DeleteObject; deleting a missing key is no error in S3).
 
@@ -268,6 +304,9 @@ class S3BlobStore:
         if not isinstance(prefix, str) or not prefix.startswith("uploads/"):
             raise ValueError(f"drop_uploads takes an upload prefix ('uploads/<run_id>/...'), got {prefix!r:.120}")
         full = self.prefix + prefix
+        if not prefix.endswith("/"):  # one slot: its key exactly (a prefix would also match a longer client id)
+            self._call("delete upload", full, lambda: self.client.delete_object(Bucket=self.bucket, Key=full))
+            return
 
         def keys_of_pages() -> list[list[str]]:
             paginator = self.client.get_paginator("list_objects_v2")
@@ -360,6 +399,21 @@ class S3BlobStore:
         except BotoCoreError as exc:
             raise BlobError(f"{what} {key or self.bucket} in {self._where()} failed: {exc}; check the endpoint URL and that the "
                             "store is running and reachable from the coordinator") from exc  # fmt: skip
+
+
+class _BodyReader:
+    """An S3 upload slot opened for reading (:class:`har_io.blobs.UploadReader`)."""
+
+    def __init__(self, body: Any, size: int, read: Any):
+        self._body = body
+        self.size = size
+        self._read = read
+
+    def read(self, n: int) -> bytes:
+        return bytes(self._read(n))
+
+    def close(self) -> None:
+        self._body.close()
 
 
 class _Missing(Exception):

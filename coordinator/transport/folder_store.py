@@ -12,8 +12,11 @@ Served by the home server's web server under ``/blobs`` (``fedhar-coordinator se
 ``fedhar-coordinator run`` and the simulation, by :class:`BlobServer` on a port of its own.
 An object is answered with ``ETag: "<sha256>"`` and ``Cache-Control: immutable``; a GET whose
 ``If-None-Match`` names it gets 304 and no body. A PUT is streamed to a temporary file, cut off
-at the signed size limit (413), and renamed into its slot only when complete, so the
-coordinator never reads half an upload.
+at the signed size limit (413, and the connection closed without reading on), and renamed into its
+slot only when complete, so the coordinator never reads half an upload. A PUT into the slot of an
+exchange that is not open (:meth:`FolderBlobStore.accept`) is refused (410) whatever its URL's expiry,
+and one from a device the coordinator refuses (revoked, forgotten) is refused (403), so a round owns
+its slots and revocation reaches the store at once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
@@ -76,12 +81,16 @@ class FolderBlobStore:
         bound its port.
     secret : bytes
         The signing key (:func:`load_secret`).
+    refused : callable client id -> bool, optional
+        Devices whose writes are refused (revoked or forgotten), asked at every request.
     """
 
-    def __init__(self, folder: Path, base_url: str, secret: bytes):
+    def __init__(self, folder: Path, base_url: str, secret: bytes, refused: Callable[[str], bool] | None = None):
         self.folder = Path(folder)
         self.base_url = base_url.rstrip("/")
         self.secret = secret
+        self.refused: Callable[[str], bool] = refused or (lambda cid: False)
+        self.accepting: frozenset[str] | None = None  # open exchange prefixes; None: every slot (a store used alone)
         self.served = 0  # objects answered whole by blob_app (200), and their bytes
         self.served_bytes = 0
         self.taken = 0  # uploads stored by blob_app (201), and their bytes
@@ -95,14 +104,26 @@ class FolderBlobStore:
             raise BlobError(f"blob key {key!r:.100} leaves the store's folder")
         return p
 
-    def put_object(self, data: bytes) -> str:
+    def put_object(self, data: bytes, replace: bool = False) -> str:
         sha = sha256_hex(data)
         path = self._path(object_key(sha))
-        if path.exists():
+        if path.exists() and not replace:
             return sha
         _write_atomic(path, data)
         return sha
 
+    def accept(self, prefixes: Collection[str]) -> None:
+        """Take writes only into the slots of the exchanges ``prefixes`` names (``uploads/{run}/r0005-s0/``) from now on."""
+        self.accepting = frozenset(prefixes)
+
+    def takes(self, slot: str) -> str | None:
+        """Why a write into ``slot`` is refused now (None: it is taken): its device refused, or its exchange closed."""
+        exchange, _, cid = slot.rpartition("/")
+        if self.refused(cid):
+            return f"device {cid} may not upload: it was revoked or forgotten on this home server"
+        if self.accepting is not None and exchange + "/" not in self.accepting:
+            return f"the exchange of {slot} is closed: an upload for it is no longer taken"
+        return None
     def has_object(self, sha256: str) -> bool:
         return self._path(object_key(sha256)).is_file()
 
@@ -118,14 +139,31 @@ class FolderBlobStore:
         return f"{self.base_url}{path}?{urlencode(q)}"
 
     def read_upload(self, slot: str, max_bytes: int) -> bytes | None:
+        reader = self.open_upload(slot, max_bytes)
+        if reader is None:
+            return None
+        try:
+            return reader.read(reader.size + 1)
+        finally:
+            reader.close()
+
+    def open_upload(self, slot: str, max_bytes: int) -> _FileReader | None:
         path = self._path(slot)
         try:
-            size = path.stat().st_size
+            f = path.open("rb")
         except FileNotFoundError:
             return None
+        size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
+            f.close()
             raise BlobError(f"the upload in {slot} is {size} bytes, over the {max_bytes}-byte limit")
-        return path.read_bytes()
+        return _FileReader(f, size)
+
+    def list_exchanges(self, root: str) -> list[str]:
+        base = self._path(root.rstrip("/"))
+        if not base.is_dir():
+            return []
+        return sorted(f"{root.rstrip('/')}/{p.name}/" for p in base.iterdir() if p.is_dir())
 
     def drop_object(self, sha256: str) -> None:
         self._path(object_key(sha256)).unlink(missing_ok=True)
@@ -138,6 +176,20 @@ class FolderBlobStore:
             shutil.rmtree(path, ignore_errors=True)
         elif path.is_file():
             path.unlink(missing_ok=True)
+
+
+class _FileReader:
+    """An upload slot of the folder store opened for reading (:class:`har_io.blobs.UploadReader`)."""
+
+    def __init__(self, f: BinaryIO, size: int):
+        self._f = f
+        self.size = size
+
+    def read(self, n: int) -> bytes:
+        return self._f.read(n)
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -175,7 +227,8 @@ def blob_app(store: FolderBlobStore) -> Starlette:
     * ``GET {ROUTE}/objects/{sha256}?exp=&sig=``: the object (200, ``ETag``), 304 for a matching
       ``If-None-Match``, 404 if absent, 403 for a bad or expired signature.
     * ``PUT {ROUTE}/uploads/{run}/{exchange}/{client}?exp=&max=&sig=``: store the body in that
-      slot (201); 413 past ``max`` bytes, 403 for a bad or expired signature.
+      slot (201); 413 past ``max`` bytes (the connection is closed without reading on), 403 for a bad
+      or expired signature or a refused device, 410 for a slot whose exchange is not open.
     """
 
     async def get_object(request: Request) -> Response:
@@ -211,9 +264,13 @@ def blob_app(store: FolderBlobStore) -> Starlette:
             path = store._path(slot)
         except BlobError as exc:
             return JSONResponse({"error": str(exc)}, status_code=403)
+        why = store.takes(slot)
+        if why is not None:
+            return JSONResponse({"error": why}, status_code=403 if "revoked" in why else 410, headers=_CLOSE)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            return JSONResponse({"error": f"{declared} bytes is over this slot's limit of {max_bytes}"}, status_code=413)
+            return JSONResponse({"error": f"{declared} bytes is over this slot's limit of {max_bytes}"}, status_code=413,
+                                headers=_CLOSE)  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
         size = 0
@@ -227,7 +284,8 @@ def blob_app(store: FolderBlobStore) -> Starlette:
             os.replace(tmp, path)
         except _TooLarge:
             os.unlink(tmp)
-            return JSONResponse({"error": f"the upload is over this slot's limit of {max_bytes} bytes"}, status_code=413)
+            return JSONResponse({"error": f"the upload is over this slot's limit of {max_bytes} bytes"}, status_code=413,
+                                headers=_CLOSE)  # fmt: skip
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -244,6 +302,10 @@ def blob_app(store: FolderBlobStore) -> Starlette:
 
 class _TooLarge(Exception):
     pass
+
+
+_CLOSE = {"Connection": "close"}
+"""A refusal closes the connection: the server reads no more of a body it will not store."""
 
 
 class BlobServer:

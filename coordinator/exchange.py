@@ -1,0 +1,140 @@
+"""One exchange being collected: the valid updates of the selected devices, the failures and what was refused.
+
+An exchange is one announcement and its answers: round ``round``, stage ``stage`` (0 = the round's
+main exchange; FedDist's intermediate exchanges have stages 1, 2, ...). The grid fills it from the
+update intake (:mod:`coordinator.transport.intake`) until :meth:`Exchange.complete` or the deadline,
+then hands it to the runner, which reads it and no longer writes it. When it may close before every
+selected device answered is the round policy's (:class:`~coordinator.rounds.base.Steering`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.rounds.base import NO_STEERING, Steering
+from coordinator.strategies import Federation
+from coordinator.updates import ClientUpdate, Failure
+from har_models.nn.model import ArchSpec
+
+
+@dataclass
+class Exchange:
+    """One exchange being collected (see the module docstring).
+
+    Attributes
+    ----------
+    round, stage : int
+    spec : ArchSpec
+        Architecture the updates must have.
+    selected : frozenset of str
+    guidance : bool
+        Whether updates must carry a FedDWA guidance model.
+    steering : Steering
+        When the exchange may close early, and the reason of those it did not wait for.
+    updates : dict client id -> ClientUpdate
+        The first valid update of each selected client.
+    rejected : Counter of (client id, reason)
+        Invalid messages, counted (a flood costs a counter increment, not a log line each),
+        including those that arrived while no exchange was open since the previous one (``carried``).
+    carried : Counter of (client id, reason)
+        The part of ``rejected`` that arrived between exchanges: counted in this exchange's record,
+        but no reason for a selected client's failure.
+    duplicates : Counter of client id
+        Harmless repeats: re-sent copies of an update already counted, updates for a failed attempt
+        that arrived before the next one opened, updates the round policy did not need.
+    offline : set of str
+        Selected clients whose status said offline (or who vanished) while the exchange was open.
+    bytes_up, bytes_down : int
+        Bytes of valid updates received and of models published for this exchange.
+    reference : callable client id -> state, optional
+        The model published to each client (:func:`published_models`): what int8_delta updates are deltas against.
+    awaited : int
+        Devices the round policy still waits for beyond the selected ones (refreshed by the grid from
+        ``steering.awaiting``).
+    """
+
+    round: int
+    stage: int
+    spec: ArchSpec
+    selected: frozenset[str]
+    guidance: bool
+    steering: Steering = NO_STEERING
+    updates: dict[str, ClientUpdate] = field(default_factory=dict)
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    carried: Counter[tuple[str, str]] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    offline: set[str] = field(default_factory=set)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    reference: Callable[[str], Mapping[str, Any]] | None = None
+    awaited: int = 0
+
+    def add(self, update: ClientUpdate) -> bool:
+        """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
+        if update.client_id in self.updates:
+            return False
+        self.updates[update.client_id] = update
+        self.bytes_up += update.size
+        return True
+
+    @property
+    def contributors(self) -> int:
+        """Clients with a valid update for this round: this exchange's, and those the round policy holds from elsewhere."""
+        held = self.steering.held()
+        if not held:
+            return len(self.updates)
+        return len(self.updates) + len(set(held) - self.updates.keys())
+
+    def full(self) -> bool:
+        """True once the steering's ``close_at`` contributors are in."""
+        return self.steering.close_at is not None and self.contributors >= self.steering.close_at
+
+    def complete(self) -> bool:
+        """True once every selected client answered or went offline (and nobody else is awaited), or the exchange is full.
+
+        Counted, not searched: O(offline clients), so asking after every message costs the
+        same whatever the number selected (updates come only from selected clients).
+        """
+        if self.full():
+            return True
+        gone = sum(1 for c in self.offline if c in self.selected and c not in self.updates)
+        return len(self.updates) + gone >= len(self.selected) and self.awaited == 0
+
+    def results(self) -> list[ClientUpdate]:
+        """The valid updates, ordered by client id (the aggregation order, fixed for reproducibility)."""
+        return [self.updates[c] for c in sorted(self.updates)]
+
+    def failures(self) -> list[Failure]:
+        """Selected clients without a valid update, with why: offline, their rejection, the steering's
+        ``unanswered`` when the exchange closed full, else ``missed_deadline``."""
+        rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
+        late = self.steering.unanswered if self.full() else "missed_deadline"
+        return [Failure(cid, "offline" if cid in self.offline else rejected_by.get(cid, late))
+                for cid in sorted(self.selected - set(self.updates))]  # fmt: skip
+
+    @property
+    def n_rejected(self) -> int:
+        """Invalid messages in this exchange (each counted once)."""
+        return sum(self.rejected.values())
+
+    @property
+    def n_duplicates(self) -> int:
+        """Harmless repeats received in this exchange (not rejections)."""
+        return sum(self.duplicates.values())
+
+
+def published_models(fed: Federation) -> Callable[[str], Mapping[str, Any]]:
+    """Client id -> the model published to it for the open exchange: P_i if it has one, else G.
+
+    The same choice the carrier makes when it publishes models. The states are looked up when
+    asked, not copied: they change only between exchanges (aggregation, growth), and a closed
+    exchange validates nothing, so holding no snapshot costs no memory.
+    """
+
+    def reference(cid: str) -> Mapping[str, Any]:
+        return fed.personal.get(cid, fed.global_state)
+
+    return reference
