@@ -14,13 +14,13 @@ from starlette.testclient import TestClient
 from coordinator.record import RoundRecord
 from coordinator.server import model_request
 from coordinator.server.audit import AuditEntry, audit
+from coordinator.server.harm import DeviceHarm, device_harm, harm_by_device
 from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
+from coordinator.server.version_marks import operator_versions, version_marks
 from coordinator.server.web import ServerView, make_app, render_page
 from coordinator.server.web import health as rules
 from coordinator.server.web.fold import RoundFold
-from coordinator.server.web.harm import DeviceHarm, device_harm, harm_by_device
-from coordinator.server.web.versions import operator_versions, version_marks
 from coordinator.state import RunState
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire.messages import CoordinatorStatus, RoundAnnouncement
@@ -159,6 +159,11 @@ def test_the_disk_budget_has_known_figures_and_says_when_it_runs_short(view: Ser
     r = TestClient(make_app(view)).get("/healthz")
     assert r.status_code == 503 and r.json()["reasons"] == health
     assert "the federation needs about" in render_page(view)
+    # before the first version the model's size is unknown: a floor for the databases and the first round's files
+    first = rules.DiskBudget(Path("/srv/fedhar"), 1_000_000, 0, 50, 0, 0, 0, 0)
+    assert not first.known and first.warning() is None
+    assert first.problem() == "disk full: /srv/fedhar: 1.0 MB free of the 64.0 MB the next round needs"
+    assert rules.DiskBudget(Path("/srv/fedhar"), rules.MIN_FREE_BYTES, 0, 50, 0, 0, 0, 0).problem() is None
 
 
 def test_a_round_open_twice_its_deadline_is_stuck() -> None:

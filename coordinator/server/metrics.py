@@ -194,7 +194,7 @@ class FederationCollector(Collector):
     certificates : callable returning dict, optional
         Seconds until each of the broker's certificates expires, by ``"server"``/``"ca"`` (empty: not exported).
     harm : callable returning dict, optional
-        Each device's :class:`coordinator.server.web.harm.DeviceHarm` (``clipped``, ``rejected_total``, ``quarantine``).
+        Each device's :class:`coordinator.server.harm.DeviceHarm` (``clipped``, ``rejected_total``, ``quarantine``).
     release : str, optional
         The release for ``fedhar_build_info`` (default :func:`release_version`).
     disk : callable returning (free bytes, next round's bytes) or None, optional
@@ -298,7 +298,7 @@ class FederationCollector(Collector):
 
 
 def _harm_families(harm: Mapping[str, Any]) -> Iterator[Metric]:
-    """Per-device clipped updates, rejected messages and quarantine (:class:`coordinator.server.web.harm.DeviceHarm`)."""
+    """Per-device clipped updates, rejected messages and quarantine (:class:`coordinator.server.harm.DeviceHarm`)."""
     clipped = CounterMetricFamily("fedhar_device_updates_clipped", "A device's updates the quality guard clipped", labels=["device"])
     rejected = CounterMetricFamily("fedhar_device_messages_rejected", "A device's messages the coordinator rejected", labels=["device"])
     held = GaugeMetricFamily("fedhar_device_quarantined", "1 while the device is quarantined (left out of aggregation)",

@@ -4,12 +4,13 @@ Read-only. The package map, by job:
 
 * :mod:`~coordinator.server.web.view` — :class:`ServerView`, the one view model: what the site
   shows, read from the server database, the run's database and the broker's monitor account;
-* :mod:`~coordinator.server.web.fold` — what it keeps of the round records, folded as rounds complete;
-* :mod:`~coordinator.server.web.devices`, :mod:`~coordinator.server.web.harm`,
-  :mod:`~coordinator.server.web.versions`, :mod:`~coordinator.server.web.health`,
-  :mod:`~coordinator.server.web.certs` — each device's row and harm counts, the versions' quality
-  and marks, the reasons the federation cannot make progress (disk, stuck round, unreadable files),
-  the broker's certificates;
+* :mod:`~coordinator.server.web.fold` — what it keeps of the round records, folded as rounds complete
+  (the shared model's quality per version among it);
+* :mod:`~coordinator.server.web.devices`, :mod:`~coordinator.server.web.health`,
+  :mod:`~coordinator.server.web.certs` — each device's row, the reasons the federation cannot make progress (disk, stuck round,
+  unreadable files), the broker's certificates; each device's harm counts and the versions' marks
+  come from :mod:`coordinator.server.harm` and :mod:`coordinator.server.version_marks`, which
+  ``fedhar-coordinator devices`` and ``versions`` can use without the web libraries;
 * :mod:`~coordinator.server.web.series` — the chart series; the SVG is drawn by :mod:`coordinator.server.charts`;
 * :mod:`~coordinator.server.web.page` — the view's answers arranged for the templates
   (``coordinator/server/templates/``, Jinja2 with autoescaping, :mod:`coordinator.server.templating`);

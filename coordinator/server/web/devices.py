@@ -3,7 +3,7 @@
 A device's row merges four sources: the server database (enrolment, owner, revocation,
 participation), the round records (its rounds where the database has none), the broker's retained
 status as the monitor read it (presence, sensing health, windows, backend, cost), and the run's
-harm counts (:mod:`coordinator.server.web.harm`: clipped, rejected, quarantined).
+harm counts (:mod:`coordinator.server.harm`: clipped, rejected, quarantined).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from coordinator.server.harm import NO_HARM, DeviceHarm
 from coordinator.server.monitor import DeviceSeen, MonitorSnapshot
 from coordinator.server.web.fold import Took
-from coordinator.server.web.harm import NO_HARM, DeviceHarm
 from har_models.wire.messages import ClientStatus
 
 TARGET_RATE_HZ = 50.0

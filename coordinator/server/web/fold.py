@@ -20,8 +20,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.record import GuardNote, Metrics, RoundRecord
 from coordinator.server.metrics import RoundTotals
@@ -61,6 +62,10 @@ class Measured:
     macro_f1: float | None
     devices: int
     windows: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"accuracy", "macro_f1", "devices", "windows"}``."""
+        return {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "devices": self.devices, "windows": self.windows}
 
 
 def measured(m: Metrics | None, per_device: Mapping[str, Metrics] | None = None) -> Measured | None:
@@ -168,3 +173,11 @@ class RoundFold:
         q, after = self.quality.get(round_), self.quality.get(round_ + 1)
         return {"shared": after.start if after else None, "global": q.global_ if q else None,
                 "personalisation": q.personalisation if q else None}  # fmt: skip
+
+
+def version_rows(rows: Sequence[Mapping[str, Any]], fold: RoundFold, marks: Mapping[int, list[str]]) -> list[dict[str, Any]]:
+    """The JSON of ``/api/versions``: each registry row with ``quality`` (:meth:`RoundFold.version_quality`: ``shared``,
+    ``global``, ``personalisation``, each :meth:`Measured.to_json` or None where not measured) and ``marks``
+    (:func:`coordinator.server.version_marks.version_marks`) added."""
+    return [{**r, "quality": {k: m.to_json() if m is not None else None for k, m in fold.version_quality(int(r["round"])).items()},
+             "marks": marks.get(int(r["version"]), [])} for r in rows]  # fmt: skip

@@ -17,6 +17,10 @@ from pathlib import Path
 
 from coordinator.server.templating import size
 
+MIN_FREE_BYTES = 64_000_000
+"""Free space below which the disk is full whatever the model: the databases, the log and the first round's files
+need room before a model's size is known (the paper's CNN alone is 26 MB a copy)."""
+
 STUCK_FACTOR = 2.0
 """An attempt still open after this many times its own deadline is stuck: the coordinator closes each attempt at its
 deadline, so one open that long means the coordinator is not running its rounds (hung, or gone without its will)."""
@@ -70,8 +74,9 @@ class DiskBudget:
 
     @property
     def need_next_round(self) -> int:
-        """What the next round writes before anything is deleted (:attr:`per_round`)."""
-        return self.per_round
+        """What the next round writes before anything is deleted (:attr:`per_round`; :data:`MIN_FREE_BYTES` before a
+        model's size is known)."""
+        return self.per_round if self.known else MIN_FREE_BYTES
 
     @property
     def need_until_full(self) -> int:
@@ -80,7 +85,7 @@ class DiskBudget:
 
     def problem(self) -> str | None:
         """Why the next round cannot be written (free space below :attr:`need_next_round`); None when it can."""
-        if not self.known or self.free >= self.need_next_round:
+        if self.free >= self.need_next_round:
             return None
         return f"disk full: {self.folder}: {size(self.free)} free of the {size(self.need_next_round)} the next round needs"
 

@@ -173,7 +173,7 @@ def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[B
             d = view.disk()
         except OSError:
             return None
-        return (d.free, d.need_next_round) if d is not None and d.known else None
+        return (d.free, d.need_next_round) if d is not None else None
 
     registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round,
                              view.certificate_seconds_left, harm=view.harm, release=view.release, disk=disk)  # fmt: skip

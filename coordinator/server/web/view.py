@@ -6,7 +6,7 @@
   the numbered model versions with their figures, each device's participation;
 * the run's database (:class:`coordinator.state.RunState`): the round records, folded as rounds
   complete (:class:`coordinator.server.web.fold.RoundFold`), and the events that count each
-  device's clipped updates and quarantine (:mod:`coordinator.server.web.harm`);
+  device's clipped updates and quarantine (:mod:`coordinator.server.harm`);
 * the broker, through the read-only monitor account (:class:`coordinator.server.monitor.Monitor`):
   presence, sensing health, the coordinator's state, the open round and its answers.
 
@@ -29,16 +29,16 @@ from typing import Any, Protocol
 
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server.figures import read_figures
+from coordinator.server.harm import EVENT_KINDS, DeviceHarm, harm_by_device, harm_events
 from coordinator.server.metrics import RoundTotals, release_version
 from coordinator.server.monitor import Monitor, MonitorSnapshot
 from coordinator.server.settings import ServerSettings
+from coordinator.server.version_marks import operator_versions, version_marks
 from coordinator.server.web import devices as device_table
 from coordinator.server.web import health as rules
 from coordinator.server.web.certs import CertificateWatch
-from coordinator.server.web.fold import GuardDecision, RoundFold
-from coordinator.server.web.harm import EVENT_KINDS, DeviceHarm, harm_by_device, harm_events
+from coordinator.server.web.fold import GuardDecision, RoundFold, version_rows
 from coordinator.server.web.series import round_charts
-from coordinator.server.web.versions import operator_versions, version_marks, version_rows
 from coordinator.state import RunState, StateDamaged
 
 log = logging.getLogger("fedhar.server.web")
@@ -275,7 +275,7 @@ class ServerView:
         return self._folded().guard
 
     def harm(self) -> dict[str, DeviceHarm]:
-        """Each device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.web.harm`).
+        """Each device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.harm`).
 
         The events are read again only when their count changed.
         """
@@ -371,7 +371,7 @@ class ServerView:
         words), ``n_train``, ``n_test``, ``sensing`` (:func:`~coordinator.server.web.devices.sensing_json`),
         ``cost`` (:class:`~har_models.wire.messages.DeviceCost` as JSON; {} when not measured),
         ``last_known`` (an offline device's last windows and backend, with when), and its harm
-        (:meth:`~coordinator.server.web.harm.DeviceHarm.to_json`): ``clipped``, ``rejected``,
+        (:meth:`~coordinator.server.harm.DeviceHarm.to_json`): ``clipped``, ``rejected``,
         ``rejected_by_reason``, ``quarantined``, ``quarantine_reason``, ``quarantine_round``.
         """
         fold = self._folded()
@@ -422,7 +422,7 @@ class ServerView:
 
     def versions(self, newest: int | None = None) -> list[dict[str, Any]]:
         """Model versions (all, or the ``newest`` ones), newest first: ``version``, ``round``, ``created_unix``,
-        ``arch_version``, ``path``, ``figures``, ``quality`` and ``marks`` (:mod:`coordinator.server.web.versions`)."""
+        ``arch_version``, ``path``, ``figures``, ``quality`` and ``marks`` (:mod:`coordinator.server.version_marks`)."""
         from coordinator.server import model_request
 
         if self.registry is None:
@@ -440,7 +440,7 @@ class ServerView:
             marks = version_marks([int(v.version) for v in every], {int(v.version): int(v.round) for v in every}, fold.best_round(),
                                   set(fold.rolled_back), operator_versions(self.audit(None)),
                                   (req.action, req.version) if req is not None else None)  # fmt: skip
-            out = version_rows(rows, fold.version_quality, marks)
+            out = version_rows(rows, fold, marks)
         return sorted(device_table.clean(out), key=lambda r: -int(r["version"]))
 
     def malformed_counts(self) -> dict[str, int]:

@@ -1,11 +1,9 @@
-"""The model versions as the site shows them: each version's quality and its marks.
+"""The marks of the model versions: newest, best, rolled back, pinned, requested.
 
 A version is the shared model a served round made (``serve`` keeps one per completed round,
-``<data>/versions/``). Its quality (:meth:`coordinator.server.web.fold.RoundFold.version_quality`)
-is what the devices measured on it in the next round (their start measure: what the quality guard
-judges), the global figure where a union test set exists, and its round's personalisation.
-
-Marks, from the same sources ``fedhar-coordinator versions`` reads:
+``<data>/versions/``). Its marks, from the sources ``fedhar-coordinator versions`` reads (the
+registry's versions, the quality guard's decisions in the round records, the audit log, the
+pending ``model_request.json``); the status page shows them (:mod:`coordinator.server.web`):
 
 * ``newest`` — the highest version number;
 * ``best`` — the newest version of the quality guard's best round (the round its newest decision names);
@@ -17,10 +15,8 @@ Marks, from the same sources ``fedhar-coordinator versions`` reads:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-from coordinator.server.web.fold import Measured
 
 MARKS = ("newest", "best", "rolled back", "pinned", "pin requested", "rollback requested")
 """Every mark a version may carry, in the order the page lists them."""
@@ -68,18 +64,3 @@ def version_marks(versions: Sequence[int], rounds: Mapping[int, int], best_round
                  "pin requested": requested == ("pin", v), "rollback requested": requested == ("rollback", v)}  # fmt: skip
         out[v] = [m for m in MARKS if marks[m]]
     return out
-
-
-def _measured_json(m: Measured | None) -> dict[str, Any] | None:
-    return None if m is None else {"accuracy": m.accuracy, "macro_f1": m.macro_f1, "devices": m.devices, "windows": m.windows}
-
-
-def version_rows(rows: Sequence[Mapping[str, Any]], quality: Callable[[int], Mapping[str, Measured | None]],
-                 marks: Mapping[int, list[str]]) -> list[dict[str, Any]]:  # fmt: skip
-    """The JSON of ``/api/versions``: each row as the registry gives it, with ``quality`` and ``marks`` added.
-
-    ``quality`` is ``{"shared", "global", "personalisation"}``, each ``{"accuracy", "macro_f1",
-    "devices", "windows"}`` or None where not measured (the shared one: until the next round completes).
-    """
-    return [{**r, "quality": {k: _measured_json(m) for k, m in quality(int(r["round"])).items()}, "marks": marks.get(int(r["version"]), [])}
-            for r in rows]  # fmt: skip
