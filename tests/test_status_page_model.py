@@ -123,8 +123,8 @@ def test_the_api_page_and_metrics_show_quality_marks_guard_and_harm(view: Server
     assert (devs["b"]["clipped"], devs["b"]["rejected"], devs["b"]["rejected_by_reason"]) == (2, 4, {"bad_shape": 3, "not_selected": 1})
     b = devs["b"]
     assert (b["quarantined"], b["quarantine_reason"], devs["a"]["quarantined"]) == (True, "clipped in 2 consecutive rounds", False)
-    assert "x" not in devs  # a sender known only by its rejections is no device
-    assert device_harm(view.run_state) == view.harm()  # what `devices` reuses counts the same
+    assert "x" not in devs and "x" not in view.harm()  # a sender known only by its rejections is no device
+    assert device_harm(view.run_state) == {**view.harm(), "x": DeviceHarm(0, {"not_selected": 4})}  # `devices` counts the same
     page = c.get("/").text
     assert '<tr class="device" data-name="b" data-online="false" data-quarantined="true">' in page
     assert '<span class="fault quarantine">quarantined: clipped in 2 consecutive rounds</span>' in page
@@ -140,8 +140,11 @@ def test_the_api_page_and_metrics_show_quality_marks_guard_and_harm(view: Server
     assert got[("fedhar_device_quarantined", (("device", "b"),))] == 1
     assert got[("fedhar_build_info", (("version", view.release),))] == 1 and view.release != ""
     assert got[("fedhar_last_macro_f1", (("measure", "start"),))] == 0.6 + 4 / 100
+    assert ("fedhar_device_messages_rejected_total", (("device", "x"),)) not in got
     model_request.write_request(view.data_dir, "pin", 1)
     assert {v["version"]: v["marks"] for v in view.versions()}[1] == ["pin requested"]
+    view.registry.forget("b")  # type: ignore[union-attr]
+    assert "b" not in view.harm() and 'device="b"' not in c.get("/metrics").text  # a forgotten name is named nowhere
 
 
 def test_the_disk_budget_has_known_figures_and_says_when_it_runs_short(view: ServerView, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -275,22 +275,24 @@ class ServerView:
         return self._folded().guard
 
     def harm(self) -> dict[str, DeviceHarm]:
-        """Each device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.harm`).
-
-        The events are read again only when their count changed.
-        """
+        """Each device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.harm`), for the devices
+        the page shows: never a forgotten one, nor a sender known only by its rejections. Events are read again only when
+        their count changed."""
         if self.run_state is None:
-            return harm_by_device([], self._folded().rejected)
-        self._sync()
-        key = (self._seen, tuple(self.run_state.count_events(k) for k in EVENT_KINDS))
-        with self._lock:
-            if self._harm[0] == key:
-                return self._harm[1]
-            rejected = {c: dict(r) for c, r in self._fold.rejected.items()}
-        harm = harm_by_device(harm_events(self.run_state), rejected)
-        with self._lock:
-            self._harm = (key, harm)
-        return harm
+            every = harm_by_device([], self._folded().rejected)
+        else:
+            self._sync()
+            key = (self._seen, tuple(self.run_state.count_events(k) for k in EVENT_KINDS))
+            with self._lock:
+                every, rejected = self._harm[1], {c: dict(r) for c, r in self._fold.rejected.items()}
+            if self._harm[0] != key:
+                every = harm_by_device(harm_events(self.run_state), rejected)
+                with self._lock:
+                    self._harm = (key, every)
+        rows = self.devices_registered()
+        shown = {str(r.name) for r in rows} | set(self.snapshot().devices) | set(self._folded().took)
+        shown -= {str(r.name) for r in rows if str(r.state) == "forgotten"}
+        return {name: h for name, h in every.items() if name in shown}
 
     def disk(self) -> rules.DiskBudget | None:
         """What the federation needs on disk and has free (:class:`~coordinator.server.web.health.DiskBudget`);
@@ -303,13 +305,10 @@ class ServerView:
         return rules.measure_disk(self.data_dir, run_dir, paths, self.keep_versions, fold.last_updates)
 
     def health(self) -> list[str]:
-        """Why the federation cannot make progress now, in words, one reason each; empty when it can.
-
-        The broker link of the page is down; a database cannot be read; the disk has less free than
-        the next round needs; the open round has been open more than twice its deadline; a broker
-        file (manifest, certificate) cannot be read, with the fix; no round completed for longer than
-        :attr:`stall_after_s` while enough devices are eligible.
-        """
+        """Why the federation cannot make progress now, in words, one reason each; empty when it can: the page's broker
+        link is down; a database cannot be read; the disk has less free than the next round needs; the open round has been
+        open more than twice its deadline; a broker file cannot be read (with the fix); no round completed for longer than
+        :attr:`stall_after_s` while enough devices are eligible."""
         out = []
         if self.broker_link() is False:
             out.append("the broker cannot be reached: presence, the open round and the coordinator's state are unknown; "
