@@ -4,7 +4,6 @@ and forgets the failed attempt once the round completes; ``/api/round`` and the 
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from markupsafe import escape
 from starlette.testclient import TestClient
 from support.inmemory_grid import InMemoryGrid, device_status
 
@@ -73,7 +73,7 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
         assert c.get("/api/round").json()["waiting"] == failed
         page = c.get("/").text
         assert "no round open (idle)" in page
-        assert f'<p id="waiting">{html.escape(failed)}</p>' in page
+        assert f'<p id="waiting">{escape(failed)}</p>' in page  # as the page's templates escape it
         mon.handle(Topics("home").round, RoundAnnouncement("r", 0, "training", {}, "hapt6", selected=("phone-anna",)).to_bytes())
         assert c.get("/api/round").json()["waiting"] is None and 'id="waiting"' not in c.get("/").text
         # The device answers the next attempt: the round completes and the failed attempt is no reason any more.

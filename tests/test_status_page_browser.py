@@ -122,11 +122,18 @@ def test_the_status_page_in_chromium(tmp_path: Path, mosquitto: int, small_simul
             assert rows[clients[0]].find_element("css selector", "td:nth-child(5)").text == "3"  # rounds taken part in
             charts = driver.find_elements("css selector", "svg.chart")
             assert len(charts) == 5 and all(c.is_displayed() for c in charts)
-            assert len(charts[0].find_elements("css selector", "circle")) == 6  # 3 rounds x (global, personalisation)
+            # 3 rounds x (global, personalisation), and the shared model's start measure of rounds 0 and 1 (taken in rounds 1, 2)
+            assert all(r.evaluation.start is not None and r.evaluation.global_ is not None for r in recs)
+            assert len(charts[0].find_elements("css selector", "circle")) == 3 + 3 + 2
+            shared = charts[1].find_element("css selector", 'g.series[data-name="shared model"]')
+            assert [float(c.get_attribute("data-y")) for c in shared.find_elements("css selector", "circle")] == [
+                r.evaluation.start.macro_f1 for r in recs[1:] if r.evaluation.start is not None]
+            assert find("id", "release").text == view.release
             heat = driver.find_element("css selector", "svg.heatmap")
             assert len(heat.find_elements("css selector", "rect.cell")) == 9
             versions = driver.find_elements("css selector", "#versions tr")[1:]
             assert [v.find_element("css selector", "td").text for v in versions] == ["3", "2", "1"]  # newest first
+            assert versions[0].find_element("css selector", "span.mark").text == "newest"
             shot = tmp_path / "status-page.png"
             assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
             if os.environ.get("FEDHAR_SCREENSHOT"):

@@ -137,11 +137,12 @@ def test_the_page_stays_small_and_says_what_a_person_reads(tmp_path: Path) -> No
     reg.note_participation(7, "a", 0.9, 0.8)
     reg.note_participation(3, "a", 0.1, 0.1)
     view = ServerView(run_state=state, registry=reg)
-    page = TestClient(make_app(view)).get("/").text
+    c = TestClient(make_app(view))
+    page = c.get("/").text
     assert '<span id="rounds-completed">600</span> rounds completed' in page
-    assert "personalisation macro-F1 50.0%" in page and "personalization_" not in page
-    assert page.count("<tr><td>") == 50  # the 50 newest versions, newest first
-    assert "<tr><td>80</td>" in page and "<tr><td>30</td>" not in page
+    assert "personalization_" not in page and c.get("/api/versions").json()[0]["figures"] == {"personalisation_macro_f1": 0.5}
+    assert page.count('<tr class="version"') == 50  # the 50 newest versions, newest first
+    assert '<tr class="version" data-version="80"' in page and 'data-version="30"' not in page
     dev = {d["name"]: d for d in view.devices()}["a"]
     assert (dev["rounds"], dev["last_round"], dev["last_accuracy"]) == (2, 7, 0.9)
     assert dev["arch_version"] == 7 // 50

@@ -1,8 +1,9 @@
 """Server-side SVG charts of the status page: line charts with axes and labels, and a heat map.
 
-The page draws its charts here, in plain SVG text, so it needs no JavaScript library and no
-image library: a chart is a string that goes into the HTML as it is. Every number on a chart
-comes from the series it was given; points carry their data values (``data-x``, ``data-y``)
+The page draws its charts here as SVG, so it needs no JavaScript library and no image library:
+this module computes each chart's geometry (ticks, coordinates, buckets) and the templates
+``chart.svg`` and ``heatmap.svg`` (:mod:`coordinator.server.templating`, autoescaped) write it.
+Every number on a chart comes from the series it was given; points carry their data values (``data-x``, ``data-y``)
 beside their pixel coordinates, so a test (or a reader of the page's source) can check both.
 
 Geometry of a line chart of ``width`` x ``height`` pixels: the plot area spans
@@ -16,7 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from xml.sax.saxutils import escape, quoteattr
+from typing import Any
+
+from coordinator.server.templating import render
 
 MARGIN_LEFT = 56
 MARGIN_RIGHT = 16
@@ -294,16 +297,10 @@ def line_chart(
             pts += [(float(x), float(y)) for x, y in ps if y is not None and math.isfinite(y) and math.isfinite(x)]
         elif b is not None:
             pts += [(k.x, v) for k in b if k.lo is not None and k.hi is not None and math.isfinite(k.x) for v in (k.lo, k.hi)]
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label={quoteattr(title)}>',
-        f'<text class="title" x="{x0}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
-    ]
+    chart: dict[str, Any] = {"width": width, "height": height, "title": title, "x0": x0, "x1": x1, "y0": y0, "y1": y1,
+                             "mid_x": _num((x0 + x1) / 2), "mid_y": _num((y0 + y1) / 2), "empty": not pts}  # fmt: skip
     if not pts:
-        out.append(f'<text class="empty" x="{_num((x0 + x1) / 2)}" y="{_num((y0 + y1) / 2)}" text-anchor="middle" '
-                   f'font-size="12" fill="#777">no data yet</text>')  # fmt: skip
-        out.append("</svg>")
-        return "\n".join(out)
+        return render("chart.svg", chart=chart)
     xlo, xhi = min(p[0] for p in pts), max(p[0] for p in pts)
     if y_range is not None:
         ylo, yhi = y_range
@@ -321,61 +318,41 @@ def line_chart(
         yhi = yticks[-1]
     sx = lambda v: scale(v, xlo, xhi, x0, x1)  # noqa: E731
     sy = lambda v: scale(v, ylo, yhi, y1, y0)  # noqa: E731
-    out.append(f'<g class="axes" stroke="#444" stroke-width="1">'
-               f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}"/></g>')  # fmt: skip
-    for t in yticks:
-        ty = _num(sy(t))
-        lab = f"{100 * t:.0f}%" if y_format == "%" else _label(t)
-        out.append(f'<line class="grid" x1="{x0}" y1="{ty}" x2="{x1}" y2="{ty}" stroke="#ddd"/>'
-                   f'<text class="ytick" x="{x0 - 4}" y="{ty}" dy="4" text-anchor="end" font-size="10">{lab}</text>')  # fmt: skip
-    for t in xticks:
-        tx = _num(sx(t))
-        out.append(f'<line x1="{tx}" y1="{y1}" x2="{tx}" y2="{y1 + 4}" stroke="#444"/>'
-                   f'<text class="xtick" x="{tx}" y="{y1 + 15}" text-anchor="middle" font-size="10">{_label(t)}</text>')  # fmt: skip
-    out.append(f'<text class="xlabel" x="{_num((x0 + x1) / 2)}" y="{height - 6}" text-anchor="middle" font-size="11">'
-               f"{escape(x_label)}</text>")  # fmt: skip
-    out.append(f'<text class="ylabel" x="12" y="{_num((y0 + y1) / 2)}" text-anchor="middle" font-size="11" '
-               f'transform="rotate(-90 12 {_num((y0 + y1) / 2)})">{escape(y_label)}</text>')  # fmt: skip
+    chart["yticks"] = [(_num(sy(t)), f"{100 * t:.0f}%" if y_format == "%" else _label(t)) for t in yticks]
+    chart["xticks"] = [(_num(sx(t)), _label(t)) for t in xticks]
+    chart["x_label"], chart["y_label"] = x_label, y_label
     drawn = [i for i, (ps, b) in enumerate(zip(plain, bucketed, strict=True))
              if (ps is not None and any(math.isfinite(x) and y is not None and math.isfinite(y) for x, y in ps))
              or (b is not None and any(k.y is not None for k in b))]  # fmt: skip
+    chart["series"] = []
     for i, s in enumerate(series):
-        colour = PALETTE[i]
-        out.append(f'<g class="series" data-name={quoteattr(s.name)} stroke="{colour}" fill="{colour}">')
         ps, b = plain[i], bucketed[i]
-        if ps is not None:
-            _draw_points(out, ps, sx, sy)
-        elif b is not None:
-            _draw_buckets(out, b, sx, sy)
-        out.append("</g>")
-        if len(drawn) > 1 and i in drawn:
-            lx, ly = x1 - 130, 14 + 12 * drawn.index(i)
-            out.append(f'<g class="legend"><rect x="{lx}" y="{ly - 8}" width="10" height="3" fill="{colour}"/>'
-                       f'<text x="{lx + 14}" y="{ly - 4}" font-size="10">{escape(s.name)}</text></g>')  # fmt: skip
-    if any(b is not None for b in bucketed):
-        size = max(k.n for b in bucketed if b is not None for k in b)
-        out.append(f'<text class="note" x="{x0}" y="28" font-size="9" fill="#555">each point: mean of up to {size} '
-                   "rounds; band: their lowest to highest</text>")  # fmt: skip
-    out.append("</svg>")
-    return "\n".join(out)
+        marks = _point_marks(ps, sx, sy) if ps is not None else _bucket_marks(b or (), sx, sy)
+        legend = {"x": x1 - 130, "y": 14 + 12 * drawn.index(i)} if len(drawn) > 1 and i in drawn else None
+        chart["series"].append({"name": s.name, "colour": PALETTE[i], "legend": legend, **marks})
+    sizes = [k.n for b in bucketed if b is not None for k in b]
+    chart["note"] = f"each point: mean of up to {max(sizes)} rounds; band: their lowest to highest" if sizes else None
+    return render("chart.svg", chart=chart)
 
 
-def _draw_points(out: list[str], points: Sequence[tuple[float, float | None]], sx: Callable[[float], float],
-                 sy: Callable[[float], float]) -> None:  # fmt: skip
+def _point_marks(points: Sequence[tuple[float, float | None]], sx: Callable[[float], float],
+                 sy: Callable[[float], float]) -> dict[str, list[Any]]:  # fmt: skip
     """One circle per finite point and a polyline through each run of them (a gap breaks the line)."""
-    run: list[str] = []
+    circles, lines, run = [], [], []
     for x, y in [*points, (math.nan, None)]:  # the sentinel flushes the last run
         if y is not None and math.isfinite(y) and math.isfinite(x):
             run.append(f"{_num(sx(x))},{_num(sy(y))}")
-            out.append(f'<circle cx="{_num(sx(x))}" cy="{_num(sy(y))}" r="2.5" data-x="{x!r}" data-y="{y!r}"/>')
+            circles.append({"cx": _num(sx(x)), "cy": _num(sy(y)), "r": "2.5", "data": {"x": repr(x), "y": repr(y)}})
         else:
             if len(run) > 1:
-                out.append(f'<polyline fill="none" stroke-width="1.5" points="{" ".join(run)}"/>')
+                lines.append((" ".join(run), "1.5"))
             run = []
+    return {"bands": [], "lines": lines, "circles": circles}
 
 
-def _draw_buckets(out: list[str], buckets: Sequence[Bucket], sx: Callable[[float], float], sy: Callable[[float], float]) -> None:
+def _bucket_marks(buckets: Sequence[Bucket], sx: Callable[[float], float], sy: Callable[[float], float]) -> dict[str, list[Any]]:
     """Per run of buckets with data: a band polygon (lows to highs), a polyline through the means, a small circle each."""
+    bands, lines, circles = [], [], []
     run: list[Bucket] = []
     for k in [*buckets, Bucket(math.nan, None, None, None, 0)]:  # the sentinel flushes the last run
         if k.y is not None and math.isfinite(k.x):
@@ -384,15 +361,15 @@ def _draw_buckets(out: list[str], buckets: Sequence[Bucket], sx: Callable[[float
         if run:
             edge = [f"{_num(sx(r.x))},{_num(sy(r.hi))}" for r in run if r.hi is not None]
             edge += [f"{_num(sx(r.x))},{_num(sy(r.lo))}" for r in reversed(run) if r.lo is not None]
-            out.append(f'<polygon class="band" stroke="none" fill-opacity="0.2" points="{" ".join(edge)}"/>')
+            bands.append(" ".join(edge))
             if len(run) > 1:
-                line = " ".join(f"{_num(sx(r.x))},{_num(sy(r.y))}" for r in run if r.y is not None)
-                out.append(f'<polyline fill="none" stroke-width="1.2" points="{line}"/>')
+                lines.append((" ".join(f"{_num(sx(r.x))},{_num(sy(r.y))}" for r in run if r.y is not None), "1.2"))
             for r in run:
                 assert r.y is not None
-                out.append(f'<circle cx="{_num(sx(r.x))}" cy="{_num(sy(r.y))}" r="1.2" data-x="{r.x!r}" data-y="{r.y!r}" '
-                           f'data-lo="{r.lo!r}" data-hi="{r.hi!r}" data-n="{r.n}"/>')  # fmt: skip
+                circles.append({"cx": _num(sx(r.x)), "cy": _num(sy(r.y)), "r": "1.2",
+                                "data": {"x": repr(r.x), "y": repr(r.y), "lo": repr(r.lo), "hi": repr(r.hi), "n": str(r.n)}})  # fmt: skip
         run = []
+    return {"bands": bands, "lines": lines, "circles": circles}
 
 
 def heat_colour(v: float) -> str:
@@ -440,32 +417,13 @@ def heat_map(matrix: Sequence[Sequence[float]], labels: Sequence[str], *, title:
         raise ValueError(f"heat_map: cell {cell} px is too small; use at least 8")
     left = 8 + 7 * max((len(s) for s in labels), default=1)
     top = 40 + 7 * max((len(s) for s in labels), default=1)
+    cells = [{"i": i, "j": j, "x": left + j * cell, "y": top + i * cell, "fill": heat_colour(v), "value": repr(v),
+              "title": f"{labels[i]} from {labels[j]}: {v:.3f}", "text": f"{v:.2f}" if n <= 12 else None,
+              "tx": _num(left + j * cell + cell / 2), "ty": _num(top + i * cell + cell / 2),
+              "ink": "#fff" if math.isfinite(v) and v > 0.5 else "#000"}
+             for i, row in enumerate(matrix) for j, v in enumerate(row)]  # fmt: skip
+    cols = [{"x": _num(left + j * cell + cell / 2), "name": name} for j, name in enumerate(labels)]
+    rows = [{"y": _num(top + i * cell + cell / 2), "name": name} for i, name in enumerate(labels)]
     width, height = max(left + n * cell + 16, 300), top + n * cell + 24
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="heatmap" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label={quoteattr(title)}>',
-        f'<text class="title" x="8" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
-    ]
-    if n == 0:
-        out.append('<text class="empty" x="8" y="40" font-size="12" fill="#777">no data yet</text></svg>')
-        return "\n".join(out)
-    for j, name in enumerate(labels):
-        x = left + j * cell + cell / 2
-        out.append(f'<text class="col" x="{_num(x)}" y="{top - 4}" font-size="10" '
-                   f'transform="rotate(-60 {_num(x)} {top - 4})">{escape(name)}</text>')  # fmt: skip
-    for i, name in enumerate(labels):
-        y = top + i * cell + cell / 2
-        out.append(f'<text class="row" x="{left - 4}" y="{_num(y)}" dy="4" text-anchor="end" font-size="10">{escape(name)}</text>')
-    for i, row in enumerate(matrix):
-        for j, v in enumerate(row):
-            x, y = left + j * cell, top + i * cell
-            out.append(f'<rect class="cell" x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{heat_colour(v)}" '
-                       f'data-i="{i}" data-j="{j}" data-value="{v!r}"><title>{escape(labels[i])} from {escape(labels[j])}: '
-                       f"{v:.3f}</title></rect>")  # fmt: skip
-            if n <= 12:
-                ink = "#fff" if math.isfinite(v) and v > 0.5 else "#000"
-                out.append(f'<text x="{_num(x + cell / 2)}" y="{_num(y + cell / 2)}" dy="3" text-anchor="middle" '
-                           f'font-size="8" fill="{ink}">{v:.2f}</text>')  # fmt: skip
-    out.append(f'<text class="note" x="8" y="{height - 8}" font-size="10">row i: target client, column j: source</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    return render("heatmap.svg", map={"width": width, "height": height, "title": title, "left": left, "top": top, "cell": cell,
+                                      "cells": cells, "cols": cols, "rows": rows})  # fmt: skip

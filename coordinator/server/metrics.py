@@ -25,8 +25,14 @@ Exported (prefix ``fedhar_``)::
     bytes_in_total{encoding}                     counter: update envelopes received, by encoding
     bytes_out_total{encoding}                    counter: model envelopes sent (float32)
     devices{state}                               gauge: enrolled, online, revoked, forgotten
-    last_macro_f1{measure}                       gauge: global, personalisation (latest round that has it)
+    last_macro_f1{measure}                       gauge: global, personalisation, start (latest round that has it;
+                                                 start: the devices' measure of the shared model they received)
     last_accuracy{measure}                       gauge
+    device_updates_clipped_total{device}         counter: a device's updates the quality guard clipped
+    device_messages_rejected_total{device}       counter: a device's messages the coordinator rejected
+    device_quarantined{device}                   gauge: 1 while the device is quarantined, else 0 (devices with any harm count)
+    build_info{version}                          gauge: 1, labelled with the release (importlib.metadata)
+    disk_free_bytes, disk_next_round_bytes       gauge: free space of the data folder's filesystem, what the next round writes
     monitor_malformed_messages_total{kind}       counter: messages the monitor ignored
     broker_link_up                               gauge: 1 while the page's own broker session is up
     seconds_since_last_round                     gauge: since the newest completed round was recorded
@@ -37,8 +43,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -55,9 +62,19 @@ sum of its ``rejections``, as in records written before reasons were kept)."""
 
 DEVICE_STATES = ("enrolled", "online", "revoked", "forgotten")
 
-EXPORTED_MEASURES = MEASURES[:2]
-"""The measures whose latest accuracy and macro-F1 ``/metrics`` exports: global and personalisation
-(the first two of :data:`coordinator.record.MEASURES`)."""
+EXPORTED_MEASURES = (*MEASURES[:2], "start")
+"""The measures whose latest accuracy and macro-F1 ``/metrics`` exports: global, personalisation and start
+(the devices' measure of the shared model they received; :data:`coordinator.record.MEASURES`)."""
+
+
+def release_version() -> str:
+    """The installed fedhar's release (``importlib.metadata.version("fedhar")``); "unknown" without package metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedhar")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass
@@ -176,6 +193,12 @@ class FederationCollector(Collector):
         Seconds since the newest completed round was recorded (None: none yet; not exported).
     certificates : callable returning dict, optional
         Seconds until each of the broker's certificates expires, by ``"server"``/``"ca"`` (empty: not exported).
+    harm : callable returning dict, optional
+        Each device's :class:`coordinator.server.harm.DeviceHarm` (``clipped``, ``rejected_total``, ``quarantine``).
+    release : str, optional
+        The release for ``fedhar_build_info`` (default :func:`release_version`).
+    disk : callable returning (free bytes, next round's bytes) or None, optional
+        The data folder's free space and what the next round needs (None: not known; not exported).
     """
 
     def __init__(
@@ -186,6 +209,10 @@ class FederationCollector(Collector):
         broker_link: Callable[[], bool | None] | None = None,
         since_last_round: Callable[[], float | None] | None = None,
         certificates: Callable[[], dict[str, float]] | None = None,
+        *,
+        harm: Callable[[], Mapping[str, Any]] | None = None,
+        release: str | None = None,
+        disk: Callable[[], tuple[int, int] | None] | None = None,
     ):
         self._totals = totals
         self._devices = devices
@@ -193,6 +220,9 @@ class FederationCollector(Collector):
         self._link = broker_link
         self._since = since_last_round
         self._certs = certificates
+        self._harm = harm
+        self._release = release if release is not None else release_version()
+        self._disk = disk
 
     def collect(self) -> Iterator[Metric]:
         """The metric families as of now (called by the registry at every scrape)."""
@@ -256,6 +286,28 @@ class FederationCollector(Collector):
             for kind, n in sorted(self._malformed().items()):
                 bad.add_metric([kind], n)
             yield bad
+        build = GaugeMetricFamily("fedhar_build_info", "The release of fedhar serving this federation", labels=["version"])
+        build.add_metric([self._release], 1)
+        yield build
+        if self._harm is not None:
+            yield from _harm_families(self._harm())
+        if self._disk is not None and (disk := self._disk()) is not None:
+            yield GaugeMetricFamily("fedhar_disk_free_bytes", "Free bytes on the data folder's filesystem", value=disk[0])
+            yield GaugeMetricFamily("fedhar_disk_next_round_bytes", "Bytes the next round writes before anything is deleted",
+                                    value=disk[1])  # fmt: skip
+
+
+def _harm_families(harm: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per-device clipped updates, rejected messages and quarantine (:class:`coordinator.server.harm.DeviceHarm`)."""
+    clipped = CounterMetricFamily("fedhar_device_updates_clipped", "A device's updates the quality guard clipped", labels=["device"])
+    rejected = CounterMetricFamily("fedhar_device_messages_rejected", "A device's messages the coordinator rejected", labels=["device"])
+    held = GaugeMetricFamily("fedhar_device_quarantined", "1 while the device is quarantined (left out of aggregation)",
+                             labels=["device"])  # fmt: skip
+    for name, h in sorted(harm.items()):
+        clipped.add_metric([name], h.clipped)
+        rejected.add_metric([name], h.rejected_total)
+        held.add_metric([name], int(h.quarantine is not None))
+    yield from (clipped, rejected, held)
 
 
 def make_registry(
@@ -265,10 +317,11 @@ def make_registry(
     broker_link: Callable[[], bool | None] | None = None,
     since_last_round: Callable[[], float | None] | None = None,
     certificates: Callable[[], dict[str, float]] | None = None,
+    **more: Any,
 ) -> CollectorRegistry:
-    """A new CollectorRegistry holding one :class:`FederationCollector` (arguments as there)."""
+    """A new CollectorRegistry holding one :class:`FederationCollector` (arguments as there; ``more``: its keyword-only ones)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round, certificates))
+    reg.register(FederationCollector(totals, devices, malformed, broker_link, since_last_round, certificates, **more))
     return reg
 
 

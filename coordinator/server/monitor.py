@@ -111,6 +111,10 @@ class MonitorSnapshot:
         "progress", "receipt").
     connected : bool
         Whether the monitor's own MQTT session is up.
+    announced_unix : float or None
+        When this monitor first received the open announcement's attempt (s since the epoch, this
+        machine's clock): no later than it opened, so a round's time open counts from here at most
+        (a retained announcement received on connecting counts from then). None without one.
     """
 
     devices: dict[str, DeviceSeen] = field(default_factory=dict)
@@ -122,6 +126,7 @@ class MonitorSnapshot:
     answered: frozenset[str] = frozenset()
     malformed: dict[str, int] = field(default_factory=dict)
     connected: bool = False
+    announced_unix: float | None = None
 
 
 class Monitor:
@@ -164,6 +169,7 @@ class Monitor:
         self._coordinator_fresh_until: float | None = None
         self._progress: RoundProgress | None = None
         self._announcement: RoundAnnouncement | None = None
+        self._announced: tuple[tuple[str, int, int, str, int], float] | None = None  # the attempt's key, its first arrival
         # client -> the open announcement's identity (_attempt_key) when its last accepted receipt for that exchange arrived
         self._receipts: dict[str, tuple[str, int, int, str, int]] = {}
         self._grants: dict[str, tuple[str, int, int, str]] = {}  # blob transport: client -> (run, round, stage, attempt) of its grant
@@ -257,6 +263,10 @@ class Monitor:
             ann = RoundAnnouncement.from_bytes(payload) if payload else None
             with self._lock:
                 self._announcement = ann
+                if ann is None:
+                    self._announced = None
+                elif self._announced is None or self._announced[0] != _attempt_key(ann):
+                    self._announced = (_attempt_key(ann), now_unix)
             return
         if topic == t.progress:
             prog = RoundProgress.from_bytes(payload) if payload else None
@@ -340,6 +350,7 @@ class Monitor:
                 answered=frozenset(answered),
                 malformed=dict(self.malformed),
                 connected=self.link is not None and self.link.connected.is_set(),
+                announced_unix=self._announced[1] if self._announced is not None and ann is not None else None,
             )
 
 

@@ -705,7 +705,8 @@ class Server:
         stall_after_s = self.server.stall_after * (self.schedule.min_round_interval_s + self.cfg.timing.round_timeout_s)
         view = ServerView(name=self.server.name, run_state=run_state.RunState(self.cfg.run_dir), registry=Registry(self.data_dir),
                           monitor=monitor, next_start=self.page_next_start, waiting=self.page_waiting, stall_after_s=stall_after_s,
-                          broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None)  # fmt: skip
+                          broker_dir=Path(self.server.broker_dir) if self.server.broker_dir else None,
+                          keep_versions=self.server.keep_versions)  # fmt: skip
         try:
             blob_routes: list[Any] = []
             if self._blob_store is not None:

@@ -325,7 +325,7 @@ class BlobServer:
     """
 
     def __init__(self, store: FolderBlobStore, host: str = "127.0.0.1", port: int = 0, public_url: str = ""):
-        from coordinator.server.web import WebServer
+        from har_io.web_thread import WebServer
 
         self.store = store
         self._public_url = public_url
