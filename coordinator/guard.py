@@ -105,6 +105,11 @@ def common_scores(judged: Mapping[str, tuple[float, int]], best: Mapping[str, tu
     return weighted_f1(judged, both), weighted_f1(best, both), len(both)
 
 
+def common_windows(judged: Mapping[str, tuple[float, int]], best: Mapping[str, tuple[float, int]]) -> int:
+    """Test windows behind the judged version's figures on the clients that reported both versions."""
+    return sum(judged[c][1] for c in set(judged) & set(best))
+
+
 RECOVER_AFTER = 20
 """Versions kept in a row after which a server step that rollbacks shrank doubles back (never above its setting). Without
 it each rollback halved the step for good: in the soak five rollbacks in ten rounds left FedExP's step at 0.031 for the
@@ -132,8 +137,16 @@ def update_norms(results: Sequence[ClientUpdate], received: Mapping[str, torch.T
     return out
 
 
+NEWCOMER_SLACK = 5.0
+"""How many times further a device with no recent accepted update of its own may go before it is clipped: a device that
+just joined or came back from a freeze starts far from where the others are (its local state is old), and in the soak
+11 of 21 clipped updates were such honest devices. 10 x 5 = 50 x the others' median still catches a device whose
+updates are 100 x too large in its first round, and one that was clipped never builds a history of its own."""
+
+
 def oversized_updates(
-    results: Sequence[ClientUpdate], received: Mapping[str, torch.Tensor], factor: float = NORM_FACTOR
+    results: Sequence[ClientUpdate], received: Mapping[str, torch.Tensor], factor: float = NORM_FACTOR,
+    history: Mapping[str, float] | None = None,
 ) -> dict[str, tuple[float, str]]:
     """The updates of a round that change the model far more than the others do (the runner clips them).
 
@@ -151,6 +164,11 @@ def oversized_updates(
     received : mapping name -> tensor
         The global model the clients received (w_0).
     factor : float > 1
+    history : mapping client id -> norm, optional
+        Each device's typical norm of its recent accepted updates (the median). With a history, an update is
+        oversized only when it is also more than ``factor`` x its own history; a device without one (it just
+        joined or came back) is judged against ``factor`` x :data:`NEWCOMER_SLACK` x the others' median.
+        None: the others' median alone, for every device.
 
     Returns
     -------
@@ -172,8 +190,14 @@ def oversized_updates(
         if not others:
             continue
         median = float(np.median(others))
-        if not math.isfinite(norm) or norm > factor * median:
-            out[cid] = (median, f"update norm {norm:.3g} is more than {factor:g} x the other updates' median {median:.3g}")
+        own = None if history is None else history.get(cid)
+        bound = factor * median * (NEWCOMER_SLACK if history is not None and own is None else 1.0)
+        if own is not None:
+            bound = max(bound, factor * own)
+        if not math.isfinite(norm) or norm > bound:
+            whose = "" if history is None else (f" and its own recent {own:.3g}" if own is not None else " (it has no recent accepted "
+                                                                                                   "update: x 5 allowed)")
+            out[cid] = (median, f"update norm {norm:.3g} is more than {factor:g} x the other updates' median {median:.3g}{whose}")
     return out
 
 
@@ -210,7 +234,7 @@ def finite_model(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def judge(judged_round: int, judged: Mapping[str, tuple[float, int]], best: Best | None, margin: float,
-          new_model_finite: bool = True) -> GuardNote:  # fmt: skip
+          new_model_finite: bool = True, min_devices: int = 1, min_windows: int = 0) -> GuardNote:  # fmt: skip
     """The guard's decision on the version of ``judged_round`` (module docstring).
 
     Parameters
@@ -225,12 +249,18 @@ def judge(judged_round: int, judged: Mapping[str, tuple[float, int]], best: Best
         Points of macro-F1 (0..100) the judged version may fall below the best.
     new_model_finite : bool
         False when this round's aggregate holds NaN or inf.
+    min_devices, min_windows : int
+        The least evidence a comparison needs: devices that measured both versions, and their test windows.
+        With less, the guard abstains (the version stands, and it is not made the best): one device's
+        test windows, a handful of them, move by more than the margin from round to round in an honest
+        federation (the soak's rollbacks "on 1 client(s)").
 
     Returns
     -------
     GuardNote
-        "rollback" only when there is a best version to go back to; "keep" otherwise, with
-        ``to_round`` the best's round (``judged_round`` when there is no best yet).
+        "rollback" only when there is a best version to go back to; "abstain" when the evidence is below the
+        minimum; "keep" otherwise, with ``to_round`` the best's round (``judged_round`` when there is no best
+        yet). ``devices`` and ``windows`` say what the comparison rested on.
 
     Raises
     ------
@@ -244,15 +274,19 @@ def judge(judged_round: int, judged: Mapping[str, tuple[float, int]], best: Best
     if not new_model_finite:
         return GuardNote("rollback", judged_round, best.round, "the round's aggregate holds NaN or inf")
     score, best_score, n = common_scores(judged, best.clients)
+    windows = common_windows(judged, best.clients)
     if n == 0:
         return GuardNote("keep", judged_round, best.round, "no client measured both versions")
     if not math.isfinite(score) or not math.isfinite(best_score):
-        return GuardNote("rollback", judged_round, best.round, f"start macro-F1 not finite ({score} against {best_score})")
+        return GuardNote("rollback", judged_round, best.round, f"start macro-F1 not finite ({score} against {best_score})", n, windows)
     text = (f"start macro-F1 {100 * score:.1f}% against the best's (round {best.round}) {100 * best_score:.1f}% "
-            f"on {n} client(s), margin {margin:g} points")  # fmt: skip
+            f"on {n} client(s) and {windows} test windows, margin {margin:g} points")  # fmt: skip
+    if n < min_devices or windows < min_windows:
+        return GuardNote("abstain", judged_round, best.round, f"{text}; too little evidence to judge (at least {min_devices} "
+                                                              f"device(s) and {min_windows} windows)", n, windows)  # fmt: skip
     if score < best_score - margin / 100:
-        return GuardNote("rollback", judged_round, best.round, text)
-    return GuardNote("keep", judged_round, judged_round if score >= best_score else best.round, text)
+        return GuardNote("rollback", judged_round, best.round, text, n, windows)
+    return GuardNote("keep", judged_round, judged_round if score >= best_score else best.round, text, n, windows)
 
 
 def save_best(folder: Path, best: Best) -> None:

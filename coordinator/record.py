@@ -388,7 +388,7 @@ RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "st
 """Every key of a record's JSON, in the order :meth:`RoundRecord.to_json` writes them."""
 
 
-GUARD_ACTIONS = ("keep", "rollback")
+GUARD_ACTIONS = ("keep", "rollback", "abstain")
 """What the quality guard (:mod:`coordinator.guard`) did in a round: kept the version it judged, or rolled back."""
 
 
@@ -399,7 +399,8 @@ class GuardNote:
     Attributes
     ----------
     action : str
-        "keep" (the judged version stands) or "rollback" (the federation continues from ``to_round``'s model).
+        "keep" (the judged version stands), "rollback" (the federation continues from ``to_round``'s model) or
+        "abstain" (too few devices or test windows measured both versions to judge; the version stands).
     judged_round : int
         The round whose model the clients' start measure of this round judged (this round - 1; -1 is the
         initial model).
@@ -407,27 +408,37 @@ class GuardNote:
         The best version's round: where a rollback went, or the best so far after a "keep".
     reason : str
         One line for people: the two scores, or what was not finite.
+    devices, windows : int
+        The evidence the decision rested on: devices that measured both versions, and their test windows
+        (0: none compared, or a record written before these were kept).
     """
 
     action: str
     judged_round: int
     to_round: int
     reason: str = ""
+    devices: int = 0
+    windows: int = 0
 
     def __post_init__(self) -> None:
         if self.action not in GUARD_ACTIONS:
             raise RecordError(f"guard: action must be one of {list(GUARD_ACTIONS)}, got {self.action!r}")
 
     def to_json(self) -> dict[str, Any]:
-        """``{"action", "judged_round", "to_round", "reason"}``."""
-        return {"action": self.action, "judged_round": self.judged_round, "to_round": self.to_round, "reason": self.reason}
+        """``{"action", "judged_round", "to_round", "reason"}``, and ``devices`` and ``windows`` when any were compared."""
+        d: dict[str, Any] = {"action": self.action, "judged_round": self.judged_round, "to_round": self.to_round,
+                             "reason": self.reason}  # fmt: skip
+        if self.devices or self.windows:
+            d.update(devices=self.devices, windows=self.windows)
+        return d
 
     @classmethod
     def from_json(cls, d: Any, what: str = "guard") -> GuardNote:
         """Read :meth:`to_json`'s object; RecordError naming ``what`` if it is malformed."""
         d = _obj(d, what)
-        _check_keys(d, ("action", "judged_round", "to_round", "reason"), what)
-        return cls(str(d.get("action")), _int(d, "judged_round", what), _int(d, "to_round", what), str(d.get("reason", "")))
+        _check_keys(d, ("action", "judged_round", "to_round", "reason", "devices", "windows"), what)
+        return cls(str(d.get("action")), _int(d, "judged_round", what), _int(d, "to_round", what), str(d.get("reason", "")),
+                   _int(d, "devices", what, 0), _int(d, "windows", what, 0))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -185,8 +185,8 @@ class FederationRunner:
         return True
 
     def release(self, cid: str) -> bool:
-        """Release device ``cid`` from quarantine (an operator's command); True if it was quarantined."""
-        return False
+        """Release device ``cid`` from the quality guard's quarantine (an operator's command); True if it was quarantined."""
+        return self.strategy.release(cid)
 
     def personal_ids(self) -> list[str]:
         """Ids of the devices that have a personalised model (sorted)."""

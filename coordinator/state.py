@@ -210,11 +210,15 @@ class RunState:
                 (time.time(), round_, client, kind, detail),
             )
 
-    def events(self, kind: str | None = None) -> list[tuple[int | None, str | None, str, str]]:
-        """``(round, client, kind, detail)`` rows, oldest first. Raises :class:`StateDamaged`."""
-        q = "SELECT round, client, kind, detail FROM events"
+    def events(self, kind: str | tuple[str, ...] | None = None) -> list[tuple[int | None, str | None, str, str]]:
+        """``(round, client, kind, detail)`` rows of one kind, of several (a tuple) or of all, oldest first.
+
+        Raises :class:`StateDamaged`.
+        """
+        kinds = (kind,) if isinstance(kind, str) else tuple(kind or ())
+        where = f" WHERE kind IN ({', '.join('?' * len(kinds))})" if kinds else ""
         with self._guard():
-            rows = self._db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY id", (kind,) if kind else ()).fetchall()
+            rows = self._db.execute(f"SELECT round, client, kind, detail FROM events{where} ORDER BY id", kinds).fetchall()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def count_events(self, kind: str) -> int:

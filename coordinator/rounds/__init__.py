@@ -56,10 +56,11 @@ def policy_of(cfg: CoordinatorConfig) -> RoundPolicy:
 def compose(cfg: CoordinatorConfig, state: RunState) -> Parts:
     """The parts of a federation described by ``cfg`` whose run state is ``state``: its round policy, and its
     strategy, wrapped by the quality guard when ``[guard] enabled``."""
+    policy = policy_of(cfg)
     strategy = make_strategy(cfg.aggregation, cfg.strategies)
     if cfg.guard.enabled:
-        strategy = GuardedStrategy(strategy, cfg.guard, state)
-    return Parts(policy_of(cfg), strategy)
+        strategy = GuardedStrategy(strategy, cfg.guard, state, policy.quorum)
+    return Parts(policy, strategy)
 
 
 __all__ = ["NO_STEERING", "POLICIES", "Batch", "BufferedRounds", "CohortRounds", "GuardedStrategy", "Late", "Parts",

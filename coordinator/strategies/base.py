@@ -244,6 +244,10 @@ class Strategy:
     def forget_best(self) -> None:
         """An operator chose another version: a quality guard judges afresh from it; nothing here."""
 
+    def release(self, cid: str) -> bool:
+        """Release device ``cid`` from a quality guard's quarantine; False here (no quarantine)."""
+        return False
+
     @property
     def keeps_state(self) -> bool:
         """True when the strategy carries state between rounds (its class overrides :meth:`state_dict`)."""

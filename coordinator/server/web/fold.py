@@ -148,11 +148,11 @@ class RoundFold:
         for rej in rec.participation.rejections:
             self.rejected.setdefault(rej.client_id, Counter())[rej.reason] += rej.count
         if rec.guard is not None:
-            start = self.quality[rec.round].start
-            devices = getattr(rec.guard, "clients", None)
-            windows = getattr(rec.guard, "windows", None)
-            self.guard = GuardDecision(rec.round, rec.guard, devices if devices is not None else start.devices if start else None,
-                                       windows if windows is not None else start.windows if start else None)  # fmt: skip
+            start, note = self.quality[rec.round].start, rec.guard
+            if note.devices or note.windows:  # the evidence the guard itself recorded
+                self.guard = GuardDecision(rec.round, note, note.devices, note.windows)
+            else:  # a record of an earlier release: the round's start measures
+                self.guard = GuardDecision(rec.round, note, start.devices if start else None, start.windows if start else None)
             if rec.guard.action == "rollback":
                 self.rolled_back.add(rec.guard.judged_round)
 
