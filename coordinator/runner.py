@@ -323,6 +323,29 @@ class FederationRunner:
         if saved is None and self.strategy.keeps_state:
             log.warning("round %d has no saved state of strategy %s; it restarts from its initial state", last, name)
 
+    def catch_up(self, round_: int) -> int:
+        """The round to open next, ``round_`` unless the devices are ahead of the run folder.
+
+        A device's status names the last round of this run it sent an update for. After a restore from
+        backup (or a run folder rolled back), devices may have done rounds this folder never completed;
+        opening one of those again is a round they already did under another version, which a device
+        of an earlier release ignores. So when an eligible device reports a round beyond ``round_``, the
+        numbering continues after the newest such round (the model is the folder's newest: nothing is
+        lost that the folder held), and the jump is logged and recorded as a ``devices_ahead`` event. A
+        device that reports ``round_`` itself re-sends its stored update to the new attempt, as after a
+        crash, so ``round_`` opens as it is.
+        """
+        statuses = self.grid.statuses()
+        ahead = max((st.last_round for cid, st in statuses.items() if st.run_id == self.cfg.run_id
+                     and cid in self.grid.eligibility(self._label_set).eligible), default=-1)  # fmt: skip
+        if ahead <= round_:
+            return round_
+        who = sorted(cid for cid, st in statuses.items() if st.run_id == self.cfg.run_id and st.last_round == ahead)
+        log.warning("round %d: %s already sent an update for round %d of this run (the run folder was restored or rolled "
+                    "back); continuing at round %d from the folder's newest model", round_, ", ".join(who), ahead, ahead + 1)
+        self.state.event(round_, None, "devices_ahead", f"{', '.join(who)} at round {ahead}; continuing at round {ahead + 1}")
+        return ahead + 1
+
     def wait_for_clients(self) -> None:
         """Wait (up to ``start_timeout_s``) for the expected clients, or for the quorum and a quiet ``start_settle_s``.
 

@@ -116,10 +116,16 @@ class Coordinator:
                 while r < self.cfg.rounds:
                     runner.note({"wall_seconds": round(time.monotonic() - t_start, 1)})
                     runner.wait_for_restarted(r)
+                    ahead = runner.catch_up(r)
+                    bar.update(ahead - r)
+                    r = ahead
+                    if r >= self.cfg.rounds:  # the devices already went past the last round with an earlier folder
+                        break
                     if runner.run_round(r) is None:
                         failures += 1
                         if failures >= 3:
-                            raise CoordinatorError(f"round {r} failed 3 times in a row; see the log and {self.cfg.run_dir}")
+                            raise CoordinatorError(f"round {r} failed 3 times in a row ({runner.last_failure}); see the log and "
+                                                   f"{self.cfg.run_dir}")  # fmt: skip
                         runner.wait_for_clients()
                         continue
                     failures = 0

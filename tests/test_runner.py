@@ -178,3 +178,23 @@ def test_a_restarted_device_that_never_comes_back_delays_one_round_by_the_start_
     grid.restarts = {}
     runner.wait_for_restarted(3)
     assert grid.waits == waited
+
+
+def test_devices_ahead_of_a_restored_run_folder_make_it_continue_after_their_round(tmp_path: Path) -> None:
+    """After a restore from backup the devices may have done rounds the folder never completed: the numbering continues
+    after theirs (a round they already did would be ignored by a device of an earlier release); one device at the
+    round itself (a crash mid-round) re-sends its stored update, so that round opens as it is."""
+    import dataclasses
+
+    grid = _grid()
+    runner = FederationRunner(_cfg(tmp_path), grid)
+    runner.start(resume=False)
+    assert runner.run_round(0) is not None
+    grid.devices["a"] = dataclasses.replace(grid.devices["a"], run_id="mem", last_round=1)
+    assert runner.catch_up(1) == 1  # a crash mid-round 1: round 1 again
+    grid.devices["b"] = dataclasses.replace(grid.devices["b"], run_id="mem", last_round=4)
+    grid.devices["c"] = dataclasses.replace(grid.devices["c"], run_id="other", last_round=9)  # another run's: no matter
+    assert runner.catch_up(1) == 5
+    assert [(e[0], e[3]) for e in runner.state.events("devices_ahead")] == [(1, "b at round 4; continuing at round 5")]
+    rec = runner.run_round(5)
+    assert rec is not None and [r.round for r in runner.records()] == [0, 5]

@@ -511,6 +511,7 @@ class Server:
                     self._drop_refused_models()
                     try:
                         runner.note({"epoch": self.epoch})
+                        round_ = runner.catch_up(round_)
                         self._open_round = round_
                         self._take_model_request()
                         opened = time.time()

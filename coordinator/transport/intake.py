@@ -85,8 +85,10 @@ class UpdateIntake:
         # attempt must count the stored updates the devices send again (they are no copies).
         self._counted_this_round: list[tuple[str, str]] = []
         # The round whose last attempt closed without quorum, until its next attempt opens: an update for it that
-        # arrives in between is the device answering too early (it re-sends it to the next attempt).
+        # arrives in between is no fault; it is kept and counted in the next attempt (its device may have stopped since,
+        # sending its update on its way out, and will not send it again).
         self._failed_round: int | None = None
+        self._between: dict[str, tuple[str, bytes]] = {}  # client id -> (transfer, envelope) of such an update
 
     # ------------------------------------------------------------------ exchanges
     def open(self, ex: Exchange, limit: int) -> None:
@@ -96,12 +98,20 @@ class UpdateIntake:
             self._counted_this_round = []
         self.collecting = ex
         self.limit = min(limit, self.max_update_bytes)
+        again = self._failed_round == ex.round
         self._failed_round = None
         ex.rejected.update(self._rejected_outside)
         ex.carried.update(self._rejected_outside)
         ex.duplicates.update(self._duplicates_outside)
         self._rejected_outside.clear()
         self._duplicates_outside.clear()
+        between, self._between = self._between, {}
+        for cid, (transfer, data) in sorted(between.items()) if again else ():
+            if cid in ex.selected and not self.refused(cid):
+                ex.duplicates[cid[:64]] -= 1  # counted as a harmless repeat when it came; counted here instead
+                if ex.duplicates[cid[:64]] <= 0:
+                    del ex.duplicates[cid[:64]]
+                self.take(cid, transfer, data)
 
     def close(self) -> None:
         """The open exchange closed: take out what its revoked devices sent, record its rejections and failures."""
@@ -187,6 +197,8 @@ class UpdateIntake:
         except codec.EnvelopeError:
             where = None  # validation below names what is wrong with it
         if where == "duplicate":
+            if self.collecting is None and self._failed_round is not None and header.get("round") == self._failed_round:
+                self._between[cid] = (transfer, data)  # counted in the next attempt of its round
             self.duplicate(cid, transfer)
         elif isinstance(where, Late):
             self._take_late(cid, transfer, data, where)
