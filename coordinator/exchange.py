@@ -4,20 +4,95 @@ An exchange is one announcement and its answers: round ``round``, stage ``stage`
 main exchange; FedDist's intermediate exchanges have stages 1, 2, ...). The grid fills it from the
 update intake (:mod:`coordinator.transport.intake`) until :meth:`Exchange.complete` or the deadline,
 then hands it to the runner, which reads it and no longer writes it. When it may close before every
-selected device answered is the round policy's (:class:`~coordinator.rounds.base.Steering`).
+selected device answered is the round policy's (:class:`Steering`), and so is what an update for an
+exchange that is not open is worth (:class:`Late`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.rounds.base import NO_STEERING, Steering
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec
+from har_models.wire.pace import Pace
+
+
+def _nobody() -> Set[str]:
+    return frozenset()
+
+
+def _none_awaited(present: Callable[[str], bool]) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the grid applies to a round's main exchange beyond the plan (from :meth:`RoundPolicy.steering`).
+
+    Attributes
+    ----------
+    close_at : int, optional
+        The exchange is complete once this many devices contributed (a valid update of this exchange,
+        or one the policy holds, ``held``); None: only when every selected device answered or went offline.
+    pace : Pace, optional
+        Carried by the round's announcements (pace steering; None: left out).
+    unanswered : str
+        The failure reason of a selected device that had not answered when the exchange closed at ``close_at``.
+    held : callable () -> set of str
+        Devices whose update the policy holds for this round from elsewhere (FedBuff's updates of earlier
+        versions): they count towards ``close_at``.
+    awaiting : callable (present) -> int
+        Devices the policy still waits for beyond the selected ones (FedBuff's devices training an earlier
+        version), given ``present(cid)``, the grid's word on whether a device is still there; while any is
+        awaited, an exchange whose selected devices all answered stays open (for ``close_at`` or the deadline).
+    late_rounds : int
+        For how many rounds after the exchange closes its devices may still deliver (FedBuff's staleness
+        bound): their upload slots stay open that long.
+    """
+
+    close_at: int | None = None
+    pace: Pace | None = None
+    unanswered: str = "missed_deadline"
+    held: Callable[[], Set[str]] = _nobody
+    awaiting: Callable[[Callable[[str], bool]], int] = _none_awaited
+    late_rounds: int = 0
+
+
+NO_STEERING = Steering()
+"""An exchange that waits for every selected device (or its deadline), with no pace in its announcements."""
+
+
+@dataclass(frozen=True)
+class Late:
+    """What an update for an exchange other than the open one is to the round policy (:meth:`RoundPolicy.late`).
+
+    Attributes
+    ----------
+    round : int
+        The round (model version) the update was made for.
+    spec : ArchSpec, optional
+        The architecture it must have; None for an update that is no fault but not needed (it is counted
+        with the duplicates, unread).
+    reference : mapping, optional
+        The model it was made from (int8_delta updates are deltas against it).
+    take : callable, optional
+        Hands the validated update to the policy.
+    """
+
+    round: int
+    spec: ArchSpec | None = None
+    reference: Any = None
+    take: Callable[[ClientUpdate], None] | None = None
+
+    @property
+    def harmless(self) -> bool:
+        """True for an update the policy does not want, but that is no fault of its device."""
+        return self.take is None
+
 
 
 @dataclass

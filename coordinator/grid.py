@@ -9,7 +9,7 @@ pass an in-memory one, so rounds, resume, growth and the serving loop run withou
 The grid knows the devices (their last statuses and presence) and moves models and updates; it
 decides nothing about rounds: who is selected, when an exchange may close and what an update of an
 earlier version is worth are the round policy's (:mod:`coordinator.rounds`), handed over as a
-:class:`~coordinator.rounds.base.Steering` with each exchange.
+:class:`~coordinator.exchange.Steering` with each exchange.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from har_models.settings import doc
 
 if TYPE_CHECKING:
     from coordinator.admission import Eligibility
-    from coordinator.exchange import Exchange
+    from coordinator.exchange import Exchange, Steering
     from coordinator.record import RoundRecord
-    from coordinator.rounds.base import Steering
     from coordinator.strategies import Federation
     from har_models.nn.model import ArchSpec
     from har_models.wire.messages import ClientStatus, TrainingPlan

@@ -127,8 +127,8 @@ class MqttGrid:
         self._stop_refresh = threading.Event()
         reassembler = Reassembler(max_payload_bytes=cfg.transport.max_update_bytes)
         self.receipts = ReceiptDesk(self._link, self.topics, cfg.run_id, reassembler)  # end-to-end delivery
-        self.carrier: Carrier = make_carrier(cfg, self._link, self.topics, self.receipts, reassembler, admission.refused,
-                                             blob_store)  # fmt: skip
+        self.carrier: Carrier = make_carrier(cfg.transport, cfg.run_id, cfg.run_dir, self._link, self.topics, self.receipts,
+                                             reassembler, admission.refused, blob_store)  # fmt: skip
         self.intake = UpdateIntake(cfg.run_id, cfg.transport.max_update_bytes, state, self.receipts, self.clients,
                                    admission.refused, lambda: self.presence.conflicts, late, cfg.run_dir / "spill")  # fmt: skip
         self.intake.on_counted = self._show_progress

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
 from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
@@ -30,9 +30,6 @@ from har_models.nn.metrics import pct
 from har_models.nn.model import ArchSpec
 from har_models.settings import LocalTraining, LrSchedule, doc
 from har_models.wire.messages import UPDATE_ENCODINGS, TrainingPlan
-
-if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
 
 _LT = {f.name: f for f in fields(LocalTraining)}
 
@@ -90,7 +87,34 @@ class ModelSettings:
     dense_units: int = field(default=ArchSpec.dense_units, metadata=doc("initial hidden units H"))
 
 
-def base_plan(cfg: CoordinatorConfig, round_: int = 0) -> TrainingPlan:
+class PlanSettings(Protocol):
+    """What :func:`base_plan` reads of the federation's settings (a :class:`coordinator.config.CoordinatorConfig`)."""
+
+    @property
+    def training(self) -> TrainingSettings: ...
+
+    @property
+    def client_init(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    def round_lr(self, round_: int) -> float: ...
+
+    def ala_plan(self) -> dict[str, Any]: ...
+
+
+class EvaluationPlan(Protocol):
+    """What :func:`evaluate_round` reads of the federation's settings."""
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def evaluation(self) -> Any: ...
+
+
+def base_plan(cfg: PlanSettings, round_: int = 0) -> TrainingPlan:
     """The strategy-independent part of round ``round_``'s training plan (local training and FedALA settings).
 
     Its ``lr`` is the round's under the configured schedule (:meth:`CoordinatorConfig.round_lr`);
@@ -133,7 +157,7 @@ def evaluate_round(
     spec0: ArchSpec,
     results: Sequence[ClientUpdate],
     evaluator: Evaluator | None,
-    cfg: CoordinatorConfig,
+    cfg: EvaluationPlan,
 ) -> Evaluation:
     """The FedDist evaluation protocol for one round (Ek et al., PerCom 2021, section V-A; DESIGN.md section 6).
 
@@ -148,8 +172,8 @@ def evaluate_round(
         Each carries the client's own confusion matrices on its test split.
     evaluator : Evaluator, optional
         The union test set; without it there are no global or generalisation figures.
-    cfg : CoordinatorConfig
-        ``generalisation_every`` and ``rounds`` decide when generalisation is measured.
+    cfg : EvaluationPlan
+        ``[evaluation] generalisation_every`` and ``rounds`` decide when generalisation is measured.
 
     Returns
     -------

@@ -95,3 +95,95 @@ def test_the_broker_tooling_imports_only_the_standard_library_and_its_few_helper
     # The one-command script is only its wrapper.
     wrapper = _imported_modules(ROOT / "firmware_scripts" / "mosquitto_config.py")
     assert wrapper == {"__future__", "sys", "pathlib", "coordinator.broker.cli"}
+
+
+PRODUCT = ("har_models", "har_io", "edge_client", "coordinator", "simulation")
+
+
+def _module_files() -> dict[str, Path]:
+    """Dotted name -> file of every product module (a package is its ``__init__.py``)."""
+    out = {}
+    for package in PRODUCT:
+        for f in _modules(package):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the product modules it imports, every import counted (function-local and ``TYPE_CHECKING`` ones too: a
+    reader of the code follows those as well). ``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``."""
+    files = _module_files()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for m, f in files.items():
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            graph[m].update(t for n in names if (t := resolve(n)) is not None and t != m)
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` (its nodes in order), or [] when there is none (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(v: str) -> list[str]:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return [*path[path.index(w):], w]
+            if w not in state and (found := visit(w)):
+                return found
+        state[v] = 2
+        path.pop()
+        return []
+
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return []
+
+
+def test_the_checker_finds_a_circle() -> None:
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    circle = _circle(_import_graph())
+    assert not circle, f"these modules import each other in a circle: {' -> '.join(circle)}"
+
+
+def test_no_import_runs_back_up_in_any_folder() -> None:
+    """In every folder, its files and sub-folders (each one room) import each other without a circle: then every room
+    stands on a floor above all it imports, and no import runs from a lower floor back up to a higher one."""
+    graph = _import_graph()
+    folders = {m.rpartition(".")[0] for m in graph} | {m for m in graph if _module_files()[m].name == "__init__.py"}
+    broken = {}
+    for folder in sorted(f for f in folders if f):
+        def room(m: str, folder: str = folder) -> str | None:
+            if not m.startswith(folder + "."):
+                return None
+            return m[len(folder) + 1:].split(".")[0]
+
+        rooms: dict[str, set[str]] = {}
+        for m, targets in graph.items():
+            a = room(m)
+            if a is None:
+                continue
+            rooms.setdefault(a, set()).update(b for t in targets if (b := room(t)) is not None and b != a)
+        circle = _circle(rooms)
+        if circle:
+            broken[folder] = " -> ".join(circle)
+    assert not broken, f"imports that run back up (rooms of one folder in a circle): {broken}"

@@ -21,7 +21,7 @@ table) and its name in :data:`POLICIES`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coordinator.rounds.base import NO_STEERING, Batch, Late, RoundPolicy, Steering, select_clients
 from coordinator.rounds.buffered import BufferedRounds
@@ -30,7 +30,6 @@ from coordinator.rounds.guarded import GuardedStrategy
 from coordinator.strategies import Strategy, make_strategy
 
 if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
     from coordinator.state import RunState
 
 POLICIES: tuple[type[RoundPolicy], ...] = (BufferedRounds, CohortRounds)
@@ -45,17 +44,18 @@ class Parts:
     strategy: Strategy
 
 
-def policy_of(cfg: CoordinatorConfig) -> RoundPolicy:
-    """The round policy ``cfg`` asks for (synchronous rounds unless a policy's settings turn it on)."""
+def policy_of(cfg: Any) -> RoundPolicy:
+    """The round policy the federation settings ``cfg`` (a :class:`coordinator.config.CoordinatorConfig`) ask for:
+    synchronous rounds unless a policy's settings turn it on."""
     for cls in POLICIES:
         if cls.applies(cfg):
             return cls(cfg)
     return RoundPolicy(cfg)
 
 
-def compose(cfg: CoordinatorConfig, state: RunState) -> Parts:
-    """The parts of a federation described by ``cfg`` whose run state is ``state``: its round policy, and its
-    strategy, wrapped by the quality guard when ``[guard] enabled``."""
+def compose(cfg: Any, state: RunState) -> Parts:
+    """The parts of the federation ``cfg`` (a :class:`coordinator.config.CoordinatorConfig`) describes, whose run state is
+    ``state``: its round policy, and its strategy, wrapped by the quality guard when ``[guard] enabled``."""
     policy = policy_of(cfg)
     strategy = make_strategy(cfg.aggregation, cfg.strategies)
     if cfg.guard.enabled:

@@ -42,7 +42,6 @@ from har_models.nn.model import ArchSpec
 from har_models.settings import doc
 
 if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
     from coordinator.exchange import Exchange
     from coordinator.strategies import Federation
 
@@ -72,7 +71,7 @@ class BufferSettings:
                      "device that fraction selects)", "devices", flag="--concurrency"),
     )
 
-    def check(self, cfg: CoordinatorConfig) -> None:
+    def check(self, cfg: Any) -> None:
         """Refuse a buffer with what needs every update of a round together (ValueError naming the setting and the fix)."""
         from coordinator import strategies
 
@@ -250,10 +249,10 @@ class BufferedRounds(RoundPolicy):
     name = "buffered"
 
     @classmethod
-    def applies(cls, cfg: CoordinatorConfig) -> bool:
+    def applies(cls, cfg: Any) -> bool:
         return cfg.buffer.size > 0
 
-    def __init__(self, cfg: CoordinatorConfig):
+    def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.settings: BufferSettings = cfg.buffer
         self.in_flight = InFlight(self.settings.max_staleness)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coordinator.rounds.base import Late, RoundPolicy, Steering, select_clients
 from har_models.settings import doc
 from har_models.wire.pace import Pace
 
 if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
     from coordinator.exchange import Exchange
     from coordinator.strategies import Federation
 
@@ -72,7 +71,7 @@ class CohortSettings:
                      "max(min_clients, ceil(fraction x goal))", flag="--cohort-min-fraction"),
     )
 
-    def check(self, cfg: CoordinatorConfig) -> None:
+    def check(self, cfg: Any) -> None:
         """Refuse settings that cannot work together with ``cfg`` (ValueError naming the setting and the fix)."""
         if self.goal < 0 or 0 < self.goal < cfg.min_clients:
             raise ValueError(f"[cohort] goal (--cohort-goal) must be 0 (off) or at least min_clients ({cfg.min_clients}), "
@@ -128,10 +127,10 @@ class CohortRounds(RoundPolicy):
     name = "cohort"
 
     @classmethod
-    def applies(cls, cfg: CoordinatorConfig) -> bool:
+    def applies(cls, cfg: Any) -> bool:
         return cfg.cohort.goal > 0
 
-    def __init__(self, cfg: CoordinatorConfig):
+    def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.settings: CohortSettings = cfg.cohort
         # (round, stage, ids): the devices the last exchange closed at its goal did not wait for

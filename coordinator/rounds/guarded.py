@@ -41,7 +41,6 @@ from har_models.settings import doc
 from har_models.wire.messages import TrainingPlan
 
 if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
     from coordinator.state import RunState
 
 log = logging.getLogger("fedhar.coordinator")
@@ -79,7 +78,7 @@ class GuardSettings:
                      "aggregation until released (0 = never)", "rounds", flag="--quarantine-after"),
     )
 
-    def check(self, cfg: CoordinatorConfig) -> None:
+    def check(self, cfg: Any) -> None:
         """Refuse a margin outside [0, 100] points or negative minimums (ValueError naming the setting)."""
         if not 0 <= self.margin <= 100:
             raise ValueError(f"[guard] margin (--guard-margin) must be in [0, 100] points of macro-F1, got {self.margin}")

@@ -23,7 +23,8 @@ from coordinator.transport.settings import TransportSettings
 from har_models.nn.model import ArchSpec
 
 if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
+    from pathlib import Path
+
     from coordinator.receipts import ReceiptDesk
     from har_io.blobs import BlobStore
     from har_io.mqtt_link import MqttLink
@@ -43,13 +44,14 @@ def update_bound(spec: ArchSpec, guidance: bool) -> int:
     return 4 * spec.n_parameters() * (2 if guidance else 1) + UPDATE_MARGIN_BYTES
 
 
-def make_carrier(cfg: CoordinatorConfig, link: MqttLink, topics: Topics, receipts: ReceiptDesk, reassembler: Reassembler,
-                 refused: Callable[[str], bool], store: BlobStore | None = None) -> Carrier:  # fmt: skip
-    """The carrier ``cfg``'s ``[transport] kind`` names, over the coordinator's broker session ``link``."""
-    if cfg.transport.kind == "blobs":
+def make_carrier(settings: TransportSettings, run_id: str, run_dir: Path, link: MqttLink, topics: Topics, receipts: ReceiptDesk,
+                 reassembler: Reassembler, refused: Callable[[str], bool], store: BlobStore | None = None) -> Carrier:  # fmt: skip
+    """The carrier ``[transport] kind`` names for run ``run_id`` (folder ``run_dir``), over the coordinator's broker session
+    ``link``."""
+    if settings.kind == "blobs":
         from coordinator.transport.blobs import BlobCarrier
 
-        return BlobCarrier(link, topics, cfg.run_id, cfg.transport, cfg.run_dir, refused, store)
+        return BlobCarrier(link, topics, run_id, settings, run_dir, refused, store)
     from coordinator.transport.mqtt_chunks import MqttChunks
 
     return MqttChunks(link, topics, receipts, reassembler)

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from torch.nn.utils import skip_init
 
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
-from har_models.wire.codec import check_tensors
+from har_models.tensor_check import check_tensors
 
 State = dict[str, torch.Tensor]
 """A model state: parameter name -> float32 tensor (shapes from :meth:`ArchSpec.shapes`). The one such type in fedhar."""
@@ -150,10 +150,10 @@ def check_state(spec: ArchSpec, state: Mapping[str, object], what: str = "", fin
 
     Raises
     ------
-    har_models.wire.codec.WrongTensors
+    har_models.tensor_check.WrongTensors
         Naming the missing, unexpected or mis-shaped tensor and the expected shape of
         architecture v``spec.version``.
-    har_models.wire.codec.NonFinite
+    har_models.tensor_check.NonFinite
         Naming the tensor that holds NaN or inf.
     """
     arrays = {n: t.detach().numpy() if isinstance(t, torch.Tensor) else t for n, t in state.items()}

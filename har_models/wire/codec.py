@@ -35,6 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from har_models.tensor_check import EnvelopeError as EnvelopeError  # the shape checks' errors, re-exported here
+from har_models.tensor_check import NonFinite as NonFinite
+from har_models.tensor_check import WrongTensors as WrongTensors
+from har_models.tensor_check import check_tensors as check_tensors
 from har_models.wire.safetensors_np import SafetensorError
 from har_models.wire.safetensors_np import layout as st_layout
 from har_models.wire.safetensors_np import load as st_load
@@ -46,12 +50,6 @@ MAX_HEADER_BYTES = 1 << 20
 KINDS = ("model", "update", "program")
 """Envelope kinds: a model sent by the coordinator, an update sent by a client, and the ExecuTorch
 programs of one architecture version sent by the coordinator to a client that asked for them."""
-
-
-class EnvelopeError(ValueError):
-    """An envelope that must be rejected; ``reason`` is a short machine-readable code."""
-
-    reason = "invalid"
 
 
 class BadMagic(EnvelopeError):
@@ -88,18 +86,6 @@ class BadBody(EnvelopeError):
     """The body is not a valid safetensors serialisation."""
 
     reason = "bad_body"
-
-
-class WrongTensors(EnvelopeError):
-    """Tensor names or shapes differ from what the architecture expects."""
-
-    reason = "wrong_tensors"
-
-
-class NonFinite(EnvelopeError):
-    """A tensor holds NaN or infinity."""
-
-    reason = "non_finite"
 
 
 class Oversized(EnvelopeError):
@@ -315,41 +301,3 @@ def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = 
     )
 
 
-def check_tensors(
-    expected: Mapping[str, tuple[int, ...]], tensors: Mapping[str, Any], what: str = "", finite: bool = True
-) -> None:
-    """Check that ``tensors`` has exactly the names and shapes of ``expected`` (and, by default, all finite).
-
-    The one shape validator of fedhar: envelopes, saved states, growth and FedDist detection
-    all check model states through it (directly or through :func:`har_models.nn.model.check_state`).
-
-    Parameters
-    ----------
-    expected : mapping name -> shape
-        E.g. :meth:`har_models.nn.model.ArchSpec.shapes`.
-    tensors : mapping name -> array or torch tensor
-    what : str
-        What is checked, prefixed to the message (``"grown state"``, ``"client state #2"``).
-    finite : bool
-        Also refuse NaN and inf.
-
-    Raises
-    ------
-    WrongTensors
-        Naming missing, unexpected or mis-shaped tensors and the expected shape.
-    NonFinite
-        Naming the first tensor with NaN or inf.
-    """
-    prefix = f"{what}: " if what else ""
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
-    if missing or extra:
-        raise WrongTensors(f"{prefix}tensor names do not match the architecture: missing {missing}, unexpected {extra}")
-    for name, shape in expected.items():
-        got = tuple(np.shape(tensors[name]))
-        if got != tuple(shape):
-            raise WrongTensors(f"{prefix}tensor {name!r} has shape {got}, the architecture expects {tuple(shape)}")
-        if finite:
-            arr = np.asarray(tensors[name])
-            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-                raise NonFinite(f"{prefix}tensor {name!r} holds NaN or inf")
