@@ -1,4 +1,4 @@
-"""FedDist's growth phase of a round, as steps the service drives (no call back into it).
+"""FedDist's growth phase of a round, as steps the runner drives (no call back into it).
 
 Ek et al., PerCom 2021 (arXiv 2110.10223), algorithm 1 and section IV-B; reference/algorithms.md
 section 3 and 5.2. After the round's aggregation, each growable layer in turn:
@@ -87,7 +87,7 @@ log = logging.getLogger("fedhar.coordinator.feddist")
 
 @dataclass(frozen=True)
 class IntermediateExchange:
-    """What the service must run for FedDist paper mode: stage ``stage`` of the round with these clients.
+    """What the runner must run for FedDist paper mode: stage ``stage`` of the round with these clients.
 
     Attributes
     ----------

@@ -6,6 +6,7 @@ revoked devices, coordinator epochs, numbered model versions, per-device partici
 state (``run/``), the kept model versions (``versions/``) and the enrolment bundles
 (``enrolment/``). The modules here add the schedule that decides when a round may start, device
 enrolment and revocation against the broker (enrolment by certificate in
-:mod:`~coordinator.server.enrol_desk`), and the read-only status page and metrics; the round
-machinery itself is :mod:`coordinator.service`'s.
+:mod:`~coordinator.server.enrol_desk`), and the read-only status page and metrics; the rounds
+themselves are the runner's (:class:`coordinator.runner.FederationRunner`) over the MQTT grid, as in
+``fedhar-coordinator run`` (docs/coordinator.md).
 """

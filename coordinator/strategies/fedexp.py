@@ -15,7 +15,12 @@ numbers: ``docs/tuning/server-step.md``. ``--server-lr`` sets a fixed cap instea
 
 from __future__ import annotations
 
-from coordinator.strategies.fedopt import FedOpt
+from collections.abc import Sequence
+
+from coordinator.server_opt import fedavgm_step, fedexp_eta, mean_sq_update_norm
+from coordinator.strategies.base import contributors, log
+from coordinator.strategies.fedopt import FedOpt, ServerOptSettings, State
+from coordinator.updates import ClientUpdate
 
 FEDEXP_ETA_MAX = 2.0
 """The largest cap of FedExP's eta_t (reached at 30 clients): with beta 0.5 an effective step of at most 4. On HAPT
@@ -37,11 +42,26 @@ class FedExP(FedOpt):
     """FedExP's eta_t, capped by :meth:`eta_max`, under momentum :data:`FEDEXP_BETA` (module docstring)."""
 
     name = "fedexp"
-    rule = "exp"
     default_lr = FEDEXP_ETA_MAX
     default_momentum = FEDEXP_BETA
     sized_cap = True
 
+    def __init__(self, settings: ServerOptSettings | None = None):
+        super().__init__(settings)
+        if not self.eta >= 1:
+            raise ValueError(f"{type(self).__name__}: FedExP's cap eta_max (--server-lr) must be >= 1, got {self.eta}")
+
+    def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
+        """eta_t from the clients' updates (:func:`coordinator.server_opt.fedexp_eta`), capped by :meth:`eta_max`, then a
+        momentum step on eta_t Delta_t."""
+        used = contributors(results)
+        msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
+        cap = self.eta_max(len(used))
+        eta_t = fedexp_eta(msq, delta, self.eps, cap) * self.step_scale
+        log.info("round %d: %s server step %.3f (cap %.2g for %d clients, beta %.2g)", round_, self.name, eta_t, cap,
+                 len(used), self.beta)  # fmt: skip
+        x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
+        return eta_t, x_new, m_new, None
     def eta_max(self, n_clients: int) -> float:
         """min(FEDEXP_ETA_MAX, max(1, M / FEDEXP_CLIENTS_PER_ETA)), or the fixed cap ``--server-lr`` when it is set.
 

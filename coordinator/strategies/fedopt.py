@@ -3,7 +3,7 @@
 FedAvg clients; the server takes one optimiser step on the pseudo-gradient
 Delta_t = x_t - avg(x_i) per round (Algorithm 2, FedOpt). The arithmetic is in
 :mod:`coordinator.server_opt`; the four registered strategies (FedExP, FedAvgM, FedAdam,
-FedYogi) are one file each and differ only in the rule and their default eta and beta. FedExP
+FedYogi) are one file each, each with its own step (:meth:`FedOpt.step`) and default eta and beta. FedExP
 (Jhunjhunwala et al., ICLR 2023) takes its step size eta_t each round from the clients' own
 updates before the momentum step; its ``eta`` is the cap of eta_t. The moments
 m_t, v_t are the strategy's state (:meth:`FedOpt.state_dict`), persisted with each round.
@@ -17,18 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from coordinator.server_opt import (
-    BETA2,
-    EXP_EPS,
-    TAU,
-    adaptive_step,
-    fedavgm_step,
-    fedexp_eta,
-    fit_to_shape,
-    mean_sq_update_norm,
-    pseudo_gradient,
-)
-from coordinator.strategies.base import Aggregate, Federation, Strategy, contributors, fedavg_of, log
+from coordinator.server_opt import BETA2, EXP_EPS, TAU, adaptive_step, fit_to_shape, pseudo_gradient
+from coordinator.strategies.base import Aggregate, Federation, Strategy, fedavg_of
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.model import ArchSpec, State
 from har_models.settings import doc
@@ -92,8 +82,8 @@ class ServerOptSettings:
 class FedOpt(Strategy):
     """FedAvg clients, a server optimiser on the pseudo-gradient (Reddi et al. 2021, Algorithm 2); abstract.
 
-    A subclass sets ``name``, :attr:`rule` and its defaults :attr:`default_lr` and
-    :attr:`default_momentum`, which fill the settings left out.
+    A subclass sets ``name`` and its defaults :attr:`default_lr` and :attr:`default_momentum`, which
+    fill the settings left out, and owns its maths: :meth:`step`, one optimiser step on the pseudo-gradient.
 
     Attributes
     ----------
@@ -107,7 +97,6 @@ class FedOpt(Strategy):
         First and second moments (None before the first step; v only for adam/yogi).
     """
 
-    rule: ClassVar[str] = ""
     default_lr: ClassVar[float] = 0.0
     default_momentum: ClassVar[float] = 0.0
     sized_cap: ClassVar[bool] = False
@@ -118,14 +107,10 @@ class FedOpt(Strategy):
 
     def __init__(self, settings: ServerOptSettings | None = None):
         super().__init__(settings)
-        if self.rule not in ("avgm", "adam", "yogi", "exp"):
-            raise TypeError(f"{type(self).__name__}: rule must be avgm, adam, yogi or exp, got {self.rule!r}")
         s = self.settings
         self.eta = float(self.default_lr if s.lr is None else s.lr)
         self.beta = float(self.default_momentum if s.momentum is None else s.momentum)
         self.beta2, self.tau, self.eps = float(s.beta2), float(s.tau), float(s.eps)
-        if self.rule == "exp" and not self.eta >= 1:
-            raise ValueError(f"{type(self).__name__}: FedExP's cap eta_max (--server-lr) must be >= 1, got {self.eta}")
         self.last_eta: float | None = None
         self.step_scale = 1.0
         self.m: State | None = None
@@ -137,9 +122,8 @@ class FedOpt(Strategy):
         """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
 
         When FedDist widened a layer since the last step, the moments of the new units start
-        at their initial values (m 0, v tau^2), appended where growth appends units. FedExP
-        (rule "exp") first takes its step size eta_t from the clients' updates
-        (:func:`coordinator.server_opt.fedexp_eta`), then a momentum step on eta_t Delta_t.
+        at their initial values (m 0, v tau^2), appended where growth appends units. The step
+        itself is the subclass's (:meth:`step`).
 
         Raises
         ------
@@ -154,22 +138,7 @@ class FedOpt(Strategy):
             self.m = {k: fit_to_shape(self.m[k], x_t[k].shape, 0.0) for k in x_t}
         if self.v is not None:
             self.v = {k: fit_to_shape(self.v[k], x_t[k].shape, self.tau * self.tau) for k in x_t}
-        v_new: State | None = None
-        eta_t = self.eta
-        if self.rule == "exp":
-            used = contributors(results)
-            msq = mean_sq_update_norm(x_t, (u.state for u in used), [u.n_train for u in used])
-            cap = self.eta_max(len(used))
-            eta_t = fedexp_eta(msq, delta, self.eps, cap) * self.step_scale
-            log.info("round %d: %s server step %.3f (cap %.2g for %d clients, beta %.2g)", round_, self.name, eta_t, cap,
-                     len(used), self.beta)
-            x_new, m_new = fedavgm_step(x_t, {k: eta_t * d for k, d in delta.items()}, self.m, 1.0, self.beta)
-        elif self.rule == "avgm":
-            eta_t = self.eta * self.step_scale
-            x_new, m_new = fedavgm_step(x_t, delta, self.m, eta_t, self.beta)
-        else:
-            eta_t = self.eta * self.step_scale
-            x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, eta_t, self.rule, self.beta, self.beta2, self.tau)
+        eta_t, x_new, m_new, v_new = self.step(round_, x_t, delta, results)
         bad = [k for k, t in x_new.items() if not bool(torch.isfinite(t).all())]
         if bad:  # a diverged step must not reach the clients; the round closes with the model unchanged
             raise ValueError(
@@ -179,6 +148,19 @@ class FedOpt(Strategy):
         self.last_eta = eta_t
         self.m, self.v = m_new, v_new if v_new is not None else self.v
         return Aggregate(x_new, {}, None, avg.participants)
+
+    def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
+        """One optimiser step from x_t on the pseudo-gradient ``delta`` of ``results``: (eta_t, x_{t+1}, m_{t+1}, v_{t+1} or None).
+
+        Reads the moments ``m``, ``v`` and ``step_scale``; :meth:`aggregate_fit` keeps what it returns.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement step")
+
+    def adaptive(self, rule: str, x_t: State, delta: State) -> tuple[float, State, State, State | None]:
+        """Reddi et al.'s adaptive step with second-moment rule ``rule`` ("adam", "yogi"): FedAdam's and FedYogi's :meth:`step`."""
+        eta_t = self.eta * self.step_scale
+        x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, eta_t, rule, self.beta, self.beta2, self.tau)
+        return eta_t, x_new, m_new, v_new
 
     def shrink_step(self, factor: float) -> bool:
         """Multiply every later step by ``factor`` (``step_scale``) and reset the moments m, v to their initial state.

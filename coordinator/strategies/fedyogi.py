@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from coordinator.server_opt import BETA1
-from coordinator.strategies.fedopt import FedOpt
+from coordinator.strategies.fedopt import FedOpt, State
+from coordinator.updates import ClientUpdate
 
 
 class FedYogi(FedOpt):
     """FedYogi: ``v = v - (1 - beta2) Delta^2 sign(v - Delta^2)``; eta 0.01 and beta1 0.9 unless set."""
 
     name = "fedyogi"
-    rule = "yogi"
     default_lr = 0.01
     default_momentum = BETA1
+
+    def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
+        return self.adaptive("yogi", x_t, delta)
