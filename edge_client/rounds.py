@@ -87,6 +87,7 @@ class RoundWorker:
         self.rounds_done = 0
         self.train_s: float | None = None  # seconds the last local training took (model received to update ready)
         self.warming_up = True  # until this process's first local training finished (the backend loaded)
+        self._noted: tuple[Key, str] | None = None  # the exchange and attempt a retraining was last logged for
 
     def work(self, ann: RoundAnnouncement) -> None:
         """Act on the open round ``ann`` (selecting this client, its coordinator running): answer it, or train it first."""
@@ -97,6 +98,11 @@ class RoundWorker:
         if self.answers.holds(key, transfer):
             self.answer(ann)
             return
+        stored = self.answers.stored
+        if stored is not None and stored.key == key and self._noted != (key, ann.attempt):
+            self._noted = (key, ann.attempt)
+            log.info("[%s] round %d: attempt %s announces another model than the one I trained on; training again", self.client_id,
+                     ann.round, ann.attempt)  # fmt: skip
         if transfer and ann.transport == "blobs" and transfer not in self.intake.models:
             self.intake.fetch(ann, transfer, self._grant_of(key))
         if not transfer or transfer not in self.intake.models:
@@ -136,8 +142,8 @@ class RoundWorker:
         stored = self.answers.envelope()
         if stored is None or stored[0] != ex.key:
             return  # gone from the store: the next pass trains the round again
-        log.info("[%s] round %d: sending the update to coordinator attempt %s (%s)", self.client_id, ann.round, ann.attempt or "-",
-                 ex.transport)  # fmt: skip
+        log.info("[%s] round %d: sending the stored update for coordinator attempt %s (%s)", self.client_id, ann.round,
+                 ann.attempt or "-", ex.transport)  # fmt: skip
         self.delivery.start(ex, stored[1], ann.deadline_unix)
 
     def finish(self, ann: RoundAnnouncement | None, wait_s: float, open_key: Key | None, receipt_topic: str) -> None:
