@@ -155,8 +155,8 @@ class RoundWorker:
         if ann is not None and self.answers.holds((ann.run_id, ann.round, ann.stage), ann.model_for(self.client_id)[1]):
             self.answer(ann)
         p = self.delivery.pending
-        if p is None:
-            return
+        if p is None or p.key != open_key:
+            return  # nothing on its way, or for a round that is over (the coordinator's receipts ended with it)
         if not p.chunk_bytes:
             p.next_try = 0.0  # no whole send finished yet (a grant late, a broker slow): try again now, not after the wait
         log.info("[%s] stopping: waiting up to %.0f s for the coordinator's receipt of round %d's update", self.client_id, wait_s,
