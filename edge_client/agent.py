@@ -176,11 +176,6 @@ class EdgeAgent:
         return self.intake.models
 
     @property
-    def rounds_done(self) -> int:
-        """Rounds this process trained."""
-        return self.rounds.rounds_done
-
-    @property
     def coordinator(self) -> CoordinatorStatus | None:
         """The newest coordinator status this client took (None before one)."""
         return self.watch.status
@@ -286,7 +281,7 @@ class EdgeAgent:
                     break
                 if self._finished():
                     log.info("[%s] run %s finished after %d rounds here; exiting", self.cfg.client_id, self.cfg.exit_after_run,
-                             self.rounds_done)  # fmt: skip
+                             self.rounds.rounds_done)  # fmt: skip
                     break
                 if self._link.inbox.empty():  # act on the newest state: what queued up behind a training is read first
                     self._maybe_work()
@@ -304,7 +299,7 @@ class EdgeAgent:
             for listeners in (self.store.fault_listeners, self.store.window_listeners):
                 with contextlib.suppress(ValueError):
                     listeners.remove(self._republish)
-            log.info("[%s] stopped after %d round(s)", self.cfg.client_id, self.rounds_done)
+            log.info("[%s] stopped after %d round(s)", self.cfg.client_id, self.rounds.rounds_done)
         return self.exit_code
 
     def _finish_round(self) -> None:
@@ -316,8 +311,14 @@ class EdgeAgent:
         if self.exit_code or self.cfg.stop_flush_s <= 0 or not self._link.connected.is_set():
             return
         ann = self._catch_up()  # the newest state first (an announcement or a receipt may have queued)
-        receipts = self.topics.client_receipt(self.cfg.client_id)
-        self.rounds.finish(ann if ann is not None and self._acts_on(ann) else None, self.cfg.stop_flush_s, self._open_key(), receipts)
+        self.rounds.finish(ann if ann is not None and self._acts_on(ann) else None, self.cfg.stop_flush_s, self._step)
+
+    def _step(self) -> bool:
+        """Handle what arrives within 0.1 s; whether the open round is still one this client works on."""
+        with contextlib.suppress(queue.Empty):
+            self._handle(*self._link.inbox.get(timeout=0.1))
+        ann = self.announcement
+        return ann is not None and self._acts_on(ann)
 
     def _catch_up(self) -> RoundAnnouncement | None:
         """Handle every message waiting now; the announcement then open (None: none)."""

@@ -14,9 +14,7 @@ counted before it says it is offline.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import sqlite3
 import threading
 import time
@@ -130,9 +128,9 @@ class RoundWorker:
         elif newest is not None and newest.run_id == ann.run_id and self.link.connected.is_set():
             # The round moved on while this client trained (a buffered round took its quorum): the update goes once,
             # for the exchange it was trained for, which a buffered round takes as a stale update.
-            stored = self.answers.envelope()
-            if stored is not None and stored[0] == key:
-                self.delivery.start(Exchange.of(ann), stored[1], ann.deadline_unix)
+            kept = self.answers.envelope()
+            if kept is not None and kept[0] == key:
+                self.delivery.start(Exchange.of(ann), kept[1], ann.deadline_unix)
 
     def answer(self, ann: RoundAnnouncement) -> None:
         """Send the stored update to ``ann``'s attempt, in its transport, unless that attempt has it or it is on its way."""
@@ -146,31 +144,34 @@ class RoundWorker:
                  ann.attempt or "-", ex.transport)  # fmt: skip
         self.delivery.start(ex, stored[1], ann.deadline_unix)
 
-    def finish(self, ann: RoundAnnouncement | None, wait_s: float, open_key: Key | None, receipt_topic: str) -> None:
+    def finish(self, ann: RoundAnnouncement | None, wait_s: float, step: Callable[[], bool]) -> None:
         """The client stops: answer the open round ``ann`` (None: none open for this client) and await the receipt up to ``wait_s``.
 
-        Receipts are read off the link's inbox meanwhile; the update stays stored either way,
-        and goes again if the round is run again.
+        ``step`` reads the messages of a moment (receipts, the coordinator's status) and says
+        whether the round is still open for this client; the wait ends when it is not (the
+        coordinator went offline, the round closed). The update stays stored either way, and
+        goes again if the round is run again.
         """
-        if ann is not None and self.answers.holds((ann.run_id, ann.round, ann.stage), ann.model_for(self.client_id)[1]):
+        if ann is None:
+            return
+        key = (ann.run_id, ann.round, ann.stage)
+        if self.answers.holds(key, ann.model_for(self.client_id)[1]):
             self.answer(ann)
         p = self.delivery.pending
-        if p is None or p.key != open_key:
-            return  # nothing on its way, or for a round that is over (the coordinator's receipts ended with it)
+        if p is None or p.key != key:
+            return  # nothing on its way for the open round
         if not p.chunk_bytes:
             p.next_try = 0.0  # no whole send finished yet (a grant late, a broker slow): try again now, not after the wait
         log.info("[%s] stopping: waiting up to %.0f s for the coordinator's receipt of round %d's update", self.client_id, wait_s,
-                 p.key[1])  # fmt: skip
+                 ann.round)  # fmt: skip
         end = time.monotonic() + wait_s
         while self.delivery.pending is not None and time.monotonic() < end and self.link.connected.is_set():
-            self.delivery.poll(open_key)
-            with contextlib.suppress(queue.Empty):
-                topic, payload, _ = self.link.inbox.get(timeout=0.1)
-                if topic == receipt_topic:
-                    self.on_receipt(payload)
+            self.delivery.poll(key)
+            if not step():
+                break
         if self.delivery.pending is not None:
             log.warning("[%s] stopping before the coordinator confirmed round %d's update; it stays stored and goes again if the "
-                        "round is run again", self.client_id, p.key[1])  # fmt: skip
+                        "round is run again", self.client_id, ann.round)  # fmt: skip
 
     def decode_and_train(self, ann: RoundAnnouncement, transfer: str, key: Key) -> RoundOutcome | None:
         """Check the received model ``transfer`` against ``ann`` and run the round; None if the client cannot."""

@@ -205,8 +205,9 @@ class MqttLink:
         publish a retained "online" status.
     on_disconnect : callable (link, reason) -> str or None, optional
         Called (in paho's thread, must not block) when the broker or the network closed a session
-        that was up, with paho's reason name ("Session taken over", "Unspecified error", ...);
-        words it returns replace the reason in the log line.
+        that was up, with paho's reason name ("Session taken over", "Unspecified error", ...),
+        unless a packet too large for the broker was in flight (that explains it); words it
+        returns replace the reason in the log line.
     intern : callable (payload bytes) -> bytes, optional
         Applied to every received payload before it is put on :attr:`inbox` (in paho's thread;
         must be fast and must not block); it may return an equal object held elsewhere, e.g.
@@ -448,7 +449,7 @@ class MqttLink:
             # and paho drops it on a refusal code it cannot parse (MQTT 5 + message_size_limit):
             # either way paho would send the same packet again after reconnecting, forever.
             self._forget(big, f"the connection dropped ({reason_code}) while it was in flight")
-        words = self._on_disconnect_hook(self, str(reason_code)) if self._on_disconnect_hook is not None else None
+        words = self._on_disconnect_hook(self, str(reason_code)) if self._on_disconnect_hook is not None and not big else None
         log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, words or reason_code)
 
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int, reason_code: Any, properties: Any) -> None:
