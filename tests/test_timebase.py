@@ -221,3 +221,15 @@ def test_a_stream_that_pauses_while_its_base_is_established_is_not_refused_for_t
     assert tb.base is not None and tb.base.base == "offset" and tb.dropped == 2 * len(before[0][0])
     err = t - truth[tb.dropped :]  # the deliveries after the pause, each on the boot clock within a delivery latency
     assert np.all(err == err[0]) and 0 <= err[0] <= 10_000_000
+
+
+def test_with_batched_delivery_a_stream_whose_clock_stands_still_is_still_refused():
+    tb = StreamTimeBase("gyro", batching_ns=1_000_000_000)  # Android may hold events up to 1 s (maxReportLatencyUs)
+    with pytest.raises(TimeBaseRefused):
+        for k in range(30):  # one batch a second, every stamp the same
+            t, _ = tb.push(np.full(50, BOOT0, np.int64), np.zeros((50, 3)), BOOT0 + k * 1_000_000_000, WALL_MINUS_BOOT)
+            assert len(t) == 0
+    good = StreamTimeBase("acc", batching_ns=1_000_000_000)
+    released = sum(len(good.push(BOOT0 + (k * 50 + np.arange(50)) * PERIOD, np.zeros((50, 3)), BOOT0 + (k + 1) * 1_000_000_000 +
+                                 5_000_000, WALL_MINUS_BOOT)[0]) for k in range(6))  # fmt: skip
+    assert good.base is not None and good.base.base == "boot" and released == 300

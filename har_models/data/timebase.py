@@ -90,7 +90,8 @@ class StreamTimeBase:
         How far apart the lags of deliveries on one base may be (ns); above the callback latency
         and the batching latency of the source.
     establish_ns : int
-        Arrival time that agreeing deliveries must span to establish a base (ns; default 1 s).
+        Arrival time that agreeing deliveries must span to establish a base (ns; default 1 s, and
+        at least ``2 * (ahead_ns + batching_ns)``, where the rate check can tell a clock that stands still).
     refuse_after_ns : int
         Arrival time of deliveries without an established base after which the stream is refused
         (ns; default 10 s). A pause between two deliveries counts one window (2.56 s) at most.
@@ -130,7 +131,8 @@ class StreamTimeBase:
             )
         self.sensor = sensor
         self.tolerance_ns = int(tolerance_ns) + int(batching_ns)
-        self.establish_ns = int(establish_ns)
+        # Over a span of 2 * (ahead + batching) a clock that stands still lags by more than the 10 % and the jitter allowed.
+        self.establish_ns = max(int(establish_ns), 2 * (int(ahead_ns) + int(batching_ns)))
         self.refuse_after_ns = int(refuse_after_ns)
         self.ahead_ns = int(ahead_ns)
         self.batching_ns = int(batching_ns)
