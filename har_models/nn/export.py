@@ -119,7 +119,7 @@ class _Functional(nn.Module):
         super().__init__()
         self.spec = spec
         k = spec.kernel
-        self.pad = spec.same_padding  # 'same' padding as HarCNN (7 and 8 for k = 16)
+        self.pad = ((k - 1) // 2, k - 1 - (k - 1) // 2)  # 'same' padding as HarCNN (7 and 8 for k = 16)
         self.register_buffer("idx", torch.arange(spec.window)[:, None] + torch.arange(k)[None, :], persistent=False)
         self.register_buffer("mean", torch.tensor(spec.input_mean, dtype=torch.float32).view(1, -1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(spec.input_std, dtype=torch.float32).view(1, -1, 1), persistent=False)
