@@ -167,12 +167,14 @@ def test_a_device_busy_training_through_several_attempts_answers_the_newest_once
     wait_for(lambda: len(co.updates) >= 1, "the device's update")
     assert queued.is_set() and dev.trainings == [0]
     wait_for(lambda: dev.agent.delivery.pending is None, "the receipt")
+    assert dev.agent.phase == "idle"  # what a screen shows (EdgeAgent.phase): trained, between rounds
     co.announce(0, "a6", m0)  # a later attempt (the round closed without quorum): it gets the stored update once
     wait_for(lambda: len(co.updates) >= 2, "the update for attempt a6")
     co.announce(0, "a6", m0)  # the same attempt again (a reconnection): nothing more
     dev.close()  # stops: everything it sent is at the broker before its last word
     wait_for(lambda: "offline" in co.events, "the device's last word")
-    assert co.events.count("update") == 2 and co.updates[0] == co.updates[1]  # 5 sends before: one per attempt id
+    assert co.events.count("update") == 2 and co.updates[0] == co.updates[1]  # 6 sends before: one per attempt id
+    assert dev.agent.phase == "offline"
     assert dev.trainings == [0]
     before, after = co.statuses[0], [s for s in co.statuses if s.state != "offline"][-1]
     assert before.warming_up and before.train_s is None  # from the start until its first training finished
