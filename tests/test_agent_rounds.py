@@ -112,7 +112,7 @@ class Device:
         self.agent = EdgeAgent(ClientConfig(CID, BrokerConfig(port=port), federation="t", backend="numpy", **cfg), self.store)
         self.trainings: list[int] = []
         self.gate: Callable[[], None] = lambda: None  # runs inside each training (a test holds it there)
-        self.agent.trainer.run_round = self._train  # type: ignore[method-assign]
+        self.agent.trainer.run_round = self._train  # type: ignore[method-assign,assignment]
         self.stop = threading.Event()
         self.code: int | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -186,7 +186,7 @@ def test_a_round_done_under_another_model_or_no_longer_stored_is_trained_again_n
     dev = wire("device")
     for r in (2, 3):
         co.announce(r, f"a{r}", model(r))
-        wait_for(lambda r=r: len(co.updates) >= r - 1, f"round {r}'s update")
+        wait_for(lambda n=r - 1: len(co.updates) >= n, f"round {r}'s update")  # type: ignore[misc]
     # A coordinator restored from a backup runs rounds 2 and 3 again: round 2 (its update is no longer stored),
     # round 3 under another model (re-trained), and round 3 under the model the stored update was trained from.
     co.announce(2, "b2", model(2))

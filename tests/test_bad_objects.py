@@ -55,7 +55,7 @@ def test_a_chunked_model_whose_bytes_are_not_its_hash_is_dropped_and_reported(ag
 class _Serve(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()

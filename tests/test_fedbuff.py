@@ -316,7 +316,7 @@ def test_a_client_uploads_to_its_blob_grant_after_a_buffered_round_closed_withou
     agent._link.connected.set()  # the broker session, as the delivery sees it
     monkeypatch.setattr(agent._link, "publish_nowait", lambda *a, **k: None)
     monkeypatch.setattr(agent._link, "publish", lambda topic, payload, **k: sent.append(("notice", topic)))
-    monkeypatch.setattr(agent._link, "publish_chunks", lambda *a, **k: sent.append(("chunks",)) or 1)
+    monkeypatch.setattr(agent._link, "publish_chunks", lambda *a, **k: sent.append(("chunks",)))  # never called: asserted below
     monkeypatch.setattr(blob_upload, "upload_update", lambda upload, payload: sent.append(("put", upload.url, transfer_id(payload))))
 
     def train(ann: RoundAnnouncement, transfer: str, key: tuple[str, int, int]) -> RoundOutcome:

@@ -1,7 +1,7 @@
 """Chunked transfers and JSON control messages."""
 
-import hashlib
 import dataclasses
+import hashlib
 import json
 import random
 
