@@ -3,7 +3,9 @@
 An update counts as delivered only when the coordinator's receipt for it arrives
 (docs/reliability.md); a broker's acknowledgement is not enough (the broker may have had no
 subscriber, or may drop messages over its size limit without a word). :class:`Delivery`
-follows one update at a time:
+follows one update at a time, for one :class:`Exchange` (run, round, stage, the coordinator's
+attempt, and the transport its announcement named), which the step that decided to send it
+gives; the upload path never reads them back out of the envelope:
 
 * :meth:`Delivery.start` sends it whole, in chunks of the link's current size;
 * a receipt ``accepted`` ends it (:meth:`Delivery.on_receipt`);
@@ -17,7 +19,8 @@ follows one update at a time:
 
 The envelope is held in memory only while it is first sent; later sends read it back from the
 client's store through ``load_stored`` (written before the first send), so a worker whose
-clients wait for receipts does not hold one update per client.
+clients wait for receipts does not hold one update per client. The time the last whole send
+took is :attr:`Delivery.upload_s` (the device reports it, so the coordinator can size deadlines).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Protocol
 
 from har_io.mqtt_link import PacketRejected
 from har_models.wire.chunking import transfer_id
-from har_models.wire.messages import Receipt
+from har_models.wire.messages import Receipt, RoundAnnouncement
 
 log = logging.getLogger("fedhar.client")
 
@@ -42,30 +45,63 @@ MAX_RECEIPT_WAIT_S = 60.0
 Key = tuple[str, int, int]
 """An exchange: (run id, round, stage)."""
 
+TRANSPORTS = ("mqtt", "blobs")
+"""How an update travels: in chunks through the broker, or a PUT to the device's blob grant."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """The exchange an update answers, as the announcement the device acted on named it.
+
+    Attributes
+    ----------
+    run_id : str
+    round, stage : int
+    attempt : str
+        The coordinator's attempt the update is sent for ("" when the coordinator names none).
+    transport : {"mqtt", "blobs"}
+        How the update travels: chunks through the broker, or a PUT to the device's upload grant.
+    """
+
+    run_id: str
+    round: int
+    stage: int = 0
+    attempt: str = ""
+    transport: str = "mqtt"
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"Exchange: transport must be one of {TRANSPORTS}, got {self.transport!r}")
+
+    @property
+    def key(self) -> Key:
+        """(run id, round, stage): what receipts and the store name."""
+        return (self.run_id, self.round, self.stage)
+
+    @classmethod
+    def of(cls, ann: RoundAnnouncement) -> Exchange:
+        """The exchange ``ann`` opens, in the transport it announces."""
+        return cls(ann.run_id, ann.round, ann.stage, ann.attempt, ann.transport)
+
 
 class UploadLink(Protocol):
-    """What delivery needs of the network (:class:`har_io.mqtt_link.MqttLink` provides it)."""
+    """What delivery needs of the network (:class:`edge_client.blob_upload.TransportLink` provides it)."""
 
     connected: threading.Event
 
-    def chunk_size(self, topic_of: Callable[[int], str]) -> int:
-        """Bytes per chunk message on ``topic_of(i)`` under every limit known now."""
+    def chunk_size(self, exchange: Exchange) -> int:
+        """Bytes per chunk message of ``exchange``'s transport under every limit known now."""
         ...
 
     def note_refused(self, refused_payload: int) -> None:
         """A message of ``refused_payload`` bytes was lost: cut later chunks smaller."""
         ...
 
-    def publish_chunks(
-        self,
-        topic_of: Callable[[int], str],
-        payload: bytes,
-        retain: bool = False,
-        timeout: float = 300.0,
-        chunk_bytes: int | None = None,
-        only: Collection[int] | None = None,
-    ) -> int:
-        """Publish ``payload`` in chunks (only those in ``only``); return the number of chunks it is cut into."""
+    def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
+        """Send ``payload`` in ``exchange``'s transport (only the chunks in ``only``); return the number of chunks it is cut into.
+
+        Raises ``PacketRejected`` (the broker refused the size) or ``TimeoutError`` (not sent now; tried again later).
+        """
         ...
 
 
@@ -75,8 +111,8 @@ class PendingUpdate:
 
     Attributes
     ----------
-    key : (str, int, int)
-        Run id, round, stage.
+    exchange : Exchange
+        The exchange it answers, and how it travels.
     envelope : bytes or None
         The update's bytes while it is first sent; None after (read back from the store).
     transfer : str
@@ -95,7 +131,7 @@ class PendingUpdate:
         Chunk index -> times re-sent on the coordinator's request since the last whole send.
     """
 
-    key: Key
+    exchange: Exchange
     envelope: bytes | None
     transfer: str
     deadline_unix: float
@@ -106,6 +142,11 @@ class PendingUpdate:
     next_try: float = 0.0
     resent: Counter[int] = field(default_factory=Counter)
 
+    @property
+    def key(self) -> Key:
+        """(run id, round, stage) of its exchange."""
+        return self.exchange.key
+
 
 class Delivery:
     """Sends one client's updates and follows each until the coordinator's receipt (see the module).
@@ -113,9 +154,7 @@ class Delivery:
     Parameters
     ----------
     link : UploadLink
-        The network (the client's :class:`~har_io.mqtt_link.MqttLink`).
-    topic_of : callable (chunk index) -> str
-        The update chunk topics of this client.
+        The network in each exchange's transport (:class:`edge_client.blob_upload.TransportLink`).
     load_stored : callable () -> (key, envelope) or None
         The update the client's store holds (:meth:`edge_client.store.ClientStore.load_last_update`,
         key = (run id, round, stage)).
@@ -133,7 +172,6 @@ class Delivery:
     def __init__(
         self,
         link: UploadLink,
-        topic_of: Callable[[int], str],
         load_stored: Callable[[], tuple[Key, bytes] | None],
         client_id: str,
         receipt_wait_s: float,
@@ -142,7 +180,6 @@ class Delivery:
         wall: Callable[[], float] = time.time,
     ):
         self._link = link
-        self._topic_of = topic_of
         self._load_stored = load_stored
         self._cid = client_id
         self.receipt_wait_s = receipt_wait_s
@@ -151,14 +188,18 @@ class Delivery:
         self._wall = wall
         self.pending: PendingUpdate | None = None
         """The update being followed, or None (delivered, given up, or none sent)."""
+        self.upload_s: float | None = None
+        """Seconds the last whole send that finished took (monotonic clock); None before one did."""
+        self.on_accepted: Callable[[PendingUpdate], None] = lambda _p: None
+        """Called (in the caller's thread) when the coordinator's receipt accepts the followed update."""
 
-    def start(self, key: Key, envelope: bytes, deadline_unix: float) -> None:
-        """Send ``envelope`` (already in the store: ``load_stored`` must return it) for exchange ``key`` and follow it.
+    def start(self, exchange: Exchange, envelope: bytes, deadline_unix: float) -> None:
+        """Send ``envelope`` (already in the store: ``load_stored`` must return it) for ``exchange`` and follow it.
 
         Replaces any update still followed. Never raises for the network: a send that does not
         finish is tried again by :meth:`poll`.
         """
-        self.pending = p = PendingUpdate(key, envelope, transfer_id(envelope), deadline_unix)
+        self.pending = p = PendingUpdate(exchange, envelope, transfer_id(envelope), deadline_unix)
         self._send_full()
         p.envelope = None  # sent; a re-send reads it back from the store
 
@@ -208,6 +249,7 @@ class Delivery:
         if r.state == "accepted":
             log.info("[%s] round %d: the coordinator confirmed the update", self._cid, r.round)
             self.pending = None
+            self.on_accepted(p)
             return
         # "missing": send exactly those chunks again, at the size they were cut to.
         p.unanswered = 0
@@ -227,7 +269,7 @@ class Delivery:
         for i in again:
             p.resent[i] += 1
         try:
-            self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=p.chunk_bytes, only=set(again))
+            self._link.send(p.exchange, envelope, p.chunk_bytes, only=set(again))
         except PacketRejected:
             self._send_full()
         except TimeoutError as exc:
@@ -252,19 +294,21 @@ class Delivery:
         envelope = self._envelope(p)
         if envelope is None:
             return
-        size = self._link.chunk_size(self._topic_of)
+        size = self._link.chunk_size(p.exchange)
         if p.unanswered >= 2 and p.chunk_bytes and size >= p.chunk_bytes:
             # Twice sent whole without a word back: the broker may drop messages of this size
             # silently (Mosquitto's message_size_limit over MQTT 3.1.1); never send it unchanged again.
             self._link.note_refused(p.chunk_bytes)
-            size = self._link.chunk_size(self._topic_of)
+            size = self._link.chunk_size(p.exchange)
         p.sends += 1
         p.unanswered += 1
         p.resent.clear()
         p.next_try = self._clock() + min(MAX_RECEIPT_WAIT_S, self.receipt_wait_s * 2 ** (p.sends - 1))
+        began = self._clock()
         try:
-            p.count = self._link.publish_chunks(self._topic_of, envelope, chunk_bytes=size)
+            p.count = self._link.send(p.exchange, envelope, size)
             p.chunk_bytes = size
+            self.upload_s = self._clock() - began
         except PacketRejected as exc:
             log.warning("[%s] round %d: %s; sending again in smaller chunks", self._cid, p.key[1], exc)
             p.unanswered -= 1

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from har_io.blob_http import fetch_model
+from edge_client.bad_objects import BadObjects
+from har_io.blob_http import BlobMismatch, fetch_model
 from har_io.blobs import BlobError
 from har_models.nn.arch import ArchSpec
 from har_models.wire import codec
@@ -103,6 +104,7 @@ class ProgramFetcher:
         self._last_chunk = -float("inf")  # monotonic time of the last program chunk
         self.stored: list[int] = []  # versions stored, in order
         self.rejected: list[str] = []  # reasons of rejected envelopes, in order
+        self.bad = BadObjects()  # program sets whose bytes did not match their hash (the agent gives its own, for its status)
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The topic filter (QoS 1) the client must subscribe to: its own program chunks."""
@@ -157,6 +159,8 @@ class ProgramFetcher:
         try:
             done = self.reassembler.add(STREAM, payload)
         except ChunkError as exc:
+            if exc.reason == "transfer_sha256_mismatch" and t is not None:
+                self.bad.refused(t)
             log.warning("[%s] dropped a program chunk (%s): %s", self.client_id, exc.reason, exc)
             return
         if done is None:
@@ -179,6 +183,8 @@ class ProgramFetcher:
         try:
             envelope = fetch_model(msg.ref, self.max_bytes)
         except BlobError as exc:
+            if isinstance(exc, BlobMismatch):
+                self.bad.refused(msg.ref.sha256)
             log.warning("[%s] cannot fetch the programs of v%d: %s; asking again later", self.client_id, msg.arch_version, exc)
             return
         self._take(envelope)

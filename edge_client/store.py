@@ -427,11 +427,18 @@ class ClientStore:
             with self._writing("forgetting the last run"), self._lock, self._db:
                 self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
-    def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes) -> None:
-        """Remember the last update sent (to re-send it after a restart)."""
+    def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes, trained_on: str = "") -> None:
+        """Remember the last update sent (to re-send it after a restart), and the model it was trained from.
+
+        ``trained_on`` is the transfer id (sha256) of the model the round started from: a round
+        announced again with another model (a coordinator restored from a backup) is trained again.
+        """
         with self._writing("the update sent"):
             atomic_write_bytes(self.folder / "last_update.bin", envelope)
-        self.set_meta("last_update", {"run_id": run_id, "round": round_, "stage": stage})
+        info: dict[str, Any] = {"run_id": run_id, "round": round_, "stage": stage}
+        if trained_on:
+            info["trained_on"] = trained_on
+        self.set_meta("last_update", info)
 
     def load_last_update(self) -> tuple[dict[str, Any], bytes] | None:
         """``(info, envelope)`` of the last update sent, or None."""

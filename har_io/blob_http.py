@@ -97,6 +97,10 @@ class BlobCache:
             old.unlink(missing_ok=True)
 
 
+class BlobMismatch(BlobError):
+    """The bytes fetched for an object are not the ones its reference names (another length or SHA-256)."""
+
+
 def fetch_model(ref: BlobRef, max_bytes: int, cache: BlobCache | None = None, timeout: float = 60.0) -> bytes:
     """The envelope ``ref`` names: from ``cache`` if kept there, else a GET of ``ref.url``, checked byte for byte.
 
@@ -112,8 +116,8 @@ def fetch_model(ref: BlobRef, max_bytes: int, cache: BlobCache | None = None, ti
     Raises
     ------
     BlobError
-        If ``ref.size`` exceeds ``max_bytes``, the server refuses or cannot be reached, or the
-        bytes differ from ``ref`` in length or SHA-256 (nothing is kept then).
+        If ``ref.size`` exceeds ``max_bytes``, the server refuses or cannot be reached, or (a
+        :class:`BlobMismatch`) the bytes differ from ``ref`` in length or SHA-256 (nothing is kept then).
     """
     if ref.size > max_bytes:
         raise BlobError(f"model {ref.sha256[:12]} is {ref.size} bytes, over this client's limit of {max_bytes} (max_model_bytes)")
@@ -142,7 +146,7 @@ def _fetch(ref: BlobRef, timeout: float) -> bytes:
                     break
                 got += len(piece)
                 if got > ref.size:
-                    raise BlobError(f"model {ref.sha256[:12]}: the server sent more than the announced {ref.size} bytes")
+                    raise BlobMismatch(f"model {ref.sha256[:12]}: the server sent more than the announced {ref.size} bytes")
                 h.update(piece)
                 parts.append(piece)
     except BlobError:
@@ -150,7 +154,7 @@ def _fetch(ref: BlobRef, timeout: float) -> bytes:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise _http_error("fetching model", ref.url, exc) from None
     if got != ref.size or h.hexdigest() != ref.sha256:
-        raise BlobError(f"model {ref.sha256[:12]}: got {got} bytes with SHA-256 {h.hexdigest()[:12]}, "
+        raise BlobMismatch(f"model {ref.sha256[:12]}: got {got} bytes with SHA-256 {h.hexdigest()[:12]}, "
                         f"announced {ref.size} bytes {ref.sha256[:12]}; not used")  # fmt: skip
     return b"".join(parts)
 

@@ -203,6 +203,11 @@ class MqttLink:
     on_connect : callable, optional
         Called (in paho's thread, must not block) after each successful connect, e.g. to
         publish a retained "online" status.
+    on_disconnect : callable (link, reason) -> str or None, optional
+        Called (in paho's thread, must not block) when the broker or the network closed a session
+        that was up, with paho's reason name ("Session taken over", "Unspecified error", ...),
+        unless a packet too large for the broker was in flight (that explains it); words it
+        returns replace the reason in the log line.
     intern : callable (payload bytes) -> bytes, optional
         Applied to every received payload before it is put on :attr:`inbox` (in paho's thread;
         must be fast and must not block); it may return an equal object held elsewhere, e.g.
@@ -241,8 +246,10 @@ class MqttLink:
         will: tuple[str, bytes] | None = None,
         on_connect: Callable[[MqttLink], None] | None = None,
         intern: Callable[[bytes], bytes] | None = None,
+        on_disconnect: Callable[[MqttLink, str], str | None] | None = None,
     ):
         self.cfg = cfg
+        self._on_disconnect_hook = on_disconnect
         self._intern = intern
         self.client_name = client_name
         self.subscriptions = list(subscriptions)
@@ -442,7 +449,8 @@ class MqttLink:
             # and paho drops it on a refusal code it cannot parse (MQTT 5 + message_size_limit):
             # either way paho would send the same packet again after reconnecting, forever.
             self._forget(big, f"the connection dropped ({reason_code}) while it was in flight")
-        log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, reason_code)
+        words = self._on_disconnect_hook(self, str(reason_code)) if self._on_disconnect_hook is not None and not big else None
+        log.warning("%s: disconnected (%s); reconnecting automatically", self.client_name, words or reason_code)
 
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int, reason_code: Any, properties: Any) -> None:
         with self._state_lock:

@@ -289,7 +289,7 @@ def test_the_agent_measures_a_round_keeps_it_in_the_store_and_reports_it_in_its_
             return out
 
         agent.trainer.run_round = round_that_burns  # type: ignore[assignment,method-assign]
-        outcome = agent._decode_and_train(ann, transfer, ("r", 1, 0))
+        outcome = agent.rounds.decode_and_train(ann, transfer, ("r", 1, 0))
         assert outcome is not None and outcome.meta.n_train == len(store.windows("train"))
         (rc,) = agent.cost.rounds()
         assert rc.round == 1 and rc.backend == "numpy"

@@ -11,17 +11,19 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 import pytest
 
-from edge_client.delivery import MAX_RECEIPT_WAIT_S, Delivery, Key
+from edge_client.blob_upload import TransportLink
+from edge_client.delivery import MAX_RECEIPT_WAIT_S, Delivery, Exchange, Key
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PacketRejected
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, iter_chunks, transfer_id
 from har_models.wire.messages import Receipt
 
 KEY: Key = ("run-a", 3, 0)
+EXCHANGE = Exchange(*KEY, attempt="a1")
 CHUNK = 1000 + CHUNK_HEADER_BYTES  # 1000 payload bytes per chunk message
 WAIT_S = 30.0
 DEADLINE = 10_000.0
@@ -38,31 +40,24 @@ class RecordingLink:
         self.refused: list[int] = []
         self.reject_next = 0  # publish calls to refuse (PacketRejected) before sending
 
-    def chunk_size(self, topic_of: Callable[[int], str]) -> int:
+    def chunk_size(self, exchange: Exchange) -> int:
         return self.size
 
     def note_refused(self, refused_payload: int) -> None:
         self.refused.append(refused_payload)
         self.size = min(self.size, refused_payload // 2)
 
-    def publish_chunks(
-        self,
-        topic_of: Callable[[int], str],
-        payload: bytes,
-        retain: bool = False,
-        timeout: float = 300.0,
-        chunk_bytes: int | None = None,
-        only: Collection[int] | None = None,
-    ) -> int:
+    def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
+        assert exchange == EXCHANGE  # every send names the exchange delivery was given
         if self.reject_next:
             self.reject_next -= 1
             self.size //= 2
             raise PacketRejected("refused")
         n = 0
-        for i, c in enumerate(iter_chunks(payload, chunk_bytes or self.size)):
+        for i, c in enumerate(iter_chunks(payload, chunk_bytes)):
             n += 1
             if only is None or i in only:
-                self.sent.append((topic_of(i), c))
+                self.sent.append((f"up/{i}", c))
         return n
 
     def indices(self) -> list[int]:
@@ -81,8 +76,7 @@ class Clock:
 def make(link: RecordingLink, envelope: bytes, stored: list[tuple[Key, bytes] | None] | None = None) -> tuple[Delivery, Clock]:
     clock = Clock()
     store = stored if stored is not None else [(KEY, envelope)]
-    d = Delivery(link, lambda i: f"up/{i}", lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=CHUNK,
-                 clock=clock, wall=clock)  # fmt: skip
+    d = Delivery(link, lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=CHUNK, clock=clock, wall=clock)
     return d, clock
 
 
@@ -97,7 +91,7 @@ N_SMALL = len(list(iter_chunks(ENVELOPE, CHUNK // 2)))  # after a halving: 472 p
 def test_a_receipt_ends_delivery_and_nothing_is_sent_again() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     assert link.indices() == [0, 1, 2, 3, 4]
     r = Reassembler()
     done = [r.add("u", c) for _, c in link.sent][-1]
@@ -112,7 +106,7 @@ def test_a_receipt_ends_delivery_and_nothing_is_sent_again() -> None:
 def test_a_receipt_for_another_update_or_exchange_changes_nothing() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     d.on_receipt(receipt(b"another update", "accepted"))
     d.on_receipt(receipt(ENVELOPE, "accepted", key=("run-a", 4, 0)))
     assert d.pending is not None and d.pending.transfer == transfer_id(ENVELOPE)
@@ -121,7 +115,7 @@ def test_a_receipt_for_another_update_or_exchange_changes_nothing() -> None:
 def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles_up_to_its_cap() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     assert d.pending is not None and d.pending.envelope is None  # after the first send it is read from the store
     sends_at: list[float] = []
     for step in range(1, 221):
@@ -139,7 +133,7 @@ def test_without_a_receipt_the_update_is_sent_again_after_the_wait_which_doubles
 def test_two_unanswered_sends_make_the_third_cut_smaller() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     clock.t = 30.0
     d.poll(KEY)
     assert link.refused == []
@@ -152,7 +146,7 @@ def test_two_unanswered_sends_make_the_third_cut_smaller() -> None:
 def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     link.size = 700  # the link learned a smaller size meanwhile: the request is about the 1000-byte cut
     d.on_receipt(receipt(ENVELOPE, "missing", missing=(1, 3, 9), count=5))
     assert link.indices() == [0, 1, 2, 3, 4, 1, 3]  # 9 is not a chunk of this transfer
@@ -167,7 +161,7 @@ def test_a_missing_chunk_request_re_sends_only_those_chunks_at_their_size() -> N
 def test_chunks_lost_twice_make_the_link_cut_smaller_and_send_all_again() -> None:
     link = RecordingLink()
     d, _ = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     d.on_receipt(receipt(ENVELOPE, "missing", missing=(2,), count=5))
     d.on_receipt(receipt(ENVELOPE, "missing", missing=(2,), count=5))
     assert link.refused == [CHUNK]
@@ -180,7 +174,7 @@ def test_a_refused_size_is_sent_again_smaller_at_the_next_poll() -> None:
     link = RecordingLink()
     link.reject_next = 1
     d, _ = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     assert link.sent == [] and d.pending is not None and d.pending.next_try == 0.0
     d.poll(KEY)
     assert link.indices() == list(range(N_SMALL))
@@ -189,15 +183,15 @@ def test_a_refused_size_is_sent_again_smaller_at_the_next_poll() -> None:
 def test_delivery_is_bounded_by_the_round_and_its_deadline() -> None:
     link = RecordingLink()
     d, clock = make(link, ENVELOPE)
-    d.start(KEY, ENVELOPE, deadline_unix=100.0)
+    d.start(EXCHANGE, ENVELOPE, deadline_unix=100.0)
     clock.t = 30.0
     d.poll(None)  # the round closed
     assert d.pending is None
-    d.start(KEY, ENVELOPE, deadline_unix=100.0)
+    d.start(EXCHANGE, ENVELOPE, deadline_unix=100.0)
     clock.t = 130.0
     d.poll(KEY)  # past the round's deadline: given up, not sent
     assert d.pending is None and len(link.sent) == 10
-    d.start(KEY, ENVELOPE, deadline_unix=1000.0)
+    d.start(EXCHANGE, ENVELOPE, deadline_unix=1000.0)
     link.connected.clear()
     clock.t = 400.0
     d.poll(KEY)  # not connected: waits, keeps the update
@@ -208,7 +202,7 @@ def test_an_update_that_changed_in_the_store_is_not_sent_again() -> None:
     link = RecordingLink()
     store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
     d, clock = make(link, ENVELOPE, store)
-    d.start(KEY, ENVELOPE, DEADLINE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
     store[0] = (KEY, b"another update")
     clock.t = 30.0
     d.poll(KEY)
@@ -222,10 +216,11 @@ def test_delivery_over_mosquitto_sends_what_the_coordinator_asks_for(mosquitto: 
     envelope = os.urandom(200_000)
     store: list[tuple[Key, bytes] | None] = [(KEY, envelope)]
     topic_of = lambda i: f"fedhar/v1/t/client/dev-a/update/{i}"  # noqa: E731
-    d = Delivery(dev, topic_of, lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=cfg.max_message_bytes)
+    uplink = TransportLink(dev, topic_of, "fedhar/v1/t/client/dev-a/update/blob", lambda key: None)
+    d = Delivery(uplink, lambda: store[0], "dev-a", receipt_wait_s=WAIT_S, max_message_bytes=cfg.max_message_bytes)
     try:
         assert spy.start(10.0) and dev.start(10.0)
-        d.start(KEY, envelope, DEADLINE * 1e6)
+        d.start(EXCHANGE, envelope, DEADLINE * 1e6)
         n = d.pending.count if d.pending else 0
         assert n == 4  # 200,000 bytes in chunks of 64 KiB less header and topic
         got = [spy.inbox.get(timeout=10.0) for _ in range(n)]

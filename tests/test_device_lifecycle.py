@@ -262,6 +262,6 @@ def test_a_device_renamed_with_its_state_folder_does_not_send_the_update_its_old
                        meta={"run_id": "home", "stage": 0})  # fmt: skip
     store.save_last_update("home", 14, 0, env)
     old = EdgeAgent(ClientConfig("dev-b", BrokerConfig(port=9), backend="numpy"), store)
-    assert ("home", 14, 0) in old._done and old._stored_update() == (("home", 14, 0), env)  # its own: sent again
+    assert old.answers.holds(("home", 14, 0), "") and old.answers.envelope() == (("home", 14, 0), env)  # its own: sent again
     renamed = EdgeAgent(ClientConfig("kitchen-pi", BrokerConfig(port=9), backend="numpy"), store)
-    assert ("home", 14, 0) not in renamed._done and renamed._stored_update() is None  # trains round 14 again
+    assert not renamed.answers.holds(("home", 14, 0), "") and renamed.answers.envelope() is None  # trains round 14 again

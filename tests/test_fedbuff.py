@@ -286,23 +286,46 @@ def test_a_simulated_federation_in_buffered_rounds_folds_the_updates_of_clients_
         assert sum(r["updates"] for r in rounds) <= int(taken[1]) <= sum(r["selected"] for r in rounds)
 
 
-def test_a_client_uploads_to_its_blob_grant_after_a_buffered_round_closed_without_it(tmp_path: Path) -> None:
-    # The device trained round 3 over blobs; round 4 was announced (without it) before its update left: the update
-    # still goes to round 3's slot, not in chunks over the broker; an exchange it holds no grant for stays MQTT.
+def test_a_client_uploads_to_its_blob_grant_after_a_buffered_round_closed_without_it(tmp_path: Path, monkeypatch: Any) -> None:
+    # The device trains round 3 over blobs; round 4 is announced (without it, over MQTT) while it trains: the update still
+    # goes once to round 3's slot, the transport the exchange it was trained for named, not in chunks over the broker.
+    import numpy as np
+
+    from edge_client import blob_upload
     from edge_client.agent import ClientConfig, EdgeAgent
     from edge_client.store import ClientStore
+    from edge_client.trainer import RoundOutcome
     from har_io.broker_config import BrokerConfig
     from har_models.data.labels import HAPT_LABELS
+    from har_models.wire import codec
     from har_models.wire.blob_messages import BlobGrant, UploadGrant
-    from har_models.wire.messages import RoundAnnouncement
+    from har_models.wire.chunking import transfer_id
+    from har_models.wire.messages import CoordinatorStatus, RoundAnnouncement
     from har_models.wire.topics import Topics
 
     agent = EdgeAgent(ClientConfig("a", BrokerConfig(port=9), backend="numpy"), ClientStore(tmp_path / "a", HAPT_LABELS))
-    spec = SPEC.to_dict()
-    agent._handle(Topics().round, RoundAnnouncement("r", 3, "training", spec, "hapt6", transport="blobs").to_bytes())
-    grant = BlobGrant("r", 3, 0, "att", UploadGrant("http://127.0.0.1:9/u", 1_800_000_000.0, 4096))
-    agent._handle(Topics().client_grant("a"), grant.to_bytes())
-    assert agent._transport_of(("r", 3, 0)) == "blobs"
-    agent._handle(Topics().round, RoundAnnouncement("r", 4, "training", spec, "hapt6", transport="blobs").to_bytes())
-    assert agent._transport_of(("r", 3, 0)) == "blobs"  # its grant is still the one of round 3
-    assert agent._transport_of(("r", 2, 0)) == "mqtt"
+    spec, topics = SPEC.to_dict(), Topics()
+    model = codec.encode({"w": np.zeros(2, np.float32)}, kind="model", round=3, arch_version=SPEC.version)
+    update = codec.encode({"w": np.ones(2, np.float32)}, kind="update", round=3, arch_version=SPEC.version, client_id="a",
+                          meta={"run_id": "r", "stage": 0})  # fmt: skip
+    agent._handle(topics.coordinator_status, CoordinatorStatus("online", "r", "att").to_bytes())
+    agent._handle(topics.round, RoundAnnouncement("r", 3, "training", spec, "hapt6", global_model=transfer_id(model),
+                                                  attempt="att", transport="blobs", deadline_unix=4e9).to_bytes())  # fmt: skip
+    agent._handle(topics.client_grant("a"), BlobGrant("r", 3, 0, "att", UploadGrant("http://127.0.0.1:9/u", 4e9, 4096)).to_bytes())
+    agent.models[transfer_id(model)] = model
+    sent: list[tuple[str, ...]] = []
+    agent._link.connected.set()  # the broker session, as the delivery sees it
+    monkeypatch.setattr(agent._link, "publish_nowait", lambda *a, **k: None)
+    monkeypatch.setattr(agent._link, "publish", lambda topic, payload, **k: sent.append(("notice", topic)))
+    monkeypatch.setattr(agent._link, "publish_chunks", lambda *a, **k: sent.append(("chunks",)))  # never called: asserted below
+    monkeypatch.setattr(blob_upload, "upload_update", lambda upload, payload: sent.append(("put", upload.url, transfer_id(payload))))
+
+    def train(ann: RoundAnnouncement, transfer: str, key: tuple[str, int, int]) -> RoundOutcome:
+        round4 = RoundAnnouncement("r", 4, "training", spec, "hapt6", selected=("b",), attempt="att", deadline_unix=4e9)
+        agent._link.inbox.put((topics.round, round4.to_bytes(), False))  # announced while this client trains
+        return RoundOutcome(update, None, {})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(agent.rounds, "decode_and_train", train)
+    agent._maybe_work()
+    assert agent.announcement is not None and agent.announcement.round == 4
+    assert sent == [("put", "http://127.0.0.1:9/u", transfer_id(update)), ("notice", topics.client_update("a", "blob"))]

@@ -1,5 +1,6 @@
 """Chunked transfers and JSON control messages."""
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -122,6 +123,23 @@ def test_client_status_round_trip_and_rejections():
         ClientStatus.from_bytes(st.to_bytes().replace(b'"n_train": 10', b'"n_train": -1'))
     with pytest.raises(MessageError):
         ClientStatus.from_bytes(b"\xff\xfe")
+
+
+def test_the_timings_warm_up_and_refused_objects_of_a_status_are_optional_and_checked() -> None:
+    """A device reports its last round's train/download/upload seconds, whether it is warming up and the objects it
+    refused for their hash; a status without them (an older device) is the message it always was, and reads as before."""
+    plain = ClientStatus("hapt-01", "online", n_train=4)
+    assert not {b"train_s", b"upload_s", b"download_s", b"warming_up", b"bad_objects"} & set(plain.to_bytes().split(b'"'))
+    full = dataclasses.replace(plain, train_s=47.25, download_s=0.5, upload_s=1.125, warming_up=True, bad_objects=("ab" * 32,))
+    doc = json.loads(full.to_bytes())
+    assert (doc["train_s"], doc["download_s"], doc["upload_s"], doc["warming_up"], doc["bad_objects"]) == (47.25, 0.5, 1.125, True,
+                                                                                                           ["ab" * 32])  # fmt: skip
+    assert ClientStatus.from_bytes(full.to_bytes()) == full
+    older = {k: v for k, v in doc.items() if k not in ("train_s", "download_s", "upload_s", "warming_up", "bad_objects")}
+    assert ClientStatus.from_bytes(json.dumps(older).encode()) == plain  # an older device's status
+    for key, bad in (("train_s", -1), ("upload_s", "fast"), ("warming_up", 1), ("bad_objects", ["xyz"]), ("bad_objects", ["ab" * 32] * 9)):
+        with pytest.raises(MessageError, match=key):
+            ClientStatus.from_bytes(json.dumps(doc | {key: bad}).encode())
 
 
 def test_a_status_from_a_newer_client_reads_without_its_new_keys_and_strict_refuses_them() -> None:

@@ -109,6 +109,7 @@ def test_the_epoch_is_in_the_status_and_left_out_when_zero(tmp_path: Path) -> No
 
 def test_a_client_drops_the_old_epochs_work_and_announces_itself(tmp_path: Path) -> None:
     from edge_client.agent import ClientConfig, EdgeAgent
+    from edge_client.coordinator_watch import CoordinatorWatch
     from edge_client.delivery import PendingUpdate
     from edge_client.store import ClientStore
 
@@ -125,7 +126,7 @@ def test_a_client_drops_the_old_epochs_work_and_announces_itself(tmp_path: Path)
 
     agent.delivery = _Delivery()  # type: ignore[assignment]
     agent.topics = Topics("f")
-    agent._coordinator_until, agent._coordinator_gone_logged, agent.coordinator = None, False, None
+    agent.watch = CoordinatorWatch("a")
     agent._link = type("L", (), {"connected": threading.Event()})()
     old = RoundAnnouncement("r1", 4, "training", SPEC.to_dict(), "hapt6", selected=("a",), epoch=1)
     agent._handle(agent.topics.round, old.to_bytes())

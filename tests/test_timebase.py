@@ -1,9 +1,11 @@
 """Each sensor stream's time base (boot clock, wall clock, a fixed offset) is established from when its samples arrive, and its
-stamps are mapped to the boot clock before the accelerometer and gyroscope are paired; a stream without one is refused."""
+stamps are mapped to the boot clock before the accelerometer and gyroscope are paired; a stream without one is refused.
+A perfect stream is established whatever the drain period and the sample rate, within one window."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import numpy as np
@@ -105,6 +107,7 @@ def test_a_stream_without_an_established_base_is_refused_with_a_message_and_noth
     assert released == 0 and tb.base is None
     assert str(exc.value).startswith("the gyroscope's timestamps keep no fixed relation to the boot clock or the wall clock")
     assert str(exc.value).endswith("the gyroscope is refused; restart sensing, or the device")
+    assert re.search(r"over 10\.\d s of deliveries they advanced -?\d+\.\d s", str(exc.value))  # what its stamps did, in its time
 
 
 def test_a_base_that_stops_fitting_is_established_again(caplog):
@@ -152,3 +155,81 @@ def test_the_android_source_maps_each_sensor_to_the_boot_clock(monkeypatch):
     assert len(acc) == len(gyro) == 240
     np.testing.assert_array_equal(gyro, acc)  # the same instants, on one clock
     assert acc[0] == BOOT0 and acc[-1] == BOOT0 + 239 * PERIOD
+
+
+WINDOW_NS = 2_560_000_000
+
+
+def _phone(drain_s: float, rate_hz: int, seconds: float, seed: int = 0):
+    """Drains of a phone whose accelerometer stamps on the boot clock and gyroscope on the wall clock, both at ``rate_hz``.
+
+    Yields (arrival on the boot clock, events drained then, true boot stamps of those events). Each event reaches the
+    listener 2-15 ms after it was taken; the drain loop wakes 0-3 ms late.
+    """
+    rng = np.random.default_rng(seed)
+    period = round(1e9 / rate_hz)
+    n = int(seconds * rate_hz)
+    true = BOOT0 + np.arange(1, n + 1, dtype=np.int64) * period
+    delivered = true + rng.integers(2_000_000, 15_000_000, n)
+    drains = BOOT0 + np.arange(1, int(seconds / drain_s) + 1, dtype=np.int64) * round(drain_s * 1e9)
+    drains = drains + rng.integers(0, 3_000_000, len(drains))
+    taken = 0
+    for arrival in drains.tolist():
+        upto = int(np.searchsorted(delivered[taken:], arrival, side="right")) + taken
+        stamps = true[taken:upto]
+        events = [e for s in stamps.tolist()
+                  for e in ((TYPE_ACCELEROMETER, s, 0.0, 0.0, 9.8), (TYPE_GYROSCOPE, s + WALL_MINUS_BOOT, 0.0, 0.0, 0.1))]  # fmt: skip
+        taken = upto
+        yield arrival, events, stamps
+
+
+@pytest.mark.parametrize("drain_s", [0.01, 0.02, 0.05, 0.07, 0.1, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize("rate_hz", [50, 100, 200, 400])
+def test_a_perfect_stream_is_established_whatever_the_drain_period_and_rate_and_held_back_less_than_a_window(drain_s, rate_hz):
+    now = {"boot": BOOT0}
+    src = AndroidSensorSource(drain_s=drain_s, boot_clock_ns=lambda: now["boot"], wall_clock_ns=lambda: now["boot"] + WALL_MINUS_BOOT)
+    src.time_bases = src.new_time_bases()
+    released: dict[str, list[np.ndarray]] = {"acc": [], "gyro": []}
+    truth: list[np.ndarray] = []
+    waiting: list[tuple[int, int]] = []  # (arrival, samples delivered up to it) of drains not released yet
+    delivered = out = longest_hold = 0
+    for arrival, events, stamps in _phone(drain_s, rate_hz, seconds=6.0):
+        now["boot"] = arrival
+        truth.append(stamps)
+        if len(stamps):
+            delivered += len(stamps)
+            waiting.append((arrival, delivered))
+        for name, t, _ in src.on_boot_clock(events):
+            released[name].append(t)
+            out += len(t) if name == "acc" else 0
+        while waiting and waiting[0][1] <= out:  # this drain's samples are out: held from its arrival until now
+            longest_hold = max(longest_hold, arrival - waiting.pop(0)[0])
+    assert src.time_bases["acc"].base.base == "boot" and src.time_bases["gyro"].base.base == "wall"
+    expected = np.concatenate(truth)
+    for name in ("acc", "gyro"):
+        np.testing.assert_array_equal(np.concatenate(released[name]), expected)  # every sample, exactly, on the boot clock
+        assert src.time_bases[name].dropped == 0
+    assert not waiting and longest_hold <= WINDOW_NS, longest_hold / 1e9
+
+
+def test_a_stream_that_pauses_while_its_base_is_established_is_not_refused_for_the_pause():
+    tb = StreamTimeBase("acc")
+    before = _deliveries(0.5, "paused", sleep_s=30)  # two deliveries, then the phone sleeps a minute and its clock stands still
+    minute = 60_000_000_000
+    after = [(true + minute, given + minute, arrival + minute) for true, given, arrival in _deliveries(3, "paused", sleep_s=40)]
+    t, truth = _map(tb, before + after)
+    assert tb.base is not None and tb.base.base == "offset" and tb.dropped == 2 * len(before[0][0])
+    err = t - truth[tb.dropped :]  # the deliveries after the pause, each on the boot clock within a delivery latency
+    assert np.all(err == err[0]) and 0 <= err[0] <= 10_000_000
+
+
+def test_with_batched_delivery_a_stream_whose_clock_stands_still_is_still_refused():
+    tb = StreamTimeBase("gyro", batching_ns=1_000_000_000)  # Android may hold events up to 1 s (maxReportLatencyUs)
+    with pytest.raises(TimeBaseRefused):
+        for k in range(30):  # one batch a second, every stamp the same
+            t, _ = tb.push(np.full(50, BOOT0, np.int64), np.zeros((50, 3)), BOOT0 + k * 1_000_000_000, WALL_MINUS_BOOT)
+            assert len(t) == 0
+    good = StreamTimeBase("acc", batching_ns=1_000_000_000)
+    released = sum(len(good.push(BOOT0 + (k * 50 + np.arange(50)) * PERIOD, np.zeros((50, 3)), BOOT0 + (k + 1) * 1_000_000_000 +
+                                 5_000_000, WALL_MINUS_BOOT)[0]) for k in range(6))  # fmt: skip
+    assert good.base is not None and good.base.base == "boot" and released == 300

@@ -88,8 +88,7 @@ def forward(spec: ArchSpec, w: Mapping[str, np.ndarray], x: np.ndarray, mask: np
     mean = np.asarray(spec.input_mean, np.float32).reshape(1, c, 1)
     std = np.asarray(spec.input_std, np.float32).reshape(1, c, 1)
     xn = (x - mean) / std
-    before = (k - 1) // 2
-    xp = np.pad(xn, ((0, 0), (0, 0), (before, k - 1 - before)))
+    xp = np.pad(xn, ((0, 0), (0, 0), spec.same_padding))
     # (B, C, T, k) view -> (B, T, C, k) -> (B*T, C*k): row (b, t) holds the k samples under the kernel at t.
     cols = np.ascontiguousarray(sliding_window_view(xp, k, axis=2).transpose(0, 2, 1, 3)).reshape(b * t, c * k)
     conv = cols @ w["conv.weight"].reshape(f, c * k).T + w["conv.bias"]  # (B*T, F)

@@ -399,7 +399,7 @@ def fast_features(model: HarCNN, x: torch.Tensor, chunk: int) -> torch.Tensor:
     """
     spec = model.spec
     mean, std = model.get_buffer("input_mean"), model.get_buffer("input_std")
-    pad = model._pad
+    pad = spec.same_padding
     out = []
     with torch.no_grad():
         for lo in range(0, int(x.shape[0]), chunk):

@@ -162,8 +162,20 @@ class AndroidSensorSource(SensorSource):
             events, self._events = self._events, []
         return events
 
-    def _on_boot_clock(self, events: Sequence[AndroidEvent]) -> list[SensorChunk]:
-        """The drained events as chunks with every sensor's stamps mapped to the boot clock (held while its base is established).
+    def new_time_bases(self) -> dict[str, StreamTimeBase]:
+        """Fresh time bases of both sensors for a new listener (:class:`~har_models.data.timebase.StreamTimeBase`).
+
+        They allow for the batching latency asked of Android; not for the drain period, which
+        does not delay the newest event a drain collects (it was delivered just before the drain).
+        """
+        batching_ns = 1000 * self.max_report_latency_us
+        return {name: StreamTimeBase(name, batching_ns=batching_ns) for name in ("acc", "gyro")}
+
+    def on_boot_clock(self, events: Sequence[AndroidEvent]) -> list[SensorChunk]:
+        """One drain's events as chunks with every sensor's stamps mapped to the boot clock (held while its base is established).
+
+        The drain's arrival is the boot clock read now, its wall clock offset the wall clock read
+        next; :attr:`time_bases` are the listener's (:meth:`new_time_bases`).
 
         Raises
         ------
@@ -208,13 +220,11 @@ class AndroidSensorSource(SensorSource):
                     f"(registerListener returned false); check the app's sensor permissions, then restart sensing"
                 )
         log.info("android sensors registered at %d µs (latency %d µs)", self.sampling_period_us, self.max_report_latency_us)
-        # Batched delivery lags by up to the batching latency, and a drain by its period: the bases allow for both.
-        batching_ns = 1000 * self.max_report_latency_us + int(self.drain_s * 1e9)
-        self.time_bases = {name: StreamTimeBase(name, batching_ns=batching_ns) for name in ("acc", "gyro")}
+        self.time_bases = self.new_time_bases()
         try:
             while not stop_event.wait(self.drain_s):
-                yield from self._on_boot_clock(self._drain())
-            yield from self._on_boot_clock(self._drain())
+                yield from self.on_boot_clock(self._drain())
+            yield from self.on_boot_clock(self._drain())
         finally:
             manager.unregisterListener(listener)
             log.info("android sensors unregistered")

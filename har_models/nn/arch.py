@@ -86,6 +86,11 @@ class ArchSpec:
         """T' = T / pool, time steps per filter after pooling (32)."""
         return self.window // self.pool
 
+    @property
+    def same_padding(self) -> tuple[int, int]:
+        """Time steps padded (before, after) the window so the convolution keeps its length: (7, 8) for k = 16, as Keras does."""
+        return (self.kernel - 1) // 2, self.kernel - 1 - (self.kernel - 1) // 2
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Shape of every trainable tensor, by name (see :data:`PARAM_NAMES`)."""
         f, h, c = self.conv_filters, self.dense_units, self.n_classes

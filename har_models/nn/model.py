@@ -69,8 +69,7 @@ class HarCNN(nn.Module):
         self.out = skip_init(nn.Linear, spec.dense_units, spec.n_classes)
         self.register_buffer("input_mean", torch.tensor(spec.input_mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("input_std", torch.tensor(spec.input_std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
-        # 'same' padding for an even kernel: (k-1)//2 before, the rest after (7 and 8 for k = 16), as Keras does.
-        self._pad = ((spec.kernel - 1) // 2, spec.kernel - 1 - (spec.kernel - 1) // 2)
+        self._pad = spec.same_padding  # 'same' padding for an even kernel: (k-1)//2 before, the rest after, as Keras does
         if state is None:
             state = init_state(spec, 0)
         else:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from har_models.settings import AlaConfig, LocalTraining, from_mapping
-from har_models.wire.blob_ref import BlobRef
+from har_models.wire.blob_ref import BlobRef, check_sha256
 from har_models.wire.pace import Pace
 from har_models.wire.topics import check_client_id
 
@@ -409,6 +409,11 @@ class DeviceCost:
 MAX_FAULT_CHARS = 500
 """Longest :attr:`ClientStatus.fault` (a sentence or two naming the folder or sensor and the fix)."""
 
+MAX_BAD_OBJECTS = 8
+"""Most hashes in :attr:`ClientStatus.bad_objects`."""
+
+_TIMINGS = ("train_s", "download_s", "upload_s")
+
 
 @dataclass(frozen=True)
 class ClientStatus:
@@ -478,6 +483,19 @@ class ClientStatus:
         Optional (left out when None): CPU seconds of sensing per hour and of the latest round,
         and the battery's drain per day (:class:`DeviceCost`); None from a client that does not
         measure them (an older client).
+    train_s, download_s, upload_s : float or None
+        Optional (each left out when None): seconds this device's last round took it to train
+        (from the model received to the update ready: decoding, initialisation, local epochs,
+        evaluation, encoding), to receive its model (first chunk to whole, or the blob fetch),
+        and to upload its update (the last whole send); None before it measured one (an older client).
+    warming_up : bool
+        Optional (left out when False): True from the client process's start until its first
+        local training in that process finished (a first training loads the backend and takes
+        longer: a coordinator gives such a device a first-round allowance).
+    bad_objects : tuple of str
+        Optional (left out when empty): the SHA-256 (hex) of the objects, at most
+        :data:`MAX_BAD_OBJECTS`, that this device refused recently because their bytes did not
+        match that hash (a model or program set from the blob store or the broker).
     """
 
     client_id: str
@@ -501,6 +519,11 @@ class ClientStatus:
     fault: str = ""
     left: str = ""
     cost: DeviceCost | None = None
+    train_s: float | None = None
+    download_s: float | None = None
+    upload_s: float | None = None
+    warming_up: bool = False
+    bad_objects: tuple[str, ...] = ()
 
     @property
     def selectable(self) -> bool:
@@ -533,6 +556,14 @@ class ClientStatus:
             del d["cost"]
         else:
             d["cost"] = self.cost.to_json()
+        for name in _TIMINGS:  # optional, as charging
+            if d[name] is None:
+                del d[name]
+        if not self.warming_up:  # optional, as sensing
+            del d["warming_up"]
+        d["bad_objects"] = list(self.bad_objects)
+        if not self.bad_objects:  # optional, as sensing
+            del d["bad_objects"]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -565,6 +596,10 @@ class ClientStatus:
                 d["sensing_health"] = SensingHealth.from_json(d["sensing_health"])
             if d.get("cost") is not None:
                 d["cost"] = DeviceCost.from_json(d["cost"])
+            bad = d.get("bad_objects", [])
+            if not isinstance(bad, list) or len(bad) > MAX_BAD_OBJECTS or not all(isinstance(h, str) for h in bad):
+                raise ValueError(f"bad_objects must be a list of at most {MAX_BAD_OBJECTS} SHA-256 hex strings")
+            d["bad_objects"] = tuple(bad)
             st = cls(**d)
             check_client_id(st.client_id)
             check_count(st.n_train, "n_train")
@@ -584,6 +619,11 @@ class ClientStatus:
                 check_count(st.arch_version, "arch_version")
             if not isinstance(st.fault, str) or len(st.fault) > MAX_FAULT_CHARS:
                 raise ValueError(f"fault must be a string of at most {MAX_FAULT_CHARS} characters")
+            _check_seconds(st, tuple(n for n in _TIMINGS if getattr(st, n) is not None))
+            if not isinstance(st.warming_up, bool):
+                raise ValueError(f"warming_up must be true, false or left out, got {st.warming_up!r:.40}")
+            for h in st.bad_objects:
+                check_sha256(h, "bad_objects[i]")
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageError(f"client status: {exc}") from None
         if st.state not in ("online", "offline", "training", "idle"):
