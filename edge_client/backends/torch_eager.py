@@ -37,7 +37,7 @@ from har_models.settings import AlaConfig
 from .base import BackendBase, EvalResult, check_train_args, check_weights
 
 if TYPE_CHECKING:
-    from edge_client.ala import AlaLearned
+    from edge_client.backends.ala_kernel import AlaLearned
 
 State = dict[str, torch.Tensor]
 
@@ -267,14 +267,14 @@ class TorchBackend(BackendBase):
 
         Returns
         -------
-        edge_client.ala.AlaLearned
+        edge_client.backends.ala_kernel.AlaLearned
 
         Raises
         ------
         ValueError
             If the tensors do not match this backend's architecture.
         """
-        from edge_client.ala import AlaLearned, stop_after_pass
+        from edge_client.backends.ala_kernel import AlaLearned, stop_after_pass
 
         theta = {n: torch.from_numpy(np.asarray(v, np.float32)) for n, v in received.items()}
         theta_i = {n: torch.from_numpy(np.asarray(v, np.float32)) for n, v in local.items()}
