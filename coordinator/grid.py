@@ -152,8 +152,10 @@ class Grid(Protocol):
         ``steering`` says the exchange is complete, or the deadline; the closed exchange."""
         ...
 
-    def new_attempt(self, round_: int) -> None:
-        """Round ``round_`` is run again after it closed without quorum: every selected device answers the new attempt."""
+    def new_attempt(self, round_: int, same_model: bool) -> None:
+        """Round ``round_`` is run again after it closed without quorum. With ``same_model`` (nothing changed the models
+        since) the updates the failed attempt counted count again and the devices that sent them send nothing more;
+        otherwise every selected device answers afresh."""
         ...
 
     def close_failed(self, round_: int) -> None:

@@ -389,13 +389,19 @@ class MqttGrid:
                 and not (cid in self.clients and self.clients[cid].state == "offline"))  # fmt: skip
 
     # ------------------------------------------------------------------------------ a round
-    def new_attempt(self, round_: int) -> None:
-        """Start a new attempt (a round run again after it closed without quorum): a fresh attempt id, published at once.
+    def new_attempt(self, round_: int, same_model: bool) -> None:
+        """Run round ``round_`` again after it closed without quorum.
 
-        Every selected client answers an attempt: one that already trained on the same model re-sends its stored
-        update, one whose model changed trains again. The coordinator status goes out before the announcement,
-        since a client acts only on an announcement whose attempt its coordinator status names.
+        With ``same_model`` the attempt keeps its id and the updates the failed attempt counted are counted in the
+        next one (:meth:`coordinator.transport.intake.UpdateIntake.failed`): a device answers a round once, however
+        many attempts it takes, and one that has its receipt sends nothing more. Otherwise (an operator's pin or
+        rollback changed the model) a fresh attempt id goes out at once, before the announcement (a client acts only
+        on an announcement whose attempt its coordinator status names): every selected client trains afresh.
         """
+        if same_model:
+            log.info("round %d: attempt %s again, the updates it counted kept", round_, self.attempt)
+            return
+        self.intake.forget_carried()
         self.attempt = uuid.uuid4().hex[:12]
         log.info("round %d: attempt %s (the round is run again)", round_, self.attempt)
         if self._link.connected.is_set():
@@ -411,8 +417,8 @@ class MqttGrid:
         attempt announces the round again.
         """
         self.intake.failed(round_)
-        try:
-            self._link.publish(self.topics.round, b"", retain=True)
+        try:  # queued, in order before the next attempt's messages: a broker away now gets it when the link is back
+            self._link.publish_nowait(self.topics.round, b"", retain=True)
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
             log.warning("round %d: the closed round's announcement was not cleared (%s)", round_, exc)
 

@@ -135,6 +135,7 @@ class FederationRunner:
         self._label_set = ""
         self._extra: dict[str, Any] = {}
         self._tried_round: int | None = None  # the round the last attempt was of
+        self._tried_model: tuple[ArchSpec, int] | None = None  # the version it published (spec, identity of the global model)
         self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
         self.last_failure = ""  # why the last run_round closed without changing the model ("" after a completed round)
         self._restarts_waited: dict[str, float] = {}  # device -> the restart (its time) already waited for
@@ -525,13 +526,13 @@ class FederationRunner:
     def _run_round(self, round_: int) -> RoundRecord | None:
         assert self._fed is not None
         fed = self._fed
-        spill.clear(self.cfg.run_dir / "spill")  # what a failed or interrupted round left
         t0 = time.monotonic()
-        if self._tried_round == round_:
-            self.grid.new_attempt(round_)
+        if self._tried_round == round_:  # the updates the failed attempt kept (spilled) count again if the model is the same
+            self.grid.new_attempt(round_, same_model=self._tried_model == (fed.spec, id(fed.global_state)))
         else:
+            spill.clear(self.cfg.run_dir / "spill")  # what an interrupted round left
             self._failed_quorums = 0
-        self._tried_round = round_
+        self._tried_round, self._tried_model = round_, (fed.spec, id(fed.global_state))
         eligible = self.grid.eligibility(self._label_set).eligible
         selected = self.policy.select(eligible, round_)
         if not selected and not self.policy.busy():

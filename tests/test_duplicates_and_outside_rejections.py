@@ -103,7 +103,30 @@ def test_an_update_for_a_failed_attempt_that_arrives_before_the_next_one_is_no_r
         _send(grid, _update(3, run_id="other"))  # another run's: a rejection as before
         ex = _open(grid, 3)  # the next attempt counts the update that came between the two (its device may have stopped)
         assert ex.rejected == {("c1", "no_open_round"): 2} and ex.duplicates == {} and list(ex.updates) == ["c1"]
-        _send(grid, data)  # the device sends its stored update again to the new attempt: a copy now
-        assert list(ex.updates) == ["c1"] and ex.rejected == {("c1", "no_open_round"): 2} and ex.duplicates == {"c1": 1}
+        _send(grid, data)  # the device sends its stored update again: its chunks are answered with a receipt, nothing more
+        assert list(ex.updates) == ["c1"] and ex.rejected == {("c1", "no_open_round"): 2} and ex.duplicates == {}
+        assert list(grid.receipts.accepted_transfers) == ["c1"]
     finally:
         grid.close()
+
+
+def test_a_device_answers_a_round_once_however_many_attempts_it_takes(tmp_path: Path) -> None:
+    """A round that failed its quorum runs again under the same attempt with the updates it counted (their devices have
+    their receipts and send nothing more); when the model changed meanwhile, a new attempt counts nothing of the old."""
+    grid = _grid(tmp_path)
+    first = _open(grid, 3)
+    _send(grid, _update(3))
+    assert list(first.updates) == ["c1"]
+    _close(grid)
+    attempt = grid.attempt
+    grid.close_failed(3)
+    grid.new_attempt(3, same_model=True)
+    again = _open(grid, 3)
+    assert grid.attempt == attempt and list(again.updates) == ["c1"] and again.duplicates == {}  # counted, nothing re-sent
+    _close(grid)
+    grid.close_failed(3)
+    grid.new_attempt(3, same_model=False)  # an operator's pin changed the model: a new attempt, trained afresh
+    fresh = _open(grid, 3)
+    assert grid.attempt != attempt and fresh.updates == {}
+    _send(grid, _update(3))  # what the device sends now counts, and is no copy of the forgotten one
+    assert list(fresh.updates) == ["c1"] and fresh.duplicates == {}

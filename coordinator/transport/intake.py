@@ -89,6 +89,8 @@ class UpdateIntake:
         # sending its update on its way out, and will not send it again).
         self._failed_round: int | None = None
         self._between: dict[str, tuple[str, bytes]] = {}  # client id -> (transfer, envelope) of such an update
+        self._carried: tuple[int, int, list[tuple[str, ClientUpdate]]] | None = None  # a failed attempt's counted updates
+        self._closed: Exchange | None = None  # the exchange closed last
 
     # ------------------------------------------------------------------ exchanges
     def open(self, ex: Exchange, limit: int) -> None:
@@ -105,6 +107,12 @@ class UpdateIntake:
         ex.duplicates.update(self._duplicates_outside)
         self._rejected_outside.clear()
         self._duplicates_outside.clear()
+        carried, self._carried = self._carried, None
+        if carried is not None and carried[:2] == (ex.round, ex.stage):
+            for transfer, u in carried[2]:
+                if u.client_id in ex.selected and not self.refused(u.client_id) and ex.add(u):
+                    self._counted_this_round.append((u.client_id, transfer))
+                    self.receipts.accepted_transfers[u.client_id] = transfer
         between, self._between = self._between, {}
         for cid, (transfer, data) in sorted(between.items()) if again else ():
             if cid in ex.selected and not self.refused(cid):
@@ -119,6 +127,7 @@ class UpdateIntake:
         self.collecting = None
         if ex is None:
             return
+        self._closed = ex
         for cid in sorted(ex.updates):
             if self.refused(cid):
                 upd = ex.updates.pop(cid)
@@ -135,12 +144,23 @@ class UpdateIntake:
             self.state.event(ex.round, f.client_id, kind, f"stage {ex.stage}")
 
     def failed(self, round_: int) -> None:
-        """Round ``round_`` closed without quorum: nothing its attempt counted was counted in a record."""
-        for cid, transfer in self._counted_this_round:
-            with contextlib.suppress(KeyError, ValueError):
-                self._counted[cid].remove(transfer)
+        """Round ``round_`` closed without quorum: its attempt's counted updates (those of its main exchange) are kept for
+        the next attempt of the round, which counts them again unless :meth:`forget_carried` says the model changed."""
+        ex = self._closed if self._closed is not None and (self._closed.round, self._closed.stage) == (round_, 0) else None
+        counted = dict(self._counted_this_round)
+        self._carried = (ex.round, ex.stage, [(counted[c], u) for c, u in sorted(ex.updates.items()) if c in counted]) \
+            if ex is not None else None  # fmt: skip
         self._counted_this_round = []
         self._failed_round = round_
+
+    def forget_carried(self) -> None:
+        """The next attempt publishes another model: the failed attempt's updates no longer count (their devices train
+        again, and their copies are no duplicates)."""
+        if self._carried is not None:
+            for transfer, u in self._carried[2]:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._counted[u.client_id].remove(transfer)
+        self._carried = None
 
     # ------------------------------------------------------------------ messages
     def refuses(self, cid: str) -> bool:

@@ -112,7 +112,7 @@ class InMemoryGrid:
                 ex.add(self.train(cid, fed.personal.get(cid, fed.global_state), round_, stage, plan))
         return ex
 
-    def new_attempt(self, round_: int) -> None:
+    def new_attempt(self, round_: int, same_model: bool) -> None:
         self.log.append(("new_attempt", round_))
 
     def close_failed(self, round_: int) -> None:
