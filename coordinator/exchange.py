@@ -129,6 +129,9 @@ class Exchange:
     awaited : int
         Devices the round policy still waits for beyond the selected ones (refreshed by the grid from
         ``steering.awaiting``).
+    warming : set of str
+        Selected devices without an update whose status said, at the close, that they were still warming up
+        (their first training since a start): their failure is ``warming_up``, not a missed deadline.
     """
 
     round: int
@@ -146,6 +149,7 @@ class Exchange:
     bytes_down: int = 0
     reference: Callable[[str], Mapping[str, Any]] | None = None
     awaited: int = 0
+    warming: set[str] = field(default_factory=set)
 
     def add(self, update: ClientUpdate) -> bool:
         """Keep ``update`` if it is the first from its client (QoS 1 may deliver twice); True if kept."""
@@ -187,7 +191,7 @@ class Exchange:
         ``unanswered`` when the exchange closed full, else ``missed_deadline``."""
         rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
         late = self.steering.unanswered if self.full() else "missed_deadline"
-        return [Failure(cid, "offline" if cid in self.offline else rejected_by.get(cid, late))
+        return [Failure(cid, "offline" if cid in self.offline else rejected_by.get(cid, "warming_up" if cid in self.warming else late))
                 for cid in sorted(self.selected - set(self.updates))]  # fmt: skip
 
     @property

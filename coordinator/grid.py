@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from har_models.settings import doc
+from har_models.wire.messages import ClientStatus
 
 if TYPE_CHECKING:
     from coordinator.admission import Eligibility
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from coordinator.record import RoundRecord
     from coordinator.strategies import Federation
     from har_models.nn.model import ArchSpec
-    from har_models.wire.messages import ClientStatus, TrainingPlan
+    from har_models.wire.messages import TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class Timing:
         Seconds between republications of the retained coordinator status (from a thread of its
         own, so a long evaluation does not stop it); clients treat a status older than three
         periods as a dead coordinator (docs/reliability.md, "A dead coordinator").
+    deadline_margin, deadline_slack_s : float
+        The deadlines follow the devices (:func:`device_deadline`): an exchange closes at most
+        ``margin x`` the slowest selected device's last measured round time (training, download,
+        upload) ``+ slack`` after it opens, never later than ``round_timeout_s``; a device that has not
+        measured one yet (new, restarted, warming up) gets ``round_timeout_s``. ``margin`` 0: always
+        ``round_timeout_s``.
     """
 
     expected_clients: int | None = field(default=None, metadata=doc("start as soon as this many clients are online", cli=False))
@@ -68,14 +75,42 @@ class Timing:
         metadata=doc("republish the retained coordinator status this often; clients treat one older than three "
                      "periods as a dead coordinator", "s", flag="--status-refresh"),
     )
+    deadline_margin: float = field(
+        default=4.0,
+        metadata=doc("an exchange closes at most this many times the slowest selected device's last measured round time "
+                     "(+ deadline_slack_s) after it opens, never after round_timeout_s (0 = always round_timeout_s)"),
+    )
+    deadline_slack_s: float = field(default=60.0, metadata=doc("added to the devices' measured round time", "s"))
 
     def check(self, cfg: Any) -> None:
         """Refuse waits that cannot work (ValueError naming the setting)."""
         if self.round_timeout_s <= 0 or self.start_timeout_s < 0:
             raise ValueError("[timing] round_timeout_s (--round-timeout) must be > 0 and start_timeout_s (--start-timeout) >= 0")
+        if self.deadline_margin < 0 or self.deadline_slack_s < 0:
+            raise ValueError("[timing] deadline_margin and deadline_slack_s must be >= 0")
         if not self.status_refresh_s > 0:
             raise ValueError(f"[timing] status_refresh_s (--status-refresh) must be > 0 (seconds between coordinator status "
                              f"refreshes), got {self.status_refresh_s}")  # fmt: skip
+
+
+def device_deadline(timing: Timing, statuses: Mapping[str, ClientStatus], selected: Sequence[str]) -> float:
+    """Seconds an exchange of ``selected`` waits: what the slowest of them needs, bounded by ``round_timeout_s``.
+
+    A device's need is ``deadline_margin x (train_s + download_s + upload_s) + deadline_slack_s`` from the timings
+    its status reports of its last round; one that reports none yet, or says it is warming up (a first training
+    after a start takes far longer: 47-49 s against 30-60 s deadlines in served federations), needs the whole
+    ``round_timeout_s``, its first-round allowance.
+    """
+    if timing.deadline_margin <= 0 or not selected:
+        return timing.round_timeout_s
+    need = 0.0
+    for cid in selected:
+        st = statuses.get(cid)
+        if st is None or st.warming_up or st.train_s is None:
+            return timing.round_timeout_s
+        took = st.train_s + (st.download_s or 0.0) + (st.upload_s or 0.0)
+        need = max(need, timing.deadline_margin * took + timing.deadline_slack_s)
+    return min(timing.round_timeout_s, need)
 
 
 class CoordinatorError(RuntimeError):

@@ -27,7 +27,7 @@ from coordinator.admission import OPEN, Admission, Eligibility, eligibility
 from coordinator.client_table import ClientTable
 from coordinator.config import CoordinatorConfig
 from coordinator.exchange import Exchange, published_models
-from coordinator.grid import CoordinatorError
+from coordinator.grid import CoordinatorError, device_deadline
 from coordinator.presence import Presence
 from coordinator.pte_desk import ProgramDesk
 from coordinator.receipts import ReceiptDesk
@@ -326,6 +326,17 @@ class MqttGrid:
                 c.offline.discard(cid)
         if prev is None or prev.state != st.state:
             log.debug("client %s is %s", cid, st.state)
+        if st.fault and (prev is None or prev.fault != st.fault):  # the device's own words (an id clash, a broken store)
+            log.warning("device %s says: %s", cid, st.fault)
+        for sha in sorted(set(st.bad_objects) - set(prev.bad_objects if prev is not None else ())):
+            self._bad_object(cid, sha)
+
+    def _bad_object(self, cid: str, sha: str) -> None:
+        """Device ``cid`` refused object ``sha`` (its bytes did not match their SHA-256): record it (the page and /metrics
+        count these per object) and have the carrier write the object again if the store still serves it."""
+        rewritten = self.carrier.bad_object(sha)
+        self.state.event(None, cid, "bad_object", f"{sha} {'written again' if rewritten else 'not held by this exchange'}")
+        log.warning("device %s found object %s damaged%s", cid, sha[:12], "; it is written again" if rewritten else "")
 
     def _show_progress(self, c: Exchange) -> None:
         if self.bar is not None:
@@ -426,7 +437,8 @@ class MqttGrid:
                  plan: TrainingPlan, steering: Steering) -> Exchange:  # fmt: skip
         """Publish models + announcement, collect updates until the exchange is complete (``steering``), or the deadline."""
         spec = fed.spec
-        deadline = time.time() + self.cfg.timing.round_timeout_s
+        wait_s = device_deadline(self.cfg.timing, self.clients, selected)
+        deadline = time.time() + wait_s
         limit = min(self.cfg.transport.max_update_bytes, update_bound(spec, plan.guidance))
         opening = Opening(round_, stage, self.attempt, tuple(selected), deadline, steering.late_rounds, limit)
         c = Exchange(round_, stage, spec, frozenset(selected), plan.guidance, steering, reference=published_models(fed))
@@ -451,7 +463,7 @@ class MqttGrid:
         ann_bytes = ann.to_bytes()
         self._announcement = (round_, ann_bytes)
         self._link.publish(self.topics.round, ann_bytes, retain=True)
-        end = time.monotonic() + self.cfg.timing.round_timeout_s
+        end = time.monotonic() + wait_s
         next_check = 0.0
         while not c.complete() and time.monotonic() < end:
             self._pump(max(0.0, min(0.25, end - time.monotonic())))
@@ -467,6 +479,7 @@ class MqttGrid:
         # Handle what had already arrived at the close, but no more than that: under a flood of
         # messages the inbox never empties, and the round must still close at its deadline.
         self._drain()
+        c.warming.update(cid for cid in c.selected - c.updates.keys() if cid in self.clients and self.clients[cid].warming_up)
         self.intake.close()
         self._announcement = None
         self.receipts.close()

@@ -60,9 +60,9 @@ class Presence:
             # An instance that another replaced came back: two live processes share this id.
             self.conflicts[st.client_id] = (seen.instances[-1], inst)
             log.error(
-                "client id %r is used by two processes at once (instances %s and %s): the broker keeps disconnecting "
-                "one for the other. It takes no further part in this run; give each device its own --client-id "
-                "(and its own credentials) and restart them",
+                "another device or federation uses the id %s on this broker (two processes, instances %s and %s): the "
+                "broker keeps disconnecting one for the other. The id takes no further part in this run; give each "
+                "device its own client id (and its own credentials) and restart them",
                 st.client_id,
                 seen.instances[-1],
                 inst,

@@ -237,14 +237,15 @@ def summary_line(record: RoundRecord) -> str:
     """
     g, p = record.evaluation.global_, record.evaluation.personalisation
     part, traffic = record.participation, record.traffic or Traffic()
-    unneeded = sum(1 for why in part.failures.values() if why == "cohort_full")  # the round closed at its cohort goal first
-    training = sum(1 for why in part.failures.values() if why == "still_training")  # buffered: they train on
+    why = Counter(part.failures.get(cid, "missed_deadline") for cid in part.missing)
+    words = {"offline": "went offline", "warming_up": "still warming up", "cohort_full": "not needed (cohort goal reached)",
+             "still_training": "still training (buffer full)"}  # fmt: skip
     return (
         f"round {record.round}: {part.selected} selected, {part.updates} updates"
         + (f" ({len(part.stale)} from earlier versions)" if part.stale else "")
-        + f", {part.rejected} rejected, {len(part.missing) - unneeded - training} missed the deadline"
-        + (f", {unneeded} not needed (cohort goal reached)" if unneeded else "")
-        + (f", {training} still training (buffer full)" if training else "")
+        + f", {part.rejected} rejected, {why.pop('missed_deadline', 0)} missed the deadline"
+        + "".join(f", {n} {words[r]}" for r, n in sorted(why.items()) if r in words)
+        + (f", {refused} sent no valid update" if (refused := sum(n for r, n in why.items() if r not in words)) else "")
         + f", {record.seconds:.1f} s; "
         f"global acc {pct(g.accuracy if g else None)} F1 {pct(g.macro_f1 if g else None)}, "
         f"personalisation acc {pct(p.accuracy if p else None)} F1 {pct(p.macro_f1 if p else None)}"

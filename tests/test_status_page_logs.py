@@ -25,7 +25,7 @@ ROUNDS = [
 def test_the_log_line_keeps_its_fields_and_ends_with_each_device() -> None:
     r0, r1 = (RoundRecord.from_json(d) for d in ROUNDS)
     assert summary_line(r0) == (
-        "round 0: 3 selected, 2 updates, 0 rejected, 1 missed the deadline, 2.0 s; global acc n/a F1 n/a, "
+        "round 0: 3 selected, 2 updates, 0 rejected, 0 missed the deadline, 1 went offline, 2.0 s; global acc n/a F1 n/a, "
         "personalisation acc 70.0% F1 60.0%; up 0.0 MB, down 0.0 MB; devices: a 80.0%, b 60.0%, c missed (offline)"
     )
     assert device_summary(r1) == "a 75.0%, b 90.0%, c 75.5%"

@@ -92,7 +92,7 @@ HISTORY_ROUNDS = 10
 no longer makes a device "known"."""
 
 NOT_HARM = frozenset({"offline", "missed_deadline", "cohort_full", "still_training", "cannot_train", "blob_store_unavailable",
-                      "duplicate_identity", "revoked"})  # fmt: skip
+                      "duplicate_identity", "revoked", "warming_up"})  # fmt: skip
 """Failure reasons that are no strike against a device (absence, the store's fault, an identity clash, revocation)."""
 
 

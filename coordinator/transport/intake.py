@@ -140,7 +140,8 @@ class UpdateIntake:
             if n > 1:
                 log.warning("round %d: %d messages from %s rejected (%s)", ex.round, n, cid, reason)
         for f in ex.failures():
-            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full", "still_training") else "no_valid_update"
+            kind = f.reason if f.reason in ("offline", "missed_deadline", "cohort_full", "still_training", "warming_up") \
+                else "no_valid_update"  # fmt: skip
             self.state.event(ex.round, f.client_id, kind, f"stage {ex.stage}")
 
     def failed(self, round_: int) -> None:
