@@ -18,6 +18,7 @@ from edge_client.freshness import SensingHealthMeter
 from edge_client.power import battery_percent_linux, charging_linux
 from edge_client.pte_fetch import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
+from edge_client.server_state import follow_server
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StateFolderUnusable, StoreInUseError
 from edge_client.window_log import WindowLog
@@ -300,6 +301,7 @@ def serve(
         if train_lock is None:  # a device of its own: its power supply is this machine's (a virtual client's is not)
             agent.charging = charging_linux
             agent.battery = battery_percent_linux  # a board on a battery (a UPS HAT): its drain per day in the status
+            follow_server(agent, stop)  # the home server's state in the log, in words ("home server offline since 14:02")
         code = agent.run(stop, max_seconds=client.args.max_seconds)
         hint = enrolment_refusal_hint(getattr(client.args, "enrolment", None), agent.refusal)
         if hint:

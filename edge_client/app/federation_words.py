@@ -27,9 +27,13 @@ def taking_part_words(v: FederationView) -> str:
         return "Not taking part: switch on \"Take part in training\" to help train the shared model"
     if v.state == "waiting for charger":
         return "Not training now: the phone is not charging, and you chose to train only while charging"
+    if v.server_down and v.state == "connected":
+        return f"Taking part, but no rounds now: {v.server}"
     if v.state == "training":
         return f"Training round {v.round} on this phone now"
     if v.state == "connected":
+        if v.server:
+            return f"Taking part: connected; {v.server}" + (f"; last round {v.round}" if v.round is not None else "")
         return "Taking part: connected, waiting for the server's next round" + (f" (last round {v.round})" if v.round is not None else "")
     if v.state == "connecting":
         return f"Taking part: connecting to the server at {v.broker}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,13 +23,15 @@ import numpy as np
 from edge_client.app.config import CREDENTIALS_DIR, MIN_TRAIN_WINDOWS, AppConfig
 from edge_client.app.federation_words import connection_cause, missing_backend, not_enough_data
 from edge_client.app.joining import enrol, enrolled, federation_fields
+from edge_client.app.round_notes import ServerNotes, note_update, versions_of
 from edge_client.app.views import FederationView, LiveView, settings_view
 from edge_client.cost import CostMeter, cost_words
 from edge_client.freshness import SensingFreshness, SensingHealthMeter
 from edge_client.leave import LeaveOutcome, announce_leaving, delete_federation_state
 from edge_client.recorder import sync_to_store
 from edge_client.sensors.base import SensorSource
-from edge_client.sent_log import SENT_KEY
+from edge_client.sent_log import SENT_KEY, with_versions
+from edge_client.server_state import server_words
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
 from har_io.enrolment import EnrolmentBundle
@@ -86,7 +89,9 @@ class TakingPart:
         self._agent_stop = threading.Event()
         self._closing = threading.Event()
         self._wake_event = threading.Event()
-        self._last_update: tuple[tuple[int, int, int], int | None, float | None] | None = None  # (file identity, round, accuracy)
+        # (file identity, round, accuracy, run id, the server's model version) of the last update sent
+        self._last_update: tuple[tuple[int, int, int], int | None, float | None, str, int | None] | None = None
+        self._server = ServerNotes(self.store)
         self._sensor_fault = ""
         self.store.fault_listeners.append(lambda _fault: self._wake_event.set())  # the screen shows a storage fault at once
         self._supervisor = threading.Thread(target=self._supervise, name="federation-supervisor", daemon=True)
@@ -393,12 +398,15 @@ class TakingPart:
                 v.state, v.error = "cannot take part: storage failed", self.store.fault
             if agent is not None and agent.announcement is not None:
                 v.round = int(agent.announcement.round)
-            last_round, v.last_accuracy = self._last_update_info()
+            now = time.time()
+            state = self._server.observe(agent, now) if agent is not None else None
+            v.server, v.server_down = (server_words(state, now), state.down) if state is not None else ("", False)
+            last_round, v.last_accuracy, v.model_version = self._last_update_info()
             if v.round is None:
                 v.round = last_round
             v.cost = cost_words(self.cost.snapshot(), self.cost.rounds(), self.cost.battery_seen())
             try:
-                v.sent = list(self.store.get_meta(SENT_KEY, []))
+                v.sent = with_versions(self.store.get_meta(SENT_KEY, []), versions_of(self.store))
             except Exception as exc:  # an unreadable store: the state above already says so
                 log.debug("sent ledger: %s", exc)
             view = replace(v)
@@ -408,21 +416,29 @@ class TakingPart:
             self.live = replace(self.live, activity=None, confidence=0.0, note=sensor_fault) if sensor_fault else replace(self.live)
             self._on_live(self.live)
 
-    def _last_update_info(self) -> tuple[int | None, float | None]:
-        """Round and local accuracy of the last update sent (re-read only when its file changes)."""
+    def _last_update_info(self) -> tuple[int | None, float | None, int | None]:
+        """Round, local accuracy and the server's model version of the last update sent (re-read when its file changes).
+
+        A new update's confusion matrices are kept for the History screen (:func:`~edge_client.app.round_notes.note_update`).
+        """
         path = self.store.folder / "last_update.bin"
         try:
             st = path.stat()
         except OSError:
-            return None, None
+            return None, None, None
         # The file is replaced whole at each update (a new inode): its identity, not only its time, tells them apart.
         ident = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._last_update is None or self._last_update[0] != ident:
             last = self.store.load_last_update()
             if last is None:
-                return None, None
-            self._last_update = (ident, int(last[0]["round"]), _trained_accuracy(last[1]))
-        return self._last_update[1], self._last_update[2]
+                return None, None, None
+            note_update(self.store, last[1], st.st_mtime)
+            self._last_update = (ident, int(last[0]["round"]), _trained_accuracy(last[1]), str(last[0].get("run_id", "")), None)
+        ident_, round_, acc, run_id, version = self._last_update
+        if version is None:  # noted while the round was open; looked up until it is known
+            version = versions_of(self.store).get((run_id, round_)) if round_ is not None else None
+            self._last_update = (ident_, round_, acc, run_id, version)
+        return round_, acc, version
 
 
 def _trained_accuracy(envelope: bytes) -> float | None:

@@ -75,6 +75,15 @@ class FederationView:
     cost : list of str
         What sensing and rounds cost the device, and the battery's drain, in words
         (:func:`edge_client.cost.cost_words`).
+    server : str
+        The home server's state in words (:func:`edge_client.server_state.server_words`): "home
+        server offline since 14:02", "waiting for 2 more devices", "next round at about 14:30";
+        "" while the device does not take part or no status has arrived.
+    server_down : bool
+        True while the home server is offline or stopped refreshing its status.
+    model_version : int or None
+        The server's number of the shared model version the last update started from (None: the
+        server did not say, or no update yet).
     """
 
     broker: str = "127.0.0.1:1883"
@@ -95,6 +104,9 @@ class FederationView:
     retry_in_s: float | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)
     cost: list[str] = field(default_factory=list)
+    server: str = ""
+    server_down: bool = False
+    model_version: int | None = None
 
 
 def settings_view(cfg: AppConfig) -> FederationView:
