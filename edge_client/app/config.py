@@ -26,6 +26,9 @@ PASSWORD_FILE = "credentials/mqtt.password"
 
 CREDENTIALS_DIR = "credentials"
 """The app's folder of secrets and certificates, relative to its private folder (mode 0700): the password and an enrolled CA."""
+ACCEPTED_MARK = "credentials/accepted"
+"""Present once the broker accepted the stored password (removed with each new one): a refused bundle that the broker
+accepted before was re-issued, renamed or revoked since; one it never accepted is not the device's current bundle."""
 ENROLLED_MARK = "credentials/enrolled"
 """Present while the stored password came from an enrolment bundle (a typed password removes it): a refused login
 then asks for a new bundle, since nobody on the device typed anything to check."""

@@ -5,11 +5,13 @@ Nothing here imports Kivy: the controller composes these words for its views, an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from edge_client.app.config import MIN_TRAIN_WINDOWS, TRAIN_FRACTION, AppConfig
-from edge_client.app.joining import enrolled
+from edge_client.app.config import CREDENTIALS_DIR, MIN_TRAIN_WINDOWS, TRAIN_FRACTION, AppConfig
+from edge_client.app.joining import accepted_before, enrolled
 from edge_client.app.views import FederationView
+from har_io.refusal_words import bundle_login_refused, bundle_wrong_ca
 
 
 def taking_part_words(v: FederationView) -> str:
@@ -60,15 +62,22 @@ def missing_backend(backend: str, exc: ImportError) -> str:
 
 
 def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
-    """A broker's refusal (``BrokerRefused.kind`` and message) in the words the screen shows."""
+    """A broker's refusal (``BrokerRefused.kind`` and message) in the words the screen shows.
+
+    A password or a CA that came from an enrolment bundle was never typed on the device, so the
+    words give the operator's fix (:mod:`har_io.refusal_words`): a bundle never accepted is to be
+    re-issued; one accepted before was re-issued, renamed or revoked since. What was typed by
+    hand is for the typist to check.
+    """
+    user = cfg.username if cfg.username else "(none)"
     if kind == "auth":
-        user = cfg.username if cfg.username else "(none)"
         if enrolled(cfg.state_dir):
-            return (f"login refused: the broker no longer accepts this device ({user!r}) with its enrolment bundle; the device was "
-                    f"revoked or the bundle is out of date: ask the server's operator for a new bundle and enrol with it")  # fmt: skip
+            return f"login refused: {bundle_login_refused(user, accepted_before(cfg.state_dir))}"
         return f"login refused: the broker does not accept user {user!r} with this password; check the user name and password"
     if kind == "tls":
         if "not signed by" in text or "verify failed" in text.lower():
+            if enrolled(cfg.state_dir) and cfg.tls_ca is not None and Path(cfg.tls_ca).parent == cfg.state_dir / CREDENTIALS_DIR:
+                return f"wrong CA certificate: {bundle_wrong_ca(user, str(cfg.tls_ca))}"
             return f"wrong CA certificate: the broker's certificate is not signed by {cfg.tls_ca}; choose the CA that signed it"
         return f"TLS failed: {text}"
     return text

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.config import APP_BACKENDS, CREDENTIALS_DIR, ENROLLED_MARK, PASSWORD_FILE
+from edge_client.app.config import ACCEPTED_MARK, APP_BACKENDS, CREDENTIALS_DIR, ENROLLED_MARK, PASSWORD_FILE
 from har_io.enrolment import EnrolmentBundle, read_bundle
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import check_client_id
@@ -23,6 +23,18 @@ log = logging.getLogger("fedhar.app")
 def enrolled(state_dir: Path) -> bool:
     """Whether the stored password came from an enrolment bundle (:data:`ENROLLED_MARK`)."""
     return (state_dir / ENROLLED_MARK).is_file()
+
+
+def note_accepted(state_dir: Path) -> None:
+    """Mark that the broker accepted the stored password (:data:`~edge_client.app.config.ACCEPTED_MARK`); once is enough."""
+    mark = state_dir / ACCEPTED_MARK
+    if mark.parent.is_dir() and not mark.exists():
+        mark.write_text("the broker accepted the password stored in this folder\n")
+
+
+def accepted_before(state_dir: Path) -> bool:
+    """Whether the broker accepted the stored password before (:func:`note_accepted`)."""
+    return (state_dir / ACCEPTED_MARK).is_file()
 
 
 def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +99,7 @@ def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]
         out["password_file"] = Path(fields["password_file"]) if fields["password_file"] else None
     if "password" in fields and fields["password"] is not None:
         out["password_file"] = store_password(state_dir, str(fields["password"]))
+        (state_dir / ACCEPTED_MARK).unlink(missing_ok=True)  # a new password: not accepted by the broker yet
         mark = state_dir / ENROLLED_MARK
         if fields.get("enrolled"):
             mark.write_text("the password in this folder came from an enrolment bundle\n")

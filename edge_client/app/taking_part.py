@@ -22,7 +22,7 @@ import numpy as np
 
 from edge_client.app.config import CREDENTIALS_DIR, MIN_TRAIN_WINDOWS, AppConfig
 from edge_client.app.federation_words import connection_cause, missing_backend, not_enough_data
-from edge_client.app.joining import enrol, enrolled, federation_fields
+from edge_client.app.joining import enrol, enrolled, federation_fields, note_accepted
 from edge_client.app.round_notes import ServerNotes, note_update, versions_of
 from edge_client.app.views import FederationView, LiveView, settings_view
 from edge_client.cost import CostMeter, cost_words
@@ -298,6 +298,7 @@ class TakingPart:
             return
         if agent.connection.connected:
             self._failures, self._error = 0, ""
+            note_accepted(self.cfg.state_dir)  # a later refusal of the same password is a re-issue, rename or revocation
             return
         cause = connection_cause(agent, self.cfg)
         if cause is not None:
