@@ -38,8 +38,10 @@ from edge_client.app.federation_words import (  # noqa: F401  (re-exported)
     not_enough_data,
     taking_part_words,
 )
+from edge_client.app.history_edits import HistoryEdits, HistoryView  # noqa: F401  (re-exported)
 from edge_client.app.joining import enrol, enrolled, enrolment_fields, federation_fields, parse_broker, store_password  # noqa: F401
 from edge_client.app.predictor import Predictor, load_predictor
+from edge_client.app.round_notes import trained_accuracy as _trained_accuracy  # noqa: F401  (re-exported)
 from edge_client.app.taking_part import (  # noqa: F401  (re-exported)
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
@@ -47,7 +49,6 @@ from edge_client.app.taking_part import (  # noqa: F401  (re-exported)
     EXIT_BROKER_REFUSED,
     EXIT_DUPLICATE_ID,
     TakingPart,
-    _trained_accuracy,
 )
 from edge_client.app.views import FederationView, LiveView, settings_view
 from edge_client.cost import ROUND_COST_KEY, CostMeter
@@ -66,7 +67,7 @@ from har_models.data.recording import LabelTrack
 log = logging.getLogger("fedhar.app")
 
 
-class DeviceController(TakingPart):
+class DeviceController(TakingPart, HistoryEdits):
     """The device's app logic.
 
     Parameters
@@ -154,6 +155,9 @@ class DeviceController(TakingPart):
     def _handle_chunk(self, chunk: SensorChunk) -> None:
         recorded = self.recorder.push(chunk)
         if len(recorded):
+            assert recorded.t_start_ns is not None
+            for label in np.unique(recorded.y).tolist():  # when each recording was made, for the History screen's list
+                self.note_recorded(int(label), recorded.t_start_ns[recorded.y == label], time.time_ns())
             self._on_counts(self.recorder.counts())
         live = self._live_pipe.push(*chunk)
         if self.freshness is not None:
@@ -203,30 +207,7 @@ class DeviceController(TakingPart):
         self._last_wall_ns = int(wall[-1])
         return wall
 
-    # -- timeline and corrections --------------------------------------------------------
-    def relabel(self, start_ns: int, end_ns: int, activity: str) -> int:
-        """Relabel a stretch of the timeline as ``activity``; its raw samples become training windows.
-
-        The windows join the recorded-window log (the recorder's own) and the store's training
-        windows, so the next round trains on them.
-
-        Returns
-        -------
-        int
-            Windows made from the stretch (0 when its raw samples are older than ``raw_days``).
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
-        ws = self.timeline.relabel(start_ns, end_ns, activity)
-        if len(ws):
-            self.window_log.append(ws)
-            self._sync()
-        log.info("relabelled %.1f min as %s: %d training windows", (end_ns - start_ns) / 60e9, activity, len(ws))
-        return len(ws)
-
+    # -- timeline ------------------------------------------------------------------------
     def guidance(self) -> list[str]:
         """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""
         return guidance(self.counts())
@@ -253,9 +234,6 @@ class DeviceController(TakingPart):
         log.info("recorded windows in the store: %d training, %d test", n_train, n_test)
         self._on_counts(self.recorder.counts())
 
-    def counts(self) -> dict[str, int]:
-        """Recorded windows per activity."""
-        return self.recorder.counts()
     def close(self) -> None:
         """Stop every thread and close the store."""
         self._closing.set()

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from edge_client.app.config import AppConfig
+from edge_client.app.history_edits import HistoryView
 from edge_client.app.joining import enrol, federation_fields
 from edge_client.app.service_files import (
     FEDERATION_KEYS,
-    RELABEL_KEPT,
+    REQUESTS_KEPT,
     SETTINGS_FILE,
     STATUS_FILE,
     config_from_settings,
@@ -26,6 +27,7 @@ from edge_client.app.service_files import (
     write_json_atomic,
 )
 from edge_client.app.views import FederationView, LiveView, settings_view
+from edge_client.history import Edit
 from edge_client.leave import LeaveOutcome
 from edge_client.sensors.base import SensorSource
 from edge_client.timeline import guidance
@@ -121,7 +123,8 @@ class RemoteController:
         self.federation = settings_view(cfg)
         self._counts = {n: 0 for n in cfg.labels.names}
         self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels)
-        self._relabelled: dict[str, int] = {}
+        self._answers: dict[str, dict[str, Any]] = {}  # the service's answers to the requests
+        self._history: dict[str, Any] = {}
         self._left: dict[str, Any] = {}  # the service's answer to the last leave request
         self._on_live = on_live or (lambda v: None)
         self._on_counts = on_counts or (lambda c: None)
@@ -143,7 +146,8 @@ class RemoteController:
                 continue
             self._seen = st.get("time")
             self.recorder.activity = st.get("recording")
-            self._relabelled = {str(k): int(v) for k, v in (st.get("relabelled") or {}).items()}
+            self._answers = {str(k): v for k, v in (st.get("answers") or {}).items() if isinstance(v, dict)}
+            self._history = dict(st.get("history") or {})
             self._left = dict(st.get("left") or {})
             self.recorder.session_windows = int(st.get("session_windows", 0))
             if st.get("counts"):
@@ -247,14 +251,39 @@ class RemoteController:
         """Recorded windows per activity, as last reported."""
         return dict(self._counts)
 
-    def relabel(self, start_ns: int, end_ns: int, activity: str, wait_s: float = 5.0) -> int | None:
-        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`) and wait for its count.
+    def _ask(self, op: str, wait_s: float, **args: Any) -> Edit | None:
+        """Ask the service to run ``op`` (one of :data:`~edge_client.app.service.REQUESTS`) and wait for its answer.
 
         Returns
         -------
-        int or None
-            Training windows made; None when the service has not answered within ``wait_s``
-            (it still will: the Today screen says the request was handed on).
+        Edit or None
+            What it did; None when the service has not answered within ``wait_s`` (it still will:
+            the screen says the request was handed on) or the method returns nothing.
+
+        Raises
+        ------
+        KeyError, LookupError, ValueError, OSError
+            As the controller's method raised it in the service, with its message.
+        """
+        rid = f"{time.time_ns()}"
+        reqs = list(self.settings.get("requests") or [])
+        reqs.append({"id": rid, "op": op, "args": args})
+        self.settings["requests"] = reqs[-REQUESTS_KEPT:]
+        self._save()
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            answer = self._answers.get(rid)
+            if answer is not None:
+                if "error" in answer:
+                    kinds: dict[str, type[Exception]] = {"KeyError": KeyError, "LookupError": LookupError, "OSError": OSError}
+                    raise kinds.get(str(answer.get("kind")), ValueError)(answer["error"])
+                ok = answer.get("ok")
+                return None if ok is None else Edit(**{**ok, "before": tuple(ok["before"]), "after": tuple(ok["after"])})
+            time.sleep(0.05)
+        return None
+
+    def relabel(self, start_ns: int, end_ns: int, activity: str, wait_s: float = 5.0) -> Edit | None:
+        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`); None if it has not answered yet.
 
         Raises
         ------
@@ -262,17 +291,27 @@ class RemoteController:
             For an activity outside the label set.
         """
         self.cfg.labels.index(activity)
-        rid = f"{time.time_ns()}"
-        reqs = list(self.settings.get("relabel") or [])
-        reqs.append({"id": rid, "start_ns": int(start_ns), "end_ns": int(end_ns), "activity": activity})
-        self.settings["relabel"] = reqs[-RELABEL_KEPT:]
-        self._save()
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            if rid in self._relabelled:
-                return self._relabelled[rid]
-            time.sleep(0.05)
-        return None
+        return self._ask("relabel", wait_s, start_ns=int(start_ns), end_ns=int(end_ns), activity=activity)
+
+    def undo_relabel(self, correction_id: int | None = None, wait_s: float = 5.0) -> Edit | None:
+        """Ask the service to undo a correction (as :meth:`DeviceController.undo_relabel`)."""
+        return self._ask("undo_relabel", wait_s, correction_id=correction_id)
+
+    def delete_span(self, start_ns: int, end_ns: int, wait_s: float = 5.0) -> Edit | None:
+        """Ask the service to delete a stretch (as :meth:`DeviceController.delete_span`)."""
+        return self._ask("delete_span", wait_s, start_ns=int(start_ns), end_ns=int(end_ns))
+
+    def delete_recording(self, t_first_ns: int, t_last_ns: int, label: int, wait_s: float = 5.0) -> Edit | None:
+        """Ask the service to delete a recording (as :meth:`DeviceController.delete_recording`)."""
+        return self._ask("delete_recording", wait_s, t_first_ns=int(t_first_ns), t_last_ns=int(t_last_ns), label=int(label))
+
+    def set_keep(self, keep_days: float, keep_raw_days: float, wait_s: float = 5.0) -> None:
+        """Ask the service to keep predictions and raw samples that long (as :meth:`DeviceController.set_keep`)."""
+        self._ask("set_keep", wait_s, keep_days=float(keep_days), keep_raw_days=float(keep_raw_days))
+
+    def history(self) -> HistoryView:
+        """The History screen's view, as the service last reported it."""
+        return HistoryView(**self._history) if self._history else HistoryView()
 
     def guidance(self) -> list[str]:
         """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""

@@ -24,6 +24,8 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from edge_client.server_state import ServerState, ServerWatch
 from edge_client.store import ClientStore
 from har_models.wire import codec
@@ -121,3 +123,15 @@ class ServerNotes:
         if st.open_round == ann.round and st.run_id == ann.run_id:
             note_version(self.store, ann.run_id, int(ann.round), st.model_version)
         return state
+
+
+def trained_accuracy(envelope: bytes) -> float | None:
+    """Accuracy on the local test windows of the model in an update envelope (its confusion matrix)."""
+    try:
+        cm = codec.peek_header(envelope).get("meta", {}).get("confusion", {}).get("trained")
+    except codec.EnvelopeError:
+        return None
+    if not cm:
+        return None
+    m = np.asarray(cm, dtype=np.float64)
+    return float(np.trace(m) / m.sum()) if m.sum() else None

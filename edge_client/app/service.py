@@ -9,17 +9,19 @@ each written to a temporary name and renamed (so a reader sees the old or the ne
 * ``app_settings.json`` — written by the UI: device id, broker, federation, user name, the
   password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
   and is never written here or logged), CA certificate, training backend, label set, the
-  activity being recorded (or null), take part, train only while charging, and the last
-  relabel requests of the Today screen (``relabel``: id, start and end ns, activity), and a
-  request to leave the federation (``leave``: id, forget);
+  activity being recorded (or null), take part, train only while charging, the last
+  requests of the Today and History screens (``requests``: id, ``op`` one of
+  :data:`REQUESTS` — relabel, undo a relabel, delete a stretch or a recording, set the keep
+  periods — and its ``args``), and a request to leave the federation (``leave``: id, forget);
 * ``app_status.json`` — written by the service: counts per activity, the live prediction,
-  the federation state, what is being recorded, the training windows each relabel
-  request made (``relabelled``: id -> count), and what the last leave request did (``left``:
-  id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
+  the federation state, what is being recorded, the answer to each request (``answers``: id
+  -> ``{"ok": ...}`` or ``{"error": ..., "kind": ...}``), the History screen's view
+  (``history``: :class:`~edge_client.app.history_edits.HistoryView`), and what the last leave
+  request did (``left``: id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
 
-The Today screen reads the timeline (``timeline.sqlite``, SQLite in WAL mode, so the UI
-reads while the service writes) directly; a relabel goes through the service, which owns
-the recorded-window log and the store the trainer reads.
+The Today and History screens read the timeline (``timeline.sqlite``, SQLite in WAL mode, so
+the UI reads while the service writes) directly; every change goes through the service, which
+owns the recorded-window log and the store the trainer reads.
 
 :func:`run_service` is the service; :class:`RemoteController` is what the UI uses instead of
 :class:`~edge_client.app.controller.DeviceController`, with the same methods.
@@ -41,7 +43,7 @@ from edge_client.app.controller import DeviceController
 from edge_client.app.remote import BACKGROUND_START_REFUSED, RemoteController, service_start_error  # noqa: F401  (re-exported)
 from edge_client.app.service_files import (  # noqa: F401  (re-exported)
     FEDERATION_KEYS,
-    RELABEL_KEPT,
+    REQUESTS_KEPT,
     SETTINGS_FILE,
     STATUS_FILE,
     config_from_settings,
@@ -54,6 +56,33 @@ from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
 
 log = logging.getLogger("fedhar.app.service")
+
+
+HISTORY_EVERY_S = 5.0
+"""Seconds between two refreshes of the History screen's view in the status file (recordings, quality, storage)."""
+
+REQUESTS = ("relabel", "undo_relabel", "delete_span", "delete_recording", "set_keep")
+"""The controller's methods the UI asks for through the settings file's ``requests`` (each answered once)."""
+
+
+def answer_request(ctl: DeviceController, req: dict[str, Any]) -> dict[str, Any]:
+    """Do one request of the UI (``op`` one of :data:`REQUESTS`, ``args`` its keyword arguments) and say what it did.
+
+    Returns
+    -------
+    dict
+        ``{"ok": result}`` (an :class:`~edge_client.history.Edit` as a dict, or None), or
+        ``{"error": message, "kind": exception class name}`` for a refused request.
+    """
+    op, args = req.get("op"), req.get("args")
+    if op not in REQUESTS or not isinstance(args, dict):
+        return {"error": f"unknown request {op!r}", "kind": "ValueError"}
+    try:
+        result = getattr(ctl, str(op))(**args)
+    except (KeyError, LookupError, ValueError, TypeError, OSError) as exc:
+        log.error("request %s %s: %s", op, args, exc)
+        return {"error": str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc), "kind": type(exc).__name__}
+    return {"ok": asdict(result) if result is not None else None}
 
 
 def _android_wake_lock() -> Any:
@@ -110,7 +139,7 @@ def run_service(
         "live": asdict(LiveView()),
         "federation": asdict(FederationView()),
         "recording": None,
-        "relabelled": {},
+        "answers": {},
         "left": {},
     }
     lock = threading.Lock()
@@ -137,12 +166,13 @@ def run_service(
         supervise_s=poll_s,
     )
     holder["ctl"] = ctl
-    # Requests answered before a restart stay answered: a relabel is applied once.
-    status["relabelled"] = json.loads(ctl.timeline.get("relabelled", "{}"))
+    # Requests answered before a restart stay answered: a relabel or a deletion is applied once.
+    status["answers"] = json.loads(ctl.timeline.get("answers", "{}"))
     status["left"] = json.loads(ctl.timeline.get("left", "{}"))
     publish("counts", ctl.counts())
     ctl.start_sensing()
     applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
+    last_history = -float("inf")
     try:
         while not stop.wait(poll_s):
             s = read_json(folder / SETTINGS_FILE)
@@ -162,18 +192,18 @@ def run_service(
                 if key in s and s[key] != applied.get(key):
                     setter(bool(s[key]))
                     applied[key] = s[key]
-            for req in s.get("relabel") or []:
-                if not isinstance(req, dict) or str(req.get("id")) in status["relabelled"]:
+            for req in s.get("requests") or []:
+                if not isinstance(req, dict) or str(req.get("id")) in status["answers"]:
                     continue
-                try:
-                    made = ctl.relabel(int(req["start_ns"]), int(req["end_ns"]), str(req["activity"]))
-                except (KeyError, ValueError, TypeError) as exc:
-                    log.error("settings: relabel %s: %s", req, exc)
-                    made = 0
-                done = dict(list((dict(status["relabelled"]) | {str(req.get("id")): made}).items())[-RELABEL_KEPT:])
-                ctl.timeline.set("relabelled", json.dumps(done))
-                publish("relabelled", done)
-                publish("counts", ctl.counts())
+                answer = answer_request(ctl, req)
+                done = dict(list((dict(status["answers"]) | {str(req.get("id")): answer}).items())[-REQUESTS_KEPT:])
+                ctl.timeline.set("answers", json.dumps(done))
+                publish("answers", done)
+                publish("history", asdict(ctl.history()))
+                last_history = time.monotonic()
+            if time.monotonic() - last_history >= HISTORY_EVERY_S:
+                publish("history", asdict(ctl.history()))
+                last_history = time.monotonic()
             req = s.get("leave")
             if isinstance(req, dict) and str(req.get("id")) != status.get("left", {}).get("id"):
                 try:

@@ -91,5 +91,5 @@ def config_from_settings(folder: Path, settings: dict[str, Any]) -> AppConfig:
     return cfg
 
 
-RELABEL_KEPT = 20
-"""Relabel requests (in the settings) and their answers (in the status) kept: the newest ones."""
+REQUESTS_KEPT = 20
+"""Requests of the UI (in the settings) and their answers (in the status) kept: the newest ones."""

@@ -18,12 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edge_client.app.config import CREDENTIALS_DIR, MIN_TRAIN_WINDOWS, AppConfig
 from edge_client.app.federation_words import connection_cause, missing_backend, not_enough_data
 from edge_client.app.joining import enrol, enrolled, federation_fields, note_accepted
-from edge_client.app.round_notes import ServerNotes, note_update, versions_of
+from edge_client.app.round_notes import ServerNotes, note_update, trained_accuracy, versions_of
 from edge_client.app.views import FederationView, LiveView, settings_view
 from edge_client.cost import CostMeter, cost_words
 from edge_client.freshness import SensingFreshness, SensingHealthMeter
@@ -36,7 +34,6 @@ from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
 from har_io.enrolment import EnrolmentBundle
 from har_io.exit_codes import Exit
-from har_models.wire import codec
 
 log = logging.getLogger("fedhar.app")
 
@@ -434,21 +431,9 @@ class TakingPart:
             if last is None:
                 return None, None, None
             note_update(self.store, last[1], st.st_mtime)
-            self._last_update = (ident, int(last[0]["round"]), _trained_accuracy(last[1]), str(last[0].get("run_id", "")), None)
+            self._last_update = (ident, int(last[0]["round"]), trained_accuracy(last[1]), str(last[0].get("run_id", "")), None)
         ident_, round_, acc, run_id, version = self._last_update
         if version is None:  # noted while the round was open; looked up until it is known
             version = versions_of(self.store).get((run_id, round_)) if round_ is not None else None
             self._last_update = (ident_, round_, acc, run_id, version)
         return round_, acc, version
-
-
-def _trained_accuracy(envelope: bytes) -> float | None:
-    """Accuracy on the local test windows of the model in an update envelope (its confusion matrix)."""
-    try:
-        cm = codec.peek_header(envelope).get("meta", {}).get("confusion", {}).get("trained")
-    except codec.EnvelopeError:
-        return None
-    if not cm:
-        return None
-    m = np.asarray(cm, dtype=np.float64)
-    return float(np.trace(m) / m.sum()) if m.sum() else None
