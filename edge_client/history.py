@@ -272,10 +272,10 @@ def storage_lines(recorded_bytes: float, windows: int, timeline: dict[str, float
         Everything else in the app's folder (models, training state, exports).
     """
     total = recorded_bytes + timeline["bytes"] + other_bytes
-    raw_h = timeline["raw_s"] / 3600
+    raw = duration_words(timeline["raw_s"] / 60)
     return [
         f"Recorded activity: {size_words(recorded_bytes)} ({windows} windows)",
-        f"Timeline: {size_words(timeline['bytes'])} ({raw_h:.1f} h of raw samples, {int(timeline['predictions'])} recognised windows)",
+        f"Timeline: {size_words(timeline['bytes'])} ({raw} of raw samples, {int(timeline['predictions'])} recognised windows)",
         f"Models, training state and exports: {size_words(other_bytes)}",
         f"In all: {size_words(total)}",
     ]

@@ -94,7 +94,7 @@ def test_quality_per_activity_and_the_f1_curve_come_from_the_test_windows_of_the
 def test_storage_and_edits_in_words():
     assert [size_words(n) for n in (800, 1234, 12_300_000, 150e6, 1.2e9)] == ["800 B", "1.2 kB", "12.3 MB", "150 MB", "1.2 GB"]
     lines = storage_lines(1.5e6, 480, {"bytes": 40e6, "raw_s": 7200.0, "predictions": 5000.0, "oldest_ns": 0.0}, 2e6)
-    assert lines == ["Recorded activity: 1.5 MB (480 windows)", "Timeline: 40.0 MB (2.0 h of raw samples, 5000 recognised windows)",
+    assert lines == ["Recorded activity: 1.5 MB (480 windows)", "Timeline: 40.0 MB (2 h 0 min of raw samples, 5000 recognised windows)",
                      "Models, training state and exports: 2.0 MB", "In all: 43.5 MB"]  # fmt: skip
     made = Edit("relabel", "walking 14:02-14:10", 56, (200, 50), (245, 61))
     assert edit_words(made, 10) == (

@@ -2,7 +2,7 @@
 
 The dead-server test runs the app's controller against a real Mosquitto on loopback and a
 scripted coordinator (a small paho process that publishes the retained status with a last will),
-not a real coordinator: the server is paused (its status goes stale: "gone"), resumed, then
+not a real coordinator (``tests/support/scripted_coordinator.py``): the server is paused (its status goes stale: "gone"), resumed, then
 killed (its will: "offline"), and the Federation view says so in words each time.
 """
 
@@ -13,7 +13,6 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -105,31 +104,7 @@ def test_the_command_line_client_logs_the_server_when_it_changes(caplog):
     ]
 
 
-COORDINATOR = textwrap.dedent(
-    """
-    import sys, time, threading
-    import paho.mqtt.client as mqtt
-    from har_models.wire.messages import CoordinatorStatus
-    port, topic = int(sys.argv[1]), sys.argv[2]
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="scripted-coordinator", protocol=mqtt.MQTTv311)
-    c.will_set(topic, CoordinatorStatus("offline", "run-s", "a1").to_bytes(), qos=1, retain=True)
-    c.connect("127.0.0.1", port, keepalive=60)
-    c.loop_start()
-    paused = threading.Event()
-    def commands():
-        for line in sys.stdin:
-            (paused.set if line.strip() == "pause" else paused.clear)()
-    threading.Thread(target=commands, daemon=True).start()
-    while True:
-        if not paused.is_set():
-            now = time.time()
-            st = CoordinatorStatus("online", "run-s", "a1", sent_unix=now, refresh_s=0.5, devices_taking_part=1, devices_needed=3,
-                                   next_round_unix=now + 3600, model_version=7)
-            c.publish(topic, st.to_bytes(), qos=1, retain=True).wait_for_publish(5)
-            print("sent", now, flush=True)
-        time.sleep(0.25)
-    """
-)
+SCRIPTED = ROOT / "tests" / "support" / "scripted_coordinator.py"
 
 
 def test_a_dead_home_server_reads_offline_since_on_the_phone(tmp_path, mosquitto):
@@ -152,7 +127,7 @@ def test_a_dead_home_server_reads_offline_since_on_the_phone(tmp_path, mosquitto
     views: list = []
     source = ReplaySensor(read_hapt_recordings(ROOT / "datasets" / "hapt" / "user01.npz")[0], speed=None, loop=False)
     sent: list[float] = []
-    coord = subprocess.Popen([sys.executable, "-c", COORDINATOR, str(mosquitto), Topics("home").coordinator_status], cwd=ROOT,
+    coord = subprocess.Popen([sys.executable, str(SCRIPTED), str(mosquitto), Topics("home").coordinator_status], cwd=ROOT,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT)})  # fmt: skip
     threading.Thread(target=lambda: [sent.append(float(line.split()[1])) for line in coord.stdout], daemon=True).start()
     ctl = DeviceController(cfg, source, on_federation=views.append, charging=lambda: True, supervise_s=0.1)

@@ -63,7 +63,13 @@ class AppConfig:
         Days the recognised timeline and the corrections are kept (90).
     raw_days : float
         Days the raw samples behind the timeline are kept: how long a stretch can be corrected
-        into training windows (2; about 100 MB a day of sensing).
+        into training windows (2; about 100 MB a day of sensing). Both are defaults: the keep
+        periods set on the History screen are kept with the timeline and win.
+    window_size : (int, int) or None
+        The window's width and height in pixels; None: Kivy's 800x600 where it fits the
+        display, else the display's usable size (:mod:`edge_client.app.window_size`).
+    fullscreen : bool
+        Open the window full screen (the display's own resolution).
     """
 
     state_dir: Path
@@ -79,6 +85,8 @@ class AppConfig:
     backend: str = "auto"
     timeline_days: float = 90.0
     raw_days: float = 2.0
+    window_size: tuple[int, int] | None = None
+    fullscreen: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

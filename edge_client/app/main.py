@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, default_data_dir
+from edge_client.app.window_size import kivy_environment, parse_size, saved_window
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_io import exit_codes
@@ -76,15 +77,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--replay-speed", type=float, default=1.0, help="replay speed, 1 = real time (default %(default)s)")
     ap.add_argument("--max-windows", type=int, default=20_000, help="bound of the recorded-window log (default %(default)s)")
+    ap.add_argument("--size", type=_size_option, default=None, metavar="WIDTHxHEIGHT",
+                    help="window size in pixels, e.g. 480x800, or auto (default: the size saved in the app's settings, "
+                         "else 800x600 where it fits the display and the display's size where it does not)")  # fmt: skip
+    ap.add_argument("--fullscreen", action="store_true", help="open the window full screen")
     add_logging_arguments(ap, progress=False)
     return ap
 
 
+def _size_option(text: str) -> tuple[int, int] | str:
+    """``--size``: WIDTHxHEIGHT, or "auto" (kept as the word: it overrides a saved size)."""
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return "auto" if size is None else size
+
+
 def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
-    """The app's settings from parsed options (``data_dir``: the platform's folder for app data)."""
+    """The app's settings from parsed options (``data_dir``: the platform's folder for app data).
+
+    The window: ``--size`` and ``--fullscreen`` where given, else the choice saved on the
+    History screen (:func:`~edge_client.app.window_size.saved_window`), else "auto".
+    """
     cid = args.client_id or "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:64] or "device"
+    state_dir = args.state_dir or data_dir / "fedhar"
+    size, full = saved_window(state_dir)
+    if args.size is not None or args.fullscreen:
+        size, full = (None if args.size in (None, "auto") else args.size), bool(args.fullscreen)
     return AppConfig(
-        state_dir=args.state_dir or data_dir / "fedhar",
+        state_dir=state_dir,
         labels=LABEL_SETS[args.labels],
         client_id=cid,
         broker=args.broker,
@@ -94,6 +116,8 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
         password_file=args.password_file,
         tls_ca=args.tls_ca,
         backend=args.backend,
+        window_size=size,
+        fullscreen=full,
     )
 
 
@@ -201,17 +225,21 @@ class _CutBufferNote(logging.Filter):
         return True
 
 
-def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_android: bool = False) -> None:
-    """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`) before Kivy is imported.
+def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_android: bool = False,
+                 size: tuple[int, int] | None = None, fullscreen: bool = False) -> None:  # fmt: skip
+    """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`, the window) before Kivy is imported.
 
-    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays). The cut-buffer probe's alarm is
-    turned into a note (:class:`_CutBufferNote`).
+    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays), except the window's size
+    and full-screen mode, which the app's options and settings decide
+    (:func:`~edge_client.app.window_size.kivy_environment`; Android's window is always the
+    screen). The cut-buffer probe's alarm is turned into a note (:class:`_CutBufferNote`).
     """
     env = os.environ if environ is None else environ
     for key, value in KIVY_ENVIRONMENT.items():
         env.setdefault(key, value)
     if not on_android:
         env.setdefault("KIVY_CLIPBOARD", KIVY_CLIPBOARD)
+        env.update(kivy_environment(size, fullscreen))
     logging.getLogger("kivy").addFilter(_CutBufferNote())
 
 
@@ -220,7 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     7 Kivy is not installed (the message names the extra to install)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    prepare_kivy(on_android=args.sensor == "android")
+    try:
+        cfg = config_from_args(args, default_data_dir())
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-app: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    prepare_kivy(on_android=args.sensor == "android", size=cfg.window_size, fullscreen=cfg.fullscreen)
     try:
         import kivy  # noqa: F401  (Kivy's logger starts here, in the environment just set)
     except ModuleNotFoundError as exc:
@@ -232,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.MISSING_MODULE
     try:
-        cfg = config_from_args(args, default_data_dir())
         if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
             from edge_client.app.service import RemoteController
 

@@ -38,19 +38,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from edge_client.app import service_files as files
 from edge_client.app.config import default_data_dir
 from edge_client.app.controller import DeviceController
 from edge_client.app.remote import BACKGROUND_START_REFUSED, RemoteController, service_start_error  # noqa: F401  (re-exported)
-from edge_client.app.service_files import (  # noqa: F401  (re-exported)
-    FEDERATION_KEYS,
-    REQUESTS_KEPT,
-    SETTINGS_FILE,
-    STATUS_FILE,
-    config_from_settings,
-    read_json,
-    settings_of,
-    write_json_atomic,
-)
+from edge_client.app.service_files import STATUS_FILE, read_json
 from edge_client.app.views import FederationView, LiveView
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
@@ -127,8 +119,8 @@ def run_service(
     """
     folder = state_dir or default_data_dir() / "fedhar"
     folder.mkdir(parents=True, exist_ok=True)
-    settings = read_json(folder / SETTINGS_FILE) or {}
-    cfg = config_from_settings(folder, settings)
+    settings = read_json(folder / files.SETTINGS_FILE) or {}
+    cfg = files.config_from_settings(folder, settings)
     if source is None:
         from edge_client.sensors.android import AndroidSensorSource
 
@@ -153,7 +145,7 @@ def run_service(
             status["recording"] = rec.activity if rec else None
             status["session_windows"] = rec.session_windows if rec else 0
             status["time"] = time.time()
-            write_json_atomic(folder / STATUS_FILE, status)
+            files.write_json_atomic(folder / STATUS_FILE, status)
 
     wake = _android_wake_lock()
     ctl = DeviceController(
@@ -171,14 +163,14 @@ def run_service(
     status["left"] = json.loads(ctl.timeline.get("left", "{}"))
     publish("counts", ctl.counts())
     ctl.start_sensing()
-    applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
+    applied: dict[str, Any] = {k: settings.get(k) for k in files.FEDERATION_KEYS}
     last_history = -float("inf")
     try:
         while not stop.wait(poll_s):
-            s = read_json(folder / SETTINGS_FILE)
+            s = read_json(folder / files.SETTINGS_FILE)
             if s is None:
                 continue
-            fed = {k: s.get(k) for k in FEDERATION_KEYS}
+            fed = {k: s.get(k) for k in files.FEDERATION_KEYS}
             if fed != applied:
                 changed = {k: v for k, v in fed.items() if v != applied.get(k) and k != "password_stamp"}
                 if fed.get("password_stamp") != applied.get("password_stamp"):
@@ -196,7 +188,7 @@ def run_service(
                 if not isinstance(req, dict) or str(req.get("id")) in status["answers"]:
                     continue
                 answer = answer_request(ctl, req)
-                done = dict(list((dict(status["answers"]) | {str(req.get("id")): answer}).items())[-REQUESTS_KEPT:])
+                done = dict(list((dict(status["answers"]) | {str(req.get("id")): answer}).items())[-files.REQUESTS_KEPT:])
                 ctl.timeline.set("answers", json.dumps(done))
                 publish("answers", done)
                 publish("history", asdict(ctl.history()))
