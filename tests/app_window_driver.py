@@ -230,6 +230,14 @@ def main() -> int:
             if not (e[1] >= v[1] - 1 and e[3] <= v[3] + 1 and e[0] >= -1 and e[2] <= Window.width + 1):
                 unreachable.append(f"{type(w).__name__} {getattr(w, 'text', '')!r:.40}")
         results["history_unreachable"], results["history_checked"] = unreachable, len(targets)
+        # Today again: a stretch deleted (a second tap confirms), its minutes gone from the day.
+        app.tabs["today"].dispatch("on_release")
+        yield 0.3
+        today.bar.select(today.stretches[0])
+        today.delete_button.dispatch("on_release")
+        results["delete_asks"] = today.delete_button.text
+        today.delete_button.dispatch("on_release")
+        results["stretch_deleted"] = today.taught.text
         for name in ("record", "live"):
             app.tabs[name].dispatch("on_release")
             yield 0.3

@@ -70,6 +70,7 @@ def test_every_error_lies_under_its_control_inside_the_window_the_app_opens(tmp_
     assert "walking upstairs: 71 % recognised, often taken for walking (100 test windows)" in res["quality"]
     assert res["recordings"][0].startswith("sitting: 20 windows, ") and res["deleted"].startswith("deleted the recording walking")
     assert res["storage"].splitlines()[-1].startswith("In all: ")
+    assert res["delete_asks"] == "Sure?" and res["stretch_deleted"].startswith("deleted 00:05-00:06 from the timeline")
     assert res["history_unreachable"] == [] and res["history_checked"] >= 20
     for name in res["shots"]:
         png = out / name

@@ -1,20 +1,24 @@
 """``fedhar-app``: the Kivy app on the device (Android, Raspberry Pi with a screen, desktop Linux).
 
-Four screens, each built by its own module in :mod:`edge_client.app.screens`:
+Five screens, each built by its own module in :mod:`edge_client.app.screens`:
 
 * **Today** — the day's timeline of recognised activity, minutes against a weekly goal,
-  relabelling a stretch, CSV export.
+  relabelling or deleting a stretch, CSV export.
 * **Record** — choose an activity, start and stop; windows recorded per activity.
 * **Live** — the activity the device's current model sees, with its confidence, refreshed
   at every window hop (64 samples = 1.28 s at 50 Hz).
 * **Federation** — client id, broker address, federation, user name, password (stored in
   the app's private folder, shown only as "stored"), CA certificate and training backend,
   entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
-  or on Android its QR code through a scanner app); connection state, current round, last local accuracy, a switch to take
-  part and one to train only while charging; every failure in words (refused login,
-  wrong CA, unreachable broker, too few windows, missing backend); what left the phone each
-  round; what sensing and rounds cost it in CPU and battery (:func:`edge_client.cost.cost_words`);
-  and leaving the federation, after a confirmation (:mod:`edge_client.leave`).
+  or on Android its QR code through a scanner app); the home server's state in words
+  (:mod:`edge_client.server_state`); connection state, current round, last local accuracy, a switch to take
+  part and one to train only while charging; every failure in words under the control that
+  caused it (refused login, wrong CA, unreachable broker, too few windows, missing backend);
+  what left the phone each round; what sensing and rounds cost it in CPU and battery
+  (:func:`edge_client.cost.cost_words`); and leaving the federation, after a confirmation
+  (:mod:`edge_client.leave`).
+* **History** — weeks and months with trends, undo of a correction, deleting a recording,
+  quality per activity and the F1 curve over rounds, storage, keep periods and the window.
 
 The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
 from its background threads; every report is moved onto the UI thread with
@@ -23,7 +27,8 @@ from its background threads; every report is moved onto the UI thread with
 Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main` parses the
 options first and imports Kivy afterwards, in the environment :func:`prepare_kivy` sets
 (Kivy's documented ``KIVY_*`` variables: no argument parsing, Python's logging only, the
-SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3).
+SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3; ``KCFG_GRAPHICS_*`` for the
+window that ``--size`` and ``--fullscreen`` ask for, :mod:`edge_client.app.window_size`).
 """
 
 from __future__ import annotations
