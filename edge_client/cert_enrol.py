@@ -37,6 +37,7 @@ from har_io.device_key import (
 )
 from har_io.enrolment import pem_fingerprints
 from har_io.mqtt_link import MqttLink
+from har_io.refusal_words import certificate_refused
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import Topics, check_client_id
 
@@ -231,9 +232,7 @@ def store_certificate(prepared: Prepared, reply: EnrolReply) -> Path:
         If the reply is a refusal, or its certificate is for another key or name.
     """
     if reply.certificate_pem is None:
-        hints = {"name_taken": "the name is another device's", "name_revoked": "the name was revoked for good"}
-        hint = hints.get(str(reply.refused), "refused")
-        raise EnrolmentNotApproved(f"the server refused {prepared.client_id!r}: {hint}; ask again under another name")
+        raise EnrolmentNotApproved(certificate_refused(prepared.client_id, str(reply.refused)))
     try:
         same_key = certificate_public_key(reply.certificate_pem) == key_public_der(prepared.folder / KEY_NAME)
         name = certificate_subject_cn(reply.certificate_pem)

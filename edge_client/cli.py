@@ -18,6 +18,8 @@ from edge_client.freshness import SensingHealthMeter
 from edge_client.power import battery_percent_linux, charging_linux
 from edge_client.pte_fetch import PROGRAM_MODES
 from edge_client.recorder import RECORDED_LOG, recorded_labels, sync_to_store
+from edge_client.sent_log import SENT_KEY
+from edge_client.server_state import follow_server
 from edge_client.sources import ingest_source
 from edge_client.store import ClientStore, StateFolderUnusable, StoreInUseError
 from edge_client.window_log import WindowLog
@@ -29,6 +31,7 @@ from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
 from har_io.exit_codes import Exit
 from har_io.install_hints import torch_hint
 from har_io.mqtt_link import BrokerRefused
+from har_io.refusal_words import bundle_login_refused
 from har_models.data.splits import DEFAULT_SPLIT, DEFAULT_SPLIT_SEED, SplitSpec
 from har_models.data.subjects import parse_source
 from har_models.wire.chunking import SharedTransfers
@@ -300,8 +303,10 @@ def serve(
         if train_lock is None:  # a device of its own: its power supply is this machine's (a virtual client's is not)
             agent.charging = charging_linux
             agent.battery = battery_percent_linux  # a board on a battery (a UPS HAT): its drain per day in the status
+            follow_server(agent, stop)  # the home server's state in the log, in words ("home server offline since 14:02")
         code = agent.run(stop, max_seconds=client.args.max_seconds)
-        hint = enrolment_refusal_hint(getattr(client.args, "enrolment", None), agent.refusal)
+        took_part = bool(client.store.get_meta(SENT_KEY, []))
+        hint = enrolment_refusal_hint(getattr(client.args, "enrolment", None), agent.refusal, client.cfg.client_id, took_part)
         if hint:
             print(f"fedhar-client: {hint}", file=sys.stderr)
         return code
@@ -309,12 +314,15 @@ def serve(
         client.store.close()
 
 
-def enrolment_refusal_hint(enrolment: str | None, refusal: BrokerRefused | None) -> str | None:
+def enrolment_refusal_hint(
+    enrolment: str | None, refusal: BrokerRefused | None, client_id: str = "", accepted_before: bool = False
+) -> str | None:
     """What a device enrolled by a bundle should do when the broker refuses its login, or None.
 
     The link's own message speaks of ``--username`` and ``--password-file``, which a device
-    started with ``--enrolment FILE`` never gave: its account comes from the bundle, and a refused
-    login means the device was revoked (``fedhar-coordinator revoke``) or enrolled again elsewhere.
+    started with ``--enrolment FILE`` never gave: its account comes from the bundle. A bundle the
+    broker never accepted is not the device's current one (re-issue it); one it accepted before
+    was re-issued, renamed or revoked since (:func:`har_io.refusal_words.bundle_login_refused`).
 
     Parameters
     ----------
@@ -322,14 +330,14 @@ def enrolment_refusal_hint(enrolment: str | None, refusal: BrokerRefused | None)
         The ``--enrolment`` argument (None: the client was not started with a bundle).
     refusal : BrokerRefused, optional
         Why the broker refused the client (:attr:`edge_client.agent.EdgeAgent.refusal`).
+    client_id : str
+        The bundle's device name.
+    accepted_before : bool
+        Whether this device took part under that name before (its store's ledger of sent updates).
     """
     if enrolment is None or refusal is None or refusal.kind != "auth":
         return None
-    return (
-        f"the broker refused the account of the enrolment bundle {enrolment}: the device was revoked on the server "
-        "(fedhar-coordinator devices lists it as revoked), or the bundle is out of date. A revoked name is not enrolled "
-        "again: ask the server's operator for a new bundle (fedhar-coordinator enrol NEW-NAME) and start with that one"
-    )
+    return f"{enrolment}: {bundle_login_refused(client_id, accepted_before)}"
 
 
 # A module the chosen backend needs is not installed: a restart cannot help, the install has to change.

@@ -143,11 +143,15 @@ class Recorder:
         return {name: int(n) for name, n in zip(self.labels.names, self.log.counts(), strict=True)}
 
 
-def sync_to_store(window_log: WindowLog, store: ClientStore, split_seed: int = 1, test_fraction: float = 0.2) -> tuple[int, int]:
+def sync_to_store(
+    window_log: WindowLog, store: ClientStore, split_seed: int = 1, test_fraction: float = 0.2, *, emptied: bool = False
+) -> tuple[int, int]:
     """Make the store's training and test windows those of the log (stratified 80/20 split).
 
     The store's window table is what the federation agent trains on; the log is the
     durable record. Nothing is rewritten when the log has not changed since the last sync.
+    An empty log leaves the store as it is (windows a store got elsewhere stay), unless
+    ``emptied``: the person deleted the log's last windows, and the store loses them too.
 
     Returns
     -------
@@ -156,6 +160,6 @@ def sync_to_store(window_log: WindowLog, store: ClientStore, split_seed: int = 1
     data = window_log.read()
     assert data.t_start_ns is not None
     fp = f"recorded:{len(data)}:{zlib.crc32(data.t_start_ns.tobytes() + data.y.tobytes()):08x}|seed={split_seed}"
-    if store.has_source(fp) or len(data) == 0:
+    if store.has_source(fp) or (len(data) == 0 and not emptied):
         return len(store.windows("train")), len(store.windows("test"))
     return store.replace_windows(fp, data, test_fraction=test_fraction, seed=split_seed)

@@ -10,6 +10,7 @@ the store's metadata under :data:`SENT_KEY`, the newest :data:`SENT_KEPT` entrie
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 SENT_KEY = "sent_log"
@@ -55,6 +56,23 @@ def note_receipt(ledger: list[dict[str, Any]], run_id: str, round_: int, stage: 
     return [e | {"counted": True} if (e.get("run_id"), e.get("round"), e.get("stage")) == key else e for e in ledger]
 
 
+def with_versions(ledger: list[dict[str, Any]], versions: Mapping[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """The ledger with each entry's ``model_version``: the server's number of the model its round started from, where known.
+
+    Parameters
+    ----------
+    ledger : list of dict
+        As kept by :func:`note_sent`.
+    versions : mapping (run_id, round) -> int
+        The server's model version of each round (:func:`edge_client.app.round_notes.versions_of`).
+    """
+    out = []
+    for e in ledger:
+        v = versions.get((str(e.get("run_id")), int(e.get("round", -1))))
+        out.append(e | {"model_version": v} if v is not None else dict(e))
+    return out
+
+
 def size_words(n_bytes: int) -> str:
     """``1234`` -> ``"1.2 kB"``, ``2_500_000`` -> ``"2.5 MB"``, ``800`` -> ``"800 B"``."""
     if n_bytes < 1000:
@@ -66,6 +84,9 @@ def size_words(n_bytes: int) -> str:
 
 def sent_words(ledger: list[dict[str, Any]], open_round: int | None = None, limit: int = 8) -> list[str]:
     """One line per round, newest first: what left the device, when, for which model, and whether it was counted.
+
+    The model is named by the server's version number (``from model v18``) where the entry holds
+    one (:func:`with_versions`), else by its architecture's version (``architecture v0``).
 
     Parameters
     ----------
@@ -86,5 +107,7 @@ def sent_words(ledger: list[dict[str, Any]], open_round: int | None = None, limi
         else:
             fate = "not confirmed: the round went on without it"
         stage = f".{e['stage']}" if e["stage"] else ""
-        out.append(f"round {e['round']}{stage}, {when}: a model update of {size_words(e['bytes'])} (model v{e['arch_version']}), {fate}")
+        # The server's version number where it said one; else only the architecture's, named as such.
+        model = f"from model v{e['model_version']}" if e.get("model_version") is not None else f"architecture v{e['arch_version']}"
+        out.append(f"round {e['round']}{stage}, {when}: a model update of {size_words(e['bytes'])} ({model}), {fate}")
     return out

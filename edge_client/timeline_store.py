@@ -22,10 +22,12 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from edge_client.history import RECORDING_GAP_NS
 from edge_client.timeline import Stretch, apply_corrections, smooth_stretches
 from har_models.data.labels import LabelSet
 from har_models.data.windowing import N_CHANNELS, STEP, WINDOW, Windower, WindowSet
@@ -46,7 +48,40 @@ CREATE TABLE IF NOT EXISTS corrections (
     label INTEGER NOT NULL, windows INTEGER NOT NULL, made_ns INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS recordings (
+    id INTEGER PRIMARY KEY, label INTEGER NOT NULL, t_first_ns INTEGER NOT NULL, t_last_ns INTEGER NOT NULL,
+    windows INTEGER NOT NULL, wall_first_ns INTEGER NOT NULL, wall_last_ns INTEGER NOT NULL
+);
 """
+
+KEEP_LIMITS = {"retention_days": (1.0, 3650.0), "raw_days": (0.25, 30.0)}
+"""Allowed keep periods (days): predictions and corrections 1 day to 10 years; raw samples 6 hours to 30 days (about 100 MB a
+day of sensing)."""
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A stretch the person relabelled: its row id, span (wall clock ns), class, the training windows it made, when it was made."""
+
+    id: int
+    start_ns: int
+    end_ns: int
+    label: int
+    windows: int
+    made_ns: int
+
+
+@dataclass(frozen=True)
+class RecordingNote:
+    """When a recording was made: its row id, class, first and last window start (sensor clock ns), windows, wall-clock span (ns)."""
+
+    id: int
+    label: int
+    t_first_ns: int
+    t_last_ns: int
+    windows: int
+    wall_first_ns: int
+    wall_last_ns: int
 
 
 class TimelineStore:
@@ -86,6 +121,8 @@ class TimelineStore:
         self._lock = threading.Lock()
         self._last_raw_t: int | None = None
         self._last_prune = 0.0
+        self.retention_days = float(self.get("keep_days", str(self.retention_days)))
+        self.raw_days = float(self.get("keep_raw_days", str(self.raw_days)))
 
     def close(self) -> None:
         """Close the file."""
@@ -253,3 +290,107 @@ class TimelineStore:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
             self._db.commit()
+
+    # -- what the person keeps and deletes ---------------------------------------------------
+    def set_keep(self, retention_days: float, raw_days: float, now_ns: int | None = None) -> None:
+        """Keep predictions and corrections ``retention_days`` and raw samples ``raw_days`` from now on (and prune at once).
+
+        Raises
+        ------
+        ValueError
+            If a period is outside :data:`KEEP_LIMITS` (the message names it and the range).
+        """
+        for name, value in (("retention_days", retention_days), ("raw_days", raw_days)):
+            lo, hi = KEEP_LIMITS[name]
+            if not lo <= float(value) <= hi:
+                what = "predictions" if name == "retention_days" else "raw samples"
+                raise ValueError(f"keep {what} for {lo:g} to {hi:g} days, not {value!r}")
+        self.retention_days, self.raw_days = float(retention_days), float(raw_days)
+        self.set("keep_days", repr(self.retention_days))
+        self.set("keep_raw_days", repr(self.raw_days))
+        self.prune(time.time_ns() if now_ns is None else now_ns)
+
+    def correction_list(self, limit: int = 20) -> list[Correction]:
+        """The newest ``limit`` corrections, newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections ORDER BY id DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [Correction(*r) for r in rows]
+
+    def drop_correction(self, correction_id: int) -> Correction | None:
+        """Delete one correction (its stretch shows the model's own activity again); returns it, or None if there is none."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections WHERE id = ?", (correction_id,)
+            ).fetchone()
+            self._db.execute("DELETE FROM corrections WHERE id = ?", (correction_id,))
+            self._db.commit()
+        return Correction(*row) if row else None
+
+    def delete_span(self, start_ns: int, end_ns: int) -> tuple[int, list[Correction]]:
+        """Delete a span of the timeline: its predictions, the raw samples that reach into it, and the corrections inside it.
+
+        Returns
+        -------
+        (int, list of Correction)
+            Predictions deleted, and the corrections deleted (their training windows are the caller's to remove).
+
+        Raises
+        ------
+        ValueError
+            If ``end_ns <= start_ns``.
+        """
+        if end_ns <= start_ns:
+            raise ValueError(f"delete: the span must end after it starts, got {start_ns}..{end_ns}")
+        with self._lock:
+            inside = self._db.execute(
+                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections WHERE start_ns >= ? AND end_ns <= ?",
+                (start_ns, end_ns),
+            ).fetchall()
+            n = self._db.execute("DELETE FROM predictions WHERE t_ns >= ? AND t_ns < ?", (start_ns, end_ns)).rowcount
+            self._db.execute("DELETE FROM raw WHERE t0_ns < ? AND t0_ns + n * ? > ?", (end_ns, PERIOD_NS, start_ns))
+            self._db.execute("DELETE FROM corrections WHERE start_ns >= ? AND end_ns <= ?", (start_ns, end_ns))
+            self._db.commit()
+        return int(n), [Correction(*r) for r in inside]
+
+    def note_recorded(self, label: int, t_first_ns: int, t_last_ns: int, windows: int, wall_ns: int) -> None:
+        """Note recorded windows (sensor clock stamps) and the wall-clock time they came: one more piece of a recording.
+
+        Windows of the same activity less than :data:`RECORDING_GAP_NS` after the newest
+        recording's last one extend it; others start a new recording.
+        """
+        with self._lock:
+            row = self._db.execute("SELECT id, label, t_last_ns FROM recordings ORDER BY id DESC LIMIT 1").fetchone()
+            if row is not None and row[1] == label and 0 <= t_first_ns - row[2] <= RECORDING_GAP_NS:
+                self._db.execute(
+                    "UPDATE recordings SET t_last_ns = ?, windows = windows + ?, wall_last_ns = ? WHERE id = ?",
+                    (t_last_ns, windows, wall_ns, row[0]),
+                )
+            else:
+                self._db.execute(
+                    "INSERT INTO recordings (label, t_first_ns, t_last_ns, windows, wall_first_ns, wall_last_ns) VALUES (?, ?, ?, ?, ?, ?)",
+                    (label, t_first_ns, t_last_ns, windows, wall_ns, wall_ns),
+                )
+            self._db.commit()
+
+    def recording_notes(self) -> list[RecordingNote]:
+        """Every noted recording, newest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM recordings ORDER BY id DESC").fetchall()
+        return [RecordingNote(*r) for r in rows]
+
+    def forget_recording(self, note_id: int) -> None:
+        """Delete the note of a recording (its windows are deleted from the recorded-window log by the caller)."""
+        with self._lock:
+            self._db.execute("DELETE FROM recordings WHERE id = ?", (note_id,))
+            self._db.commit()
+
+    def usage(self) -> dict[str, float]:
+        """What the timeline holds: ``bytes`` (the file with its write-ahead log), ``raw_s`` (seconds of raw samples),
+        ``predictions`` (rows) and ``oldest_ns`` (the oldest prediction's start, 0 without any)."""
+        size = sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")) if p.exists())
+        with self._lock:
+            (samples,) = self._db.execute("SELECT COALESCE(SUM(n), 0) FROM raw").fetchone()
+            n, oldest = self._db.execute("SELECT COUNT(*), COALESCE(MIN(t_ns), 0) FROM predictions").fetchone()
+        return {"bytes": float(size), "raw_s": samples * PERIOD_NS / 1e9, "predictions": float(n), "oldest_ns": float(oldest)}

@@ -212,6 +212,37 @@ class WindowLog:
         x = recs[:, _REC_HEAD.size + _BODY_HEAD.size :].copy().view("<f4")
         return x.reshape(n, N_CHANNELS, self.window).astype(np.float32)
 
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start times (N,) int64 ns and labels (N,) int64 of the windows, in the order they were recorded (copies)."""
+        with self._lock:
+            return self._t.copy(), self._y.copy()
+
+    def remove(self, drop: np.ndarray) -> int:
+        """Delete the windows where ``drop`` is True (the person deleted a recording or undid a correction); returns how many.
+
+        The log is rewritten without them atomically (temporary file, rename), as a trim is.
+
+        Parameters
+        ----------
+        drop : ndarray of shape (N,), bool
+            One flag per window of :meth:`index`, in its order.
+
+        Raises
+        ------
+        ValueError
+            If ``drop`` does not have one flag per window (the log changed since it was read).
+        """
+        drop = np.asarray(drop, bool)
+        with self._lock:
+            if drop.shape != self._y.shape:
+                raise ValueError(f"WindowLog.remove: {drop.size} flags for {self._y.size} windows; read the index again")
+            n = int(drop.sum())
+            if n:
+                self._rewrite(self._read_x()[~drop], self._y[~drop], self._t[~drop])
+        if n:
+            log.info("window log %s: deleted %d windows", self.path, n)
+        return n
+
     def read(self) -> WindowSet:
         """All windows in the order they were recorded: x (N, 6, T) float32, y (N,), t_start_ns (N,)."""
         with self._lock:

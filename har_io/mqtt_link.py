@@ -57,6 +57,7 @@ from har_io.link_status import (
     describe_early_close,
     describe_refusal,
 )
+from har_io.refusal_words import bundle_wrong_ca
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, iter_chunks
 
 log = logging.getLogger("fedhar.mqtt")
@@ -384,6 +385,8 @@ class MqttLink:
                 f"the broker's certificate is not valid for {self.cfg.host!r}: connect with the name the certificate "
                 f"was issued for (see its subjectAltName), or issue a certificate that names {self.cfg.host!r}"
             )
+        elif self.cfg.enrolled and ("issuer" in text.lower() or "self-signed" in text.lower() or "verify failed" in text.lower()):
+            fix = bundle_wrong_ca(self.cfg.username or "", self.cfg.tls_ca)  # its CA came with its bundle, not from --tls-ca
         elif "issuer" in text.lower() or "self-signed" in text.lower() or "verify failed" in text.lower():
             fix = f"the broker's certificate was not signed by --tls-ca {self.cfg.tls_ca}: give the CA that signed it"
         else:

@@ -120,7 +120,7 @@ def main() -> int:
         results["federation_current"] = app.sm.current
         fed.broker.text = "not a broker"
         fed.apply_button.dispatch("on_release")
-        results["broker_error"] = fed.error.text
+        results["broker_error"] = fed.apply_error.text
         fed.client_id.text = broker["client_id"]
         fed.broker.text = f"127.0.0.1:{port}"
         fed.federation_name.text = broker["federation"]
@@ -129,7 +129,7 @@ def main() -> int:
         fed.tls_ca.text = broker["ca"]
         fed.backend.text = "numpy"
         fed.apply_button.dispatch("on_release")
-        results["after_apply"] = {"error": fed.error.text, "password_text": fed.password.text, "hint": fed.password.hint_text}
+        results["after_apply"] = {"error": fed.apply_error.text, "password_text": fed.password.text, "hint": fed.password.hint_text}
         results["broker_after"] = app.controller.cfg.broker
         fed.take_part.active = True
         yield lambda: fed.state.text == "waiting for charger"

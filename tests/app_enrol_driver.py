@@ -84,21 +84,21 @@ def main() -> int:
         results["at_open"] = {name: shown(w, view) for name, w in named.items()}
         fed.bundle.text = '{"format": "fedhar-enrolment", "version": 1, "client_id": '
         fed.enrol_button.dispatch("on_release")
-        results["bad"] = {"error": fed.error.text, "fields": fields(fed)}
+        results["bad"] = {"error": fed.enrol_error.text, "fields": fields(fed)}
         yield
         fed.scan_button.dispatch("on_release")
-        results["scan"] = fed.error.text
+        results["scan"] = fed.enrol_error.text
         yield
         newer = json.loads(bundle.read_text()) | {"version": 99}
         fed.bundle.text = json.dumps(newer)
         masked = fed.bundle.password
         fed.enrol_button.dispatch("on_release")
-        results["pasted"] = {"masked": masked, "text_after": fed.bundle.text, "hint": fed.bundle.hint_text, "error": fed.error.text}
+        results["pasted"] = {"masked": masked, "text_after": fed.bundle.text, "hint": fed.bundle.hint_text, "error": fed.enrol_error.text}
         yield
         fed.bundle.text = str(bundle)
         results["path_masked"] = fed.bundle.password
         fed.enrol_button.dispatch("on_release")
-        results["good"] = {"error": fed.error.text, "enrolled": fed.bundle.hint_text, "bundle_text": fed.bundle.text,
+        results["good"] = {"error": fed.enrol_error.text, "enrolled": fed.bundle.hint_text, "bundle_text": fed.bundle.text,
                            "fields": fields(fed), "current": app.sm.current}  # fmt: skip
         yield
         yield

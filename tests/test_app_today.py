@@ -53,8 +53,11 @@ def test_today_shows_the_replayed_day_and_a_relabelled_stretch_becomes_training_
     other = res["relabel_to"]
     made = res["after"]["counts"][other]
     assert made == round((end - start) / STEP_NS)  # one window per 1.28 s of the stretch
-    assert res["after"]["taught"] == f"{made} training windows from this stretch ({made} in all); the next round trains on them"
-    assert res["after"]["n_train"] + res["after"]["n_test"] == made
+    n_train, n_test = res["after"]["n_train"], res["after"]["n_test"]
+    assert n_train + n_test == made  # training and test windows named apart
+    assert res["after"]["taught"] == (
+        f"{n_train} training and {n_test} test windows from this stretch ({n_train} training windows in all); the next round trains on them"
+    )
     log_counts = WindowLog(state / "recorded_windows.log", HAPT_LABELS).counts()
     assert int(log_counts[HAPT_LABELS.index(other)]) == made and int(log_counts.sum()) == made
     assert res["after"]["corrected"] == [[start, end, HAPT_LABELS.index(other), True]]

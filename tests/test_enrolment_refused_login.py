@@ -1,4 +1,4 @@
-"""A device started with its enrolment bundle alone learns, when the broker refuses its login, that it was revoked.
+"""A device started with its enrolment bundle alone learns, when the broker refuses its login, what happened and the fix.
 
 The link's own message names --username and --password-file, which such a device never gave.
 """
@@ -9,9 +9,16 @@ from edge_client.cli import enrolment_refusal_hint
 from har_io.mqtt_link import BrokerRefused
 
 
-def test_a_refused_bundle_login_names_revocation_and_a_new_bundle() -> None:
-    hint = enrolment_refusal_hint("phone-anna.json", BrokerRefused("auth", "refused the login of user 'phone-anna'"))
-    assert hint is not None and "phone-anna.json" in hint and "revoked" in hint and "fedhar-coordinator enrol NEW-NAME" in hint
+def test_a_refused_bundle_login_names_the_fix_its_history_calls_for() -> None:
+    refused = BrokerRefused("auth", "refused the login of user 'phone-anna'")
+    # Never accepted: the bundle is not the device's current one; the fix is a re-issue, not a new name.
+    first = enrolment_refusal_hint("phone-anna.json", refused, "phone-anna", accepted_before=False)
+    assert first is not None and first.startswith("phone-anna.json: ") and "fedhar-coordinator reissue phone-anna" in first
+    assert "NEW-NAME" not in first and "revoked" not in first
+    # Taken part before: re-issued, renamed or revoked since, each with its own fix.
+    later = enrolment_refusal_hint("phone-anna.json", refused, "phone-anna", accepted_before=True)
+    assert later is not None and "fedhar-coordinator devices says which" in later
+    assert "Revoked: the name stays refused" in later and "fedhar-coordinator enrol NEW-NAME" in later
 
 
 def test_no_hint_without_a_bundle_or_for_another_refusal() -> None:
@@ -50,7 +57,7 @@ def test_the_apps_words_follow_where_the_password_came_from(tmp_path) -> None:
     cfg = AppConfig(**{**cfg.__dict__, **federation_fields(tmp_path, fields)})
     assert (tmp_path / ENROLLED_MARK).is_file()
     words = describe_refusal("auth", "refused", cfg)
-    assert "ask the server's operator for a new bundle" in words and "check the user name and password" not in words
+    assert "fedhar-coordinator reissue phone-anna" in words and "check the user name and password" not in words
     # a password typed by hand afterwards: the person who typed it checks it
     cfg = AppConfig(**{**cfg.__dict__, **federation_fields(tmp_path, {"password": "typed"})})
     assert not (tmp_path / ENROLLED_MARK).exists()

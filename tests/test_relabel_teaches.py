@@ -54,7 +54,7 @@ def test_a_relabelled_stretch_becomes_training_windows_and_the_next_round_trains
         stretches = ctl.timeline.stretches(0, time.time_ns() + 86_400 * 10**9)
         st = max(stretches, key=lambda s: s.end_ns - s.start_ns)
         k = next(c for c in range(6) if c not in (st.label, WALKING))  # what the stretch really was
-        made = ctl.relabel(st.start_ns, st.end_ns, HAPT_LABELS.names[k])
+        made = ctl.relabel(st.start_ns, st.end_ns, HAPT_LABELS.names[k]).windows
 
         # The stretch's windows, one per 1.28 s, labelled k, in the store the trainer reads (80 % train, 20 % test).
         assert made == round((st.end_ns - st.start_ns) / STEP_NS) and made >= 20

@@ -62,7 +62,7 @@ def test_a_relabel_while_the_agent_runs_is_in_the_next_status_with_the_exact_cou
         # Relabel 15 windows' worth of the sensed day as sitting: 15 new windows, round(0.2 * 15) = 3 of them test windows.
         t0 = min(s.start_ns for s in ctl.timeline.stretches(0, time.time_ns() + 86_400 * 10**9))
         before = time.time()
-        assert ctl.relabel(t0, t0 + 15 * STEP_NS, "sitting") == 15
+        assert ctl.relabel(t0, t0 + 15 * STEP_NS, "sitting").windows == 15
         after = status(lambda s: s.sent_unix >= before and s.n_train != 16)
         assert time.time() - before < 10  # at once, not at the next refresh (30 s)
         assert (after.n_train, after.n_test) == (16 + 12, 4 + 3)

@@ -1,4 +1,5 @@
-"""The Today screen's data in Android's two processes: the service classifies into the timeline, the UI relabels through the files."""
+"""The Today and History screens' data in Android's two processes: the service classifies into the timeline, the UI relabels,
+undoes and deletes through the files."""
 
 from __future__ import annotations
 
@@ -50,11 +51,23 @@ def test_the_service_fills_the_timeline_and_a_relabel_from_the_ui_is_applied_onc
         far = time.time_ns() + 86_400 * 10**9
         assert poll(lambda: sum(s.minutes for s in ui.timeline.stretches(0, far)) >= 1.0)
         st = ui.timeline.stretches(0, far)[0]
-        made = ui.relabel(st.start_ns, st.end_ns, "standing")
+        edit = ui.relabel(st.start_ns, st.end_ns, "standing")
+        assert edit is not None and edit.what == "relabel"
+        made = edit.windows
         assert made == round((st.end_ns - st.start_ns) / STEP_NS) and made > 0
+        assert edit.after[0] - edit.before[0] + edit.after[1] - edit.before[1] == made  # training and test windows together
         assert poll(lambda: ui.counts()["standing"] == made)
         with pytest.raises(KeyError):
             ui.relabel(st.start_ns, st.end_ns, "swimming")
+        # Undone through the service: the windows go, and a second undo finds nothing (the service's refusal, raised here).
+        undone = ui.undo_relabel()
+        assert undone is not None and undone.windows == made and undone.after == edit.before
+        assert poll(lambda: ui.counts()["standing"] == 0)
+        with pytest.raises(LookupError, match="nothing to undo"):
+            ui.undo_relabel()
+        edit = ui.relabel(st.start_ns, st.end_ns, "standing")
+        assert edit is not None and edit.windows == made
+        assert poll(lambda: ui.history().storage and ui.history().storage[-1].startswith("In all: "))
     finally:
         stop.set()
         service.join(60)
@@ -62,7 +75,7 @@ def test_the_service_fills_the_timeline_and_a_relabel_from_the_ui_is_applied_onc
     stop2 = threading.Event()
     service = _service(tmp_path, stop2)
     try:
-        assert poll(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("relabelled") and ui.counts()["standing"] == made)
+        assert poll(lambda: (read_json(tmp_path / STATUS_FILE) or {}).get("answers") and ui.counts()["standing"] == made)
         time.sleep(0.5)
     finally:
         stop2.set()

@@ -1,20 +1,24 @@
 """``fedhar-app``: the Kivy app on the device (Android, Raspberry Pi with a screen, desktop Linux).
 
-Four screens, each built by its own module in :mod:`edge_client.app.screens`:
+Five screens, each built by its own module in :mod:`edge_client.app.screens`:
 
 * **Today** — the day's timeline of recognised activity, minutes against a weekly goal,
-  relabelling a stretch, CSV export.
+  relabelling or deleting a stretch, CSV export.
 * **Record** — choose an activity, start and stop; windows recorded per activity.
 * **Live** — the activity the device's current model sees, with its confidence, refreshed
   at every window hop (64 samples = 1.28 s at 50 Hz).
 * **Federation** — client id, broker address, federation, user name, password (stored in
   the app's private folder, shown only as "stored"), CA certificate and training backend,
   entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
-  or on Android its QR code through a scanner app); connection state, current round, last local accuracy, a switch to take
-  part and one to train only while charging; every failure in words (refused login,
-  wrong CA, unreachable broker, too few windows, missing backend); what left the phone each
-  round; what sensing and rounds cost it in CPU and battery (:func:`edge_client.cost.cost_words`);
-  and leaving the federation, after a confirmation (:mod:`edge_client.leave`).
+  or on Android its QR code through a scanner app); the home server's state in words
+  (:mod:`edge_client.server_state`); connection state, current round, last local accuracy, a switch to take
+  part and one to train only while charging; every failure in words under the control that
+  caused it (refused login, wrong CA, unreachable broker, too few windows, missing backend);
+  what left the phone each round; what sensing and rounds cost it in CPU and battery
+  (:func:`edge_client.cost.cost_words`); and leaving the federation, after a confirmation
+  (:mod:`edge_client.leave`).
+* **History** — weeks and months with trends, undo of a correction, deleting a recording,
+  quality per activity and the F1 curve over rounds, storage, keep periods and the window.
 
 The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
 from its background threads; every report is moved onto the UI thread with
@@ -23,7 +27,8 @@ from its background threads; every report is moved onto the UI thread with
 Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main` parses the
 options first and imports Kivy afterwards, in the environment :func:`prepare_kivy` sets
 (Kivy's documented ``KIVY_*`` variables: no argument parsing, Python's logging only, the
-SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3).
+SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3; ``KCFG_GRAPHICS_*`` for the
+window that ``--size`` and ``--fullscreen`` ask for, :mod:`edge_client.app.window_size`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_client.app.controller import APP_BACKENDS, AppConfig, DeviceController, default_data_dir
+from edge_client.app.window_size import kivy_environment, parse_size, saved_window
 from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_io import exit_codes
@@ -76,15 +82,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--replay-speed", type=float, default=1.0, help="replay speed, 1 = real time (default %(default)s)")
     ap.add_argument("--max-windows", type=int, default=20_000, help="bound of the recorded-window log (default %(default)s)")
+    ap.add_argument("--size", type=_size_option, default=None, metavar="WIDTHxHEIGHT",
+                    help="window size in pixels, e.g. 480x800, or auto (default: the size saved in the app's settings, "
+                         "else 800x600 where it fits the display and the display's size where it does not)")  # fmt: skip
+    ap.add_argument("--fullscreen", action="store_true", help="open the window full screen")
     add_logging_arguments(ap, progress=False)
     return ap
 
 
+def _size_option(text: str) -> tuple[int, int] | str:
+    """``--size``: WIDTHxHEIGHT, or "auto" (kept as the word: it overrides a saved size)."""
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return "auto" if size is None else size
+
+
 def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
-    """The app's settings from parsed options (``data_dir``: the platform's folder for app data)."""
+    """The app's settings from parsed options (``data_dir``: the platform's folder for app data).
+
+    The window: ``--size`` and ``--fullscreen`` where given, else the choice saved on the
+    History screen (:func:`~edge_client.app.window_size.saved_window`), else "auto".
+    """
     cid = args.client_id or "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:64] or "device"
+    state_dir = args.state_dir or data_dir / "fedhar"
+    size, full = saved_window(state_dir)
+    if args.size is not None or args.fullscreen:
+        size, full = (None if args.size in (None, "auto") else args.size), bool(args.fullscreen)
     return AppConfig(
-        state_dir=args.state_dir or data_dir / "fedhar",
+        state_dir=state_dir,
         labels=LABEL_SETS[args.labels],
         client_id=cid,
         broker=args.broker,
@@ -94,6 +121,8 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
         password_file=args.password_file,
         tls_ca=args.tls_ca,
         backend=args.backend,
+        window_size=size,
+        fullscreen=full,
     )
 
 
@@ -201,17 +230,21 @@ class _CutBufferNote(logging.Filter):
         return True
 
 
-def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_android: bool = False) -> None:
-    """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`) before Kivy is imported.
+def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_android: bool = False,
+                 size: tuple[int, int] | None = None, fullscreen: bool = False) -> None:  # fmt: skip
+    """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`, the window) before Kivy is imported.
 
-    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays). The cut-buffer probe's alarm is
-    turned into a note (:class:`_CutBufferNote`).
+    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays), except the window's size
+    and full-screen mode, which the app's options and settings decide
+    (:func:`~edge_client.app.window_size.kivy_environment`; Android's window is always the
+    screen). The cut-buffer probe's alarm is turned into a note (:class:`_CutBufferNote`).
     """
     env = os.environ if environ is None else environ
     for key, value in KIVY_ENVIRONMENT.items():
         env.setdefault(key, value)
     if not on_android:
         env.setdefault("KIVY_CLIPBOARD", KIVY_CLIPBOARD)
+        env.update(kivy_environment(size, fullscreen))
     logging.getLogger("kivy").addFilter(_CutBufferNote())
 
 
@@ -220,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     7 Kivy is not installed (the message names the extra to install)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    prepare_kivy(on_android=args.sensor == "android")
+    try:
+        cfg = config_from_args(args, default_data_dir())
+    except (ValueError, OSError) as exc:
+        print(f"fedhar-app: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    prepare_kivy(on_android=args.sensor == "android", size=cfg.window_size, fullscreen=cfg.fullscreen)
     try:
         import kivy  # noqa: F401  (Kivy's logger starts here, in the environment just set)
     except ModuleNotFoundError as exc:
@@ -232,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return Exit.MISSING_MODULE
     try:
-        cfg = config_from_args(args, default_data_dir())
         if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
             from edge_client.app.service import RemoteController
 

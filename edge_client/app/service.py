@@ -9,17 +9,19 @@ each written to a temporary name and renamed (so a reader sees the old or the ne
 * ``app_settings.json`` — written by the UI: device id, broker, federation, user name, the
   password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
   and is never written here or logged), CA certificate, training backend, label set, the
-  activity being recorded (or null), take part, train only while charging, and the last
-  relabel requests of the Today screen (``relabel``: id, start and end ns, activity), and a
-  request to leave the federation (``leave``: id, forget);
+  activity being recorded (or null), take part, train only while charging, the last
+  requests of the Today and History screens (``requests``: id, ``op`` one of
+  :data:`REQUESTS` — relabel, undo a relabel, delete a stretch or a recording, set the keep
+  periods — and its ``args``), and a request to leave the federation (``leave``: id, forget);
 * ``app_status.json`` — written by the service: counts per activity, the live prediction,
-  the federation state, what is being recorded, the training windows each relabel
-  request made (``relabelled``: id -> count), and what the last leave request did (``left``:
-  id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
+  the federation state, what is being recorded, the answer to each request (``answers``: id
+  -> ``{"ok": ...}`` or ``{"error": ..., "kind": ...}``), the History screen's view
+  (``history``: :class:`~edge_client.app.history_edits.HistoryView`), and what the last leave
+  request did (``left``: id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
 
-The Today screen reads the timeline (``timeline.sqlite``, SQLite in WAL mode, so the UI
-reads while the service writes) directly; a relabel goes through the service, which owns
-the recorded-window log and the store the trainer reads.
+The Today and History screens read the timeline (``timeline.sqlite``, SQLite in WAL mode, so
+the UI reads while the service writes) directly; every change goes through the service, which
+owns the recorded-window log and the store the trainer reads.
 
 :func:`run_service` is the service; :class:`RemoteController` is what the UI uses instead of
 :class:`~edge_client.app.controller.DeviceController`, with the same methods.
@@ -32,99 +34,47 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from edge_client.app.controller import (
-    AppConfig,
-    DeviceController,
-    FederationView,
-    LiveView,
-    default_data_dir,
-    enrol,
-    federation_fields,
-    settings_view,
-)
-from edge_client.leave import LeaveOutcome
+from edge_client.app import service_files as files
+from edge_client.app.config import default_data_dir
+from edge_client.app.controller import DeviceController
+from edge_client.app.remote import BACKGROUND_START_REFUSED, RemoteController, service_start_error  # noqa: F401  (re-exported)
+from edge_client.app.service_files import STATUS_FILE, read_json
+from edge_client.app.views import FederationView, LiveView
 from edge_client.power import is_charging
 from edge_client.sensors.base import SensorSource
-from edge_client.timeline import guidance
-from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
-from har_io.enrolment import EnrolmentBundle
-from har_models.data.labels import LABEL_SETS
-from har_models.files import atomic_write_bytes
 
 log = logging.getLogger("fedhar.app.service")
 
-SETTINGS_FILE = "app_settings.json"
-STATUS_FILE = "app_status.json"
+
+HISTORY_EVERY_S = 5.0
+"""Seconds between two refreshes of the History screen's view in the status file (recordings, quality, storage)."""
+
+REQUESTS = ("relabel", "undo_relabel", "delete_span", "delete_recording", "set_keep")
+"""The controller's methods the UI asks for through the settings file's ``requests`` (each answered once)."""
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (:func:`har_models.files.atomic_write_bytes`)."""
-    atomic_write_bytes(path, json.dumps(obj))
+def answer_request(ctl: DeviceController, req: dict[str, Any]) -> dict[str, Any]:
+    """Do one request of the UI (``op`` one of :data:`REQUESTS`, ``args`` its keyword arguments) and say what it did.
 
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None if it is missing or unreadable (mid-rename on odd filesystems)."""
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-FEDERATION_KEYS = ("client_id", "broker", "federation", "username", "password_file", "password_stamp", "tls_ca", "backend")
-"""Settings keys that say how the device joins its federation (a change restarts the agent)."""
-
-
-def settings_of(cfg: AppConfig) -> dict[str, Any]:
-    """The settings file's content for ``cfg``, nothing recorded, not taking part.
-
-    ``password_file`` is the path of the stored password (never the password);
-    ``password_stamp`` its modification time in ns, so that a new password in the same file
-    also reaches the service.
+    Returns
+    -------
+    dict
+        ``{"ok": result}`` (an :class:`~edge_client.history.Edit` as a dict, or None), or
+        ``{"error": message, "kind": exception class name}`` for a refused request.
     """
-    return {
-        "client_id": cfg.client_id,
-        "broker": cfg.broker,
-        "federation": cfg.federation,
-        "username": cfg.username,
-        "password_file": str(cfg.password_file) if cfg.password_file else None,
-        "password_stamp": _stamp(cfg.password_file),
-        "tls_ca": str(cfg.tls_ca) if cfg.tls_ca else None,
-        "backend": cfg.backend,
-        "labels": cfg.labels.name,
-        "recording": None,
-        "take_part": False,
-        "charge_only": True,
-    }
-
-
-def _stamp(path: Path | None) -> int | None:
+    op, args = req.get("op"), req.get("args")
+    if op not in REQUESTS or not isinstance(args, dict):
+        return {"error": f"unknown request {op!r}", "kind": "ValueError"}
     try:
-        return path.stat().st_mtime_ns if path else None
-    except OSError:
-        return None
-
-
-def config_from_settings(folder: Path, settings: dict[str, Any]) -> AppConfig:
-    """The service's :class:`AppConfig` from the settings file's content.
-
-    A setting that is not valid (a CA file deleted since, a hand-edited id) is logged and
-    left at its default, so the service still starts and the screen can show the cause.
-    """
-    labels = LABEL_SETS.get(str(settings.get("labels", "hapt6")), LABEL_SETS["hapt6"])
-    cfg = AppConfig(state_dir=folder, labels=labels, client_id="phone")
-    for key in ("client_id", "broker", "federation", "username", "password_file", "tls_ca", "backend"):
-        if settings.get(key) is None:
-            continue
-        try:
-            cfg = replace(cfg, **federation_fields(folder, {key: settings[key]}))
-        except ValueError as exc:
-            log.error("settings: %s", exc)
-    return cfg
+        result = getattr(ctl, str(op))(**args)
+    except (KeyError, LookupError, ValueError, TypeError, OSError) as exc:
+        log.error("request %s %s: %s", op, args, exc)
+        return {"error": str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc), "kind": type(exc).__name__}
+    return {"ok": asdict(result) if result is not None else None}
 
 
 def _android_wake_lock() -> Any:
@@ -169,8 +119,8 @@ def run_service(
     """
     folder = state_dir or default_data_dir() / "fedhar"
     folder.mkdir(parents=True, exist_ok=True)
-    settings = read_json(folder / SETTINGS_FILE) or {}
-    cfg = config_from_settings(folder, settings)
+    settings = read_json(folder / files.SETTINGS_FILE) or {}
+    cfg = files.config_from_settings(folder, settings)
     if source is None:
         from edge_client.sensors.android import AndroidSensorSource
 
@@ -181,7 +131,7 @@ def run_service(
         "live": asdict(LiveView()),
         "federation": asdict(FederationView()),
         "recording": None,
-        "relabelled": {},
+        "answers": {},
         "left": {},
     }
     lock = threading.Lock()
@@ -195,7 +145,7 @@ def run_service(
             status["recording"] = rec.activity if rec else None
             status["session_windows"] = rec.session_windows if rec else 0
             status["time"] = time.time()
-            write_json_atomic(folder / STATUS_FILE, status)
+            files.write_json_atomic(folder / STATUS_FILE, status)
 
     wake = _android_wake_lock()
     ctl = DeviceController(
@@ -208,18 +158,19 @@ def run_service(
         supervise_s=poll_s,
     )
     holder["ctl"] = ctl
-    # Requests answered before a restart stay answered: a relabel is applied once.
-    status["relabelled"] = json.loads(ctl.timeline.get("relabelled", "{}"))
+    # Requests answered before a restart stay answered: a relabel or a deletion is applied once.
+    status["answers"] = json.loads(ctl.timeline.get("answers", "{}"))
     status["left"] = json.loads(ctl.timeline.get("left", "{}"))
     publish("counts", ctl.counts())
     ctl.start_sensing()
-    applied: dict[str, Any] = {k: settings.get(k) for k in FEDERATION_KEYS}
+    applied: dict[str, Any] = {k: settings.get(k) for k in files.FEDERATION_KEYS}
+    last_history = -float("inf")
     try:
         while not stop.wait(poll_s):
-            s = read_json(folder / SETTINGS_FILE)
+            s = read_json(folder / files.SETTINGS_FILE)
             if s is None:
                 continue
-            fed = {k: s.get(k) for k in FEDERATION_KEYS}
+            fed = {k: s.get(k) for k in files.FEDERATION_KEYS}
             if fed != applied:
                 changed = {k: v for k, v in fed.items() if v != applied.get(k) and k != "password_stamp"}
                 if fed.get("password_stamp") != applied.get("password_stamp"):
@@ -233,18 +184,18 @@ def run_service(
                 if key in s and s[key] != applied.get(key):
                     setter(bool(s[key]))
                     applied[key] = s[key]
-            for req in s.get("relabel") or []:
-                if not isinstance(req, dict) or str(req.get("id")) in status["relabelled"]:
+            for req in s.get("requests") or []:
+                if not isinstance(req, dict) or str(req.get("id")) in status["answers"]:
                     continue
-                try:
-                    made = ctl.relabel(int(req["start_ns"]), int(req["end_ns"]), str(req["activity"]))
-                except (KeyError, ValueError, TypeError) as exc:
-                    log.error("settings: relabel %s: %s", req, exc)
-                    made = 0
-                done = dict(list((dict(status["relabelled"]) | {str(req.get("id")): made}).items())[-RELABEL_KEPT:])
-                ctl.timeline.set("relabelled", json.dumps(done))
-                publish("relabelled", done)
-                publish("counts", ctl.counts())
+                answer = answer_request(ctl, req)
+                done = dict(list((dict(status["answers"]) | {str(req.get("id")): answer}).items())[-files.REQUESTS_KEPT:])
+                ctl.timeline.set("answers", json.dumps(done))
+                publish("answers", done)
+                publish("history", asdict(ctl.history()))
+                last_history = time.monotonic()
+            if time.monotonic() - last_history >= HISTORY_EVERY_S:
+                publish("history", asdict(ctl.history()))
+                last_history = time.monotonic()
             req = s.get("leave")
             if isinstance(req, dict) and str(req.get("id")) != status.get("left", {}).get("id"):
                 try:
@@ -269,297 +220,3 @@ def run_service(
         ctl.close()
         if wake is not None:
             wake.release()
-
-
-class _RecorderState:
-    """What the UI knows of the service's recorder (mirrors :class:`~edge_client.recorder.Recorder`'s attributes)."""
-
-    def __init__(self) -> None:
-        self.activity: str | None = None
-        self.session_windows = 0
-
-    @property
-    def recording(self) -> bool:
-        return self.activity is not None
-
-
-RELABEL_KEPT = 20
-"""Relabel requests (in the settings) and their answers (in the status) kept: the newest ones."""
-
-
-BACKGROUND_START_REFUSED = "cannot start the sensing service from the background"
-"""What the Federation screen shows when Android 12+ refuses to start the foreground service."""
-
-FOREGROUND_START_NOT_ALLOWED = "android.app.ForegroundServiceStartNotAllowedException"
-"""Java class Android 12+ throws for ``startForegroundService`` from the background."""
-
-
-def service_start_error(exc: BaseException) -> str:
-    """Words for the screen about a failed service start.
-
-    pyjnius raises a Java exception as ``jnius.JavaException`` whose ``classname`` attribute
-    names the Java class; a ``ForegroundServiceStartNotAllowedException`` (by that class name,
-    the exception's own type name, or its message) gives :data:`BACKGROUND_START_REFUSED`,
-    anything else "cannot start the sensing service: <type>: <message>".
-
-    Parameters
-    ----------
-    exc : BaseException
-
-    Returns
-    -------
-    str
-    """
-    names = (str(getattr(exc, "classname", "") or ""), type(exc).__name__, str(exc))
-    short = FOREGROUND_START_NOT_ALLOWED.rsplit(".", 1)[1]
-    if any(short in n for n in names):
-        return BACKGROUND_START_REFUSED
-    return f"cannot start the sensing service: {type(exc).__name__}: {exc}"
-
-
-class RemoteController:
-    """The UI's side: the :class:`~edge_client.app.controller.DeviceController` methods the screens use, over the two files.
-
-    Parameters
-    ----------
-    cfg : AppConfig
-    source : SensorSource, optional
-        Unused (the service owns the sensors); accepted so both controllers build alike.
-    on_live, on_counts, on_federation : callables, optional
-        Called from the polling thread with what the service reported.
-    start_service : callable taking an error callback, optional
-        Starts the service (on Android, :func:`~edge_client.app.main.start_android_service`);
-        None: someone else does. See :meth:`start_sensing`.
-    poll_s : float
-        Seconds between looks at the status file.
-    """
-
-    def __init__(
-        self,
-        cfg: AppConfig,
-        source: SensorSource | None = None,
-        on_live: Callable[[LiveView], None] | None = None,
-        on_counts: Callable[[dict[str, int]], None] | None = None,
-        on_federation: Callable[[FederationView], None] | None = None,
-        start_service: Callable[[Callable[[BaseException], None]], None] | None = None,
-        poll_s: float = 0.3,
-        **_: Any,
-    ):
-        self.cfg = cfg
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self._settings_path = cfg.state_dir / SETTINGS_FILE
-        self._status_path = cfg.state_dir / STATUS_FILE
-        old = read_json(self._settings_path) or {}
-        # What was entered on the Federation screen before wins over the defaults the UI starts with.
-        kept = ("take_part", "charge_only", "recording", *(FEDERATION_KEYS if old.get("client_id") else ()))
-        self.settings = settings_of(cfg) | {k: old[k] for k in kept if k in old}
-        self.cfg = cfg = config_from_settings(cfg.state_dir, self.settings) if old.get("client_id") else cfg
-        write_json_atomic(self._settings_path, self.settings)
-        self.recorder = _RecorderState()
-        self.recorder.activity = self.settings["recording"]
-        self.live = LiveView()
-        self.federation = settings_view(cfg)
-        self._counts = {n: 0 for n in cfg.labels.names}
-        self.timeline = TimelineStore(cfg.state_dir / TIMELINE_FILE, cfg.labels)
-        self._relabelled: dict[str, int] = {}
-        self._left: dict[str, Any] = {}  # the service's answer to the last leave request
-        self._on_live = on_live or (lambda v: None)
-        self._on_counts = on_counts or (lambda c: None)
-        self._on_federation = on_federation or (lambda v: None)
-        self._start_service = start_service
-        self._stop = threading.Event()
-        self._poll_s = poll_s
-        self._seen: float | None = None
-        self._thread = threading.Thread(target=self._poll, name="status-poll", daemon=True)
-        self._thread.start()
-
-    def _save(self) -> None:
-        write_json_atomic(self._settings_path, self.settings)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            st = read_json(self._status_path)
-            if st is None or st.get("time") == self._seen:
-                continue
-            self._seen = st.get("time")
-            self.recorder.activity = st.get("recording")
-            self._relabelled = {str(k): int(v) for k, v in (st.get("relabelled") or {}).items()}
-            self._left = dict(st.get("left") or {})
-            self.recorder.session_windows = int(st.get("session_windows", 0))
-            if st.get("counts"):
-                self._counts = {k: int(v) for k, v in st["counts"].items()}
-                self._on_counts(dict(self._counts))
-            self.live = LiveView(**st["live"])
-            self._on_live(self.live)
-            self.federation = FederationView(**{k: v for k, v in st["federation"].items() if k in _VIEW_FIELDS})
-            self._on_federation(self.federation)
-
-    def start_sensing(self) -> None:
-        """Start the service (it senses whether or not the UI is open).
-
-        ``start_service`` is called with one argument, a callable for a failure that happens
-        later (after a permission dialog); a failure raised at once is caught here too. Either
-        way nothing propagates: the Federation screen's ``error`` says what happened
-        (:func:`service_start_error`), e.g. Android 12+ refusing a foreground service started
-        from the background (``ForegroundServiceStartNotAllowedException``).
-        """
-        if self._start_service is None:
-            return
-        try:
-            self._start_service(self._service_failed)
-        except Exception as exc:  # a Java exception through pyjnius, or anything else: shown, never a crash
-            self._service_failed(exc)
-
-    def _service_failed(self, exc: BaseException) -> None:
-        text = service_start_error(exc)
-        log.warning("%s (%s: %s)", text, type(exc).__name__, exc)
-        self.federation = replace(self.federation, error=text)
-        self._on_federation(self.federation)
-
-    def stop_sensing(self) -> None:
-        """The service keeps sensing; closing the UI does not stop it."""
-
-    def start_recording(self, activity: str) -> None:
-        """Ask the service to label what follows as ``activity``.
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
-        self.cfg.labels.index(activity)
-        self.settings["recording"] = activity
-        self.recorder.activity = activity
-        self.recorder.session_windows = 0
-        self._save()
-
-    def stop_recording(self) -> None:
-        """Ask the service to stop labelling."""
-        self.settings["recording"] = None
-        self.recorder.activity = None
-        self._save()
-
-    def set_take_part(self, on: bool) -> None:
-        """Allow or forbid taking part in federated rounds."""
-        self.settings["take_part"] = bool(on)
-        self._save()
-
-    def set_charge_only(self, on: bool) -> None:
-        """Train only while charging."""
-        self.settings["charge_only"] = bool(on)
-        self._save()
-
-    def set_broker(self, host_port: str) -> None:
-        """Use another broker (``host:port``).
-
-        Raises
-        ------
-        ValueError
-            If the address is not ``host:port``.
-        """
-        self.set_federation(broker=host_port)
-
-    def set_federation(self, **fields: Any) -> None:
-        """Ask the service to join with other settings (as :meth:`DeviceController.set_federation`).
-
-        A ``password`` is stored in the shared private folder here; the settings file names
-        only its file and a stamp of its modification time.
-
-        Raises
-        ------
-        ValueError
-            For a field that is not valid; nothing is changed then.
-        """
-        changes = federation_fields(self.cfg.state_dir, fields)
-        self.cfg = replace(self.cfg, **changes)
-        fresh = settings_of(self.cfg)
-        for key in FEDERATION_KEYS:
-            self.settings[key] = fresh[key]
-        keep = {k: getattr(self.federation, k) for k in ("state", "round", "last_accuracy", "take_part", "charge_only", "charging")}
-        self.federation = replace(settings_view(self.cfg), **keep)
-        self._save()
-
-    def enrol(self, source: str | Path, ca_file: str | Path | None = None) -> EnrolmentBundle:
-        """Join with an enrolment bundle's settings (as :meth:`DeviceController.enrol`; the service restarts its agent)."""
-        return enrol(self, source, ca_file)
-
-    def counts(self) -> dict[str, int]:
-        """Recorded windows per activity, as last reported."""
-        return dict(self._counts)
-
-    def relabel(self, start_ns: int, end_ns: int, activity: str, wait_s: float = 5.0) -> int | None:
-        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`) and wait for its count.
-
-        Returns
-        -------
-        int or None
-            Training windows made; None when the service has not answered within ``wait_s``
-            (it still will: the Today screen says the request was handed on).
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
-        self.cfg.labels.index(activity)
-        rid = f"{time.time_ns()}"
-        reqs = list(self.settings.get("relabel") or [])
-        reqs.append({"id": rid, "start_ns": int(start_ns), "end_ns": int(end_ns), "activity": activity})
-        self.settings["relabel"] = reqs[-RELABEL_KEPT:]
-        self._save()
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            if rid in self._relabelled:
-                return self._relabelled[rid]
-            time.sleep(0.05)
-        return None
-
-    def guidance(self) -> list[str]:
-        """What to record next, in words (:func:`~edge_client.timeline.guidance`)."""
-        return guidance(self.counts())
-
-    def leave(self, forget: bool, wait_s: float = 30.0) -> LeaveOutcome:
-        """Ask the service to leave the federation (as :meth:`DeviceController.leave`) and wait for what it did.
-
-        The settings are set back to a device that never joined (client id and backend kept) once
-        the service answers, so a restarted service does not join again.
-
-        Raises
-        ------
-        OSError
-            If the service could not delete a file, or did not answer within ``wait_s`` (it
-            still may: the screen says so).
-        """
-        rid = f"{time.time_ns()}"
-        self.settings["leave"] = {"id": rid, "forget": bool(forget)}
-        self.settings["take_part"] = False
-        self._save()
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            left = self._left
-            if left.get("id") == rid:
-                break
-            time.sleep(0.05)
-        else:
-            raise OSError(f"the sensing service did not answer in {wait_s:.0f} s; it leaves when it reads the request")
-        if "error" in left:
-            raise OSError(left["error"])
-        self.cfg = replace(self.cfg, broker=AppConfig.broker, federation=AppConfig.federation, username=None, password_file=None,
-                           tls_ca=None)  # fmt: skip
-        fresh = settings_of(self.cfg)
-        for key in FEDERATION_KEYS:
-            self.settings[key] = fresh[key]
-        self.settings.pop("leave", None)
-        self._save()
-        self.federation = replace(settings_view(self.cfg), charge_only=self.federation.charge_only, charging=self.federation.charging)
-        return LeaveOutcome(forget=bool(left["forget"]), told=bool(left["told"]), not_told=str(left.get("not_told", "")),
-                            deleted=tuple(left.get("deleted", ())))  # fmt: skip
-
-    def close(self) -> None:
-        """Stop polling (the service goes on)."""
-        self._stop.set()
-        self._thread.join(5)
-        self.timeline.close()
-
-
-_VIEW_FIELDS = set(FederationView.__dataclass_fields__)

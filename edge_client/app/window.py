@@ -12,6 +12,7 @@ from typing import Any
 
 from kivy.app import App
 from kivy.clock import Clock
+from kivy.core.window import Window
 from kivy.metrics import dp
 from kivy.uix.boxlayout import BoxLayout
 from kivy.uix.label import Label
@@ -19,13 +20,14 @@ from kivy.uix.screenmanager import NoTransition, ScreenManager
 from kivy.uix.togglebutton import ToggleButton
 
 from edge_client.app.controller import AppConfig, DeviceController
-from edge_client.app.screens import FederationScreen, LiveScreen, RecordScreen, TodayScreen
+from edge_client.app.screens import FederationScreen, HistoryScreen, LiveScreen, RecordScreen, TodayScreen
 from edge_client.app.screens.layout import on_ui
+from edge_client.app.window_size import display_size, fit
 from edge_client.sensors.base import SensorSource
 
 
 class FedHarApp(App):
-    """The app: tabs over the Today, Record, Live and Federation screens, a footer naming the device and its sensor.
+    """The app: tabs over the Today, Record, Live, Federation and History screens, a footer naming the device and its sensor.
 
     Parameters
     ----------
@@ -54,18 +56,28 @@ class FedHarApp(App):
         self.controller: Any = None
 
     def build(self) -> Any:
-        """Lay out the window, create the controller with the screens' report callbacks, and start sensing."""
+        """Lay out the window, create the controller with the screens' report callbacks, and start sensing.
+
+        The window opened at the size the options or settings chose (:mod:`edge_client.app.window_size`);
+        with none chosen, one that does not fit the display is made the display's size here.
+        """
         cfg, source = self.cfg, self.source
+        if cfg.window_size is None and not cfg.fullscreen:
+            fitted = fit((int(Window.width), int(Window.height)), display_size())
+            if fitted != (Window.width, Window.height):
+                Window.size = fitted
         self.sm = ScreenManager(transition=NoTransition())
         self.record = RecordScreen(self, cfg)
         self.live = LiveScreen()
         self.federation = FederationScreen(self, cfg)
         self.today = TodayScreen(self, cfg)
-        for s in (self.today, self.record, self.live, self.federation):
+        self.history = HistoryScreen(self, cfg)
+        for s in (self.today, self.record, self.live, self.federation, self.history):
             self.sm.add_widget(s)
         nav = BoxLayout(size_hint_y=None, height=dp(52))
         self.tabs: dict[str, ToggleButton] = {}
-        for name, text in (("today", "Today"), ("record", "Record"), ("live", "Live"), ("federation", "Federation")):
+        tabs = (("today", "Today"), ("record", "Record"), ("live", "Live"), ("federation", "Federation"), ("history", "History"))
+        for name, text in tabs:
             b = ToggleButton(text=text, group="screens", state="down" if name == "today" else "normal", allow_no_selection=False)
             b.bind(on_release=lambda _b, n=name: self.show(n))
             nav.add_widget(b)
@@ -92,10 +104,12 @@ class FedHarApp(App):
         return root
 
     def show(self, name: str) -> None:
-        """Switch to screen ``name`` ("today", "record", "live", "federation")."""
+        """Switch to screen ``name`` ("today", "record", "live", "federation", "history")."""
         self.sm.current = name
         if name == "today":
             self.today.refresh()
+        if name == "history":
+            self.history.refresh()
         for n, b in self.tabs.items():
             b.state = "down" if n == name else "normal"
 

@@ -9,7 +9,10 @@ so every step may touch widgets; it stops the app when the script ends or raises
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -117,3 +120,32 @@ def run_driver(
     assert res["error"] is None, str(res["error"]) + more
     assert r.returncode == 0, r.stderr[-3000:] + more
     return res, r.stdout + r.stderr
+
+
+@contextlib.contextmanager
+def xvfb(log_dir: Path, screen: str = "1280x800") -> Iterator[str | None]:
+    """An Xvfb X server of ``screen`` pixels (24-bit) on a free display number, while the block runs; yields its ``DISPLAY``.
+
+    Yields None where Xvfb is not installed (the caller skips or fails). Raises RuntimeError, with
+    the server's log, when it does not start within 10 s.
+    """
+    from simulation.broker import stop_process
+
+    exe = shutil.which("Xvfb")
+    if exe is None:
+        yield None
+        return
+    n = next(i for i in range(99, 199) if not Path(f"/tmp/.X11-unix/X{i}").exists() and not Path(f"/tmp/.X{i}-lock").exists())
+    log = Path(log_dir) / f"xvfb-{n}.log"
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen([exe, f":{n}", "-screen", "0", f"{screen}x24", "-nolisten", "tcp"], stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            if Path(f"/tmp/.X11-unix/X{n}").exists():
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"Xvfb did not start: {log.read_text()}")
+        yield f":{n}"
+    finally:
+        stop_process(proc)

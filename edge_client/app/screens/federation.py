@@ -18,7 +18,7 @@ from kivy.uix.textinput import TextInput
 
 from edge_client.app.controller import APP_BACKENDS, AppConfig, FederationView, taking_part_words
 from edge_client.app.scanner import start_scan
-from edge_client.app.screens.layout import on_ui, row, scrolled, title, wrapped
+from edge_client.app.screens.layout import ERROR_COLOUR, note, on_ui, row, scrolled, show_note, title, wrapped
 from edge_client.app.words import is_bundle_text
 from edge_client.leave import leave_words
 from edge_client.sent_log import sent_words
@@ -53,6 +53,19 @@ class FederationScreen(Screen):
         root.add_widget(title("Federation"))
         self.why = wrapped("", 44)
         root.add_widget(self.why)
+        self.server = note()  # the home server's state in words (edge_client.server_state)
+        root.add_widget(self.server)
+        # Taking part first: the switch a person looks for is at the top of every window size.
+        self.take_part = Switch(active=False)
+        self.take_part.bind(active=lambda _w, on: app.controller.set_take_part(on))
+        root.add_widget(row("Take part in training", self.take_part, 36))
+        self.charge_only = Switch(active=True)
+        self.charge_only.bind(active=lambda _w, on: app.controller.set_charge_only(on))
+        root.add_widget(row("Train only while charging", self.charge_only, 36))
+        self.state = Label(text="off")
+        root.add_widget(row("Connection", self.state, 34))
+        self.error = note(ERROR_COLOUR)  # why the device does not connect or train, under the switch and the state
+        root.add_widget(self.error)
         enrol_row = BoxLayout(size_hint_y=None, height=dp(36), spacing=dp(4))
         self.bundle = TextInput(multiline=False, write_tab=False, font_size="13sp", hint_text="bundle file, or paste its text")
         # A pasted bundle holds the device's password: masked as soon as it is bundle text, never readable.
@@ -65,7 +78,10 @@ class FederationScreen(Screen):
         self.scan_button.bind(on_release=lambda *_: self.scan())
         enrol_row.add_widget(self.scan_button)
         root.add_widget(enrol_row)
-        self.left = wrapped("", 0)  # after leaving: what was done, above the Enrol row's fields
+        self.enrol_row = enrol_row
+        self.enrol_error = note(ERROR_COLOUR)  # a refused bundle or scan, right under the Enrol row
+        root.add_widget(self.enrol_error)
+        self.left = wrapped("", 0)  # after leaving: what was done, under the Enrol row
         root.add_widget(self.left)
 
         def field(label: str, **opts: Any) -> TextInput:
@@ -84,23 +100,16 @@ class FederationScreen(Screen):
         self.apply_button = apply = Button(text="Apply", size_hint_y=None, height=dp(40))
         apply.bind(on_release=lambda *_: self.apply())
         root.add_widget(apply)
-        self.state = Label(text="off")
-        root.add_widget(row("Connection", self.state, 34))
+        self.apply_error = note(ERROR_COLOUR)  # a field the settings refuse, right under Apply
+        root.add_widget(self.apply_error)
         self.round = Label(text="-")
         root.add_widget(row("Current round", self.round, 34))
         self.accuracy = Label(text="-")
         root.add_widget(row("Last local accuracy", self.accuracy, 34))
-        self.take_part = Switch(active=False)
-        self.take_part.bind(active=lambda _w, on: app.controller.set_take_part(on))
-        root.add_widget(row("Take part in training", self.take_part, 36))
-        self.charge_only = Switch(active=True)
-        self.charge_only.bind(active=lambda _w, on: app.controller.set_charge_only(on))
-        root.add_widget(row("Train only while charging", self.charge_only, 36))
+        self.model = Label(text="-")
+        root.add_widget(row("Shared model it started from", self.model, 34))
         self.charging = Label(text="")
         root.add_widget(row("Charging", self.charging, 30))
-        self.error = Label(text="", color=(1, 0.45, 0.45, 1), size_hint_y=None, height=dp(84), halign="left", valign="top")
-        self.error.bind(size=lambda w, size: setattr(w, "text_size", size))  # wrap the whole sentence
-        root.add_widget(self.error)
         privacy = wrapped("[b]What left this phone[/b]: raw sensor data never does; only one model update a round", 44)
         privacy.markup = True
         root.add_widget(privacy)
@@ -116,8 +125,8 @@ class FederationScreen(Screen):
         root.add_widget(self.leave_button)
         self.view = scrolled(root)
         self.add_widget(self.view)
-        self._input_error = ""
         self.leave_popup: Popup | None = None
+        self._enrol_error_round: int | None = None  # the round when the Enrol row's error came: a later good round clears it
 
     def confirm_leave(self) -> None:
         """Ask before leaving: what goes and what stays, a switch to ask the server to forget this device, Leave or Cancel."""
@@ -181,7 +190,7 @@ class FederationScreen(Screen):
         self.password.hint_text = "stored (hidden)" if v.password_set else "not set"
 
     def apply(self) -> None:
-        """Hand the typed settings to the controller; a field it refuses is named on the screen."""
+        """Hand the typed settings to the controller; a field it refuses is named right under Apply."""
         fields: dict[str, Any] = {
             "client_id": self.client_id.text,
             "broker": self.broker.text,
@@ -195,19 +204,21 @@ class FederationScreen(Screen):
         try:
             self.app.controller.set_federation(**fields)
         except ValueError as exc:
-            self._input_error = str(exc)
-            self.error.text = self._input_error
+            show_note(self.apply_error, str(exc))
             return
-        self._input_error = ""
-        self.error.text = ""
+        show_note(self.apply_error, "")  # its cause is gone: the settings were taken
         self.load(self.app.controller.federation)
 
+    def _enrol_failed(self, text: str) -> None:
+        """Show why Enrol or Scan QR failed, right under their row; a good enrolment or a later good round clears it."""
+        self._enrol_error_round = self.app.controller.federation.round
+        show_note(self.enrol_error, text)
+
     def enrol(self, text: str | None = None) -> None:
-        """Take the bundle typed, pasted or scanned: every field filled from it, or its refusal shown."""
+        """Take the bundle typed, pasted or scanned: every field filled from it, or its refusal shown under the Enrol row."""
         source = (self.bundle.text if text is None else text).strip()
         if not source:
-            self._input_error = "enrol: give the bundle's file (fedhar-coordinator enrol NAME wrote it), or paste its text"
-            self.error.text = self._input_error
+            self._enrol_failed("enrol: give the bundle's file (fedhar-coordinator enrol NAME wrote it), or paste its text")
             return
         pasted = is_bundle_text(source)
         if pasted:  # parsed now, whatever the outcome: the text (password included) leaves the field
@@ -215,29 +226,27 @@ class FederationScreen(Screen):
         try:
             b = self.app.controller.enrol(source, ca_file=self.tls_ca.text.strip() or None)
         except EnrolmentRefused as exc:
-            self._input_error = str(exc)
             if pasted:
                 self.bundle.hint_text = "the pasted bundle was refused (see below); paste a new one"
+            self._enrol_failed(str(exc))
         except OSError as exc:
-            self._input_error = f"enrol: cannot read the bundle {source}: {exc.strerror or exc}"
+            self._enrol_failed(f"enrol: cannot read the bundle {source}: {exc.strerror or exc}")
         else:
-            self._input_error = ""
             self.bundle.text = ""  # it holds the password
             self.bundle.hint_text = f"enrolled with {b.coordinator}: {b.client_id} in {b.federation}"
+            show_note(self.enrol_error, "")
+            show_note(self.apply_error, "")
             self.load(self.app.controller.federation)
-        self.error.text = self._input_error
 
     def scan(self) -> None:
-        """Scan the bundle's QR code with the phone's scanner app; off Android, say why not and keep file and paste."""
+        """Scan the bundle's QR code with the phone's scanner app; off Android, say why not (under the Enrol row)."""
         why = start_scan(on_ui(self._scanned))
         if why is not None:
-            self._input_error = why
-            self.error.text = why
+            self._enrol_failed(why)
 
     def _scanned(self, text: str | None) -> None:
         if text is None:
-            self._input_error = "QR scan cancelled"
-            self.error.text = self._input_error
+            self._enrol_failed("QR scan cancelled")
             return
         self.enrol(text)
 
@@ -249,10 +258,14 @@ class FederationScreen(Screen):
         self.state.text = state
         self.round.text = "-" if v.round is None else str(v.round)
         self.accuracy.text = "-" if v.last_accuracy is None else f"{v.last_accuracy * 100:.1f} %"
+        self.model.text = "-" if v.model_version is None else f"v{v.model_version} (the server's numbering)"
         self.charging.text = "yes" if v.charging else "no"
         self.password.hint_text = "stored (hidden)" if v.password_set else "not set"
-        self.error.text = self._input_error or v.error
-        self.why.text = taking_part_words(v)
+        self.error.text = v.error  # not scrolled to: the person may be typing further down
+        self.why.text = why = taking_part_words(v)
+        self.server.text = "" if v.server in why else v.server  # said once: in the sentence of why, or on its own line
+        if self.enrol_error.text and v.state in ("connected", "training") and v.round is not None and v.round != self._enrol_error_round:
+            show_note(self.enrol_error, "")  # a round went well since: whatever Enrol or Scan QR said is past
         lines = sent_words(v.sent, v.round)
         self.sent.text = "\n".join(lines) if lines else "nothing yet: no round taken part in"
         self.sent.height = dp(38) * max(1, len(lines))

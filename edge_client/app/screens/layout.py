@@ -54,3 +54,34 @@ def row(label: str, widget: Any, height: float = 44) -> BoxLayout:
     box.add_widget(name)
     box.add_widget(widget)
     return box
+
+
+ERROR_COLOUR = (1, 0.45, 0.45, 1)
+"""Text colour (RGBA) of an error shown under the control that caused it."""
+
+
+def note(colour: tuple[float, float, float, float] | None = None) -> Label:
+    """A wrapped, left-aligned label as high as its text (0 when empty): an error or a result under its control.
+
+    Its text wraps at its width, and its height follows the text, so an empty one takes no
+    room and a long one pushes what follows down instead of overlapping it.
+    """
+    label = Label(text="", size_hint_y=None, height=0, halign="left", valign="top", font_size="14sp", padding=(dp(4), dp(2)))
+    if colour is not None:
+        label.color = colour
+    label.bind(width=lambda w, width: setattr(w, "text_size", (width, None)))
+    label.bind(texture_size=lambda w, size: setattr(w, "height", size[1] if w.text else 0))
+    return label
+
+
+def show_note(label: Label, text: str) -> None:
+    """Put ``text`` in a :func:`note` and scroll its screen so the person sees it (no scrolling for an empty one)."""
+    label.text = text
+    if not text:
+        label.height = 0
+        return
+    view = label.parent
+    while view is not None and not isinstance(view, ScrollView):
+        view = view.parent
+    if view is not None:  # once the label has its height (the next frame), bring it into view
+        Clock.schedule_once(lambda _dt: view.scroll_to(label, padding=dp(8), animate=False), 0)

@@ -19,9 +19,11 @@ from kivy.uix.spinner import Spinner
 from kivy.uix.textinput import TextInput
 from kivy.uix.widget import Widget
 
+from edge_client.app.config import MIN_TRAIN_WINDOWS
 from edge_client.app.controller import AppConfig
-from edge_client.app.screens.layout import row, scrolled, wrapped
+from edge_client.app.screens.layout import ERROR_COLOUR, note, row, scrolled, show_note, wrapped
 from edge_client.app.words import activity_colour, clock_words, minutes_words, pretty
+from edge_client.history import edit_words
 from edge_client.timeline import DEFAULT_WEEKLY_GOAL_MIN, active_classes, day_csv, minutes_per_activity
 
 
@@ -118,12 +120,18 @@ class TodayScreen(Screen):
         fix = BoxLayout(size_hint_y=None, height=dp(44), spacing=dp(6))
         names = [pretty(n) for n in self.cfg.labels.names]
         self.relabel_to = Spinner(text=names[0], values=names)
-        self.relabel_button = Button(text="Relabel", size_hint_x=None, width=dp(96), disabled=True)
+        self.relabel_button = Button(text="Relabel", size_hint_x=None, width=dp(84), disabled=True)
         self.relabel_button.bind(on_release=lambda *_: self.relabel())
+        self.delete_button = Button(text="Delete", size_hint_x=None, width=dp(76), disabled=True)
+        self.delete_button.bind(on_release=lambda *_: self.delete())
         fix.add_widget(self.relabel_to)
         fix.add_widget(self.relabel_button)
+        fix.add_widget(self.delete_button)
         root.add_widget(fix)
-        self.taught = wrapped("", 40)
+        self.fix_row = fix
+        self.fix_error = note(ERROR_COLOUR)  # a relabel or delete that failed, right under its buttons
+        root.add_widget(self.fix_error)
+        self.taught = note()  # what the last relabel, undo or delete did to the next round's windows
         root.add_widget(self.taught)
         grid = GridLayout(cols=3, size_hint_y=None, row_default_height=dp(26), row_force_default=True)
         grid.bind(minimum_height=grid.setter("height"))
@@ -147,6 +155,8 @@ class TodayScreen(Screen):
         self.export_button = Button(text="Export this day as CSV", size_hint_y=None, height=dp(40))
         self.export_button.bind(on_release=lambda *_: self.export())
         root.add_widget(self.export_button)
+        self.export_error = note(ERROR_COLOUR)  # a file that cannot be written, right under the button
+        root.add_widget(self.export_error)
         self.exported = wrapped("", 64)
         root.add_widget(self.exported)
         self.guidance = wrapped("", 110)
@@ -212,7 +222,8 @@ class TodayScreen(Screen):
         self.guidance.height = dp(21) * (len(needs) + 1) + dp(8)
 
     def selected(self, stretch: Any) -> None:
-        self.relabel_button.disabled = stretch is None
+        self.relabel_button.disabled = self.delete_button.disabled = stretch is None
+        self.delete_button.text = "Delete"  # a second tap confirms; another selection starts over
         if stretch is None:
             self.selection.text = "Tap a stretch to correct it"
             return
@@ -220,25 +231,49 @@ class TodayScreen(Screen):
         fixed = " (corrected)" if stretch.corrected else ""
         self.selection.text = (
             f"{clock_words(stretch.start_ns)}-{clock_words(stretch.end_ns)}: {what}{fixed}, {stretch.minutes:.1f} min. "
-            "Wrong? Choose what it was:"
+            "Wrong? Choose what it was, or delete it:"
         )
 
+    def forget_minutes(self) -> None:
+        """Forget the past days' minutes (a relabel or a deletion changed them)."""
+        self._minutes.clear()
+
+    def _edited(self, edit: Any, handed_on: str) -> None:
+        """Say what a relabel or a deletion did (None: the sensing service has not answered yet) and show the day again."""
+        self.taught.text = handed_on if edit is None else edit_words(edit, MIN_TRAIN_WINDOWS)
+        show_note(self.fix_error, "")
+        self.forget_minutes()
+        self.bar.select(None)
+        self.refresh()
+
     def relabel(self) -> None:
+        """Relabel the selected stretch as the activity chosen; its raw samples become training and test windows."""
         st = self.bar.selected
         if st is None:
             return
         name = self.cfg.labels.names[[pretty(n) for n in self.cfg.labels.names].index(self.relabel_to.text)]
-        made = self.app.controller.relabel(st.start_ns, st.end_ns, name)
-        self._minutes.clear()
-        total = sum(self.app.controller.counts().values())
-        if made is None:  # the sensing service has not answered yet (Android's two processes)
-            self.taught.text = "relabelled; the sensing service is making its training windows"
-        elif made:
-            self.taught.text = f"{made} training windows from this stretch ({total} in all); the next round trains on them"
-        else:
-            self.taught.text = "relabelled; its raw samples are no longer kept, so it gives no training windows"
-        self.bar.select(None)
-        self.refresh()
+        try:
+            edit = self.app.controller.relabel(st.start_ns, st.end_ns, name)
+        except (OSError, ValueError) as exc:  # a full or read-only folder
+            show_note(self.fix_error, f"relabel failed: {exc}")
+            return
+        self._edited(edit, "relabelled; the sensing service is making its training windows")
+
+    def delete(self) -> None:
+        """Delete the selected stretch (a second tap confirms): its activity, raw samples and corrections with their windows."""
+        st = self.bar.selected
+        if st is None:
+            return
+        if self.delete_button.text == "Delete":
+            self.delete_button.text = "Sure?"
+            return
+        try:
+            edit = self.app.controller.delete_span(st.start_ns, st.end_ns)
+        except (OSError, ValueError, LookupError) as exc:
+            self.delete_button.text = "Delete"
+            show_note(self.fix_error, f"delete failed: {exc}")
+            return
+        self._edited(edit, "deleting; the sensing service is removing it")
 
     def set_goal(self) -> None:
         text = self.goal.text.strip()
@@ -254,6 +289,8 @@ class TodayScreen(Screen):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(day_csv(self.app.controller.timeline.stretches(a, b), self.cfg.labels.names, offset))
         except OSError as exc:
-            self.exported.text = f"cannot write {path}: {exc.strerror or exc}"
+            self.exported.text = ""
+            show_note(self.export_error, f"cannot write {path}: {exc.strerror or exc}")
             return
+        show_note(self.export_error, "")
         self.exported.text = f"saved {path.name}\nin {path.parent}"
