@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from coordinator.record import RoundRecord
     from coordinator.strategies import Federation
     from har_models.nn.model import ArchSpec
-    from har_models.wire.messages import TrainingPlan
+    from har_models.wire.messages import RoundOutlook, TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -199,4 +199,8 @@ class Grid(Protocol):
 
     def publish_progress(self, record: RoundRecord) -> None:
         """Publish the record of the last completed round for observers."""
+        ...
+
+    def publish_outlook(self, outlook: RoundOutlook) -> None:
+        """Tell the people holding the devices what the coordinator is doing about rounds (kept until the next one)."""
         ...

@@ -40,7 +40,15 @@ from har_io.blobs import BlobError, BlobStore
 from har_io.mqtt_link import MqttLink
 from har_models.nn.model import ArchSpec
 from har_models.wire.chunking import Reassembler
-from har_models.wire.messages import ClientStatus, CoordinatorStatus, MessageError, RoundAnnouncement, RoundProgress, TrainingPlan
+from har_models.wire.messages import (
+    ClientStatus,
+    CoordinatorStatus,
+    MessageError,
+    RoundAnnouncement,
+    RoundOutlook,
+    RoundProgress,
+    TrainingPlan,
+)
 from har_models.wire.topics import Topics, check_client_id
 
 log = logging.getLogger("fedhar.coordinator")
@@ -123,6 +131,8 @@ class MqttGrid:
         # is published again after every reconnection (_restore_retained, from the main thread).
         self._announcement: tuple[int, bytes] | None = None  # the open round and its announcement
         self._progress_bytes: bytes | None = None  # the last progress message
+        self._outlook_bytes: bytes | None = None  # the last outlook
+        self.model_version: Callable[[], int | None] = lambda: None  # the server's number of the version handed out
         self._restored_connects = 0  # the link's connection count the retained state was last published for
         self._stop_refresh = threading.Event()
         reassembler = Reassembler(max_payload_bytes=cfg.transport.max_update_bytes)
@@ -165,8 +175,8 @@ class MqttGrid:
 
     def clear_retained(self) -> None:
         """Forget an earlier run's retained round, progress and models on the broker (a run that starts afresh)."""
-        self._link.publish(self.topics.round, b"", retain=True)
-        self._link.publish(self.topics.progress, b"", retain=True)
+        for topic in (self.topics.round, self.topics.progress, self.topics.coordinator_outlook):
+            self._link.publish(topic, b"", retain=True)
         # ... and the models it left retained (it may have crashed before clearing them)
         self._link.sweep_retained([self.topics.global_model("+"), self.topics.client_model("+", "+"), self.topics.client_grant("+")])
 
@@ -242,8 +252,9 @@ class MqttGrid:
                 self._link.publish(self.topics.round, ann, retain=True)
                 log.info("round %d: reconnected (connection #%d); published the round's models and announcement again",
                          round_, connects)  # fmt: skip
-            if self._progress_bytes is not None:
-                self._link.publish(self.topics.progress, self._progress_bytes, retain=True)
+            for topic, kept in ((self.topics.progress, self._progress_bytes), (self.topics.coordinator_outlook, self._outlook_bytes)):
+                if kept is not None:
+                    self._link.publish(topic, kept, retain=True)
         except (OSError, RuntimeError, TimeoutError, ValueError, BlobError) as exc:
             log.warning("could not publish the retained round state again after reconnecting (%s); trying after the next", exc)
 
@@ -458,6 +469,9 @@ class MqttGrid:
             attempt=self.attempt, epoch=self.epoch, pace=steering.pace, **published.announce,
         )  # fmt: skip
         self.intake.open(c, limit)
+        if stage == 0:
+            self.publish_outlook(RoundOutlook(self.cfg.run_id, time.time(), len(self.eligibility(label_set).eligible),
+                                              open_round=round_, model_version=self.model_version()))  # fmt: skip
         c.offline.update(cid for cid in selected if cid in self.clients and self.clients[cid].state == "offline")
         self.receipts.open(round_, stage)
         ann_bytes = ann.to_bytes()
@@ -485,6 +499,15 @@ class MqttGrid:
         self.receipts.close()
         self.carrier.closed(round_, stage, steering.late_rounds)
         return c
+
+    def publish_outlook(self, outlook: RoundOutlook) -> None:
+        """Publish ``outlook`` retained on the coordinator's outlook topic (what devices show their people); a broker that
+        does not take it costs a warning, never the run."""
+        self._outlook_bytes = outlook.to_bytes()
+        try:
+            self._link.publish_nowait(self.topics.coordinator_outlook, self._outlook_bytes, retain=True)
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.warning("the outlook was not published (%s)", exc)
 
     def publish_progress(self, record: RoundRecord) -> None:
         """Publish ``record`` as the federation's retained progress message (an observer's view of the run).

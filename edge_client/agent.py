@@ -63,6 +63,7 @@ from har_models.wire.messages import (
     CoordinatorStatus,
     MessageError,
     RoundAnnouncement,
+    RoundOutlook,
     SensingHealth,
     offline_status,
 )
@@ -119,6 +120,7 @@ class EdgeAgent:
         self.announcement: RoundAnnouncement | None = None
         self.watch = CoordinatorWatch(cid)
         self.grant: BlobGrant | None = None  # the upload grant of the newest blob exchange
+        self.outlook: RoundOutlook | None = None  # what the coordinator says it is doing about rounds (for people)
         self.exit_code = 0
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
         self.sensing: Callable[[], str] = lambda: ""  # "live"/"paused" from a live source's SensingFreshness; "" untracked
@@ -147,6 +149,7 @@ class EdgeAgent:
             subscriptions=[
                 (self.topics.client_status(cid), 1),  # first: the retained one names our predecessor
                 (self.topics.coordinator_status, 1),
+                (self.topics.coordinator_outlook, 1),
                 (self.topics.round, 1),
                 (self.topics.global_model("+"), 1),
                 (self.topics.client_model(cid, "+"), 1),
@@ -376,6 +379,9 @@ class EdgeAgent:
             self._note_epoch(co.epoch)
             if not 0 < co.epoch < self.epoch:  # else a status of a coordinator epoch that is gone (its will, delivered late)
                 self.watch.take(co, retained)
+        elif topic == self.topics.coordinator_outlook:
+            with contextlib.suppress(MessageError):  # a malformed outlook costs the words on a screen, nothing more
+                self.outlook = RoundOutlook.from_bytes(payload) if payload else None
         elif topic == self.topics.client_receipt(cid):
             self.rounds.on_receipt(payload)
         elif topic == self.topics.client_grant(cid):

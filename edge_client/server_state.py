@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from har_models.wire.messages import CoordinatorStatus
+from har_models.wire.messages import CoordinatorStatus, RoundOutlook
 
 log = logging.getLogger("fedhar.client.server")
 
@@ -42,13 +42,16 @@ class ServerState:
         "offline" and "gone": the last time the server was known to be alive (s since the
         epoch); None when this device never saw it alive.
     status : CoordinatorStatus or None
-        The newest status, for the figures it carries (devices taking part, devices needed,
-        next round, open round, model version, why no round runs).
+        The newest status.
+    outlook : RoundOutlook or None
+        The coordinator's newest outlook, for the figures it carries (devices taking part, devices
+        needed, next round, open round, model version, why no round runs); None before one.
     """
 
     presence: str
     since_unix: float | None = None
     status: CoordinatorStatus | None = None
+    outlook: RoundOutlook | None = None
 
     @property
     def down(self) -> bool:
@@ -69,7 +72,8 @@ class ServerWatch:
     def __init__(self, last_online_unix: float | None = None):
         self.last_online_unix = last_online_unix
 
-    def observe(self, status: CoordinatorStatus | None, presence: str, now_unix: float) -> ServerState:
+    def observe(self, status: CoordinatorStatus | None, presence: str, now_unix: float,
+                outlook: RoundOutlook | None = None) -> ServerState:  # fmt: skip
         """The server's state from the agent's newest status and its judgement of it.
 
         Parameters
@@ -80,6 +84,8 @@ class ServerWatch:
             ``agent.coordinator_presence``.
         now_unix : float
             This device's wall clock, s since the epoch.
+        outlook : RoundOutlook or None
+            ``agent.outlook``: one of another run is not used.
 
         Returns
         -------
@@ -87,16 +93,18 @@ class ServerWatch:
             "online" moves :attr:`last_online_unix` on to the status's own time (its
             ``sent_unix`` when it refreshes, else now); "offline" and "gone" say since when.
         """
+        if outlook is not None and (status is None or outlook.run_id != status.run_id):
+            outlook = None
         if presence == "online" and status is not None:
             seen = status.sent_unix if status.refresh_s > 0 and status.sent_unix > 0 else now_unix
             self.last_online_unix = max(self.last_online_unix or 0.0, min(seen, now_unix))
-            return ServerState("online", None, status)
+            return ServerState("online", None, status, outlook)
         if presence in ("offline", "gone"):
             since = self.last_online_unix
             if since is None and status is not None and status.sent_unix > 0:
                 since = status.sent_unix  # never seen alive here: the status's own stamp is all there is
-            return ServerState(presence, since, status)
-        return ServerState("unknown", None, status)
+            return ServerState(presence, since, status, outlook)
+        return ServerState("unknown", None, status, outlook)
 
 
 def clock_words(t_unix: float, now_unix: float) -> str:
@@ -133,9 +141,11 @@ def server_words(state: ServerState, now_unix: float) -> str:
         since = f" since {clock_words(state.since_unix, now_unix)}" if state.since_unix else ""
         why = "" if state.presence == "offline" else " (it stopped without saying so)"
         return f"home server offline{since}{why}"
-    st = state.status
-    if state.presence != "online" or st is None:
+    st = state.outlook
+    if state.presence != "online" or state.status is None:
         return ""
+    if st is None:
+        return "home server online"
     parts = []
     if st.open_round is not None:
         parts.append(f"round {st.open_round} open")
@@ -180,7 +190,7 @@ def follow_server(agent: Any, stop: threading.Event, every_s: float = 2.0, clock
         said, presence, at = "", "", -float("inf")
         while not stop.wait(every_s):
             now = clock()
-            state = watch.observe(agent.coordinator, agent.coordinator_presence, now)
+            state = watch.observe(agent.coordinator, agent.coordinator_presence, now, agent.outlook)
             words = server_words(state, now)
             if not words or words == said:
                 continue

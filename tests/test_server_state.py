@@ -23,7 +23,7 @@ import pytest
 from support.polling import poll
 
 from edge_client.server_state import ServerState, ServerWatch, clock_words, follow_server, server_words
-from har_models.wire.messages import CoordinatorStatus, MessageError
+from har_models.wire.messages import CoordinatorStatus, MessageError, RoundOutlook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = dt.datetime(2026, 3, 3, 14, 10).timestamp()
@@ -31,26 +31,24 @@ AT_1402 = dt.datetime(2026, 3, 3, 14, 2).timestamp()
 AT_1430 = dt.datetime(2026, 3, 3, 14, 30).timestamp()
 
 
-def test_the_status_carries_what_a_phone_shows_and_leaves_out_what_is_unset():
-    st = CoordinatorStatus("online", "run-1", "a1", sent_unix=NOW, refresh_s=30.0, epoch=2, devices_taking_part=1, devices_needed=3,
-                           next_round_unix=AT_1430, open_round=None, model_version=18, waiting_reason="outside 02:00-03:00")  # fmt: skip
-    assert CoordinatorStatus.from_bytes(st.to_bytes()) == st
-    assert "open_round" not in json.loads(st.to_bytes())
-    # Unset, they are not in the message: the one a client of the previous release parses.
+def test_the_outlook_carries_what_a_phone_shows_apart_from_the_status_a_previous_release_parses():
+    o = RoundOutlook("run-1", NOW, devices_taking_part=1, devices_needed=3, next_round_unix=AT_1430, model_version=18,
+                     waiting_reason="outside 02:00-03:00")  # fmt: skip
+    assert RoundOutlook.from_bytes(o.to_bytes()) == o
+    assert "open_round" not in json.loads(o.to_bytes())  # unset: left out
+    # The status keeps the keys a client of the previous release knows (it refuses any other).
     plain = json.loads(CoordinatorStatus("online", "run-1", "a1", sent_unix=NOW, refresh_s=30.0, epoch=2).to_bytes())
     assert set(plain) == {"protocol", "state", "run_id", "attempt", "sent_unix", "refresh_s", "epoch"}
-    # A status of the previous release's coordinator parses with every new field unset.
-    old = CoordinatorStatus.from_bytes(b'{"protocol": 1, "state": "offline", "run_id": "r", "attempt": "x"}')
-    assert (old.devices_taking_part, old.model_version, old.waiting_reason) == (None, None, "")
     for bad in ({"devices_needed": -1}, {"model_version": True}, {"next_round_unix": float("inf")}, {"open_round": 1.5},
-                {"waiting_reason": "x" * 201}, {"waiting_reason": 5}):  # fmt: skip
-        payload = json.dumps({"protocol": 1, "state": "online", "run_id": "r", "attempt": "a"} | bad).encode()
-        with pytest.raises(MessageError, match="coordinator status"):
-            CoordinatorStatus.from_bytes(payload)
+                {"waiting_reason": "x" * 201}, {"waiting_reason": 5}, {"sent_unix": -1}):  # fmt: skip
+        payload = json.dumps({"protocol": 1, "run_id": "r"} | bad).encode()
+        with pytest.raises(MessageError, match="round outlook"):
+            RoundOutlook.from_bytes(payload)
 
 
 def _online(**fields) -> ServerState:
-    return ServerState("online", None, CoordinatorStatus("online", "r", "a", sent_unix=NOW, refresh_s=30.0, **fields))
+    st = CoordinatorStatus("online", "r", "a", sent_unix=NOW, refresh_s=30.0)
+    return ServerState("online", None, st, RoundOutlook("r", NOW, **fields) if fields else None)
 
 
 def test_the_server_in_words():
@@ -86,12 +84,12 @@ def test_offline_since_is_the_last_sign_of_life_this_device_saw():
 
 
 def test_the_command_line_client_logs_the_server_when_it_changes(caplog):
-    agent = SimpleNamespace(cfg=SimpleNamespace(client_id="pi-1"), coordinator=None, coordinator_presence="unknown")
+    agent = SimpleNamespace(cfg=SimpleNamespace(client_id="pi-1"), coordinator=None, coordinator_presence="unknown", outlook=None)
     stop, clock = threading.Event(), [AT_1402]
     with caplog.at_level(logging.INFO, logger="fedhar.client.server"):
         follow_server(agent, stop, every_s=0.01, clock=lambda: clock[0])
-        agent.coordinator = CoordinatorStatus("online", "r", "a", sent_unix=AT_1402, refresh_s=30.0, devices_taking_part=1,
-                                              devices_needed=2)
+        agent.outlook = RoundOutlook("r", AT_1402, devices_taking_part=1, devices_needed=2)
+        agent.coordinator = CoordinatorStatus("online", "r", "a", sent_unix=AT_1402, refresh_s=30.0)
         agent.coordinator_presence = "online"
         assert poll(lambda: len(caplog.records) >= 1, 10)
         clock[0] = NOW

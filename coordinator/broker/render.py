@@ -107,6 +107,7 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
             f"user {cid}",
             f"topic read {t.round}",
             f"topic read {t.coordinator_status}",
+            f"topic read {t.coordinator_outlook}",
             f"topic read {t.global_model('+')}",
             f"topic read {t.client_model(cid, '+')}",
             f"topic read {t.client_receipt(cid)}",

@@ -112,12 +112,12 @@ class ServerNotes:
         now_unix : float
             Wall clock, s since the epoch.
         """
-        state = self.watch.observe(agent.coordinator, agent.coordinator_presence, now_unix)
+        state = self.watch.observe(agent.coordinator, agent.coordinator_presence, now_unix, agent.outlook)
         seen = self.watch.last_online_unix
         if seen is not None and seen - self._written >= SEEN_WRITE_S:
             self.store.set_meta(SERVER_SEEN_KEY, seen)
             self._written = seen
-        st, ann = state.status, agent.announcement
+        st, ann = state.outlook, agent.announcement
         if state.presence != "online" or st is None or ann is None or st.model_version is None:
             return state
         if st.open_round == ann.round and st.run_id == ann.run_id:

@@ -387,7 +387,7 @@ class TakingPart:
             elif not agent.connection.connected:
                 v.state = "connecting" if agent.announcement is None else "disconnected"
             else:
-                v.state = "training" if agent._state == "training" else "connected"
+                v.state = "training" if agent.phase == "training" else "connected"
             v.error = self._error if v.take_part else ""
             sensor_fault = self.source.fault()
             if sensor_fault and not v.error:  # a refused or stopped sensor: on this screen, the Live one, and in the status

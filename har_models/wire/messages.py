@@ -706,27 +706,6 @@ class CoordinatorStatus:
         The coordinator republishes its status at least this often (s); 0 = never.
     epoch : int
         The served coordinator's epoch, as in :class:`RoundAnnouncement` (left out when 0).
-    devices_taking_part : int, optional
-        Devices that could be selected now (online, taking part, with windows).
-    devices_needed : int, optional
-        Devices a round needs before it starts (a served coordinator's ``min_clients``).
-    next_round_unix : float, optional
-        When the coordinator expects to open its next round (s since the epoch, its clock);
-        None while a round is open or when it cannot tell.
-    open_round : int, optional
-        The round open now, 0-based; None when none is.
-    model_version : int, optional
-        The server's number of the shared model version the open round starts from (with no
-        round open: the newest kept version), as ``fedhar-coordinator versions`` numbers them.
-    waiting_reason : str
-        Why no round is open, in words (at most :data:`MAX_REASON_CHARS` characters; "" when
-        one is open or nothing holds it back), e.g. "outside the schedule window 02:00-03:00".
-
-    The six fields after ``epoch`` say what a phone shows of the server (the app's "waiting for
-    2 more devices", "next round at about 14:30"); each is left out of the message while unset.
-    A client of a release before them refuses a status that carries one (unknown keys are
-    refused where a message enters), so a coordinator sets them only for clients of this
-    release or later.
     """
 
     state: str
@@ -735,12 +714,6 @@ class CoordinatorStatus:
     sent_unix: float = 0.0
     refresh_s: float = 0.0
     epoch: int = 0
-    devices_taking_part: int | None = None
-    devices_needed: int | None = None
-    next_round_unix: float | None = None
-    open_round: int | None = None
-    model_version: int | None = None
-    waiting_reason: str = ""
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -749,9 +722,6 @@ class CoordinatorStatus:
             del d["sent_unix"], d["refresh_s"]
         if not self.epoch:  # no epoch: the message older clients know
             del d["epoch"]
-        for key in _SERVER_STATE_FIELDS:  # unset: left out, so the message is the one older clients know
-            if d[key] is None or d[key] == "":
-                del d[key]
         return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
@@ -774,21 +744,78 @@ class CoordinatorStatus:
             raise MessageError(f"coordinator status: bad state {st.state!r:.40} or ids")
         if isinstance(st.epoch, bool) or not isinstance(st.epoch, int) or st.epoch < 0:
             raise MessageError(f"coordinator status: epoch must be an integer >= 0, got {st.epoch!r:.40}")
-        try:
-            for key in ("devices_taking_part", "devices_needed", "open_round", "model_version"):
-                if getattr(st, key) is not None:
-                    check_count(getattr(st, key), key)
-            if st.next_round_unix is not None:
-                _check_seconds(st, ("next_round_unix",))
-        except ValueError as exc:
-            raise MessageError(f"coordinator status: {exc}") from None
-        if not isinstance(st.waiting_reason, str) or len(st.waiting_reason) > MAX_REASON_CHARS:
-            raise MessageError(f"coordinator status: waiting_reason must be text of at most {MAX_REASON_CHARS} characters")
         return st
 
 
-_SERVER_STATE_FIELDS = ("devices_taking_part", "devices_needed", "next_round_unix", "open_round", "model_version", "waiting_reason")
-"""The coordinator status's optional fields of what a phone shows of the server (left out of the message while unset)."""
+@dataclass(frozen=True)
+class RoundOutlook:
+    """What the coordinator is doing about rounds, for the people holding the devices (retained, its own topic).
+
+    It travels apart from :class:`CoordinatorStatus` (on :attr:`har_models.wire.topics.Topics.coordinator_outlook`)
+    because a device of an earlier release refuses a status with keys it does not know; a device that
+    does not read this topic sees the status it always saw.
+
+    Parameters
+    ----------
+    run_id : str
+    sent_unix : float
+        When it was published (s since the epoch, the coordinator's clock).
+    devices_taking_part : int, optional
+        Devices that could be selected now (online, taking part, with windows).
+    devices_needed : int, optional
+        Devices a round needs before it starts (a served coordinator's ``min_clients``).
+    next_round_unix : float, optional
+        When the coordinator expects to open its next round (s since the epoch, its clock);
+        None while a round is open or when it cannot tell.
+    open_round : int, optional
+        The round open now, 0-based; None when none is.
+    model_version : int, optional
+        The server's number of the shared model version the open round starts from (with no
+        round open: the newest kept version), as ``fedhar-coordinator versions`` numbers them.
+    waiting_reason : str
+        Why no round is open, in words (at most :data:`MAX_REASON_CHARS` characters; "" when
+        one is open or nothing holds it back), e.g. "outside the schedule window 02:00-03:00".
+
+    """
+
+    run_id: str = ""
+    sent_unix: float = 0.0
+    devices_taking_part: int | None = None
+    devices_needed: int | None = None
+    next_round_unix: float | None = None
+    open_round: int | None = None
+    model_version: int | None = None
+    waiting_reason: str = ""
+
+    def to_bytes(self) -> bytes:
+        d = {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+        d["protocol"] = PROTOCOL_VERSION
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> RoundOutlook:
+        """Parse an outlook.
+
+        Raises
+        ------
+        MessageError
+            If it is not JSON, of another protocol, or malformed.
+        """
+        d = load_json_message(payload, "round outlook")
+        d.pop("protocol")
+        try:
+            o = cls(**d)
+            _check_seconds(o, ("sent_unix",))
+            for key in ("devices_taking_part", "devices_needed", "open_round", "model_version"):
+                if getattr(o, key) is not None:
+                    check_count(getattr(o, key), key)
+            if o.next_round_unix is not None:
+                _check_seconds(o, ("next_round_unix",))
+        except (TypeError, ValueError) as exc:
+            raise MessageError(f"round outlook: {exc}") from None
+        if not isinstance(o.run_id, str) or not isinstance(o.waiting_reason, str) or len(o.waiting_reason) > MAX_REASON_CHARS:
+            raise MessageError(f"round outlook: waiting_reason must be text of at most {MAX_REASON_CHARS} characters")
+        return o
 
 MAX_REASON_CHARS = 200
 """Longest ``waiting_reason`` a coordinator status may carry (characters)."""

@@ -68,6 +68,11 @@ class Topics:
         return f"{self.prefix}/coordinator/status"
 
     @property
+    def coordinator_outlook(self) -> str:
+        """The coordinator's retained :class:`~har_models.wire.messages.RoundOutlook` (what it is doing about rounds)."""
+        return f"{self.prefix}/coordinator/outlook"
+
+    @property
     def round(self) -> str:
         return f"{self.prefix}/round"
 

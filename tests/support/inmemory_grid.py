@@ -121,6 +121,9 @@ class InMemoryGrid:
     def publish_progress(self, record: RoundRecord) -> None:
         self.progress.append(record.round)
 
+    def publish_outlook(self, outlook: Any) -> None:
+        self.log.append(("outlook", outlook.open_round))
+
     def forget(self, cid: str) -> None:
         self.devices.pop(cid, None)
 

@@ -18,7 +18,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
-from har_models.wire.messages import CoordinatorStatus
+from har_models.wire.messages import CoordinatorStatus, RoundOutlook
 
 
 def main() -> None:
@@ -37,8 +37,9 @@ def main() -> None:
     while True:
         if not paused.is_set():
             now = time.time()
-            st = CoordinatorStatus("online", "run-s", "a1", sent_unix=now, refresh_s=0.5, devices_taking_part=1, devices_needed=3,
-                                   next_round_unix=now + 3600, model_version=7)  # fmt: skip
+            st = CoordinatorStatus("online", "run-s", "a1", sent_unix=now, refresh_s=0.5)
+            outlook = RoundOutlook("run-s", now, devices_taking_part=1, devices_needed=3, next_round_unix=now + 3600, model_version=7)
+            c.publish(topic.replace("/status", "/outlook"), outlook.to_bytes(), qos=1, retain=True).wait_for_publish(5)
             c.publish(topic, st.to_bytes(), qos=1, retain=True).wait_for_publish(5)
             print("sent", now, flush=True)
         time.sleep(0.25)
