@@ -58,6 +58,15 @@ class StorageFull(OSError):
         return str(self.strerror)
 
 
+class StateLocked(OSError):
+    """The run's database stayed locked by another program (a backup tool, ``sqlite3`` at a shell) for longer than
+    :data:`LOCK_WAIT_S`: nothing is wrong with it, and the same call succeeds once that program lets go."""
+
+
+LOCK_WAIT_S = 60.0
+"""How long a read or write of the run's database waits for another program's lock before :class:`StateLocked` (s)."""
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -161,7 +170,7 @@ class RunState:
             # (a full disk, a copy that failed), and opening it would read as a new, empty run.
             raise StateDamaged(self._damaged("it is empty (0 bytes)"))
         try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=LOCK_WAIT_S)
         except sqlite3.Error as exc:
             raise StateDamaged(self._damaged(str(exc))) from None
         with self._guard():
@@ -178,11 +187,20 @@ class RunState:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Turn sqlite3's errors of a read or write into :class:`StateDamaged` naming the file and the fix."""
+        """Turn sqlite3's errors of a read or write into :class:`StateDamaged` naming the file and the fix; a lock held
+        elsewhere past :data:`LOCK_WAIT_S` is :class:`StateLocked`, a full disk :class:`StorageFull`: neither is damage."""
         try:
             yield
         except StateDamaged:
             raise
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise StateLocked(f"{self.path} stayed locked by another program for {LOCK_WAIT_S:.0f} s (a backup, sqlite3 at "
+                                  f"a shell?); nothing is wrong with it: it is used again once that program lets go") from None
+            if "full" in text or is_out_of_space(exc):
+                raise storage_full(self.folder, 1 << 20) from None
+            raise StateDamaged(self._damaged(text)) from None
         except sqlite3.Error as exc:
             raise StateDamaged(self._damaged(str(exc))) from None
         except (json.JSONDecodeError, TypeError) as exc:  # a row whose text is not what was written
