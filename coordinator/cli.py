@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes.epilog(exit_codes.COORDINATOR),
         formatter_class=HelpFormatter,
     )
+    from har_io.entry import version_line
+
+    ap.add_argument("--version", action="version", version=version_line("fedhar-coordinator"), help="print the release and exit")
     ap.add_argument("--federation", default="default", help="topic namespace fedhar/v1/<federation>")
     ap.add_argument("--run-id", default=None, help="run identifier (default: <aggregation>-<timestamp>)")
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
