@@ -3,7 +3,7 @@
 Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
 ``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), ``broker`` (the
 federation's Mosquitto configuration, :mod:`coordinator.broker.cli`), and the home server's
-device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``devices``, ``versions``, ``pin`` and
+device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``release``, ``devices``, ``versions``, ``pin`` and
 ``rollback`` (:mod:`coordinator.server.devices_cli`).
 """
 
@@ -70,7 +70,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
 
 
 SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions",
-               "pin", "rollback", "invite", "pending", "approve",
+               "pin", "rollback", "release", "invite", "pending", "approve",
                "backup", "restore")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
@@ -85,7 +85,9 @@ _DESCRIPTION = (
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator backup DEST       copy the data folder (safe while serve runs) and the broker folder; restore SRC\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions\n"
-    "fedhar-coordinator pin VERSION       serve continues from that version; rollback [VERSION]: also a smaller step"
+    "fedhar-coordinator pin VERSION       serve continues from that version; rollback [VERSION]: also a smaller step\n"
+    "fedhar-coordinator release NAME      a quarantined device's updates count again\n"
+    "A running serve does revoke, reissue, rename, forget, pin, rollback, approve and release itself, between rounds."
 )
 
 
@@ -185,10 +187,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 def serve_main(argv: list[str]) -> int:
     """``fedhar-coordinator serve``; the exit statuses of :func:`main` (130 after SIGINT or SIGTERM)."""
+    from coordinator.grid import CoordinatorError, StateError
+    from coordinator.server.data_lock import FolderInUse
     from coordinator.server.registry import RegistryDamaged
     from coordinator.server.serve import Server, install_signals
     from coordinator.server.settings import default_data_dir
-    from coordinator.service import CoordinatorError, StateError
+    from coordinator.server.sqlite_faults import DatabaseAccess, DatabaseBusy
     from coordinator.state import StateDamaged
 
     args = build_serve_parser().parse_args(argv)
@@ -208,7 +212,7 @@ def serve_main(argv: list[str]) -> int:
             except BrokerAdminError as exc:
                 raise ValueError(f"[server] broker_dir: {exc}") from None
         if args.username is None:  # the broker folder of [server] broker_dir names the coordinator's account
-            from coordinator.server.devices_cli import DeviceCommandError, coordinator_broker
+            from coordinator.server.device_commands import DeviceCommandError, coordinator_broker
 
             if broker_dir:
                 try:
@@ -220,7 +224,10 @@ def serve_main(argv: list[str]) -> int:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
         return Exit.USAGE
     prog = "fedhar-coordinator serve"
-    folder: exit_codes.ErrorExits = [((RegistryDamaged, StateDamaged, StateError), Exit.FOLDER_UNUSABLE)]
+    # A damaged or foreign folder, one another serve holds, or one this account may not write: a restart cannot help.
+    # A database another program held for longer than the wait: a restart (systemd's, after RestartSec) waits again.
+    folder: exit_codes.ErrorExits = [((RegistryDamaged, StateDamaged, StateError, FolderInUse, DatabaseAccess), Exit.FOLDER_UNUSABLE),
+                                     (DatabaseBusy, Exit.FEDERATION_FAILED)]  # fmt: skip
     built: list[Server] = []
 
     def build() -> None:

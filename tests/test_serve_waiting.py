@@ -43,7 +43,6 @@ def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:
 
 
 def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_device_is_missing(tmp_path: Path) -> None:
-    from coordinator.runner import FederationRunner
     from coordinator.server.serve import Server
 
     data = tmp_path / "data"
@@ -52,12 +51,9 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
         "conv_filters = 4\ndense_units = 8\nmin_clients = 2\n[server]\nhttp_port = 0\n"
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )
-    server = Server(data, BROKER, "home")
     grid = LoopGrid({cid: device_status(cid, 30) for cid in ("phone-anna", "pi-kitchen")})
     grid.silent.add("pi-kitchen")  # selected, but its update never comes: the attempt closes without quorum
-    server.grid = grid  # type: ignore[assignment]
-    server.runner = FederationRunner(server.cfg, grid, state=server.runner.state)
-    server.poll_s = 0.02
+    server = Server(data, BROKER, "home", grid=lambda needs: grid, poll_s=0.02)
     stop = threading.Event()
     loop = threading.Thread(target=server.run, args=(stop,), daemon=True)
     loop.start()

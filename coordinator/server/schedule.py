@@ -186,3 +186,13 @@ def waiting_line(n_eligible: int, min_clients: int, start_at: float, now: float,
     if n_eligible >= min_clients:
         return f"waiting: {n_eligible} eligible devices, {min_clients} needed{when}"
     return f"waiting: {n_eligible} of {min_clients} eligible devices{when}"
+
+
+def not_eligible(left_out: Mapping[str, str]) -> str:
+    """``"; not eligible: a (offline), b (no training windows)"`` for the waiting line, or "" when every device is.
+
+    Revoked devices are left out: they are no candidates (the devices table says revoked), and a
+    forgotten one's name must not come back on the page.
+    """
+    named = sorted((c, r) for c, r in left_out.items() if r != "revoked")
+    return "; not eligible: " + ", ".join(f"{c} ({r})" for c, r in named) if named else ""

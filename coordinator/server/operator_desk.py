@@ -1,0 +1,155 @@
+"""Operator commands inside a running ``serve``: taken from its socket, done in its serving loop between rounds.
+
+:class:`OperatorDesk` listens on the operator channel (:mod:`coordinator.server.operator_channel`)
+and queues each request; the serving loop calls :meth:`OperatorDesk.serve_pending` after each wait
+for messages, so a request is done in the loop's own thread, between rounds, with the server's own
+broker session (never a second login as the coordinator, which would take the server's session
+over and lose the updates queued for it). A ``revoke`` or ``forget`` that arrives during a round is
+recorded in the registry at once (the server asks the registry at every message, so the device is
+refused from the next one) and done in full when the round closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coordinator.server.audit import acting_for
+from coordinator.server.folder_side import FolderSide
+from coordinator.server.operator_channel import Job, OperatorChannel
+from coordinator.server.operator_commands import perform, status_of
+from coordinator.server.registry import Registry
+from coordinator.server.settings import ServeFile
+
+log = logging.getLogger("fedhar.serve")
+
+AT_ONCE = ("revoke", "forget")
+"""Commands whose registry mark is written when they arrive, before the loop does the rest: refusal waits for no round."""
+
+
+class ServerSide:
+    """A command's live side inside the running server (see :class:`coordinator.server.device_commands.Side`).
+
+    Parameters
+    ----------
+    data : Path
+    file : callable
+        The settings in force.
+    grid : coordinator.grid.Grid
+        The server's grid: its own broker session clears what the broker retains of a device.
+    runner : coordinator.runner.FederationRunner
+    take_request : callable
+        Takes up a written pin or rollback now, returning lines (:meth:`coordinator.server.serve_versions.VersionKeeper.take_request`).
+    """
+
+    def __init__(self, data: Path, file: Callable[[], ServeFile], grid: Any, runner: Any, take_request: Callable[[], list[str]]):
+        self.data, self._file, self.grid, self.runner, self._take = Path(data), file, grid, runner, take_request
+
+    def clear_device(self, name: str) -> str:
+        """Forget the device in the grid and the runner and clear what the broker retains of it, through the server's session."""
+        self.grid.forget(name)
+        self.runner.forget_client(name)
+        if self.grid.clear_device(name):
+            return f"the running server cleared {name}'s retained status and models (and refuses it from now on)"
+        return f"the running server could not clear {name}'s retained status now (it refuses {name} anyway)"
+
+    def forget_device(self, name: str) -> list[str]:
+        """Delete the device's files and run records; the runner is between rounds, its models of the device dropped."""
+        return FolderSide(self.data, self._file()).forget_device(name)
+
+    def rename_device(self, old: str, new: str) -> list[str]:
+        """Move ``old``'s kept personalised models to ``new`` (the runner forgets ``old``'s) and clear ``old``."""
+        from coordinator.server.lifecycle import move_personal_models
+
+        moved = move_personal_models(self.data, old, new)
+        return [f"{moved} kept personalised model(s) moved to {new}", self.clear_device(old)]
+
+    def release(self, name: str) -> list[str]:
+        """Release the device from the runner's quarantine."""
+        if self.runner.release(name):
+            return [f"{name} released from quarantine: its updates count again from the next round"]
+        return [f"{name} was not quarantined; nothing changed"]
+
+    def model_request(self, action: str, version: int | None) -> list[str]:
+        """Write the request and take it up now: the next round starts from the version."""
+        from coordinator.server import model_request
+
+        model_request.write_request(self.data, action, version)
+        return self._take()
+
+
+class OperatorDesk:
+    """The running server's desk for operator commands (see the module docstring).
+
+    Parameters
+    ----------
+    data : Path
+    file : callable
+        The settings in force.
+    side : ServerSide
+    registry : Registry
+        The server's registry (a revocation is written there when it arrives).
+    busy : callable
+        Why a request waits now (``"round 7 is open ..."``), or None between rounds.
+    """
+
+    def __init__(self, data: Path, file: Callable[[], ServeFile], side: ServerSide, registry: Registry,
+                 busy: Callable[[], str | None]):  # fmt: skip
+        self.data, self._file, self.side, self.registry = Path(data), file, side, registry
+        self.channel = OperatorChannel(self.data, self._accept, busy)
+        self._jobs: queue.Queue[Job] = queue.Queue()
+
+    def start(self) -> None:
+        """Listen for commands (logged and left out when the socket cannot be made: commands then say so)."""
+        try:
+            self.channel.start()
+        except OSError as exc:
+            log.error("operator commands cannot reach this server: %s cannot be made (%s); they wait and then say so",
+                      self.channel.path, exc)  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop listening; a request still queued is answered that the server stopped."""
+        self.channel.stop()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            job.answer([], 5, "the server stopped before it did this; nothing was done: run the command again")
+
+    def _accept(self, job: Job) -> None:
+        """In the channel's thread: a revocation is written now; the job waits for the loop."""
+        name = job.args.get("name")
+        if job.command in AT_ONCE and isinstance(name, str):
+            try:
+                self.registry.revoke(name)
+            except Exception as exc:  # a bad name, a held or full registry: the command's own words
+                job.answer([], status_of(exc) or 1, str(exc))
+                return
+            job.replies.put({"note": f"{name} is refused by the running server from now on"})
+        self._jobs.put(job)
+
+    def serve_pending(self) -> None:
+        """Do the queued commands now (the serving loop calls this between rounds), each answered with its lines and status."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            log.info("operator command from %s: %s %s", job.by, job.command, " ".join(f"{k}={v}" for k, v in sorted(job.args.items())))
+            try:
+                with acting_for(job.by):
+                    lines = perform(job.command, job.args, self.data, self._file(), self.side)
+            except Exception as exc:
+                status = status_of(exc)
+                if status is None:  # a bug: the server goes on, the operator learns where to look
+                    log.exception("operator command %s failed", job.command)
+                    job.answer([], 1, f"unexpected error ({type(exc).__name__}: {exc}); see the server's log")
+                else:
+                    log.warning("operator command %s: %s", job.command, exc)
+                    job.answer([], status, str(exc))
+                continue
+            job.answer(lines)
