@@ -23,8 +23,8 @@ from support.upgrade_fixture import mqtt_login
 from coordinator.record import Evaluation, FedDwaWeights, Metrics, Participation, Rejection, RoundRecord, records
 from coordinator.report import write_report
 from coordinator.server import device_commands as devices_cli
-from coordinator.server.folder_side import FolderSide
 from coordinator.server.audit import read_audit
+from coordinator.server.folder_side import FolderSide
 from coordinator.server.lifecycle import prune_bundles, scrub_record
 from coordinator.server.registry import Registry
 from coordinator.server.settings import read_serve_file

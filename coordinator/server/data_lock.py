@@ -65,14 +65,19 @@ class DataLock:
         if self._fd is not None:
             return True
         self.data.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            writable = True
+        except PermissionError:  # made by another account (root's command before the chown): a lock needs no write
+            fd, writable = os.open(self.path, os.O_RDONLY), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{self.what} pid {os.getpid()}\n".encode(), 0)
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{self.what} pid {os.getpid()}\n".encode(), 0)
         self._fd = fd
         return True
 

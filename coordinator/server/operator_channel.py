@@ -220,14 +220,18 @@ def ask(data: Path, command: str, args: dict[str, Any], out: TextIO | None = Non
         sock.settimeout(SILENT_LIMIT_S)
         sock.sendall(json.dumps({"command": command, "args": args, "by": _who()}).encode() + b"\n")
         reader = sock.makefile("r", encoding="utf-8")
-        for text in reader:
-            msg = json.loads(text)
-            if "note" in msg:
-                print(f"fedhar-coordinator {command}: {msg['note']}", file=err, flush=True)
-                continue
-            for line in msg.get("lines", []):
-                print(line, file=out)
-            if msg.get("error"):
-                print(f"fedhar-coordinator {command}: {msg['error']}", file=err)
-            return int(msg.get("status", 1))
+        try:
+            for text in reader:
+                msg = json.loads(text)
+                if "note" in msg:
+                    print(f"fedhar-coordinator {command}: {msg['note']}", file=err, flush=True)
+                    continue
+                for line in msg.get("lines", []):
+                    print(line, file=out)
+                if msg.get("error"):
+                    print(f"fedhar-coordinator {command}: {msg['error']}", file=err)
+                return int(msg.get("status", 1))
+        except TimeoutError:
+            raise ChannelClosed(f"the server on {path} said nothing for {SILENT_LIMIT_S:.0f} s; see its log "
+                                "(journalctl -u fedhar-coordinator): the command may still be done") from None
     raise ChannelClosed(f"the server on {path} stopped before it answered; see its log (journalctl -u fedhar-coordinator)")

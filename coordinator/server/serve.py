@@ -151,6 +151,7 @@ class Server:
         self._failed: tuple[int, str, float] | None = None  # the round whose last attempt failed, why, when (unix)
         self._eligible_now = 0
         self._fault: str | None = None  # a storage fault in force ("disk full: ...")
+        self._fault_kind: tuple[str, str] | None = None  # its kind and folder, logged once
         self._unkept: Callable[[], None] | None = None  # what a storage fault left undone, to try again
 
     def _build(self, broker: BrokerConfig, federation: str, config: Path | None, report_header: dict[str, Any] | None,
@@ -340,16 +341,17 @@ class Server:
                 self._fault_over()
             work()
         except FAULTS as exc:
-            if str(exc) != self._fault:
-                log.error("%s; the server goes on, keeps what it holds and tries again every %.0f s", exc, self.storage_retry_s)
-            self._fault = str(exc)
+            kind = (type(exc).__name__, str(getattr(exc, "folder", "")))
+            if kind != self._fault_kind:  # once per fault, not at every try (the free space it names changes)
+                log.error("%s; the server goes on, keeps what it holds and tries again every %g s", exc, self.storage_retry_s)
+            self._fault, self._fault_kind = str(exc), kind
             self._retry_at = time.time() + self.storage_retry_s
 
     def _fault_over(self) -> None:
         """What a storage fault stopped went through: the fault is over."""
         if self._fault is not None:
             log.info("the storage fault is over (%s); the server goes on", self._fault)
-            self._fault = None
+            self._fault, self._fault_kind = None, None
 
     def _step(self) -> None:
         """One look of the serving loop: who is eligible, and a round when the schedule and the devices allow."""
