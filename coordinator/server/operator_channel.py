@@ -168,15 +168,15 @@ class OperatorChannel:
             _send(conn, {"error": f"not a request ({exc})", "status": 2})
             return
         self._accept(job)
-        last_note = 0.0
+        last_note = -NOTE_EVERY_S
         while True:
+            why = self._busy()
+            if why is not None and time.monotonic() - last_note >= NOTE_EVERY_S:  # said at once, then now and then
+                _send(conn, {"note": f"{why}; the server does '{job.command}' when it closes"})
+                last_note = time.monotonic()
             try:
                 reply = job.replies.get(timeout=1.0)
             except queue.Empty:
-                why = self._busy()
-                if why is not None and time.monotonic() - last_note >= NOTE_EVERY_S:
-                    _send(conn, {"note": f"{why}; the server does '{job.command}' when it closes"})
-                    last_note = time.monotonic()
                 continue
             _send(conn, reply)
             if "status" in reply:
