@@ -49,7 +49,7 @@ from coordinator.server.schedule import next_start, not_eligible, waiting_line
 from coordinator.server.serve_devices import DeviceUpkeep
 from coordinator.server.serve_page import PageFeeds, monitor_broker, page_blob_store, start_status_page
 from coordinator.server.serve_reload import SettingsReload
-from coordinator.server.serve_setup import CONFIG_NAME, archive_strategy_change, federation_config, run_id_of
+from coordinator.server.serve_setup import CONFIG_NAME, archive_strategy_change, federation_config, run_id_of, setting_words
 from coordinator.server.serve_versions import VersionKeeper
 from coordinator.server.settings import SERVE_ROUNDS, ScheduleSettings, ServerSettings, read_serve_file
 from coordinator.server.sqlite_faults import DatabaseBusy
@@ -383,7 +383,7 @@ class Server:
         except StateError:
             raise
         except CoordinatorError as exc:  # e.g. devices of different label sets: not worth a restart
-            log.error("round %d could not start: %s; trying again later", r, exc)
+            log.error("round %d could not start: %s; trying again later", r, setting_words(str(exc)))
             self._retry_at = time.time() + min(RETRY_AFTER_FAILED_S, max(RETRY_MIN_S, self.schedule.min_round_interval_s))
             return
         finally:
@@ -412,7 +412,7 @@ class Server:
         if self._failed is not None:
             rnd, why, at = self._failed
             when = dt.datetime.fromtimestamp(at, self.tz).strftime("%H:%M:%S")
-            line = f"round {rnd}'s last attempt closed without quorum at {when} local ({why}); {line}"
+            line = f"round {rnd}'s last attempt closed without quorum at {when} local ({setting_words(why)}); {line}"
         return line
 
     def _log_waiting(self, n: int, start_at: float, now: float, left_out: Mapping[str, str]) -> None:

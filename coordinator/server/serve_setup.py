@@ -151,3 +151,21 @@ def changes(old: Any, new: Any, table: str) -> list[str]:
         for f in dataclasses.fields(old)
         if getattr(old, f.name) != getattr(new, f.name)
     ]
+
+
+def setting_words(text: str) -> str:
+    """``text`` with each command-line flag of a federation setting named as ``serve`` reads it, a key of ``server.toml``.
+
+    The rounds' words come from code ``fedhar-coordinator run`` shares, where settings are options:
+    ``"below the quorum of 2 (--min-clients)"`` reads ``"below the quorum of 2 (min_clients in server.toml)"``;
+    a setting of a table (``fedprox.mu``, flag ``--prox-mu``) is ``[fedprox] mu in server.toml``.
+    """
+    import re
+
+    from har_io.cli import option_fields, option_flag
+
+    keys = {}
+    for dest, f, _ in option_fields(CoordinatorConfig):
+        table, _, key = dest.rpartition(".")
+        keys[option_flag(f)] = f"[{table}] {key}" if table else key
+    return re.sub(r"--[a-z][a-z0-9-]*", lambda m: f"{keys[m.group(0)]} in server.toml" if m.group(0) in keys else m.group(0), text)
