@@ -66,26 +66,28 @@ def _allowed(st: os.stat_result, uid: int, gids: set[int], bit: str) -> bool:
     return bool(st.st_mode & ((stat.S_IROTH if bit == "r" else stat.S_IXOTH) << shift))
 
 
-def read_problem(path: Path, uid: int, gids: set[int]) -> str | None:
+def read_problem(path: Path, uid: int, gids: set[int], secret: bool = False) -> str | None:
     """Why account ``uid`` (groups ``gids``) cannot read ``path``, with the command that fixes it; None when it can.
 
     Each folder on the way needs search (x) permission, the file read (r) permission; the first that
-    refuses is named with its owner, group and mode. A file that does not exist is no problem here.
+    refuses is named with its owner, group and mode. A ``secret`` (a password file) is never offered to
+    everyone: the fix gives the account a copy of its own. A file that does not exist is no problem here.
     """
     path = Path(path).absolute()
     if not path.exists():
         return None
     who = _name(uid)
+    own_copy = f"fix: sudo install -m 600 -o {who} {path} <a file of {who}'s> and name that file in server.toml"
     for folder in reversed(path.parents):
         st = folder.stat()
         if not _allowed(st, uid, gids, "x"):
+            fix = own_copy if secret else f"fix: sudo chmod o+x {folder}"
             return (f"{path} cannot be read by {who}: the folder {folder} ({_name(st.st_uid)}:{_group(st.st_gid)}, mode "
-                    f"{stat.S_IMODE(st.st_mode):04o}) does not let it pass; fix: sudo chmod o+x {folder}")  # fmt: skip
+                    f"{stat.S_IMODE(st.st_mode):04o}) does not let it pass; {fix}")  # fmt: skip
     st = path.stat()
     if not _allowed(st, uid, gids, "r"):
-        return (f"{path} cannot be read by {who} ({_name(st.st_uid)}:{_group(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"fix: sudo chmod o+r {path}, or sudo chgrp {_group(os.getgid()) if uid == os.geteuid() else who} {path} "
-                f"&& sudo chmod g+r {path}")  # fmt: skip
+        fix = own_copy if secret else f"fix: sudo chmod o+r {path}"
+        return f"{path} cannot be read by {who} ({_name(st.st_uid)}:{_group(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}); {fix}"
     return None
 
 
@@ -97,13 +99,12 @@ def access_problems(server: ServerSettings, uid: int | None = None, gids: set[in
     """
     uid = os.geteuid() if uid is None else uid
     gids = ({os.getegid(), *os.getgroups()} if uid == os.geteuid() else set()) if gids is None else gids
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []
     if server.broker_dir:
         from coordinator.broker.settings import MANIFEST_NAME
 
         broker = Path(server.broker_dir).expanduser()
-        files.append(broker / MANIFEST_NAME)
-        files += [broker / "tls" / "server.crt", broker / "tls" / "ca.crt"]
+        files += [(broker / MANIFEST_NAME, False), (broker / "tls" / "server.crt", False), (broker / "tls" / "ca.crt", False)]
     if server.monitor_password_file:
-        files.append(Path(server.monitor_password_file).expanduser())
-    return [p for p in (read_problem(f, uid, gids) for f in files) if p is not None]
+        files.append((Path(server.monitor_password_file).expanduser(), True))
+    return [p for p in (read_problem(f, uid, gids, secret) for f, secret in files) if p is not None]
