@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return broker_cli.main(rest)
         if cmd in ("backup", "restore"):
-            from coordinator.server import backup
+            from coordinator.server import backup_cli
 
-            return backup.main(cmd, rest)
+            return backup_cli.main(cmd, rest)
         if cmd != "run":
             from coordinator.server import devices_cli
 
