@@ -9,12 +9,13 @@ import json
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.inmemory_grid import InMemoryGrid, device_status
+from support.serving import LoopGrid, until
 
 import coordinator.broker as gen
 from coordinator.server import devices_cli, operator_channel
@@ -25,21 +26,6 @@ from har_io.broker_config import BrokerConfig
 
 BROKER = BrokerConfig.parse("127.0.0.1:9")
 DEVICES = ("dev-a", "dev-b", "dev-c")
-
-
-class LoopGrid(InMemoryGrid):
-    def wait(self, seconds: float) -> None:
-        time.sleep(min(seconds, 0.02))
-
-
-def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"{label} did not happen within {timeout} s")
 
 
 @pytest.fixture
@@ -69,7 +55,7 @@ def serving(data: Path) -> Iterator[tuple[Any, LoopGrid, str]]:
     stop = threading.Event()
     loop = threading.Thread(target=server.run, args=(stop,), name="serving-loop", daemon=True)
     loop.start()
-    _until(lambda: (data / operator_channel.SOCKET_NAME).exists(), 20, "the operator socket")
+    until(lambda: (data / operator_channel.SOCKET_NAME).exists(), 20, "the operator socket")
     try:
         yield server, grid, loop.name
     finally:
@@ -152,7 +138,7 @@ def test_a_second_serve_is_refused_and_without_a_server_a_command_holds_the_lock
     loop = threading.Thread(target=server.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        _until(lambda: not (data / "release_requests.json").exists(), 20, "the release taken up")
+        until(lambda: not (data / "release_requests.json").exists(), 20, "the release taken up")
     finally:
         stop.set()
         loop.join(20)

@@ -8,31 +8,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.inmemory_grid import InMemoryGrid, device_status
+from support.inmemory_grid import device_status
 from support.registry_views import kept_versions
+from support.serving import LoopGrid, until
 
 import coordinator.state as run_state
 from har_io.broker_config import BrokerConfig
-
-
-class LoopGrid(InMemoryGrid):
-    def wait(self, seconds: float) -> None:
-        time.sleep(min(seconds, 0.02))
-
-
-def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"{label} did not happen within {timeout} s")
 
 
 @pytest.mark.slow  # two rounds, two faults and their retries: about 6 s
@@ -61,22 +46,22 @@ def test_a_full_disk_is_a_state_the_server_leaves_by_itself(tmp_path: Path, monk
     with caplog.at_level(logging.INFO, logger="fedhar.serve"):
         loop.start()
         try:
-            problems = _until(server.problems, 20, "the full disk reported")
+            problems = until(server.problems, 20, "the full disk reported")
             assert len(problems) == 1 and problems[0].startswith(f"disk full: {data / 'run' / 'models'}")
             assert " MB free of " in problems[0] and problems[0].endswith(" MB needed")
             time.sleep(1.0)  # a few retries while it stays full: still one state, said once, no version, no exit
             assert loop.is_alive() and kept_versions(data) == []
             assert [p.partition(",")[0] for p in server.problems()] == [problems[0].partition(",")[0]]
             full.clear()  # space returns
-            _until(lambda: kept_versions(data), 20, "a version kept once there is space")
-            _until(lambda: server.problems() == [], 20, "the fault over")
+            until(lambda: kept_versions(data), 20, "a version kept once there is space")
+            until(lambda: server.problems() == [], 20, "the fault over")
             # full again, for the version files only: the round completes in the run's state and its version waits
             full.add("versions")
             done = server.runner.state.last_completed_round()
-            _until(lambda: any(p.startswith(f"disk full: {data / 'versions'}") for p in server.problems()), 20, "the second fault")
+            until(lambda: any(p.startswith(f"disk full: {data / 'versions'}") for p in server.problems()), 20, "the second fault")
             assert server.runner.state.last_completed_round() == done + 1 and kept_versions(data)[-1][1] == done
             full.clear()
-            _until(lambda: kept_versions(data)[-1][1] >= done + 1 and not server.problems(), 20, "the version written")
+            until(lambda: kept_versions(data)[-1][1] >= done + 1 and not server.problems(), 20, "the version written")
         finally:
             full.clear()
             stop.set()

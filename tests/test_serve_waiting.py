@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import html
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
-from support.inmemory_grid import InMemoryGrid, device_status
+from support.inmemory_grid import device_status
+from support.serving import LoopGrid, until
 
 from coordinator.server.monitor import Monitor
 from coordinator.server.web import ServerView, make_app
@@ -23,23 +21,6 @@ from har_models.wire.topics import Topics
 
 BROKER = BrokerConfig.parse("127.0.0.1:9")
 pytestmark = pytest.mark.slow  # the loop's retry after the failed attempt and its interval after the round: about 3 s
-
-
-class LoopGrid(InMemoryGrid):
-    """In-memory devices whose wait takes a moment (the serving loop polls it)."""
-
-    def wait(self, seconds: float) -> None:
-        time.sleep(min(seconds, 0.02))
-
-
-def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"{label} did not happen within {timeout} s")
 
 
 def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_device_is_missing(tmp_path: Path) -> None:
@@ -58,7 +39,7 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
     loop = threading.Thread(target=server.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        failed = _until(lambda: (w := server.page_waiting()) and "closed without quorum" in w and w, 20, "a failed attempt")
+        failed = until(lambda: (w := server.page_waiting()) and "closed without quorum" in w and w, 20, "a failed attempt")
         assert failed.startswith("round 0's last attempt closed without quorum at ")
         assert "(1 update(s) with training windows, below the quorum of 2 (min_clients in server.toml)" in failed
         assert "waiting: 2 eligible devices, 2 needed" in failed
@@ -74,11 +55,11 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
         assert c.get("/api/round").json()["waiting"] is None and 'id="waiting"' not in c.get("/").text
         # The device answers the next attempt: the round completes and the failed attempt is no reason any more.
         grid.silent.clear()
-        _until(lambda: server.runner.state.last_completed_round() >= 0, 20, "round 0 completing")
-        _until(lambda: (w := server.page_waiting()) and "closed without quorum" not in w, 20, "the failure forgotten")
+        until(lambda: server.runner.state.last_completed_round() >= 0, 20, "round 0 completing")
+        until(lambda: (w := server.page_waiting()) and "closed without quorum" not in w, 20, "the failure forgotten")
         # A device that goes away is named with its reason.
         grid.devices["pi-kitchen"] = device_status("pi-kitchen", 0)
-        missing = _until(lambda: (w := server.page_waiting()) and "not eligible" in w and w, 20, "a device left out")
+        missing = until(lambda: (w := server.page_waiting()) and "not eligible" in w and w, 20, "a device left out")
         assert missing.startswith("waiting: 1 of 2 eligible devices") and "not eligible: pi-kitchen (" in missing
     finally:
         stop.set()

@@ -55,7 +55,8 @@ def acting_for(by: str) -> Iterator[None]:
         _acting_for.reset(token)
 
 
-def _who() -> str:
+def who() -> str:
+    """Who acts: the operator a running server acts for (:func:`acting_for`), else ``$SUDO_USER``, else this account."""
     by = _acting_for.get()
     if by:
         return by
@@ -80,7 +81,7 @@ def audit(data: Path, action: str, device: str | None = None, detail: str = "") 
     """
     if action not in ACTIONS:
         raise ValueError(f"audit action {action!r}: use one of {', '.join(ACTIONS)}")
-    entry = AuditEntry(time.time(), action, device, _who(), detail)
+    entry = AuditEntry(time.time(), action, device, who(), detail)
     line = json.dumps({"t": entry.t, "action": action, "device": device, "by": entry.by, "detail": detail}) + "\n"
     Path(data).mkdir(parents=True, exist_ok=True)
     fd = os.open(Path(data) / AUDIT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from coordinator.server.audit import who
+
 log = logging.getLogger("fedhar.server.operator")
 
 SOCKET_NAME = "operator.sock"
@@ -183,18 +185,6 @@ class OperatorChannel:
                 return
 
 
-def _who() -> str:
-    sudo = os.environ.get("SUDO_USER")
-    if sudo:
-        return sudo
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
-
-
 def ask(data: Path, command: str, args: dict[str, Any], out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Give the server on ``data`` the command; print its notes (``err``) and lines (``out``); return its exit status.
 
@@ -218,7 +208,7 @@ def ask(data: Path, command: str, args: dict[str, Any], out: TextIO | None = Non
             os.close(fd)
     with sock:
         sock.settimeout(SILENT_LIMIT_S)
-        sock.sendall(json.dumps({"command": command, "args": args, "by": _who()}).encode() + b"\n")
+        sock.sendall(json.dumps({"command": command, "args": args, "by": who()}).encode() + b"\n")
         reader = sock.makefile("r", encoding="utf-8")
         try:
             for text in reader:
