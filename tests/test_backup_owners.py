@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,8 @@ def test_restore_gives_back_owners_groups_and_modes_as_recorded(tmp_path: Path) 
 
 def test_scheduled_backups_keep_the_newest_n(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data, _ = _tree(tmp_path)
+    listening = socket.socket(socket.AF_UNIX)  # a running server's operator socket is in the data folder: left out
+    listening.bind(str(data / "operator.sock"))
     parent = tmp_path / "backups"
     parent.mkdir()
     for i in range(4):  # four earlier backups, an hour apart
@@ -98,3 +101,5 @@ def test_scheduled_backups_keep_the_newest_n(tmp_path: Path, capsys: pytest.Capt
     assert all((parent / name / MANIFEST).is_file() for name in made)
     with pytest.raises(ValueError, match="keep at least the newest backup"):
         backup_cli.keep_newest(parent, 0)
+    assert not (parent / made[0] / "data" / "operator.sock").exists()
+    listening.close()

@@ -99,13 +99,16 @@ def _record(root: Path, files: dict[str, Any], dirs: dict[str, Any], prefix: str
 
 
 def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
-    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, lock/journal files and files that vanish."""
+    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, lock/journal files, what is neither a file
+    nor a folder (the running server's ``operator.sock``) and files that vanish."""
     for path in sorted(src.rglob("*")):
         if path in skip or path.is_symlink() or path.name.endswith(_SKIP_SUFFIXES):
             continue
         target = dst / path.relative_to(src)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
+            continue
+        if not path.is_file():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
