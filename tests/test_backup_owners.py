@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.server import backup_cli
-from coordinator.server.backup import MANIFEST, backup
+from coordinator.server.backup import MANIFEST, BackupError, backup
+from coordinator.server.data_lock import DataLock
 from coordinator.server.registry import Registry
 from coordinator.server.restore import restore
 
@@ -99,6 +100,12 @@ def test_scheduled_backups_keep_the_newest_n(tmp_path: Path, capsys: pytest.Capt
     assert len(made) == 2 and left == sorted(["fedhar-20260301-050000", "photos", *made])
     assert out.count("deleted the older backup") == 3
     assert all((parent / name / MANIFEST).is_file() for name in made)
+    # a restore over the folder of a running server is refused
+    lock = DataLock(data, "serve")
+    assert lock.try_acquire()
+    with pytest.raises(BackupError, match=r"is in use by serve pid \d+: stop it first"):
+        restore(parent / made[0], data, force=True)
+    lock.release()
     with pytest.raises(ValueError, match="keep at least the newest backup"):
         backup_cli.keep_newest(parent, 0)
     assert not (parent / made[0] / "data" / "operator.sock").exists()

@@ -112,3 +112,19 @@ class DataLock:
             finally:
                 os.close(self._fd)
                 self._fd = None
+
+
+def holder_now(data: Path) -> str | None:
+    """Who holds ``data``'s lock now (``"serve pid 1234"``), or None when nobody does; creates nothing."""
+    path = Path(data) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return DataLock(data, "").holder()
+    finally:
+        os.close(fd)  # closing the descriptor lets go of a lock taken just now
+    return None

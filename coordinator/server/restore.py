@@ -25,6 +25,7 @@ from typing import Any
 
 from coordinator.server.audit import audit
 from coordinator.server.backup import BackupError, check_backup
+from coordinator.server.data_lock import holder_now
 
 
 def _names(uid: int, gid: int) -> str:
@@ -107,6 +108,9 @@ def restore(src: Path, data: Path | None = None, force: bool = False) -> list[st
     manifest = check_backup(src)
     parts, files = manifest["parts"], manifest["files"]
     target = Path(data).resolve() if data is not None else Path(parts["data"])
+    holder = holder_now(target)
+    if holder is not None:
+        raise BackupError(f"{target} is in use by {holder}: stop it first (sudo systemctl stop fedhar-coordinator); nothing was restored")
     done = _put(src / "data", target, force, _recorded(manifest, "data"))
     settings = Path(parts["settings"]) if parts.get("settings") and (src / "server.toml").is_file() else None
     if settings is not None and settings.parent != Path(parts["data"]):  # one inside the data folder came back with it
