@@ -298,7 +298,7 @@ def test_the_commands_invite_pending_approve_and_request_certificate(tls_mosquit
         assert [(d.name, d.state) for d in reg.devices()] == [("board-1", "revoked"), ("board-2", "enrolled")]
     finally:
         reg.close()
-    assert [(e.action, e.device) for e in read_audit(data)] == [
+    assert [(e.action, e.device) for e in read_audit(data)] == [("invite", None),
         ("enrol", "board-1"), ("reissue", "board-1"), ("reissue", "board-1"), ("rename", "board-2"), ("reissue", "board-2")]
     # A new key is signed once: another request for the enrolled name is refused as taken again.
     other = cert_enrol.prepare(tmp_path / "intruder", "board-2", inv)

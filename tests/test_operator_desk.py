@@ -1,5 +1,5 @@
-"""Operator commands reach a running serve over its socket and are done in its serving loop; without a server they act
-on the folders under the data folder's lock. The server runs here over in-memory devices (no broker); the broker folder
+"""Operator commands do their live side through a running serve, over its socket, in its serving loop; without a
+server they do it on the folders under the data folder's lock. The server runs here over in-memory devices (no broker); the broker folder
 is a generated one that is never reloaded (``broker_reload = "none"``), so no command needs a broker, and a command that
 logged in as the coordinator would fail at once (nothing listens on its port)."""
 
@@ -37,7 +37,7 @@ def data(tmp_path: Path) -> Path:
     (d / "server.toml").write_text(
         "conv_filters = 4\ndense_units = 8\nmin_clients = 2\n"
         f'[server]\nhttp_port = 0\nbroker_dir = "{broker}"\nbroker_reload = "none"\npublic_host = "127.0.0.1"\n'
-        "[schedule]\nmin_clients = 2\nmin_round_interval_s = 3600\n"
+        "[schedule]\nmin_clients = 4\nmin_round_interval_s = 3600\n"
     )
     reg = Registry(d)
     for name in DEVICES:
@@ -84,11 +84,12 @@ def test_commands_go_through_the_running_server_and_are_done_in_its_loop(
     assert devices_cli.main("revoke", ["dev-c", "--data", str(data)]) == 0
     out, err = capsys.readouterr()
     assert time.monotonic() - t0 < 10  # no login to a broker that is not there
-    assert "dev-c is refused by the running server from now on" in err
+    assert err == ""  # no round open: nothing to wait for
+    assert "dev-c recorded as revoked in " in out
     assert "dev-c's broker account and ACL removed; broker reloaded (none)" in out
     assert "the running server cleared dev-c's retained status and models (and refuses it from now on)" in out
     assert ("clear_device", "dev-c") in grid.log and "dev-c" not in grid.devices
-    assert done_in == [loop]  # in the serving loop, not in the channel's thread
+    assert done_in and set(done_in) == {loop}  # in the serving loop, not in the channel's thread
     assert server.registry.is_revoked("dev-c")
     entry = read_audit(data)[-1]
     assert (entry.action, entry.device, entry.by) == ("revoke", "dev-c", "anna")  # the operator, not the server's account
@@ -114,8 +115,8 @@ def test_a_command_from_another_account_is_refused(data: Path, serving: tuple[An
         def flush(self) -> None:
             pass
 
-    assert operator_channel.ask(data, "release", {"name": "dev-a"}, Sink(), Sink()) == 2  # type: ignore[arg-type]
-    assert "uid 4242 may not give this server commands" in "".join(out)
+    got = operator_channel.ask(data, "release", {"name": "dev-a"}, Sink())  # type: ignore[arg-type]
+    assert got.status == 2 and "uid 4242 may not give this server commands" in str(got.error)
 
 
 def test_a_second_serve_is_refused_and_without_a_server_a_command_holds_the_lock(data: Path, capsys: pytest.CaptureFixture[str]) -> None:

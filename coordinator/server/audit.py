@@ -1,11 +1,10 @@
 """The home server's audit log ``<data>/audit.jsonl``: one JSON line per operator action, appended, never rewritten.
 
 Written by the commands that change what the server trusts or holds (enrol, reissue, rename,
-revoke, forget, pin, rollback, release, invite, backup, restore, upgrade, broker renew; ``serve``
+revoke, forget, pin, rollback, release, invite, backup, restore, broker renew; ``serve``
 for each reload of its settings, applied, deferred or refused) and shown on the status page (its
 newest entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
-``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo; a command a running
-server does for the operator names the operator who asked, :func:`acting_for`). A line is
+``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo). A line is
 written with one ``write`` on a file opened ``O_APPEND`` and flushed to disk before the command
 reports success, so a crash leaves at most a last line cut short, which :func:`read_audit` skips.
 A forgotten device's name is kept in the log on purpose: the log says that it was forgotten.
@@ -17,16 +16,13 @@ import getpass
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
 AUDIT_NAME = "audit.jsonl"
 
 ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload", "pin", "rollback", "release",
-           "invite", "upgrade")
+           "invite")
 """The actions an entry may name."""
 
 
@@ -41,25 +37,8 @@ class AuditEntry:
     detail: str
 
 
-_acting_for: ContextVar[str | None] = ContextVar("fedhar_audit_by", default=None)
-
-
-@contextmanager
-def acting_for(by: str) -> Iterator[None]:
-    """Within the block, entries name ``by`` as who acted: a running server doing an operator's command writes the
-    operator's name (from the command's request), not its own account's."""
-    token = _acting_for.set(by)
-    try:
-        yield
-    finally:
-        _acting_for.reset(token)
-
-
 def who() -> str:
-    """Who acts: the operator a running server acts for (:func:`acting_for`), else ``$SUDO_USER``, else this account."""
-    by = _acting_for.get()
-    if by:
-        return by
+    """Who acts: ``$SUDO_USER`` when run with sudo, else this account."""
     sudo = os.environ.get("SUDO_USER")
     if sudo:
         return sudo

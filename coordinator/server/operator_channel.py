@@ -5,14 +5,16 @@ root, as ``sudo fedhar-coordinator ...`` runs, passes any file mode) and every c
 is checked again by its credentials (``SO_PEERCRED``: root or the server's own account). One
 request per connection, JSON lines both ways::
 
-    -> {"command": "revoke", "args": {"name": "phone-anna"}, "by": "anna"}
+    -> {"command": "clear_device", "args": {"name": "phone-anna"}, "by": "anna"}
     <- {"note": "round 7 is open; ..."}        (zero or more: for stderr, while the request waits)
-    <- {"lines": ["phone-anna recorded as revoked ...", ...], "status": 0}
-    <- {"error": "device 'x' is not enrolled ...", "status": 2}
+    <- {"lines": ["the running server cleared phone-anna's retained status ...", ...], "status": 0}
+    <- {"lines": [], "error": "...", "status": 2}
 
-The server takes one request at a time and does it in its serving loop's thread, between rounds
-(:class:`coordinator.server.operator_desk.OperatorDesk`); the client (:func:`ask`) prints the lines
-and returns the status, the same exit status the command has when it acts on the folder itself.
+What travels is a command's *live side* (:class:`coordinator.server.device_commands.Side`): what it
+does to the running federation, which the server does in its serving loop's thread, between rounds
+(:class:`coordinator.server.operator_desk.OperatorDesk`). The rest of a command (the registry, the
+broker's accounts, which only root may change) stays in the operator's command (:class:`RemoteSide`).
+``ping`` is answered at once: a server listens.
 """
 
 from __future__ import annotations
@@ -151,30 +153,33 @@ class OperatorChannel:
                     log.info("operator channel: the client left before its answer (%s)", exc)
 
     def _one(self, conn: socket.socket) -> None:
+        conn.settimeout(10.0)
+        raw = b""
+        while not raw.endswith(b"\n") and len(raw) < MAX_REQUEST_BYTES:  # read first: the client waits for its answer
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            raw += chunk
         uid = _peer_uid(conn)
         if uid not in (0, os.geteuid()):
             _send(conn, {"error": f"uid {uid} may not give this server commands (root or its own account only)", "status": 2})
             log.warning("operator channel: a command from uid %d was refused", uid)
             return
-        conn.settimeout(10.0)
-        raw = b""
-        while not raw.endswith(b"\n") and len(raw) < MAX_REQUEST_BYTES:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            raw += chunk
         try:
             req = json.loads(raw)
             job = Job(str(req["command"]), dict(req.get("args") or {}), str(req.get("by") or f"uid {uid}"))
         except (ValueError, KeyError, TypeError) as exc:
             _send(conn, {"error": f"not a request ({exc})", "status": 2})
             return
+        if job.command == "ping":
+            _send(conn, {"lines": [], "status": 0})
+            return
         self._accept(job)
         last_note = -NOTE_EVERY_S
         while True:
             why = self._busy()
             if why is not None and time.monotonic() - last_note >= NOTE_EVERY_S:  # said at once, then now and then
-                _send(conn, {"note": f"{why}; the server does '{job.command}' when it closes"})
+                _send(conn, {"note": f"{why}; the server does its part when it closes"})
                 last_note = time.monotonic()
             try:
                 reply = job.replies.get(timeout=1.0)
@@ -185,15 +190,23 @@ class OperatorChannel:
                 return
 
 
-def ask(data: Path, command: str, args: dict[str, Any], out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Give the server on ``data`` the command; print its notes (``err``) and lines (``out``); return its exit status.
+@dataclass(frozen=True)
+class Answer:
+    """The server's answer: the lines the command prints, its exit status, and for a failure its message."""
+
+    lines: list[str]
+    status: int
+    error: str | None = None
+
+
+def ask(data: Path, command: str, args: dict[str, Any], err: TextIO | None = None) -> Answer:
+    """Give the server on ``data`` the request ``command`` (a live-side operation, or ``ping``); print its notes on ``err``.
 
     Raises
     ------
     ChannelClosed
-        If no server listens on the socket, or it stopped before answering.
+        If no server listens on the socket, or it stopped (or fell silent for :data:`SILENT_LIMIT_S`) before answering.
     """
-    out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     path = Path(data) / SOCKET_NAME
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -209,19 +222,55 @@ def ask(data: Path, command: str, args: dict[str, Any], out: TextIO | None = Non
     with sock:
         sock.settimeout(SILENT_LIMIT_S)
         sock.sendall(json.dumps({"command": command, "args": args, "by": who()}).encode() + b"\n")
-        reader = sock.makefile("r", encoding="utf-8")
         try:
-            for text in reader:
+            for text in sock.makefile("r", encoding="utf-8"):
                 msg = json.loads(text)
                 if "note" in msg:
-                    print(f"fedhar-coordinator {command}: {msg['note']}", file=err, flush=True)
+                    print(f"fedhar-coordinator: {msg['note']}", file=err, flush=True)
                     continue
-                for line in msg.get("lines", []):
-                    print(line, file=out)
-                if msg.get("error"):
-                    print(f"fedhar-coordinator {command}: {msg['error']}", file=err)
-                return int(msg.get("status", 1))
+                return Answer([str(x) for x in msg.get("lines", [])], int(msg.get("status", 1)), msg.get("error"))
         except TimeoutError:
             raise ChannelClosed(f"the server on {path} said nothing for {SILENT_LIMIT_S:.0f} s; see its log "
-                                "(journalctl -u fedhar-coordinator): the command may still be done") from None
+                                "(journalctl -u fedhar-coordinator): it may still do it") from None
     raise ChannelClosed(f"the server on {path} stopped before it answered; see its log (journalctl -u fedhar-coordinator)")
+
+
+class RemoteSide:
+    """A command's live side done by the running server (:class:`coordinator.server.device_commands.Side`), asked over
+    the socket of ``data``: each operation is done in the server's loop, between rounds, and its lines come back.
+
+    Raises (each operation)
+    ------
+    coordinator.server.device_commands.DeviceCommandError
+        If the server refused the operation (its message) or stopped before it answered.
+    """
+
+    def __init__(self, data: Path, err: TextIO | None = None):
+        self.data, self._err = Path(data), err
+
+    def _ask(self, op: str, **args: Any) -> list[str]:
+        from coordinator.server.device_commands import DeviceCommandError
+
+        try:
+            got = ask(self.data, op, args, self._err)
+        except ChannelClosed as exc:
+            raise DeviceCommandError(f"{exc}; what the command did before stays done, the running server's part "
+                                     "(the broker's retained topics, the run's records) is not: run it again") from None  # fmt: skip
+        if got.status != 0:
+            raise DeviceCommandError(got.error or f"the server could not do {op} (status {got.status})")
+        return got.lines
+
+    def clear_device(self, name: str) -> str:
+        return "; ".join(self._ask("clear_device", name=name))
+
+    def forget_device(self, name: str) -> list[str]:
+        return self._ask("forget_device", name=name)
+
+    def rename_device(self, old: str, new: str) -> list[str]:
+        return self._ask("rename_device", old=old, new=new)
+
+    def release(self, name: str) -> list[str]:
+        return self._ask("release", name=name)
+
+    def model_request(self, action: str, version: int | None) -> list[str]:
+        return self._ask("model_request", action=action, version=version)

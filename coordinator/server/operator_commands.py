@@ -1,13 +1,16 @@
-"""The operator commands that change the running federation, and where they are done: in the server, or on the folders.
+"""The operator commands that change the running federation, and where their parts are done.
 
 ``revoke``, ``reissue``, ``rename``, ``forget``, ``pin``, ``rollback``, ``approve`` and ``release``
-(:data:`ROUTED`) decide first whether a ``serve`` uses the data folder, by its lock
-(:class:`coordinator.server.data_lock.DataLock`): a command that takes the lock acts on the folders
-itself, holding the lock so no server starts meanwhile (:class:`~coordinator.server.folder_side.FolderSide`);
-one that cannot take it asks the running server over its operator channel
-(:mod:`coordinator.server.operator_channel`), which does the same work in its serving loop, between
-rounds (:class:`coordinator.server.operator_desk.OperatorDesk`). Either way :func:`perform` is what
-runs and prints the same lines, and the exit statuses are the same (:data:`COMMAND_ERRORS`).
+(:data:`ROUTED`) run :func:`perform` in the operator's command, which holds the rights the registry,
+the device CA and the broker's accounts need (``sudo``; the server runs as an unprivileged account).
+What a command does to the running federation (its live side, :class:`~coordinator.server.device_commands.Side`)
+is done where the federation is: first the data folder's lock
+(:class:`coordinator.server.data_lock.DataLock`) says whether a ``serve`` uses it. A command that
+takes the lock does it on the folders itself, holding the lock so no server starts meanwhile
+(:class:`~coordinator.server.folder_side.FolderSide`); one that cannot asks the running server over
+its operator channel (:class:`~coordinator.server.operator_channel.RemoteSide`), which does it in its
+serving loop, between rounds, with its own broker session. Either way the command prints the same
+kind of lines and has the same exit statuses (:data:`COMMAND_ERRORS`).
 """
 
 from __future__ import annotations
@@ -123,13 +126,12 @@ def perform(command: str, args: dict[str, Any], data: Path, file: ServeFile, sid
 
 
 def route(command: str, args: dict[str, Any], data: Path, file: ServeFile) -> int:
-    """Run routed ``command`` where it belongs (see the module docstring); print its lines; return its exit status.
-
-    Never logs in to the broker as the coordinator while a server may run: only under the data folder's lock.
+    """Run routed ``command`` with its live side where the federation is (see the module docstring); print its lines;
+    return its exit status. Never logs in to the broker as the coordinator while a server may run: only under the lock.
     """
     from coordinator.server.data_lock import DataLock
     from coordinator.server.folder_side import FolderSide
-    from coordinator.server.operator_channel import ChannelClosed, ask
+    from coordinator.server.operator_channel import ChannelClosed, RemoteSide, ask
 
     prog = f"fedhar-coordinator {command}"
     if not Path(data).is_dir():
@@ -145,13 +147,15 @@ def route(command: str, args: dict[str, Any], data: Path, file: ServeFile) -> in
             finally:
                 lock.release()
         try:
-            return ask(data, command, args)
+            ask(data, "ping", {})
         except ChannelClosed as exc:
             if time.monotonic() >= end:
                 print(f"{prog}: {data} is held by {lock.holder()}, which does not answer ({exc}); if it is a serve that is "
                       "starting, try again in a minute; nothing was done", file=sys.stderr)  # fmt: skip
                 return int(Exit.FOLDER_UNUSABLE)
             time.sleep(0.2)
+            continue
+        return exit_status_of(prog, lambda: _print(perform(command, args, data, file, RemoteSide(data))), COMMAND_ERRORS)
 
 
 def _print(lines: list[str]) -> None:

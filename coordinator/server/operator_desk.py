@@ -1,12 +1,16 @@
-"""Operator commands inside a running ``serve``: taken from its socket, done in its serving loop between rounds.
+"""Operator commands inside a running ``serve``: their live side, taken from its socket, done in its loop between rounds.
 
-:class:`OperatorDesk` listens on the operator channel (:mod:`coordinator.server.operator_channel`)
-and queues each request; the serving loop calls :meth:`OperatorDesk.serve_pending` after each wait
-for messages, so a request is done in the loop's own thread, between rounds, with the server's own
-broker session (never a second login as the coordinator, which would take the server's session
-over and lose the updates queued for it). A ``revoke`` or ``forget`` that arrives during a round is
-recorded in the registry at once (the server asks the registry at every message, so the device is
-refused from the next one) and done in full when the round closes.
+An operator command (:mod:`coordinator.server.operator_commands`) does what needs the operator's
+rights itself (the registry, the broker's accounts and its reload, which only root may change) and
+asks the running server for the rest, its live side (:class:`ServerSide`): what the broker retains
+of a device, cleared through the server's own broker session (never a second login as the
+coordinator, which would take the server's session over and lose the updates queued for it); the
+device forgotten by the grid and the runner; the run's records rewritten; a quarantine released; a
+pin or rollback taken up. :class:`OperatorDesk` listens on the operator channel
+(:mod:`coordinator.server.operator_channel`) and queues each request; the serving loop calls
+:meth:`OperatorDesk.serve_pending` after each wait for messages, so it is done in the loop's own
+thread, between rounds. A revocation needs no round to close: the command writes the registry first,
+and the server asks the registry at every message.
 """
 
 from __future__ import annotations
@@ -17,17 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.server.audit import acting_for
 from coordinator.server.folder_side import FolderSide
 from coordinator.server.operator_channel import Job, OperatorChannel
-from coordinator.server.operator_commands import perform, status_of
-from coordinator.server.registry import Registry
+from coordinator.server.operator_commands import status_of
 from coordinator.server.settings import ServeFile
 
 log = logging.getLogger("fedhar.serve")
 
-AT_ONCE = ("revoke", "forget")
-"""Commands whose registry mark is written when they arrive, before the loop does the rest: refusal waits for no round."""
+OPERATIONS = ("clear_device", "forget_device", "rename_device", "release", "model_request")
+"""The live-side operations the desk does (the methods of :class:`ServerSide`)."""
 
 
 class ServerSide:
@@ -82,25 +84,23 @@ class ServerSide:
 
 
 class OperatorDesk:
-    """The running server's desk for operator commands (see the module docstring).
+    """The running server's desk for the live side of operator commands (see the module docstring).
 
     Parameters
     ----------
     data : Path
-    file : callable
-        The settings in force.
     side : ServerSide
-    registry : Registry
-        The server's registry (a revocation is written there when it arrives).
     busy : callable
         Why a request waits now (``"round 7 is open ..."``), or None between rounds.
     """
 
-    def __init__(self, data: Path, file: Callable[[], ServeFile], side: ServerSide, registry: Registry,
-                 busy: Callable[[], str | None]):  # fmt: skip
-        self.data, self._file, self.side, self.registry = Path(data), file, side, registry
-        self.channel = OperatorChannel(self.data, self._accept, busy)
+    def __init__(self, data: Path, side: ServerSide, busy: Callable[[], str | None]):
+        self.data, self.side = Path(data), side
+        self.channel = OperatorChannel(self.data, self._jobs_put, busy)
         self._jobs: queue.Queue[Job] = queue.Queue()
+
+    def _jobs_put(self, job: Job) -> None:
+        self._jobs.put(job)
 
     def start(self) -> None:
         """Listen for commands (logged and left out when the socket cannot be made: commands then say so)."""
@@ -120,29 +120,19 @@ class OperatorDesk:
                 return
             job.answer([], 5, "the server stopped before it did this; nothing was done: run the command again")
 
-    def _accept(self, job: Job) -> None:
-        """In the channel's thread: a revocation is written now; the job waits for the loop."""
-        name = job.args.get("name")
-        if job.command in AT_ONCE and isinstance(name, str):
-            try:
-                self.registry.revoke(name)
-            except Exception as exc:  # a bad name, a held or full registry: the command's own words
-                job.answer([], status_of(exc) or 1, str(exc))
-                return
-            job.replies.put({"note": f"{name} is refused by the running server from now on"})
-        self._jobs.put(job)
-
     def serve_pending(self) -> None:
-        """Do the queued commands now (the serving loop calls this between rounds), each answered with its lines and status."""
+        """Do the queued requests now (the serving loop calls this between rounds), each answered with its lines and status."""
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 return
             log.info("operator command from %s: %s %s", job.by, job.command, " ".join(f"{k}={v}" for k, v in sorted(job.args.items())))
+            if job.command not in OPERATIONS:
+                job.answer([], 2, f"{job.command!r} is not something this server does for a command (one of {', '.join(OPERATIONS)})")
+                continue
             try:
-                with acting_for(job.by):
-                    lines = perform(job.command, job.args, self.data, self._file(), self.side)
+                got = getattr(self.side, job.command)(**job.args)
             except Exception as exc:
                 status = status_of(exc)
                 if status is None:  # a bug: the server goes on, the operator learns where to look
@@ -152,4 +142,4 @@ class OperatorDesk:
                     log.warning("operator command %s: %s", job.command, exc)
                     job.answer([], status, str(exc))
                 continue
-            job.answer(lines)
+            job.answer([got] if isinstance(got, str) else list(got))

@@ -187,7 +187,7 @@ class Server:
         self.reloader = SettingsReload(self.data_dir, self.config_path, broker, federation, run_id)
         self.upkeep = DeviceUpkeep(self.data_dir, self.registry, self.grid, self.runner)
         side = ServerSide(self.data_dir, lambda: self.file, self.grid, self.runner, self.versions.take_request)
-        self.desk = OperatorDesk(self.data_dir, lambda: self.file, side, self.registry, self._busy)
+        self.desk = OperatorDesk(self.data_dir, side, self._busy)
 
     def _until_space(self, write: Callable[[], int]) -> int:
         """``write()`` at start, tried again every 30 s while the disk is full (logged once): a full disk is no restart loop."""
