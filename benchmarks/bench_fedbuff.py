@@ -2,7 +2,7 @@
 
 Runs ``fedhar-simulate`` twice with the same clients, data and settings (the main job's unless
 told otherwise): once in synchronous rounds, once in buffered rounds of ``--buffer-size`` K
-(:mod:`coordinator.fedbuff`). The buffered run gets ``--rounds x clients / K`` rounds, so both
+(:mod:`coordinator.rounds.buffered`). The buffered run gets ``--rounds x clients / K`` rounds, so both
 runs train about the same number of client updates. Each completed round's global macro-F1 (the
 union test set) is put against the run's wall time so far (the sum of the rounds' seconds,
 evaluation included), written as a table and a plot (``fedbuff.png``) to ``--out``.

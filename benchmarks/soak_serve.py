@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the oversized device leaves once this many of its updates were counted (default %(default)s)",
     )
     ap.add_argument("--buffer-size", type=int, default=0,
-                    help="K of buffered rounds (FedBuff, coordinator/fedbuff.py); 0: synchronous rounds (default %(default)s)")
+                    help="K of buffered rounds (FedBuff, coordinator/rounds/buffered.py); 0: synchronous rounds (default %(default)s)")
     ap.add_argument("--max-minutes", type=float, default=120.0, help="stop after this long whatever the rounds (default %(default)s)")
     args = ap.parse_args(argv)
     if not 2 <= args.devices_max <= 8 or not 2 <= args.devices_start <= args.devices_max:

@@ -3,7 +3,7 @@
 Subcommands: ``run`` (the default when none is given: a research run of ``--rounds`` rounds),
 ``serve`` (a federation that never ends, :mod:`coordinator.server.serve`), ``broker`` (the
 federation's Mosquitto configuration, :mod:`coordinator.broker.cli`), and the home server's
-device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``devices``, ``versions``, ``pin`` and
+device commands ``enrol`` (alias ``enroll``), ``revoke``, ``forget``, ``release``, ``devices``, ``versions``, ``pin`` and
 ``rollback`` (:mod:`coordinator.server.devices_cli`).
 """
 
@@ -70,7 +70,7 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> CoordinatorConf
 
 
 SUBCOMMANDS = ("run", "serve", "broker", "enrol", "enroll", "reissue", "rename", "revoke", "forget", "devices", "versions",
-               "pin", "rollback", "invite", "pending", "approve",
+               "pin", "rollback", "release", "invite", "pending", "approve",
                "backup", "restore")
 """The first word that selects a subcommand; anything else (no subcommand) is ``run``."""
 
@@ -85,7 +85,9 @@ _DESCRIPTION = (
     "fedhar-coordinator revoke NAME       revoke a device for good; forget NAME also deletes what the server holds of it\n"
     "fedhar-coordinator backup DEST       copy the data folder (safe while serve runs) and the broker folder; restore SRC\n"
     "fedhar-coordinator devices           enrolled, online and revoked devices; versions: the kept model versions\n"
-    "fedhar-coordinator pin VERSION       serve continues from that version; rollback [VERSION]: also a smaller step"
+    "fedhar-coordinator pin VERSION       serve continues from that version; rollback [VERSION]: also a smaller step\n"
+    "fedhar-coordinator release NAME      a quarantined device's updates count again\n"
+    "A running serve does revoke, reissue, rename, forget, pin, rollback, approve and release itself, between rounds."
 )
 
 
@@ -97,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes.epilog(exit_codes.COORDINATOR),
         formatter_class=HelpFormatter,
     )
+    from har_io.entry import version_line
+
+    ap.add_argument("--version", action="version", version=version_line("fedhar-coordinator"), help="print the release and exit")
     ap.add_argument("--federation", default="default", help="topic namespace fedhar/v1/<federation>")
     ap.add_argument("--run-id", default=None, help="run identifier (default: <aggregation>-<timestamp>)")
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
@@ -144,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return broker_cli.main(rest)
         if cmd in ("backup", "restore"):
-            from coordinator.server import backup
+            from coordinator.server import backup_cli
 
-            return backup.main(cmd, rest)
+            return backup_cli.main(cmd, rest)
         if cmd != "run":
             from coordinator.server import devices_cli
 
@@ -182,10 +187,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 def serve_main(argv: list[str]) -> int:
     """``fedhar-coordinator serve``; the exit statuses of :func:`main` (130 after SIGINT or SIGTERM)."""
+    from coordinator.grid import CoordinatorError, StateError
+    from coordinator.server.data_lock import FolderInUse
     from coordinator.server.registry import RegistryDamaged
     from coordinator.server.serve import Server, install_signals
     from coordinator.server.settings import default_data_dir
-    from coordinator.service import CoordinatorError, StateError
+    from coordinator.server.sqlite_faults import DatabaseAccess, DatabaseBusy
     from coordinator.state import StateDamaged
 
     args = build_serve_parser().parse_args(argv)
@@ -205,7 +212,7 @@ def serve_main(argv: list[str]) -> int:
             except BrokerAdminError as exc:
                 raise ValueError(f"[server] broker_dir: {exc}") from None
         if args.username is None:  # the broker folder of [server] broker_dir names the coordinator's account
-            from coordinator.server.devices_cli import DeviceCommandError, coordinator_broker
+            from coordinator.server.device_commands import DeviceCommandError, coordinator_broker
 
             if broker_dir:
                 try:
@@ -217,7 +224,10 @@ def serve_main(argv: list[str]) -> int:
         print(f"fedhar-coordinator serve: {exc}", file=sys.stderr)
         return Exit.USAGE
     prog = "fedhar-coordinator serve"
-    folder: exit_codes.ErrorExits = [((RegistryDamaged, StateDamaged, StateError), Exit.FOLDER_UNUSABLE)]
+    # A damaged or foreign folder, one another serve holds, or one this account may not write: a restart cannot help.
+    # A database another program held for longer than the wait: a restart (systemd's, after RestartSec) waits again.
+    folder: exit_codes.ErrorExits = [((RegistryDamaged, StateDamaged, StateError, FolderInUse, DatabaseAccess), Exit.FOLDER_UNUSABLE),
+                                     (DatabaseBusy, Exit.FEDERATION_FAILED)]  # fmt: skip
     built: list[Server] = []
 
     def build() -> None:

@@ -14,7 +14,7 @@ earlier version is worth are the round policy's (:mod:`coordinator.rounds`), han
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -146,6 +146,11 @@ class Grid(Protocol):
 
     def clear_device(self, cid: str) -> bool:
         """Remove what the devices' side keeps for device ``cid`` (revoked or forgotten); True when done."""
+        ...
+
+    def set_between(self, hook: Callable[[], None]) -> None:
+        """Have ``hook`` called, in the grid's own thread, between the messages of an open exchange (about twice a second):
+        what must not wait for the round to close (an operator's revocation) is done there."""
         ...
 
     def leaving(self) -> Mapping[str, ClientStatus]:

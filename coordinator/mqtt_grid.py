@@ -133,6 +133,7 @@ class MqttGrid:
         self._progress_bytes: bytes | None = None  # the last progress message
         self._outlook_bytes: bytes | None = None  # the last outlook
         self.model_version: Callable[[], int | None] = lambda: None  # the server's number of the version handed out
+        self._between: Callable[[], None] = lambda: None  # what the serving loop does between an exchange's messages
         self._restored_connects = 0  # the link's connection count the retained state was last published for
         self._stop_refresh = threading.Event()
         reassembler = Reassembler(max_payload_bytes=cfg.transport.max_update_bytes)
@@ -186,6 +187,10 @@ class MqttGrid:
                                 label_set=label_set, attempt=self.attempt, epoch=self.epoch)  # fmt: skip
         self._link.publish(self.topics.round, fin.to_bytes(), retain=True)
         self.carrier.finish()
+
+    def set_between(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` between the messages of an open exchange (about twice a second); its failure is logged, never raised."""
+        self._between = hook
 
     def leaving(self) -> Mapping[str, ClientStatus]:
         """Devices whose newest status says they left from their app (``ClientStatus.left``), by id (a read-only view)."""
@@ -489,6 +494,10 @@ class MqttGrid:
                 c.offline.update(cid for cid in c.selected if cid not in c.offline and self.admission.refused(cid))
                 c.offline.update(self.gone() & c.selected)
                 c.awaited = steering.awaiting(self._present)
+                try:
+                    self._between()
+                except Exception:  # an operator's request must not end the round
+                    log.exception("round %d: what was done between the round's messages failed", round_)
                 next_check = time.monotonic() + 0.5
         # Handle what had already arrived at the close, but no more than that: under a flood of
         # messages the inbox never empties, and the round must still close at its deadline.

@@ -185,6 +185,21 @@ class FederationRunner:
         del self._fed.personal[cid]
         return True
 
+    def rename_client(self, old: str, new: str) -> bool:
+        """Device ``old`` is now called ``new``: its personalised model goes with it (True if it had one).
+
+        Raises
+        ------
+        ValueError
+            If ``new`` already has a personalised model.
+        """
+        if self._fed is None or old not in self._fed.personal:
+            return False
+        if new in self._fed.personal:
+            raise ValueError(f"{new} already has a personalised model; forget it before renaming {old} to it")
+        self._fed.personal[new] = self._fed.personal.pop(old)
+        return True
+
     def release(self, cid: str) -> bool:
         """Release device ``cid`` from the quality guard's quarantine (an operator's command); True if it was quarantined."""
         return self.strategy.release(cid)
@@ -350,7 +365,7 @@ class FederationRunner:
     def wait_for_clients(self) -> None:
         """Wait (up to ``start_timeout_s``) for the expected clients, or for the quorum and a quiet ``start_settle_s``.
 
-        The quorum is ``min_clients``, or more with a cohort goal (:func:`coordinator.cohort.quorum`).
+        The quorum is ``min_clients``, or more with a cohort goal (:attr:`coordinator.rounds.base.RoundPolicy.quorum`).
 
         Raises
         ------
@@ -546,6 +561,7 @@ class FederationRunner:
         steering = self.policy.steering(time.time(), self._period_s, len(eligible), len(selected))
         plan = self.strategy.configure_fit(round_, base_plan(self.cfg, round_))
         spec0, received = fed.spec, fed.global_state  # the version the clients receive (judged by the guard)
+        before = (fed.spec, fed.global_state, dict(fed.personal), self.strategy.state_dict())  # put back if it cannot be kept
         ex = self.grid.exchange(fed, self._label_set, round_, 0, selected, plan, steering)
         self.policy.closed(ex, fed)
         batch = self.policy.batch(ex, round_, spec0, received)
@@ -577,8 +593,14 @@ class FederationRunner:
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=1 + self._failed_quorums)
         self.last_failure = ""
         summary = record.to_json()
-        self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
-                                  strategy_state=(self.strategy.persisted_name, self.strategy.state_dict()))  # fmt: skip
+        try:
+            self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
+                                      strategy_state=(self.strategy.persisted_name, self.strategy.state_dict()))  # fmt: skip
+        except OSError:  # a full disk: the round did not happen; its next attempt starts from the same model and state
+            fed.spec, fed.global_state, fed.personal = before[0], before[1], before[2]
+            if before[3]:
+                self.strategy.load_state_dict(before[3], before[0])
+            raise
         self.state.put(POLICY_STATE, self.policy.record())
         log.info(summary_line(record))
         del ex, batch, agg

@@ -19,7 +19,7 @@ import logging
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,34 @@ class RunState:
             "INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
             (_REWRITES_KEY,),
         )
+
+    def rewrite_client(self, client: str, scrub: Callable[[Any], Any]) -> int:
+        """Remove ``client`` from the run's records in one transaction (an operator's ``forget``); the round records changed.
+
+        Each round summary and meta value is passed through ``scrub`` (JSON in, JSON out) and written
+        back where it changed; ``client``'s events are deleted. SQLite's ``secure_delete`` zeroes the
+        freed pages, so the old rows are not left in the file. A changed round counts as a rewrite
+        (:meth:`rounds_version`), so readers read the rounds again. Raises :class:`StateDamaged`.
+        """
+        changed = 0
+        with self._guard():
+            self._db.execute("PRAGMA secure_delete = ON")
+        with self._guard(), self._db:
+            for rnd, text in self._db.execute("SELECT round, summary FROM rounds").fetchall():
+                old = json.loads(text)
+                new = scrub(old)
+                if new != old:
+                    self._db.execute("UPDATE rounds SET summary = ? WHERE round = ?", (json.dumps(new), rnd))
+                    changed += 1
+            self._db.execute("DELETE FROM events WHERE client = ?", (client,))
+            for key, text in self._db.execute("SELECT key, value FROM meta").fetchall():
+                old = json.loads(text)
+                new = scrub(old)
+                if new != old:
+                    self._db.execute("UPDATE meta SET value = ? WHERE key = ?", (json.dumps(new), key))
+            if changed:
+                self._count_rewrite()
+        return changed
 
     def last_completed_round(self) -> int:
         """Index of the last completed round, -1 if none. Raises :class:`StateDamaged`."""

@@ -14,8 +14,8 @@ updates go through a blob store (docs/scale.md, "Blob transport"):
 Devices never hold storage credentials: what they get is one URL per object or slot, valid
 until the exchange's deadline. This module is the interface (:class:`BlobStore`), the values
 that travel (:mod:`har_models.wire.blob_messages`) and the HMAC signature of the folder back
-end; the back ends are :class:`coordinator.blob_folder.FolderBlobStore` (a folder served by
-the coordinator's web server) and :class:`coordinator.blob_s3.S3BlobStore` (any S3-compatible
+end; the back ends are :class:`coordinator.transport.folder_store.FolderBlobStore` (a folder served by
+the coordinator's web server) and :class:`coordinator.transport.s3_store.S3BlobStore` (any S3-compatible
 store, presigned URLs). Nothing here is ever unpickled: blobs are safetensors envelopes,
 decoded and checked by :mod:`har_models.wire.codec` exactly as over MQTT.
 """

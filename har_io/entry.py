@@ -6,7 +6,9 @@ its own ``main`` could catch anything, and an installed script without its extra
 in a traceback with exit 1, which systemd units restart forever. Here a missing module ends
 the script with :data:`har_io.exit_codes.Exit.MISSING_MODULE` (7, never restarted) and a
 message that names the module and the extra to install. The programs are imported by name,
-so this adapter imports none of them.
+so this adapter imports none of them. ``--version`` as the only word prints the program and the
+installed release (:func:`release`) before anything is imported, so it answers on an install that
+lacks the program's extra too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,26 @@ broker`` needs only the base install (an operator's machine without the coordina
 imports PyTorch."""
 
 
+PACKAGE = "fedhar"
+"""The distribution every ``fedhar-*`` script belongs to (``[project] name``)."""
+
+
+def release() -> str:
+    """The installed release of fedhar (``importlib.metadata``), e.g. ``"0.9.0"``; ``"unknown"`` when it is run from a
+    source tree that was never installed (``pip install -e`` installs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def version_line(program: str) -> str:
+    """``fedhar-coordinator 0.9.0 (Python 3.11.7)``: what ``--version`` prints."""
+    return f"{program} {release()} (Python {sys.version.split()[0]})"
+
+
 def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
     """The words for ``program`` when module ``exc.name`` is not installed: which module, where, and what to install."""
     s = SCRIPTS[program]
@@ -57,7 +79,8 @@ def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
 def run(program: str, argv: list[str] | None = None) -> int:
     """Import ``program``'s module and run its ``main(argv)``; exit 7 with :func:`missing_extra`'s words if a module is missing.
 
-    A first word listed in :data:`SUBPROGRAMS` runs that module's ``main`` with the rest instead.
+    A first word listed in :data:`SUBPROGRAMS` runs that module's ``main`` with the rest instead; ``--version``
+    alone prints :func:`version_line` and returns 0.
 
     Raises
     ------
@@ -66,6 +89,9 @@ def run(program: str, argv: list[str] | None = None) -> int:
     """
     words = list(sys.argv[1:] if argv is None else argv)
     module = SCRIPTS[program].module
+    if words == ["--version"]:
+        print(version_line(program))
+        return Exit.OK
     if words and (program, words[0]) in SUBPROGRAMS:
         module, argv = SUBPROGRAMS[(program, words[0])], words[1:]
     try:

@@ -108,14 +108,16 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         "the federation could not go on (no clients, failed rounds); a restart with --resume continues",
         (COORDINATOR, SIMULATE, STUDY),
         True,
-        {STUDY: "some cells have no final report; the same command runs them again"},
+        {STUDY: "some cells have no final report; the same command runs them again",
+         COORDINATOR: "`serve`: also a database another program held for longer than the wait (a restart waits again)"},
     ),
     ExitCode(
         Exit.FOLDER_UNUSABLE,
         "the run or state folder cannot be used as asked (another run's, in use, or damaged)",
         (CLIENT, COORDINATOR, SIMULATE),
         False,
-        {CLIENT: "another running client holds --state-dir (it is named), or the folder cannot be written (read-only, full)"},
+        {CLIENT: "another running client holds --state-dir (it is named), or the folder cannot be written (read-only, full)",
+         COORDINATOR: "`serve`: also another serve holds the data folder, or its account may not write it (the chown is named)"},
     ),
     ExitCode(
         Exit.MISSING_MODULE,

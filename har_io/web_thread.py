@@ -1,7 +1,7 @@
 """An ASGI app served by uvicorn in a thread of this process, and the rule for which addresses may be served.
 
 Two parts of the home server serve HTTP from inside its process: the status page with its API
-(:mod:`coordinator.server.web`) and the folder blob store (:mod:`coordinator.blob_folder`). Both
+(:mod:`coordinator.server.web`) and the folder blob store (:mod:`coordinator.transport.folder_store`). Both
 start a :class:`WebServer`; neither imports the other. uvicorn is imported only when a server is
 built, so importing this module needs no web library.
 

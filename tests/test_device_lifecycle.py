@@ -22,8 +22,9 @@ from support.upgrade_fixture import mqtt_login
 
 from coordinator.record import Evaluation, FedDwaWeights, Metrics, Participation, Rejection, RoundRecord, records
 from coordinator.report import write_report
-from coordinator.server import devices_cli
+from coordinator.server import device_commands as devices_cli
 from coordinator.server.audit import read_audit
+from coordinator.server.folder_side import FolderSide
 from coordinator.server.lifecycle import prune_bundles, scrub_record
 from coordinator.server.registry import Registry
 from coordinator.server.settings import read_serve_file
@@ -99,7 +100,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     personal = data / "run" / "models" / "r0000" / "personal"
     personal.mkdir(parents=True)
     (personal / "dev-a.safetensors").write_bytes(b"model of dev-a")
-    done, bundle = devices_cli.rename(data, file, "dev-a", "phone-anna")
+    done, bundle = devices_cli.rename(data, file, "dev-a", "phone-anna", FolderSide(data, file))
     assert bundle is not None  # enrolled by password: a bundle under the new name
     js = bundle[0]
     assert js == data / "enrolment" / "phone-anna.json" and not (data / "enrolment" / "dev-a.json").exists()
@@ -117,7 +118,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     assert [p.round for p in reg.participation("phone-anna")] == [0] and reg.participation("dev-a") == []
     reg.close()
     with pytest.raises(ValueError, match="taken already"):
-        devices_cli.rename(data, file, "dev-b", "dev-a")
+        devices_cli.rename(data, file, "dev-b", "dev-a", FolderSide(data, file))
 
     # --- forget: the run's records, reports and API lose the device
     run = data / "run"
@@ -133,7 +134,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
     assert "dev-b" in (run / "report.md").read_text()
     (run / "spill" / "r0002").mkdir(parents=True)
     (run / "spill" / "r0002" / "dev-b.safetensors").write_bytes(b"x")
-    lines = devices_cli.forget(data, file, "dev-b")
+    lines = devices_cli.forget(data, file, "dev-b", FolderSide(data, file))
     assert any("removed dev-b from 3 round record(s)" in line for line in lines)
     for path in (run / "state.sqlite", run / "report.json", run / "report.md"):
         assert b"dev-b" not in path.read_bytes(), path
@@ -147,7 +148,7 @@ def test_reissue_rename_forget_and_bundles_with_a_real_broker(tmp_path: Path, tl
 
     # --- bundles: revoked at once; joined or old ones by prune_bundles (devices)
     assert (data / "enrolment" / "dev-c.json").exists()
-    devices_cli.revoke(data, file, "dev-c")
+    devices_cli.revoke(data, file, "dev-c", FolderSide(data, file))
     assert not (data / "enrolment" / "dev-c.json").exists() and not (data / "enrolment" / "dev-c.png").exists()
     devices_cli.enrol(data, file, "dev-d", None)
     devices_cli.enrol(data, file, "dev-e", None)
@@ -222,7 +223,7 @@ def test_a_bundle_reissued_while_a_round_was_open_stays_until_a_later_round(tmp_
 def test_a_renamed_device_keeps_one_history_and_the_page_says_renamed(tmp_path: Path) -> None:
     """An update under the old name in the round open during ``rename`` counts under the new name; the old
     name's row on the page says where it went, with no rounds of its own (they are counted once, under the new name)."""
-    from coordinator.server.serve import _not_eligible
+    from coordinator.server.schedule import not_eligible as _not_eligible
     from coordinator.server.web import ServerView, render_page
 
     data = tmp_path / "data"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from coordinator.server.devices_cli import _from_status_page, _retained, device_table
+from coordinator.server.broker_view import from_status_page, retained_states
+from coordinator.server.device_tables import device_table
 from coordinator.server.monitor import Monitor
 from coordinator.server.registry import Registry
 from coordinator.server.settings import settings_of
@@ -36,14 +37,14 @@ def test_the_commands_read_presence_from_the_running_page(tmp_path: Path) -> Non
         # broker_dir names no broker: an answer can only have come from the page.
         toml = {"server": {"http_port": page.port, "token": "s3cret-0123456789abcdef", "broker_dir": str(tmp_path / "no-broker")}}
         file = settings_of(toml)
-        assert _from_status_page(file) == ({"phone-anna": "idle", "pi-kitchen": "offline", "tab-old": "offline"}, True)
-        assert _retained(file) == _from_status_page(file)
-        rows = {r["name"]: r["online"] for r in device_table(data, _retained(file)[0])}  # type: ignore[index]
+        assert from_status_page(file) == ({"phone-anna": "idle", "pi-kitchen": "offline", "tab-old": "offline"}, True)
+        assert retained_states(file) == from_status_page(file)
+        rows = {r["name"]: r["online"] for r in device_table(data, retained_states(file)[0])}  # type: ignore[index]
         assert rows == {"phone-anna": "yes", "pi-kitchen": "no", "tab-old": "no"}
         # A wrong token is no answer (the broker path is tried next, and it has no broker folder here).
-        assert _from_status_page(settings_of({"server": {**toml["server"], "token": "wrong"}})) is None
+        assert from_status_page(settings_of({"server": {**toml["server"], "token": "wrong"}})) is None
     finally:
         page.stop()
         reg.close()
-    assert _from_status_page(file, timeout_s=1.0) is None  # no page running
-    assert _from_status_page(settings_of({"server": {"http_port": 0}})) is None
+    assert from_status_page(file, timeout_s=1.0) is None  # no page running
+    assert from_status_page(settings_of({"server": {"http_port": 0}})) is None

@@ -2,7 +2,7 @@
 
 The broker is the generated one (``tests/support/secured_broker.py`` with ``--device-cert-port``):
 TLS, ACL, the device CA and its revocation list. The device side is :mod:`edge_client.cert_enrol`,
-the operator's :mod:`coordinator.server.enrol_desk` and ``devices_cli.revoke``.
+the operator's :mod:`coordinator.server.enrol_desk` and ``revoke`` (which also closes a live session by certificate).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _cert_login(cfg: BrokerConfig) -> tuple[bool, str]:
         c.loop_stop()
 
 
-def test_request_pending_approve_login_by_certificate_then_revoked(tls_mosquitto: Any, tmp_path: Path) -> None:
+def test_request_pending_approve_login_by_certificate_then_revoked(tls_mosquitto: Any, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     b = tls_mosquitto("home", [], device_certs=True)
     data, file = _server(tmp_path, b)
     inv = enrol_desk.invitation(file)
@@ -143,9 +144,30 @@ def test_request_pending_approve_login_by_certificate_then_revoked(tls_mosquitto
         device.stop()
         coord.stop()
 
-    # Revoked: the certificate goes on the revocation list, the broker reloads, and the same certificate is refused.
-    lines = devices_cli.revoke(data, file, "phone-anna")
-    assert "phone-anna's certificate put on the device CA's revocation list" in lines
+    # A live session by certificate: a broker reload keeps it (the password file is not asked of it); revoke closes it.
+    closed = threading.Event()
+    live = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="phone-anna")
+    cfg = cert_enrol.device_broker(folder, inv, "phone-anna")
+    ctx = ssl.create_default_context(cafile=cfg.tls_ca)
+    ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
+    live.tls_set_context(ctx)
+    up = threading.Event()
+    live.on_connect = lambda client, u, f, rc, p=None: up.set()
+    live.on_disconnect = lambda client, u, f, rc, p=None: closed.set()
+    live.connect(cfg.host, cfg.port, keepalive=10)
+    live.loop_start()
+    try:
+        assert up.wait(10)
+        # Revoked: the certificate goes on the revocation list, the broker reloads, its session is closed, and the
+        # same certificate is refused.
+        assert devices_cli.main("revoke", ["phone-anna", "--data", str(data)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert "phone-anna's certificate put on the device CA's revocation list" in lines
+        assert "phone-anna's live connection closed (its certificate is refused from now on)" in lines
+        assert closed.wait(10), "the revoked device's live session stayed open"
+    finally:
+        live.disconnect()
+        live.loop_stop()
     before = len(b.log.read_text())
     ok, _ = _cert_login(cert_enrol.device_broker(folder, inv, "phone-anna"))
     assert not ok, "a revoked certificate still logs in"
@@ -276,7 +298,7 @@ def test_the_commands_invite_pending_approve_and_request_certificate(tls_mosquit
         assert [(d.name, d.state) for d in reg.devices()] == [("board-1", "revoked"), ("board-2", "enrolled")]
     finally:
         reg.close()
-    assert [(e.action, e.device) for e in read_audit(data)] == [
+    assert [(e.action, e.device) for e in read_audit(data)] == [("invite", None),
         ("enrol", "board-1"), ("reissue", "board-1"), ("reissue", "board-1"), ("rename", "board-2"), ("reissue", "board-2")]
     # A new key is signed once: another request for the enrolled name is refused as taken again.
     other = cert_enrol.prepare(tmp_path / "intruder", "board-2", inv)

@@ -36,3 +36,12 @@ def test_the_program_runs_with_its_own_exit_status() -> None:
     with pytest.raises(SystemExit) as e:  # argparse's own exit for --help
         entry.run("fedhar-compare", ["--help"])
     assert e.value.code == 0
+
+
+@pytest.mark.parametrize("program", sorted(entry.SCRIPTS))
+def test_every_program_says_its_release_with_version(program: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert entry.run(program, ["--version"]) == Exit.OK
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"{program} {version('fedhar')} (Python ") and entry.release() == version("fedhar")

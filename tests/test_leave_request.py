@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_serve import FED, _settings
 
-from coordinator.server.devices_cli import device_table
+from coordinator.server.device_tables import device_table
 from coordinator.server.lifecycle import drop_leave_request, leave_lines, leave_requests, note_leave_request
 from edge_client.leave import leaving_status
 from har_io.broker_config import BrokerConfig
@@ -22,7 +22,8 @@ from har_models.wire.messages import ClientStatus
 SENT = 1_700_000_000.0
 
 
-def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never_selectable(tmp_path: Path) -> None:
+def test_the_grid_takes_a_device_that_left_as_offline_and_never_selectable(tmp_path: Path) -> None:
+    """The network grid reads the request off the device's status (delivered on its link's inbox as the broker would)."""
     from coordinator.server.serve import Server
 
     data = tmp_path / "data"
@@ -31,20 +32,41 @@ def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never
     try:
         server.registry.enrol("phone-1", "Anna")
         server.registry.enrol("phone-2", None)
-        grid, topics = server.grid, server.grid.topics
+        grid = server.grid
+        topics = grid.topics  # type: ignore[attr-defined]  # the MQTT grid's own
 
         def deliver(cid: str, payload: bytes) -> None:
-            grid.handle(topics.client_status(cid), payload)
+            grid.handle(topics.client_status(cid), payload)  # type: ignore[attr-defined]  # as the broker delivers it
 
-        deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
-        deliver("phone-2", ClientStatus("phone-2", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
-        assert grid.clients["phone-1"].selectable and grid.leaving() == {}
+        for cid in ("phone-1", "phone-2"):
+            deliver(cid, ClientStatus(cid, "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
+        clients = grid.clients  # type: ignore[attr-defined]
+        assert clients["phone-1"].selectable and grid.leaving() == {}
         deliver("phone-1", leaving_status("phone-1", forget=True, now_unix=SENT))
         assert list(grid.leaving()) == ["phone-1"] and grid.leaving()["phone-1"].left == "forget"
-        assert grid.clients["phone-1"].state == "offline" and not grid.clients["phone-1"].selectable
-        assert grid.clients["phone-2"].selectable  # only that device
+        assert clients["phone-1"].state == "offline" and not clients["phone-1"].selectable
+        assert clients["phone-2"].selectable  # only that device
+        # Enrolled again, the device says it is back: the grid forgets that it left.
+        deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
+        assert grid.leaving() == {} and clients["phone-1"].selectable
+    finally:
+        server.close()
 
-        server._note_leave_requests()
+
+def test_a_device_that_left_is_kept_for_the_operator_until_answered(tmp_path: Path) -> None:
+    from support.inmemory_grid import InMemoryGrid, device_status
+
+    from coordinator.server.serve import Server
+
+    data = tmp_path / "data"
+    _settings(data)
+    grid = InMemoryGrid({cid: device_status(cid, 40) for cid in ("phone-1", "phone-2")})
+    server = Server(data, BrokerConfig.parse("127.0.0.1:9"), FED, grid=lambda needs: grid)
+    try:
+        server.registry.enrol("phone-1", "Anna")
+        server.registry.enrol("phone-2", None)
+        grid.left = {"phone-1": ClientStatus.from_bytes(leaving_status("phone-1", forget=True, now_unix=SENT))}
+        server.upkeep.note_leave_requests()
         kept = leave_requests(data)
         assert list(kept) == ["phone-1"] and kept["phone-1"]["forget"] is True and kept["phone-1"]["sent_unix"] == SENT
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(SENT))
@@ -55,16 +77,11 @@ def test_a_device_that_left_is_kept_for_the_operator_until_answered_and_is_never
         assert not note_leave_request(data, "phone-1", True, SENT)
         assert note_leave_request(data, "phone-1", False, SENT + 60)
         assert leave_lines(data)[0].endswith("(fedhar-coordinator revoke phone-1 refuses it for good)")
-
-        # Enrolled again, the device says it is back: the grid forgets that it left.
-        deliver("phone-1", ClientStatus("phone-1", "idle", n_train=40, sent_unix=time.time(), refresh_s=30.0).to_bytes())
-        assert grid.leaving() == {} and grid.clients["phone-1"].selectable
         # The operator's answer (revoke or forget) drops the request.
         assert drop_leave_request(data, "phone-1") and leave_requests(data) == {} and leave_lines(data) == []
         assert not drop_leave_request(data, "phone-1")
     finally:
-        server.runner.state.close()
-        server.registry.close()
+        server.close()
 
 
 def test_an_unreadable_request_file_reads_as_no_requests(tmp_path: Path) -> None:

@@ -24,9 +24,10 @@ import pytest
 
 from coordinator.broker.certificates import EXPIRY_WARNING_S, certificate_not_after
 from coordinator.server.audit import audit, read_audit
-from coordinator.server.backup import BackupError, backup, restore
+from coordinator.server.backup import BackupError, backup
 from coordinator.server.metrics import make_registry, scrape
 from coordinator.server.registry import Registry
+from coordinator.server.restore import restore
 from coordinator.server.web import ServerView, render_page
 from coordinator.state import RunState
 

@@ -148,11 +148,10 @@ def test_reload_applies_the_tables_and_keeps_the_settings_in_force_on_a_bad_file
     toml.write_text(toml.read_text() + "[bogus]\n")
     assert server.reload() == [] and server.schedule.min_clients == 3  # refused: kept
     # the next start: after the last round's end plus the interval, moved into the window
-    server._last_end = 1773093600.0  # 2026-03-10 00:00 at UTC+2 (the server's tz below)
+    server.last_end = 1773093600.0  # 2026-03-10 00:00 at UTC+2 (the server's tz below)
     server.tz = dt.timezone(dt.timedelta(hours=2))
     assert server.next_start(1773093600.0) == 1773093600.0 + 3600.0  # 01:00, inside 22:00-06:00
-    server.runner.state.close()
-    server.registry.close()
+    server.close()
 
 
 @pytest.mark.slow
@@ -226,14 +225,13 @@ def test_a_round_committed_without_its_version_is_kept_as_one_at_the_next_start(
     server = Server(data, BrokerConfig.parse("127.0.0.1:9"), FED)
     assert server.cfg.run_id == "home-1"  # the data folder's run is taken up
     last = server.runner.start(resume=True)
-    server._catch_up_version(last)
+    server.versions.catch_up(last)
     assert kept_versions(data) == [(1, 0)]
     _, kept = load_state_file(data / "versions" / "v000001.safetensors")
     assert all(torch.equal(kept[k], v) for k, v in init_state(spec, 3).items())
     reg = Registry(data)
     assert [(p.name, p.round, p.accuracy, p.macro_f1) for p in reg.participation()] == [("dev-a", 0, 0.5, 0.25)]
     reg.close()
-    server._catch_up_version(last)  # a second look changes nothing
+    server.versions.catch_up(last)  # a second look changes nothing
     assert kept_versions(data) == [(1, 0)]
-    server.runner.state.close()
-    server.registry.close()
+    server.close()

@@ -60,7 +60,6 @@ def _server(data: Path) -> tuple[Any, int]:
     """A Server over ``data`` whose runner drives in-memory devices (no broker): rounds, versions and requests for real."""
     from support.inmemory_grid import InMemoryGrid, device_status
 
-    from coordinator.runner import FederationRunner
     from coordinator.server.serve import Server
 
     data.mkdir(parents=True, exist_ok=True)
@@ -70,25 +69,30 @@ def _server(data: Path) -> tuple[Any, int]:
             "[strategies.server_opt]\nlr = 2.0\nmomentum = 0.0\n[server]\nhttp_port = 0\nkeep_versions = 5\n"
             "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
         )
-    server = Server(data, BROKER, "home")
-
     class Measuring(InMemoryGrid):  # devices that also report the start measure of the model they received
         def train(self, cid: str, start: Any, round_: int, stage: int, plan: Any) -> Any:
             u = super().train(cid, start, round_, stage, plan)
             return dataclasses.replace(u, confusion={**u.confusion, "initial": np.diag([4] * 6)})
 
     grid = Measuring({cid: device_status(cid, n) for cid, n in {"a": 30, "b": 10, "c": 60}.items()}, step=lambda cid: 0.01)
-    server.runner = FederationRunner(server.cfg, grid, state=server.runner.state)
+    server = Server(data, BROKER, "home", grid=lambda needs: grid)
     return server, server.runner.start(resume=True)
 
 
 def _round(server: Any, r: int) -> None:
     """One served round as ``Server.run`` does it: take a request up, run, keep the version, finish the request."""
-    server._take_model_request()
+    server.versions.take_request()
     rec = server.runner.run_round(r)
     assert rec is not None
-    server._after_round(rec)
-    server._finish_model_request()
+    server.versions.keep(rec)
+    server.versions.finish_request()
+
+
+def _ask(server: Any, data: Path, action: str, version: int | None) -> list[str]:
+    """What the running server does with an operator's pin or rollback (its desk's command, in its loop's thread)."""
+    from coordinator.server.operator_commands import perform
+
+    return perform(action, {"version": version}, data, server.file, server.desk.side)
 
 
 def _weight(server: Any) -> float:
@@ -98,8 +102,11 @@ def _weight(server: Any) -> float:
 
 @pytest.mark.slow
 def test_pin_makes_serve_continue_from_that_version_once_and_across_a_restart(tmp_path: Path) -> None:
-    from coordinator.server import devices_cli, model_request
-    from coordinator.server.serve import REQUEST_DONE_KEY
+    from coordinator.server import model_request
+    from coordinator.server.device_commands import DeviceCommandError
+    from coordinator.server.device_tables import version_table
+    from coordinator.server.operator_commands import check_model_request
+    from coordinator.server.serve_versions import REQUEST_DONE_KEY
 
     data = tmp_path / "data"
     server, last = _server(data)
@@ -109,18 +116,17 @@ def test_pin_makes_serve_continue_from_that_version_once_and_across_a_restart(tm
         _round(server, r)
         w.append(_weight(server))
     assert w[1] - w[0] == pytest.approx(0.02, abs=1e-5) and w[2] - w[1] == pytest.approx(0.02, abs=1e-5)
-    marks = {r["version"]: r["mark"] for r in devices_cli.version_table(data)}
+    marks = {r["version"]: r["mark"] for r in version_table(data)}
     # rounds 1 and 2 judged versions 1 and 2 (rounds 0, 1) with equal start figures: the later one is the best
     assert marks == {1: "", 2: "best", 3: "newest"}
-    with pytest.raises(devices_cli.DeviceCommandError, match="version 9 is not kept"):
-        devices_cli.request_model(data, "pin", 9)
+    with pytest.raises(DeviceCommandError, match="version 9 is not kept"):
+        check_model_request(data, "pin", 9)
 
-    devices_cli.request_model(data, "pin", 1)
+    _ask(server, data, "pin", 1)  # as the operator's command does it, through the running server
     req = model_request.read_request(data)
     assert req is not None and (req.action, req.version) == ("pin", 1)
     # a kill -9 before the next round completes: the restarted serve takes the request up again
-    server.runner.state.close()
-    server.registry.close()
+    server.close()
     server, last = _server(data)
     assert last == 2 and model_request.read_request(data) == req
     _round(server, 3)
@@ -128,35 +134,31 @@ def test_pin_makes_serve_continue_from_that_version_once_and_across_a_restart(tm
     assert model_request.read_request(data) is None and server.runner.state.get(REQUEST_DONE_KEY) == req.id
     _round(server, 4)  # taken up once: rounds go on from there
     assert _weight(server) == pytest.approx(w[0] + 0.04, abs=1e-5)
-    server.runner.state.close()
-    server.registry.close()
+    server.close()
 
 
 def test_rollback_goes_to_the_best_version_with_half_the_step(tmp_path: Path) -> None:
-    from coordinator.server import devices_cli
+    from coordinator.server.device_commands import DeviceCommandError
 
     data = tmp_path / "data"
     server, _ = _server(data)
-    with pytest.raises(devices_cli.DeviceCommandError):
-        devices_cli.request_model(data, "rollback", None)  # no round yet: no versions at all
+    with pytest.raises(DeviceCommandError):
+        _ask(server, data, "rollback", None)  # no round yet: no versions at all
     w = []
     for r in range(3):
         _round(server, r)
         w.append(_weight(server))
-    devices_cli.request_model(data, "rollback", None)  # the best: version 2 (round 1's model)
-    server._take_model_request()  # taken up, then a kill -9 before its round completes: taken up again, halved once
-    assert server.runner.strategy.inner.step_scale == 0.5
-    server.runner.state.close()
-    server.registry.close()
+    lines = _ask(server, data, "rollback", None)  # the best: version 2 (round 1's model); taken up at once
+    assert lines == ["rollback to the best version: the server's next round starts from it with a halved server step"]
+    assert server.runner.strategy.inner.step_scale == 0.5  # then a kill -9 before its round completes: taken up again, halved once
+    server.close()
     server, _ = _server(data)
     _round(server, 3)
     assert _weight(server) == pytest.approx(w[1] + 0.01, abs=1e-5)  # half the step: 2 x 0.5 x 0.01
     assert server.runner.strategy.inner.step_scale == 0.5
     entries = [json.loads(line) for line in (data / "audit.jsonl").read_text().splitlines()]
     assert entries[-1]["action"] == "rollback" and entries[-1]["detail"] == "rollback to the best version"
-    server.runner.state.close()
-    server.registry.close()
+    server.close()
     server, _ = _server(data)  # after a restart the step stays halved
     assert server.runner.strategy.inner.step_scale == 0.5
-    server.runner.state.close()
-    server.registry.close()
+    server.close()

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from coordinator.server.devices_cli import match_data_owner
+from coordinator.server.ownership import match_data_owner
 
 needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="changing a file's owner needs root")
 

@@ -32,8 +32,7 @@ def _server(data: Path) -> Server:
 
 
 def _close(server: Server) -> None:
-    server.runner.state.close()
-    server.registry.close()
+    server.close()
 
 
 def test_a_reload_the_next_start_would_refuse_is_refused_now(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -67,12 +66,12 @@ def test_a_reload_during_an_open_round_says_it_is_deferred_and_when_it_applied(t
     data = tmp_path / "data"
     toml = _settings(data)
     server = _server(data)
-    server._open_round = 7  # what the loop sets while run_round(7) runs
+    server.open_round = 7  # what the loop sets while run_round(7) runs
     toml.write_text(toml.read_text().replace("[schedule]\nmin_clients = 2", "[schedule]\nmin_clients = 3"))
     with caplog.at_level(logging.INFO, logger="fedhar.serve"):
         server.request_reload()  # SIGHUP
         assert server.schedule.min_clients == 2  # not yet
-        server._open_round = None  # the round closed: the loop reloads
+        server.open_round = None  # the round closed: the loop reloads
         assert server.reload() == ["[schedule] min_clients 2 -> 3"]
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["reload: deferred until round 7 closes", "reload: round 7 closed; the deferred reload is applied now",

@@ -5,15 +5,13 @@ and forgets the failed attempt once the round completes; ``/api/round`` and the 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
-from support.inmemory_grid import InMemoryGrid, device_status
+from support.inmemory_grid import device_status
+from support.serving import LoopGrid, until
 
 from coordinator.server.monitor import Monitor
 from coordinator.server.web import ServerView, make_app
@@ -25,25 +23,7 @@ BROKER = BrokerConfig.parse("127.0.0.1:9")
 pytestmark = pytest.mark.slow  # the loop's retry after the failed attempt and its interval after the round: about 3 s
 
 
-class LoopGrid(InMemoryGrid):
-    """In-memory devices whose wait takes a moment (the serving loop polls it)."""
-
-    def wait(self, seconds: float) -> None:
-        time.sleep(min(seconds, 0.02))
-
-
-def _until(what: Callable[[], Any], timeout: float, label: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"{label} did not happen within {timeout} s")
-
-
 def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_device_is_missing(tmp_path: Path) -> None:
-    from coordinator.runner import FederationRunner
     from coordinator.server.serve import Server
 
     data = tmp_path / "data"
@@ -52,19 +32,16 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
         "min_clients = 2\n[model]\nconv_filters = 4\ndense_units = 8\n[server]\nhttp_port = 0\n"
         "[schedule]\nmin_clients = 2\nmin_round_interval_s = 1\n"
     )
-    server = Server(data, BROKER, "home")
     grid = LoopGrid({cid: device_status(cid, 30) for cid in ("phone-anna", "pi-kitchen")})
     grid.silent.add("pi-kitchen")  # selected, but its update never comes: the attempt closes without quorum
-    server.grid = grid  # type: ignore[assignment]
-    server.runner = FederationRunner(server.cfg, grid, state=server.runner.state)
-    server.poll_s = 0.02
+    server = Server(data, BROKER, "home", grid=lambda needs: grid, poll_s=0.02)
     stop = threading.Event()
     loop = threading.Thread(target=server.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        failed = _until(lambda: (w := server.page_waiting()) and "closed without quorum" in w and w, 20, "a failed attempt")
+        failed = until(lambda: (w := server.page_waiting()) and "closed without quorum" in w and w, 20, "a failed attempt")
         assert failed.startswith("round 0's last attempt closed without quorum at ")
-        assert "(1 update(s) with training windows, below the quorum of 2" in failed
+        assert "(1 update(s) with training windows, below the quorum of 2 (min_clients in server.toml)" in failed
         assert "waiting: 2 eligible devices, 2 needed" in failed
         # The page shows it under "no round open"; /api/round gives it while no round is open, and none while one is.
         mon = Monitor(Topics("home"))
@@ -78,11 +55,11 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
         assert c.get("/api/round").json()["waiting"] is None and 'id="waiting"' not in c.get("/").text
         # The device answers the next attempt: the round completes and the failed attempt is no reason any more.
         grid.silent.clear()
-        _until(lambda: server.runner.state.last_completed_round() >= 0, 20, "round 0 completing")
-        _until(lambda: (w := server.page_waiting()) and "closed without quorum" not in w, 20, "the failure forgotten")
+        until(lambda: server.runner.state.last_completed_round() >= 0, 20, "round 0 completing")
+        until(lambda: (w := server.page_waiting()) and "closed without quorum" not in w, 20, "the failure forgotten")
         # A device that goes away is named with its reason.
         grid.devices["pi-kitchen"] = device_status("pi-kitchen", 0)
-        missing = _until(lambda: (w := server.page_waiting()) and "not eligible" in w and w, 20, "a device left out")
+        missing = until(lambda: (w := server.page_waiting()) and "not eligible" in w and w, 20, "a device left out")
         assert missing.startswith("waiting: 1 of 2 eligible devices") and "not eligible: pi-kitchen (" in missing
     finally:
         stop.set()

@@ -23,10 +23,11 @@ def _exec_start(unit: str) -> list[str]:
 def test_units_parse_without_warnings(tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed")
-    shutil.copy(UNITS / "fedhar-client@.service", tmp_path)
-    shutil.copy(UNITS / "fedhar-coordinator.service", tmp_path)
+    for unit in ("fedhar-client@.service", "fedhar-coordinator.service", "fedhar-backup.service", "fedhar-backup.timer"):
+        shutil.copy(UNITS / unit, tmp_path)
     r = subprocess.run(
-        ["systemd-analyze", "verify", str(tmp_path / "fedhar-client@hapt-01.service"), str(tmp_path / "fedhar-coordinator.service")],
+        ["systemd-analyze", "verify", str(tmp_path / "fedhar-client@hapt-01.service"), str(tmp_path / "fedhar-coordinator.service"),
+         str(tmp_path / "fedhar-backup.service"), str(tmp_path / "fedhar-backup.timer")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -69,3 +70,15 @@ def test_restart_prevent_known_values():
     """Hand-written: the client's and the coordinator's codes a restart cannot fix."""
     assert exit_codes.restart_prevented(exit_codes.CLIENT) == {2, 3, 4, 6, 7, 8, 203, 217, 243}
     assert exit_codes.restart_prevented(exit_codes.COORDINATOR) == {2, 3, 4, 6, 7, 203, 217, 243}
+
+
+def test_the_backup_timer_runs_a_backup_with_retention_the_program_accepts():
+    """fedhar-backup.timer starts fedhar-backup.service daily; its ExecStart is a backup the backup command parses."""
+    from coordinator.server.backup_cli import build_parser
+
+    argv = _exec_start("fedhar-backup.service")
+    assert argv[:2] == ["/opt/fedhar/.venv/bin/fedhar-coordinator", "backup"]
+    args = build_parser("backup").parse_args(argv[2:])
+    assert args.keep == 14 and str(args.etc) == "/etc/fedhar" and str(args.data) == "/var/lib/fedhar"
+    timer = (UNITS / "fedhar-backup.timer").read_text()
+    assert "OnCalendar=*-*-* 03:00:00" in timer and "Persistent=true" in timer and "WantedBy=timers.target" in timer

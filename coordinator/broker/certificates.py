@@ -64,7 +64,7 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
     if not settings.tls:
         return settings
     tls = out / TLS_DIR
-    tls.mkdir(mode=0o750, exist_ok=True)
+    tls.mkdir(mode=0o751, exist_ok=True)
     gid = None
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         import pwd
@@ -77,7 +77,9 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
                 "or name the account the broker runs as"
             ) from None
         os.chown(tls, 0, gid)
-    os.chmod(tls, 0o750 if gid is not None else 0o700)
+    # Others may pass, not list: the certificates (0644) are public and read by the home server for their expiry; the
+    # key is 0640 (the broker's group) or 0600.
+    os.chmod(tls, 0o751 if gid is not None else 0o711)
     copies: dict[str, str | None] = {}
     for key, name, secret in (("tls_cert", "server.crt", False), ("tls_key", "server.key", True), ("tls_ca", "ca.crt", False)):
         src = getattr(settings, key)

@@ -87,8 +87,10 @@ def grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings) 
         return
     gid = account.pw_gid
     if created_out:
+        # Others may pass (x) but not list: the home server's own account reads fedhar-broker.json and the
+        # certificates (their expiry on the status page); every secret in here has its own 0600/0640 mode.
         os.chown(out, 0, gid)
-        os.chmod(out, 0o750)
+        os.chmod(out, 0o751)
     for name in ("passwd", "acl", *(("mosquitto.conf",) if settings.upstream else ())):  # a regional conf holds a password
         os.chown(out / name, 0, gid)
         os.chmod(out / name, 0o640)

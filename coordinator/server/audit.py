@@ -1,9 +1,9 @@
 """The home server's audit log ``<data>/audit.jsonl``: one JSON line per operator action, appended, never rewritten.
 
 Written by the commands that change what the server trusts or holds (enrol, reissue, rename,
-revoke, forget, backup, restore, broker renew; ``serve`` for each reload of its settings, applied,
-deferred or refused) and shown on the status page (its newest
-entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
+revoke, forget, pin, rollback, release, invite, backup, restore, broker renew; ``serve``
+for each reload of its settings, applied, deferred or refused) and shown on the status page (its
+newest entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
 ``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo). A line is
 written with one ``write`` on a file opened ``O_APPEND`` and flushed to disk before the command
 reports success, so a crash leaves at most a last line cut short, which :func:`read_audit` skips.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 AUDIT_NAME = "audit.jsonl"
 
-ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload", "pin", "rollback")
+ACTIONS = ("enrol", "reissue", "rename", "revoke", "forget", "backup", "restore", "renew", "reload", "pin", "rollback", "release",
+           "invite")
 """The actions an entry may name."""
 
 
@@ -36,7 +37,8 @@ class AuditEntry:
     detail: str
 
 
-def _who() -> str:
+def who() -> str:
+    """Who acts: ``$SUDO_USER`` when run with sudo, else this account."""
     sudo = os.environ.get("SUDO_USER")
     if sudo:
         return sudo
@@ -58,7 +60,7 @@ def audit(data: Path, action: str, device: str | None = None, detail: str = "") 
     """
     if action not in ACTIONS:
         raise ValueError(f"audit action {action!r}: use one of {', '.join(ACTIONS)}")
-    entry = AuditEntry(time.time(), action, device, _who(), detail)
+    entry = AuditEntry(time.time(), action, device, who(), detail)
     line = json.dumps({"t": entry.t, "action": action, "device": device, "by": entry.by, "detail": detail}) + "\n"
     Path(data).mkdir(parents=True, exist_ok=True)
     fd = os.open(Path(data) / AUDIT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)

@@ -10,31 +10,29 @@ What a backup holds (``DEST/``, mode 0700: bundles and the broker folder hold pa
   ``audit.jsonl``) is copied as files; a file deleted while being copied is skipped.
 * ``server.toml``: the settings file used (``--config``, default ``<data>/server.toml``).
 * ``broker/``: the broker folder (``[server] broker_dir``): accounts, ACL, TLS files, passwords.
-* ``manifest.json``: fedhar's version, the time, where each part came from, and each file's
-  SHA-256, mode, owner and group; :func:`restore` checks them before anything is put back.
+* ``etc/``: with ``--etc``, the units' environment and password files (``/etc/fedhar``).
+* ``manifest.json``: fedhar's version, the time, where each part came from, each file's SHA-256,
+  and the mode, owner and group of each file and folder as they were in the original (not of the
+  copy, which belongs to whoever ran the backup); :mod:`coordinator.server.restore` checks the
+  backup with :func:`check_backup` before anything is put back, and gives each file back its
+  owner, group and mode.
 
-``restore`` refuses a backup that fails its checks (a file missing or changed, a database that
-fails ``PRAGMA quick_check``, a registry schema newer than this fedhar), and a target that is not
-empty unless ``--force``, which moves it aside (``<path>.before-restore-<time>``, nothing is
-deleted). It writes into a sibling folder and renames it into place, and gives files back their
-owner and group when run as root. Stop ``serve`` before restoring.
+``fedhar-coordinator backup DEST --keep N`` (the backup timer's form, ``firmware_scripts/systemd/fedhar-backup.timer``)
+makes each backup a new ``fedhar-<time>`` folder inside ``DEST`` and keeps the newest ``N``
+(:mod:`coordinator.server.backup_cli`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
 import shutil
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from coordinator.server.audit import audit
 
 log = logging.getLogger("fedhar.backup")
 
@@ -79,23 +77,38 @@ def copy_database(src: Path, dst: Path) -> None:
         raise BackupError(f"the copy of {src} fails its integrity check ({check[0][0]}); the source may be damaged")
 
 
-def _record(root: Path, files: dict[str, Any], prefix: str) -> None:
-    """Add every file under ``root/prefix`` to ``files``: SHA-256, mode, owner, group."""
+def _owner(st: os.stat_result) -> dict[str, int]:
+    return {"mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid}
+
+
+def _record(root: Path, files: dict[str, Any], dirs: dict[str, Any], prefix: str, source: Path) -> None:
+    """Add every file under ``root/prefix`` to ``files`` (SHA-256 of the copy; mode, owner and group of the original in
+    ``source``, which the copy, made by whoever ran the backup, does not keep) and every folder to ``dirs``."""
     base = root / prefix
-    for path in sorted(p for p in base.rglob("*") if p.is_file() and not p.is_symlink()):
-        st = path.stat()
-        files[path.relative_to(root).as_posix()] = {"sha256": _sha256(path), "mode": st.st_mode & 0o7777,
-                                                    "uid": st.st_uid, "gid": st.st_gid}  # fmt: skip
+    for path in sorted(p for p in [base, *base.rglob("*")] if not p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        original = source / path.relative_to(base)
+        try:
+            st = original.stat()
+        except OSError:  # gone from the source since it was copied: the copy's own
+            st = path.stat()
+        if path.is_dir():
+            dirs[rel] = _owner(st)
+        elif path.is_file():
+            files[rel] = {"sha256": _sha256(path), **_owner(st)}
 
 
 def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
-    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, lock/journal files and files that vanish."""
+    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, lock/journal files, what is neither a file
+    nor a folder (the running server's ``operator.sock``) and files that vanish."""
     for path in sorted(src.rglob("*")):
         if path in skip or path.is_symlink() or path.name.endswith(_SKIP_SUFFIXES):
             continue
         target = dst / path.relative_to(src)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
+            continue
+        if not path.is_file():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -104,7 +117,7 @@ def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
             continue
 
 
-def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None) -> dict[str, Any]:
+def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None, etc_dir: Path | None = None) -> dict[str, Any]:
     """Copy the home server's state into the new folder ``dest``; returns the manifest (also ``dest/manifest.json``).
 
     Parameters
@@ -117,6 +130,8 @@ def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None)
         The settings file ``serve`` reads (copied when it exists).
     broker_dir : Path, optional
         The broker folder (``[server] broker_dir``).
+    etc_dir : Path, optional
+        The folder of the units' environment and password files (``/etc/fedhar``).
 
     Raises
     ------
@@ -144,24 +159,23 @@ def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None)
             copy_database(data / rel, dest / "data" / rel)
     _copy_tree(data, dest / "data", skip={data / rel for rel in DATABASES})
     files: dict[str, Any] = {}
-    _record(dest, files, "data")
-    parts: dict[str, Any] = {"data": str(data), "settings": None, "broker": None}
+    dirs: dict[str, Any] = {}
+    _record(dest, files, dirs, "data", data)
+    parts: dict[str, Any] = {"data": str(data), "settings": None, "broker": None, "etc": None}
     if Path(settings_file).is_file():
         shutil.copy2(settings_file, dest / "server.toml")
-        st = os.stat(settings_file)
-        files["server.toml"] = {"sha256": _sha256(dest / "server.toml"), "mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid}
+        files["server.toml"] = {"sha256": _sha256(dest / "server.toml"), **_owner(os.stat(settings_file))}
         parts["settings"] = str(Path(settings_file).resolve())
-    if broker_dir is not None and Path(broker_dir).is_dir():
-        broker_dir = Path(broker_dir).resolve()
-        (dest / "broker").mkdir(mode=0o700)
-        _copy_tree(broker_dir, dest / "broker", skip=set())
-        _record(dest, files, "broker")
-        st = broker_dir.stat()
-        parts["broker"] = str(broker_dir)
-        parts["broker_owner"] = [st.st_uid, st.st_gid, st.st_mode & 0o7777]
+    for part, folder in (("broker", broker_dir), ("etc", etc_dir)):
+        if folder is not None and Path(folder).is_dir():
+            folder = Path(folder).resolve()
+            (dest / part).mkdir(mode=0o700)
+            _copy_tree(folder, dest / part, skip=set())
+            _record(dest, files, dirs, part, folder)
+            parts[part] = str(folder)
     st = data.stat()
     parts["data_owner"] = [st.st_uid, st.st_gid, st.st_mode & 0o7777]
-    manifest = {"fedhar": version, "created_unix": time.time(), "parts": parts, "files": files}
+    manifest = {"fedhar": version, "created_unix": time.time(), "owners": "source", "parts": parts, "files": files, "dirs": dirs}
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -211,102 +225,3 @@ def check_backup(src: Path) -> dict[str, Any]:
     if "data" not in parts:
         raise BackupError(f"{src / MANIFEST} names no data folder; nothing was restored")
     return manifest
-
-
-def _put(src: Path, target: Path, force: bool, files: dict[str, Any], prefix: str, owner: list[int] | None) -> str:
-    """Copy the backup's ``src`` folder to ``target`` through a sibling folder and a rename; returns what was done."""
-    moved = ""
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        if not force:
-            raise BackupError(f"{target} exists and is not empty: stop the server and give --force (it is moved aside, not deleted), "
-                              "or restore into an empty folder")  # fmt: skip
-        aside = target.with_name(f"{target.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(target, aside)
-        moved = f" ({target} moved aside to {aside})"
-    elif target.exists():
-        target.rmdir()
-    staging = target.with_name(f".{target.name}.restoring-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(src, staging, copy_function=shutil.copy2)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # give files back their owner and group
-        for rel, meta in files.items():
-            if rel.startswith(prefix + "/"):
-                os.chown(staging / rel[len(prefix) + 1 :], int(meta["uid"]), int(meta["gid"]))
-        if owner is not None:
-            for path in [staging, *(p for p in staging.rglob("*") if p.is_dir())]:
-                os.chown(path, owner[0], owner[1])
-    if owner is not None:
-        os.chmod(staging, owner[2])
-    os.replace(staging, target)
-    return f"{target} restored{moved}"
-
-
-def restore(src: Path, data: Path | None = None, force: bool = False) -> list[str]:
-    """Put the backup in ``src`` back: the data folder (to ``data``, default where it came from), the
-    settings file and the broker folder to where they came from; returns what was done, as lines.
-
-    Raises
-    ------
-    BackupError
-        If the backup fails :func:`check_backup`, or a target is not empty without ``force``.
-    """
-    src = Path(src).resolve()
-    manifest = check_backup(src)
-    parts, files = manifest["parts"], manifest["files"]
-    target = Path(data).resolve() if data is not None else Path(parts["data"])
-    done = [_put(src / "data", target, force, files, "data", parts.get("data_owner"))]
-    if parts.get("settings") and (src / "server.toml").is_file():
-        settings = Path(parts["settings"])
-        if settings.parent == Path(parts["data"]):
-            settings = target / settings.name  # it lives in the data folder: restored with it
-            shutil.copy2(src / "server.toml", settings)
-        elif not settings.exists() or force:
-            settings.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / "server.toml", settings)
-            done.append(f"{settings} restored")
-        else:
-            done.append(f"{settings} exists and was kept (--force replaces it); the backup's copy is {src / 'server.toml'}")
-    if parts.get("broker") and (src / "broker").is_dir():
-        done.append(_put(src / "broker", Path(parts["broker"]), force, files, "broker", parts.get("broker_owner")))
-        done.append("restart the broker (systemctl restart mosquitto) so that it reads the restored accounts")
-    audit(target, "restore", None, f"from {src} (backup of {time.strftime('%Y-%m-%d %H:%M', time.localtime(manifest['created_unix']))})")
-    return done
-
-
-def main(cmd: str, argv: list[str]) -> int:
-    """``fedhar-coordinator backup DEST`` / ``restore SRC``: 0 done, 2 bad options or a refused backup (the reason printed)."""
-    from coordinator.server.devices_cli import match_data_owner
-    from coordinator.server.settings import default_data_dir, read_serve_file
-    from har_io.cli import add_logging_arguments, setup_logging
-    from har_io.exit_codes import Exit
-
-    ap = argparse.ArgumentParser(prog=f"fedhar-coordinator {cmd}", description=(__doc__ or "").split("\n\n")[0])
-    if cmd == "backup":
-        ap.add_argument("dest", type=Path, help="a new folder for the backup (best on another disk)")
-        ap.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings file (default <data>/server.toml)")
-    else:
-        ap.add_argument("src", type=Path, help="a folder fedhar-coordinator backup wrote")
-        ap.add_argument("--force", action="store_true", help="move existing non-empty targets aside (nothing is deleted)")
-    ap.add_argument("--data", type=Path, default=None, help=f"data folder (default $STATE_DIRECTORY, else {default_data_dir({})})")
-    add_logging_arguments(ap, progress=False)
-    args = ap.parse_args(argv)
-    setup_logging(args.log_level)
-    prog = f"fedhar-coordinator {cmd}"
-    try:
-        if cmd == "backup":
-            data = args.data or default_data_dir()
-            settings = args.config or data / "server.toml"
-            file = read_serve_file(settings)
-            broker_dir = Path(file.server.broker_dir) if file.server.broker_dir else None
-            manifest = backup(data, args.dest, settings, broker_dir)
-            audit(data, "backup", None, f"to {Path(args.dest).resolve()}")
-            match_data_owner(data)
-            broker = f", the broker folder {broker_dir}" if manifest["parts"]["broker"] else ""
-            print(f"backup of {data} in {Path(args.dest).resolve()}: {len(manifest['files'])} files{broker}; it holds passwords")
-        else:
-            for line in restore(args.src, args.data, args.force):
-                print(line)
-    except (BackupError, ValueError, OSError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return int(Exit.USAGE)
-    return int(Exit.OK)

@@ -19,8 +19,10 @@ What Mosquitto 2 does on that reload (measured with 2.0.11 in ``tests/test_broke
 the live session of an account no longer in ``passwd`` is closed at once, without its last will;
 a reconnect with the old password gets CONNACK "not authorised". Revocation is therefore final on
 the broker once :meth:`BrokerAdmin.remove_device` returns; what stays is the device's retained
-status and personalised model, which :func:`clear_device_topics` deletes (call it afterwards,
-when the device can no longer publish them again).
+status and personalised model, which :func:`coordinator.server.broker_session.clear_device_topics`
+deletes (call it afterwards, when the device can no longer publish them again). A device that logged in by
+certificate keeps its session through the reload: :func:`coordinator.server.broker_session.close_session`
+ends it. The reload mechanisms are in :mod:`coordinator.server.broker_reload`.
 
 Passwords are never logged; :meth:`BrokerAdmin.add_device` returns the new one, and it stays in
 ``credentials/<name>.password`` (mode 0600) for a later enrolment bundle.
@@ -29,53 +31,29 @@ Passwords are never logged; :meth:`BrokerAdmin.add_device` returns the new one, 
 from __future__ import annotations
 
 import logging
-import os
-import shlex
-import shutil
-import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coordinator import broker
 from coordinator.broker.passwords import password_file
+from coordinator.server.broker_reload import (
+    SYSTEMCTL_TIMEOUT_S,
+    SYSTEMD_UNIT,
+    BrokerAdminError,
+    BrokerReloadFailed,
+    read_pid_file,
+    signal_reload,
+    systemctl_reload,
+    systemd_running,
+)
+from coordinator.server.broker_session import clear_device_topics
 
-if TYPE_CHECKING:
-    from har_io.mqtt_link import MqttLink
-    from har_models.wire.topics import Topics
+__all__ = ["BrokerAdmin", "BrokerAdminError", "BrokerReloadFailed", "clear_device_topics", "read_pid_file"]
 
 log = logging.getLogger("fedhar.server.broker")
-
-SYSTEMD_UNIT = "mosquitto"
-"""The unit ``"systemctl"`` and ``"auto"`` reload unless ``"systemctl:UNIT"`` names another."""
-SYSTEMCTL_TIMEOUT_S = 30.0
-"""Bound on one ``systemctl`` call (seconds)."""
-
-
-class BrokerAdminError(RuntimeError):
-    """A broker account or reload operation failed; the message names the cause and the fix."""
-
-
-class BrokerReloadFailed(BrokerAdminError):
-    """The account files were written but the running broker was not reloaded.
-
-    Attributes
-    ----------
-    password : str or None
-        For :meth:`BrokerAdmin.add_device`: the new device's password (also in
-        ``credentials/<name>.password``), so an enrolment can go on once the broker is reloaded by
-        hand. Never part of the message.
-    """
-
-    def __init__(self, message: str, password: str | None = None):
-        super().__init__(message)
-        self.password = password
-
-    def __repr__(self) -> str:
-        return f"BrokerReloadFailed({str(self)!r})"
-
 
 def _reload_spec(reload: str) -> tuple[str, str]:
     """(kind, argument) of a reload setting; see :class:`BrokerAdmin`."""
@@ -90,115 +68,6 @@ def _reload_spec(reload: str) -> tuple[str, str]:
         f"broker reload {reload!r} is not understood: use 'auto', 'pid:/path/to/mosquitto.pid', 'systemctl', "
         "'systemctl:UNIT' or 'none'"
     )
-
-
-def process_name(pid: int) -> str | None:
-    """The executable name of process ``pid`` (``/proc/<pid>/comm``, else ``ps``), or None if no such process runs."""
-    comm = Path(f"/proc/{pid}/comm")
-    if Path("/proc/self/comm").exists():
-        try:
-            return comm.read_text().strip()
-        except (FileNotFoundError, ProcessLookupError):
-            return None
-    ps = shutil.which("ps")
-    if ps is None:
-        return None
-    r = subprocess.run([ps, "-p", str(pid), "-o", "comm="], capture_output=True, text=True, timeout=10)
-    name = r.stdout.strip()
-    return Path(name).name if r.returncode == 0 and name else None
-
-
-def read_pid_file(path: Path, conf: Path | None = None) -> int:
-    """The process id in the PID file ``path`` of a running Mosquitto (``conf``: its configuration, named in errors).
-
-    Raises
-    ------
-    BrokerAdminError
-        If the file is missing or unreadable, holds no process id, or names a process that is
-        not running or is not ``mosquitto`` (a stale file: the broker stopped and the id may
-        have been reused).
-    """
-    start = f"mosquitto -c {conf if conf is not None else '<broker folder>/mosquitto.conf'}"
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        raise BrokerAdminError(
-            f"PID file {path} does not exist: the broker is not running with 'pid_file {path}' "
-            f"(start it with {start}, or name the right PID file)"
-        ) from None
-    except OSError as exc:
-        raise BrokerAdminError(f"PID file {path} cannot be read ({exc.strerror or exc}); give this account read access to it") from None
-    try:
-        pid = int(text)
-        if pid <= 0:
-            raise ValueError(text)
-    except ValueError:
-        raise BrokerAdminError(f"PID file {path} holds {text[:40]!r}, not a process id; remove it and restart the broker") from None
-    name = process_name(pid)
-    if name is None:
-        raise BrokerAdminError(
-            f"stale PID file {path}: process {pid} is not running; start the broker ({start}) or remove the file"
-        )
-    if name != "mosquitto":
-        raise BrokerAdminError(
-            f"stale PID file {path}: process {pid} is {name!r}, not mosquitto; nothing was signalled. Start the broker "
-            f"({start}) or remove the file"
-        )
-    return pid
-
-
-def signal_reload(pid_file: Path, conf: Path | None = None) -> int:
-    """Send SIGHUP to the Mosquitto named in ``pid_file`` (checked by :func:`read_pid_file`); return its pid.
-
-    Mosquitto then re-reads its password file and ACL (and closes sessions of removed accounts).
-
-    Raises
-    ------
-    BrokerAdminError
-        As :func:`read_pid_file`, or if this account may not signal the broker's.
-    """
-    pid = read_pid_file(pid_file, conf)
-    try:
-        os.kill(pid, signal.SIGHUP)
-    except ProcessLookupError:
-        raise BrokerAdminError(f"mosquitto (pid {pid}, from {pid_file}) exited just now; start it again") from None
-    except PermissionError:
-        raise BrokerAdminError(
-            f"not allowed to signal mosquitto (pid {pid}, from {pid_file}): it runs as another account. Run the server "
-            "as the broker's account, or reload through systemd (broker reload 'systemctl', with the right to reload the unit)"
-        ) from None
-    return pid
-
-
-def _systemd_running() -> bool:
-    return shutil.which("systemctl") is not None and Path("/run/systemd/system").is_dir()
-
-
-def systemctl_reload(unit: str = SYSTEMD_UNIT) -> None:
-    """``systemctl reload UNIT``.
-
-    Raises
-    ------
-    BrokerAdminError
-        If systemctl is missing, times out, or fails (its message is included).
-    """
-    exe = shutil.which("systemctl")
-    if exe is None:
-        raise BrokerAdminError(
-            "systemctl not found: this machine has no systemd; reload the broker with kill -HUP $(cat <broker folder>/data/mosquitto.pid) "
-            "or set the broker reload to 'pid:/path/to/mosquitto.pid'"
-        )
-    cmd = [exe, "reload", unit]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise BrokerAdminError(f"{shlex.join(cmd)} did not finish in {SYSTEMCTL_TIMEOUT_S:g} s; check journalctl -u {unit}") from None
-    if r.returncode != 0:
-        why = (r.stderr or r.stdout).strip() or f"exit {r.returncode}"
-        raise BrokerAdminError(
-            f"{shlex.join(cmd)} failed: {why}. Reload it by hand (sudo systemctl reload {unit}), or allow this account "
-            "to reload the unit (a polkit rule), or run the server as the broker's account with reload 'pid:...'"
-        )
 
 
 @dataclass(frozen=True)
@@ -397,7 +266,7 @@ class BrokerAdmin:
             else:
                 log.info("reloaded mosquitto (SIGHUP to pid %d from %s)", pid, pid_file)
                 return
-        if _systemd_running():
+        if systemd_running():
             try:
                 active = subprocess.run(
                     ["systemctl", "is-active", "--quiet", SYSTEMD_UNIT], timeout=SYSTEMCTL_TIMEOUT_S, stdin=subprocess.DEVNULL
@@ -414,45 +283,3 @@ class BrokerAdmin:
             f"(kill -HUP <pid of the mosquitto running with {conf}>, or sudo systemctl reload <its unit>), or start it "
             f"(mosquitto -c {conf})"
         )
-
-
-def clear_device_topics(link: MqttLink, topics: Topics, name: str, timeout: float = 60.0) -> list[str]:
-    """Delete what the broker retains of device ``name``: its status and its personalised model chunks.
-
-    Publishes an empty retained message on ``{p}/client/<name>/status`` and on every retained
-    ``{p}/client/<name>/model/<i>`` (found with :meth:`MqttLink.sweep_retained`, which waits until
-    retained messages stop arriving). ``link`` must be logged in with an account that may write
-    there: the coordinator's (``topic readwrite {p}/#`` in the generated ACL). Call it after
-    :meth:`BrokerAdmin.remove_device`, once the device can no longer publish its status again.
-
-    Parameters
-    ----------
-    link : MqttLink
-        A connected link (the coordinator's).
-    topics : Topics
-        The federation's topics.
-    name : str
-        The device's client id.
-    timeout : float
-        Bound on the sweep and on each acknowledgement (seconds).
-
-    Returns
-    -------
-    list of str
-        The topics cleared: the status topic first, then the model chunks found (sorted).
-
-    Raises
-    ------
-    ValueError
-        For an invalid client id (a ``+`` or ``#`` would widen the sweep to other devices).
-    TimeoutError, BrokerRefused
-        As :meth:`MqttLink.publish` (not connected, or not acknowledged in time).
-    """
-    from har_models.wire.topics import check_client_id
-
-    check_client_id(name)
-    status = topics.client_status(name)
-    link.clear_retained([status], timeout=timeout)
-    models = link.sweep_retained([topics.client_model(name, "+")], timeout=timeout)
-    log.info("cleared the retained status and %d model chunk(s) of %s", len(models), name)
-    return [status, *models]

@@ -16,7 +16,10 @@
   ``report.md`` rewritten from them. Counts (selected, updates, clients) stay: they are
   anonymous. FedDWA's weight matrix loses the device's row and column.
 * :func:`prune_bundles`: enrolment bundles hold the device's password; they are deleted once
-  the device has joined, when it is revoked, renamed or forgotten, or after a set age.
+  the device has joined, when it is revoked, renamed or forgotten, or after a set age. An
+  invitation (``invite``, enrolment by certificate) is another kind of artefact: shared by every
+  device it invites and holding no device's secret, it lives until its stated expiry or
+  ``invite --revoke`` (:func:`note_invitation`, :func:`drop_invitation`), never removed with the bundles.
 """
 
 from __future__ import annotations
@@ -53,10 +56,43 @@ def delete_bundle(data: Path, name: str) -> int:
     return n
 
 
+INVITATION = "invitation"
+"""The name of the invitation's files in ``<data>/enrolment/`` (``invitation.json``, ``.png``; its expiry in ``.expires``)."""
+INVITATION_DAYS = 30
+"""How long an invitation lives unless ``invite --days`` says otherwise: a month to enrol a household's devices."""
+
+
+def note_invitation(data: Path, expires_unix: float) -> None:
+    """Record when the invitation just written in ``<data>/enrolment/`` expires (UNIX s)."""
+    from har_models.files import atomic_write_bytes
+
+    atomic_write_bytes(Path(data) / "enrolment" / f"{INVITATION}.expires", json.dumps({"expires_unix": float(expires_unix)}).encode())
+
+
+def invitation_expiry(data: Path) -> float | None:
+    """When the invitation expires (UNIX s); None without one, or with one of a release that recorded no expiry."""
+    try:
+        return float(json.loads((Path(data) / "enrolment" / f"{INVITATION}.expires").read_text())["expires_unix"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def drop_invitation(data: Path) -> int:
+    """Delete the invitation's files (its expiry passed, or ``invite --revoke``); returns how many existed."""
+    n = 0
+    for ext in ("json", "png", "expires"):
+        p = Path(data) / "enrolment" / f"{INVITATION}.{ext}"
+        if p.exists():
+            p.unlink()
+            n += ext != "expires"
+    return n
+
+
 def prune_bundles(data: Path, joined: set[str] | frozenset[str] = frozenset(), max_age_s: float = BUNDLE_MAX_AGE_S,
                   now: float | None = None) -> list[str]:  # fmt: skip
     """Delete the enrolment bundles that are no longer needed; returns the device names whose files went.
 
+    The invitation is not a bundle: it goes only when its expiry has passed (:func:`note_invitation`).
     A bundle goes when its device is not enrolled (revoked, renamed, forgotten, or unknown to the
     registry), has joined (named in ``joined``, or has contributed to a round since the bundle was
     written: a participation row newer than the file, so a bundle made again by ``reissue`` for a
@@ -72,7 +108,11 @@ def prune_bundles(data: Path, joined: set[str] | frozenset[str] = frozenset(), m
     if not folder.is_dir():
         return []
     now = time.time() if now is None else now
-    names = sorted({p.stem for p in folder.iterdir() if p.suffix in (".json", ".png")})
+    expires = invitation_expiry(data)
+    if expires is not None and expires <= now and drop_invitation(data):
+        log.info("the invitation expired on %s: its files are deleted (fedhar-coordinator invite makes a new one)",
+                 time.strftime("%Y-%m-%d %H:%M", time.localtime(expires)))  # fmt: skip
+    names = sorted({p.stem for p in folder.iterdir() if p.suffix in (".json", ".png")} - {INVITATION})
     reg = Registry(data)
     try:
         last_took = {name: p.last_t for name, p in reg.participation_summary().items()}  # UNIX s of the newest row
@@ -149,26 +189,8 @@ def scrub_run(run_dir: Path, name: str) -> int:
     if not (run_dir / "state.sqlite").is_file():
         return 0
     state = RunState(run_dir)
-    changed = 0
     try:
-        # Freed and rewritten pages are zeroed, so the old rows are not left in the file's free space.
-        state._db.execute("PRAGMA secure_delete = ON")
-        with state._guard(), state._db:  # one transaction over the run database, beside RunState
-            db = state._db
-            for rnd, text in db.execute("SELECT round, summary FROM rounds").fetchall():
-                old = json.loads(text)
-                new = scrub_record(old, name)
-                if new != old:
-                    db.execute("UPDATE rounds SET summary = ? WHERE round = ?", (json.dumps(new), rnd))
-                    changed += 1
-            db.execute("DELETE FROM events WHERE client = ?", (name,))
-            for key, text in db.execute("SELECT key, value FROM meta").fetchall():
-                old = json.loads(text)
-                new = _scrub(old, name)
-                if new != old:
-                    db.execute("UPDATE meta SET value = ? WHERE key = ?", (json.dumps(new), key))
-            if changed:
-                state._count_rewrite()
+        changed = state.rewrite_client(name, lambda value: _scrub(value, name))
         rounds = state.rounds()
     finally:
         state.close()

@@ -11,26 +11,35 @@ under ``<data>/run/``):
 * ``versions``: each completed round's global model kept as a numbered file, with its figures;
 * ``participation``: one row per (device, round) a device contributed to, with its local figures.
 
-Every read and write is guarded: a database cut short, with a damaged page, or not a database at
-all raises :class:`RegistryDamaged` (a :class:`coordinator.state.StateDamaged`) naming the file and
-the fix; it is never read as an empty one. The schema carries its version (``meta.schema_version``);
+Every read and write is guarded (:mod:`coordinator.server.sqlite_faults`): a file another program
+holds (a backup, ``sqlite3`` at the shell) is waited for, a bounded and logged wait, and is never
+called damaged; a full disk is :class:`coordinator.state.StorageFull`. A file that fails
+``PRAGMA integrity_check`` (cut short, a damaged page, not a database) raises :class:`RegistryDamaged`
+(a :class:`coordinator.state.StateDamaged`) naming the file and the fix, and one that passes it but
+cannot be used (a table dropped by hand) says so without calling it damaged; it is never read as an
+empty one. The schema carries its version (``meta.schema_version``);
 a file written by a newer fedhar is refused instead of being changed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
+from coordinator.server.registry_rows import DeviceRow, DeviceState, ParticipationRow, ParticipationSummary, VersionRow
+from coordinator.server.sqlite_faults import BUSY_WAIT_S, TRY_S, integrity_problem, wait_for
 from coordinator.state import StateDamaged
 from har_models.wire.topics import check_client_id
+
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "DeviceRow", "ParticipationRow", "ParticipationSummary", "Registry", "RegistryDamaged",
+           "VersionRow"]
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 """Version of the tables below; a file with a higher one was written by a newer fedhar."""
@@ -53,8 +62,6 @@ CREATE TABLE IF NOT EXISTS participation (
 );
 """
 
-DeviceState = Literal["enrolled", "revoked", "forgotten"]
-
 
 class RegistryDamaged(StateDamaged):
     """``server.sqlite`` cannot be read or written (cut short, a damaged page, not a database, too new).
@@ -62,60 +69,6 @@ class RegistryDamaged(StateDamaged):
     Raised by every :class:`Registry` method instead of sqlite3's own errors; the message names
     the file and what to do.
     """
-
-
-@dataclass(frozen=True)
-class DeviceRow:
-    """One device of the registry.
-
-    ``enrolled_unix``, ``revoked_unix``, ``forgotten_unix`` are UNIX times in seconds (None when
-    that has not happened); ``state`` is the latest of them; ``renamed_to`` is the name a renamed
-    device carries now (its old name is revoked).
-    """
-
-    name: str
-    owner: str | None
-    enrolled_unix: float
-    revoked_unix: float | None
-    forgotten_unix: float | None
-    state: DeviceState
-    renamed_to: str | None = None
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    """One kept model version: ``version`` (1, 2, ...), the round (0-based) whose global model it is,
-    when it was written (UNIX s), the architecture version, the file, and the round's figures
-    (e.g. ``{"personalisation_accuracy": 0.71, ...}``; releases before wrote ``personalization_*``:
-    read them through :func:`coordinator.server.figures.read_figures`)."""
-
-    version: int
-    round: int
-    created_unix: float
-    arch_version: int
-    path: Path
-    figures: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ParticipationRow:
-    """Device ``name`` contributed to round ``round`` (0-based) at ``t`` (UNIX s) with these local figures (0..1 or None)."""
-
-    name: str
-    round: int
-    t: float
-    accuracy: float | None
-    macro_f1: float | None
-
-
-@dataclass(frozen=True)
-class ParticipationSummary:
-    """A device's participation in short: ``rounds`` contributed to, its newest contribution's time
-    ``last_t`` (UNIX s) and its newest row ``last``."""
-
-    rounds: int
-    last_t: float
-    last: ParticipationRow
 
 
 def _check_name(name: str) -> str:
@@ -136,49 +89,57 @@ class Registry:
     """The server database in ``data_dir / "server.sqlite"`` (created with the folder if missing).
 
     Safe to share between threads (one connection behind a lock) and to open from several
-    processes at once (``fedhar-coordinator revoke`` while ``serve`` runs): SQLite's own locking,
-    with a 10 s busy timeout.
+    processes at once (``fedhar-coordinator devices`` while ``serve`` runs): SQLite's own locking.
+    While another program holds the file, each read or write waits (SQLite's busy timeout
+    ``try_s`` at a time, logged after each) for ``busy_wait_s`` seconds in all.
 
     Raises
     ------
     RegistryDamaged
-        If the file is empty (0 bytes), damaged, not a database, or of a newer schema.
+        If the file is empty (0 bytes), fails ``PRAGMA integrity_check``, cannot be used though whole, or is of a
+        newer schema.
+    coordinator.server.sqlite_faults.DatabaseBusy, coordinator.server.sqlite_faults.DatabaseAccess, coordinator.state.StorageFull
+        If another program holds the file longer than ``busy_wait_s``; this account may not write it; the disk is full.
     """
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, busy_wait_s: float = BUSY_WAIT_S, try_s: float = TRY_S):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / DB_NAME
+        self.busy_wait_s = busy_wait_s
         self._lock = threading.RLock()
         if self.path.is_file() and self.path.stat().st_size == 0:
             # SQLite always writes a header page; 0 bytes is a file cut short, never a new database.
             raise RegistryDamaged(self._damaged("it is empty (0 bytes)"))
         try:
-            self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False)
+            self._db = sqlite3.connect(self.path, timeout=try_s, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise RegistryDamaged(self._damaged(str(exc))) from None
-        with self._guard():
-            check = self._db.execute("PRAGMA quick_check").fetchall()
-            if check != [("ok",)]:
-                raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in check[:3]))
-            with self._db:
-                self._db.executescript(_SCHEMA)
-                row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    self._db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                    found = SCHEMA_VERSION
-                else:
-                    found = int(row[0])
-                columns = {r[1] for r in self._db.execute("PRAGMA table_info(devices)")}
-                if "renamed_to" not in columns:
-                    # Added beside schema 1 (an older fedhar reads the file as before: it names its columns).
-                    self._db.execute("ALTER TABLE devices ADD COLUMN renamed_to TEXT")
+            raise RegistryDamaged(self._judged(str(exc))) from None
+        try:
+            found = self._write(self._open_schema, "open it")
+        except BaseException:
+            self._db.close()
+            raise
         if found > SCHEMA_VERSION:
             self._db.close()
             raise RegistryDamaged(
                 f"{self.path} has schema version {found}, this fedhar reads up to {SCHEMA_VERSION}; "
                 "it was written by a newer fedhar: upgrade fedhar (nothing was changed in the file)"
             )
+
+    def _open_schema(self, db: sqlite3.Connection) -> int:
+        check = db.execute("PRAGMA quick_check").fetchall()
+        if check != [("ok",)]:
+            raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in check[:3]))
+        db.executescript(_SCHEMA)
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        columns = {r[1] for r in db.execute("PRAGMA table_info(devices)")}
+        if "renamed_to" not in columns:
+            # Added beside schema 1 (an older fedhar reads the file as before: it names its columns).
+            db.execute("ALTER TABLE devices ADD COLUMN renamed_to TEXT")
+        return SCHEMA_VERSION if row is None else int(row[0])
 
     def _damaged(self, why: str) -> str:
         return (
@@ -187,18 +148,41 @@ class Registry:
             f"{self.data_dir / 'run'} and the versions in {self.data_dir / 'versions'} are kept)"
         )
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Hold the lock; turn sqlite3's errors and undecodable rows into :class:`RegistryDamaged`."""
-        with self._lock:
-            try:
-                yield
-            except StateDamaged:
-                raise
-            except sqlite3.Error as exc:
-                raise RegistryDamaged(self._damaged(str(exc))) from None
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise RegistryDamaged(self._damaged(f"a row does not decode: {exc}")) from None
+    def _judged(self, why: str) -> str:
+        """The words for an error ``why`` of SQLite: damage only when ``PRAGMA integrity_check`` fails."""
+        why = " ".join(why.split())  # SQLite's messages may hold line breaks
+        problem = integrity_problem(self.path) if self.path.exists() else None
+        if problem is not None:
+            return self._damaged(why if problem == why else f"{why}; integrity check: {problem}")
+        return (
+            f"{self.path} cannot be used ({why}), though PRAGMA integrity_check finds the file whole: another program changed "
+            "its tables or rows, or it is not a fedhar registry. Nothing was changed; keep the file and restore the registry "
+            "from a backup (fedhar-coordinator restore)"
+        )
+
+    def _run(self, work: Callable[[sqlite3.Connection], T], write: bool, what: str) -> T:
+        """``work(connection)`` under the lock (in one transaction when ``write``), waiting while another program holds the
+        file (:func:`~coordinator.server.sqlite_faults.wait_for`); its errors in words (:class:`RegistryDamaged`, ...)."""
+
+        def once() -> T:
+            with self._lock:
+                if not write:
+                    return work(self._db)
+                with self._db:
+                    return work(self._db)
+
+        try:
+            return wait_for(self.path, once, self.busy_wait_s, what)
+        except sqlite3.Error as exc:
+            raise RegistryDamaged(self._judged(str(exc))) from None
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise RegistryDamaged(self._judged(f"a row does not decode: {exc}")) from None
+
+    def _read(self, work: Callable[[sqlite3.Connection], T], what: str = "read it") -> T:
+        return self._run(work, False, what)
+
+    def _write(self, work: Callable[[sqlite3.Connection], T], what: str = "write it") -> T:
+        return self._run(work, True, what)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -207,8 +191,7 @@ class Registry:
 
     def schema_version(self) -> int:
         """The file's schema version (:data:`SCHEMA_VERSION`). Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            return int(self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        return self._read(lambda db: int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]))
 
     # ----------------------------------------------------------------------------- devices
     def enrol(self, name: str, owner: str | None) -> None:
@@ -219,17 +202,20 @@ class Registry:
         ValueError
             If ``name`` is already enrolled, or was revoked or forgotten: a revoked name is never
             taken again (anything still carrying it would come back); enrol the device under a new name.
-        RegistryDamaged
-            If the database cannot be read or written.
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
+            If the database cannot be read or written (damaged; held by another program too long; a full disk).
         """
         _check_name(name)
-        with self._guard(), self._db:
-            row = self._db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone()
+
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone()
             if row is not None:
                 if row[0] is not None or row[1] is not None:
                     raise ValueError(f"device {name!r} was revoked; a revoked name is not enrolled again: enrol it under a new name")
                 raise ValueError(f"device {name!r} is already enrolled; revoke it first to replace it, under a new name")
-            self._db.execute("INSERT INTO devices (name, owner, enrolled_unix) VALUES (?, ?, ?)", (name, owner, time.time()))
+            db.execute("INSERT INTO devices (name, owner, enrolled_unix) VALUES (?, ?, ?)", (name, owner, time.time()))
+
+        self._write(work, f"enrol {name}")
 
     def revoke(self, name: str) -> None:
         """Mark ``name`` revoked now (kept for good); revoking a revoked device keeps the first time.
@@ -239,14 +225,17 @@ class Registry:
 
         Raises
         ------
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
         _check_name(name)
         now = time.time()
-        with self._guard(), self._db:
-            self._db.execute("INSERT OR IGNORE INTO devices (name, owner, enrolled_unix) VALUES (?, NULL, ?)", (name, now))
-            self._db.execute("UPDATE devices SET revoked_unix = ? WHERE name = ? AND revoked_unix IS NULL", (now, name))
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR IGNORE INTO devices (name, owner, enrolled_unix) VALUES (?, NULL, ?)", (name, now))
+            db.execute("UPDATE devices SET revoked_unix = ? WHERE name = ? AND revoked_unix IS NULL", (now, name))
+
+        self._write(work, f"revoke {name}")
 
     def forget(self, name: str) -> None:
         """Revoke ``name`` and delete what the registry holds of it: its owner and participation rows.
@@ -255,16 +244,18 @@ class Registry:
 
         Raises
         ------
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
         self.revoke(name)
         now = time.time()
-        with self._guard():
-            self._db.execute("PRAGMA secure_delete = ON")  # the deleted rows are zeroed, not left in free pages
-        with self._guard(), self._db:
-            self._db.execute("UPDATE devices SET owner = NULL, forgotten_unix = COALESCE(forgotten_unix, ?) WHERE name = ?", (now, name))
-            self._db.execute("DELETE FROM participation WHERE name = ?", (name,))
+        self._read(lambda db: db.execute("PRAGMA secure_delete = ON"))  # the deleted rows are zeroed, not left in free pages
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE devices SET owner = NULL, forgotten_unix = COALESCE(forgotten_unix, ?) WHERE name = ?", (now, name))
+            db.execute("DELETE FROM participation WHERE name = ?", (name,))
+
+        self._write(work, f"forget {name}")
 
     def rename(self, old: str, new: str) -> None:
         """Give enrolled device ``old`` the name ``new``, keeping its owner, enrolment time and participation.
@@ -279,7 +270,7 @@ class Registry:
         ValueError
             If a name is invalid, ``old`` is not enrolled, or ``new`` is in the table already
             (enrolled, revoked or forgotten: a name is never taken twice).
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
         _check_name(old)
@@ -287,47 +278,49 @@ class Registry:
         if old == new:
             raise ValueError(f"rename {old!r} to itself: give a different new name")
         now = time.time()
-        with self._guard(), self._db:
-            row = self._db.execute(
-                "SELECT owner, enrolled_unix, revoked_unix, forgotten_unix FROM devices WHERE name = ?", (old,)
-            ).fetchone()
+
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT owner, enrolled_unix, revoked_unix, forgotten_unix FROM devices WHERE name = ?", (old,)).fetchone()
             if row is None or row[2] is not None or row[3] is not None:
                 raise ValueError(f"device {old!r} is not enrolled (see fedhar-coordinator devices); only an enrolled device is renamed")
-            if self._db.execute("SELECT 1 FROM devices WHERE name = ?", (new,)).fetchone() is not None:
+            if db.execute("SELECT 1 FROM devices WHERE name = ?", (new,)).fetchone() is not None:
                 raise ValueError(f"the name {new!r} is taken already (enrolled, revoked or forgotten): choose another new name")
-            self._db.execute("INSERT INTO devices (name, owner, enrolled_unix) VALUES (?, ?, ?)", (new, row[0], row[1]))
-            self._db.execute("UPDATE participation SET name = ? WHERE name = ?", (new, old))
-            self._db.execute("UPDATE devices SET revoked_unix = ?, renamed_to = ? WHERE name = ?", (now, new, old))
+            db.execute("INSERT INTO devices (name, owner, enrolled_unix) VALUES (?, ?, ?)", (new, row[0], row[1]))
+            db.execute("UPDATE participation SET name = ? WHERE name = ?", (new, old))
+            db.execute("UPDATE devices SET revoked_unix = ?, renamed_to = ? WHERE name = ?", (now, new, old))
+
+        self._write(work, f"rename {old}")
+
+    def _times(self, name: str) -> tuple[Any, Any] | None:
+        return self._read(lambda db: db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone())
 
     def is_revoked(self, name: str) -> bool:
         """True if ``name`` was revoked or forgotten. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            row = self._db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone()
+        row = self._times(name)
         return row is not None and (row[0] is not None or row[1] is not None)
 
     def is_enrolled(self, name: str) -> bool:
         """True if ``name`` is enrolled and not revoked. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            row = self._db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone()
+        row = self._times(name)
         return row is not None and row[0] is None and row[1] is None
 
     def revoked_names(self) -> frozenset[str]:
         """Every revoked or forgotten name. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            rows = self._db.execute("SELECT name FROM devices WHERE revoked_unix IS NOT NULL OR forgotten_unix IS NOT NULL").fetchall()
-        return frozenset(r[0] for r in rows)
+        q = "SELECT name FROM devices WHERE revoked_unix IS NOT NULL OR forgotten_unix IS NOT NULL"
+        return frozenset(r[0] for r in self._read(lambda db: db.execute(q).fetchall()))
 
     def devices(self) -> list[DeviceRow]:
         """Every device, in order of enrolment. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            rows = self._db.execute(
-                "SELECT name, owner, enrolled_unix, revoked_unix, forgotten_unix, renamed_to FROM devices ORDER BY enrolled_unix, name"
-            ).fetchall()
+        q = "SELECT name, owner, enrolled_unix, revoked_unix, forgotten_unix, renamed_to FROM devices ORDER BY enrolled_unix, name"
+
+        def work(db: sqlite3.Connection) -> list[DeviceRow]:
             out = []
-            for name, owner, enrolled, revoked, forgotten, renamed_to in rows:
+            for name, owner, enrolled, revoked, forgotten, renamed_to in db.execute(q).fetchall():
                 state: DeviceState = "forgotten" if forgotten is not None else "revoked" if revoked is not None else "enrolled"
                 out.append(DeviceRow(str(name), owner, float(enrolled), revoked, forgotten, state, renamed_to))
-        return out
+            return out
+
+        return self._read(work)
 
     # ----------------------------------------------------------------------------- epochs
     def new_epoch(self) -> int:
@@ -335,17 +328,15 @@ class Registry:
 
         Raises
         ------
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
-        with self._guard(), self._db:
-            cur = self._db.execute("INSERT INTO epochs (started_unix) VALUES (?)", (time.time(),))
-            return int(cur.lastrowid or 0)
+        return self._write(lambda db: int(db.execute("INSERT INTO epochs (started_unix) VALUES (?)", (time.time(),)).lastrowid or 0),
+                           "record the new epoch")  # fmt: skip
 
     def current_epoch(self) -> int:
         """The newest epoch, 0 if ``serve`` never started. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            row = self._db.execute("SELECT MAX(epoch) FROM epochs").fetchone()
+        row = self._read(lambda db: db.execute("SELECT MAX(epoch) FROM epochs").fetchone())
         return 0 if row[0] is None else int(row[0])
 
     # ----------------------------------------------------------------------------- versions
@@ -358,7 +349,7 @@ class Registry:
         ------
         ValueError
             If ``version`` < 1 or ``figures`` is not JSON-able.
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -367,23 +358,22 @@ class Registry:
             text = json.dumps(figures, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"figures of model version {version}: not JSON ({exc}); give numbers, strings or None") from None
-        with self._guard(), self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO versions (version, round, created_unix, arch_version, path, figures) VALUES (?, ?, ?, ?, ?, ?)",
-                (version, int(round_), time.time(), int(arch_version), str(path), text),
-            )
+        q = "INSERT OR REPLACE INTO versions (version, round, created_unix, arch_version, path, figures) VALUES (?, ?, ?, ?, ?, ?)"
+        self._write(lambda db: db.execute(q, (version, int(round_), time.time(), int(arch_version), str(path), text)),
+                    f"record model version {version}")  # fmt: skip
 
     def delete_version(self, version: int) -> None:
         """Forget version ``version``'s row (the caller deletes the file). Raises :class:`RegistryDamaged`."""
-        with self._guard(), self._db:
-            self._db.execute("DELETE FROM versions WHERE version = ?", (int(version),))
+        self._write(lambda db: db.execute("DELETE FROM versions WHERE version = ?", (int(version),)), f"forget version {version}")
 
     def versions(self, newest: int | None = None) -> list[VersionRow]:
         """Every kept version, or only the ``newest`` ones, oldest first. Raises :class:`RegistryDamaged`."""
-        with self._guard():
-            q = "SELECT version, round, created_unix, arch_version, path, figures FROM versions ORDER BY version DESC"
-            rows = self._db.execute(q + " LIMIT ?", (-1 if newest is None else max(0, newest),)).fetchall()
+        q = "SELECT version, round, created_unix, arch_version, path, figures FROM versions ORDER BY version DESC LIMIT ?"
+        rows = self._read(lambda db: db.execute(q, (-1 if newest is None else max(0, newest),)).fetchall())
+        try:
             return [VersionRow(int(v), int(r), float(c), int(a), Path(p), json.loads(f)) for v, r, c, a, p, f in reversed(rows)]
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise RegistryDamaged(self._judged(f"a row does not decode: {exc}")) from None
 
     # ----------------------------------------------------------------------------- participation
     def note_participation(self, round_: int, name: str, accuracy: float | None, macro_f1: float | None, t: float | None = None) -> None:
@@ -400,24 +390,26 @@ class Registry:
 
         Raises
         ------
-        RegistryDamaged
+        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
             If the database cannot be read or written.
         """
         _check_name(name)
         acc = None if accuracy is None else float(accuracy)
         f1 = None if macro_f1 is None else float(macro_f1)
-        with self._guard(), self._db:
+
+        def work(db: sqlite3.Connection) -> None:
+            who = name
             for _ in range(16):  # a name renamed while its round was open: the row goes to the name it has now
-                row = self._db.execute("SELECT forgotten_unix, renamed_to FROM devices WHERE name = ?", (name,)).fetchone()
+                row = db.execute("SELECT forgotten_unix, renamed_to FROM devices WHERE name = ?", (who,)).fetchone()
                 if row is None or row[1] is None:
                     break
-                name = str(row[1])
+                who = str(row[1])
             if row is not None and row[0] is not None:
                 return
-            self._db.execute(
-                "INSERT OR REPLACE INTO participation (name, round, t, accuracy, macro_f1) VALUES (?, ?, ?, ?, ?)",
-                (name, int(round_), time.time() if t is None else float(t), acc, f1),
-            )
+            db.execute("INSERT OR REPLACE INTO participation (name, round, t, accuracy, macro_f1) VALUES (?, ?, ?, ?, ?)",
+                       (who, int(round_), time.time() if t is None else float(t), acc, f1))  # fmt: skip
+
+        self._write(work, f"record round {round_} of {name}")
 
     def participation_summary(self) -> dict[str, ParticipationSummary]:
         """Per device: how many rounds it contributed to, and its newest row. Raises :class:`RegistryDamaged`.
@@ -427,14 +419,12 @@ class Registry:
         q = ("SELECT p.name, c.n, c.t, p.round, p.t, p.accuracy, p.macro_f1 FROM participation p JOIN "
              "(SELECT name, COUNT(*) AS n, MAX(round) AS r, MAX(t) AS t FROM participation GROUP BY name) c "
              "ON p.name = c.name AND p.round = c.r")  # fmt: skip
-        with self._guard():
-            rows = self._db.execute(q).fetchall()
+        rows = self._read(lambda db: db.execute(q).fetchall())
         return {str(n): ParticipationSummary(int(k), float(t), ParticipationRow(str(n), int(r), float(rt), a, f))
                 for n, k, t, r, rt, a, f in rows}  # fmt: skip
 
     def participation(self, name: str | None = None) -> list[ParticipationRow]:
         """Participation rows (of ``name`` only, when given), by round then name. Raises :class:`RegistryDamaged`."""
-        q = "SELECT name, round, t, accuracy, macro_f1 FROM participation"
-        with self._guard():
-            rows = self._db.execute(q + (" WHERE name = ?" if name else "") + " ORDER BY round, name", (name,) if name else ()).fetchall()
+        q = "SELECT name, round, t, accuracy, macro_f1 FROM participation" + (" WHERE name = ?" if name else "") + " ORDER BY round, name"
+        rows = self._read(lambda db: db.execute(q, (name,) if name else ()).fetchall())
         return [ParticipationRow(str(n), int(r), float(t), a, f) for n, r, t, a, f in rows]

@@ -133,7 +133,7 @@ class Strategy:
         (the default) makes ``feddist_mode = "auto"`` pick the function-preserving mode.
     personalised : bool
         True when the strategy keeps a model per client (FedDWA, FedPer): its round needs
-        every update together, so it cannot run buffered rounds (:mod:`coordinator.fedbuff`).
+        every update together, so it cannot run buffered rounds (:mod:`coordinator.rounds.buffered`).
     """
 
     name: ClassVar[str] = ""

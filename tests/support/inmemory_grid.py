@@ -80,6 +80,9 @@ class InMemoryGrid:
         self.log.append(("clear_device", cid))
         return True
 
+    def set_between(self, hook: Callable[[], None]) -> None:
+        self.between = hook
+
     def leaving(self) -> Mapping[str, ClientStatus]:
         return self.left
 

@@ -159,7 +159,7 @@ def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[B
     token : str, optional
         When given, every request must carry it (see :class:`TokenGate`), except those to ``/blobs/``.
     blob_routes : sequence of Route
-        The folder blob store's routes (:func:`coordinator.blob_folder.blob_app`), served under
+        The folder blob store's routes (:func:`coordinator.transport.folder_store.blob_app`), served under
         ``/blobs/`` when the federation uses the blob transport; they check their own signatures.
 
     Returns

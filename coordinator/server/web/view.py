@@ -97,6 +97,7 @@ class ServerView:
     stall_after_s: float | None = None
     broker_dir: Path | None = None
     keep_versions: int = KEEP_VERSIONS
+    problems: Callable[[], list[str]] | None = None  # the serving loop's own faults in force (a full disk, a held database)
     _certs: CertificateWatch | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _seen: tuple[int, int] | None = field(default=None, repr=False)
@@ -309,7 +310,7 @@ class ServerView:
         link is down; a database cannot be read; the disk has less free than the next round needs; the open round has been
         open more than twice its deadline; a broker file cannot be read (with the fix); no round completed for longer than
         :attr:`stall_after_s` while enough devices are eligible."""
-        out = []
+        out = list(self.problems()) if self.problems is not None else []
         if self.broker_link() is False:
             out.append("the broker cannot be reached: presence, the open round and the coordinator's state are unknown; "
                        "what the page shows is the last known")  # fmt: skip

@@ -1,0 +1,169 @@
+"""The status page ``serve`` starts beside its loop, the monitor session it reads the federation through, the blob store it serves.
+
+The page itself (routes, view model, templates) is :mod:`coordinator.server.web`'s; here it is wired:
+its monitor account (:func:`monitor_broker`), the folder blob store under ``/blobs/``
+(:func:`page_blob_store`), and what the serving loop tells it (:func:`start_status_page`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import CoordinatorConfig
+from coordinator.server.settings import ServerSettings
+from har_io.broker_config import BrokerConfig
+
+log = logging.getLogger("fedhar.serve")
+
+
+def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir: str | None) -> BrokerConfig | None:
+    """Broker settings of the status page's monitor session, or None when there is no usable monitor account.
+
+    In order: ``[server] monitor_password_file``; else the credential ``monitor`` that systemd
+    hands the unit (``LoadCredential=monitor:/etc/fedhar/monitor.password``, in
+    ``credentials_dir``); else the password in ``[server] broker_dir`` (readable when the server
+    runs as the broker folder's owner); each with the user ``[server] monitor_user``. Without
+    ``broker_dir`` (a development broker) the coordinator's own settings are used, under another
+    client id. A generated broker allows one session per user name, so with ``broker_dir`` set
+    the coordinator's account is never borrowed: that would disconnect the coordinator, and the
+    two sessions would take turns for ever. Then None is returned (logged with the fix) and the
+    page shows the federation without presence and device statuses.
+
+    Parameters
+    ----------
+    server : ServerSettings
+    broker : BrokerConfig
+        The coordinator's broker settings (host, port, TLS).
+    credentials_dir : str, optional
+        ``$CREDENTIALS_DIRECTORY`` (systemd), or None.
+
+    Returns
+    -------
+    BrokerConfig or None
+    """
+    sources: list[Path] = []
+    if server.monitor_password_file:
+        sources.append(Path(server.monitor_password_file).expanduser())
+    elif credentials_dir and (Path(credentials_dir) / "monitor").is_file():
+        sources.append(Path(credentials_dir) / "monitor")
+    for path in sources:
+        try:
+            password = path.read_text().strip()
+        except OSError as exc:
+            log.error("status page: the monitor password file %s is unreadable (%s); no presence on the page", path, exc.strerror or exc)
+            return None
+        if not password:
+            log.error("status page: the monitor password file %s is empty; no presence on the page", path)
+            return None
+        return dataclasses.replace(broker, username=server.monitor_user, password=password)
+    if not server.broker_dir:
+        return broker
+    try:
+        from coordinator.server.broker_admin import BrokerAdmin
+
+        user, password = BrokerAdmin(Path(server.broker_dir), reload="none").monitor_credentials()
+    except (ImportError, RuntimeError, OSError) as exc:
+        log.error(
+            "status page: the monitor account is not usable (%s); give the server its password: "
+            "sudo install -m 600 %s/credentials/%s.password /etc/fedhar/monitor.password (the unit loads it as the credential "
+            "'monitor'), or set [server] monitor_password_file; the page shows no presence until then",
+            exc, server.broker_dir, server.monitor_user,
+        )  # fmt: skip
+        return None
+    return dataclasses.replace(broker, username=user, password=password)
+
+
+def page_blob_store(cfg: CoordinatorConfig, server: ServerSettings, refused: Callable[[str], bool] | None = None) -> Any:
+    """The folder blob store the status page serves under ``/blobs/`` (transport blobs, folder store, a page); else None.
+
+    Its URLs start with ``[transport] public_url``, else with the page's own address (known once the
+    page bound its port); it refuses writes from devices ``refused`` names. Without a page the grid serves
+    the store on ``[transport] bind:port``.
+
+    Raises
+    ------
+    ValueError
+        If the page binds a wildcard address (``0.0.0.0``, ``::``) and no ``blob_public_url``
+        says how devices reach it.
+    """
+    t = cfg.transport
+    if t.kind != "blobs" or t.store != "folder" or not server.http_port:
+        return None
+    try:
+        from coordinator.transport.folder_store import FolderBlobStore, load_secret
+    except ImportError:  # no web libraries: the page is not served either
+        return None
+    if not t.public_url and server.http_bind in ("0.0.0.0", "::", ""):
+        raise ValueError(f"[server] http_bind = {server.http_bind!r} serves the blob store on every address: "
+                         "set [transport] public_url (e.g. 'http://homeserver.lan:8765') so devices know where to fetch")  # fmt: skip
+    return FolderBlobStore(cfg.run_dir / "blobs", t.public_url, load_secret(cfg.run_dir / "blob-secret"), refused=refused)
+
+
+@dataclasses.dataclass(frozen=True)
+class PageFeeds:
+    """What the serving loop tells the page: the next start, why no round runs, the server's health problems."""
+
+    next_start: Callable[[], float | None]
+    waiting: Callable[[], str | None]
+    problems: Callable[[], list[str]]
+
+
+def start_status_page(server: ServerSettings, cfg: CoordinatorConfig, data_dir: Path, stall_after_s: float, feeds: PageFeeds,
+                      blob_store: Any = None) -> tuple[Any, Any]:  # fmt: skip
+    """Start the status page (coordinator.server.web) in a thread when ``[server] http_port`` is not 0.
+
+    Returns ``(page, monitor)``: the running page server and its monitor session, each None when there
+    is none (port 0, or the web module or its libraries are not installed: logged). The page reads the
+    federation through its own monitor session: the broker's read-only monitor account when
+    ``[server] broker_dir`` is set, else this server's broker settings under another client id.
+
+    Raises
+    ------
+    RuntimeError
+        If the page does not start (the port is taken).
+    """
+    if server.http_port == 0:
+        return None, None
+    try:
+        from coordinator.server.monitor import Monitor
+        from coordinator.server.web import ServerView
+        from coordinator.server.web import start_status_page as start_page
+    except ImportError as exc:
+        log.warning("no status page: %s (install the coordinator extra)", exc)
+        return None, None
+    from coordinator.server.registry import Registry
+    from coordinator.state import RunState
+    from har_models.wire.topics import Topics
+
+    broker = monitor_broker(server, cfg.broker, os.environ.get("CREDENTIALS_DIRECTORY"))
+    monitor = None
+    if broker is not None:
+        monitor = Monitor(Topics(cfg.federation), broker, client_name=f"fedhar-monitor-{cfg.federation}")
+        monitor.start(wait_s=None)
+    view = ServerView(name=server.name, run_state=RunState(cfg.run_dir), registry=Registry(data_dir), monitor=monitor,
+                      next_start=feeds.next_start, waiting=feeds.waiting, stall_after_s=stall_after_s,
+                      broker_dir=Path(server.broker_dir) if server.broker_dir else None, problems=feeds.problems,
+                      keep_versions=server.keep_versions)  # fmt: skip
+    try:
+        blob_routes: list[Any] = []
+        if blob_store is not None:
+            from coordinator.transport.folder_store import blob_app
+
+            blob_routes = list(blob_app(blob_store).routes)
+        page = start_page(view, server.http_bind, server.http_port, server.token, blob_routes=blob_routes)
+        if blob_store is not None and not cfg.transport.public_url:
+            host = server.http_bind
+            blob_store.base_url = f"http://{f'[{host}]' if ':' in host else host}:{page.port}"
+        if blob_store is not None:
+            log.info("blob transport: models and uploads in %s, served at %s/blobs/", blob_store.folder, blob_store.base_url)
+    except BaseException:
+        if monitor is not None:
+            monitor.stop()
+        raise
+    log.info("status page on http://%s:%d/", server.http_bind, page.port)
+    return page, monitor
