@@ -44,7 +44,7 @@ from typing import Any
 import psutil
 
 from coordinator.cli import add_federation_arguments, config_from_args
-from coordinator.config import CoordinatorConfig, Timing
+from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.record import RoundRecord, records
 from coordinator.service import Coordinator, CoordinatorError, StateError
@@ -408,6 +408,10 @@ def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationP
             setattr(args, opt, str(Path(getattr(args, opt)).resolve()))
     try:
         settings = config_from_args(args, run_dir=Path("."))
+        if not hasattr(args, "timing.deadline_margin"):
+            # Virtual clients share a worker's training lock: a client's own measured time leaves out its wait behind the
+            # others, so deadlines that follow it would cut rounds short under load and change the figures.
+            settings = replace(settings, timing=replace(settings.timing, deadline_margin=0.0))
         split = SplitSpec.parse(args.split, seed=settings.evaluation.split_seed)
     except ValueError as exc:
         raise PlanError(Exit.USAGE, str(exc)) from None
@@ -579,7 +583,8 @@ def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals
         federation=p.federation,
         run_id=p.run_id,
         min_clients=min(settings.min_clients, len(sources)),
-    timing=Timing(expected_clients=len(sources)))
+        timing=replace(settings.timing, expected_clients=len(sources)),
+    )
     header = out.header = {
         "dataset": f"{p.dataset} ({p.data})",
         "clients": len(sources),
