@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import strategies
+from coordinator.admission import OPEN, Admission
 from coordinator.config import CoordinatorConfig
 from har_io import exit_codes
 from har_io.cli import (
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-dir", type=Path, default=None, help="run folder (default: runs/<run id>)")
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir after its last completed round")
     ap.add_argument("--expected-clients", type=int, default=None, help="start as soon as this many clients are online")
+    ap.add_argument("--broker-dir", type=Path, default=None,
+                    help="the folder fedhar-coordinator broker made: a device it no longer lists (removed, revoked) is "
+                         "refused from its next message on")  # fmt: skip
     ap.add_argument(
         "--eval-data",
         default=None,
@@ -257,14 +261,15 @@ def run_main(words: list[str], argv: list[str] | None = None) -> int:
     try:
         broker = broker_from_args(args)
         cfg = config_from_args(
-            args,
-            run_dir=args.run_dir or Path("runs") / run_id,
-            broker=broker,
-            federation=args.federation,
-            run_id=run_id,
-            expected_clients=args.expected_clients,
+            args, run_dir=args.run_dir or Path("runs") / run_id, broker=broker, federation=args.federation, run_id=run_id,
             resume=args.resume,
-        )
+        )  # fmt: skip
+        cfg = dataclasses.replace(cfg, timing=dataclasses.replace(cfg.timing, expected_clients=args.expected_clients))
+        admission = OPEN
+        if args.broker_dir is not None:
+            from coordinator.broker.roster import Roster
+
+            admission = Admission(revoked=Roster(args.broker_dir).refused)
     except (ValueError, OSError) as exc:
         print(f"fedhar-coordinator: {exc}", file=sys.stderr)
         return Exit.USAGE
@@ -286,6 +291,7 @@ def run_main(words: list[str], argv: list[str] | None = None) -> int:
         Coordinator(
             cfg,
             evaluator,
+            admission=admission,
             progress=not args.no_progress,
             report_header={"command": "fedhar-coordinator " + " ".join(argv if argv is not None else sys.argv[1:])},
         ).run()
