@@ -268,6 +268,35 @@ MOVED: dict[str, tuple[str, str]] = {
 """Where each flat key of an earlier release's settings lives now: old key -> (table path, key in it; "" for a whole table)."""
 
 
+def upgrade_file(path: Path) -> bool:
+    """Rewrite the settings file ``path`` (a run's ``config.toml``, ``server.toml``) in the layout of the tables when it holds
+    keys of an earlier release; the file as it was is kept beside it (``<name>.old``). True if it was rewritten.
+
+    Nothing else changes: keys this release moves are moved (:data:`MOVED`, each logged), every other key and table
+    stays, so the file reads as before. A file that cannot be read or written is left as it is (logged).
+    """
+    import tomllib
+
+    import tomli_w
+
+    from har_models.files import atomic_write_bytes
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        new = CoordinatorConfig.migrate(data, str(path))
+        if new == data:
+            return False
+        backup = path.with_name(path.name + ".old")
+        atomic_write_bytes(backup, path.read_bytes())
+        atomic_write_bytes(path, tomli_w.dumps(new))
+    except (OSError, ValueError) as exc:
+        log.warning("%s holds settings of an earlier release and was not rewritten (%s); it is read as such", path, exc)
+        return False
+    log.warning("%s was rewritten in this release's layout (the file as it was: %s)", path, backup)
+    return True
+
+
 def _without_none(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` without None values, also inside nested tables (TOML has no null)."""
     return {k: _without_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}

@@ -292,6 +292,10 @@ class FederationRunner:
                 f"(see the log for each damaged file); start a new run in another folder"
             )
         last, spec, g, personal = found
+        from coordinator.config import upgrade_file
+
+        if (self.cfg.run_dir / "config.toml").is_file():
+            upgrade_file(self.cfg.run_dir / "config.toml")  # an earlier release's layout, kept beside it as config.toml.old
         self._label_set = self.state.get("label_set", "")
         self._fed = Federation(spec, ArchSpec.from_json(self.state.get("initial_spec")), g, personal)
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)

@@ -136,3 +136,21 @@ def test_from_mapping_rejects_what_the_dataclass_does_not_declare() -> None:
         from_mapping(LocalTraining, {"batch_size": 32.0})
     with pytest.raises(ValueError, match="one of"):
         from_mapping(AlaConfig, {"mode": "sometimes"})
+
+
+def test_a_file_of_an_earlier_release_is_rewritten_in_the_tables_and_reads_as_before(tmp_path: Path) -> None:
+    from coordinator.config import upgrade_file
+
+    old = ('aggregation = "fedavgm"\nconv_filters = 4\ncohort_goal = 3\nguard = true\nguard_margin = 5.0\ntransport = "blobs"\n'
+           "[server_opt]\nlr = 0.7\n[schedule]\nmin_clients = 3\n")  # fmt: skip
+    f = tmp_path / "server.toml"
+    f.write_text(old)
+    before = from_mapping(CoordinatorConfig, CoordinatorConfig.migrate({k: v for k, v in read_settings_file(f).items()
+                                                                       if k != "schedule"}), run_dir=tmp_path)  # fmt: skip
+    assert upgrade_file(f) and (tmp_path / "server.toml.old").read_text() == old
+    new = read_settings_file(f)
+    assert new["model"] == {"conv_filters": 4} and new["cohort"] == {"goal": 3} and new["schedule"] == {"min_clients": 3}
+    assert new["guard"] == {"enabled": True, "margin": 5.0} and new["strategies"] == {"server_opt": {"lr": 0.7}}
+    after = from_mapping(CoordinatorConfig, {k: v for k, v in new.items() if k != "schedule"}, run_dir=tmp_path)
+    assert after == before
+    assert not upgrade_file(f)  # already in the tables: left alone

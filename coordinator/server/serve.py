@@ -40,7 +40,7 @@ from typing import Any
 
 from coordinator import state as run_state
 from coordinator.admission import Admission
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, upgrade_file
 from coordinator.grid import Grid
 from coordinator.server.data_lock import DataLock
 from coordinator.server.operator_desk import OperatorDesk, ServerSide
@@ -164,6 +164,8 @@ class Server:
         from coordinator.server.ownership import access_problems
 
         self.config_path = Path(config) if config is not None else self.data_dir / CONFIG_NAME
+        if self.config_path.is_file():  # an earlier release's flat keys, moved into their tables (the old file kept beside)
+            upgrade_file(self.config_path)
         self.file = read_serve_file(self.config_path)
         if self.file.server.http_port:
             try:
