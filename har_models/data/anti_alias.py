@@ -152,53 +152,32 @@ def _design_taps(period_ns: int, factor: int) -> np.ndarray:
 
 
 def anti_alias_table_source() -> str:
-    """Text of :mod:`har_models.data.anti_alias_table`: scipy's taps for every factor of the 50 Hz grid.
+    """Text of ``anti_alias_taps.json`` (read by :mod:`har_models.data.anti_alias_table`): scipy's taps for every factor of the 50 Hz grid.
 
-    Needs scipy (its ``special.i0``, the one ``scipy.signal.firwin`` uses); run where scipy
-    is installed, never on a device.
+    Floats are written by ``repr``, which round-trips a float64 exactly.
 
     Raises
     ------
     ImportError
-        Without scipy.
+        Without scipy (its ``special.i0``, the one ``scipy.signal.firwin`` uses).
     """
+    import json
+
     from scipy.special import i0
 
-    head = [
-        '"""Anti-alias filter taps for the 50 Hz grid, designed once with scipy and shipped as data (generated file).',
-        "",
-        "One entry per oversampling factor M that :func:`har_models.data.anti_alias.anti_alias_factor`",
-        "can choose for a 20 ms grid (the divisors of 20,000,000 in 2..32): the taps of",
-        "``scipy.signal.firwin`` with the Kaiser design of :func:`har_models.data.anti_alias.anti_alias_taps`,",
-        "written as Python floats (``repr`` round-trips a float64 exactly), so a device without",
-        "scipy filters bit for bit as a machine with it. tests/test_resample.py checks every entry",
-        "against scipy's design. Regenerate with::",
-        "",
-        '    python -c "from har_models.data.anti_alias import write_anti_alias_table; write_anti_alias_table()"',
-        '"""',
-        "",
-        f"TAPS_PERIOD_NS = {TABLE_PERIOD_NS:_}",
-        '"""Grid period the table is for, ns (50 Hz)."""',
-        "",
-        "TAPS_20MS: dict[int, tuple[float, ...]] = {",
+    rows = [
+        f"    {json.dumps(str(m))}: {json.dumps(design_anti_alias_taps(TABLE_PERIOD_NS, m, i0).tolist())}"
+        for m in range(2, MAX_OVERSAMPLING + 1)
+        if TABLE_PERIOD_NS % m == 0
     ]
-    body: list[str] = []
-    for m in range(2, MAX_OVERSAMPLING + 1):
-        if TABLE_PERIOD_NS % m:
-            continue
-        taps = design_anti_alias_taps(TABLE_PERIOD_NS, m, i0)
-        body.append(f"    {m}: (")
-        body += ["        " + " ".join(f"{float(v)!r}," for v in taps[k : k + 4]) for k in range(0, taps.size, 4)]
-        body.append("    ),")
-    tail = ["}", '"""Factor M -> taps (odd length, symmetric, DC gain 1), float64 values."""']
-    return "\n".join(head + body + tail) + "\n"
+    return f'{{"period_ns": {TABLE_PERIOD_NS}, "taps": {{\n' + ",\n".join(rows) + "\n}}\n"
 
 
 def write_anti_alias_table(path: str | None = None) -> None:
-    """Write :func:`anti_alias_table_source` to ``har_models/data/anti_alias_table.py`` (or ``path``)."""
+    """Write :func:`anti_alias_table_source` to ``har_models/data/anti_alias_taps.json`` (or ``path``)."""
     from pathlib import Path
 
-    target = Path(path) if path else Path(__file__).with_name("anti_alias_table.py")
+    target = Path(path) if path else Path(__file__).with_name("anti_alias_taps.json")
     target.write_text(anti_alias_table_source())
 
 
