@@ -1,10 +1,8 @@
 """Typed settings shared by the coordinator and the edge client: each default written once.
 
-Every setting is a dataclass field whose ``metadata`` carries its meaning (``help``) and
-unit; command lines and TOML files are generated from these fields (:mod:`har_io.cli`),
-and anything that arrives as a mapping (a TOML table, the ``ala`` object of a round
-announcement) goes through :func:`from_mapping`, so an unknown key or a wrong type fails
-at the entrance with the key, the value and what is allowed.
+Each setting is a dataclass field whose ``metadata`` (:func:`doc`) carries its help and unit,
+from which :mod:`har_io.cli` generates options and TOML; mappings go through
+:func:`from_mapping`, which refuses an unknown key or a wrong type with the key and value.
 """
 
 from __future__ import annotations
@@ -28,20 +26,15 @@ def doc(
 
     Parameters
     ----------
-    help : str
-        Meaning of the setting, shown by ``--help``.
     unit : str
-        Unit (``"s"``, ``"bytes"``, ``"rounds"``), appended to the help.
+        ``"s"``, ``"bytes"``, ``"rounds"``, appended to the help.
     flag : str
         Command-line flag when it differs from ``--field-name``.
-    choices : tuple of str
-        Allowed values.
     cli : bool
-        False for settings a program fills in itself (run folder, broker), not offered as options.
+        False for settings a program fills in itself (run folder, broker).
     kind : str
-        ``"json"`` for a nested settings object given on the command line as a JSON object;
-        ``"table"`` for a nested settings object whose own fields are options (each with its
-        own flag) and which a TOML file holds as a table named after the field.
+        ``"json"``: a nested settings object given as a JSON object; ``"table"``: a nested object
+        whose fields are options of their own and a TOML table named after the field.
     """
     return {"help": help, "unit": unit, "flag": flag, "choices": choices, "cli": cli, "kind": kind}
 
@@ -92,24 +85,15 @@ def _check_type(cls: type, name: str, tp: Any, value: Any) -> Any:
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], what: str = "", **given: Any) -> T:
-    """Build the settings dataclass ``cls`` from a mapping, refusing anything unexpected.
+    """Build the settings dataclass ``cls`` from a mapping (nested dataclasses from nested mappings), refusing anything unexpected.
 
-    Parameters
-    ----------
-    cls : dataclass type
-    data : mapping of str to JSON/TOML values
-        Keys are field names; nested dataclass fields take a nested mapping.
-    what : str
-        Where the mapping came from, for the message (``"--ala"``, ``"run.toml [ala]"``).
-    **given
-        Fields the program sets itself (already typed: paths, broker settings); they win
-        over ``data`` and are not type-checked here.
+    ``what`` names the source for messages (``"run.toml [ala]"``); ``given`` are fields the
+    program sets itself (typed already), which win over ``data``.
 
     Raises
     ------
     ValueError
-        For an unknown key (naming the closest known one and listing all), a value of the
-        wrong type, or a value the dataclass itself rejects.
+        For an unknown key (naming the closest known one), a wrong type, or a value the dataclass rejects.
     """
     prefix = f"{what}: " if what else ""
     if not isinstance(data, Mapping):
@@ -152,14 +136,9 @@ def to_mapping(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """Local training of one round: E = 1, lr 0.1, batch 32, balanced class weights.
+    """Local training of one round: E = 1, lr 0.1, batch 32, balanced class weights (the one place these defaults are written).
 
-    The FedDist protocol used E = 5 and lr 0.01. lr 0.1 had the best validation macro-F1 of
-    the search in docs/results.md (0.03 and 0.1, 15 rounds on the HAPT blocks split).
-
-    The one place these defaults are written; the coordinator's configuration, the
-    training plan on the wire, :class:`har_models.nn.training.TrainConfig` and the baselines
-    read them from here.
+    FedDist used E = 5 and lr 0.01; lr 0.1 had the best validation macro-F1 (docs/results.md).
     """
 
     local_epochs: int = field(default=1, metadata=doc("local epochs E per round", "passes over the training windows"))
@@ -178,34 +157,23 @@ class AlaConfig:
     Parameters
     ----------
     eta : float
-        eta, learning rate of the weights W (1.0 in the paper and the official code).
+        Learning rate of the weights W (1.0, as the paper and official code).
     rand_percent : float
-        s, percentage of the local training windows sampled each round for learning W (80).
+        s, percent of the local training windows sampled each round for learning W (80).
     layer_idx : int
-        p counted in parameter *tensors* from the end of the model's registration order
-        (2 = ``out.weight`` and ``out.bias`` = the paper's p = 1 layer; 4 also blends
-        ``hidden.*``; 0 blends every tensor, the reference's convention).
+        p counted in parameter *tensors* from the end (2 = ``out.*``, the paper's p = 1; 0 = all).
     threshold : float
-        tau: the first ALA round stops when the population std of the last ``num_pre_loss``
-        pass losses is below it. Default 0.1, the official code's effective value (the
-        client never overrides the class default); the README says the paper used 0.01. We
-        take 0.1 because the recorded loss is that of the last mini-batch of a pass, computed
-        with dropout active and on a reshuffled random sample, so its pass-to-pass noise is
-        typically above 0.01 and 0.01 would nearly always run to ``max_passes``.
+        tau: the first ALA round stops when the std of the last ``num_pre_loss`` pass losses is
+        below it. 0.1, the official code's effective value (the paper's 0.01 is under the
+        pass-to-pass noise of a last-mini-batch loss with dropout, so would run to ``max_passes``).
     num_pre_loss : int
-        M, the window of pass losses for the stop test (10); at least M + 1 passes are needed.
+        M, the window of pass losses for the stop test (10).
     max_passes : int
-        Cap on the passes of the first ALA round (20, i.e. about twice the M + 1 minimum);
-        reaching it is logged. Not in the reference, which has no cap.
+        Cap on the passes of the first ALA round (20; not in the reference); reaching it is logged.
     mode : {"train", "eval"}
-        Mode of the temporary model while learning W: "train" (dropout active, the common
-        path of the reference) or "eval".
+        Mode of the temporary model while learning W.
 
-    Raises
-    ------
-    ValueError
-        If a value is out of range (the message names the field and the accepted range).
-        Unknown keys and wrong types are refused by :func:`from_mapping`.
+    ValueError naming the field and range for a value out of range.
     """
 
     eta: float = 1.0
@@ -241,33 +209,19 @@ LR_SCHEDULES = ("constant", "cosine", "step")
 class LrSchedule:
     """The client learning rate across rounds: a linear warm-up, then constant, cosine or step decay.
 
-    The coordinator multiplies the base lr by :meth:`factor` of the round and sends the
-    product as the training plan's ``lr``, so a client needs nothing new to follow it. The
-    default (constant, no warm-up) leaves the lr as given in every round.
+    The coordinator sends base lr times :meth:`factor` as the plan's ``lr``; clients need nothing new.
 
     Parameters
     ----------
     kind : {"constant", "cosine", "step"}
-        After the warm-up: constant; half a cosine from 1 down towards ``min_factor`` over
-        the remaining rounds (Loshchilov and Hutter, ICLR 2017, eq. 5, one period, with
-        one round as the time unit and no restarts); or ``step_gamma`` times smaller every
-        ``step_every`` rounds.
+        Cosine: half a cosine from 1 towards ``min_factor`` over the remaining rounds (Loshchilov
+        and Hutter, ICLR 2017, eq. 5, no restarts); step: ``step_gamma`` times smaller every ``step_every`` rounds.
     warmup_rounds : int >= 0
-        Rounds of linear warm-up: round r < W trains at (r + 1) / (W + 1) of the lr (Goyal
-        et al. 2017, section 2.2, with a round as the step), so round W is the first at the
-        full lr.
+        Round r < W trains at (r + 1) / (W + 1) of the lr (Goyal et al. 2017, section 2.2).
     min_factor : float in [0, 1]
-        The cosine's floor, as a share of the lr. The last round is one step short of the
-        floor, so it still trains (with the floor 0 and 15 rounds, 1.1 % of the lr).
-    step_every : int >= 1
-        Rounds between two steps of the step decay (counted after the warm-up).
-    step_gamma : float in (0, 1]
-        Factor of each step.
+        The cosine's floor; the last round is one step short of it, so it still trains.
 
-    Raises
-    ------
-    ValueError
-        If a value is out of range (the message names the field and its flag).
+    ValueError naming the field and its flag for a value out of range.
     """
 
     kind: Literal["constant", "cosine", "step"] = field(
@@ -306,12 +260,9 @@ class LrSchedule:
         )
 
     def factor(self, round_: int, rounds: int) -> float:
-        """The share of the base lr that round ``round_`` (0-based) of ``rounds`` trains at, in (0, 1].
+        """The share, in (0, 1], of the base lr that round ``round_`` (0-based) of ``rounds`` trains at.
 
-        Raises
-        ------
-        ValueError
-            If ``rounds < 1`` or ``round_ < 0``.
+        ValueError if ``rounds < 1`` or ``round_ < 0``.
         """
         if rounds < 1 or round_ < 0:
             raise ValueError(f"LrSchedule.factor: need rounds >= 1 and round >= 0, got round {round_} of {rounds}")

@@ -56,9 +56,14 @@ def _spec(subjects: dict[str, tuple[WindowSet, WindowSet]], conv_filters: int, d
     for tr in trains[1:]:
         stats = stats + ChannelStats.of(tr.x)
     mean, std = stats.mean_std()
-    return ArchSpec(
-        n_classes=len(trains[0].labels), conv_filters=conv_filters, dense_units=dense_units, input_mean=mean, input_std=std
-    )
+    return ArchSpec(n_classes=len(trains[0].labels), conv_filters=conv_filters, dense_units=dense_units, input_mean=mean, input_std=std)
+
+
+def _row(round_: int, global_: Any, personalisation: Any, generalisation: Any, spec: ArchSpec, n: int, t0: float) -> dict[str, Any]:
+    """One summary row, with the keys of the federation's round rows; ``seconds`` counted from ``t0``."""
+    return {"round": round_, "global": global_, "personalisation": personalisation, "generalisation": generalisation,
+            "updates": n, "selected": n, "seconds": time.monotonic() - t0, "conv_filters": spec.conv_filters,
+            "dense_units": spec.dense_units, "arch_version": 0}  # fmt: skip
 
 
 def centralised(
@@ -72,8 +77,7 @@ def centralised(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Train one model on all training windows; one summary row per epoch (measured as a round)."""
-    spec = _spec(subjects, conv_filters, dense_units)
-    labels = next(iter(subjects.values()))[0].labels
+    spec, labels = _spec(subjects, conv_filters, dense_units), next(iter(subjects.values()))[0].labels
     train = WindowSet.concat([tr for tr, _ in subjects.values()], labels)
     union = WindowSet.concat([te for _, te in subjects.values()], labels)
     loss = make_loss(balanced_class_weights(train.y, spec.n_classes))
@@ -84,20 +88,7 @@ def centralised(
         state = train_local(spec, state, train, TrainConfig(1, lr, batch_size, seed=seed * 1000 + e), loss).state
         per = {cid: evaluate(spec, state, te) for cid, (_, te) in subjects.items()}
         g = summarise(evaluate(spec, state, union))
-        rows.append(
-            {
-                "round": e,
-                "global": g,
-                "personalisation": mean_over_clients(list(per.values())),
-                "generalisation": g,
-                "updates": len(subjects),
-                "selected": len(subjects),
-                "seconds": time.monotonic() - t0,
-                "conv_filters": spec.conv_filters,
-                "dense_units": spec.dense_units,
-                "arch_version": 0,
-            }
-        )
+        rows.append(_row(e, g, mean_over_clients(list(per.values())), g, spec, len(subjects), t0))
         log.info("centralised epoch %d: union acc %.3f F1 %.3f", e, g["accuracy"], g["macro_f1"])
     return rows
 
@@ -113,8 +104,7 @@ def local_only(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Each subject trains alone for ``epochs``; one summary row (personalisation and generalisation)."""
-    spec = _spec(subjects, conv_filters, dense_units)
-    labels = next(iter(subjects.values()))[0].labels
+    spec, labels = _spec(subjects, conv_filters, dense_units), next(iter(subjects.values()))[0].labels
     union = WindowSet.concat([te for _, te in subjects.values()], labels)
     own, gen = {}, {}
     t0 = time.monotonic()
@@ -123,20 +113,7 @@ def local_only(
         state = train_local(spec, init_state(spec, seed), tr, TrainConfig(epochs, lr, batch_size, seed=seed), loss).state
         own[cid] = evaluate(spec, state, te)
         gen[cid] = evaluate(spec, state, union)
-    return [
-        {
-            "round": epochs - 1,
-            "global": None,
-            "personalisation": mean_over_clients(list(own.values())),
-            "generalisation": mean_over_clients(list(gen.values())),
-            "updates": len(subjects),
-            "selected": len(subjects),
-            "seconds": time.monotonic() - t0,
-            "conv_filters": spec.conv_filters,
-            "dense_units": spec.dense_units,
-            "arch_version": 0,
-        }
-    ]
+    return [_row(epochs - 1, None, mean_over_clients(list(own.values())), mean_over_clients(list(gen.values())), spec, len(subjects), t0)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=0, help="use only the first N subjects (0 = all)")
     defaults = CoordinatorConfig(run_dir=Path("."))
     ap.add_argument(
-        "--epochs", type=int, default=defaults.rounds * defaults.training.local_epochs,
+        "--epochs",
+        type=int,
+        default=defaults.rounds * defaults.training.local_epochs,
         help="passes over the training data (default %(default)s: the federation's rounds x local epochs)",
     )
     ap.add_argument("--lr", type=float, default=defaults.training.lr, help="SGD learning rate (default %(default)s)")
@@ -185,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     subjects = load_subjects(sources, spec=spec)
     fn = centralised if args.mode == "centralised" else local_only
     t0 = time.monotonic()
-    rows = fn(
-        subjects, args.epochs, args.lr, args.batch_size, args.seed, args.conv_filters, args.dense_units, not args.no_progress
-    )
+    rows = fn(subjects, args.epochs, args.lr, args.batch_size, args.seed, args.conv_filters, args.dense_units, not args.no_progress)
     run_dir = args.run_dir or Path("runs") / f"{args.dataset}-{args.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     header = {

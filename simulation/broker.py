@@ -1,9 +1,7 @@
 """The embedded MQTT broker (amqtt, MQTT 3.1.1) for simulations and tests.
 
-It runs in its own process (``python -m simulation.broker --port N``), so its event loop
-is never starved by training or evaluation in another process. It listens on loopback
-only and allows anonymous access: it is a test harness, not a deployment broker (use
-Mosquitto with the configuration from ``firmware_scripts/`` for that).
+It runs in its own process (``python -m simulation.broker --port N``), on loopback with
+anonymous access: a test harness, not a deployment broker (use Mosquitto, ``firmware_scripts/``).
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` different TCP ports that are free on ``host`` right now (held open together while chosen, so
-    two calls of :func:`free_port` in a row cannot return the same port)."""
+    """``n`` different TCP ports free on ``host`` right now (held open together while chosen)."""
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:
@@ -58,15 +55,9 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """Stop a child process: SIGTERM, then SIGKILL if it has not exited after ``grace_s`` seconds.
+    """Stop a child process: SIGTERM, then SIGKILL after ``grace_s`` s, reaping it either way (an exited one is left alone).
 
-    Waits for the process after either signal, so it never lingers as a zombie. A process
-    that has already exited is left alone.
-
-    Raises
-    ------
-    subprocess.TimeoutExpired
-        Only if the process survives SIGKILL for another ``grace_s`` seconds (stuck in the kernel).
+    subprocess.TimeoutExpired only if it survives SIGKILL for another ``grace_s`` s.
     """
     if process.poll() is not None:
         return
@@ -79,13 +70,10 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None
 
 
 class Payload(bytes):
-    """An application message's payload inside the embedded broker: plain bytes whose ``repr`` is short.
+    """A payload inside the embedded broker: the same bytes with a short ``repr``.
 
-    amqtt 0.12.1 logs every message it forwards with ``logger.debug(f"... {broadcast}")``, and the
-    f-string is built before the logger checks its level, so the payload's full ``repr`` (about
-    4 bytes of text per payload byte) is made and thrown away for every 1 MB model chunk, even
-    with debug logging off. That was three quarters of the broker's CPU while models were on the
-    wire. This type is what the broker forwards instead; its bytes are the same.
+    amqtt 0.12.1 builds a debug f-string of every forwarded message whatever the log level; the
+    full ``repr`` of 1 MB chunks was three quarters of the broker's CPU.
     """
 
     __slots__ = ()
@@ -97,16 +85,11 @@ class Payload(bytes):
 def _broker_class() -> type:
     """amqtt's ``Broker`` with two of its defects worked around (amqtt 0.12.1); with another amqtt, the plain one.
 
-    - Every forwarded payload is wrapped in :class:`Payload` (same bytes, short repr).
-    - Retained messages go to a connecting client only for its own subscriptions. On every
-      connection amqtt walks *all* topic filters any client subscribed to and, for each, every
-      retained message, publishing the matches to the newcomer. With 300 clients that is
-      over a thousand filters times about 330 retained messages per connection: the clients' start-up
-      crawled, the newcomer received other clients' retained statuses, and the walk, which
-      awaits inside its loop over the filter dict, failed with "dictionary changed size during
-      iteration" while others subscribed, dropping the connection (and the client reconnected).
-      A new connection has no subscriptions yet; its own retained messages still come when it
-      subscribes, as MQTT 3.1.1 section 3.3.1.3 asks.
+    - Every forwarded payload is wrapped in :class:`Payload`.
+    - A connecting client gets retained messages only for its own subscriptions (MQTT 3.1.1
+      section 3.3.1.3): amqtt walked every client's filters on each connection (1000 filters x 330
+      messages at 300 clients), sent others' retained statuses, and failed with "dictionary changed
+      size during iteration", dropping the connection.
     """
     from amqtt.broker import Broker
 
@@ -166,23 +149,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class EmbeddedBroker:
-    """Start the embedded broker in a child process; stop it on exit.
+    """Start the embedded broker in a child process on ``host:port`` (a free port if omitted); stop it on exit.
 
-    Parameters
-    ----------
-    host : str
-        Loopback address to bind (default 127.0.0.1).
-    port : int, optional
-        Port; a free one is picked if omitted.
-    log_file : Path, optional
-        Where the broker's output goes (default: discarded).
-    start_timeout_s : float
-        How long to wait for it to accept connections.
-
-    Raises
-    ------
-    RuntimeError
-        If the broker does not accept connections within ``start_timeout_s``.
+    ``log_file``: the broker's output (default discarded). RuntimeError if it does not accept
+    connections within ``start_timeout_s``.
     """
 
     def __init__(
@@ -227,24 +197,10 @@ def find_mosquitto() -> str | None:
 class LocalMosquitto(EmbeddedBroker):
     """Start Mosquitto on a loopback port as a child process (anonymous, no persistence); stop it on exit.
 
-    The same role and interface as :class:`EmbeddedBroker`, for simulations the Python broker
-    cannot carry: amqtt 0.12.1 builds each subscriber's packet as a copy and writes it to that
-    subscriber's socket buffer without waiting for it to drain, and four minutes into the
-    first round of 300 clients with the paper CNN it held 4.1 GB, the round unfinished; with
-    Mosquitto that round took 133 s and the broker's RSS stayed under 1.8 GB when sampled.
-
-    Parameters
-    ----------
-    host, port, log_file, start_timeout_s
-        As for :class:`EmbeddedBroker`; the configuration file goes next to ``log_file``
-        (or into a temporary folder).
-
-    Raises
-    ------
-    FileNotFoundError
-        If Mosquitto is not installed (``apt-get install mosquitto``).
-    RuntimeError
-        If it does not accept connections within ``start_timeout_s``.
+    As :class:`EmbeddedBroker`, for loads amqtt cannot carry (it buffers a copy per subscriber: 4.1 GB
+    and no finished round for 300 clients with the paper CNN, where Mosquitto took 133 s under 1.8 GB;
+    docs/benchmarks-server.md). The configuration goes next to ``log_file``. FileNotFoundError without
+    Mosquitto; RuntimeError if it does not accept connections in time.
     """
 
     _tmp: tempfile.TemporaryDirectory[str] | None = None

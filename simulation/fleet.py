@@ -1,28 +1,13 @@
 """The simulation's client fleet: one process per client, or virtual clients hosted in a few workers.
 
-Either way every client is a ``fedhar-client`` with its own MQTT connection, client id
-and state folder; only the hosting differs:
+Every client is a ``fedhar-client`` with its own MQTT connection, id and state folder; engines:
 
-- ``processes``: one Python process per client (the most faithful: nothing shared).
-- ``workers``: W worker processes (:mod:`simulation.worker`), each hosting its share of the
-  clients in threads and training one at a time. Memory is that of W trainings, not N.
-  A worker that dies mid-run is restarted (its clients miss the round in progress and
-  are back for the next one).
-- ``ray``: the same W workers as Ray actors on an existing Ray cluster (``ray_address``),
-  spread over its nodes, so the clients can run on several machines while the broker and
-  the coordinator stay on this one. Each actor runs :class:`simulation.worker.HostedWorker`
-  in its own process (Ray starts and ends it: no process of ours is left behind if an actor
-  or a node dies); its clients' exits are asked of it, since the nodes share no folder.
-  A dead actor is replaced like a dead worker process.
-
-  The clients must reach the broker from every node: the embedded broker listens on
-  loopback only, so it serves a cluster whose nodes are all on this machine; for a real
-  multi-machine cluster give ``fedhar-simulate --broker HOST:PORT`` of a Mosquitto that
-  every node can reach (``start`` refuses loopback with a node elsewhere). Every node also
-  needs fedhar installed (``pip install -e '<checkout>[ray]'``, same version) and the dataset at the
-  same path; each client's state folder is created on the node that hosts it.
-
-:class:`Fleet` tells the coordinator which clients are gone (``gone``) and stops them.
+- ``processes``: one Python process per client (nothing shared).
+- ``workers``: W worker processes (:mod:`simulation.worker`) hosting the clients in threads,
+  training one at a time (memory of W trainings, not N); a dead worker is restarted.
+- ``ray``: the same workers as Ray actors on an existing cluster (``ray_address``). The
+  embedded broker listens on loopback only; for several machines give ``--broker HOST:PORT``
+  reachable from every node, each with fedhar installed and the dataset at the same path.
 """
 
 from __future__ import annotations
@@ -68,17 +53,13 @@ class Fleet:
         Each client's ``fedhar-client`` options.
     engine : {"workers", "processes", "ray"}
     workers : int
-        Worker processes (``workers``) or actors (``ray``); at most one per client. 0 with ``ray``:
-        the cluster's CPUs divided by ``threads``.
+        Worker processes or actors, at most one per client; 0 with ``ray``: the cluster's CPUs / ``threads``.
     threads : int
         PyTorch threads per process.
     log_dir : Path
         ``<client id>.log`` (processes) or ``worker-<k>.log`` (workers).
-    cwd : Path
-        Working folder of the processes (the project root, so ``-m`` finds the packages).
     ray_address : str, optional
-        Address of the Ray cluster (``ray`` engine), as ``ray start --head`` prints it
-        (``HOST:PORT``), or ``auto`` for the cluster started on this machine.
+        ``HOST:PORT`` as ``ray start --head`` prints it, or ``auto``.
 
     Raises
     ------
@@ -142,14 +123,14 @@ class Fleet:
             )
 
     def start(self) -> None:
-        """Start every client (round-robin over the workers in the ``workers`` and ``ray`` engines).
+        """Start every client (round-robin over the workers).
 
         Raises
         ------
         RuntimeError
             ``ray``: Ray is not installed, or the cluster cannot be reached.
         ValueError
-            ``ray``: the clients' broker is on loopback but a node of the cluster is on another machine.
+            ``ray``: the broker is on loopback but a node is on another machine.
         """
         ids = list(self.clients)
         self._status_dir.mkdir(parents=True, exist_ok=True)
@@ -225,13 +206,7 @@ class Fleet:
         self._runs[name] = actor.run.remote(argvs, str(self.log_dir / f"{name}.log"))
 
     def _record_placement(self, names: list[str]) -> None:
-        """Wait (at most :data:`PLACEMENT_TIMEOUT_S`) until every actor of ``names`` runs on a node, and record where.
-
-        Raises
-        ------
-        RuntimeError
-            An actor found no node with the CPUs it reserves in time (other work holds them).
-        """
+        """Wait (at most :data:`PLACEMENT_TIMEOUT_S`) until every actor of ``names`` runs on a node; record where (RuntimeError if none)."""
         ray = self._ray
         refs = {n: self._actors[n].where.remote() for n in names}
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=PLACEMENT_TIMEOUT_S)
@@ -357,10 +332,8 @@ class Fleet:
     def gone(self) -> tuple[set[str], str | None]:
         """Clients that stopped, and the error to stop the run with when none is left.
 
-        A worker that died (non-zero exit) is restarted up to :data:`MAX_RESTARTS` times;
-        meanwhile its clients count as gone for the round in progress. ``ray``: the error comes
-        only once every client is gone for good (its worker ended or was given up); clients
-        whose replacement actor is still being placed are coming back.
+        A dead worker is restarted up to :data:`MAX_RESTARTS` times; meanwhile its clients count as
+        gone. ``ray``: the error comes only once every client is gone for good.
         """
         if self.engine == "ray":
             gone = self._ray_gone()
@@ -391,12 +364,9 @@ class Fleet:
         return gone, self._fatal()
 
     def restarted(self) -> dict[str, float]:
-        """Clients whose worker was restarted after it died and is not ended for good: client id -> when (s since the epoch).
+        """Clients whose worker was restarted and is not ended for good: client id -> when (s since the epoch).
 
-        The time is this machine's clock just before the replacement started; a status its
-        clients sent after it comes from the new process. Clients whose worker ended for good
-        (given up, or dead past :data:`MAX_RESTARTS`) are left out. Call :meth:`gone` regularly:
-        it is what notices deaths and starts (``ray``: places) the replacements.
+        Deaths are noticed by :meth:`gone`; call it regularly.
         """
         back: dict[str, float] = {}
         for name, at in self._restarted_at.items():
@@ -444,14 +414,10 @@ class Fleet:
         return list(self._actors if self.engine == "ray" else self._procs)
 
     def stop(self, grace_s: float, kill_after_s: float = 10.0, hurry: threading.Event | None = None) -> None:
-        """Let clients exit by themselves (they do once the run is finished), then terminate the rest.
+        """Let clients exit by themselves, then terminate the rest; returns once every process is reaped.
 
-        Waits up to ``grace_s`` seconds in all (not per process) for the processes to exit, or
-        until ``hurry`` is set (a stop signal); then sends SIGTERM (and SIGCONT, so a stopped
-        process handles it) to those still running, and SIGKILL to those still running
-        ``kill_after_s`` seconds later. Returns once every process is reaped, so none is left
-        behind: at most ``grace_s + kill_after_s`` seconds plus the reaping of killed processes.
-        ``ray``: the actors get ``stop()`` and are killed likewise.
+        Waits up to ``grace_s`` s in all (or until ``hurry`` is set), then SIGTERM (and SIGCONT), and
+        SIGKILL ``kill_after_s`` s later. ``ray``: the actors get ``stop()`` and are killed likewise.
         """
         self._stopping = True
         if self.engine == "ray":
@@ -498,27 +464,19 @@ class _RayNode:
 def ray_object_store(timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Each live node's object store (plasma) as its raylet counts it: what ``ray memory --stats-only`` sums.
 
-    Asks every live node's raylet for its node stats (Ray's ``GetNodeStats`` call, without the
-    per-worker memory table) over gRPC, the way ``ray memory`` and Ray's dashboard do
-    (``ray._private.internal_api.node_stats``, Ray 2.60.0 as pinned in the ``ray`` extra). Objects
-    small enough to live inline in their owner's process (under 100 KiB) are not in the store.
-    The caller must be connected to the cluster (``ray.init``): the node table comes from it.
+    Asks each raylet for its node stats over gRPC as ``ray memory`` does (Ray 2.60.0, the ``ray``
+    extra); inline objects (under 100 KiB) are not in the store. Needs ``ray.init`` first.
 
     Returns
     -------
     list of dict
-        One entry per live node, in Ray's node-table order: ``node_id``, ``node_ip``,
-        ``bytes_used`` (bytes held by objects in the node's store, primary copies and
-        secondary ones), ``bytes_primary`` (bytes of the primary copies), ``bytes_avail``
-        (the store's capacity, bytes), ``objects`` (objects in the store),
-        ``bytes_fallback`` (bytes spilled over to filesystem mmaps), ``bytes_spilled``
-        (bytes spilled to disk since the node started).
+        One per live node: ``node_id``, ``node_ip``, ``bytes_used``, ``bytes_primary``,
+        ``bytes_avail``, ``objects``, ``bytes_fallback``, ``bytes_spilled`` (bytes).
 
     Raises
     ------
     RuntimeError
-        Ray or ``grpcio`` is not installed (``pip install -e '<checkout>[ray]'``), this process is not
-        connected to a Ray cluster, or a raylet did not answer within ``timeout_s`` seconds.
+        Ray or ``grpcio`` missing, not connected, or a raylet silent for ``timeout_s`` s.
     """
     try:
         import ray

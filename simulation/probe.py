@@ -1,27 +1,16 @@
 """``python -m simulation.probe``: a quick in-process FedAvg probe for choosing lr, local epochs, batch, lr schedule and rounds.
 
-No broker, no processes: the same windows, split, CNN, loss and local SGD as the main job
-(:func:`har_models.nn.training.train_local`, balanced class weights per client, and the
-coordinator's own strategy objects for the server step: FedAvg, a server optimiser, or any
-registered strategy whose clients train plainly), run as plain function calls. It is for
-tuning only; reported figures come from ``fedhar-simulate``.
+No broker, no processes: the main job's windows, split, CNN, loss, local SGD and server
+strategies as plain function calls; for tuning only (reported figures come from
+``fedhar-simulate``).
 
-Tuning done right: the settings are chosen on a **validation split carved from the
-training windows**, never on the test windows. Each client's training windows are split
-again with the leak-free block rule (:func:`har_models.data.splits.block_split`, seed
-``split_seed + 1000``), so no validation sample lies in a window the probe trains on. The
-global model's macro-F1 on the union of the clients' validation parts decides; the
-union test figures are printed beside, for the record.
+Settings are chosen on a **validation split carved from the training windows** (leak-free
+:func:`har_models.data.splits.block_split`, seed ``split_seed + 1000``): the global model's
+macro-F1 on the union of validation parts decides; test figures are printed beside.
 
 The grid is the product of ``--lrs``, ``--epochs``, ``--servers``, ``--batch-sizes`` and
-``--schedules``, each run for ``--max-epochs // E`` rounds; or, with ``--candidate`` (given
-once per candidate, e.g. ``--candidate 'server=fedadam:0.01 lr=0.1 E=1 batch=32
-schedule=cosine:1'``), just the candidates listed. ``--centralised`` also trains the same
-CNN centrally on the union of the probe's training windows for ``--max-epochs`` passes,
-measured on the same validation windows: the target the candidates are held against.
-
-Prints one line per (setting, round) and a final ``probe: ...`` line with the chosen
-setting; ``--json FILE`` writes every curve.
+``--schedules`` (``--max-epochs // E`` rounds each), or the ``--candidate`` texts given.
+``--centralised`` adds the same CNN trained centrally as the target. ``--json FILE`` writes every curve.
 """
 
 from __future__ import annotations
@@ -60,22 +49,14 @@ class ProbeSetting:
 
     Parameters
     ----------
-    lr : float
-        Client SGD learning rate.
-    local_epochs : int
-        E.
     rounds : int
-        Rounds to run (every round is measured, so the best round count up to this is found too).
+        Rounds to run (every round is measured).
     server : str
-        A strategy of :func:`probe_servers` (registered, clients train plainly).
+        A strategy of :func:`probe_servers`.
     server_lr, server_momentum : float
-        eta and beta of a server optimiser (ignored by the other strategies); ``server_lr``
-        None: the optimiser's own default (FedExP's cap sized by the number of clients).
-    batch_size : int
-        Windows per local SGD step.
+        eta and beta of a server optimiser; ``server_lr`` None: the optimiser's default.
     schedule : LrSchedule
-        The client lr across the ``rounds`` rounds (:meth:`LrSchedule.factor`), as the
-        coordinator applies it.
+        The client lr across the rounds, as the coordinator applies it.
     """
 
     lr: float
@@ -104,13 +85,7 @@ class ProbeSetting:
         return self.lr * self.schedule.factor(round_, self.rounds)
 
     def strategy(self) -> Strategy:
-        """A fresh strategy object for the server step (a server optimiser with this eta and beta).
-
-        Raises
-        ------
-        ValueError
-            For an unknown strategy name.
-        """
+        """A fresh strategy object for the server step; ValueError for an unknown name."""
         if _takes_server_opt(self.server):
             return strategies.make_strategy(self.server, ServerOptSettings(lr=self.server_lr, momentum=self.server_momentum))
         return strategies.make_strategy(self.server)
@@ -136,12 +111,9 @@ class ClientData:
 
 
 def load_clients(sources: dict[str, str], split: SplitSpec, val_fraction: float = 0.2) -> dict[str, ClientData]:
-    """Each client's train/test under ``split``, with a leak-free validation block split carved from its train part.
+    """Each client's train/test under ``split``, with a leak-free validation block carved from its train part.
 
-    Raises
-    ------
-    ValueError
-        If ``val_fraction`` is outside (0, 1).
+    ValueError if ``val_fraction`` is outside (0, 1).
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"load_clients: val_fraction must be in (0, 1), got {val_fraction}")
@@ -175,16 +147,9 @@ def run_centralised(
     clients: dict[str, ClientData], epochs: int, lr: float = LocalTraining.lr, batch_size: int = LocalTraining.batch_size,
     conv_filters: int = ArchSpec.conv_filters, dense_units: int = ArchSpec.dense_units, seed: int = 1,
 ) -> list[dict[str, Any]]:
-    """The same CNN trained centrally on the union of the clients' training parts, ``epochs`` passes; one row per pass.
+    """The same CNN trained centrally on the union of the clients' training parts, ``epochs`` passes.
 
-    The target the candidates are held against on the same validation windows, as
-    ``fedhar-baseline centralised`` is on the test windows (one loss with balanced class
-    weights of the union, the same SGD).
-
-    Returns
-    -------
-    list of dict
-        Rows as :func:`run_setting`'s, ``round`` counting passes from 0.
+    Rows as :func:`run_setting`'s, ``round`` counting passes.
     """
     spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
     labels = spec.n_classes
@@ -207,15 +172,11 @@ def run_setting(
     clients: dict[str, ClientData], p: ProbeSetting, conv_filters: int = ArchSpec.conv_filters,
     dense_units: int = ArchSpec.dense_units, seed: int = 1,
 ) -> list[dict[str, Any]]:
-    """Strategy ``p.server`` for ``p.rounds`` rounds; one row per round: val and test macro-F1, seconds.
+    """Strategy ``p.server`` for ``p.rounds`` rounds; one row per round.
 
-    Returns
-    -------
-    list of dict
-        ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr", "server_eta"}`` per round
-        (``lr``: the client lr of that round; ``server_eta``: a server optimiser's step size of that
-        round, FedExP's adaptive eta_t, None for the others); fewer rounds when a server optimiser's step
-        diverged (logged).
+    Rows: ``{"round", "val_f1", "val_acc", "test_f1", "test_acc", "seconds", "lr", "server_eta"}``
+    (``server_eta``: a server optimiser's step that round, else None); fewer rounds when a server
+    optimiser diverged (logged).
     """
     spec, val, test = _spec_and_unions(clients, conv_filters, dense_units)
     state = init_state(spec, seed)
@@ -249,14 +210,8 @@ def run_setting(
 def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epochs: int) -> tuple[ProbeSetting, int, dict[str, Any]]:
     """The (setting, rounds) with the highest validation macro-F1 among those with ``rounds x E <= max_epochs``.
 
-    The budget is counted in local epochs per client (rounds x E), the unit the main job's
-    wall time scales with. Ties go to fewer epochs. A setting whose lr changes across
-    rounds is a candidate only at its last round: stopped earlier, it is another schedule.
-
-    Raises
-    ------
-    ValueError
-        If nothing fits the budget.
+    Ties go to fewer epochs; a setting whose lr changes across rounds counts only at its last
+    round. ValueError if nothing fits the budget.
     """
     best: tuple[float, int, ProbeSetting, int, dict[str, Any]] | None = None
     for p, rows in results:
@@ -277,15 +232,8 @@ def choose(results: Sequence[tuple[ProbeSetting, list[dict[str, Any]]]], max_epo
 def parse_servers(text: str) -> list[tuple[str, float | None, float]]:
     """``(name, eta, beta)`` of each ``NAME[:ETA[:BETA]]`` in the comma-separated ``--servers`` text.
 
-    A left-out eta or beta is the coordinator's default for that optimiser (its class in
-    :mod:`coordinator.strategies`), so the probe and the main job mean the same thing by
-    ``fedavgm``; for FedExP a left-out eta is None, its cap sized by the number of clients.
-    Strategies without a server optimiser ignore both.
-
-    Raises
-    ------
-    ValueError
-        For an unknown name or a number that does not parse.
+    A left-out eta or beta is the coordinator's default for that optimiser (FedExP: None, its cap
+    sized by the number of clients). ValueError for an unknown name or a bad number.
     """
     out = []
     for part in text.split(","):
@@ -302,13 +250,7 @@ def parse_servers(text: str) -> list[tuple[str, float | None, float]]:
 
 
 def parse_schedule(text: str) -> LrSchedule:
-    """The :class:`LrSchedule` of ``constant``, ``cosine[:WARMUP[:FLOOR]]`` or ``step[:WARMUP[:EVERY[:GAMMA]]]``.
-
-    Raises
-    ------
-    ValueError
-        For an unknown kind, a number that does not parse or a value out of range.
-    """
+    """The :class:`LrSchedule` of ``constant``, ``cosine[:WARMUP[:FLOOR]]`` or ``step[:WARMUP[:EVERY[:GAMMA]]]``; ValueError if invalid."""
     kind, *nums = text.strip().split(":")
     if kind not in LR_SCHEDULES:
         raise ValueError(f"unknown lr schedule {kind!r}; choose {', '.join(LR_SCHEDULES)}")
@@ -331,14 +273,8 @@ _CANDIDATE_KEYS = ("server", "lr", "E", "batch", "schedule", "rounds")
 def parse_candidate(text: str, max_epochs: int) -> ProbeSetting:
     """The :class:`ProbeSetting` of one ``--candidate`` text: space-separated ``KEY=VALUE``.
 
-    Keys: ``server=NAME[:ETA[:BETA]]`` (as ``--servers``), ``lr``, ``E``, ``batch``,
-    ``schedule`` (as ``--schedules``) and ``rounds`` (default ``max_epochs // E``); the ones
-    left out are the main job's defaults (FedAvgM, lr 0.1, E = 1, batch 32, constant lr).
-
-    Raises
-    ------
-    ValueError
-        For an unknown key, a value that does not parse or is out of range.
+    Keys ``server``, ``lr``, ``E``, ``batch``, ``schedule``, ``rounds`` (default ``max_epochs // E``);
+    others are the main job's defaults. ValueError for an unknown key or a bad value.
     """
     from coordinator.strategies import DEFAULT_AGGREGATION
 

@@ -1,25 +1,17 @@
 """``fedhar-simulate``: the main job. A real federation on one machine.
 
-Starts an MQTT broker on a free loopback port (the embedded amqtt one, or the installed
-Mosquitto with ``--local-broker mosquitto``; ``--broker`` uses an external one instead), one
-edge client per dataset subject (virtual clients in worker processes by default, see
-``--engine``; each replays its subject's recordings through the device pipeline into its
-own store), and the coordinator; they talk only over MQTT, exactly as on devices. The coordinator also
-holds the union of the subjects' test splits to measure global and generalisation
-accuracy (FedDist protocol). Prints the wall time and where the report is.
+A broker on a loopback port (embedded amqtt, Mosquitto, or ``--broker``), one edge client per
+dataset subject replaying its recordings through the device pipeline (``--engine``), and the
+coordinator, which also holds the union of the test splits (FedDist protocol); they talk only
+over MQTT, as on devices.
 
-SIGINT (Ctrl-C) and SIGTERM stop the run: the coordinator stops at its next safe point (it
-checks while it waits for clients or updates, at least every half second; if it is busy
-elsewhere, e.g. aggregating, it is interrupted where it is after :data:`FORCE_STOP_S`, which
-is safe too, since a round is recorded in one SQLite transaction after its model files).
-Every client process is terminated, then killed if still there after
-:data:`KILL_AFTER_S`; the embedded broker stops; the exit status is 128 + the signal number
-(130, 143), and ``--resume`` continues from the last completed round. A second signal stops
-at once.
+SIGINT/SIGTERM stop the run at the coordinator's next safe point (forced after
+:data:`FORCE_STOP_S`; a round is recorded in one SQLite transaction, so that is safe too);
+clients are terminated, then killed after :data:`KILL_AFTER_S`; the exit status is 128 + the
+signal and ``--resume`` continues. A second signal stops at once.
 
-The command is two steps: :func:`plan` turns the options into a :class:`SimulationPlan`
-(subjects, settings, split, run id and folder) and starts nothing; :func:`run` starts each
-resource on one :class:`contextlib.ExitStack` and runs the federation.
+:func:`plan` turns the options into a :class:`SimulationPlan` and starts nothing; :func:`run`
+starts each resource on one :class:`contextlib.ExitStack`.
 """
 
 from __future__ import annotations
@@ -70,14 +62,7 @@ KILL_AFTER_S = 5.0
 
 
 class Interrupted(KeyboardInterrupt):
-    """The simulation was asked to stop by a signal (raised in the main thread; a KeyboardInterrupt, so
-    every ``finally`` and ``except KeyboardInterrupt`` on the way applies).
-
-    Attributes
-    ----------
-    signum : int
-        The signal (``signal.SIGINT`` or ``signal.SIGTERM``); the exit status is 128 + signum.
-    """
+    """A stop signal (a KeyboardInterrupt, so every ``finally`` applies); ``signum`` gives exit status 128 + signum."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -87,18 +72,10 @@ class Interrupted(KeyboardInterrupt):
 class StopSignals:
     """SIGINT and SIGTERM handling of one simulation (a context manager; main thread only).
 
-    The first signal logs one line and sets :attr:`signum`; :meth:`check` (called at safe
-    points: the coordinator's wait loops, between start-up steps) then raises
-    :class:`Interrupted`. If no safe point comes within ``force_after_s`` seconds, the main
-    thread is interrupted wherever it is (``_thread.interrupt_main``); a second signal does
-    the same at once. Once :class:`Interrupted` is raised, further signals are logged and
-    ignored, so the clean-up that follows (bounded by its own timeouts) is not cut short.
-    The previous handlers are restored on exit.
-
-    Parameters
-    ----------
-    force_after_s : float
-        Seconds to wait for a safe point (:data:`FORCE_STOP_S`).
+    The first signal sets :attr:`signum` and :meth:`check` (at safe points) raises
+    :class:`Interrupted`; without a safe point within ``force_after_s`` s, or at a second signal,
+    the main thread is interrupted where it is. After that, signals are only logged so the
+    clean-up is not cut short.
     """
 
     def __init__(self, force_after_s: float = FORCE_STOP_S):
@@ -156,39 +133,18 @@ class StopSignals:
             self._timer.cancel()
 
     def check(self) -> None:
-        """A safe point: raise :class:`Interrupted` if a stop signal came.
-
-        Raises
-        ------
-        Interrupted
-            After SIGINT or SIGTERM.
-        """
+        """A safe point: raise :class:`Interrupted` if a stop signal came."""
         if self.signum is not None and not self._raised:
             self._raise()
 
 
 @dataclass
 class MemoryMonitor:
-    """Samples the resident memory of a process (this one by default) and all its descendants (psutil).
+    """Samples the memory of a process (this one by default) and all its descendants (psutil), bytes.
 
-    ``peak_rss`` sums RSS (counts shared library pages once per process, so it
-    over-states); ``peak_pss`` sums proportional set sizes (shared pages split between
-    processes), the better figure for "memory the simulation needs". Bytes.
-
-    RSS is cheap to read (``/proc/PID/statm``); PSS is not (the kernel walks every mapped page
-    for ``smaps_rollup``, about a CPU-second per round for 30 clients with the paper CNN). A
-    process's PSS never exceeds its RSS, so a sample whose summed RSS is at most the peak PSS
-    seen so far cannot raise that peak, and its PSS is not read: the recorded peaks are the
-    same as reading PSS every time.
-
-    Parameters
-    ----------
-    interval_s : float
-        Seconds between samples.
-    pid : int, optional
-        The root process (default: this one). Sampling ends when it is gone.
-
-    ``peak_procs`` is the largest number of processes of one sample (the root included).
+    ``peak_rss`` sums RSS (shared pages counted per process); ``peak_pss`` sums PSS, the better
+    figure. PSS is expensive to read, so it is read only when the summed RSS exceeds the peak PSS
+    so far (PSS <= RSS: the peaks are the same). ``peak_procs``: most processes in one sample.
     """
 
     interval_s: float = 1.0
@@ -335,23 +291,13 @@ class SimulationPlan:
     Attributes
     ----------
     options : argparse.Namespace
-        The parsed options, paths made absolute (clients run in the project folder); the
-        broker's login and TLS settings are read from them when the run starts.
-    command : str
-        The command line, for the report.
-    dataset : {"hapt", "realworld"}
-    data : Path
-        Absolute dataset location.
+        The parsed options, paths made absolute.
     sources : dict client id -> replay source text
         One client per subject with labelled windows, in subject order.
     settings : CoordinatorConfig
-        The federation's settings from the options (``resume`` set for ``--resume``); the run
-        adds the broker, run folder and client count.
+        The federation's settings; the run adds the broker, run folder and client count.
     split : SplitSpec
         Every client's train/test split, also the union test set's.
-    run_id : str
-    run_dir : Path
-        Absolute run folder (created when the run starts).
     federation : str
         Federation name (topics); the run id unless ``--federation``.
     """
@@ -371,19 +317,11 @@ class SimulationPlan:
 def plan(args: argparse.Namespace, argv: list[str] | None = None) -> SimulationPlan:
     """Turn parsed options into a :class:`SimulationPlan`; starts nothing, writes nothing.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        From :func:`build_parser` (its paths are made absolute in place).
-    argv : list of str, optional
-        The command line's arguments, for the report (default ``sys.argv[1:]``).
-
     Raises
     ------
     PlanError
-        Status 2 for unusable options (no ``--data`` for REALWORLD, a bad split or setting,
-        ``--resume`` without an earlier run folder), 3 for a dataset without usable subjects,
-        6 for an earlier run whose ``state.sqlite`` is damaged.
+        Status 2 for unusable options, 3 for a dataset without usable subjects, 6 for an earlier
+        run whose ``state.sqlite`` is damaged.
     """
     data = args.data or (DEFAULT_HAPT if args.dataset == "hapt" else None)
     # Clients run in the project folder: every path they get must not depend on where this command was started.
@@ -451,25 +389,11 @@ class _Outcome:
 
 
 def run(p: SimulationPlan, t0: float | None = None) -> int:
-    """Run the planned simulation; return the exit status.
+    """Run the planned simulation; return the exit status (as :func:`main`).
 
-    Every resource it starts (signal handlers, the run's log file, the memory monitor, the
-    broker, the client fleet) is entered on one :class:`contextlib.ExitStack` as it starts,
-    so whatever happens they are stopped in the reverse order: clients first (a grace period
-    after a clean end, none after a stop signal), then the broker and the monitor; signals
-    that arrive meanwhile are only recorded (:meth:`StopSignals.hold`).
-
-    Parameters
-    ----------
-    p : SimulationPlan
-    t0 : float, optional
-        ``time.monotonic()`` when the command started (the wall time counts from there; default now).
-
-    Returns
-    -------
-    int
-        0 ok, 2 usage, 4 broker, 5 federation failed, 6 run folder unusable, 128 + the signal
-        number after SIGINT/SIGTERM.
+    Resources are stopped in reverse order whatever happens: clients first (a grace period after
+    a clean end, none after a stop signal), then the broker and the monitor. ``t0``: when the
+    command started (``time.monotonic()``).
     """
     t0 = time.monotonic() if t0 is None else t0
     bound_mmap_threshold()  # the coordinator's process: spilled and published models do not stay in its heap
@@ -666,8 +590,7 @@ def _detach_log(handler: logging.Handler) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``fedhar-simulate``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
 
-    0 ok, 2 usage, 3 data, 4 broker (refused, or it or the Ray cluster cannot be started), 5 federation failed,
-    6 run folder unusable, 128 + signal number when stopped (130 SIGINT, 143 SIGTERM).
+    0 ok, 2 usage, 3 data, 4 broker, 5 federation failed, 6 run folder unusable, 128 + signal number when stopped.
     """
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)

@@ -1,15 +1,9 @@
 """The anti-alias stage of the resampler: filter design, shipped taps, FIR filtering, decimation.
 
-A stream sampled faster than the 50 Hz grid (phones often deliver 100-200 Hz; REALWORLD's
-chest gyroscope has up to 3.8 times the accelerometer's rows) is low-passed before it is
-decimated onto the grid, or its content above 25 Hz would fold into the band the model
-sees. This module holds everything about that filter and nothing about clocks or grids of
-two streams: :func:`anti_alias_factor` (which streams are filtered, on which fine grid),
-:func:`anti_alias_taps` (the design, read from :mod:`har_models.data.anti_alias_table` for
-the 50 Hz grid), :func:`design_anti_alias_taps` (numpy's equal of ``scipy.signal.firwin``),
-:func:`fir_filter` (numpy's equal of ``scipy.signal.lfilter``) and
-:class:`AntiAliasDecimator`, which :class:`har_models.data.resample.Resampler` runs per
-stream. No scipy at run time.
+A stream faster than the 50 Hz grid (phones often deliver 100-200 Hz) is low-passed before it
+is decimated, or its content above 25 Hz would fold into the band the model sees. No scipy at
+run time: :func:`design_anti_alias_taps` and :func:`fir_filter` are numpy's bit-identical
+equals of ``scipy.signal.firwin`` and ``lfilter``.
 """
 
 from __future__ import annotations
@@ -37,26 +31,11 @@ FIR_STOPBAND_DB = 60.0
 
 
 def anti_alias_factor(median_spacing_ns: float, period_ns: int = TABLE_PERIOD_NS) -> int:
-    """Oversampling factor M for a stream with the given median sample spacing; 1 = no filter.
+    """Oversampling factor M for a stream with the given median sample spacing (ns); 1 = no filter.
 
-    A stream up to :data:`ANTI_ALIAS_RATIO` times the grid rate passes through (factor 1).
-    A faster one is interpolated onto a fine grid of period ``period_ns / M`` (an exact
-    integer, so the fine grid contains the output grid) with the smallest such M at least
-    the input rate over the grid rate (5 % tolerance for jitter), capped at
-    :data:`MAX_OVERSAMPLING`: 100 Hz -> 2, 150 Hz -> 4, 200 Hz -> 4 for a 50 Hz grid.
-
-    Parameters
-    ----------
-    median_spacing_ns : float
-        Median spacing of the stream's samples, ns (> 0).
-    period_ns : int
-        Output grid period, ns.
-
-    Returns
-    -------
-    int
-        M >= 1. 1 also when ``period_ns`` has no divisor in 2..:data:`MAX_OVERSAMPLING`
-        (logged as a warning: the stream is then not filtered).
+    Up to :data:`ANTI_ALIAS_RATIO` times the grid rate: 1. Faster: the smallest divisor M of
+    ``period_ns`` at least the rate ratio (5 % jitter tolerance), capped at :data:`MAX_OVERSAMPLING`
+    (100 Hz -> 2, 150 and 200 Hz -> 4). 1, with a warning, when ``period_ns`` has no such divisor.
     """
     if not median_spacing_ns > 0:
         return 1
@@ -78,37 +57,12 @@ def anti_alias_factor(median_spacing_ns: float, period_ns: int = TABLE_PERIOD_NS
 def design_anti_alias_taps(period_ns: int, factor: int, i0: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """Design the anti-alias low-pass filter in numpy alone (the arithmetic of ``scipy.signal.firwin``).
 
-    The same steps, in the same order, as ``scipy.signal.kaiserord(60, 0.32 f / (fs / 2))``
-    followed by ``scipy.signal.firwin(numtaps | 1, 0.44 f, window=("kaiser", beta), fs=fs)``
-    (scipy 1.11-1.17): Kaiser's order and beta formulas (J. F. Kaiser, ISCAS 1974; Oppenheim
-    and Schafer, "Discrete-Time Signal Processing", 3rd ed., eq. 7.62-7.63), the ideal
-    low-pass ``c sinc(c m)`` with ``m`` the offsets from the centre tap, times the symmetric
-    Kaiser window ``I0(beta sqrt(1 - ((n - a) / a)^2)) / I0(beta)``, scaled to DC gain 1.
+    The steps, in order, of ``kaiserord(60, 0.32 f / (fs / 2))`` and ``firwin(numtaps | 1, 0.44 f,
+    window=("kaiser", beta), fs=fs)`` (scipy 1.11-1.17; Kaiser, ISCAS 1974; Oppenheim and Schafer,
+    3rd ed., eq. 7.62-7.63). With ``i0 = scipy.special.i0`` (the default when installed) the taps
+    equal scipy's bit for bit; ``np.i0`` differs in the last bit, hence the shipped table.
 
-    With ``i0 = scipy.special.i0`` the result equals scipy's design bit for bit (tested for
-    every factor). numpy's own ``np.i0`` differs from scipy's in the last bit for some
-    arguments, which is why the filters of the 50 Hz grid are shipped precomputed
-    (:data:`har_models.data.anti_alias_table.TAPS_20MS`) rather than designed on a device.
-
-    Parameters
-    ----------
-    period_ns : int
-        Output grid period, ns (> 0).
-    factor : int
-        Oversampling factor M >= 2 of the fine grid.
-    i0 : callable, optional
-        Modified Bessel function of the first kind, order 0, elementwise. Default:
-        ``scipy.special.i0`` when scipy is installed, else ``numpy.i0``.
-
-    Returns
-    -------
-    ndarray of shape (numtaps,), float64
-        Odd length, symmetric, summing to 1 up to rounding.
-
-    Raises
-    ------
-    ValueError
-        If ``factor < 2`` or ``period_ns <= 0``.
+    Returns (numtaps,) float64: odd length, symmetric, DC gain 1. ValueError if ``factor < 2`` or ``period_ns <= 0``.
     """
     if factor < 2 or period_ns <= 0:
         raise ValueError(f"design_anti_alias_taps: need factor >= 2 and period_ns > 0, got {factor} and {period_ns}")
@@ -152,100 +106,45 @@ def _design_taps(period_ns: int, factor: int) -> np.ndarray:
 
 
 def anti_alias_table_source() -> str:
-    """Text of :mod:`har_models.data.anti_alias_table`: scipy's taps for every factor of the 50 Hz grid.
-
-    Needs scipy (its ``special.i0``, the one ``scipy.signal.firwin`` uses); run where scipy
-    is installed, never on a device.
+    """Text of ``anti_alias_taps.json`` (read by :mod:`har_models.data.anti_alias_table`): scipy's taps for every factor of the 50 Hz grid.
 
     Raises
     ------
     ImportError
-        Without scipy.
+        Without scipy (its ``special.i0``, the one ``scipy.signal.firwin`` uses).
     """
+    import json
+
     from scipy.special import i0
 
-    head = [
-        '"""Anti-alias filter taps for the 50 Hz grid, designed once with scipy and shipped as data (generated file).',
-        "",
-        "One entry per oversampling factor M that :func:`har_models.data.anti_alias.anti_alias_factor`",
-        "can choose for a 20 ms grid (the divisors of 20,000,000 in 2..32): the taps of",
-        "``scipy.signal.firwin`` with the Kaiser design of :func:`har_models.data.anti_alias.anti_alias_taps`,",
-        "written as Python floats (``repr`` round-trips a float64 exactly), so a device without",
-        "scipy filters bit for bit as a machine with it. tests/test_resample.py checks every entry",
-        "against scipy's design. Regenerate with::",
-        "",
-        '    python -c "from har_models.data.anti_alias import write_anti_alias_table; write_anti_alias_table()"',
-        '"""',
-        "",
-        f"TAPS_PERIOD_NS = {TABLE_PERIOD_NS:_}",
-        '"""Grid period the table is for, ns (50 Hz)."""',
-        "",
-        "TAPS_20MS: dict[int, tuple[float, ...]] = {",
+    rows = [
+        f"    {json.dumps(str(m))}: {json.dumps(design_anti_alias_taps(TABLE_PERIOD_NS, m, i0).tolist())}"
+        for m in range(2, MAX_OVERSAMPLING + 1)
+        if TABLE_PERIOD_NS % m == 0
     ]
-    body: list[str] = []
-    for m in range(2, MAX_OVERSAMPLING + 1):
-        if TABLE_PERIOD_NS % m:
-            continue
-        taps = design_anti_alias_taps(TABLE_PERIOD_NS, m, i0)
-        body.append(f"    {m}: (")
-        body += ["        " + " ".join(f"{float(v)!r}," for v in taps[k : k + 4]) for k in range(0, taps.size, 4)]
-        body.append("    ),")
-    tail = ["}", '"""Factor M -> taps (odd length, symmetric, DC gain 1), float64 values."""']
-    return "\n".join(head + body + tail) + "\n"
+    return f'{{"period_ns": {TABLE_PERIOD_NS}, "taps": {{\n' + ",\n".join(rows) + "\n}}\n"
 
 
 def write_anti_alias_table(path: str | None = None) -> None:
-    """Write :func:`anti_alias_table_source` to ``har_models/data/anti_alias_table.py`` (or ``path``)."""
+    """Write :func:`anti_alias_table_source` to ``har_models/data/anti_alias_taps.json`` (or ``path``)."""
     from pathlib import Path
 
-    target = Path(path) if path else Path(__file__).with_name("anti_alias_table.py")
+    target = Path(path) if path else Path(__file__).with_name("anti_alias_taps.json")
     target.write_text(anti_alias_table_source())
 
 
 def anti_alias_taps(period_ns: int, factor: int) -> np.ndarray:
-    """Taps of the anti-alias low-pass filter for a fine grid of period ``period_ns / factor``.
+    """Taps (numtaps,) float64, read-only, DC gain 1, of the anti-alias low-pass for a fine grid of period ``period_ns / factor``.
 
-    Linear-phase FIR designed as ``scipy.signal.firwin`` designs it (Kaiser window sized by
-    ``scipy.signal.kaiserord``; J. F. Kaiser, "Nonrecursive digital filter design using
-    the I0-sinh window function", ISCAS 1974), for an output rate f = 1e9 / period_ns
-    (50 Hz):
+    Linear-phase Kaiser FIR as ``scipy.signal.firwin`` designs it, for output rate f (50 Hz):
+    cut-off (-6 dB) 0.44 f = 22 Hz, transition 14-30 Hz, 60 dB stop band (:data:`FIR_STOPBAND_DB`).
+    After decimation, content from 30 Hz up would land below 20 Hz, in the band of human movement,
+    so it is stopped; the pass band to 14 Hz is flat within 0.1 dB. Linear phase delays every
+    frequency alike and the delay is removed, so a filtered gyroscope stays aligned with an
+    unfiltered accelerometer. 25 taps at 100 Hz, 47 at 200 Hz (about 0.12 s delay). The 50 Hz grid's
+    taps come from :mod:`har_models.data.anti_alias_table`; other grids are designed.
 
-    * cut-off (-6 dB) 0.44 f = 22 Hz, transition band 0.28 f .. 0.60 f = 14 .. 30 Hz,
-      stop-band attenuation :data:`FIR_STOPBAND_DB` = 60 dB; odd length, so the delay is
-      a whole number (numtaps - 1) / 2 of fine samples and is compensated exactly;
-    * why: after decimation to f, a component at frequency g lands at |g - k f|. Everything
-      from 0.6 f (30 Hz) up would land below 0.4 f (20 Hz), inside the band that carries
-      human movement, so it is stopped by 60 dB (a 40 Hz test tone keeps 1e-3 of its
-      amplitude); 25-30 Hz can only land at 20-25 Hz, above that band, so the transition
-      may lie there. The pass band up to 14 Hz is flat within 0.1 dB (-2.8 dB at 20 Hz),
-      which keeps the gait and posture content HAR relies on (mostly below 15 Hz);
-    * linear phase (a symmetric FIR rather than, say, a Butterworth IIR): every frequency
-      is delayed alike, and the delay is removed, so a filtered gyroscope stays aligned
-      with an unfiltered accelerometer and steps keep their shape.
-
-    No scipy at run time: for the 50 Hz grid (every factor :func:`anti_alias_factor` can
-    choose) the taps are read from :mod:`har_models.data.anti_alias_table`, which holds
-    scipy's design to the bit; other grid periods are designed by
-    :func:`design_anti_alias_taps` (bit-identical to scipy where scipy is installed).
-
-    Length: 25 taps at 100 Hz, 47 at 200 Hz (about 0.12 s of delay at any rate).
-
-    Parameters
-    ----------
-    period_ns : int
-        Output grid period, ns (20 ms).
-    factor : int
-        Oversampling factor M >= 2 of the fine grid.
-
-    Returns
-    -------
-    ndarray of shape (numtaps,), float64, read-only
-        DC gain 1 (a constant passes unchanged).
-
-    Raises
-    ------
-    ValueError
-        If ``factor < 2`` or ``period_ns <= 0``.
+    ValueError if ``factor < 2`` or ``period_ns <= 0``.
     """
     if factor < 2 or period_ns <= 0:
         raise ValueError(f"anti_alias_taps: need factor >= 2 and period_ns > 0, got {factor} and {period_ns}")
@@ -253,19 +152,9 @@ def anti_alias_taps(period_ns: int, factor: int) -> np.ndarray:
 
 
 def fir_steady_state(taps: np.ndarray) -> np.ndarray:
-    """State of :func:`fir_filter` after a constant input of 1 held forever (``scipy.signal.lfilter_zi`` for ``a = [1, 0, ...]``).
+    """State (L - 1,) of :func:`fir_filter` after a constant 1 held forever (``scipy.signal.lfilter_zi``, bit-identical).
 
-    For a transposed direct-form FIR the steady state is ``z[i] = b[i+1] + ... + b[L-1]``,
-    summed from the last tap towards the first, which is the order in which
-    ``lfilter_zi``'s triangular solve adds them (bit-identical).
-
-    Parameters
-    ----------
-    taps : ndarray of shape (L,), L >= 2
-
-    Returns
-    -------
-    ndarray of shape (L - 1,), float64
+    ``z[i] = b[i+1] + ... + b[L-1]``, summed from the last tap, in ``lfilter_zi``'s order.
     """
     b = np.asarray(taps, np.float64)
     return np.cumsum(b[:0:-1])[::-1].copy()
@@ -274,31 +163,10 @@ def fir_steady_state(taps: np.ndarray) -> np.ndarray:
 def fir_filter(taps: np.ndarray, x: np.ndarray, zi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """FIR filtering along axis 0 with carried state: numpy's equal of ``scipy.signal.lfilter(b, a, x, axis=0, zi=zi)``.
 
-    The arithmetic is that of scipy's general recurrence (transposed direct form II, which
-    scipy runs when ``a`` is as long as ``b``) with ``a = [1, 0, ..., 0]``: output
-    ``y[n] = z[0] + b[0] x[n]`` and state ``z[i] <- z[i+1] + b[i+1] x[n]``. Unrolled, each
-    output is its chain of products added from the oldest tap to the newest, which is done
-    here tap by tap over all samples at once; the sums are formed in scipy's order, so the
-    result is bit-identical to scipy's (up to the sign of an exact zero) and does not depend
-    on how the input is split into calls.
-
-    Parameters
-    ----------
-    taps : ndarray of shape (L,), L >= 2
-    x : ndarray of shape (N, C), float64
-    zi : ndarray of shape (L - 1, C)
-        State before ``x`` (from the previous call, or ``fir_steady_state(taps)[:, None] * x0``).
-
-    Returns
-    -------
-    y : ndarray of shape (N, C)
-    zf : ndarray of shape (L - 1, C)
-        State after ``x``.
-
-    Raises
-    ------
-    ValueError
-        If the shapes do not fit.
+    scipy's transposed direct form II with ``a = [1, 0, ...]``: ``y[n] = z[0] + b[0] x[n]``,
+    ``z[i] <- z[i+1] + b[i+1] x[n]``, unrolled tap by tap over all samples, the sums in scipy's
+    order: bit-identical (up to the sign of an exact zero) and independent of chunking.
+    ``taps`` (L,), ``x`` (N, C), ``zi`` (L - 1, C) -> ``(y (N, C), zf (L - 1, C))``; ValueError if the shapes do not fit.
     """
     b = np.asarray(taps, np.float64)
     L, N = b.size, x.shape[0]
@@ -315,37 +183,16 @@ def fir_filter(taps: np.ndarray, x: np.ndarray, zi: np.ndarray) -> tuple[np.ndar
 class AntiAliasDecimator:
     """One fast, irregular sensor stream in; the same stream low-passed, on the output grid, out.
 
-    Three steps, each a pure function of the samples seen so far, so the output does not
-    depend on how the input is chunked (bit for bit):
+    Each step is a pure function of the samples so far, so output does not depend on chunking:
 
-    1. linear interpolation of the samples onto the fine grid ``k * period_ns / M`` (M =
-       ``factor``), within runs of samples no more than ``max_gap_ns`` apart;
-    2. the FIR low-pass of :func:`anti_alias_taps` along each run, through
-       :func:`fir_filter` (numpy; bit-identical to ``scipy.signal.lfilter``) with its state
-       carried from push to push. A run
-       starts from the filter's steady state for its first value and ends by feeding its
-       last value (numtaps - 1) / 2 more times, i.e. each run is extended by holding its
-       end values, and nothing leaks across a gap;
-    3. the output sample for fine point k is the filter output (numtaps - 1) / 2 fine
-       samples later (the delay of a linear-phase FIR); only fine points on the output
-       grid (k divisible by M) are returned.
+    1. linear interpolation onto the fine grid ``k * period_ns / M`` within runs of samples at most
+       ``max_gap_ns`` apart;
+    2. :func:`fir_filter` along each run, state carried across pushes; a run starts from the steady
+       state of its first value and ends by holding its last value for the filter's delay, so
+       nothing leaks across a gap;
+    3. output for fine point k is the filter output (numtaps - 1) / 2 samples later, for k divisible by M.
 
-    The output covers exactly the output-grid times inside the runs of the input, so the
-    :class:`Resampler` sees the same gaps as without the filter.
-
-    Parameters
-    ----------
-    period_ns : int
-        Output grid period, ns; must be divisible by ``factor``.
-    factor : int
-        Oversampling factor M >= 2 (:func:`anti_alias_factor`).
-    max_gap_ns : int
-        Longest spacing interpolated across, ns; a longer one ends a run.
-
-    Raises
-    ------
-    ValueError
-        If ``period_ns`` is not divisible by ``factor`` or a setting is not positive.
+    ValueError if ``period_ns`` is not divisible by ``factor`` (M >= 2) or a setting is not positive.
     """
 
     def __init__(self, period_ns: int, factor: int, max_gap_ns: int) -> None:
@@ -370,22 +217,9 @@ class AntiAliasDecimator:
         self._x_last = np.zeros(3)
 
     def push(self, t_ns: np.ndarray, xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Add samples (increasing times, after all earlier ones); return the output that became final.
+        """Add samples (``t_ns`` (n,) int64 strictly increasing, after earlier ones; ``xyz`` (n, 3)); return the output that became final.
 
-        Parameters
-        ----------
-        t_ns : ndarray of shape (n,), int64, strictly increasing
-        xyz : ndarray of shape (n, 3), float64
-
-        Returns
-        -------
-        t_ns : ndarray of shape (m,), int64, multiples of ``period_ns``
-        xyz : ndarray of shape (m, 3), float64
-
-        Raises
-        ------
-        ValueError
-            If the times do not increase.
+        Returns ``(t_ns (m,), xyz (m, 3))``, times multiples of ``period_ns``. ValueError if the times do not increase.
         """
         t = np.asarray(t_ns, np.int64).reshape(-1)
         v = np.asarray(xyz, np.float64).reshape(-1, 3)
@@ -450,9 +284,8 @@ def join_parts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
 def interpolate(t: np.ndarray, v: np.ndarray, grid: np.ndarray, max_gap_ns: int) -> tuple[np.ndarray, np.ndarray]:
     """Linear interpolation at ``grid`` (m,) int64 ns from sorted unique samples ``t`` (n,) int64 ns, ``v`` (n, 3).
 
-    Returns ``(values (m, 3), ok (m,))``; ``ok`` is False where the bracketing samples are
-    more than ``max_gap_ns`` apart. A grid point that coincides with a sample gets that
-    sample's value exactly.
+    Returns ``(values (m, 3), ok (m,))``; ``ok`` is False where the bracketing samples are more
+    than ``max_gap_ns`` apart; a grid point on a sample gets its value exactly.
     """
     j = np.searchsorted(t, grid, side="right") - 1  # t[j] <= g
     j = np.clip(j, 0, t.size - 1)

@@ -1,52 +1,26 @@
 """Clock rules of one sensor stream: which stamps are its clock, and where that clock steps.
 
-A sensor stamps its samples with a device clock (Android's boot clock, a board's host
-clock). That clock can be wrong for one sample (a garbage stamp), can start wrong (a bad
-first stamp), and can step: an NTP correction or a boot-clock reset moves every later stamp
-forward or back by the same amount, after which the clock advances normally again. The
-resampler (:class:`har_models.data.resample.Resampler`) judges each of its two streams with
-:class:`ClockRules`, in arrival order only, so streaming sample by sample, in any chunking or
-all at once gives the same decisions bit for bit:
+A device clock can be wrong for one sample, start wrong, or step (an NTP correction or a
+boot-clock reset moves every later stamp by the same amount). The resampler judges each stream
+with :class:`ClockRules`, in arrival order only, so decisions do not depend on chunking:
 
-* **Suspects.** A sample stamped more than ``jump_ns`` (default :data:`CLOCK_JUMP_NS`, 1 s)
-  ahead of the stream's newest sample, or more than ``jump_ns`` behind it, is not believed at
-  once. It is held in a *suspect group* with the samples that follow it within ``jump_ns`` of
-  the group's newest stamp. Samples behind the newest by ``reorder_ns`` up to ``jump_ns`` are
-  not suspects: they are late and dropped at once, as any out-of-order sample past the
-  reorder horizon.
-* **The threshold.** If the stream's own clock gets ``confirm_samples`` (default
-  :data:`CONFIRM_SAMPLES`, 25: 0.5 s at 50 Hz) more samples first, the group was no step: a
-  group ahead is dropped as outliers (``outliers_dropped``, one warning per resampler), a
-  group behind is dropped as late (``late_dropped``, as before this rule). If the group gets
-  ``confirm_samples`` samples first, the clock really stepped. So a step is at least 25
-  consecutive samples, all more than 1 s off the clock and within 1 s of each other; 24 such
-  samples, or any number of samples less than 1 s behind, are late samples.
-* **A forward step** is taken as the stream's continuation on its stamps (``clock_steps``):
-  a gap wider than ``max_gap_ns``, so no window spans it; samples of the old clock that still
-  arrive are late.
-* **A backward step** (``clock_steps_back``) starts a new *segment* of the stream. The old
-  segment ends there: everything it still holds is released. The new segment's stamps are
-  re-based, moved by a shift that is a whole number of grid periods and puts the segment's
-  first stamp at least ``2 * jump_ns`` (2 s) after the old segment's newest one
-  (:func:`step_shift`), so the output clock of the resampler only moves forward, no window
-  spans the step and no sample is dropped as late or counted twice. Both streams share the
-  device clock and must stay aligned, so the shift is agreed between them
-  (:func:`agree_steps`): when both streams stepped at the same place (newest stamps before,
-  and first stamps after, within ``jump_ns`` of each other) both take the larger of their two
-  shifts; a stream that steps alone (the other one's clock ran on more than ``jump_ns`` past
-  the step, or the recording ended) takes its own. A segment's samples wait until its shift
-  is agreed, which is one confirmation (0.5 s) of latency on the stream that steps first.
-  The step is logged once, with its size (the newest stamp before it minus the first after).
-* **The start** of a stream is judged the same way: until one group of mutually close
-  stamps has ``confirm_samples`` samples, the first stamp is no reference, so a wrong first
-  stamp (far ahead or far behind the rest) is dropped as an outlier, not taken as the clock.
-* **At close** an undecided group ahead is taken if it has more samples than its stream
-  received since it opened (a forward step near the end of a recording), else dropped; an
-  undecided group behind is dropped as late (fewer than 25 samples cannot fill a window);
-  at the start the largest group wins.
+* **Suspects.** A sample more than ``jump_ns`` (:data:`CLOCK_JUMP_NS`, 1 s) ahead of or behind
+  the stream's newest is held in a *suspect group* with the samples that follow within
+  ``jump_ns`` of the group's newest. Samples ``reorder_ns`` to ``jump_ns`` behind are late.
+* **The threshold.** If the clock gets ``confirm_samples`` (:data:`CONFIRM_SAMPLES`, 25: 0.5 s
+  at 50 Hz) more samples first, a group ahead is dropped as outliers, a group behind as late;
+  if the group gets them first, the clock stepped.
+* **A forward step** (``clock_steps``) is a gap wider than ``max_gap_ns``; old-clock stragglers are late.
+* **A backward step** (``clock_steps_back``) starts a new *segment*: the old one releases what it
+  holds, the new one is re-based by a whole number of grid periods to at least ``2 * jump_ns``
+  after the old one's newest stamp (:func:`step_shift`), so the output clock only moves forward
+  and nothing is dropped or counted twice. The two streams agree the shift
+  (:func:`agree_steps`); a segment waits for it (0.5 s latency on the stream that steps first).
+* **The start** is judged the same way: a wrong first stamp is dropped, not taken as the clock.
+* **At close** an undecided group ahead is taken if it outnumbers what its stream received
+  since it opened, else dropped; a group behind is dropped as late; at the start the largest wins.
 
-Label tracks are in the same clock as the resampler's output: the sensor's stamps up to the
-first backward step, re-based after it (see :meth:`ClockRules.clock_ns`).
+Label tracks are in the resampler's output clock (:meth:`ClockRules.clock_ns`).
 """
 
 from __future__ import annotations
@@ -73,31 +47,25 @@ _INT64_MIN = int(np.iinfo(np.int64).min)
 
 @dataclass
 class ResampleStats:
-    """Counters of what the resampler did, for logs and tests.
+    """Counters of what the resampler did, for logs and tests (raw samples of both streams unless said).
 
     Attributes
     ----------
     accepted : int
-        Raw samples (both streams) used for interpolation.
+        Samples used for interpolation.
     late_dropped : int
-        Raw samples stamped ``reorder_ns`` or more before their stream's newest earlier
-        arrival, including groups far behind that too few samples followed
-        (:mod:`har_models.data.clock`).
+        Samples ``reorder_ns`` or more before their stream's newest, and groups far behind that too few followed.
     duplicates_dropped : int
-        Raw samples whose timestamp an earlier arrival of the same stream already had.
+        Samples whose stamp an earlier arrival of the stream had.
     grid_points : int
         Grid samples emitted.
     gap_points_skipped : int
-        Grid points inside the common span of the streams that fell into a gap.
+        Grid points in the streams' common span that fell into a gap.
     nonfinite_dropped : int
-        Raw samples with a NaN or infinite value.
     outliers_dropped : int
-        Raw samples stamped more than ``jump_ns`` ahead of their stream's clock, or far from
-        its first settled stamps, that too few later samples followed.
-    clock_steps : int
-        Forward steps of a stream's clock that were confirmed and taken as a gap (per stream).
-    clock_steps_back : int
-        Backward steps of a stream's clock that were confirmed and re-based as a new segment (per stream).
+        Samples far from their stream's clock that too few later samples followed.
+    clock_steps, clock_steps_back : int
+        Confirmed forward steps (taken as gaps) and backward steps (re-based), per stream.
     """
 
     accepted: int = 0
@@ -115,16 +83,8 @@ class ResampleStats:
 class SuspectGroup:
     """Samples held because their stamps are far from the stream's clock.
 
-    Attributes
-    ----------
-    top : int
-        Newest stamp of the group, ns.
-    behind : bool
-        The group opened more than ``jump_ns`` behind a known clock (a backward step or late samples).
-    t, v : list
-        Stamps (ns) and (3,) values in arrival order.
-    seen : int
-        Samples the stream's own clock received since the group opened.
+    ``top``: newest stamp, ns; ``behind``: opened more than ``jump_ns`` behind a known clock;
+    ``t``, ``v``: stamps and (3,) values in arrival order; ``seen``: samples the clock got since.
     """
 
     top: int
@@ -136,20 +96,12 @@ class SuspectGroup:
 
 @dataclass
 class Segment:
-    """One stretch of a stream on one clock, between backward steps.
+    """One stretch of a stream on one clock, between backward steps (stamps and shifts in ns).
 
-    Attributes
-    ----------
-    top : int
-        Newest stamp of the previous segment when this one opened, ns (0 for the first).
-    first : int
-        Smallest stamp of the samples that opened it, ns.
-    proposal : int
-        Shift relative to the previous segment this stream asks for (:func:`step_shift`), ns.
-    rel : int or None
-        Agreed shift relative to the previous segment, ns; None until agreed.
-    shift : int or None
-        Re-based stamp minus raw stamp in this segment, ns; None until it and every earlier one are agreed.
+    ``top``: the previous segment's newest stamp (0 for the first); ``first``: smallest opening
+    stamp; ``proposal``: the shift this stream asks for (:func:`step_shift`); ``rel``: the agreed
+    shift relative to the previous segment; ``shift``: re-based minus raw stamp, once it and every
+    earlier one are agreed (None until then).
     """
 
     top: int
@@ -160,28 +112,11 @@ class Segment:
 
 
 def step_shift(top_ns: int, first_ns: int, period_ns: int, jump_ns: int) -> int:
-    """Shift of a new segment after a backward step: a multiple of ``period_ns`` that puts it at least ``2 * jump_ns`` after the old one.
+    """Shift (ns, > ``top_ns - first_ns``) of a new segment after a backward step.
 
-    ``ceil((top_ns - first_ns) / period_ns) * period_ns + ceil(2 * jump_ns / period_ns) * period_ns``.
-    A whole number of grid periods keeps the grid's phase, so the re-based samples are
-    interpolated exactly as their raw stamps would be. The gap of at least ``2 * jump_ns``
-    exceeds ``reorder_ns + max_gap_ns`` (both at most ``jump_ns``), so even a sample accepted
-    ``reorder_ns`` before ``first_ns`` lands past the old segment by more than ``max_gap_ns``.
-    Example: top = T0 + 59.98 s, first = T0 - 60 s, 20 ms grid, 1 s jump: 119.98 s + 2 s = 121.98 s.
-
-    Parameters
-    ----------
-    top_ns : int
-        Newest stamp of the old segment, ns.
-    first_ns : int
-        Smallest stamp of the new segment's first samples, ns (< ``top_ns``).
-    period_ns, jump_ns : int
-        Grid period and jump threshold, ns (> 0).
-
-    Returns
-    -------
-    int
-        Shift, ns, > ``top_ns - first_ns``.
+    ``ceil((top_ns - first_ns) / period_ns) * period_ns + ceil(2 * jump_ns / period_ns) * period_ns``:
+    whole grid periods keep the grid's phase, and ``2 * jump_ns`` exceeds ``reorder_ns + max_gap_ns``,
+    so even a sample accepted ``reorder_ns`` early lands more than ``max_gap_ns`` past the old segment.
     """
     p = int(period_ns)
     return -(-(int(top_ns) - int(first_ns)) // p) * p + -(-2 * int(jump_ns) // p) * p
@@ -190,17 +125,8 @@ def step_shift(top_ns: int, first_ns: int, period_ns: int, jump_ns: int) -> int:
 class ClockRules:
     """Routing of one stream's arrivals between its clock and suspect groups (module rules).
 
-    A subclass supplies what happens to samples on the clock (:meth:`_accept`, which must
-    advance :attr:`newest`) and how a segment ends at a backward step (:meth:`_end_segment`).
-
-    Parameters
-    ----------
-    period_ns, jump_ns, confirm : int
-        Grid period, jump threshold (ns) and samples that decide a group.
-    name : str
-        Stream name for log lines ("acc", "gyro").
-    warned : set of str, optional
-        Warning kinds already logged (shared by a resampler's streams: one warning each).
+    A subclass supplies :meth:`_accept` (must advance :attr:`newest`) and :meth:`_end_segment`.
+    ``warned``: warning kinds already logged, shared by a resampler's streams.
     """
 
     def __init__(self, period_ns: int, jump_ns: int, confirm: int, name: str = "stream", warned: set[str] | None = None) -> None:
@@ -319,8 +245,7 @@ class ClockRules:
     def clock_ns(self) -> int | None:
         """Newest stamp on the stream's clock, in the re-based output clock (ns); None before the clock is known.
 
-        While a new segment's shift is not agreed yet, the newest stamp of the last segment
-        whose shift is (its end): the new segment will lie after it.
+        While a new segment's shift is not agreed, the end of the last agreed segment.
         """
         if not self.segments:
             return None
@@ -343,24 +268,10 @@ def known_shift(segments: Sequence[Segment]) -> int:
 def agree_steps(streams: Sequence[ClockRules], final: bool) -> list[str]:
     """Agree the shifts of the two streams' new segments (module rule "A backward step"); return a log line per step decided.
 
-    For segment k of one stream, not yet agreed: if the other stream has a segment k too and
-    both opened at the same place (tops and firsts within ``jump_ns``), both take the larger
-    proposal; if they opened elsewhere, each its own. If the other stream is still on segment
-    k - 1 and its clock ran more than ``jump_ns`` past this step, it did not step here: this
-    stream takes its own proposal. Otherwise the segment waits, until ``final``. Every
-    condition is a function of the two streams' arrivals, not of how they interleave.
-
-    Parameters
-    ----------
-    streams : two ClockRules
-        The resampler's streams (acc, gyro).
-    final : bool
-        End of the recording: every open segment is decided.
-
-    Returns
-    -------
-    list of str
-        One line per step whose shift became known, for the log.
+    Segment k of one stream: if the other has a segment k opened at the same place (tops and
+    firsts within ``jump_ns``), both take the larger proposal, else each its own; if the other is
+    still on k - 1 and ran more than ``jump_ns`` past this step, this one takes its own; otherwise
+    it waits, until ``final``. Independent of how the streams' arrivals interleave.
     """
     a, b = streams
     lines: list[str] = []

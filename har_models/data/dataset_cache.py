@@ -1,12 +1,8 @@
 """On-disk cache of prepared per-subject arrays, so a second run does not re-parse raw files.
 
-One ``.npz`` file (``allow_pickle=False``) per dataset, subject and preprocessing settings.
-Next to the arrays it stores a *key*: a JSON document with the cache format version, the
-settings and a fingerprint of the source files. An entry is used only when its stored key
-equals the key the caller computes now, so a changed setting, a changed source file or a
-new :data:`CACHE_FORMAT` always means a fresh preparation. Files are written to a
-temporary name in the same folder and renamed over the old entry, so a reader never sees
-a half-written file and a crash leaves at worst a stray ``*.tmp``.
+One ``.npz`` (``allow_pickle=False``) per dataset, subject and settings, with a stored *key*
+(JSON: :data:`CACHE_FORMAT`, settings, source fingerprint); an entry is used only when its key
+equals the caller's. Writes go to a temporary name and are renamed over the entry.
 """
 
 from __future__ import annotations
@@ -44,20 +40,9 @@ def default_cache_dir() -> Path:
 
 
 def cache_file(cache_dir: Path, dataset: str, subject: str, settings: Mapping[str, object]) -> Path:
-    """Path of the cache entry for one subject prepared with ``settings``.
+    """Path of the cache entry for ``subject`` of ``dataset`` prepared with (JSON-serialisable) ``settings``.
 
-    The file name carries a short hash of the settings, so entries for different settings
-    (say, one position versus all seven) live side by side; a change of the *source*
-    overwrites the entry of the same name.
-
-    Parameters
-    ----------
-    cache_dir : Path
-        Cache folder (need not exist yet).
-    dataset, subject : str
-        E.g. ``"realworld"``, ``"proband4"``; used verbatim in the file name.
-    settings : mapping
-        JSON-serialisable preprocessing settings.
+    A short settings hash is in the name.
     """
     digest = hashlib.sha256(_canonical({"format": CACHE_FORMAT, "settings": settings}).encode()).hexdigest()[:12]
     return Path(cache_dir) / f"{dataset}-{subject}-{digest}.npz"
@@ -66,19 +51,7 @@ def cache_file(cache_dir: Path, dataset: str, subject: str, settings: Mapping[st
 def load_cached(path: Path, key: Mapping[str, object]) -> dict[str, np.ndarray] | None:
     """Arrays of the cache entry at ``path`` if its stored key equals ``key``, else None.
 
-    A missing, unreadable or outdated entry is a miss (logged at debug level for a missing
-    file, info for an outdated one, warning for an unreadable one), never an error.
-
-    Parameters
-    ----------
-    path : Path
-        From :func:`cache_file`.
-    key : mapping
-        JSON-serialisable: settings, source fingerprint and anything else that must match.
-
-    Returns
-    -------
-    dict of str to ndarray, or None
+    A missing, unreadable or outdated entry is a logged miss, never an error.
     """
     path = Path(path)
     if not path.is_file():
@@ -98,23 +71,9 @@ def load_cached(path: Path, key: Mapping[str, object]) -> dict[str, np.ndarray] 
 
 
 def save_cached(path: Path, key: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> None:
-    """Write a cache entry atomically (temporary file in the same folder, then rename).
+    """Write a cache entry atomically (temporary file in the same folder, then rename); the folder is created if needed.
 
-    Parameters
-    ----------
-    path : Path
-        From :func:`cache_file`; its folder is created if needed.
-    key : mapping
-        The key :func:`load_cached` will compare against.
-    arrays : mapping of str to ndarray
-        Numeric or unicode arrays (no objects: the file is read with ``allow_pickle=False``).
-
-    Raises
-    ------
-    OSError
-        If the folder cannot be created or written (the caller decides whether that matters).
-    ValueError
-        If an array has dtype object or a name clashes with the reserved key entry.
+    OSError if it cannot be written; ValueError for an object array or a name clashing with the key entry.
     """
     path = Path(path)
     if _KEY_ARRAY in arrays:

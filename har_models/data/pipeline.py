@@ -1,14 +1,9 @@
 """The sensor pipeline: a sample stream in, labelled windows out.
 
-One code path for live sensors, dataset replay and offline dataset readers: raw
-accelerometer and gyroscope events go through :class:`~har_models.data.resample.Resampler`
-onto the exact 50 Hz grid, each grid sample takes the activity label in force at its
-time, and :class:`~har_models.data.windowing.Windower` cuts the labelled windows.
-
-Times of labels and windows are in the resampler's output clock (:attr:`SensorPipeline.clock_ns`):
-the sensors' stamps, re-based after a backward step of their clock (:mod:`har_models.data.clock`),
-so they never go back within one pipeline. A recording without such a step (every dataset
-fedhar ships) has its label track in its own stamps, as before.
+One code path for live sensors, replay and dataset readers: :class:`~har_models.data.resample.Resampler`
+onto the 50 Hz grid, each grid sample labelled by the activity in force, then
+:class:`~har_models.data.windowing.Windower`. Label and window times are in the resampler's
+output clock (:attr:`SensorPipeline.clock_ns`), which never goes back.
 """
 
 from __future__ import annotations
@@ -27,19 +22,8 @@ from har_models.data.windowing import N_CHANNELS, STEP, WINDOW, Windower, Window
 class SensorPipeline:
     """Streaming pipeline for one recording session.
 
-    Parameters
-    ----------
-    labels : LabelSet
-        Label set of the windows produced.
-    label_track : LabelTrack, optional
-        Activity over time, in the output clock (:attr:`clock_ns`); more change points can be
-        added live with :meth:`set_label`.
-    window, step : int
-        Window length and step in samples (128, 64).
-    period_ns : int
-        Grid period (20 ms = 50 Hz).
-    max_gap_ns, reorder_ns, jump_ns, confirm_samples : int
-        See :class:`~har_models.data.resample.Resampler` (``jump_ns`` None: its default).
+    ``label_track`` is in the output clock (more change points with :meth:`set_label`); the other
+    settings are :class:`~har_models.data.resample.Resampler`'s and the windower's (128, 64).
     """
 
     def __init__(
@@ -66,17 +50,14 @@ class SensorPipeline:
         return self._resampler.stats
 
     def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
-        """Call ``observer(sensor, t_ns (k,) int64)`` with every sample the resampler accepts (:meth:`Resampler.watch_accepted
-        <har_models.data.resample.Resampler.watch_accepted>`); None removes it. The windows do not change."""
+        """Call ``observer(sensor, t_ns (k,) int64)`` with every sample the resampler accepts; None removes it."""
         self._resampler.watch_accepted(observer)
 
     @property
     def clock_ns(self) -> int | None:
         """Newest sample stamp taken so far, in the output clock (ns); None before the sensors' clock is known.
 
-        A label that applies "from the next sample on" belongs at ``clock_ns + 1``: after a
-        backward step of the sensor clock the raw stamps are far behind this clock, and a
-        stamp far ahead (an outlier) does not move it.
+        A label "from the next sample on" belongs at ``clock_ns + 1``.
         """
         return self._resampler.clock_ns
 
@@ -86,12 +67,9 @@ class SensorPipeline:
         return self._resampler.clock_shift_ns
 
     def set_label(self, t_ns: int, label: int) -> None:
-        """From time ``t_ns`` (output clock, ns) on, samples carry ``label`` (-1: unlabelled).
+        """From ``t_ns`` (output clock, ns) on, samples carry ``label`` (-1: unlabelled).
 
-        Raises
-        ------
-        ValueError
-            If ``t_ns`` is not after the previous change point or the label is out of range.
+        ValueError if not after the last change or out of range.
         """
         if label >= len(self.labels) or label < -1:
             raise ValueError(f"SensorPipeline.set_label: label {label} outside [-1, {len(self.labels)})")
@@ -101,10 +79,7 @@ class SensorPipeline:
         self._track = LabelTrack(np.r_[s, t_ns], np.r_[self._track.labels, label])
 
     def push(self, sensor: str, t_ns: np.ndarray, xyz: np.ndarray) -> WindowSet:
-        """Feed raw samples of ``sensor`` ("acc" m/s^2 or "gyro" rad/s), shape (n,) and (n, 3).
-
-        Returns the windows completed by this call (possibly none).
-        """
+        """Feed raw samples of ``sensor`` ("acc" m/s^2 or "gyro" rad/s), (n,) and (n, 3); return the windows completed (possibly none)."""
         return self._windows(*self._resampler.push(sensor, t_ns, xyz))
 
     def close(self) -> WindowSet:
@@ -119,17 +94,7 @@ class SensorPipeline:
 
 
 def windows_from_recording(rec: Recording, labels: LabelSet, **pipeline_kwargs: int) -> WindowSet:
-    """All windows of one recording, fed through :class:`SensorPipeline` in one go.
-
-    Streaming the same recording in any chunking gives bit-identical windows.
-
-    Parameters
-    ----------
-    rec : Recording
-    labels : LabelSet
-    **pipeline_kwargs
-        ``window``, ``step``, ``period_ns``, ``max_gap_ns``, ``reorder_ns``, ``jump_ns``, ``confirm_samples``.
-    """
+    """All windows of one recording through :class:`SensorPipeline` (bit-identical to streaming it in any chunking)."""
     pipe = SensorPipeline(labels, rec.labels, **pipeline_kwargs)
     parts = [pipe.push("acc", rec.acc.t_ns, rec.acc.xyz), pipe.push("gyro", rec.gyro.t_ns, rec.gyro.xyz), pipe.close()]
     return WindowSet.concat(parts, labels)

@@ -1,42 +1,22 @@
 """Streaming resampling of two irregular sensor streams onto one exact 50 Hz grid.
 
-Phones and boards deliver accelerometer and gyroscope events at a rate that is only a
-hint (Android's requested 20 ms period often yields 10-20 ms), with jitter, duplicated
-and out-of-order timestamps and gaps. The model needs one exact grid. This module keeps
-both streams, and emits the grid points ``k * period`` (absolute time, so the grid does
-not depend on where a stream starts or how it is chunked) that both streams cover, by
-linear interpolation between the two samples that bracket each grid point.
+Devices deliver accelerometer and gyroscope events at a rate that is only a hint, with jitter,
+duplicated and out-of-order stamps and gaps. This module emits the grid points ``k * period``
+(absolute time, independent of chunking) that both streams cover, by linear interpolation
+between the bracketing samples. Every rule gives bit-identical output whether samples are
+streamed one by one, in random chunks, or all at once:
 
-Rules, each chosen so that streaming sample by sample, in random chunks, or all at once
-gives bit-identical output:
-
-* **Reordering.** A sample is accepted only if it is newer than ``reorder_ns`` before the
-  newest sample seen so far on its stream (judged in arrival order); older ones are late
-  and dropped. Accepted samples are released in time order once the stream's newest
-  timestamp is ``reorder_ns`` past them.
-* **Duplicates.** Of several accepted samples with the same timestamp, the first to arrive
-  wins.
-* **Gaps.** A grid point whose bracketing samples on either stream are more than
-  ``max_gap_ns`` apart is not invented: it is skipped, which the windower sees as a break
-  in the grid (timestamps jump), so no window spans a gap. Skipped points are counted, not
-  generated, so a gap of any length (a phone clock jumping by days) costs nothing.
-* **Clock jumps and steps.** Stamps far (``jump_ns``, 1 s) ahead of or behind a stream's
-  clock are judged by the rules of :mod:`har_models.data.clock`: a lone outlier is dropped,
-  a few samples far behind are late, a forward step is a gap, a backward step starts a new
-  segment whose stamps are re-based past the old ones (the output clock never goes back),
-  a wrong first stamp is not taken as the clock.
-* **Non-finite values.** A sample with a NaN or infinite value is treated as missing (it
-  does not count as the stream's newest sample either).
-* **Anti-aliasing.** A stream sampled faster than the grid is low-passed before it is
-  decimated onto the grid (:mod:`har_models.data.anti_alias`: why, and the filter). The
-  stream's rate is measured on its first :data:`RATE_PROBE_INTERVALS` sample spacings
-  (median), those alone and once, so the decision does not depend on how the stream is
-  chunked (a stream that changes rate later keeps its first decision); up to
-  :data:`~har_models.data.anti_alias.ANTI_ALIAS_RATIO` times the grid rate it passes through
-  untouched, so 50 Hz input (HAPT, REALWORLD, a phone that keeps its 20 ms period) gives bit
-  for bit what it gave before the filter existed. Faster streams go through
-  :class:`~har_models.data.anti_alias.AntiAliasDecimator`, whose state is carried across
-  pushes, so streaming still equals offline bit for bit.
+* **Reordering.** A sample older than ``reorder_ns`` before its stream's newest is late and
+  dropped; accepted ones are released in time order once the stream is ``reorder_ns`` past them.
+* **Duplicates.** Of accepted samples with one stamp, the first to arrive wins.
+* **Gaps.** Grid points whose bracketing samples are more than ``max_gap_ns`` apart are skipped
+  (counted, not generated), so no window spans a gap.
+* **Clock jumps and steps** (``jump_ns``, 1 s): the rules of :mod:`har_models.data.clock`.
+* **Non-finite values** count as missing.
+* **Anti-aliasing.** A stream faster than :data:`~har_models.data.anti_alias.ANTI_ALIAS_RATIO`
+  times the grid rate, measured once on its first :data:`RATE_PROBE_INTERVALS` spacings
+  (median), is low-passed by :class:`~har_models.data.anti_alias.AntiAliasDecimator`; 50 Hz
+  input passes through untouched.
 """
 
 from __future__ import annotations
@@ -197,32 +177,22 @@ class Resampler:
     Parameters
     ----------
     period_ns : int
-        Grid period in nanoseconds (default 20 ms = 50 Hz).
+        Grid period, ns (20 ms = 50 Hz).
     max_gap_ns : int
-        Longest spacing between two samples of one stream that may be interpolated across
-        (default 100 ms = 5 grid periods). Longer gaps split the output.
+        Longest spacing of one stream interpolated across, ns (100 ms); longer gaps split the output.
     reorder_ns : int
-        How far back in time a late sample may still be accepted (default 200 ms); this is
-        also the output latency, plus the rate probe's :data:`RATE_PROBE_INTERVALS` samples
-        at the start of each stream and the anti-alias filter's delay (about 0.12 s) for a
-        fast stream.
+        How far back a late sample is still accepted, ns (200 ms); also the output latency (plus
+        the rate probe and, for a fast stream, the filter's delay of about 0.12 s).
     jump_ns : int, optional
-        A stamp more than this far ahead of or behind its stream's newest sample is suspect
-        (:mod:`har_models.data.clock`); default ``max(CLOCK_JUMP_NS, max_gap_ns, reorder_ns)``
-        (1 s). Must be at least ``reorder_ns`` and ``max_gap_ns``.
+        A stamp this far from its stream's newest is suspect (:mod:`har_models.data.clock`);
+        default ``max(CLOCK_JUMP_NS, max_gap_ns, reorder_ns)``, and at least both.
     confirm_samples : int
-        Samples that decide between a clock step and an outlier or late samples (default
-        25); this is also the extra latency after a real gap longer than ``jump_ns`` and
-        after a backward step.
+        Samples that decide between a clock step and an outlier (25); the extra latency after a
+        gap longer than ``jump_ns`` and after a backward step.
 
-    A stream faster than :data:`~har_models.data.anti_alias.ANTI_ALIAS_RATIO` times the grid
-    rate is low-passed before decimation (:class:`~har_models.data.anti_alias.AntiAliasDecimator`);
-    :attr:`factors` tells which.
-
-    Output of :meth:`push` and :meth:`close`: ``(t_ns (m,), values (m, 6))`` with values
-    ordered acc x, y, z (m/s^2) then gyro x, y, z (rad/s), float64; grid times increase
-    (also across a backward clock step: they are re-based, see :attr:`clock_ns`) and are
-    multiples of ``period_ns``; a jump larger than one period marks a gap.
+    Output of :meth:`push` and :meth:`close`: ``(t_ns (m,), values (m, 6))``, acc x, y, z (m/s^2)
+    then gyro x, y, z (rad/s), float64; times are increasing multiples of ``period_ns`` (re-based
+    after a backward clock step, :attr:`clock_ns`); a jump of more than one period marks a gap.
 
     Raises
     ------
@@ -265,24 +235,19 @@ class Resampler:
         self._step_lines = 0
 
     def watch_accepted(self, observer: Callable[[str, np.ndarray], None] | None) -> None:
-        """Call ``observer(sensor, t_ns)`` with the stamps of the samples counted in ``stats.accepted``.
+        """Call ``observer(sensor, t_ns (k,) int64)`` with the stamps counted in ``stats.accepted``.
 
-        ``t_ns`` (k,) int64 is in the output clock (re-based after a backward step, like the
-        windows) and increases within and across calls for one sensor: samples are passed on
-        in time order once their stream is ``reorder_ns`` past them. Observation only: the
-        output does not change. None removes the observer.
+        The stamps are in the output clock and increase; None removes the observer.
         """
         for buf in self._streams.values():
             buf.on_accepted = observer
 
     @property
     def clock_ns(self) -> int | None:
-        """Newest sample stamp on either stream's clock, in the output clock (ns); None before a clock is known.
+        """Newest sample stamp on either stream, in the output clock (ns); None before a clock is known.
 
-        The output clock is the sensors' own up to the first backward step of their clock and
-        re-based after it (:mod:`har_models.data.clock`), so it never goes back. Outliers and
-        samples not yet decided do not move it. A label track given to the pipeline is read in
-        this clock, and a label change "from now on" belongs at ``clock_ns + 1``.
+        The output clock is the sensors' own, re-based after a backward step so it never goes back
+        (:mod:`har_models.data.clock`). A label change "from now on" belongs at ``clock_ns + 1``.
         """
         known = [c for c in (buf.clock_ns() for buf in self._streams.values()) if c is not None]
         return max(known) if known else None
@@ -298,28 +263,15 @@ class Resampler:
         return {s: buf.factor for s, buf in self._streams.items()}
 
     def push(self, sensor: str, t_ns: np.ndarray, xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Add samples of one sensor; return the grid samples that became final.
+        """Add samples of one sensor (``"acc"`` or ``"gyro"``); return the grid samples that became final.
 
-        Parameters
-        ----------
-        sensor : {"acc", "gyro"}
-        t_ns : array of shape (n,), int64 nanoseconds, in arrival order
-            Any order and repeats are allowed (see the module rules). Float arrays are
-            accepted only if every value is a whole number.
-        xyz : array of shape (n, 3): m/s^2 (acc) or rad/s (gyro)
-
-        Returns
-        -------
-        t_ns : ndarray of shape (m,), int64
-            Grid times, multiples of ``period_ns``, increasing across calls.
-        values : ndarray of shape (m, 6), float64
-            acc x, y, z (m/s^2) then gyro x, y, z (rad/s).
+        ``t_ns`` (n,) int64 ns in arrival order (floats only if whole); ``xyz`` (n, 3) m/s^2 or rad/s.
+        Returns ``(t_ns (m,), values (m, 6))`` as described in the class.
 
         Raises
         ------
         ValueError
-            After :meth:`close`, for an unknown sensor, mis-shaped samples, or timestamps
-            that are not integer nanoseconds.
+            After :meth:`close`, for an unknown sensor, mis-shaped samples, or stamps that are not integer ns.
         """
         if self._closed:
             raise ValueError("Resampler: push() after close(); create a new Resampler for a new recording")
@@ -397,12 +349,9 @@ class Resampler:
 
 
 def _grid_outside_gaps(lo: int, hi: int, p: int, streams: list[np.ndarray], max_gap_ns: int) -> np.ndarray:
-    """Multiples of ``p`` in ``[lo, hi]`` not strictly inside a gap of any stream.
+    """Multiples of ``p`` in ``[lo, hi]`` not strictly inside a gap (consecutive samples more than ``max_gap_ns`` apart) of any stream.
 
-    A gap is a pair of consecutive samples ``(a, b)`` of one (sorted, unique) stream with
-    ``b - a > max_gap_ns``; the grid points ``a < g < b`` cannot be interpolated. ``lo``
-    is a multiple of ``p``. Cost is proportional to the number of points returned plus the
-    number of gaps, not to the length of the range.
+    Costs the points returned plus the gaps, not the length of the range.
     """
     starts, stops = [], []  # excluded ranges of grid indices, inclusive
     for t in streams:

@@ -1,32 +1,20 @@
 """The per-client train/test split and the federation's partition, defined once.
 
-Two splits of one client's windows into train and test (``SplitSpec.kind``):
+Splits (``SplitSpec.kind``):
 
-* ``"paper"``: every client keeps 80 % of its windows for training and 20 % for its local
-  test, per class, drawn with a fixed seed (FedDist protocol: Ek et al., PerCom 2021,
-  section V-A; the authors' notebooks use a stratified 5-fold split with
-  ``random_state=1`` and take one fold as the test part). Windows overlap by 50 %, so
-  most test windows share raw samples with training windows: the split leaks.
-* ``"blocks"``: leak-free. Each contiguous segment (one session's stretch of one
-  activity) gives a contiguous block of ``round(test_fraction * L)`` windows at its start
-  or its end (a seeded coin per segment) to test; every other window of the client that
-  shares a raw sample with a test window (the gap: one window at 50 % overlap) is dropped,
-  the rest is training. No test sample lies in any training window.
+* ``"paper"``: 80/20 per class with a fixed seed (FedDist protocol: Ek et al., PerCom 2021,
+  section V-A). Windows overlap by 50 %, so the split leaks.
+* ``"blocks"``: leak-free contiguous test blocks per segment, with a gap (:func:`block_split`).
 
-And two partitions of the federation (``SplitSpec.partition``):
+Partitions (``SplitSpec.partition``):
 
-* ``"subject"``: each client keeps all its windows (HAPT by subject: every class on every
-  client).
-* ``"label_skew"``: each client keeps only the windows of 2 or 3 of the classes it has
-  (the pathological label skew of FedALA, Zhang et al., AAAI 2023, section 5, and FedDWA,
-  Liu et al., IJCAI 2023, section 5.1), drawn per client from the seed and the client's
-  subject name; the other windows are dropped from train and test alike.
-* ``"label_skew2"``: the same, with exactly 2 classes per client (a stronger skew, the
-  2-classes-per-client case of FedALA's pathological setting), drawn by the same generator.
+* ``"subject"``: each client keeps all its windows.
+* ``"label_skew"``: each client keeps 2 or 3 of its classes (pathological label skew of FedALA,
+  Zhang et al., AAAI 2023, section 5, and FedDWA, Liu et al., IJCAI 2023, section 5.1).
+* ``"label_skew2"``: exactly 2 classes per client.
 
-The edge client's store and the coordinator's evaluation harness both go through
-:meth:`SplitSpec.assign` with the same spec, the windows in recording order, their start
-times and the subject name, so the two sides agree on every window.
+The edge client's store and the coordinator's evaluation both call :meth:`SplitSpec.assign`
+with the same spec, so they agree on every window.
 """
 
 from __future__ import annotations
@@ -64,24 +52,10 @@ WINDOW_NS = WINDOW * PERIOD_NS
 
 
 def window_segments(y: np.ndarray, t_start_ns: np.ndarray, window_ns: int = WINDOW_NS) -> np.ndarray:
-    """Segment number of each window: runs of consecutive overlapping windows of one class.
+    """Segment number (N,) int64, non-decreasing, of each window: runs of consecutive overlapping windows of one class.
 
-    Windows ``i`` and ``i + 1`` (in the given order, recording order) belong to one segment
-    when they have the same label and ``0 < t[i+1] - t[i] < window_ns`` (they share raw
-    samples). A segment is thus one contiguous stretch of one activity in one session.
-
-    Parameters
-    ----------
-    y : array of shape (N,), int
-    t_start_ns : array of shape (N,), int64
-        Grid time of each window's first sample, ns.
-    window_ns : int
-        Time a window covers, ns (2.56 s).
-
-    Returns
-    -------
-    ndarray of shape (N,), int64
-        0, 0, ..., 1, 1, ...: non-decreasing segment numbers.
+    Windows ``i`` and ``i + 1`` (recording order) share a segment when they have the same label and
+    ``0 < t[i+1] - t[i] < window_ns`` (one stretch of one activity in one session).
     """
     y = np.asarray(y, np.int64)
     t = np.asarray(t_start_ns, np.int64)
@@ -100,26 +74,10 @@ def block_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Leak-free train/test split by contiguous blocks, with a gap.
 
-    For each segment s (:func:`window_segments`, in order) of L_s windows, a generator
-    ``numpy.random.default_rng(seed)`` draws one integer in {0, 1} (0: block at the start,
-    1: at the end) and the block takes ``k_s = min(round(test_fraction * L_s), L_s - 2)``
-    windows (none when that is below 1). Every window not in a block whose sample interval
-    ``[t, t + window_ns)`` meets a test window's (same session: the windows between them
-    are in time order, no decrease of ``t``) is dropped; the rest is training.
-
-    Parameters
-    ----------
-    y : array of shape (N,), int
-    t_start_ns : array of shape (N,), int64
-        Window start times, ns, in recording order (as the pipeline gives them).
-    test_fraction : float in [0, 1)
-    seed : int >= 0
-    window_ns : int
-        Time a window covers, ns.
-
-    Returns
-    -------
-    train_idx, test_idx : int64 arrays, sorted, disjoint; the windows in neither are the gap.
+    For each segment (:func:`window_segments`) of L windows, ``default_rng(seed)`` draws 0 (block
+    at the start) or 1 (at the end) and the block takes ``min(round(test_fraction * L), L - 2)``
+    windows (none below 1). Windows whose ``[t, t + window_ns)`` meets a test window's are
+    dropped; the rest is training. Returns sorted, disjoint ``(train_idx, test_idx)`` int64.
     """
     seg = window_segments(y, t_start_ns, window_ns)
     t = np.asarray(t_start_ns, np.int64)
@@ -144,33 +102,11 @@ def block_split(
 
 
 def skewed_classes(present: np.ndarray, subject: str, seed: int, n_keep: int | None = None) -> np.ndarray:
-    """The classes a client keeps under a label-skewed partition.
+    """The classes (sorted int64) a client keeps under a label-skewed partition.
 
-    A generator ``numpy.random.default_rng([seed, crc32(subject)])`` draws the number kept,
-    ``2 + integers(2)`` (2 or 3), then that many of the ``present`` classes without
-    replacement (at most the number present). With ``n_keep`` (partition ``label_skew2``: 2)
-    the generator still draws the number first but keeps ``n_keep`` classes, so both
-    partitions use one stream and the result depends on the seed and the subject alone.
-
-    Parameters
-    ----------
-    present : array of int
-        Classes the client has windows of.
-    subject : str
-        The client's subject name (``user01``, ``proband3``): the same on every side.
-    seed : int
-        Split seed.
-    n_keep : int >= 1, optional
-        Classes to keep; None draws 2 or 3.
-
-    Returns
-    -------
-    ndarray of int64, sorted
-
-    Raises
-    ------
-    ValueError
-        If ``n_keep`` is below 1.
+    ``default_rng([seed, crc32(subject)])`` draws the number kept (``2 + integers(2)``), then that
+    many ``present`` classes without replacement. With ``n_keep`` the number is still drawn but
+    ``n_keep`` kept, so both partitions use one stream. ValueError if ``n_keep`` < 1.
     """
     if n_keep is not None and n_keep < 1:
         raise ValueError(f"skewed_classes: n_keep must be at least 1, got {n_keep}")
@@ -185,28 +121,14 @@ def skewed_classes(present: np.ndarray, subject: str, seed: int, n_keep: int | N
 class SplitSpec:
     """How one client's windows are split into train and test, and which it keeps.
 
-    ``kind`` "paper": per class c (in increasing order) the indices of its n_c windows are
-    permuted by a ``numpy.random.default_rng(seed)`` generator shared across classes, and
-    the first ``round(test_fraction * n_c)`` go to test
-    (:func:`~har_models.data.windowing.stratified_split`); it leaks (50 % overlap). ``kind``
-    "blocks": :func:`block_split`, leak-free. ``partition`` "label_skew" first keeps only
-    the windows of :func:`skewed_classes` (2-3 classes), "label_skew2" those of exactly 2
-    classes; "subject" keeps all.
-
-    Parameters
-    ----------
-    test_fraction : float in [0, 1)
-        Test share per class (0.2).
-    seed : int >= 0
-        Generator seed (1).
-    kind : {"paper", "blocks"}
-    partition : {"subject", "label_skew", "label_skew2"}
+    ``kind`` "paper": :func:`~har_models.data.windowing.stratified_split` (per class, one
+    ``default_rng(seed)`` across classes); "blocks": :func:`block_split`. ``partition``
+    "label_skew"/"label_skew2" first keeps the windows of :func:`skewed_classes`.
 
     Raises
     ------
     ValueError
-        If ``test_fraction`` is outside [0, 1), ``seed`` is negative or not an integer, or
-        ``kind``/``partition`` is unknown.
+        If ``test_fraction`` is outside [0, 1), ``seed`` is not an integer >= 0, or ``kind``/``partition`` is unknown.
     """
 
     test_fraction: float = DEFAULT_TEST_FRACTION
@@ -228,13 +150,7 @@ class SplitSpec:
 
     @classmethod
     def parse(cls, text: str, seed: int = DEFAULT_SPLIT_SEED) -> SplitSpec:
-        """Spec from ``KIND[+PARTITION]`` (``paper``, ``blocks``, ``blocks+label_skew``, ``blocks+label_skew2``), the ``--split`` text.
-
-        Raises
-        ------
-        ValueError
-            If the text names an unknown split or partition.
-        """
+        """Spec from the ``--split`` text ``KIND[+PARTITION]`` (``paper``, ``blocks+label_skew``, ...); ValueError if unknown."""
         kind, _, partition = text.partition("+")
         return cls(seed=seed, kind=kind, partition=partition or "subject")
 
@@ -249,36 +165,15 @@ class SplitSpec:
         return self.kind == "paper" and self.partition == "subject"
 
     def indices(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(train_idx, test_idx)`` for labels ``y`` of shape (N,) under the plain paper split.
-
-        Raises
-        ------
-        ValueError
-            For any other spec, which needs window times and the subject (:meth:`assign`).
-        """
+        """``(train_idx, test_idx)`` for labels ``y`` (N,) under the plain paper split; ValueError for other specs (:meth:`assign`)."""
         if not self.plain:
             raise ValueError(f"SplitSpec.indices: split {self.text!r} needs window times and the subject; use assign()")
         return stratified_split(y, self.test_fraction, self.seed)
 
     def assign(self, y: np.ndarray, t_start_ns: np.ndarray, subject: str = "") -> tuple[np.ndarray, np.ndarray]:
-        """``(train_idx, test_idx)`` of a client's windows; indices in neither are dropped.
+        """``(train_idx, test_idx)`` (sorted, disjoint int64) of a client's windows in recording order; indices in neither are dropped.
 
-        Parameters
-        ----------
-        y : array of shape (N,), int
-        t_start_ns : array of shape (N,), int64
-            Window start times, ns, windows in recording order.
-        subject : str
-            Subject name, only used by the label-skewed partitions.
-
-        Raises
-        ------
-        ValueError
-            If a label-skewed partition is given no subject name.
-
-        Returns
-        -------
-        train_idx, test_idx : int64 arrays, sorted, disjoint
+        ``t_start_ns`` (N,) int64 ns; ``subject`` is needed (else ValueError) by the label-skewed partitions.
         """
         y = np.asarray(y, np.int64)
         keep = np.arange(y.size)
@@ -317,20 +212,10 @@ class SplitSpec:
 
 @dataclass(frozen=True)
 class FixedSplit:
-    """A split already decided for one exact list of labels: what a store needs after windows were dropped.
+    """A split already decided for one exact list of labels ``y`` (M,): what a store needs after windows were dropped.
 
-    A store splits with ``indices(y)``; for specs that need window times and the subject
-    (:meth:`SplitSpec.assign`) the caller keeps the assigned windows and hands the store
-    this object, which returns the precomputed indices for exactly those labels.
-
-    Parameters
-    ----------
-    spec : SplitSpec
-        The split that decided it (for the store's metadata).
-    y : ndarray of shape (M,), int64
-        Labels of the kept windows, in the order given to the store.
-    train_idx, test_idx : ndarray of int64
-        Disjoint, together ``0 .. M-1``.
+    The store calls ``indices(y)``; this returns the precomputed, disjoint ``train_idx``/``test_idx``
+    (together ``0 .. M-1``) decided by ``spec`` (:meth:`SplitSpec.assign`).
     """
 
     spec: SplitSpec
@@ -354,15 +239,7 @@ class FixedSplit:
 
 
 def kept_and_split(data: WindowSet, spec: SplitSpec, subject: str = "") -> tuple[WindowSet, FixedSplit]:
-    """The windows a client keeps under ``spec`` (recording order) and their split, for a store.
-
-    Returns
-    -------
-    kept : WindowSet
-        Train and test windows (gap and skew-dropped windows removed), original order.
-    split : FixedSplit
-        Indices into ``kept``.
-    """
+    """The windows a client keeps under ``spec`` (gap and skew-dropped windows removed, original order) and their split into them."""
     assert data.t_start_ns is not None
     tr, te = spec.assign(data.y, data.t_start_ns, subject)
     idx = np.union1d(tr, te).astype(np.int64)

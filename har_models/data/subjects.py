@@ -1,12 +1,8 @@
 """Dataset subjects as clients: which recordings a subject has and its labelled windows.
 
-A source text names one subject of a dataset (``hapt:PATH/userXX.npz`` or
-``realworld:ROOT:probandN[:positions]``); :func:`parse_source` turns it into a
-:class:`SubjectSource`, which also carries the client's train/test split
-(:class:`~har_models.data.splits.SplitSpec`: fraction and seed). Both the edge client (which
-replays the source into its store) and the simulation's evaluation harness (which rebuilds
-the union test set) go through these objects, so they see the same windows and, given the
-same split seed, the same split.
+A source text (``hapt:PATH/userXX.npz`` or ``realworld:ROOT:probandN[:positions]``) parses
+into a :class:`SubjectSource`, which also carries the client's split; the edge client and the
+simulation's evaluation both go through it, so they see the same windows and split.
 """
 
 from __future__ import annotations
@@ -43,18 +39,8 @@ TEST_FRACTION = DEFAULT_TEST_FRACTION
 class SubjectSource:
     """One dataset subject (one client) and how to read it.
 
-    Attributes
-    ----------
-    kind : {"hapt", "realworld"}
-    path : Path
-        HAPT: the ``userXX.npz`` file; REALWORLD: the archive (zip) or its extracted folder.
-    subject : str
-        REALWORLD subject (``proband1``); empty for HAPT.
-    positions : tuple of str
-        REALWORLD body positions to pool (empty = all 7).
-    labels : LabelSet
-    split : SplitSpec
-        How this client's windows are split into train and test (default 80/20, seed 1).
+    ``path``: HAPT's ``userXX.npz``, or REALWORLD's archive or folder; ``subject``: REALWORLD's
+    ``proband1`` ("" for HAPT); ``positions``: REALWORLD positions to pool (empty = all 7).
     """
 
     kind: str
@@ -101,21 +87,10 @@ class SubjectSource:
 
 
 def parse_source(text: str, split: SplitSpec | None = None) -> SubjectSource:
-    """Parse ``hapt:PATH`` or ``realworld:ROOT:SUBJECT[:pos1,pos2]``.
+    """Parse ``hapt:PATH`` or ``realworld:ROOT:SUBJECT[:pos1,pos2]`` (``split`` default 80/20, seed 1).
 
-    Parameters
-    ----------
-    text : str
-        The source text.
-    split : SplitSpec, optional
-        The client's train/test split (default 80/20 with seed 1).
-
-    Raises
-    ------
-    ValueError
-        For an unknown kind or a malformed text (the message shows the accepted forms).
-    FileNotFoundError
-        If the named file or folder does not exist.
+    ValueError for an unknown kind or malformed text (showing the accepted forms);
+    FileNotFoundError if the named file or folder does not exist.
     """
     kind, _, rest = text.partition(":")
     if kind == "hapt" and rest:
@@ -151,11 +126,7 @@ def recordings_of(spec: SubjectSource) -> list[Recording]:
 
 
 def load_windows(spec: SubjectSource) -> WindowSet:
-    """All windows of a source, through the device pipeline, in recording order.
-
-    REALWORLD subjects come from the per-subject cache when it is still valid (parsing
-    the CSVs of a subject takes tens of seconds).
-    """
+    """All windows of a source through the device pipeline, in recording order (REALWORLD from its per-subject cache when valid)."""
     if spec.kind == "realworld":
         subject, cfg = _realworld(spec)
         return load_realworld_subject(spec.path, subject, cfg).windows
@@ -169,28 +140,11 @@ def split(data: WindowSet, seed: int = DEFAULT_SPLIT_SEED) -> tuple[WindowSet, W
 
 
 def count_windows(source: SubjectSource | str) -> int:
-    """How many labelled windows a source gives; 0 means the client would have nothing to train on.
+    """How many labelled windows (train and test) a source gives; 0 means the client would have nothing to train on.
 
-    Cheap where it can be: a REALWORLD subject whose data folder lacks an accelerometer or
-    a gyroscope archive for every activity (e.g. one holding only gyroscope files) gives 0
-    from the folder listing alone; otherwise the windows are loaded (REALWORLD through the
-    per-subject cache, which the client then reuses; all 30 HAPT subjects take about 1.5 s).
-
-    Parameters
-    ----------
-    source : SubjectSource or str
-        A parsed source or its text (``hapt:...``, ``realworld:...``).
-
-    Returns
-    -------
-    int
-        Windows of the subject (train and test together; any window means at least one
-        training window, since each class gives ``round(0.2 n) < n`` of its n to test).
-
-    Raises
-    ------
-    ValueError, FileNotFoundError
-        If the source text is malformed or names missing data (as :func:`parse_source`).
+    A REALWORLD subject lacking a sensor pair for every activity gives 0 from the listing alone;
+    otherwise the windows are loaded (through the cache the client then reuses). Any window means
+    a training window (each class gives ``round(0.2 n) < n`` to test). Errors as :func:`parse_source`.
     """
     spec = parse_source(source) if isinstance(source, str) else source
     if spec.kind == "realworld":
@@ -201,22 +155,9 @@ def count_windows(source: SubjectSource | str) -> int:
 
 
 def drop_empty_sources(sources: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Split client sources into those with windows and those without, with the reason for each dropped one.
+    """Split client sources into ``(kept, dropped)``: those with windows, in order, and client id -> why (one line) for the others.
 
-    For a launcher (``fedhar-simulate``) to call before it starts client processes, so a
-    client with nothing to train on is never started nor waited for.
-
-    Parameters
-    ----------
-    sources : dict of str to str
-        Client id -> source text (:func:`subject_sources`).
-
-    Returns
-    -------
-    kept : dict of str to str
-        The sources with at least one window, in the given order.
-    dropped : dict of str to str
-        Client id -> why it was dropped (no windows, or the error reading it), one line each.
+    For a launcher, so a client with nothing to train on is never started nor waited for.
     """
     kept: dict[str, str] = {}
     dropped: dict[str, str] = {}
@@ -234,13 +175,7 @@ def drop_empty_sources(sources: dict[str, str]) -> tuple[dict[str, str], dict[st
 
 
 def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, str]:
-    """Client id -> source text for every subject of the dataset under ``data``.
-
-    Raises
-    ------
-    FileNotFoundError
-        If no subject is found (the message says what was expected).
-    """
+    """Client id -> source text for every subject of the dataset under ``data``; FileNotFoundError (saying what was expected) if none."""
     if dataset == "hapt":
         return {f"hapt-{sid}": f"hapt:{data / f'user{sid}.npz'}" for sid in hapt_subject_ids(data)}
     subjects = realworld_subject_ids(data)
@@ -251,21 +186,9 @@ def subject_sources(dataset: str, data: Path, positions: str = "") -> dict[str, 
 
 
 def union_test_set(sources: dict[str, str], seed: int = DEFAULT_SPLIT_SEED, *, split: SplitSpec | None = None) -> WindowSet:
-    """Concatenated test splits of all subjects (rebuilt exactly as each client splits its windows).
+    """Concatenated test splits of all subjects, rebuilt exactly as each client splits (``split``, else the paper split with ``seed``).
 
-    Parameters
-    ----------
-    sources : dict of str to str
-        Client id -> source text.
-    seed : int
-        Split seed the clients use (their ``--split-seed``); ignored when ``split`` is given.
-    split : SplitSpec, optional
-        The clients' split (fraction, seed, kind and partition).
-
-    Raises
-    ------
-    ValueError
-        If ``sources`` is empty.
+    ValueError if ``sources`` is empty.
     """
     if not sources:
         raise ValueError("union_test_set: no subjects given")

@@ -1,38 +1,23 @@
 """Which clock a sensor stream's stamps are on, established from when they arrive, and the stamps mapped to the boot clock.
 
-Android documents ``SensorEvent.timestamp`` as the boot clock (``elapsedRealtimeNanos``), yet
-some devices stamp with the wall clock, some with a clock that stopped in deep sleep (a fixed
-offset from the boot clock once awake), and the accelerometer and gyroscope of one phone need
-not agree. Pairing the two streams on stamps of different clocks pairs samples seconds or
-decades apart, so each stream's base is established first and its stamps are mapped to one
-clock, the host's boot clock, before the resampler pairs them.
+Android's ``SensorEvent.timestamp`` should be the boot clock, yet devices stamp with the wall
+clock or a clock that paused in deep sleep, and one phone's two sensors may differ; so each
+stream's base is established and its stamps are mapped to the host's boot clock before pairing.
 
-Each delivery (a chunk of stamps) arrives at a known boot-clock time ``arrival``; its newest
-stamp ``t`` is then ``lag = arrival - t`` behind, where the lag is the delivery's latency (small,
-never much below zero) plus whatever separates the stream's clock from the boot clock. The
-newest sample of a delivery was taken at most a sample period and the callback's latency before
-the drain read the clock, however long the drain period is, so the lag does not grow with the
-drain period. A base is established by samples and time, never by a count of deliveries: by
-consecutive deliveries that span at least ``establish_ns`` of arrivals (1 s by default), whose
-lags agree within ``tolerance_ns``, and whose samples' stamps advanced as the boot clock did
-(within 10 % of the span plus ``ahead_ns`` and ``batching_ns``: a stream stamped 0, or by a clock
-at another rate, establishes nothing). With ``lag0`` the least lag of them (the fastest delivery):
+A delivery arriving at boot-clock time ``arrival`` with newest stamp ``t`` has lag
+``arrival - t``: its latency (small, independent of the drain period) plus the clock's offset.
+A base is established by consecutive deliveries spanning ``establish_ns`` (1 s) of arrivals
+whose lags agree within ``tolerance_ns`` and whose stamps advanced as the boot clock did
+(within 10 % plus ``ahead_ns`` and ``batching_ns``). With ``lag0`` the least lag:
 
-* ``-ahead_ns <= lag0 <= tolerance_ns``: the **boot** clock; stamps are kept as they are;
+* ``-ahead_ns <= lag0 <= tolerance_ns``: the **boot** clock; stamps kept;
 * the same for ``lag0 + (wall - boot)``: the **wall** clock; stamps move by ``-(wall - boot)``;
-* otherwise a clock at a fixed **offset** (one that paused in deep sleep, or counts from another
-  start); stamps move by ``lag0``.
+* otherwise a fixed **offset**; stamps move by ``lag0``.
 
-So whatever the drain period (10 ms or 1 s) and the sample rate (50 to 400 Hz), a stream is
-held for ``establish_ns`` plus one drain period at most: under one window (2.56 s) for drain
-periods up to 1 s. Deliveries whose lags never agree (stamps that do not advance with time,
-garbage, a clock that runs at another rate) establish nothing; once deliveries have come in for
-``refuse_after_ns`` of arrival time (10 s; a pause in the deliveries counts one window at most)
-without a base, the stream is refused with :class:`TimeBaseRefused`, whose message says what its
-stamps did, never windowed on a guess. Samples wait (are held) until their stream's base is
-established; when an established base no longer fits (the lag leaves the band, e.g. the stream's
-clock paused through a deep sleep), the base is established again from the deliveries that
-follow, and the change is logged.
+A stream is held at most ``establish_ns`` plus one drain period (under one window for drains up
+to 1 s). Without a base after ``refuse_after_ns`` (10 s) of deliveries it is refused with
+:class:`TimeBaseRefused`, never windowed on a guess. A base that no longer fits is established
+again, and the change logged.
 """
 
 from __future__ import annotations
@@ -69,8 +54,7 @@ class TimeBase:
 
 
 ESTABLISH_NS = 1_000_000_000
-"""Default ``establish_ns``: arrival time (1 s) agreeing deliveries must span to establish a base; the rate check then
-tells a clock at the boot clock's rate from one 30 % off, and a stream waits less than one window at start."""
+"""Default ``establish_ns``, 1 s: the rate check then tells the boot clock's rate from one 30 % off, and start-up waits under one window."""
 
 REFUSE_AFTER_NS = 10_000_000_000
 """Default ``refuse_after_ns``: arrival time (10 s) of deliveries without an established base after which a stream is refused."""
@@ -80,39 +64,23 @@ WINDOW_NS = 2_560_000_000
 
 
 class StreamTimeBase:
-    """One stream's time base: established from its deliveries, then applied to its stamps (see the module docstring).
+    """One stream's time base: established from its deliveries, then applied to its stamps (module docstring). Times in ns.
 
     Parameters
     ----------
-    sensor : str
-        The stream's name ("acc", "gyro"), for the messages.
     tolerance_ns : int
-        How far apart the lags of deliveries on one base may be (ns); above the callback latency
-        and the batching latency of the source.
+        How far apart the lags of deliveries on one base may be; above callback and batching latency.
     establish_ns : int
-        Arrival time that agreeing deliveries must span to establish a base (ns; default 1 s, and
-        at least ``2 * (ahead_ns + batching_ns)``, where the rate check can tell a clock that stands still).
+        Arrival span agreeing deliveries need (at least ``2 * (ahead_ns + batching_ns)``).
     refuse_after_ns : int
-        Arrival time of deliveries without an established base after which the stream is refused
-        (ns; default 10 s). A pause between two deliveries counts one window (2.56 s) at most.
+        Arrival time without a base after which the stream is refused (a pause counts 2.56 s at most).
     ahead_ns : int
-        How far a stamp may lead its arrival and still be on the clock it arrived by (ns).
+        How far a stamp may lead its arrival.
     batching_ns : int
-        The longest batching latency the source asked for (ns; ``maxReportLatencyUs``): deliveries
-        may lag by that much more. Not the drain period: a drain reads what was delivered up to it.
+        The source's longest batching latency (``maxReportLatencyUs``), not the drain period.
 
-    Attributes
-    ----------
-    base : TimeBase or None
-        The established base; None while establishing.
-    dropped : int
-        Samples of deliveries that did not agree with the base finally established (never windowed).
-
-    Raises
-    ------
-    ValueError
-        For a non-positive tolerance, establishing span or refusal time, a refusal time shorter
-        than the establishing span, or a negative ``ahead_ns`` or ``batching_ns``.
+    ``base`` is None while establishing; ``dropped`` counts samples that disagreed with the final
+    base. ValueError for non-positive times, refusal before establishing, or negative ``ahead_ns``/``batching_ns``.
     """
 
     def __init__(
@@ -149,29 +117,9 @@ class StreamTimeBase:
     def push(self, t_ns: np.ndarray, xyz: np.ndarray, arrival_ns: int, wall_minus_boot_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Take one delivery; return the samples released now, their stamps on the boot clock.
 
-        Parameters
-        ----------
-        t_ns : (n,) int64
-            The delivery's stamps, as the sensor gave them (arrival order).
-        xyz : (n, 3) float64
-            Its samples.
-        arrival_ns : int
-            When it arrived, on the boot clock (ns).
-        wall_minus_boot_ns : int
-            The wall clock minus the boot clock at that moment (ns).
-
-        Returns
-        -------
-        (t (m,) int64 on the boot clock, xyz (m, 3))
-            Empty while the base is being established; then this delivery's samples and the
-            held ones that agree with the base.
-
-        Raises
-        ------
-        TimeBaseRefused
-            When deliveries spanning :attr:`refuse_after_ns` established no base.
-        ValueError
-            If ``t_ns`` and ``xyz`` do not match in length.
+        ``t_ns`` (n,) int64 as the sensor gave them, ``xyz`` (n, 3), ``arrival_ns`` on the boot clock,
+        ``wall_minus_boot_ns`` at that moment. Returns ``(t (m,), xyz (m, 3))``, empty while
+        establishing. TimeBaseRefused after :attr:`refuse_after_ns` without a base; ValueError for mismatched lengths.
         """
         t = np.asarray(t_ns, dtype=np.int64)
         xyz = np.asarray(xyz, dtype=np.float64)

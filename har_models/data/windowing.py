@@ -22,23 +22,11 @@ RATE_HZ = 50
 
 @dataclass(frozen=True)
 class WindowSet:
-    """A set of labelled windows.
+    """A set of labelled windows: ``x`` (N, 6, T) float32, ``y`` (N,) int64 into ``labels``, ``t_start_ns`` (N,) int64.
 
-    Parameters
-    ----------
-    x : ndarray of shape (N, 6, T), float32
-        Windows; channels acc x, y, z (m/s^2), gyro x, y, z (rad/s).
-    y : ndarray of shape (N,), int64
-        Class indices into ``labels``.
-    labels : LabelSet
-        Names of the classes.
-    t_start_ns : ndarray of shape (N,), int64, optional
-        Grid time of each window's first sample (defaults to zeros).
+    ``t_start_ns``: each window's first grid time (zeros by default).
 
-    Raises
-    ------
-    ValueError
-        On mis-shaped arrays or labels outside ``[0, len(labels))``.
+    ValueError on mis-shaped arrays or labels outside ``[0, len(labels))``.
     """
 
     x: np.ndarray
@@ -94,20 +82,10 @@ class WindowSet:
 class Windower:
     """Streaming windower: grid samples in, labelled windows out.
 
-    Windows start every ``step`` samples counted from the beginning of a contiguous run
-    of grid samples; a window is kept when all its ``window`` samples carry the same
-    non-negative label. A jump in the grid timestamps (a gap) or a call to :meth:`reset`
-    starts a new run, so no window spans a gap, a session boundary or a label change.
-    This is what a device does: every 64 samples, look at the last 128.
-
-    Parameters
-    ----------
-    window : int
-        Samples per window (T, default 128 = 2.56 s at 50 Hz).
-    step : int
-        Samples between window starts (default 64).
-    period_ns : int
-        Grid period in nanoseconds (default 20 ms); consecutive samples further apart are a gap.
+    Every ``step`` samples (64) from the start of a contiguous run, the last ``window`` samples
+    (128 = 2.56 s) are a window when all carry one non-negative label. A grid jump of more than
+    ``period_ns`` (a gap) or :meth:`reset` starts a new run, so no window spans a gap, session or
+    label change.
     """
 
     def __init__(self, window: int = WINDOW, step: int = STEP, period_ns: int = 20_000_000):
@@ -127,17 +105,8 @@ class Windower:
     def push(self, t_ns: np.ndarray, values: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Add grid samples; return the windows completed by them.
 
-        Parameters
-        ----------
-        t_ns : array of shape (m,), int64 grid times (ns), increasing
-        values : array of shape (m, 6): acc m/s^2 then gyro rad/s
-        labels : array of shape (m,), int64; -1 for unlabelled samples
-
-        Returns
-        -------
-        x : ndarray of shape (k, 6, T), float32
-        y : ndarray of shape (k,), int64
-        t_start_ns : ndarray of shape (k,), int64
+        ``t_ns`` (m,) int64 increasing, ``values`` (m, 6), ``labels`` (m,) int64 (-1 unlabelled) ->
+        ``(x (k, 6, T) float32, y (k,) int64, t_start_ns (k,) int64)``.
         """
         t = np.asarray(t_ns, dtype=np.int64).reshape(-1)
         v = np.asarray(values, dtype=np.float32)
@@ -190,24 +159,9 @@ class Windower:
 def stratified_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Per-class random train/test split (FedDist protocol: 80/20 per subject, fixed seed).
 
-    For each class c (in increasing order) the indices of its windows are permuted with a
-    generator seeded by ``seed`` and the first ``round(test_fraction * n_c)`` go to the test
-    part. The same ``y`` and ``seed`` always give the same split.
-
-    Parameters
-    ----------
-    y : array of shape (N,), int
-    test_fraction : float in [0, 1)
-    seed : int
-
-    Returns
-    -------
-    train_idx, test_idx : int64 arrays, each sorted ascending, disjoint, together all of 0..N-1
-
-    Raises
-    ------
-    ValueError
-        If ``test_fraction`` is outside [0, 1).
+    Per class (increasing), its indices permuted by one ``default_rng(seed)``; the first
+    ``round(test_fraction * n_c)`` go to test. Returns sorted, disjoint int64 ``(train_idx,
+    test_idx)`` covering 0..N-1; ValueError if ``test_fraction`` is outside [0, 1).
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"stratified_split: test_fraction must be in [0, 1), got {test_fraction}")
@@ -226,19 +180,10 @@ def stratified_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1) -
 
 @dataclass(frozen=True)
 class ChannelStats:
-    """Per-channel sufficient statistics of samples: count, sum and sum of squares.
+    """Per-channel count, sum and sum of squares of samples (6 channels; count = windows * T).
 
-    Clients publish these for their training windows (aggregates only, no raw data); the
-    coordinator adds them up to get the normalisation the model applies to its input.
-
-    Parameters
-    ----------
-    count : int
-        Number of samples per channel (windows * T).
-    total : tuple of 6 floats
-        Per-channel sum (m/s^2 or rad/s).
-    total_sq : tuple of 6 floats
-        Per-channel sum of squares.
+    Clients publish these for their training windows (no raw data); the coordinator sums them
+    for the model's input normalisation.
     """
 
     count: int
@@ -265,13 +210,7 @@ class ChannelStats:
         )
 
     def mean_std(self, floor: float = 1e-6) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Per-channel mean and population standard deviation (std floored at ``floor``).
-
-        Raises
-        ------
-        ValueError
-            If ``count`` is 0 (no training windows anywhere: nothing to normalise with).
-        """
+        """Per-channel mean and population std (floored at ``floor``); ValueError if ``count`` is 0."""
         if self.count <= 0:
             raise ValueError("ChannelStats.mean_std: count is 0; no training windows were reported")
         mean = np.asarray(self.total) / self.count
@@ -284,13 +223,7 @@ class ChannelStats:
 
     @classmethod
     def from_json(cls, d: object) -> ChannelStats:
-        """Parse :meth:`to_json` output.
-
-        Raises
-        ------
-        ValueError
-            If fields are missing, of the wrong length or not finite.
-        """
+        """Parse :meth:`to_json` output; ValueError if fields are missing, of the wrong length or not finite."""
         if not isinstance(d, dict):
             raise ValueError(f"ChannelStats: expected an object, got {type(d).__name__}")
         try:

@@ -1,70 +1,29 @@
 """ExecuTorch programs of the HAR CNN, one set per architecture version, cached on disk.
 
-For an :class:`~har_models.nn.arch.ArchSpec` this exports
+For an :class:`~har_models.nn.arch.ArchSpec`:
 
-* a **training program** (``<key>.train.pte``): forward, loss and backward in one method, through
-  ExecuTorch's training export (``torch.export.export`` -> ``_export_forward_backward`` ->
-  ``to_edge`` -> ``to_executorch``). Method ``forward(x (B, 6, T), y (B,), sw (B,), mask (B, H))``
-  returns ``[loss, logits (B, C), grads..., params...]``; ``loss = mean_b(sw_b * CE_b)`` with
-  ``sw_b = w_{y_b}`` the class weight of the window (:func:`har_models.nn.training.make_loss`), and
-  ``mask`` the dropout multipliers (0 or ``1/(1-p)``; ones for no dropout). The parameters live in
-  the program and are updated in place by the runtime's caller;
-* an **inference program** (``<key>.infer.pte``), XNNPACK-delegated: ``forward(x (B, 6, T),
-  conv.weight, conv.bias, hidden.weight, hidden.bias, out.weight, out.bias)`` -> logits ``(B, C)``.
-  The weights are inputs, so a new model loads by name without re-exporting or rewriting files
-  (the form for ExecuTorch's Java ``Module``); XNNPACK repacks them on every call;
-* a **static-weights inference program** (``<key>.infer_static.pte`` + ``<key>.weights.ptd``):
-  HarCNN's own layers, all delegated to XNNPACK, with the weights in a separate data file at byte
-  offsets recorded in the metadata. New weights are written over that file (no export, no
-  PyTorch) and XNNPACK packs them once per load (:func:`export_static_inference_program`).
+* a **training program** (``<key>.train.pte``): ``forward(x (B, 6, T), y (B,), sw (B,), mask (B, H))``
+  -> ``[loss, logits (B, C), grads..., params...]``, ``loss = mean_b(sw_b * CE_b)`` with class
+  weights ``sw`` (:func:`har_models.nn.training.make_loss`) and ``mask`` the dropout multipliers
+  (0 or ``1/(1-p)``); the parameters live in the program;
+* an **inference program** (``<key>.infer.pte``), XNNPACK, weights as inputs:
+  ``forward(x, conv.weight, conv.bias, hidden.weight, hidden.bias, out.weight, out.bias)`` -> ``(B, C)``;
+* a **static-weights inference program** (``<key>.infer_static.pte`` + ``<key>.weights.ptd``)
+  (:func:`export_static_inference_program`).
 
-The training program and the weights-as-inputs program take any batch from 1 to their maximum
-(``train_batch``, ``infer_batch``; the batch dimension is exported dynamic). The static program has
-fixed batches of 1 and ``infer_batch`` (see :func:`STATIC_METHODS`).
+The first two take batches 1..``train_batch``/``infer_batch``; the static one fixed batches
+(:func:`STATIC_METHODS`).
 
-Formulation. The training program (and the weights-as-inputs program) compute the same function
-as :class:`~har_models.nn.model.HarCNN` (same padding, same channel-first flatten, same parameter
-shapes) in operators that ExecuTorch's kernels differentiate correctly and fast (``tests/test_backends.py`` checks every gradient
-against PyTorch eager; ``benchmarks/bench_backends.py`` times them). The backward in the program is
-autograd's own rule for each forward operator, as ``_export_forward_backward`` traces it (the
-backward of a ``torch.autograd.Function`` does not reach the exported graph), so the forward is
-written in operators whose derivatives are cheap in the runtime. What the runtime's kernels cost,
-measured on 200,000 float32 elements (one thread, loaded machine): ``relu``, ``sub`` and ``mul``
-0.1-0.2 ms, ``sign`` 0.5 ms; ``permute_copy`` and ``maximum``, which run generic per-element index
-arithmetic, 1.6-1.7 ms; ``where`` about 4 ms, a comparison plus the bool -> float conversion about 5 ms;
-and ``index`` gathering 393,000 im2col columns 19-28 ms (see :meth:`_TrainGraph.train_logits`):
+The training program computes HarCNN's function (``tests/test_backends.py`` checks every
+gradient against eager) in operators whose autograd backward is cheap in the runtime's kernels
+(docs/backends.md holds the kernel timings and bugs): no ``max_pool2d`` (its portable backward
+was wrong), convolution as im2col matrix products per pool offset with the maximum as
+:func:`_pool_max`, bias and ReLU after the pool (exact, rounding is monotone), ReLU as
+:func:`_relu`, dense layers as ``mm(W, x.t()).t() + b``, never ``linear``.
 
-* max-pooling is no ``max_pool2d``: in executorch 1.4.0 the portable
-  ``max_pool2d_with_indices_backward`` returned gradients about 200 times too large (checked on
-  a Conv2d + max_pool2d model against eager; Conv2d's own backward was correct);
-* the convolution is im2col plus matrix products, one per pool offset ``i``:
-  ``W (F, C*k) @ cols_i (C*k, B*T')`` with ``cols_i[(c, j), (b, t')] = x_pad[b, c, t' * pool + i + j]``,
-  stacked from contiguous slices of the input's pool phases (no ``index``, no ``permute_copy`` of the
-  columns). The pool is then an element-wise maximum of the ``pool`` products, written as
-  ``sum_i z_i * m_i`` with constant first-maximum indicators ``m_i`` (:func:`_pool_max`): its backward is
-  one ``mul`` per offset, and ties send the gradient to the first offset, as ``max_pool2d``'s index
-  does (``amax`` split it);
-* the bias and the ReLU come after the pool, on a quarter of the elements:
-  ``max_i relu(z_i + b) = relu(max_i z_i + b)`` exactly, because rounding is monotone. Every ReLU is
-  ``x * step(x)`` with ``step = sign(relu(x))`` held constant (:func:`_relu`): autograd's rule for
-  ``relu`` is a comparison and a ``where``;
-* the dense layers are ``mm(W, x.t()).t() + b``, never ``linear``: its ``addmm`` lowering ran the
-  portable ``addmm`` kernel (a naive loop) and copied the 6.4-M-entry ``hidden.weight`` through
-  ``permute_copy`` several times per step. With the input transposed (column-major when traced),
-  autograd's rule for ``mm`` transposes only the ``(B, n)`` operands, never the weight.
-
-Together (format 2) these took a batch-32 step of the paper CNN from 2.0-2.9x to 0.7-1.0x eager
-PyTorch on the loaded development machine (``docs/backends.md``). The parameter gradients equal format 1's
-to float32 rounding (the convolution's two gradients sum in another order).
-
-Metadata. ``<key>.json`` also records the exporter's executorch release, the schema version it
-writes and the file identifier, and each file's length and sha256 (:func:`exporter_versions`), so a
-device checks a program against its runtime before loading it
-(:func:`har_models.wire.pte_delivery.check_program_set`).
-
-Cache. Programs are keyed by the SHA-256 of the spec's canonical JSON, the export format version,
-the executorch version and the batch limits (:func:`program_key`); a ``<key>.json`` file next to
-them records the spec, so a program for architecture version v refuses weights of v + 1.
+``<key>.json`` records the spec, the exporter's versions and each file's length and sha256
+(:func:`exporter_versions`). The key (:func:`program_key`) covers the spec, the export format,
+the executorch version and the batch limits.
 """
 
 from __future__ import annotations
@@ -92,17 +51,9 @@ EXPORT_FORMAT = 2
 class ProgramFiles:
     """Paths of one architecture's exported programs.
 
-    Attributes
-    ----------
-    train, infer : Path
-        The training and the inference (weights as inputs) ``.pte`` files.
-    meta : Path
-        JSON with ``spec`` (the ArchSpec JSON), ``key``, ``train_batch``, ``infer_batch``, ``params``
-        (name in the training program of each parameter) and ``weights_ptd`` (byte offset and length
-        of each parameter in the weights template).
-    infer_static, weights_ptd : Path
-        The inference program with weights in a separate file, and that file's template
-        (:func:`export_static_inference_program`).
+    ``meta`` is JSON with ``spec``, ``key``, ``train_batch``, ``infer_batch``, ``params`` (each
+    parameter's name in the training program) and ``weights_ptd`` (offset and length of each
+    parameter in the weights template).
     """
 
     train: Path
@@ -144,30 +95,20 @@ class _Functional(nn.Module):
 
 
 def _step(x: torch.Tensor) -> torch.Tensor:
-    """``1`` where ``x > 0``, else ``0`` (float, no gradient), as ``sign(relu(x))``.
-
-    Comparisons, ``where`` and the bool -> float conversion run the runtime's generic kernels, several
-    times slower per element than ``relu``, ``sign`` and ``mul``.
-    """
+    """``1`` where ``x > 0``, else ``0`` (float, no gradient), as ``sign(relu(x))``: comparisons and ``where`` run slow generic kernels."""
     return torch.sign(torch.relu(x)).detach()
 
 
 def _relu(x: torch.Tensor) -> torch.Tensor:
-    """``relu(x)`` as ``x * step(x)``: the backward is one ``mul`` where autograd's rule for ``relu`` is ``le`` + ``where``.
-
-    Equal to ``relu`` for finite ``x`` up to the sign of zero (``-3 * 0 = -0``), which no later sum or
-    product sees; the gradient at exactly 0 is 0, as for ``relu``.
-    """
+    """``relu(x)`` as ``x * step(x)``: one ``mul`` backward; equal for finite ``x`` up to the sign of zero."""
     return x * _step(x)
 
 
 def _pool_max(zs: list[torch.Tensor]) -> torch.Tensor:
     """Element-wise maximum of same-shape tensors, its gradient to the first that attains it (as ``max_pool2d``'s index).
 
-    ``sum_i z_i * m_i`` with ``m_i`` the constant 0/1 indicator of "z_i is the first maximum"; exact for
-    finite values (one term is ``z_k * 1``, the others ``+-0``). ``z_i`` beats the running maximum
-    ``c`` when ``step(z_i - c)`` is 1: ``z_i - c > 0`` exactly when ``z_i > c`` (a float difference is
-    0 only for equal operands), so ties keep the earlier one. The backward is one ``mul`` per input.
+    ``sum_i z_i * m_i`` with ``m_i`` the constant indicator of the first maximum (``step(z_i - c)``
+    against the running maximum, so ties keep the earlier); exact for finite values.
     """
     top = zs[0].detach()
     wins = []
@@ -271,9 +212,7 @@ def param_fqn(name: str) -> str:
 
 
 def export_training_program(spec: ArchSpec, train_batch: int = 32) -> bytes:
-    """The training program's bytes (see the module docstring), batch 1..``train_batch``.
-
-    Initial parameters are :func:`har_models.nn.model.init_state` with seed 0; callers load theirs by name.
+    """The training program's bytes, batch 1..``train_batch``; parameters from ``init_state`` seed 0 (callers load theirs).
 
     Raises
     ------
@@ -294,13 +233,7 @@ def export_training_program(spec: ArchSpec, train_batch: int = 32) -> bytes:
 
 
 def export_inference_program(spec: ArchSpec, infer_batch: int = 64) -> bytes:
-    """The XNNPACK-delegated inference program's bytes (weights as inputs), batch 1..``infer_batch``.
-
-    Raises
-    ------
-    ImportError
-        If executorch is not installed.
-    """
+    """The XNNPACK-delegated inference program's bytes (weights as inputs), batch 1..``infer_batch``; ImportError without executorch."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     from torch.export import Dim, export
@@ -317,9 +250,7 @@ def export_inference_program(spec: ArchSpec, infer_batch: int = 64) -> bytes:
 def STATIC_METHODS(infer_batch: int) -> dict[str, int]:  # noqa: N802 (reads as a table)
     """Methods of the static-weights inference program and their fixed batch sizes.
 
-    XNNPACK's convolution in executorch 1.4.0 fails on a dynamic batch above about 15 windows
-    ("Attempted to resize a bounded tensor"), so this program has fixed batches: ``forward_1`` for
-    live inference and ``forward_batch`` (``infer_batch`` windows, zero-padded) for evaluation.
+    XNNPACK's convolution in executorch 1.4.0 fails on a dynamic batch above about 15 windows.
     """
     return {"forward_1": 1, "forward_batch": int(infer_batch)}
 
@@ -327,25 +258,19 @@ def STATIC_METHODS(infer_batch: int) -> dict[str, int]:  # noqa: N802 (reads as 
 def export_static_inference_program(spec: ArchSpec, infer_batch: int = 64) -> tuple[bytes, bytes, dict[str, list[int]]]:
     """An XNNPACK inference program whose weights live in a separate ``.ptd`` file, and where in it they are.
 
-    Methods (:func:`STATIC_METHODS`) ``forward_1(x (1, 6, T))`` and ``forward_batch(x (infer_batch, 6, T))``
-    -> logits; both read the same weights. XNNPACK packs the
-    weights once when the program is loaded (the weights-as-inputs program repacks them on every
-    call). To load new weights, write them over the template's bytes at the returned offsets and
-    load the program with the patched file; no export is needed, and no PyTorch.
-
-    The template holds distinct random values in every tensor so that no two tensors are
-    deduplicated into one buffer and each can be found by its bytes.
+    XNNPACK packs the weights once per load; new weights are written over the template at the
+    returned offsets (no export, no PyTorch). The template's tensors hold distinct random values,
+    so none is deduplicated and each is found by its bytes.
 
     Returns
     -------
-    (pte bytes, ptd bytes, {name: [byte offset, byte length, *axis order]}): where each parameter sits in the
-    ptd, stored float32 little-endian as ``tensor.transpose(axis order)`` in C order (the convolution's
-    weight is stored channels-last, axis order 0, 2, 3, 1)
+    (pte bytes, ptd bytes, {name: [byte offset, byte length, *axis order]})
+        Each parameter stored float32 little-endian as ``tensor.transpose(axis order)`` in C order.
 
     Raises
     ------
     RuntimeError
-        If a parameter's bytes are not found exactly once in the ptd (the layout assumption broke).
+        If a parameter's bytes are not found exactly once in the ptd.
     ImportError
         If executorch is not installed.
     """
@@ -387,17 +312,7 @@ def export_static_inference_program(spec: ArchSpec, infer_batch: int = 64) -> tu
 
 
 def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_batch: int = 32, infer_batch: int = 64) -> ProgramFiles:
-    """The cached programs for ``spec`` under ``cache_dir``, exported first if absent.
-
-    Parameters
-    ----------
-    spec : ArchSpec
-    cache_dir : folder for ``<key>.train.pte``, ``<key>.infer.pte`` and ``<key>.json`` (created if missing)
-    train_batch, infer_batch : int >= 1, the largest batch each program accepts (the static program's fixed batch)
-
-    Returns
-    -------
-    ProgramFiles
+    """The cached programs for ``spec`` under ``cache_dir`` (created if missing), exported first if absent.
 
     Raises
     ------
@@ -430,17 +345,10 @@ def ensure_programs(spec: ArchSpec, cache_dir: str | os.PathLike[str], train_bat
 
 
 def exporter_versions(files: ProgramFiles) -> dict[str, object]:
-    """What the metadata records of the exporter and of each file, for the device's checks before loading.
+    """What the metadata records of the exporter and each file, for :func:`har_models.wire.pte_delivery.check_program_set`.
 
-    ``executorch`` (the exporter's release), ``schema_version`` (``Program.version`` it writes,
-    ``executorch.exir.version.EXECUTORCH_SCHEMA_VERSION``), ``pte_identifier`` (the flatbuffer file
-    identifier, bytes 4..8 of each ``.pte``) and ``files`` (``{name: {"bytes", "sha256"}}`` of the
-    four files); see :func:`har_models.wire.pte_delivery.check_program_set`.
-
-    Raises
-    ------
-    OSError
-        If a file cannot be read.
+    ``executorch``, ``schema_version`` (``EXECUTORCH_SCHEMA_VERSION``), ``pte_identifier`` (bytes
+    4..8 of each ``.pte``) and ``files`` (``{name: {"bytes", "sha256"}}``); OSError if a file cannot be read.
     """
     from importlib.metadata import version
 
@@ -456,13 +364,7 @@ def exporter_versions(files: ProgramFiles) -> dict[str, object]:
 
 
 def read_program_spec(meta_path: str | os.PathLike[str]) -> tuple[ArchSpec, dict[str, object]]:
-    """The ArchSpec and metadata recorded next to cached programs.
-
-    Raises
-    ------
-    ValueError
-        If the file is not valid metadata (names the file).
-    """
+    """The ArchSpec and metadata recorded next to cached programs; ValueError naming the file if invalid."""
     try:
         meta = json.loads(Path(meta_path).read_text())
         return ArchSpec.from_json(meta["spec"]), meta

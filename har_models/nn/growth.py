@@ -1,21 +1,13 @@
 """Shape operations on model states: padding to a grown architecture and FedDist unit appending.
 
-FedDist (Ek, Portet, Lalanda, Vega, PerCom 2021, arXiv 2110.10223, section "FedDist";
-reference/algorithms.md 3.4) widens the hidden layers of the HAR CNN by appending units at
-the *end* of a layer's output dimension and of the next layer's input dimension. The number
-of parameter tensors never changes, only their shapes, so two operations cover every case:
+FedDist (Ek et al., PerCom 2021, arXiv 2110.10223; reference/algorithms.md 3.4) widens the
+hidden layers by appending units at the end of a layer's output and the next layer's input,
+so the tensors stay the same and only their shapes grow: :func:`append_units` (server) and
+:func:`pad_state_like` (client, reference/algorithms.md 5.2 step 2; exact, growth only appends).
 
-* :func:`append_units` (server side): add conv filters and/or hidden dense units, with the
-  new units' incoming weights taken from a source client's neuron and the outgoing weights
-  either copied from that client (``"paper"``) or zero (``"function_preserving"``).
-* :func:`pad_state_like` (client side, reference/algorithms.md 5.2 step 2): bring an older,
-  narrower local model (or the FedALA weights W) to the received shapes by copying it into the
-  leading slice of every tensor and filling the new slots from the received model (or a
-  constant). Because growth only appends, the leading-slice copy is exact.
-
-Index mapping (channel-first flatten, see :mod:`har_models.nn.model`): with T' = T / pool time
-steps after pooling, conv filter ``j`` owns the columns ``j*T' .. (j+1)*T' - 1`` of
-``hidden.weight``, and hidden unit ``j`` owns column ``j`` of ``out.weight``.
+Index mapping (channel-first flatten, :mod:`har_models.nn.model`): with T' = T / pool, conv
+filter ``j`` owns columns ``j*T' .. (j+1)*T' - 1`` of ``hidden.weight``; hidden unit ``j`` owns
+column ``j`` of ``out.weight``.
 """
 
 from __future__ import annotations
@@ -41,27 +33,10 @@ NewUnitSource = tuple[Mapping[str, torch.Tensor], int]
 
 
 def pad_tensor(tensor: torch.Tensor, shape: Sequence[int], fill: torch.Tensor | float) -> torch.Tensor:
-    """Pad ``tensor`` to ``shape``: its values in the leading slice, ``fill`` everywhere else.
+    """A new tensor of ``shape``: ``tensor``'s values in the leading slice, ``fill`` (a constant or a tensor of ``shape``) elsewhere.
 
-    Parameters
-    ----------
-    tensor : Tensor of shape ``(s_0, ..., s_{d-1})``
-        The narrower tensor (e.g. a local model's ``hidden.weight`` before a growth).
-    shape : sequence of d ints with ``shape[k] >= s_k``
-        The target shape (e.g. the received model's shape).
-    fill : Tensor of shape ``shape``, or float
-        Values for the new slots: a tensor of the target shape (its values are used where
-        ``tensor`` has none), or a constant.
-
-    Returns
-    -------
-    Tensor of shape ``shape`` and dtype of ``tensor``; a new tensor (never a view of the input).
-
-    Raises
-    ------
-    ValueError
-        If the number of dimensions differs, ``tensor`` is wider than ``shape`` in some
-        dimension (shrinking is not a growth), or a tensor ``fill`` does not have ``shape``.
+    ValueError if the number of dimensions differs, ``tensor`` is wider than ``shape`` somewhere,
+    or a tensor ``fill`` is not of ``shape``.
     """
     target = tuple(int(s) for s in shape)
     got = tuple(tensor.shape)
@@ -89,31 +64,10 @@ def pad_state_like(
 ) -> State:
     """Pad every tensor of ``local`` to the shape of the same-named tensor of ``like``.
 
-    Client-side step before FedALA after a FedDist growth (reference/algorithms.md 5.2
-    step 2, [PROPOSAL]): local values go into the leading slice; the new slots take the
-    received values (``fill=None``), so ``like - padded`` is exactly zero there, or a
-    constant (``fill=1.0`` for the ALA weights W, meaning "take the received value").
-
-    Parameters
-    ----------
-    local : mapping name -> Tensor
-        The narrower state (local model L_i, or the ALA weights W_i^p). Its names must all be
-        in ``like``; ``like`` may have more (e.g. W only covers the top p tensors).
-    like : mapping name -> Tensor
-        The state with the target shapes (the received model P_i).
-    fill : float, optional
-        Constant for the new slots; ``None`` (default) copies them from ``like``.
-
-    Returns
-    -------
-    dict name -> Tensor with the names of ``local`` and the shapes of ``like``. Tensors whose
-    shape already matches are cloned.
-
-    Raises
-    ------
-    ValueError
-        If a name of ``local`` is missing from ``like``, or a tensor cannot be padded (see
-        :func:`pad_tensor`; the message names the tensor).
+    Local values go into the leading slice; new slots take ``like``'s values (``fill=None``, so
+    ``like - padded`` is zero there) or a constant (``fill=1.0`` for the ALA weights). ``like`` may
+    have more names. Matching tensors are cloned. ValueError (naming the tensor) if a name is
+    missing from ``like`` or a tensor cannot be padded.
     """
     missing = sorted(set(local) - set(like))
     if missing:
@@ -138,53 +92,21 @@ def append_units(
 ) -> tuple[State, ArchSpec]:
     """Append FedDist units to a HAR CNN state: new conv filters first, then new hidden units.
 
-    FedDist growth (Ek et al., PerCom 2021, section "FedDist"; reference/algorithms.md 3.4
-    [CODE] and 5.2 step 6 [PROPOSAL]). For each ``(source, j)`` in ``conv``, in order, a filter
-    is appended at index F, F+1, ...:
+    Ek et al., PerCom 2021; reference/algorithms.md 3.4 and 5.2 step 6. For each ``(source, j)``
+    of ``conv`` a filter F, F+1, ... copies ``conv.weight[j]``/``conv.bias[j]`` of the source,
+    and ``hidden.weight[:, F*T' : (F+1)*T']`` takes the source's columns of ``j`` (``"paper"``) or
+    0 (``"function_preserving"``). Likewise each ``(source, j)`` of ``dense`` appends hidden unit
+    H, H+1, ... with ``out.weight[:, H]`` copied or 0. Next-layer biases are kept; a source
+    narrower than the state contributes zeros. ``"function_preserving"`` leaves the output unchanged.
 
-    * ``conv.weight[F] = source["conv.weight"][j]``, ``conv.bias[F] = source["conv.bias"][j]``;
-    * ``hidden.weight[:, F*T' : (F+1)*T']`` = ``source["hidden.weight"][:, j*T' : (j+1)*T']``
-      (``"paper"``) or 0 (``"function_preserving"``).
-
-    Then, for each ``(source, j)`` in ``dense``, a hidden unit is appended at index H, H+1, ...:
-
-    * ``hidden.weight[H] = source["hidden.weight"][j]``, ``hidden.bias[H] = source["hidden.bias"][j]``;
-    * ``out.weight[:, H]`` = ``source["out.weight"][:, j]`` (``"paper"``) or 0
-      (``"function_preserving"``).
-
-    Biases of the next layer keep the values of ``state``. A source narrower than the state
-    (it predates a growth of the layer below, e.g. a hidden unit's source row has no columns
-    for filters appended in this call) contributes zeros where it has no values, so the new
-    unit ignores inputs its source never saw. With ``"function_preserving"`` the model's output
-    is unchanged on every input; with ``"paper"`` each new unit adds its source's contribution.
-
-    Parameters
-    ----------
-    state : mapping name -> Tensor
-        A state of ``spec`` (shapes of :meth:`ArchSpec.shapes`).
-    spec : ArchSpec
-        Architecture of ``state``.
-    conv, dense : sequence of ``(source_state, j)``
-        New conv filters / hidden units, each a copy of neuron ``j`` of ``source_state`` (a
-        client's model of this round; same kernel, channels and classes as ``spec``, widths at
-        most those of the state when its units are copied).
-    mode : {"function_preserving", "paper"}
-        Outgoing weights: zero, or copied from the source.
-
-    Returns
-    -------
-    state : dict name -> float32 Tensor
-        The grown state (new tensors; the input is not modified).
-    spec : ArchSpec
-        ``spec.grown(conv_filters=F + len(conv), dense_units=H + len(dense))`` (version + 1),
-        or ``spec`` itself when both sequences are empty.
+    Returns the grown state (new float32 tensors) and ``spec.grown(...)`` (version + 1), or
+    ``spec`` when both sequences are empty.
 
     Raises
     ------
     ValueError
-        If ``mode`` is unknown, ``state`` does not match ``spec``, a source lacks a tensor, has
-        another kernel/channel/class count, is wider than the state, or ``j`` is out of range
-        for the source.
+        Unknown ``mode``, ``state`` not of ``spec``, a source lacking a tensor, with another
+        kernel/channel/class count, wider than the state, or ``j`` out of range.
     """
     if mode not in GROWTH_MODES:
         raise ValueError(f"append_units: mode must be one of {GROWTH_MODES}, got {mode!r}")

@@ -18,15 +18,13 @@ Every field is checked where it enters, as for every message (:class:`MessageErr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from har_models.wire.blob_ref import BlobRef, check_blob_url, check_int, check_sha256
-from har_models.wire.messages import PROTOCOL_VERSION, MessageError, load_json_message
+from har_models.wire.messages import MessageError, dump_message, load_message
 
-__all__ = ["BLOB_NOTICE_INDEX", "PROGRAM_BLOB_INDEX", "BlobGrant", "BlobNotice", "BlobRef", "ProgramBlob", "UploadGrant",
-           "check_sha256"]
+__all__ = ["BLOB_NOTICE_INDEX", "PROGRAM_BLOB_INDEX", "BlobGrant", "BlobNotice", "BlobRef", "ProgramBlob", "UploadGrant", "check_sha256"]
 
 PROGRAM_BLOB_INDEX = "blob"
 """The last level of the program topic a :class:`ProgramBlob` is published on (``{p}/client/{cid}/programs/blob``)."""
@@ -68,13 +66,6 @@ class UploadGrant:
         return cls(check_blob_url(d["url"]), float(exp), check_int(d["max_bytes"], "max_bytes", 1))
 
 
-def _load(payload: bytes, what: str) -> dict[str, Any]:
-    """The JSON object of a message of this protocol, its ``protocol`` key taken out (MessageError otherwise)."""
-    d = load_json_message(payload, what)
-    d.pop("protocol")
-    return d
-
-
 @dataclass(frozen=True)
 class BlobGrant:
     """What one selected client needs for one exchange in blob mode (retained on its grant topic).
@@ -104,16 +95,16 @@ class BlobGrant:
         return (self.run_id, self.round, self.stage)
 
     def to_bytes(self) -> bytes:
-        d: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "round": self.round, "stage": self.stage,
+        d: dict[str, Any] = {"run_id": self.run_id, "round": self.round, "stage": self.stage,
                              "attempt": self.attempt, "upload": self.upload.to_json()}  # fmt: skip
         if self.model is not None:
             d["model"] = self.model.to_json()
-        return json.dumps(d, sort_keys=True).encode()
+        return dump_message(d)
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BlobGrant:
         """Parse a grant. MessageError if it is not one, or malformed."""
-        d = _load(payload, "upload grant")
+        d = load_message(payload, "upload grant")
         try:
             if set(d) - {"run_id", "round", "stage", "attempt", "upload", "model"}:
                 raise ValueError(f"unknown fields {sorted(set(d) - {'run_id', 'round', 'stage', 'attempt', 'upload', 'model'})}")
@@ -148,14 +139,14 @@ class BlobNotice:
     size: int
 
     def to_bytes(self) -> bytes:
-        d = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "round": self.round, "stage": self.stage,
+        d = {"run_id": self.run_id, "round": self.round, "stage": self.stage,
              "sha256": self.sha256, "size": self.size}  # fmt: skip
-        return json.dumps(d, sort_keys=True).encode()
+        return dump_message(d)
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> BlobNotice:
         """Parse a notice. MessageError if it is not one, or malformed."""
-        d = _load(payload, "upload notice")
+        d = load_message(payload, "upload notice")
         try:
             if set(d) != {"run_id", "round", "stage", "sha256", "size"}:
                 raise ValueError(f"expected run_id, round, stage, sha256 and size, got {sorted(d)}")
@@ -185,13 +176,13 @@ class ProgramBlob:
     ref: BlobRef
 
     def to_bytes(self) -> bytes:
-        d = {"protocol": PROTOCOL_VERSION, "run_id": self.run_id, "arch_version": self.arch_version, "ref": self.ref.to_json()}
-        return json.dumps(d, sort_keys=True).encode()
+        d = {"run_id": self.run_id, "arch_version": self.arch_version, "ref": self.ref.to_json()}
+        return dump_message(d)
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> ProgramBlob:
         """Parse one. MessageError if it is not one, or malformed."""
-        d = _load(payload, "program reference")
+        d = load_message(payload, "program reference")
         try:
             if set(d) != {"run_id", "arch_version", "ref"} or not isinstance(d["run_id"], str):
                 raise ValueError(f"expected run_id (a string), arch_version and ref, got {sorted(d)}")

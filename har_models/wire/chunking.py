@@ -1,20 +1,12 @@
 """Chunked binary transfers: envelopes larger than a broker's packet limit travel in pieces.
 
-Large envelopes travel in chunks of at most ``max_message_bytes`` so brokers with a 1 MB
-packet limit work. Each chunk carries the sha256 of the whole envelope (the transfer id),
-its index, the chunk count, the total length and a CRC-32 of its own payload; the
-receiver drops a chunk whose CRC fails and checks the sha256 of the reassembled
-envelope, so a corrupted or mixed-up chunk can never produce a wrong envelope.
+Each chunk (at most ``max_message_bytes``, so 1 MB brokers work) carries the sha256 of the whole
+envelope (the transfer id), its index, the chunk count, the total length and a CRC-32 of its
+payload; the receiver drops a chunk whose CRC fails and checks the sha256 of the reassembled
+envelope, so a corrupted or mixed-up chunk never yields a wrong envelope.
 
-Each side hashes an envelope once:
-
-* the sender remembers the transfer id of the last ``bytes`` objects it cut or named, so that
-  :func:`transfer_id` after :func:`iter_chunks` (the coordinator names each model's transfer in
-  its announcement) or before it (a client names its update's transfer in its pending upload)
-  does not hash the envelope again;
-* the receiver hashes the chunks in index order as they arrive (``hashlib`` ``update``), so
-  when the last chunk arrives only that chunk is left to hash; chunks that arrive out of order
-  wait until the chunks before them are there, and duplicates are ignored.
+Each side hashes an envelope once: the sender remembers the ids of the last ``bytes`` objects it
+cut or named; the receiver hashes chunks in index order as they arrive.
 """
 
 from __future__ import annotations
@@ -66,11 +58,7 @@ _DIGESTS_KEPT = 2
 
 
 def _remember(payload: bytes, digest: bytes) -> None:
-    """Remember the sha256 of the ``bytes`` object ``payload`` (immutable, so it cannot go stale).
-
-    Keyed by identity; the entry holds the object, so its id cannot be reused while remembered.
-    Entries whose payload nobody else holds any more are dropped first (CPython reference counts).
-    """
+    """Remember the sha256 of ``payload``, keyed by identity (the entry holds the object, so the id cannot be reused)."""
     if type(payload) is not bytes:
         return
     with _DIGESTS_LOCK:
@@ -97,34 +85,15 @@ def _digest(payload: bytes) -> bytes:
 
 
 def transfer_id(payload: bytes) -> str:
-    """The id under which ``payload`` travels: its sha256, hex (what :class:`Chunk` carries).
-
-    Not computed again for a ``bytes`` object that :func:`iter_chunks` or this function hashed
-    last or last but one (see the module docstring).
-    """
+    """The id under which ``payload`` travels: its sha256, hex (not recomputed for the last two objects hashed)."""
     return _digest(payload).hex()
 
 
 def iter_chunks(payload: bytes, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[bytes]:
     """Cut ``payload`` into chunk messages of at most ``max_message_bytes`` bytes each, lazily.
 
-    Parameters
-    ----------
-    payload : bytes
-        The envelope.
-    max_message_bytes : int
-        Largest MQTT payload allowed (bytes); must exceed the 56-byte chunk header.
-
-    Yields
-    ------
-    bytes
-        ``ceil(len(payload) / (max_message_bytes - 56))`` messages (at least one), each a
-        56-byte header and a slice of the payload.
-
-    Raises
-    ------
-    ValueError
-        If ``max_message_bytes`` leaves no room for data.
+    Yields ``ceil(len(payload) / (max_message_bytes - 56))`` messages (at least one), each a
+    56-byte header and a slice of the payload; ValueError if ``max_message_bytes`` leaves no room.
     """
     room = int(max_message_bytes) - CHUNK_HEADER_BYTES
     if room <= 0:
@@ -155,8 +124,7 @@ def parse_chunk(message: bytes) -> Chunk:
     Raises
     ------
     ChunkError
-        reason ``"bad_chunk"`` for a short message, wrong magic or inconsistent counters,
-        ``"chunk_crc_mismatch"`` when the payload does not match its CRC-32.
+        ``"bad_chunk"`` (short, wrong magic, inconsistent counters) or ``"chunk_crc_mismatch"``.
     """
     transfer, index, count, total, payload = _parse(message)
     return Chunk(transfer, index, count, total, bytes(payload))
@@ -180,24 +148,10 @@ def _parse(message: bytes | bytearray) -> tuple[str, int, int, int, memoryview]:
 class SharedTransfers:
     """Chunks and verified payloads of recent transfers, shared by the reassemblers of one process.
 
-    The clients a simulation worker hosts each have their own MQTT connection, so each receives
-    its own copy of the same global model: 150 clients in one worker held 150 copies of 25.8 MB
-    (the paper CNN) while the model was on the wire and until each client trained. Given to their
-    :class:`Reassembler` objects, this keeps one copy of each chunk (a received chunk equal to the
-    one already held is replaced by it) and one reassembled payload per transfer: the first
-    reassembler to complete a transfer joins and verifies it (SHA-256 against the transfer id),
-    and the others deliver that same object. What each reassembler delivers is unchanged.
-
-    Parameters
-    ----------
-    max_transfers : int
-        Transfers whose chunks and payloads are kept (the most recently used); older ones are
-        forgotten (reassemblers that hold their chunks keep them). Must be >= 1.
-
-    Raises
-    ------
-    ValueError
-        If ``max_transfers`` < 1.
+    Virtual clients of one worker each receive their own copy of the global model (150 clients
+    held 150 copies of 25.8 MB); with this, each chunk and each reassembled payload is held once
+    (the first reassembler to complete verifies it, the others deliver the same object). Keeps the
+    ``max_transfers`` (>= 1, else ValueError) most recently used transfers.
     """
 
     def __init__(self, max_transfers: int = 2):
@@ -210,22 +164,17 @@ class SharedTransfers:
         self._messages: OrderedDict[bytes, dict[bytes, bytes]] = OrderedDict()
 
     def message(self, message: bytes) -> bytes:
-        """The held copy of chunk message ``message`` if one equal to it is held, else ``message`` (now held if none was).
+        """The held copy of chunk message ``message`` if an equal one is held, else ``message`` (now held if none was).
 
-        For a client's MQTT link (``intern``): a model chunk waiting in the inboxes of many
-        clients of one process is then held once, not once per client, however far their
-        threads are behind. Anything that is not a chunk message is returned as it is. Nothing
-        is verified here (the reassembler verifies the chunk when it takes it).
+        For a client's MQTT link: a chunk waiting in many inboxes is held once. Non-chunks pass as
+        they are; nothing is verified here.
         """
         if len(message) < CHUNK_HEADER_BYTES or message[:4] != CHUNK_MAGIC:
             return message
         return self._hold(self._messages, bytes(message[4:36]), bytes(message[:CHUNK_HEADER_BYTES]), message)
 
     def chunk(self, transfer: str, count: int, index: int, payload: bytes) -> bytes:
-        """The held copy of chunk ``index`` of ``count`` of ``transfer`` if it equals ``payload``, else ``payload``.
-
-        The first chunk seen for a place is the one held.
-        """
+        """The held copy of chunk ``index`` of ``count`` of ``transfer`` if it equals ``payload``, else ``payload`` (first seen is held)."""
         return self._hold(self._chunks, transfer, (count, index), payload)
 
     def _hold(self, table: OrderedDict[Any, dict[Any, bytes]], transfer: Any, place: Any, data: bytes) -> bytes:
@@ -279,18 +228,7 @@ class _Partial:
 
 @dataclass(frozen=True)
 class Stalled:
-    """An unfinished transfer that has received nothing for a while (see :meth:`Reassembler.stalled`).
-
-    Attributes
-    ----------
-    stream : str
-    transfer : str
-        Hex sha256 of the whole payload.
-    count : int
-        Number of chunks the sender announced.
-    missing : tuple of int
-        Indices not received yet, ascending.
-    """
+    """An unfinished transfer that has received nothing for a while (:meth:`Reassembler.stalled`); ``missing`` ascending."""
 
     stream: str
     transfer: str
@@ -301,34 +239,12 @@ class Stalled:
 class Reassembler:
     """Collects chunks into whole payloads, per stream (e.g. one client's update topic).
 
-    Memory is bounded twice, and never exceeded even for a moment:
-
-    * a transfer holds at most the total length its chunks declare: a chunk that would take
-      it past that is refused (``oversized``), the transfer is dropped, and its later chunks
-      are refused at once;
-    * all unfinished transfers together hold at most ``max_buffer_bytes``: before a chunk
-      is stored, the oldest unfinished transfers are dropped until it fits.
-
-    Duplicated chunks (QoS 1 redelivery) are harmless; chunks of a transfer that already
-    completed are ignored; a stream keeps at most ``max_partial_per_stream`` unfinished
-    transfers (the oldest is dropped); transfers older than ``ttl_s`` are dropped. A sender
-    may cut the same transfer again with another chunk size (after its broker refused the
-    first size): chunks announcing a new count restart that transfer.
-
-    Parameters
-    ----------
-    max_payload_bytes : int
-        Largest payload accepted (bytes); bigger announced totals are rejected.
-    max_buffer_bytes : int
-        Cap on bytes held in unfinished transfers, all streams together (bytes).
-    ttl_s : float
-        Seconds an unfinished transfer may wait for its remaining chunks.
-    max_partial_per_stream : int
-        Unfinished transfers kept per stream.
-    shared : SharedTransfers, optional
-        Shared with the other reassemblers of this process (virtual clients of one worker):
-        identical chunks and payloads are held once. The byte caps above still count this
-        reassembler's chunks in full.
+    Memory is bounded, never exceeded even for a moment: a transfer holds at most the total its
+    chunks declare (beyond: ``oversized``, dropped), and unfinished transfers together at most
+    ``max_buffer_bytes`` (the oldest are dropped to fit). Duplicates are harmless, chunks of a
+    completed transfer ignored, at most ``max_partial_per_stream`` unfinished transfers per stream,
+    none older than ``ttl_s`` s. Chunks announcing a new count restart a transfer (a sender that
+    re-cut it smaller). ``shared``: see :class:`SharedTransfers` (the byte caps still count in full).
     """
 
     def __init__(
@@ -359,29 +275,20 @@ class Reassembler:
         return (stream, transfer) in self._done
 
     def forget(self, stream: str, transfer: str) -> None:
-        """Forget that ``transfer`` completed on ``stream``, so the same bytes can be received again.
-
-        A transfer id is the payload's digest, so a later exchange may send byte-identical
-        data (the same initial model in two runs, an update re-sent after its receipt was
-        lost); the caller decides when that is a new delivery rather than a duplicate.
-        """
+        """Forget that ``transfer`` completed on ``stream``, so byte-identical data can be delivered again."""
         self._done.pop((stream, transfer), None)
 
     def add(self, stream: str, message: bytes | bytearray) -> tuple[str, bytes] | None:
         """Add one chunk message; return ``(transfer, payload)`` when a transfer completes.
 
-        ``message`` is held as a view while its transfer is open; a ``bytearray`` (which its
-        owner may reuse) is copied first.
+        A ``bytearray`` (which its owner may reuse) is copied first.
 
         Raises
         ------
         ChunkError
-            For a malformed or corrupted chunk (``bad_chunk``, ``chunk_crc_mismatch``),
-            a chunk that contradicts the total length of earlier chunks of its transfer
-            (``inconsistent_chunk``), a payload over the limit or a transfer that sent more
-            bytes than it declared (``oversized``) or a reassembled payload whose digest is
-            wrong (``transfer_sha256_mismatch``). Nothing is delivered in these cases, and
-            the reassembler holds no more than before the call.
+            ``bad_chunk``, ``chunk_crc_mismatch``, ``inconsistent_chunk`` (contradicts the declared
+            total), ``oversized`` or ``transfer_sha256_mismatch``; nothing is delivered and nothing
+            more held.
         """
         transfer, index, count, total_len, payload = _parse(message)
         key = (stream, transfer)
@@ -454,11 +361,7 @@ class Reassembler:
         return transfer, whole
 
     def stalled(self, idle_s: float, now: float | None = None) -> list[Stalled]:
-        """Unfinished transfers that received no new chunk for ``idle_s`` seconds, with their missing indices.
-
-        Lets a receiver ask for exactly the chunks lost in transit instead of the whole set.
-        The missing list names at most the first 1024 indices.
-        """
+        """Unfinished transfers without a new chunk for ``idle_s`` s, with their missing indices (at most the first 1024)."""
         now = time.monotonic() if now is None else now
         out = []
         for (stream, transfer), p in self._partial.items():

@@ -9,19 +9,9 @@ Wire layout of one envelope (all integers little-endian)::
                                  "body_len", "sha256", "meta"}
     body               bytes    safetensors serialisation of the tensors
 
-Nothing is ever unpickled: the header is JSON and the body is safetensors, in numpy only so
-that a device without PyTorch can read a model. The body is written and read by
-:mod:`har_models.wire.safetensors_np`, which writes the bytes ``safetensors.numpy.save`` writes
-(tests compare them): :func:`encode` hashes the tensors where they lie and copies them once, into
-the envelope, and :func:`decode` reads the tensors out of the envelope without copying its body
-first. Every way an envelope can be wrong raises its own :class:`EnvelopeError` subclass with a
-``reason`` code that logs and tests can match.
-
-Hashing once: :func:`decode` checks the body's sha256 against the header's unless its caller
-says, with ``verified``, that it has already checked the sha256 of the whole envelope against the
-digest its sender named (a chunked transfer's id, which :class:`har_models.wire.chunking.Reassembler`
-checks before it delivers anything). That digest covers every byte the body digest covers, and
-the header besides.
+Nothing is unpickled; numpy only (:mod:`har_models.wire.safetensors_np` writes the bytes
+``safetensors.numpy.save`` writes), so a device without PyTorch reads models. Each failure
+raises its own :class:`EnvelopeError` subclass with a ``reason`` code.
 """
 
 from __future__ import annotations
@@ -48,8 +38,7 @@ ENVELOPE_VERSION = 1
 _FIXED = struct.Struct("<4sHI")  # magic, version, header_len
 MAX_HEADER_BYTES = 1 << 20
 KINDS = ("model", "update", "program")
-"""Envelope kinds: a model sent by the coordinator, an update sent by a client, and the ExecuTorch
-programs of one architecture version sent by the coordinator to a client that asked for them."""
+"""Envelope kinds: a model (coordinator), an update (client), ExecuTorch programs (coordinator, to a client that asked)."""
 
 
 class BadMagic(EnvelopeError):
@@ -98,24 +87,9 @@ class Oversized(EnvelopeError):
 class Envelope:
     """A decoded envelope.
 
-    Attributes
-    ----------
-    kind : str
-        ``"model"``, ``"update"`` or ``"program"``.
-    round : int
-        Round the payload belongs to.
-    arch_version : int
-        Architecture version of the tensors.
-    client_id : str
-        Sender (updates) or addressee (personalised models); ``""`` for a global model.
-    tensors : dict of str -> ndarray
-        Decoded tensors (dtype and shape as sent).
-    meta : dict
-        Free JSON metadata (architecture spec, metrics, counts).
-    sha256 : str
-        Hex digest of the body (checked by :func:`decode`; the header's when ``verified`` was given).
-    size : int
-        Total envelope size in bytes.
+    ``client_id``: sender (updates) or addressee (personalised models), "" for a global model;
+    ``meta``: free JSON metadata; ``sha256``: the body's hex digest (the header's when
+    ``verified`` was given); ``size``: envelope bytes.
     """
 
     kind: str
@@ -146,27 +120,9 @@ def encode(
     client_id: str = "",
     meta: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Serialise tensors into an envelope.
+    """Serialise tensors (any shape; float and integer dtypes round-trip bit-exactly) into envelope bytes.
 
-    Parameters
-    ----------
-    tensors : mapping name -> array-like or torch.Tensor
-        Any shape; float16/32/64 and integer dtypes round-trip bit-exactly. Non-contiguous
-        and transposed arrays are copied to C order (values unchanged).
-    kind : {"model", "update", "program"}
-    round : int >= 0
-    arch_version : int >= 0
-    client_id : str
-    meta : JSON-serialisable mapping, optional
-
-    Returns
-    -------
-    bytes
-
-    Raises
-    ------
-    ValueError
-        On an unknown kind, a negative round or version, or non-JSON metadata.
+    ValueError on an unknown kind, a negative round or version, or non-JSON metadata.
     """
     if kind not in KINDS:
         raise ValueError(f"encode: kind must be one of {KINDS}, got {kind!r}")
@@ -194,13 +150,7 @@ def encode(
 
 
 def peek_header(data: bytes) -> dict[str, Any]:
-    """The JSON header of an envelope, without decoding or checking the body.
-
-    Raises
-    ------
-    EnvelopeError
-        :class:`BadMagic`, :class:`UnknownVersion`, :class:`Truncated` or :class:`BadHeader`.
-    """
+    """The JSON header of an envelope, without checking the body; BadMagic, UnknownVersion, Truncated or BadHeader."""
     if len(data) < _FIXED.size:
         raise Truncated(f"envelope of {len(data)} bytes is shorter than its {_FIXED.size}-byte fixed header")
     magic, version, hlen = _FIXED.unpack_from(data)
@@ -237,34 +187,17 @@ def peek_header(data: bytes) -> dict[str, Any]:
 def decode(data: bytes, *, max_bytes: int | None = None, require_finite: bool = True, verified: str | None = None) -> Envelope:
     """Parse and verify an envelope.
 
-    Parameters
-    ----------
-    data : bytes
-    max_bytes : int, optional
-        Reject envelopes larger than this many bytes.
-    require_finite : bool
-        Reject floating-point tensors holding NaN or inf (default True).
-    verified : str, optional
-        The hex sha256 of the whole of ``data``, given only by a caller that has checked that
-        ``data`` hashes to it and that the sender named it: the transfer id with which
-        :meth:`har_models.wire.chunking.Reassembler.add` delivered ``data`` (it delivers only
-        bytes that hash to their id). The body's sha256 is then not computed again: the whole
-        envelope's digest covers the body and the header that names the body's digest, so
-        nothing a peer or the network can change in transit gets past it. What it does not
-        catch is a sender that wrote a body digest its own body does not have (a faulty
-        encoder); :attr:`Envelope.sha256` is then the header's. Bytes read from disk, or from
-        anywhere else, are decoded without it. Must be 64 hex digits.
-
-    Returns
-    -------
-    Envelope
+    ``max_bytes`` rejects larger envelopes; ``require_finite`` rejects NaN or inf. ``verified``
+    (64 hex digits) is the sha256 of the whole of ``data`` as checked by a caller against the
+    sender's name for it (the transfer id :meth:`har_models.wire.chunking.Reassembler.add`
+    delivered it under); the body digest is then not recomputed, since the whole digest covers it.
+    Bytes from disk are decoded without it.
 
     Raises
     ------
     EnvelopeError
-        One subclass per failure: :class:`Oversized`, :class:`BadMagic`,
-        :class:`UnknownVersion`, :class:`Truncated`, :class:`BadHeader`,
-        :class:`ChecksumMismatch`, :class:`BadBody`, :class:`NonFinite`.
+        :class:`Oversized`, :class:`BadMagic`, :class:`UnknownVersion`, :class:`Truncated`,
+        :class:`BadHeader`, :class:`ChecksumMismatch`, :class:`BadBody`, :class:`NonFinite`.
     """
     if verified is not None and (len(verified) != 64 or not all(c in "0123456789abcdef" for c in verified)):
         raise ValueError(f"decode: verified must be the 64 hex digits of a sha256, got {verified!r}")

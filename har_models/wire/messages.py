@@ -1,9 +1,7 @@
-"""JSON control messages of the wire protocol: round announcements, training plans, client status,
-coordinator status, receipts and the round progress an observer reads.
+"""JSON control messages of the wire protocol (docs/protocol.md).
 
-Every field that arrives from the network is checked where it enters (types, ranges,
-unknown keys), so a malformed message is refused with :class:`MessageError` and never
-reaches the code that acts on it.
+Every field from the network is checked where it enters (types, ranges, unknown keys);
+a malformed message is refused with :class:`MessageError`.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ from har_models.wire.topics import check_client_id
 PROTOCOL_VERSION = 1
 
 MAX_WINDOW_COUNT = 10**9
-"""Upper bound on any window count a device reports (n_train, n_test, class counts, confusion
-entries): 10^9 windows of 3 KB are 3 TB, far beyond a phone. Larger numbers from the network
-are refused where they enter, so no single device can take over a weighted average."""
+"""Upper bound on any window count a device reports (10^9 windows of 3 KB are 3 TB), so no device can take over a weighted average."""
 
 
 def check_count(value: Any, what: str) -> int:
@@ -30,6 +26,7 @@ def check_count(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WINDOW_COUNT:
         raise ValueError(f"{what} must be an integer in [0, {MAX_WINDOW_COUNT}], got {value!r:.40}")
     return value
+
 
 GUIDANCE_PREFIX = "guidance/"
 """Name prefix of the FedDWA guidance model's tensors inside an update envelope."""
@@ -58,36 +55,47 @@ def load_json_message(payload: bytes, what: str) -> dict[str, Any]:
     return d
 
 
+def load_message(payload: bytes, what: str) -> dict[str, Any]:
+    """:func:`load_json_message` with its ``protocol`` key taken out."""
+    d = load_json_message(payload, what)
+    d.pop("protocol")
+    return d
+
+
+def dump_message(d: dict[str, Any], *leave_out: str) -> bytes:
+    """``d`` with the protocol version and without the keys ``leave_out``, as sorted JSON bytes.
+
+    Optional fields at their defaults are left out, so a reader of an older release gets the message it knows.
+    """
+    for key in leave_out:
+        del d[key]
+    d["protocol"] = PROTOCOL_VERSION
+    return json.dumps(d, sort_keys=True).encode()
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
     """What a selected client must do in a round (part of the announcement).
 
     Parameters
     ----------
-    local_epochs : int
-        E, passes over the local training windows.
-    lr : float
-        SGD learning rate eta.
-    batch_size : int
-        B, windows per SGD step.
     prox_mu : float
-        FedProx proximal weight mu (0 = plain FedAvg local objective).
+        FedProx proximal weight (0 = plain FedAvg local objective).
     client_init : {"overwrite", "ala"}
         How the client combines the received and its previous local model (FedALA).
     guidance : bool
-        Also train the FedDWA guidance model (one more local pass) and upload it.
+        Also train and upload the FedDWA guidance model.
     keep_local : tuple of str
         Tensor names the client keeps from its own model (FedPer personal layers).
     frozen : tuple of str
         Tensor names not trained this round (FedDist paper-mode intermediate rounds).
     class_weights : {"balanced", "none"}
-        Per-client class weights in the loss (FedDist used sklearn's "balanced").
     seed : int
         Base seed; each client derives its own from it, its id and the round.
     ala : dict
-        FedALA settings (eta, rand_percent, layer_idx, threshold, num_pre_loss, max_passes).
+        FedALA settings (:class:`~har_models.settings.AlaConfig`).
     update_encoding : {"float32", "float16", "int8_delta"}
-        How the client encodes its update (:mod:`har_models.wire.update_encoding`).
+        See :mod:`har_models.wire.update_encoding`.
     """
 
     local_epochs: int = LocalTraining.local_epochs
@@ -122,13 +130,7 @@ class TrainingPlan:
         self.ala_config()
 
     def ala_config(self) -> AlaConfig:
-        """The typed FedALA settings of :attr:`ala`.
-
-        Raises
-        ------
-        ValueError
-            For an unknown key, a wrong type or a value out of range (named in the message).
-        """
+        """The typed FedALA settings of :attr:`ala`; ValueError naming a bad key or value."""
         return from_mapping(AlaConfig, self.ala, "training plan ala")
 
     @classmethod
@@ -149,47 +151,35 @@ class TrainingPlan:
 class RoundAnnouncement:
     """The retained message that opens a round (or says the federation is finished).
 
+    Optional fields are left out of the message at their defaults, so older clients parse it as before.
+
     Parameters
     ----------
-    run_id : str
-        Identifies the run; clients keep their per-run state apart.
-    round : int
-        Round index r (0-based).
-    state : {"training", "finished"}
     arch : dict
-        :class:`~har_models.nn.model.ArchSpec` as a JSON object (widths, version, normalisation).
-    label_set : str
-        Name of the label set all windows must use.
+        :class:`~har_models.nn.model.ArchSpec` as JSON.
     selected : tuple of str
         Client ids that should train in this round.
-    plan : TrainingPlan
     global_model : str
         Transfer id (sha256 hex) of the model on the global model topic, or "".
     personal_models : dict of str -> str
-        Transfer id of each client's personalised model, for clients that get their own.
+        Transfer id of each client's personalised model.
     deadline_unix : float
-        Wall-clock time (s since epoch) after which the coordinator closes the round.
+        When the coordinator closes the round, s since the epoch.
     stage : int
         0 for the main exchange; FedDist paper-mode intermediate exchanges count up.
     attempt : str
-        Changes whenever the coordinator (re)starts and when it runs a round again after it
-        closed without quorum; a client that already answered this round sends its stored
-        update again instead of retraining (unless its announced model changed).
+        Changes whenever the coordinator (re)starts or reruns a round that lacked quorum; a
+        client that already answered resends its stored update instead of retraining.
     epoch : int
-        The served coordinator's epoch (``fedhar-coordinator serve`` counts one per start,
-        1, 2, ...); a client that sees a higher one drops work of the older and announces
-        itself at once (public report BR-46). 0 (``run``, or a coordinator built before
-        epochs) is left out of the message, so older clients parse it as before.
+        The served coordinator's epoch (one per start of ``serve``); a client that sees a higher
+        one drops older work (public report BR-46). 0 = none.
     transport : {"mqtt", "blobs"}
-        How the round's model bytes travel. "mqtt" (chunks on the model topics) is left out of
-        the message, so older clients parse it as before; "blobs": from a blob store over HTTP
-        (:mod:`har_models.wire.blob_messages`), each selected client's upload URL in its grant.
+        How model bytes travel: chunks on the model topics, or a blob store over HTTP
+        (:mod:`har_models.wire.blob_messages`).
     global_blob : dict or None
-        With ``transport="blobs"``: the global model's
-        :class:`~har_models.wire.blob_messages.BlobRef` as JSON (sha256 = ``global_model``).
+        With ``transport="blobs"``: the global model's :class:`~har_models.wire.blob_ref.BlobRef` as JSON.
     pace : Pace, optional
-        When devices should check in again (pace steering, :mod:`har_models.wire.pace`); sent
-        only by a coordinator with a cohort goal, left out of the message otherwise.
+        When devices should check in again (:mod:`har_models.wire.pace`).
     """
 
     run_id: str
@@ -217,32 +207,17 @@ class RoundAnnouncement:
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
-        d["protocol"] = PROTOCOL_VERSION
         d["selected"] = list(self.selected)
-        if d["plan"]["update_encoding"] == DEFAULT_UPDATE_ENCODING:
-            # Left out when it is the default, so clients built before encodings existed still take the plan.
+        if d["plan"]["update_encoding"] == DEFAULT_UPDATE_ENCODING:  # clients built before encodings take the plan
             del d["plan"]["update_encoding"]
-        if not self.epoch:  # no epoch (fedhar-coordinator run): the message older clients know
-            del d["epoch"]
-        if self.transport == "mqtt":  # the models travel as before: the message older clients know
-            del d["transport"]
-        if self.global_blob is None:
-            del d["global_blob"]
-        if self.pace is None:  # no cohort goal: the message older clients know
-            del d["pace"]
-        return json.dumps(d, sort_keys=True).encode()
+        left_out = {"epoch": not self.epoch, "transport": self.transport == "mqtt", "global_blob": self.global_blob is None,
+                    "pace": self.pace is None}  # fmt: skip
+        return dump_message(d, *(k for k, v in left_out.items() if v))
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> RoundAnnouncement:
-        """Parse an announcement.
-
-        Raises
-        ------
-        MessageError
-            If the message is not JSON, of another protocol version, or malformed.
-        """
-        d = load_json_message(payload, "round announcement")
-        d.pop("protocol")
+        """Parse an announcement; MessageError if it is not JSON, of another protocol, or malformed."""
+        d = load_message(payload, "round announcement")
         try:
             d["plan"] = TrainingPlan.from_json(d.get("plan", {}))
             d["selected"] = tuple(check_client_id(c) for c in d.get("selected", []))
@@ -277,29 +252,20 @@ _BACKEND_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 @dataclass(frozen=True)
 class SensingHealth:
-    """How well a client's sensors deliver, as its sensor pipeline measured it (part of :class:`ClientStatus`).
+    """How well a client's sensors deliver (part of :class:`ClientStatus`); None fields are left out.
 
-    Every field is optional (None: the client cannot tell, e.g. no sample or no window yet);
-    None fields are left out of the message. Measured by
-    :class:`edge_client.freshness.SensingHealthMeter` on the sensor clock (the stamps of the
-    samples, not the wall clock).
+    Measured by :class:`edge_client.freshness.SensingHealthMeter` on the sensor clock.
 
     Parameters
     ----------
     acc_hz, gyro_hz : float or None
-        Delivered sample rate of the accelerometer and the gyroscope over the last minute, Hz:
-        samples the resampler accepted (not late, not duplicated, finite) in the last 60 s of
-        the sensor clock, divided by that span (shorter while the stream is younger than a
-        minute). The model expects 50 Hz.
+        Samples accepted by the resampler over the last 60 s of the sensor clock, Hz (50 expected).
     window_age_s : float or None
-        Age of the newest window the pipeline emitted, s: the sensor clock's now minus the
-        window's end.
+        The sensor clock's now minus the newest window's end, s.
     gaps_1h : int or None
-        Silences longer than one window (2.56 s) in the last hour of the sensor clock, in
-        either stream (one still going on included).
+        Silences longer than one window (2.56 s) in the last hour, either stream.
     late : int or None
-        Samples dropped as late (stamped ``reorder_ns`` or more before their stream's newest)
-        since sensing started.
+        Samples dropped as late since sensing started.
     """
 
     acc_hz: float | None = None
@@ -319,10 +285,8 @@ class SensingHealth:
         Raises
         ------
         ValueError
-            For a non-object, an unknown key, a rate that is not a number in
-            [0, :data:`MAX_SAMPLE_RATE_HZ`] (NaN and negative included), a window age that is
-            not a number of seconds in [0, 1e11), or a count that is not an integer in
-            [0, :data:`MAX_WINDOW_COUNT`].
+            For a non-object, an unknown key, a rate outside [0, :data:`MAX_SAMPLE_RATE_HZ`], an age
+            outside [0, 1e11) s, or a count outside [0, :data:`MAX_WINDOW_COUNT`].
         """
         if not isinstance(d, dict):
             raise ValueError(f"sensing_health must be an object, got {d!r:.40}")
@@ -347,28 +311,20 @@ MAX_BATTERY_PCT_PER_DAY = 10_000.0
 
 @dataclass(frozen=True)
 class DeviceCost:
-    """What taking part costs the device, as it measured itself (part of :class:`ClientStatus`).
+    """What taking part costs the device, as measured by :mod:`edge_client.cost` (part of :class:`ClientStatus`).
 
-    Every field is optional (None or "": not measured yet, or not reported by the platform) and
-    left out of the message then. Measured by :mod:`edge_client.cost`.
+    None and "" fields (not measured) are left out of the message.
 
     Parameters
     ----------
     sensing_cpu_s_per_h : float or None
-        CPU seconds the device's process used while sensing, rounds left out (reading the sensor,
-        resampling, windowing, classifying each window for the timeline, recording, and the
-        library threads this work uses), per hour of sensed samples, s/h; in [0, 3600 x cores].
-    round_cpu_s : float or None
-        Process CPU seconds of the device's latest round (initialisation, local training,
-        evaluation, encoding), less what sensing used meanwhile, s.
-    round_wall_s : float or None
-        Wall-clock seconds of that round, s.
+        Process CPU seconds spent sensing (rounds left out) per hour of sensed samples, s/h.
+    round_cpu_s, round_wall_s : float or None
+        CPU (less sensing meanwhile) and wall seconds of the latest round, s.
     round_backend : str
-        Training backend of that round ("torch", "executorch", "executorch-android", "numpy").
+        Training backend of that round.
     battery_pct_per_day : float or None
-        The battery's drain while not charging, percent of its capacity per day (the whole
-        device's, not fedhar's alone); None where the platform reports no battery level (a desktop,
-        a board on mains) or the device has not been off the charger long enough to tell.
+        Whole-device battery drain off the charger, % per day; None where not reported.
     """
 
     sensing_cpu_s_per_h: float | None = None
@@ -388,8 +344,7 @@ class DeviceCost:
         Raises
         ------
         ValueError
-            For a non-object, an unknown key, a CPU or wall figure that is not a number in
-            [0, :data:`MAX_CPU_S`] (NaN included), a battery drain outside
+            For a non-object, an unknown key, a figure outside [0, :data:`MAX_CPU_S`] or
             [0, :data:`MAX_BATTERY_PCT_PER_DAY`], or a backend that is not a backend name.
         """
         if not isinstance(d, dict):
@@ -413,89 +368,53 @@ MAX_BAD_OBJECTS = 8
 """Most hashes in :attr:`ClientStatus.bad_objects`."""
 
 _TIMINGS = ("train_s", "download_s", "upload_s")
+_OPTIONAL_STATUS_FIELDS = ("program_fault", "sensing", "charging", "backend", "arch_version", "fault", "left",
+                           "sensing_health", "cost", *_TIMINGS, "warming_up", "bad_objects")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ClientStatus:
     """Retained presence and capability message of a client.
 
+    Every field after ``refresh_s`` is optional and left out of the message at its default, so a
+    coordinator of an older release reads the status as before.
+
     Parameters
     ----------
-    client_id : str
-    state : {"online", "offline", "training", "idle"}
-    label_set : str
-        Label set of the client's windows.
-    n_train, n_test : int
-        Numbers of local training and test windows.
     train_stats : dict
         :class:`~har_models.data.windowing.ChannelStats` of the training windows (JSON form).
-    class_counts : list of int
-        Training windows per class.
-    run_id : str
-        Run the client last worked for.
     last_round : int
         Last round whose update the client sent (-1 if none).
     instance : str
-        Random id of the client process (new at every start): two processes that use one
-        client id show two instances, which both sides detect (docs/reliability.md).
+        Random id of the client process; two processes with one client id show (docs/reliability.md).
     sent_unix : float
-        When the client published this status (s since the epoch, its clock).
+        When the client published this status, s since the epoch (its clock).
     refresh_s : float
-        The client republishes its status at least this often (s); 0 = never. A status
-        older than :data:`PRESENCE_PERIODS` periods counts as offline (a device revoked or
-        gone without a last will).
+        The client republishes at least this often, s (0 = never); see :func:`fresh_until`.
     program_fault : str
-        Why this client's ExecuTorch programs were refused before loading (``pte_corrupt``,
-        ``pte_incompatible``; docs/backends.md), while it trains on its fallback backend; "" when
-        none was (optional: older clients do not send it).
+        Why its ExecuTorch programs were refused (``pte_corrupt``, ``pte_incompatible``; docs/backends.md).
     sensing : {"", "live", "paused"}
-        Optional (protocol-compatible: left out of the message when ""): "paused" when the
-        client's newest window is older than its freshness limit (the OS withheld the
-        sensors, e.g. Doze with the screen off), so it has no fresh data; "live" when it has;
-        "" when the client does not track it (a replayed dataset, an older client).
+        "paused": the newest window is older than the freshness limit (sensors withheld by the OS).
     charging : bool or None
-        Optional (left out of the message when None): whether the device is on its charger
-        (:mod:`edge_client.power`), for a server that schedules rounds only on charging
-        devices; None when the client does not report it (a board on mains, an older client).
+        Whether the device is on its charger (:mod:`edge_client.power`).
     backend : str
-        Optional (left out when ""): the training backend the client uses now ("torch",
-        "executorch", "executorch-android", "numpy"; the fallback's name while its programs are
-        refused), lowercase letters, digits and ``_ . -``, at most 32 characters.
+        Training backend in use (lowercase letters, digits, ``_ . -``, at most 32 characters).
     arch_version : int or None
-        Optional (left out when None): the architecture version of the client's local model
-        (the one its latest round trained); None before its first round.
+        Architecture version of the client's local model.
     sensing_health : SensingHealth or None
-        Optional (left out when None): delivered sample rates, the newest window's age, gaps
-        and late samples of a client that runs a sensor pipeline in this process (a live
-        sensor, a replay); None for one that does not (windows ingested before, an older client).
     fault : str
-        Optional (left out when ""): why this device cannot take part now, in words (at most
-        :data:`MAX_FAULT_CHARS` characters): its state folder cannot be written, its sensor was
-        refused or stopped delivering. A status with a fault says the device is not to be
-        selected (:attr:`selectable`); it clears when the device recovers.
+        Why the device cannot take part now (at most :data:`MAX_FAULT_CHARS`); a fault makes it
+        not :attr:`selectable`.
     left : {"", "keep", "forget"}
-        Optional (left out when ""): the device left its federation from the app (state
-        "offline"): "keep" when its person only left, "forget" when they also ask the server's
-        operator to delete what the server holds of the device (``fedhar-coordinator forget``).
-        Only the device's own broker account may write its status topic, so the request is the
-        device's; it deletes nothing by itself (docs/protocol.md, "Leaving").
+        The device left its federation; "forget" also asks the operator to delete what the server
+        holds of it (docs/protocol.md, "Leaving").
     cost : DeviceCost or None
-        Optional (left out when None): CPU seconds of sensing per hour and of the latest round,
-        and the battery's drain per day (:class:`DeviceCost`); None from a client that does not
-        measure them (an older client).
     train_s, download_s, upload_s : float or None
-        Optional (each left out when None): seconds this device's last round took it to train
-        (from the model received to the update ready: decoding, initialisation, local epochs,
-        evaluation, encoding), to receive its model (first chunk to whole, or the blob fetch),
-        and to upload its update (the last whole send); None before it measured one (an older client).
+        Seconds the last round took to train, to receive the model and to upload the update.
     warming_up : bool
-        Optional (left out when False): True from the client process's start until its first
-        local training in that process finished (a first training loads the backend and takes
-        longer: a coordinator gives such a device a first-round allowance).
+        True until the process's first local training finished (a first-round allowance).
     bad_objects : tuple of str
-        Optional (left out when empty): the SHA-256 (hex) of the objects, at most
-        :data:`MAX_BAD_OBJECTS`, that this device refused recently because their bytes did not
-        match that hash (a model or program set from the blob store or the broker).
+        SHA-256 (hex) of up to :data:`MAX_BAD_OBJECTS` objects refused recently for a hash mismatch.
     """
 
     client_id: str
@@ -532,56 +451,28 @@ class ClientStatus:
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
-        d["protocol"] = PROTOCOL_VERSION
         d["class_counts"] = list(self.class_counts)
-        if not self.program_fault:
-            del d["program_fault"]  # sent only when there is one: a coordinator of an older release reads the status as before
-        if not self.sensing:  # optional: a client that does not track it sends the message it always sent
-            del d["sensing"]
-        if self.charging is None:  # optional, as sensing
-            del d["charging"]
-        if not self.backend:  # optional, as sensing
-            del d["backend"]
-        if self.arch_version is None:  # optional, as charging
-            del d["arch_version"]
-        if not self.fault:  # optional, as sensing
-            del d["fault"]
-        if not self.left:  # optional, as sensing
-            del d["left"]
-        if self.sensing_health is None:  # optional, as charging
-            del d["sensing_health"]
-        else:
-            d["sensing_health"] = self.sensing_health.to_json()
-        if self.cost is None:  # optional, as charging
-            del d["cost"]
-        else:
-            d["cost"] = self.cost.to_json()
-        for name in _TIMINGS:  # optional, as charging
-            if d[name] is None:
-                del d[name]
-        if not self.warming_up:  # optional, as sensing
-            del d["warming_up"]
         d["bad_objects"] = list(self.bad_objects)
-        if not self.bad_objects:  # optional, as sensing
-            del d["bad_objects"]
-        return json.dumps(d, sort_keys=True).encode()
+        if self.sensing_health is not None:
+            d["sensing_health"] = self.sensing_health.to_json()
+        if self.cost is not None:
+            d["cost"] = self.cost.to_json()
+        unset = [n for n in _OPTIONAL_STATUS_FIELDS if d[n] is None or d[n] == "" or d[n] == [] or (n == "warming_up" and not d[n])]
+        return dump_message(d, *unset)
 
     @classmethod
     def from_bytes(cls, payload: bytes, strict: bool = False) -> ClientStatus:
         """Parse a status message.
 
-        Unknown top-level keys are ignored unless ``strict`` (docs/protocol.md, "Client status"):
-        a newer client may add a field, and an older coordinator still sees it present and
-        selectable. Inside ``sensing_health`` and ``cost`` every key is checked.
+        Unknown top-level keys are ignored unless ``strict`` (docs/protocol.md, "Client status");
+        inside ``sensing_health`` and ``cost`` every key is checked.
 
         Raises
         ------
         MessageError
-            If it is not JSON, of another protocol, or malformed; with ``strict``, also for an
-            unknown key (named).
+            If it is not JSON, of another protocol, or malformed; with ``strict``, for an unknown key.
         """
-        d = load_json_message(payload, "client status")
-        d.pop("protocol")
+        d = load_message(payload, "client status")
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown and strict:
             raise MessageError(f"client status: unknown fields {unknown[:8]}")
@@ -656,18 +547,9 @@ def fresh_until(sent_unix: float, refresh_s: float, retained: bool, now: float, 
                 periods: int = PRESENCE_PERIODS) -> float | None:  # fmt: skip
     """Until when a presence status counts as present, on the receiver's monotonic clock (s).
 
-    A status promises another one every ``refresh_s`` seconds; it counts as present for
-    ``periods * refresh_s`` seconds. A live status (``retained`` False) is aged from its
-    arrival ``now`` (monotonic s); a retained one, delivered when the receiver subscribed, from
-    the time it carries (``sent_unix``, the sender's wall clock, against ``now_unix``, the
-    receiver's), so sender and receiver clocks must agree to well within the period. A stamp
-    in the receiver's future counts as age 0.
-
-    Returns
-    -------
-    float or None
-        Monotonic time after which the status is stale; None if it never goes stale
-        (``refresh_s`` 0: a sender that does not refresh).
+    It counts for ``periods * refresh_s``: a live status from its arrival ``now``; a retained one
+    from its ``sent_unix`` against the receiver's ``now_unix`` (a future stamp is age 0). None:
+    never stale (``refresh_s`` 0).
     """
     if refresh_s <= 0:
         return None
@@ -686,26 +568,9 @@ def _check_seconds(obj: object, names: tuple[str, ...]) -> None:
 class CoordinatorStatus:
     """Retained presence of the coordinator (last will: offline).
 
-    A coordinator whose will never reached the broker (the broker crashed with it, or the
-    network did) would stay "online" forever; so it republishes this status every
-    ``refresh_s`` seconds, and a client treats one older than :data:`PRESENCE_PERIODS`
-    periods as gone (:func:`fresh_until`). A status without the two fields (a coordinator
-    built before them) parses with ``refresh_s`` 0 and never expires; the fields are left
-    out of the message when ``refresh_s`` is 0, so it reads as before.
-
-    Parameters
-    ----------
-    state : {"online", "offline"}
-    run_id : str
-        The run it serves; a client acts only on announcements of this run.
-    attempt : str
-        The coordinator process's attempt id (as in :class:`RoundAnnouncement`).
-    sent_unix : float
-        When the coordinator published this status (s since the epoch, its clock).
-    refresh_s : float
-        The coordinator republishes its status at least this often (s); 0 = never.
-    epoch : int
-        The served coordinator's epoch, as in :class:`RoundAnnouncement` (left out when 0).
+    Republished every ``refresh_s`` s; a client treats one older than :data:`PRESENCE_PERIODS`
+    periods as gone (:func:`fresh_until`). ``sent_unix``/``refresh_s`` are left out when
+    ``refresh_s`` is 0 and ``epoch`` when 0, as in the older message.
     """
 
     state: str
@@ -716,25 +581,12 @@ class CoordinatorStatus:
     epoch: int = 0
 
     def to_bytes(self) -> bytes:
-        d = asdict(self)
-        d["protocol"] = PROTOCOL_VERSION
-        if not self.refresh_s:  # the message of a coordinator that does not refresh, as before the fields existed
-            del d["sent_unix"], d["refresh_s"]
-        if not self.epoch:  # no epoch: the message older clients know
-            del d["epoch"]
-        return json.dumps(d, sort_keys=True).encode()
+        return dump_message(asdict(self), *(() if self.refresh_s else ("sent_unix", "refresh_s")), *(() if self.epoch else ("epoch",)))
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> CoordinatorStatus:
-        """Parse a coordinator status.
-
-        Raises
-        ------
-        MessageError
-            If it is not JSON, of another protocol, or malformed.
-        """
-        d = load_json_message(payload, "coordinator status")
-        d.pop("protocol")
+        """Parse a coordinator status; MessageError if it is not JSON, of another protocol, or malformed."""
+        d = load_message(payload, "coordinator status")
         try:
             st = cls(**d)
             _check_seconds(st, ("sent_unix", "refresh_s"))
@@ -751,31 +603,22 @@ class CoordinatorStatus:
 class RoundOutlook:
     """What the coordinator is doing about rounds, for the people holding the devices (retained, its own topic).
 
-    It travels apart from :class:`CoordinatorStatus` (on :attr:`har_models.wire.topics.Topics.coordinator_outlook`)
-    because a device of an earlier release refuses a status with keys it does not know; a device that
-    does not read this topic sees the status it always saw.
+    Kept apart from :class:`CoordinatorStatus` because a device of an earlier release refuses a
+    status with unknown keys. None and "" fields are left out.
 
     Parameters
     ----------
-    run_id : str
-    sent_unix : float
-        When it was published (s since the epoch, the coordinator's clock).
     devices_taking_part : int, optional
-        Devices that could be selected now (online, taking part, with windows).
+        Devices that could be selected now.
     devices_needed : int, optional
-        Devices a round needs before it starts (a served coordinator's ``min_clients``).
+        Devices a round needs before it starts (``min_clients``).
     next_round_unix : float, optional
-        When the coordinator expects to open its next round (s since the epoch, its clock);
-        None while a round is open or when it cannot tell.
+        When the next round is expected to open, s since the epoch; None while one is open.
     open_round : int, optional
-        The round open now, 0-based; None when none is.
     model_version : int, optional
-        The server's number of the shared model version the open round starts from (with no
-        round open: the newest kept version), as ``fedhar-coordinator versions`` numbers them.
+        The shared model version the open round starts from (as ``fedhar-coordinator versions`` numbers them).
     waiting_reason : str
-        Why no round is open, in words (at most :data:`MAX_REASON_CHARS` characters; "" when
-        one is open or nothing holds it back), e.g. "outside the schedule window 02:00-03:00".
-
+        Why no round is open, in words (at most :data:`MAX_REASON_CHARS`).
     """
 
     run_id: str = ""
@@ -788,21 +631,12 @@ class RoundOutlook:
     waiting_reason: str = ""
 
     def to_bytes(self) -> bytes:
-        d = {k: v for k, v in asdict(self).items() if v is not None and v != ""}
-        d["protocol"] = PROTOCOL_VERSION
-        return json.dumps(d, sort_keys=True).encode()
+        return dump_message({k: v for k, v in asdict(self).items() if v is not None and v != ""})
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> RoundOutlook:
-        """Parse an outlook.
-
-        Raises
-        ------
-        MessageError
-            If it is not JSON, of another protocol, or malformed.
-        """
-        d = load_json_message(payload, "round outlook")
-        d.pop("protocol")
+        """Parse an outlook; MessageError if it is not JSON, of another protocol, or malformed."""
+        d = load_message(payload, "round outlook")
         try:
             o = cls(**d)
             _check_seconds(o, ("sent_unix",))
@@ -817,6 +651,7 @@ class RoundOutlook:
             raise MessageError(f"round outlook: waiting_reason must be text of at most {MAX_REASON_CHARS} characters")
         return o
 
+
 MAX_REASON_CHARS = 200
 """Longest ``waiting_reason`` a coordinator status may carry (characters)."""
 
@@ -828,23 +663,8 @@ RECEIPT_STATES = ("accepted", "missing")
 class Receipt:
     """The coordinator's answer to an update, on the client's receipt topic (not retained).
 
-    The broker's PUBACK only says the broker took a message; a receipt says the coordinator
-    has the update. A client re-sends (with back-off, until the round's deadline) until it
-    gets ``accepted`` for its transfer.
-
-    Parameters
-    ----------
-    run_id : str
-    round, stage : int
-        The exchange the update was for.
-    transfer : str
-        Transfer id (hex sha256) of the update envelope.
-    state : {"accepted", "missing"}
-        ``accepted``: the update is valid and counted. ``missing``: the transfer stalled;
-        ``missing`` lists the chunk indices to send again (of ``count`` chunks).
-    missing : tuple of int
-    count : int
-        Number of chunks of the transfer the coordinator saw announced (``missing`` only).
+    A client re-sends (with back-off, until the deadline) until it gets ``accepted`` for its
+    transfer; ``missing`` lists the chunk indices to send again, of ``count`` announced.
     """
 
     run_id: str
@@ -856,22 +676,12 @@ class Receipt:
     count: int = 0
 
     def to_bytes(self) -> bytes:
-        d = asdict(self)
-        d["protocol"] = PROTOCOL_VERSION
-        d["missing"] = list(self.missing)
-        return json.dumps(d, sort_keys=True).encode()
+        return dump_message({**asdict(self), "missing": list(self.missing)})
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Receipt:
-        """Parse a receipt.
-
-        Raises
-        ------
-        MessageError
-            If it is not JSON, of another protocol, or malformed.
-        """
-        d = load_json_message(payload, "receipt")
-        d.pop("protocol")
+        """Parse a receipt; MessageError if it is not JSON, of another protocol, or malformed."""
+        d = load_message(payload, "receipt")
         try:
             missing = d.get("missing", [])
             if not isinstance(missing, list) or len(missing) > 1024:
@@ -892,32 +702,14 @@ PROGRESS_VERSION = 1
 """Format version of :class:`RoundProgress`'s ``record`` (the round record's JSON form)."""
 
 MAX_PROGRESS_BYTES = 1 << 20
-"""Largest progress message, 1 MiB. A round record with per-client figures for tens of clients
-and FedDWA's (n, n) weights is a few tens of KB; the coordinator leaves the per-client parts
-out of a record that would be larger."""
+"""Largest progress message, 1 MiB; the coordinator leaves the per-client parts out of a larger record."""
 
 
 @dataclass(frozen=True)
 class RoundProgress:
-    """The retained progress message of a federation: the record of its last completed round.
+    """The retained record of a federation's last completed round, on ``Topics.progress`` (figures only, no tensors).
 
-    Published by the coordinator after every round on ``Topics.progress``, so an observer
-    (a status page, a phone, ``mosquitto_sub``) follows a federation by subscribing, and
-    one that subscribes late still gets the latest round. It carries the figures only: no
-    tensors, no model.
-
-    Parameters
-    ----------
-    run_id : str
-    round : int
-        The completed round, 0-based; equals ``record["round"]``.
-    rounds : int
-        Rounds the run is configured for (``round == rounds - 1`` is its last).
-    record : dict
-        The round record's JSON form (``coordinator.record.RoundRecord.to_json``, the per-round
-        entry of ``report.json``), in format :data:`PROGRESS_VERSION`.
-    version : int
-        :data:`PROGRESS_VERSION` of the writer; a reader refuses another.
+    ``record`` is ``coordinator.record.RoundRecord.to_json`` in format :data:`PROGRESS_VERSION`.
     """
 
     run_id: str
@@ -927,13 +719,7 @@ class RoundProgress:
     version: int = PROGRESS_VERSION
 
     def to_bytes(self) -> bytes:
-        """UTF-8 JSON.
-
-        Raises
-        ------
-        ValueError
-            If the message would exceed :data:`MAX_PROGRESS_BYTES` (leave out the per-client parts).
-        """
+        """UTF-8 JSON; ValueError above :data:`MAX_PROGRESS_BYTES`."""
         d = {"protocol": PROTOCOL_VERSION, "version": self.version, "run_id": self.run_id, "round": self.round,
              "rounds": self.rounds, "record": self.record}  # fmt: skip
         out = json.dumps(d, allow_nan=True).encode()
@@ -943,18 +729,16 @@ class RoundProgress:
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> RoundProgress:
-        """Parse a progress message (the record inside is checked for its shape only).
+        """Parse a progress message (the record is checked for its shape only).
 
         Raises
         ------
         MessageError
-            If it is larger than :data:`MAX_PROGRESS_BYTES`, not JSON, of another protocol or
-            progress version, or malformed (types, a record of another round).
+            If it is too large, not JSON, of another protocol or progress version, or malformed.
         """
         if len(payload) > MAX_PROGRESS_BYTES:
             raise MessageError(f"round progress: {len(payload)} bytes, above {MAX_PROGRESS_BYTES}")
-        d = load_json_message(payload, "round progress")
-        d.pop("protocol")
+        d = load_message(payload, "round progress")
         if d.get("version") != PROGRESS_VERSION:
             raise MessageError(f"round progress: version {d.get('version')!r:.20}, this build reads {PROGRESS_VERSION}")
         try:

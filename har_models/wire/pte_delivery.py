@@ -1,30 +1,15 @@
-"""Delivery of ExecuTorch ``.pte`` programs: the request a client sends and the envelope the coordinator answers with.
+"""Delivery of ExecuTorch ``.pte`` programs to clients that run but cannot export them (docs/protocol.md, "ExecuTorch programs").
 
-A client whose backend runs exported programs (ExecuTorch) but cannot export them (a phone, a
-board without the exporter) asks for the programs of an architecture version with a small JSON
-:class:`ProgramRequest` on ``{p}/client/{cid}/program_request``. The coordinator answers with one
-envelope of kind ``"program"`` (:mod:`har_models.wire.codec`: JSON header, safetensors body,
-sha256) addressed to that client and sent as chunks (:mod:`har_models.wire.chunking`, CRC-32 per
-chunk, sha256 of the whole) on ``{p}/client/{cid}/programs/{i}``, exactly as models travel.
+A client asks with a JSON :class:`ProgramRequest` on ``{p}/client/{cid}/program_request``; the
+coordinator answers with one envelope of kind ``"program"`` (:mod:`har_models.wire.codec`)
+addressed to that client, in chunks on ``{p}/client/{cid}/programs/{i}``, as models travel.
 
-Envelope body: one 1-D ``uint8`` tensor per file of :data:`PROGRAM_FILES` (the bytes of the
-training program, the inference program with weights as inputs, the inference program with
-weights in a data file, and that data file's template). Envelope ``meta``:
+Body: one 1-D ``uint8`` tensor per file of :data:`PROGRAM_FILES`. ``meta``: ``run_id``,
+``program`` (the exporter's metadata, :func:`har_models.nn.export.ensure_programs`), ``files``
+(``{name: {"bytes", "sha256"}}``) and ``executorch`` (the exporter's version).
 
-* ``run_id``: the run that answered;
-* ``program``: the exporter's metadata of the set (``spec``, ``key``, ``format``, ``train_batch``,
-  ``infer_batch``, ``params``, ``weights_ptd``, and ``executorch``, ``schema_version``,
-  ``pte_identifier``, ``files`` for the checks before loading; :func:`har_models.nn.export.ensure_programs`);
-* ``files``: ``{name: {"bytes": n, "sha256": hex}}`` for each file;
-* ``executorch``: the exporter's executorch version.
-
-On the receiver the set is stored in the exporter's cache layout (``<key>.train.pte``,
-``<key>.infer.pte``, ``<key>.infer_static.pte``, ``<key>.weights.ptd``, ``<key>.json``; the
-metadata written last), so :func:`har_models.nn.export.ensure_programs` finds it without
-exporting. Before a runtime loads a stored set, :func:`check_program_set` compares each ``.pte``'s
-header (file identifier, extended-header length, schema version) and the metadata with that
-runtime and raises :class:`ProgramRefused` (``pte_corrupt``, ``pte_incompatible``). Nothing here
-imports PyTorch. See docs/protocol.md ("ExecuTorch programs").
+The receiver stores the set in the exporter's cache layout (metadata last), and
+:func:`check_program_set` refuses a set a runtime cannot load (:class:`ProgramRefused`). No PyTorch here.
 """
 
 from __future__ import annotations
@@ -57,12 +42,10 @@ META_SUFFIX = ".json"
 
 
 class ProgramError(ValueError):
-    """A program request or program envelope that must be rejected; ``reason`` is a short code for logs and tests.
+    """A program request or envelope that must be rejected; ``reason`` is a short code for logs and tests.
 
-    Reasons: ``oversized``, ``bad_request``, ``unknown_protocol`` (requests); the envelope reasons of
-    :mod:`har_models.wire.codec` (``sha256_mismatch``, ``truncated``, ...) and ``wrong_kind``,
-    ``client_mismatch``, ``wrong_run``, ``wrong_arch_version``, ``wrong_spec``, ``bad_program``
-    (envelopes).
+    Requests: ``oversized``, ``bad_request``, ``unknown_protocol``; envelopes: the codec's reasons
+    and ``wrong_kind``, ``client_mismatch``, ``wrong_run``, ``wrong_arch_version``, ``wrong_spec``, ``bad_program``.
     """
 
     def __init__(self, reason: str, message: str):
@@ -74,8 +57,8 @@ class ProgramError(ValueError):
 class ProgramRequest:
     """A client's request for the programs of one architecture version.
 
-    Wire form: ``{"protocol": 1, "run_id": str, "arch_version": int}`` (JSON, at most
-    :data:`MAX_REQUEST_BYTES`). The client is the one named in the topic, never in the payload.
+    Wire form: ``{"protocol": 1, "run_id": str, "arch_version": int}`` (at most
+    :data:`MAX_REQUEST_BYTES`); the client is the one named in the topic.
     """
 
     run_id: str
@@ -87,15 +70,7 @@ class ProgramRequest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ProgramRequest:
-        """Parse and check a request.
-
-        Raises
-        ------
-        ProgramError
-            ``oversized`` above :data:`MAX_REQUEST_BYTES`; ``bad_request`` for anything but a JSON
-            object with a string ``run_id`` and an integer ``arch_version >= 0``; ``unknown_protocol``
-            for another ``protocol`` than :data:`PROTOCOL`.
-        """
+        """Parse and check a request; ProgramError ``oversized``, ``bad_request`` or ``unknown_protocol``."""
         if len(data) > MAX_REQUEST_BYTES:
             raise ProgramError("oversized", f"program request of {len(data)} bytes exceeds {MAX_REQUEST_BYTES} bytes")
         try:
@@ -115,17 +90,7 @@ class ProgramRequest:
 
 @dataclass(frozen=True)
 class ProgramSet:
-    """One architecture version's programs as received (or about to be sent).
-
-    Attributes
-    ----------
-    spec : ArchSpec
-        The architecture the programs were exported for.
-    meta : dict
-        The exporter's metadata (``key``, ``train_batch``, ``infer_batch``, ``params``, ``weights_ptd``, ``spec``).
-    files : dict of str -> bytes
-        The bytes of each file of :data:`PROGRAM_FILES`.
-    """
+    """One architecture version's programs as received (or about to be sent): ``spec``, the exporter's ``meta``, and ``files`` by name."""
 
     spec: ArchSpec
     meta: dict[str, Any]
@@ -138,13 +103,7 @@ class ProgramSet:
 
 
 def encode_programs(programs: ProgramSet, *, client_id: str, run_id: str, executorch_version: str) -> bytes:
-    """The envelope (kind ``"program"``) carrying ``programs`` to ``client_id`` (module docstring).
-
-    Raises
-    ------
-    ValueError
-        If a file of :data:`PROGRAM_FILES` is missing.
-    """
+    """The envelope (kind ``"program"``) carrying ``programs`` to ``client_id``; ValueError if a file is missing."""
     missing = sorted(set(PROGRAM_FILES) - set(programs.files))
     if missing:
         raise ValueError(f"encode_programs: program files {missing} are missing")
@@ -155,26 +114,14 @@ def encode_programs(programs: ProgramSet, *, client_id: str, run_id: str, execut
 
 
 def decode_programs(envelope: bytes, *, client_id: str, run_id: str, spec: ArchSpec, max_bytes: int | None = None) -> ProgramSet:
-    """Check a program envelope against what the client asked for; the programs it carries.
-
-    Parameters
-    ----------
-    envelope : bytes
-        The joined chunks (their sha256 already equals the transfer id).
-    client_id, run_id : str
-        This client and the run whose announcement asked for ``spec``.
-    spec : ArchSpec
-        The announced architecture the programs must be exported for.
-    max_bytes : int, optional
-        Largest envelope accepted.
+    """Check a program envelope (joined chunks) against what the client asked for; the programs it carries.
 
     Raises
     ------
     ProgramError
-        With the codec's reason (``oversized``, ``sha256_mismatch``, ``truncated``, ``bad_header``, ...)
-        or ``wrong_kind``, ``client_mismatch``, ``wrong_run``, ``wrong_arch_version``, ``wrong_spec``,
-        ``bad_program`` (a file missing, not bytes, or not matching its recorded length and sha256;
-        metadata without the exporter's fields).
+        The codec's reason, or ``wrong_kind``, ``client_mismatch``, ``wrong_run``,
+        ``wrong_arch_version``, ``wrong_spec``, ``bad_program`` (a file missing or not matching its
+        recorded length and sha256; metadata without the exporter's fields).
     """
     try:
         env = codec.decode(envelope, max_bytes=max_bytes)
@@ -223,13 +170,7 @@ def program_paths(folder: str | os.PathLike[str], key: str) -> dict[str, Path]:
 
 
 def store_programs(folder: str | os.PathLike[str], programs: ProgramSet) -> dict[str, Path]:
-    """Write a received set into ``folder`` (created if missing), metadata last; its paths (:func:`program_paths`).
-
-    Raises
-    ------
-    OSError
-        If the folder cannot be written.
-    """
+    """Write a received set into ``folder`` (created if missing), metadata last; its paths. OSError if it cannot."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     paths = program_paths(folder, programs.key)
     for name in PROGRAM_FILES:
@@ -239,11 +180,7 @@ def store_programs(folder: str | os.PathLike[str], programs: ProgramSet) -> dict
 
 
 def find_programs(folder: str | os.PathLike[str], spec: ArchSpec) -> dict[str, Path] | None:
-    """The paths of a complete set in ``folder`` exported for exactly ``spec``, or None.
-
-    A set counts only when its metadata (written last) records ``spec`` and every file is present.
-    Unreadable metadata files are skipped.
-    """
+    """The paths of a complete set in ``folder`` exported for exactly ``spec``, or None (unreadable metadata is skipped)."""
     base = Path(folder)
     if not base.is_dir():
         return None
@@ -263,8 +200,7 @@ def find_programs(folder: str | os.PathLike[str], spec: ArchSpec) -> dict[str, P
 # -- checking a program before a runtime loads it ------------------------------------------------
 
 PTE_IDENTIFIER = "ET12"
-"""The flatbuffer file identifier of an ExecuTorch program (``file_identifier`` in executorch's
-``schema/program.fbs``; bytes 4..8 of a ``.pte``, after the 4-byte offset of the root table)."""
+"""The flatbuffer file identifier of an ExecuTorch program (bytes 4..8 of a ``.pte``; executorch's ``schema/program.fbs``)."""
 PTE_SCHEMA_VERSION = 0
 """The ``Program.version`` (schema version) that executorch 1.4.0 writes (``exir/version.py``) and reads."""
 EXTENDED_HEADER_MAGIC = b"eh00"
@@ -279,20 +215,11 @@ class ProgramRefused(ProgramError):
 class PteHeader:
     """What the first bytes of a ``.pte`` say about it.
 
-    Layout (checked on programs written by executorch 1.4.0): bytes 0..4 the little-endian offset
-    of the flatbuffer's root table; 4..8 the file identifier (``ET12``); then the extended header:
-    ``eh00``, its length (u32, 32), the flatbuffer's size, the offset of the first data segment and
-    the segments' total size (u64 each). The schema version is the root table's first field,
-    ``Program.version`` (u32), absent from the flatbuffer when 0 (a flatbuffer default).
-
-    Attributes
-    ----------
-    identifier : str
-    schema_version : int
-    program_size : int
-        Bytes of the flatbuffer (0 when there is no extended header).
-    expected_size : int or None
-        Length the whole file must have (segments included); None when the header does not say.
+    Layout (executorch 1.4.0): bytes 0..4 the root table's offset (u32 LE); 4..8 the identifier
+    (``ET12``); then the extended header ``eh00``, its length (u32, 32), the flatbuffer's size, the
+    first segment's offset and the segments' size (u64 each). The schema version is
+    ``Program.version`` (u32, absent when 0). ``program_size`` is 0 without an extended header;
+    ``expected_size`` (whole file) None when the header does not say.
     """
 
     identifier: str
@@ -302,13 +229,12 @@ class PteHeader:
 
 
 def read_pte_header(data: bytes, name: str = "program") -> PteHeader:
-    """Parse the identifier, extended header and schema version of a ``.pte`` (see :class:`PteHeader`).
+    """Parse the identifier, extended header and schema version of a ``.pte`` (:class:`PteHeader`).
 
     Raises
     ------
     ProgramRefused
-        ``pte_corrupt`` when the bytes cannot be an ExecuTorch program: shorter than its header,
-        an identifier that is not four characters ``ET`` + two digits, or a root table or vtable
+        ``pte_corrupt``: shorter than its header, an identifier not ``ET`` + two digits, or a table
         outside the flatbuffer.
     """
     import struct
@@ -341,19 +267,7 @@ def read_pte_header(data: bytes, name: str = "program") -> PteHeader:
 
 @dataclass(frozen=True)
 class RuntimeInfo:
-    """The ExecuTorch runtime that is to load the programs.
-
-    Attributes
-    ----------
-    name : str
-        In words, for messages ("Python runtime", "executorch-android AAR").
-    executorch : str
-        Its release ("1.4.0").
-    schema_version : int
-        The newest ``Program.version`` it reads.
-    identifier : str
-        The file identifier it expects.
-    """
+    """The ExecuTorch runtime that is to load the programs: ``name`` in words, release, newest ``Program.version`` it reads, identifier."""
 
     name: str
     executorch: str
@@ -373,19 +287,15 @@ def _release(version: str) -> str:
 def check_program_set(paths: dict[str, Path], meta: dict[str, Any], runtime: RuntimeInfo, names: tuple[str, ...] | None = None) -> None:
     """Refuse a stored program set that ``runtime`` cannot run, before it is loaded.
 
-    For each ``.pte`` of ``names`` (default: every file of :data:`PROGRAM_FILES`): its length and
-    sha256 against ``meta["files"]`` (when recorded), its header (:func:`read_pte_header`) and the
-    length the header gives, the identifier and the schema version against the runtime's; then the
-    exporter's recorded schema version. An exporter release other than the runtime's with the same
-    schema is allowed (the format is what decides) and named in the log by the caller.
+    Checks each ``.pte`` of ``names`` (default all): length and sha256 against ``meta["files"]``,
+    its header and length, identifier and schema version against the runtime's; then the exporter's
+    recorded schema. Another exporter release with the same schema is allowed.
 
     Raises
     ------
     ProgramRefused
-        ``pte_corrupt`` (missing or unreadable file, length or sha256 not as recorded, a header
-        that cannot be a program, a file shorter or longer than its header says);
-        ``pte_incompatible`` (another identifier, or a schema version newer than the runtime's;
-        the message names the exporter's and the runtime's versions).
+        ``pte_corrupt`` (missing, unreadable, not as recorded, not a program, wrong length) or
+        ``pte_incompatible`` (another identifier, or a newer schema; names both versions).
     """
     files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
     assert isinstance(files, dict)

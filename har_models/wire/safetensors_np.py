@@ -1,25 +1,14 @@
-"""A small reader and writer of the safetensors format in numpy, for devices without the Rust wheel.
+"""A small reader and writer of the safetensors format in numpy, for devices without the Rust wheel (no python-for-android recipe).
 
-python-for-android has no recipe for ``safetensors`` (a Rust extension), so a phone
-cannot install it; :mod:`har_models.wire.codec` and the client store fall back to this module
-when ``import safetensors`` fails. It writes the same bytes as ``safetensors.numpy.save``
-(tests compare them) and reads anything that library writes.
+Writes the bytes ``safetensors.numpy.save`` writes (tests compare them) and reads anything it
+writes. Format (huggingface/safetensors README, "Format"): 8 bytes header size N (u64 LE); N
+bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` with optional
+``"__metadata__"``, space-padded to a multiple of 8; then the tensors' LE C-order bytes,
+without holes or overlaps.
 
-Format (the safetensors specification, huggingface/safetensors README, "Format"):
-
-* 8 bytes: ``N``, unsigned little-endian 64-bit, the size of the header;
-* ``N`` bytes: a UTF-8 JSON object ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``
-  with an optional ``"__metadata__"`` object of string to string; the writer pads it with
-  spaces to a multiple of 8 bytes;
-* the rest: the tensors' little-endian, C-order bytes; ``data_offsets`` are relative to the
-  start of this part, and the tensors fill it without holes or overlaps.
-
-The reference writer orders tensors by dtype, widest alignment first (U64, I64, F64, F32,
-U32, I32, F16, U16, I16, I8, U8, BOOL), then by name, and puts ``__metadata__`` (keys
-sorted here) first; JSON is compact with non-ASCII kept as UTF-8. This module does the
-same. The reference writes several metadata keys in hash-map order, which changes from
-one process to the next, so bytes are identical when there is at most one metadata key
-(the codec's bodies have none, the store's files one).
+Like the reference writer: tensors by dtype, widest alignment first (U64, I64, F64, F32, U32,
+I32, F16, U16, I16, I8, U8, BOOL), then by name; ``__metadata__`` first; compact UTF-8 JSON.
+The reference orders several metadata keys by hash, so bytes match for at most one key.
 """
 
 from __future__ import annotations
@@ -67,24 +56,10 @@ def _dtype_name(a: np.ndarray) -> str:
 
 
 def save(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
-    """Serialise ``tensors`` (any shapes, numpy dtypes of the table above) to safetensors bytes.
+    """Serialise ``tensors`` to safetensors bytes identical to ``safetensors.numpy.save(tensors, metadata)``.
 
-    Parameters
-    ----------
-    tensors : mapping name -> ndarray
-        Non-contiguous and big-endian arrays are copied to little-endian C order.
-    metadata : mapping str -> str, optional
-        Goes in ``__metadata__``.
-
-    Returns
-    -------
-    bytes
-        Identical to ``safetensors.numpy.save(tensors, metadata)``.
-
-    Raises
-    ------
-    ValueError
-        On an unsupported dtype, a name ``"__metadata__"``, or non-string metadata.
+    Non-contiguous and big-endian arrays are copied to little-endian C order. ValueError on an
+    unsupported dtype, a name ``"__metadata__"``, or non-string metadata.
     """
     head, arrays = layout(tensors, metadata)
     return b"".join([head, *arrays])
@@ -93,21 +68,8 @@ def save(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None =
 def layout(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> tuple[bytes, list[memoryview]]:
     """The pieces of :func:`save`'s output, not yet joined: ``b"".join([head, *arrays])`` is that output.
 
-    For a writer that puts the serialisation inside a larger buffer, or hashes it, without
-    first building it (:func:`har_models.wire.codec.encode` copies the tensors once).
-
-    Returns
-    -------
-    head : bytes
-        The 8-byte header size and the padded JSON header.
-    arrays : list of memoryview
-        The tensors' data in file order, little-endian and C order: views of the caller's own
-        arrays where they already are, of copies otherwise.
-
-    Raises
-    ------
-    ValueError
-        As :func:`save`.
+    ``head`` is the size and padded JSON header; ``arrays`` the tensors' data in file order (views
+    of the caller's arrays where already LE C order). ValueError as :func:`save`.
     """
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("safetensors: metadata must map strings to strings")
@@ -134,20 +96,10 @@ def layout(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None
 
 
 def load_with_metadata(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Parse safetensors bytes into ``(tensors, metadata)``.
+    """Parse safetensors bytes into ``(tensors, metadata)``: writeable copies in the file's dtype and shape, and ``__metadata__``.
 
-    Returns
-    -------
-    tensors : dict name -> ndarray
-        Arrays in the file's dtype and shape (copies, writeable).
-    metadata : dict str -> str
-        ``__metadata__`` (empty if absent).
-
-    Raises
-    ------
-    SafetensorError
-        On a short buffer, a header that is not a JSON object, an unknown dtype, offsets
-        that do not match the shape, overlap, leave holes or run past the end.
+    SafetensorError on a short buffer, a non-object header, an unknown dtype, or offsets that do
+    not match the shape, overlap, leave holes or run past the end.
     """
     buf = memoryview(data)
     if len(buf) < 8:
@@ -206,13 +158,7 @@ def load_file(filename: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def read_metadata(filename: str | os.PathLike[str]) -> dict[str, str]:
-    """``__metadata__`` of the safetensors file ``filename`` (reads the header only).
-
-    Raises
-    ------
-    SafetensorError
-        If the header is malformed.
-    """
+    """``__metadata__`` of the safetensors file ``filename`` (reads the header only); SafetensorError if malformed."""
     with open(filename, "rb") as f:
         head = f.read(8)
         if len(head) < 8:

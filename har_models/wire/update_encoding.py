@@ -1,40 +1,29 @@
 """Encodings of what clients upload: float32 (as trained), float16, or 8-bit deltas with error feedback.
 
-The training plan names the encoding (``TrainingPlan.update_encoding``); the client encodes
-its update just before :func:`har_models.wire.codec.encode` and writes the encoding's name into
-the envelope's metadata (``meta["encoding"]``; absent means float32, so a float32 envelope
-is byte for byte what it was before encodings existed). The receiver decodes with
-:func:`decode_update` and rejects an encoding it does not know (reason ``unknown_encoding``).
-
-Encodings, for a trained tensor t and the tensor r of the model the client received in
-this exchange:
+The plan names the encoding (``TrainingPlan.update_encoding``); the client writes it into
+``meta["encoding"]`` (absent = float32, so a float32 envelope is byte for byte the old one).
+For a trained tensor t and the received tensor r:
 
 ``float32``
     t unchanged (4 bytes per parameter).
 ``float16``
-    t cast to IEEE half precision (2 bytes); relative error at most 2^-11 for
-    |t| >= 2^-14 (half's normal range), absolute error at most 2^-25 below it.
-    |t| > 65504 cannot be represented and is refused by the encoder.
+    t as IEEE half (2 bytes): relative error <= 2^-11 for |t| >= 2^-14, absolute <= 2^-25
+    below; |t| > 65504 is refused.
 ``int8_delta``
-    8-bit quantised delta with one scale per tensor and error feedback (1 byte plus 4 bytes
-    per tensor). With e the residual the client kept from its previous upload (zeros at
-    first, and for a tensor whose shape changed, e.g. after a FedDist growth)::
+    1 byte per parameter plus a float32 scale per tensor (``scale/<name>``, shape (1,)), with
+    the residual e kept from the previous upload (zeros at first or after a shape change)::
 
         d  = t - r + e
         s  = max|d| / 127            (1 where d is all zero)
         q  = clip(round(d / s), -127, 127)        as int8
         e' = d - q s                 kept by the client for its next upload
 
-    The receiver rebuilds r + q s, so |error| <= s / 2 per element; and because e' goes
-    back into the next delta, the error of the sum of uploads over R rounds is one
-    step's e'_R, not R of them (error feedback: Seide et al., "1-bit stochastic gradient
-    descent", Interspeech 2014; Karimireddy et al., "Error feedback fixes SignSGD", ICML
-    2019, algorithm 2). The scale of tensor ``name`` travels as the float32 tensor
-    ``scale/<name>`` of shape (1,). FedDWA guidance tensors (``guidance/<name>``) are
-    coded against the same received tensor ``<name>`` without error feedback (the
-    guidance model is a one-off each round).
+    The receiver rebuilds r + q s (|error| <= s / 2); with error feedback the error of a sum
+    of R uploads is one step's, not R (Seide et al., Interspeech 2014; Karimireddy et al.,
+    ICML 2019, algorithm 2). FedDWA ``guidance/<name>`` tensors are coded against ``<name>``
+    without feedback.
 
-Pure numpy: no PyTorch, no I/O; both trainers and the coordinator call these functions.
+Pure numpy, no I/O.
 """
 
 from __future__ import annotations
@@ -74,13 +63,7 @@ class BadEncoding(codec.EnvelopeError):
 
 
 def check_encoding(encoding: Any) -> str:
-    """``encoding`` if it is one of :data:`ENCODINGS`.
-
-    Raises
-    ------
-    UnknownEncoding
-        Naming the value and the encodings this build knows.
-    """
+    """``encoding`` if it is one of :data:`ENCODINGS`; UnknownEncoding naming it otherwise."""
     if not isinstance(encoding, str) or encoding not in ENCODINGS:
         raise UnknownEncoding(f"update encoding {str(encoding)[:40]!r} is unknown to this receiver; it reads {list(ENCODINGS)}")
     return encoding
@@ -98,25 +81,10 @@ def _base_name(name: str) -> str:
 
 
 def quantise(d: np.ndarray) -> tuple[np.ndarray, np.float32]:
-    """Symmetric 8-bit quantisation of one tensor with one scale.
+    """Symmetric 8-bit quantisation of one finite float32 tensor with one scale.
 
-    Parameters
-    ----------
-    d : ndarray of float32, any shape
-        Finite values.
-
-    Returns
-    -------
-    q : ndarray of int8, shape of ``d``
-        ``clip(round(d / s), -127, 127)`` (round half to even).
-    s : float32
-        ``max|d| / 127``; 1.0 where that is 0 (an all-zero tensor, or one so small that the
-        division underflows: it then quantises to zeros and stays in the residual).
-
-    Raises
-    ------
-    ValueError
-        If ``d`` holds NaN or inf.
+    Returns ``(q, s)``: int8 ``clip(round(d / s), -127, 127)`` (half to even) and float32
+    ``s = max|d| / 127``, 1.0 where that is 0 or underflows. ValueError for NaN or inf.
     """
     if d.size and not np.isfinite(d).all():
         raise ValueError("quantise: the delta holds NaN or inf; the trained model diverged")
@@ -136,37 +104,25 @@ def encode_update(
 ) -> tuple[dict[str, Any], dict[str, Any], Arrays]:
     """Encode an update's tensors for the envelope.
 
-    Parameters
-    ----------
-    tensors : mapping name -> array-like
-        The trained model (and ``guidance/<name>`` tensors for FedDWA), any shapes.
-    received : mapping name -> array-like, or None
-        The model the client received in this exchange (names without prefix, shapes of
-        ``tensors``); needed for ``int8_delta`` only.
-    encoding : {"float32", "float16", "int8_delta"}
-    residual : mapping name -> float32 array, optional
-        int8_delta's error-feedback residual e from the previous upload; a missing or
-        differently shaped entry counts as zeros.
+    ``received`` (the model received this exchange) is needed for ``int8_delta`` only;
+    ``residual`` is its error feedback e (a missing or reshaped entry counts as zeros).
 
     Returns
     -------
     arrays : dict name -> array
-        What :func:`har_models.wire.codec.encode` should serialise. For float32 it is
-        ``tensors`` itself, object for object, so the envelope is unchanged.
+        What :func:`har_models.wire.codec.encode` serialises (``tensors`` itself for float32).
     meta : dict
-        Fields to merge into the envelope metadata: ``{}`` for float32, else
-        ``{"encoding": encoding}``.
+        ``{}`` for float32, else ``{"encoding": encoding}``.
     new_residual : dict name -> float32 array
-        e' of every non-guidance tensor for int8_delta; ``{}`` for the other encodings.
+        e' of every non-guidance tensor for int8_delta; ``{}`` otherwise.
 
     Raises
     ------
     UnknownEncoding
         For an encoding not in :data:`ENCODINGS`.
     ValueError
-        For int8_delta without ``received`` or with a tensor missing from it or shaped
-        differently; for float16 with a value beyond +-65504; for a tensor name that uses
-        the reserved prefix ``scale/``; for a non-finite delta.
+        int8_delta without ``received`` or a tensor missing or reshaped in it; float16 beyond
+        +-65504; a name with the reserved prefix ``scale/``; a non-finite delta.
     """
     check_encoding(encoding)
     if encoding == "float32":
@@ -212,34 +168,20 @@ def encode_update(
 
 
 def decode_update(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], reference: Mapping[str, Any] | None) -> Arrays:
-    """Decode an update's tensors to float32 according to ``meta["encoding"]``.
+    """Decode an update's tensors to float32 according to ``meta["encoding"]`` (absent: float32).
 
-    Parameters
-    ----------
-    arrays : mapping name -> ndarray
-        The envelope's tensors.
-    meta : mapping
-        The envelope's metadata; ``"encoding"`` absent means float32.
-    reference : mapping name -> array-like, or None
-        The model the receiver published to this client in this exchange (what the client
-        coded its deltas against); needed for int8_delta only.
-
-    Returns
-    -------
-    dict name -> float32 ndarray
-        The tensors as trained, up to the encoding's error (see the module docstring);
-        int8_delta's ``scale/`` entries are consumed.
+    ``reference``: the model published to this client this exchange (int8_delta only). Returns
+    the tensors as trained up to the encoding's error, ``scale/`` entries consumed.
 
     Raises
     ------
     UnknownEncoding
-        ``meta["encoding"]`` is not one this build knows (reason ``unknown_encoding``).
+        An encoding this build does not know (``unknown_encoding``).
     BadEncoding
-        A tensor of the wrong dtype for the encoding, a code of -128 (outside the symmetric
-        range the encoder writes), a missing, misshaped, non-finite or non-positive scale, a
+        A wrong dtype, a code of -128, a missing, misshaped, non-finite or non-positive scale, a
         scale without its tensor, or int8_delta without a reference.
     codec.WrongTensors
-        An int8_delta tensor without a counterpart in ``reference``, or shaped differently.
+        An int8_delta tensor missing from ``reference`` or shaped differently.
     codec.NonFinite
         A rebuilt tensor that overflowed to inf.
     """

@@ -1,24 +1,15 @@
 """The metadata an update envelope carries (``meta`` of :func:`har_models.wire.codec.encode` with ``kind="update"``).
 
-One typed record, :class:`UpdateMeta`, written by the client round
-(:class:`edge_client.trainer.ClientTrainer`) and readable by anyone who receives an update.
-:meth:`UpdateMeta.to_wire` gives the JSON object of the envelope, with the keys in this order
-(the bytes of an update are those the client wrote before the record existed):
+:class:`UpdateMeta` is written by :class:`edge_client.trainer.ClientTrainer`;
+:meth:`UpdateMeta.to_wire` keeps the key order of the bytes clients always wrote:
 
 ``run_id, stage, n_train, n_test, label_set, train_loss, train_seconds, steps, init_mode, ala,
 [backend], confusion, [encoding]``
 
-``backend`` is written only for a backend other than ``"torch"`` and ``encoding`` only for an
-update encoding other than :data:`~har_models.wire.messages.DEFAULT_UPDATE_ENCODING` (``"float32"``,
-:mod:`har_models.wire.update_encoding`); a missing key reads back as that default. ``ala`` is ``{}``
-when FedALA did not run.
-
-Two readings of the same object, one parser (:meth:`UpdateMeta.from_wire`): the strict one (tests,
-tools) refuses unknown and missing keys; the coordinator's intake (``strict=False``, ``docs/protocol.md``,
-"Update metadata") ignores keys it does not know, so a newer client's additions do not cost its update,
-and needs only ``run_id``, ``n_train`` and ``n_test``; every key present is validated either way.
-
-No PyTorch here (the phone decodes and writes these).
+``backend`` only when not ``"torch"``, ``encoding`` only when not ``"float32"``; missing, they
+read as those. ``ala`` is ``{}`` when FedALA did not run. :meth:`UpdateMeta.from_wire` reads
+strictly (tests, tools) or leniently (the coordinator's intake, docs/protocol.md "Update
+metadata"). No PyTorch here.
 """
 
 from __future__ import annotations
@@ -43,10 +34,7 @@ INTAKE_DEFAULTS: dict[str, Any] = {
     "steps": 0,
     "init_mode": "received",
 }
-"""What a missing key reads as in the lenient reading (``UpdateMeta.from_wire(meta, strict=False)``).
-
-Every client release has written these keys; the coordinator never needed them to aggregate, so
-it has never refused an update without them, and it still does not."""
+"""What a missing key reads as in the lenient reading; the coordinator never needed these keys to aggregate."""
 
 
 class UpdateMetaError(ValueError):
@@ -91,22 +79,9 @@ def _matrix(value: object, what: str) -> Matrix | None:
 class AlaNote:
     """What FedALA's initialisation did in this round (:class:`edge_client.ala.AlaResult`, in short).
 
-    Attributes
-    ----------
-    passes : int
-        Passes over the sample spent learning W (0 when W was not learned).
-    n_sample : int
-        Windows in FedALA's s% sample.
-    converged : bool
-        Whether the first ALA round's stop test passed.
-    fallback : str or None
-        Why the received model was used unchanged ("first participation", "empty sample",
-        "non-finite loss"), or None.
-
-    Raises
-    ------
-    ValueError
-        On a negative count or a wrong type (naming the field).
+    ``passes``: over the sample learning W (0: not learned); ``n_sample``: windows in the s%
+    sample; ``converged``: the stop test passed; ``fallback``: why the received model was used
+    unchanged, or None. ValueError naming the field on a negative count or a wrong type.
     """
 
     passes: int = 0
@@ -129,11 +104,9 @@ class AlaNote:
 
 @dataclass(frozen=True)
 class Confusions:
-    """Confusion matrices ``(C, C)`` (rows: truth, columns: prediction) on the client's test windows, or None without any.
+    """Confusion matrices ``(C, C)`` (rows truth, columns prediction) on the test windows of the model received.
 
-    Attributes
-    ----------
-    received : the model as received;  initial : after the initialisation (FedPer, FedALA);  trained : after training
+    Initialised and trained; None without any.
     """
 
     received: Matrix | None = None
@@ -142,13 +115,7 @@ class Confusions:
 
     @classmethod
     def of(cls, received: Any, initial: Any, trained: Any) -> Confusions:
-        """From arrays (``numpy`` int matrices) or nested lists; None stays None.
-
-        Raises
-        ------
-        ValueError
-            If a matrix is not square or holds a negative or non-integer count.
-        """
+        """From int arrays or nested lists (None stays None); ValueError if a matrix is not square or holds a bad count."""
 
         def conv(m: Any, what: str) -> Matrix | None:
             return None if m is None else _matrix([[int(c) for c in row] for row in m], what)
@@ -163,38 +130,22 @@ class Confusions:
 
 @dataclass(frozen=True)
 class UpdateMeta:
-    """The metadata of one client update (see the module docstring for the wire keys).
+    """The metadata of one client update (wire keys in the module docstring); ValueError naming a field of wrong type or range.
 
     Attributes
     ----------
-    run_id : str
-        The run the update belongs to.
     stage : int
         FedDist stage of the exchange (0 except in a growth's second stage).
     n_train, n_test : int
-        The client's training and test windows (n_k of FedAvg; the test count for the metrics).
-    label_set : str
-        Name of the client's label set (``har_models.data.labels``).
+        The client's training (FedAvg's n_k) and test windows.
     train_loss : tuple of float
-        Mean training loss of each local epoch (cross-entropy, nats).
+        Mean cross-entropy of each local epoch, nats.
     train_seconds : float
-        Seconds spent in local training (and the guidance pass).
-    steps : int
-        SGD steps of the local epochs.
+        Local training (and guidance pass), s.
     init_mode : str
-        How the starting model was made: "received", "fedper", "ala", or "received (why)".
+        "received", "fedper", "ala", or "received (why)".
     ala : AlaNote or None
         FedALA's account when it ran.
-    backend : str
-        Training backend that produced the update ("torch", "numpy", "executorch").
-    confusion : Confusions
-    encoding : str
-        Update encoding of the tensors ("float32", "float16", "int8_delta").
-
-    Raises
-    ------
-    ValueError
-        On a field of the wrong type or range (the message names the field).
     """
 
     run_id: str
@@ -255,24 +206,12 @@ class UpdateMeta:
 
     @classmethod
     def from_wire(cls, meta: Mapping[str, Any], *, strict: bool = True) -> UpdateMeta:
-        """Read an envelope's metadata (e.g. a received update's ``env.meta``), validating every key present.
+        """Read an envelope's metadata, validating every key present.
 
-        Parameters
-        ----------
-        meta : mapping
-            The envelope's JSON object.
-        strict : bool
-            True: every key of the module docstring but the optional ones (``ala``, ``backend``,
-            ``confusion``, ``encoding``) must be there, and no other. False (the coordinator's
-            intake): keys this build does not know are ignored, at every level (``ala``,
-            ``confusion``), and only ``run_id``, ``n_train`` and ``n_test`` are required; a
-            missing key reads as :data:`INTAKE_DEFAULTS`.
-
-        Raises
-        ------
-        UpdateMetaError
-            If a key is missing, unknown (strict only) or of the wrong type or range; the message
-            names it and ``key`` is the top-level key at fault.
+        ``strict``: every non-optional key (all but ``ala``, ``backend``, ``confusion``, ``encoding``)
+        required and no other. Lenient (the coordinator's intake): unknown keys ignored at every
+        level, only ``run_id``, ``n_train`` and ``n_test`` required, a missing key reads as
+        :data:`INTAKE_DEFAULTS`. UpdateMetaError naming the key (``key``: the top-level one) otherwise.
         """
         if not isinstance(meta, Mapping):
             raise UpdateMetaError(f"update metadata must be a JSON object, got {type(meta).__name__}")

@@ -1,12 +1,8 @@
 """Where things are in the REALWORLD archive: subjects, per-sensor archives, parts and CSV members.
 
-The dataset is read where it lies: the official ``realworld2016_dataset.zip``, the folder it
-was extracted to, or any mix of unpacked folders and zips inside them (zip-in-zip for the
-multi-part recordings). :class:`pathlib.Path` and :class:`zipfile.Path` walk a folder and
-an archive through the same calls (``iterdir``, ``is_dir``, ``read_bytes``, ``/``), so one
-:class:`Node` covers all three; a zip inside a zip is opened from its bytes.
-
-Layout (names as in the archive)::
+The dataset is read where it lies (the official zip, its extracted folder, or any mix of folders
+and zip-in-zip parts); :class:`pathlib.Path` and :class:`zipfile.Path` share the calls used,
+so one :class:`Node` covers all. Layout::
 
     proband{k}/data/{acc,gyr}_{activity}_csv.zip      one archive per sensor and activity
         acc_{activity}[_{i}]_{position}.csv           i: part infix, or a "_2" of a single recording
@@ -14,8 +10,7 @@ Layout (names as in the archive)::
         readMe                                        sampling notes (ignored)
         {st}_{activity}[_{i}]_csv.zip                 instead of CSVs: one inner archive per part
 
-Labels (for anomaly reports and cache fingerprints) are paths relative to the dataset root
-with ``!`` between an archive and its members, e.g.
+Labels are paths from the dataset root with ``!`` after an archive, e.g.
 ``proband4/data/acc_climbingup_csv.zip!acc_climbingup_2_csv.zip!acc_climbingup_2_chest.csv``.
 """
 
@@ -51,15 +46,8 @@ def _hidden(name: str) -> bool:
 class Node:
     """A folder-like place: a directory, a zip archive, or a folder inside one.
 
-    Parameters
-    ----------
-    path : pathlib.Path or zipfile.Path
-        The folder, or the archive's top or a folder in it.
-    label : str
-        Path relative to the dataset root, for messages and fingerprints ("" at the root).
-    sep : str
-        Between ``label`` and a member's name: ``"!"`` at the top of an archive that is
-        itself a file (of a folder or another archive), ``"/"`` otherwise.
+    ``label``: path from the dataset root ("" at the root); ``sep``: ``"!"`` at the top of an
+    archive that is itself a file, ``"/"`` otherwise.
     """
 
     path: Path | zipfile.Path
@@ -85,13 +73,7 @@ class Node:
         return self._entries(True)
 
     def read(self, name: str) -> bytes:
-        """Content of the member file ``name``.
-
-        Raises
-        ------
-        UnreadableError
-            If it cannot be read (I/O error, CRC mismatch, truncated archive).
-        """
+        """Content of the member file ``name``; UnreadableError on an I/O error, CRC mismatch or truncated archive."""
         try:
             return (self.path / name).read_bytes()
         except _READ_ERRORS as exc:
@@ -100,13 +82,7 @@ class Node:
             raise UnreadableError(f"member {name} cannot be read ({exc})") from None
 
     def child(self, name: str) -> Node:
-        """The member ``name`` as a node: a sub-folder, or a zip file opened as one.
-
-        Raises
-        ------
-        UnreadableError
-            If ``name`` is a file that is not a readable zip archive.
-        """
+        """The member ``name`` as a node (a sub-folder, or a zip opened as one); UnreadableError for a file that is no readable zip."""
         path = self.path / name
         if path.is_dir():
             return Node(path, self.member_label(name))
@@ -133,13 +109,7 @@ class Node:
 
 
 def open_archive_bytes(data: bytes, label: str) -> Node:
-    """A zip archive held in memory (a member of a folder or of another archive) as a node.
-
-    Raises
-    ------
-    UnreadableError
-        If ``data`` is not a readable zip archive.
-    """
+    """A zip archive held in memory as a node; UnreadableError if ``data`` is not a readable zip."""
     try:
         return Node(zipfile.Path(zipfile.ZipFile(io.BytesIO(data))), label, "!")
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
@@ -148,19 +118,9 @@ def open_archive_bytes(data: bytes, label: str) -> Node:
 
 @contextmanager
 def open_dataset(root: Path) -> Iterator[Node]:
-    """The dataset root as a node, for the duration of a ``with`` block.
+    """The dataset root (zip or extracted folder) as a node, for a ``with`` block.
 
-    Parameters
-    ----------
-    root : Path
-        ``realworld2016_dataset.zip`` or the folder it was extracted to.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``root`` does not exist.
-    ValueError
-        If ``root`` is a file but not a readable zip archive.
+    FileNotFoundError if ``root`` does not exist; ValueError for a file that is not a readable zip.
     """
     root = Path(root)
     if root.is_dir():
@@ -206,13 +166,7 @@ def _subjects_in(folder: Node) -> dict[int, Node]:
 
 
 def subject_data(top: Node, subject: int, root: Path) -> Node:
-    """The ``proband{subject}/data`` node.
-
-    Raises
-    ------
-    FileNotFoundError
-        If the subject has no data folder (the message lists the subjects present).
-    """
+    """The ``proband{subject}/data`` node; FileNotFoundError listing the subjects present if missing."""
     subjects = find_subjects(top)
     if subject not in subjects:
         present = ", ".join(str(k) for k in sorted(subjects)) or "none"
@@ -221,24 +175,9 @@ def subject_data(top: Node, subject: int, root: Path) -> Node:
 
 
 def realworld_subject_ids(root: Path) -> list[int]:
-    """Subject numbers k of the ``proband{k}/data`` folders present under ``root``.
+    """Ascending subject numbers k of the ``proband{k}/data`` folders under ``root`` (at the top or one folder down).
 
-    Parameters
-    ----------
-    root : Path
-        ``realworld2016_dataset.zip`` or the folder it was extracted to (the ``proband*``
-        folders may sit at the top or one folder down).
-
-    Returns
-    -------
-    list of int, ascending
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``root`` does not exist or holds no ``proband{k}/data`` folder.
-    ValueError
-        If ``root`` is a file but not a readable zip archive.
+    FileNotFoundError if ``root`` does not exist or holds none; ValueError for a file that is not a readable zip.
     """
     with open_dataset(Path(root)) as top:
         subjects = find_subjects(top)
@@ -252,20 +191,10 @@ def realworld_subject_ids(root: Path) -> list[int]:
 
 @dataclass
 class SensorFiles:
-    """CSV contents of one sensor and activity, by (position, part index).
+    """CSV contents of one sensor and activity: ``csv`` maps (position, part) to (bytes, label).
 
-    Attributes
-    ----------
-    usable : bool
-        False when the archive is missing or unreadable (already reported).
-    label : str
-        Label of the archive.
-    multipart : bool
-        The archive holds one inner archive per part.
-    csv : dict of (position, part) to (bytes, label)
-        Content and label of each CSV found.
-    failed : set of (position, part)
-        CSVs found but unreadable (already reported).
+    ``usable`` is False for a missing or unreadable archive and ``failed`` holds unreadable CSVs
+    (both already reported); ``multipart``: one inner archive per part.
     """
 
     usable: bool
@@ -276,28 +205,12 @@ class SensorFiles:
 
 
 def read_sensor_archive(data: Node, subject: int, activity: str, sensor: str, config: RealWorldConfig, report: Report) -> SensorFiles:
-    """The CSVs of one sensor and activity of one subject, with the layout anomalies reported.
+    """The CSVs of one sensor (``"acc"``/``"gyro"``) and activity of subject k, with the layout anomalies given to ``report``.
 
-    Handles (kinds as reported): a missing [missing_archive] or unreadable [corrupt_archive]
-    archive; zip-in-zip parts [multipart] (acc part 1 ``acc_{act}_1_csv.zip`` but gyro part 1
-    ``gyr_{act}_csv.zip``, parts 2-3 ``{st}_{act}_{i}_csv.zip``), also unpacked into folders;
-    a part infix on a single recording [odd_name]; several CSVs for one position
-    [ambiguous_csv]; an unreadable member [corrupt_member]; anything else
-    [unexpected_member].
-
-    Parameters
-    ----------
-    data : Node
-        The subject's ``proband{k}/data`` folder.
-    subject : int
-        k.
-    activity : str
-        One of :data:`~har_models.data.realworld.ACTIVITIES`.
-    sensor : {"acc", "gyro"}
-    config : RealWorldConfig
-        Positions to read.
-    report : Report
-        Receives the anomalies.
+    Kinds: [missing_archive], [corrupt_archive], zip-in-zip parts [multipart] (acc part 1
+    ``acc_{act}_1_csv.zip`` but gyro ``gyr_{act}_csv.zip``, parts 2-3 ``{st}_{act}_{i}_csv.zip``,
+    also unpacked), a part infix on a single recording [odd_name], several CSVs for one position
+    [ambiguous_csv], an unreadable member [corrupt_member], anything else [unexpected_member].
     """
     st = ARCHIVE_PREFIX[sensor]
     base = f"proband{subject}/{activity}"
@@ -408,11 +321,7 @@ def read_sensor_archive(data: Node, subject: int, activity: str, sensor: str, co
 
 
 def has_sensor_pair(data: Node) -> bool:
-    """Whether any activity of the subject has both an accelerometer and a gyroscope archive.
-
-    A listing only (no archive is opened), for a quick "this subject can give no
-    recording" check, e.g. a data folder holding only gyroscope files.
-    """
+    """Whether any activity of the subject has both an accelerometer and a gyroscope archive (a listing only)."""
     names = set(data.files()) | set(data.dirs())
     return any(
         all(f"{ARCHIVE_PREFIX[s]}_{a}_csv.zip" in names or f"{ARCHIVE_PREFIX[s]}_{a}_csv" in names for s in ("acc", "gyro"))
@@ -421,12 +330,9 @@ def has_sensor_pair(data: Node) -> bool:
 
 
 def subject_has_sensor_pair(root: Path, subject: int) -> bool:
-    """:func:`has_sensor_pair` for ``proband{subject}`` under ``root`` (a listing, no CSV is read).
+    """:func:`has_sensor_pair` for ``proband{subject}`` under ``root``.
 
-    Raises
-    ------
-    FileNotFoundError, ValueError
-        As :func:`realworld_subject_ids` and for a missing subject.
+    FileNotFoundError, ValueError as :func:`realworld_subject_ids`, and for a missing subject.
     """
     with open_dataset(Path(root)) as top:
         return has_sensor_pair(subject_data(top, int(subject), root))

@@ -1,11 +1,9 @@
 """Acc and gyro CSVs paired into :class:`~har_models.data.recording.Recording` objects, and their windows.
 
-Acc and gyro of one (activity, position, part) are paired by those keys, never by file
-name (acc part 1 is ``acc_{act}_1_csv.zip`` but gyro part 1 ``gyr_{act}_csv.zip``). Each pair
-is checked for duplicated, out-of-order and gapped stamps, different sampling rates
-(REALWORLD's chest gyroscope has up to 3.8 times the accelerometer's rows: both are
-resampled onto one 50 Hz grid over their common span, the faster one low-passed first,
-where FedDist drops such recordings) and different spans.
+Acc and gyro of one (activity, position, part) are paired by those keys, never by file name.
+Each pair is checked for duplicated, out-of-order and gapped stamps, different rates (the
+chest gyroscope has up to 3.8 times the accelerometer's rows: both are resampled onto one
+50 Hz grid, where FedDist drops them) and different spans.
 """
 
 from __future__ import annotations
@@ -33,17 +31,10 @@ SPAN_MISMATCH_SHARE = 0.9
 
 @dataclass(frozen=True)
 class RealWorldSubject:
-    """The recordings of one subject and the anomalies met while reading them.
+    """The recordings of one subject k and the anomalies met reading them (in the order met).
 
-    Parameters
-    ----------
-    subject : int
-        Subject number k of ``proband{k}``.
-    recordings : tuple of Recording
-        One per activity x position x part, in activity (class index), position (config
-        order) and part order; sessions are named ``walking/shin`` or ``climbingup/chest/part2``.
-    anomalies : tuple of Anomaly
-        In the order met.
+    One recording per activity x position x part, in that order; sessions are named
+    ``walking/shin`` or ``climbingup/chest/part2``.
     """
 
     subject: int
@@ -52,34 +43,11 @@ class RealWorldSubject:
 
 
 def read_realworld_subject(root: Path, subject: int, config: RealWorldConfig | None = None) -> RealWorldSubject:
-    """Read all recordings of one subject from the raw archive.
+    """Read all recordings of one subject from the raw archive (acc m/s^2, gyro rad/s, Unix-epoch ns, one label each).
 
-    Every anomaly (module docstring) is handled, logged once through :mod:`logging` and
-    recorded in the result; only a missing or unreadable dataset or subject raises.
-
-    Parameters
-    ----------
-    root : Path
-        ``realworld2016_dataset.zip`` or its extracted folder.
-    subject : int
-        k of ``proband{k}`` (1..15 in the official archive).
-    config : RealWorldConfig, optional
-        Positions to read and the resampling settings used to describe what will happen to
-        duplicated, late and gapped samples (default: all positions, 50 Hz, 100 ms, 200 ms).
-
-    Returns
-    -------
-    RealWorldSubject
-        Recordings with acc in m/s^2 and gyro in rad/s, timestamps Unix-epoch ns, one
-        constant activity label each; and the anomaly report.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``root`` or ``proband{subject}/data`` does not exist (the message lists the
-        subjects present).
-    ValueError
-        If ``root`` is a file but not a readable zip archive.
+    Every anomaly is handled, logged once and recorded; ``config`` (default: all positions, 50 Hz)
+    describes what resampling will do. FileNotFoundError if ``root`` or the subject is missing
+    (listing the subjects present); ValueError for a file that is not a readable zip.
     """
     config = config or RealWorldConfig()
     report = Report()
@@ -93,24 +61,10 @@ def read_realworld_subject(root: Path, subject: int, config: RealWorldConfig | N
 
 
 def realworld_subject_windows(data: RealWorldSubject, config: RealWorldConfig | None = None) -> WindowSet:
-    """All windows of one subject, each recording through the device sensor pipeline.
+    """All windows of one subject, each recording through :func:`~har_models.data.pipeline.windows_from_recording`.
 
-    Each recording goes through :func:`~har_models.data.pipeline.windows_from_recording`
-    (resampling onto the exact 50 Hz grid, labelling, 128/64 windowing within contiguous
-    runs), so no window spans a gap, a part boundary or two positions.
-
-    Parameters
-    ----------
-    data : RealWorldSubject
-        From :func:`read_realworld_subject`.
-    config : RealWorldConfig, optional
-        Window, step and resampling settings (positions were chosen when reading).
-
-    Returns
-    -------
-    WindowSet
-        x (N, 6, T) float32, y (N,) int64 class indices of ``REALWORLD_LABELS``,
-        t_start_ns (N,) int64 Unix-epoch ns; recordings in ``data.recordings`` order.
+    x (N, 6, T) float32, y (N,) of ``REALWORLD_LABELS``, t_start_ns (N,) Unix-epoch ns, in
+    ``data.recordings`` order; no window spans a gap, a part boundary or two positions.
     """
     return windows_with_sessions(data, config or RealWorldConfig())[0]
 
@@ -123,27 +77,7 @@ def recording_from_csv_files(
     position: str,
     config: RealWorldConfig | None = None,
 ) -> tuple[Recording, list[Anomaly]]:
-    """One recording from a loose pair of CSV files (as in ``datasets/realworld/sample``).
-
-    Parameters
-    ----------
-    acc_csv, gyro_csv : Path
-        ``acc_{activity}_{position}.csv`` (m/s^2) and ``Gyroscope_{activity}_{position}.csv`` (rad/s).
-    subject : int
-        k of ``proband{k}``.
-    activity : str
-        One of :data:`ACTIVITIES`; sets the label.
-    position : str
-        One of :data:`POSITIONS`; part of the session name.
-    config : RealWorldConfig, optional
-        Settings used to describe duplicated, late and gapped samples.
-
-    Returns
-    -------
-    recording : Recording
-        Session ``{activity}/{position}``.
-    anomalies : list of Anomaly
-        Everything met, as in :func:`read_realworld_subject`.
+    """One recording (session ``{activity}/{position}``) and its anomalies from a loose pair of CSV files (``datasets/realworld/sample``).
 
     Raises
     ------
@@ -152,9 +86,8 @@ def recording_from_csv_files(
     KeyError
         If ``activity`` is not a REALWORLD activity.
     ValueError
-        If ``position`` is unknown, or a file has no usable rows (also when its time column
-        is in an uncertain unit: the message names the file and the suspected unit) or the
-        two files share no time span (the message names the file).
+        An unknown ``position``, a file without usable rows (or a time column of uncertain unit),
+        or no shared time span; the message names the file.
     """
     config = config or RealWorldConfig()
     label = REALWORLD_LABELS.index(activity)
@@ -178,15 +111,7 @@ def recording_from_csv_files(
 
 
 def windows_with_sessions(data: RealWorldSubject, config: RealWorldConfig) -> tuple[WindowSet, np.ndarray]:
-    """Windows of every recording (:func:`realworld_subject_windows`) and, per window, its recording's index.
-
-    Returns
-    -------
-    windows : WindowSet
-        x (N, 6, T) float32; an empty set keeps T = ``config.window``.
-    session_index : ndarray of shape (N,), int32
-        Index into ``data.recordings``.
-    """
+    """Windows of every recording and, per window, its recording's index (N,) int32; an empty set keeps T = ``config.window``."""
     parts = [windows_from_recording(rec, REALWORLD_LABELS, **config.pipeline_kwargs()) for rec in data.recordings]
     index = [np.full(len(p), i, np.int32) for i, p in enumerate(parts)]
     windows = WindowSet.concat(parts, REALWORLD_LABELS)
@@ -200,8 +125,7 @@ def pair_recordings(
 ) -> list[Recording]:
     """Recordings of one activity: acc and gyro CSVs paired by (position, part), parsed and checked.
 
-    Missing recordings [missing_recording] and one-sensor recordings [missing_sensor] are
-    reported; recordings are returned in position (config order) and part order.
+    Reports [missing_recording] and [missing_sensor]; returned in position and part order.
     """
     acc, gyr = sensors["acc"], sensors["gyro"]
     multipart = acc.multipart or gyr.multipart
