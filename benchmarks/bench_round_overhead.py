@@ -58,8 +58,9 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
     """Round -> (clients trained, summed seconds of train_local) for rounds >= 1, in this process."""
     import torch
 
+    from coordinator.config import CoordinatorConfig
     from coordinator.state import load_state_file
-    from coordinator.strategies import make_strategy, strategy_class
+    from coordinator.strategies import make_strategy
     from edge_client.store import ClientStore
     from edge_client.trainer import derive_seed
     from har_models.data.labels import HAPT_LABELS
@@ -68,11 +69,10 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
     from har_models.wire.messages import TrainingPlan
 
     torch.set_num_threads(1)
-    cfg = json.loads((run_dir / "report.json").read_text())["config"]
+    cfg = from_mapping(CoordinatorConfig, CoordinatorConfig.migrate(json.loads((run_dir / "report.json").read_text())["config"]))
+    t = cfg.training
     # The clients' proximal weight as the run's strategy set it (0 unless the strategy asks for one).
-    cls = strategy_class(cfg["aggregation"])
-    settings = from_mapping(cls.settings_type, cfg[cls.settings_table]) if cls.settings_type else None
-    prox_mu = make_strategy(cfg["aggregation"], settings).configure_fit(0, TrainingPlan()).prox_mu
+    prox_mu = make_strategy(cfg.aggregation, cfg.strategies).configure_fit(0, TrainingPlan()).prox_mu
     stores: dict[str, ClientStore] = {}
     out: dict[int, tuple[int, float]] = {}
     warm = False
@@ -88,10 +88,10 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
                 if cid not in stores:
                     stores[cid] = ClientStore(run_dir / "clients" / cid, HAPT_LABELS, owner=f"bench-{cid}")
                 train = stores[cid].windows("train")
-                weights = balanced_class_weights(train.y, spec.n_classes) if cfg["class_weights"] == "balanced" else None
-                tc = TrainConfig(epochs=cfg["local_epochs"], lr=cfg["lr"], batch_size=cfg["batch_size"],
+                weights = balanced_class_weights(train.y, spec.n_classes) if t.class_weights == "balanced" else None
+                tc = TrainConfig(epochs=t.local_epochs, lr=t.lr, batch_size=t.batch_size,
                                  prox_mu=prox_mu,
-                                 seed=derive_seed(cfg["seed"], cid, rnd, 0))
+                                 seed=derive_seed(cfg.seed, cid, rnd, 0))
                 if not warm:  # PyTorch's first call pays one-off set-up; the run's clients paid it in round 0
                     train_local(spec, received, train, tc, make_loss(weights))
                     warm = True
@@ -138,7 +138,7 @@ def main() -> None:
     rounds = doc["rounds"]
     base = compute_baseline(run_dir, rounds)
     print(f"\nround overhead: {doc.get('clients')} HAPT clients, {doc.get('engine')}, "
-          f"CNN F={rounds[0].get('conv_filters')} H={rounds[0].get('dense_units')}, E={doc['config']['local_epochs']}; "
+          f"CNN F={rounds[0].get('conv_filters')} H={rounds[0].get('dense_units')}, E={doc['config']['training']['local_epochs']}; "
           f"peak memory {doc.get('peak_memory')}")
     print("baseline: the same clients' train_local calls of each round, summed, in one process, one thread, no broker\n")
     print(f"{'round':>5} {'updates':>8} {'wall s':>8} {'compute s':>10} {'ratio':>6}  note")

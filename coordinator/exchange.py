@@ -188,10 +188,16 @@ class Exchange:
 
     def failures(self) -> list[Failure]:
         """Selected clients without a valid update, with why: offline, their rejection, the steering's
-        ``unanswered`` when the exchange closed full, else ``missed_deadline``."""
+        ``unanswered`` when the exchange closed full (nobody was waited for), else ``warming_up`` for a device
+        still warming up at the deadline, else ``missed_deadline``."""
         rejected_by = {cid: reason for (cid, reason) in self.rejected - self.carried}
-        late = self.steering.unanswered if self.full() else "missed_deadline"
-        return [Failure(cid, "offline" if cid in self.offline else rejected_by.get(cid, "warming_up" if cid in self.warming else late))
+
+        def late(cid: str) -> str:
+            if self.full():
+                return self.steering.unanswered
+            return "warming_up" if cid in self.warming else "missed_deadline"
+
+        return [Failure(cid, "offline" if cid in self.offline else rejected_by.get(cid) or late(cid))
                 for cid in sorted(self.selected - set(self.updates))]  # fmt: skip
 
     @property

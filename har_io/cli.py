@@ -87,6 +87,8 @@ def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
             kw["type"] = base[0] if base[0] in (int, float, str) else str
             if md.get("choices"):
                 kw["choices"] = md["choices"]
+            else:  # the flag's name, not the dotted table path the value lands in
+                kw["metavar"] = option_flag(f).lstrip("-").replace("-", "_").upper()
         group.add_argument(option_flag(f), **kw)
 
 

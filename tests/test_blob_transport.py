@@ -251,7 +251,7 @@ def test_a_federation_over_blobs_gives_the_figures_of_mqtt_with_no_model_byte_on
     run = tmp_path / "blobs"
     assert len(list((run / "blobs" / "objects").iterdir())) == 1  # the last round's global model: earlier ones are dropped
     assert not [p for p in (run / "blobs" / "uploads").rglob("*") if p.is_file()]  # closed exchanges' slots are gone
-    assert json.loads((run / "report.json").read_text())["config"]["transport"] == "blobs"
+    assert json.loads((run / "report.json").read_text())["config"]["transport"]["kind"] == "blobs"
     # The worker hosting the three clients fetched each round's model once for all of them; each client uploaded once a round.
     assert "blob transport: 2 model fetch(es) served" in caplog.text and ", 6 upload(s) taken" in caplog.text
 

@@ -45,6 +45,7 @@ def test_the_monitor_reads_the_federation_and_writes_nothing():
     assert users["phone-anna"] == [
         f"topic read {P}/round",
         f"topic read {P}/coordinator/status",
+        f"topic read {P}/coordinator/outlook",
         f"topic read {P}/model/global/+",
         f"topic read {P}/client/phone-anna/model/+",
         f"topic read {P}/client/phone-anna/receipt",

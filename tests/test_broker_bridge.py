@@ -43,6 +43,7 @@ P = "fedhar/v1/fx"
 def test_the_bridged_topics_are_the_protocols_in_their_direction_and_nothing_else() -> None:
     assert bridge_topics(Topics("fx")) == [
         (f"{P}/coordinator/status", "in"),
+        (f"{P}/coordinator/outlook", "in"),
         (f"{P}/round", "in"),
         (f"{P}/progress", "in"),
         (f"{P}/model/global/+", "in"),
@@ -63,6 +64,7 @@ def test_the_bridge_account_reads_what_comes_in_and_writes_what_goes_out() -> No
     assert section == [
         "user bridge-north",
         f"topic read {P}/coordinator/status",
+        f"topic read {P}/coordinator/outlook",
         f"topic read {P}/round",
         f"topic read {P}/progress",
         f"topic read {P}/model/global/+",
@@ -343,6 +345,6 @@ def test_a_federation_round_runs_across_the_bridge(tmp_path: Path, transport: st
     assert [(r["round"], r["selected"], r["updates"], r["rejected"]) for r in doc["rounds"]] == [(0, 2, 2, 0)]
     for cid in ("hapt-01", "hapt-02"):
         assert "the coordinator confirmed the update" in logs[cid].read_text()
-    assert doc["config"]["transport"] == transport
+    assert doc["config"]["transport"]["kind"] == transport
     objects = tmp_path / "run" / "blobs" / "objects"
     assert (len(list(objects.iterdir())) if objects.is_dir() else 0) == (1 if transport == "blobs" else 0)

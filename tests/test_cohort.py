@@ -408,7 +408,7 @@ def test_a_simulated_federation_with_a_cohort_goal_runs_its_rounds_with_real_cli
     for r in doc["rounds"]:
         assert r["selected"] == 3 and r["updates"] >= 2  # updates already received at the close count too
         assert set(r["failures"].values()) <= {"cohort_full"} and len(r["missing"]) == 3 - r["updates"]
-    assert doc["config"]["cohort_goal"] == 2
+    assert doc["config"]["cohort"]["goal"] == 2
 
 
 def test_the_late_update_of_a_device_a_round_closed_at_its_goal_did_not_wait_for_is_no_rejection(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig, Timing, TransportSettings
-from coordinator.exchange import Exchange
+from coordinator.exchange import Exchange, Steering
 from coordinator.grid import device_deadline
 from coordinator.mqtt_grid import MqttGrid
 from coordinator.record import Participation, RoundRecord
@@ -44,6 +44,9 @@ def test_a_device_still_warming_up_at_the_close_is_no_missed_deadline_and_the_li
     ex.warming.add("c")
     assert {f.client_id: f.reason for f in ex.failures()} == {"a": "missed_deadline", "b": "offline", "c": "warming_up",
                                                               "d": "missed_deadline"}  # fmt: skip
+    full = Exchange(3, 0, SPEC, frozenset({"c", "d"}), False, steering=Steering(close_at=0, unanswered="cohort_full"))
+    full.warming.add("c")  # the exchange closed at its goal, waiting for nobody: warming up is not why c is missing
+    assert {f.client_id: f.reason for f in full.failures()} == {"c": "cohort_full", "d": "cohort_full"}
     rec = RoundRecord(round=3, participation=Participation(selected=4, updates=0, missing=("a", "b", "c", "d"),
                                                            failures={"b": "offline", "c": "warming_up", "d": "not_finite"}))  # fmt: skip
     assert "0 rejected, 1 missed the deadline, 1 went offline, 1 still warming up, 1 sent no valid update" in summary_line(rec)

@@ -86,7 +86,7 @@ def test_a_junk_flood_neither_delays_the_deadline_nor_floods_logs_and_database(t
     stop, sent = threading.Event(), []
     flooder = threading.Thread(target=_flood, args=(mosquitto, topic, stop, sent), daemon=True)
     try:
-        cfg = _small(tmp_path / "run", mosquitto, fed, rounds=2, expected_clients=2, round_timeout_s=20)
+        cfg = _small(tmp_path / "run", mosquitto, fed, rounds=2, timing={"expected_clients": 2, "round_timeout_s": 20})
         flooder.start()
         doc = Coordinator(cfg, progress=False).run()
     finally:
@@ -125,7 +125,8 @@ def test_a_client_killed_mid_round_closes_the_round_by_its_last_will(tmp_path, m
 
     threading.Thread(target=kill_client_2_once_round_1_opens, daemon=True).start()
     try:
-        cfg = _small(tmp_path / "run", mosquitto, fed, rounds=2, expected_clients=2, round_timeout_s=600, local_epochs=40)
+        cfg = _small(tmp_path / "run", mosquitto, fed, rounds=2, timing={"expected_clients": 2, "round_timeout_s": 600},
+                     training={"local_epochs": 40})
         doc = Coordinator(cfg, progress=False).run()
     finally:
         killer_done.wait(130)

@@ -67,7 +67,7 @@ def test_every_option_has_help_and_no_default_none(program):
 @pytest.mark.slow
 def test_server_lr_says_what_its_default_is():
     text = " ".join(_help("fedhar-coordinator").split())
-    assert ("--server-lr SERVER_OPT.LR server optimiser step size eta (fedavgm/fedadam/fedyogi), or the cap eta_max of "
+    assert ("--server-lr SERVER_LR server optimiser step size eta (fedavgm/fedadam/fedyogi), or the cap eta_max of "
             "FedExP's adaptive step (>= 1); default: the optimiser's own (FedExP 1 up to 15 clients, 2 from 30; FedAvgM 3.0") in text
 
 

@@ -169,7 +169,8 @@ def test_acl_rules_are_exactly_these(broker):
     def device(cid: str) -> list[str]:
         c = f"{P}/client/{cid}"
         return [
-            f"user {cid}", f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/model/global/+",
+            f"user {cid}", f"topic read {P}/round", f"topic read {P}/coordinator/status", f"topic read {P}/coordinator/outlook",
+            f"topic read {P}/model/global/+",
             f"topic read {c}/model/+", f"topic read {c}/receipt", f"topic read {c}/grant", f"topic readwrite {c}/status",
             f"topic write {c}/update/+",
             f"topic write {c}/program_request", f"topic read {c}/programs/+",

@@ -471,9 +471,9 @@ def test_a_revoked_device_whose_status_stays_retained_online_is_not_eligible(tmp
             while len(coord.clients) < 2 and time.monotonic() < end:
                 coord._pump(0.1)
             assert sorted(coord.clients) == ["dev-a", "dev-b"]
-            assert coord._eligible() == ["dev-a"]  # dev-b's retained "online" is an hour old
+            assert coord.eligibility().eligible == ("dev-a",)  # dev-b's retained "online" is an hour old
             time.sleep(3.1)  # dev-a promised a status every second; three periods passed without one
-            assert coord._eligible() == []
+            assert coord.eligibility().eligible == ()
         finally:
             coord._link.stop()
             coord.state.close()

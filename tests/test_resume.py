@@ -11,7 +11,7 @@ import pytest
 import torch
 from support.configs import config
 
-from coordinator.config import CoordinatorConfig, Timing
+from coordinator.config import Timing
 from coordinator.service import Coordinator
 from coordinator.state import LEGACY_SERVER_OPT_FILE, STRATEGY_STATE_FILE, RunState
 from coordinator.strategies.fedopt import ServerOptSettings
@@ -47,7 +47,7 @@ def test_resume_continues_after_the_last_completed_round(tmp_path):
             state.close()
             # The same run, asked for 3 rounds, picks up at round 1 from round 0's models. No expected count
             # this time: it starts once 2 clients are online and nobody new came for 1 s.
-            cfg = CoordinatorConfig(rounds=3, resume=True, min_clients=2, **common, timing=Timing(start_settle_s=1.0))
+            cfg = config(common, dict(rounds=3, resume=True, min_clients=2, timing={"start_settle_s": 1.0}))
             doc = Coordinator(cfg, progress=False).run()
         finally:
             for p in procs:

@@ -61,7 +61,7 @@ def test_serve_hands_out_models_and_takes_updates_through_its_page_server(tmp_pa
         server.send_signal(signal.SIGINT)
         assert server.wait(60) == 130
     report = json.loads((data / "run" / "report.json").read_text())
-    assert report["config"]["transport"] == "blobs"
+    assert report["config"]["transport"]["kind"] == "blobs"
     assert all(r["updates"] == 2 and r["rejected"] == 0 for r in report["rounds"]) and len(report["rounds"]) >= 2
     for log in logs[1:]:
         assert "the coordinator confirmed the update" in log.read_text()

@@ -40,6 +40,7 @@ def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
     t = topics
     return [
         (t.coordinator_status, "in"),
+        (t.coordinator_outlook, "in"),
         (t.round, "in"),
         (t.progress, "in"),
         (t.global_model("+"), "in"),
