@@ -115,14 +115,24 @@ def _save_tensors(path: Path, state: Mapping[str, torch.Tensor], meta: Mapping[s
 
 def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
     """Read :func:`save_state_file` output; ValueError if it lacks an architecture or its tensors do not match it."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if "arch" not in meta:
-            raise ValueError(f"{path}: no architecture in the file's metadata")
-        spec = ArchSpec.from_json(meta["arch"])
-        state = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
-    check_state(spec, state)
+    spec, state, _ = load_state_with_meta(path)
     return spec, state
+
+
+def load_state_with_meta(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, str]]:
+    """:func:`load_state_file` and the file's metadata (what ``extra`` of :func:`save_state_file` added)."""
+    meta, state = _load_tensors(path)
+    if "arch" not in meta:
+        raise ValueError(f"{path}: no architecture in the file's metadata")
+    spec = ArchSpec.from_json(meta["arch"])
+    check_state(spec, state)
+    return spec, state, meta
+
+
+def _load_tensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A safetensors file's metadata and its tensors as float32."""
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {}), {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (no iterator)
 
 
 _REWRITES_KEY = "rounds_rewrites"
@@ -351,9 +361,7 @@ class RunState:
             if not path.exists():
                 return None
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                out = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+            meta, out = _load_tensors(path)
         except Exception as exc:  # safetensors raises its own error types for a damaged header
             raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
         saved_by = meta.get("strategy")
