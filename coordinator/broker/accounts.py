@@ -30,6 +30,7 @@ from coordinator.broker.settings import (
     BrokerSettings,
     SetupError,
     check_settings,
+    checked_id,
     load_manifest,
     merge_settings,
     require_manifest,
@@ -81,10 +82,7 @@ def generate(
     settings = check_settings(merge_settings(given, out))
     services = settings.service_users
     for cid in [*clients, *revoke]:
-        try:
-            check_client_id(cid)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
+        checked_id(cid)
         _check_not_service(cid, settings)
     clash = sorted(set(clients) & set(revoke))
     if clash:

@@ -143,6 +143,14 @@ DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default 
 """Every setting with its default (None: required or derived); a re-run takes those not given from the manifest."""
 
 
+def checked_id(name: str, what: str = "") -> str:
+    """``name`` if it is a valid client id, else SetupError with the rule (after ``what: `` when given)."""
+    try:
+        return check_client_id(name)
+    except ValueError as exc:
+        raise SetupError(f"{what}: {exc}" if what else str(exc)) from None
+
+
 def parse_ids(text: str) -> list[str]:
     """Client ids from a comma- or whitespace-separated string, validated, in order, without duplicates.
 
@@ -152,10 +160,7 @@ def parse_ids(text: str) -> list[str]:
     for raw in re.split(r"[,\s]+", text.strip()):
         if not raw:
             continue
-        try:
-            cid = check_client_id(raw)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
+        cid = checked_id(raw)
         if cid not in ids:
             ids.append(cid)
     return ids
@@ -179,13 +184,6 @@ def read_clients_file(path: Path) -> list[str]:
     return ids
 
 
-def _account(user: str, what: str) -> None:
-    try:
-        check_client_id(user)
-    except ValueError as exc:
-        raise SetupError(f"{what}: {exc}") from None
-
-
 def check_settings(settings: BrokerSettings) -> BrokerSettings:
     """Validate ``settings`` and return them with TLS paths made absolute.
 
@@ -197,19 +195,19 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
         Topics(s.federation)
     except ValueError as exc:
         raise SetupError(f"--federation: {exc}") from None
-    _account(s.coordinator_user, "--coordinator-user")
-    _account(s.monitor_user, "--monitor-user")
+    checked_id(s.coordinator_user, "--coordinator-user")
+    checked_id(s.monitor_user, "--monitor-user")
     if s.monitor_user == s.coordinator_user:
         raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
     for user in s.bridge_users:
-        _account(user, "bridge account")
+        checked_id(user, "bridge account")
         if user in (s.coordinator_user, s.monitor_user):
             raise SetupError(f"bridge account {user!r} is the coordinator's or the monitor's user name; name the bridge otherwise")
     if s.upstream is not None:
         _ = s.upstream_address  # raises SetupError for a malformed address
         if s.upstream_user is None:
             raise SetupError("--upstream needs the bridge's account upstream (fedhar-coordinator broker bridge init makes it)")
-        _account(s.upstream_user, "bridge account")
+        checked_id(s.upstream_user, "bridge account")
     elif s.upstream_ca is not None:
         raise SetupError("--upstream-ca without --upstream: only a regional broker's bridge verifies an upstream broker")
     for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
