@@ -38,12 +38,8 @@ class ReceiptDesk:
         resend_after_s: float = 15.0,
         reack_every_s: float = 2.0,
     ):
-        self.link = link
-        self.topics = topics
-        self.run_id = run_id
-        self.reassembler = reassembler
-        self.resend_after_s = resend_after_s
-        self.reack_every_s = reack_every_s
+        self.link, self.topics, self.run_id, self.reassembler = link, topics, run_id, reassembler
+        self.resend_after_s, self.reack_every_s = resend_after_s, reack_every_s
         self.exchange: tuple[int, int] | None = None
         self.accepted_transfers: dict[str, str] = {}  # client id -> transfer counted in the open exchange
         self._last_sent: dict[str, float] = {}

@@ -86,6 +86,18 @@ def storage_full(folder: Path, needed: int) -> StorageFull:
     return StorageFull(folder, free, needed)
 
 
+def connect(path: Path, timeout: float, damaged: Callable[[str], Exception],
+            unusable: Callable[[str], Exception] | None = None) -> sqlite3.Connection:  # fmt: skip
+    """A connection to the SQLite file ``path``: ``damaged(why)`` for a file cut to 0 bytes, ``unusable(why)`` (default
+    ``damaged``) for one SQLite cannot open. SQLite always writes a header page, so 0 bytes is never a new database."""
+    if path.is_file() and path.stat().st_size == 0:
+        raise damaged("it is empty (0 bytes)")
+    try:
+        return sqlite3.connect(path, timeout=timeout, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise (unusable or damaged)(str(exc)) from None
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (round INTEGER PRIMARY KEY, completed REAL NOT NULL, summary TEXT NOT NULL);
@@ -153,14 +165,7 @@ class RunState:
         (self.folder / "models").mkdir(exist_ok=True)
         self.keep_rounds = keep_rounds
         self.path = self.folder / "state.sqlite"
-        if self.path.is_file() and self.path.stat().st_size == 0:
-            # SQLite writes its header page with the schema; a file of 0 bytes was cut short
-            # (a full disk, a copy that failed), and opening it would read as a new, empty run.
-            raise StateDamaged(self._damaged("it is empty (0 bytes)"))
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=LOCK_WAIT_S)
-        except sqlite3.Error as exc:
-            raise StateDamaged(self._damaged(str(exc))) from None
+        self._db = connect(self.path, LOCK_WAIT_S, lambda why: StateDamaged(self._damaged(why)))
         with self._guard():
             check = self._db.execute("PRAGMA quick_check").fetchall()
             if check != [("ok",)]:

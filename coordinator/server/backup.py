@@ -17,6 +17,7 @@ import os
 import shutil
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,9 @@ def copy_database(src: Path, dst: Path) -> None:
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)
-        try:
-            target = sqlite3.connect(dst)
-            try:
-                source.backup(target)
-                check = target.execute("PRAGMA quick_check").fetchall()
-            finally:
-                target.close()
-        finally:
-            source.close()
+        with closing(sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)) as source, closing(sqlite3.connect(dst)) as target:
+            source.backup(target)
+            check = target.execute("PRAGMA quick_check").fetchall()
     except sqlite3.Error as exc:
         raise BackupError(f"{src}: cannot be copied ({exc}); check that it is a fedhar database and readable") from None
     if check != [("ok",)]:
@@ -171,12 +165,9 @@ def check_backup(src: Path) -> dict[str, Any]:
         if not path.is_file():
             continue
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-            try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 check = db.execute("PRAGMA quick_check").fetchall()
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if rel == "server.sqlite" else None
-            finally:
-                db.close()
         except sqlite3.Error as exc:
             raise BackupError(f"the backup's {rel} is not a readable database ({exc}); nothing was restored") from None
         if check != [("ok",)]:

@@ -9,7 +9,9 @@ certificate session again, so one login under the device's name takes its sessio
 from __future__ import annotations
 
 import logging
+import queue
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,3 +70,13 @@ def close_session(broker: BrokerConfig, name: str, wait_s: float = 15.0) -> bool
         return False
     log.info("closed the live session of %s (its certificate is revoked)", name)
     return True
+
+
+def messages_for(link: MqttLink, wait_s: float, poll_s: float = 0.1) -> Iterator[tuple[str, bytes, bool]]:
+    """``(topic, payload, retained)`` of each message ``link`` receives within ``wait_s`` seconds from now."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            yield link.inbox.get(timeout=poll_s)
+        except queue.Empty:
+            continue

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from coordinator.broker.files import folder_lock
 from coordinator.broker.settings import ENROL_DESK_USER, ENROL_USER
 from coordinator.server.audit import audit
 from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+from coordinator.server.broker_session import messages_for
 from coordinator.server.registry import Registry
 from coordinator.server.settings import ServeFile
 from har_io.broker_config import BrokerConfig
@@ -99,12 +98,7 @@ def read_requests(broker: BrokerConfig, topics: Topics, level: str = "+", wait_s
     """
     found: dict[str, PendingRequest] = {}
     with _session(broker, [(topics.enrol_request(level), 1)]) as link:
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                topic, payload, _ = link.inbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
+        for topic, payload, _ in messages_for(link, wait_s):
             got = topic.rsplit("/", 1)[-1]
             if payload:  # an empty retained message is a cleared request
                 found[got] = check_request(got, payload)

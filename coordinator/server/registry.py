@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from coordinator.server.registry_rows import DeviceRow, DeviceState, ParticipationRow, ParticipationSummary, VersionRow
 from coordinator.server.sqlite_faults import BUSY_WAIT_S, TRY_S, integrity_problem, wait_for
-from coordinator.state import StateDamaged
+from coordinator.state import StateDamaged, connect
 from har_models.wire.topics import check_client_id
 
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "DeviceRow", "ParticipationRow", "ParticipationSummary", "Registry", "RegistryDamaged",
@@ -80,13 +80,8 @@ class Registry:
         self.path = self.data_dir / DB_NAME
         self.busy_wait_s = busy_wait_s
         self._lock = threading.RLock()
-        if self.path.is_file() and self.path.stat().st_size == 0:
-            # SQLite always writes a header page; 0 bytes is a file cut short, never a new database.
-            raise RegistryDamaged(self._damaged("it is empty (0 bytes)"))
-        try:
-            self._db = sqlite3.connect(self.path, timeout=try_s, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise RegistryDamaged(self._judged(str(exc))) from None
+        self._db = connect(self.path, try_s, lambda why: RegistryDamaged(self._damaged(why)),
+                           lambda why: RegistryDamaged(self._judged(why)))  # fmt: skip
         try:
             found = self._write(self._open_schema, "open it")
         except BaseException:
