@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from coordinator.broker.files import broker_account
 from coordinator.broker.settings import TLS_DIR, BrokerSettings, SetupError
 from har_models.files import atomic_write
 
@@ -48,15 +49,7 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
     tls.mkdir(mode=0o751, exist_ok=True)
     gid = None
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        import pwd
-
-        try:
-            gid = pwd.getpwnam(settings.broker_user).pw_gid
-        except KeyError:
-            raise SetupError(
-                f"--broker-user {settings.broker_user}: no such account; install mosquitto (it creates the 'mosquitto' account) "
-                "or name the account the broker runs as"
-            ) from None
+        gid = broker_account(settings).pw_gid
         os.chown(tls, 0, gid)
     # Others may pass, not list: the certificates (0644) are public and read by the home server for their expiry; the
     # key is 0640 (the broker's group) or 0600.

@@ -208,11 +208,7 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
         lines += [
             "",
             "# MQTT over TLS, for devices",
-            f"listener {s.tls_port} {s.tls_bind}".rstrip(),
-            "protocol mqtt",
-            "use_username_as_clientid true",
-            f"certfile {s.tls_cert}",
-            f"keyfile {s.tls_key}",
+            *_tls_listener(s, s.tls_port),
         ]
         if s.tls_ca:
             lines.append(f"cafile {s.tls_ca}")
@@ -226,11 +222,7 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
             "",
             "# MQTT over TLS for devices enrolled by certificate (fedhar-coordinator approve): only a certificate signed",
             "# by the device CA and not on its revocation list is let in, and its CN is the user name the ACL knows.",
-            f"listener {s.device_cert_port} {s.tls_bind}".rstrip(),
-            "protocol mqtt",
-            "use_username_as_clientid true",
-            f"certfile {s.tls_cert}",
-            f"keyfile {s.tls_key}",
+            *_tls_listener(s, s.device_cert_port),
             f"cafile {ca['crt']}",
             f"crlfile {ca['crl']}",
             "require_certificate true",
@@ -241,3 +233,9 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
         raise ValueError("config_text: a regional broker (settings.upstream) needs its bridge password, and only it has one")
     text = "\n".join(lines) + "\n"
     return text if upstream_password is None else text + bridge_text(settings, upstream_password)
+
+
+def _tls_listener(s: BrokerSettings, port: int) -> list[str]:
+    """The first lines of a TLS listener on ``port``: the user name as session id, the server's certificate and key."""
+    return [f"listener {port} {s.tls_bind}".rstrip(), "protocol mqtt", "use_username_as_clientid true", f"certfile {s.tls_cert}",
+            f"keyfile {s.tls_key}"]  # fmt: skip

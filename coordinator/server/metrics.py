@@ -176,59 +176,45 @@ class FederationCollector(Collector):
         yield CounterMetricFamily("fedhar_rounds_without_quorum", "Exchanges that closed without quorum",
                                   value=t.without_quorum)  # fmt: skip
         yield CounterMetricFamily("fedhar_rollbacks", "Quality-guard rollbacks to the best version", value=t.rollbacks)
-        rej = CounterMetricFamily("fedhar_updates_rejected", "Rejected update messages by reason", labels=["reason"])
-        for reason, n in sorted(t.rejected.items()):
-            rej.add_metric([reason], n)
-        yield rej
-        bin_ = CounterMetricFamily("fedhar_bytes_in", "Bytes of valid update envelopes received, by encoding", labels=["encoding"])
-        for enc, n in sorted(t.bytes_in.items()):
-            bin_.add_metric([enc], n)
-        yield bin_
-        bout = CounterMetricFamily("fedhar_bytes_out", "Bytes of model envelopes sent, by encoding", labels=["encoding"])
-        for enc, n in sorted(t.bytes_out.items()):
-            bout.add_metric([enc], n)
-        yield bout
-        f1 = GaugeMetricFamily("fedhar_last_macro_f1", "Macro-F1 of the latest round that measured it", labels=["measure"])
-        acc = GaugeMetricFamily("fedhar_last_accuracy", "Accuracy of the latest round that measured it", labels=["measure"])
-        for measure in EXPORTED_MEASURES:
-            if (v := t.last.get((measure, "macro_f1"))) is not None:
-                f1.add_metric([measure], v)
-            if (v := t.last.get((measure, "accuracy"))) is not None:
-                acc.add_metric([measure], v)
-        yield f1
-        yield acc
+        yield _family(CounterMetricFamily, "fedhar_updates_rejected", "Rejected update messages by reason", "reason",
+                      sorted(t.rejected.items()))  # fmt: skip
+        yield _family(CounterMetricFamily, "fedhar_bytes_in", "Bytes of valid update envelopes received, by encoding", "encoding",
+                      sorted(t.bytes_in.items()))  # fmt: skip
+        yield _family(CounterMetricFamily, "fedhar_bytes_out", "Bytes of model envelopes sent, by encoding", "encoding",
+                      sorted(t.bytes_out.items()))  # fmt: skip
+        for key, name, what in (("macro_f1", "fedhar_last_macro_f1", "Macro-F1"), ("accuracy", "fedhar_last_accuracy", "Accuracy")):
+            yield _family(GaugeMetricFamily, name, f"{what} of the latest round that measured it", "measure",
+                          [(m, v) for m in EXPORTED_MEASURES if (v := t.last.get((m, key))) is not None])  # fmt: skip
         if self.broker_link is not None and (up := self.broker_link()) is not None:
             yield GaugeMetricFamily("fedhar_broker_link_up", "1 while the status page's session with the broker is up", value=int(up))
         if self.since_last_round is not None and (since := self.since_last_round()) is not None:
             yield GaugeMetricFamily("fedhar_seconds_since_last_round", "Seconds since the newest completed round was recorded",
                                     value=since)  # fmt: skip
         if self.certificates is not None and (left := self.certificates()):
-            cert = GaugeMetricFamily("fedhar_certificate_expiry_seconds", "Seconds until the broker's certificate expires "
-                                     "(negative: expired), by which: server, ca", labels=["which"])  # fmt: skip
-            for which, secs in sorted(left.items()):
-                cert.add_metric([which], secs)
-            yield cert
+            yield _family(GaugeMetricFamily, "fedhar_certificate_expiry_seconds", "Seconds until the broker's certificate expires "
+                          "(negative: expired), by which: server, ca", "which", sorted(left.items()))  # fmt: skip
         if self.devices is not None:
             counts = self.devices()
-            dev = GaugeMetricFamily("fedhar_devices", "Devices by state", labels=["state"])
-            for state in DEVICE_STATES:
-                dev.add_metric([state], counts.get(state, 0))
-            yield dev
+            yield _family(GaugeMetricFamily, "fedhar_devices", "Devices by state", "state", [(s, counts.get(s, 0)) for s in DEVICE_STATES])
         if self.malformed is not None:
-            bad = CounterMetricFamily("fedhar_monitor_malformed_messages", "Messages the monitor ignored as malformed, by kind",
-                                      labels=["kind"])  # fmt: skip
-            for kind, n in sorted(self.malformed().items()):
-                bad.add_metric([kind], n)
-            yield bad
-        build = GaugeMetricFamily("fedhar_build_info", "The release of fedhar serving this federation", labels=["version"])
-        build.add_metric([str(self.release)], 1)
-        yield build
+            yield _family(CounterMetricFamily, "fedhar_monitor_malformed_messages", "Messages the monitor ignored as malformed, by kind",
+                          "kind", sorted(self.malformed().items()))  # fmt: skip
+        yield _family(GaugeMetricFamily, "fedhar_build_info", "The release of fedhar serving this federation", "version",
+                      [(str(self.release), 1)])  # fmt: skip
         if self.harm is not None:
             yield from _harm_families(self.harm())
         if self.disk is not None and (disk := self.disk()) is not None:
             yield GaugeMetricFamily("fedhar_disk_free_bytes", "Free bytes on the data folder's filesystem", value=disk[0])
             yield GaugeMetricFamily("fedhar_disk_next_round_bytes", "Bytes the next round writes before anything is deleted",
                                     value=disk[1])  # fmt: skip
+
+
+def _family(kind: Any, name: str, text: str, label: str, values: Iterable[tuple[str, float]]) -> Metric:
+    """A metric family of ``kind`` with one sample per (label value, value)."""
+    family = kind(name, text, labels=[label])
+    for key, v in values:
+        family.add_metric([key], v)
+    return family
 
 
 def _harm_families(harm: Mapping[str, Any]) -> Iterator[Metric]:
