@@ -1,11 +1,9 @@
 """Who may take part in a round: the one eligibility rule, used both to decide and to explain.
 
-A federation's devices are known by the last status each sent (``har_models.wire.messages.ClientStatus``).
-:func:`eligibility` says, from those statuses, which devices a round started now may select and
-why each other one may not; the coordinator selects from its ``eligible`` and the home server's
-waiting line prints its ``left_out``, so the line never explains a decision that was not made.
-:class:`Admission` holds what the deployment adds to the rule (revoked and enrolled devices, the
-schedule's charging requirement); ``fedhar-coordinator run`` uses the open one (everyone admitted).
+:func:`eligibility` says from the devices' last statuses which a round started now may select and
+why each other may not: the coordinator selects from ``eligible`` and the home server's waiting line
+prints ``left_out``, so the line never explains a decision that was not made. :class:`Admission`
+holds what the deployment adds (revoked and enrolled devices, charging); ``run`` admits everyone.
 """
 
 from __future__ import annotations
@@ -35,20 +33,8 @@ def _never() -> bool:
 class Admission:
     """The deployment's part of eligibility: who is refused for good, who is enrolled, whether charging is required.
 
-    Each is a callable asked at every look, so a revocation or a settings reload made elsewhere
-    counts at once.
-
-    Parameters
-    ----------
-    revoked : callable, optional
-        ``revoked(client_id)`` True for a device that must never be heard again (revoked or
-        forgotten on the home server): its status is not counted as present, its updates are
-        rejected, it is never selected. Default: nobody.
-    enrolled : callable, optional
-        ``enrolled(client_id)`` False for a device the federation does not know. Default: everybody.
-    require_charging : callable, optional
-        ``require_charging()`` True when a device that reports being off its charger must not
-        train (``[schedule] require_charging``). Default: never.
+    Callables asked at every look, so a revocation or reload made elsewhere counts at once. A
+    ``revoked(cid)`` device is never heard again (status, updates, selection).
     """
 
     revoked: Callable[[str], bool] = _nobody
@@ -82,31 +68,12 @@ def eligibility(
     admission: Admission = OPEN,
     label_set: str = "",
 ) -> Eligibility:
-    """The devices a round started now may select, from the last status each sent, and a reason for each other one.
+    """The devices a round started now may select, and a reason (:data:`REASONS`, first that applies) for each other.
 
-    A device is eligible when it is not refused (``admission.revoked``) and is enrolled
-    (``admission.enrolled``), its status is not offline and still fresh (``fresh(id)``, the
-    coordinator's presence: a status older than three of its refresh periods is stale, and an id
-    used by two processes is never fresh), it has training windows (``n_train`` > 0), it reports no
-    fault (``fault``: its state folder cannot be written, its sensor was refused or stopped), its label
-    set is the federation's (when ``label_set`` is given: none before the federation exists) and,
-    when ``admission.require_charging()``, it does not report that it is off the charger
-    (``charging`` False; a device that does not report it, a board on mains, counts as charging).
-
-    Parameters
-    ----------
-    statuses : mapping of str -> ClientStatus
-        The last status of each known device, by id.
-    fresh : callable
-        ``fresh(id)``: whether the device's status is still fresh.
-    admission : Admission
-        The deployment's part of the rule (default :data:`OPEN`).
-    label_set : str
-        The federation's label set, or "" before there is one.
-
-    Returns
-    -------
-    Eligibility
+    A device is eligible when not revoked, enrolled, not offline and ``fresh(id)`` (presence: three
+    refresh periods; an id used twice is never fresh), with training windows, no reported ``fault``, the
+    federation's ``label_set`` (when given) and, when charging is required, not reporting ``charging``
+    False (a board on mains that does not report it counts as charging).
     """
     charging_needed = admission.require_charging()
     ok: list[str] = []

@@ -10,27 +10,12 @@ from har_models.nn.model import State
 
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> State:
-    """Parameter-wise weighted mean: theta = sum_k (n_k / sum_j n_j) theta_k.
+    """Parameter-wise weighted mean theta = sum_k (n_k / sum_j n_j) theta_k (McMahan et al., AISTATS 2017, Algorithm 1).
 
-    FedAvg (McMahan et al., AISTATS 2017, Algorithm 1) with ``n_k`` the number of training
-    windows of client k. Entries with weight 0 are skipped entirely, so a client with no
-    training windows contributes nothing and its values (even non-finite ones) never reach
-    the result. Accumulates in float64, returns float32.
-
-    Parameters
-    ----------
-    states : sequence of K mappings name -> tensor, all with the same names and shapes
-    weights : sequence of K non-negative floats
-
-    Returns
-    -------
-    dict name -> float32 tensor
-
-    Raises
-    ------
-    ValueError
-        If the lengths differ, a weight is negative or not finite, all weights are 0, or the
-        states with positive weight disagree in names or shapes.
+    ``n_k`` is client k's training windows; weight-0 entries are skipped entirely (their values, even
+    non-finite, never reach the result). Accumulates in float64, returns float32. Raises ValueError for
+    unequal lengths, a negative or infinite weight, all weights 0, or positive-weight states that
+    disagree in names or shapes.
     """
     if len(states) != len(weights):
         raise ValueError(f"weighted_average: {len(states)} states but {len(weights)} weights")

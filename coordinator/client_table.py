@@ -1,27 +1,11 @@
 """The client table: each device's last status as read from ``{p}/client/<id>/status``, with presence.
 
-One table serves every reader of client statuses: the coordinator's grid
-(:class:`coordinator.mqtt_grid.MqttGrid`), the status page's read-only monitor
-(:class:`coordinator.server.monitor.Monitor`) and the device commands' look at the broker
-(``coordinator.server.devices_cli``). So a status is parsed, checked against its topic, aged and
-told online or offline by one set of rules everywhere:
-
-* an empty payload is a cleared retained status (a revoked or forgotten device): the device is
-  forgotten;
-* a payload that is not a valid :class:`~har_models.wire.messages.ClientStatus`, or one that
-  names another client than its topic, raises :class:`~har_models.wire.messages.MessageError`
-  and changes nothing;
-* presence expires by :class:`coordinator.presence.Presence` (a status older than
-  ``PRESENCE_PERIODS`` refresh periods counts as offline; an id used by two processes is never
-  fresh);
-* a device's last-seen time is the time its status carries, or its arrival when it carries none.
-
-The table is a read-only mapping from client id to the status the coordinator acts on: the last
-status received, except that an "offline" status (a last will, which says 0 windows) keeps the
-fields of the status before it with the state set to offline, so what the device last reported
-stays known. :meth:`ClientTable.latest` and :meth:`ClientTable.seen` give the status exactly as
-received (with its arrival and last-seen time). The table holds no lock: each owner guards it as
-it guards the rest of its state.
+One table serves every reader of client statuses (the grid, the status page's monitor, the device
+commands), so one set of rules applies everywhere: an empty payload is a cleared status (the device
+is forgotten); an invalid status or one naming another client raises MessageError and changes
+nothing; presence expires by :class:`coordinator.presence.Presence`. The mapping holds the status the
+coordinator acts on: an "offline" will keeps the previous status's fields with the state offline.
+:meth:`ClientTable.seen` gives statuses exactly as received. The owner guards the table with its own lock.
 """
 
 from __future__ import annotations
@@ -37,33 +21,19 @@ from har_models.wire.messages import ClientStatus, MessageError
 
 @dataclass(frozen=True)
 class Seen:
-    """One device's last status exactly as received (an offline will included).
-
-    Attributes
-    ----------
-    status : ClientStatus
-    received_unix : float
-        When it arrived (s since the epoch, the receiver's clock).
-    """
+    """One device's last status exactly as received (an offline will included), with its arrival (UNIX s)."""
 
     status: ClientStatus
     received_unix: float
 
     @property
     def last_seen_unix(self) -> float:
-        """When the device last spoke (s since the epoch): the time its status carries, else its arrival (an older client)."""
+        """When the device last spoke: the time its status carries, else its arrival (an older client)."""
         return self.status.sent_unix or self.received_unix
 
 
 class ClientTable(Mapping[str, ClientStatus]):
-    """Client statuses by id, with presence and last-seen times (see the module docstring).
-
-    Parameters
-    ----------
-    presence : Presence, optional
-        Freshness and identity of the statuses (default: a new :class:`Presence` with the
-        protocol's ``PRESENCE_PERIODS``).
-    """
+    """Client statuses by id, with presence and last-seen times (see the module docstring)."""
 
     def __init__(self, presence: Presence | None = None):
         self.presence = Presence() if presence is None else presence
@@ -84,24 +54,10 @@ class ClientTable(Mapping[str, ClientStatus]):
     def note(
         self, cid: str, payload: bytes, retained: bool = False, now: float | None = None, now_unix: float | None = None
     ) -> ClientStatus | None:
-        """Take one message of ``cid``'s status topic as it arrived; returns the status, or None when it was cleared.
+        """Take one message of ``cid``'s status topic; the status, or None when it was cleared (empty payload).
 
-        Parameters
-        ----------
-        cid : str
-            The client id of the topic the message came on.
-        payload : bytes
-            The message; empty for a cleared retained status (``cid`` is then forgotten).
-        retained : bool
-            Delivered on subscribing (aged from the time the status carries, not from now).
-        now, now_unix : float, optional
-            Monotonic and wall-clock time of arrival (s); default: the clocks now.
-
-        Raises
-        ------
-        MessageError
-            If the payload is not a valid client status, or names another client than ``cid``;
-            the table is unchanged then.
+        ``retained`` statuses are aged from the time they carry; ``now``/``now_unix`` (monotonic, wall s)
+        default to the clocks. Raises MessageError (table unchanged) for an invalid status or another client's.
         """
         if not payload:
             self.forget(cid)
@@ -125,7 +81,7 @@ class ClientTable(Mapping[str, ClientStatus]):
 
     # ------------------------------------------------------------------ reading
     def seen(self) -> Mapping[str, Seen]:
-        """Each known device's last status exactly as received, with its arrival and last-seen time (a read-only view)."""
+        """Each known device's last status exactly as received (a read-only view)."""
         return MappingProxyType(self._seen)
 
     def latest(self, cid: str) -> ClientStatus | None:

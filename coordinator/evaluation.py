@@ -1,16 +1,11 @@
 """The FedDist evaluation protocol (Ek et al., PerCom 2021, evaluation section; DESIGN.md section 6).
 
-* **global**: the global model (FedAvg / FedProx / FedDist server model; the shadow
-  average under FedDWA and FedPer) on the union of all clients' test sets;
-* **personalisation**: each client's model after this round's local training on its own
-  test set (the client evaluates it and reports the confusion matrix), mean over clients;
-* **generalisation**: each client's trained model on the union test set, mean over clients.
-
-The union test set is a research harness: in a simulation the coordinator rebuilds it
-from the same dataset files and split as the clients. A deployment has none, and then
-reports personalisation (client side) and the received-model metrics summed over the
-clients' confusion matrices, which equal the received model's metrics on the union of
-their test sets.
+**global**: the global model (the shadow average under FedDWA and FedPer) on the union of the
+clients' test sets; **personalisation**: each client's trained model on its own test set (reported
+as a confusion matrix), mean over clients; **generalisation**: each trained model on the union test
+set, mean over clients. The union test set exists only in research runs (rebuilt from the clients'
+files and split); a deployment reports personalisation and the received model's figures from the
+summed confusion matrices, which equal those on the union of the test sets.
 """
 
 from __future__ import annotations
@@ -31,16 +26,7 @@ from har_models.settings import doc
 
 @dataclass(frozen=True)
 class EvaluationSettings:
-    """The ``[evaluation]`` settings table.
-
-    Parameters
-    ----------
-    split_seed : int
-        Seed of every client's 80/20 train/test split; the union test set uses the same one.
-    generalisation_every : int
-        Evaluate every client's model on the union test set every this many rounds (and in the last
-        round); it costs one full evaluation per client. 0 = last round only.
-    """
+    """The ``[evaluation]`` settings table."""
 
     split_seed: int = field(default=DEFAULT_SPLIT_SEED, metadata=doc("seed of every client's 80/20 train/test split"))
     generalisation_every: int = field(
@@ -49,13 +35,7 @@ class EvaluationSettings:
 
 
 class Evaluator:
-    """Evaluates models on a held-out union test set.
-
-    Parameters
-    ----------
-    union_test : WindowSet
-        Concatenated test windows of all clients, x of shape (N, 6, T).
-    """
+    """Evaluates models on a held-out union test set (windows ``(N, 6, T)``); ValueError if it is empty."""
 
     def __init__(self, union_test: WindowSet):
         if len(union_test) == 0:

@@ -1,39 +1,20 @@
 """FedDist: grow the hidden layers with the neurons that diverge from the average.
 
-Ek, Portet, Lalanda, Vega, "A Federated Learning Aggregation Algorithm for Pervasive
-Computing: Evaluation and Comparison", PerCom 2021 (arXiv 2110.10223), section "FedDist";
-details from the authors' code as summarised in reference/algorithms.md section 3 [CODE].
-
-After the FedAvg step the server compares, for every growable layer l (conv, then hidden
-dense; the output layer never grows), each client's neuron j with neuron j of the average
-(no matching: the same index), as the Euclidean distance between the neurons' rows
-(incoming weights flattened, then bias):
+Ek, Portet, Lalanda, Vega, "A Federated Learning Aggregation Algorithm for Pervasive Computing:
+Evaluation and Comparison", PerCom 2021 (arXiv 2110.10223); the authors' code as summarised in
+reference/algorithms.md section 3. For each growable layer l (conv, then hidden; never the output),
+client c's neuron j is compared with neuron j of the average (rows: incoming weights, then bias):
 
     d_{c,j} = || V_l^{(c)}[j] - V_l^{(avg)}[j] ||_2                          (algorithms.md 3.2)
+    diverges iff d_{c,j} > mu_j + k_r * sigma_j,  k_r = k_0 + delta * floor(r / period)   (3.3)
 
-Per neuron, across clients, mu_j = mean_c d_{c,j} and sigma_j = population std (ddof 0).
-Neuron j of client c diverges iff (strict)
+with mu_j, sigma_j (ddof 0) over clients, k_0 = 3.0, delta = 0.25, period = 5, r 0-based. Each
+diverging (c, j) becomes a new unit of layer l (:mod:`har_models.nn.growth`). By Samuelson's
+inequality nothing can be flagged while sqrt(n - 1) <= k_r (at least 11 clients at k_r = 3).
 
-    d_{c,j} > mu_j + k_r * sigma_j,     k_r = k_0 + delta * floor(r / period)   (algorithms.md 3.3)
-
-with k_0 = 3.0, delta = 0.25, period = 5 and r the 0-based round. Every diverging (c, j)
-becomes a new unit appended to layer l (see :mod:`har_models.nn.growth`). By Samuelson's
-inequality no value of n exceeds their mean by more than sqrt(n - 1) population standard
-deviations, so nothing can be flagged while sqrt(n - 1) <= k_r: growth needs at least 11
-clients at k_r = 3, and stops for good once k_r reaches sqrt(n - 1).
-
-Driving a round (the pure functions here never train; the caller does):
-
-* ``"function_preserving"`` (the combined fedhar protocol, algorithms.md 5.2 step 6A):
-  ``decision = detect_growth(G, client_states, spec, r, cfg)`` over both layers against the
-  shadow average G, then ``apply_growth(decision, spec, [G, *P], client_states, mode=...)``.
-  No client's function changes, so no intermediate round is needed.
-* ``"paper"`` (pure FedDist, algorithms.md 3.5 and 3.6): layer by layer. For l in
-  :data:`GROWABLE_LAYERS`: ``detect_growth(..., layers=(l,))``; if it grew, ``apply_growth``,
-  then run an intermediate round in which every client starts from the grown model, freezes
-  the tensors :func:`frozen_tensors` ``(l)`` (layers 0..l), trains the rest for E epochs and
-  uploads; the caller averages those models into the new G, and uses the clients'
-  intermediate models as ``client_states`` for the detection in the next layer.
+Modes: ``"function_preserving"`` (algorithms.md 5.2 step 6A) detects both layers against the shadow
+average and grows with zero outgoing weights; ``"paper"`` (3.5, 3.6) goes layer by layer with an
+intermediate round that freezes :func:`frozen_tensors` ``(l)``. The functions here never train.
 """
 
 from __future__ import annotations
@@ -52,31 +33,16 @@ log = logging.getLogger(__name__)
 
 
 GROWABLE_LAYERS: tuple[str, ...] = ("conv", "hidden")
-"""Layers FedDist may widen, in the order they are treated (0 -> L-2). ``out`` never grows."""
+"""Layers FedDist may widen, in treatment order. ``out`` never grows."""
 
 
 @dataclass(frozen=True)
 class FedDistConfig:
-    """Settings of the FedDist growth check.
+    """Settings of the FedDist growth check: k0 (``stdCount`` 3.0), +delta (0.25) every ``period`` (5) rounds.
 
-    Parameters
-    ----------
-    k0 : float
-        k_0, the threshold in population standard deviations at round 0 (``stdCount`` = 3.0).
-    delta : float
-        Increase of k every ``period`` rounds (0.25).
-    period : int
-        Rounds between increases (5).
-    max_conv_filters, max_dense_units : int, optional
-        Cap on the total width of each layer; flagged units beyond it are dropped (logged).
-        ``None``: ``max_width_factor`` times the width of the initial architecture.
-    max_width_factor : float
-        Default cap relative to the initial width (2.0), keeping models and MQTT payloads bounded.
-
-    Raises
-    ------
-    ValueError
-        If a value is out of range (negative k0 or delta, period < 1, caps < 1, factor < 1).
+    Width caps (``max_conv_filters``, ``max_dense_units``) default to ``max_width_factor`` (2.0) times the
+    initial width, keeping models and MQTT payloads bounded; flagged units beyond a cap are dropped (logged).
+    Raises ValueError for negative k0 or delta, period < 1, caps < 1 or factor < 1.
     """
 
     k0: float = 3.0
@@ -116,10 +82,7 @@ class FedDistConfig:
 
 @dataclass(frozen=True)
 class NewUnit:
-    """One diverging neuron: neuron ``neuron`` of client ``client`` becomes a new unit of ``layer``.
-
-    ``client`` indexes the ``client_states`` given to :func:`detect_growth`.
-    """
+    """One diverging neuron: neuron ``neuron`` of ``client_states[client]`` becomes a new unit of ``layer``."""
 
     layer: str
     client: int
@@ -128,26 +91,10 @@ class NewUnit:
 
 @dataclass(frozen=True)
 class GrowthDecision:
-    """What :func:`detect_growth` found in one round.
+    """What :func:`detect_growth` found in round ``round_idx`` (0-based) at threshold ``k_r``.
 
-    Attributes
-    ----------
-    round_idx : int
-        The 0-based round r.
-    k_r : float
-        The threshold used.
-    n_clients : int
-        Clients compared.
-    growth_possible : bool
-        ``sqrt(n_clients - 1) > k_r``; when False nothing was (or could be) flagged.
-    layers : tuple of str
-        Layers examined, in order.
-    units : tuple of NewUnit
-        Units to append, in order: layer (conv, hidden), then client, then neuron.
-    dropped : tuple of NewUnit
-        Flagged units not appended because the layer reached its width cap.
-    n_flagged : dict layer -> int
-        Units flagged per examined layer (appended + dropped).
+    ``growth_possible`` is ``sqrt(n_clients - 1) > k_r``; ``units`` are ordered by layer, client, neuron;
+    ``dropped`` were flagged beyond a width cap; ``n_flagged`` counts both per examined layer.
     """
 
     round_idx: int
@@ -193,15 +140,9 @@ class GrowthDecision:
 def threshold_k(
     round_idx: int, k0: float = FedDistConfig.k0, delta: float = FedDistConfig.delta, period: int = FedDistConfig.period
 ) -> float:
-    """The FedDist threshold schedule k_r = k_0 + delta * floor(r / period).
+    """The FedDist threshold schedule k_r = k_0 + delta * floor(r / period) (algorithms.md 3.3).
 
-    Ek et al., PerCom 2021, authors' code (``stdCount`` 3.0, +0.25 every 5 rounds;
-    reference/algorithms.md 3.3 [CODE]).
-
-    Raises
-    ------
-    ValueError
-        If ``round_idx`` < 0 or ``period`` < 1.
+    Raises ValueError if ``round_idx`` < 0 or ``period`` < 1.
     """
     if int(round_idx) < 0:
         raise ValueError(f"threshold_k: round_idx must be >= 0 (0-based round), got {round_idx}")
@@ -211,28 +152,14 @@ def threshold_k(
 
 
 def samuelson_bound(n_clients: int) -> float:
-    """sqrt(n - 1): no value of a sample of n exceeds the mean by more than this many population stds.
-
-    Growth is possible in a round only if ``samuelson_bound(n) > k_r``.
-    """
+    """sqrt(n - 1): growth is possible in a round only if ``samuelson_bound(n) > k_r``."""
     return math.sqrt(max(int(n_clients) - 1, 0))
 
 
 def neuron_rows(state: Mapping[str, torch.Tensor], layer: str) -> torch.Tensor:
-    """The neuron matrix V_l of a growable layer: row j = incoming weights of unit j, flattened, then its bias.
+    """The neuron matrix V_l ``(n_units, fan_in + 1)`` of a growable layer: row j = unit j's incoming weights, then its bias.
 
-    ``conv``: ``conv.weight[j].reshape(-1) ‖ conv.bias[j]`` (length C_in * kernel + 1 = 97);
-    ``hidden``: ``hidden.weight[j] ‖ hidden.bias[j]`` (length F * T' + 1).
-    reference/algorithms.md 3.2 [CODE].
-
-    Returns
-    -------
-    Tensor of shape ``(n_units, fan_in + 1)``, dtype of the state.
-
-    Raises
-    ------
-    ValueError
-        If ``layer`` is not in :data:`GROWABLE_LAYERS` or its tensors are missing.
+    Raises ValueError if ``layer`` is not in :data:`GROWABLE_LAYERS` or its tensors are missing.
     """
     w, b = _layer_tensors(state, layer, "neuron_rows")
     return torch.cat([w.reshape(w.shape[0], -1), b.reshape(-1, 1)], 1)
@@ -243,27 +170,9 @@ def neuron_distances(
     client_states: Sequence[Mapping[str, torch.Tensor]],
     layer: str,
 ) -> torch.Tensor:
-    """Distance of every client neuron to the same-index neuron of the average.
+    """d_{c,j} ``(n_clients, n_units)`` float64: each client neuron against the same-index neuron of the average (3.2).
 
-    d_{c,j} = || V_l^{(c)}[j] - V_l^{(avg)}[j] ||_2 (reference/algorithms.md 3.2 [CODE]),
-    computed in float64 one client at a time (memory: one layer at a time).
-
-    Parameters
-    ----------
-    global_state : mapping name -> Tensor
-        The averaged model of the round (FedAvg of the clients, or the shadow average G).
-    client_states : sequence of n mappings name -> Tensor
-        The clients' trained models, same shapes as ``global_state`` for ``layer``.
-    layer : {"conv", "hidden"}
-
-    Returns
-    -------
-    Tensor of shape ``(n_clients, n_units)``, float64.
-
-    Raises
-    ------
-    ValueError
-        If ``layer`` is unknown, ``client_states`` is empty, or a client's layer has another shape.
+    Raises ValueError if ``layer`` is unknown, ``client_states`` is empty, or a client's layer has another shape.
     """
     if not client_states:
         raise ValueError("neuron_distances: client_states is empty; pass the models uploaded this round")
@@ -283,26 +192,9 @@ def neuron_distances(
 
 
 def flag_diverging(distances: torch.Tensor, k: float) -> torch.Tensor:
-    """The FedDist rule: client c's neuron j diverges iff d_{c,j} > mu_j + k * sigma_j (strict).
+    """The FedDist rule on ``(n_clients, n_units)`` distances: d_{c,j} > mu_j + k * sigma_j (strict, ddof 0).
 
-    mu_j and sigma_j are the mean and the population standard deviation (ddof 0) of column j,
-    i.e. per neuron across clients (reference/algorithms.md 3.2-3.3 [CODE]).
-
-    Parameters
-    ----------
-    distances : Tensor of shape ``(n_clients, n_units)``
-        From :func:`neuron_distances`; finite, >= 0.
-    k : float
-        The threshold k_r in standard deviations.
-
-    Returns
-    -------
-    Tensor of shape ``(n_clients, n_units)``, bool.
-
-    Raises
-    ------
-    ValueError
-        If ``distances`` is not 2-D or holds NaN/inf, or ``k`` is not finite.
+    Raises ValueError if ``distances`` is not 2-D or holds NaN/inf, or ``k`` is not finite.
     """
     if distances.dim() != 2:
         raise ValueError(f"flag_diverging: distances must be (n_clients, n_units), got shape {tuple(distances.shape)}")
@@ -327,45 +219,15 @@ def detect_growth(
     layers: Sequence[str] = GROWABLE_LAYERS,
     initial_spec: ArchSpec | None = None,
 ) -> GrowthDecision:
-    """Find the diverging neurons of one round (FedDist detection, algorithms.md 3.6 [CODE]).
+    """Find the diverging neurons of one round (algorithms.md 3.6) at k_r = ``config.k_at(round_idx)``.
 
-    For each layer in ``layers`` (in the order of :data:`GROWABLE_LAYERS`), computes the
-    ``(n_clients, n_units)`` distances (:func:`neuron_distances`) and flags them
-    (:func:`flag_diverging`) at k_r = ``config.k_at(round_idx)``. Units are listed layer by
-    layer, clients in order, then neurons in order, and accepted until the layer's width cap.
-    When ``sqrt(n - 1) <= k_r`` nothing can be flagged (Samuelson); a warning is logged, the
-    decision says ``growth_possible=False`` and the distances are not computed (this also keeps
-    float rounding at the exact bound from flagging anything).
+    ``layers`` is both (function-preserving mode) or one at a time (paper mode). Units are accepted up
+    to each layer's width cap; ``initial_spec`` (version 0) sets the default caps and may be omitted
+    only for ``spec.version == 0`` or with both caps set. Below the Samuelson bound nothing is computed
+    and ``growth_possible=False`` (logged).
 
-    Parameters
-    ----------
-    global_state : mapping name -> Tensor
-        The data-size-weighted average of ``client_states`` (state of ``spec``).
-    client_states : sequence of n mappings name -> Tensor
-        The round's trained client models, same shapes as ``global_state``; index c in the
-        result refers to this sequence.
-    spec : ArchSpec
-        Architecture of all the states.
-    round_idx : int
-        The 0-based communication round r.
-    config : FedDistConfig, optional
-        Threshold schedule and caps (defaults of :class:`FedDistConfig`).
-    layers : sequence of str
-        Layers to examine: both (one detection against one average, function-preserving mode),
-        or one at a time (paper mode, with an intermediate round in between).
-    initial_spec : ArchSpec, optional
-        The architecture before any growth, for the default caps; may be omitted only when
-        ``spec.version == 0`` or both caps are set in ``config``.
-
-    Returns
-    -------
-    GrowthDecision
-
-    Raises
-    ------
-    ValueError
-        If ``client_states`` is empty, a state does not match ``spec``, ``layers`` names an
-        unknown layer, distances are non-finite, or ``initial_spec`` is needed but missing.
+    Raises ValueError if ``client_states`` is empty, a state does not match ``spec``, a layer is
+    unknown, distances are non-finite, or ``initial_spec`` is needed but missing.
     """
     cfg = config or FedDistConfig()
     unknown = [layer for layer in layers if layer not in GROWABLE_LAYERS]
@@ -427,37 +289,12 @@ def apply_growth(
     *,
     mode: GrowthMode,
 ) -> tuple[list[State], ArchSpec]:
-    """Append the decided units to every target state (the global model and any personalised ones).
+    """Append the decided units to every target state (e.g. ``[G, P_0, ..., P_{N-1}]``); returns them and the grown spec.
 
-    Each target gets the same new units, in the decision's order: incoming weights and bias
-    from ``client_states[c]``'s neuron j; outgoing weights copied from that client
-    (``mode="paper"``, as FedDist does; algorithms.md 3.4 [CODE]) or zero
-    (``mode="function_preserving"``, no client's function changes; algorithms.md 5.2 step 6A
-    [PROPOSAL]). See :func:`har_models.nn.growth.append_units`.
-
-    Parameters
-    ----------
-    decision : GrowthDecision
-        From :func:`detect_growth` on these ``client_states``.
-    spec : ArchSpec
-        Architecture of every target.
-    targets : sequence of mappings name -> Tensor
-        States to grow: e.g. ``[G, P_0, ..., P_{N-1}]`` (participants and absentees alike).
-    client_states : sequence of mappings name -> Tensor
-        The models the decision's client indices refer to.
-    mode : {"paper", "function_preserving"}
-
-    Returns
-    -------
-    states : list of dict name -> Tensor
-        The grown targets, in order (new tensors).
-    spec : ArchSpec
-        The grown architecture (version + 1), or ``spec`` if the decision is empty.
-
-    Raises
-    ------
-    ValueError
-        If ``mode`` is unknown, a unit's client index is out of range, or a state does not fit.
+    Incoming weights and bias come from the flagged client's neuron; outgoing weights are copied
+    (``mode="paper"``, algorithms.md 3.4) or zero (``"function_preserving"``, 5.2 step 6A). The spec is
+    version + 1, or unchanged if nothing grew. Raises ValueError for an unknown mode, a client index
+    outside ``client_states`` or a state that does not fit.
     """
     if mode not in GROWTH_MODES:
         raise ValueError(f"apply_growth: mode must be one of {GROWTH_MODES}, got {mode!r}")
@@ -484,18 +321,9 @@ def apply_growth(
 
 
 def frozen_tensors(layer: str) -> tuple[str, ...]:
-    """Tensors to freeze in the paper's intermediate round after ``layer`` grew: layers 0..l.
+    """Tensors frozen in the paper's intermediate round after ``layer`` grew: layers 0..l (algorithms.md 3.5).
 
-    Ek et al., authors' code (reference/algorithms.md 3.5 [CODE]): every client starts from
-    the grown model, keeps these tensors fixed (``requires_grad = False``), trains all later
-    layers for E epochs and uploads; the server averages (the frozen tensors come out
-    unchanged). ``frozen_tensors("conv")`` = conv.*, ``frozen_tensors("hidden")`` = conv.* and
-    hidden.*.
-
-    Raises
-    ------
-    ValueError
-        If ``layer`` is not in :data:`GROWABLE_LAYERS`.
+    Raises ValueError if ``layer`` is not in :data:`GROWABLE_LAYERS`.
     """
     if layer not in GROWABLE_LAYERS:
         raise ValueError(f"frozen_tensors: layer must be one of {GROWABLE_LAYERS}, got {layer!r}")

@@ -1,20 +1,11 @@
 """FedDist's growth phase of a round, as steps the runner drives (no call back into it).
 
-Ek et al., PerCom 2021 (arXiv 2110.10223), algorithm 1 and section IV-B; reference/algorithms.md
-section 3 and 5.2. After the round's aggregation, each growable layer in turn:
-
-1. detect client neurons far from the aggregate (:func:`coordinator.feddist.detect_growth`,
-   threshold k_r = k_0 + delta * floor(r / period));
-2. append them as new units to G and to every personalised model
-   (:func:`coordinator.feddist.apply_growth`);
-3. in "paper" mode, run an intermediate exchange in which clients train with every layer
-   but the grown one frozen, and aggregate it (``Strategy.aggregate_intermediate``); the next
-   layer's detection uses those intermediate models, as FedDist does.
-
-:func:`grow` is a generator: it yields an :class:`IntermediateExchange` whenever step 3
-needs clients, receives the valid updates of that exchange (in any order; possibly none)
-through ``send``, and finally returns the growth log for the round summary. It changes
-the :class:`~coordinator.strategies.Federation` it is given; it never touches MQTT or files.
+Ek et al., PerCom 2021, algorithm 1 and section IV-B; reference/algorithms.md 3 and 5.2. After the
+aggregation, for each growable layer: detect diverging neurons (:func:`coordinator.feddist.detect_growth`),
+append them to G and every P_i (:func:`coordinator.feddist.apply_growth`), and in "paper" mode run an
+intermediate exchange with the earlier layers frozen, whose models the next layer's detection uses.
+:func:`grow` is a generator that yields an :class:`IntermediateExchange` when clients are needed and
+receives its updates through ``send``; it changes the Federation given, never MQTT or files.
 """
 
 from __future__ import annotations
@@ -39,16 +30,8 @@ _FD = feddist.FedDistConfig
 class FedDistSettings:
     """The ``[feddist]`` settings table (FedDist, Ek et al., PerCom 2021; read with ``growth = "feddist"``).
 
-    Parameters
-    ----------
-    mode : {"auto", "paper", "function_preserving"}
-        Outgoing weights of new units copied from the source client (with the paper's intermediate
-        layer-wise rounds) or zero (no client's function changes). "auto" picks "paper" for plain FedDist
-        (a strategy that takes the paper's mode, overwrite initialisation: comparable with the paper) and
-        "function_preserving" when growth is combined with personalisation (reference/algorithms.md 5.2, step 6).
-    k0, delta, period, max_width_factor :
-        k_r = k0 + delta * floor(r / period); each layer's width capped at ``max_width_factor`` x round 0's
-        (the defaults are :class:`coordinator.feddist.FedDistConfig`'s, written once there).
+    ``mode`` "auto" is "paper" for plain FedDist (comparable with the paper) and "function_preserving"
+    with personalisation (algorithms.md 5.2, step 6); the other defaults are :class:`coordinator.feddist.FedDistConfig`'s.
     """
 
     mode: str = field(
@@ -82,24 +65,13 @@ class FedDistSettings:
         plain = strategies.strategy_class(aggregation).feddist_paper and client_init == "overwrite"
         return "paper" if plain else "function_preserving"
 
+
 log = logging.getLogger("fedhar.coordinator.feddist")
 
 
 @dataclass(frozen=True)
 class IntermediateExchange:
-    """What the runner must run for FedDist paper mode: stage ``stage`` of the round with these clients.
-
-    Attributes
-    ----------
-    layer : str
-        The layer that just grew (``"conv"`` or ``"hidden"``).
-    stage : int
-        Exchange stage (1 + index of the layer in :data:`coordinator.feddist.GROWABLE_LAYERS`).
-    selected : tuple of str
-        The round's contributing clients, in aggregation order.
-    plan : TrainingPlan
-        Overwrite initialisation, every tensor but the grown layer's frozen.
-    """
+    """FedDist paper mode's exchange after ``layer`` grew: stage 1 + its index, the round's contributors, a frozen plan."""
 
     layer: str
     stage: int
@@ -122,27 +94,9 @@ def grow(
 ) -> GrowthSteps:
     """Run FedDist's growth for round ``round_`` on ``fed`` (changed in place); return the growth log.
 
-    Parameters
-    ----------
-    round_ : int
-    fed : Federation
-        The federation after this round's aggregation; its spec, G and P_i grow.
-    agg : Aggregate
-        This round's aggregation (FedDWA re-mixes intermediate models with its p_ij).
-    results : sequence of ClientUpdate
-        This round's valid updates (the client models compared with G).
-    strategy : Strategy
-    base : TrainingPlan
-        The round's base plan; intermediate exchanges derive theirs from it.
-    cfg : FedDistConfig
-        k_0, delta, period and the width cap.
-    mode : {"paper", "function_preserving"}
-        Outgoing weights of new units copied with intermediate exchanges, or zero.
-
-    Returns
-    -------
-    dict
-        ``{"k": k_r, "n_clients", "layers": {layer: {"added", "per_client"}}, "growth_possible"}``.
+    ``agg`` is the round's aggregation (FedDWA re-mixes intermediate models with its p_ij); ``mode`` is
+    "paper" or "function_preserving". The log: ``{"k", "n_clients", "layers": {layer: {"added",
+    "per_client", "version"}}, "growth_possible"}``.
     """
     by_id = {u.client_id: u for u in results}
     order = [c for c in agg.participants if c in by_id]

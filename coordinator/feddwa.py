@@ -1,35 +1,18 @@
 """FedDWA: personalised aggregation weighted by the distance to each client's guidance model.
 
 Liu, Wu, Chen, Hu, Zhou, Wu, "FedDWA: Personalized Federated Learning with Dynamic Weight
-Adjustment", IJCAI 2023 (arXiv 2305.06124); reference/algorithms.md section 2. Equation
-numbers (8), (15), (17) are reconstructed there and still to be checked against the paper.
+Adjustment", IJCAI 2023 (arXiv 2305.06124); reference/algorithms.md section 2 (equation numbers
+reconstructed there). Each participant j uploads its trained model w_j and a guidance model ŵ_j
+(one more local pass). With d_ij^2 = ||ŵ_i - w_j||^2 over all parameters, client i gets
 
-Every participant j of round t uploads its trained model w_j and a guidance model ŵ_j (one
-more local pass from w_j). With d_ij^2 = ||ŵ_i - w_j||^2 over all parameters, client i gets
+    p_ij = d_ij^{-2} / sum_{k in S_t} d_ik^{-2}, restricted to its K largest     (Eq. 17)
+    w̄_i = sum_{j in S_t} p_ij w_j                                                 (Eq. 8)
 
-    p_ij = d_ij^{-2} / sum_{k in S_t} d_ik^{-2}                                    (Eq. 17, reconstructed)
-
-restricted to its K largest p_ij (renormalised), and the personalised model
-
-    w̄_i = sum_{j in S_t} p_ij w_j                                                 (Eq. 8, reconstructed)
-
-Matrix convention (as in the authors' code): ``D[j, i]`` and ``P[j, i]`` have the *source*
-(trained model j) in the row and the *target* client i in the column, so client i's weights
-are column i and every column sums to 1.
-
-The three steps are separate functions, so a caller can log D and P and reuse P (e.g. to
-re-mix the models of a FedDist intermediate round with this round's P, algorithms.md 5.2
-step 6B): :func:`distances` -> :func:`weights` -> :func:`personalise`; :func:`aggregate`
-chains them. Non-finite uploads must not get here: the coordinator rejects them when it
-validates an upload (DESIGN.md section 3); :func:`finite_clients` is the same check for
-callers that hold models in memory, and :func:`distances` refuses non-finite input.
-
-Models need not be in memory: a state that also has the methods of :class:`FlatBlockSource`
-(the coordinator's spilled updates, :class:`coordinator.spill.SpilledState`, which read
-from memory-mapped files) is read one block of the parameter axis at a time, so
-:func:`distances` and :func:`personalise` hold one ``(n, b)`` block of all clients (plus
-the n personalised outputs) rather than every trained and guidance model. The numbers and
-their order of summation are the same either way, so the results are identical.
+Matrix convention (the authors' code): ``D[j, i]`` and ``P[j, i]`` hold the source j in the row and
+the target i in the column; every column of P sums to 1. :func:`distances` -> :func:`weights` ->
+:func:`personalise` are separate so P can be logged and reused (algorithms.md 5.2 step 6B);
+:func:`aggregate` chains them. States that are :class:`FlatBlockSource` (memory-mapped spilled
+updates) are read one ``(n, b)`` block of the parameter axis at a time, with identical results.
 """
 
 from __future__ import annotations
@@ -48,23 +31,16 @@ from coordinator.aggregation import State
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 24 * 2**20
-"""Memory of one float64 block of stacked parameters in :func:`distances` (per model set).
-24 MiB (32,768 parameters per row at 100 clients) took the 100-client distances over the
-paper CNN from 5.9 to 4.6 s of CPU against 64 MiB (``benchmarks/bench_aggregation.py``):
-the block just stacked is still in cache when the norms and the Gram product read it."""
+"""Memory of one float64 block of stacked parameters in :func:`distances` (per model set); 24 MiB
+was faster than 64 MiB (cache reuse; docs/benchmarks-server.md)."""
 
 MIX_BLOCK_BYTES = 24 * 2**20
-"""Bytes of the n float64 source rows one block of a sparse :func:`personalise` holds
-(so the K reads of each row mostly hit the last-level cache)."""
+"""Bytes of the n float64 source rows one block of a sparse :func:`personalise` holds (kept in cache)."""
 
 
 @runtime_checkable
 class FlatBlockSource(Protocol):
-    """A model state that can hand out slices of its tensors without loading them whole.
-
-    :func:`distances` and :func:`personalise` read such a state block by block through these
-    two methods instead of ``state[name]``; other mappings are read into memory once.
-    """
+    """A model state that hands out slices of its tensors without loading them whole (read block by block)."""
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         """Shape of tensor ``name``."""
@@ -77,19 +53,8 @@ class FlatBlockSource(Protocol):
 
 @dataclass(frozen=True)
 class DwaResult:
-    """Output of :func:`aggregate` for one round.
-
-    Attributes
-    ----------
-    distances : Tensor of shape ``(n, n)``, float64
-        D[j, i] = ||ŵ_i - w_j||^2.
-    weights : Tensor of shape ``(n, n)``, float64
-        P[j, i] = p_ij; every column sums to 1.
-    states : list of n dicts name -> float32 Tensor
-        The personalised model of each client, in input order.
-    average : dict name -> float32 Tensor, or None
-        The shadow FedAvg average sum_j n_j / n w_j, if :func:`aggregate` was given the
-        weights n_j.
+    """Output of :func:`aggregate`: D and P ``(n, n)`` float64, the n personalised float32 states, and the
+    shadow FedAvg average if ``average_weights`` were given.
     """
 
     distances: torch.Tensor
@@ -99,22 +64,9 @@ class DwaResult:
 
 
 def finite_clients(*state_lists: Sequence[Mapping[str, torch.Tensor]]) -> list[int]:
-    """Indices i whose states are finite in every list (e.g. trained and guidance models).
+    """Indices i (ascending) whose states are finite in every list, e.g. ``finite_clients(trained, guidance)``.
 
-    Parameters
-    ----------
-    *state_lists : sequences of n mappings name -> Tensor
-        Parallel lists, e.g. ``finite_clients(trained, guidance)``.
-
-    Returns
-    -------
-    list of int
-        The clients to keep, ascending. Subset every list with it before :func:`distances`.
-
-    Raises
-    ------
-    ValueError
-        If no list is given or the lists differ in length.
+    Raises ValueError if no list is given or the lists differ in length.
     """
     if not state_lists:
         raise ValueError("finite_clients: pass at least one list of states")
@@ -132,24 +84,16 @@ def finite_clients(*state_lists: Sequence[Mapping[str, torch.Tensor]]) -> list[i
 
 
 GRAMS = ("float32", "float64")
-"""Arithmetic of the Gram product in :func:`distances`: ``"float32"`` (centred float32 blocks, products
-summed in float64; the default) or ``"float64"`` (exact: every product in float64)."""
+"""Arithmetic of the Gram product in :func:`distances`: ``"float32"`` (centred blocks, sums in float64) or ``"float64"`` (exact)."""
 
 DEFAULT_GRAM = "float32"
-"""The Gram arithmetic :func:`distances` uses unless told otherwise. Against the exact float64 product, float32
-with centred blocks gave the same top-K sets and p_ij within 1e-7 (worst absolute difference) on 30 clients of a
-0.5 M-parameter CNN whose guidance step is a fifth of the clients' spread, and within 2e-8 on 30 spilled
-paper-CNN updates of ``benchmarks/bench_aggregation.py`` (tests/test_feddwa_gram.py asserts 1e-6). On those 30
-spilled updates the distances took 1.19-1.26 s of CPU instead of 1.65-2.05 s (1 thread, a shared machine)."""
+"""The default Gram arithmetic: same top-K sets and p_ij within 1e-7 of float64, about 30 % less CPU
+(tests/test_feddwa_gram.py asserts 1e-6; figures in docs/benchmarks-server.md)."""
 
 
 GRAM_CHUNK = 1024
-"""Parameters per float32 partial product and partial squared norm in :func:`distances` with ``gram="float32"``;
-the partial results are summed in float64. Rounding grows with the terms a float32 sum adds. Measured against the
-exact product, worst relative error of a squared distance (a client's own, the smallest, is the worst): whole
-200,000-parameter blocks 7e-5; chunks of 4,096 parameters 9e-7 (30 clients, 0.5 M-parameter CNN) and 1.1e-5
-(6 clients, 9,198-parameter CNN); chunks of 1,024 8e-7 and 3e-6, at the speed of one matmul per block (norms
-accumulated in float64 instead cost twice the product's time)."""
+"""Parameters per float32 partial product and squared norm (summed in float64); 1,024 kept the worst
+relative error of a squared distance near 1e-6, against 7e-5 for whole blocks, at one matmul per block."""
 
 
 def distances(
@@ -159,51 +103,19 @@ def distances(
     block_size: int | None = None,
     gram: str = DEFAULT_GRAM,
 ) -> torch.Tensor:
-    """Squared distances between every guidance model and every trained model, via one Gram matrix.
+    """Squared distances D[j, i] = ||ŵ_i - w_j||_2^2 between every guidance and trained model, via one Gram matrix.
 
-    D[j, i] = ||ŵ_i - w_j||_2^2 over all parameters (flattened and concatenated), computed as
+    D = ||w||^2 1^T + 1 ||ŵ||^2^T - 2 W Ŵ^T, clamped at 0, with W, Ŵ the stacked ``(n, n_params)``
+    models, accumulated over blocks of the parameter axis (a few reused ``(n, b)`` buffers).
+    ``gram="float64"`` widens every block (exact to ~1e-16 ||w||^2). ``gram="float32"`` subtracts the
+    block's mean trained row from W and Ŵ first (D is shift-invariant), so float32 products stay
+    accurate; products over :data:`GRAM_CHUNK` parameters are summed in float64.
 
-        D = ||w||^2 1^T + 1 ||ŵ||^2^T - 2 W Ŵ^T,     clamped at 0,
+    Returns a float64 ``(n, n)`` tensor >= 0 (row j trained, column i guidance). ``block_size``
+    defaults to about :data:`DEFAULT_BLOCK_BYTES` per block.
 
-    with W (n, n_params) the stacked trained models and Ŵ the stacked guidance models. The
-    product W Ŵ^T is accumulated in float64 over blocks of the parameter axis (one
-    ``(n, b) @ (b, n)`` matmul per block, a handful of tensor operations per block whatever n
-    is), so the extra memory is a few reused ``(n, b)`` buffers rather than a stacked copy of
-    all models (states that are :class:`FlatBlockSource` are read block by block and never
-    held whole); cost O(n^2 * n_params) flops in BLAS instead of n^2 Python-level passes.
-
-    ``gram="float64"`` (exact) widens every block to float64: the cancellation error is of the
-    order of 1e-16 * ||w||^2 (about 1e-12 for the 6.45 M-parameter CNN at its initial scale),
-    far below any distance between distinct models. ``gram="float32"`` (default) keeps the
-    blocks in float32 as stored and first subtracts from both W and Ŵ the block's mean trained
-    row c (D is unchanged by a common shift: ||(ŵ_i - c) - (w_j - c)|| = ||ŵ_i - w_j||), so
-    the norms and products are of the size of the models' differences instead of the models
-    themselves and float32 cancellation stays small; each block's ``(n, n)`` float32 product
-    and its norms, over chunks of :data:`GRAM_CHUNK` parameters, are summed into float64. Half
-    the bytes to stack and a float32 matmul make it faster; :data:`DEFAULT_GRAM` gives the
-    measured speed and how far the weights p_ij it leads to are from the exact ones.
-
-    Parameters
-    ----------
-    guidance_states : sequence of n mappings name -> Tensor
-        ŵ_i, the guidance (one-step-ahead) models, index i = target client.
-    trained_states : sequence of n mappings name -> Tensor
-        w_j, the trained models, same names and shapes.
-    block_size : int, optional
-        Parameters per block; default so that one block is about :data:`DEFAULT_BLOCK_BYTES`.
-    gram : {"float32", "float64"}
-        Arithmetic of the Gram product (:data:`GRAMS`); default :data:`DEFAULT_GRAM`.
-
-    Returns
-    -------
-    Tensor of shape ``(n, n)``, float64, >= 0; row j = trained model, column i = guidance model.
-
-    Raises
-    ------
-    ValueError
-        If the lists are empty or differ in length, names or shapes differ between any two
-        states, ``block_size`` < 1, ``gram`` is not one of :data:`GRAMS`, or a state holds
-        NaN/inf (the message names the clients; exclude them first with :func:`finite_clients`).
+    Raises ValueError for empty or unequal lists, differing names or shapes, ``block_size`` < 1, an
+    unknown ``gram``, or NaN/inf in a state (naming the clients; see :func:`finite_clients`).
     """
     n = len(trained_states)
     if n == 0 or len(guidance_states) != n:
@@ -233,15 +145,7 @@ def distances(
         stack_w.close()
         stack_g.close()
 
-    bad_w = (~torch.isfinite(sq_w)).nonzero().flatten().tolist()
-    bad_g = (~torch.isfinite(sq_g)).nonzero().flatten().tolist()
-    if bad_w or bad_g or not torch.isfinite(inner).all():
-        raise ValueError(
-            f"distances: non-finite values in trained models {bad_w} / guidance models {bad_g}; "
-            "exclude those clients first (finite_clients)"
-        )
-    d = sq_w[:, None] + sq_g[None, :] - 2.0 * inner
-    return d.clamp_(min=0.0)
+    return _from_gram(sq_w, sq_g, inner)
 
 
 def _distances_float32(
@@ -289,54 +193,36 @@ def _distances_float32(
     finally:
         stack_w.close()
         stack_g.close()
-    bad_w = (~torch.isfinite(sq_w) | bad_rows).nonzero().flatten().tolist()
+    return _from_gram(sq_w, sq_g, gram, bad_rows)
+
+
+def _from_gram(sq_w: torch.Tensor, sq_g: torch.Tensor, inner: torch.Tensor, bad_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """D = ||w||^2 + ||ŵ||^2 - 2 <w, ŵ>, clamped at 0; ValueError naming the non-finite clients."""
+    bad = ~torch.isfinite(sq_w) if bad_rows is None else ~torch.isfinite(sq_w) | bad_rows
+    bad_w = bad.nonzero().flatten().tolist()
     bad_g = (~torch.isfinite(sq_g)).nonzero().flatten().tolist()
-    if bad_w or bad_g or not torch.isfinite(gram).all():
+    if bad_w or bad_g or not torch.isfinite(inner).all():
         raise ValueError(
             f"distances: non-finite values in trained models {bad_w} / guidance models {bad_g}; "
             "exclude those clients first (finite_clients)"
         )
-    d = sq_w[:, None] + sq_g[None, :] - 2.0 * gram
-    return d.clamp_(min=0.0)
+    return (sq_w[:, None] + sq_g[None, :] - 2.0 * inner).clamp_(min=0.0)
 
 
 def weights(D: torch.Tensor | np.ndarray, top_k: int = 5, eps: float = 1e-12) -> torch.Tensor:
-    """FedDWA aggregation weights p_ij from squared distances, with top-K per client.
+    """FedDWA aggregation weights p_ij from squared distances D ``(n, n)``, with top-K per client.
 
-    Liu et al., IJCAI 2023, Eq. (17) (reconstructed; algorithms.md 2.2 [DERIVED], identical to
-    the authors' ``cal_optimal_weight``) and the top-K step (algorithms.md 2.3 [CODE]):
+    Liu et al., IJCAI 2023, Eq. (17) (algorithms.md 2.2, as the authors' ``cal_optimal_weight``) and top-K (2.3):
 
-    1. A[j, i] = 1 / (D[j, i] + eps)         (= d_ij^{-2}; eps keeps D = 0 finite [PROPOSAL])
-    2. A[:, i] /= sum_j A[j, i]              (column-normalise)
-    3. keep the ``top_k`` largest entries of each column, zero the rest; ties keep the lower
-       index j (stable sort), so the result is deterministic; nothing is zeroed if top_k >= n
-    4. A[:, i] /= sum_j A[j, i]              (renormalise)
+    1. A[j, i] = 1 / (D[j, i] + eps)         (eps keeps D = 0 finite)
+    2. A[:, i] /= sum_j A[j, i]
+    3. keep the ``top_k`` largest of each column (ties keep the lower j; none zeroed if top_k >= n)
+    4. A[:, i] /= sum_j A[j, i]
 
-    A column that is not finite or sums to 0 after these steps (e.g. ``eps=0`` with a zero
-    distance, or every distance infinite) falls back to p_ii = 1: the client keeps its own
-    trained model.
+    A column that is not finite or sums to 0 falls back to p_ii = 1 (the client keeps its own model).
+    K = 5 is the authors' default. Returns float64 P[j, i] = p_ij, columns summing to 1.
 
-    Parameters
-    ----------
-    D : Tensor or ndarray of shape ``(n, n)``
-        Squared distances, D[j, i] = ||ŵ_i - w_j||^2 (from :func:`distances`); >= 0, may be inf.
-    top_k : int
-        K, the number of models mixed into each personalised model (5, the authors' default).
-    eps : float
-        Added to D before inverting (1e-12, in squared-parameter units; squared distances
-        between trained HAR CNNs are many orders of magnitude larger, so eps only matters
-        when a distance is exactly 0).
-
-    Returns
-    -------
-    Tensor of shape ``(n, n)``, float64: P[j, i] = p_ij, >= 0, each column sums to 1 and has
-    at most ``top_k`` non-zeros.
-
-    Raises
-    ------
-    ValueError
-        If D is not square or holds NaN or negative values, ``top_k`` < 1, or ``eps`` is
-        negative or not finite.
+    Raises ValueError if D is not square or holds NaN or negatives, ``top_k`` < 1, or ``eps`` is negative or not finite.
     """
     d = torch.as_tensor(np.asarray(D) if not isinstance(D, torch.Tensor) else D).detach().to(torch.float64)
     if d.dim() != 2 or d.shape[0] != d.shape[1] or d.shape[0] == 0:
@@ -373,40 +259,14 @@ def personalise(
     *,
     block_size: int | None = None,
 ) -> list[State]:
-    """Personalised models w̄_i = sum_j P[j, i] w_j (Liu et al., Eq. (8), reconstructed).
+    """Personalised models w̄_i = sum_j P[j, i] w_j (Liu et al., Eq. (8)), float64 sums returned as float32.
 
-    Computed as one product P^T W per block of the parameter axis, with W the
-    ``(n, n_params)`` stacked trained models, accumulated in float64 and returned as float32
-    (as :func:`coordinator.aggregation.weighted_average` does). Each column of P is divided
-    by its sum first, which is 1 for the output of :func:`weights`. P may have more columns
-    than rows: any column is one more mix of the same models (e.g. the FedAvg weights
-    n_j / n for the shadow average, see :func:`aggregate`). A P with at most a quarter of its
-    entries non-zero (FedDWA's top-K columns once n > 4K) is multiplied as a sparse matrix,
-    so the cost per block is (non-zeros x b) instead of (n x m x b); the sums are the same
-    up to float64 rounding order. Extra memory: one reused ``(n, b)`` float64 buffer and
-    its ``(m, b)`` product besides the m output models; trained models that are
-    :class:`FlatBlockSource` (memory-mapped files) are read block by block and never held whole.
+    P ``(n, m)`` is column-normalised first; extra columns are further mixes of the same models (the
+    shadow average in :func:`aggregate`). A P with at most a quarter non-zero (top-K once n > 4K) is
+    applied sparsely, K multiply-adds per parameter instead of n. Returns m states, column order.
 
-    Parameters
-    ----------
-    trained_states : sequence of n mappings name -> Tensor
-        w_j, the trained models of the round, same names and shapes.
-    P : Tensor or ndarray of shape ``(n, m)``
-        P[j, i] = p_ij (source j, target i), >= 0, every column with a positive sum; m >= 1
-        (m = n for FedDWA's weights).
-    block_size : int, optional
-        Parameters per block; default so that one float64 block is about 64 MiB.
-
-    Returns
-    -------
-    list of m dicts name -> float32 Tensor, index i = the mix of column i (client i's
-    personalised model for FedDWA's P).
-
-    Raises
-    ------
-    ValueError
-        If P does not have n rows and at least one column, holds negative or non-finite
-        values, or has a zero column, or the states differ in names or shapes.
+    Raises ValueError if P lacks n rows or a column, holds negative or non-finite values or a zero
+    column, or the states differ in names or shapes.
     """
     p = torch.as_tensor(np.asarray(P) if not isinstance(P, torch.Tensor) else P).detach().to(torch.float64)
     n = len(trained_states)
@@ -476,30 +336,10 @@ def aggregate(
 ) -> DwaResult:
     """One FedDWA server step: :func:`distances` -> :func:`weights` -> :func:`personalise`.
 
-    Parameters
-    ----------
-    trained_states, guidance_states : sequences of n mappings name -> Tensor
-        w_j and ŵ_j of the round's participants (finite; same order).
-    top_k, eps : see :func:`weights`.
-    block_size : int, optional
-        Parameters per block in :func:`distances` and :func:`personalise`.
-    average_weights : sequence of n floats, optional
-        FedAvg weights n_j (training windows). If given, the shadow average
-        sum_j n_j / sum_k n_k w_j (McMahan et al. 2017) is mixed in the same pass over the
-        trained models as the personalised models, and returned as ``average``; it equals
-        :func:`coordinator.aggregation.weighted_average` up to float64 rounding order.
-    gram : {"float32", "float64"}
-        Arithmetic of the distances' Gram product (see :func:`distances`).
+    ``average_weights`` (n_j, training windows) also mixes the shadow FedAvg average
+    sum_j n_j / sum_k n_k w_j (McMahan et al. 2017) in the same pass, returned as ``average``.
 
-    Returns
-    -------
-    DwaResult
-
-    Raises
-    ------
-    ValueError
-        As the three steps; or if ``average_weights`` does not hold n finite values >= 0
-        with a positive sum.
+    Raises ValueError as the three steps, or if ``average_weights`` are not n finite values >= 0 with a positive sum.
     """
     n = len(trained_states)
     avg: torch.Tensor | None = None
@@ -576,14 +416,7 @@ def _blocks(shapes: Sequence[tuple[int, ...]], b: int) -> Iterator[tuple[int, in
 
 
 class _BlockStacker:
-    """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` float64 (or float32) buffer.
-
-    States in memory: one tensor operation per block whatever n is (the float32 slices are
-    widened as they are copied). States that are :class:`FlatBlockSource` (memory-mapped
-    files) copy their slice straight into their row of the buffer, so nothing but the block
-    is ever read. float32 -> float64 is exact either way, so the block holds the same numbers (a float32
-    buffer holds them as stored).
-    """
+    """Stacks the same slice of one tensor of n states into a reused ``(n, hi - lo)`` buffer (exact widening to float64)."""
 
     def __init__(self, states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], b: int,
                  dtype: torch.dtype = torch.float64):

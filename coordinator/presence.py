@@ -1,17 +1,10 @@
 """Which clients are present, and whether one client id is used by two processes.
 
-A client's retained status says "online" until its last will replaces it; a device that is
-revoked (the broker sends no will then) or whose will was lost would stay "online" forever.
-So presence expires: a client republishes its status every ``refresh_s`` seconds, and a
-status older than :data:`~har_models.wire.messages.PRESENCE_PERIODS` periods counts as offline.
-The age of a live status is measured on the coordinator's clock from its arrival; the age
-of a retained one (received when subscribing) from the time the status carries.
-
-Each client process has its own ``instance`` id. A device that restarts shows a new
-instance after the old one went away; an instance that comes back (not as its last will)
-after another one replaced it means two processes are using one client id, which the broker turns into an
-endless session takeover: the id is then quarantined (never eligible, its updates refused)
-and the conflict is logged once.
+A retained "online" status outlives a revoked device (no will) or a lost will, so presence expires:
+a status older than :data:`~har_models.wire.messages.PRESENCE_PERIODS` refresh periods counts as
+offline (a live status aged from its arrival, a retained one from the time it carries). An instance
+id that returns after another replaced it means two processes share the client id (an endless
+session takeover): the id is quarantined and the conflict logged once.
 """
 
 from __future__ import annotations
@@ -32,13 +25,7 @@ class _Seen:
 
 
 class Presence:
-    """Freshness and identity of client statuses.
-
-    Parameters
-    ----------
-    periods : int
-        A status older than ``periods * refresh_s`` seconds counts as offline.
-    """
+    """Freshness and identity of client statuses; a status older than ``periods * refresh_s`` counts as offline."""
 
     def __init__(self, periods: int = PRESENCE_PERIODS):
         self.periods = periods

@@ -1,23 +1,12 @@
 """The coordinator's program desk: ExecuTorch ``.pte`` programs of the current architecture for clients that ask.
 
-Modules about ExecuTorch ``.pte`` files are named after them (``pte_*``), so that "program" in a
-file name is never confused with the console programs (``fedhar-coordinator``, ``fedhar-client``, ...).
-
-A client that trains through exported programs but cannot export them sends a
-:class:`~har_models.wire.pte_delivery.ProgramRequest` on ``{p}/client/{cid}/program_request``
-(docs/protocol.md, "ExecuTorch programs"). The desk checks it (run, architecture version),
-exports the programs of the federation's current architecture with
-:func:`har_models.nn.export.ensure_programs` (cached on disk per architecture, so each version
-is exported once per machine) and sends them to that client as one envelope of kind
-``"program"`` in chunks on ``{p}/client/{cid}/programs/{i}``, not retained.
-
-Exporting takes tens of seconds, so it and the sending run on one worker thread of their own;
-the round loop only validates requests and queues them. Requests are answered in order; a
-request for a (client, version) already queued is dropped, and one that comes less than
-``min_interval_s`` (30 s) after that (client, version) was last sent is rejected as
-``repeated_request``, so a device cannot make the coordinator send programs over and over. A federation whose clients never
-ask (every PyTorch or numpy client) never starts the thread, never imports the exporter and
-never publishes anything on these topics.
+(``pte_*`` modules are about ``.pte`` files, never the console programs.) A client that trains through
+exported programs but cannot export them sends a ProgramRequest on ``{p}/client/{cid}/program_request``
+(docs/protocol.md). The desk checks it, exports the current architecture's programs
+(:func:`har_models.nn.export.ensure_programs`, cached per architecture) and sends one ``"program"``
+envelope in chunks on ``{p}/client/{cid}/programs/{i}``, not retained. Export and sending run on one
+worker thread; a request already queued is dropped and one within ``min_interval_s`` of the last
+send is ``repeated_request``. A federation whose clients never ask never starts the thread.
 """
 
 from __future__ import annotations
@@ -42,38 +31,20 @@ from har_models.wire.topics import Topics
 log = logging.getLogger("fedhar.coordinator.programs")
 
 
-
 def default_cache() -> Path:
-    """Where exported programs are cached: ``FEDHAR_PROGRAM_CACHE``, else ``~/.cache/fedhar/programs`` (the clients' default too)."""
+    """Where exported programs are cached: ``FEDHAR_PROGRAM_CACHE``, else ``~/.cache/fedhar/programs`` (as the clients)."""
     return Path(os.environ.get("FEDHAR_PROGRAM_CACHE", Path.home() / ".cache" / "fedhar" / "programs"))
 
-Rejected = Callable[[str, str, str], None]
 
-PROGRAM_URL_TTL_S = 3600.0
-"""How long the URL of a program object sent to a client stays valid (s): it fetches at once, and asks again after 60 s if not."""
+Rejected = Callable[[str, str, str], None]
 
 
 class ProgramDesk:
     """Answers program requests of one run (see the module docstring).
 
-    Parameters
-    ----------
-    link : MqttLink
-        The coordinator's link (its publishes are safe from another thread).
-    topics : Topics
-    run_id : str
-        Requests of another run are rejected (``wrong_run``).
-    current_spec : callable returning ArchSpec or None
-        The federation's architecture now (None before the federation exists).
-    cache_dir : folder, optional
-        Program cache (default :func:`default_cache`, read when the desk is made).
-    on_reject : callable(client_id, reason, detail), optional
-        Called on the first rejection of each (client, reason), e.g. to record it as an event.
-    min_interval_s : float
-        Least time between two sends of one version to one client (s); clients ask again after 60 s at the earliest.
-    send : callable (client id, version, envelope) -> str, optional
-        How an answer reaches its client (the grid's carrier, :meth:`coordinator.transport.Carrier.send_program`;
-        returns a line for the log). Default: in chunks on the client's program topics.
+    Requests of another ``run_id`` are ``wrong_run``; ``on_reject(client, reason, detail)`` is called on
+    the first rejection of each (client, reason); ``send(client, version, envelope)`` is how an answer
+    travels (default: chunks on the client's program topics), returning a line for the log.
     """
 
     def __init__(
@@ -103,13 +74,10 @@ class ProgramDesk:
         self._sets: OrderedDict[str, ProgramSet] = OrderedDict()  # spec JSON -> exported set (two newest)
 
     def on_request(self, cid: str, payload: bytes) -> None:
-        """Check the request of client ``cid`` (from the topic) and queue the answer; reject it with a reason otherwise.
+        """Check client ``cid``'s request and queue the answer; never raises (a bad one is counted, logged once, dropped).
 
-        Never raises: a bad request is counted, logged once per (client, reason) and dropped.
-        Reasons: those of :meth:`ProgramRequest.from_bytes`, ``wrong_run``, ``no_architecture``
-        (no federation yet), ``unknown_version`` (not the current version), ``programs_unavailable``
-        (executorch is not installed here), ``repeated_request`` (sent to this client less than
-        ``min_interval_s`` ago).
+        Reasons: those of :meth:`ProgramRequest.from_bytes`, ``wrong_run``, ``no_architecture``,
+        ``unknown_version``, ``programs_unavailable`` (no executorch here), ``repeated_request``.
         """
         try:
             req = ProgramRequest.from_bytes(payload)
@@ -153,13 +121,7 @@ class ProgramDesk:
                 self.on_reject(key[0], reason, detail[:300])
 
     def programs_for(self, spec: ArchSpec) -> ProgramSet:
-        """The exported set for ``spec`` (exported into the cache first if absent; the two newest kept in memory).
-
-        Raises
-        ------
-        ImportError
-            If executorch (or PyTorch) is not installed.
-        """
+        """The exported set for ``spec`` (exported into the cache if absent; two kept in memory); ImportError without executorch."""
         key = spec.to_json()
         if key in self._sets:
             return self._sets[key]
@@ -203,7 +165,7 @@ class ProgramDesk:
         return f"{len(env)} bytes in {n} chunk(s)"
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the worker thread after the answer it is sending (waits at most ``timeout_s`` seconds)."""
+        """Stop the worker thread after the answer it is sending (waits at most ``timeout_s``)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout_s)

@@ -1,11 +1,8 @@
 """End-to-end delivery of updates: the coordinator's receipts and its requests for missing chunks.
 
-The broker's PUBACK says only that the broker took a message; a subscriber that was not
-there (the coordinator reconnecting after a broker restart) never gets it. So the
-coordinator answers every update it counted with a :class:`~har_models.wire.messages.Receipt`
-on the client's receipt topic, and the client re-sends until it has one. A transfer that
-stalls with chunks missing (lost in transit, dropped by a broker's size limit) is answered
-with the list of missing chunk indices, so only those travel again.
+A broker's PUBACK does not reach a subscriber that was away, so the coordinator answers every update
+it counted with a Receipt on the client's receipt topic (the client re-sends until it has one), and a
+transfer that stalls is answered with its missing chunk indices, so only those travel again.
 """
 
 from __future__ import annotations
@@ -26,19 +23,10 @@ STREAM_PREFIX = "update/"
 
 
 class ReceiptDesk:
-    """Receipts for one coordinator; one exchange open at a time.
+    """Receipts for one coordinator, one exchange open at a time.
 
-    Parameters
-    ----------
-    link : MqttLink
-    topics : Topics
-    run_id : str
-    reassembler : Reassembler
-        The coordinator's reassembler of update chunks (streams ``update/{cid}``).
-    resend_after_s : float
-        Seconds without a new chunk after which a transfer's missing chunks are requested.
-    reack_every_s : float
-        Least interval between two receipts for one client's repeated chunks (s).
+    ``resend_after_s``: seconds without a chunk before a transfer's missing chunks are requested;
+    ``reack_every_s``: least interval between two receipts for one client's repeated chunks.
     """
 
     def __init__(
@@ -50,12 +38,8 @@ class ReceiptDesk:
         resend_after_s: float = 15.0,
         reack_every_s: float = 2.0,
     ):
-        self.link = link
-        self.topics = topics
-        self.run_id = run_id
-        self.reassembler = reassembler
-        self.resend_after_s = resend_after_s
-        self.reack_every_s = reack_every_s
+        self.link, self.topics, self.run_id, self.reassembler = link, topics, run_id, reassembler
+        self.resend_after_s, self.reack_every_s = resend_after_s, reack_every_s
         self.exchange: tuple[int, int] | None = None
         self.accepted_transfers: dict[str, str] = {}  # client id -> transfer counted in the open exchange
         self._last_sent: dict[str, float] = {}
@@ -72,13 +56,7 @@ class ReceiptDesk:
         self.exchange = None
 
     def before_chunk(self, cid: str, message: bytes) -> None:
-        """Look at a chunk before it is reassembled.
-
-        A chunk of the transfer already counted for ``cid`` means the client did not get its
-        receipt: answer again (at most every ``reack_every_s``). A chunk of a transfer that
-        completed but was not counted (it arrived between rounds, or was refused) is a new
-        delivery, so the reassembler forgets it and collects it again.
-        """
+        """Look at a chunk before reassembly: re-acknowledge a counted transfer (rate-limited), or forget an uncounted completed one."""
         transfer = peek_transfer(message)
         if transfer is None:
             return
@@ -115,11 +93,7 @@ class ReceiptDesk:
         return n
 
     def accepted_stale(self, cid: str, transfer: str, round_: int) -> None:
-        """Buffered rounds: the update ``transfer`` of ``cid`` for the earlier round ``round_`` is taken into a buffer.
-
-        The receipt names that round (stage 0), whatever exchange is open, so the device's record
-        of what it sent notes it as confirmed (:mod:`edge_client.sent_log`).
-        """
+        """Buffered rounds: acknowledge ``cid``'s update for the earlier round ``round_`` (stage 0), whatever exchange is open."""
         if not self.link.connected.is_set():
             return
         self.link.publish_nowait(self.topics.client_receipt(cid), Receipt(self.run_id, round_, 0, transfer, "accepted").to_bytes())

@@ -1,34 +1,11 @@
 """The typed record of one completed round: what the report, compare, the study and an observer read.
 
-A :class:`RoundRecord` holds everything the coordinator knows about a round once it closed:
-who took part and who did not (with why), the traffic, FedDist's growth log, FedDWA's
-aggregation weights p_ij, the evaluation figures (FedDist protocol, DESIGN.md section 6) and
-the time it took. It is pure data: no MQTT, no files.
-
-Its JSON form (:meth:`RoundRecord.to_json`) is one flat object per round, the one
-``report.json`` has always held under ``rounds`` and ``state.sqlite`` stores::
-
-    {"round", "selected", "updates", "rejected", "missing", "arch_version", "conv_filters",
-     "dense_units", "bytes_up", "bytes_down", ["growth"], ["feddwa_weights"],
-     ["personalisation", "personalisation_clients"], "received_union", ["global"],
-     ["generalisation", "generalisation_clients"], "seconds",
-     ["failures"], ["rejections"], ["bytes_up_by_encoding"], ["start", "start_clients"],
-     ["guard"], ["attempts"], ["duplicates"], ["stale"]}
-
-Bracketed keys appear only when they hold something; "failures", "rejections" and
-"bytes_up_by_encoding" are written only when they say more than the keys before them (a
-client failed, a message was rejected, an update was not float32), so a run without any of
-these has the same report as before the record existed. "start" (each model as it starts
-local training, on its client's test split) came later: records without it still load.
-"guard" (the quality guard's decision, only where the guard is on) and "attempts" (only when a
-failed quorum made the round run more than once) came later still.
-"duplicates" (re-sent copies of updates already counted, e.g. from a restarted device: not
-rejections) is written only when there were some, as is "stale" (buffered rounds: the
-updates trained from an earlier version, client id -> staleness tau in rounds).
-``RoundRecord.from_json(r.to_json()) == r`` and, for every object this module writes,
-``RoundRecord.from_json(d).to_json() == d``, key order included. :meth:`from_json` also
-reads the rows of other writers (``fedhar-baseline``, which has no traffic or
-participation): what they lack takes its default and is then written as such.
+Pure data (no MQTT, no files): participation, traffic, FedDist's growth log, FedDWA's p_ij, the
+evaluation figures (DESIGN.md section 6) and the time taken. :meth:`RoundRecord.to_json` writes the
+flat per-round object of ``report.json`` and ``state.sqlite`` (keys in :data:`RECORD_KEYS` order);
+optional keys are written only when they hold something, so older records load unchanged.
+``RoundRecord.from_json(r.to_json()) == r`` and ``from_json(d).to_json() == d`` (key order included);
+rows of other writers (``fedhar-baseline``) load with defaults for what they lack.
 """
 
 from __future__ import annotations
@@ -41,15 +18,11 @@ from typing import Any
 from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
 
 DEFAULT_ENCODING = DEFAULT_UPDATE_ENCODING
-"""The update encoding an absent ``bytes_up_by_encoding`` stands for (as an envelope without one)."""
+"""The update encoding an absent ``bytes_up_by_encoding`` stands for."""
 
 MEASURES = ("global", "personalisation", "generalisation", "start")
-"""The measures a record's evaluation carries, in report order: the three figures of the FedDist
-evaluation protocol (Ek et al., PerCom 2021, arXiv 2110.10223, the authors' evaluation code: the
-global model on the union of the clients' test sets, each client's model on its own test set, and
-on the union), then "start" (each client's model as it starts local training, on its own test
-split: FedALA's protocol, Zhang et al., AAAI 2023; only in runs that recorded it). The one list
-the report, compare, the study and ``/metrics`` derive theirs from."""
+"""The measures a record carries, in report order: the FedDist protocol's three (Ek et al., PerCom 2021)
+then "start" (each model as it starts local training, on its own test split: FedALA, Zhang et al., AAAI 2023)."""
 
 PROTOCOL_MEASURES = MEASURES[:3]
 """The FedDist protocol's three measures (global, personalisation, generalisation), without "start"."""
@@ -91,20 +64,8 @@ def _check_keys(d: Mapping[str, Any], allowed: Sequence[str], what: str) -> None
 class Metrics:
     """Classification figures of one model on one test set, or their mean over clients.
 
-    From :func:`har_models.nn.metrics.summarise` (``n`` set) or
-    :func:`har_models.nn.metrics.mean_over_clients` (``accuracy_weighted`` and ``clients`` set).
-
-    Attributes
-    ----------
-    accuracy, macro_f1 : float
-        In [0, 1]; NaN where the test set was empty.
-    weighted_f1 : float, optional
-    n : int, optional
-        Test windows the figures are over.
-    accuracy_weighted : float, optional
-        Sample-weighted mean accuracy over clients.
-    clients : int, optional
-        Clients the mean is over.
+    From :func:`har_models.nn.metrics.summarise` (``n`` set) or ``mean_over_clients``
+    (``accuracy_weighted`` and ``clients`` set). ``accuracy`` and ``macro_f1`` are in [0, 1], NaN on an empty test set.
     """
 
     accuracy: float
@@ -159,24 +120,9 @@ class Rejection:
 class Participation:
     """Who took part in a round.
 
-    Attributes
-    ----------
-    selected, updates : int
-        Clients selected, valid updates received in the round's main exchange.
-    rejected : int
-        Invalid messages over all the round's exchanges.
-    missing : tuple of str
-        Selected clients without a valid update, sorted.
-    failures : dict client id -> reason
-        Why each missing client has none (``offline``, ``missed_deadline``, ``cohort_full``, ``still_training`` or a rejection reason).
-    rejections : tuple of Rejection
-        The rejected messages by client and reason, sorted.
-    duplicates : int
-        Re-sent copies of updates already counted (same client, round, stage and sha256):
-        harmless, and not in ``rejected``.
-    stale : dict client id -> int
-        Buffered rounds (FedBuff): the updates among ``updates`` trained from an earlier version,
-        with their staleness tau (rounds back); the key is written only when not empty.
+    ``failures`` maps each missing client to why (``offline``, ``missed_deadline``, ``cohort_full``,
+    ``still_training`` or a rejection reason); ``duplicates`` counts re-sent copies of counted updates
+    (not in ``rejected``); ``stale`` maps buffered updates (FedBuff) to their staleness tau in rounds.
     """
 
     selected: int = 0
@@ -200,17 +146,9 @@ class Architecture:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Bytes moved in a round, over all its exchanges.
+    """Bytes moved in a round: valid update envelopes up, model envelopes down (once per client that needed them).
 
-    Attributes
-    ----------
-    bytes_up : int
-        Envelopes of valid updates received.
-    bytes_down : int
-        Model envelopes published, counted once per client that needed them (float32).
-    up_by_encoding : dict encoding -> int
-        ``bytes_up`` by update encoding (:data:`har_models.wire.messages.UPDATE_ENCODINGS`);
-        sums to ``bytes_up``.
+    ``up_by_encoding`` splits ``bytes_up`` by update encoding and must sum to it (RecordError otherwise).
     """
 
     bytes_up: int = 0
@@ -234,16 +172,8 @@ class LayerGrowth:
 class GrowthLog:
     """FedDist's growth in a round (Ek et al., PerCom 2021, algorithm 1; :func:`coordinator.feddist_steps.grow`).
 
-    Attributes
-    ----------
-    k : float
-        The distance threshold k_r = k_0 + delta * floor(r / period).
-    n_clients : int
-        Client models compared with the aggregate.
-    layers : dict layer -> LayerGrowth
-        Layers that grew, in growth order.
-    growth_possible : bool, optional
-        Whether the width cap left room to grow (absent when fewer than two clients took part).
+    ``k`` is the threshold k_r = k_0 + delta * floor(r / period); ``layers`` holds the grown layers in
+    growth order; ``growth_possible`` is None when fewer than two clients took part.
     """
 
     k: float
@@ -284,13 +214,8 @@ class GrowthLog:
 class FedDwaWeights:
     """FedDWA's aggregation weights of a round (Liu et al., IJCAI 2023, Eq. 17, with top-K).
 
-    Attributes
-    ----------
-    clients : tuple of str
-        The participants, in aggregation order.
-    p : tuple of tuples of float, shape (n, n)
-        Row i is the target client, column j the source: p_ij is the weight of client j's
-        trained model in client i's personalised model. Rounded to 6 decimals.
+    ``p`` has shape (n, n): p_ij is the weight of client j's trained model in client i's personalised
+    model, rounded to 6 decimals.
     """
 
     clients: tuple[str, ...]
@@ -332,25 +257,10 @@ class ClientResult:
 class Evaluation:
     """A round's evaluation figures (FedDist protocol; :func:`coordinator.round.evaluate_round`).
 
-    Attributes
-    ----------
-    personalisation : Metrics, optional
-        Mean over clients of each trained model on its own test split.
-    personalisation_clients : dict client id -> Metrics
-    received_union : Metrics, optional
-        The models the clients received, on the union of their test splits (summed confusion matrices).
-    global_ : Metrics, optional
-        The global model on the union test set (needs one: a simulation or ``--eval-data``).
-    generalisation : Metrics, optional
-        Mean over clients of each trained model on the union test set (in the rounds it is measured).
-    generalisation_clients : dict client id -> Metrics
-    start : Metrics, optional
-        Mean over clients of each model as it starts local training (the received model after
-        the client's initialisation: FedALA's blend, FedPer's head swap; FedDWA's personalised
-        mix and FedAvg's global model as received) on its own test split: the measure of the
-        FedALA paper (Zhang et al., AAAI 2023, section 5: evaluated after the local
-        initialisation, before training). None in records written before it existed.
-    start_clients : dict client id -> Metrics
+    ``personalisation``/``generalisation``: mean over clients of each trained model on its own test split /
+    on the union test set; ``received_union``: the received models on the union; ``global_``: the global
+    model on the union test set; ``start``: each model after the client's initialisation, before training,
+    on its own test split (FedALA, Zhang et al., AAAI 2023, section 5). ``*_clients`` hold the per-client figures.
     """
 
     personalisation: Metrics | None = None
@@ -363,13 +273,7 @@ class Evaluation:
     start_clients: Mapping[str, Metrics] = field(default_factory=dict)
 
     def measure(self, name: str) -> Metrics | None:
-        """The figures of ``name`` in {"global", "personalisation", "generalisation", "received_union", "start"}.
-
-        Raises
-        ------
-        KeyError
-            For another name.
-        """
+        """The figures of ``name`` ("global", "personalisation", "generalisation", "received_union", "start"); KeyError otherwise."""
         table = {"global": self.global_, "personalisation": self.personalisation, "generalisation": self.generalisation,
                  "received_union": self.received_union, "start": self.start}  # fmt: skip
         return table[name]
@@ -389,28 +293,16 @@ RECORD_KEYS = (*_OLD_KEYS, "failures", "rejections", "bytes_up_by_encoding", "st
 
 
 GUARD_ACTIONS = ("keep", "rollback", "abstain")
-"""What the quality guard (:mod:`coordinator.guard`) did in a round: kept the version it judged, or rolled back."""
+"""What the quality guard (:mod:`coordinator.guard`) did in a round."""
 
 
 @dataclass(frozen=True)
 class GuardNote:
     """What the quality guard decided in a round (:mod:`coordinator.guard`); the record's optional ``guard`` key.
 
-    Attributes
-    ----------
-    action : str
-        "keep" (the judged version stands), "rollback" (the federation continues from ``to_round``'s model) or
-        "abstain" (too few devices or test windows measured both versions to judge; the version stands).
-    judged_round : int
-        The round whose model the clients' start measure of this round judged (this round - 1; -1 is the
-        initial model).
-    to_round : int
-        The best version's round: where a rollback went, or the best so far after a "keep".
-    reason : str
-        One line for people: the two scores, or what was not finite.
-    devices, windows : int
-        The evidence the decision rested on: devices that measured both versions, and their test windows
-        (0: none compared, or a record written before these were kept).
+    ``action``: "keep", "rollback" (continue from ``to_round``'s model) or "abstain" (too little evidence).
+    ``judged_round`` is this round - 1 (-1: the initial model); ``to_round`` the best version's round;
+    ``devices`` and ``windows`` the evidence (0 in records written before they were kept).
     """
 
     action: str
@@ -445,27 +337,8 @@ class GuardNote:
 class RoundRecord:
     """Everything about one completed round.
 
-    Attributes
-    ----------
-    round : int
-    participation : Participation
-    arch : Architecture
-        The model after aggregation and growth.
-    traffic : Traffic, optional
-        None for rows of writers that moved nothing (a centralised baseline).
-    growth : GrowthLog, optional
-        FedDist runs only.
-    feddwa_weights : FedDwaWeights, optional
-        FedDWA runs only.
-    evaluation : Evaluation
-    seconds : float
-        Wall time of the round (monotonic clock), from selection to the stored record.
-    guard : GuardNote, optional
-        What the quality guard decided (only where it is on; key left out otherwise, so research
-        records stay as before).
-    attempts : int
-        Exchanges the round took: 1 + those that closed without quorum before it (counted by the coordinator
-        process that completed it); the key is written only when > 1.
+    ``traffic`` is None for writers that moved nothing (a centralised baseline); ``seconds`` is wall time
+    (monotonic) from selection to the stored record; ``attempts`` counts exchanges including failed quorums.
     """
 
     round: int
@@ -543,11 +416,7 @@ class RoundRecord:
     def from_json(cls, d: Any) -> RoundRecord:
         """Read a per-round object of ``report.json`` (or ``state.sqlite``, or the progress message).
 
-        Raises
-        ------
-        RecordError
-            If ``d`` is not an object, has a key outside :data:`RECORD_KEYS`, or a value of the
-            wrong type; the message names the key.
+        Raises RecordError naming the key for a non-object, a key outside :data:`RECORD_KEYS` or a wrong type.
         """
         d = _obj(d, "round record")
         _check_keys(d, RECORD_KEYS, "round record")

@@ -1,8 +1,4 @@
-"""Run reports: ``report.json``, ``report.md`` (a table per round) and ``metrics.png``.
-
-Rewritten after every round, so a run stopped at any moment still has a report of what
-it completed.
-"""
+"""Run reports: ``report.json``, ``report.md`` (a table per round) and ``metrics.png``, rewritten after every round."""
 
 from __future__ import annotations
 
@@ -60,11 +56,7 @@ def _memory(m: Any) -> str | None:
 
 
 def best_and_final(rounds: Sequence[RoundRecord]) -> dict[str, Any]:
-    """Final-round and best-round accuracy / macro-F1 of each measure.
-
-    A round without a measure (generalisation is not taken every round) does not count for it;
-    a NaN figure (an empty test set) never wins "best".
-    """
+    """Final-round and best-round accuracy / macro-F1 of each measure (a round without it does not count; NaN never wins)."""
     out: dict[str, Any] = {"final": {}, "best": {}}
     for m in MEASURES:
         rows = [(r.round, got) for r in rounds if (got := r.measure(m)) is not None]
@@ -83,22 +75,9 @@ def write_report(
 ) -> dict[str, Any]:
     """Write the three report files into ``folder``; return the JSON document.
 
-    Parameters
-    ----------
-    folder : Path
-    header : mapping
-        Run-level facts: run id, dataset, strategy switches, configuration, seed, wall
-        time, peak memory (whatever is known so far).
-    rounds : sequence of RoundRecord, or of their JSON objects
-        One per completed round. A record is written as :meth:`RoundRecord.to_json`; a JSON
-        object (e.g. a baseline's per-epoch row) is written as given and read as a record.
-    plot : bool
-        Also draw ``metrics.png`` (matplotlib, Agg backend).
-
-    Raises
-    ------
-    coordinator.record.RecordError
-        If a JSON row cannot be read as a round record.
+    ``header`` holds run-level facts (run id, dataset, strategy, seed, wall time, peak memory); ``rounds``
+    are records or their JSON objects (a baseline's rows are written as given). Raises RecordError if a
+    row cannot be read as a round record.
     """
     folder = Path(folder)
     rows = [r.to_json() if isinstance(r, RoundRecord) else dict(r) for r in rounds]
@@ -168,11 +147,8 @@ def _markdown(doc: Mapping[str, Any], recs: Sequence[RoundRecord]) -> str:
 def device_rows(recs: Sequence[RoundRecord]) -> list[dict[str, Any]]:
     """Each device's participation and own accuracy over the rounds, sorted by client id.
 
-    A device took part in a round when it has personalisation figures there (it sent a valid
-    update); it missed one when the round lists it as missing, with the reason where the record
-    gives one. Keys: ``client``, ``took_part``, ``missed`` (dict reason -> rounds; "missed" when
-    unknown), ``last_round``, ``last_accuracy``, ``last_macro_f1`` (its own model on its own test
-    split in the last round it took part in), ``best_accuracy`` (NaN never wins) and its round.
+    Keys: ``client``, ``took_part``, ``missed`` (reason -> rounds), ``last_round``, ``last_accuracy``,
+    ``last_macro_f1``, ``best_accuracy`` (NaN never wins), ``best_round``.
     """
     out: dict[str, dict[str, Any]] = {}
 

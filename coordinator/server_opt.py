@@ -1,8 +1,7 @@
-"""Server-side optimisers' arithmetic: the FedAvgM, FedAdam and FedYogi steps as pure functions.
+"""Server-side optimisers' arithmetic: the FedAvgM, FedAdam, FedYogi and FedExP steps as pure functions.
 
-Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2 (FedOpt), with
-the clients' mean as a pseudo-gradient. In round t, with x_t the model sent to the
-clients and x_i their trained models (weighted by training windows n_i):
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2, with the clients' mean as a
+pseudo-gradient; x_t is the model sent, x_i the trained models weighted by n_i:
 
     Delta_t = x_t - sum_i (n_i / n) x_i                      (pseudo-gradient)
     FedAvgM:  m_t = beta * m_{t-1} + Delta_t
@@ -15,17 +14,9 @@ clients and x_i their trained models (weighted by training windows n_i):
               m_t = beta * m_{t-1} + eta_t Delta_t,  x_{t+1} = x_t - m_t
               (Jhunjhunwala, Wang, Joshi, ICLR 2023; :func:`fedexp_eta`)
 
-m_0 = 0 and v_0 = tau^2 (the paper's initialisation; no bias correction, as Algorithm 2).
-Reddi et al. write Delta with the opposite sign and add it; the two are the same update.
-With eta = 1 and beta = 0, FedAvgM is FedAvg. The paper's defaults are beta1 = 0.9,
-beta2 = 0.99, tau = 1e-3 (below); the server learning rate eta is a setting (the paper tunes it
-per task, 10^-2.5..10^0 for Adam and Yogi).
-
-The functions work over ``dict[str, Tensor]``; the strategies (:mod:`coordinator.strategies.fedopt`
-and its three registered subclasses, one file each) keep the moments between rounds, with
-their settings and defaults, and hand them out for persistence (``state_dict``). When FedDist
-widens a layer, the moments of the new units start at their initial values
-(:func:`fit_to_shape` pads at the end of each grown axis, where growth appends units).
+m_0 = 0 and v_0 = tau^2, no bias correction (Algorithm 2; Reddi et al. add -Delta, the same update).
+The strategies (:mod:`coordinator.strategies.fedopt`) keep the moments; :func:`fit_to_shape` pads
+them where FedDist appends units.
 """
 
 from __future__ import annotations
@@ -53,13 +44,7 @@ def _check(x: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor], wha
 
 
 def pseudo_gradient(x_t: Mapping[str, torch.Tensor], average: Mapping[str, torch.Tensor]) -> State:
-    """Delta_t = x_t - avg(x_i), per tensor (float32, the shapes of ``x_t``).
-
-    Raises
-    ------
-    ValueError
-        If the names or shapes of the two differ.
-    """
+    """Delta_t = x_t - avg(x_i), per tensor (float32); ValueError if names or shapes differ."""
     _check(x_t, average, "pseudo_gradient")
     return {k: (x_t[k].double() - average[k].double()).float() for k in x_t}
 
@@ -68,25 +53,9 @@ def fedavgm_step(
     x_t: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor], m: Mapping[str, torch.Tensor] | None,
     eta: float = 1.0, beta: float = 0.9,
 ) -> tuple[State, State]:
-    """One FedAvgM server step: ``m = beta m + Delta``, ``x = x_t - eta m``.
+    """One FedAvgM server step: ``m = beta m + Delta``, ``x = x_t - eta m``; returns (x_{t+1}, m_t); m None is m_0 = 0.
 
-    Parameters
-    ----------
-    x_t, delta : dict name -> tensor, same names and shapes
-    m : dict name -> tensor, or None (m_0 = 0)
-    eta : float > 0
-        Server learning rate.
-    beta : float in [0, 1)
-        Server momentum.
-
-    Returns
-    -------
-    (x_{t+1}, m_t)
-
-    Raises
-    ------
-    ValueError
-        On mismatched tensors or settings out of range.
+    Raises ValueError on mismatched tensors, eta <= 0 or beta outside [0, 1).
     """
     if not eta > 0 or not 0 <= beta < 1:
         raise ValueError(f"fedavgm_step: need eta > 0 and 0 <= beta < 1, got eta={eta}, beta={beta}")
@@ -102,28 +71,10 @@ def adaptive_step(
     m: Mapping[str, torch.Tensor] | None, v: Mapping[str, torch.Tensor] | None,
     eta: float, rule: str = "adam", beta1: float = BETA1, beta2: float = BETA2, tau: float = TAU,
 ) -> tuple[State, State, State]:
-    """One FedAdam or FedYogi server step (Reddi et al. 2021, Algorithm 2).
+    """One FedAdam or FedYogi (``rule``) server step (Reddi et al. 2021, Algorithm 2); returns (x_{t+1}, m_t, v_t).
 
-    ``m = beta1 m + (1 - beta1) Delta``; Adam: ``v = beta2 v + (1 - beta2) Delta^2``;
-    Yogi: ``v = v - (1 - beta2) Delta^2 sign(v - Delta^2)``; ``x = x_t - eta m / (sqrt(v) + tau)``.
-
-    Parameters
-    ----------
-    x_t, delta : dict name -> tensor, same names and shapes
-    m, v : dict name -> tensor, or None (m_0 = 0, v_0 = tau^2)
-    eta : float > 0
-    rule : {"adam", "yogi"}
-    beta1, beta2 : float in [0, 1)
-    tau : float > 0
-
-    Returns
-    -------
-    (x_{t+1}, m_t, v_t)
-
-    Raises
-    ------
-    ValueError
-        On mismatched tensors, an unknown rule or settings out of range.
+    m, v None are m_0 = 0, v_0 = tau^2. Raises ValueError on mismatched tensors, an unknown rule, eta or
+    tau <= 0, or betas outside [0, 1).
     """
     if rule not in ("adam", "yogi"):
         raise ValueError(f"adaptive_step: rule must be 'adam' or 'yogi', got {rule!r}")
@@ -149,37 +100,16 @@ def adaptive_step(
 
 
 EXP_EPS = 1e-3
-"""FedExP's eps, added to ||Delta_t||^2 so that eta_t stays finite when the clients' updates cancel (Jhunjhunwala
-et al. 2023, Algorithm 1, where it is a small constant; 1e-3 here, not verified against the paper's full text)."""
+"""FedExP's eps, keeping eta_t finite when the updates cancel (Algorithm 1's small constant; 1e-3 here)."""
 
 
 def mean_sq_update_norm(
     x_t: Mapping[str, torch.Tensor], states: Iterable[Mapping[str, torch.Tensor]], weights: Sequence[float],
 ) -> float:
-    """sum_i p_i ||x_t - x_i||^2 with p_i = n_i / sum_j n_j, over all tensors of the model (float64).
+    """sum_i p_i ||x_t - x_i||^2 with p_i = n_i / sum_j n_j, over all tensors (float64): FedExP's numerator.
 
-    The first factor of FedExP's step size (:func:`fedexp_eta`). It is a running sum: each
-    client's squared update norm is added as its state comes, so it needs no more memory than
-    the running weighted average of the states does, and ``states`` may be a generator.
-
-    Parameters
-    ----------
-    x_t : dict name -> tensor
-        The model the clients received.
-    states : iterable of K dicts name -> tensor, the names and shapes of ``x_t``
-        The clients' trained models x_i.
-    weights : sequence of K floats >= 0
-        n_i (training windows); clients of weight 0 are skipped.
-
-    Returns
-    -------
-    float >= 0
-
-    Raises
-    ------
-    ValueError
-        If a weight is negative or not finite, all are 0, the number of states and weights
-        differ, or a state's names or shapes differ from ``x_t``'s.
+    A running sum, so ``states`` may be a generator; clients of weight 0 are skipped. Raises ValueError
+    for a negative or infinite weight, all weights 0, unequal counts, or names or shapes unlike ``x_t``'s.
     """
     w = [float(x) for x in weights]
     if any(not (x >= 0.0) or x == float("inf") for x in w):
@@ -201,39 +131,14 @@ def mean_sq_update_norm(
 
 def fedexp_eta(mean_sq_norm: float, delta: Mapping[str, torch.Tensor], eps: float = EXP_EPS,
                eta_max: float = float("inf")) -> float:
-    """FedExP's server step size for one round (Jhunjhunwala, Wang, Joshi, ICLR 2023, Algorithm 1).
+    """FedExP's server step size for one round, in [1, eta_max] (Jhunjhunwala, Wang, Joshi, ICLR 2023, Algorithm 1).
 
-        eta_t = min(eta_max, max(1, sum_i p_i ||Delta_i||^2 / (2 (||Delta_t||^2 + eps)))),
-        Delta_t = sum_i p_i Delta_i
+        eta_t = min(eta_max, max(1, sum_i p_i ||Delta_i||^2 / (2 (||Delta_t||^2 + eps)))),  Delta_t = sum_i p_i Delta_i
 
-    with Delta_i = x_t - x_i client i's update and p_i = n_i / n its weight. The paper
-    weighs the M clients equally, ``sum_i ||Delta_i||^2 / (2 M (||Delta_bar||^2 + eps))``;
-    with p_i = 1/M the two are the same. It is the paper's form as this project reads it
-    (the full text was not at hand when this was written; the reading was checked against
-    the properties the paper states, which the tests pin down): by Jensen
-    ``||Delta_t||^2 <= sum_i p_i ||Delta_i||^2``, so the ratio is at least 1/2; it is 1/2
-    when all clients move alike (eta_t = 1, FedAvg), about K/2 when K equal-norm updates are
-    orthogonal, and large when they cancel. The cap ``eta_max`` is this project's
-    addition (the paper has none): a ``Delta_t`` near 0 must not turn into a long step.
-
-    Parameters
-    ----------
-    mean_sq_norm : float >= 0
-        sum_i p_i ||Delta_i||^2 (:func:`mean_sq_update_norm`).
-    delta : dict name -> tensor
-        The pseudo-gradient Delta_t (:func:`pseudo_gradient`).
-    eps : float > 0
-    eta_max : float >= 1
-
-    Returns
-    -------
-    float in [1, eta_max]
-
-    Raises
-    ------
-    ValueError
-        If ``mean_sq_norm`` is negative or not finite, ``eps`` is not > 0, ``eta_max`` < 1,
-        or ``delta`` holds NaN or inf.
+    With p_i = 1/M this is the paper's form. By Jensen the ratio is at least 1/2 (eta_t = 1, FedAvg, when
+    all clients move alike), about K/2 for K orthogonal equal-norm updates, large when they cancel; the
+    cap ``eta_max`` is this project's (a Delta_t near 0 must not become a long step). Raises ValueError
+    if ``mean_sq_norm`` is negative or not finite, ``eps`` <= 0, ``eta_max`` < 1, or ``delta`` holds NaN or inf.
     """
     if not (0.0 <= mean_sq_norm < float("inf")):
         raise ValueError(f"fedexp_eta: mean_sq_norm must be finite and >= 0, got {mean_sq_norm}")
@@ -246,13 +151,7 @@ def fedexp_eta(mean_sq_norm: float, delta: Mapping[str, torch.Tensor], eps: floa
 
 
 def fit_to_shape(buf: torch.Tensor, shape: torch.Size, fill: float) -> torch.Tensor:
-    """``buf`` padded with ``fill`` at the end of each axis to ``shape`` (FedDist appends units there).
-
-    Raises
-    ------
-    ValueError
-        If ``buf`` has another rank or is larger than ``shape`` on some axis.
-    """
+    """``buf`` padded with ``fill`` at the end of each axis to ``shape``; ValueError for another rank or a larger axis."""
     if buf.shape == shape:
         return buf
     if buf.dim() != len(shape) or any(a > b for a, b in zip(buf.shape, shape, strict=True)):

@@ -1,10 +1,4 @@
-"""``fedhar-coordinator run``: a short loop over the federation runner and the MQTT grid.
-
-:class:`Coordinator` puts together the two objects the home server's ``serve`` also drives:
-:class:`coordinator.mqtt_grid.MqttGrid` (the broker side: devices, models, updates) and
-:class:`coordinator.runner.FederationRunner` (bootstrap or resume, one round to a record,
-growth, persistence), and runs rounds until the configured number is complete.
-"""
+"""``fedhar-coordinator run``: a short loop over the federation runner and the MQTT grid (the two ``serve`` drives too)."""
 
 from __future__ import annotations
 
@@ -34,29 +28,9 @@ log = logging.getLogger("fedhar.coordinator")
 class Coordinator:
     """A federation described by a :class:`CoordinatorConfig`, run for ``cfg.rounds`` rounds over MQTT.
 
-    Parameters
-    ----------
-    cfg : CoordinatorConfig
-    evaluator : Evaluator, optional
-        Union test set for the global and generalisation measures (research harness).
-    progress : bool
-        Show a progress bar on the terminal.
-    report_header : dict, optional
-        Extra run facts for the report (dataset, command, ...).
-    clients_gone, admission, epoch, clients_restarted
-        As :class:`coordinator.mqtt_grid.MqttGrid`.
-
-    Attributes
-    ----------
-    grid : MqttGrid
-    runner : FederationRunner
-    state : RunState
-        The run's database (shared by both).
-
-    Raises
-    ------
-    StateError
-        If the run folder's database is damaged.
+    ``evaluator`` holds the union test set for the global and generalisation measures (research);
+    ``clients_gone``, ``admission``, ``epoch`` and ``clients_restarted`` are :class:`MqttGrid`'s.
+    Raises StateError if the run folder's database is damaged.
     """
 
     def __init__(
@@ -81,14 +55,8 @@ class Coordinator:
     def run(self) -> dict[str, Any]:
         """Run (or resume) the federation to its last round; return the report document.
 
-        Raises
-        ------
-        CoordinatorError
-            If no usable clients come online in time, or a round failed 3 times in a row.
-        StateError
-            If the run folder cannot be used as asked.
-        har_io.mqtt_link.BrokerRefused
-            If the broker refused the login or TLS failed (not retried; the message says how to fix it).
+        Raises CoordinatorError if no usable clients come online in time or a round failed 3 times in a row;
+        StateError if the run folder cannot be used; BrokerRefused if the broker refused the login or TLS.
         """
         t_start = time.monotonic()
         runner = self.runner

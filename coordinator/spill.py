@@ -1,17 +1,10 @@
 """Client updates kept on disk while a round collects them, so the coordinator's memory does not grow with N.
 
-A round of the paper's CNN brings 25.8 MB per client; held in memory, 30 clients cost
-774 MB and 300 clients 7.7 GB. Each validated update is written once to a safetensors
-file and replaced by a :class:`SpilledState`, a read-only mapping that reads a tensor from
-the file when it is asked for. FedAvg's weighted average (:func:`coordinator.aggregation.weighted_average`)
-walks tensor by tensor, so it holds one tensor of one client at a time, and it adds the
-same numbers in the same order as with the states in memory: the result is identical.
-
-FedDWA needs every client's model at once (a Gram matrix over all of them, then one mix per
-client), so it reads them block by block instead: :meth:`SpilledState.read_flat` maps the
-byte range of one slice of one tensor (``mmap``, through the safetensors header's offsets),
-copies it into the caller's buffer and unmaps it, so neither the process's heap nor its
-resident file pages hold more than one block per client (:mod:`coordinator.feddwa`).
+A paper-CNN update is 25.8 MB (300 clients: 7.7 GB in memory). Each validated update is written once
+and replaced by a :class:`SpilledState` that reads a tensor when asked: FedAvg's average walks tensor
+by tensor with the same numbers in the same order, so the result is identical. FedDWA reads block by
+block through :meth:`SpilledState.read_flat` (``mmap`` of one slice, pages released), so neither heap
+nor resident pages hold more than one block per client.
 """
 
 from __future__ import annotations
@@ -34,7 +27,7 @@ from coordinator.updates import ClientUpdate
 
 _NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1",
               "BOOL": "?"}
-"""safetensors dtype names -> numpy dtypes (the format is little-endian); the ones numpy can hold."""
+"""safetensors dtype names -> numpy dtypes (little-endian)."""
 
 
 _CAN_RELEASE = hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap.mmap, "madvise")
@@ -45,17 +38,7 @@ RELEASE_BYTES = 1 << 20
 
 
 class SpilledState(Mapping[str, torch.Tensor]):
-    """A model state in a safetensors file, read one tensor at a time.
-
-    Parameters
-    ----------
-    path : Path
-        File written by :func:`spill_update`.
-    prefix : str
-        Name prefix of this state's tensors inside the file (``""`` or ``"guidance/"``).
-    names : sequence of str
-        Tensor names of the state, in order.
-    """
+    """A model state in a safetensors file, read one tensor at a time; ``prefix`` is ``""`` or ``"guidance/"``."""
 
     def __init__(self, path: Path, prefix: str, names: list[str]):
         self.path, self.prefix, self._names = Path(path), prefix, list(names)
@@ -65,12 +48,7 @@ class SpilledState(Mapping[str, torch.Tensor]):
         self._pending = (0, 0)  # page-aligned byte range read but not yet released
 
     def _entry(self, name: str) -> tuple[np.dtype, tuple[int, ...], int]:
-        """(dtype, shape, byte offset of the first element in the file) of tensor ``name``, from the header.
-
-        safetensors layout: 8 bytes little-endian header length N, N bytes of JSON
-        ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, then the data, offsets
-        counted from its start.
-        """
+        """(dtype, shape, file offset of the first element) of tensor ``name``, from the safetensors header."""
         if name not in self._names:
             raise KeyError(name)
         if self._layout is None:
@@ -89,40 +67,15 @@ class SpilledState(Mapping[str, torch.Tensor]):
         return self._layout[name]
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
-        """Shape of tensor ``name``, from the file's header (the tensor is not read).
-
-        Raises
-        ------
-        KeyError
-            If the state has no tensor ``name``.
-        """
+        """Shape of tensor ``name``, from the header (not read); KeyError if absent."""
         return self._entry(name)[1]
 
     def read_flat(self, name: str, lo: int, hi: int, out: np.ndarray) -> None:
-        """Copy elements ``[lo, hi)`` of tensor ``name`` (flattened, C order) into ``out``, through a memory map.
+        """Copy elements ``[lo, hi)`` of tensor ``name`` (flattened, C order) into ``out`` ``(hi - lo,)``, through a memory map.
 
-        The whole file is mapped once (on the first call; :meth:`close_map` unmaps it) and
-        the pages read are released from this process (``madvise(MADV_DONTNEED)``, the page
-        cache keeps them) once :data:`RELEASE_BYTES` of them have gathered, so reading a whole
-        model block by block never keeps more than about one block plus 1 MiB resident.
-        Mapping once instead of per call took a 100-client FedDWA pass over the paper CNN's
-        largest tensor from 1.0-1.5 s to 0.6 s (``benchmarks/bench_aggregation.py``). The
-        copy casts to ``out``'s dtype (e.g. float32 -> float64, exact).
-
-        Parameters
-        ----------
-        name : str
-        lo, hi : int
-            Element range, ``0 <= lo <= hi <= numel``.
-        out : ndarray of shape ``(hi - lo,)``
-            Writable destination.
-
-        Raises
-        ------
-        KeyError
-            If the state has no tensor ``name``.
-        ValueError
-            If the range is outside the tensor or ``out`` has another length.
+        The file is mapped once (0.6 s instead of 1.0-1.5 s per 100-client pass) and read pages are released
+        (``MADV_DONTNEED``) every :data:`RELEASE_BYTES`; the copy casts to ``out``'s dtype. Raises KeyError
+        for an unknown tensor, ValueError for a range outside it or ``out`` of another length.
         """
         info = self._flat.get(name)
         if info is None:
@@ -160,11 +113,7 @@ class SpilledState(Mapping[str, torch.Tensor]):
         self._pending = (lo_p, hi_p)
 
     def close_map(self) -> None:
-        """Unmap the file mapped by :meth:`read_flat` (a no-op if none); a later read maps it again.
-
-        Call it when a pass over the state is done: an open map keeps a removed file's
-        blocks allocated on disk.
-        """
+        """Unmap the file (an open map keeps a removed file's blocks on disk); a later read maps it again."""
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -184,13 +133,7 @@ class SpilledState(Mapping[str, torch.Tensor]):
 
 
 def spill_update(update: ClientUpdate, folder: Path) -> ClientUpdate:
-    """Write ``update``'s model (and guidance model) to ``folder/<client>.safetensors``; return it with lazy states.
-
-    Raises
-    ------
-    OSError
-        If the file cannot be written (the caller keeps the update in memory then).
-    """
+    """Write ``update``'s model (and guidance) to ``folder/<client>.safetensors``; return it with lazy states. OSError if unwritable."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{update.client_id}.safetensors"
     arrays = {k: np.ascontiguousarray(v.numpy()) for k, v in update.state.items()}

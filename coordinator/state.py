@@ -35,19 +35,18 @@ log = logging.getLogger("fedhar.coordinator.state")
 
 
 class StateDamaged(sqlite3.DatabaseError):
-    """The run folder's database cannot be read or written: cut short, a damaged page, not a database.
+    """The run folder's database cannot be read or written (cut short, a damaged page, not a database).
 
-    Raised by every :class:`RunState` method instead of sqlite3's own errors, with the file
-    and what to do; it subclasses :class:`sqlite3.DatabaseError`, so callers that guarded
-    opening the database keep working. A damaged database is never read as an empty one.
+    Raised by every :class:`RunState` method instead of sqlite3's errors, naming the file and the fix;
+    a damaged database is never read as an empty one.
     """
 
 
 class StorageFull(OSError):
-    """A write of the run's state failed for want of space: ``folder`` has ``free`` bytes, ``needed`` were asked for.
+    """A write failed for want of space: ``folder`` has ``free`` bytes, ``needed`` were asked for.
 
-    Not damage: nothing written before is touched (every file is written atomically), and the
-    same write succeeds once space returns. ``str()`` reads ``disk full: <folder>, <free> of <needed>``.
+    Not damage: earlier files are untouched (atomic writes) and the write succeeds once space returns.
+    ``str()`` reads ``disk full: <folder>, <free> of <needed>``.
     """
 
     def __init__(self, folder: Path, free: int, needed: int):
@@ -59,12 +58,11 @@ class StorageFull(OSError):
 
 
 class StateLocked(OSError):
-    """The run's database stayed locked by another program (a backup tool, ``sqlite3`` at a shell) for longer than
-    :data:`LOCK_WAIT_S`: nothing is wrong with it, and the same call succeeds once that program lets go."""
+    """The run's database stayed locked by another program for longer than :data:`LOCK_WAIT_S` (not damage)."""
 
 
 LOCK_WAIT_S = 60.0
-"""How long a read or write of the run's database waits for another program's lock before :class:`StateLocked` (s)."""
+"""How long a read or write waits for another program's lock before :class:`StateLocked` (s)."""
 
 
 def _mb(n: int) -> str:
@@ -88,6 +86,18 @@ def storage_full(folder: Path, needed: int) -> StorageFull:
     return StorageFull(folder, free, needed)
 
 
+def connect(path: Path, timeout: float, damaged: Callable[[str], Exception],
+            unusable: Callable[[str], Exception] | None = None) -> sqlite3.Connection:  # fmt: skip
+    """A connection to the SQLite file ``path``: ``damaged(why)`` for a file cut to 0 bytes, ``unusable(why)`` (default
+    ``damaged``) for one SQLite cannot open. SQLite always writes a header page, so 0 bytes is never a new database."""
+    if path.is_file() and path.stat().st_size == 0:
+        raise damaged("it is empty (0 bytes)")
+    try:
+        return sqlite3.connect(path, timeout=timeout, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise (unusable or damaged)(str(exc)) from None
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (round INTEGER PRIMARY KEY, completed REAL NOT NULL, summary TEXT NOT NULL);
@@ -100,13 +110,7 @@ CREATE TABLE IF NOT EXISTS events (
 def save_state_file(
     path: Path, spec: ArchSpec, state: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None
 ) -> None:
-    """Write parameters with their architecture (JSON metadata) to ``path`` atomically and durably.
-
-    Arrays are made C-contiguous float32 first (a transposed view would otherwise be stored
-    with its memory order and reload scrambled); the file and its folder are fsynced
-    (:func:`har_models.files.atomic_write`) before this returns, so the state database may
-    then record it.
-    """
+    """Write parameters (C-contiguous float32) with their architecture to ``path``, atomically and durably (fsynced)."""
     _save_tensors(path, state, {"arch": spec.to_json(), **(extra or {})})
 
 
@@ -122,42 +126,38 @@ def _save_tensors(path: Path, state: Mapping[str, torch.Tensor], meta: Mapping[s
 
 
 def load_state_file(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor]]:
-    """Read :func:`save_state_file` output; checks tensors against the stored architecture.
-
-    Raises
-    ------
-    ValueError
-        If the file lacks an architecture or its tensors do not match it.
-    """
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if "arch" not in meta:
-            raise ValueError(f"{path}: no architecture in the file's metadata")
-        spec = ArchSpec.from_json(meta["arch"])
-        state = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
-    check_state(spec, state)
+    """Read :func:`save_state_file` output; ValueError if it lacks an architecture or its tensors do not match it."""
+    spec, state, _ = load_state_with_meta(path)
     return spec, state
+
+
+def load_state_with_meta(path: Path) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, str]]:
+    """:func:`load_state_file` and the file's metadata (what ``extra`` of :func:`save_state_file` added)."""
+    meta, state = _load_tensors(path)
+    if "arch" not in meta:
+        raise ValueError(f"{path}: no architecture in the file's metadata")
+    spec = ArchSpec.from_json(meta["arch"])
+    check_state(spec, state)
+    return spec, state, meta
+
+
+def _load_tensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A safetensors file's metadata and its tensors as float32."""
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {}), {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (no iterator)
 
 
 _REWRITES_KEY = "rounds_rewrites"
 """Meta key of :meth:`RunState.rounds_version`'s rewrite counter."""
 
 STRATEGY_STATE_FILE = "strategy_state.safetensors"
-"""Name of a round's strategy state beside its models (``models/rNNNN/``); its metadata names the strategy."""
+"""A round's strategy state beside its models (``models/rNNNN/``); its metadata names the strategy."""
 LEGACY_SERVER_OPT_FILE = "server_opt.safetensors"
-"""What run folders written before :data:`STRATEGY_STATE_FILE` hold instead: a server optimiser's moments."""
+"""What older run folders hold instead of :data:`STRATEGY_STATE_FILE`: a server optimiser's moments."""
 
 
 class RunState:
-    """The SQLite database and model folders of one run.
-
-    Parameters
-    ----------
-    folder : Path
-        Run folder (created if missing).
-    keep_rounds : int
-        How many completed rounds' model folders to keep (older ones are deleted).
-    """
+    """The SQLite database and model folders of one run; ``keep_rounds`` completed rounds' model folders are kept."""
 
     def __init__(self, folder: Path, keep_rounds: int = 2):
         self.folder = Path(folder)
@@ -165,14 +165,7 @@ class RunState:
         (self.folder / "models").mkdir(exist_ok=True)
         self.keep_rounds = keep_rounds
         self.path = self.folder / "state.sqlite"
-        if self.path.is_file() and self.path.stat().st_size == 0:
-            # SQLite writes its header page with the schema; a file of 0 bytes was cut short
-            # (a full disk, a copy that failed), and opening it would read as a new, empty run.
-            raise StateDamaged(self._damaged("it is empty (0 bytes)"))
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=LOCK_WAIT_S)
-        except sqlite3.Error as exc:
-            raise StateDamaged(self._damaged(str(exc))) from None
+        self._db = connect(self.path, LOCK_WAIT_S, lambda why: StateDamaged(self._damaged(why)))
         with self._guard():
             check = self._db.execute("PRAGMA quick_check").fetchall()
             if check != [("ok",)]:
@@ -187,8 +180,7 @@ class RunState:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Turn sqlite3's errors of a read or write into :class:`StateDamaged` naming the file and the fix; a lock held
-        elsewhere past :data:`LOCK_WAIT_S` is :class:`StateLocked`, a full disk :class:`StorageFull`: neither is damage."""
+        """sqlite3's errors as :class:`StateDamaged`; a held lock is :class:`StateLocked`, a full disk :class:`StorageFull`."""
         try:
             yield
         except StateDamaged:
@@ -229,10 +221,7 @@ class RunState:
             )
 
     def events(self, kind: str | tuple[str, ...] | None = None) -> list[tuple[int | None, str | None, str, str]]:
-        """``(round, client, kind, detail)`` rows of one kind, of several (a tuple) or of all, oldest first.
-
-        Raises :class:`StateDamaged`.
-        """
+        """``(round, client, kind, detail)`` rows of one kind, several (a tuple) or all, oldest first. Raises :class:`StateDamaged`."""
         kinds = (kind,) if isinstance(kind, str) else tuple(kind or ())
         where = f" WHERE kind IN ({', '.join('?' * len(kinds))})" if kinds else ""
         with self._guard():
@@ -245,10 +234,7 @@ class RunState:
             return int(self._db.execute("SELECT COUNT(*) FROM events WHERE kind = ?", (kind,)).fetchone()[0])
 
     def rounds(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
-        """Summaries of completed rounds with an index above ``after`` (all by default), in order, at most ``limit``.
-
-        Raises :class:`StateDamaged`.
-        """
+        """Summaries of completed rounds above ``after``, in order, at most ``limit``. Raises :class:`StateDamaged`."""
         with self._guard():
             q = "SELECT summary FROM rounds WHERE round > ? ORDER BY round LIMIT ?"
             return [json.loads(r[0]) for r in self._db.execute(q, (after, -1 if limit is None else max(0, limit)))]
@@ -260,12 +246,9 @@ class RunState:
         return None if row is None else float(row[0])
 
     def rounds_version(self) -> tuple[int, int]:
-        """``(rewrites, last completed round)``: what a reader of :meth:`rounds` compares to know what changed.
+        """``(rewrites, last completed round)``: while ``rewrites`` stays the same, only rounds above a reader's last are new.
 
-        ``rewrites`` counts the changes that were not an append of a newer round (a round
-        recorded again, rounds forgotten after a crash); while it stays the same, the rounds
-        above a reader's last one are all that is new. Both are index look-ups, whatever the
-        number of rounds. Raises :class:`StateDamaged`.
+        Both are index look-ups. Raises :class:`StateDamaged`.
         """
         with self._guard():
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (_REWRITES_KEY,)).fetchone()
@@ -280,12 +263,10 @@ class RunState:
         )
 
     def rewrite_client(self, client: str, scrub: Callable[[Any], Any]) -> int:
-        """Remove ``client`` from the run's records in one transaction (an operator's ``forget``); the round records changed.
+        """Remove ``client`` from the run's records in one transaction (``forget``); the number of rounds changed.
 
-        Each round summary and meta value is passed through ``scrub`` (JSON in, JSON out) and written
-        back where it changed; ``client``'s events are deleted. SQLite's ``secure_delete`` zeroes the
-        freed pages, so the old rows are not left in the file. A changed round counts as a rewrite
-        (:meth:`rounds_version`), so readers read the rounds again. Raises :class:`StateDamaged`.
+        Every summary and meta value goes through ``scrub`` (JSON in, JSON out); the client's events are
+        deleted; ``secure_delete`` zeroes the freed pages; a change counts as a rewrite. Raises :class:`StateDamaged`.
         """
         changed = 0
         with self._guard():
@@ -323,12 +304,9 @@ class RunState:
         extra_meta: Mapping[str, Any] | None = None,
         strategy_state: tuple[str, Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
-        """Persist a completed round: models first, then the SQLite row (one transaction).
+        """Persist a completed round: models first, then the SQLite row (one transaction), so a crash keeps the last round.
 
-        ``strategy_state`` is ``(strategy name, its state_dict())``
-        (:meth:`coordinator.strategies.base.Strategy.state_dict`, e.g. a server optimiser's
-        moments ``m.<tensor>``, ``v.<tensor>``); when not empty it is saved beside the round's
-        models as :data:`STRATEGY_STATE_FILE` (float32 tensors), with the name in its metadata.
+        ``strategy_state`` is ``(name, Strategy.state_dict())``, saved as :data:`STRATEGY_STATE_FILE` when not empty.
         """
         folder = self.folder / "models" / f"r{round_:04d}"
         if folder.exists():
@@ -357,15 +335,10 @@ class RunState:
                 shutil.rmtree(old, ignore_errors=True)
 
     def load_latest_intact(self) -> tuple[int, ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]] | None:
-        """The newest completed round whose model files all load and match their architecture.
+        """``(round, spec, global, personal)`` of the newest completed round whose files all load, or None.
 
-        Rounds recorded after it (whose files were lost or damaged, e.g. by a crash before a
-        file reached the disk or by a full disk) are forgotten, so they run again. Each
-        damaged file is logged with its path.
-
-        Returns
-        -------
-        tuple (round, spec, global_state, personal_states), or None if no completed round is intact.
+        Rounds recorded after it (files lost to a crash or a full disk) are forgotten so they run again;
+        each damaged file is logged.
         """
         with self._guard():
             recorded = [r for (r,) in self._db.execute("SELECT round FROM rounds")]
@@ -382,18 +355,9 @@ class RunState:
         return None
 
     def load_strategy_state(self, round_: int, strategy: str) -> dict[str, torch.Tensor] | None:
-        """The state strategy ``strategy`` saved with ``round_`` (named float32 tensors), or None if none was.
+        """The state ``strategy`` saved with ``round_`` (float32 tensors), or None; reads :data:`LEGACY_SERVER_OPT_FILE` if needed.
 
-        A run folder written before strategies saved their state under one name holds a
-        server optimiser's moments as :data:`LEGACY_SERVER_OPT_FILE`; that file is read when
-        the new one is absent. Whether the tensors fit the model is the strategy's to check
-        (:meth:`coordinator.strategies.base.Strategy.load_state_dict`).
-
-        Raises
-        ------
-        ValueError
-            If the file is unreadable or was saved by another strategy (the caller decides
-            whether to start the strategy afresh).
+        Raises ValueError if the file is unreadable or was saved by another strategy.
         """
         folder = self.folder / "models" / f"r{round_:04d}"
         path = folder / STRATEGY_STATE_FILE
@@ -402,9 +366,7 @@ class RunState:
             if not path.exists():
                 return None
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                out = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+            meta, out = _load_tensors(path)
         except Exception as exc:  # safetensors raises its own error types for a damaged header
             raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
         saved_by = meta.get("strategy")
@@ -415,12 +377,7 @@ class RunState:
     def load_round_models(self, round_: int) -> tuple[ArchSpec, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """``(spec, global_state, personal_states)`` saved for ``round_``.
 
-        Raises
-        ------
-        FileNotFoundError
-            If that round's models are not on disk.
-        ValueError
-            If a file is inconsistent with its architecture.
+        Raises FileNotFoundError if they are not on disk, ValueError if a file does not match its architecture.
         """
         folder = self.folder / "models" / f"r{round_:04d}"
         spec, global_state = load_state_file(folder / "global.safetensors")

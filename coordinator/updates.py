@@ -1,10 +1,8 @@
 """Validation of client updates: every way an upload can be wrong, with a reason code.
 
-An update is accepted only if it is an intact envelope of kind "update" from a client
-selected for this run, round and stage, at the current architecture version, with the
-expected tensor set and shapes, finite values and sane metadata. Anything else raises
-:class:`UpdateRejected`, which the coordinator logs (client, round, reason) and records;
-it never changes the federation's state.
+An update is accepted only as an intact "update" envelope from a client selected for this run, round
+and stage, at the current architecture, with the expected tensors, finite values and sane metadata.
+Anything else raises :class:`UpdateRejected`, logged and recorded; the federation's state never changes.
 """
 
 from __future__ import annotations
@@ -33,25 +31,10 @@ class UpdateRejected(ValueError):
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """A validated update.
+    """A validated update: trained model w_i, FedDWA guidance (or None), windows (n_train is FedAvg's n_k).
 
-    Attributes
-    ----------
-    client_id : str
-    round, stage : int
-    n_train, n_test : int
-        Local training / test windows (FedAvg weight n_k).
-    state : dict name -> float32 tensor
-        The trained model w_i.
-    guidance : dict name -> float32 tensor, or None
-        The FedDWA guidance model (one more local pass from w_i).
-    confusion : dict of str -> (C, C) int64 array
-        Client-side evaluations on its own test split: ``received``, ``initial`` (after
-        FedALA / FedPer initialisation) and ``trained``.
-    meta : dict
-        The remaining metadata (loss, seconds, init mode).
-    size : int
-        Envelope size in bytes.
+    ``confusion`` holds the client's (C, C) int64 matrices on its own test split: ``received``,
+    ``initial`` (after FedALA / FedPer initialisation) and ``trained``; ``size`` is the envelope's bytes.
     """
 
     client_id: str
@@ -70,11 +53,7 @@ class ClientUpdate:
 class Failure:
     """A selected client that sent no valid update in an exchange (Flower's ``failures``).
 
-    Attributes
-    ----------
-    client_id : str
-    reason : {"missed_deadline", "offline", "cannot_train", "cohort_full", "still_training"} or a rejection reason of
-        :func:`validate_update`
+    ``reason``: "missed_deadline", "offline", "cannot_train", "cohort_full", "still_training" or a rejection reason.
     """
 
     client_id: str
@@ -97,7 +76,7 @@ def _confusions(conf: Confusions, n_classes: int, n_test: int) -> dict[str, np.n
 
 
 _META_REASONS = {"run_id": "wrong_run", "stage": "stale_stage"}
-"""Rejection reason of metadata that :meth:`UpdateMeta.from_wire` cannot read, by the key at fault (else ``bad_metrics``)."""
+"""Rejection reason of unreadable metadata by the key at fault (else ``bad_metrics``)."""
 
 
 def validate_update(
@@ -114,43 +93,16 @@ def validate_update(
     reported_n_train: int | None = None,
     reference: Mapping[str, Any] | None = None,
 ) -> ClientUpdate:
-    """Decode and check one update envelope.
+    """Decode and check one update envelope of ``topic_client`` (the broker's ACL ties the topic to the sender).
 
-    Parameters
-    ----------
-    data : bytes
-        The reassembled envelope.
-    topic_client : str
-        Client id taken from the topic it arrived on (the broker's ACL ties it to the sender).
-    run_id, round_, stage : the exchange the coordinator is collecting
-    spec : ArchSpec
-        Current architecture; tensors must match ``spec.shapes()``.
-    selected : collection of str
-        Clients selected for this exchange.
-    want_guidance : bool
-        Whether a FedDWA guidance model must be included.
-    max_bytes : int, optional
-        Largest envelope accepted.
-    reported_n_train : int, optional
-        Training windows the client's status announced; an update claiming more is refused
-        (``bad_metrics``), so no device can outweigh the others by its word alone.
-    reference : mapping name -> tensor, optional
-        The model published to this client for this exchange (its P_i, else G; for a
-        FedDist intermediate stage the grown G). int8_delta updates are deltas against it
-        (:func:`har_models.wire.update_encoding.decode_update`); without it they are refused.
+    An update claiming more than ``reported_n_train`` (the client's status) is refused, so no device
+    outweighs the others by its word alone. ``reference`` is the model published to the client for this
+    exchange; int8_delta updates are deltas against it and are refused without it.
 
-    Returns
-    -------
-    ClientUpdate
-
-    Raises
-    ------
-    UpdateRejected
-        ``reason`` is the envelope error's code (``sha256_mismatch``, ``truncated``,
-        ``unknown_version``, ``non_finite``, ...) or one of ``wrong_kind``,
-        ``client_mismatch``, ``not_selected``, ``wrong_run``, ``stale_round``,
-        ``future_round``, ``stale_stage``, ``wrong_arch_version``, ``unknown_encoding``,
-        ``bad_encoding``, ``wrong_tensors``, ``missing_guidance``, ``bad_metrics``.
+    Raises UpdateRejected with ``reason`` the envelope error's code (``sha256_mismatch``, ``truncated``,
+    ``non_finite``, ...) or one of ``wrong_kind``, ``client_mismatch``, ``not_selected``, ``wrong_run``,
+    ``stale_round``, ``future_round``, ``stale_stage``, ``wrong_arch_version``, ``unknown_encoding``,
+    ``bad_encoding``, ``wrong_tensors``, ``missing_guidance``, ``bad_metrics``.
     """
     try:
         # Finiteness is checked once, on the decoded tensors (check_tensors below): checked here,

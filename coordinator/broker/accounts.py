@@ -1,9 +1,8 @@
 """Devices and service accounts of a broker folder: the whole folder written at once (:func:`generate`), or one device at a time.
 
-The home server changes one device at a time through :func:`add_device` and :func:`remove_device`
-(:mod:`coordinator.server.broker_admin` calls them and reloads the broker); each regenerates
-``passwd`` and ``acl`` (every file replaced atomically) under the folder's lock, so it never
-interleaves with a run of ``fedhar-coordinator broker``.
+:func:`add_device` and :func:`remove_device` (called by :mod:`coordinator.server.broker_admin`, which
+reloads the broker) regenerate ``passwd`` and ``acl`` under the folder's lock, every file replaced
+atomically, so they never interleave with a run of ``fedhar-coordinator broker``.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from coordinator.broker.settings import (
     BrokerSettings,
     SetupError,
     check_settings,
+    checked_id,
     load_manifest,
     merge_settings,
     require_manifest,
@@ -42,18 +42,7 @@ log = logging.getLogger("fedhar.broker")
 
 @dataclass
 class Outcome:
-    """What one run of the generator did.
-
-    Attributes
-    ----------
-    out : Path
-        The output folder (absolute).
-    settings : BrokerSettings
-    clients : list of str
-        Device user names now configured, sorted.
-    added, rotated, revoked, kept : list of str
-        User names whose password was created, replaced, removed, or left as it was.
-    """
+    """What one run of the generator did: the folder, settings, configured devices (sorted) and the users added, rotated, revoked, kept."""
 
     out: Path
     settings: BrokerSettings
@@ -76,41 +65,15 @@ def generate(
     revoke: list[str] | None = None,
     mosquitto_passwd: str | None = None,
 ) -> Outcome:
-    """Write (or update) the broker configuration in ``out``.
+    """Write (or update) the broker configuration in ``out`` (created if missing).
 
-    The coordinator's and the monitor's accounts are created on the first run and on any later run that finds them
-    missing, e.g. in a folder written before the monitor account existed. Each file is replaced
-    atomically (``passwd`` first, then ``credentials/``, the ACL, ``mosquitto.conf`` and the
-    manifest) while the folder's lock is held, so concurrent runs (the CLI and the server's
-    :func:`add_device`) take turns. A running broker reads the new files when it reloads.
+    ``given`` holds command-line settings (None: not given; :func:`merge_settings`); ``clients`` are
+    added (earlier ones stay); ``rotate`` users get new passwords (``["*"]``: everyone); ``revoke``
+    devices lose theirs. Service accounts missing from an older folder are created. Files are replaced
+    atomically (``passwd`` first) under the folder's lock; a running broker reads them when it reloads.
 
-    Parameters
-    ----------
-    out : Path
-        Output folder; created if missing.
-    given : dict
-        Settings from the command line (keys of :data:`DEFAULTS`, None = not given); see :func:`merge_settings`.
-    clients : list of str
-        Device ids to add (validated with :func:`har_models.wire.topics.check_client_id`). Devices
-        configured earlier stay configured.
-    rotate : list of str, optional
-        Users (devices, the coordinator, the monitor) that get a new password; ``["*"]`` = everyone.
-    revoke : list of str, optional
-        Devices to remove: their password file is deleted and they can no longer log in once
-        the broker reloads.
-    mosquitto_passwd : str, optional
-        Path of ``mosquitto_passwd`` (default: searched, see :func:`find_mosquitto_passwd`).
-
-    Returns
-    -------
-    Outcome
-
-    Raises
-    ------
-    SetupError
-        For invalid ids or settings, a device named like the coordinator, the monitor or Home
-        Assistant's account, rotating or revoking an unknown user, or a missing/failing
-        ``mosquitto_passwd``.
+    Raises SetupError for invalid ids or settings, a device named like a service account, rotating or
+    revoking an unknown user, or a missing or failing ``mosquitto_passwd``.
     """
     rotate = list(rotate or [])
     revoke = list(revoke or [])
@@ -119,10 +82,7 @@ def generate(
     settings = check_settings(merge_settings(given, out))
     services = settings.service_users
     for cid in [*clients, *revoke]:
-        try:
-            check_client_id(cid)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
+        checked_id(cid)
         _check_not_service(cid, settings)
     clash = sorted(set(clients) & set(revoke))
     if clash:
@@ -204,13 +164,7 @@ def generate(
 
 
 def _upstream_password(out: Path) -> str:
-    """The bridge password kept in the regional folder ``out`` (:data:`UPSTREAM_SECRET`).
-
-    Raises
-    ------
-    SetupError
-        If it is missing or not a generated password (the message says how to make it again).
-    """
+    """The bridge password kept in the regional folder ``out``; SetupError (saying how to make it again) if missing."""
     path = out / UPSTREAM_SECRET
     if not path.is_file():
         raise SetupError(
@@ -233,13 +187,7 @@ def _check_not_service(cid: str, settings: BrokerSettings, where: str = "") -> N
 
 
 def configured_devices(out: Path) -> list[str]:
-    """The device ids configured in the output folder ``out`` (sorted), from its manifest.
-
-    Raises
-    ------
-    SetupError
-        If ``out`` holds no manifest (:data:`MANIFEST_NAME`): it is not a generated broker folder.
-    """
+    """The device ids configured in ``out`` (sorted), from its manifest; SetupError if it holds none."""
     doc = require_manifest(out)
     clients = doc.get("clients", [])
     if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
@@ -248,32 +196,11 @@ def configured_devices(out: Path) -> list[str]:
 
 
 def add_device(out: Path, name: str, replace: bool = False, mosquitto_passwd: str | None = None) -> tuple[Outcome, str]:
-    """Give the device ``name`` an account in the existing output folder ``out``; return it and its new password.
+    """Give device ``name`` an account in the generated folder ``out``; return the outcome and its password.
 
-    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock) with
-    every other setting and password kept. A running broker knows the account once it reloads.
-
-    Parameters
-    ----------
-    out : Path
-        A folder written by :func:`generate` (holds :data:`MANIFEST_NAME`).
-    name : str
-        The device's fedhar client id (= its user name).
-    replace : bool
-        If the device already has an account, give it a new password instead of refusing.
-    mosquitto_passwd : str, optional
-        Path of ``mosquitto_passwd`` (default: searched).
-
-    Returns
-    -------
-    (Outcome, str)
-        What the run did, and the device's password (clear text; also in ``credentials/<name>.password``).
-
-    Raises
-    ------
-    SetupError
-        If ``out`` is not a generated folder, ``name`` is invalid or an account that is not a
-        device's, the device exists already (without ``replace``), or ``mosquitto_passwd`` fails.
+    With ``replace`` an existing account gets a new password instead of a refusal. Raises SetupError if
+    ``out`` is not a generated folder, ``name`` is invalid or a service account's, the device exists
+    (without ``replace``), or ``mosquitto_passwd`` fails.
     """
     require_manifest(out)
     exists = name in configured_devices(out)
@@ -290,16 +217,9 @@ def add_device(out: Path, name: str, replace: bool = False, mosquitto_passwd: st
 
 
 def remove_device(out: Path, name: str, mosquitto_passwd: str | None = None) -> Outcome:
-    """Remove the device ``name``'s account (password file, ``passwd`` line, ACL rules) from ``out``.
+    """Remove device ``name``'s account from ``out``; once the broker reloads it cannot log in and Mosquitto 2 closes its session.
 
-    Regenerates ``passwd`` and ``acl`` (each replaced atomically, under the folder's lock). Once
-    the broker reloads, the device can no longer log in, and Mosquitto 2 closes its live
-    session (tests/test_broker_admin.py measures both).
-
-    Raises
-    ------
-    SetupError
-        If ``out`` is not a generated folder, ``name`` has no account there, or ``mosquitto_passwd`` fails.
+    Raises SetupError if ``out`` is not a generated folder, ``name`` has no account, or ``mosquitto_passwd`` fails.
     """
     require_manifest(out)
     if name not in configured_devices(out):

@@ -1,12 +1,8 @@
 """A regional broker bridged to the coordinator's: both folders written by one command.
 
-``fedhar-coordinator broker bridge init`` gives the coordinator's broker folder (``upstream``)
-an account for the bridge, whose ACL allows exactly the bridged topics
-(:func:`coordinator.broker.render.bridge_topics`), and writes the regional folder: a broker
-folder like any other (its own device accounts, ACL and TLS, managed later with
-``broker add|remove|rotate --out REGIONAL``) whose ``mosquitto.conf`` ends with the bridge
-(:func:`coordinator.broker.render.bridge_text`). Devices connect to the regional broker; the
-coordinator stays on its own. docs/scale.md, section "Regional brokers".
+``fedhar-coordinator broker bridge init`` gives the coordinator's broker folder an account whose ACL
+allows exactly the bridged topics, and writes the regional folder (its own devices, ACL and TLS,
+managed later like any other) whose ``mosquitto.conf`` ends with the bridge. docs/scale.md, "Regional brokers".
 """
 
 from __future__ import annotations
@@ -18,25 +14,15 @@ from typing import Any
 from coordinator.broker.accounts import Outcome, generate
 from coordinator.broker.files import folder_lock, write_file
 from coordinator.broker.passwords import read_password
-from coordinator.broker.settings import TLS_DIR, UPSTREAM_SECRET, SetupError, read_settings
-from har_models.wire.topics import check_client_id
+from coordinator.broker.settings import TLS_DIR, UPSTREAM_SECRET, SetupError, checked_id, read_settings
 
 BRIDGE_PREFIX = "bridge-"
 """A bridge account's user name is this prefix and the region's name (e.g. ``bridge-north``)."""
 
 
 def bridge_user(name: str) -> str:
-    """The upstream account of the regional broker called ``name``: ``bridge-<name>``.
-
-    Raises
-    ------
-    SetupError
-        If the result is not a valid id (letters, digits, ``_ . -``; at most 64 characters).
-    """
-    try:
-        return check_client_id(BRIDGE_PREFIX + name)
-    except ValueError as exc:
-        raise SetupError(f"--name {name!r}: {exc}") from None
+    """The upstream account of the regional broker called ``name``: ``bridge-<name>``; SetupError if not a valid id."""
+    return checked_id(BRIDGE_PREFIX + name, f"--name {name!r}")
 
 
 def init_bridge(
@@ -49,47 +35,15 @@ def init_bridge(
     upstream_ca: Path | None = None,
     mosquitto_passwd: str | None = None,
 ) -> tuple[Outcome, Outcome]:
-    """Write (or update) the bridged pair: the bridge account in ``upstream_dir``, the regional folder ``regional``.
+    """Write (or update) the bridged pair: the bridge account in ``upstream_dir``, the regional folder ``regional``; both outcomes.
 
-    Re-running keeps every password (the bridge's too) and the regional folder's devices and
-    settings; ``broker rotate --out UPSTREAM bridge-NAME`` followed by this command again gives
-    the bridge a new password on both sides.
+    Re-running keeps every password; ``broker rotate --out UPSTREAM bridge-NAME`` and this command again
+    renew the bridge's. ``given`` holds the regional broker's own settings (its federation is the
+    upstream's); ``upstream_ca`` makes the bridge use TLS (copied to ``tls/upstream-ca.crt``).
 
-    Parameters
-    ----------
-    regional : Path
-        The regional broker's folder (created if missing).
-    upstream_dir : Path
-        The coordinator's broker folder, written by ``fedhar-coordinator broker init``.
-    upstream : str
-        ``HOST:PORT`` where the regional broker reaches the coordinator's broker (its TLS
-        listener when ``upstream_ca`` is given).
-    name : str
-        The region's name; the bridge logs in upstream as ``bridge-<name>``.
-    given : dict
-        The regional broker's own settings from the command line (keys of
-        :data:`~coordinator.broker.settings.DEFAULTS`, None = not given); its federation is
-        the upstream folder's.
-    clients : list of str
-        Device ids to add to the regional broker.
-    upstream_ca : Path, optional
-        CA certificate (PEM) that signed the upstream broker's certificate; the bridge then uses
-        TLS and checks the host name of ``upstream`` against the certificate. Copied into the
-        regional folder's ``tls/upstream-ca.crt``.
-    mosquitto_passwd : str, optional
-        Path of ``mosquitto_passwd``.
-
-    Returns
-    -------
-    (Outcome, Outcome)
-        What was done to the upstream folder, then to the regional one.
-
-    Raises
-    ------
-    SetupError
-        If ``upstream_dir`` is not a broker folder, the two folders are the same, ``given``
-        names another federation than the upstream's, a device id is a service account's, the
-        address is not ``HOST:PORT``, the CA cannot be read, or ``mosquitto_passwd`` fails.
+    Raises SetupError if ``upstream_dir`` is not a broker folder, the folders are the same, ``given``
+    names another federation, a device id is a service account's, the address is not ``HOST:PORT``, the
+    CA cannot be read, or ``mosquitto_passwd`` fails.
     """
     regional = regional.expanduser().resolve()
     upstream_dir = upstream_dir.expanduser().resolve()

@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from coordinator.broker.files import broker_account
 from coordinator.broker.settings import TLS_DIR, BrokerSettings, SetupError
 from har_models.files import atomic_write
 
@@ -35,31 +36,12 @@ EC P-256 keeps the CA small enough (about 600 bytes) to travel inside an enrolme
 
 
 def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
-    """Copy the TLS certificate, key and CA of ``settings`` into ``out/tls/``; return settings naming the copies.
+    """Copy the TLS certificate, key and CA of checked ``settings`` into ``out/tls/``; return settings naming the copies.
 
-    Mosquitto started as root loads its certificates after switching to ``broker_user``, so a
-    key left where it was made (``/root/server.key``, mode 0600) stops the broker at start
-    ("Unable to load CA certificates", permission denied). The copies are ``server.crt`` and
-    ``ca.crt`` (mode 0644) and ``server.key`` (mode 0640, group of ``broker_user`` when run as
-    root, else 0600), each replaced atomically. A file that already is the copy is left alone,
-    so a re-run without the TLS options keeps them.
-
-    Parameters
-    ----------
-    out : Path
-        The output folder (absolute, existing).
-    settings : BrokerSettings
-        Checked settings (:func:`check_settings`: absolute, readable TLS paths, or None).
-
-    Returns
-    -------
-    BrokerSettings
-        ``settings`` with ``tls_cert``, ``tls_key`` and ``tls_ca`` replaced by the copies' paths.
-
-    Raises
-    ------
-    SetupError
-        If ``broker_user`` does not exist when run as root.
+    Mosquitto started as root loads its certificates after switching to ``broker_user``, so a key left
+    where it was made (mode 0600 of root) stops it at start. Copies: ``server.crt`` and ``ca.crt`` (0644),
+    ``server.key`` (0640 with ``broker_user``'s group as root, else 0600), each atomic; a file that is
+    already the copy stays. Raises SetupError if ``broker_user`` does not exist when run as root.
     """
     if not settings.tls:
         return settings
@@ -67,15 +49,7 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
     tls.mkdir(mode=0o751, exist_ok=True)
     gid = None
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        import pwd
-
-        try:
-            gid = pwd.getpwnam(settings.broker_user).pw_gid
-        except KeyError:
-            raise SetupError(
-                f"--broker-user {settings.broker_user}: no such account; install mosquitto (it creates the 'mosquitto' account) "
-                "or name the account the broker runs as"
-            ) from None
+        gid = broker_account(settings).pw_gid
         os.chown(tls, 0, gid)
     # Others may pass, not list: the certificates (0644) are public and read by the home server for their expiry; the
     # key is 0640 (the broker's group) or 0600.
@@ -102,16 +76,12 @@ def install_tls_files(out: Path, settings: BrokerSettings) -> BrokerSettings:
 
 
 EXPIRY_WARNING_S = 30 * 24 * 3600.0
-"""How long (s) before a certificate expires the server warns (log, page): 30 days leaves time to renew by hand."""
+"""How long (s) before a certificate expires the server warns (log, page): 30 days to renew by hand."""
 
 
 @dataclass(frozen=True)
 class CertificateExpiry:
-    """When one of the broker's certificates stops being valid.
-
-    ``which`` is ``"server"`` (the broker's certificate) or ``"ca"``; ``not_after_unix`` the end of
-    its validity (UNIX s, from the file's notAfter).
-    """
+    """When one of the broker's certificates (``which``: "server" or "ca") stops being valid (UNIX s, its notAfter)."""
 
     which: str
     path: Path
@@ -130,13 +100,7 @@ def _openssl() -> str:
 
 
 def certificate_not_after(path: Path) -> float:
-    """The notAfter of the PEM certificate ``path``, in UNIX seconds (read with ``openssl x509 -enddate``).
-
-    Raises
-    ------
-    SetupError
-        If openssl is missing, or the file is missing or not a PEM certificate (the message names it).
-    """
+    """The notAfter of the PEM certificate ``path`` (UNIX s); SetupError naming the file if openssl or the file fails."""
     r = subprocess.run([_openssl(), "x509", "-noout", "-enddate", "-in", str(path)], capture_output=True, text=True, timeout=30)
     text = r.stdout.strip()
     if r.returncode != 0 or not text.startswith("notAfter="):
@@ -151,13 +115,7 @@ def certificate_not_after(path: Path) -> float:
 
 
 def certificate_expiry(settings: BrokerSettings) -> list[CertificateExpiry]:
-    """The expiry of the broker's server certificate and CA named in ``settings`` (none without TLS).
-
-    Raises
-    ------
-    SetupError
-        As :func:`certificate_not_after`.
-    """
+    """The expiry of the broker's server certificate and CA in ``settings`` (none without TLS); SetupError as above."""
     out = []
     for which, path in (("server", settings.tls_cert), ("ca", settings.tls_ca)):
         if path:
@@ -166,29 +124,12 @@ def certificate_expiry(settings: BrokerSettings) -> list[CertificateExpiry]:
 
 
 def renew_server_certificate(out: Path, ca_key: Path, days: int = 825) -> CertificateExpiry:
-    """Issue a new server certificate for the broker folder ``out`` from its CA, valid ``days`` days.
+    """Issue a new server certificate for the broker folder ``out`` from its CA, valid ``days`` (1..825) days.
 
-    The new certificate keeps the server key, the subject and every extension (the names and
-    addresses devices use) of ``out/tls/server.crt`` and is signed with ``out/tls/ca.crt`` and
-    ``ca_key``, so devices, which trust the CA, keep connecting without re-enrolment. It is
-    checked against the CA (``openssl verify``) before it replaces ``tls/server.crt``
-    atomically, with the mode and group the old one had. A reload of the broker (SIGHUP) makes
-    it serve the new one (Mosquitto 2 re-reads its certificates then; measured with 2.0.11).
-
-    Parameters
-    ----------
-    out : Path
-        The broker folder (``fedhar-coordinator broker init --out``), with TLS.
-    ca_key : Path
-        The CA's private key (kept offline; only read).
-    days : int
-        Validity in days (1..825, the most Apple devices accept for a server certificate).
-
-    Raises
-    ------
-    SetupError
-        If the folder has no TLS files, ``days`` is out of range, openssl is missing, or it fails
-        (a key that does not match the CA, ...): its message is included; nothing was replaced then.
+    Keeps the server key, subject and extensions of ``tls/server.crt`` and signs with ``tls/ca.crt`` and
+    ``ca_key``, so devices keep connecting; verified against the CA before it replaces the old file
+    atomically (mode and group kept). A broker reload serves it (Mosquitto 2.0.11). Raises SetupError
+    without TLS files, for ``days`` out of range, or when openssl fails (its message; nothing replaced).
     """
     if not 1 <= int(days) <= 825:
         raise SetupError(f"--days {days}: give 1 to 825 days")

@@ -1,20 +1,11 @@
 """The federation's device CA: it signs the client certificates of devices enrolled by certificate, and revokes them.
 
-A broker folder with a device-certificate listener (``--device-cert-port``) holds, in ``tls/``:
-
-* ``devices-ca.crt`` and ``devices-ca.key``: an EC P-256 CA made here, valid 10 years. It signs
-  only device certificates, and the device-certificate listener trusts only it (its ``cafile``),
-  so its key, which must stay on the server to sign online, cannot make a certificate the
-  devices would take for the broker's: that is the operator's own CA (``ca.key``, kept offline).
-  The key is mode 0600 of the account that made it (root, or the server's account).
-* ``devices.crl``: its certificate revocation list (RFC 5280, section 5), the listener's
-  ``crlfile``: a revoked device's certificate is refused in the TLS handshake once the broker
-  has reloaded. It is valid for :data:`CRL_DAYS` and re-signed at every revocation.
-* ``devices/``: openssl's CA database (``index.txt``, serial numbers) and the issued
-  certificates, ``devices/issued/<name>.crt``.
-
-Every operation is the ``openssl ca`` command (OpenSSL 1.1.1 or 3.x), as the rest of the
-broker tooling uses openssl; they run under the folder's lock.
+In ``tls/`` of a folder with ``--device-cert-port``: ``devices-ca.crt``/``.key``, an EC P-256 CA made
+here (10 years; key mode 0600) that only the device-certificate listener trusts, so its online key
+cannot make a certificate devices would take for the broker's (that is the operator's offline CA);
+``devices.crl``, its revocation list (RFC 5280, section 5), refused in the TLS handshake after a
+reload; ``devices/``, openssl's CA database and ``issued/<name>.crt``. Every operation is ``openssl
+ca`` (1.1.1 or 3.x) under the folder's lock.
 """
 
 from __future__ import annotations
@@ -26,9 +17,8 @@ import tempfile
 from pathlib import Path
 
 from coordinator.broker.certificates import _openssl
-from coordinator.broker.settings import MANIFEST_NAME, TLS_DIR, SetupError, read_settings
+from coordinator.broker.settings import MANIFEST_NAME, TLS_DIR, SetupError, checked_id, read_settings
 from har_models.files import atomic_write_bytes
-from har_models.wire.topics import check_client_id
 
 CA_DAYS = 3650
 """Validity of the device CA (days): ten years, the life of a home server's hardware."""
@@ -37,8 +27,7 @@ CERT_DAYS = 825
 """Validity of a device certificate (days), as the server certificate's of the openssl recipe."""
 
 CRL_DAYS = 3650
-"""Validity of the revocation list (days). An expired list makes OpenSSL refuse every device certificate, so it is
-long; each revocation writes a new one."""
+"""Validity of the revocation list (days): an expired list makes OpenSSL refuse every device certificate."""
 
 _CNF = """\
 # openssl ca configuration of the fedhar device CA (written by fedhar-coordinator broker; do not edit)
@@ -88,10 +77,7 @@ def _run(*args: str, what: str) -> subprocess.CompletedProcess[str]:
 def ensure_device_ca(out: Path, federation: str) -> bool:
     """Make the device CA, its database and an empty revocation list in ``out/tls/`` unless they exist; True if made.
 
-    Raises
-    ------
-    SetupError
-        If openssl is missing or fails.
+    Raises SetupError if openssl is missing or fails.
     """
     p = paths(out)
     if p["crt"].is_file() and p["key"].is_file() and p["crl"].is_file():
@@ -125,35 +111,14 @@ def _write_crl(out: Path) -> None:
 
 
 def sign_device(out: Path, csr_pem: str, client_id: str, days: int = CERT_DAYS) -> str:
-    """Sign the request ``csr_pem`` as the client certificate of ``client_id``; returns the certificate (PEM).
+    """Sign ``csr_pem`` (signature checked) as the client certificate of ``client_id``; the certificate (PEM).
 
-    The subject is ``CN=<client_id>`` whatever the request asked for (the broker takes the CN
-    as the user name, ``use_identity_as_username``), with the extensions of a TLS client only
-    (no CA, ``clientAuth``). The certificate is recorded in the CA's database (for
-    :func:`revoke_device`) and kept as ``devices/issued/<client_id>.crt``.
-
-    Parameters
-    ----------
-    out : Path
-        A broker folder with a device CA (:func:`ensure_device_ca`).
-    csr_pem : str
-        A PEM certificate request whose signature has been checked (:func:`har_io.device_key.csr_public_key`).
-    client_id : str
-        The device's name.
-    days : int
-        Validity (1..825 days).
-
-    Raises
-    ------
-    SetupError
-        If the folder has no device CA, the name or ``days`` is invalid, the name is a service
-        account's (the coordinator's, the monitor's, ...: a certificate with that CN would log in
-        as it), or openssl fails.
+    The subject is ``CN=<client_id>`` whatever was asked (the broker takes the CN as user name), with TLS
+    client extensions only; recorded in the CA's database and kept as ``devices/issued/<client_id>.crt``.
+    Raises SetupError without a device CA, for an invalid name or ``days`` (1..825), a service account's
+    name (its CN would log in as it), or a failing openssl.
     """
-    try:
-        check_client_id(client_id)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
+    checked_id(client_id)
     services = read_settings(Path(out)).service_users if (Path(out) / MANIFEST_NAME).is_file() else []
     if client_id in services:
         raise SetupError(f"{client_id!r} is the name of a service account of {out}; a device certificate never carries it")
@@ -180,20 +145,11 @@ NEW_KEY_SUFFIX = ".awaits-new-key"
 
 
 def await_new_key(out: Path, client_id: str) -> None:
-    """Let an enrolled device ``client_id`` be signed once more, for a key it makes anew (``reissue``, ``rename``).
+    """Let enrolled device ``client_id`` be signed once more, for a new key (``reissue``, ``rename``); until :func:`sign_device`.
 
-    An enrolled name is otherwise refused by the enrolment desk (taken). The marker goes when
-    :func:`sign_device` signs a certificate for the name.
-
-    Raises
-    ------
-    SetupError
-        If the name is invalid or ``out`` has no device CA.
+    Raises SetupError if the name is invalid or ``out`` has no device CA.
     """
-    try:
-        check_client_id(client_id)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
+    checked_id(client_id)
     p = paths(out)
     if not p["key"].is_file():
         raise SetupError(f"the broker folder {out} has no device CA")
@@ -218,16 +174,10 @@ def issued(out: Path, client_id: str) -> Path | None:
 
 
 def revoke_device(out: Path, client_id: str) -> bool:
-    """Revoke the certificate issued to ``client_id`` and write a new revocation list; False if it had none.
+    """Revoke ``client_id``'s certificate and write a new revocation list; False if it had none.
 
-    The broker refuses the certificate from its next reload (it re-reads ``crlfile`` then;
-    tests/test_enrol_certificates.py measures it with Mosquitto 2.0.11). The issued file is
-    kept as ``<name>.crt.revoked``, so a later certificate under the same name is told apart.
-
-    Raises
-    ------
-    SetupError
-        If openssl fails (the list is then unchanged).
+    The broker refuses it from its next reload; the file is kept as ``<name>.crt.revoked``. Raises
+    SetupError if openssl fails (the list unchanged).
     """
     cert = issued(out, client_id)
     if cert is None:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from coordinator.broker.settings import LOCK_NAME, BrokerSettings, SetupError
 from har_models.files import atomic_write, atomic_write_bytes
@@ -70,19 +71,24 @@ def write_broker_file(path: Path, text: str) -> None:
     atomic_write(path, write, mode=None if access else 0o600)
 
 
-def grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings) -> None:
-    """Started as root, Mosquitto reads passwd and acl and writes data/ as ``broker_user``: give that account access."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return  # the broker runs as the operator, who owns the files
+def broker_account(settings: BrokerSettings) -> Any:
+    """The ``pwd`` entry of ``broker_user``; SetupError naming the fix if there is no such account."""
     import pwd
 
     try:
-        account = pwd.getpwnam(settings.broker_user)
+        return pwd.getpwnam(settings.broker_user)
     except KeyError:
         raise SetupError(
             f"--broker-user {settings.broker_user}: no such account; install mosquitto (it creates the 'mosquitto' account) "
             "or name the account the broker runs as"
         ) from None
+
+
+def grant_broker_access(out: Path, created_out: bool, settings: BrokerSettings) -> None:
+    """Started as root, Mosquitto reads passwd and acl and writes data/ as ``broker_user``: give that account access."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return  # the broker runs as the operator, who owns the files
+    account = broker_account(settings)
     if account.pw_uid == 0:
         return
     gid = account.pw_gid

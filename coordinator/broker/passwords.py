@@ -21,18 +21,7 @@ PASSWORD_BYTES = 24
 
 
 def find_mosquitto_passwd(explicit: str | None = None) -> str:
-    """Path of the ``mosquitto_passwd`` executable.
-
-    Parameters
-    ----------
-    explicit : str, optional
-        A path given by the user; else ``$PATH`` and ``/usr/bin`` are searched.
-
-    Raises
-    ------
-    SetupError
-        (exit code 3) If it is not found: it ships with Mosquitto.
-    """
+    """Path of ``mosquitto_passwd``: ``explicit``, else searched on ``$PATH`` and ``/usr/bin``; SetupError (exit 3) if not found."""
     if explicit:
         if shutil.which(explicit):
             return explicit
@@ -50,27 +39,11 @@ def find_mosquitto_passwd(explicit: str | None = None) -> str:
 
 
 def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -> None:
-    """Write Mosquitto's password file for ``passwords`` (user -> clear-text password), hashed by ``mosquitto_passwd``.
+    """Write Mosquitto's password file for ``passwords`` (user -> clear text), hashed by ``mosquitto_passwd -U``.
 
-    The clear-text lines go to a private temporary file next to ``path`` that ``mosquitto_passwd -U``
-    hashes in place (one process, and no password ever appears on a command line); it then
-    replaces ``path`` atomically, with the mode and group ``path`` had (new: 0600), so a broker
-    that reads it through its group still can. The temporary file is removed whatever happens.
-
-    Parameters
-    ----------
-    path : Path
-        The password file to (re)write.
-    passwords : dict of str to str
-        User names (fedhar ids, so never containing ``:``) and their passwords.
-    mosquitto_passwd : str
-        The executable (see :func:`find_mosquitto_passwd`).
-
-    Raises
-    ------
-    SetupError
-        (exit code 3) If ``mosquitto_passwd`` fails or leaves a line unhashed; (exit code 2) if
-        the new file cannot be given the old one's group.
+    The clear text goes to a private temporary file beside ``path`` (never on a command line), hashed in
+    place, then replaces ``path`` atomically with its old mode and group (new: 0600). Raises SetupError
+    (exit 3) if ``mosquitto_passwd`` fails or leaves a line unhashed, (exit 2) if the group cannot be kept.
     """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".passwd-")  # mode 0600
     try:
@@ -90,13 +63,7 @@ def write_passwd(path: Path, passwords: dict[str, str], mosquitto_passwd: str) -
 
 
 def read_password_file(path: Path) -> str:
-    """The password in the file ``path`` (surrounding whitespace removed).
-
-    Raises
-    ------
-    SetupError
-        If it is empty or holds a character no generated password has (``:`` or a line break).
-    """
+    """The password in the file ``path``; SetupError if it is empty or holds ``:`` or a line break."""
     password = path.read_text().strip()
     if not password or any(c in password for c in ":\n\r"):
         raise SetupError(
@@ -112,13 +79,7 @@ def password_file(out: Path, user: str) -> Path:
 
 
 def read_password(out: Path, user: str) -> str:
-    """``user``'s password as generated in ``out``.
-
-    Raises
-    ------
-    SetupError
-        If there is no such password file (the account does not exist) or it is not one this package wrote.
-    """
+    """``user``'s password as generated in ``out``; SetupError if the account has no password file or a foreign one."""
     path = password_file(out, user)
     if not path.is_file():
         raise SetupError(

@@ -16,26 +16,12 @@ BRIDGE_QOS = 1
 
 
 def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
-    """The topic filters a regional broker's bridge forwards, with their direction seen from the regional broker.
+    """The topic filters a regional broker's bridge forwards, as (filter, "in"/"out") seen from the regional broker.
 
-    ``in`` (coordinator's broker -> regional broker, for the devices): the coordinator's status,
-    the round announcement, the progress record, the global model's chunks, each device's
-    personalised model, receipts, blob-transport grants and ExecuTorch programs. ``out`` (regional -> coordinator's
-    broker): each device's status, update chunks and program requests. These are the topics
-    of docs/protocol.md in their documented direction, and nothing else: no topic is bridged
-    both ways (a status cleared by the coordinator stays on its own broker), and ``+`` stands
-    for any client id, since the regional broker's ACL already ties each device to its own.
-
-    Parameters
-    ----------
-    topics : Topics
-        The federation's topic names.
-
-    Returns
-    -------
-    list of (filter, direction)
-        ``direction`` is ``"in"`` or ``"out"``, in Mosquitto's ``topic`` sense for a bridge
-        configured on the regional broker.
+    ``in`` carries what the coordinator publishes for devices (status, round, progress, models, receipts,
+    grants, programs); ``out`` what devices publish (status, update chunks, program requests): the topics
+    of docs/protocol.md in their documented direction, none both ways. ``+`` stands for any client id,
+    since the regional ACL already ties each device to its own.
     """
     t = topics
     return [
@@ -57,28 +43,11 @@ def bridge_topics(topics: Topics) -> list[tuple[str, str]]:
 def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
     """The Mosquitto ACL file for ``settings.federation`` and the devices ``clients``.
 
-    * The coordinator reads and writes everything under the federation prefix.
-    * The monitor reads everything under the federation prefix and writes nothing.
-    * Each device (user name = fedhar client id) reads the round announcement, the coordinator's
-      status, the global model, its own personalised model, the receipts for its updates and
-      the ExecuTorch programs sent to it; it reads and writes its own status and writes only its
-      own update chunks and program requests. It cannot read other devices' statuses (they
-      carry label counts and data statistics), updates or models, nor write anything else.
-
-    Whatever is not granted is denied. Every rule is a ``topic`` line under its ``user``: a
-    ``pattern`` line (``%u``) would apply to every account, so the monitor could then write
-    ``{p}/client/monitor/status`` as if it were a device.
-
-    Parameters
-    ----------
-    settings : BrokerSettings
-    clients : list of str
-        Device user names (validated client ids, none of them an account of ``settings.service_users``).
-
-    Returns
-    -------
-    str
-        The file's text.
+    The coordinator reads and writes the whole prefix; the monitor only reads it; each device reads the
+    round, the coordinator's status and outlook, the global model and its own model, receipts, grant and
+    programs, reads and writes its own status, and writes only its own updates and program requests.
+    Whatever is not granted is denied. Every rule is a ``topic`` line under its ``user``: a ``pattern``
+    line (``%u``) would apply to every account, letting the monitor write a device's status.
     """
     t = Topics(settings.federation)
     lines = [
@@ -150,30 +119,10 @@ def acl_text(settings: BrokerSettings, clients: list[str]) -> str:
 def bridge_text(settings: BrokerSettings, password: str) -> str:
     """The ``connection`` section of a regional broker's ``mosquitto.conf``: its bridge to the coordinator's broker.
 
-    The bridge logs in to ``settings.upstream`` as ``settings.upstream_user`` with ``password``
-    (clear text in the file, which is therefore written private), over TLS verified with
-    ``settings.upstream_ca`` when that is set, and forwards the topics of :func:`bridge_topics`
-    at QoS 1. It speaks MQTT 3.1.1 with Mosquitto's bridge extension (``try_private``), so
-    retained messages keep their retain flag on the far side, and keeps a persistent session
-    (``cleansession false``), so QoS 1 messages published while the link is down are delivered
-    when it is back.
-
-    Parameters
-    ----------
-    settings : BrokerSettings
-        A regional broker's settings (``upstream`` and ``upstream_user`` set).
-    password : str
-        The bridge account's password on the upstream broker.
-
-    Returns
-    -------
-    str
-        The lines, ending with a newline.
-
-    Raises
-    ------
-    ValueError
-        If ``settings`` has no upstream, or ``password`` is empty or holds a line break.
+    Logs in as ``settings.upstream_user`` with ``password`` (clear text: the file is written private),
+    over TLS with ``upstream_ca`` when set; MQTT 3.1.1 with ``try_private`` (retain flags kept) and a
+    persistent session (QoS 1 kept while the link is down). Raises ValueError without an upstream, or
+    for an empty or multi-line password.
     """
     address = settings.upstream_address
     if address is None or settings.upstream_user is None:
@@ -207,24 +156,8 @@ def bridge_text(settings: BrokerSettings, password: str) -> str:
 def config_text(settings: BrokerSettings, out: Path, upstream_password: str | None = None) -> str:
     """The ``mosquitto.conf`` for ``settings``, naming files inside the absolute folder ``out``.
 
-    Parameters
-    ----------
-    settings : BrokerSettings
-    out : Path
-        Absolute output folder; ``passwd``, ``acl`` and ``data/`` are referred to inside it.
-    upstream_password : str, optional
-        For a regional broker (``settings.upstream`` set): its bridge's password, and the
-        file ends with :func:`bridge_text`.
-
-    Raises
-    ------
-    ValueError
-        If ``settings.upstream`` is set without ``upstream_password`` (or the reverse).
-
-    Returns
-    -------
-    str
-        The file's text.
+    A regional broker (``settings.upstream``) needs ``upstream_password`` and ends with :func:`bridge_text`;
+    ValueError when only one of the two is given.
     """
     s = settings
     lines = [
@@ -276,11 +209,7 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
         lines += [
             "",
             "# MQTT over TLS, for devices",
-            f"listener {s.tls_port} {s.tls_bind}".rstrip(),
-            "protocol mqtt",
-            "use_username_as_clientid true",
-            f"certfile {s.tls_cert}",
-            f"keyfile {s.tls_key}",
+            *_tls_listener(s, s.tls_port),
         ]
         if s.tls_ca:
             lines.append(f"cafile {s.tls_ca}")
@@ -294,11 +223,7 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
             "",
             "# MQTT over TLS for devices enrolled by certificate (fedhar-coordinator approve): only a certificate signed",
             "# by the device CA and not on its revocation list is let in, and its CN is the user name the ACL knows.",
-            f"listener {s.device_cert_port} {s.tls_bind}".rstrip(),
-            "protocol mqtt",
-            "use_username_as_clientid true",
-            f"certfile {s.tls_cert}",
-            f"keyfile {s.tls_key}",
+            *_tls_listener(s, s.device_cert_port),
             f"cafile {ca['crt']}",
             f"crlfile {ca['crl']}",
             "require_certificate true",
@@ -309,3 +234,9 @@ def config_text(settings: BrokerSettings, out: Path, upstream_password: str | No
         raise ValueError("config_text: a regional broker (settings.upstream) needs its bridge password, and only it has one")
     text = "\n".join(lines) + "\n"
     return text if upstream_password is None else text + bridge_text(settings, upstream_password)
+
+
+def _tls_listener(s: BrokerSettings, port: int) -> list[str]:
+    """The first lines of a TLS listener on ``port``: the user name as session id, the server's certificate and key."""
+    return [f"listener {port} {s.tls_bind}".rstrip(), "protocol mqtt", "use_username_as_clientid true", f"certfile {s.tls_cert}",
+            f"keyfile {s.tls_key}"]  # fmt: skip

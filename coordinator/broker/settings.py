@@ -1,8 +1,7 @@
 """The settings of one federation's broker folder: what they are, how they are checked, and where they are kept.
 
-:class:`BrokerSettings` is everything that shapes the generated files; the folder's manifest
-(:data:`MANIFEST_NAME`) remembers them, so a later run with only ``--out`` keeps every setting
-not given again (:func:`merge_settings`). The folder's layout is named here once.
+The folder's manifest (:data:`MANIFEST_NAME`) remembers :class:`BrokerSettings`, so a later run with
+only ``--out`` keeps every setting not given again (:func:`merge_settings`).
 """
 
 from __future__ import annotations
@@ -29,45 +28,39 @@ PACKET_MARGIN_BYTES = 64 * 1024
 
 
 PID_FILE_NAME = "data/mosquitto.pid"
-"""Where in the output folder the broker writes its process id (``pid_file`` in the generated mosquitto.conf), so a
-reload can find it. In ``data/``: Mosquitto writes it after switching to ``broker_user``, which owns only that folder
-(a PID file it cannot write stops the broker at start)."""
+"""Where the broker writes its process id (``pid_file``), for a reload; in ``data/``, the one folder
+``broker_user`` owns (a PID file it cannot write stops the broker at start)."""
 
 
 LOCK_NAME = ".fedhar-broker.lock"
-"""Lock file in the output folder: one generator run (CLI or :func:`add_device`/:func:`remove_device`) at a time."""
+"""Lock file in the output folder: one generator run at a time."""
 
 
 TLS_DIR = "tls"
-"""Folder of the output folder that holds the broker's copies of its certificate, key and CA."""
+"""Folder holding the broker's copies of its certificate, key and CA."""
 
 
 ENROL_USER = "enrol"
 """The shared enrolment account of a folder with device certificates: it may only leave requests
-(``.../enrol/<code>``) and read replies (``.../enrol/<code>/reply``) and the CA (``.../ca``); its password is in
-the invitation."""
+(``.../enrol/<code>``), read replies and the CA; its password is in the invitation."""
 
 ENROL_DESK_USER = "enrol-desk"
 """The account ``fedhar-coordinator pending`` and ``approve`` log in with (loopback): reads requests, writes replies."""
 
 
 UPSTREAM_SECRET = "credentials/upstream.secret"
-"""Where a regional broker's folder keeps its bridge's password for the upstream broker (mode 0600; not a
-``.password`` file, so it is never taken for a device's account)."""
-
-
+"""A regional broker's password for the upstream broker (mode 0600; not a ``.password`` file, so never a device's)."""
 
 
 HOME_ASSISTANT_USER = "homeassistant"
-"""The account that the removed ``--home-assistant`` option made for Home Assistant. A folder whose manifest still says
-``home_assistant: true`` has it; the next run removes it (fedhar publishes no Home Assistant entities)."""
+"""The account of the removed ``--home-assistant`` option; the next run removes it from a folder that has it."""
 
 
 class SetupError(Exception):
     """The configuration cannot be written; the message says what was wrong and how to fix it.
 
     ``exit_code`` is :attr:`Exit.USAGE` (2) for bad arguments or files, :attr:`Exit.DATA` (3) when
-    ``mosquitto_passwd`` is missing or fails (:mod:`har_io.exit_codes`, the one table).
+    ``mosquitto_passwd`` is missing or fails.
     """
 
     def __init__(self, message: str, exit_code: int = Exit.USAGE):
@@ -79,55 +72,15 @@ class SetupError(Exception):
 class BrokerSettings:
     """Everything that shapes the generated broker configuration.
 
-    Parameters
-    ----------
-    federation : str
-        Federation name; topics live under ``fedhar/v1/{federation}``.
-    coordinator_user : str
-        User name of the coordinator (readwrite on the whole federation). No device may use it.
-    port : int
-        Port of the plain MQTT listener.
-    bind : str, optional
-        Address of the plain listener; None = 127.0.0.1 when TLS is on, else all interfaces ("").
-    tls_cert, tls_key, tls_ca : str, optional
-        Absolute paths of the server certificate, its key and the CA certificate (PEM). Cert and
-        key enable the TLS listener; the CA is what clients verify the broker with.
-    tls_port : int
-        Port of the TLS listener.
-    tls_bind : str
-        Address of the TLS listener ("" = all interfaces).
-    require_client_cert : bool
-        Mutual TLS: devices must also present a certificate signed by ``tls_ca``.
-    broker_user : str
-        Account the broker switches to when started as root (Mosquitto's ``user``).
-    max_message_bytes : int
-        Largest MQTT payload fedhar programs publish (their ``--max-message-bytes``), bytes.
-    max_queued_messages : int
-        QoS 1 messages Mosquitto queues per client beyond its in-flight window.
-    public_host : str, optional
-        Host name devices use for the broker, only for the printed commands; None = this host's name.
-    monitor_user : str
-        User name of the read-only monitor account (reads the whole federation, writes nothing),
-        for a status page that watches the federation without logging in as the coordinator.
-        No device may use it.
-    bridge_users : tuple of str
-        On the coordinator's broker: the accounts of regional brokers' bridges
-        (:mod:`coordinator.broker.bridge`), each allowed exactly the topics a bridge forwards
-        (:func:`coordinator.broker.render.bridge_topics`). No device may use them.
-    upstream : str, optional
-        On a regional broker: ``HOST:PORT`` of the coordinator's broker that its bridge connects
-        to; None = not a regional broker.
-    upstream_user : str, optional
-        The bridge's account on the upstream broker (one of that broker's ``bridge_users``);
-        its password is kept in :data:`UPSTREAM_SECRET` of the regional folder.
-    upstream_ca : str, optional
-        CA certificate (PEM) the bridge verifies the upstream broker with; set, the bridge
-        connects over TLS (the address must be a name or IP in the upstream certificate).
-    device_cert_port : int, optional
-        Port of the device-certificate listener (``require_certificate``, the certificate's CN
-        as the user name), for devices enrolled by certificate (:mod:`coordinator.broker.device_ca`);
-        set, the folder also has the device CA and the :data:`ENROL_USER` and
-        :data:`ENROL_DESK_USER` accounts. None = no such listener. Needs the TLS listener.
+    ``federation``: topics live under ``fedhar/v1/{federation}``. ``bind`` None is 127.0.0.1 with TLS,
+    else all interfaces (""). ``tls_cert``/``tls_key`` enable the TLS listener; ``tls_ca`` is what clients
+    verify the broker with, and with ``require_client_cert`` what signs device certificates.
+    ``max_message_bytes`` is the largest payload fedhar programs publish (bytes); ``max_queued_messages``
+    the QoS 1 queue per client. ``public_host`` only shapes the printed commands. ``monitor_user`` is the
+    read-only account of the status page. ``bridge_users`` (coordinator's broker) and ``upstream``,
+    ``upstream_user``, ``upstream_ca`` (a regional broker, :mod:`coordinator.broker.bridge`) set up
+    bridges. ``device_cert_port`` adds a certificate listener (CN as user name) with the device CA and the
+    enrolment accounts; it needs TLS. No device may use a service account.
     """
 
     federation: str
@@ -153,20 +106,13 @@ class BrokerSettings:
 
     @property
     def service_users(self) -> list[str]:
-        """The accounts that are not devices: the coordinator's, the monitor's, the regional bridges' and, with
-        :attr:`device_cert_port`, the enrolment accounts (:data:`ENROL_USER`, :data:`ENROL_DESK_USER`)."""
+        """The accounts that are not devices: coordinator, monitor, bridges and, with device certificates, enrolment."""
         enrol = (ENROL_USER, ENROL_DESK_USER) if self.device_cert_port is not None else ()
         return [self.coordinator_user, self.monitor_user, *self.bridge_users, *enrol]
 
     @property
     def upstream_address(self) -> tuple[str, int] | None:
-        """(host, port) of :attr:`upstream`, or None for a broker that is not regional.
-
-        Raises
-        ------
-        SetupError
-            If ``upstream`` is not ``HOST:PORT`` with a port in 1..65535.
-        """
+        """(host, port) of :attr:`upstream`, or None; SetupError unless ``HOST:PORT`` with a port in 1..65535."""
         if self.upstream is None:
             return None
         host, sep, port = self.upstream.rpartition(":")
@@ -189,41 +135,32 @@ class BrokerSettings:
 
     @property
     def max_packet_size(self) -> int:
-        """Mosquitto's ``max_packet_size``: the largest fedhar payload plus room for topic and headers (bytes)."""
+        """Mosquitto's ``max_packet_size``: the largest fedhar payload plus :data:`PACKET_MARGIN_BYTES`."""
         return self.max_message_bytes + PACKET_MARGIN_BYTES
 
 
 DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(BrokerSettings)}
-"""Every setting with its default (None: required or derived). The manifest remembers them, so a re-run takes
-each one not given on its command line from there."""
+"""Every setting with its default (None: required or derived); a re-run takes those not given from the manifest."""
+
+
+def checked_id(name: str, what: str = "") -> str:
+    """``name`` if it is a valid client id, else SetupError with the rule (after ``what: `` when given)."""
+    try:
+        return check_client_id(name)
+    except ValueError as exc:
+        raise SetupError(f"{what}: {exc}" if what else str(exc)) from None
 
 
 def parse_ids(text: str) -> list[str]:
-    """Client ids from a comma- or whitespace-separated string, validated.
+    """Client ids from a comma- or whitespace-separated string, validated, in order, without duplicates.
 
-    Parameters
-    ----------
-    text : str
-        E.g. ``"hapt-01, hapt-02"``.
-
-    Returns
-    -------
-    list of str
-        The ids in order, duplicates removed.
-
-    Raises
-    ------
-    SetupError
-        Naming the first invalid id and the allowed characters.
+    Raises SetupError naming the first invalid id and the allowed characters.
     """
     ids: list[str] = []
     for raw in re.split(r"[,\s]+", text.strip()):
         if not raw:
             continue
-        try:
-            cid = check_client_id(raw)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
+        cid = checked_id(raw)
         if cid not in ids:
             ids.append(cid)
     return ids
@@ -232,10 +169,7 @@ def parse_ids(text: str) -> list[str]:
 def read_clients_file(path: Path) -> list[str]:
     """Client ids from a text file: one or more per line (comma or space separated), ``#`` starts a comment.
 
-    Raises
-    ------
-    SetupError
-        If the file cannot be read, or naming an invalid id and its line.
+    Raises SetupError if the file cannot be read, or naming an invalid id and its line.
     """
     try:
         lines = path.read_text().splitlines()
@@ -253,43 +187,27 @@ def read_clients_file(path: Path) -> list[str]:
 def check_settings(settings: BrokerSettings) -> BrokerSettings:
     """Validate ``settings`` and return them with TLS paths made absolute.
 
-    Raises
-    ------
-    SetupError
-        For an invalid federation or coordinator name, a port outside 1..65535, equal ports,
-        a certificate without its key (or the reverse), a TLS file that cannot be read,
-        mutual TLS without a CA, or a message size too small for fedhar's chunks.
+    Raises SetupError for a bad name or port, equal ports, a certificate without its key, an unreadable
+    TLS file, mutual TLS without a CA, an inconsistent bridge or a message size too small for chunks.
     """
     s = settings
     try:
         Topics(s.federation)
     except ValueError as exc:
         raise SetupError(f"--federation: {exc}") from None
-    try:
-        check_client_id(s.coordinator_user)
-    except ValueError as exc:
-        raise SetupError(f"--coordinator-user: {exc}") from None
-    try:
-        check_client_id(s.monitor_user)
-    except ValueError as exc:
-        raise SetupError(f"--monitor-user: {exc}") from None
+    checked_id(s.coordinator_user, "--coordinator-user")
+    checked_id(s.monitor_user, "--monitor-user")
     if s.monitor_user == s.coordinator_user:
         raise SetupError(f"--monitor-user and --coordinator-user are both {s.monitor_user!r}; the monitor needs its own account")
     for user in s.bridge_users:
-        try:
-            check_client_id(user)
-        except ValueError as exc:
-            raise SetupError(f"bridge account: {exc}") from None
+        checked_id(user, "bridge account")
         if user in (s.coordinator_user, s.monitor_user):
             raise SetupError(f"bridge account {user!r} is the coordinator's or the monitor's user name; name the bridge otherwise")
     if s.upstream is not None:
         _ = s.upstream_address  # raises SetupError for a malformed address
         if s.upstream_user is None:
             raise SetupError("--upstream needs the bridge's account upstream (fedhar-coordinator broker bridge init makes it)")
-        try:
-            check_client_id(s.upstream_user)
-        except ValueError as exc:
-            raise SetupError(f"bridge account: {exc}") from None
+        checked_id(s.upstream_user, "bridge account")
     elif s.upstream_ca is not None:
         raise SetupError("--upstream-ca without --upstream: only a regional broker's bridge verifies an upstream broker")
     for name, port in (("--port", s.port), ("--tls-port", s.tls_port)):
@@ -329,13 +247,7 @@ def check_settings(settings: BrokerSettings) -> BrokerSettings:
 
 
 def load_manifest(out: Path) -> dict[str, Any]:
-    """The manifest (:data:`MANIFEST_NAME`) of the folder ``out`` as a dict; ``{}`` if there is none yet.
-
-    Raises
-    ------
-    SetupError
-        If it is unreadable or not a fedhar broker manifest.
-    """
+    """The manifest of the folder ``out`` as a dict (``{}`` if none yet); SetupError if unreadable or not fedhar's."""
     path = out / MANIFEST_NAME
     if not path.exists():
         return {}
@@ -351,18 +263,8 @@ def load_manifest(out: Path) -> dict[str, Any]:
 def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
     """Settings for this run: those ``given`` (None = not given), else the manifest's in ``out``, else the defaults.
 
-    Parameters
-    ----------
-    given : dict
-        Keys of :data:`DEFAULTS`; None means "not on the command line".
-    out : Path
-        The output folder, which may hold the manifest of an earlier run.
-
-    Raises
-    ------
-    SetupError
-        If no federation is known, or ``given`` changes the federation, the coordinator's or the
-        monitor's user name of an existing folder (that would orphan its credentials).
+    Raises SetupError if no federation is known, or ``given`` changes the federation, the coordinator's or
+    the monitor's user name of an existing folder (that would orphan its credentials).
     """
     before = load_manifest(out).get("settings", {})
     merged: dict[str, Any] = {}
@@ -389,13 +291,7 @@ def merge_settings(given: dict[str, Any], out: Path) -> BrokerSettings:
 
 
 def require_manifest(out: Path) -> dict[str, Any]:
-    """The manifest of the broker folder ``out``, which must exist.
-
-    Raises
-    ------
-    SetupError
-        If the folder is missing or holds no manifest (the message says how to generate one), or an unreadable one.
-    """
+    """The manifest of the broker folder ``out``; SetupError (saying how to generate one) if missing or unreadable."""
     out = out.expanduser().resolve()
     if not (out / MANIFEST_NAME).is_file():
         what = "does not exist" if not out.exists() else f"holds no {MANIFEST_NAME}"
@@ -407,12 +303,6 @@ def require_manifest(out: Path) -> dict[str, Any]:
 
 
 def read_settings(out: Path) -> BrokerSettings:
-    """The settings of the generated broker folder ``out`` (its manifest, with defaults for keys it lacks).
-
-    Raises
-    ------
-    SetupError
-        If ``out`` holds no manifest, or an unreadable one.
-    """
+    """The settings of the generated broker folder ``out`` (manifest, defaults for missing keys); SetupError as above."""
     require_manifest(out)
     return merge_settings({}, out.expanduser().resolve())

@@ -1,13 +1,10 @@
 """The home server's audit log ``<data>/audit.jsonl``: one JSON line per operator action, appended, never rewritten.
 
-Written by the commands that change what the server trusts or holds (enrol, reissue, rename,
-revoke, forget, pin, rollback, release, invite, backup, restore, broker renew; ``serve``
-for each reload of its settings, applied, deferred or refused) and shown on the status page (its
-newest entries). A line is ``{"t": UNIX s, "action": ..., "device": ..., "by": ..., "detail": ...}``;
-``by`` is the account that ran the command (``$SUDO_USER`` when run with sudo). A line is
-written with one ``write`` on a file opened ``O_APPEND`` and flushed to disk before the command
-reports success, so a crash leaves at most a last line cut short, which :func:`read_audit` skips.
-A forgotten device's name is kept in the log on purpose: the log says that it was forgotten.
+Written by the commands that change what the server trusts or holds (and by ``serve`` for each
+settings reload); the status page shows the newest. A line is ``{"t": UNIX s, "action", "device",
+"by", "detail"}``, ``by`` the account (``$SUDO_USER`` under sudo); one ``O_APPEND`` write, fsynced
+before the command reports success, so a crash leaves at most a cut last line, which
+:func:`read_audit` skips. A forgotten device's name stays: the log says it was forgotten.
 """
 
 from __future__ import annotations
@@ -49,14 +46,9 @@ def who() -> str:
 
 
 def audit(data: Path, action: str, device: str | None = None, detail: str = "") -> AuditEntry:
-    """Append one entry to ``data / "audit.jsonl"`` (created mode 0640) and flush it to disk.
+    """Append one entry to ``data / "audit.jsonl"`` (created 0640) and flush it to disk.
 
-    Raises
-    ------
-    ValueError
-        If ``action`` is not one of :data:`ACTIONS`.
-    OSError
-        If the file cannot be opened or written (the message of the caller names the folder).
+    Raises ValueError for an action outside :data:`ACTIONS`, OSError if the file cannot be written.
     """
     if action not in ACTIONS:
         raise ValueError(f"audit action {action!r}: use one of {', '.join(ACTIONS)}")
@@ -73,15 +65,7 @@ def audit(data: Path, action: str, device: str | None = None, detail: str = "") 
 
 
 def read_audit(data: Path, newest: int | None = None) -> list[AuditEntry]:
-    """The entries of ``data / "audit.jsonl"``, oldest first (only the ``newest`` ones when given); [] without a file.
-
-    A line that does not decode (a last line cut short by a crash) is skipped.
-
-    Raises
-    ------
-    OSError
-        If the file exists but cannot be read.
-    """
+    """The entries, oldest first (only the ``newest`` when given; [] without a file; cut lines skipped). OSError if unreadable."""
     path = Path(data) / AUDIT_NAME
     try:
         lines = path.read_text(errors="replace").splitlines()

@@ -1,25 +1,11 @@
 """``fedhar-coordinator backup DEST`` and ``restore SRC``: the home server's state, copied safely while it runs.
 
-What a backup holds (``DEST/``, mode 0700: bundles and the broker folder hold passwords):
-
-* ``data/``: the data folder. Its two SQLite databases (``server.sqlite``, ``run/state.sqlite``)
-  are copied with SQLite's online backup API (:meth:`sqlite3.Connection.backup`), which reads a
-  consistent snapshot while ``serve`` goes on writing; they are copied first, so every round
-  they name has its model files in the copy (a round's models are written before its row).
-  Everything else (model versions, the run's kept models and reports, enrolment bundles,
-  ``audit.jsonl``) is copied as files; a file deleted while being copied is skipped.
-* ``server.toml``: the settings file used (``--config``, default ``<data>/server.toml``).
-* ``broker/``: the broker folder (``[server] broker_dir``): accounts, ACL, TLS files, passwords.
-* ``etc/``: with ``--etc``, the units' environment and password files (``/etc/fedhar``).
-* ``manifest.json``: fedhar's version, the time, where each part came from, each file's SHA-256,
-  and the mode, owner and group of each file and folder as they were in the original (not of the
-  copy, which belongs to whoever ran the backup); :mod:`coordinator.server.restore` checks the
-  backup with :func:`check_backup` before anything is put back, and gives each file back its
-  owner, group and mode.
-
-``fedhar-coordinator backup DEST --keep N`` (the backup timer's form, ``firmware_scripts/systemd/fedhar-backup.timer``)
-makes each backup a new ``fedhar-<time>`` folder inside ``DEST`` and keeps the newest ``N``
-(:mod:`coordinator.server.backup_cli`).
+``DEST/`` (mode 0700: it holds passwords) has ``data/`` (the two SQLite databases copied first with
+the online backup API, a consistent snapshot whose rounds all have their model files; the rest as
+files, skipping those deleted meanwhile), ``server.toml``, ``broker/`` (``[server] broker_dir``),
+``etc/`` (with ``--etc``) and ``manifest.json``: version, time, sources, each file's SHA-256 and the
+original's mode, owner and group, which :func:`check_backup` checks before a restore puts anything back.
+With ``--keep N`` each backup is a new ``fedhar-<time>`` folder and the newest N stay (:mod:`coordinator.server.backup_cli`).
 """
 
 from __future__ import annotations
@@ -31,6 +17,7 @@ import os
 import shutil
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -54,23 +41,13 @@ def _sha256(path: Path) -> str:
 def copy_database(src: Path, dst: Path) -> None:
     """Copy the SQLite database ``src`` to ``dst`` with the online backup API (safe while another process writes it).
 
-    Raises
-    ------
-    BackupError
-        If ``src`` cannot be read as a database, or the copy fails ``PRAGMA quick_check``.
+    Raises BackupError if ``src`` cannot be read as a database, or the copy fails ``PRAGMA quick_check``.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)
-        try:
-            target = sqlite3.connect(dst)
-            try:
-                source.backup(target)
-                check = target.execute("PRAGMA quick_check").fetchall()
-            finally:
-                target.close()
-        finally:
-            source.close()
+        with closing(sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)) as source, closing(sqlite3.connect(dst)) as target:
+            source.backup(target)
+            check = target.execute("PRAGMA quick_check").fetchall()
     except sqlite3.Error as exc:
         raise BackupError(f"{src}: cannot be copied ({exc}); check that it is a fedhar database and readable") from None
     if check != [("ok",)]:
@@ -82,8 +59,7 @@ def _owner(st: os.stat_result) -> dict[str, int]:
 
 
 def _record(root: Path, files: dict[str, Any], dirs: dict[str, Any], prefix: str, source: Path) -> None:
-    """Add every file under ``root/prefix`` to ``files`` (SHA-256 of the copy; mode, owner and group of the original in
-    ``source``, which the copy, made by whoever ran the backup, does not keep) and every folder to ``dirs``."""
+    """Add every file under ``root/prefix`` (SHA-256 of the copy, owner and mode of the original) to ``files``, folders to ``dirs``."""
     base = root / prefix
     for path in sorted(p for p in [base, *base.rglob("*")] if not p.is_symlink()):
         rel = path.relative_to(root).as_posix()
@@ -99,8 +75,7 @@ def _record(root: Path, files: dict[str, Any], dirs: dict[str, Any], prefix: str
 
 
 def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
-    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, lock/journal files, what is neither a file
-    nor a folder (the running server's ``operator.sock``) and files that vanish."""
+    """Copy the files of ``src`` into ``dst`` (modes kept), leaving out ``skip``, locks, journals, sockets and vanished files."""
     for path in sorted(src.rglob("*")):
         if path in skip or path.is_symlink() or path.name.endswith(_SKIP_SUFFIXES):
             continue
@@ -118,25 +93,9 @@ def _copy_tree(src: Path, dst: Path, skip: set[Path]) -> None:
 
 
 def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None, etc_dir: Path | None = None) -> dict[str, Any]:
-    """Copy the home server's state into the new folder ``dest``; returns the manifest (also ``dest/manifest.json``).
+    """Copy the home server's state into the new (or empty) folder ``dest``; the manifest (also ``dest/manifest.json``).
 
-    Parameters
-    ----------
-    data : Path
-        The data folder (holds ``server.sqlite``).
-    dest : Path
-        Where the backup goes; must not exist, or be an empty folder.
-    settings_file : Path
-        The settings file ``serve`` reads (copied when it exists).
-    broker_dir : Path, optional
-        The broker folder (``[server] broker_dir``).
-    etc_dir : Path, optional
-        The folder of the units' environment and password files (``/etc/fedhar``).
-
-    Raises
-    ------
-    BackupError
-        If ``data`` holds no registry, ``dest`` is not empty, or a database cannot be copied.
+    Raises BackupError if ``data`` holds no registry, ``dest`` is not empty or inside ``data``, or a database cannot be copied.
     """
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
@@ -183,11 +142,8 @@ def backup(data: Path, dest: Path, settings_file: Path, broker_dir: Path | None,
 def check_backup(src: Path) -> dict[str, Any]:
     """The manifest of the backup in ``src`` once every file in it checks out.
 
-    Raises
-    ------
-    BackupError
-        If the manifest is missing or unreadable, a file is missing or differs from its SHA-256,
-        a database fails ``PRAGMA quick_check``, or the registry's schema is newer than this fedhar reads.
+    Raises BackupError for a missing or unreadable manifest, a missing file or one that differs from its
+    SHA-256, a database failing ``PRAGMA quick_check``, or a registry schema newer than this fedhar reads.
     """
     from coordinator.server.registry import SCHEMA_VERSION
 
@@ -209,12 +165,9 @@ def check_backup(src: Path) -> dict[str, Any]:
         if not path.is_file():
             continue
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-            try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 check = db.execute("PRAGMA quick_check").fetchall()
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if rel == "server.sqlite" else None
-            finally:
-                db.close()
         except sqlite3.Error as exc:
             raise BackupError(f"the backup's {rel} is not a readable database ({exc}); nothing was restored") from None
         if check != [("ok",)]:

@@ -1,31 +1,19 @@
 """Device accounts on the federation's Mosquitto, for the home server: add, remove, reload, clear.
 
-The broker folder is the output of ``fedhar-coordinator broker init`` (:mod:`coordinator.broker`;
-``firmware_scripts/mosquitto_config.py`` is its wrapper): it holds ``fedhar-broker.json``,
-``passwd``, ``acl``, ``credentials/`` and ``mosquitto.conf``. :class:`BrokerAdmin` changes one
-device's account through :func:`coordinator.broker.add_device` and
-:func:`coordinator.broker.remove_device` (``passwd`` and ``acl`` are rewritten atomically under
-the folder's lock) and then makes the running broker re-read them (:meth:`BrokerAdmin.reload_broker`):
+:class:`BrokerAdmin` changes one account of a folder written by ``fedhar-coordinator broker init``
+(through :func:`coordinator.broker.add_device` / ``remove_device``) and then reloads the running broker:
 
-* ``"pid:/path/mosquitto.pid"``: SIGHUP to the process named in that file, once it is checked
-  to be a running ``mosquitto`` (a stale PID file never signals an unrelated process);
+* ``"pid:/path/mosquitto.pid"``: SIGHUP to that process, once checked to be a running ``mosquitto``;
 * ``"systemctl"`` (or ``"systemctl:UNIT"``): ``systemctl reload mosquitto`` (or ``UNIT``);
-* ``"auto"``: the ``pid_file`` the generated ``mosquitto.conf`` names, if a Mosquitto runs with
-  it; else ``systemctl reload mosquitto`` where systemd runs that unit; else an error that says
-  how to reload by hand;
+* ``"auto"``: the ``pid_file`` of the generated ``mosquitto.conf`` if a Mosquitto runs with it, else
+  the systemd unit if active, else an error saying how to reload by hand;
 * ``"none"``: nothing (the operator reloads).
 
-What Mosquitto 2 does on that reload (measured with 2.0.11 in ``tests/test_broker_admin.py``):
-the live session of an account no longer in ``passwd`` is closed at once, without its last will;
-a reconnect with the old password gets CONNACK "not authorised". Revocation is therefore final on
-the broker once :meth:`BrokerAdmin.remove_device` returns; what stays is the device's retained
-status and personalised model, which :func:`coordinator.server.broker_session.clear_device_topics`
-deletes (call it afterwards, when the device can no longer publish them again). A device that logged in by
-certificate keeps its session through the reload: :func:`coordinator.server.broker_session.close_session`
-ends it. The reload mechanisms are in :mod:`coordinator.server.broker_reload`.
-
-Passwords are never logged; :meth:`BrokerAdmin.add_device` returns the new one, and it stays in
-``credentials/<name>.password`` (mode 0600) for a later enrolment bundle.
+On that reload Mosquitto 2 closes the live session of an account no longer in ``passwd`` (without its
+will) and refuses its old password (``tests/test_broker_admin.py``), so revocation is final when
+:meth:`BrokerAdmin.remove_device` returns; retained topics are cleared by
+:func:`coordinator.server.broker_session.clear_device_topics`, and a certificate session by
+``close_session``. Passwords are never logged; they stay in ``credentials/<name>.password`` (0600).
 """
 
 from __future__ import annotations
@@ -74,20 +62,9 @@ def _reload_spec(reload: str) -> tuple[str, str]:
 class BrokerAdmin:
     """The federation's broker accounts, changed one device at a time.
 
-    Parameters
-    ----------
-    broker_dir : Path
-        Output folder of ``fedhar-coordinator broker init`` (holds ``fedhar-broker.json``).
-    reload : str
-        How to make the running broker re-read its accounts: ``"auto"``, ``"pid:/path/to/mosquitto.pid"``,
-        ``"systemctl"``, ``"systemctl:UNIT"`` or ``"none"`` (see the module's docstring).
-    mosquitto_passwd : str, optional
-        Path of ``mosquitto_passwd`` (default: searched on PATH).
-
-    Raises
-    ------
-    BrokerAdminError
-        On construction, for a ``reload`` it does not understand.
+    ``reload`` is one of the module docstring's forms (BrokerAdminError at construction otherwise);
+    ``mosquitto_passwd`` defaults to the one on PATH. Every method raises BrokerAdminError for a missing
+    or not generated folder.
     """
 
     broker_dir: Path
@@ -114,13 +91,7 @@ class BrokerAdmin:
             raise BrokerAdminError(f"{exc.filename or self.broker_dir}: {exc.strerror or exc}") from None
 
     def settings(self) -> broker.BrokerSettings:
-        """The broker folder's settings (federation, user names, ports, TLS).
-
-        Raises
-        ------
-        BrokerAdminError
-            If the folder is missing or not a generated one.
-        """
+        """The broker folder's settings (federation, user names, ports, TLS)."""
         return self._call(broker.read_settings, self.broker_dir)
 
     @property
@@ -129,35 +100,16 @@ class BrokerAdmin:
         return str(self.settings().federation)
 
     def devices(self) -> list[str]:
-        """Device ids that have an account, sorted.
-
-        Raises
-        ------
-        BrokerAdminError
-            If the folder is missing or not a generated one.
-        """
+        """Device ids that have an account, sorted."""
         return list(self._call(broker.configured_devices, self.broker_dir))
 
     def password(self, name: str) -> str:
-        """The current password of account ``name`` (a device, the coordinator, the monitor).
-
-        Raises
-        ------
-        BrokerAdminError
-            If the account does not exist.
-        """
+        """The current password of account ``name`` (a device, the coordinator, the monitor); BrokerAdminError if none."""
         self.settings()  # a missing folder says so first
         return str(self._call(broker.read_password, self.broker_dir, name))
 
     def monitor_credentials(self) -> tuple[str, str]:
-        """(user name, password) of the read-only monitor account (reads ``fedhar/v1/<fed>/#``, writes nothing).
-
-        Raises
-        ------
-        BrokerAdminError
-            If the folder is missing, or was generated before the monitor account existed (the
-            message says to re-run fedhar-coordinator broker init on it and reload).
-        """
+        """(user name, password) of the read-only monitor account; BrokerAdminError (saying to re-run init) if the folder lacks it."""
         user = str(self.settings().monitor_user)
         path = password_file(self.broker_dir, user)
         if not path.is_file():
@@ -169,28 +121,12 @@ class BrokerAdmin:
 
     # -- changing --------------------------------------------------------------------------------
     def add_device(self, name: str, replace: bool = False) -> str:
-        """Create device ``name``'s account and ACL rules, reload the broker, and return its password.
+        """Create device ``name``'s account and ACL rules, reload the broker, and return its password (never logged).
 
-        Parameters
-        ----------
-        name : str
-            The device's fedhar client id (its user name).
-        replace : bool
-            If the device has an account already, give it a new password instead of refusing; at
-            the reload Mosquitto closes a session logged in with the old one and refuses it from then on.
-
-        Returns
-        -------
-        str
-            The new password (clear text; never logged; also in ``credentials/<name>.password``).
-
-        Raises
-        ------
-        BrokerReloadFailed
-            The account was written but the broker was not reloaded; ``.password`` holds the password.
-        BrokerAdminError
-            For a missing broker folder, an invalid or reserved name, an existing device
-            (without ``replace``), or a failing ``mosquitto_passwd``; nothing was changed then.
+        ``replace`` gives an existing account a new password (the old session is closed at the reload).
+        Raises BrokerReloadFailed (with ``.password``) if the account was written but not reloaded;
+        BrokerAdminError for an invalid or reserved name, an existing device or a failing ``mosquitto_passwd``
+        (nothing changed).
         """
         _, password = self._call(broker.add_device, self.broker_dir, name, replace=replace, mosquitto_passwd=self.mosquitto_passwd)
         log.info("broker account for %s %s", name, "given a new password" if replace else "created")
@@ -201,19 +137,10 @@ class BrokerAdmin:
         return str(password)
 
     def remove_device(self, name: str) -> None:
-        """Remove device ``name``'s account and ACL rules and reload the broker.
+        """Remove device ``name``'s account and ACL rules and reload the broker (its session closed, password refused).
 
-        On the reload Mosquitto 2 closes the device's live session (without its last will) and
-        from then on refuses its old password (CONNACK "not authorised"). Its retained status and
-        personalised model stay on the broker: :func:`clear_device_topics` deletes them.
-
-        Raises
-        ------
-        BrokerReloadFailed
-            The account was removed from the files but the broker was not reloaded: the device
-            can still use its live session until it is (the message says how).
-        BrokerAdminError
-            For a missing broker folder or an unknown device; nothing was changed then.
+        Raises BrokerReloadFailed if the files changed but the broker was not reloaded (the session lives on
+        until it is); BrokerAdminError for an unknown device (nothing changed).
         """
         self._call(broker.remove_device, self.broker_dir, name, mosquitto_passwd=self.mosquitto_passwd)
         log.info("broker account for %s removed", name)
@@ -236,13 +163,7 @@ class BrokerAdmin:
         return None
 
     def reload_broker(self) -> None:
-        """Make the running broker re-read its password file and ACL, as :attr:`reload` says.
-
-        Raises
-        ------
-        BrokerAdminError
-            If the broker could not be reloaded; the message names the cause and how to reload by hand.
-        """
+        """Make the running broker re-read its password file and ACL, as :attr:`reload` says; BrokerAdminError naming the fix."""
         kind, arg = _reload_spec(self.reload)
         if kind == "none":
             log.info("broker reload left to the operator (reload 'none')")

@@ -26,12 +26,7 @@ class BrokerAdminError(RuntimeError):
 class BrokerReloadFailed(BrokerAdminError):
     """The account files were written but the running broker was not reloaded.
 
-    Attributes
-    ----------
-    password : str or None
-        For :meth:`BrokerAdmin.add_device`: the new device's password (also in
-        ``credentials/<name>.password``), so an enrolment can go on once the broker is reloaded by
-        hand. Never part of the message.
+    ``password``: for ``add_device``, the new password (also in ``credentials/``), never in the message.
     """
 
     def __init__(self, message: str, password: str | None = None):
@@ -59,14 +54,10 @@ def process_name(pid: int) -> str | None:
 
 
 def read_pid_file(path: Path, conf: Path | None = None) -> int:
-    """The process id in the PID file ``path`` of a running Mosquitto (``conf``: its configuration, named in errors).
+    """The process id in the PID file ``path`` of a running Mosquitto (``conf`` is named in errors).
 
-    Raises
-    ------
-    BrokerAdminError
-        If the file is missing or unreadable, holds no process id, or names a process that is
-        not running or is not ``mosquitto`` (a stale file: the broker stopped and the id may
-        have been reused).
+    Raises BrokerAdminError if the file is missing or unreadable, holds no process id, or names a process
+    that is not running or not ``mosquitto`` (a stale file).
     """
     start = f"mosquitto -c {conf if conf is not None else '<broker folder>/mosquitto.conf'}"
     try:
@@ -98,14 +89,9 @@ def read_pid_file(path: Path, conf: Path | None = None) -> int:
 
 
 def signal_reload(pid_file: Path, conf: Path | None = None) -> int:
-    """Send SIGHUP to the Mosquitto named in ``pid_file`` (checked by :func:`read_pid_file`); return its pid.
+    """SIGHUP to the Mosquitto of ``pid_file`` (it re-reads passwords and ACL); its pid.
 
-    Mosquitto then re-reads its password file and ACL (and closes sessions of removed accounts).
-
-    Raises
-    ------
-    BrokerAdminError
-        As :func:`read_pid_file`, or if this account may not signal the broker's.
+    Raises BrokerAdminError as :func:`read_pid_file`, or if this account may not signal it.
     """
     pid = read_pid_file(pid_file, conf)
     try:
@@ -126,13 +112,7 @@ def systemd_running() -> bool:
 
 
 def systemctl_reload(unit: str = SYSTEMD_UNIT) -> None:
-    """``systemctl reload UNIT``.
-
-    Raises
-    ------
-    BrokerAdminError
-        If systemctl is missing, times out, or fails (its message is included).
-    """
+    """``systemctl reload UNIT``; BrokerAdminError (with its message) if systemctl is missing, times out or fails."""
     exe = shutil.which("systemctl")
     if exe is None:
         raise BrokerAdminError(

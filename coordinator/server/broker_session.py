@@ -1,20 +1,17 @@
 """The broker seen from one device: what it retains of it, and its live session.
 
-:func:`clear_device_topics` deletes a device's retained status and personalised models (through a
-session that may write there: the coordinator's own, or, when no ``serve`` runs on the data folder,
-a login as the coordinator under the folder's lock). :func:`close_session` ends the live connection of
-a device enrolled by certificate: Mosquitto re-reads its password file on a reload and closes the
-sessions of removed accounts, but a session that logged in by certificate
-(``use_identity_as_username``) is not checked again, so a revoked or forgotten device would stay
-connected until it leaves. Logging in once under its name (the account the device has beside its
-certificate; the listeners take the user name as the client id) takes its session over: Mosquitto
-closes the device's connection, and this one then leaves cleanly.
+:func:`clear_device_topics` deletes a device's retained status and models through a session that may
+write there (the coordinator's). :func:`close_session` ends the live connection of a device enrolled
+by certificate: Mosquitto's reload closes removed password accounts' sessions but does not check a
+certificate session again, so one login under the device's name takes its session over.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,36 +23,11 @@ log = logging.getLogger("fedhar.server.broker")
 
 
 def clear_device_topics(link: MqttLink, topics: Topics, name: str, timeout: float = 60.0) -> list[str]:
-    """Delete what the broker retains of device ``name``: its status and its personalised model chunks.
+    """Delete what the broker retains of device ``name``: its status, then its personalised model chunks; the topics cleared.
 
-    Publishes an empty retained message on ``{p}/client/<name>/status`` and on every retained
-    ``{p}/client/<name>/model/<i>`` (found with :meth:`MqttLink.sweep_retained`, which waits until
-    retained messages stop arriving). ``link`` must be logged in with an account that may write
-    there: the coordinator's (``topic readwrite {p}/#`` in the generated ACL). Call it after
-    :meth:`BrokerAdmin.remove_device`, once the device can no longer publish its status again.
-
-    Parameters
-    ----------
-    link : MqttLink
-        A connected link (the coordinator's).
-    topics : Topics
-        The federation's topics.
-    name : str
-        The device's client id.
-    timeout : float
-        Bound on the sweep and on each acknowledgement (seconds).
-
-    Returns
-    -------
-    list of str
-        The topics cleared: the status topic first, then the model chunks found (sorted).
-
-    Raises
-    ------
-    ValueError
-        For an invalid client id (a ``+`` or ``#`` would widen the sweep to other devices).
-    TimeoutError, BrokerRefused
-        As :meth:`MqttLink.publish` (not connected, or not acknowledged in time).
+    ``link`` must be the coordinator's (it may write ``{p}/#``); call it once the device can no longer
+    publish. Raises ValueError for an invalid id (``+``/``#`` would widen the sweep), TimeoutError or
+    BrokerRefused as :meth:`MqttLink.publish`.
     """
     from har_models.wire.topics import check_client_id
 
@@ -68,12 +40,9 @@ def clear_device_topics(link: MqttLink, topics: Topics, name: str, timeout: floa
 
 
 def close_session(broker: BrokerConfig, name: str, wait_s: float = 15.0) -> bool:
-    """End device ``name``'s live session by logging in once under its name (``broker``: loopback, its user and password).
+    """End device ``name``'s live session by logging in once under its name (loopback); True when the login went through.
 
-    The login takes the session over (the listeners use the user name as the client id, one session
-    per name), so Mosquitto closes the device's connection; this session then disconnects with a clean
-    session, leaving nothing behind. Call it after the device's certificate is revoked and the broker
-    reloaded, so the device cannot log in again. True when the login went through.
+    Call it after the certificate is revoked and the broker reloaded, so the device cannot log in again.
     """
     import paho.mqtt.client as mqtt
 
@@ -101,3 +70,13 @@ def close_session(broker: BrokerConfig, name: str, wait_s: float = 15.0) -> bool
         return False
     log.info("closed the live session of %s (its certificate is revoked)", name)
     return True
+
+
+def messages_for(link: MqttLink, wait_s: float, poll_s: float = 0.1) -> Iterator[tuple[str, bytes, bool]]:
+    """``(topic, payload, retained)`` of each message ``link`` receives within ``wait_s`` seconds from now."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            yield link.inbox.get(timeout=poll_s)
+        except queue.Empty:
+            continue

@@ -1,16 +1,13 @@
 """Which devices are online, and whether a ``serve`` answers: read from the running server's page, else the broker.
 
-For ``fedhar-coordinator devices``: the running server's status page JSON API is asked first (its
-own monitor session holds the monitor account); without a page, the broker's retained statuses
-are read with the read-only monitor account, never the coordinator's. Whether a server *runs* is
-not decided here: that is the data folder's lock (:mod:`coordinator.server.data_lock`).
+For ``fedhar-coordinator devices``; the broker is read with the read-only monitor account, never the
+coordinator's. Whether a server *runs* is the data folder's lock's to say.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import time
 from typing import Any
 
@@ -20,12 +17,9 @@ from har_io.broker_config import BrokerConfig
 
 
 def from_status_page(file: ServeFile, timeout_s: float = 3.0) -> tuple[dict[str, str], bool] | None:
-    """Device states and whether the coordinator is online, from a running server's status page JSON API.
+    """``({device: state}, serving)`` from a running server's status page JSON API, or None (port 0, no answer).
 
-    Returns ``({device: state}, serving)`` as :func:`retained_states` does (an offline device's state is
-    ``"offline"``), or None when ``[server] http_port`` is 0 or the page does not answer (no
-    ``serve`` runs, or an older one). A page on a wildcard address is asked on 127.0.0.1; the
-    ``[server] token`` is sent when set.
+    A page on a wildcard address is asked on loopback, with ``[server] token`` when set.
     """
     import urllib.error
     import urllib.request
@@ -50,18 +44,11 @@ def from_status_page(file: ServeFile, timeout_s: float = 3.0) -> tuple[dict[str,
 
 
 def retained_states(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str], bool] | None:
-    """Device states and whether a ``serve`` runs: from its status page, else the broker's retained statuses.
+    """``({device: state}, serving)``: from the status page, else the broker's retained statuses; None if neither reads.
 
-    Returns ``({device: state}, serving)`` where ``serving`` is True when the coordinator's status
-    says online and is fresh (a ``serve`` runs); None if neither can be read. A running server's
-    status page (:func:`from_status_page`) is asked first: its own monitor session holds the
-    monitor account, and the generated broker takes user names as client ids, so a second login
-    with it would disconnect the page's session (seen on a fresh install: each ``revoke`` and
-    ``devices`` knocked the page's monitor off for a second or two). Without a page, the broker is
-    read with the read-only monitor account (never the coordinator's, which would disconnect a
-    running coordinator), and the retained statuses go through the coordinator's client table
-    (:class:`coordinator.client_table.ClientTable`): a device whose status has expired (it vanished
-    without its last will) is "offline" there, as on the page.
+    The page goes first: its monitor session holds the monitor account, and a second login with it
+    (user names are client ids) would knock the page's session off. The broker's statuses go through a
+    :class:`coordinator.client_table.ClientTable`, so an expired status is "offline" as on the page.
     """
     page = from_status_page(file)
     if page is not None:
@@ -70,6 +57,7 @@ def retained_states(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str
         return None
     from coordinator.client_table import ClientTable
     from coordinator.server.broker_admin import BrokerAdminError
+    from coordinator.server.broker_session import messages_for
     from har_io.mqtt_link import MqttLink
     from har_models.wire.messages import CoordinatorStatus, MessageError, fresh_until
     from har_models.wire.topics import Topics
@@ -89,12 +77,7 @@ def retained_states(file: ServeFile, wait_s: float = 2.0) -> tuple[dict[str, str
     try:
         if not link.start(wait_s=10.0):
             return None
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                topic, payload, retained = link.inbox.get(timeout=0.2)
-            except queue.Empty:
-                continue
+        for topic, payload, retained in messages_for(link, wait_s, 0.2):
             try:
                 if topic == topics.coordinator_status:
                     if not payload:

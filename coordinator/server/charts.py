@@ -1,15 +1,10 @@
 """Server-side SVG charts of the status page: line charts with axes and labels, and a heat map.
 
-The page draws its charts here as SVG, so it needs no JavaScript library and no image library:
-this module computes each chart's geometry (ticks, coordinates, buckets) and the templates
-``chart.svg`` and ``heatmap.svg`` (:mod:`coordinator.server.templating`, autoescaped) write it.
-Every number on a chart comes from the series it was given; points carry their data values (``data-x``, ``data-y``)
-beside their pixel coordinates, so a test (or a reader of the page's source) can check both.
-
-Geometry of a line chart of ``width`` x ``height`` pixels: the plot area spans
-``x`` in [:data:`MARGIN_LEFT`, ``width`` - :data:`MARGIN_RIGHT`] and ``y`` in
-[:data:`MARGIN_TOP`, ``height`` - :data:`MARGIN_BOTTOM`]; a data value ``v`` in the axis range
-[lo, hi] maps linearly, with ``y`` growing downwards (:func:`scale`).
+Geometry (ticks, coordinates, buckets) is computed here and written by the autoescaped templates
+``chart.svg`` and ``heatmap.svg``, so the page needs no JavaScript or image library. Points carry their
+data values (``data-x``, ``data-y``) beside their pixels, so tests can check both. The plot area of a
+``width`` x ``height`` chart spans x in [:data:`MARGIN_LEFT`, width - :data:`MARGIN_RIGHT`] and y in
+[:data:`MARGIN_TOP`, height - :data:`MARGIN_BOTTOM`], y growing downwards (:func:`scale`).
 """
 
 from __future__ import annotations
@@ -27,46 +22,28 @@ MARGIN_TOP = 34
 MARGIN_BOTTOM = 42
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f")
-"""Colours of the series of a chart, in order (a colour-blind-tolerant set of eight)."""
+"""Colours of a chart's series, in order (a colour-blind-tolerant set of eight)."""
 
 HEAT_LOW = (247, 251, 255)
 HEAT_HIGH = (8, 48, 107)
-"""RGB colours of the heat map's 0 and 1 (white to dark blue); values between mix linearly."""
+"""RGB colours of the heat map's 0 and 1 (white to dark blue), mixed linearly."""
 
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a chart.
-
-    Attributes
-    ----------
-    name : str
-        Shown in the legend.
-    points : sequence of (x, y)
-        Data points in x order; a NaN or None ``y`` leaves a gap (the measure was not taken).
-    """
+    """One line of a chart: a legend name and (x, y) points in x order; a NaN or None ``y`` is a gap."""
 
     name: str
     points: Sequence[tuple[float, float | None]]
 
 
 MAX_POINTS = 120
-"""A line chart draws at most this many points a series; a longer series is drawn in buckets (:func:`downsample`)."""
+"""Points a line chart draws per series at most; a longer series is drawn in buckets (:func:`downsample`)."""
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """Consecutive points of a series drawn as one: their mean ``y`` at ``x``, and the band [``lo``, ``hi``].
-
-    Attributes
-    ----------
-    x : float
-        Midpoint of the bucket's first and last x.
-    y, lo, hi : float or None
-        Mean, minimum and maximum of the bucket's finite y values; None when it has none (a gap).
-    n : int
-        Points in the bucket, gaps included.
-    """
+    """Consecutive points drawn as one: mean ``y`` at midpoint ``x``, band [``lo``, ``hi``] (None: a gap), ``n`` points."""
 
     x: float
     y: float | None
@@ -78,25 +55,8 @@ class Bucket:
 def downsample(points: Sequence[tuple[float, float | None]], max_points: int = MAX_POINTS) -> list[Bucket]:
     """``points`` cut into at most ``max_points`` buckets of ``ceil(len / max_points)`` consecutive points.
 
-    A year of rounds at a 10-minute interval is 52,560 points; drawn one by one that is a chart
-    of megabytes. Buckets keep the chart's size fixed while the band still shows every
-    extreme (a round that collapsed stays visible as the band's low edge).
-
-    Parameters
-    ----------
-    points : sequence of (x, y)
-        In x order; a NaN or None y is a gap.
-    max_points : int >= 1
-
-    Returns
-    -------
-    list of Bucket
-        One per point (``n`` = 1, ``lo`` = ``hi`` = ``y``) when there are at most ``max_points``.
-
-    Raises
-    ------
-    ValueError
-        If ``max_points`` < 1.
+    Keeps a year of 10-minute rounds (52,560 points) a small chart whose band still shows every extreme;
+    one bucket per point when there are few. Raises ValueError if ``max_points`` < 1.
     """
     if max_points < 1:
         raise ValueError(f"downsample: max_points must be at least 1, got {max_points}")
@@ -114,21 +74,10 @@ def downsample(points: Sequence[tuple[float, float | None]], max_points: int = M
 
 
 class Sketch:
-    """A series folded point by point into at most ``max_buckets`` buckets of equal size.
+    """A series folded point by point into at most ``max_buckets`` (>= 2, else ValueError) equal buckets.
 
-    Every bucket holds ``size`` consecutive points (the newest bucket may hold fewer); ``size``
-    starts at 1 and doubles, merging neighbouring buckets pairwise, whenever one more bucket
-    would exceed ``max_buckets``. Adding a point costs O(1) amortised and memory stays
-    O(``max_buckets``), so a chart of a year of rounds is kept current as each round completes.
-
-    Parameters
-    ----------
-    max_buckets : int >= 2
-
-    Raises
-    ------
-    ValueError
-        If ``max_buckets`` < 2.
+    ``size`` starts at 1 and doubles (neighbours merged pairwise) when one more bucket would not fit:
+    O(1) amortised per point, O(``max_buckets``) memory, so a year-long chart stays current.
     """
 
     def __init__(self, max_buckets: int = MAX_POINTS):
@@ -164,7 +113,7 @@ class Sketch:
             self.size *= 2
 
     def buckets(self) -> list[Bucket]:
-        """The buckets so far (:class:`Bucket`: x midpoint, mean, low, high, points)."""
+        """The buckets so far."""
         return [Bucket((b[0] + b[1]) / 2, b[2] / b[3], b[4], b[5], int(b[6])) if b[3] else
                 Bucket((b[0] + b[1]) / 2, None, None, None, int(b[6])) for b in self._b]  # fmt: skip
 
@@ -187,10 +136,7 @@ def scale(v: float, lo: float, hi: float, a: float, b: float) -> float:
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About ``n`` round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi].
 
-    Raises
-    ------
-    ValueError
-        If ``lo`` or ``hi`` is not finite, ``hi < lo`` or ``n < 2``.
+    Raises ValueError if ``lo`` or ``hi`` is not finite, ``hi < lo`` or ``n < 2``.
     """
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo or n < 2:
         raise ValueError(f"nice_ticks: need finite lo <= hi and n >= 2, got lo={lo!r}, hi={hi!r}, n={n!r}")
@@ -233,40 +179,13 @@ def line_chart(
     y_format: str = "",
     max_points: int = MAX_POINTS,
 ) -> str:
-    """An SVG line chart of ``series`` with x and y axes, round ticks, axis labels and a legend.
+    """An SVG line chart (``<svg>`` text) of up to eight series with axes, round ticks, labels and a legend.
 
-    A series of more than ``max_points`` points is drawn in buckets (:func:`downsample`): a
-    line through each bucket's mean and a shaded band from its minimum to its maximum, so the
-    chart's size is bounded whatever the number of rounds.
-
-    Parameters
-    ----------
-    series : sequence of Series or BucketSeries
-        Up to eight lines (:data:`PALETTE`); points with a NaN/None y are left out and break the
-        line. A BucketSeries whose buckets hold one point each is drawn as points.
-    title, x_label, y_label : str
-        Text of the chart (escaped).
-    width, height : int
-        Size in pixels (>= 160 x 120).
-    y_range : (lo, hi), optional
-        Fixed y axis (e.g. (0, 1) for accuracy); default: the data's range (0 included for
-        non-negative data).
-    y_format : str
-        ``"%"`` labels y ticks as percentages of 1 (0.5 -> "50%").
-    max_points : int >= 1
-        Points drawn per series at most; a bucket's circle carries ``data-x`` (its x midpoint),
-        ``data-y`` (mean), ``data-lo``, ``data-hi`` and ``data-n`` (points in it).
-
-    Returns
-    -------
-    str
-        ``<svg>`` element text (well-formed XML). A chart without any finite point says "no data
-        yet"; the legend names only the series that have a finite point.
-
-    Raises
-    ------
-    ValueError
-        For a size below 160 x 120, more than eight series, or a y_range with hi <= lo.
+    A series over ``max_points`` is drawn in buckets: a line through the means and a band from minimum
+    to maximum (circles carry ``data-lo``, ``data-hi``, ``data-n``). ``y_range`` fixes the y axis
+    (default the data's, 0 included for non-negative data); ``y_format="%"`` labels 0.5 as "50%". A chart
+    without a finite point says "no data yet". Raises ValueError for a size below 160 x 120, more than
+    eight series, or a y_range with hi <= lo.
     """
     if width < 160 or height < 120:
         raise ValueError(f"line_chart: size {width}x{height} is too small; use at least 160x120 pixels")
@@ -382,33 +301,10 @@ def heat_colour(v: float) -> str:
 
 
 def heat_map(matrix: Sequence[Sequence[float]], labels: Sequence[str], *, title: str, cell: int = 28) -> str:
-    """An SVG heat map of a square matrix in [0, 1], e.g. FedDWA's p_ij (row i target, column j source).
+    """An SVG heat map of a square matrix in [0, 1], e.g. FedDWA's p_ij (Liu et al., IJCAI 2023, Eq. 17; row i target).
 
-    Parameters
-    ----------
-    matrix : (n, n) nested sequence of float
-        Values in [0, 1] (clipped for colour); each cell shows its value with two decimals when
-        ``n`` <= 12.
-    labels : sequence of str, length n
-        Row and column names (client ids).
-    title : str
-    cell : int
-        Side of one cell in pixels (>= 8).
-
-    Returns
-    -------
-    str
-        ``<svg>`` text with n*n ``<rect class="cell">`` elements, in row-major order, each with
-        ``data-i``, ``data-j`` and ``data-value``.
-
-    Raises
-    ------
-    ValueError
-        If the matrix is not n x n for the n labels, or ``cell`` < 8.
-
-    Notes
-    -----
-    FedDWA: Liu et al., IJCAI 2023, Eq. 17 (the weights this map shows).
+    Cells are ``<rect class="cell">`` in row-major order with ``data-i``, ``data-j``, ``data-value``, and
+    show their value when n <= 12. Raises ValueError if the matrix is not n x n or ``cell`` < 8 px.
     """
     n = len(labels)
     if len(matrix) != n or any(len(row) != n for row in matrix):

@@ -1,11 +1,8 @@
 """The data folder's lock: ``serve`` holds it while it runs; an operator command holds it while it acts on the folder.
 
-Whether a server runs on a data folder is decided by this lock (``<data>/serve.lock``, an
-``fcntl.flock`` the kernel lets go of when its process ends, even by SIGKILL), not by asking the
-broker or the status page: a command that gets the lock knows no ``serve`` uses the folder and
-that none can start until it lets go; one that does not get it asks the running server over its
-operator channel (:mod:`coordinator.server.operator_channel`). The file names its holder
-(``serve pid 1234``), for the messages.
+``<data>/serve.lock`` is an ``fcntl.flock`` the kernel releases when its process ends (even by
+SIGKILL): a command that gets it knows no ``serve`` uses the folder; one that does not asks the
+running server over its operator channel. The file names its holder (``serve pid 1234``).
 """
 
 from __future__ import annotations
@@ -31,15 +28,7 @@ class FolderInUse(RuntimeError):
 
 
 class DataLock:
-    """``<data>/serve.lock`` held by this process as ``what`` (``"serve"``, ``"fedhar-coordinator revoke"``).
-
-    Parameters
-    ----------
-    data : Path
-        The data folder (created if missing).
-    what : str
-        Who holds it, written into the file for others' messages.
-    """
+    """``<data>/serve.lock`` held by this process as ``what`` (written into the file for others' messages)."""
 
     def __init__(self, data: Path, what: str):
         self.data = Path(data)
@@ -82,12 +71,9 @@ class DataLock:
         return True
 
     def acquire_for_serve(self, wait_s: float = COMMAND_WAIT_S) -> None:
-        """Take the lock for ``serve``: wait (logged) while an operator command holds it, refuse at once when a server does.
+        """Take the lock for ``serve``: wait (logged) while a command holds it, refuse at once when a server does.
 
-        Raises
-        ------
-        FolderInUse
-            If another ``serve`` holds the folder, or a command holds it for longer than ``wait_s`` (s).
+        Raises FolderInUse if another ``serve`` holds the folder, or a command holds it past ``wait_s``.
         """
         end = time.monotonic() + wait_s
         said = False

@@ -1,21 +1,11 @@
 """What ``enrol``, ``reissue``, ``rename``, ``revoke`` and ``forget`` do to a device, in the registry and on the broker.
 
-* ``enrol NAME``: the device's broker account and ACL (the broker reloaded), its registry row, and
-  its enrolment bundle ``<data>/enrolment/NAME.json`` with its QR code ``NAME.png`` (both mode
-  0600). The password is in the bundle only, never in a log line or on the terminal as text.
-* ``reissue NAME``: new credentials for the same device (:func:`reissue`).
-* ``rename OLD NEW``: the device under a new name, with its history (:func:`rename`).
-* ``revoke NAME``: the registry first (from that moment the server refuses everything it sends),
-  then its certificate, if it has one, on the device CA's revocation list, its account and ACL
-  removed and the broker reloaded (Mosquitto closes a password session; a certificate session is
-  closed by :func:`coordinator.server.broker_session.close_session`), then what the broker retains of it.
-* ``forget NAME``: revoke, and delete what the server holds of it.
-
-What a command does to the federation's live side (the broker's retained topics of the device, its
-personalised models, the run's records) goes through a :class:`Side`: the running server's
-(:class:`coordinator.server.operator_desk.ServerSide`, in its serving loop) when ``serve`` holds the
-data folder, else the folder's own (:class:`coordinator.server.folder_side.FolderSide`), so no
-command ever logs in as the coordinator while a server may run (:mod:`coordinator.server.operator_commands`).
+Bundles (``<data>/enrolment/NAME.json`` and ``NAME.png``, mode 0600) hold the password, which never
+appears in a log line or as terminal text. ``revoke`` writes the registry first (from then on the
+server refuses the device), then the certificate, account and retained topics. What a command does
+to the live side (retained topics, personalised models, run records) goes through a :class:`Side`:
+the running server's when ``serve`` holds the folder, else the folder's own, so no command logs in
+as the coordinator while a server may run.
 """
 
 from __future__ import annotations
@@ -43,38 +33,31 @@ class DeviceCommandError(RuntimeError):
 
 
 class Side(Protocol):
-    """What a device command does to the federation's live side (the running server's, or the folders' when none runs)."""
+    """What a device command does to the federation's live side; each method returns the lines saying what was done."""
 
     def clear_device(self, name: str) -> str:
         """Delete what the broker retains of device ``name`` and forget it in memory; the line that says what was done."""
         ...
 
     def forget_device(self, name: str) -> list[str]:
-        """Delete the device's personalised models, spilled updates and its entries in the run's records; lines."""
+        """Delete the device's personalised models, spilled updates and entries in the run's records."""
         ...
 
     def rename_device(self, old: str, new: str) -> list[str]:
-        """Move ``old``'s personalised models to ``new`` and clear ``old`` on the broker; lines."""
+        """Move ``old``'s personalised models to ``new`` and clear ``old`` on the broker."""
         ...
 
     def release(self, name: str) -> list[str]:
-        """Release device ``name`` from quarantine; lines."""
+        """Release device ``name`` from quarantine."""
         ...
 
     def model_request(self, action: str, version: int | None) -> list[str]:
-        """Have the federation continue from a version (``pin``) or go back with a smaller step (``rollback``); lines."""
+        """Continue from a version (``pin``) or go back with a smaller step (``rollback``)."""
         ...
 
 
 def coordinator_broker(broker_dir: Path) -> BrokerConfig:
-    """How a program on the server reaches the broker as the coordinator: the plain listener on
-    loopback with the coordinator's account (its password from the broker folder).
-
-    Raises
-    ------
-    DeviceCommandError
-        If the broker folder or the coordinator's password cannot be read.
-    """
+    """The coordinator's login on the plain loopback listener (password from the broker folder); DeviceCommandError if unreadable."""
     from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
 
     admin = BrokerAdmin(Path(broker_dir), reload="none")
@@ -88,13 +71,7 @@ def coordinator_broker(broker_dir: Path) -> BrokerConfig:
 
 
 def admin_of(file: ServeFile) -> Any:
-    """The :class:`coordinator.server.broker_admin.BrokerAdmin` of ``[server] broker_dir``.
-
-    Raises
-    ------
-    DeviceCommandError
-        Without ``[server] broker_dir``.
-    """
+    """The :class:`coordinator.server.broker_admin.BrokerAdmin` of ``[server] broker_dir``; DeviceCommandError without one."""
     if not file.server.broker_dir:
         raise DeviceCommandError(
             "[server] broker_dir is not set: name the folder fedhar-coordinator broker init wrote (--out) in server.toml"
@@ -116,15 +93,11 @@ def existing_registry(data: Path) -> None:
 
 
 def make_bundle(file: ServeFile, name: str, password: str) -> Any:
-    """The :class:`har_io.enrolment.EnrolmentBundle` of device ``name``: the broker's TLS listener (its plain
-    one when it has none) at ``[server] public_host`` (else the generator's, else this host's name), with the CA inline.
+    """The :class:`har_io.enrolment.EnrolmentBundle` of device ``name``, with the CA inline.
 
-    Raises
-    ------
-    DeviceCommandError
-        If the broker folder's settings or its CA certificate cannot be read.
-    har_io.enrolment.EnrolmentRefused
-        If a field is not valid in a bundle.
+    The broker's TLS listener (else its plain one) at ``[server] public_host``, else the generator's, else
+    this host's name. Raises DeviceCommandError if the broker folder's settings or CA cannot be read,
+    EnrolmentRefused if a field is not valid in a bundle.
     """
     from har_io.enrolment import EnrolmentBundle
 
@@ -152,13 +125,7 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 def write_bundle(data: Path, file: ServeFile, name: str, password: str) -> Bundle:
-    """Write ``name``'s enrolment bundle ``<data>/enrolment/NAME.json`` and QR code ``NAME.png`` (mode 0600).
-
-    Raises
-    ------
-    DeviceCommandError
-        If the broker folder's settings or CA cannot be read (see :func:`make_bundle`).
-    """
+    """Write ``name``'s enrolment bundle and QR code (mode 0600); DeviceCommandError as :func:`make_bundle`."""
     from coordinator.server.qr import qr_terminal, write_qr_png
 
     bundle = make_bundle(file, name, password)
@@ -174,12 +141,8 @@ def write_bundle(data: Path, file: ServeFile, name: str, password: str) -> Bundl
 def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> Bundle:
     """Enrol ``name``: broker account, registry row, bundle JSON and QR PNG (mode 0600).
 
-    Raises
-    ------
-    ValueError
-        If the name is invalid, enrolled already, or was revoked (a revoked name is not used again).
-    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
-        If the broker cannot be administered.
+    Raises ValueError if the name is invalid, enrolled or was revoked; DeviceCommandError or
+    BrokerAdminError if the broker cannot be administered.
     """
     check_client_id(name)
     reg = Registry(data)
@@ -203,11 +166,9 @@ def enrol(data: Path, file: ServeFile, name: str, owner: str | None) -> Bundle:
 
 
 def _revoke_certificate(admin: Any, name: str, await_new_key: str | bool = False) -> bool:
-    """Put ``name``'s device certificate, if it was enrolled by certificate, on the device CA's revocation list.
+    """Put ``name``'s device certificate, if any, on the revocation list (refused from the next reload); False if none.
 
-    The broker refuses the certificate from its next reload (the caller's). False if ``name`` has none.
-    ``await_new_key``: True, or the name the device carries from now on (a rename), lets that name be
-    approved once more for a key the device makes anew.
+    ``await_new_key`` (True, or the device's new name) lets that name be approved once more for a new key.
     """
     from coordinator.broker import device_ca
     from coordinator.broker.files import folder_lock
@@ -227,8 +188,7 @@ def _by_certificate(admin: Any, name: str) -> bool:
 
 
 def _close_certificate_session(admin: Any, name: str) -> str | None:
-    """After ``name``'s certificate was revoked: reload the broker (it reads the revocation list) and end the device's live
-    session (:func:`coordinator.server.broker_session.close_session`); the line that says so, or None without an account."""
+    """Reload the broker and end ``name``'s live session after its certificate was revoked; the line, or None without an account."""
     from coordinator.server.broker_session import close_session
 
     if name not in admin.devices():
@@ -240,26 +200,30 @@ def _close_certificate_session(admin: Any, name: str) -> str | None:
     return f"{name}'s live connection could not be closed (the broker refused the login); it ends when the device leaves"
 
 
+def _cut_off_certificate(admin: Any, name: str, await_new_key: str | bool = False) -> list[str]:
+    """Revoke ``name``'s certificate, if any, and close its live session; the lines done."""
+    if not _revoke_certificate(admin, name, await_new_key):
+        return []
+    closed = _close_certificate_session(admin, name)
+    return [f"{name}'s certificate put on the device CA's revocation list", *([closed] if closed else [])]
+
+
+def _remove_account(admin: Any, file: ServeFile, name: str) -> list[str]:
+    """Remove ``name``'s broker account and ACL (the broker reloaded), if it has one; the lines done."""
+    if name not in admin.devices():
+        return []
+    admin.remove_device(name)
+    return [f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})"]
+
+
 def reissue(data: Path, file: ServeFile, name: str) -> Bundle | None:
-    """Give enrolled device ``name`` new credentials; its history stays.
+    """Give enrolled device ``name`` new credentials; its registry row, participation and records keep the name.
 
-    A device enrolled by password gets a new password and a new bundle and QR code: the broker
-    account is given the new password and reloaded (from then on the old password is refused and
-    a session logged in with it is closed). A device enrolled by certificate gets no secret from
-    the server: its certificate is revoked (refused from the reload done here, its live session
-    closed), and the name may be approved once more for a key the device makes anew
-    (``fedhar-client request-certificate`` or the app, then ``approve CODE``;
-    :func:`coordinator.broker.device_ca.await_new_key`). Either way the registry row, participation
-    and the run's records keep the name, so the device goes on as the same device.
-
-    Returns the new bundle, or None for a device enrolled by certificate (no bundle: it asks for a certificate).
-
-    Raises
-    ------
-    ValueError
-        If ``name`` is not enrolled (never, or revoked: a revoked device is not brought back).
-    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
-        If the broker cannot be administered.
+    By password: a new password (the old one refused from the reload) and a new bundle, returned. By
+    certificate: the certificate is revoked, the session closed, and the name awaits a new key
+    (:func:`coordinator.broker.device_ca.await_new_key`); returns None. Raises ValueError if ``name`` is
+    not enrolled (a revoked device is not brought back); DeviceCommandError or BrokerAdminError if the
+    broker cannot be administered.
     """
     check_client_id(name)
     existing_registry(data)
@@ -287,21 +251,11 @@ def reissue(data: Path, file: ServeFile, name: str) -> Bundle | None:
 def rename(data: Path, file: ServeFile, old: str, new: str, side: Side) -> tuple[list[str], Bundle | None]:
     """Rename enrolled device ``old`` to ``new``, keeping its history; returns (what was done, new bundle or None).
 
-    A device id is its MQTT user name and its topics' id, so the broker gets an account and ACL
-    for ``new`` (a new password) and loses ``old``'s; the registry moves the row and
-    participation to ``new`` and keeps ``old`` revoked for good (``renamed_to``); ``side`` moves the
-    kept personalised models to the new name and clears ``old``'s retained status and models; its
-    bundle is deleted. A device enrolled by password gets a bundle for ``new`` and must load it.
-    A device enrolled by certificate gets none (the bundle is None): its certificate is revoked,
-    its live session closed, and it asks for one under ``new`` with a key it makes anew, which
-    ``approve`` accepts.
-
-    Raises
-    ------
-    ValueError
-        If a name is invalid, ``old`` is not enrolled, or ``new`` was ever used.
-    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
-        If the broker cannot be administered (nothing in the registry changed when the new account failed).
+    ``new`` gets a broker account (a new password) and ``old`` loses its own; the registry keeps ``old``
+    revoked for good; ``side`` moves the personalised models. A device enrolled by certificate gets no
+    bundle: its certificate is revoked and it asks anew under ``new``. Raises ValueError if a name is
+    invalid, ``old`` is not enrolled or ``new`` was ever used; DeviceCommandError or BrokerAdminError if
+    the broker cannot be administered (the registry is unchanged when the new account failed).
     """
     from coordinator.server.lifecycle import delete_bundle
 
@@ -321,15 +275,10 @@ def rename(data: Path, file: ServeFile, old: str, new: str, side: Side) -> tuple
     finally:
         reg.close()
     done = [f"{new}: broker account and ACL created", f"registry: {old} is now {new} (participation kept; {old} stays refused)"]
-    if _revoke_certificate(admin, old, await_new_key=new if by_certificate else False):
-        done.append(f"{old}'s certificate put on the device CA's revocation list")
-        closed = _close_certificate_session(admin, old)
-        done += [closed] if closed else []
+    done += _cut_off_certificate(admin, old, await_new_key=new if by_certificate else False)
     if by_certificate:
         done.append(f"{new} may be approved for a key the device makes anew (it was enrolled by certificate: no bundle)")
-    if old in admin.devices():
-        admin.remove_device(old)
-        done.append(f"{old}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
+    done += _remove_account(admin, file, old)
     done += side.rename_device(old, new)
     delete_bundle(data, old)
     bundle = None if by_certificate else write_bundle(data, file, new, password)
@@ -338,16 +287,9 @@ def rename(data: Path, file: ServeFile, old: str, new: str, side: Side) -> tuple
 
 
 def revoke(data: Path, file: ServeFile, name: str, side: Side) -> list[str]:
-    """Revoke ``name`` for good; returns what was done, as lines.
+    """Revoke ``name`` for good: registry row first, then certificate, account and ACL, retained topics; the lines done.
 
-    The registry row goes first: from that moment a running ``serve`` refuses the device, whatever
-    the broker does next. Then its certificate (revoked, the broker reloaded, its live session
-    closed), its broker account and ACL (and a reload), then the retained topics through ``side``.
-
-    Raises
-    ------
-    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
-        If the broker cannot be administered (the registry row is written already).
+    Raises DeviceCommandError or BrokerAdminError if the broker cannot be administered (the row is written already).
     """
     from coordinator.server.lifecycle import delete_bundle, drop_leave_request
 
@@ -364,34 +306,17 @@ def revoke(data: Path, file: ServeFile, name: str, side: Side) -> list[str]:
         done.append(f"{name}'s enrolment bundle and QR code deleted (they held its password)")
     audit(data, "revoke", name)
     admin = admin_of(file)
-    if _revoke_certificate(admin, name):  # before the reload below, at which the broker reads the new list
-        done.append(f"{name}'s certificate put on the device CA's revocation list")
-        closed = _close_certificate_session(admin, name)
-        done += [closed] if closed else []
-    if name in admin.devices():
-        admin.remove_device(name)
-        done.append(f"{name}'s broker account and ACL removed; broker reloaded ({file.server.broker_reload})")
-    else:
-        done.append(f"{name} had no broker account")
+    done += _cut_off_certificate(admin, name)  # before the reload below, at which the broker reads the new list
+    done += _remove_account(admin, file, name) or [f"{name} had no broker account"]
     done.append(side.clear_device(name))
     return done
 
 
 def forget(data: Path, file: ServeFile, name: str, side: Side) -> list[str]:
-    """Revoke ``name`` and delete what the server holds of it; returns what was done, as lines.
+    """Revoke ``name`` and delete what the server holds of it (participation, models, spill, bundle, run records); the lines.
 
-    Deleted: its participation rows (the registry keeps the name alone, so it stays refused), and,
-    through ``side``, its personalised models in every kept round of ``<data>/run/models``, its
-    spilled updates in ``<data>/run/spill``, its enrolment files, and its entries in the run's records
-    (``state.sqlite``, hence ``/api/rounds`` and the page, ``report.json``, ``report.md``:
-    :func:`coordinator.server.lifecycle.scrub_run`; counts stay, anonymous).
-
-    Raises
-    ------
-    DeviceCommandError, coordinator.server.broker_admin.BrokerAdminError
-        If the broker cannot be administered (the registry row is revoked already).
-    coordinator.state.StateDamaged
-        If the run's database cannot be rewritten.
+    Counts in the records stay, anonymous (:func:`coordinator.server.lifecycle.scrub_run`). Raises as
+    :func:`revoke`, and StateDamaged if the run's database cannot be rewritten.
     """
     done = revoke(data, file, name, side)
     reg = Registry(data)

@@ -1,25 +1,11 @@
 """``fedhar-coordinator enrol | invite | pending | approve | reissue | rename | revoke | forget | release | devices | versions | pin
 | rollback``: devices and versions on the home server.
 
-* ``enrol NAME [--owner PERSON]`` (``enroll`` is an alias), ``reissue NAME``, ``rename OLD NEW``,
-  ``revoke NAME``, ``forget NAME``: a device's broker account, registry row and enrolment bundle
-  (:mod:`coordinator.server.device_commands`).
-* ``invite [--days N | --revoke]``, ``pending``, ``approve CODE [--owner PERSON]``: enrolment by certificate, where
-  no device secret travels (:mod:`coordinator.server.enrol_desk`; docs/protocol.md, "Enrolment by certificate").
-  The invitation lives until its stated expiry (default 30 days) or ``--revoke``.
-* ``release NAME``: a device the quality guard quarantined counts again.
-* ``devices [--json]``: deletes enrolment bundles no longer needed
-  (:func:`~coordinator.server.lifecycle.prune_bundles`), then lists enrolled, online (from the running server's
-  page, or the broker's retained statuses) and revoked devices, with their clipped and rejected updates and a
-  quarantine mark (:mod:`coordinator.server.device_tables`).
-* ``versions [--json]``: the kept model versions with their figures, marking the newest and the
-  quality guard's best (:mod:`coordinator.guard`).
-* ``pin VERSION``: ``serve`` continues from that version at its next round (devices receive it);
-  ``rollback [VERSION]``: the same with a halved server step, by default to the guard's best version.
-
-``revoke``, ``reissue``, ``rename``, ``forget``, ``pin``, ``rollback``, ``approve`` and ``release`` go
-through the running server when one holds the data folder, else act on the folders under its lock
-(:mod:`coordinator.server.operator_commands`).
+Devices: :mod:`coordinator.server.device_commands` (by password) and :mod:`coordinator.server.enrol_desk`
+(by certificate, docs/protocol.md); ``devices`` prunes bundles no longer needed, then lists devices
+(:mod:`coordinator.server.device_tables`); ``versions``, ``pin`` and ``rollback`` act on the kept
+model versions. Commands that change the live federation go through the running server when one
+holds the data folder, else act on the folders under its lock (:mod:`coordinator.server.operator_commands`).
 """
 
 from __future__ import annotations
@@ -87,14 +73,9 @@ def _parser(cmd: str) -> argparse.ArgumentParser:
 
 
 def renew(out: Path, ca_key: Path, days: int, data: Path | None) -> list[str]:
-    """``fedhar-coordinator broker renew``: a new server certificate from the same CA, the broker reloaded, the audit log written.
+    """``fedhar-coordinator broker renew``: a new server certificate from the same CA, the broker reloaded, the audit written; lines.
 
-    Returns what was done, as lines. See :func:`coordinator.broker.certificates.renew_server_certificate`.
-
-    Raises
-    ------
-    coordinator.broker.settings.SetupError
-        If the certificate cannot be renewed (nothing was replaced then).
+    Raises SetupError if the certificate cannot be renewed (nothing replaced).
     """
     from coordinator.broker.certificates import renew_server_certificate
     from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError

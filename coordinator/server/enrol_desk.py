@@ -1,24 +1,17 @@
 """The operator's side of enrolment by certificate: ``fedhar-coordinator invite``, ``pending`` and ``approve``.
 
-Devices leave their requests retained on the broker (:mod:`har_io.cert_enrolment`); nothing
-runs for them on the server until the operator asks. :func:`pending` logs in as the desk
-account (:data:`~coordinator.broker.settings.ENROL_DESK_USER`, loopback) and reads them;
-:func:`approve` signs the request of one enrolment code with the device CA
-(:mod:`coordinator.broker.device_ca`), gives the name its ACL, records it in the registry and
-leaves the certificate as the retained reply. The device's private key never leaves it; the
-broker account the ACL needs gets a password that stays in the broker folder (it is never in
-an invitation, a reply or a log), since the device logs in by certificate.
-
-A request is approvable only if its signature verifies with its own key and its enrolment code
-is that key's (:func:`har_io.device_key.enrolment_code`): a request left under someone else's
-code, or altered on the way, is listed with its problem and refused by ``approve``.
+Devices leave requests retained on the broker (:mod:`har_io.cert_enrolment`); :func:`pending` reads
+them as the desk account (loopback); :func:`approve` signs one with the device CA, gives the name its
+ACL (an account whose password never leaves the broker folder), records it and leaves the certificate
+as the retained reply. The device's private key never leaves it. A request is approvable only if its
+signature verifies and its enrolment code is its key's (:func:`har_io.device_key.enrolment_code`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +20,7 @@ from coordinator.broker.files import folder_lock
 from coordinator.broker.settings import ENROL_DESK_USER, ENROL_USER
 from coordinator.server.audit import audit
 from coordinator.server.broker_admin import BrokerAdmin, BrokerAdminError
+from coordinator.server.broker_session import messages_for
 from coordinator.server.registry import Registry
 from coordinator.server.settings import ServeFile
 from har_io.broker_config import BrokerConfig
@@ -37,8 +31,7 @@ from har_io.mqtt_link import MqttLink
 from har_models.wire.topics import Topics
 
 READ_WAIT_S = 2.0
-"""How long (s) :func:`read_requests` waits for retained requests after it has subscribed; they arrive in
-milliseconds on a home server's loopback, the rest is margin for a busy broker."""
+"""How long (s) :func:`read_requests` waits for retained requests after subscribing (milliseconds on loopback; margin)."""
 
 
 class EnrolDeskError(ValueError):
@@ -51,20 +44,9 @@ class DeskUnreachable(RuntimeError):
 
 @dataclass(frozen=True)
 class PendingRequest:
-    """One request waiting on the broker.
+    """One request waiting on the broker: its code (``ABCDE-FGHJK``), the name asked for, key fingerprint, CSR, and ``problem``.
 
-    Attributes
-    ----------
-    code : str
-        The enrolment code it was left under (``ABCDE-FGHJK``).
-    client_id : str, optional
-        The name it asks for (None when unreadable).
-    fingerprint : str, optional
-        SHA-256 of its public key, as the device shows it (:func:`har_io.device_key.key_fingerprint`).
-    csr_pem : str, optional
-        The certificate request.
-    problem : str, optional
-        Why it cannot be approved (unreadable, bad signature, a code that is not its key's); None if it can.
+    ``problem`` says why it cannot be approved (unreadable, bad signature, a code not its key's); None if it can.
     """
 
     code: str
@@ -112,88 +94,50 @@ def _desk(file: ServeFile) -> tuple[BrokerAdmin, BrokerConfig, Topics]:
 def read_requests(broker: BrokerConfig, topics: Topics, level: str = "+", wait_s: float = READ_WAIT_S) -> list[PendingRequest]:
     """The retained requests under ``enrol/<level>`` (``+``: all), read as the desk account, sorted by code.
 
-    Raises
-    ------
-    EnrolDeskError
-        If the broker cannot be reached within 15 s.
+    Raises DeskUnreachable if the broker cannot be reached within 15 s.
     """
-    link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=[(topics.enrol_request(level), 1)])
     found: dict[str, PendingRequest] = {}
-    try:
-        if not link.start(wait_s=15.0):
-            raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                topic, payload, _ = link.inbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
+    with _session(broker, [(topics.enrol_request(level), 1)]) as link:
+        for topic, payload, _ in messages_for(link, wait_s):
             got = topic.rsplit("/", 1)[-1]
             if payload:  # an empty retained message is a cleared request
                 found[got] = check_request(got, payload)
             else:
                 found.pop(got, None)
-    finally:
-        link.stop()
     return [found[k] for k in sorted(found)]
 
 
 def pending(file: ServeFile) -> list[PendingRequest]:
-    """The requests waiting on the broker of ``[server] broker_dir`` (:func:`read_requests`).
-
-    Raises
-    ------
-    EnrolDeskError
-        Without a broker folder with device certificates, or if the broker cannot be reached.
-    """
+    """The requests waiting on the broker of ``[server] broker_dir``; EnrolDeskError or DeskUnreachable as :func:`_desk`."""
     _, broker, topics = _desk(file)
     return read_requests(broker, topics)
 
 
 def _answer(broker: BrokerConfig, topics: Topics, level: str, reply: EnrolReply) -> None:
-    link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=[])
+    with _session(broker) as link:
+        link.publish(topics.enrol_reply(level), reply.to_bytes(), retain=True, timeout=30.0)
+        link.clear_retained([topics.enrol_request(level)], timeout=30.0)
+
+
+@contextlib.contextmanager
+def _session(broker: BrokerConfig, subscriptions: list[tuple[str, int]] | None = None) -> Iterator[MqttLink]:
+    """A session as the desk account, stopped on leaving; DeskUnreachable if none within 15 s."""
+    link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=subscriptions or [])
     try:
         if not link.start(wait_s=15.0):
             raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
-        link.publish(topics.enrol_reply(level), reply.to_bytes(), retain=True, timeout=30.0)
-        link.clear_retained([topics.enrol_request(level)], timeout=30.0)
+        yield link
     finally:
         link.stop()
 
 
 def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) -> list[str]:
-    """Approve the request of enrolment ``code``: sign its certificate, give the device its ACL, record it, reply.
+    """Approve the request of enrolment ``code``: sign its certificate, give the device its ACL, record it, reply; the lines done.
 
-    Parameters
-    ----------
-    data : Path
-        The server's data folder (registry, audit log).
-    file : ServeFile
-        The server's settings (``[server] broker_dir``, ``broker_reload``).
-    code : str
-        The code the device shows (:func:`har_io.device_key.normalise_code` forms).
-    owner : str, optional
-        The person the device belongs to.
-
-    Returns
-    -------
-    list of str
-        What was done, as lines.
-
-    Raises
-    ------
-    DeviceKeyError
-        If ``code`` is not an enrolment code.
-    EnrolDeskError
-        If no request waits under ``code``, or it cannot be approved (its problem is named). A
-        name that is enrolled, has a broker account, is a service account's or was revoked is
-        refused, and the device told so in the reply; except an enrolled name that awaits a new
-        key (``reissue`` or ``rename`` of a device enrolled by certificate), which is signed and
-        keeps its registry row, ACL and history.
-    DeskUnreachable
-        If the broker cannot be reached with the desk account.
-    coordinator.server.broker_admin.BrokerAdminError
-        If the broker account cannot be made (the certificate is then signed but not sent).
+    Raises DeviceKeyError if ``code`` is not an enrolment code; EnrolDeskError if no request waits under
+    it or it cannot be approved; a name enrolled, with an account, a service account's or revoked is
+    refused (the device told so), unless an enrolled name awaits a new key (``reissue``/``rename``);
+    DeskUnreachable if the broker cannot be reached; BrokerAdminError if the account cannot be made.
     """
     code = normalise_code(code)
     level = code_topic_level(code)
@@ -236,15 +180,9 @@ def approve(data: Path, file: ServeFile, code: str, owner: str | None = None) ->
 
 
 def invitation(file: ServeFile, host: str | None = None) -> Invitation:
-    """The federation's invitation: broker address and ports, its CA (pin, inline), the enrolment account.
+    """The federation's invitation: broker address and ports, its CA (inline), the enrolment account.
 
-    The CA is inline: a device then needs nothing else. :func:`coordinator.server.qr` puts it in
-    the QR code when it fits and the fingerprint alone otherwise.
-
-    Raises
-    ------
-    EnrolDeskError
-        Without a broker folder with device certificates and TLS.
+    Raises EnrolDeskError without a broker folder with device certificates and TLS.
     """
     admin, _, topics = _desk(file)
     s = admin.settings()
@@ -265,21 +203,10 @@ def invitation(file: ServeFile, host: str | None = None) -> Invitation:
 
 
 def publish_ca(file: ServeFile, invitation: Invitation) -> None:
-    """Leave the broker's CA certificate retained at ``fedhar/v1/<fed>/ca``, for devices whose code holds only its fingerprint.
-
-    Raises
-    ------
-    EnrolDeskError, DeskUnreachable
-        Without a broker folder with device certificates, or if the broker cannot be reached.
-    """
+    """Leave the broker's CA certificate retained at ``fedhar/v1/<fed>/ca``, for codes that hold only its fingerprint."""
     _, broker, topics = _desk(file)
-    link = MqttLink(broker, f"{ENROL_DESK_USER}-{os.getpid()}", subscriptions=[])
-    try:
-        if not link.start(wait_s=15.0):
-            raise DeskUnreachable(f"the broker at {broker.address} cannot be reached as {ENROL_DESK_USER}: {link.connect_error}")
+    with _session(broker) as link:
         link.publish(topics.ca, (invitation.tls_ca_pem or "").encode(), retain=True, timeout=30.0)
-    finally:
-        link.stop()
 
 
 def _hostname() -> str:

@@ -1,10 +1,7 @@
 """A device command's live side when no ``serve`` runs: the folders themselves, and the broker as the coordinator.
 
-An operator command uses :class:`FolderSide` only while it holds the data folder's lock
-(:class:`coordinator.server.data_lock.DataLock`): no server uses the folder then, and none can
-start until the command lets go, so logging in to the broker as the coordinator disconnects no
-one. With a server running, the same commands go through it instead
-(:class:`coordinator.server.operator_desk.ServerSide`).
+Used only while the command holds the data folder's lock: no server uses the folder then, so logging
+in as the coordinator disconnects no one. With a server running, commands go through its ServerSide.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from pathlib import Path
 from coordinator.server.settings import ServeFile
 
 RELEASES = "release_requests.json"
-"""Devices an operator released from quarantine while no server ran, for ``serve`` to release at its next start."""
+"""Devices released from quarantine while no server ran, for ``serve`` to release at its next start."""
 
 
 def note_release(data: Path, name: str) -> None:
@@ -42,10 +39,7 @@ def clear_releases(data: Path) -> None:
 
 
 def clear_retained(file: ServeFile, name: str) -> bool:
-    """Clear ``name``'s retained status and models on the broker, logged in as the coordinator; False if it cannot be reached.
-
-    Only for a command that holds the data folder's lock (no server runs: the login disconnects no one).
-    """
+    """Clear ``name``'s retained status and models on the broker as the coordinator (lock held); False if unreachable."""
     from coordinator.server.broker_session import clear_device_topics
     from coordinator.server.device_commands import admin_of, coordinator_broker
     from har_io.mqtt_link import MqttLink
@@ -64,15 +58,7 @@ def clear_retained(file: ServeFile, name: str) -> bool:
 
 
 class FolderSide:
-    """The live side of a command run while no server runs (see the module docstring).
-
-    Parameters
-    ----------
-    data : Path
-        The data folder, whose lock the command holds.
-    file : ServeFile
-        The server's settings (``[server] broker_dir``).
-    """
+    """The live side of a command run while no server runs, on the data folder whose lock the command holds."""
 
     def __init__(self, data: Path, file: ServeFile):
         self.data, self.file = Path(data), file

@@ -1,15 +1,9 @@
 """Which devices harm the shared model: clipped updates, rejected messages and quarantine, per device.
 
-Three sources, all in the run folder:
-
-* the run's events (:meth:`coordinator.state.RunState.events`): a ``clipped_update`` event for each
-  update the quality guard scaled down (:func:`coordinator.guard.oversized_updates`), and
-  ``quarantined`` / ``released`` events, each naming the device and, in its detail, the reason;
-* the round records' ``rejections`` (client id, reason, count): messages the coordinator refused.
-
-A device is quarantined while its newest ``quarantined``/``released`` event is ``quarantined``.
-:func:`harm_by_device` folds given rows (pure); :func:`device_harm` reads a run folder's database,
-for the status page and for ``fedhar-coordinator devices`` alike, so both count the same.
+Sources in the run folder: the events ``clipped_update`` (the quality guard scaled an update down),
+``quarantined`` and ``released`` (detail: the reason), and the round records' ``rejections``. A device
+is quarantined while its newest of those two events is ``quarantined``. :func:`harm_by_device` folds
+rows (pure); :func:`device_harm` reads a run's database, so the page and ``devices`` count the same.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CLIPPED = "clipped_update"
-"""Event kind of an update the quality guard clipped (coordinator/runner.py writes it)."""
+"""Event kind of an update the quality guard clipped."""
 
 QUARANTINED = "quarantined"
 RELEASED = "released"
@@ -30,20 +24,7 @@ EVENT_KINDS = (CLIPPED, QUARANTINED, RELEASED)
 
 @dataclass(frozen=True)
 class DeviceHarm:
-    """What one device did to the shared model, as the run recorded it.
-
-    Attributes
-    ----------
-    clipped : int
-        Its updates the quality guard clipped (``clipped_update`` events).
-    rejected : dict reason -> int
-        Its messages the coordinator rejected, by reason code (the records' ``rejections``).
-    quarantine : str or None
-        While it is quarantined (its newest quarantine event is ``quarantined``): that event's
-        reason; None when it is not.
-    quarantine_round : int or None
-        The round of that event.
-    """
+    """What one device did to the shared model: clipped updates, rejections by reason, and its quarantine reason and round (or None)."""
 
     clipped: int = 0
     rejected: Mapping[str, int] = field(default_factory=dict)
@@ -67,21 +48,7 @@ NO_HARM = DeviceHarm()
 
 def harm_by_device(events: Iterable[tuple[int | None, str | None, str, str]],
                    rejected: Mapping[str, Mapping[str, int]]) -> dict[str, DeviceHarm]:  # fmt: skip
-    """Each device's :class:`DeviceHarm` from event rows and rejection counts.
-
-    Parameters
-    ----------
-    events : iterable of (round, client, kind, detail)
-        The run's event rows, oldest first (``RunState.events`` order); kinds other than
-        :data:`EVENT_KINDS` and rows without a client are ignored.
-    rejected : mapping client id -> (reason -> count)
-        The records' rejections summed per device.
-
-    Returns
-    -------
-    dict client id -> DeviceHarm
-        Only devices with something to report.
-    """
+    """Each device with something to report, from event rows (round, client, kind, detail; oldest first) and rejection counts."""
     clipped: dict[str, int] = {}
     quarantine: dict[str, tuple[str, int | None] | None] = {}
     for round_, client, kind, detail in events:
@@ -101,13 +68,7 @@ def harm_by_device(events: Iterable[tuple[int | None, str | None, str, str]],
 
 
 def harm_events(run_state: Any) -> list[tuple[int | None, str | None, str, str]]:
-    """The event rows :func:`harm_by_device` reads, oldest first, from a :class:`coordinator.state.RunState`.
-
-    Raises
-    ------
-    coordinator.state.StateDamaged
-        If the run's database cannot be read.
-    """
+    """The event rows :func:`harm_by_device` reads, oldest first, from a RunState; StateDamaged if unreadable."""
     rows = list(run_state.events(CLIPPED))
     if run_state.count_events(QUARANTINED) or run_state.count_events(RELEASED):
         # which of a device's quarantine events is the newest is their order in the table: read them in it
@@ -116,17 +77,7 @@ def harm_events(run_state: Any) -> list[tuple[int | None, str | None, str, str]]
 
 
 def device_harm(run_state: Any) -> dict[str, DeviceHarm]:
-    """Each device's :class:`DeviceHarm` in a run: its events and every round record's rejections.
-
-    What ``fedhar-coordinator devices`` shows beside the status page, from the same sources:
-    ``device_harm(RunState(data / "run"))``. Reads every record (O(rounds)); the page keeps the
-    rejections folded instead (:class:`coordinator.server.web.fold.RoundFold`).
-
-    Raises
-    ------
-    coordinator.state.StateDamaged
-        If the run's database cannot be read.
-    """
+    """Each device's :class:`DeviceHarm` in a run from its events and every record's rejections (O(rounds)); StateDamaged."""
     from coordinator.record import RecordError, RoundRecord
 
     rejected: dict[str, dict[str, int]] = {}

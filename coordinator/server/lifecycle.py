@@ -1,25 +1,9 @@
-"""A device's life on the home server after enrolment: re-issued, renamed, forgotten, its bundle cleaned away.
+"""A device's life on the home server after enrolment: its bundle cleaned away, its records scrubbed, its leave request kept.
 
-* :func:`reissue`: a new password for the same name (a reset phone, a lost bundle). The broker
-  account gets the new password and is reloaded, so the old one is refused from that moment and
-  a session logged in with it is closed; a new bundle and QR code are written; the registry,
-  its participation and the run's records are untouched, so the history stays one device's.
-* :func:`rename`: a device id is its MQTT user name and the id in its topics
-  (``fedhar/v1/<fed>/client/<id>/...``) and ACL, so a rename cannot be an alias on the broker:
-  it is a new account and ACL under the new name, the old account removed (its session
-  closed, its password refused), the registry row and participation moved to the new name
-  (the old name stays revoked for good, with ``renamed_to``), the kept personalised models
-  moved, the old retained status and models cleared, and a new bundle for the device to load.
-  Rounds already recorded keep the name the device had then (they are what happened).
-* :func:`scrub_run`: what ``forget`` removes from the run's records: every per-device entry of
-  the name in ``state.sqlite`` (round records, events, meta), then ``report.json`` and
-  ``report.md`` rewritten from them. Counts (selected, updates, clients) stay: they are
-  anonymous. FedDWA's weight matrix loses the device's row and column.
-* :func:`prune_bundles`: enrolment bundles hold the device's password; they are deleted once
-  the device has joined, when it is revoked, renamed or forgotten, or after a set age. An
-  invitation (``invite``, enrolment by certificate) is another kind of artefact: shared by every
-  device it invites and holding no device's secret, it lives until its stated expiry or
-  ``invite --revoke`` (:func:`note_invitation`, :func:`drop_invitation`), never removed with the bundles.
+Bundles hold the device's password: :func:`prune_bundles` deletes them once the device joined, left
+the registry or after a set age. An invitation (enrolment by certificate) holds no device's secret
+and lives until its expiry or ``invite --revoke``. :func:`scrub_run` is what ``forget`` removes from
+the run's records; counts stay, as they are anonymous.
 """
 
 from __future__ import annotations
@@ -36,9 +20,7 @@ from coordinator.server.registry import Registry
 log = logging.getLogger("fedhar.devices")
 
 BUNDLE_MAX_AGE_S = 7 * 24 * 3600.0
-"""Default age (s) after which an enrolment bundle is deleted even if its device never joined: a
-week is long enough to hand a device its bundle, short enough that a forgotten copy of the
-password does not lie in the data folder for months (enrol again with ``reissue``)."""
+"""Age (s) after which an enrolment bundle is deleted even if its device never joined: a week to hand it over."""
 
 
 def bundle_paths(data: Path, name: str) -> list[Path]:
@@ -57,7 +39,7 @@ def delete_bundle(data: Path, name: str) -> int:
 
 
 INVITATION = "invitation"
-"""The name of the invitation's files in ``<data>/enrolment/`` (``invitation.json``, ``.png``; its expiry in ``.expires``)."""
+"""The name of the invitation's files in ``<data>/enrolment/`` (``.json``, ``.png``, expiry in ``.expires``)."""
 INVITATION_DAYS = 30
 """How long an invitation lives unless ``invite --days`` says otherwise: a month to enrol a household's devices."""
 
@@ -70,7 +52,7 @@ def note_invitation(data: Path, expires_unix: float) -> None:
 
 
 def invitation_expiry(data: Path) -> float | None:
-    """When the invitation expires (UNIX s); None without one, or with one of a release that recorded no expiry."""
+    """When the invitation expires (UNIX s); None without one (or one without a recorded expiry)."""
     try:
         return float(json.loads((Path(data) / "enrolment" / f"{INVITATION}.expires").read_text())["expires_unix"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -90,19 +72,11 @@ def drop_invitation(data: Path) -> int:
 
 def prune_bundles(data: Path, joined: set[str] | frozenset[str] = frozenset(), max_age_s: float = BUNDLE_MAX_AGE_S,
                   now: float | None = None) -> list[str]:  # fmt: skip
-    """Delete the enrolment bundles that are no longer needed; returns the device names whose files went.
+    """Delete the enrolment bundles no longer needed; the device names whose files went.
 
-    The invitation is not a bundle: it goes only when its expiry has passed (:func:`note_invitation`).
-    A bundle goes when its device is not enrolled (revoked, renamed, forgotten, or unknown to the
-    registry), has joined (named in ``joined``, or has contributed to a round since the bundle was
-    written: a participation row newer than the file, so a bundle made again by ``reissue`` for a
-    device that took part before stays until the device uses it), or its JSON file is older than
-    ``max_age_s`` seconds (``now`` in UNIX s, default now).
-
-    Raises
-    ------
-    coordinator.server.registry.RegistryDamaged
-        If ``server.sqlite`` cannot be read.
+    A bundle goes when its device is not enrolled, has joined (in ``joined``, or a participation row
+    newer than the file, so a reissued bundle stays until used), or is older than ``max_age_s``. The
+    invitation goes only once expired. Raises RegistryDamaged if ``server.sqlite`` cannot be read.
     """
     folder = Path(data) / "enrolment"
     if not folder.is_dir():
@@ -158,28 +132,15 @@ def _scrub(value: Any, name: str) -> Any:
 
 
 def scrub_record(summary: dict[str, Any], name: str) -> dict[str, Any]:
-    """A round record's JSON (:meth:`coordinator.record.RoundRecord.to_json`) without client ``name``.
-
-    Removed: ``name`` as a key (per-client figures, failures, growth contributions), in lists
-    (missing), rejection entries (``[client id, reason, count]``, or objects with its
-    ``client_id``), its row and column of ``feddwa_weights``.
-    Counts and means stay (they name no device).
-    """
+    """A round record's JSON without client ``name``: as a key, in lists, in rejections, in ``feddwa_weights``; counts stay."""
     out = _scrub(summary, name)
     return out if isinstance(out, dict) else {}
 
 
 def scrub_run(run_dir: Path, name: str) -> int:
-    """Remove client ``name`` from the run in ``run_dir``: round records, events and meta of
-    ``state.sqlite`` (one transaction), then ``report.json``/``report.md`` rewritten from them.
+    """Remove client ``name`` from ``state.sqlite`` (one transaction) and rewrite ``report.json``/``report.md``; records changed.
 
-    Returns the number of round records changed. A missing run folder is nothing to do (0).
-    The rounds' rewrite counter is raised, so a running status page reads them again.
-
-    Raises
-    ------
-    coordinator.state.StateDamaged
-        If ``state.sqlite`` cannot be read or written.
+    A missing run folder is nothing to do (0). Raises StateDamaged if ``state.sqlite`` cannot be read or written.
     """
     from coordinator.record import records
     from coordinator.report import write_report
@@ -207,7 +168,7 @@ def scrub_run(run_dir: Path, name: str) -> int:
 
 
 def forget_files(data: Path, name: str) -> int:
-    """Delete ``name``'s personalised models (every kept round), spilled updates and enrolment files; returns how many."""
+    """Delete ``name``'s personalised models (every kept round), spilled updates and enrolment files; how many."""
     removed = 0
     for path in [*(Path(data) / "run" / "models").glob(f"r*/personal/{name}.safetensors"),
                  *(Path(data) / "run" / "spill").glob(f"*/{name}.safetensors")]:  # fmt: skip
@@ -217,7 +178,7 @@ def forget_files(data: Path, name: str) -> int:
 
 
 def move_personal_models(data: Path, old: str, new: str) -> int:
-    """Rename ``old``'s kept personalised models (``run/models/r*/personal/OLD.safetensors``) to ``new``; returns how many."""
+    """Rename ``old``'s kept personalised models to ``new``; how many."""
     n = 0
     for path in sorted((Path(data) / "run" / "models").glob(f"r*/personal/{old}.safetensors")):
         os.replace(path, path.with_name(f"{new}.safetensors"))
@@ -226,11 +187,11 @@ def move_personal_models(data: Path, old: str, new: str) -> int:
 
 
 LEAVE_REQUESTS = "leave_requests.json"
-"""Devices that left from their app, in the data folder: name -> ``{"forget": bool, "sent_unix": float, "noted_unix": float}``."""
+"""Devices that left from their app: name -> ``{"forget": bool, "sent_unix": float, "noted_unix": float}``."""
 
 
 def leave_requests(data: Path) -> dict[str, dict[str, Any]]:
-    """The devices that said they left (:attr:`har_models.wire.messages.ClientStatus.left`), by name; {} when none (or unreadable)."""
+    """The devices that said they left (``ClientStatus.left``), by name; {} when none or unreadable."""
     try:
         doc = json.loads((Path(data) / LEAVE_REQUESTS).read_text())
     except (OSError, ValueError):
@@ -239,43 +200,32 @@ def leave_requests(data: Path) -> dict[str, dict[str, Any]]:
 
 
 def note_leave_request(data: Path, name: str, forget: bool, sent_unix: float, now: float | None = None) -> bool:
-    """Keep a device's word that it left (asking to be forgotten when ``forget``); returns whether it is news.
+    """Keep a device's word that it left (asking to be forgotten when ``forget``); whether it is news. OSError if unwritable.
 
-    Only the device's own broker account can publish its status, so the request is the device's;
-    it deletes nothing: the operator sees it (``fedhar-coordinator devices``) and decides
-    (``fedhar-coordinator forget NAME``), which drops it (:func:`drop_leave_request`).
-
-    Raises
-    ------
-    OSError
-        If the file cannot be written.
+    Only the device's own account can publish its status; nothing is deleted: the operator decides.
     """
-    from har_models.files import atomic_write_bytes
-
     requests = leave_requests(data)
     old = requests.get(name)
     if old is not None and old.get("forget") == forget and old.get("sent_unix") == sent_unix:
         return False
     requests[name] = {"forget": bool(forget), "sent_unix": float(sent_unix), "noted_unix": time.time() if now is None else now}
-    atomic_write_bytes(Path(data) / LEAVE_REQUESTS, json.dumps(requests, indent=1, sort_keys=True).encode())
+    _write_leave_requests(data, requests)
     return True
 
 
 def drop_leave_request(data: Path, name: str) -> bool:
-    """Forget ``name``'s leave request (it was acted on, or the device came back); returns whether there was one.
-
-    Raises
-    ------
-    OSError
-        If the file cannot be written.
-    """
-    from har_models.files import atomic_write_bytes
-
+    """Forget ``name``'s leave request (acted on, or the device came back); whether there was one. OSError if unwritable."""
     requests = leave_requests(data)
     if requests.pop(name, None) is None:
         return False
-    atomic_write_bytes(Path(data) / LEAVE_REQUESTS, json.dumps(requests, indent=1, sort_keys=True).encode())
+    _write_leave_requests(data, requests)
     return True
+
+
+def _write_leave_requests(data: Path, requests: dict[str, dict[str, Any]]) -> None:
+    from har_models.files import atomic_write_bytes
+
+    atomic_write_bytes(Path(data) / LEAVE_REQUESTS, json.dumps(requests, indent=1, sort_keys=True).encode())
 
 
 def leave_lines(data: Path) -> list[str]:

@@ -1,23 +1,14 @@
 """An operator's request to change the served model: ``pin VERSION`` or ``rollback [VERSION]``, as one file.
 
-``fedhar-coordinator pin`` / ``rollback`` (:mod:`coordinator.server.devices_cli`) write
-``<data>/model_request.json`` atomically; a running ``serve`` (:class:`coordinator.server.serve.Server`)
-takes it up before its next round, with no restart::
+``fedhar-coordinator pin`` / ``rollback`` write ``<data>/model_request.json`` atomically; a running
+``serve`` takes it up before its next round::
 
     {"action": "pin" | "rollback", "version": 7 | null, "id": "<unix time of the request>"}
 
-* ``pin VERSION``: the federation continues from that version's model; devices receive it in the
-  next round. The quality guard starts judging afresh from it (it is the operator's choice, not
-  to be rolled back to an older best).
-* ``rollback [VERSION]``: the same, and the server step is shrunk as after a guard rollback
-  (:meth:`coordinator.strategies.base.Strategy.shrink_step`); without VERSION, the quality guard's
-  best version (``<data>/run/guard_best.safetensors``), which then stays the best; to a named version,
-  the guard judges afresh from it as after a pin.
-
-The file stays until the round that started from the requested model has completed (that round's
-model, in the run's state, carries it across a restart); its ``id`` is then noted in the run's
-database and the file deleted, so a request is taken up once. A kill -9 in between makes the
-restarted ``serve`` take it up again (the model is the requested one either way).
+``pin``: continue from that version; the guard judges afresh from it. ``rollback``: the same with a
+shrunk server step; without VERSION, to the guard's best version, which stays the best. The file
+stays until the round started from it completes; its ``id`` is then noted in the run's database and
+the file deleted, so a request is taken up once (again after a kill -9 in between).
 """
 
 from __future__ import annotations
@@ -50,13 +41,7 @@ class ModelRequest:
 
 
 def write_request(data: Path, action: str, version: int | None) -> ModelRequest:
-    """Write (or replace) the request in ``data`` atomically; the request.
-
-    Raises
-    ------
-    ValueError
-        If ``action`` is not pin or rollback, or ``pin`` has no version.
-    """
+    """Write (or replace) the request in ``data`` atomically; ValueError for another action, or ``pin`` without a version."""
     if action not in ACTIONS or (action == "pin" and version is None):
         raise ValueError(f"model request: action must be pin VERSION or rollback [VERSION], got {action} {version}")
     req = ModelRequest(action, version, f"{time.time():.6f}")
@@ -65,13 +50,7 @@ def write_request(data: Path, action: str, version: int | None) -> ModelRequest:
 
 
 def read_request(data: Path) -> ModelRequest | None:
-    """The pending request in ``data``; None when there is none.
-
-    Raises
-    ------
-    ValueError
-        If the file is not a request (the message names it; delete it and ask again).
-    """
+    """The pending request in ``data`` (None: none); ValueError naming a file that is not a request."""
     path = Path(data) / REQUEST_FILE
     if not path.exists():
         return None

@@ -1,24 +1,12 @@
 """What the federation looks like from the broker: a read-only observer on the monitor account.
 
-The status page must not log in as ``coordinator`` (that would take over the running
-coordinator's session), so it reads the federation through the broker's read-only ``monitor``
-account (``fedhar-coordinator broker`` gives it ``topic read fedhar/v1/<fed>/#``).
-A :class:`Monitor` subscribes to the small retained and control topics only, never to model or
-update chunks::
-
-    {p}/coordinator/status     the coordinator's presence (CoordinatorStatus)
-    {p}/round                  the open round's announcement (RoundAnnouncement)
-    {p}/progress               the record of the last completed round (RoundProgress)
-    {p}/client/+/status        each device's presence (ClientStatus)
-    {p}/client/+/receipt       the coordinator's receipts: who has answered the open round
-
-and keeps the latest of each. Device statuses go into the coordinator's own client table
-(:class:`coordinator.client_table.ClientTable`: the same parsing, topic check, presence and
-last-seen rules as the running coordinator's; a status older than ``PRESENCE_PERIODS`` refresh
-periods counts as offline). Messages are parsed with the wire module's checks; a malformed
-one is counted by kind (:attr:`Monitor.malformed`) and ignored. Everything is behind one lock:
-paho's thread feeds the inbox, the monitor's own thread parses, and the web threads read
-:meth:`Monitor.snapshot`.
+The status page never logs in as ``coordinator`` (that would take over its session); it reads through
+the broker's read-only ``monitor`` account. A :class:`Monitor` subscribes to the small retained and
+control topics only (coordinator status, round, progress, each client's status, receipt and grant),
+never to model or update chunks, and keeps the latest of each. Device statuses go into a
+:class:`coordinator.client_table.ClientTable` (the coordinator's own presence rules). A malformed
+message is counted by kind (:attr:`Monitor.malformed`) and ignored. One lock guards everything:
+paho's thread feeds the inbox, the monitor's thread parses, web threads read :meth:`Monitor.snapshot`.
 """
 
 from __future__ import annotations
@@ -51,27 +39,12 @@ log = logging.getLogger("fedhar.server.monitor")
 
 @dataclass(frozen=True)
 class DeviceSeen:
-    """The latest status of one device as the monitor received it.
+    """The latest status of one device as the monitor received it (times in s since the epoch, this machine's clock).
 
-    Attributes
-    ----------
-    status : ClientStatus
-    received_unix : float
-        When it arrived (s since the epoch, this machine's clock).
-    online : bool
-        Its state is not "offline" and it is fresh (:meth:`coordinator.client_table.ClientTable.online`).
-    last_seen_unix : float
-        When the device last spoke: the time its status carries, or its arrival when it
-        carries none (an older client).
-    windows : tuple (n_train, n_test, unix) or None
-        The windows of the last status that carried any (n_train or n_test > 0) and when it was
-        received: what an offline device last had (its will says 0/0).
-    backend : tuple (backend, unix) or None
-        The backend of the last status that named one, and when it was received.
-    window_age_since_unix : float or None
-        Arrival of the first status that reported the current ``sensing_health.window_age_s``:
-        a stream that stopped (a replay that ended) repeats the same age, so the age now is that
-        value plus the time since (None: no age reported).
+    ``last_seen_unix`` is the time the status carries (its arrival for older clients); ``windows`` and
+    ``backend`` are the last that carried any, with when (what an offline device last had);
+    ``window_age_since_unix`` is when the current ``sensing_health.window_age_s`` was first reported
+    (a stopped stream repeats it, so the age now is that value plus the time since).
     """
 
     status: ClientStatus
@@ -87,34 +60,10 @@ class DeviceSeen:
 class MonitorSnapshot:
     """A consistent copy of everything the monitor knows, taken under its lock.
 
-    Attributes
-    ----------
-    devices : dict client id -> DeviceSeen
-    coordinator : CoordinatorStatus or None
-    coordinator_online : bool
-        Its state is "online" and the status is fresh.
-    progress : RoundProgress or None
-        The retained record of the last completed round.
-    announcement : RoundAnnouncement or None
-        The open round (or the "finished" announcement).
-    selected : frozenset of str
-        The clients the open round selected: those its announcement names or, with the blob
-        transport (whose announcement names nobody), those holding a grant for its exchange and attempt.
-    answered : frozenset of str
-        Selected clients of the open round whose update the coordinator counted in this
-        attempt: an accepted receipt for the round's exchange (run, round, stage) that arrived
-        while this announcement (its ``attempt`` and ``epoch``) was open. A receipt of an earlier
-        attempt of the same round (one that closed without quorum), or a device's status saying it
-        sent an update, is not an answer: the re-run counts only what it received itself.
-    malformed : dict kind -> int
-        Messages ignored because they did not parse, by kind ("status", "coordinator", "round",
-        "progress", "receipt").
-    connected : bool
-        Whether the monitor's own MQTT session is up.
-    announced_unix : float or None
-        When this monitor first received the open announcement's attempt (s since the epoch, this
-        machine's clock): no later than it opened, so a round's time open counts from here at most
-        (a retained announcement received on connecting counts from then). None without one.
+    ``selected`` are the clients the open round's announcement names (with the blob transport, those
+    holding a grant for its attempt); ``answered`` those with an accepted receipt while this attempt was
+    open (an earlier attempt's receipt does not count); ``malformed`` counts ignored messages by kind;
+    ``announced_unix`` is when this monitor first received the open attempt (no later than it opened).
     """
 
     devices: dict[str, DeviceSeen] = field(default_factory=dict)
@@ -132,21 +81,8 @@ class MonitorSnapshot:
 class Monitor:
     """A read-only MQTT observer of one federation (see the module docstring).
 
-    Parameters
-    ----------
-    topics : Topics
-        The federation's topic names.
-    cfg : BrokerConfig, optional
-        The broker and the monitor account's credentials; without it the monitor has no MQTT
-        session and is fed through :meth:`handle` alone (tests, or a caller with its own link).
-    client_name : str
-        MQTT client id of the session (unique on the broker).
-    clock, wall : callables returning float
-        Monotonic and wall-clock time (s); injected by tests that age statuses.
-
-    Notes
-    -----
-    :meth:`handle` is the one entrance of messages; it never raises for a message's content.
+    Without ``cfg`` it has no session and is fed through :meth:`handle` alone; ``clock`` and ``wall``
+    (monotonic and wall-clock s) are injected by tests that age statuses.
     """
 
     def __init__(
@@ -188,13 +124,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ session
     def start(self, wait_s: float | None = 10.0) -> bool:
-        """Connect (paho's thread) and start the thread that parses the inbox; True once connected within ``wait_s``.
-
-        Raises
-        ------
-        RuntimeError
-            If the monitor was built without a BrokerConfig.
-        """
+        """Connect and start the parsing thread; True once connected within ``wait_s``. RuntimeError without a BrokerConfig."""
         if self.link is None:
             raise RuntimeError("Monitor.start: this monitor has no broker settings; pass cfg=BrokerConfig(...) to read a broker")
         self._stop.clear()
@@ -319,7 +249,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> MonitorSnapshot:
-        """A consistent copy of the monitor's view now (see :class:`MonitorSnapshot`)."""
+        """A consistent copy of the monitor's view now."""
         now = self._clock()
         with self._lock:
             devices = {}
@@ -355,5 +285,5 @@ class Monitor:
 
 
 def _attempt_key(ann: RoundAnnouncement) -> tuple[str, int, int, str, int]:
-    """What tells one attempt of an exchange from another: run, round, stage, the coordinator's attempt id and epoch."""
+    """What tells one attempt of an exchange from another: run, round, stage, attempt id and epoch."""
     return (ann.run_id, ann.round, ann.stage, ann.attempt, ann.epoch)

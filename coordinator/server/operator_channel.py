@@ -1,20 +1,16 @@
 """The operator's channel to a running ``serve``: a Unix socket in the data folder that only the operator can use.
 
-``<data>/operator.sock`` is made by ``serve`` with mode 0600 (its owner is the server's account;
-root, as ``sudo fedhar-coordinator ...`` runs, passes any file mode) and every connection's peer
-is checked again by its credentials (``SO_PEERCRED``: root or the server's own account). One
-request per connection, JSON lines both ways::
+``<data>/operator.sock`` has mode 0600 and each peer is checked by ``SO_PEERCRED`` (root or the
+server's own account). One request per connection, JSON lines both ways::
 
     -> {"command": "clear_device", "args": {"name": "phone-anna"}, "by": "anna"}
     <- {"note": "round 7 is open; ..."}        (zero or more: for stderr, while the request waits)
     <- {"lines": ["the running server cleared phone-anna's retained status ...", ...], "status": 0}
     <- {"lines": [], "error": "...", "status": 2}
 
-What travels is a command's *live side* (:class:`coordinator.server.device_commands.Side`): what it
-does to the running federation, which the server does in its serving loop's thread, between rounds
-(:class:`coordinator.server.operator_desk.OperatorDesk`). The rest of a command (the registry, the
-broker's accounts, which only root may change) stays in the operator's command (:class:`RemoteSide`).
-``ping`` is answered at once: a server listens.
+What travels is a command's live side (:class:`coordinator.server.device_commands.Side`), done in the
+serving loop's thread; the registry and broker accounts stay with the operator's command
+(:class:`RemoteSide`). ``ping`` is answered at once.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ log = logging.getLogger("fedhar.server.operator")
 SOCKET_NAME = "operator.sock"
 """The socket in the data folder."""
 NOTE_EVERY_S = 15.0
-"""While a request waits for the serving loop, a note is sent this often (s), so the client knows the server lives."""
+"""While a request waits for the serving loop, a note is sent this often (s)."""
 SILENT_LIMIT_S = 120.0
 """A client gives up after this long (s) without a word from the server."""
 MAX_REQUEST_BYTES = 65536
@@ -65,8 +61,7 @@ class Job:
 
 
 def _address(path: Path) -> tuple[str, int | None]:
-    """A socket address for ``path`` and a folder descriptor to close after use: ``path`` itself when it fits
-    AF_UNIX's 108 bytes, else ``/proc/self/fd/N/NAME`` through the folder opened by descriptor (Linux)."""
+    """A socket address for ``path`` and a folder descriptor to close: ``/proc/self/fd/N/NAME`` past AF_UNIX's 108 bytes."""
     if len(os.fsencode(str(path))) < 100:
         return str(path), None
     fd = os.open(path.parent, os.O_PATH)
@@ -85,15 +80,7 @@ def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
 class OperatorChannel:
     """The server's end: listens on ``<data>/operator.sock`` in a thread and hands each request to ``accept``.
 
-    Parameters
-    ----------
-    data : Path
-        The data folder (the server holds its lock).
-    accept : callable
-        ``accept(job)``, called in the channel's thread: queue the job for the serving loop (or answer it).
-    busy : callable
-        Why a queued request of a command (its name given) waits, in words (``"round 7 is open ..."``), or None when it
-        is done at once.
+    ``busy(command)`` says in words why a queued request waits (None: done at once).
     """
 
     def __init__(self, data: Path, accept: Callable[[Job], None], busy: Callable[[str], str | None]):
@@ -104,13 +91,7 @@ class OperatorChannel:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Make the socket (mode 0600; a stale one left by a killed server is replaced) and listen.
-
-        Raises
-        ------
-        OSError
-            If the socket cannot be made (the data folder is not writable).
-        """
+        """Make the socket (mode 0600; a stale one is replaced) and listen; OSError if the data folder is not writable."""
         self.path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address, fd = _address(self.path)
@@ -201,12 +182,9 @@ class Answer:
 
 
 def ask(data: Path, command: str, args: dict[str, Any], err: TextIO | None = None) -> Answer:
-    """Give the server on ``data`` the request ``command`` (a live-side operation, or ``ping``); print its notes on ``err``.
+    """Give the server on ``data`` the request ``command``, printing its notes on ``err``.
 
-    Raises
-    ------
-    ChannelClosed
-        If no server listens on the socket, or it stopped (or fell silent for :data:`SILENT_LIMIT_S`) before answering.
+    Raises ChannelClosed if no server listens, or it stopped (or fell silent for :data:`SILENT_LIMIT_S`) before answering.
     """
     err = sys.stderr if err is None else err
     path = Path(data) / SOCKET_NAME
@@ -237,13 +215,9 @@ def ask(data: Path, command: str, args: dict[str, Any], err: TextIO | None = Non
 
 
 class RemoteSide:
-    """A command's live side done by the running server (:class:`coordinator.server.device_commands.Side`), asked over
-    the socket of ``data``: each operation is done in the server's loop, between rounds, and its lines come back.
+    """A command's live side done by the running server over the socket of ``data``, between rounds.
 
-    Raises (each operation)
-    ------
-    coordinator.server.device_commands.DeviceCommandError
-        If the server refused the operation (its message) or stopped before it answered.
+    Each operation raises DeviceCommandError if the server refused it or stopped before answering.
     """
 
     def __init__(self, data: Path, err: TextIO | None = None):

@@ -1,16 +1,10 @@
 """The operator commands that change the running federation, and where their parts are done.
 
-``revoke``, ``reissue``, ``rename``, ``forget``, ``pin``, ``rollback``, ``approve`` and ``release``
-(:data:`ROUTED`) run :func:`perform` in the operator's command, which holds the rights the registry,
-the device CA and the broker's accounts need (``sudo``; the server runs as an unprivileged account).
-What a command does to the running federation (its live side, :class:`~coordinator.server.device_commands.Side`)
-is done where the federation is: first the data folder's lock
-(:class:`coordinator.server.data_lock.DataLock`) says whether a ``serve`` uses it. A command that
-takes the lock does it on the folders itself, holding the lock so no server starts meanwhile
-(:class:`~coordinator.server.folder_side.FolderSide`); one that cannot asks the running server over
-its operator channel (:class:`~coordinator.server.operator_channel.RemoteSide`), which does it in its
-serving loop, between rounds, with its own broker session. Either way the command prints the same
-kind of lines and has the same exit statuses (:data:`COMMAND_ERRORS`).
+The :data:`ROUTED` commands run :func:`perform` in the operator's command, which holds the rights the
+registry, the device CA and the broker accounts need. Their live side is done where the federation
+is: a command that takes the data folder's lock does it on the folders (FolderSide), holding the lock
+so no server starts meanwhile; one that cannot asks the running server over its operator channel
+(RemoteSide). Either way the lines and exit statuses (:data:`COMMAND_ERRORS`) are the same.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from har_io.exit_codes import ErrorExits, Exit, exit_status_of
 ROUTED = ("revoke", "reissue", "rename", "forget", "pin", "rollback", "approve", "release")
 """The commands a running server does itself (the rest read, or add what the server reads at every message)."""
 ANSWER_WAIT_S = 60.0
-"""How long (s) a command waits for a server that holds the data folder to answer on its socket (it may be starting)."""
+"""How long (s) a command waits for a server holding the data folder to answer on its socket (it may be starting)."""
 
 COMMAND_ERRORS: ErrorExits = [
     ((RegistryDamaged, StateDamaged, DatabaseBusy), Exit.FOLDER_UNUSABLE),

@@ -1,16 +1,11 @@
 """Operator commands inside a running ``serve``: their live side, taken from its socket, done in its loop between rounds.
 
-An operator command (:mod:`coordinator.server.operator_commands`) does what needs the operator's
-rights itself (the registry, the broker's accounts and its reload, which only root may change) and
-asks the running server for the rest, its live side (:class:`ServerSide`): what the broker retains
-of a device, cleared through the server's own broker session (never a second login as the
-coordinator, which would take the server's session over and lose the updates queued for it); the
-device forgotten by the grid and the runner; the run's records rewritten; a quarantine released; a
-pin or rollback taken up. :class:`OperatorDesk` listens on the operator channel
-(:mod:`coordinator.server.operator_channel`) and queues each request; the serving loop calls
-:meth:`OperatorDesk.serve_pending` after each wait for messages, so it is done in the loop's own
-thread, between rounds. A revocation needs no round to close: the command writes the registry first,
-and the server asks the registry at every message.
+A command does what needs the operator's rights itself (registry, broker accounts and reload) and asks
+the running server for its live side (:class:`ServerSide`): retained topics cleared through the
+server's own session (a second coordinator login would take it over and lose queued updates), the
+device forgotten by grid and runner, records rewritten, a quarantine released, a pin or rollback
+taken up. :class:`OperatorDesk` queues requests from the operator channel; the serving loop runs
+:meth:`OperatorDesk.serve_pending` in its own thread.
 """
 
 from __future__ import annotations
@@ -33,25 +28,13 @@ OPERATIONS = ("clear_device", "forget_device", "rename_device", "release", "mode
 
 
 class ServerSide:
-    """A command's live side inside the running server (see :class:`coordinator.server.device_commands.Side`).
-
-    Parameters
-    ----------
-    data : Path
-    file : callable
-        The settings in force.
-    grid : coordinator.grid.Grid
-        The server's grid: its own broker session clears what the broker retains of a device.
-    runner : coordinator.runner.FederationRunner
-    take_request : callable
-        Takes up a written pin or rollback now, returning lines (:meth:`coordinator.server.serve_versions.VersionKeeper.take_request`).
-    """
+    """A command's live side inside the running server (:class:`coordinator.server.device_commands.Side`)."""
 
     def __init__(self, data: Path, file: Callable[[], ServeFile], grid: Any, runner: Any, take_request: Callable[[], list[str]]):
         self.data, self._file, self.grid, self.runner, self._take = Path(data), file, grid, runner, take_request
 
     def clear_device(self, name: str) -> str:
-        """Forget the device in the grid and the runner and clear what the broker retains of it, through the server's session."""
+        """Forget the device in grid and runner and clear what the broker retains of it, through the server's session."""
         self.grid.forget(name)
         self.runner.forget_client(name)
         if self.grid.clear_device(name):
@@ -85,15 +68,7 @@ class ServerSide:
 
 
 class OperatorDesk:
-    """The running server's desk for the live side of operator commands (see the module docstring).
-
-    Parameters
-    ----------
-    data : Path
-    side : ServerSide
-    busy : callable
-        Why a request of a command waits now (``"round 7 is open ..."``), or None when it is done at once.
-    """
+    """The running server's desk for the live side of operator commands; ``busy(command)`` says why a request waits."""
 
     def __init__(self, data: Path, side: ServerSide, busy: Callable[[str], str | None]):
         self.data, self.side = Path(data), side
@@ -122,9 +97,11 @@ class OperatorDesk:
             job.answer([], 5, "the server stopped before it did this; nothing was done: run the command again")
 
     def serve_pending(self, during_round: bool = False) -> None:
-        """Do the queued requests now, each answered with its lines and status: between rounds (the serving loop), and
-        ``during_round`` between the messages of an open round (the grid), where a pin or rollback waits for the round
-        to close (it changes the model the round's updates are checked against) and everything else is done at once."""
+        """Do the queued requests now, each answered with its lines and status.
+
+        ``during_round`` (between an open round's messages) holds a pin or rollback back until the round
+        closes (it changes the model updates are checked against); everything else is done at once.
+        """
         later: list[Job] = []
         try:
             self._serve(later, during_round)

@@ -1,11 +1,8 @@
 """Who may read what on the home server: the data folder's owner, and the files ``serve`` reads from others' folders.
 
-The operator runs commands with sudo (they rewrite the broker's accounts and reload it), while
-``serve`` runs as the unprivileged user that owns the data folder (the unit's ``User=fedhar``):
-:func:`match_data_owner` gives back what root created there. ``serve`` also reads the broker
-folder's settings and certificates (their expiry on the page and in ``/metrics``) and its password
-files; :func:`access_problems` finds each one the server's account cannot read, as ``stat`` says,
-with the ``chmod``/``chown`` that fixes it, checked at start (:meth:`coordinator.server.serve.Server.problems`).
+Commands run with sudo while ``serve`` runs as the data folder's owner: :func:`match_data_owner`
+gives back what root created there; :func:`access_problems` finds, at start, each broker file the
+server's account cannot read, with the ``chmod``/``chown`` that fixes it.
 """
 
 from __future__ import annotations
@@ -67,11 +64,10 @@ def _allowed(st: os.stat_result, uid: int, gids: set[int], bit: str) -> bool:
 
 
 def read_problem(path: Path, uid: int, gids: set[int], secret: bool = False) -> str | None:
-    """Why account ``uid`` (groups ``gids``) cannot read ``path``, with the command that fixes it; None when it can.
+    """Why account ``uid`` (groups ``gids``) cannot read ``path``, with the fix; None when it can (or it does not exist).
 
-    Each folder on the way needs search (x) permission, the file read (r) permission; the first that
-    refuses is named with its owner, group and mode. A ``secret`` (a password file) is never offered to
-    everyone: the fix gives the account a copy of its own. A file that does not exist is no problem here.
+    The first folder without x or file without r is named with owner, group and mode; a ``secret`` is
+    never offered to everyone (the fix gives the account its own copy).
     """
     path = Path(path).absolute()
     if not path.exists():
@@ -92,11 +88,7 @@ def read_problem(path: Path, uid: int, gids: set[int], secret: bool = False) -> 
 
 
 def access_problems(server: ServerSettings, uid: int | None = None, gids: set[int] | None = None) -> list[str]:
-    """The files ``serve`` reads outside its data folder that account ``uid`` (default this process's) cannot read.
-
-    Checked: the broker folder's ``fedhar-broker.json`` and the TLS certificate and CA it names (the page and
-    ``/metrics`` show their expiry), and ``[server] monitor_password_file``. Each problem names the file and the fix.
-    """
+    """The files ``serve`` reads outside its data folder (broker manifest, TLS certificate and CA, monitor password) it cannot read."""
     uid = os.geteuid() if uid is None else uid
     gids = ({os.getegid(), *os.getgroups()} if uid == os.geteuid() else set()) if gids is None else gids
     files: list[tuple[Path, bool]] = []

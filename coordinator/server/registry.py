@@ -1,24 +1,14 @@
 """The home server's database ``<data>/server.sqlite``: devices, epochs, model versions, participation.
 
-What the server knows beyond one run's rounds (those stay in :class:`coordinator.state.RunState`
-under ``<data>/run/``):
+``devices`` keeps every enrolled name for good once revoked or forgotten (a forgotten one keeps only
+its name and times), so nothing it sends later is taken; ``epochs`` has one row per start of
+``serve``; ``versions`` the numbered global models with their figures; ``participation`` one row per
+(device, round) contributed. The run's rounds stay in :class:`coordinator.state.RunState`.
 
-* ``devices``: every enrolled name with its owner and when it was enrolled, revoked or forgotten.
-  A revoked or forgotten name stays in the table for good, so nothing it sends later is taken
-  (a forgotten device keeps only its name and the times, nothing else);
-* ``epochs``: one row per start of ``fedhar-coordinator serve``; clients see the number in every
-  announcement and drop work of an older one;
-* ``versions``: each completed round's global model kept as a numbered file, with its figures;
-* ``participation``: one row per (device, round) a device contributed to, with its local figures.
-
-Every read and write is guarded (:mod:`coordinator.server.sqlite_faults`): a file another program
-holds (a backup, ``sqlite3`` at the shell) is waited for, a bounded and logged wait, and is never
-called damaged; a full disk is :class:`coordinator.state.StorageFull`. A file that fails
-``PRAGMA integrity_check`` (cut short, a damaged page, not a database) raises :class:`RegistryDamaged`
-(a :class:`coordinator.state.StateDamaged`) naming the file and the fix, and one that passes it but
-cannot be used (a table dropped by hand) says so without calling it damaged; it is never read as an
-empty one. The schema carries its version (``meta.schema_version``);
-a file written by a newer fedhar is refused instead of being changed.
+Every method raises :class:`RegistryDamaged` (failed ``PRAGMA integrity_check``, naming the file and
+the fix; a whole file that cannot be used is said so, not called damaged), DatabaseBusy (another
+program held the file past the logged wait) or StorageFull (a full disk) when the database cannot
+be read or written. A file of a newer schema (``meta.schema_version``) is refused unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ from typing import Any, TypeVar
 
 from coordinator.server.registry_rows import DeviceRow, DeviceState, ParticipationRow, ParticipationSummary, VersionRow
 from coordinator.server.sqlite_faults import BUSY_WAIT_S, TRY_S, integrity_problem, wait_for
-from coordinator.state import StateDamaged
+from coordinator.state import StateDamaged, connect
 from har_models.wire.topics import check_client_id
 
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "DeviceRow", "ParticipationRow", "ParticipationSummary", "Registry", "RegistryDamaged",
@@ -64,21 +54,11 @@ CREATE TABLE IF NOT EXISTS participation (
 
 
 class RegistryDamaged(StateDamaged):
-    """``server.sqlite`` cannot be read or written (cut short, a damaged page, not a database, too new).
-
-    Raised by every :class:`Registry` method instead of sqlite3's own errors; the message names
-    the file and what to do.
-    """
+    """``server.sqlite`` cannot be read or written (cut short, a damaged page, not a database, too new)."""
 
 
 def _check_name(name: str) -> str:
-    """``name`` if it is a valid device name: a client id (:func:`~har_models.wire.topics.check_client_id`, the one rule).
-
-    Raises
-    ------
-    ValueError
-        Naming the device name and the allowed characters.
-    """
+    """``name`` if it is a valid device name (a client id); ValueError naming it and the allowed characters."""
     try:
         return check_client_id(name)
     except ValueError as exc:
@@ -88,18 +68,10 @@ def _check_name(name: str) -> str:
 class Registry:
     """The server database in ``data_dir / "server.sqlite"`` (created with the folder if missing).
 
-    Safe to share between threads (one connection behind a lock) and to open from several
-    processes at once (``fedhar-coordinator devices`` while ``serve`` runs): SQLite's own locking.
-    While another program holds the file, each read or write waits (SQLite's busy timeout
-    ``try_s`` at a time, logged after each) for ``busy_wait_s`` seconds in all.
-
-    Raises
-    ------
-    RegistryDamaged
-        If the file is empty (0 bytes), fails ``PRAGMA integrity_check``, cannot be used though whole, or is of a
-        newer schema.
-    coordinator.server.sqlite_faults.DatabaseBusy, coordinator.server.sqlite_faults.DatabaseAccess, coordinator.state.StorageFull
-        If another program holds the file longer than ``busy_wait_s``; this account may not write it; the disk is full.
+    Thread-safe (one connection behind a lock) and shared between processes by SQLite's locking; while
+    another program holds the file, each call waits ``try_s`` at a time for ``busy_wait_s`` in all.
+    Raises :class:`RegistryDamaged` for an empty, damaged, unusable or newer file; DatabaseBusy,
+    DatabaseAccess or StorageFull as the module docstring says.
     """
 
     def __init__(self, data_dir: Path, busy_wait_s: float = BUSY_WAIT_S, try_s: float = TRY_S):
@@ -108,13 +80,8 @@ class Registry:
         self.path = self.data_dir / DB_NAME
         self.busy_wait_s = busy_wait_s
         self._lock = threading.RLock()
-        if self.path.is_file() and self.path.stat().st_size == 0:
-            # SQLite always writes a header page; 0 bytes is a file cut short, never a new database.
-            raise RegistryDamaged(self._damaged("it is empty (0 bytes)"))
-        try:
-            self._db = sqlite3.connect(self.path, timeout=try_s, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise RegistryDamaged(self._judged(str(exc))) from None
+        self._db = connect(self.path, try_s, lambda why: RegistryDamaged(self._damaged(why)),
+                           lambda why: RegistryDamaged(self._judged(why)))  # fmt: skip
         try:
             found = self._write(self._open_schema, "open it")
         except BaseException:
@@ -161,8 +128,7 @@ class Registry:
         )
 
     def _run(self, work: Callable[[sqlite3.Connection], T], write: bool, what: str) -> T:
-        """``work(connection)`` under the lock (in one transaction when ``write``), waiting while another program holds the
-        file (:func:`~coordinator.server.sqlite_faults.wait_for`); its errors in words (:class:`RegistryDamaged`, ...)."""
+        """``work(connection)`` under the lock (one transaction when ``write``), waiting out another program's hold; errors in words."""
 
         def once() -> T:
             with self._lock:
@@ -190,20 +156,14 @@ class Registry:
             self._db.close()
 
     def schema_version(self) -> int:
-        """The file's schema version (:data:`SCHEMA_VERSION`). Raises :class:`RegistryDamaged`."""
+        """The file's schema version (:data:`SCHEMA_VERSION`)."""
         return self._read(lambda db: int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]))
 
     # ----------------------------------------------------------------------------- devices
     def enrol(self, name: str, owner: str | None) -> None:
         """Record ``name`` as enrolled now, owned by ``owner`` (a person's name or None).
 
-        Raises
-        ------
-        ValueError
-            If ``name`` is already enrolled, or was revoked or forgotten: a revoked name is never
-            taken again (anything still carrying it would come back); enrol the device under a new name.
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written (damaged; held by another program too long; a full disk).
+        Raises ValueError if ``name`` is enrolled, revoked or forgotten already: a revoked name is never taken again.
         """
         _check_name(name)
 
@@ -218,16 +178,7 @@ class Registry:
         self._write(work, f"enrol {name}")
 
     def revoke(self, name: str) -> None:
-        """Mark ``name`` revoked now (kept for good); revoking a revoked device keeps the first time.
-
-        A name that was never enrolled is recorded as revoked too, so that a stray client using
-        it is refused as well.
-
-        Raises
-        ------
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
-        """
+        """Mark ``name`` revoked now, for good (the first time is kept); a never-enrolled name is recorded revoked too."""
         _check_name(name)
         now = time.time()
 
@@ -238,15 +189,7 @@ class Registry:
         self._write(work, f"revoke {name}")
 
     def forget(self, name: str) -> None:
-        """Revoke ``name`` and delete what the registry holds of it: its owner and participation rows.
-
-        Only the name and its times stay, so the name is still refused.
-
-        Raises
-        ------
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
-        """
+        """Revoke ``name`` and delete its owner and participation rows (zeroed); only the name and its times stay."""
         self.revoke(name)
         now = time.time()
         self._read(lambda db: db.execute("PRAGMA secure_delete = ON"))  # the deleted rows are zeroed, not left in free pages
@@ -260,18 +203,8 @@ class Registry:
     def rename(self, old: str, new: str) -> None:
         """Give enrolled device ``old`` the name ``new``, keeping its owner, enrolment time and participation.
 
-        In one transaction: a row for ``new`` (``old``'s owner and enrolment time), ``old``'s
-        participation rows moved to ``new``, and ``old`` recorded as revoked with ``renamed_to =
-        new``: the old name stays refused for good (a device still using it is not this one any
-        more), and :meth:`devices` shows where it went.
-
-        Raises
-        ------
-        ValueError
-            If a name is invalid, ``old`` is not enrolled, or ``new`` is in the table already
-            (enrolled, revoked or forgotten: a name is never taken twice).
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
+        In one transaction; ``old`` stays refused for good (revoked with ``renamed_to = new``).
+        Raises ValueError if a name is invalid, ``old`` is not enrolled, or ``new`` was ever taken.
         """
         _check_name(old)
         _check_name(new)
@@ -295,22 +228,22 @@ class Registry:
         return self._read(lambda db: db.execute("SELECT revoked_unix, forgotten_unix FROM devices WHERE name = ?", (name,)).fetchone())
 
     def is_revoked(self, name: str) -> bool:
-        """True if ``name`` was revoked or forgotten. Raises :class:`RegistryDamaged`."""
+        """True if ``name`` was revoked or forgotten."""
         row = self._times(name)
         return row is not None and (row[0] is not None or row[1] is not None)
 
     def is_enrolled(self, name: str) -> bool:
-        """True if ``name`` is enrolled and not revoked. Raises :class:`RegistryDamaged`."""
+        """True if ``name`` is enrolled and not revoked."""
         row = self._times(name)
         return row is not None and row[0] is None and row[1] is None
 
     def revoked_names(self) -> frozenset[str]:
-        """Every revoked or forgotten name. Raises :class:`RegistryDamaged`."""
+        """Every revoked or forgotten name."""
         q = "SELECT name FROM devices WHERE revoked_unix IS NOT NULL OR forgotten_unix IS NOT NULL"
         return frozenset(r[0] for r in self._read(lambda db: db.execute(q).fetchall()))
 
     def devices(self) -> list[DeviceRow]:
-        """Every device, in order of enrolment. Raises :class:`RegistryDamaged`."""
+        """Every device, in order of enrolment."""
         q = "SELECT name, owner, enrolled_unix, revoked_unix, forgotten_unix, renamed_to FROM devices ORDER BY enrolled_unix, name"
 
         def work(db: sqlite3.Connection) -> list[DeviceRow]:
@@ -324,33 +257,20 @@ class Registry:
 
     # ----------------------------------------------------------------------------- epochs
     def new_epoch(self) -> int:
-        """Record a start of ``serve`` now and return its epoch (1, 2, ...; never 0, the "no epoch" of the wire).
-
-        Raises
-        ------
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
-        """
+        """Record a start of ``serve`` now and return its epoch (1, 2, ...; never 0, the "no epoch" of the wire)."""
         return self._write(lambda db: int(db.execute("INSERT INTO epochs (started_unix) VALUES (?)", (time.time(),)).lastrowid or 0),
                            "record the new epoch")  # fmt: skip
 
     def current_epoch(self) -> int:
-        """The newest epoch, 0 if ``serve`` never started. Raises :class:`RegistryDamaged`."""
+        """The newest epoch, 0 if ``serve`` never started."""
         row = self._read(lambda db: db.execute("SELECT MAX(epoch) FROM epochs").fetchone())
         return 0 if row[0] is None else int(row[0])
 
     # ----------------------------------------------------------------------------- versions
     def add_version(self, version: int, round_: int, arch_version: int, path: Path, figures: dict[str, Any]) -> None:
-        """Record model version ``version`` (>= 1): the global model of round ``round_`` in ``path``.
+        """Record model version ``version`` (>= 1): the global model of round ``round_`` in ``path``, with JSON ``figures``.
 
-        ``figures`` is a JSON-able mapping (the round's accuracy and macro-F1, ...).
-
-        Raises
-        ------
-        ValueError
-            If ``version`` < 1 or ``figures`` is not JSON-able.
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
+        Raises ValueError if ``version`` < 1 or ``figures`` is not JSON-able.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise ValueError(f"model version {version!r}: must be an integer >= 1")
@@ -363,11 +283,11 @@ class Registry:
                     f"record model version {version}")  # fmt: skip
 
     def delete_version(self, version: int) -> None:
-        """Forget version ``version``'s row (the caller deletes the file). Raises :class:`RegistryDamaged`."""
+        """Forget version ``version``'s row (the caller deletes the file)."""
         self._write(lambda db: db.execute("DELETE FROM versions WHERE version = ?", (int(version),)), f"forget version {version}")
 
     def versions(self, newest: int | None = None) -> list[VersionRow]:
-        """Every kept version, or only the ``newest`` ones, oldest first. Raises :class:`RegistryDamaged`."""
+        """Every kept version, or only the ``newest`` ones, oldest first."""
         q = "SELECT version, round, created_unix, arch_version, path, figures FROM versions ORDER BY version DESC LIMIT ?"
         rows = self._read(lambda db: db.execute(q, (-1 if newest is None else max(0, newest),)).fetchall())
         try:
@@ -377,21 +297,11 @@ class Registry:
 
     # ----------------------------------------------------------------------------- participation
     def note_participation(self, round_: int, name: str, accuracy: float | None, macro_f1: float | None, t: float | None = None) -> None:
-        """Record that ``name`` contributed to round ``round_`` with these local figures (0..1, or None).
+        """Record that ``name`` contributed to round ``round_`` with these local figures (0..1, or None); replaces a row.
 
-        ``t`` (UNIX s, default now) is the row's time: ``serve`` gives the time the round opened, so
-        that a row never looks newer than an enrolment bundle written while the round was open (its
-        update may have come with the old password: the device has not shown that it loaded the
-        bundle, and :func:`coordinator.server.lifecycle.prune_bundles` keeps it).
-        Writing the same (device, round) again replaces the row. A forgotten device's participation
-        is not recorded (the server holds nothing of it). A renamed device's is recorded under its
-        new name (an update sent under the old name in the round open during ``rename``), so its
-        history stays in one piece.
-
-        Raises
-        ------
-        RegistryDamaged, coordinator.server.sqlite_faults.DatabaseBusy, coordinator.state.StorageFull
-            If the database cannot be read or written.
+        ``t`` (UNIX s, default now): ``serve`` gives the round's opening time, so a row never looks newer
+        than a bundle written while the round was open (:func:`coordinator.server.lifecycle.prune_bundles`).
+        A forgotten device is not recorded; a renamed one is recorded under its new name.
         """
         _check_name(name)
         acc = None if accuracy is None else float(accuracy)
@@ -412,10 +322,7 @@ class Registry:
         self._write(work, f"record round {round_} of {name}")
 
     def participation_summary(self) -> dict[str, ParticipationSummary]:
-        """Per device: how many rounds it contributed to, and its newest row. Raises :class:`RegistryDamaged`.
-
-        One grouped query, so the status page does not read every row of every round it renders.
-        """
+        """Per device: rounds contributed and its newest row, in one grouped query."""
         q = ("SELECT p.name, c.n, c.t, p.round, p.t, p.accuracy, p.macro_f1 FROM participation p JOIN "
              "(SELECT name, COUNT(*) AS n, MAX(round) AS r, MAX(t) AS t FROM participation GROUP BY name) c "
              "ON p.name = c.name AND p.round = c.r")  # fmt: skip
@@ -424,7 +331,7 @@ class Registry:
                 for n, k, t, r, rt, a, f in rows}  # fmt: skip
 
     def participation(self, name: str | None = None) -> list[ParticipationRow]:
-        """Participation rows (of ``name`` only, when given), by round then name. Raises :class:`RegistryDamaged`."""
+        """Participation rows (of ``name`` only, when given), by round then name."""
         q = "SELECT name, round, t, accuracy, macro_f1 FROM participation" + (" WHERE name = ?" if name else "") + " ORDER BY round, name"
         rows = self._read(lambda db: db.execute(q, (name,) if name else ()).fetchall())
         return [ParticipationRow(str(n), int(r), float(t), a, f) for n, r, t, a, f in rows]

@@ -1,15 +1,10 @@
 """``fedhar-coordinator restore SRC``: a backup put back, with each file's owner, group and mode as the backup recorded them.
 
-``restore`` refuses a backup that fails its checks (:func:`coordinator.server.backup.check_backup`: a
-file missing or changed, a database that fails ``PRAGMA quick_check``, a registry schema newer than
-this fedhar), and a target that is not empty unless ``--force``, which moves it aside
-(``<path>.before-restore-<time>``, nothing is deleted). Each part is written into a sibling folder
-and renamed into place. Run as root (as ``sudo`` does), every file and folder gets back the owner
-and group of the original (``serve`` runs as ``fedhar``, Mosquitto reads its accounts through its
-group), and always its mode; the lines returned say so, with the owners counted. A backup made
-before backups recorded the originals' owners (their copies' instead, root's) gives the data
-folder's files to the data folder's owner and the broker's group-readable files to the broker
-folder's group. Stop ``serve`` before restoring.
+A backup failing :func:`coordinator.server.backup.check_backup` is refused, and a non-empty target
+unless ``--force`` moves it aside (``<path>.before-restore-<time>``; nothing deleted). Each part is
+written beside its target and renamed into place. As root every file gets back its original owner
+and group (older backups: the data folder's owner, the broker folder's group), and always its mode.
+Stop ``serve`` before restoring.
 """
 
 from __future__ import annotations

@@ -10,19 +10,10 @@ The data folder (default :func:`coordinator.server.settings.default_data_dir`) h
     versions/            v000001.safetensors ... : each completed round's global model
     enrolment/           <name>.json and <name>.png of enrolled devices (mode 0600)
 
-Each start records a new epoch in the registry, carried in every announcement and the
-coordinator's status; the run's state survives a restart (no ``--resume``): the next round
-continues from the newest completed one. Rounds start when the schedule allows
-(:mod:`coordinator.server.schedule`); the rounds are :class:`coordinator.runner.FederationRunner`'s over
-the grid it is given (:class:`GridNeeds`; by default :class:`coordinator.mqtt_grid.MqttGrid`, the same
-two objects ``fedhar-coordinator run`` drives). Revoked and forgotten devices are refused everywhere in
-the coordinator through its admission (the registry, asked at every message). The operator's commands
-that change the federation are done by the serving loop between rounds
-(:mod:`coordinator.server.operator_desk`). SIGHUP re-reads ``server.toml``'s ``[server]`` and
-``[schedule]`` tables (:mod:`coordinator.server.serve_reload`). A full disk or a database another
-program holds too long is a state, not an exit: said in the log and by :meth:`Server.problems`
-(the page, ``/healthz``), and the server goes on by itself once it passes. SIGINT and SIGTERM stop
-the server, leaving its status "offline".
+Each start is a new epoch; the run continues from the newest completed round. Rounds start when
+the schedule allows and are :class:`coordinator.runner.FederationRunner`'s over the grid built from
+:class:`GridNeeds`. SIGHUP re-reads ``[server]`` and ``[schedule]``; a full disk or a held database
+is a state (:meth:`Server.problems`), not an exit; SIGINT and SIGTERM stop.
 """
 
 from __future__ import annotations
@@ -61,21 +52,19 @@ __all__ = ["SERVE_ROUNDS", "GridNeeds", "Server", "archive_strategy_change", "fe
            "mqtt_grid"]  # fmt: skip
 
 RETRY_AFTER_FAILED_S = 300.0
-"""A round that closed without changing the model is tried again (a new attempt) after at most this long, or after
-``[schedule] min_round_interval_s`` if that is shorter: a failed quorum never stalls the federation for longer."""
+"""A round that closed without changing the model is tried again after at most this long (s), or
+``[schedule] min_round_interval_s`` if shorter."""
 RETRY_MIN_S = 10.0
-"""A round that cannot start (devices of another label set) is tried again after at least this long, so it does not spin."""
+"""A round that cannot start (devices of another label set) waits at least this long (s) before the next try."""
 STORAGE_RETRY_S = 30.0
 """While the disk is full (or a database is held), what failed is tried again this often (s)."""
 FAULTS = (run_state.StorageFull, DatabaseBusy)
-"""Storage faults that are states of the server, not reasons to stop: they pass, and the server goes on."""
+"""Storage faults that are states of the server, not reasons to stop."""
 
 
 @dataclass(frozen=True)
 class GridNeeds:
-    """What a grid for ``serve`` is built from: the federation's settings, the run's state, the current architecture,
-    who may take part, this start's epoch, the blob store the status page serves (or None) and the round policy's
-    word on late updates."""
+    """What a grid for ``serve`` is built from (settings, state, architecture, admission, epoch, blob store, late-update hook)."""
 
     cfg: CoordinatorConfig
     state: run_state.RunState
@@ -91,7 +80,7 @@ GridBuilder = Callable[[GridNeeds], Grid]
 
 
 def mqtt_grid(needs: GridNeeds) -> Grid:
-    """The network grid (:class:`coordinator.mqtt_grid.MqttGrid`): the broker of ``needs.cfg``."""
+    """The network grid (:class:`coordinator.mqtt_grid.MqttGrid`) on the broker of ``needs.cfg``."""
     from coordinator.mqtt_grid import MqttGrid
 
     return MqttGrid(needs.cfg, needs.state, needs.spec, admission=needs.admission, epoch=needs.epoch, blob_store=needs.blob_store,
@@ -101,33 +90,12 @@ def mqtt_grid(needs: GridNeeds) -> Grid:
 class Server:
     """A served federation in ``data_dir`` (see the module docstring).
 
-    Parameters
-    ----------
-    data_dir : Path
-    broker : BrokerConfig
-    federation : str
-        Topic namespace ``fedhar/v1/<federation>``.
-    config : Path, optional
-        The settings file (default ``<data>/server.toml``; a missing one means all defaults).
-    tz : tzinfo, optional
-        Timezone of the schedule's window (default the machine's).
-    poll_s : float
-        Longest wait for a message while waiting for the next round (s).
-    grid : callable
-        Builds the grid from :class:`GridNeeds` (default :func:`mqtt_grid`).
-    storage_retry_s : float
-        How often (s) what failed for a full disk or a held database is tried again.
+    ``config`` defaults to ``<data>/server.toml`` (missing: all defaults); ``tz`` is the schedule
+    window's timezone; ``poll_s`` the longest wait for a message between rounds (s).
 
-    Raises
-    ------
-    ValueError
-        For bad settings (the key named), or a status page bound off loopback without a token.
-    coordinator.server.data_lock.FolderInUse
-        If another ``serve`` holds the data folder.
-    coordinator.server.registry.RegistryDamaged, coordinator.grid.StateError
-        For a damaged database.
-    coordinator.server.sqlite_faults.DatabaseBusy
-        If another program holds ``server.sqlite`` for longer than the wait.
+    Raises ValueError for bad settings (the key named) or a status page off loopback without a token;
+    FolderInUse if another ``serve`` holds the folder; RegistryDamaged or StateError for a damaged
+    database; DatabaseBusy if another program holds ``server.sqlite`` past the wait.
     """
 
     def __init__(self, data_dir: Path, broker: BrokerConfig, federation: str = "default", config: Path | None = None,
@@ -142,11 +110,9 @@ class Server:
             self.lock.release()
             raise
         self.tz, self.poll_s, self.storage_retry_s = tz, poll_s, storage_retry_s
-        self.open_round: int | None = None
-        """The round the runner is running now, None between rounds (a reload and the operator's commands wait for it)."""
+        self.open_round: int | None = None  # the round running now (a reload and a pin wait for it)
         self._round = 0  # the next round to run
-        self.last_end: float | None = None
-        """When the last round ended (UNIX s; None before the first): the schedule counts its interval from it."""
+        self.last_end: float | None = None  # when the last round ended (UNIX s): the schedule's interval counts from it
         self._retry_at = 0.0
         self._waiting = ""
         self._waiting_logged = 0.0
@@ -199,7 +165,7 @@ class Server:
         self.grid.set_between(lambda: self.desk.serve_pending(during_round=True))
 
     def _until_space(self, write: Callable[[], int]) -> int:
-        """``write()`` at start, tried again every 30 s while the disk is full (logged once): a full disk is no restart loop."""
+        """``write()``, tried again every 30 s while the disk is full (logged once)."""
         said = ""
         while True:
             try:
@@ -219,18 +185,18 @@ class Server:
         return self.file.schedule
 
     def close(self) -> None:
-        """Let go of the run's state, the registry and the data folder's lock (idempotent; :meth:`run` ends with it)."""
+        """Let go of the run's state, the registry and the folder's lock (idempotent)."""
         self.runner.state.close()
         self.registry.close()
         self.lock.release()
 
     # ------------------------------------------------------------------------ settings reload
     def request_reload(self) -> None:
-        """Ask the loop to re-read ``server.toml`` (SIGHUP); during an open round the reload waits for the round to close."""
+        """Ask the loop to re-read ``server.toml`` (SIGHUP); during an open round the reload waits for it to close."""
         self.reloader.request(self.open_round)
 
     def reload(self) -> list[str]:
-        """Re-read ``server.toml`` now (:meth:`coordinator.server.serve_reload.SettingsReload.apply`); the changes made."""
+        """Re-read ``server.toml`` now; the changes made."""
         self.file, changed = self.reloader.apply(self.file)
         self._waiting = ""  # log the waiting line again, with the new schedule
         return changed
@@ -243,34 +209,21 @@ class Server:
         return max(at, self._retry_at)
 
     def page_next_start(self, now: float | None = None) -> float | None:
-        """What the status page shows as the next start: :meth:`next_start` once ``[schedule] min_clients``
-        devices were eligible at the last look, else None ("when enough devices are eligible")."""
+        """:meth:`next_start` once ``[schedule] min_clients`` devices were eligible at the last look, else None."""
         if self._eligible_now < self.schedule.min_clients:
             return None
         return self.next_start(now)
 
     def page_waiting(self) -> str | None:
-        """Why no round runs now, in words, for the status page and ``/api/round``; None while a round runs.
-
-        E.g. ``"round 9's last attempt closed without quorum at 01:20:13 local (...); waiting: 2 eligible devices,
-        2 needed (next start not before 01:20:33 local)"`` or ``"waiting: 1 of 2 eligible devices; not eligible:
-        pi-kitchen (offline)"``. Written by the serving loop each time it looks (a plain attribute read: safe from
-        the page's threads).
-        """
+        """Why no round runs now, in words (the waiting line, failed attempt and ineligible devices); None while a round runs."""
         return None if self.open_round is not None else self._page_waiting
 
     def problems(self) -> list[str]:
-        """The server's own health problems now, in words, for the page and ``/healthz`` (empty when there is none).
-
-        ``"disk full: /var/lib/fedhar/versions, 1.2 MB free of 26.1 MB needed"`` while a write fails for want of space,
-        a database another program holds for longer than the wait, and each file the page needs that this account
-        cannot read (checked at start, with its ``chmod``). Safe from any thread.
-        """
+        """The server's own health problems now, in words, for the page and ``/healthz``: a storage fault, unreadable files."""
         return [*self.access, *([self._fault] if self._fault else [])]
 
     def _busy(self, command: str) -> str | None:
-        """Why a request of ``command`` waits now: a pin or rollback waits for an open round to close; the rest is done
-        between the round's messages (:meth:`coordinator.grid.Grid.set_between`)."""
+        """Why a request of ``command`` waits now: a pin or rollback waits for an open round to close."""
         r = self.open_round
         if r is None or command != "model_request":
             return None
@@ -280,14 +233,8 @@ class Server:
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set (or KeyboardInterrupt: SIGINT, SIGTERM through :func:`install_signals`).
 
-        Raises
-        ------
-        coordinator.grid.StateError
-            If the run folder cannot be used or its database is damaged.
-        coordinator.server.registry.RegistryDamaged
-            If ``server.sqlite`` is damaged.
-        coordinator.grid.CoordinatorError, har_io.mqtt_link.BrokerRefused
-            If the broker cannot be reached in 30 s, or refuses the login.
+        Raises StateError or RegistryDamaged for an unusable or damaged database; CoordinatorError or
+        BrokerRefused if the broker cannot be reached in 30 s or refuses the login.
         """
         from coordinator.grid import CoordinatorError, StateError
         from coordinator.server.folder_side import clear_releases, pending_releases
@@ -343,8 +290,7 @@ class Server:
             self.close()
 
     def _try(self, work: Callable[[], None]) -> None:
-        """``work()``, with a storage fault (:data:`FAULTS`) taken as a state: logged once, offered by :meth:`problems`,
-        and what failed tried again after ``storage_retry_s`` (first what it left undone, :attr:`_unkept`)."""
+        """``work()``, with a storage fault (:data:`FAULTS`) logged once and retried after ``storage_retry_s`` (first :attr:`_unkept`)."""
         try:
             if self._unkept is not None:
                 if time.time() < self._retry_at:
@@ -420,7 +366,7 @@ class Server:
         self._fault_over()
 
     def _waiting_text(self, n: int, start_at: float, now: float, left_out: Mapping[str, str]) -> str:
-        """The waiting line with the devices that are not eligible and why, after the last failed attempt if any."""
+        """The waiting line with the ineligible devices and why, after the last failed attempt if any."""
         line = waiting_line(n, self.schedule.min_clients, start_at, now, self.tz) + not_eligible(left_out)
         if self._failed is not None:
             rnd, why, at = self._failed
@@ -438,12 +384,7 @@ class Server:
 
 
 def install_signals(server: Server) -> None:
-    """SIGHUP re-reads the settings (:meth:`Server.reload` from the loop); SIGTERM and SIGINT stop.
-
-    SIGINT is given Python's own handler even when the process started with it ignored or
-    blocked (both are inherited: a shell's ``trap '' INT``, ``nohup``, a parent that blocked it),
-    so ``serve`` always stops on Ctrl-C or ``kill -INT`` as documented.
-    """
+    """SIGHUP re-reads the settings (from the loop); SIGTERM and SIGINT stop, even if SIGINT was inherited ignored or blocked."""
 
     def on_hup(signum: int, frame: object) -> None:
         server.request_reload()

@@ -1,9 +1,4 @@
-"""The status page ``serve`` starts beside its loop, the monitor session it reads the federation through, the blob store it serves.
-
-The page itself (routes, view model, templates) is :mod:`coordinator.server.web`'s; here it is wired:
-its monitor account (:func:`monitor_broker`), the folder blob store under ``/blobs/``
-(:func:`page_blob_store`), and what the serving loop tells it (:func:`start_status_page`).
-"""
+"""The status page ``serve`` starts beside its loop, the monitor session it reads the federation through, the blob store it serves."""
 
 from __future__ import annotations
 
@@ -24,27 +19,11 @@ log = logging.getLogger("fedhar.serve")
 def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir: str | None) -> BrokerConfig | None:
     """Broker settings of the status page's monitor session, or None when there is no usable monitor account.
 
-    In order: ``[server] monitor_password_file``; else the credential ``monitor`` that systemd
-    hands the unit (``LoadCredential=monitor:/etc/fedhar/monitor.password``, in
-    ``credentials_dir``); else the password in ``[server] broker_dir`` (readable when the server
-    runs as the broker folder's owner); each with the user ``[server] monitor_user``. Without
-    ``broker_dir`` (a development broker) the coordinator's own settings are used, under another
-    client id. A generated broker allows one session per user name, so with ``broker_dir`` set
-    the coordinator's account is never borrowed: that would disconnect the coordinator, and the
-    two sessions would take turns for ever. Then None is returned (logged with the fix) and the
-    page shows the federation without presence and device statuses.
-
-    Parameters
-    ----------
-    server : ServerSettings
-    broker : BrokerConfig
-        The coordinator's broker settings (host, port, TLS).
-    credentials_dir : str, optional
-        ``$CREDENTIALS_DIRECTORY`` (systemd), or None.
-
-    Returns
-    -------
-    BrokerConfig or None
+    The password comes from ``[server] monitor_password_file``, else systemd's credential ``monitor`` in
+    ``credentials_dir``, else ``[server] broker_dir``; the user is ``[server] monitor_user``. Without
+    ``broker_dir`` (a development broker) the coordinator's settings are used under another client id.
+    With ``broker_dir`` the coordinator's account is never borrowed (one session per user name: the two
+    would take turns for ever); None is returned, logged with the fix.
     """
     sources: list[Path] = []
     if server.monitor_password_file:
@@ -81,15 +60,8 @@ def monitor_broker(server: ServerSettings, broker: BrokerConfig, credentials_dir
 def page_blob_store(cfg: CoordinatorConfig, server: ServerSettings, refused: Callable[[str], bool] | None = None) -> Any:
     """The folder blob store the status page serves under ``/blobs/`` (transport blobs, folder store, a page); else None.
 
-    Its URLs start with ``[transport] public_url``, else with the page's own address (known once the
-    page bound its port); it refuses writes from devices ``refused`` names. Without a page the grid serves
-    the store on ``[transport] bind:port``.
-
-    Raises
-    ------
-    ValueError
-        If the page binds a wildcard address (``0.0.0.0``, ``::``) and no ``blob_public_url``
-        says how devices reach it.
+    URLs start with ``[transport] public_url``, else the page's address once bound; devices ``refused``
+    names may not write. Raises ValueError for a wildcard ``http_bind`` without ``public_url``.
     """
     t = cfg.transport
     if t.kind != "blobs" or t.store != "folder" or not server.http_port:
@@ -115,17 +87,9 @@ class PageFeeds:
 
 def start_status_page(server: ServerSettings, cfg: CoordinatorConfig, data_dir: Path, stall_after_s: float, feeds: PageFeeds,
                       blob_store: Any = None) -> tuple[Any, Any]:  # fmt: skip
-    """Start the status page (coordinator.server.web) in a thread when ``[server] http_port`` is not 0.
+    """Start the status page in a thread unless ``[server] http_port`` is 0; ``(page, monitor)``, each None when absent.
 
-    Returns ``(page, monitor)``: the running page server and its monitor session, each None when there
-    is none (port 0, or the web module or its libraries are not installed: logged). The page reads the
-    federation through its own monitor session: the broker's read-only monitor account when
-    ``[server] broker_dir`` is set, else this server's broker settings under another client id.
-
-    Raises
-    ------
-    RuntimeError
-        If the page does not start (the port is taken).
+    Without the web libraries it is logged and skipped. Raises RuntimeError if the port is taken.
     """
     if server.http_port == 0:
         return None, None

@@ -25,18 +25,7 @@ logs their change as taking effect at the next start."""
 
 
 class SettingsReload:
-    """The reloads of one served federation.
-
-    Parameters
-    ----------
-    data_dir : Path
-        The data folder (the audit log).
-    config_path : Path
-        The settings file.
-    broker : BrokerConfig
-    federation, run_id : str
-        What a new file's federation settings are checked with (:func:`coordinator.server.serve_setup.federation_config`).
-    """
+    """The reloads of one served federation; ``federation`` and ``run_id`` check a new file's federation settings."""
 
     def __init__(self, data_dir: Path, config_path: Path, broker: BrokerConfig, federation: str, run_id: str):
         self.data_dir, self.config_path = Path(data_dir), Path(config_path)
@@ -80,14 +69,11 @@ class SettingsReload:
         return None
 
     def apply(self, current: ServeFile) -> tuple[ServeFile, list[str]]:
-        """Re-read the file: ``(the settings in force now, the changes made as lines)``, e.g. ``[schedule] min_clients 2 -> 3``.
+        """Re-read the file: ``(settings in force, changes as lines)``, e.g. ``[schedule] min_clients 2 -> 3``.
 
-        A file the next start would refuse (a bad key or value, or a status page off loopback without a
-        token) is refused now: logged as an ERROR with the reason, written to the audit log as a refused
-        reload, and ``current`` kept. ``[server]`` keys read only at start (:data:`AT_START`) and the
-        federation settings (the top-level keys, e.g. ``aggregation``) are logged at INFO as taking effect
-        at the next start (also kept in :attr:`later`). Every reload is written to the audit log
-        (``<data>/audit.jsonl``, shown on the page), a deferred one with the round it waited for.
+        A file the next start would refuse is refused now (ERROR, audit entry, ``current`` kept); keys read
+        only at start (:data:`AT_START`) and federation settings take effect at the next start (INFO, kept
+        in :attr:`later`). Every reload is written to the audit log.
         """
         self.asked.clear()
         deferred, self._deferred_round = self._deferred_round, None

@@ -1,10 +1,4 @@
-"""What ``serve`` settles once at start: the federation's settings from ``server.toml``, the run's id, a changed strategy.
-
-The federation's settings are :class:`coordinator.config.CoordinatorConfig`'s fields at the top
-level of ``server.toml`` (:func:`federation_config`); the run folder is ``<data>/run``, and its run
-id is kept there (:func:`run_id_of`). A strategy named differently than when the run started is
-taken up with the old settings and state archived (:func:`archive_strategy_change`).
-"""
+"""What ``serve`` settles once at start: the federation's settings from ``server.toml``, the run's id, a changed strategy."""
 
 from __future__ import annotations
 
@@ -28,27 +22,14 @@ CONFIG_NAME = "server.toml"
 """The settings file in the data folder."""
 
 
-def version_path(data_dir: Path, version: int) -> Path:
-    """``<data>/versions/v000001.safetensors`` for version 1."""
-    return Path(data_dir) / "versions" / f"v{version:06d}.safetensors"
-
-
 def federation_config(file: ServeFile, data_dir: Path, broker: BrokerConfig, federation: str, run_id: str) -> CoordinatorConfig:
     """The federation's :class:`CoordinatorConfig` from ``server.toml``'s top-level keys.
 
-    ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key in the file is ignored, with a warning);
-    the run folder is ``<data>/run``; the run continues where it stopped (``resume``). A file that
-    names no ``aggregation`` takes this release's default, also for a run an earlier release
-    started with another default (:func:`archive_strategy_change` says so at start). The quality
-    guard (:mod:`coordinator.guard`) is on unless the file says ``[guard] enabled = false``: a served federation
-    runs unattended, and a collapsed version must not become the one every device receives.
-
-    Raises
-    ------
-    ValueError
-        For an unknown key or a bad value (the key is named), or a ``[schedule] min_clients``
-        below the quorum (``min_clients``, or more with a cohort goal: :attr:`coordinator.rounds.base.RoundPolicy.quorum`;
-        a round started with fewer could not change the model).
+    ``rounds`` is :data:`SERVE_ROUNDS` (a ``rounds`` key is ignored, with a warning), the run folder is
+    ``<data>/run`` and the run resumes. No ``aggregation`` means this release's default. The quality guard
+    is on unless ``[guard] enabled = false``: an unattended federation must not hand every device a
+    collapsed version. Raises ValueError for an unknown key or bad value, or ``[schedule] min_clients``
+    below the round policy's quorum (such a round could not change the model).
     """
     fed = CoordinatorConfig.migrate(dict(file.federation), f"{CONFIG_NAME} (federation settings)")
     fed["guard"] = {"enabled": True, **fed.get("guard", {})}
@@ -86,28 +67,13 @@ def run_id_of(data_dir: Path, name: str) -> str:
 
 
 def archive_strategy_change(run_dir: Path, cfg: CoordinatorConfig, now: float | None = None, named: bool = True) -> str | None:
-    """Take up a changed ``aggregation`` at start: named in ``server.toml`` (``named``), a deliberate change logged at INFO.
+    """Take up a changed ``aggregation`` at start; the old strategy's name when it changed, else None.
 
-    A ``server.toml`` that names none (``named=False``) gets this release's default; when the run
-    was started by a release with another default, the switch is a WARNING that names both
-    strategies, why the default changed and the line that keeps the old one.
-
-    When ``run_dir / "config.toml"`` names another strategy than ``cfg.aggregation``: the file is
-    copied to ``config.<YYYYmmdd-HHMMSS>.toml``; each round's saved strategy state
-    (``models/r*/strategy_state.safetensors``, or a server optimiser's older file) is renamed to
-    ``strategy_state.<old name>.<stamp>.safetensors``, kept but no longer loaded, so the new strategy
-    starts from its initial state without an error; and ``config.toml`` is rewritten with the new
-    settings. Nothing happens for a new run folder or an unchanged strategy.
-
-    Returns
-    -------
-    str or None
-        The old strategy's name when it changed, else None.
-
-    Raises
-    ------
-    OSError
-        If the run folder cannot be written (the caller stops with the path named).
+    When ``run_dir/config.toml`` names another strategy: the file is kept as ``config.<stamp>.toml``, each
+    round's saved strategy state is renamed ``strategy_state.<old>.<stamp>.safetensors`` (kept, not
+    loaded), and ``config.toml`` is rewritten. A change named in ``server.toml`` is logged at INFO; a
+    changed default (``named=False``) is a WARNING naming both and the line that keeps the old one.
+    Raises OSError if the run folder cannot be written.
     """
     from har_io.cli import read_settings_file, write_settings_file
 
@@ -155,11 +121,9 @@ def changes(old: Any, new: Any, table: str) -> list[str]:
 
 
 def setting_words(text: str) -> str:
-    """``text`` with each command-line flag of a federation setting named as ``serve`` reads it, a key of ``server.toml``.
+    """``text`` with each federation flag named as ``serve`` reads it: ``--min-clients`` -> ``min_clients in server.toml``.
 
-    The rounds' words come from code ``fedhar-coordinator run`` shares, where settings are options:
-    ``"below the quorum of 2 (--min-clients)"`` reads ``"below the quorum of 2 (min_clients in server.toml)"``;
-    a setting of a table (``fedprox.mu``, flag ``--prox-mu``) is ``[fedprox] mu in server.toml``.
+    A table's setting (``--prox-mu``) reads ``[fedprox] mu in server.toml``.
     """
     import re
 

@@ -1,11 +1,9 @@
 """The served federation's model versions: each completed round's model kept as the next numbered version, and the
 operator's pin or rollback taken up before a round.
 
-``<data>/versions/v000001.safetensors`` ... hold each completed round's global model; the registry
-(:mod:`coordinator.server.registry`) their rows, figures and each device's part. The newest
-``[server] keep_versions`` are kept. A request of ``pin`` or ``rollback``
-(:mod:`coordinator.server.model_request`) is taken up once per request and process, and noted done
-when the round that started from it completes.
+``<data>/versions/v000001.safetensors`` ... hold the global models, the registry their rows and
+figures; the newest ``[server] keep_versions`` stay. A pin or rollback is taken up once per request
+and process, and noted done when the round that started from it completes.
 """
 
 from __future__ import annotations
@@ -33,19 +31,7 @@ def version_path(data_dir: Path, version: int) -> Path:
 
 
 class VersionKeeper:
-    """Keeps the versions of a served federation and takes up the operator's model requests.
-
-    Parameters
-    ----------
-    data_dir : Path
-    registry : Registry
-    runner : coordinator.runner.FederationRunner
-    run_id : str
-    epoch : int
-        This start's epoch (in each version's figures).
-    keep_versions : callable
-        ``[server] keep_versions`` in force (a reload may change it).
-    """
+    """Keeps the versions of a served federation and takes up the operator's model requests (``keep_versions`` read at each use)."""
 
     def __init__(self, data_dir: Path, registry: Registry, runner: Any, run_id: str, epoch: int, keep_versions: Callable[[], int]):
         self.data_dir, self.registry, self.runner = Path(data_dir), registry, runner
@@ -61,15 +47,9 @@ class VersionKeeper:
     def keep(self, record: RoundRecord, opened_unix: float | None = None) -> int:
         """Keep the round's global model as the next version, note each device's part, apply the retention; the version.
 
-        ``opened_unix``: when the round opened (UNIX s; None: now), the time of its participation rows,
-        so that a bundle re-issued while the round was open is not taken as used by an update sent with
-        the old password (:func:`coordinator.server.lifecycle.prune_bundles`).
-
-        Raises
-        ------
-        coordinator.state.StorageFull
-            If the version file cannot be written for want of space (nothing is recorded then; the newest
-            complete version stays the newest, and the same call succeeds once there is space).
+        ``opened_unix`` (the round's opening, default now) dates the participation rows, so a bundle reissued
+        while the round was open is not taken as used. Raises StorageFull if the file cannot be written
+        (nothing recorded; the same call succeeds once there is space).
         """
         spec, global_state = self.runner.model()
         newest = self.newest()
@@ -102,17 +82,7 @@ class VersionKeeper:
         return version
 
     def catch_up(self, last: int) -> None:
-        """Give round ``last`` its version when a stop came between the round's commit and its version file.
-
-        The run's state commits a round before serve writes its version (a SIGKILL or a full disk can fall
-        in between); the model taken up is that round's, so it becomes the next version now, with its
-        participation rows from the round's record.
-
-        Raises
-        ------
-        coordinator.state.StorageFull
-            As :meth:`keep`.
-        """
+        """Give round ``last`` its version when a stop fell between the round's commit and its version file; StorageFull as :meth:`keep`."""
         newest = self.newest()
         if last < 0 or (newest is not None and newest.round >= last):
             return
@@ -123,17 +93,10 @@ class VersionKeeper:
 
     # ------------------------------------------------------------------------------------------ operator's model requests
     def take_request(self) -> list[str]:
-        """Take up an operator's pending pin or rollback before a round; returns what was done, as lines.
+        """Take up an operator's pending pin or rollback before a round (once per request and process); the lines done.
 
-        Once per request and process: the runner continues from the requested version's model
-        (:meth:`coordinator.runner.FederationRunner.adopt`). A request already done (its id in the run's
-        database) is deleted; one that cannot be done (the version is no longer kept, no best version) is
-        logged and deleted, and the federation goes on as it was.
-
-        Raises
-        ------
-        ValueError
-            If the request cannot be done (the reason; the request is deleted).
+        A request already done is deleted; one that cannot be done (version no longer kept, no best version)
+        is logged, deleted and raised as ValueError, and the federation goes on as it was.
         """
         from coordinator.runner import CoordinatorError
 

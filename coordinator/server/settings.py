@@ -1,12 +1,9 @@
 """Settings of ``fedhar-coordinator serve``: the ``[server]`` and ``[schedule]`` tables of ``server.toml``.
 
-One TOML file holds a served federation: the federation's settings are
-:class:`coordinator.config.CoordinatorConfig`'s fields at the top level (the same names as
-``fedhar-coordinator run``'s options and a run folder's ``config.toml``), and two tables add
-the server's own::
+The federation's settings are :class:`coordinator.config.CoordinatorConfig`'s fields at the top level
+(the names of ``run``'s options), beside the server's two tables::
 
     aggregation = "feddwa"
-    conv_filters = 64
 
     [server]
     name = "fedhar-home"
@@ -18,9 +15,7 @@ the server's own::
     window = "01:00-06:00"
     require_charging = true
 
-Everything goes through the project's typed settings (:func:`har_models.settings.from_mapping`,
-:func:`har_io.cli.settings_from`): an unknown key or a wrong type is refused with the key, the
-value and what is allowed, before anything starts.
+An unknown key or a wrong type is refused with the key, the value and what is allowed, before anything starts.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ BROKER_RELOADS = ("auto", "systemctl", "none")
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The data folder when none is given: ``$STATE_DIRECTORY`` (systemd's StateDirectory=, e.g.
-    ``/var/lib/fedhar``; its first entry when it lists several), else ``~/.local/share/fedhar-server``."""
+    """The data folder when none is given: ``$STATE_DIRECTORY`` (its first entry), else ``~/.local/share/fedhar-server``."""
     env = os.environ if env is None else env
     state = env.get("STATE_DIRECTORY", "")
     if state:
@@ -52,16 +46,9 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def parse_window(text: str) -> tuple[int, int]:
-    """``"HH:MM-HH:MM"`` as (start, end) in minutes after local midnight, 0..1439.
+    """``"HH:MM-HH:MM"`` as (start, end) minutes after local midnight; start <= t < end, crossing midnight when end < start.
 
-    The window holds times t with start <= t < end; when end < start it crosses midnight
-    (``"22:00-06:00"``: from 22:00 to 06:00 the next morning).
-
-    Raises
-    ------
-    ValueError
-        If the text is not ``HH:MM-HH:MM`` with hours 00..23 and minutes 00..59, or start
-        equals end (an empty window; leave ``window`` out for the whole day).
+    Raises ValueError for another form, hours or minutes out of range, or start equal to end (an empty window).
     """
     parts = str(text).strip().split("-")
     try:
@@ -85,14 +72,7 @@ def parse_window(text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """The ``[server]`` table.
-
-    Raises
-    ------
-    ValueError
-        For a bad value (the message names the key): an empty name, a port outside 1..65535,
-        ``keep_versions`` < 1, an unknown ``broker_reload``.
-    """
+    """The ``[server]`` table; ValueError naming the key for a bad value."""
 
     name: str = field(default="fedhar-home", metadata=doc("the coordinator's name, written into every enrolment bundle"))
     data_dir: str | None = field(
@@ -144,14 +124,7 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class ScheduleSettings:
-    """The ``[schedule]`` table: when a round may start (:mod:`coordinator.server.schedule`).
-
-    Raises
-    ------
-    ValueError
-        For a bad value (the message names the key): ``min_clients`` < 1, a negative
-        interval, a window that is not ``"HH:MM-HH:MM"`` or is empty.
-    """
+    """The ``[schedule]`` table: when a round may start; ValueError naming the key for a bad value."""
 
     min_clients: int = field(default=2, metadata=doc("eligible enrolled devices a round needs to start", "devices"))
     min_round_interval_s: float = field(
@@ -176,8 +149,7 @@ class ScheduleSettings:
 
 @dataclass(frozen=True)
 class ServeFile:
-    """A ``server.toml`` read and checked: the two tables, and the rest (the federation's settings,
-    a mapping for :func:`har_io.cli.settings_from` with :class:`~coordinator.config.CoordinatorConfig`)."""
+    """A ``server.toml`` read and checked: the two tables, and the federation's settings as a mapping."""
 
     server: ServerSettings
     schedule: ScheduleSettings
@@ -187,18 +159,14 @@ class ServeFile:
 REMOVED: dict[str, str] = {
     "home_assistant": "Home Assistant's MQTT discovery was removed (no program ever published it, so the setting did nothing)",
 }
-"""``[server]`` keys of earlier releases that no longer exist, with why; a file that still has one is refused, with the fix."""
+"""``[server]`` keys of earlier releases, with why; a file that still has one is refused, with the fix."""
 
 
 def settings_of(data: Mapping[str, Any], what: str = "server.toml") -> ServeFile:
     """Split and check a TOML mapping: ``[server]`` and ``[schedule]`` typed, the rest returned as it is.
 
-    Raises
-    ------
-    ValueError
-        For an unknown key or a bad value in either table (``what [server]: unknown setting 'nmae'
-        (did you mean 'name'?)``), a table that is not a table, or a removed key of :data:`REMOVED`
-        (the message says to delete its line).
+    Raises ValueError for an unknown key or bad value (with a "did you mean"), a table that is not one,
+    or a removed key (saying to delete its line).
     """
     rest = dict(data)
     server_table = rest.get("server", {})
@@ -213,17 +181,7 @@ def settings_of(data: Mapping[str, Any], what: str = "server.toml") -> ServeFile
 
 
 def read_serve_file(path: Path) -> ServeFile:
-    """Read ``server.toml`` (:func:`har_io.cli.read_settings_file`) and check it with :func:`settings_of`.
-
-    A file that does not exist reads as all defaults.
-
-    Raises
-    ------
-    ValueError
-        If it is not TOML (file and line named), or holds an unknown key or bad value (key named).
-    OSError
-        If it exists but cannot be read.
-    """
+    """Read and check ``server.toml`` (missing: all defaults); ValueError for bad TOML or settings, OSError if unreadable."""
     path = Path(path)
     if not path.exists():
         return settings_of({}, str(path))

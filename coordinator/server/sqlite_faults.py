@@ -1,14 +1,9 @@
 """Faults of a SQLite file on the home server told apart: held by another program, a full disk, no access, damage.
 
-A database is *held* while another program has it locked (a backup tool, ``sqlite3`` at the
-shell in a transaction): the file is fine, and the work is done once it lets go. SQLite's own
-busy timeout waits :data:`TRY_S` at a time; :func:`wait_for` logs each further try and gives up
-after a bound with :class:`DatabaseBusy` (a restart waits again). A full disk is
-:class:`coordinator.state.StorageFull` (the same write succeeds once there is space). A file the
-server's account may not read or write is :class:`DatabaseAccess`, naming the ``chown``. Only a
-file that fails ``PRAGMA integrity_check`` is called damaged (:func:`integrity_problem`): an error
-on a file that passes it (a table dropped by hand, a row another program wrote) is said to be
-so, and no advice tells an operator to throw away a file that is whole.
+A *held* file (a backup, ``sqlite3`` at the shell) is fine: :func:`wait_for` waits, logging each try,
+and gives up with :class:`DatabaseBusy`. A full disk is StorageFull; no access is
+:class:`DatabaseAccess`, naming the ``chown``. Only a file failing ``PRAGMA integrity_check`` is
+called damaged (:func:`integrity_problem`), so no advice throws away a whole file.
 """
 
 from __future__ import annotations
@@ -27,13 +22,11 @@ log = logging.getLogger("fedhar.server.sqlite")
 T = TypeVar("T")
 
 BUSY_WAIT_S = 120.0
-"""Longest wait (s) for a database another program holds, in all: a backup or a look with ``sqlite3`` takes seconds
-to a minute; longer than this and the command stops with :class:`DatabaseBusy` (``serve`` exits with a status systemd
-restarts, which waits again)."""
+"""Longest wait (s) for a database another program holds (a backup takes seconds to a minute); then DatabaseBusy."""
 TRY_S = 5.0
 """SQLite's busy timeout (s) of one try; a warning is logged after each try that found the file held."""
 FULL_MARGIN_BYTES = 1_000_000
-"""What a write to a database asks of the disk, said in the "disk full" message (a journal and a few pages, with margin)."""
+"""What a database write asks of the disk, said in the "disk full" message (a journal and a few pages)."""
 
 Kind = Literal["busy", "full", "access", "other"]
 
@@ -65,10 +58,7 @@ def kind(exc: sqlite3.Error) -> Kind:
 
 
 def integrity_problem(path: Path) -> str | None:
-    """What ``PRAGMA integrity_check`` finds wrong with the SQLite file ``path`` (its first lines); None when it is whole.
-
-    A file that is not a database at all, or cannot be opened to check, is a problem too (its reason).
-    """
+    """What ``PRAGMA integrity_check`` finds wrong with ``path`` (or why it cannot be checked); None when whole or merely held."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=TRY_S)
         try:
@@ -98,19 +88,9 @@ def access_message(path: Path, why: str) -> str:
 def wait_for(path: Path, work: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S, what: str = "") -> T:
     """Run ``work`` (one SQLite read or transaction on ``path``), trying again while another program holds the file.
 
-    Each try waits :data:`TRY_S` inside SQLite (the connection's busy timeout); a try that finds the
-    file held is logged (``what`` names the work), and after ``busy_wait_s`` in all the wait ends.
-
-    Raises
-    ------
-    DatabaseBusy
-        If the file was held for longer than ``busy_wait_s`` (s): nothing was changed.
-    coordinator.state.StorageFull
-        If the disk is full (SQLite's ``SQLITE_FULL``, or the OS's ``ENOSPC``).
-    DatabaseAccess
-        If this account may not write the file or its folder.
-    sqlite3.Error
-        Any other error of SQLite, for the caller to judge (:func:`integrity_problem`).
+    Each try waits :data:`TRY_S` inside SQLite and is logged (``what`` names the work). Raises
+    DatabaseBusy after ``busy_wait_s`` (nothing changed), StorageFull for a full disk, DatabaseAccess when
+    this account may not write, and any other sqlite3.Error for the caller to judge.
     """
     start = time.monotonic()
     tries = 0

@@ -1,15 +1,9 @@
-"""The marks of the model versions: newest, best, rolled back, pinned, requested.
+"""The marks of the model versions (:data:`MARKS`), as ``fedhar-coordinator versions`` and the status page show them.
 
-A version is the shared model a served round made (``serve`` keeps one per completed round,
-``<data>/versions/``). Its marks, from the sources ``fedhar-coordinator versions`` reads (the
-registry's versions, the quality guard's decisions in the round records, the audit log, the
-pending ``model_request.json``); the status page shows them (:mod:`coordinator.server.web`):
-
-* ``newest`` — the highest version number;
-* ``best`` — the newest version of the quality guard's best round (the round its newest decision names);
-* ``rolled back`` — a version the guard judged worse than the best by more than its margin;
-* ``pinned`` — a version an operator's ``pin VERSION`` or ``rollback VERSION`` named (the audit log);
-* ``pin requested`` / ``rollback requested`` — named by a request a running ``serve`` has not taken up yet.
+``newest``: the highest number; ``best``: the newest version of the quality guard's best round;
+``rolled back``: judged worse than the best by more than the margin; ``pinned``: named by an
+operator's pin or rollback (audit log); ``pin requested`` / ``rollback requested``: named by a
+request a running ``serve`` has not taken up yet.
 """
 
 from __future__ import annotations
@@ -25,11 +19,7 @@ _TO_VERSION = re.compile(r"\bto version (\d+)\b")
 
 
 def operator_versions(entries: Iterable[Any]) -> dict[int, str]:
-    """Versions named by operators' ``pin``/``rollback`` audit entries (:class:`coordinator.server.audit.AuditEntry`).
-
-    Returns version -> the action of the newest entry that named it ("pin" or "rollback"). A rollback
-    to the guard's best version names none.
-    """
+    """Version -> the action ("pin", "rollback") of the newest audit entry that named it (a rollback to the best names none)."""
     out = {}
     for e in entries:
         if e.action in ("pin", "rollback") and (m := _TO_VERSION.search(e.detail or "")):
@@ -39,23 +29,7 @@ def operator_versions(entries: Iterable[Any]) -> dict[int, str]:
 
 def version_marks(versions: Sequence[int], rounds: Mapping[int, int], best_round: int | None, rolled_back: set[int],
                   pinned: Mapping[int, str], requested: tuple[str, int | None] | None) -> dict[int, list[str]]:  # fmt: skip
-    """The marks (:data:`MARKS`) of each version.
-
-    Parameters
-    ----------
-    versions : sequence of int
-        Every kept version.
-    rounds : mapping version -> round
-        The round that made each version.
-    best_round : int or None
-        The guard's best round (None: it judged none).
-    rolled_back : set of int
-        Rounds whose version the guard rolled back.
-    pinned : mapping version -> action
-        :func:`operator_versions`.
-    requested : (action, version) or None
-        The pending operator request (``model_request.json``), if any.
-    """
+    """The marks of each kept version, from its round, the guard's best round and rollbacks, ``pinned`` and the pending request."""
     newest = max(versions, default=None)
     best = max((v for v in versions if best_round is not None and rounds[v] == best_round), default=None)
     out: dict[int, list[str]] = {}

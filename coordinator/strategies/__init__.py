@@ -1,12 +1,8 @@
 """Aggregation strategies, one file each, and the registry: the one place that knows their names.
 
-Every module of this folder is imported here; each class in it that subclasses
-:class:`~coordinator.strategies.base.Strategy` and sets ``name`` registers itself under that
-name. So a new strategy is one new file: the ``--aggregation`` choices, the TOML check, the
-study's strategy names, the probe's servers and the error texts all read :data:`REGISTRY`.
-One with settings of its own also gets its table as a field of
-:class:`coordinator.config.CoordinatorConfig` (which refuses to import without it); its
-state, if any, is persisted with each round through ``state_dict`` without further code.
+Every module of this folder is imported here, and each ``Strategy`` subclass that sets ``name``
+registers itself, so a new strategy is one new file: the ``--aggregation`` choices, the TOML check,
+the study and the error texts all read :data:`REGISTRY`; its settings table and state follow.
 
 =========  ==============================================================  =================
 name       what the coordinator does                                        client extras
@@ -22,11 +18,8 @@ fedadam    Adam on the pseudo-gradient Delta (Reddi et al. 2021)           --
 fedyogi    Yogi on the pseudo-gradient Delta (Reddi et al. 2021)           --
 =========  ==============================================================  =================
 
-Files: :mod:`.base` (the interface, :class:`Federation`, :class:`Aggregate`), :mod:`.fedavg`,
-:mod:`.fedprox`, :mod:`.fedper`, :mod:`.feddwa`, :mod:`.fedopt` (the server optimisers'
-shared class and settings), :mod:`.fedexp`, :mod:`.fedavgm`, :mod:`.fedadam`, :mod:`.fedyogi`. The papers'
-arithmetic stays in :mod:`coordinator.aggregation`, :mod:`coordinator.feddwa` and
-:mod:`coordinator.server_opt`.
+:mod:`.base` holds the interface and :mod:`.fedopt` the server optimisers' shared class; the papers'
+arithmetic stays in :mod:`coordinator.aggregation`, :mod:`coordinator.feddwa` and :mod:`coordinator.server_opt`.
 """
 
 from __future__ import annotations
@@ -48,10 +41,9 @@ REGISTRY: dict[str, type[Strategy]] = Strategy.registry
 """Strategy classes by ``--aggregation`` name (filled as the modules above are imported)."""
 
 DEFAULT_AGGREGATION = "fedexp"
-"""The coordinator's default strategy: FedExP's adaptive step under momentum 0.5, capped by the number of clients
-(:mod:`coordinator.strategies.fedexp`). The earlier default, FedAvgM eta 3 beta 0.5 (``--aggregation fedavgm``), was
-chosen on the 30-client main job and collapsed 2-device federations (global macro-F1 0.06 after 15 rounds, issue 28);
-FedExP stayed within the measured bounds from 2 to 30 clients (docs/tuning/server-step.md)."""
+"""The default strategy: FedExP's adaptive step under momentum 0.5, capped by the number of clients; it
+stayed within the measured bounds from 2 to 30 clients where FedAvgM collapsed 2-device federations
+(docs/tuning/server-step.md)."""
 if DEFAULT_AGGREGATION not in REGISTRY:
     raise ImportError(f"the default strategy {DEFAULT_AGGREGATION!r} is not in {__path__}")
 
@@ -62,13 +54,7 @@ def names() -> tuple[str, ...]:
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    """The class registered as ``name``.
-
-    Raises
-    ------
-    ValueError
-        For an unknown name (the message lists the known ones).
-    """
+    """The class registered as ``name``; ValueError listing the known ones otherwise."""
     try:
         return REGISTRY[name]
     except KeyError:
@@ -76,24 +62,11 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def make_strategy(name: str, settings: Any = None) -> Strategy:
-    """A fresh strategy ``name`` with its settings.
+    """A fresh strategy ``name`` with its settings (None: its defaults).
 
-    Parameters
-    ----------
-    name : str
-        A registered name (:func:`names`).
-    settings : optional
-        Either the strategy's own settings object, or anything holding the settings tables as
-        attributes (the configuration's ``strategies`` table, :data:`StrategySettings`, or the
-        configuration itself), from which the one the strategy reads (its ``settings_table``)
-        is taken. None: its defaults.
-
-    Raises
-    ------
-    ValueError
-        For an unknown name (the message lists the known ones).
-    TypeError
-        If the settings are of the wrong type.
+    ``settings`` is the strategy's own settings object, or anything holding the tables as attributes (the
+    configuration or its ``strategies`` table). Raises ValueError for an unknown name, TypeError for
+    settings of the wrong type.
     """
     cls = strategy_class(name)
     if cls.settings_type is None:
@@ -104,13 +77,7 @@ def make_strategy(name: str, settings: Any = None) -> Strategy:
 
 
 def settings_tables() -> dict[str, type]:
-    """The settings dataclass of each settings table the registered strategies read (table -> type).
-
-    Raises
-    ------
-    TypeError
-        If two strategies read one table with different types.
-    """
+    """The settings dataclass of each table the registered strategies read; TypeError if two read one table differently."""
     out: dict[str, type] = {}
     for cls in REGISTRY.values():
         if cls.settings_type is None:
@@ -122,8 +89,7 @@ def settings_tables() -> dict[str, type]:
 
 
 def _strategy_settings() -> Any:
-    """The ``[strategies]`` settings table: one sub-table per strategy that has settings (``[strategies.fedprox]``),
-    collected from the registry, so a new strategy with settings needs no line in the coordinator's configuration."""
+    """The ``[strategies]`` settings table: one sub-table per strategy with settings, collected from the registry."""
     from har_models.settings import doc
 
     tables = sorted(settings_tables().items())

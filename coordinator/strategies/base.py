@@ -1,21 +1,11 @@
 """The strategy interface: Flower's hooks, the model state they act on, and the persistence contract.
 
-A strategy has Flower's hooks (Beutel et al., arXiv 2007.14390, ``flwr.server.strategy``):
-:meth:`Strategy.configure_fit` says what the selected clients do in a round,
-:meth:`Strategy.aggregate_fit` combines their results and sees the failures (clients
-that missed the deadline, went offline or were rejected), and
-:meth:`Strategy.aggregate_intermediate` combines the updates of a FedDist intermediate
-exchange. Client selection and the round's bookkeeping are in :mod:`coordinator.round`;
-growth (FedDist) and client initialisation (FedALA) are orthogonal switches, so every
-combination runs.
-
-Like a ``torch.optim`` optimiser, a strategy hands out what it carries between rounds with
-:meth:`Strategy.state_dict` (named tensors; empty for a stateless strategy) and takes it back
-with :meth:`Strategy.load_state_dict`, so the run folder persists any strategy the same way.
-
-A strategy's settings are a frozen dataclass (:attr:`Strategy.settings_type`) nested in the
-coordinator's configuration under :attr:`Strategy.settings_table`; the registry
-(:mod:`coordinator.strategies`) hands it over when it builds the strategy.
+Flower's hooks (Beutel et al., arXiv 2007.14390): :meth:`Strategy.configure_fit` says what the
+selected clients do, :meth:`Strategy.aggregate_fit` combines their results and sees the failures,
+:meth:`Strategy.aggregate_intermediate` combines a FedDist intermediate exchange. Like a
+``torch.optim`` optimiser, :meth:`Strategy.state_dict` / :meth:`Strategy.load_state_dict` carry
+state between rounds, so the run folder persists any strategy the same way. Settings are a frozen
+dataclass (:attr:`Strategy.settings_type`) under :attr:`Strategy.settings_table` of the configuration.
 """
 
 from __future__ import annotations
@@ -43,16 +33,8 @@ log = logging.getLogger("fedhar.coordinator.strategy")
 class Federation:
     """The coordinator's model state between rounds.
 
-    Attributes
-    ----------
-    spec : ArchSpec
-        Current architecture (version v).
-    initial_spec : ArchSpec
-        Architecture of round 0 (FedDist width caps are relative to it).
-    global_state : State
-        The global model G (FedAvg/FedProx/FedDist) or the shadow average (FedDWA, FedPer).
-    personal : dict client id -> State
-        Personalised models P_i (FedDWA); clients without one receive G.
+    ``initial_spec`` is round 0's architecture (FedDist's caps are relative to it); ``global_state`` is G
+    (or the shadow average under FedDWA, FedPer); ``personal`` holds P_i (clients without one receive G).
     """
 
     spec: ArchSpec
@@ -63,19 +45,7 @@ class Federation:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """Result of one aggregation.
-
-    Attributes
-    ----------
-    global_state : State
-        New G.
-    personal : dict client id -> State
-        New personalised models of this round's participants (empty unless personalised).
-    mixing : Tensor of shape (n, n), optional
-        FedDWA's P[j, i] over ``participants`` (kept to re-mix after intermediate rounds).
-    participants : list of str
-        Client ids that contributed, in the order of ``mixing``.
-    """
+    """Result of one aggregation: new G, the participants' new personalised models, FedDWA's P[j, i] ``(n, n)`` or None."""
 
     global_state: State
     personal: dict[str, State]
@@ -84,13 +54,7 @@ class Aggregate:
 
 
 def contributors(updates: Sequence[ClientUpdate]) -> list[ClientUpdate]:
-    """Updates with at least one training window; the others trained nothing and are left out.
-
-    Raises
-    ------
-    ValueError
-        If none has a training window.
-    """
+    """Updates with at least one training window (the others trained nothing); ValueError if none has one."""
     used = [u for u in updates if u.n_train > 0]
     if not used:
         raise ValueError("no update carries training windows (all n_train = 0); nothing to aggregate")
@@ -100,10 +64,7 @@ def contributors(updates: Sequence[ClientUpdate]) -> list[ClientUpdate]:
 def fedavg_of(results: Sequence[ClientUpdate]) -> Aggregate:
     """theta = sum_k n_k / n * theta_k over the results with n_k > 0 (McMahan et al., AISTATS 2017, Algorithm 1).
 
-    Raises
-    ------
-    ValueError
-        If no result carries training windows.
+    Raises ValueError if no result carries training windows.
     """
     used = contributors(results)
     g = weighted_average([u.state for u in used], [u.n_train for u in used])
@@ -113,27 +74,11 @@ def fedavg_of(results: Sequence[ClientUpdate]) -> Aggregate:
 class Strategy:
     """Base of every strategy: Flower's hooks and the persistence contract; not registered itself.
 
-    A subclass that sets :attr:`name` is registered under it when its module is imported
-    (the package :mod:`coordinator.strategies` imports every module of its folder), so a new
-    strategy is one new file. It must implement :meth:`aggregate_fit`; the other hooks have
-    defaults (plain plan, intermediate exchanges aggregated like a round, no state).
-
-    Class attributes
-    ----------------
-    name : str
-        The ``--aggregation`` name ("" for an abstract base).
-    settings_type : type or None
-        Frozen settings dataclass the constructor takes (None: no settings).
-    settings_table : str
-        The field of :class:`coordinator.config.CoordinatorConfig` (and the TOML table) that
-        holds those settings.
-    feddist_paper : bool
-        True when FedDist's paper mode (copied outgoing weights and intermediate layer-wise
-        rounds) applies unchanged: one global model that every client takes whole. False
-        (the default) makes ``feddist_mode = "auto"`` pick the function-preserving mode.
-    personalised : bool
-        True when the strategy keeps a model per client (FedDWA, FedPer): its round needs
-        every update together, so it cannot run buffered rounds (:mod:`coordinator.rounds.buffered`).
+    A subclass that sets :attr:`name` (its ``--aggregation`` name) is registered when its module is
+    imported, so a new strategy is one new file implementing :meth:`aggregate_fit`. ``feddist_paper``:
+    FedDist's paper mode applies unchanged (one global model every client takes whole; else
+    ``feddist_mode = "auto"`` picks function-preserving). ``personalised``: a model per client, so no
+    buffered rounds.
     """
 
     name: ClassVar[str] = ""
@@ -156,13 +101,7 @@ class Strategy:
         Strategy.registry[name] = cls
 
     def __init__(self, settings: Any = None):
-        """Build the strategy from its settings (an instance of :attr:`settings_type`; None: its defaults).
-
-        Raises
-        ------
-        TypeError
-            If ``settings`` is of another type, or given to a strategy without settings.
-        """
+        """Build the strategy from its settings (None: the defaults); TypeError for settings of another type or none expected."""
         if self.settings_type is None:
             if settings is not None:
                 raise TypeError(f"{self.name or type(self).__name__} has no settings, got {type(settings).__name__}")
@@ -181,10 +120,7 @@ class Strategy:
     ) -> Aggregate:
         """Combine the round's validated updates; ``failures`` are the selected clients that sent none.
 
-        Raises
-        ------
-        ValueError
-            If the results cannot be aggregated (the round then closes with the model unchanged).
+        Raises ValueError if the results cannot be aggregated (the round closes with the model unchanged).
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement aggregate_fit")
 
@@ -193,31 +129,18 @@ class Strategy:
         return self.aggregate_fit(-1, fed, results)
 
     def shrink_step(self, factor: float) -> bool:
-        """Take a smaller server step from now on: multiply it by ``factor`` in (0, 1] and forget the momentum.
+        """Multiply the server step by ``factor`` in (0, 1] and forget the momentum (the guard's rollback); whether there was one.
 
-        The quality guard (:mod:`coordinator.guard`) calls it after each rollback. A strategy
-        without a server step of its own (FedAvg, FedProx, FedDWA, FedPer: the new model is the
-        clients' mean) has nothing to shrink and returns False; one that has returns True.
-
-        Raises
-        ------
-        ValueError
-            If ``factor`` is not in (0, 1].
+        Raises ValueError if ``factor`` is not in (0, 1].
         """
         if not 0 < factor <= 1:
             raise ValueError(f"{self.name}: shrink_step factor must be in (0, 1], got {factor}")
         return False
 
     def grow_step(self, factor: float) -> bool:
-        """Take a larger server step from now on, never above the setting: the quality guard's recovery after rollbacks.
+        """Multiply the server step by ``factor`` >= 1, never above the setting (the guard's recovery); whether it changed.
 
-        Multiplies the step by ``factor`` >= 1 up to the strategy's own step; False when there is no
-        server step (the default here) or it is at its setting already.
-
-        Raises
-        ------
-        ValueError
-            If ``factor`` is below 1 or not finite.
+        Raises ValueError if ``factor`` is below 1 or not finite.
         """
         if not (math.isfinite(factor) and factor >= 1):
             raise ValueError(f"{self.name}: grow_step factor must be a finite number >= 1, got {factor}")
@@ -230,8 +153,7 @@ class Strategy:
 
     def judge(self, round_: int, fed: Federation, spec0: ArchSpec, received: State,
               results: Sequence[ClientUpdate]) -> GuardNote | None:  # fmt: skip
-        """Judge the version the clients received in round ``round_`` by their start measures, after the round: a quality
-        guard (:mod:`coordinator.rounds.guarded`) may put ``fed`` back to an earlier version. None here: nothing judged."""
+        """Judge the version received in round ``round_`` by the clients' start measures (a guard may restore ``fed``); None here."""
         return None
 
     def restore(self, records: Sequence[RoundRecord]) -> None:
@@ -258,13 +180,6 @@ class Strategy:
         return {}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], spec: ArchSpec | None = None) -> None:
-        """Take back what :meth:`state_dict` gave (after a restart); ``spec`` is the model it must fit.
-
-        Raises
-        ------
-        ValueError
-            If ``state`` does not belong to this strategy or does not fit ``spec`` (a stateless
-            strategy accepts only an empty one).
-        """
+        """Take back what :meth:`state_dict` gave; ValueError if ``state`` is not this strategy's or does not fit ``spec``."""
         if state:
             raise ValueError(f"{self.name}: keeps no state between rounds, got {sorted(state)[:3]}")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from coordinator.server_opt import BETA1
-from coordinator.strategies.fedopt import FedOpt, State
-from coordinator.updates import ClientUpdate
+from coordinator.strategies.fedopt import FedOpt
 
 
 class FedAdam(FedOpt):
@@ -15,6 +12,4 @@ class FedAdam(FedOpt):
     name = "fedadam"
     default_lr = 0.01
     default_momentum = BETA1
-
-    def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
-        return self.adaptive("adam", x_t, delta)
+    rule = "adam"

@@ -9,10 +9,7 @@ from coordinator.updates import ClientUpdate, Failure
 
 
 class FedAvg(Strategy):
-    """FedAvg: theta = sum_k n_k / n * theta_k, weighted by training windows n_k; clients train plainly.
-
-    No settings, no state between rounds.
-    """
+    """FedAvg: theta = sum_k n_k / n * theta_k, weighted by training windows n_k; no settings, no state."""
 
     name = "fedavg"
     feddist_paper = True
@@ -20,13 +17,5 @@ class FedAvg(Strategy):
     def aggregate_fit(
         self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
     ) -> Aggregate:
-        """theta = sum_k n_k / n * theta_k over the results with n_k > 0 (McMahan et al., AISTATS 2017, Algorithm 1).
-
-        Failures carry no weight.
-
-        Raises
-        ------
-        ValueError
-            If no result carries training windows.
-        """
+        """:func:`~coordinator.strategies.base.fedavg_of` of the results (failures carry no weight); ValueError if none trained."""
         return fedavg_of(results)

@@ -9,12 +9,10 @@ from coordinator.strategies.fedopt import FedOpt, State
 from coordinator.updates import ClientUpdate
 
 FEDAVGM_BETA = 0.5
-"""FedAvgM's default momentum: the best of 0.5, 0.6, 0.7 and 0.9 on HAPT validation windows (docs/results.md); at
-0.9 the global model of a 30-client run diverged in round 8."""
+"""FedAvgM's default momentum: the best of 0.5-0.9 on HAPT validation windows; at 0.9 a 30-client run diverged (docs/results.md)."""
 
 FEDAVGM_ETA = 3.0
-"""FedAvgM's default server lr: the best of 1, 2, 3 and 4 (with beta 0.5) on HAPT validation windows, 15 rounds of
-E = 1 (docs/results.md); 4 swung between 0.51 and 0.93 validation macro-F1."""
+"""FedAvgM's default server lr: the best of 1-4 with beta 0.5 on HAPT validation windows (docs/results.md)."""
 
 
 class FedAvgM(FedOpt):

@@ -21,19 +21,8 @@ from har_models.wire.messages import TrainingPlan
 class FedDWASettings:
     """FedDWA's settings.
 
-    Parameters
-    ----------
-    top_k : int >= 1
-        K, sources kept per client (5 in the paper's code).
-    gram : {"float32", "float64"}
-        Arithmetic of the guidance distances' Gram product (:func:`coordinator.feddwa.distances`):
-        centred float32 blocks summed in float64 (default, :data:`coordinator.feddwa.DEFAULT_GRAM`
-        gives the measured tolerance and speed), or the exact float64 product.
-
-    Raises
-    ------
-    ValueError
-        If top_k < 1 or gram is not one of :data:`coordinator.feddwa.GRAMS`.
+    ``top_k`` is K, sources kept per client (5 in the paper's code); ``gram`` the distances' Gram
+    arithmetic (:data:`coordinator.feddwa.DEFAULT_GRAM`). Raises ValueError if top_k < 1 or gram is unknown.
     """
 
     top_k: int = field(default=5, metadata=doc("FedDWA K: sources kept per client", flag="--top-k"))
@@ -53,9 +42,7 @@ class FedDWASettings:
 class FedDWA(FedAvg):
     """FedDWA: client i receives sum_j p_ij w_j, p_ij proportional to ||guidance_i - w_j||^-2 over the top-K.
 
-    Each participant uploads w_i and its guidance model (see :mod:`coordinator.feddwa`).
-    Clients that did not take part keep their P_i. G is the shadow FedAvg average (for
-    FedDist detection and the global measure).
+    Clients that did not take part keep their P_i; G is the shadow FedAvg average (FedDist detection, the global measure).
     """
 
     name = "feddwa"
@@ -77,15 +64,9 @@ class FedDWA(FedAvg):
     def aggregate_fit(
         self, round_: int, fed: Federation, results: Sequence[ClientUpdate], failures: Sequence[Failure] = ()
     ) -> Aggregate:
-        """P_i = sum_j p_ij w_j for every participant i (FedDWA eq. 7-9); G is the shadow FedAvg.
+        """P_i = sum_j p_ij w_j for every participant i (FedDWA eq. 7-9), with the shadow FedAvg G mixed in the same pass.
 
-        G is mixed in the same pass over the trained models as the P_i (one more column of
-        FedAvg weights n_k / n), so it equals :func:`weighted_average` up to float64 rounding order.
-
-        Raises
-        ------
-        ValueError
-            If no result carries training windows.
+        Raises ValueError if no result carries training windows.
         """
         used = contributors(results)
         guid = [u.guidance if u.guidance is not None else u.state for u in used]
@@ -96,13 +77,7 @@ class FedDWA(FedAvg):
         return Aggregate(res.average, personal, res.weights, [u.client_id for u in used])
 
     def aggregate_intermediate(self, fed: Federation, first: Aggregate, results: Sequence[ClientUpdate]) -> Aggregate:
-        """Mix intermediate-round models with this round's P (no new guidance models).
-
-        Raises
-        ------
-        ValueError
-            If no participant of the round sent an intermediate update.
-        """
+        """Mix intermediate-round models with this round's P; ValueError if no participant sent an intermediate update."""
         by_id = {u.client_id: u for u in results}
         keep = [i for i, cid in enumerate(first.participants) if cid in by_id and by_id[cid].n_train > 0]
         if not keep:

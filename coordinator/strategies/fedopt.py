@@ -1,12 +1,8 @@
 """The server optimisers' shared class and settings (Reddi et al., "Adaptive Federated Optimization", ICLR 2021).
 
-FedAvg clients; the server takes one optimiser step on the pseudo-gradient
-Delta_t = x_t - avg(x_i) per round (Algorithm 2, FedOpt). The arithmetic is in
-:mod:`coordinator.server_opt`; the four registered strategies (FedExP, FedAvgM, FedAdam,
-FedYogi) are one file each, each with its own step (:meth:`FedOpt.step`) and default eta and beta. FedExP
-(Jhunjhunwala et al., ICLR 2023) takes its step size eta_t each round from the clients' own
-updates before the momentum step; its ``eta`` is the cap of eta_t. The moments
-m_t, v_t are the strategy's state (:meth:`FedOpt.state_dict`), persisted with each round.
+FedAvg clients; the server takes one optimiser step per round on Delta_t = x_t - avg(x_i)
+(Algorithm 2; arithmetic in :mod:`coordinator.server_opt`). FedExP, FedAvgM, FedAdam and FedYogi are
+one file each; the moments m_t, v_t are the strategy's persisted state.
 """
 
 from __future__ import annotations
@@ -28,26 +24,9 @@ from har_models.settings import doc
 class ServerOptSettings:
     """Settings of the server optimisers (fedexp, fedavgm, fedadam, fedyogi); the other strategies ignore them.
 
-    Parameters
-    ----------
-    lr : float > 0, optional
-        Server learning rate eta; for FedExP the largest step eta_max its adaptive eta_t may take (>= 1). None: the
-        optimiser's default (FedExP: see :mod:`coordinator.strategies.fedexp`; FedAvgM 3.0, tuned on HAPT's 30-client
-        job, docs/results.md; FedAdam and FedYogi 0.01; the paper tunes it per task, 10^-2.5..10^0 for Adam and Yogi).
-    momentum : float in [0, 1), optional
-        FedExP's or FedAvgM's momentum beta, or FedAdam/FedYogi's first-moment decay beta1. None: the
-        optimiser's default (FedAvgM 0.5, tuned on HAPT, docs/results.md; FedAdam/FedYogi 0.9).
-    beta2 : float in [0, 1)
-        FedAdam/FedYogi second-moment decay (0.99, Reddi et al. 2021, section 5).
-    tau : float > 0
-        FedAdam/FedYogi adaptivity (1e-3, Reddi et al. 2021, section 5).
-    eps : float > 0
-        FedExP's eps in eta_t's denominator (:data:`coordinator.server_opt.EXP_EPS`).
-
-    Raises
-    ------
-    ValueError
-        If a value is out of range (the message names the field).
+    ``lr`` (eta; FedExP's cap eta_max, >= 1) and ``momentum`` (beta, or beta1) default to the optimiser's
+    own; ``beta2`` and ``tau`` are Reddi et al.'s section 5 values; ``eps`` is FedExP's. Raises ValueError
+    naming the field for a value out of range.
     """
 
     lr: float | None = field(
@@ -82,23 +61,15 @@ class ServerOptSettings:
 class FedOpt(Strategy):
     """FedAvg clients, a server optimiser on the pseudo-gradient (Reddi et al. 2021, Algorithm 2); abstract.
 
-    A subclass sets ``name`` and its defaults :attr:`default_lr` and :attr:`default_momentum`, which
-    fill the settings left out, and owns its maths: :meth:`step`, one optimiser step on the pseudo-gradient.
-
-    Attributes
-    ----------
-    eta, beta, beta2, tau, eps : float
-        The settings in force (for FedExP, ``eta`` is the cap eta_max).
-    last_eta : float or None
-        The step size of the last step (FedExP's adaptive eta_t; the others' eta), after ``step_scale``; None before it.
-    step_scale : float
-        Factor on every step (1; the quality guard halves it at each rollback, :meth:`shrink_step`).
-    m, v : State or None
-        First and second moments (None before the first step; v only for adam/yogi).
+    A subclass sets ``name``, :attr:`default_lr` and :attr:`default_momentum` (filling settings left out)
+    and its :meth:`step`. ``eta`` is FedExP's cap; ``last_eta`` the last step size after ``step_scale``
+    (which the quality guard halves at each rollback); ``m``, ``v`` the moments (None before the first step).
     """
 
     default_lr: ClassVar[float] = 0.0
     default_momentum: ClassVar[float] = 0.0
+    rule: ClassVar[str] = ""
+    """FedAdam's and FedYogi's second-moment rule ("adam", "yogi") for :meth:`step`; "" for the others."""
     sized_cap: ClassVar[bool] = False
     """True when, with ``lr`` left out, :meth:`eta_max` follows the number of clients (FedExP)."""
     settings_type = ServerOptSettings
@@ -121,15 +92,8 @@ class FedOpt(Strategy):
     ) -> Aggregate:
         """x_{t+1} from x_t = ``fed.global_state`` and the n_i-weighted mean of the results (one optimiser step).
 
-        When FedDist widened a layer since the last step, the moments of the new units start
-        at their initial values (m 0, v tau^2), appended where growth appends units. The step
-        itself is the subclass's (:meth:`step`).
-
-        Raises
-        ------
-        ValueError
-            If no result carries training windows, the tensors do not match the model, or the
-            step gives non-finite values (the moments are then left as they were).
+        Moments of units FedDist added since the last step start at m 0, v tau^2. Raises ValueError if no
+        result carries training windows, the tensors do not match, or the step is not finite (moments kept).
         """
         avg = fedavg_of(results)
         x_t = fed.global_state
@@ -150,39 +114,25 @@ class FedOpt(Strategy):
         return Aggregate(x_new, {}, None, avg.participants)
 
     def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
-        """One optimiser step from x_t on the pseudo-gradient ``delta`` of ``results``: (eta_t, x_{t+1}, m_{t+1}, v_{t+1} or None).
+        """One optimiser step from x_t on the pseudo-gradient ``delta``: (eta_t, x_{t+1}, m_{t+1}, v_{t+1} or None).
 
-        Reads the moments ``m``, ``v`` and ``step_scale``; :meth:`aggregate_fit` keeps what it returns.
+        Reads ``m``, ``v`` and ``step_scale``; here Reddi et al.'s adaptive step with second-moment :attr:`rule`.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement step")
-
-    def adaptive(self, rule: str, x_t: State, delta: State) -> tuple[float, State, State, State | None]:
-        """Reddi et al.'s adaptive step with second-moment rule ``rule`` ("adam", "yogi"): FedAdam's and FedYogi's :meth:`step`."""
+        if not self.rule:
+            raise NotImplementedError(f"{type(self).__name__} does not implement step")
         eta_t = self.eta * self.step_scale
-        x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, eta_t, rule, self.beta, self.beta2, self.tau)
+        x_new, m_new, v_new = adaptive_step(x_t, delta, self.m, self.v, eta_t, self.rule, self.beta, self.beta2, self.tau)
         return eta_t, x_new, m_new, v_new
 
     def shrink_step(self, factor: float) -> bool:
-        """Multiply every later step by ``factor`` (``step_scale``) and reset the moments m, v to their initial state.
-
-        Raises
-        ------
-        ValueError
-            If ``factor`` is not in (0, 1].
-        """
+        """Multiply every later step by ``factor`` in (0, 1] (``step_scale``) and reset the moments; ValueError otherwise."""
         super().shrink_step(factor)
         self.step_scale *= factor
         self.m = self.v = None
         return True
 
     def grow_step(self, factor: float) -> bool:
-        """Multiply ``step_scale`` by ``factor``, at most back to 1; the moments are kept. False when it is 1 already.
-
-        Raises
-        ------
-        ValueError
-            If ``factor`` is below 1 or not finite.
-        """
+        """Multiply ``step_scale`` by ``factor`` >= 1, at most back to 1, keeping the moments; False when it is 1 already."""
         super().grow_step(factor)
         if self.step_scale >= 1.0:
             return False
@@ -205,16 +155,9 @@ class FedOpt(Strategy):
         return out
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], spec: ArchSpec | None = None) -> None:
-        """Take back what :meth:`state_dict` gave (after a restart).
+        """Take back what :meth:`state_dict` gave (after a restart); moments may be smaller than ``spec`` (FedDist grew it).
 
-        With ``spec``, each moment must name a tensor of it with the same rank and a shape no
-        larger (FedDist may have grown the layer after the step; the next step pads it).
-
-        Raises
-        ------
-        ValueError
-            If a key is neither ``m.*`` nor ``v.*``, a moment does not fit ``spec`` or holds
-            NaN/inf; the moments are then left as they were.
+        Raises ValueError if a key is neither ``m.*`` nor ``v.*``, a moment does not fit ``spec`` or holds NaN/inf (moments kept).
         """
         bad = [k for k in state if not k.startswith(("m.", "v."))]
         if bad:

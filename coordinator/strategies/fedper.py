@@ -13,11 +13,7 @@ FEDPER_LOCAL = ("hidden.weight", "hidden.bias", "out.weight", "out.bias")
 
 
 class FedPer(FedAvg):
-    """FedPer: the server averages every tensor, clients replace only the base (conv) layer.
-
-    The server's average is reported as the shadow global model; clients keep
-    :data:`FEDPER_LOCAL` from their own training.
-    """
+    """FedPer: the server averages every tensor (the shadow global model); clients keep :data:`FEDPER_LOCAL` of their own."""
 
     name = "fedper"
     feddist_paper = False

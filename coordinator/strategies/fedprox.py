@@ -13,16 +13,8 @@ from har_models.wire.messages import TrainingPlan
 class FedProxSettings:
     """FedProx's settings.
 
-    Parameters
-    ----------
-    mu : float >= 0
-        Proximal weight mu of (mu/2)||w - w^t||^2 (Li et al. 2020, eq. 2); algorithms.md 4.3
-        proposes 0.01, the paper tunes 0.001..1.
-
-    Raises
-    ------
-    ValueError
-        If mu is negative.
+    ``mu`` is the proximal weight of (mu/2)||w - w^t||^2 (Li et al. 2020, eq. 2; algorithms.md 4.3
+    proposes 0.01, the paper tunes 0.001..1). Raises ValueError if mu is negative.
     """
 
     mu: float = field(default=0.01, metadata=doc("FedProx mu: proximal weight of (mu/2)||w - w^t||^2", flag="--prox-mu"))

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from coordinator.server_opt import BETA1
-from coordinator.strategies.fedopt import FedOpt, State
-from coordinator.updates import ClientUpdate
+from coordinator.strategies.fedopt import FedOpt
 
 
 class FedYogi(FedOpt):
@@ -15,6 +12,4 @@ class FedYogi(FedOpt):
     name = "fedyogi"
     default_lr = 0.01
     default_momentum = BETA1
-
-    def step(self, round_: int, x_t: State, delta: State, results: Sequence[ClientUpdate]) -> tuple[float, State, State, State | None]:
-        return self.adaptive("yogi", x_t, delta)
+    rule = "yogi"

@@ -1,9 +1,7 @@
 """The broker's TLS certificates as the status site watches them: their expiry, or why they cannot be read.
 
-The page and ``/metrics`` show when the broker's server certificate and CA expire (README step 7).
-They read the broker folder's manifest (``fedhar-broker.json``) and the certificate files it names;
-a file the server's user cannot read is a problem :meth:`coordinator.server.web.view.ServerView.health`
-reports with the file and the ``chgrp``/``chmod`` that fixes it, logged once (not at every page view).
+Read from the broker folder's manifest and the files it names; an unreadable file is a health problem
+naming the ``chgrp``/``chmod`` fix, logged once.
 """
 
 from __future__ import annotations
@@ -23,15 +21,7 @@ WARN_EVERY_S = 86400.0
 
 
 class CertificateWatch:
-    """The certificates of one broker folder, read again only when a file changed (a renewal).
-
-    Attributes
-    ----------
-    folder : Path
-        The broker folder (``[server] broker_dir``).
-    problem : str or None
-        Why the certificates cannot be read now (the file and the fix); None when they can.
-    """
+    """The certificates of one broker folder, read again only when a file changed; ``problem`` says why they cannot be read."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -41,11 +31,7 @@ class CertificateWatch:
         self._warned: dict[str, float] = {}
 
     def read(self, now: float) -> list[Any]:
-        """The :class:`coordinator.broker.certificates.CertificateExpiry` of the server certificate and the CA.
-
-        [] without TLS, or when a file cannot be read (:attr:`problem` says which; logged when it changes).
-        Logs a warning, at most once a day per certificate, from 30 days before one expires.
-        """
+        """The server certificate's and CA's expiry ([] without TLS or unreadable); warns at most daily from 30 days before expiry."""
         from coordinator.broker.certificates import EXPIRY_WARNING_S, certificate_expiry
         from coordinator.broker.settings import MANIFEST_NAME, SetupError, read_settings
 

@@ -1,9 +1,7 @@
 """One row per device, as ``/api/devices`` gives it and the page's device table shows it.
 
-A device's row merges four sources: the server database (enrolment, owner, revocation,
-participation), the round records (its rounds where the database has none), the broker's retained
-status as the monitor read it (presence, sensing health, windows, backend, cost), and the run's
-harm counts (:mod:`coordinator.server.harm`: clipped, rejected, quarantined).
+A row merges the server database (enrolment, owner, revocation, participation), the round records,
+the broker's retained status as the monitor read it, and the run's harm counts.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ TARGET_RATE_HZ = 50.0
 """The sample rate every device must deliver (the model's 50 Hz grid)."""
 
 RATE_OK_HZ = (45.0, 55.0)
-"""A delivered rate outside this range (Hz, bounds included as fine) is shown in the warning colour."""
+"""A delivered rate outside this range (Hz, bounds fine) is shown in the warning colour."""
 
 
 def clean(obj: Any) -> Any:
@@ -36,16 +34,10 @@ def clean(obj: Any) -> Any:
 def sensing_json(st: ClientStatus | None, seen: DeviceSeen | None = None, now: float | None = None) -> dict[str, Any]:
     """The ``sensing`` object of a device in ``/api/devices`` from its latest status (None: no status).
 
-    Keys: ``state`` ("live"/"paused"/None), ``target_hz`` (:data:`TARGET_RATE_HZ`), ``acc_hz`` and
-    ``gyro_hz`` (delivered rates over the last minute, Hz), ``rate_hz`` (the lower of the two:
-    the slower stream limits the 50 Hz grid), ``rate_ok``
-    (both reported rates inside :data:`RATE_OK_HZ`; None without a rate), ``newest_window_age_s``
-    (s), ``gaps`` (silences longer than a window in the last hour), ``late`` (samples dropped as
-    late), ``charging``. Each is None where the status does not carry it. With ``seen`` (the monitor's
-    :class:`~coordinator.server.monitor.DeviceSeen`) and ``now`` (s since the epoch) the window age is
-    the age now: the reported age plus the time since it was first reported, so a stream that stopped
-    (a replay that ended, repeating its last age) ages on the page; ``window_stream_stopped`` is True
-    when a later status repeated the same age (no new window since), else False (None: no age).
+    Keys (None where the status does not carry them): ``state``, ``target_hz``, ``acc_hz``, ``gyro_hz``,
+    ``rate_hz`` (the slower stream), ``rate_ok`` (both within :data:`RATE_OK_HZ`), ``newest_window_age_s``,
+    ``window_stream_stopped``, ``gaps``, ``late``, ``charging``. With ``seen`` and ``now`` the window age
+    is the age now, so a stream that stopped (repeating its last age) ages on the page.
     """
     h = st.sensing_health if st is not None else None
     age = h.window_age_s if h is not None else None
@@ -81,27 +73,8 @@ def device_rows(snap: MonitorSnapshot, registered: Sequence[Any], participation:
                 link_down: bool) -> list[dict[str, Any]]:  # fmt: skip
     """One JSON object per device, by name: enrolled ones, and any other the broker or the records show.
 
-    Parameters
-    ----------
-    snap : MonitorSnapshot
-        The broker as the monitor sees it now.
-    registered : sequence of registry rows
-        ``name``, ``owner``, ``state`` and, for a renamed device, ``renamed_to``.
-    participation : mapping name -> ParticipationSummary
-        The registry's rounds per device (``rounds``, ``last_t``, ``last``).
-    took : mapping name -> Took
-        The records' rounds per device (for devices the registry has no rows for).
-    harm : mapping name -> DeviceHarm
-    arch_at : callable round -> architecture version or None
-    now : float
-        Wall-clock time (s since the epoch).
-    link_down : bool
-        The page's broker link is down: an enrolled device's presence is unknown (``online`` None).
-
-    Returns
-    -------
-    list of dict
-        Keys as documented at :meth:`coordinator.server.web.view.ServerView.devices`.
+    ``took`` covers devices the registry has no participation for; with ``link_down`` an enrolled device's
+    ``online`` is None. Keys as :meth:`coordinator.server.web.view.ServerView.devices` documents.
     """
     rows = {str(r.name): r for r in registered}
     names = sorted(set(rows) | set(snap.devices) | set(took))  # a sender known only by its rejections is no device

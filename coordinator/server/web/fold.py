@@ -1,18 +1,10 @@
 """What the status site keeps of the round records, folded one record at a time.
 
-The page, its JSON API and ``/metrics`` read the run's round records (:class:`coordinator.record.RoundRecord`)
-through one :class:`RoundFold`: it is built once over every record when the page starts and then
-takes each new record as its round completes (:meth:`RoundFold.add`, O(1) apart from a record's own
-per-device entries), so a request costs the same at round 10 as at round 100,000. It holds no list
-of records, only what the site shows:
-
-* the totals ``/metrics`` exports (:class:`coordinator.server.metrics.RoundTotals`);
-* each device's rounds in the records and its newest personalisation figures (:class:`Took`);
-* the architecture version of each round's model (as change points);
-* the chart series (:class:`coordinator.server.web.series.RoundSeries`);
-* the shared model's quality per round (:class:`RoundQuality`), for the versions table;
-* each device's rejected messages by reason;
-* the quality guard's decisions: the newest one, the best round, the rounds whose version it rolled back.
+One :class:`RoundFold` is built over every record when the page starts, then takes each new record
+(:meth:`RoundFold.add`, O(1) apart from per-device entries), so a request costs the same at round 10
+as at 100,000. It keeps only what the site shows: the ``/metrics`` totals, each device's rounds and
+newest figures, architecture change points, chart series, per-round model quality, rejections by
+device and reason, and the quality guard's decisions.
 """
 
 from __future__ import annotations
@@ -45,18 +37,7 @@ class Took:
 
 @dataclass(frozen=True)
 class Measured:
-    """One measure of a round's record, as the site shows it.
-
-    Attributes
-    ----------
-    accuracy, macro_f1 : float or None
-        In [0, 1]; None where not finite (an empty test set).
-    devices : int
-        Devices the measure is over (the record's per-device figures, else its ``clients``; 1 for a
-        single global figure).
-    windows : int or None
-        Test windows it rests on: the sum of the per-device figures' ``n`` (None: not recorded).
-    """
+    """One measure of a round's record as the site shows it: accuracy and macro-F1 (None where not finite), devices, test windows."""
 
     accuracy: float | None
     macro_f1: float | None
@@ -85,17 +66,8 @@ def _finite(v: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class RoundQuality:
-    """What one round's record says about models.
-
-    Attributes
-    ----------
-    start : Measured or None
-        The devices' start measure in this round: the model they received, i.e. the shared model of
-        the round before (its version), each on its own test windows.
-    global_ : Measured or None
-        This round's global model on a union test set (a simulation or ``--eval-data``; None in a deployment).
-    personalisation : Measured or None
-        This round's trained models, each on its own device's test windows (mean over devices).
+    """What one round's record says about models: the devices' start measure (the previous round's shared
+    model), the global model on a union test set (None in a deployment), and the personalisation mean.
     """
 
     start: Measured | None
@@ -105,11 +77,8 @@ class RoundQuality:
 
 @dataclass(frozen=True)
 class GuardDecision:
-    """The quality guard's decision in one round and the evidence it had.
-
-    ``devices`` and ``windows`` are the round's start measures (the devices that measured the judged
-    version, and their test windows): what the guard compares, over the devices that also measured
-    the best version. Records that carry the counts in the guard's note itself take them from there.
+    """The quality guard's decision in one round and its evidence: devices and test windows of the start
+    measures compared (from the guard's note, or the round's start measure in older records).
     """
 
     round: int
@@ -168,16 +137,13 @@ class RoundFold:
         return self.guard.note.to_round if self.guard is not None else None
 
     def version_quality(self, round_: int) -> dict[str, Measured | None]:
-        """The quality of the version made in ``round_``: ``shared`` (the devices' start measure in the next round),
-        ``global`` and ``personalisation`` (of ``round_`` itself); None where not measured (yet)."""
+        """The quality of the version made in ``round_``: ``shared`` (the next round's start measure), ``global``, ``personalisation``."""
         q, after = self.quality.get(round_), self.quality.get(round_ + 1)
         return {"shared": after.start if after else None, "global": q.global_ if q else None,
                 "personalisation": q.personalisation if q else None}  # fmt: skip
 
 
 def version_rows(rows: Sequence[Mapping[str, Any]], fold: RoundFold, marks: Mapping[int, list[str]]) -> list[dict[str, Any]]:
-    """The JSON of ``/api/versions``: each registry row with ``quality`` (:meth:`RoundFold.version_quality`: ``shared``,
-    ``global``, ``personalisation``, each :meth:`Measured.to_json` or None where not measured) and ``marks``
-    (:func:`coordinator.server.version_marks.version_marks`) added."""
+    """The JSON of ``/api/versions``: each registry row with ``quality`` (:meth:`RoundFold.version_quality`) and ``marks``."""
     return [{**r, "quality": {k: m.to_json() if m is not None else None for k, m in fold.version_quality(int(r["round"])).items()},
              "marks": marks.get(int(r["version"]), [])} for r in rows]  # fmt: skip

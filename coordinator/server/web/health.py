@@ -1,9 +1,7 @@
 """Whether the federation can make progress, in words: the disk it needs, a stuck round, files it cannot read.
 
-The view (:meth:`coordinator.server.web.view.ServerView.health`) collects every reason in one
-place, and the page, ``/healthz`` and the log say the same. The functions here are the rules,
-each over plain values: what a federation needs on disk (:class:`DiskBudget`), when an open round
-is stuck (:func:`stuck_round`), and how an unreadable file is said with its fix (:func:`unreadable`).
+The rules over plain values; :meth:`coordinator.server.web.view.ServerView.health` collects every
+reason, so the page, ``/healthz`` and the log say the same.
 """
 
 from __future__ import annotations
@@ -18,34 +16,18 @@ from pathlib import Path
 from coordinator.server.templating import size
 
 MIN_FREE_BYTES = 64_000_000
-"""Free space below which the disk is full whatever the model: the databases, the log and the first round's files
-need room before a model's size is known (the paper's CNN alone is 26 MB a copy)."""
+"""Free space below which the disk is full whatever the model (databases, log and first round; the paper's CNN is 26 MB a copy)."""
 
 STUCK_FACTOR = 2.0
-"""An attempt still open after this many times its own deadline is stuck: the coordinator closes each attempt at its
-deadline, so one open that long means the coordinator is not running its rounds (hung, or gone without its will)."""
+"""An attempt still open after this many times its own deadline is stuck: the coordinator is not closing its rounds."""
 
 
 @dataclass(frozen=True)
 class DiskBudget:
-    """What a served federation needs on disk, and what its data folder's filesystem has free.
+    """What a served federation needs on disk, and what its data folder's filesystem has free (bytes).
 
-    Attributes
-    ----------
-    folder : Path
-        The data folder (versions, run state, blobs).
-    free : int
-        Bytes free on its filesystem for this process (``shutil.disk_usage``).
-    model : int
-        Bytes of one version file (the newest); 0 before the first version.
-    keep : int
-        Versions the server keeps (``[server] keep_versions``).
-    kept : int
-        Versions kept now, and ``kept_bytes`` their size.
-    round_folder : int
-        Bytes of the newest round's models in the run folder (global, personalised, strategy state).
-    updates : int
-        Updates the newest round received: each is held on disk (spilled, or a blob slot) while its round is open.
+    ``model`` is one version file (0 before the first); ``keep``/``kept``: versions kept at most / now;
+    ``round_folder``: the newest round's models; ``updates``: updates the newest round held on disk.
     """
 
     folder: Path
@@ -64,7 +46,7 @@ class DiskBudget:
 
     @property
     def per_round(self) -> int:
-        """Working space of one round: its models' folder (written before the oldest kept one goes), its updates, its version file."""
+        """Working space of one round: its models' folder, its updates and its version file."""
         return self.round_folder + self.updates * self.model + self.model
 
     @property
@@ -74,8 +56,7 @@ class DiskBudget:
 
     @property
     def need_next_round(self) -> int:
-        """What the next round writes before anything is deleted (:attr:`per_round`; :data:`MIN_FREE_BYTES` before a
-        model's size is known)."""
+        """What the next round writes before anything is deleted (:data:`MIN_FREE_BYTES` before a model's size is known)."""
         return self.per_round if self.known else MIN_FREE_BYTES
 
     @property
@@ -113,16 +94,7 @@ def folder_size(folder: Path) -> int:
 
 
 def measure_disk(folder: Path, run_dir: Path | None, version_paths: list[Path], keep: int, updates: int) -> DiskBudget:
-    """The :class:`DiskBudget` of a data folder now: file sizes and the filesystem's free space.
-
-    ``version_paths``: the kept versions' files, oldest first (the newest gives the model's size);
-    ``run_dir``: the run folder, whose newest ``models/rNNNN`` folder is one round's models.
-
-    Raises
-    ------
-    OSError
-        If the data folder's filesystem cannot be asked for its free space.
-    """
+    """The :class:`DiskBudget` of a data folder now (``version_paths`` oldest first); OSError if the free space cannot be asked."""
     sizes = [_file_size(p) for p in version_paths]
     rounds = sorted((run_dir / "models").glob("r[0-9]*")) if run_dir is not None else []
     round_folder = folder_size(rounds[-1]) if rounds else 0
@@ -131,10 +103,7 @@ def measure_disk(folder: Path, run_dir: Path | None, version_paths: list[Path], 
 
 
 def stuck_round(round_: int, announced_unix: float | None, deadline_unix: float, now: float) -> str | None:
-    """Why the open attempt of ``round_`` is stuck (open longer than :data:`STUCK_FACTOR` x its deadline); None when not.
-
-    ``announced_unix``: when the attempt was first seen open; ``deadline_unix``: its announced deadline.
-    """
+    """Why the open attempt of ``round_`` is stuck (open over :data:`STUCK_FACTOR` x its deadline); None when not."""
     if announced_unix is None or not deadline_unix or deadline_unix <= announced_unix:
         return None
     allowed = deadline_unix - announced_unix
@@ -159,10 +128,7 @@ def _account() -> tuple[str, str]:
 
 
 def unreadable(path: Path, why: str, account: tuple[str, str] | None = None) -> str:
-    """A file this process cannot read, with the fix: give its group read access (``chgrp`` + ``chmod g+r``).
-
-    ``account``: the (user, group) the server runs as (default: this process's).
-    """
+    """A file this process cannot read, with the fix (``chgrp`` + ``chmod g+r`` for the server's ``account``)."""
     user, group = account or _account()
     return (f"{path} cannot be read by the server (user {user}): {why}; let its group read it: "
             f"sudo chgrp {group} {path} && sudo chmod g+r {path} (and o+x on the folders above it)")  # fmt: skip

@@ -1,10 +1,7 @@
 """The status page: the view's answers arranged for the template ``page.html``, and the page rendered.
 
-:func:`page_context` asks the view (:class:`coordinator.server.web.view.ServerView`) once for each
-thing the page shows and arranges it into plain values the template writes out (autoescaped):
-words and classes are decided here, markup lives in the templates. The device table is paged
-(:data:`DEVICES_PER_PAGE` rows, ``?page=N``), so a federation of a thousand devices is a page of
-bounded size; the summary above it counts every device.
+Words and classes are decided here, markup lives in the autoescaped templates. The device table is
+paged (:data:`DEVICES_PER_PAGE` rows, ``?page=N``) so a thousand devices make a page of bounded size.
 """
 
 from __future__ import annotations
@@ -44,14 +41,7 @@ class PageOutOfRange(ValueError):
 
 
 def page_of(n_items: int, page: int, per_page: int | None = None) -> tuple[int, int, int]:
-    """``(first index, end index, number of pages)`` of 1-based ``page`` over ``n_items`` items, ``per_page`` a page
-    (default :data:`DEVICES_PER_PAGE`).
-
-    Raises
-    ------
-    PageOutOfRange
-        If ``page`` is below 1 or above the last page (there is always a page 1).
-    """
+    """``(first index, end index, pages)`` of 1-based ``page``; PageOutOfRange below 1 or past the last (page 1 always exists)."""
     per_page = DEVICES_PER_PAGE if per_page is None else per_page
     pages = max(1, math.ceil(n_items / per_page))
     if not 1 <= page <= pages:
@@ -169,15 +159,7 @@ def attempts(t: RoundTotals) -> dict[str, Any]:
 
 
 def page_context(view: Any, page: int = 1) -> dict[str, Any]:
-    """Everything ``page.html`` writes, from one pass over the view (:class:`~coordinator.server.web.view.ServerView`).
-
-    Raises
-    ------
-    PageOutOfRange
-        For a device page past the last.
-    coordinator.state.StateDamaged
-        If a database cannot be read.
-    """
+    """Everything ``page.html`` writes, from one pass over the view; PageOutOfRange past the last page, StateDamaged."""
     now = view.wall()
     devs = view.devices()
     first, end, pages = page_of(len(devs), page)

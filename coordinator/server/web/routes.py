@@ -10,14 +10,9 @@ Routes::
     GET /metrics       Prometheus text format (:mod:`coordinator.server.metrics`)
     GET /healthz       "ok" (200), or 503 with every reason the federation cannot make progress
 
-Each answers from the one view model (:class:`coordinator.server.web.view.ServerView`). Every
-response carries ``Referrer-Policy: no-referrer``. With a token (:class:`TokenGate`), a request
-carries it as ``Authorization: Bearer <token>``, as the page's cookie, or (for scripts written
-before the cookie) as ``?token=``; a browser that opens the page with ``?token=`` gets the cookie
-(HttpOnly, SameSite=Strict) and is sent to the same address without it, so the token stays out
-of links, history and referrers. A bad request gets a 4xx answer with a message in JSON; a damaged
-database a 503 with its message (the file and the remedy); any other error a 500 with the
-error's kind, never a traceback.
+Each answers from the one view model. Every response carries ``Referrer-Policy: no-referrer``. Bad
+requests get a 4xx with a JSON message, a damaged database a 503 with its remedy, any other error a
+500 with the error's kind, never a traceback.
 """
 
 from __future__ import annotations
@@ -55,8 +50,7 @@ COOKIE = "fedhar_page"
 
 
 def cookie_value(token: str) -> str:
-    """What the cookie holds for ``token``: HMAC-SHA256 of a fixed label under the token (hex), so a copied cookie does
-    not reveal the token that ``/metrics`` scrapers and scripts send."""
+    """What the cookie holds for ``token``: HMAC-SHA256 of a fixed label under it, so a copied cookie does not reveal the token."""
     return hmac.new(token.encode(), b"fedhar status page cookie", hashlib.sha256).hexdigest()
 
 
@@ -78,11 +72,9 @@ def _cookie(scope: Scope) -> str | None:
 class TokenGate:
     """ASGI middleware: every HTTP request must carry ``token``, else 401.
 
-    Accepted, each compared in constant time (:func:`hmac.compare_digest`): ``Authorization: Bearer
-    <token>``; the cookie :data:`COOKIE` holding :func:`cookie_value`; and ``?token=<token>``. A GET
-    of the page (``/``) with a good ``?token=`` is answered 303 to the same address without it, with
-    the cookie set (HttpOnly, SameSite=Strict, Path=/). Paths under ``open_prefix`` (the blob store's,
-    whose every URL carries the coordinator's own signature) pass without it: devices never hold the token.
+    Accepted (compared in constant time): ``Authorization: Bearer <token>``, the cookie :data:`COOKIE`, or
+    ``?token=``; a GET of ``/`` with a good ``?token=`` gets a 303 to the same address without it and the
+    cookie (HttpOnly, SameSite=Strict). Paths under ``open_prefix`` (the signed blob URLs) pass without it.
     """
 
     def __init__(self, app: ASGIApp, token: str, open_prefix: str | None = None):
@@ -118,8 +110,7 @@ class TokenGate:
 
 
 class NoReferrer:
-    """ASGI middleware: ``Referrer-Policy: no-referrer`` on every HTTP response (a link followed from the page
-    tells the next site nothing of the page's address)."""
+    """ASGI middleware: ``Referrer-Policy: no-referrer`` on every HTTP response."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -151,21 +142,10 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
 
 
 def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The Starlette application of the status page, API and metrics over ``view``.
+    """The Starlette application of the status page, API and metrics over ``view`` (served by :class:`har_io.web_thread.WebServer`).
 
-    Parameters
-    ----------
-    view : ServerView
-    token : str, optional
-        When given, every request must carry it (see :class:`TokenGate`), except those to ``/blobs/``.
-    blob_routes : sequence of Route
-        The folder blob store's routes (:func:`coordinator.transport.folder_store.blob_app`), served under
-        ``/blobs/`` when the federation uses the blob transport; they check their own signatures.
-
-    Returns
-    -------
-    Starlette
-        Serve it with uvicorn (:class:`har_io.web_thread.WebServer` does that in a thread).
+    With ``token`` every request must carry it (:class:`TokenGate`) except under ``/blobs/``, where
+    ``blob_routes`` (the folder blob store's, checking their own signatures) are served.
     """
 
     def disk() -> tuple[int, int] | None:
@@ -233,14 +213,9 @@ def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[B
 
 def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
                       blob_routes: Sequence[BaseRoute] = ()) -> WebServer:  # fmt: skip
-    """Serve :func:`make_app` of ``view`` on ``host``:``port`` in a thread (what ``serve`` calls); stop it with ``.stop()``.
+    """Serve :func:`make_app` of ``view`` on ``host``:``port`` in a thread; stop it with ``.stop()``.
 
-    Raises
-    ------
-    har_io.web_thread.BindRefused
-        For a non-loopback ``host`` without a token.
-    RuntimeError
-        If it does not start within 10 s (e.g. the port is taken).
+    Raises BindRefused for a non-loopback ``host`` without a token, RuntimeError if it does not start within 10 s.
     """
     server = WebServer(make_app(view, token=token, blob_routes=blob_routes), host=host, port=port, token=token)
     server.start()

@@ -1,18 +1,9 @@
 """The status site's view model: what the page, the JSON API and ``/metrics`` show, computed in one place.
 
-:class:`ServerView` reads three sources and answers every question the site asks of them:
-
-* the server database (``coordinator.server.registry.Registry``): devices, owners, revocations,
-  the numbered model versions with their figures, each device's participation;
-* the run's database (:class:`coordinator.state.RunState`): the round records, folded as rounds
-  complete (:class:`coordinator.server.web.fold.RoundFold`), and the events that count each
-  device's clipped updates and quarantine (:mod:`coordinator.server.harm`);
-* the broker, through the read-only monitor account (:class:`coordinator.server.monitor.Monitor`):
-  presence, sensing health, the coordinator's state, the open round and its answers.
-
-The page (:mod:`coordinator.server.web.page`) renders its answers, the API returns them as JSON
-and the metrics export them, so the three never disagree; :meth:`ServerView.health` is the one
-list of reasons the federation cannot make progress, for the page and ``/healthz`` alike.
+:class:`ServerView` reads the server database (devices, versions, participation), the run's database
+(round records folded as they complete, harm events) and the broker through the read-only monitor
+account, so page, API and metrics never disagree; :meth:`ServerView.health` is the one list of
+reasons the federation cannot make progress, for the page and ``/healthz`` alike.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ from coordinator.state import RunState, StateDamaged
 log = logging.getLogger("fedhar.server.web")
 
 KEEP_VERSIONS = ServerSettings.keep_versions
-"""Versions a server keeps unless told otherwise (``[server] keep_versions``'s default)."""
+"""``[server] keep_versions``'s default."""
 
 
 class RegistryLike(Protocol):
@@ -60,31 +51,12 @@ class RegistryLike(Protocol):
 
 @dataclass
 class ServerView:
-    """Everything the page, the API and the metrics read, in one place; every method is safe to call from any thread.
+    """Everything the page, the API and the metrics read; every method is safe to call from any thread.
 
-    Parameters
-    ----------
-    name : str
-        The coordinator's name (``[server] name``), shown as the page's title.
-    run_state : RunState, optional
-        The run's database (only read here: best a RunState of its own on the run folder, so the
-        page's reads never sit inside the coordinator's transactions).
-    registry : RegistryLike, optional
-        The server database (devices, versions, participation); its ``data_dir`` is the data folder.
-    monitor : Monitor, optional
-        The read-only broker observer (presence, the open round).
-    next_start, waiting : callables, optional
-        When the schedule starts the next round (s since the epoch; None: waiting for devices), and
-        why no round runs now in words (None while one runs). ``serve`` provides them.
-    wall : callable returning float
-        Wall-clock time (s since the epoch).
-    stall_after_s : float, optional
-        :meth:`health` reports a stall when no round completed for longer than this (s) while the
-        schedule has a next start. None: never.
-    broker_dir : Path, optional
-        The broker folder: its TLS certificates' expiry is shown (:meth:`certificates`).
-    keep_versions : int
-        Versions the server keeps (``[server] keep_versions``): the disk budget's multiplier.
+    ``run_state`` is best a RunState of its own on the run folder (the page's reads stay outside the
+    coordinator's transactions); ``next_start`` and ``waiting`` come from ``serve``; ``stall_after_s``
+    (None: never) is how long without a completed round :meth:`health` calls a stall; ``broker_dir``
+    holds the TLS certificates whose expiry is shown; ``keep_versions`` multiplies the disk budget.
     """
 
     name: str = "fedhar-home"
@@ -111,7 +83,7 @@ class ServerView:
     # ------------------------------------------------------------------ sources
     @property
     def release(self) -> str:
-        """This program's release (the installed fedhar's version; "unknown" from a source tree without metadata)."""
+        """This program's release ("unknown" from a source tree without metadata)."""
         return release_version()
 
     @property
@@ -125,16 +97,9 @@ class ServerView:
         return self.monitor.snapshot() if self.monitor is not None else MonitorSnapshot()
 
     def _sync(self) -> tuple[int, int] | None:
-        """Bring the fold up to the run's database; its version after.
+        """Bring the fold up to the run's database (only newer rounds unless rows were rewritten); its version after.
 
-        Only rounds newer than the folded ones are read while the database says nothing was
-        rewritten (:meth:`coordinator.state.RunState.rounds_version`); a rewrite reads every round
-        once more. A row that does not read as a record is skipped and counted in :attr:`bad_rows`.
-
-        Raises
-        ------
-        coordinator.state.StateDamaged
-            If the run's database cannot be read.
+        Rows that do not read as records are skipped and counted in :attr:`bad_rows`. Raises StateDamaged.
         """
         assert self.run_state is not None
         with self._lock:
@@ -166,15 +131,9 @@ class ServerView:
         return self._fold
 
     def records(self, since: int = 0, limit: int | None = None) -> list[RoundRecord]:
-        """The completed rounds from round ``since`` on, in order, at most ``limit`` of them.
+        """The completed rounds from round ``since`` on, at most ``limit`` (without a database: the retained last one).
 
-        Read from the run's database at each call (O(rounds asked for)). Without a database, the
-        monitor's retained progress message gives the last round alone.
-
-        Raises
-        ------
-        coordinator.state.StateDamaged
-            If the run's database cannot be read.
+        Raises StateDamaged if the run's database cannot be read.
         """
         if self.run_state is None:
             snap = self.snapshot()
@@ -208,11 +167,7 @@ class ServerView:
         return self.snapshot().connected
 
     def certificates(self) -> list[Any]:
-        """The broker's certificates' expiry (:class:`coordinator.broker.certificates.CertificateExpiry`, server and CA).
-
-        [] without a broker folder or TLS, or when a file cannot be read: then :meth:`health` says which
-        file and the fix (:class:`~coordinator.server.web.certs.CertificateWatch`).
-        """
+        """The broker's certificates' expiry (server and CA); [] without a broker folder or TLS, or an unreadable file."""
         if self.broker_dir is None:
             self._certs = None
             return []
@@ -226,7 +181,7 @@ class ServerView:
         return {c.which: c.seconds_left(now) for c in self.certificates()}
 
     def audit(self, newest: int | None = 10) -> list[Any]:
-        """The ``newest`` entries of the operator audit log (:mod:`coordinator.server.audit`; None: all)."""
+        """The ``newest`` entries of the operator audit log (None: all)."""
         from coordinator.server.audit import read_audit
 
         if self.data_dir is None:
@@ -247,10 +202,9 @@ class ServerView:
 
     # ------------------------------------------------------------------ what the federation is doing
     def totals(self) -> RoundTotals:
-        """What ``/metrics`` exports of the completed rounds, kept current as rounds complete (O(new rounds) a call).
+        """What ``/metrics`` exports of the completed rounds, O(new rounds) a call.
 
-        ``without_quorum`` is the larger of the records' count and the run's ``round_failed`` events,
-        written as each exchange closes without quorum (a round still failing shows at once).
+        ``without_quorum`` is the larger of the records' count and the run's ``round_failed`` events.
         """
         if self.run_state is None:
             return RoundTotals.of(self.records())
@@ -272,13 +226,11 @@ class ServerView:
             return list(self._charts[1])
 
     def guard(self) -> GuardDecision | None:
-        """The quality guard's newest decision with the devices and test windows it rested on (None: it never judged)."""
+        """The quality guard's newest decision with its evidence (None: it never judged)."""
         return self._folded().guard
 
     def harm(self) -> dict[str, DeviceHarm]:
-        """Each device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.harm`), for the devices
-        the page shows: never a forgotten one, nor a sender known only by its rejections. Events are read again only when
-        their count changed."""
+        """Each shown device's clipped updates, rejected messages and quarantine (:mod:`coordinator.server.harm`)."""
         if self.run_state is None:
             every = harm_by_device([], self._folded().rejected)
         else:
@@ -296,8 +248,7 @@ class ServerView:
         return {name: h for name, h in every.items() if name in shown}
 
     def disk(self) -> rules.DiskBudget | None:
-        """What the federation needs on disk and has free (:class:`~coordinator.server.web.health.DiskBudget`);
-        None without a data folder. Raises OSError if the filesystem cannot be asked."""
+        """What the federation needs on disk and has free; None without a data folder. Raises OSError."""
         if self.data_dir is None or self.registry is None:
             return None
         paths = [Path(v.path) for v in self.registry.versions()]
@@ -306,10 +257,7 @@ class ServerView:
         return rules.measure_disk(self.data_dir, run_dir, paths, self.keep_versions, fold.last_updates)
 
     def health(self) -> list[str]:
-        """Why the federation cannot make progress now, in words, one reason each; empty when it can: the page's broker
-        link is down; a database cannot be read; the disk has less free than the next round needs; the open round has been
-        open more than twice its deadline; a broker file cannot be read (with the fix); no round completed for longer than
-        :attr:`stall_after_s` while enough devices are eligible."""
+        """Why the federation cannot make progress now, one reason each (broker link, databases, disk, stuck round, files, stall)."""
         out = list(self.problems()) if self.problems is not None else []
         if self.broker_link() is False:
             out.append("the broker cannot be reached: presence, the open round and the coordinator's state are unknown; "
@@ -363,16 +311,11 @@ class ServerView:
     def devices(self) -> list[dict[str, Any]]:
         """One JSON object per device: enrolled ones, and any other the broker or the records show.
 
-        Keys: ``name``, ``owner``, ``state`` ("enrolled", "revoked", "forgotten", "unenrolled"),
-        ``renamed_to``, ``online`` (None: unknown while the page's broker link is down), ``status``,
-        ``last_seen_unix``, ``refresh_s``, ``last_contribution_unix``, ``rounds``, ``last_round``,
-        ``last_accuracy``, ``last_macro_f1`` (its own model on its own test split, latest round),
-        ``arch_version``, ``backend``, ``program_fault``, ``fault`` (why it cannot take part, in its
-        words), ``n_train``, ``n_test``, ``sensing`` (:func:`~coordinator.server.web.devices.sensing_json`),
-        ``cost`` (:class:`~har_models.wire.messages.DeviceCost` as JSON; {} when not measured),
-        ``last_known`` (an offline device's last windows and backend, with when), and its harm
-        (:meth:`~coordinator.server.harm.DeviceHarm.to_json`): ``clipped``, ``rejected``,
-        ``rejected_by_reason``, ``quarantined``, ``quarantine_reason``, ``quarantine_round``.
+        Keys: ``name``, ``owner``, ``state``, ``renamed_to``, ``online`` (None: unknown while the broker link is
+        down), ``status``, ``last_seen_unix``, ``refresh_s``, ``last_contribution_unix``, ``rounds``,
+        ``last_round``, ``last_accuracy``, ``last_macro_f1``, ``arch_version``, ``backend``, ``program_fault``,
+        ``fault``, ``n_train``, ``n_test``, ``sensing``, ``cost``, ``last_known`` and the harm keys
+        (:meth:`~coordinator.server.harm.DeviceHarm.to_json`).
         """
         fold = self._folded()
         with self._lock:
@@ -386,12 +329,11 @@ class ServerView:
         return device_table.device_counts(self.devices_registered(), self.snapshot())
 
     def current_round(self) -> dict[str, Any]:
-        """The open round and its progress, the last completed round and the schedule's next start (JSON object).
+        """The open round and its progress, the last completed round and the next start (JSON object).
 
-        Keys: ``coordinator`` (``online``, ``state``, ``run_id``), ``state`` ("training", "finished" or
-        "idle"), ``run_id``, ``round``, ``stage``, ``epoch``, ``selected``, ``answered`` (updates counted
-        in the open attempt), ``missing``, ``deadline_unix``, ``deadline_in_s``, ``last_completed``,
-        ``rounds_planned``, ``next_start_unix``, ``waiting`` (while no round is open: why, in words).
+        Keys: ``coordinator``, ``state`` ("training", "finished", "idle"), ``run_id``, ``round``, ``stage``,
+        ``epoch``, ``selected``, ``answered``, ``missing``, ``deadline_unix``, ``deadline_in_s``,
+        ``last_completed``, ``rounds_planned``, ``next_start_unix``, ``waiting``.
         """
         snap = self.snapshot()
         now = self.wall()
@@ -421,8 +363,7 @@ class ServerView:
         })  # fmt: skip
 
     def versions(self, newest: int | None = None) -> list[dict[str, Any]]:
-        """Model versions (all, or the ``newest`` ones), newest first: ``version``, ``round``, ``created_unix``,
-        ``arch_version``, ``path``, ``figures``, ``quality`` and ``marks`` (:mod:`coordinator.server.version_marks`)."""
+        """Model versions (all, or the ``newest``), newest first, with ``figures``, ``quality`` and ``marks``."""
         from coordinator.server import model_request
 
         if self.registry is None:
