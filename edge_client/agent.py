@@ -96,10 +96,14 @@ class EdgeAgent:
     blob_cache : BlobCache, optional
         Where models fetched from a blob store are kept by hash (blob transport); shared by the
         clients of one worker process. Default: ``blob-cache/`` in the store's folder.
+    cost : CostMeter, optional
+        Where the rounds' CPU is measured; a holder that also measures sensing and the battery (the app) passes its
+        own, so the status and its screen show one set of figures. Default: a meter of this agent's own.
     """
 
     def __init__(self, cfg: ClientConfig, store: ClientStore, train_lock: threading.Lock | None = None,
-                 shared_transfers: SharedTransfers | None = None, blob_cache: BlobCache | None = None):  # fmt: skip
+                 shared_transfers: SharedTransfers | None = None, blob_cache: BlobCache | None = None,
+                 cost: CostMeter | None = None):  # fmt: skip
         self.cfg = cfg
         self.store = store
         cid = cfg.client_id
@@ -127,8 +131,9 @@ class EdgeAgent:
         self.charging: Callable[[], bool | None] = lambda: None  # on the charger (edge_client.power); None: not reported
         self.sensing_health: Callable[[], SensingHealth | None] = lambda: None  # a SensingHealthMeter's snapshot; None: no pipeline here
         self.fault: Callable[[], str] = lambda: ""  # the holder's device fault in words (a refused sensor); the store's is added
-        # CPU of rounds (and, from a holder that senses, of sensing and the battery), in the status; the app shares its own.
-        self.cost = CostMeter(rounds=kept_round_costs(store))
+        # CPU of rounds (and, from a holder that senses, of sensing and the battery), in the status. Given at
+        # construction: the round worker measures into this same meter.
+        self.cost = cost if cost is not None else CostMeter(rounds=kept_round_costs(store))
         self.battery: Callable[[], float | None] = lambda: None  # battery level, %, sampled into ``cost`` at each status
         # A storage fault (or its end) is in the status at once: the coordinator stops selecting this device.
         # New windows too (a relabelled stretch, a recording stopped): a coordinator that selects by

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from edge_client.agent import ClientConfig, EdgeAgent
+from edge_client.cost import CostMeter
 from edge_client.store import ClientStore
 from edge_client.trainer import RoundOutcome
 from har_io.broker_config import BrokerConfig
@@ -107,9 +108,9 @@ class Coordinator:
 class Device:
     """An agent in its own thread whose training is a stand-in: ``trainings`` counts them, ``gate`` can hold one."""
 
-    def __init__(self, port: int, state: Path, **cfg: Any):
+    def __init__(self, port: int, state: Path, cost: CostMeter | None = None, **cfg: Any):
         self.store = ClientStore(state, HAPT_LABELS)
-        self.agent = EdgeAgent(ClientConfig(CID, BrokerConfig(port=port), federation="t", backend="numpy", **cfg), self.store)
+        self.agent = EdgeAgent(ClientConfig(CID, BrokerConfig(port=port), federation="t", backend="numpy", **cfg), self.store, cost=cost)
         self.trainings: list[int] = []
         self.gate: Callable[[], None] = lambda: None  # runs inside each training (a test holds it there)
         self.agent.trainer.run_round = self._train  # type: ignore[method-assign,assignment]
@@ -179,6 +180,16 @@ def test_a_device_busy_training_through_several_attempts_answers_the_newest_once
     before, after = co.statuses[0], [s for s in co.statuses if s.state != "offline"][-1]
     assert before.warming_up and before.train_s is None  # from the start until its first training finished
     assert not after.warming_up and after.train_s is not None and after.train_s >= 0 and after.upload_s is not None
+
+
+def test_the_holders_cost_meter_is_where_the_agent_measures_its_rounds(wire) -> None:
+    meter = CostMeter()  # the app's: it measures sensing and the battery, and shows the rounds' cost on its screen
+    co = wire("coordinator")
+    dev = wire("device", cost=meter)
+    co.announce(0, "a1", model(0))
+    wait_for(lambda: len(co.updates) >= 1, "the device's update")
+    wait_for(lambda: bool(meter.rounds()), "the round's cost in the holder's meter")
+    assert dev.agent.cost is meter and [r.round for r in meter.rounds()] == [0]
 
 
 def test_a_round_done_under_another_model_or_no_longer_stored_is_trained_again_not_left_silent(wire) -> None:

@@ -123,7 +123,7 @@ def changes(old: Any, new: Any, table: str) -> list[str]:
 def setting_words(text: str) -> str:
     """``text`` with each federation flag named as ``serve`` reads it: ``--min-clients`` -> ``min_clients in server.toml``.
 
-    A table's setting (``--prox-mu``) reads ``[fedprox] mu in server.toml``.
+    A table's setting (``--prox-mu``) reads ``[strategies.fedprox] mu in server.toml``.
     """
     import re
 

@@ -326,7 +326,8 @@ class TakingPart:
             tls_ca = str(cfg.tls_ca) if cfg.tls_ca else None
             broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca,
                                   enrolled=enrolled(cfg.state_dir))  # fmt: skip
-            agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, backend=backend), self.store)
+            agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, backend=backend), self.store,
+                              cost=self.cost)  # sensing's CPU and the battery measured here, the rounds there: one set of figures
         except ImportError as exc:
             self._fail(missing_backend(cfg.backend, exc))
             return
@@ -338,7 +339,6 @@ class TakingPart:
         if self.freshness is not None:
             agent.sensing = self.freshness.state
         agent.sensing_health = self.health.snapshot
-        agent.cost = self.cost  # sensing's CPU and the battery measured here, the rounds there: one set of figures in the status
         agent.fault = self.source.fault  # a refused or stopped sensor, in the status (the store's own fault is added there)
         agent.charging = lambda: self.federation.charging  # as the supervisor last read it (no OS call from the agent's threads)
         self._agent_since = self._clock()
