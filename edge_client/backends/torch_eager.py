@@ -177,19 +177,10 @@ class TorchBackend(BackendBase):
         return float(loss.detach()), {n: g.detach().numpy().copy() for n, g in zip(names, grads, strict=True)}
 
     def learn_ala(
-        self,
-        received: Mapping[str, np.ndarray],
-        local: Mapping[str, np.ndarray],
-        weights: Mapping[str, np.ndarray],
-        x: np.ndarray,
-        y: np.ndarray,
-        *,
-        config: AlaConfig,
-        batch_size: int,
-        seed: int,
-        start_phase: bool,
+        self, received: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+        x: np.ndarray, y: np.ndarray, *, config: AlaConfig, batch_size: int, seed: int, start_phase: bool,
         class_weights: np.ndarray | None = None,
-    ) -> AlaLearned:
+    ) -> AlaLearned:  # fmt: skip
         """FedALA's W learning (steps 3-5 of :func:`edge_client.ala.adaptive_local_aggregation`) with PyTorch autograd.
 
         Zhang et al., AAAI 2023, Algorithm 1 lines 6-16, with the contract of
