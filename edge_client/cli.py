@@ -120,8 +120,8 @@ def default_state_dir(client_id: str) -> Path:
 
 
 BUNDLE_OWNS = ("client_id", "federation", "broker", "username", "password_file", "tls_ca")
-"""Options whose value an enrolment bundle gives (a contradicting explicit one is refused; ``tls_ca`` is checked against it).
-Each defaults to None in :func:`build_parser`, so a value that is not None was given on the command line."""
+"""Options an enrolment bundle gives (a contradicting explicit one is refused; ``tls_ca`` is checked against it); each
+defaults to None in :func:`build_parser`, so a value that is not None was given."""
 
 DEFAULT_BROKER = "127.0.0.1:1883"
 """The broker without ``--broker`` or ``--enrolment``."""
@@ -129,12 +129,6 @@ DEFAULT_BROKER = "127.0.0.1:1883"
 
 def apply_enrolment(args: argparse.Namespace, bundle: EnrolmentBundle) -> None:
     """Take the client id and federation from ``bundle`` into ``args``; refuse explicit options that contradict it.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        Parsed ``fedhar-client`` options (changed in place: ``client_id``, ``federation``).
-    bundle : EnrolmentBundle
 
     Raises
     ------
@@ -167,10 +161,7 @@ def apply_enrolment(args: argparse.Namespace, bundle: EnrolmentBundle) -> None:
 def enrolled_broker(args: argparse.Namespace, bundle: EnrolmentBundle) -> BrokerConfig:
     """The broker settings of ``bundle``, its inline CA written to ``<state-dir>/enrolment/``; ``--tls-ca`` for a fingerprint-only bundle.
 
-    Raises
-    ------
-    EnrolmentRefused, ValueError, OSError
-        See :meth:`EnrolmentBundle.broker_config` and :class:`BrokerConfig`.
+    Raises as :meth:`EnrolmentBundle.broker_config` and :class:`BrokerConfig`.
     """
     return bundle.broker_config(
         Path(args.state_dir) / "enrolment",
@@ -193,13 +184,8 @@ class PreparedClient:
 
 
 def prepare(argv: list[str] | None) -> PreparedClient | int:
-    """Parse ``fedhar-client`` options and ingest the client's windows; an exit status if it cannot serve.
-
-    Returns
-    -------
-    PreparedClient, or int
-        :class:`~har_io.exit_codes.Exit`: 2 usage, 3 data (including "nothing to train on"), 6 state folder in use.
-    """
+    """Parse ``fedhar-client`` options and ingest the client's windows; else an exit status: 2 usage, 3 data
+    (including "nothing to train on"), 6 state folder in use."""
     args = build_parser().parse_args(argv)
     bundle: EnrolmentBundle | None = None
     if args.enrolment is not None:
@@ -319,21 +305,9 @@ def enrolment_refusal_hint(
 ) -> str | None:
     """What a device enrolled by a bundle should do when the broker refuses its login, or None.
 
-    The link's own message speaks of ``--username`` and ``--password-file``, which a device
-    started with ``--enrolment FILE`` never gave: its account comes from the bundle. A bundle the
-    broker never accepted is not the device's current one (re-issue it); one it accepted before
-    was re-issued, renamed or revoked since (:func:`har_io.refusal_words.bundle_login_refused`).
-
-    Parameters
-    ----------
-    enrolment : str, optional
-        The ``--enrolment`` argument (None: the client was not started with a bundle).
-    refusal : BrokerRefused, optional
-        Why the broker refused the client (:attr:`edge_client.agent.EdgeAgent.refusal`).
-    client_id : str
-        The bundle's device name.
-    accepted_before : bool
-        Whether this device took part under that name before (its store's ledger of sent updates).
+    The link's message speaks of ``--username`` and ``--password-file``, which a device started with
+    ``--enrolment FILE`` never gave; ``accepted_before``: it took part under ``client_id`` before
+    (:func:`har_io.refusal_words.bundle_login_refused`).
     """
     if enrolment is None or refusal is None or refusal.kind != "auth":
         return None
@@ -345,15 +319,8 @@ EXIT_MISSING_MODULE = Exit.MISSING_MODULE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
-
-    ``fedhar-client request-certificate ...`` asks for a client certificate instead (:func:`edge_client.cert_enrol.main`).
-
-    0 ok, 2 usage, 3 data, 4 the broker refused the login or TLS failed, 6 another client holds the state
-    folder or it cannot be written (read-only, full), 7 a module the chosen backend needs is not installed, 8 another
-    process uses this client id;
-    the systemd unit restarts on none of these but 0 and 1.
-    """
+    """Entry point of ``fedhar-client`` (``request-certificate``: :func:`edge_client.cert_enrol.main`); returns the exit
+    status (:mod:`har_io.exit_codes`); the systemd unit restarts on none but 0 and 1."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["request-certificate"]:  # enrolment by certificate (edge_client/cert_enrol.py); no other option is a bare word
         from edge_client import cert_enrol
