@@ -223,7 +223,7 @@ def main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    from har_io.exit_codes import Exit
+    from har_io.exit_codes import Exit, fail
     from har_io.mqtt_link import BrokerRefused
 
     ap = argparse.ArgumentParser(prog="fedhar-client request-certificate", description=(__doc__ or "").split("\n\n")[0])
@@ -243,8 +243,7 @@ def main(argv: list[str]) -> int:
         folder = args.folder or Path.home() / ".fedhar" / check_client_id(args.client_id) / "certificate"
         prep = prepare(folder, args.client_id, inv, new_key=args.new_key)
     except (ValueError, OSError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {exc}")
     print(f"enrolment code:  {prep.code}")
     print(f"key fingerprint: {prep.fingerprint}")
     print(f"On the server: fedhar-coordinator pending (compare the fingerprint), then fedhar-coordinator approve {prep.code}")
@@ -252,11 +251,9 @@ def main(argv: list[str]) -> int:
     try:
         crt = request_certificate(prep, inv, wait_s=args.wait)
     except EnrolmentNotApproved as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {exc}")
     except BrokerRefused as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.BROKER_REFUSED
+        return fail(f"{prog}: {exc}", Exit.BROKER_REFUSED)
     print(f"approved: {crt}. Log in with")
     print(f"  fedhar-client --broker {inv.host}:{inv.device_port} --federation {inv.federation} --client-id {args.client_id} "
           f"--tls-ca {folder / CA_NAME} --tls-cert {crt} --tls-key {folder / KEY_NAME} --source ...")  # fmt: skip

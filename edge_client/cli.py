@@ -28,7 +28,7 @@ from har_io.blob_http import BlobCache
 from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import torch_hint
 from har_io.mqtt_link import BrokerRefused
 from har_io.refusal_words import bundle_login_refused
@@ -193,14 +193,11 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             bundle = read_bundle(args.enrolment)
             apply_enrolment(args, bundle)
         except EnrolmentRefused as exc:
-            print(f"fedhar-client: {args.enrolment}: {exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: {args.enrolment}: {exc}")
         except OSError as exc:
-            print(f"fedhar-client: cannot read the enrolment bundle {args.enrolment}: {exc.strerror or exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: cannot read the enrolment bundle {args.enrolment}: {exc.strerror or exc}")
     elif args.client_id is None:
-        print("fedhar-client: give --client-id (the device's id), or --enrolment FILE (a bundle that holds it)", file=sys.stderr)
-        return Exit.USAGE
+        return fail("fedhar-client: give --client-id (the device's id), or --enrolment FILE (a bundle that holds it)")
     if args.federation is None:
         args.federation = "default"
     if args.broker is None:
@@ -223,8 +220,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         source = None if args.source.startswith("recorded:") else parse_source(args.source, split)
         labels = recorded_labels(args.source) if source is None else source.labels
     except (ValueError, OSError) as exc:
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-client: {exc}")
     if bundle is not None:
         log.info("[%s] enrolled by %s: coordinator %r, federation %r, broker %s (%s)", args.client_id, args.enrolment,
                  bundle.coordinator, bundle.federation, broker.address,
@@ -233,11 +229,9 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
     except (StoreInUseError, StateFolderUnusable) as exc:
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
+        return fail(f"fedhar-client: {exc}", Exit.FOLDER_UNUSABLE)
     except (ValueError, OSError) as exc:
-        print(f"fedhar-client: cannot open the state folder: {exc}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-client: cannot open the state folder: {exc}", Exit.DATA)
     health: SensingHealthMeter | None = None
     try:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
@@ -247,12 +241,10 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             n_train, n_test = ingest_source(store, source, speed=args.replay_speed, health=health)
     except StateFolderUnusable as exc:
         store.close()
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
+        return fail(f"fedhar-client: {exc}", Exit.FOLDER_UNUSABLE)
     except (ValueError, OSError) as exc:
         store.close()
-        print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-client: cannot prepare the local data: {exc}", Exit.DATA)
     log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
     if n_train == 0:
         store.close()
@@ -282,8 +274,7 @@ def serve(
             agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers,
                               blob_cache=blob_cache)  # fmt: skip
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
-            print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: cannot set up TLS: {exc}")
         if client.health is not None:
             agent.sensing_health = client.health.snapshot
         if train_lock is None:  # a device of its own: its power supply is this machine's (a virtual client's is not)

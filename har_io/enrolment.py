@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from har_io.broker_config import BrokerConfig
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import update_hint
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import FEDERATION_RE, check_client_id
@@ -381,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
     import shlex
-    import sys
 
     ap = argparse.ArgumentParser(prog="python3 -m har_io.enrolment", description="check an enrolment bundle and install its parts")
     ap.add_argument("bundle", help="the bundle's .json file")
@@ -404,11 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_password is not None:
             atomic_write_bytes(args.write_password, bundle.password, mode=0o600)
     except EnrolmentRefused as exc:
-        print(f"{prog}: {args.bundle}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {args.bundle}: {exc}")
     except OSError as exc:
-        print(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}")
     if args.shell:
         tls = "inline" if bundle.tls_ca_pem is not None else ("fingerprint" if bundle.tls_ca_sha256 is not None else "none")
         fields = {

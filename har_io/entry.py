@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import install_hint, torch_hint
 
 
@@ -87,8 +87,7 @@ def run(program: str, argv: list[str] | None = None) -> int:
         main: Callable[[list[str] | None], int] = importlib.import_module(module).main
         return main(argv)
     except ModuleNotFoundError as exc:
-        print(missing_extra(program, exc), file=sys.stderr)
-        return Exit.MISSING_MODULE
+        return fail(missing_extra(program, exc), Exit.MISSING_MODULE)
 
 
 def _entry(program: str) -> Callable[[], int]:

@@ -94,6 +94,12 @@ EXIT_CODES: tuple[ExitCode, ...] = (
 )  # fmt: skip
 
 
+def fail(message: str, code: int = Exit.USAGE) -> int:
+    """Print a program's one-line refusal ``message`` on stderr and return its exit status ``code``."""
+    print(message, file=sys.stderr)
+    return code
+
+
 def stopped_by(signum: int) -> int:
     """The exit status of a program stopped by signal ``signum``: 128 + signum, the shell's convention (SIGINT 130, SIGTERM 143)."""
     return 128 + int(signum)
@@ -158,13 +164,11 @@ def exit_status_of(prog: str, body: Callable[[], int | None], errors: ErrorExits
     except KeyboardInterrupt:
         if interrupted is None:
             raise
-        print(f"{prog}: {interrupted}", file=sys.stderr)
-        return Exit.SIGINT
+        return fail(f"{prog}: {interrupted}", Exit.SIGINT)
     except Exception as exc:
         for kinds, code in errors:
             if isinstance(exc, kinds):
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return code
+                return fail(f"{prog}: {exc}", code)
         raise
     return Exit.OK if status is None else status
 

@@ -27,7 +27,7 @@ from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import install_hint
 from har_models.data.labels import LABEL_SETS
 
@@ -196,16 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, default_data_dir())
     except (ValueError, OSError) as exc:
-        print(f"fedhar-app: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-app: {exc}")
     prepare_kivy(on_android=args.sensor == "android", size=cfg.window_size, fullscreen=cfg.fullscreen)
     try:
         import kivy  # noqa: F401  (Kivy's logger starts here, in the environment just set)
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "kivy":
             raise
-        print(f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}", file=sys.stderr)
-        return Exit.MISSING_MODULE
+        return fail(f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}",
+                    Exit.MISSING_MODULE)
     try:
         if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
             from edge_client.app.service import RemoteController
@@ -214,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             return Exit.OK
         source = make_source(args.sensor, cfg.labels, args.replay_speed)
     except (ValueError, OSError) as exc:
-        print(f"fedhar-app: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-app: {exc}")
     create_app(cfg, source).run()
     return Exit.OK
 

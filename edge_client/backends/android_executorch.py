@@ -28,7 +28,7 @@ import numpy as np
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.wire.pte_delivery import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
 
-from .base import ArchitectureMismatch, BackendBase, EpochArgs, batch_dropout_mask
+from .base import ArchitectureMismatch, BackendBase, EpochArgs
 
 METHOD = "forward"
 
@@ -200,11 +200,8 @@ class AndroidExecuTorchBackend(BackendBase):
         self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
         dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
     ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
-        unknown = set(names) - set(PARAM_NAMES)
-        if unknown:
-            raise ValueError(f"AndroidExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters")
-        self._reseed(dropout_seed)
-        loss = self._step_inputs(xa, ya, class_weights, batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout))
+        mask = self._grads_mask(names, PARAM_NAMES, len(xa), dropout, dropout_seed, dropout_mask, say_known=False)
+        loss = self._step_inputs(xa, ya, class_weights, mask)
         jgrads = self._train.namedGradients(METHOD)
         return loss, {n: self._array(jgrads.get(self._fqn[n]), n) for n in names}
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import numpy as np
 
@@ -80,17 +80,33 @@ class TrainSummary:
     seconds: float
 
 
-@runtime_checkable
-class TrainingBackend(Protocol):
+class BackendBase:
     """What the client needs from a model runtime: weights by name, train, evaluate, predict, ALA gradients.
 
-    Windows ``x`` are ``(N, 6, T)`` float32 in raw units (m/s^2, rad/s), labels ``y`` ``(N,)`` int64.
+    Windows ``x`` are ``(N, 6, T)`` float32 in raw units (m/s^2, rad/s), labels ``y`` ``(N,)`` int64. A
+    backend sets ``self._spec`` and implements the weights, ``logits(x)``, ``_epoch`` and ``_grads``;
+    errors of the input checks name the class and method (``"NumpyBackend.evaluate"``).
     """
+
+    _spec: ArchSpec
+    _rng: np.random.Generator
 
     @property
     def spec(self) -> ArchSpec:
-        """The architecture this backend runs (its ``version`` is checked on :meth:`set_weights`)."""
-        ...
+        """The architecture this backend runs."""
+        return self._spec
+
+    def _who(self, method: str | None = None) -> str:
+        name = type(self).__name__
+        return name if method is None else f"{name}.{method}"
+
+    def _windows(self, x: np.ndarray, y: np.ndarray | None, method: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """:func:`check_windows` against this backend's spec, errors naming ``Class.method``."""
+        return check_windows(self._spec, x, y, self._who(method))
+
+    def _weights_in(self, weights: Mapping[str, np.ndarray], arch_version: int | None, partial: bool) -> dict[str, np.ndarray]:
+        """:func:`check_weights` for ``set_weights``, errors naming ``Class.set_weights``."""
+        return check_weights(self._spec, weights, arch_version, self._who("set_weights"), partial)
 
     def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
         """Load parameters by name: exactly the tensors of ``spec.shapes()``, or with ``partial`` any subset.
@@ -98,11 +114,20 @@ class TrainingBackend(Protocol):
         Raises ArchitectureMismatch if ``arch_version`` differs from ``spec.version``, and
         ``codec.WrongTensors`` / ``codec.NonFinite`` on missing, extra, mis-shaped or non-finite tensors.
         """
-        ...
+        raise NotImplementedError(f"{self._who('set_weights')}: a backend must implement set_weights")
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters by name, float32, shapes of ``spec.shapes()``."""
-        ...
+        raise NotImplementedError(f"{self._who('get_weights')}: a backend must implement get_weights")
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Logits ``(N, C)`` float32 of windows ``(N, 6, T)``, dropout off (each backend's own)."""
+        raise NotImplementedError(f"{self._who('logits')}: a backend must implement logits")
+
+    def _reseed(self, seed: int | None) -> None:
+        """Restart the numpy dropout stream from ``seed``; None continues it."""
+        if seed is not None:
+            self._rng = np.random.default_rng(int(seed))
 
     def train_epoch(
         self,
@@ -133,87 +158,6 @@ class TrainingBackend(Protocol):
             On bad shapes, a non-permutation ``order``, ``prox_mu > 0`` without ``prox_ref``, unknown
             frozen names, or masks that do not match the batches.
         """
-        ...
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix and mean loss on ``(x, y)`` with dropout off."""
-        ...
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities (softmax of the logits) of shape ``(B, C)`` float32 for ``x`` ``(B, 6, T)``, dropout off."""
-        ...
-
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The loss ``mean_i(w_{y_i} CE_i)`` on one batch and its gradient w.r.t. ``names``, weights unchanged.
-
-        What FedALA needs to learn W (Zhang et al., AAAI 2023, eq. 6). ``dropout``: train mode, as
-        FedALA's reference learns W. Returns ``(loss, name -> float32 gradient)``.
-        """
-        ...
-
-
-class BackendBase:
-    """What the backends share: the spec, checked inputs, the training entry points, evaluate and predict.
-
-    A backend sets ``self._spec`` and implements ``logits(x)``, ``_epoch`` and ``_grads``; errors of the
-    input checks name the class and method (``"NumpyBackend.evaluate"``).
-    """
-
-    _spec: ArchSpec
-    _rng: np.random.Generator
-
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture this backend runs."""
-        return self._spec
-
-    def _who(self, method: str | None = None) -> str:
-        name = type(self).__name__
-        return name if method is None else f"{name}.{method}"
-
-    def _windows(self, x: np.ndarray, y: np.ndarray | None, method: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """:func:`check_windows` against this backend's spec, errors naming ``Class.method``."""
-        return check_windows(self._spec, x, y, self._who(method))
-
-    def _weights_in(self, weights: Mapping[str, np.ndarray], arch_version: int | None, partial: bool) -> dict[str, np.ndarray]:
-        """:func:`check_weights` for ``set_weights``, errors naming ``Class.set_weights``."""
-        return check_weights(self._spec, weights, arch_version, self._who("set_weights"), partial)
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """Logits ``(N, C)`` float32 of windows ``(N, 6, T)``, dropout off (each backend's own)."""
-        raise NotImplementedError(f"{self._who('logits')}: a backend must implement logits")
-
-    def _reseed(self, seed: int | None) -> None:
-        """Restart the numpy dropout stream from ``seed``; None continues it."""
-        if seed is not None:
-            self._rng = np.random.default_rng(int(seed))
-
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One epoch of SGD; see :meth:`TrainingBackend.train_epoch`."""
         xa, ya = self._windows(x, y, "train_epoch")
         assert ya is not None
         o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
@@ -241,7 +185,11 @@ class BackendBase:
         dropout_seed: int | None = None,
         dropout_mask: np.ndarray | None = None,
     ) -> tuple[float, dict[str, np.ndarray]]:
-        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
+        """The loss ``mean_i(w_{y_i} CE_i)`` on one batch and its gradient w.r.t. ``names``, weights unchanged.
+
+        What FedALA needs to learn W (Zhang et al., AAAI 2023, eq. 6). ``dropout``: train mode, as
+        FedALA's reference learns W. Returns ``(loss, name -> float32 gradient)``.
+        """
         xa, ya = self._windows(x, y, "top_layer_grads")
         assert ya is not None
         return self._grads(xa, ya, names, class_weights, dropout, dropout_seed, dropout_mask)
@@ -252,6 +200,16 @@ class BackendBase:
     ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
         """:meth:`top_layer_grads` on checked windows (each backend's own)."""
         raise NotImplementedError(f"{self._who('top_layer_grads')}: a backend must implement _grads")
+
+    def _grads_mask(self, names: Sequence[str], known: Sequence[str], n: int, dropout: bool, dropout_seed: int | None,
+                    dropout_mask: np.ndarray | None, say_known: bool = True) -> np.ndarray | None:  # fmt: skip
+        """For :meth:`_grads` on the numpy dropout stream: check ``names`` against ``known``, reseed, the batch's mask."""
+        unknown = set(names) - set(known)
+        if unknown:
+            known_words = f"; known {list(known)}" if say_known else ""
+            raise ValueError(f"{self._who('top_layer_grads')}: {sorted(unknown)} are not parameters{known_words}")
+        self._reseed(dropout_seed)
+        return batch_dropout_mask(self._spec, self._rng, n, dropout_mask, train=dropout)
 
     def _mean_loss(self, z: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> float:
         """``mean_b(w_{y_b} * CE_b)`` of logits ``z`` ``(N, C)`` and labels ``y`` ``(N,)``, N >= 1."""
@@ -268,6 +226,10 @@ class BackendBase:
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Class probabilities ``(B, C)`` float32, dropout off."""
         return softmax(self.logits(x))
+
+
+TrainingBackend = BackendBase
+"""The interface every backend implements (the name the client and the docs use)."""
 
 
 @dataclass(frozen=True)
@@ -442,20 +404,9 @@ def batch_dropout_mask(
     return draw_dropout_masks(rng, [b], spec.dense_units, spec.dropout)[0]
 
 
-def train(
-    backend: TrainingBackend,
-    x: np.ndarray,
-    y: np.ndarray,
-    *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    class_weights: np.ndarray | None = None,
-    prox_mu: float = 0.0,
-    prox_ref: Mapping[str, np.ndarray] | None = None,
-    frozen: Sequence[str] = (),
-) -> TrainSummary:
+def train(backend: TrainingBackend, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int, seed: int,
+          class_weights: np.ndarray | None = None, prox_mu: float = 0.0, prox_ref: Mapping[str, np.ndarray] | None = None,
+          frozen: Sequence[str] = ()) -> TrainSummary:  # fmt: skip
     """``epochs`` passes of SGD through ``backend`` in ``train_local``'s batch order and loss bookkeeping.
 
     With the ``"torch"`` backend the weights equal ``train_local``'s with the same ``TrainConfig``, bit for bit.

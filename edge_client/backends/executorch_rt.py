@@ -27,7 +27,7 @@ from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, 
 from har_models.nn.model import init_state
 from har_models.wire.pte_delivery import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
 
-from .base import ArchitectureMismatch, BackendBase, EpochArgs, batch_dropout_mask
+from .base import ArchitectureMismatch, BackendBase, EpochArgs
 
 log = logging.getLogger("fedhar.client.executorch")
 
@@ -242,10 +242,6 @@ class ExecuTorchBackend(BackendBase):
         self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
         dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
     ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
-        unknown = set(names) - set(PARAM_NAMES)
-        if unknown:
-            raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
-        self._reseed(dropout_seed)
-        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
+        mask = self._grads_mask(names, PARAM_NAMES, len(xa), dropout, dropout_seed, dropout_mask)
         loss, grads = self._forward_backward(xa, ya, class_weights, mask)
         return loss, {n: grads[n].numpy().copy() for n in names}

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from har_models.nn.arch import ArchSpec
 
-from .base import BackendBase, EpochArgs, batch_dropout_mask, batch_sizes, check_weights
+from .base import BackendBase, EpochArgs, batch_sizes, check_weights
 from .numpy_loss import softmax, weighted_cross_entropy
 
 Params = dict[str, np.ndarray]
@@ -147,11 +147,7 @@ class NumpyBackend(BackendBase):
         self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
         dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
     ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
-        unknown = set(names) - set(self._spec.shapes())
-        if unknown:
-            raise ValueError(f"NumpyBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(self._spec.shapes())}")
-        self._reseed(dropout_seed)
-        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
+        mask = self._grads_mask(names, list(self._spec.shapes()), len(xa), dropout, dropout_seed, dropout_mask)
         logits, cache = forward(self._spec, self._w, xa, mask)
         loss, dlogits = weighted_cross_entropy(logits, ya, class_weights)
         return loss, backward(self._spec, self._w, cache, dlogits, list(names))
