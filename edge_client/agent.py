@@ -1,25 +1,17 @@
 """The edge client's MQTT agent: follows round announcements, trains, uploads.
 
-Threads: paho's network thread only queues messages (:class:`~har_io.mqtt_link.MqttLink`); this
-agent's own thread reads them and trains, so a long training never stalls keep-alives, and it acts
-on the newest state: what queued up behind a training is read before it answers the round.
-It is assembled from parts, one job each: the models it receives (:mod:`edge_client.model_intake`),
-the coordinator's presence (:mod:`edge_client.coordinator_watch`), the rounds it trains and answers
-(:mod:`edge_client.rounds`, :mod:`edge_client.answers`), end-to-end delivery of its update in the
-round's transport (:mod:`edge_client.delivery`, :mod:`edge_client.blob_upload`; an update counts as
-delivered only when the coordinator's receipt arrives, docs/reliability.md), and other users of its
-client id (:mod:`edge_client.identity`). A client stopped in the middle of a round (SIGTERM) sends
-its update and awaits its receipt (``stop_flush_s``) before it says it is offline.
+paho's thread only queues messages; this agent's own thread reads and trains, so a long training
+never stalls keep-alives, and it acts on the newest state (what queued up is read first). It is
+assembled from parts, one job each: :mod:`.model_intake`, :mod:`.coordinator_watch`, :mod:`.rounds`,
+:mod:`.answers`, :mod:`.delivery` (an update counts as delivered only on the coordinator's receipt,
+docs/reliability.md) and :mod:`.identity`. Stopped in a round (SIGTERM), it sends its update and
+awaits the receipt (``stop_flush_s``) before it says it is offline.
 
-A served coordinator (``fedhar-coordinator serve``) counts its starts in an epoch, carried in its
-status and every announcement: a client that sees a higher epoch drops the work of the older one
-(its announcement and an upload still waiting for a receipt) and publishes its status at once, so
-the restarted coordinator counts it present without waiting for the refresh (public report BR-46);
-an announcement of an older epoch is not acted on (epoch 0, a coordinator of ``run`` that does
-not count epochs, is always taken). Two processes with one client id in one federation both stop
-(exit code :data:`EXIT_DUPLICATE_ID`); another device or federation using the id on the same broker
-is named in the log, the status and :attr:`EdgeAgent.connection` (a :class:`~har_io.link_status.LinkStatus`,
-which also gives the cause of a failed connection attempt in plain words, for a screen to show).
+A served coordinator counts its starts in an epoch: a client seeing a higher epoch drops the older
+one's work and republishes its status at once (public report BR-46); an announcement of an older
+epoch is ignored (epoch 0, a coordinator of ``run``, is always taken). Two processes with one client
+id both stop (:data:`EXIT_DUPLICATE_ID`); another device or federation using the id is named in the
+log, the status and :attr:`EdgeAgent.connection`.
 """
 
 from __future__ import annotations
@@ -36,6 +28,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from edge_client.answers import Answers
 from edge_client.backends.base import BackendOptions
@@ -79,26 +72,16 @@ EXIT_DUPLICATE_ID = Exit.DUPLICATE_ID
 """Exit code: another process uses this client id (a restart cannot help; :mod:`har_io.exit_codes`)."""
 
 Key = tuple[str, int, int]
+T = TypeVar("T")
 
 
 class EdgeAgent:
     """Runs one edge client against the broker until stopped (or its run finished).
 
-    Parameters
-    ----------
-    cfg : ClientConfig
-    store : ClientStore
-        Holds the windows (already ingested), the local model and bookkeeping.
-    train_lock : threading.Lock, optional
-        Shared by clients hosted in one worker process (:mod:`simulation.worker`).
-    shared_transfers : SharedTransfers, optional
-        Shared by clients hosted in one worker process: the model they all receive is held once.
-    blob_cache : BlobCache, optional
-        Where models fetched from a blob store are kept by hash (blob transport); shared by the
-        clients of one worker process. Default: ``blob-cache/`` in the store's folder.
-    cost : CostMeter, optional
-        Where the rounds' CPU is measured; a holder that also measures sensing and the battery (the app) passes its
-        own, so the status and its screen show one set of figures. Default: a meter of this agent's own.
+    ``train_lock``, ``shared_transfers`` and ``blob_cache`` are shared by the clients hosted in one
+    worker process (:mod:`simulation.worker`); ``blob_cache`` defaults to ``blob-cache/`` in the store's folder.
+    ``cost``: where the rounds' CPU is measured; a holder that also measures sensing and the battery (the app) passes
+    its own, so the status and its screen show one set of figures (default: a meter of the agent's own).
     """
 
     def __init__(self, cfg: ClientConfig, store: ClientStore, train_lock: threading.Lock | None = None,
@@ -206,13 +189,9 @@ class EdgeAgent:
 
     @property
     def connection(self) -> LinkStatus:
-        """The broker connection now (any thread): connected or not, and why the last attempt failed.
+        """The broker connection now (any thread): connected or not, and why the last attempt failed, in plain words.
 
-        ``connection.error`` holds the cause in plain words ("login refused: bad user name or
-        password", "TLS: certificate verify failed (wrong CA?)", "broker unreachable: connection
-        refused at HOST:PORT", "another device or federation uses the id ID on this broker", ...),
-        None once connected; ``connection.fatal`` is True when a restart cannot help (the agent then
-        ends with :data:`EXIT_BROKER_REFUSED`); ``connection.retry_in_s`` is the wait before the next attempt.
+        ``fatal``: a restart cannot help (the agent ends with :data:`EXIT_BROKER_REFUSED`).
         """
         status = self._link.status()
         words = self.collision.current()
@@ -260,11 +239,7 @@ class EdgeAgent:
     def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:
         """Serve until ``stop`` is set, ``max_seconds`` pass, or the awaited run finishes.
 
-        Returns
-        -------
-        int
-            0 on a normal end; :data:`EXIT_BROKER_REFUSED` if the broker refused the login or
-            TLS failed; :data:`EXIT_DUPLICATE_ID` if another process uses this client id.
+        Returns 0, :data:`EXIT_BROKER_REFUSED` (login or TLS refused) or :data:`EXIT_DUPLICATE_ID`.
         """
         stop = stop or threading.Event()
         end = None if max_seconds is None else time.monotonic() + max_seconds
@@ -311,11 +286,7 @@ class EdgeAgent:
         return self.exit_code
 
     def _finish_round(self) -> None:
-        """Before the last word: the open round's update goes out and its receipt is awaited (at most ``stop_flush_s``).
-
-        A client stopped in the middle of a round (SIGTERM) would otherwise say it is offline with
-        its update unsent or unconfirmed (:meth:`RoundWorker.finish`).
-        """
+        """Before the last word: the open round's update goes out and its receipt is awaited (at most ``stop_flush_s``)."""
         if self.exit_code or self.cfg.stop_flush_s <= 0 or not self._link.connected.is_set():
             return
         ann = self._catch_up()  # the newest state first (an announcement or a receipt may have queued)
@@ -348,6 +319,14 @@ class EdgeAgent:
         a = self.announcement
         return a is not None and a.state == "finished" and self.cfg.exit_after_run is not None and a.run_id == self.cfg.exit_after_run
 
+    def _parse(self, parse: Callable[[bytes], T], payload: bytes, what: str) -> T | None:
+        """``parse(payload)``, or None with a warning for a malformed message."""
+        try:
+            return parse(payload)
+        except MessageError as exc:
+            log.warning("[%s] ignoring malformed %s: %s", self.cfg.client_id, what, exc)
+            return None
+
     def _handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         cid = self.cfg.client_id
         if topic == self.topics.round and not payload:
@@ -356,10 +335,8 @@ class EdgeAgent:
         if not payload:  # a cleared retained message
             return
         if topic == self.topics.round:
-            try:
-                ann = RoundAnnouncement.from_bytes(payload)
-            except MessageError as exc:
-                log.warning("[%s] ignoring malformed round announcement: %s", cid, exc)
+            ann = self._parse(RoundAnnouncement.from_bytes, payload, "round announcement")
+            if ann is None:
                 return
             self._note_epoch(ann.epoch)
             if 0 < ann.epoch < self.epoch:  # epoch 0: a coordinator that does not count epochs (run)
@@ -376,10 +353,8 @@ class EdgeAgent:
                           EXIT_DUPLICATE_ID)  # fmt: skip
                 self.exit_code = EXIT_DUPLICATE_ID
         elif topic == self.topics.coordinator_status:
-            try:
-                co = CoordinatorStatus.from_bytes(payload)
-            except MessageError as exc:
-                log.warning("[%s] ignoring malformed coordinator status: %s", cid, exc)
+            co = self._parse(CoordinatorStatus.from_bytes, payload, "coordinator status")
+            if co is None:
                 return
             self._note_epoch(co.epoch)
             if not 0 < co.epoch < self.epoch:  # else a status of a coordinator epoch that is gone (its will, delivered late)
@@ -390,10 +365,9 @@ class EdgeAgent:
         elif topic == self.topics.client_receipt(cid):
             self.rounds.on_receipt(payload)
         elif topic == self.topics.client_grant(cid):
-            try:
-                self.grant = BlobGrant.from_bytes(payload)
-            except MessageError as exc:
-                log.warning("[%s] ignoring malformed upload grant: %s", cid, exc)
+            grant = self._parse(BlobGrant.from_bytes, payload, "upload grant")
+            if grant is not None:
+                self.grant = grant
         elif self.programs is not None and self.programs.owns(topic):
             self.programs.on_message(payload)
         else:
@@ -402,11 +376,9 @@ class EdgeAgent:
     def _note_epoch(self, epoch: int) -> None:
         """React to a coordinator epoch seen in a status or an announcement (see the module docstring).
 
-        A higher epoch than any seen before means the served coordinator restarted: the open
-        announcement of the older epoch and an upload still waiting for its receipt are dropped
-        (an update stored for the same exchange and model is sent again when the new epoch
-        announces that round, as after any coordinator restart), and the status is published
-        now instead of at the next refresh. The first epoch seen only sets it.
+        A higher epoch means the served coordinator restarted: the older epoch's announcement and an
+        upload awaiting its receipt are dropped (a stored update goes again when the round is
+        announced anew) and the status is published now. The first epoch seen only sets it.
         """
         if epoch <= self.epoch:
             return
@@ -455,6 +427,7 @@ class EdgeAgent:
         """The exchange whose round is open for training now, or None."""
         a = self.announcement
         return (a.run_id, a.round, a.stage) if a is not None and a.state == "training" else None
+
 
 def _seconds(value: float | None) -> float | None:
     """A measured duration for the status: rounded to milliseconds, None kept."""

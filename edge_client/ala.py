@@ -1,48 +1,22 @@
 """FedALA's Adaptive Local Aggregation: the client's starting model for a round, over any training backend.
 
-Zhang, Hua, Wang, Song, Xue, Ma, Guan, "FedALA: Adaptive Local Aggregation for Personalized
-Federated Learning", AAAI 2023 (arXiv 2212.01197), section "Adaptive Local Aggregation
-(ALA)" and Algorithm 1 (lines 6-16); reference/algorithms.md section 1 and 5.2 steps 2-3.
+Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated Learning", AAAI 2023
+(arXiv 2212.01197), Algorithm 1 lines 6-16; reference/algorithms.md sections 1 and 5.2. Client i
+blends the received model theta with its previous local model theta_i: lower tensors take theta,
+the top p tensors ``thetahat = theta_i + (theta - theta_i) ⊙ W`` with learned W in [0, 1], and
+``W <- clip(W - eta * grad_thetahat L ⊙ (theta - theta_i), 0, 1)`` (eq. 6) on an s% sample of the
+training windows; passes until std(last M losses) < tau in the first round, then one per round.
 
-Before local training, client i blends the received model theta (the global model, or its
-FedDWA-personalised model) with its previous local model theta_i. The lower tensors take the
-received values; the top p tensors are blended element-wise with learned weights
-W_i^p in [0, 1] (same shapes as the tensors):
+:func:`adaptive_local_aggregation` does the bookkeeping once, in numpy; learning W is the
+backend's kernel (``learn_ala`` of the torch backend, else the generic :func:`learn_ala_weights`),
+both drawing the sample and pass orders alike.
 
-    thetahat_i = theta_i + (theta - theta_i) ⊙ [1^{|theta_i| - p} ; W_i^p]                   (paper, ALA)
-    W_i^p <- clip(W_i^p - eta * grad_{thetahat^p} L(thetahat_i, D_i^s) ⊙ (theta^p - theta_i^p), 0, 1)
-
-(the gradient with respect to W by the chain rule; the paper's Eq. (6), derived in arXiv v4).
-L is the client's own training loss on an s% sample D_i^s of its training windows. In the
-first ALA round (``start_phase``) W is learned for passes until the std of the last M pass
-losses is below tau; afterwards one pass per round. W persists across rounds.
-
-One driver, several kernels. :func:`adaptive_local_aggregation` does the bookkeeping (first
-participation, padding after a growth, resetting a W of the wrong tensors, the state to keep)
-once, in numpy; learning W (steps 3-5) is the backend's kernel: a backend with a
-``learn_ala`` method (:class:`~edge_client.backends.torch_eager.TorchBackend`: PyTorch autograd
-with the lower layers' features cached) runs its own, every other backend the generic
-:func:`learn_ala_weights` over :meth:`~edge_client.backends.base.TrainingBackend.top_layer_grads`.
-Both draw the sample and the pass orders alike (``randperm`` of a generator seeded with
-``seed``); ``tests/test_ala.py`` and ``tests/test_backends.py`` compare them.
-
-Deliberate deviations from the reference code (algorithms.md 1.5, [PROPOSAL]):
-
-* D_i^s is a uniformly random subset without replacement, redrawn every round from ``seed``,
-  and batches are reshuffled every pass. The reference takes a contiguous slice without
-  shuffling, a biased sample when windows are stored in recording (activity) order, as HAR
-  windows are.
-* The number of passes is capped (``max_passes``); the reference can loop forever when the
-  loss never settles.
-* First participation is an explicit flag (:attr:`AlaState.has_local_model`), not the
-  "sum of the first tensor's difference is 0" heuristic, which breaks on grown shapes.
-* The temporary model's train/eval mode is explicit (default train: dropout active, as on
-  the reference's usual path).
-* A received model wider than the local one (FedDist growth) is handled by padding the local
-  model and W first (:func:`pad_like`): new slots take the received values and W = 1 there,
-  so (theta - theta_i) is exactly 0 in the new slots.
-
-This module imports no PyTorch.
+Deliberate deviations from the reference code (algorithms.md 1.5, [PROPOSAL]): the sample is a
+uniformly random subset redrawn every round and batches are reshuffled every pass (the reference's
+contiguous slice is biased on windows in recording order); passes are capped (``max_passes``);
+first participation is an explicit flag, not the "first tensor's difference sums to 0" heuristic;
+the temporary model's mode is explicit (default train); a wider received model (FedDist growth)
+pads theta_i with received values and W with 1 (:func:`pad_like`). Imports no PyTorch.
 """
 
 from __future__ import annotations
@@ -79,31 +53,12 @@ Arrays = dict[str, np.ndarray]
 
 
 def pad_like(local: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], fill: float | None = None) -> Arrays:
-    """Pad each tensor of ``local`` to the shape of ``like``'s: local values in the leading slice, new slots from ``like`` (or ``fill``).
+    """Pad each tensor of ``local`` to ``like``'s shape: local values in the leading slice, new slots from ``like`` (or ``fill``).
 
-    The client's one padder, for the previous local model and FedALA's W after a FedDist growth
-    (reference/algorithms.md 5.2 step 2): with ``fill=None`` ``like - padded`` is exactly zero in
-    the new slots; ``fill=1.0`` is W's "take the received value". ``like`` may hold more names
-    than ``local`` (W covers only the top p tensors). Tensors of equal shape are copied.
-
-    Parameters
-    ----------
-    local : name -> array
-        The narrower state (the local model, or W).
-    like : name -> array
-        The state with the target shapes (the received model).
-    fill : float, optional
-        Constant for the new slots; None copies them from ``like``.
-
-    Returns
-    -------
-    dict name -> float32 array with the names of ``local`` and the shapes of ``like`` (new arrays).
-
-    Raises
-    ------
-    ValueError
-        If a tensor of ``local`` is missing from ``like``, has another number of dimensions, or
-        is wider than the target in some dimension (the message names the tensor).
+    For the local model (``fill=None``: ``like - padded`` is 0 in the new slots) and W (``fill=1.0``)
+    after a FedDist growth (algorithms.md 5.2 step 2); ``like`` may hold more names. Returns new
+    float32 arrays. Raises ValueError (naming the tensor) if one is missing from ``like``, of another
+    rank, or wider than the target.
     """
     out: Arrays = {}
     for name, v in local.items():
@@ -123,16 +78,9 @@ def pad_like(local: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], fi
 class AlaState:
     """What a client keeps between rounds for ALA (stored next to the local model).
 
-    Attributes
-    ----------
-    weights : dict name -> float32 array, or None
-        W_i^p, one array per blended ("higher") parameter tensor, same shapes, values in
-        [0, 1]; None before the first participation.
-    start_phase : bool
-        True until the first ALA round that learned W (which runs to convergence or the cap).
-    has_local_model : bool
-        False until the client has a local model; the first participation just takes the
-        received model.
+    ``weights``: W per blended tensor, values in [0, 1], None before the first participation;
+    ``start_phase``: until the first ALA round that learned W; ``has_local_model``: False until the
+    client has a local model.
     """
 
     weights: Arrays | None = None
@@ -146,13 +94,7 @@ class AlaState:
 
     @classmethod
     def from_parts(cls, tensors: Mapping[str, np.ndarray], flags: Mapping[str, object]) -> AlaState:
-        """Rebuild from :meth:`to_parts` output (empty ``tensors`` -> ``weights=None``).
-
-        Raises
-        ------
-        ValueError
-            If a flag is missing or not a bool, or a weight is outside [0, 1] or not finite.
-        """
+        """Rebuild from :meth:`to_parts` output; ValueError if a flag is missing or not a bool, or W is outside [0, 1]."""
         for key in ("start_phase", "has_local_model"):
             if not isinstance(flags.get(key), bool):
                 raise ValueError(f"AlaState.from_parts: flag {key!r} must be a bool, got {flags.get(key)!r}")
@@ -169,25 +111,10 @@ class AlaState:
 class AlaResult:
     """Output of :func:`adaptive_local_aggregation`.
 
-    Attributes
-    ----------
-    state : dict name -> float32 array
-        thetahat_i, the initialised local model to train from (shapes of the received model).
-    ala : AlaState
-        The state to store for the next round.
-    higher : tuple of str
-        The blended tensors (the top p), in registration order.
-    passes : int
-        Passes over the sample used to learn W (0 when W was not learned).
-    losses : tuple of float
-        Loss of the last mini-batch of each pass.
-    n_sample : int
-        Windows in the s% sample.
-    converged : bool
-        Whether the first-round stop test passed (False after the cap, and outside the start phase).
-    fallback : str or None
-        Why the received model was returned unchanged ("first participation", "empty sample",
-        "non-finite loss"), or None.
+    ``state``: thetahat_i to train from; ``ala``: the state to store; ``higher``: the blended tensors;
+    ``passes``, ``losses`` (last mini-batch of each pass), ``n_sample``, ``converged`` of W's learning;
+    ``fallback``: why the received model was returned unchanged ("first participation", "empty
+    sample", "non-finite loss"), or None.
     """
 
     state: Arrays
@@ -201,20 +128,7 @@ class AlaResult:
 
 
 def higher_tensors(names: Sequence[str], layer_idx: int) -> tuple[str, ...]:
-    """The top-p tensor names: the last ``layer_idx`` of ``names`` (all of them if ``layer_idx`` is 0).
-
-    Parameters
-    ----------
-    names : sequence of str
-        Parameter names in registration order (:data:`~har_models.nn.arch.PARAM_NAMES`).
-    layer_idx : int
-        p in tensors (see :class:`AlaConfig`).
-
-    Raises
-    ------
-    ValueError
-        If ``layer_idx`` exceeds the number of tensors.
-    """
+    """The top-p tensor names: the last ``layer_idx`` of ``names`` (all if 0); ValueError if it exceeds their count."""
     if layer_idx > len(names):
         raise ValueError(f"higher_tensors: layer_idx={layer_idx} exceeds the model's {len(names)} parameter tensors")
     return tuple(names[len(names) - layer_idx :]) if layer_idx > 0 else tuple(names)
@@ -246,55 +160,17 @@ def adaptive_local_aggregation(
     class_weights: np.ndarray | None = None,
     context: str = "",
 ) -> AlaResult:
-    """Initialise the local model of a round by FedALA's Adaptive Local Aggregation.
+    """Initialise the local model of a round by FedALA's Adaptive Local Aggregation (see the module docstring).
 
-    Zhang et al., AAAI 2023, Algorithm 1 lines 6-16 (algorithms.md 1.3, with the deviations in
-    the module docstring). Steps:
+    1. First participation: return the received model; W = 1.
+    2. A wider received model pads theta_i and W; a W of other tensors (``layer_idx`` changed) is reset to 1.
+    3. Lower tensors <- theta; draw the s% sample (empty: return the received model).
+    4. Learn W in batches of ``batch_size``: one pass, or in the start phase until the loss settles.
+    5. Return thetahat_i.
 
-    1. First participation (``not ala.has_local_model``): return the received model; W = 1.
-    2. If the received model is wider (FedDist growth), pad theta_i with received values and W
-       with 1.0. W tensors that do not match the higher tensors (``layer_idx`` changed) are
-       reset to 1 (logged).
-    3. Lower tensors <- theta. Draw the s% sample (floor(s/100 * N) windows); if it is empty,
-       return the received model (logged).
-    4. Learn W with batches of ``batch_size`` (last partial batch kept): per batch,
-       W <- clip(W - eta * grad_thetahat L ⊙ (theta - theta_i), 0, 1); one pass per round, or
-       in the start phase until std(last M pass losses) < tau or ``max_passes``.
-    5. Return thetahat_i = theta_i + (theta - theta_i) ⊙ W on the higher tensors.
-
-    Steps 3-5 are the backend's kernel (see the module docstring). Randomness (sample, batch
-    order, dropout) comes only from ``seed``.
-
-    Parameters
-    ----------
-    backend : TrainingBackend
-        Of the received architecture; its weights may be overwritten (the caller loads the
-        model it trains from afterwards).
-    received : name -> float32 array
-        theta, the model received this round (global or personalised).
-    local : name -> float32 array, or None
-        theta_i, the client's previous local model (None only on first participation); may be
-        narrower than ``received`` after a growth, never wider.
-    ala : AlaState
-        The stored ALA state (``AlaState()`` for a new client).
-    x : ndarray ``(N, 6, T)`` float32
-        The client's training windows (raw units; the model normalises).
-    y : ndarray ``(N,)`` int64
-        Their class indices.
-    batch_size : int
-        B, the local training batch size (also used here, as in the reference).
-    seed : int
-        Seed of this round's sample and shuffling; vary it per round so D_i^s is redrawn.
-    config : AlaConfig, optional
-        eta, s, p, tau, M, pass cap, mode (defaults of :class:`AlaConfig`).
-    class_weights : ndarray ``(C,)`` float32, optional
-        The training loss's class weights (``mean_b(w_{y_b} CE_b)``).
-    context : str
-        Prefix for log lines, e.g. ``"[pi-3] round 7"``.
-
-    Returns
-    -------
-    AlaResult
+    Steps 3-5 are the backend's kernel; randomness comes only from ``seed`` (vary it per round).
+    ``backend``'s weights may be overwritten; ``local`` may be narrower than ``received``, never
+    wider; ``context`` prefixes log lines.
 
     Raises
     ------
@@ -381,50 +257,18 @@ def adaptive_local_aggregation(
 
 
 def learn_ala_weights(
-    backend: TrainingBackend,
-    received: Mapping[str, np.ndarray],
-    local: Mapping[str, np.ndarray],
-    weights: Mapping[str, np.ndarray],
-    x: np.ndarray,
-    y: np.ndarray,
-    *,
-    config: AlaConfig,
-    batch_size: int,
-    seed: int,
-    start_phase: bool,
-    class_weights: np.ndarray | None = None,
-) -> AlaLearned:
+    backend: TrainingBackend, received: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, config: AlaConfig, batch_size: int, seed: int,
+    start_phase: bool, class_weights: np.ndarray | None = None,
+) -> AlaLearned:  # fmt: skip
     """The generic kernel: learn W through ``backend.top_layer_grads`` and return the blended model (ALA steps 3-5).
 
-    For the top tensors h (the keys of ``weights``), per batch of the s% sample:
-
-        thetahat_h = theta_i,h + (theta_h - theta_i,h) ⊙ W_h                            (ALA blend, as ``torch.lerp``)
-        W_h <- clip(W_h - eta * grad_{thetahat_h} L ⊙ (theta_h - theta_i,h), 0, 1)   (paper eq. 6)
-
-    The sample is ``randperm(N)[:n]`` and each pass ``sample[randperm(n)]`` from one generator
-    seeded with ``seed`` (:class:`~edge_client.backends.base.TorchRandperm`), the draws of the torch
-    kernel. The lower tensors hold theta.
-
-    Parameters
-    ----------
-    backend : TrainingBackend of the received architecture (its weights are overwritten)
-    received : name -> array, theta (all tensors)
-    local : name -> array, theta_i with the received shapes (padded by the caller after a growth)
-    weights : name -> array in [0, 1], W for the higher tensors (its keys define them)
-    x : (N, 6, T) float32;  y : (N,) int64, the client's training windows
-    config : AlaConfig (eta, rand_percent, threshold, num_pre_loss, max_passes, mode: "train" = dropout on)
-    batch_size : int, the local batch;  seed : int, this round's ALA seed (also seeds the dropout stream)
-    start_phase : bool, learn until the loss settles (first ALA round) rather than one pass
-    class_weights : (C,) float32, optional, the training loss's class weights
-
-    Returns
-    -------
-    AlaLearned
-
-    Raises
-    ------
-    ValueError
-        If names or shapes of ``received``, ``local`` and ``weights`` disagree, or ``batch_size`` < 1.
+    For the tensors h of ``weights``, per batch of the sample: ``thetahat_h = lerp(theta_i,h, theta_h, W_h)``
+    and ``W_h <- clip(W_h - eta * grad L ⊙ (theta_h - theta_i,h), 0, 1)`` (eq. 6). The sample is
+    ``randperm(N)[:n]`` and each pass ``sample[randperm(n)]`` from one :class:`TorchRandperm` seeded
+    with ``seed``, the torch kernel's draws; ``seed`` also seeds the dropout stream. ``local`` has
+    the received shapes; ``backend``'s weights are overwritten. Raises ValueError if names or shapes
+    disagree or ``batch_size`` < 1.
     """
     if int(batch_size) != batch_size or batch_size < 1:
         raise ValueError(f"learn_ala_weights: batch_size must be an integer >= 1, got {batch_size}")

@@ -1,24 +1,12 @@
 """Which rounds this device has answered, with what update, and when it sends that update again.
 
-A device trains a round once and keeps the update it made, with the model it started from
-(:meth:`edge_client.store.ClientStore.save_last_update`). The rules (docs/reliability.md, "Answering
-a round"):
-
-* A round announced with the model the stored update was trained from is answered with that
-  update, never trained again. A round the store holds no update for, or announced with another
-  model (a coordinator restored from a backup or rolled back, another epoch that aggregated
-  differently), is trained again: a device never stays silent on a round it has done before.
-  An update stored by a release that did not record its model counts as made from the announced one.
-* Each coordinator attempt is answered once, and only the newest one the device knows of: the
-  agent reads what queued up behind a training before it sends, so attempts that came and went
-  while it trained get nothing. While the update's receipt is missing in the attempt it was sent
-  for, delivery (:mod:`edge_client.delivery`) sends it again with back-off; a receipt ends that.
-* A new attempt is a new question: the coordinator runs a round again after it closed without
-  quorum, or after it restarted, and forgets what the closed attempt counted, so the stored update
-  goes once to each attempt whose receipt the device does not hold. A coordinator that keeps what
-  it counted and re-opens the round under the same attempt gets nothing twice.
-* An update made under another client id (a state folder kept across a rename) is never sent: the
-  coordinator refuses it; the round is trained again.
+A device trains a round once and keeps the update with the model it started from; the rules
+(docs/reliability.md, "Answering a round"): a round announced with that model is answered with
+the stored update, never trained again (another model, or no stored update: trained again; an
+update of a release that did not record its model counts as made from the announced one); each
+coordinator attempt is answered once, only the newest one known, and delivery re-sends while its
+receipt is missing; a new attempt gets the stored update once more; an update made under another
+client id is never sent (the round is trained again).
 """
 
 from __future__ import annotations
@@ -47,18 +35,8 @@ class StoredUpdate:
 
 
 class Answers:
-    """The device's answers to rounds (see the module docstring).
-
-    Parameters
-    ----------
-    store : ClientStore
-    client_id : str
-
-    Attributes
-    ----------
-    stored : StoredUpdate or None
-        The update the store holds and this client id made; None if none.
-    """
+    """The device's answers to rounds (see the module docstring); :attr:`stored`: the update the store holds and this
+    client id made, or None."""
 
     def __init__(self, store: ClientStore, client_id: str):
         self._store = store
@@ -76,13 +54,8 @@ class Answers:
         return s is not None and s.key == key and (not s.trained_on or not transfer or s.trained_on == transfer)
 
     def keep(self, key: Key, trained_on: str, envelope: bytes) -> None:
-        """Store ``envelope``, the update of exchange ``key`` trained from the model ``trained_on`` (it answers from now on).
-
-        Raises
-        ------
-        StateFolderUnusable
-            From the store, when it cannot be written.
-        """
+        """Store ``envelope``, the update of exchange ``key`` trained from the model ``trained_on`` (StateFolderUnusable
+        from the store); it answers from now on."""
         self._store.save_last_update(key[0], key[1], key[2], envelope, trained_on=trained_on)
         self.stored = StoredUpdate(key, trained_on)
 
@@ -95,11 +68,8 @@ class Answers:
         return (last[0]["run_id"], last[0]["round"], last[0]["stage"]), last[1]
 
     def due(self, exchange: Exchange, pending: PendingUpdate | None, now_unix: float, deadline_unix: float) -> bool:
-        """Whether the stored update goes to ``exchange`` now (its holder checked :meth:`holds`).
-
-        Not while it is on its way to this attempt (delivery re-sends it while its receipt is
-        missing), not to an attempt whose receipt accepted it, not past the round's deadline.
-        """
+        """Whether the stored update goes to ``exchange`` now (its holder checked :meth:`holds`): not while on its way to
+        this attempt, not to an attempt whose receipt accepted it, not past the round's deadline."""
         if pending is not None and pending.exchange.key == exchange.key and pending.exchange.attempt == exchange.attempt:
             return False
         if self._confirmed.get(exchange.key) == exchange.attempt:

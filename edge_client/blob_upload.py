@@ -1,14 +1,10 @@
 """How a client's update leaves in its exchange's transport: chunks over MQTT, or a PUT to its blob grant.
 
-:class:`TransportLink` is the :class:`edge_client.delivery.UploadLink` the agent gives its
-:class:`~edge_client.delivery.Delivery`, so delivery (receipts, back-off, re-sends) is the same
-in both transports. Delivery hands each send its :class:`~edge_client.delivery.Exchange`, whose
-transport is the one the announcement the device acted on named. For ``"blobs"`` a whole send
-is a PUT of the envelope to the client's signed upload URL (its :class:`BlobGrant` for that
-exchange), then a :class:`BlobNotice` ``{round, sha256, size}`` on
-``{p}/client/{cid}/update/blob``; ``"mqtt"`` goes in chunks through the broker. A blob exchange
-whose grant has not arrived yet is not sent through the broker instead: the send fails as a
-timeout, and delivery tries again after its wait (docs/scale.md, "Blob transport").
+:class:`TransportLink` is the :class:`edge_client.delivery.UploadLink` of the agent's delivery, so
+receipts, back-off and re-sends are the same in both transports. For ``"blobs"`` a whole send is a
+PUT to the client's signed upload URL, then a :class:`BlobNotice` ``{round, sha256, size}`` on
+``{p}/client/{cid}/update/blob``; without the grant yet, the send fails as a timeout and delivery
+tries again later (docs/scale.md, "Blob transport").
 """
 
 from __future__ import annotations
@@ -31,19 +27,8 @@ BLOB_CHUNK_BYTES = 1 << 40
 
 
 class TransportLink:
-    """An :class:`~edge_client.delivery.UploadLink` that sends each update in its exchange's transport.
-
-    Parameters
-    ----------
-    link : MqttLink
-        The client's broker session (chunks, and the blob notice).
-    topic_of : callable (chunk index) -> str
-        The client's update chunk topics ``{p}/client/{cid}/update/{i}``.
-    notice_topic : str
-        ``{p}/client/{cid}/update/blob``.
-    grant_of : callable (key) -> BlobGrant or None
-        The client's upload grant for the exchange ``key`` = (run id, round, stage), if it arrived.
-    """
+    """An :class:`~edge_client.delivery.UploadLink` that sends each update in its exchange's transport: chunks on
+    ``topic_of(i)`` through ``link``, or a PUT to the grant ``grant_of(key)`` and a notice on ``notice_topic``."""
 
     def __init__(self, link: MqttLink, topic_of: Callable[[int], str], notice_topic: str, grant_of: Callable[[Key], BlobGrant | None]):
         self._link = link
@@ -63,17 +48,10 @@ class TransportLink:
 
     def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None,
              timeout: float = 300.0) -> int:  # fmt: skip
-        """Send ``payload`` (an update envelope) for ``exchange``: in chunks over MQTT, or whole to its blob grant.
+        """Send ``payload`` for ``exchange``: in chunks over MQTT, or whole to its blob grant; return the chunk count (1).
 
-        Returns the number of chunks it was cut into (1 for a blob upload).
-
-        Raises
-        ------
-        TimeoutError
-            A blob exchange whose grant has not arrived, or whose upload failed (the store
-            refused or could not be reached): delivery sends it whole again later.
-        PacketRejected, TimeoutError
-            From the MQTT link, for a chunked send.
+        Raises TimeoutError for a blob exchange without its grant yet or whose upload failed (delivery
+        sends it whole again later), and PacketRejected or TimeoutError from the MQTT link.
         """
         if exchange.transport != "blobs":
             return self._link.publish_chunks(self._topic_of, payload, timeout=timeout, chunk_bytes=chunk_bytes, only=only)

@@ -1,16 +1,11 @@
 """A device asks for its client certificate: own key, request left on the broker, certificate fetched and checked.
 
-:func:`prepare` makes the device's key and request in its folder and returns the enrolment
-code and key fingerprint to show; :func:`request_certificate` leaves the request on the broker
-with the invitation's enrolment account and waits for the operator's ``fedhar-coordinator
-approve``; it writes the certificate only after checking it holds the device's own public key
-and name. The folder then holds everything to log in (:func:`device_broker`):
-
-* ``ca.crt``: the CA the broker is trusted by, as pinned by the invitation's fingerprint;
-* ``device.key``: the private key (mode 0600; made here, never sent anywhere);
-* ``device.crt``: the client certificate, once approved.
-
-docs/protocol.md, "Enrolment by certificate", has the flow and what each step protects against.
+:func:`prepare` makes the key and request and returns the code and key fingerprint to show;
+:func:`request_certificate` leaves the request on the broker with the invitation's enrolment
+account, waits for ``fedhar-coordinator approve`` and writes the certificate only if it holds the
+device's own key and name. The folder then holds ``ca.crt`` (pinned by the invitation),
+``device.key`` (mode 0600, never sent) and ``device.crt`` (:func:`device_broker`). The flow and
+what each step protects against: docs/protocol.md, "Enrolment by certificate".
 """
 
 from __future__ import annotations
@@ -52,21 +47,8 @@ class EnrolmentNotApproved(RuntimeError):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A device's key and request, ready to be sent.
-
-    Attributes
-    ----------
-    folder : Path
-        Where ``device.key`` (and later ``device.crt``) are.
-    client_id : str
-        The name asked for.
-    code : str
-        The enrolment code to show (``ABCDE-FGHJK``).
-    fingerprint : str
-        SHA-256 of the public key, to show beside the code (the operator compares it).
-    csr_pem : str
-        The certificate request.
-    """
+    """A device's key and request, ready to be sent: its folder, the name asked for, the enrolment code to show
+    (``ABCDE-FGHJK``), the public key's SHA-256 (the operator compares it) and the request."""
 
     folder: Path
     client_id: str
@@ -78,17 +60,15 @@ class Prepared:
 def prepare(folder: Path, client_id: str, invitation: Invitation, new_key: bool = False) -> Prepared:
     """Pin the invitation's CA into ``folder/ca.crt``, make the key unless it exists, and the request.
 
-    A key already in ``folder`` is kept (asking again after a restart shows the same code).
-    ``new_key``: a key that has a certificate already (``device.crt``) is replaced by a new one
-    and that certificate deleted, for a device the operator re-issued or renamed (its certificate
-    is revoked); a key still waiting for its first certificate is kept, so asking again after a
-    restart shows the same code.
+    A key waiting for its first certificate is kept (asking again shows the same code); with
+    ``new_key`` one that has a certificate is replaced and the certificate deleted (a device the
+    operator re-issued or renamed).
 
     Raises
     ------
     ValueError
-        If ``client_id`` is invalid, or the invitation carries no CA and none that is the pinned one is
-        in ``folder/ca.crt`` or can be fetched (:func:`fetch_ca`).
+        If ``client_id`` is invalid, or no CA that is the pinned one comes with the invitation, is in
+        ``folder/ca.crt`` or can be fetched (:func:`fetch_ca`).
     DeviceKeyError
         If openssl is missing or fails.
     """
@@ -116,16 +96,9 @@ def prepare(folder: Path, client_id: str, invitation: Invitation, new_key: bool 
 def fetch_ca(invitation: Invitation, folder: Path, wait_s: float = 15.0) -> Path:
     """Fetch the broker's CA from its retained ``fedhar/v1/<fed>/ca`` and keep it as ``folder/ca.crt`` only if it is the pinned one.
 
-    For an invitation whose code carries only the CA's fingerprint. The connection cannot check
-    the broker yet (that is what the CA is for), so it logs in with the enrolment account only,
-    whose password grants nothing but asking (docs/protocol.md); what it reads is kept only if
-    its SHA-256 is the invitation's ``tls_ca_sha256``.
-
-    Raises
-    ------
-    ValueError
-        If nothing came within ``wait_s`` s (the operator has not run ``fedhar-coordinator
-        invite``), or what came is not the pinned CA (nothing written then).
+    For an invitation carrying only the CA's fingerprint; the unchecked connection logs in with the
+    enrolment account only, whose password grants nothing but asking. Raises ValueError if nothing
+    came within ``wait_s`` s (no ``fedhar-coordinator invite`` yet) or it is not the pinned CA.
     """
     import ssl
 
@@ -168,21 +141,9 @@ def _enrol_broker(invitation: Invitation, folder: Path) -> BrokerConfig:
 
 
 def request_certificate(prepared: Prepared, invitation: Invitation, wait_s: float = 600.0, broker: BrokerConfig | None = None) -> Path:
-    """Leave the request on the broker and wait up to ``wait_s`` seconds for the certificate; returns ``device.crt``.
-
-    The request is left retained, so the operator may approve it while the device waits, or
-    after it has given up (asking again fetches the waiting certificate). The connection checks
-    the broker's certificate against the pinned CA.
-
-    Parameters
-    ----------
-    prepared : Prepared
-        From :func:`prepare`.
-    invitation : Invitation
-    wait_s : float
-        Seconds to wait for the approval.
-    broker : BrokerConfig, optional
-        How to reach the broker with the enrolment account (default: the invitation's host and port).
+    """Leave the request on the broker (retained: it may be approved later) and wait up to ``wait_s`` s for the
+    certificate; returns ``device.crt``. The connection checks the broker against the pinned CA; ``broker`` defaults
+    to the invitation's host and port with the enrolment account.
 
     Raises
     ------
@@ -224,13 +185,8 @@ def request_certificate(prepared: Prepared, invitation: Invitation, wait_s: floa
 
 
 def store_certificate(prepared: Prepared, reply: EnrolReply) -> Path:
-    """Check the reply's certificate holds this device's key and name, and write it as ``device.crt`` (mode 0644).
-
-    Raises
-    ------
-    EnrolmentNotApproved
-        If the reply is a refusal, or its certificate is for another key or name.
-    """
+    """Check the reply's certificate holds this device's key and name and write it as ``device.crt`` (mode 0644);
+    EnrolmentNotApproved for a refusal or another key or name."""
     if reply.certificate_pem is None:
         raise EnrolmentNotApproved(certificate_refused(prepared.client_id, str(reply.refused)))
     try:
@@ -248,10 +204,7 @@ def store_certificate(prepared: Prepared, reply: EnrolReply) -> Path:
 def device_broker(folder: Path, invitation: Invitation, client_id: str) -> BrokerConfig:
     """How the enrolled device logs in: the device-certificate listener, its certificate and key, the pinned CA.
 
-    Raises
-    ------
-    ValueError
-        If ``device.crt`` is missing (not approved yet) or another option is invalid.
+    Raises ValueError if ``device.crt`` is missing (not approved yet) or another option is invalid.
     """
     folder = Path(folder)
     if not (folder / CERT_NAME).is_file():
@@ -263,18 +216,14 @@ def device_broker(folder: Path, invitation: Invitation, client_id: str) -> Broke
 def main(argv: list[str]) -> int:
     """``fedhar-client request-certificate --invitation FILE --client-id NAME [--folder DIR] [--wait S] [--new-key]``.
 
-    Returns the exit status.
-
-    Makes the key and request, prints the enrolment code and key fingerprint to compare on the
-    server, waits for ``fedhar-coordinator approve CODE``, and prints the ``fedhar-client``
-    options that log in with the certificate. 0 approved; 2 bad options or invitation, or not
-    approved in time (run it again: the same key and code are kept); 4 the broker refused the
-    enrolment account or its certificate.
+    Prints the code and key fingerprint, waits for the approval and prints the options that log in
+    with the certificate. Returns 0 approved; 2 bad options or invitation, or not approved in time
+    (the same key and code are kept); 4 the broker refused the enrolment account or its certificate.
     """
     import argparse
     import sys
 
-    from har_io.exit_codes import Exit
+    from har_io.exit_codes import Exit, fail
     from har_io.mqtt_link import BrokerRefused
 
     ap = argparse.ArgumentParser(prog="fedhar-client request-certificate", description=(__doc__ or "").split("\n\n")[0])
@@ -294,8 +243,7 @@ def main(argv: list[str]) -> int:
         folder = args.folder or Path.home() / ".fedhar" / check_client_id(args.client_id) / "certificate"
         prep = prepare(folder, args.client_id, inv, new_key=args.new_key)
     except (ValueError, OSError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {exc}")
     print(f"enrolment code:  {prep.code}")
     print(f"key fingerprint: {prep.fingerprint}")
     print(f"On the server: fedhar-coordinator pending (compare the fingerprint), then fedhar-coordinator approve {prep.code}")
@@ -303,11 +251,9 @@ def main(argv: list[str]) -> int:
     try:
         crt = request_certificate(prep, inv, wait_s=args.wait)
     except EnrolmentNotApproved as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {exc}")
     except BrokerRefused as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return Exit.BROKER_REFUSED
+        return fail(f"{prog}: {exc}", Exit.BROKER_REFUSED)
     print(f"approved: {crt}. Log in with")
     print(f"  fedhar-client --broker {inv.host}:{inv.device_port} --federation {inv.federation} --client-id {args.client_id} "
           f"--tls-ca {folder / CA_NAME} --tls-cert {crt} --tls-key {folder / KEY_NAME} --source ...")  # fmt: skip

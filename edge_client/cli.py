@@ -28,7 +28,7 @@ from har_io.blob_http import BlobCache
 from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, setup_logging
 from har_io.enrolment import EnrolmentBundle, EnrolmentRefused, read_bundle
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import torch_hint
 from har_io.mqtt_link import BrokerRefused
 from har_io.refusal_words import bundle_login_refused
@@ -120,8 +120,8 @@ def default_state_dir(client_id: str) -> Path:
 
 
 BUNDLE_OWNS = ("client_id", "federation", "broker", "username", "password_file", "tls_ca")
-"""Options whose value an enrolment bundle gives (a contradicting explicit one is refused; ``tls_ca`` is checked against it).
-Each defaults to None in :func:`build_parser`, so a value that is not None was given on the command line."""
+"""Options an enrolment bundle gives (a contradicting explicit one is refused; ``tls_ca`` is checked against it); each
+defaults to None in :func:`build_parser`, so a value that is not None was given."""
 
 DEFAULT_BROKER = "127.0.0.1:1883"
 """The broker without ``--broker`` or ``--enrolment``."""
@@ -129,12 +129,6 @@ DEFAULT_BROKER = "127.0.0.1:1883"
 
 def apply_enrolment(args: argparse.Namespace, bundle: EnrolmentBundle) -> None:
     """Take the client id and federation from ``bundle`` into ``args``; refuse explicit options that contradict it.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        Parsed ``fedhar-client`` options (changed in place: ``client_id``, ``federation``).
-    bundle : EnrolmentBundle
 
     Raises
     ------
@@ -167,10 +161,7 @@ def apply_enrolment(args: argparse.Namespace, bundle: EnrolmentBundle) -> None:
 def enrolled_broker(args: argparse.Namespace, bundle: EnrolmentBundle) -> BrokerConfig:
     """The broker settings of ``bundle``, its inline CA written to ``<state-dir>/enrolment/``; ``--tls-ca`` for a fingerprint-only bundle.
 
-    Raises
-    ------
-    EnrolmentRefused, ValueError, OSError
-        See :meth:`EnrolmentBundle.broker_config` and :class:`BrokerConfig`.
+    Raises as :meth:`EnrolmentBundle.broker_config` and :class:`BrokerConfig`.
     """
     return bundle.broker_config(
         Path(args.state_dir) / "enrolment",
@@ -193,13 +184,8 @@ class PreparedClient:
 
 
 def prepare(argv: list[str] | None) -> PreparedClient | int:
-    """Parse ``fedhar-client`` options and ingest the client's windows; an exit status if it cannot serve.
-
-    Returns
-    -------
-    PreparedClient, or int
-        :class:`~har_io.exit_codes.Exit`: 2 usage, 3 data (including "nothing to train on"), 6 state folder in use.
-    """
+    """Parse ``fedhar-client`` options and ingest the client's windows; else an exit status: 2 usage, 3 data
+    (including "nothing to train on"), 6 state folder in use."""
     args = build_parser().parse_args(argv)
     bundle: EnrolmentBundle | None = None
     if args.enrolment is not None:
@@ -207,14 +193,11 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             bundle = read_bundle(args.enrolment)
             apply_enrolment(args, bundle)
         except EnrolmentRefused as exc:
-            print(f"fedhar-client: {args.enrolment}: {exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: {args.enrolment}: {exc}")
         except OSError as exc:
-            print(f"fedhar-client: cannot read the enrolment bundle {args.enrolment}: {exc.strerror or exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: cannot read the enrolment bundle {args.enrolment}: {exc.strerror or exc}")
     elif args.client_id is None:
-        print("fedhar-client: give --client-id (the device's id), or --enrolment FILE (a bundle that holds it)", file=sys.stderr)
-        return Exit.USAGE
+        return fail("fedhar-client: give --client-id (the device's id), or --enrolment FILE (a bundle that holds it)")
     if args.federation is None:
         args.federation = "default"
     if args.broker is None:
@@ -237,8 +220,7 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
         source = None if args.source.startswith("recorded:") else parse_source(args.source, split)
         labels = recorded_labels(args.source) if source is None else source.labels
     except (ValueError, OSError) as exc:
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-client: {exc}")
     if bundle is not None:
         log.info("[%s] enrolled by %s: coordinator %r, federation %r, broker %s (%s)", args.client_id, args.enrolment,
                  bundle.coordinator, bundle.federation, broker.address,
@@ -247,11 +229,9 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
     try:
         store = ClientStore(args.state_dir, labels, owner=args.client_id)
     except (StoreInUseError, StateFolderUnusable) as exc:
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
+        return fail(f"fedhar-client: {exc}", Exit.FOLDER_UNUSABLE)
     except (ValueError, OSError) as exc:
-        print(f"fedhar-client: cannot open the state folder: {exc}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-client: cannot open the state folder: {exc}", Exit.DATA)
     health: SensingHealthMeter | None = None
     try:
         if source is None:  # windows the owner recorded on this device (fedhar-record, fedhar-app)
@@ -261,12 +241,10 @@ def prepare(argv: list[str] | None) -> PreparedClient | int:
             n_train, n_test = ingest_source(store, source, speed=args.replay_speed, health=health)
     except StateFolderUnusable as exc:
         store.close()
-        print(f"fedhar-client: {exc}", file=sys.stderr)
-        return Exit.FOLDER_UNUSABLE
+        return fail(f"fedhar-client: {exc}", Exit.FOLDER_UNUSABLE)
     except (ValueError, OSError) as exc:
         store.close()
-        print(f"fedhar-client: cannot prepare the local data: {exc}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-client: cannot prepare the local data: {exc}", Exit.DATA)
     log.info("[%s] %d training and %d test windows from %s", args.client_id, n_train, n_test, args.source)
     if n_train == 0:
         store.close()
@@ -296,8 +274,7 @@ def serve(
             agent = EdgeAgent(client.cfg, client.store, train_lock=train_lock, shared_transfers=shared_transfers,
                               blob_cache=blob_cache)  # fmt: skip
         except (ssl.SSLError, OSError) as exc:  # unreadable certificate or key
-            print(f"fedhar-client: cannot set up TLS: {exc}", file=sys.stderr)
-            return Exit.USAGE
+            return fail(f"fedhar-client: cannot set up TLS: {exc}")
         if client.health is not None:
             agent.sensing_health = client.health.snapshot
         if train_lock is None:  # a device of its own: its power supply is this machine's (a virtual client's is not)
@@ -319,21 +296,9 @@ def enrolment_refusal_hint(
 ) -> str | None:
     """What a device enrolled by a bundle should do when the broker refuses its login, or None.
 
-    The link's own message speaks of ``--username`` and ``--password-file``, which a device
-    started with ``--enrolment FILE`` never gave: its account comes from the bundle. A bundle the
-    broker never accepted is not the device's current one (re-issue it); one it accepted before
-    was re-issued, renamed or revoked since (:func:`har_io.refusal_words.bundle_login_refused`).
-
-    Parameters
-    ----------
-    enrolment : str, optional
-        The ``--enrolment`` argument (None: the client was not started with a bundle).
-    refusal : BrokerRefused, optional
-        Why the broker refused the client (:attr:`edge_client.agent.EdgeAgent.refusal`).
-    client_id : str
-        The bundle's device name.
-    accepted_before : bool
-        Whether this device took part under that name before (its store's ledger of sent updates).
+    The link's message speaks of ``--username`` and ``--password-file``, which a device started with
+    ``--enrolment FILE`` never gave; ``accepted_before``: it took part under ``client_id`` before
+    (:func:`har_io.refusal_words.bundle_login_refused`).
     """
     if enrolment is None or refusal is None or refusal.kind != "auth":
         return None
@@ -345,15 +310,8 @@ EXIT_MISSING_MODULE = Exit.MISSING_MODULE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``fedhar-client``; returns the exit status (:mod:`har_io.exit_codes`, the table of every code).
-
-    ``fedhar-client request-certificate ...`` asks for a client certificate instead (:func:`edge_client.cert_enrol.main`).
-
-    0 ok, 2 usage, 3 data, 4 the broker refused the login or TLS failed, 6 another client holds the state
-    folder or it cannot be written (read-only, full), 7 a module the chosen backend needs is not installed, 8 another
-    process uses this client id;
-    the systemd unit restarts on none of these but 0 and 1.
-    """
+    """Entry point of ``fedhar-client`` (``request-certificate``: :func:`edge_client.cert_enrol.main`); returns the exit
+    status (:mod:`har_io.exit_codes`); the systemd unit restarts on none but 0 and 1."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["request-certificate"]:  # enrolment by certificate (edge_client/cert_enrol.py); no other option is a bare word
         from edge_client import cert_enrol

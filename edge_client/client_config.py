@@ -19,39 +19,15 @@ BACKENDS = BACKEND_NAMES
 class ClientConfig:
     """Settings of one edge client.
 
-    Parameters
-    ----------
-    client_id : str
-        Stable device id (letters, digits, ``_ . -``); also its MQTT user name in deployments.
-    broker : BrokerConfig
-    federation : str
-        Federation name (topic prefix ``fedhar/v1/{federation}``).
-    max_model_bytes : int
-        Largest model envelope accepted (bytes).
-    backend : {"torch", "executorch", "executorch-android", "numpy"}
-        The training backend of :class:`~edge_client.trainer.ClientTrainer`: PyTorch eager (boards,
-        desktop, the simulation), ExecuTorch programs (the Python runtime, or the Java training
-        module on a phone), or the numpy reference (no PyTorch);
-        :func:`edge_client.backends.factory.choose_backend` picks the best installed.
-    program_cache : str, optional
-        Folder of the exported ExecuTorch programs (``executorch`` backends).
-    programs : {"auto", "export", "fetch"}
-        Whether an ``executorch`` client exports its programs or asks the coordinator for them
-        (:func:`edge_client.pte_fetch.needs_delivery`; ``executorch-android`` always asks).
-    exit_after_run : str, optional
-        Exit once the coordinator announces that this run id finished (used by simulations);
-        otherwise run until stopped.
-    status_refresh_s : float
-        Republish the retained status this often (s), so the coordinator can tell a present
-        device from one that vanished without a last will (e.g. revoked).
-    receipt_wait_s : float
-        Seconds to wait for the coordinator's receipt before sending an update again; doubles
-        after each further send, up to 60 s, and never beyond the round's deadline
-        (:class:`edge_client.delivery.Delivery`).
-    stop_flush_s : float
-        Longest wait (s) when the client is stopped (SIGTERM) in the middle of a round: its update
-        for the open round is sent first and its receipt awaited this long, before the client
-        says it is offline and disconnects.
+    ``client_id``: letters, digits, ``_ . -`` (also its MQTT user name); ``max_model_bytes``: largest
+    model envelope accepted; ``backend``: of :class:`~edge_client.trainer.ClientTrainer`
+    (:func:`edge_client.backends.factory.choose_backend` picks the best installed); ``programs``:
+    whether an ``executorch`` client exports its programs or fetches them
+    (:func:`edge_client.pte_fetch.needs_delivery`); ``exit_after_run``: exit once that run finished
+    (simulations); ``status_refresh_s``: republish the retained status this often, so a device gone
+    without a will is told apart; ``receipt_wait_s``: first wait for a receipt before sending again
+    (doubling up to 60 s, :class:`edge_client.delivery.Delivery`); ``stop_flush_s``: longest wait on
+    SIGTERM in a round for the open round's update to be sent and confirmed.
     """
 
     client_id: str
@@ -80,18 +56,9 @@ class ClientConfig:
 class CheckIn:
     """When this device should check in again, from the pace of a round announcement (:mod:`har_models.wire.pace`).
 
-    Attributes
-    ----------
-    run_id : str
-    round, stage : int
-        The announcement the pace came with.
-    selected : bool
-        Whether this device was selected in that round: if so, the time applies once its update is delivered.
-    pace : Pace
-        The window the coordinator gave every device.
-    at_unix : float
-        This device's own time in that window (s since the epoch), drawn once per announcement: the jitter that
-        spreads a population's check-ins.
+    ``selected``: chosen in that round (the time applies once its update is delivered); ``at_unix``:
+    this device's own time in the coordinator's window, drawn once per announcement (spreading a
+    population's check-ins).
     """
 
     run_id: str
@@ -105,9 +72,7 @@ class CheckIn:
     def of(cls, ann: RoundAnnouncement, selected: bool, rng: random.Random, old: CheckIn | None) -> CheckIn | None:
         """The check-in of ``ann``'s pace: ``old`` for the same announcement again (a reconnection), None without a pace.
 
-        A phone would schedule its next wake-up at ``at_unix`` once it has nothing to do in the
-        round and disconnect until then (Android's WorkManager; not part of the agent, which
-        stays connected and only records the time for its holder to show).
+        A phone would schedule its next wake-up then (WorkManager); the agent only records it.
         """
         if ann.pace is None:
             return None

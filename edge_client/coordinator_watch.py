@@ -1,10 +1,8 @@
 """The coordinator as one edge client sees it: present for a run, fresh, or gone without its will.
 
-A round is acted on only while the coordinator that announced it is online for that run and
-attempt, and its status is fresh: a coordinator that refreshes its retained status
-(``refresh_s``) and has not done so for :data:`~har_models.wire.messages.PRESENCE_PERIODS`
-periods is gone (it crashed and its will never reached the broker); :class:`CoordinatorWatch`
-logs that once and shows it in :attr:`CoordinatorWatch.presence`.
+A round is acted on only while its coordinator is online for that run and attempt and its status
+fresh: one that stopped refreshing for :data:`~har_models.wire.messages.PRESENCE_PERIODS` periods
+is gone (crashed, its will lost), logged once and shown in :attr:`CoordinatorWatch.presence`.
 """
 
 from __future__ import annotations
@@ -18,18 +16,7 @@ log = logging.getLogger("fedhar.client")
 
 
 class CoordinatorWatch:
-    """The newest coordinator status one client holds, and whether it is still fresh.
-
-    Parameters
-    ----------
-    client_id : str
-        Named in the log.
-
-    Attributes
-    ----------
-    status : CoordinatorStatus or None
-        The newest status taken (None before one).
-    """
+    """The newest coordinator status one client holds (:attr:`status`, None before one), and whether it is still fresh."""
 
     def __init__(self, client_id: str):
         self.client_id = client_id

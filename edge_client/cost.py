@@ -1,26 +1,12 @@
 """What taking part costs the device: CPU seconds of sensing and of each round, and the battery's drain.
 
-The people who carry a sensing phone complain first about its battery, so the device measures
-what it spends and shows it, on its screen and in its status to the server
-(:class:`har_models.wire.messages.DeviceCost`):
-
-* **sensing** — the process's CPU time while it senses, rounds left out (:meth:`CostMeter.sensing`:
-  reading the sensor, resampling, windowing, classifying every window for the timeline,
-  recording, the work those hand to library threads such as PyTorch's intra-op pool or a
-  threaded BLAS, and the app's other threads meanwhile), per hour of sensed samples. The hour is
-  on the sensor's clock (the span its stamps cover), so a replay at any speed gives the figure
-  of real-time sensing. While a round runs, only the sensor thread's own CPU clock
-  (:func:`time.thread_time`) counts, since the round's threads run in the same process.
-* **rounds** — the process's CPU time (:func:`time.process_time`, every thread: a PyTorch round
-  runs its kernels on several) from the received model to the encoded update, less what the
-  sensing thread used in that time; with the wall time and the backend, per round.
-* **battery** — the battery level (percent, :func:`edge_client.power.battery_percent`) sampled
-  now and then; its drops while not charging, over the time spent not charging, make percent
-  per day. It is the whole device's drain, not fedhar's alone; where the platform reports no
-  level the figure is unknown (None), never guessed.
-
-Nothing here touches the UI or the network: :class:`CostMeter` is shared by the sensing thread,
-the agent's thread and the supervisor, and :func:`cost_words` turns its figures into lines.
+Shown on the screen and in the status (:class:`har_models.wire.messages.DeviceCost`): **sensing**,
+the process's CPU time while it senses, rounds left out, per hour of samples on the sensor's clock
+(a replay at any speed gives the real-time figure); **rounds**, the process's CPU time from the
+received model to the encoded update less the sensing thread's, with wall time and backend;
+**battery**, percent per day lost off the charger (the whole device's drain; None where the
+platform reports no level, never guessed). :class:`CostMeter` is shared by the sensing, agent and
+supervisor threads; :func:`cost_words` turns its figures into lines.
 """
 
 from __future__ import annotations
@@ -49,8 +35,7 @@ ROUND_COST_KEY = "round_cost"
 """Store meta key of the kept round costs (:meth:`CostMeter.rounds_json`), so they outlive a restart."""
 
 BATTERY_MIN_DISCHARGE_S = 1800.0
-"""Time off the charger (s) before a per-day battery figure is given: levels come in whole percent, and
-a phone loses one or two an hour at rest, so a shorter span says little."""
+"""Time off the charger (s) before a per-day battery figure: levels come in whole percent, a phone at rest loses 1-2 an hour."""
 
 BATTERY_SAMPLE_S = 300.0
 """Seconds between two battery samples kept while the level and the charging state stay the same."""
@@ -61,21 +46,7 @@ BATTERY_KEPT = 2000
 
 @dataclass(frozen=True)
 class RoundCost:
-    """The cost of one round on this device.
-
-    Attributes
-    ----------
-    round : int
-        Round index.
-    backend : str
-        Training backend the round ran on.
-    cpu_s : float
-        Process CPU seconds of the round less the sensing thread's, s (>= 0).
-    wall_s : float
-        Wall-clock seconds of the round, s.
-    unix : float
-        When it ended, s since the epoch.
-    """
+    """The cost of one round on this device: CPU seconds less the sensing thread's (>= 0), wall seconds, end (unix s)."""
 
     round: int
     backend: str
@@ -87,16 +58,8 @@ class RoundCost:
 class CostMeter:
     """CPU seconds of sensing and of rounds, and the battery's drain, on one device (thread-safe).
 
-    Parameters
-    ----------
-    thread_cpu : callable returning float
-        The calling thread's CPU seconds (default :func:`time.thread_time`).
-    process_cpu : callable returning float
-        The process's CPU seconds, all threads (default :func:`time.process_time`).
-    wall : callable returning float
-        Monotonic seconds (default :func:`time.monotonic`).
-    rounds : list of dict, optional
-        Round costs kept before (:meth:`rounds_json`, e.g. from the store); bad entries are skipped.
+    ``thread_cpu``, ``process_cpu`` and ``wall`` are the clocks; ``rounds``: costs kept before
+    (:meth:`rounds_json`), bad entries skipped.
     """
 
     def __init__(
@@ -134,20 +97,12 @@ class CostMeter:
     # -- sensing -------------------------------------------------------------------------------
     @contextmanager
     def sensing(self, t_ns: np.ndarray) -> Iterator[None]:
-        """Count the CPU time of sensing up to the end of handling one chunk of samples stamped ``t_ns``.
+        """Count the CPU time of sensing up to the end of handling one chunk stamped ``t_ns`` (sensor clock, ns).
 
-        Wrap the handling of every chunk, on the sensor thread. The first chunk a thread hands
-        over counts that thread's CPU time while handling it; from then on, each chunk counts the
-        process's CPU time since the previous chunk ended: the reading of the sensor, the handling,
-        the work handed to library threads, and the app's other threads meanwhile. Where a round
-        ran in that interval, only the sensor thread's own CPU time counts (the round's is the
-        round's). A new sensor thread (sensing restarted) starts again as with the first chunk;
-        the time between two runs is not sensing.
-
-        Parameters
-        ----------
-        t_ns : array of shape (n,), int64
-            The chunk's sample stamps on the sensor clock, ns (empty: no samples).
+        Wrap every chunk's handling on the sensor thread. A thread's first chunk counts its own CPU
+        time; later chunks the process's since the previous chunk ended (the sensor read, library
+        threads, the app's other threads), or only the sensor thread's own where a round ran
+        meanwhile. A new sensor thread starts again as with the first chunk.
         """
         me = threading.current_thread()
         with self._lock:
@@ -200,17 +155,9 @@ class CostMeter:
     # -- rounds --------------------------------------------------------------------------------
     @contextmanager
     def round(self, round_: int, backend: Callable[[], str]) -> Iterator[None]:
-        """Measure the round run inside the block; kept only if the block ends without an exception.
+        """Measure the round run inside the block (kept only without an exception): process CPU less what sensing counted.
 
-        The round's CPU is the process's CPU time over the block less what sensing counted
-        meanwhile (the sensor thread's own, see :meth:`sensing`).
-
-        Parameters
-        ----------
-        round_ : int
-            The round's index.
-        backend : callable returning str
-            The backend the round ran on, asked once it ended (a refused program falls back to numpy).
+        ``backend`` is asked once the round ended (a refused program falls back to numpy).
         """
         with self._lock:
             self._rounds_running += 1
@@ -237,11 +184,8 @@ class CostMeter:
 
     # -- battery -------------------------------------------------------------------------------
     def note_battery(self, percent: float | None, charging: bool | None, unix: float | None = None) -> None:
-        """Keep one battery sample (``percent`` 0..100 of capacity; None: the platform reports none, nothing kept).
-
-        A sample equal to the last one in level and charging state is kept only after
-        :data:`BATTERY_SAMPLE_S`, so that the kept ones span days.
-        """
+        """Keep one battery sample (``percent`` 0..100; None: the platform reports none, nothing kept); an unchanged sample
+        only after :data:`BATTERY_SAMPLE_S`, so the kept ones span days."""
         if percent is None or not math.isfinite(percent) or not 0 <= percent <= 100:
             return
         t = time.time() if unix is None else float(unix)
@@ -263,8 +207,7 @@ class CostMeter:
     def battery_pct_per_day(self) -> float | None:
         """Battery percent lost per day off the charger; None without :data:`BATTERY_MIN_DISCHARGE_S` of discharge.
 
-        Between two consecutive samples both off the charger, the drop (never a rise: a level
-        that rose was charged) counts over their time apart; spans with a charger are left out.
+        Drops between consecutive samples both off the charger count over their time apart (a rise was charged).
         """
         with self._lock:
             samples = list(self._battery)
@@ -294,24 +237,8 @@ def _rounded(v: float | None) -> float | None:
 
 
 def cost_words(cost: DeviceCost, rounds: list[RoundCost] | None = None, battery_seen: bool = False) -> list[str]:
-    """The cost lines the app shows, in words.
-
-    Parameters
-    ----------
-    cost : DeviceCost
-        The figures now (:meth:`CostMeter.snapshot`).
-    rounds : list of RoundCost, optional
-        The kept rounds: the latest round is given per backend, with the mean of that backend's kept rounds.
-    battery_seen : bool
-        Whether the platform reports a battery level (:meth:`CostMeter.battery_seen`): without one
-        the battery is unknown, with one it is being measured until there is a figure.
-
-    Returns
-    -------
-    list of str
-        One line for sensing, one per backend that trained a kept round (or one saying no
-        round yet), one for the battery.
-    """
+    """The cost lines the app shows: sensing, the latest round per backend of ``rounds`` (with the mean of that
+    backend's kept rounds) or none yet, and the battery (unknown without ``battery_seen``, else measuring until a figure)."""
     lines = []
     if cost.sensing_cpu_s_per_h is None:
         lines.append("Sensing: measuring its CPU use (after a minute of sensing)")

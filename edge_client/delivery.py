@@ -1,26 +1,13 @@
 """End-to-end delivery of a client's update: sent until the coordinator's receipt says it arrived.
 
-An update counts as delivered only when the coordinator's receipt for it arrives
-(docs/reliability.md); a broker's acknowledgement is not enough (the broker may have had no
-subscriber, or may drop messages over its size limit without a word). :class:`Delivery`
-follows one update at a time, for one :class:`Exchange` (run, round, stage, the coordinator's
-attempt, and the transport its announcement named), which the step that decided to send it
-gives; the upload path never reads them back out of the envelope:
-
-* :meth:`Delivery.start` sends it whole, in chunks of the link's current size;
-* a receipt ``accepted`` ends it (:meth:`Delivery.on_receipt`);
-* a receipt ``missing`` re-sends exactly the chunks it names, at the size they were cut to;
-  chunks lost twice at one size mean the broker drops messages that large: the link is told
-  to cut smaller and the update is sent whole again;
-* no word back: :meth:`Delivery.poll` sends it whole again after ``receipt_wait_s``, then
-  twice as long after each further send, up to :data:`MAX_RECEIPT_WAIT_S`, while its round is
-  open and until the round's deadline; two whole sends without a word at one chunk size also
-  make the link cut smaller (Mosquitto's ``message_size_limit`` over MQTT 3.1.1 drops silently).
-
-The envelope is held in memory only while it is first sent; later sends read it back from the
-client's store through ``load_stored`` (written before the first send), so a worker whose
-clients wait for receipts does not hold one update per client. The time the last whole send
-took is :attr:`Delivery.upload_s` (the device reports it, so the coordinator can size deadlines).
+A broker's acknowledgement is not enough (no subscriber, or a size limit dropping it silently;
+docs/reliability.md). :class:`Delivery` follows one update for one :class:`Exchange`: sent whole;
+a receipt ``accepted`` ends it; ``missing`` re-sends the chunks named, at their size (lost twice at
+one size: the link cuts smaller and sends it whole again); no word back: sent whole again after
+``receipt_wait_s``, doubling up to :data:`MAX_RECEIPT_WAIT_S`, while its round is open and before
+its deadline (two unanswered whole sends at one size also cut smaller: Mosquitto's
+``message_size_limit`` over MQTT 3.1.1 drops silently). The envelope is held in memory only while
+first sent; later sends read it back from the store.
 """
 
 from __future__ import annotations
@@ -51,17 +38,8 @@ TRANSPORTS = ("mqtt", "blobs")
 
 @dataclass(frozen=True)
 class Exchange:
-    """The exchange an update answers, as the announcement the device acted on named it.
-
-    Attributes
-    ----------
-    run_id : str
-    round, stage : int
-    attempt : str
-        The coordinator's attempt the update is sent for ("" when the coordinator names none).
-    transport : {"mqtt", "blobs"}
-        How the update travels: chunks through the broker, or a PUT to the device's upload grant.
-    """
+    """The exchange an update answers, as the announcement acted on named it: ``attempt`` ("" when the coordinator
+    names none) and ``transport`` (:data:`TRANSPORTS`)."""
 
     run_id: str
     round: int
@@ -109,26 +87,10 @@ class UploadLink(Protocol):
 class PendingUpdate:
     """An update sent and not yet acknowledged by the coordinator's receipt.
 
-    Attributes
-    ----------
-    exchange : Exchange
-        The exchange it answers, and how it travels.
-    envelope : bytes or None
-        The update's bytes while it is first sent; None after (read back from the store).
-    transfer : str
-        Its transfer id (:func:`har_models.wire.chunking.transfer_id`), which receipts name.
-    deadline_unix : float
-        The round's deadline (Unix time, s); no send after it.
-    chunk_bytes, count : int
-        Bytes per chunk message and number of chunks of the last whole send (0 before one finished).
-    sends : int
-        Whole sends so far.
-    unanswered : int
-        Whole sends that got neither receipt nor request.
-    next_try : float
-        Monotonic time (s) of the next whole send.
-    resent : Counter
-        Chunk index -> times re-sent on the coordinator's request since the last whole send.
+    ``envelope``: its bytes while first sent, then None (read back from the store); ``transfer``: the
+    id receipts name; ``deadline_unix``: no send after it; ``chunk_bytes``, ``count``: of the last
+    whole send; ``unanswered``: whole sends with neither receipt nor request; ``next_try``: monotonic
+    time of the next whole send; ``resent``: chunk index -> re-sends since the last whole send.
     """
 
     exchange: Exchange
@@ -151,22 +113,9 @@ class PendingUpdate:
 class Delivery:
     """Sends one client's updates and follows each until the coordinator's receipt (see the module).
 
-    Parameters
-    ----------
-    link : UploadLink
-        The network in each exchange's transport (:class:`edge_client.blob_upload.TransportLink`).
-    load_stored : callable () -> (key, envelope) or None
-        The update the client's store holds (:meth:`edge_client.store.ClientStore.load_last_update`,
-        key = (run id, round, stage)).
-    client_id : str
-        Named in the log.
-    receipt_wait_s : float
-        Wait for a receipt after the first whole send (s); doubled after each further one, up to
-        :data:`MAX_RECEIPT_WAIT_S`.
-    max_message_bytes : int
-        The configured largest message (bytes), named in the message when no receipt ever came.
-    clock, wall : callable () -> float
-        Monotonic and Unix time (s); tests give their own.
+    ``load_stored`` gives the update the store holds as ((run id, round, stage), envelope);
+    ``receipt_wait_s`` is the first wait for a receipt; ``max_message_bytes`` is named when no
+    receipt ever came; ``clock`` and ``wall`` are monotonic and Unix time (s).
     """
 
     def __init__(
@@ -194,24 +143,17 @@ class Delivery:
         """Called (in the caller's thread) when the coordinator's receipt accepts the followed update."""
 
     def start(self, exchange: Exchange, envelope: bytes, deadline_unix: float) -> None:
-        """Send ``envelope`` (already in the store: ``load_stored`` must return it) for ``exchange`` and follow it.
+        """Send ``envelope`` (already in the store) for ``exchange`` and follow it, replacing any update followed.
 
-        Replaces any update still followed. Never raises for the network: a send that does not
-        finish is tried again by :meth:`poll`.
+        Never raises for the network: a send that does not finish is tried again by :meth:`poll`.
         """
         self.pending = p = PendingUpdate(exchange, envelope, transfer_id(envelope), deadline_unix)
         self._send_full()
         p.envelope = None  # sent; a re-send reads it back from the store
 
     def poll(self, open_key: Key | None) -> None:
-        """Send the followed update whole again if its wait for a receipt is over.
-
-        Parameters
-        ----------
-        open_key : (str, int, int) or None
-            The exchange whose round is open for training now (None if none is): an update of
-            another exchange is dropped, as is one past its round's deadline.
-        """
+        """Send the followed update whole again if its wait is over; drop it if ``open_key`` (the exchange open for
+        training now) is another, or its deadline passed."""
         p = self.pending
         if p is None or self._clock() < p.next_try:
             return
@@ -238,11 +180,8 @@ class Delivery:
         self._send_full()
 
     def on_receipt(self, r: Receipt) -> None:
-        """Act on the coordinator's receipt ``r``: done if accepted, the named chunks again if missing.
-
-        A receipt about another update (another transfer or exchange) is ignored, as is a request
-        about an earlier cut of this update.
-        """
+        """Act on the coordinator's receipt: done if accepted, the named chunks again if missing; a receipt about another
+        update or an earlier cut of this one is ignored."""
         p = self.pending
         if p is None or r.transfer != p.transfer or (r.run_id, r.round, r.stage) != p.key:
             return

@@ -1,17 +1,11 @@
 """Whether a sensor source still delivers, and how well: freshness and sensing health.
 
-With the screen off, Doze or a vendor ROM can withhold sensor events while the app keeps its
-MQTT session ("online", collecting nothing); the events may come back later as a burst from
-the hardware FIFO, stamped in the past. :class:`SensingFreshness` watches the windows a live
-pipeline emits and says "paused" when the newest one ends more than ``limit_s`` before the
-sensor clock's now, so the client's status says so and its windows are not counted as fresh.
-
-:class:`SensingHealthMeter` measures what a :class:`~har_models.data.pipeline.SensorPipeline`
-received, for the status page (:class:`~har_models.wire.messages.SensingHealth`): the delivered
-rate of each stream over the last minute, the newest window's age, the gaps of the last hour and
-the samples dropped as late. Everything is on the sensor clock, i.e. the samples' own stamps: a
-replay at ten times real time still delivers 50 Hz of recording time, and a replay that skips
-samples delivers less.
+With the screen off, Doze or a vendor ROM can withhold sensor events while the app stays online
+(they may come back later as a burst stamped in the past): :class:`SensingFreshness` says
+"paused" when the newest window ends more than ``limit_s`` before the sensor clock's now.
+:class:`SensingHealthMeter` measures what a pipeline received, for the status page
+(:class:`~har_models.wire.messages.SensingHealth`). Everything is on the sensor clock, the
+samples' own stamps (a 10x replay still delivers 50 Hz of recording time).
 """
 
 from __future__ import annotations
@@ -37,21 +31,9 @@ FRESHNESS_LIMIT_S = 60.0
 class SensingFreshness:
     """Track the newest window of a live source on the sensor clock.
 
-    Parameters
-    ----------
-    limit_s : float
-        Freshness limit, seconds (> 0).
-    clock_ns : callable returning int
-        The sensor clock's now, ns, on the clock the events are stamped with (Android:
-        ``SystemClock.elapsedRealtimeNanos``; the MPU-6050 driver: :func:`time.monotonic_ns`,
-        the default).
-    window_ns : int
-        Length of one window, ns (128 samples at 50 Hz = 2.56 s).
-
-    Raises
-    ------
-    ValueError
-        If ``limit_s`` is not a positive finite number.
+    ``clock_ns`` is that clock's now (Android: ``elapsedRealtimeNanos``; the MPU-6050 driver:
+    :func:`time.monotonic_ns`, the default); ``window_ns`` one window (2.56 s). Raises ValueError if
+    ``limit_s`` is not a positive finite number.
     """
 
     def __init__(
@@ -74,9 +56,8 @@ class SensingFreshness:
     def note(self, ws: WindowSet, shift_ns: int = 0) -> None:
         """Record the windows a pipeline emitted (any order; a backlog burst of old ones is fine).
 
-        ``shift_ns`` is the pipeline's :attr:`~har_models.data.pipeline.SensorPipeline.clock_shift_ns`:
-        after a backward step of the sensor clock the windows are stamped that far ahead of
-        it (re-based), so the newest end is compared with now as ``end - shift_ns``.
+        ``shift_ns``: the pipeline's :attr:`~har_models.data.pipeline.SensorPipeline.clock_shift_ns` (windows
+        re-based ahead of the sensor clock after it stepped back).
         """
         self._shift_ns = int(shift_ns)
         if len(ws) and ws.t_start_ns is not None:
@@ -115,38 +96,15 @@ GAP_SPAN_S = 3600.0
 class SensingHealthMeter:
     """Measure the sensing health of one sensor pipeline (thread-safe: fed by the sensor thread, read by any).
 
-    Definitions, each on the sensor clock (ns stamps of the samples):
-
-    * *now*: ``clock_ns()`` when a clock is given (a live source: a silent sensor then shows
-      as a falling rate, an old window and a gap still going on); without one (a replay, a
-      dataset) the newest accepted sample of either stream.
-    * *rate* of a stream: the samples the resampler accepted (``ResampleStats.accepted``: not
-      late, not duplicated, finite) with a stamp in ``(start, end]``, divided by
-      ``end - start`` in seconds, where ``end`` is now (minus the pipeline's ``reorder_ns``
-      with a clock, since a sample is accepted only once its stream is that far past it) and
-      ``start = max(end - rate_span_s, the stream's first accepted stamp)``. A stream of one
-      sample every 20 ms gives exactly 50.0 Hz. None before the stream has two samples.
-    * *window age*: now minus the end of the newest window noted (start + ``window_ns``), s,
-      at least 0; None before the first window.
-    * *gaps*: silences longer than ``window_ns`` (no window can span them) between two
-      accepted samples of either stream, or from a stream's newest sample to now; silences
-      of the two streams that overlap count once. Counted when they end within the last
-      ``gap_span_s`` (one still going on always counts).
-    * *late*: ``ResampleStats.late_dropped`` of the watched pipeline.
-
-    Parameters
-    ----------
-    clock_ns : callable returning int, optional
-        The sensor clock's now (ns), on the clock the samples are stamped with.
-    window_ns : int
-        One window (128 samples at 50 Hz = 2.56 s), ns.
-    rate_span_s, gap_span_s : float
-        Spans of the rate (60 s) and of the gap count (3600 s), seconds (> 0).
-
-    Raises
-    ------
-    ValueError
-        If a span is not a positive finite number or ``window_ns`` <= 0.
+    On the sensor clock: *now* is ``clock_ns()`` when given (a live source: a silent sensor shows
+    as a falling rate, an old window and a gap going on), else the newest accepted sample. A
+    stream's *rate* counts the samples the resampler accepted in ``(start, end]`` over its length,
+    ``end`` being now (less the pipeline's ``reorder_ns`` with a clock) and ``start`` at most
+    ``rate_span_s`` before it and not before the stream's first sample (50.0 Hz for one sample
+    every 20 ms; None before two samples). *Window age*: now minus the newest window's end (s,
+    >= 0). *Gaps*: silences longer than ``window_ns`` between accepted samples of either stream or
+    up to now, overlapping ones counted once, ending within ``gap_span_s`` (or going on). *Late*:
+    ``ResampleStats.late_dropped``. Raises ValueError if a span is not positive or ``window_ns`` <= 0.
     """
 
     def __init__(

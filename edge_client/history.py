@@ -1,19 +1,10 @@
 """A person's history on the device, in words: weeks and months with trends, recordings, edits, quality over rounds, storage.
 
-Pure functions over plain values (dates, arrays, the store's JSON entries), so each is tested
-with hand-made numbers; the app's History screen (:mod:`edge_client.app.screens.history`) and
-its controller (:mod:`edge_client.app.history_edits`) build on them.
-
-* **Periods.** A week runs Monday to Sunday, a month is the calendar month. A period still
-  running is compared with the same number of days at the start of the one before (this week
-  so far against the same days of last week), a finished one with the whole one before.
-* **Recordings.** The recorded-window log keeps windows in the order they were recorded;
-  consecutive windows of one activity less than ten seconds apart (their own clock) are one
-  recording (:func:`recording_groups`).
-* **Quality.** Each round the device measures, on its own test windows, the model it starts
-  from (its start measure) and the model it trained (its personalised one); the confusion
-  matrices of the last rounds give a line per activity ("walking upstairs: 71 % recognised,
-  often taken for walking") and a curve of both macro-F1 over rounds.
+Pure functions over plain values, for the History screen (:mod:`edge_client.app.screens.history`)
+and its controller (:mod:`edge_client.app.history_edits`). A week runs Monday to Sunday; a period
+still running is compared with the same days of the one before. Consecutive windows of one
+activity less than ten seconds apart are one recording. Quality comes from the confusion matrices
+of the start and personalised models on the device's own test windows over the last rounds.
 """
 
 from __future__ import annotations
@@ -67,13 +58,7 @@ class Period:
 
 
 def period_of(kind: str, day: dt.date) -> Period:
-    """The week or month holding ``day``.
-
-    Raises
-    ------
-    ValueError
-        For a kind other than "week" or "month".
-    """
+    """The week or month holding ``day``; ValueError for a kind other than "week" or "month"."""
     if kind == "week":
         first = day - dt.timedelta(days=day.weekday())
         return Period("week", first, first + dt.timedelta(days=6))
@@ -85,22 +70,8 @@ def period_of(kind: str, day: dt.date) -> Period:
 
 
 def compare_periods(period: Period, today: dt.date, day_minutes: Callable[[dt.date], np.ndarray]) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Minutes per activity (C,) in ``period`` up to ``today`` and in the matching days of the period before.
-
-    Parameters
-    ----------
-    period : Period
-    today : date
-        No day after it is counted.
-    day_minutes : callable date -> ndarray of shape (C,)
-        Minutes per activity of one day.
-
-    Returns
-    -------
-    (now, before, partial)
-        ``partial``: the period is still running, so ``before`` covers only as many days of the
-        period before as have passed of this one.
-    """
+    """Minutes per activity (C,) in ``period`` up to ``today``, in the matching days of the period before, and whether the
+    period is still running (``before`` then covers only as many of its days as have passed); ``day_minutes`` gives a day's."""
     days = period.days(today)
     prev = period.step(-1)
     partial = today < period.last
@@ -131,26 +102,9 @@ def change_words(now: float, before: float) -> str:
 
 def trend_lines(names: Sequence[str], now: np.ndarray, before: np.ndarray, active: np.ndarray, period: Period,
                 partial: bool) -> list[str]:  # fmt: skip
-    """The period's totals per activity with the change against the period before, then the active minutes.
-
-    Parameters
-    ----------
-    names : sequence of str
-        Activity names by class (shown with spaces for underscores).
-    now, before : ndarray of shape (C,)
-        Minutes per activity (:func:`compare_periods`).
-    active : ndarray of shape (C,), bool
-        Activities that count as active (:func:`edge_client.timeline.active_classes`).
-    period : Period
-    partial : bool
-        The period is still running (the comparison is with the same days of the one before).
-
-    Returns
-    -------
-    list of str
-        One line per activity seen in either period, then ``"Active: 3 h 10 min, +25 min (+15 %) against
-        the same days of the week before"``.
-    """
+    """The period's minutes per activity (names by class) with the change against the period before, then the active
+    minutes (``active``: :func:`edge_client.timeline.active_classes`), e.g. ``"Active: 3 h 10 min, +25 min (+15 %) against
+    the same days of the week before"``."""
     against = f"the same days of the {period.kind} before" if partial else f"the {period.kind} before"
     lines = [f"{n.replace('_', ' ')}: {duration_words(now[k])}, {change_words(now[k], before[k])}"
              for k, n in enumerate(names) if now[k] >= 0.5 or before[k] >= 0.5]  # fmt: skip
@@ -176,18 +130,8 @@ class RecordingGroup:
 
 
 def recording_groups(t_ns: np.ndarray, y: np.ndarray, gap_ns: int = RECORDING_GAP_NS) -> list[RecordingGroup]:
-    """The log's recordings: runs of consecutive windows of one activity, each less than ``gap_ns`` after the one before.
-
-    Parameters
-    ----------
-    t_ns, y : ndarray of shape (N,), int64
-        Window starts and labels in log order (:meth:`edge_client.window_log.WindowLog.index`).
-
-    Returns
-    -------
-    list of RecordingGroup
-        In log order (oldest first).
-    """
+    """The log's recordings, oldest first: runs of consecutive windows of one activity, each less than ``gap_ns`` after the
+    one before (``t_ns``, ``y``: :meth:`edge_client.window_log.WindowLog.index`)."""
     t, y = np.asarray(t_ns, np.int64), np.asarray(y, np.int64)
     if t.size == 0:
         return []
@@ -203,22 +147,9 @@ def windows_words(train: int, test: int) -> str:
 
 
 def quality_lines(entries: Sequence[dict[str, Any]], names: Sequence[str], rounds: int = QUALITY_ROUNDS) -> list[str]:
-    """How well the device's own model knows each activity, from its test windows over the last ``rounds`` rounds.
-
-    Parameters
-    ----------
-    entries : sequence of dict
-        The kept rounds (:data:`edge_client.app.round_notes.QUALITY_KEY`), oldest first, each
-        with ``personal``: a (C, C) confusion matrix (rows truth, columns prediction).
-    names : sequence of str
-        Activity names by class.
-
-    Returns
-    -------
-    list of str
-        One line per activity with test windows: ``"walking upstairs: 71 % recognised, often taken for walking
-        (24 test windows)"``; empty without any round.
-    """
+    """How well the device's own model knows each activity over the last ``rounds`` kept rounds (``personal`` confusion
+    matrices, :data:`edge_client.app.round_notes.QUALITY_KEY`): ``"walking upstairs: 71 % recognised, often taken for
+    walking (24 test windows)"``; empty without any round."""
     cms = [np.asarray(e["personal"], np.int64) for e in entries[-rounds:] if e.get("personal")]
     cms = [m for m in cms if m.shape == (len(names), len(names))]
     if not cms:
@@ -260,17 +191,8 @@ def size_words(n_bytes: float) -> str:
 
 
 def storage_lines(recorded_bytes: float, windows: int, timeline: dict[str, float], other_bytes: float) -> list[str]:
-    """What the app keeps on the device and how much space it takes.
-
-    Parameters
-    ----------
-    recorded_bytes : float
-        The recorded-window log's size; ``windows`` its windows.
-    timeline : dict
-        :meth:`edge_client.timeline_store.TimelineStore.usage`.
-    other_bytes : float
-        Everything else in the app's folder (models, training state, exports).
-    """
+    """What the app keeps on the device and its size: the recorded-window log, the timeline
+    (:meth:`~edge_client.timeline_store.TimelineStore.usage`) and everything else (models, training state, exports)."""
     total = recorded_bytes + timeline["bytes"] + other_bytes
     raw = duration_words(timeline["raw_s"] / 60)
     return [
@@ -283,18 +205,8 @@ def storage_lines(recorded_bytes: float, windows: int, timeline: dict[str, float
 
 @dataclass(frozen=True)
 class Edit:
-    """What one change to the history did to the windows the next round trains and tests on.
-
-    Attributes
-    ----------
-    what : {"relabel", "undo", "delete_span", "delete_recording"}
-    detail : str
-        The stretch or recording, in words ("walking 14:02-14:10").
-    windows : int
-        Windows the change added to (relabel) or removed from (the others) the recorded-window log.
-    before, after : tuple of int
-        The store's (training, test) windows before and after the change.
-    """
+    """What one change to the history ("relabel", "undo", "delete_span", "delete_recording"; ``detail`` in words) did:
+    windows added to or removed from the recorded-window log, the store's (training, test) windows before and after."""
 
     what: str
     detail: str
@@ -304,14 +216,7 @@ class Edit:
 
 
 def edit_words(edit: Edit, min_train: int) -> str:
-    """The change in words, with its effect on the next round.
-
-    Parameters
-    ----------
-    edit : Edit
-    min_train : int
-        Fewest training windows a device takes part with (:data:`edge_client.app.config.MIN_TRAIN_WINDOWS`).
-    """
+    """The change in words, with its effect on the next round (``min_train``: :data:`edge_client.app.config.MIN_TRAIN_WINDOWS`)."""
     d_train, d_test = edit.after[0] - edit.before[0], edit.after[1] - edit.before[1]
     n_train, n_test = edit.after
     if edit.what == "relabel":

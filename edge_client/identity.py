@@ -1,20 +1,13 @@
 """Another user of this device's client id: a second process of this federation, or anyone on the same broker.
 
-Two ways one id can be used twice (docs/reliability.md, "Identity"):
-
-* **A second process in this federation.** Each process publishes its random instance id in its
-  retained status; one that sees another instance's status on its own topic (not its
-  predecessor's, nor a late will) knows another process uses the id (:class:`TwinWatch`), and the
-  agent stops with :data:`~har_io.exit_codes.Exit.DUPLICATE_ID`.
-* **Another device or federation on the same broker.** Its status topics are not ours, so it is
-  seen only through the broker: an MQTT broker lets one session per client id live, and closes
-  the older one whenever another connects with that id. Both reconnect and knock each other off
-  in turn. :class:`IdCollision` says so in words ("another device or federation uses the id
-  hapt-01 on this broker") when the broker names the cause (MQTT 5's reason code 142, "Session
-  taken over"), or when :data:`KNOCKS` sessions within :data:`WINDOW_S` were closed by the broker
-  within :data:`KNOCK_S` of opening (MQTT 3.1.1 gives no reason): a network that drops a device
-  fails its connection attempts, it does not close sessions the broker had just accepted, again
-  and again. The words clear once a session has stayed up for :data:`CLEAR_S`.
+(docs/reliability.md, "Identity".) A second process in this federation shows its own instance id
+in the retained status on our topic (:class:`TwinWatch`): the agent stops with
+:data:`~har_io.exit_codes.Exit.DUPLICATE_ID`. Another device or federation on the same broker is
+seen only through the broker, which keeps one session per client id and closes the older:
+:class:`IdCollision` says so when the broker names the cause (MQTT 5 reason 142, "Session taken
+over") or after :data:`KNOCKS` sessions within :data:`WINDOW_S` were closed within :data:`KNOCK_S`
+of opening (MQTT 3.1.1 gives no reason; a bad network fails attempts, it does not close accepted
+sessions). The words clear once a session stayed up :data:`CLEAR_S`.
 """
 
 from __future__ import annotations
@@ -52,19 +45,8 @@ def collision_words(client_id: str) -> str:
 
 
 class IdCollision:
-    """Tells from the broker's disconnections that another device or federation uses this client id (module docstring).
-
-    Parameters
-    ----------
-    client_id : str
-    clock : callable returning float
-        Monotonic seconds (tests give their own).
-
-    Attributes
-    ----------
-    words : str
-        The collision in words while it lasts (:func:`collision_words`); "" otherwise.
-    """
+    """Tells from the broker's disconnections that another device or federation uses this client id (module docstring);
+    :attr:`words` holds the collision in words while it lasts, else ""."""
 
     def __init__(self, client_id: str, clock: Callable[[], float] = time.monotonic):
         self.client_id = client_id
@@ -110,13 +92,7 @@ class IdCollision:
 
 
 class TwinWatch:
-    """Watches this client's own retained status for another process of the same id (module docstring).
-
-    Parameters
-    ----------
-    instance : str
-        This process's instance id.
-    """
+    """Watches this client's own retained status for another process of the same id (``instance``: this one's)."""
 
     def __init__(self, instance: str):
         self.instance = instance
@@ -126,8 +102,7 @@ class TwinWatch:
     def twin(self, payload: bytes, connects: int) -> str | None:
         """The other process's instance id if ``payload`` (a status on our topic) is another live process's; else None.
 
-        ``connects`` is the link's connection count: before the first connection settled, a
-        status of another instance is the process before us (it may still send its will).
+        Before the first connection settled (``connects``), another instance's status is the process before us.
         """
         try:
             st = ClientStatus.from_bytes(payload)

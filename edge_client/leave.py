@@ -1,20 +1,11 @@
 """Leaving the federation from the device: tell the server, then delete what joined the device to it.
 
-A device leaves in three steps (the app's Federation screen, after a confirmation):
-
-1. its agent is stopped (the caller's part: nothing trains or sends from then on);
-2. :func:`announce_leaving` publishes, with the device's own broker account, a retained status
-   that says it left (:attr:`har_models.wire.messages.ClientStatus.left`): "keep", or
-   "forget" when its person also asks the server's operator to delete what the server holds of
-   it. The broker's ACL lets only that account write the device's status topic, so nobody else
-   can ask in its name; the request deletes nothing by itself: the server notes it and the
-   operator runs ``fedhar-coordinator forget NAME`` (docs/protocol.md, "Leaving");
-3. :func:`delete_federation_state` deletes the broker password, the enrolled CA certificate and
-   the enrolment mark (what the bundle gave), the local model, the FedALA state, the update
-   encoding's residual and the last update sent.
-
-Kept on the device: the recorded windows and the Today timeline (the person's own record; a
-later enrolment trains on them again) and the list of what left the phone in past rounds.
+After the caller stopped the agent, :func:`announce_leaving` publishes with the device's own
+account a retained status that it left (``left`` "keep", or "forget": the operator is asked to
+delete what the server holds of it; only that account may write the topic, and the request
+deletes nothing by itself, docs/protocol.md "Leaving"); :func:`delete_federation_state` deletes the
+credentials and the local training state. The recorded windows, the timeline and the list of
+what left the phone stay.
 """
 
 from __future__ import annotations
@@ -40,40 +31,15 @@ MODEL_FILES = ("local_model.safetensors", "ala_state.safetensors", "encoding_res
 
 
 def leaving_status(client_id: str, forget: bool, now_unix: float | None = None) -> bytes:
-    """The retained status of a device that left: state "offline", ``left`` "forget" or "keep".
-
-    Raises
-    ------
-    ValueError
-        For an invalid client id.
-    """
+    """The retained status of a device that left: state "offline", ``left`` "forget" or "keep"; ValueError for a bad id."""
     return ClientStatus(check_client_id(client_id), "offline", sent_unix=time.time() if now_unix is None else now_unix,
                         left="forget" if forget else "keep").to_bytes()  # fmt: skip
 
 
 def announce_leaving(broker: BrokerConfig, federation: str, client_id: str, forget: bool, wait_s: float = CONNECT_WAIT_S) -> str | None:
-    """Publish the device's leaving status (:func:`leaving_status`) with its own account; returns why not, or None when sent.
-
-    The status is retained at QoS 1, so a server that is down now reads it when it starts.
-
-    Parameters
-    ----------
-    broker : BrokerConfig
-        The device's broker settings (its user name, password and CA).
-    federation : str
-        The federation's name.
-    client_id : str
-        The device's id (its status topic ``{p}/client/<id>/status``).
-    forget : bool
-        Whether to ask the server's operator to forget the device.
-    wait_s : float
-        Bound on the login and on the broker's acknowledgement (seconds).
-
-    Returns
-    -------
-    str or None
-        None when the broker acknowledged the status; else why it was not sent, in words.
-    """
+    """Publish the device's leaving status with its own account (retained, QoS 1: a server that is down reads it when it
+    starts); returns None once the broker acknowledged it, else why not, in words. ``wait_s`` bounds the login and the
+    acknowledgement."""
     from har_io.mqtt_link import MqttLink
 
     topics = Topics(federation)
@@ -92,21 +58,8 @@ def announce_leaving(broker: BrokerConfig, federation: str, client_id: str, forg
 
 
 def delete_federation_state(store: ClientStore, credentials_dir: Path) -> list[str]:
-    """Delete the federation's credentials and the local training state; returns what was deleted, in words.
-
-    Parameters
-    ----------
-    store : ClientStore
-        The device's store: its local model, FedALA state, encoding residual and last update go
-        (:meth:`~edge_client.store.ClientStore.forget_run_state`); its windows stay.
-    credentials_dir : Path
-        The folder of the broker password, the enrolled CA and the enrolment mark (deleted whole).
-
-    Raises
-    ------
-    OSError
-        If a file exists but cannot be deleted (what was deleted before stays deleted).
-    """
+    """Delete the credentials folder (password, enrolled CA, enrolment mark) and the store's local training state
+    (its windows stay); returns what was deleted, in words. OSError if a file cannot be deleted."""
     done = []
     if credentials_dir.exists():
         shutil.rmtree(credentials_dir)
@@ -120,19 +73,8 @@ def delete_federation_state(store: ClientStore, credentials_dir: Path) -> list[s
 
 @dataclass(frozen=True)
 class LeaveOutcome:
-    """What leaving did.
-
-    Attributes
-    ----------
-    forget : bool
-        Whether the person asked the server to forget the device.
-    told : bool
-        Whether the broker acknowledged the leaving status (the server reads it now or when it starts).
-    not_told : str
-        Why the server was not told, in words ("" when it was).
-    deleted : tuple of str
-        What was deleted on the device, in words.
-    """
+    """What leaving did: whether the person asked the server to forget the device, whether the broker acknowledged the
+    status, why the server was not told ("" when it was), and what was deleted, in words."""
 
     forget: bool
     told: bool

@@ -1,12 +1,9 @@
 """The models an edge client receives: chunk streams reassembled, blob references fetched, each checked by its hash.
 
-Over MQTT a model arrives in chunks on the global or the client's own model topic and is
-whole once its bytes match the transfer id (the SHA-256 its chunks name); with the blob
-transport it is fetched over HTTP by the reference in the announcement or in the client's grant
-(docs/scale.md) and checked byte for byte. Either way bytes that do not match their hash are
-dropped, and the hash goes to :class:`~edge_client.bad_objects.BadObjects`, so the status tells
-the coordinator. The two newest whole models wait in :attr:`ModelIntake.models` until a round
-decodes one; :attr:`ModelIntake.download_s` is how long the last one took to arrive.
+Over MQTT a model is whole once its chunks' bytes match the transfer id; with the blob transport
+it is fetched by the reference in the announcement or the client's grant (docs/scale.md). Bytes
+that do not match are dropped and their hash noted in :class:`~edge_client.bad_objects.BadObjects`
+(the status tells the coordinator). The newest whole models wait in :attr:`ModelIntake.models`.
 """
 
 from __future__ import annotations
@@ -33,21 +30,8 @@ KEPT_MODELS = 2
 
 
 class ModelIntake:
-    """Receives one client's models (see the module docstring).
-
-    Parameters
-    ----------
-    client_id : str
-    topics : Topics
-    max_bytes : int
-        Largest model envelope accepted (bytes).
-    bad : BadObjects
-        Where hashes of refused bytes are noted.
-    shared : SharedTransfers, optional
-        Shared by the clients one worker process hosts: a model they all receive is held once.
-    blob_cache : BlobCache
-        Where models fetched from a blob store are kept by hash.
-    """
+    """Receives one client's models (see the module docstring); ``shared`` by the clients of one worker process holds a
+    model they all receive once; ``blob_cache`` keeps fetched models by hash."""
 
     def __init__(self, client_id: str, topics: Topics, max_bytes: int, bad: BadObjects, shared: SharedTransfers | None,
                  blob_cache: BlobCache):  # fmt: skip
@@ -95,9 +79,8 @@ class ModelIntake:
     def fetch(self, ann: RoundAnnouncement, transfer: str, grant: BlobGrant | None) -> None:
         """Fetch the model ``transfer`` of a blob-transport round into :attr:`models` (checked byte for byte).
 
-        The global model's reference is in the announcement, a personalised one in this
-        client's ``grant`` for the exchange (which may not have arrived yet: nothing is fetched
-        then). A failed fetch is logged and tried again :data:`FETCH_RETRY_S` later.
+        The global model's reference is in the announcement, a personalised one in this client's
+        ``grant`` (nothing fetched before it arrives); a failure is retried after :data:`FETCH_RETRY_S`.
         """
         if time.monotonic() < self._fetch_retry_at:
             return

@@ -1,11 +1,8 @@
-"""Is the device charging? Android through ``BatteryManager`` (pyjnius), Linux through ``/sys/class/power_supply``.
+"""Is the device charging, and its battery level? Android through ``BatteryManager`` (pyjnius), Linux through sysfs.
 
-Federated training is heavy on the battery, so by the usual practice of cross-device
-federated learning a device takes part only while it charges, if its owner asks for that.
-
-Sources: Android developer reference, ``BatteryManager.isCharging()`` (API 23) and the
-``ACTION_BATTERY_CHANGED`` sticky intent's ``EXTRA_PLUGGED``; Linux kernel ABI
-``Documentation/ABI/testing/sysfs-class-power`` (``type``, ``online``, ``status``).
+Training is heavy on the battery, so by cross-device FL's usual practice a device may take part
+only while it charges. Sources: Android's ``BatteryManager`` reference; Linux kernel ABI
+``Documentation/ABI/testing/sysfs-class-power`` (``type``, ``online``, ``status``, ``capacity``).
 """
 
 from __future__ import annotations
@@ -20,19 +17,10 @@ SYSFS_POWER = Path("/sys/class/power_supply")
 
 
 def charging_linux(root: Path = SYSFS_POWER) -> bool | None:
-    """Charging state from the Linux power-supply class.
+    """Charging state from the Linux power-supply class folder ``root``; never raises (unreadable: not reported).
 
-    True if an external supply (``type`` Mains, USB, USB_C, ...) reports ``online`` = 1
-    or a battery reports ``status`` Charging or Full; False if there is a battery and
-    neither holds; None if the machine reports no supplies at all (a desktop or a Pi
-    without a UPS HAT: always on mains, and the caller decides what that means).
-
-    Parameters
-    ----------
-    root : Path
-        The power-supply class folder (replaceable for tests).
-
-    Never raises: an unreadable folder or file counts as not reported.
+    True if an external supply reports ``online`` = 1 or a battery ``status`` Charging or Full;
+    False if there is a battery and neither holds; None without supplies (a desktop, a Pi on mains).
     """
     try:
         devices = sorted(root.iterdir())
@@ -62,46 +50,35 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def charging_android() -> bool | None:
-    """Charging state from Android's ``BatteryManager`` (None where pyjnius, i.e. Android, is missing).
-
-    The battery is read through the running foreground service's own context
-    (``PythonService.mService``), which is where sensing and training run; the activity's
-    (``PythonActivity.mActivity``) is null in the service process and is used only when no
-    service runs (the UI process). A phone has a battery, so a state that cannot be read on
-    Android (no context, a Java exception) is "not charging", never "charging": training
-    waits rather than drains the battery.
-    """
+def _android_battery() -> Any:
+    """Android's ``BatteryManager`` through the service's context (sensing and training run there), else the activity's;
+    None off Android (no pyjnius). Raises RuntimeError without a context, or what the Java call raises."""
     try:
         from jnius import autoclass
     except ImportError:
         return None
     from edge_client.sensors.android import android_context
 
+    ctx: Any = android_context(autoclass)
+    if ctx is None:
+        raise RuntimeError("neither the service nor the activity has a context")
+    return ctx.getSystemService(autoclass("android.content.Context").BATTERY_SERVICE)
+
+
+def charging_android() -> bool | None:
+    """Charging state from Android's ``BatteryManager`` (None off Android); a state that cannot be read is "not charging"
+    (a phone has a battery: training waits rather than drains it)."""
     try:
-        ctx: Any = android_context(autoclass)
-        if ctx is None:
-            raise RuntimeError("neither the service nor the activity has a context")
-        Context = autoclass("android.content.Context")
-        manager = ctx.getSystemService(Context.BATTERY_SERVICE)
-        return bool(manager.isCharging())
+        manager = _android_battery()
+        return None if manager is None else bool(manager.isCharging())
     except Exception as exc:  # a Java exception or a missing class: not charging, not a crash
         log.warning("cannot read the battery state (%s); counting it as not charging", exc)
         return False
 
 
 def battery_percent_linux(root: Path = SYSFS_POWER) -> float | None:
-    """Battery level, percent of capacity, from the Linux power-supply class; None if no battery reports one.
-
-    The first supply of ``type`` Battery (in name order) that has ``capacity`` (0..100) gives it;
-    one without it but with ``energy_now``/``energy_full`` (or ``charge_now``/``charge_full``)
-    gives their ratio. Never raises: an unreadable or malformed file counts as not reported.
-
-    Parameters
-    ----------
-    root : Path
-        The power-supply class folder (replaceable for tests).
-    """
+    """Battery level, percent, of the first ``type`` Battery in ``root`` with ``capacity`` (else ``energy_now/full`` or
+    ``charge_now/full``); None if none reports one. Never raises."""
     try:
         devices = sorted(root.iterdir())
     except OSError:
@@ -132,24 +109,13 @@ BATTERY_PROPERTY_CAPACITY = 4
 
 
 def battery_percent_android() -> float | None:
-    """Battery level, percent, from Android's ``BatteryManager.getIntProperty(BATTERY_PROPERTY_CAPACITY)``.
-
-    None off Android (no pyjnius), and where the property is not supported (the call returns
-    ``Integer.MIN_VALUE``, or 0 before API 28 on some devices: both read as not reported, never
-    as an empty battery) or cannot be read.
-    """
+    """Battery level, percent, from ``BatteryManager.getIntProperty(BATTERY_PROPERTY_CAPACITY)``; None off Android, or
+    where unsupported (``Integer.MIN_VALUE``, or 0 before API 28: never an empty battery) or unreadable."""
     try:
-        from jnius import autoclass
-    except ImportError:
-        return None
-    from edge_client.sensors.android import android_context
-
-    try:
-        ctx: Any = android_context(autoclass)
-        if ctx is None:
+        manager = _android_battery()
+        if manager is None:
             return None
-        Context = autoclass("android.content.Context")
-        value = int(ctx.getSystemService(Context.BATTERY_SERVICE).getIntProperty(BATTERY_PROPERTY_CAPACITY))
+        value = int(manager.getIntProperty(BATTERY_PROPERTY_CAPACITY))
     except Exception as exc:  # a Java exception or a missing class: not reported, not a crash
         log.debug("cannot read the battery level (%s)", exc)
         return None
@@ -163,14 +129,8 @@ def battery_percent() -> float | None:
 
 
 def is_charging(unknown_means: bool = True) -> bool:
-    """True if the device charges (Android first, then Linux sysfs).
-
-    Parameters
-    ----------
-    unknown_means : bool
-        What to answer when no source knows (a desktop or a board on mains): True by default,
-        since such a machine does not run on a battery.
-    """
+    """True if the device charges (Android first, then Linux sysfs); ``unknown_means`` when no source knows (a machine
+    on mains)."""
     state = charging_android()
     if state is None:
         state = charging_linux()

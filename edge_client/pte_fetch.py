@@ -1,23 +1,13 @@
 """The client's side of program delivery: ask the coordinator for the ExecuTorch ``.pte`` programs it lacks, check, store.
 
-A client training through exported programs (``--backend executorch`` or ``executorch-android``)
-needs the training and inference programs of every architecture version the federation
-announces; after a FedDist growth the version changes and the programs must change with it. A
-phone, or a board without PyTorch, cannot export them. Such a client (:func:`needs_delivery`)
-keeps a :class:`ProgramFetcher`: before training a round whose architecture it has no programs
-for, it sends a :class:`~har_models.wire.pte_delivery.ProgramRequest` on its own
-``program_request`` topic (again after 60, 120, 240, 300, ... s while none arrives, but never
-while program chunks are still arriving), receives
-the coordinator's ``"program"`` envelope in chunks on its own ``programs/{i}`` topics, checks it
-(:func:`~har_models.wire.pte_delivery.decode_programs`: sha256, addressee, run, architecture version
-and spec, each file's length and sha256; with the Python runtime also the exporter's cache key,
-which fails when the coordinator's executorch version differs from this one) and stores it in its
-program folder in the exporter's cache layout, where the backend finds it. Then it trains. The
-backend checks the stored programs against its runtime before loading them
-(:func:`~har_models.wire.pte_delivery.check_program_set`); a refused set makes the round train on the
-numpy backend (:class:`edge_client.trainer.ClientTrainer`) with the reason in the client's status.
-
-Nothing here imports PyTorch. docs/protocol.md ("ExecuTorch programs") describes the exchange.
+A client that trains through exported programs but cannot export them (a phone, a board without
+PyTorch: :func:`needs_delivery`) keeps a :class:`ProgramFetcher`: before a round whose architecture
+it has no programs for, it sends a :class:`~har_models.wire.pte_delivery.ProgramRequest` (again
+after 60, 120, 240, 300, ... s, never while chunks arrive), receives the ``"program"`` envelope on
+its own ``programs/{i}`` topics, checks it (:func:`~har_models.wire.pte_delivery.decode_programs`;
+with the Python runtime also the exporter's cache key) and stores it where the backend finds it.
+A set the runtime then refuses makes the round train on numpy. No PyTorch imported here; the
+exchange: docs/protocol.md ("ExecuTorch programs").
 """
 
 from __future__ import annotations
@@ -54,16 +44,8 @@ Publish = Callable[[str, bytes], None]
 
 
 def needs_delivery(backend: str, mode: str = "auto") -> bool:
-    """True if a client with ``backend`` must get its programs from the coordinator.
-
-    ``executorch-android`` always does (a phone cannot export); ``executorch`` does with ``mode="fetch"``,
-    or with ``"auto"`` when PyTorch (which the exporter needs) is not importable.
-
-    Raises
-    ------
-    ValueError
-        On a mode not in :data:`PROGRAM_MODES`.
-    """
+    """True if a client with ``backend`` must get its programs from the coordinator: always ``executorch-android``;
+    ``executorch`` with ``mode="fetch"``, or ``"auto"`` without PyTorch. ValueError on a mode not in :data:`PROGRAM_MODES`."""
     if mode not in PROGRAM_MODES:
         raise ValueError(f"programs mode must be one of {PROGRAM_MODES}, got {mode!r}")
     if backend == "executorch-android":
@@ -74,21 +56,10 @@ def needs_delivery(backend: str, mode: str = "auto") -> bool:
 
 
 class ProgramFetcher:
-    """Requests, checks and stores the programs of the announced architecture (see the module docstring).
+    """Requests, checks and stores the programs of the announced architecture in ``folder`` (see the module docstring).
 
-    Parameters
-    ----------
-    client_id : str
-    topics : Topics
-    folder : path
-        Where the programs are stored (the backend's program cache).
-    backend : str
-        ``"executorch"`` (the Python runtime, which finds programs by the exporter's cache key: the key is
-        checked) or ``"executorch-android"``.
-    max_bytes : int
-        Largest program envelope accepted (bytes).
-    retry_s : float
-        Seconds before asking again when no programs arrived; doubles up to 300 s.
+    ``backend`` ``"executorch"`` also checks the exporter's cache key; ``max_bytes`` bounds an
+    envelope; ``retry_s`` is the first wait before asking again (doubling up to 300 s).
     """
 
     def __init__(
@@ -122,10 +93,8 @@ class ProgramFetcher:
         return key in self._have
 
     def ready(self, ann: RoundAnnouncement, publish: Publish) -> bool:
-        """True if the programs of ``ann``'s architecture are stored; otherwise ask for them (when due) and return False.
-
-        Never raises: an announcement whose architecture does not parse is left to the trainer (True).
-        """
+        """True if the programs of ``ann``'s architecture are stored; otherwise ask for them when due and return False
+        (an architecture that does not parse is left to the trainer: True)."""
         try:
             spec = ArchSpec.from_json(ann.arch)
         except ValueError:
@@ -147,10 +116,7 @@ class ProgramFetcher:
         return False
 
     def on_message(self, payload: bytes) -> None:
-        """Take one program chunk, or a reference to the programs in the blob store; check and store a whole set.
-
-        Never raises; rejections are logged.
-        """
+        """Take one program chunk, or a reference to the programs in the blob store; check and store a whole set (never raises)."""
         if payload[:1] == b"{":
             self._on_blob(payload)
             return
@@ -211,12 +177,8 @@ class ProgramFetcher:
     def accept(self, envelope: bytes) -> ProgramSet:
         """Check a whole program envelope against the request made for its version.
 
-        Raises
-        ------
-        ProgramError
-            ``unrequested`` (no request for that version is open), every reason of
-            :func:`~har_models.wire.pte_delivery.decode_programs`, and ``runtime_mismatch`` when the Python
-            runtime's own cache key for the programs differs from the exporter's (another executorch version).
+        Raises ProgramError: ``unrequested``, every reason of :func:`~har_models.wire.pte_delivery.decode_programs`,
+        and ``runtime_mismatch`` when this runtime's cache key differs from the exporter's.
         """
         try:
             header = codec.peek_header(envelope)
@@ -250,15 +212,8 @@ def _local_key(programs: ProgramSet) -> str | None:
 
 def make_fetcher(client_id: str, topics: Topics, backend: str, mode: str, folder: str | os.PathLike[str] | None,
                  state_dir: str | os.PathLike[str], max_bytes: int) -> ProgramFetcher | None:  # fmt: skip
-    """The fetcher of a client that needs delivered programs (:func:`needs_delivery`), else None.
-
-    Programs are stored in ``folder`` when given (``--program-cache``), else in ``<state_dir>/programs``.
-
-    Raises
-    ------
-    ValueError
-        On an unknown ``mode``.
-    """
+    """The fetcher of a client that needs delivered programs, storing in ``folder`` (``--program-cache``) else
+    ``<state_dir>/programs``; else None. ValueError on an unknown ``mode``."""
     if not needs_delivery(backend, mode):
         return None
     where = Path(folder) if folder else Path(state_dir) / "programs"

@@ -17,7 +17,7 @@ from pathlib import Path
 from edge_client.recorder import RECORDED_LOG, Recorder
 from edge_client.window_log import WindowLog
 from har_io.cli import add_logging_arguments
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_models.data.labels import LABEL_SETS
 
 log = logging.getLogger("fedhar.record")
@@ -53,13 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         source = make_source(args.sensor, labels, args.replay_speed)
         window_log = WindowLog(args.state_dir / RECORDED_LOG, labels, max_windows=args.max_windows)
     except (KeyError, ValueError, OSError) as exc:
-        print(f"fedhar-record: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-record: {exc}")
     try:
         source.open()  # a missing bus or driver is said here, before anything is recorded
     except SensorUnavailable as exc:
-        print(f"fedhar-record: {exc}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-record: {exc}", Exit.DATA)
     recorder = Recorder(window_log)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     source.stop()
     recorder.flush()
     if source.error is not None:
-        print(f"fedhar-record: the sensor failed: {source.error}", file=sys.stderr)
-        return Exit.DATA
+        return fail(f"fedhar-record: the sensor failed: {source.error}", Exit.DATA)
     counts = recorder.counts()
     print(f"{args.activity}: {counts[args.activity] - before} new windows; log: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return Exit.OK

@@ -1,22 +1,12 @@
 """Recording labelled activity on the device: the owner picks an activity, starts and stops.
 
-Samples from any :class:`~edge_client.sensors.base.SensorSource` go through the shared
-:class:`~har_models.data.pipeline.SensorPipeline`. While a recording runs, every sample from
-the next one on carries the chosen activity; windows that lie wholly inside the recording
-come out labelled and are appended, durably, to the device's
-:class:`~edge_client.window_log.WindowLog`. Windows overlapping a start or a stop, or the
-time between recordings, carry no single label and are not kept.
-
-The label switches just after the newest sample the pipeline has taken (its
-:attr:`~har_models.data.pipeline.SensorPipeline.clock_ns` plus 1 ns), in the sensor's own time
-base, so it needs no mapping between the sensor clock (Android's boot clock, an MPU-6050's
-sample count) and the wall clock. That clock is the one the windows are stamped in: after a
-backward step of the sensor clock (an NTP step, a boot-clock reset) it is re-based, so a
-label chosen after the step applies to the samples after it, and a stamp far in the future
-(an outlier the pipeline drops) does not hold a label change back. A change made while the
-pipeline is still deciding a step (its first 0.5 s) applies from the step on. Each
-:meth:`Recorder.flush` starts a fresh pipeline, whose clock starts from the sensor's stamps
-again, so a session recorded after a reboot (a boot clock near 0) is labelled too.
+Samples go through the shared :class:`~har_models.data.pipeline.SensorPipeline`; windows wholly
+inside a recording come out labelled and are appended durably to the device's
+:class:`~edge_client.window_log.WindowLog` (windows across a start or stop are not kept). The label
+switches just after the newest sample taken (:attr:`~har_models.data.pipeline.SensorPipeline.clock_ns`
++ 1 ns) in the sensor's own, re-based time base: no mapping to the wall clock, and a backward clock
+step or a dropped outlier stamp does not misplace it. Each :meth:`Recorder.flush` starts a fresh
+pipeline, so a session after a reboot (boot clock near 0) is labelled too.
 """
 
 from __future__ import annotations
@@ -39,13 +29,7 @@ RECORDED_LOG = "recorded_windows.log"
 
 
 def recorded_labels(spec: str) -> LabelSet:
-    """The label set of a ``recorded:LABELSET`` source (``recorded:hapt6``).
-
-    Raises
-    ------
-    ValueError
-        If the text is not ``recorded:`` followed by a known label set.
-    """
+    """The label set of a ``recorded:LABELSET`` source (``recorded:hapt6``); ValueError for another text."""
     from har_models.data.labels import LABEL_SETS
 
     kind, _, name = spec.partition(":")
@@ -55,19 +39,9 @@ def recorded_labels(spec: str) -> LabelSet:
 
 
 class Recorder:
-    """Labels windows with the activity the owner chose and keeps them in a :class:`WindowLog`.
+    """Labels windows with the activity the owner chose and keeps them in ``window_log`` (whose label set it takes).
 
-    Parameters
-    ----------
-    window_log : WindowLog
-        Where recorded windows go (its label set is the recorder's).
-    **pipeline_kwargs
-        ``window``, ``step``, ``period_ns``, ``max_gap_ns``, ``reorder_ns`` of the pipeline.
-
-    Notes
-    -----
-    :meth:`push` runs in the sensor thread, :meth:`start` and :meth:`stop` in the UI
-    thread; a lock orders them.
+    :meth:`push` runs in the sensor thread, :meth:`start` and :meth:`stop` in the UI thread; a lock orders them.
     """
 
     def __init__(self, window_log: WindowLog, **pipeline_kwargs: int):
@@ -92,13 +66,7 @@ class Recorder:
         self._last_change = t
 
     def start(self, activity: str) -> None:
-        """Label everything from the next sample on as ``activity`` (switching if one is running).
-
-        Raises
-        ------
-        KeyError
-            If ``activity`` is not in the label set (the message lists the known ones).
-        """
+        """Label everything from the next sample on as ``activity`` (switching if one is running); KeyError if unknown."""
         label = self.labels.index(activity)
         with self._lock:
             self._change(label)
@@ -119,19 +87,18 @@ class Recorder:
         """Feed one sensor chunk; labelled windows it completes are appended to the log and returned."""
         sensor, t, xyz = chunk
         with self._lock:
-            ws = self._pipeline.push(sensor, t, xyz)
-            if len(ws):
-                self.log.append(ws)
-                self.session_windows += len(ws)
+            return self._keep(self._pipeline.push(sensor, t, xyz))
+
+    def _keep(self, ws: WindowSet) -> WindowSet:
+        if len(ws):
+            self.log.append(ws)
+            self.session_windows += len(ws)
         return ws
 
     def flush(self) -> WindowSet:
         """End of the sensor stream: close the pipeline (keeping its last windows) and start a fresh one."""
         with self._lock:
-            ws = self._pipeline.close()
-            if len(ws):
-                self.log.append(ws)
-                self.session_windows += len(ws)
+            ws = self._keep(self._pipeline.close())
             label = self.labels.index(self.activity) if self.activity is not None else -1
             self._pipeline = SensorPipeline(self.labels, None, **self._pipeline_kwargs)
             self._last_change = -(2**62)
@@ -146,16 +113,10 @@ class Recorder:
 def sync_to_store(
     window_log: WindowLog, store: ClientStore, split_seed: int = 1, test_fraction: float = 0.2, *, emptied: bool = False
 ) -> tuple[int, int]:
-    """Make the store's training and test windows those of the log (stratified 80/20 split).
+    """Make the store's training and test windows those of the log (stratified 80/20 split); returns (n_train, n_test).
 
-    The store's window table is what the federation agent trains on; the log is the
-    durable record. Nothing is rewritten when the log has not changed since the last sync.
-    An empty log leaves the store as it is (windows a store got elsewhere stay), unless
-    ``emptied``: the person deleted the log's last windows, and the store loses them too.
-
-    Returns
-    -------
-    (n_train, n_test)
+    Nothing is rewritten when the log has not changed since the last sync. An empty log leaves the
+    store as it is, unless ``emptied`` (the person deleted the log's last windows).
     """
     data = window_log.read()
     assert data.t_start_ns is not None

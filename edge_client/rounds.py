@@ -1,15 +1,10 @@
 """One edge client's work in the rounds that select it: train a round, keep the update, answer the coordinator's attempt.
 
-:class:`RoundWorker` is the part of :class:`~edge_client.agent.EdgeAgent` that acts on an open
-round the agent has checked (it selects this client, its coordinator runs): it answers with the
-stored update where that answers the round (:mod:`edge_client.answers`), else decodes the model the
-intake received and trains, keeps the update with the model it started from, and sends it in the
-round's transport (:mod:`edge_client.delivery`). It measures what the device reports so that a
-coordinator can size deadlines: the seconds the last training took (:attr:`RoundWorker.train_s`)
-and whether this process has finished a training yet (:attr:`RoundWorker.warming_up`); the upload
-time is the delivery's. On stop it sends the open round's update and awaits its receipt
-(:meth:`RoundWorker.finish`), so a client stopped in the middle of a round (SIGTERM) has its update
-counted before it says it is offline.
+:class:`RoundWorker` acts on an open round the agent has checked: it answers with the stored update
+where that answers the round (:mod:`edge_client.answers`), else decodes the received model, trains,
+keeps the update with the model it started from and sends it (:mod:`edge_client.delivery`). It
+measures what a coordinator sizes deadlines with (:attr:`RoundWorker.train_s`,
+:attr:`RoundWorker.warming_up`); on stop it sends the open round's update and awaits its receipt.
 """
 
 from __future__ import annotations
@@ -43,31 +38,11 @@ Key = tuple[str, int, int]
 class RoundWorker:
     """Trains and answers the rounds one client is selected for (see the module docstring).
 
-    Parameters
-    ----------
-    client_id : str
-    store : ClientStore
-    trainer : ClientTrainer
-    intake : ModelIntake
-        The models received.
-    answers : Answers
-    delivery : Delivery
-    link : MqttLink
-        The client's broker session (connected or not, messages waiting, program requests).
-    programs : ProgramFetcher or None
-        The programs a client that cannot export them asks for.
-    cost : CostMeter
-    set_state : callable (str)
-        Publishes the client's state ("training", "idle").
-    catch_up : callable () -> RoundAnnouncement or None
-        Reads every message waiting for the client; returns the announcement then open (None: none).
-    acts_on : callable (RoundAnnouncement) -> bool
-        Whether an announcement selects this client and its coordinator runs.
-    grant_of : callable (key) -> BlobGrant or None
-        The client's upload grant of an exchange (blob transport).
-    train_lock : context manager
-        Held while decoding and training (one training at a time in a worker process).
-    max_model_bytes : int
+    ``programs``: the fetcher of a client that cannot export its programs; ``set_state`` publishes
+    the client's state; ``catch_up`` reads every waiting message and returns the open announcement;
+    ``acts_on`` says whether an announcement selects this client and its coordinator runs;
+    ``grant_of`` gives the upload grant of an exchange; ``train_lock`` is held while decoding and
+    training (one training at a time in a worker process).
     """
 
     def __init__(self, client_id: str, store: ClientStore, trainer: ClientTrainer, intake: ModelIntake, answers: Answers,
@@ -145,12 +120,10 @@ class RoundWorker:
         self.delivery.start(ex, stored[1], ann.deadline_unix)
 
     def finish(self, ann: RoundAnnouncement | None, wait_s: float, step: Callable[[], bool]) -> None:
-        """The client stops: answer the open round ``ann`` (None: none open for this client) and await the receipt up to ``wait_s``.
+        """The client stops: answer the open round ``ann`` (None: none open here) and await the receipt up to ``wait_s``.
 
-        ``step`` reads the messages of a moment (receipts, the coordinator's status) and says
-        whether the round is still open for this client; the wait ends when it is not (the
-        coordinator went offline, the round closed). The update stays stored either way, and
-        goes again if the round is run again.
+        ``step`` reads a moment's messages and says whether the round is still open for this client;
+        the update stays stored either way, and goes again if the round is run again.
         """
         if ann is None:
             return

@@ -1,10 +1,8 @@
 """What left the device, round by round: the ledger behind the app's privacy view.
 
-Raw sensor samples and windows never leave the device; what does is one model update per
-round (an envelope of weights, :mod:`har_models.wire.codec`). The agent notes each update
-it sends (:func:`note_sent`) and each receipt that says the coordinator counted it
-(:func:`note_receipt`); the app shows the ledger in words (:func:`sent_words`). It lives in
-the store's metadata under :data:`SENT_KEY`, the newest :data:`SENT_KEPT` entries.
+Raw samples never leave the device; one model update per round does. The agent notes each update
+sent (:func:`note_sent`) and each receipt that counted it (:func:`note_receipt`) in the store's
+metadata (:data:`SENT_KEY`); the app shows it in words (:func:`sent_words`).
 """
 
 from __future__ import annotations
@@ -23,26 +21,8 @@ SENT_KEPT = 50
 def note_sent(
     ledger: list[dict[str, Any]], run_id: str, round_: int, stage: int, n_bytes: int, arch_version: int, t_unix: float
 ) -> list[dict[str, Any]]:
-    """The ledger with one more update sent (replacing an earlier entry of the same exchange: a retry is one round).
-
-    Parameters
-    ----------
-    ledger : list of dict
-        The ledger so far (not changed).
-    run_id : str;  round_, stage : int
-        The exchange.
-    n_bytes : int
-        Size of the update envelope, bytes.
-    arch_version : int
-        Version of the model architecture the update is for.
-    t_unix : float
-        When it was sent, seconds since the epoch.
-
-    Returns
-    -------
-    list of dict
-        At most :data:`SENT_KEPT` entries, ``counted`` False until a receipt says otherwise.
-    """
+    """The ledger with one more update sent (``n_bytes``, for ``arch_version``, at ``t_unix``), replacing an earlier entry
+    of the same exchange (a retry is one round): at most :data:`SENT_KEPT` entries, ``counted`` False until a receipt."""
     key = (run_id, int(round_), int(stage))
     kept = [e for e in ledger if (e.get("run_id"), e.get("round"), e.get("stage")) != key]
     entry = {"run_id": run_id, "round": int(round_), "stage": int(stage), "bytes": int(n_bytes), "arch_version": int(arch_version),
@@ -57,15 +37,8 @@ def note_receipt(ledger: list[dict[str, Any]], run_id: str, round_: int, stage: 
 
 
 def with_versions(ledger: list[dict[str, Any]], versions: Mapping[tuple[str, int], int]) -> list[dict[str, Any]]:
-    """The ledger with each entry's ``model_version``: the server's number of the model its round started from, where known.
-
-    Parameters
-    ----------
-    ledger : list of dict
-        As kept by :func:`note_sent`.
-    versions : mapping (run_id, round) -> int
-        The server's model version of each round (:func:`edge_client.app.round_notes.versions_of`).
-    """
+    """The ledger with each entry's ``model_version``, the server's number of the model its round started from, where
+    ``versions`` ((run_id, round) -> version, :func:`edge_client.app.round_notes.versions_of`) knows it."""
     out = []
     for e in ledger:
         v = versions.get((str(e.get("run_id")), int(e.get("round", -1))))
@@ -83,20 +56,8 @@ def size_words(n_bytes: int) -> str:
 
 
 def sent_words(ledger: list[dict[str, Any]], open_round: int | None = None, limit: int = 8) -> list[str]:
-    """One line per round, newest first: what left the device, when, for which model, and whether it was counted.
-
-    The model is named by the server's version number (``from model v18``) where the entry holds
-    one (:func:`with_versions`), else by its architecture's version (``architecture v0``).
-
-    Parameters
-    ----------
-    ledger : list of dict
-        As kept by :func:`note_sent`.
-    open_round : int, optional
-        The round now open: its update may still be confirmed; an older unconfirmed one was missed.
-    limit : int
-        Lines at most.
-    """
+    """At most ``limit`` lines, newest first: what left the device, when, for which model (the server's version where
+    known, else the architecture's), and whether it was counted (``open_round``'s may still be confirmed)."""
     out = []
     for e in reversed(ledger[-limit:]):
         when = dt.datetime.fromtimestamp(e["t_unix"]).strftime("%d %b %H:%M")

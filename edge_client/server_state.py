@@ -1,16 +1,10 @@
 """What the home server is doing, as a device sees it, in words: offline since when, waiting for what, the next round.
 
-The coordinator keeps its status retained on the broker (:class:`~har_models.wire.messages.CoordinatorStatus`,
-last will "offline"), and every device may read it. An agent (:class:`edge_client.agent.EdgeAgent`)
-keeps the newest one in ``agent.coordinator`` and judges it in ``agent.coordinator_presence``:
-"online", "offline" (its will or its last word), "gone" (it said online but stopped refreshing
-for more than three of its ``refresh_s`` periods: it died and its will was lost) or "unknown".
-:class:`ServerWatch` follows those two over time and remembers when the server was last known
-to be alive, so that a dead server reads "home server offline since 14:02" rather than
-"waiting for the server's next round"; :func:`server_words` says it. The app shows the words on
-its Federation screen; ``fedhar-client`` logs them when they change (:func:`follow_server`).
-
-Nothing here imports Kivy or PyTorch.
+The agent keeps the coordinator's newest retained status and judges it "online", "offline" (its
+will or last word), "gone" (stopped refreshing for over three ``refresh_s``: died with its will
+lost) or "unknown". :class:`ServerWatch` remembers when the server was last alive, so a dead one
+reads "home server offline since 14:02"; :func:`server_words` says it, on the app's Federation
+screen and in ``fedhar-client``'s log (:func:`follow_server`). No Kivy or PyTorch.
 """
 
 from __future__ import annotations
@@ -32,21 +26,9 @@ LOG_EVERY_S = 60.0
 
 @dataclass(frozen=True)
 class ServerState:
-    """The home server as a device sees it now.
-
-    Attributes
-    ----------
-    presence : {"unknown", "online", "offline", "gone"}
-        As :attr:`edge_client.agent.EdgeAgent.coordinator_presence` says.
-    since_unix : float or None
-        "offline" and "gone": the last time the server was known to be alive (s since the
-        epoch); None when this device never saw it alive.
-    status : CoordinatorStatus or None
-        The newest status.
-    outlook : RoundOutlook or None
-        The coordinator's newest outlook, for the figures it carries (devices taking part, devices
-        needed, next round, open round, model version, why no round runs); None before one.
-    """
+    """The home server as a device sees it now: ``presence`` (as the agent's ``coordinator_presence``), the last time
+    it was known alive when offline or gone (None: never seen alive), the newest status and outlook (devices taking
+    part and needed, next round, open round, model version, why no round runs)."""
 
     presence: str
     since_unix: float | None = None
@@ -60,39 +42,16 @@ class ServerState:
 
 
 class ServerWatch:
-    """Follows the coordinator's status over time and remembers when it was last alive.
-
-    Parameters
-    ----------
-    last_online_unix : float, optional
-        When the server was last known alive before this watch started (kept across restarts
-        by its holder, e.g. in the device's store); None: never seen.
-    """
+    """Follows the coordinator's status over time and remembers when it was last alive (``last_online_unix``: before
+    this watch started, kept by its holder; None: never seen)."""
 
     def __init__(self, last_online_unix: float | None = None):
         self.last_online_unix = last_online_unix
 
     def observe(self, status: CoordinatorStatus | None, presence: str, now_unix: float,
                 outlook: RoundOutlook | None = None) -> ServerState:  # fmt: skip
-        """The server's state from the agent's newest status and its judgement of it.
-
-        Parameters
-        ----------
-        status : CoordinatorStatus or None
-            ``agent.coordinator``.
-        presence : str
-            ``agent.coordinator_presence``.
-        now_unix : float
-            This device's wall clock, s since the epoch.
-        outlook : RoundOutlook or None
-            ``agent.outlook``: one of another run is not used.
-
-        Returns
-        -------
-        ServerState
-            "online" moves :attr:`last_online_unix` on to the status's own time (its
-            ``sent_unix`` when it refreshes, else now); "offline" and "gone" say since when.
-        """
+        """The server's state from the agent's ``coordinator``, ``coordinator_presence`` and ``outlook`` (one of another run
+        is not used) at this device's ``now_unix``; "online" moves :attr:`last_online_unix` on to the status's own time."""
         if outlook is not None and (status is None or outlook.run_id != status.run_id):
             outlook = None
         if presence == "online" and status is not None:
@@ -124,18 +83,10 @@ def devices_words(n: int) -> str:
 
 
 def server_words(state: ServerState, now_unix: float) -> str:
-    """The home server's state in one line for the person holding the device.
+    """The home server's state in one line for the person holding the device, "" while no status has arrived.
 
-    Examples: "home server offline since 14:02"; "home server online: waiting for 2 more
-    devices (1 device taking part)"; "home server online: next round at about 14:30 (3 devices
-    taking part)"; "home server online: round 18 open (3 devices taking part)". "" while no
-    status has arrived.
-
-    Parameters
-    ----------
-    state : ServerState
-    now_unix : float
-        This device's wall clock (s since the epoch), for "today" and "yesterday".
+    E.g. "home server offline since 14:02"; "home server online: waiting for 2 more devices (1 device
+    taking part)"; "home server online: round 18 open (3 devices taking part)".
     """
     if state.down:
         since = f" since {clock_words(state.since_unix, now_unix)}" if state.since_unix else ""
@@ -163,26 +114,10 @@ def server_words(state: ServerState, now_unix: float) -> str:
 
 
 def follow_server(agent: Any, stop: threading.Event, every_s: float = 2.0, clock: Any = time.time) -> threading.Thread:
-    """Log the home server's state in words while ``agent`` runs (``fedhar-client``'s view of it), from a thread of its own.
+    """Log the home server's state in words while ``agent`` runs, from a daemon thread of its own (returned, started).
 
-    A line is logged when the server's presence changes (at once: "home server offline since
-    14:02"), and when the words change otherwise at most every :data:`LOG_EVERY_S` seconds.
-
-    Parameters
-    ----------
-    agent : EdgeAgent
-        Read through its public ``coordinator``, ``coordinator_presence`` and ``cfg.client_id``.
-    stop : threading.Event
-        The thread ends when it is set.
-    every_s : float
-        Seconds between two looks.
-    clock : callable
-        Wall clock, s since the epoch.
-
-    Returns
-    -------
-    threading.Thread
-        Started, a daemon.
+    A line when the presence changes (at once), else when the words change, at most every
+    :data:`LOG_EVERY_S`; the thread looks every ``every_s`` until ``stop`` is set.
     """
     watch = ServerWatch()
 

@@ -1,17 +1,10 @@
-"""Where a client's labelled windows come from: replayed dataset subjects (live sensors later).
+"""Where a client's labelled windows come from: replayed dataset subjects.
 
-A source (:class:`har_models.data.subjects.SubjectSource`) names recordings and carries the
-client's train/test split; :func:`ingest_source` feeds the recordings through the same
-sensor pipeline a device uses (resampling onto the 50 Hz grid, windowing) and stores the
-windows with that split in the client's store. A source already ingested (same files,
-same settings, same split) is not read again.
-
-Any split works. The FedDist paper's split is decided from labels alone, in the store. The
-leak-free ``blocks`` split needs the windows' start times and drops the gap windows, and
-the ``label_skew`` partition needs the subject's name and drops the classes the client does
-not keep: those are decided here with :func:`har_models.data.splits.kept_and_split` (the very
-function the coordinator's evaluation harness uses through :meth:`SubjectSource.train_test
-<har_models.data.subjects.SubjectSource.train_test>`), and only the kept windows reach the store.
+:func:`ingest_source` feeds a :class:`har_models.data.subjects.SubjectSource`'s recordings through
+a device's sensor pipeline and stores the windows with the source's split (a source already
+ingested is not read again). The ``blocks`` split and the ``label_skew`` partition are decided
+here with :func:`har_models.data.splits.kept_and_split`, as the coordinator's evaluation does;
+only the kept windows reach the store.
 """
 
 from __future__ import annotations
@@ -34,24 +27,9 @@ def ingest_source(
 ) -> tuple[int, int]:
     """Make sure the store holds this source's kept windows under ``spec.split``; return ``(n_train, n_test)``.
 
-    Parameters
-    ----------
-    store : ClientStore
-    spec : SubjectSource
-        The recordings and the split (``spec.split``, any kind and partition).
-    speed : float, optional
-        Replay the recordings paced at ``speed`` times real time (1.0 = 50 Hz wall clock),
-        sample batches arriving as from a sensor driver; None feeds them at once. Both give
-        the same windows (the pipeline is chunking-invariant).
-    health : SensingHealthMeter, optional
-        With ``speed``: measures each replayed recording's pipeline (the last one's figures
-        remain), so the status reports the rates, gaps and late samples the pipeline received.
-        Not fed when the store already holds the source or ``speed`` is None (no pipeline runs).
-
-    Raises
-    ------
-    ValueError, OSError
-        If the recordings cannot be read (the message names the file).
+    ``speed``: replay paced at that multiple of real time, as from a sensor driver (None: at once;
+    the same windows); ``health`` then measures each recording's pipeline. Raises ValueError or
+    OSError if the recordings cannot be read (naming the file).
     """
     fp = spec.store_key()
     if store.has_source(fp):

@@ -1,32 +1,14 @@
 """The client's local store: labelled windows, local model, FedALA state, round bookkeeping.
 
-Everything a client needs to survive a restart lives in one folder:
-
-* ``store.sqlite`` — windows (with their train/test split) and key/value metadata;
-* ``local_model.safetensors`` — the last local model theta_i (architecture in its metadata);
-* ``ala_state.safetensors`` — FedALA weights W_i^p and flags;
-* ``last_update.bin`` — the last update envelope sent, so it can be re-sent after a crash.
-
-Files are written to a temporary name and renamed, so a crash leaves the old or the new
-version, never half of one. Raw sensor data never leaves this folder.
-
-A folder has one owner at a time: :class:`ClientStore` holds an exclusive ``flock`` on
-``owner.lock`` (which names the owner's pid and client id) from opening to :meth:`~ClientStore.close`;
-a second store on the same folder, in this or another process, raises
-:class:`StoreInUseError` before it reads or writes anything. The kernel drops the lock
-when the owner exits, however it exits, so a crashed client never leaves a stale lock.
-
-A folder that cannot be written (read-only, full, its owner changed) is a
-:class:`StateFolderUnusable`: at opening, so the program exits 6; while running, every
-failed write sets :attr:`ClientStore.fault` (the sentence the screen and the device's status
-show, which keeps the coordinator from selecting the device) and tells the
-:attr:`ClientStore.fault_listeners`; the next write that succeeds clears it.
-
-What a device reports of its windows (:class:`WindowCounts`: training and test windows, training
-windows per class, the training windows' channel statistics) is the store's to say, since every
-way windows arrive (a replayed source, a recording stopped, a relabelled stretch) writes them
-here: :meth:`ClientStore.window_counts` is kept in step with each write, and the
-:attr:`ClientStore.window_listeners` are told of it, so the status sent next carries them.
+One folder survives a restart: ``store.sqlite`` (windows with their split, key/value metadata),
+``local_model.safetensors`` (theta_i, architecture in its metadata), ``ala_state.safetensors`` (W
+and flags), ``last_update.bin`` (the last update sent, re-sent after a crash). Files are written
+atomically; raw sensor data never leaves the folder. One owner at a time: an exclusive ``flock`` on
+``owner.lock`` (naming pid and client id; the kernel drops it however the owner exits), else
+:class:`StoreInUseError`. A folder that cannot be written is :class:`StateFolderUnusable`: exit 6 at
+opening; while running each failed write sets :attr:`ClientStore.fault` (shown on screen and in the
+status, so the coordinator stops selecting the device) until a write succeeds. The store keeps
+:class:`WindowCounts` in step with every write of windows and tells its ``window_listeners``.
 """
 
 from __future__ import annotations
@@ -78,15 +60,8 @@ CREATE TABLE IF NOT EXISTS windows (
 class WindowCounts:
     """What a device reports of its stored windows (aggregates only, never a window).
 
-    Attributes
-    ----------
-    n_train, n_test : int
-        Training and test windows.
-    class_counts : tuple of int, length C
-        Training windows per class of the store's label set.
-    train_stats : dict
-        :meth:`ChannelStats.to_json <har_models.data.windowing.ChannelStats.to_json>` of the training
-        windows (samples per channel, their sums and sums of squares); empty without training windows.
+    ``class_counts``: training windows per class; ``train_stats``: :meth:`ChannelStats.to_json` of the
+    training windows (empty without any).
     """
 
     n_train: int
@@ -102,17 +77,7 @@ class WindowCounts:
 
 
 class StoreInUseError(OSError):
-    """A state folder is already open by another :class:`ClientStore` (this or another process).
-
-    Attributes
-    ----------
-    folder : Path
-        The state folder.
-    pid : int or None
-        Process id of the running owner, if it recorded one.
-    owner : str
-        Client id of the running owner ("" if unknown).
-    """
+    """A state folder is already open by another :class:`ClientStore`; ``pid`` and ``owner`` (client id) if recorded."""
 
     def __init__(self, folder: Path, pid: int | None, owner: str) -> None:
         self.folder, self.pid, self.owner = folder, pid, owner
@@ -124,16 +89,7 @@ class StoreInUseError(OSError):
 
 
 class StateFolderUnusable(OSError):
-    """A state folder that cannot be written: read-only, full, or not this user's.
-
-    Attributes
-    ----------
-    folder : Path
-    what : str
-        What was being written ("the round's local model", "opening the store").
-    cause : BaseException
-        The error of the write (``OSError``, ``sqlite3.OperationalError: unable to open database file``).
-    """
+    """A state folder that cannot be written (read-only, full, not this user's): ``what`` was being written, ``cause`` the error."""
 
     def __init__(self, folder: Path, what: str, cause: BaseException) -> None:
         self.folder, self.what, self.cause = folder, what, cause
@@ -170,27 +126,14 @@ def _take_lock(folder: Path, owner: str) -> IO[str]:
 
 
 class ClientStore:
-    """Persistent state of one edge client.
-
-    Parameters
-    ----------
-    folder : Path
-        Created if missing.
-    labels : LabelSet
-        Label set of the windows kept here.
-    window : int
-        Samples per window T (128).
-    owner : str
-        Client id of the program opening the store, written into the lock file so that a
-        second instance can name it.
+    """Persistent state of one edge client in ``folder`` (created if missing); ``owner`` is written into the lock file.
 
     Raises
     ------
     StoreInUseError
-        If another store (this or another process) has the folder open; nothing is read
-        or written then.
+        If another store has the folder open (nothing is read or written then).
     StateFolderUnusable
-        If the folder cannot be created or written (read-only, full, another user's).
+        If the folder cannot be created or written.
     ValueError
         If the folder already holds windows of another label set or window length.
     """
@@ -270,13 +213,7 @@ class ClientStore:
         return default if row is None else json.loads(row[0])
 
     def set_meta(self, key: str, value: Any) -> None:
-        """Store ``value`` (JSON) under ``key``.
-
-        Raises
-        ------
-        StateFolderUnusable
-            If the folder cannot be written (also sets :attr:`fault`).
-        """
+        """Store ``value`` (JSON) under ``key``; StateFolderUnusable (and :attr:`fault`) if the folder cannot be written."""
         with self._writing(f"the setting {key}"), self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
@@ -295,34 +232,18 @@ class ClientStore:
         *,
         split: SplitSpec | None = None,
     ) -> tuple[int, int]:
-        """Replace all stored windows by those of ``source``, with a stratified split.
+        """Replace all stored windows (x ``(N, 6, T)``) by those of ``source``, with a stratified split; return (n_train, n_test).
 
-        The split is :meth:`SplitSpec.indices <har_models.data.splits.SplitSpec.indices>` over this
-        source's windows in order, so the coordinator's evaluation harness can rebuild the
-        same test windows with the same spec; the spec is recorded in the metadata
-        (``split``).
-
-        Parameters
-        ----------
-        source : str
-            Key of the source (files, settings and split), see ``SubjectSource.store_key``.
-        data : WindowSet
-            x (N, 6, T) float32, y (N,).
-        test_fraction, seed
-            The split, when ``split`` is not given.
-        split : SplitSpec, optional
-            The split.
-
-        Returns
-        -------
-        (n_train, n_test)
+        The split is :meth:`SplitSpec.indices` over the windows in order (``split``, else from
+        ``test_fraction`` and ``seed``), recorded in the metadata so the coordinator's evaluation can
+        rebuild the same test windows. ``source``: see ``SubjectSource.store_key``.
 
         Raises
         ------
         ValueError
             If the windows' label set or shape differ from the store's.
         StateFolderUnusable
-            If the folder cannot be written (the windows and :meth:`window_counts` stay as they were).
+            If the folder cannot be written (the windows and their counts stay as they were).
         """
         if data.labels != self.labels:
             raise ValueError(f"replace_windows: windows use label set {data.labels.name!r}, the store {self.labels.name!r}")
@@ -352,13 +273,7 @@ class ClientStore:
         return len(train_idx), len(test_idx)
 
     def window_counts(self) -> WindowCounts:
-        """The counts of the windows stored now (cheap: read from the table once, then kept with each write).
-
-        Raises
-        ------
-        sqlite3.Error
-            If the table cannot be read the first time.
-        """
+        """The counts of the windows stored now (read from the table once, then kept with each write; sqlite3.Error)."""
         counts = self._counts
         if counts is None:
             with self._lock:
@@ -428,10 +343,9 @@ class ClientStore:
                 self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
     def save_last_update(self, run_id: str, round_: int, stage: int, envelope: bytes, trained_on: str = "") -> None:
-        """Remember the last update sent (to re-send it after a restart), and the model it was trained from.
+        """Remember the last update sent (to re-send it after a restart) and ``trained_on``, the model's transfer id.
 
-        ``trained_on`` is the transfer id (sha256) of the model the round started from: a round
-        announced again with another model (a coordinator restored from a backup) is trained again.
+        A round announced again with another model (a coordinator restored from a backup) is trained again.
         """
         with self._writing("the update sent"):
             atomic_write_bytes(self.folder / "last_update.bin", envelope)

@@ -1,21 +1,12 @@
 """The day as recognised activity: per-window predictions smoothed into stretches, minutes per day.
 
-Pure functions over plain arrays, so they are tested with hand-made sequences; the app's
-store (:mod:`edge_client.timeline_store`) and the Today screen build on them.
-
-The smoothing rule (:func:`smooth_stretches`), in three steps:
-
-1. **Majority over a few windows.** Each window's activity becomes the most frequent one among
-   the ``k`` windows centred on it (``k`` = 5 by default, 6.4 s at one window per 1.28 s;
-   near the ends the window is cut). A tie keeps the window's own activity when it is among
-   the tied ones, else the lowest class index.
-2. **Stretches.** Consecutive windows with the same activity form a stretch from the first
-   window's start to the last window's start plus one step. Windows further apart than
-   ``max_gap_ns`` (no sensing, the phone asleep) end a stretch: no activity is invented.
-3. **Blips merged.** A stretch shorter than ``min_ns`` (10 s) that touches a neighbour on
-   at least one side is absorbed, shortest first: into its neighbours when both carry the
-   same activity (the three become one), else into the longer neighbour. A short stretch
-   alone between two gaps is kept, since there is nothing to merge it into.
+Pure functions over plain arrays, for the timeline store and the Today screen. The smoothing rule
+(:func:`smooth_stretches`): (1) each window takes the most frequent activity among the ``k`` windows
+centred on it (5, 6.4 s; a tie keeps its own if tied, else the lowest class); (2) consecutive
+windows of one activity form a stretch from the first start to the last start plus one step, and
+windows more than ``max_gap_ns`` apart end it (no activity is invented); (3) a stretch shorter than
+``min_ns`` (10 s) touching a neighbour is absorbed, shortest first: into both when they carry the
+same activity, else into the longer one; a short stretch alone between gaps is kept.
 """
 
 from __future__ import annotations
@@ -40,17 +31,8 @@ DEFAULT_WEEKLY_GOAL_MIN = 150
 
 @dataclass(frozen=True)
 class Stretch:
-    """One stretch of one activity.
-
-    Attributes
-    ----------
-    start_ns, end_ns : int
-        Wall-clock start and end (ns since the Unix epoch), ``end_ns > start_ns``.
-    label : int
-        Class index in the label set.
-    corrected : bool
-        True when the person relabelled it.
-    """
+    """One stretch of one activity: wall-clock start and end (ns since the epoch, ``end_ns > start_ns``), class index,
+    and whether the person relabelled it."""
 
     start_ns: int
     end_ns: int
@@ -64,23 +46,9 @@ class Stretch:
 
 
 def majority(labels: np.ndarray, k: int = 5) -> np.ndarray:
-    """Each label replaced by the most frequent one among the ``k`` labels centred on it.
+    """Each label (>= 0) replaced by the most frequent one among the ``k`` labels centred on it (odd ``k``; 1: no change).
 
-    Parameters
-    ----------
-    labels : ndarray of shape (N,), int
-        Class indices, >= 0.
-    k : int
-        Odd width of the filter (1: no change).
-
-    Returns
-    -------
-    ndarray of shape (N,), int64
-
-    Raises
-    ------
-    ValueError
-        If ``k`` is not a positive odd number or a label is negative.
+    Raises ValueError if ``k`` is not a positive odd number or a label is negative.
     """
     y = np.asarray(labels, np.int64).reshape(-1)
     if k < 1 or k % 2 == 0:
@@ -123,31 +91,10 @@ def smooth_stretches(
     max_gap_ns: int = 5_000_000_000,
     min_ns: int = 10_000_000_000,
 ) -> list[Stretch]:
-    """Per-window predictions smoothed into stretches of activity (the rule in the module's docstring).
+    """Per-window predictions (starts ``t_ns`` increasing) smoothed into stretches, in time order (the module's rule).
 
-    Parameters
-    ----------
-    t_ns : ndarray of shape (N,), int64
-        Window start times, ns, increasing.
-    labels : ndarray of shape (N,), int
-        Predicted class of each window.
-    k : int
-        Width of the majority filter, windows (odd).
-    step_ns : int
-        Time one window stands for, ns (1.28 s).
-    max_gap_ns : int
-        Window starts further apart than this end a stretch (5 s).
-    min_ns : int
-        Stretches shorter than this are merged into their neighbours (10 s).
-
-    Returns
-    -------
-    list of Stretch, in time order, not overlapping.
-
-    Raises
-    ------
-    ValueError
-        If the arrays differ in length or the times do not increase.
+    ``step_ns``: the time one window stands for (1.28 s). Raises ValueError if the arrays differ in
+    length or the times do not increase.
     """
     t = np.asarray(t_ns, np.int64).reshape(-1)
     y = np.asarray(labels, np.int64).reshape(-1)
@@ -160,11 +107,8 @@ def smooth_stretches(
 
 
 def _merge_blips(runs: list[list[int]], min_ns: int) -> list[list[int]]:
-    """Step 3 of the rule, shortest first (ties: the earliest), in O(R log R) with a heap over the R runs.
-
-    ``runs`` as :func:`_runs` gives them; a run's neighbour counts only when they touch
-    (``touches_previous`` of the later one).
-    """
+    """Step 3 of the rule, shortest first (ties: the earliest), O(R log R) with a heap; a neighbour counts only when it
+    touches (``touches_previous`` of the later run)."""
     n = len(runs)
     prev = list(range(-1, n - 1))
     nxt = [*range(1, n), -1]
@@ -216,19 +160,8 @@ def _merge_blips(runs: list[list[int]], min_ns: int) -> list[list[int]]:
 
 
 def apply_corrections(stretches: Sequence[Stretch], corrections: Sequence[Stretch]) -> list[Stretch]:
-    """The stretches with the person's corrections laid over them (a correction wins where they overlap).
-
-    Parameters
-    ----------
-    stretches : sequence of Stretch
-        Recognised stretches, in time order.
-    corrections : sequence of Stretch
-        Relabelled spans, in the order they were made (a later one wins over an earlier one).
-
-    Returns
-    -------
-    list of Stretch, in time order; the corrected parts have ``corrected=True``.
-    """
+    """The stretches (time order) with the corrections (in the order made, a later one wins) laid over them, in time
+    order; the corrected parts have ``corrected=True``."""
     out = list(stretches)
     for c in corrections:
         cut: list[Stretch] = []
@@ -246,12 +179,7 @@ def apply_corrections(stretches: Sequence[Stretch], corrections: Sequence[Stretc
 
 
 def minutes_per_activity(stretches: Sequence[Stretch], n_classes: int, start_ns: int, end_ns: int) -> np.ndarray:
-    """Minutes of each activity between ``start_ns`` and ``end_ns`` (stretches clipped to that span).
-
-    Returns
-    -------
-    ndarray of shape (n_classes,), float64, minutes.
-    """
+    """Minutes of each activity ``(n_classes,)`` between ``start_ns`` and ``end_ns`` (stretches clipped to that span)."""
     out = np.zeros(n_classes)
     for s in stretches:
         a, b = max(s.start_ns, start_ns), min(s.end_ns, end_ns)
@@ -266,20 +194,8 @@ def active_classes(names: Sequence[str]) -> np.ndarray:
 
 
 def guidance(counts: dict[str, int], target: int = 40) -> list[str]:
-    """What to record next, in words: how many more windows of which activity the model needs.
-
-    Parameters
-    ----------
-    counts : dict activity -> int
-        Training windows kept per activity (recorded and corrected).
-    target : int
-        Windows per activity wanted (40: about 51 s of recording, 32 of them for training).
-
-    Returns
-    -------
-    list of str
-        One sentence per activity still short, fewest first; empty when every one has enough.
-    """
+    """What to record next: one sentence per activity with fewer than ``target`` training windows (40: about 51 s of
+    recording), fewest first; empty when every one has enough."""
     short = sorted((n, a) for a, n in counts.items() if n < target)
     return [
         f"{a.replace('_', ' ')}: {target - n} more windows (about {(target - n) * STEP_NS / 60e9:.1f} min of recording)" for n, a in short
@@ -287,16 +203,7 @@ def guidance(counts: dict[str, int], target: int = 40) -> list[str]:
 
 
 def day_csv(stretches: Sequence[Stretch], names: Sequence[str], tz_offset_s: int = 0) -> str:
-    """A day's stretches as CSV text: ``start,end,activity,minutes,corrected`` (times ISO 8601 with the offset).
-
-    Parameters
-    ----------
-    stretches : sequence of Stretch
-    names : sequence of str
-        Activity names by class index.
-    tz_offset_s : int
-        Local offset from UTC, seconds, for the printed times.
-    """
+    """A day's stretches as CSV text: ``start,end,activity,minutes,corrected`` (ISO 8601 times at ``tz_offset_s`` from UTC)."""
     import datetime as dt
 
     tz = dt.timezone(dt.timedelta(seconds=tz_offset_s))
@@ -304,13 +211,7 @@ def day_csv(stretches: Sequence[Stretch], names: Sequence[str], tz_offset_s: int
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["start", "end", "activity", "minutes", "corrected"])
     for s in stretches:
-        w.writerow(
-            [
-                dt.datetime.fromtimestamp(s.start_ns / 1e9, tz).isoformat(timespec="seconds"),
-                dt.datetime.fromtimestamp(s.end_ns / 1e9, tz).isoformat(timespec="seconds"),
-                names[s.label],
-                f"{s.minutes:.2f}",
-                int(s.corrected),
-            ]
-        )
+        w.writerow([dt.datetime.fromtimestamp(s.start_ns / 1e9, tz).isoformat(timespec="seconds"),
+                    dt.datetime.fromtimestamp(s.end_ns / 1e9, tz).isoformat(timespec="seconds"),
+                    names[s.label], f"{s.minutes:.2f}", int(s.corrected)])  # fmt: skip
     return buf.getvalue()

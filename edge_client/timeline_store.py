@@ -1,20 +1,11 @@
 """The device's timeline on disk: each classified window, the raw samples behind it, the person's corrections.
 
-One SQLite file, ``timeline.sqlite``, in the client's state folder (it never leaves the
-device), with three tables:
-
-* ``predictions`` — one row per classified window: wall-clock start (ns), class, confidence;
-  about 26 bytes a row, 67,500 rows (1.8 MB) a day of sensing; kept ``retention_days`` (90).
-* ``raw`` — the 50 Hz grid samples the windows were cut from, each sample once (a window
-  overlaps the previous one by half, so only its new samples are stored): 1,200 bytes a
-  second, about 100 MB a day of sensing; kept ``raw_days`` (2), so a stretch can be
-  corrected, and become training windows, for that long.
-* ``corrections`` — the spans the person relabelled and how many training windows each gave;
-  kept as long as the predictions.
-
-Old rows are deleted at most every ``prune_every_s`` while windows are added, so the file's
-size is bounded by the two retention settings. Writes come from the sensing thread and reads
-from the screen's; one connection with a lock serves both.
+``timeline.sqlite`` in the client's state folder (it never leaves the device): ``predictions``
+(window start ns, class, confidence; about 26 bytes a row, 1.8 MB a day, kept ``retention_days``),
+``raw`` (the 50 Hz grid samples, each once: 1,200 bytes a second, about 100 MB a day, kept
+``raw_days``, as long as a stretch can become training windows), ``corrections`` (relabelled spans
+and their training windows, kept as the predictions) and ``recordings``. Old rows are pruned at
+most every ``prune_every_s``; one connection with a lock serves the sensing and screen threads.
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,8 +47,9 @@ CREATE TABLE IF NOT EXISTS recordings (
 """
 
 KEEP_LIMITS = {"retention_days": (1.0, 3650.0), "raw_days": (0.25, 30.0)}
-"""Allowed keep periods (days): predictions and corrections 1 day to 10 years; raw samples 6 hours to 30 days (about 100 MB a
-day of sensing)."""
+"""Allowed keep periods (days): predictions and corrections 1 day to 10 years; raw samples 6 hours to 30 days."""
+
+_CORRECTIONS = "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections"
 
 
 @dataclass(frozen=True)
@@ -85,25 +78,10 @@ class RecordingNote:
 
 
 class TimelineStore:
-    """Classified windows, their raw samples and the corrections of one device.
+    """Classified windows, their raw samples and the corrections of one device, in ``path`` (created with its folder).
 
-    Parameters
-    ----------
-    path : Path
-        The SQLite file (created with its folder).
-    labels : LabelSet
-        Label set of the predictions.
-    retention_days : float
-        Days predictions and corrections are kept (90).
-    raw_days : float
-        Days raw samples are kept, i.e. how long a stretch can still teach the model (2).
-    prune_every_s : float
-        Least time between two deletions of old rows.
-
-    Raises
-    ------
-    ValueError
-        If a retention is not positive.
+    Kept ``retention_days`` (predictions, corrections) and ``raw_days`` (raw samples: how long a
+    stretch can teach the model), pruned at most every ``prune_every_s``. ValueError if a retention is not positive.
     """
 
     def __init__(self, path: Path, labels: LabelSet, retention_days: float = 90.0, raw_days: float = 2.0, prune_every_s: float = 600.0):
@@ -129,28 +107,19 @@ class TimelineStore:
         with self._lock:
             self._db.close()
 
+
+    def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _commit(self, sql: str, args: tuple[object, ...] = ()) -> None:
+        with self._lock:
+            self._db.execute(sql, args)
+            self._db.commit()
     # -- writing ---------------------------------------------------------------------------
     def add(self, t_ns: np.ndarray, labels: np.ndarray, confidence: np.ndarray, x: np.ndarray, now_ns: int | None = None) -> None:
-        """Store classified windows and the samples of theirs not stored yet.
-
-        Parameters
-        ----------
-        t_ns : ndarray of shape (N,), int64
-            Wall-clock start of each window, ns, increasing.
-        labels : ndarray of shape (N,), int
-            Predicted class.
-        confidence : ndarray of shape (N,), float
-            Its probability, 0..1.
-        x : ndarray of shape (N, 6, T), float32
-            The windows (acc m/s^2, gyro rad/s) on the 50 Hz grid.
-        now_ns : int, optional
-            Wall clock for pruning (default: now).
-
-        Raises
-        ------
-        ValueError
-            On mis-shaped arguments.
-        """
+        """Store classified windows (start ``t_ns`` (N,) wall clock ns increasing, class, confidence 0..1, x ``(N, 6, T)``
+        m/s^2 and rad/s on the 50 Hz grid) and their samples not stored yet; ValueError on mis-shaped arguments."""
         t = np.asarray(t_ns, np.int64).reshape(-1)
         y = np.asarray(labels, np.int64).reshape(-1)
         c = np.asarray(confidence, np.float64).reshape(-1)
@@ -189,20 +158,14 @@ class TimelineStore:
     # -- reading ---------------------------------------------------------------------------
     def predictions(self, start_ns: int, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Window starts (N,) int64 ns and classes (N,) int64 between the two times, in time order."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT t_ns, label FROM predictions WHERE t_ns >= ? AND t_ns < ? ORDER BY t_ns", (start_ns, end_ns)
-            ).fetchall()
+        rows = self._query("SELECT t_ns, label FROM predictions WHERE t_ns >= ? AND t_ns < ? ORDER BY t_ns", (start_ns, end_ns))
         a = np.array(rows, np.int64).reshape(-1, 2)
         return a[:, 0], a[:, 1]
 
     def corrections(self, start_ns: int, end_ns: int) -> list[tuple[Stretch, int]]:
         """The corrections overlapping the span, oldest first, each with its number of training windows."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT start_ns, end_ns, label, windows FROM corrections WHERE end_ns > ? AND start_ns < ? ORDER BY id",
-                (start_ns, end_ns),
-            ).fetchall()
+        rows = self._query("SELECT start_ns, end_ns, label, windows FROM corrections WHERE end_ns > ? AND start_ns < ? ORDER BY id",
+                           (start_ns, end_ns))  # fmt: skip
         return [(Stretch(a, b, y, True), n) for a, b, y, n in rows]
 
     def stretches(self, start_ns: int, end_ns: int) -> list[Stretch]:
@@ -218,10 +181,8 @@ class TimelineStore:
 
     def raw_samples(self, start_ns: int, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Grid samples between the two times: times (m,) int64 ns and values (m, 6) float32."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT t0_ns, n, x FROM raw WHERE t0_ns < ? AND t0_ns + n * ? > ? ORDER BY t0_ns", (end_ns, PERIOD_NS, start_ns)
-            ).fetchall()
+        rows = self._query("SELECT t0_ns, n, x FROM raw WHERE t0_ns < ? AND t0_ns + n * ? > ? ORDER BY t0_ns",
+                           (end_ns, PERIOD_NS, start_ns))  # fmt: skip
         if not rows:
             return np.empty(0, np.int64), np.empty((0, N_CHANNELS), np.float32)
         t = np.concatenate([t0 + PERIOD_NS * np.arange(n, dtype=np.int64) for t0, n, _ in rows])
@@ -231,31 +192,12 @@ class TimelineStore:
 
     # -- corrections -----------------------------------------------------------------------
     def relabel(self, start_ns: int, end_ns: int, activity: str, window: int = WINDOW, step: int = STEP) -> WindowSet:
-        """Relabel a span as ``activity``: its raw samples become labelled windows, and the correction is kept.
+        """Relabel a span (wall clock ns) as ``activity``: its raw samples become labelled windows; the correction is kept.
 
-        The samples go through :class:`~har_models.data.windowing.Windower`, the windower of the
-        recorder's pipeline (128 samples, a new one every 64; no window across a gap), over the
-        samples of every window that starts inside the span.
-
-        Parameters
-        ----------
-        start_ns, end_ns : int
-            The span, wall clock ns.
-        activity : str
-            Its activity.
-
-        Returns
-        -------
-        WindowSet
-            The labelled windows (empty when the raw samples are older than ``raw_days`` or the
-            span is shorter than one window); the caller adds them to the training windows.
-
-        Raises
-        ------
-        KeyError
-            If ``activity`` is not in the label set.
-        ValueError
-            If ``end_ns <= start_ns``.
+        The samples of every window starting inside the span go through the recorder's
+        :class:`~har_models.data.windowing.Windower` (no window across a gap). Returns the windows
+        (empty once the raw samples are older than ``raw_days``), for the caller to add to the
+        training windows. Raises KeyError for an unknown activity, ValueError if ``end_ns <= start_ns``.
         """
         label = self.labels.index(activity)
         if end_ns <= start_ns:
@@ -286,19 +228,13 @@ class TimelineStore:
         return str(row[0]) if row else default
 
     def set(self, key: str, value: str) -> None:
-        """Keep a setting with the timeline."""
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-            self._db.commit()
+        self._commit("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     # -- what the person keeps and deletes ---------------------------------------------------
     def set_keep(self, retention_days: float, raw_days: float, now_ns: int | None = None) -> None:
         """Keep predictions and corrections ``retention_days`` and raw samples ``raw_days`` from now on (and prune at once).
 
-        Raises
-        ------
-        ValueError
-            If a period is outside :data:`KEEP_LIMITS` (the message names it and the range).
+        Raises ValueError if a period is outside :data:`KEEP_LIMITS` (naming it and the range).
         """
         for name, value in (("retention_days", retention_days), ("raw_days", raw_days)):
             lo, hi = KEEP_LIMITS[name]
@@ -312,42 +248,26 @@ class TimelineStore:
 
     def correction_list(self, limit: int = 20) -> list[Correction]:
         """The newest ``limit`` corrections, newest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections ORDER BY id DESC LIMIT ?", (limit,)
-            ).fetchall()
+        rows = self._query(f"{_CORRECTIONS} ORDER BY id DESC LIMIT ?", (limit,))
         return [Correction(*r) for r in rows]
 
     def drop_correction(self, correction_id: int) -> Correction | None:
         """Delete one correction (its stretch shows the model's own activity again); returns it, or None if there is none."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections WHERE id = ?", (correction_id,)
-            ).fetchone()
+            row = self._db.execute(f"{_CORRECTIONS} WHERE id = ?", (correction_id,)).fetchone()
             self._db.execute("DELETE FROM corrections WHERE id = ?", (correction_id,))
             self._db.commit()
         return Correction(*row) if row else None
 
     def delete_span(self, start_ns: int, end_ns: int) -> tuple[int, list[Correction]]:
-        """Delete a span of the timeline: its predictions, the raw samples that reach into it, and the corrections inside it.
+        """Delete a span's predictions, the raw samples reaching into it and the corrections inside it (ValueError if empty).
 
-        Returns
-        -------
-        (int, list of Correction)
-            Predictions deleted, and the corrections deleted (their training windows are the caller's to remove).
-
-        Raises
-        ------
-        ValueError
-            If ``end_ns <= start_ns``.
+        Returns the predictions deleted and the corrections deleted (their training windows are the caller's to remove).
         """
         if end_ns <= start_ns:
             raise ValueError(f"delete: the span must end after it starts, got {start_ns}..{end_ns}")
         with self._lock:
-            inside = self._db.execute(
-                "SELECT id, start_ns, end_ns, label, windows, made_ns FROM corrections WHERE start_ns >= ? AND end_ns <= ?",
-                (start_ns, end_ns),
-            ).fetchall()
+            inside = self._db.execute(f"{_CORRECTIONS} WHERE start_ns >= ? AND end_ns <= ?", (start_ns, end_ns)).fetchall()
             n = self._db.execute("DELETE FROM predictions WHERE t_ns >= ? AND t_ns < ?", (start_ns, end_ns)).rowcount
             self._db.execute("DELETE FROM raw WHERE t0_ns < ? AND t0_ns + n * ? > ?", (end_ns, PERIOD_NS, start_ns))
             self._db.execute("DELETE FROM corrections WHERE start_ns >= ? AND end_ns <= ?", (start_ns, end_ns))
@@ -355,11 +275,8 @@ class TimelineStore:
         return int(n), [Correction(*r) for r in inside]
 
     def note_recorded(self, label: int, t_first_ns: int, t_last_ns: int, windows: int, wall_ns: int) -> None:
-        """Note recorded windows (sensor clock stamps) and the wall-clock time they came: one more piece of a recording.
-
-        Windows of the same activity less than :data:`RECORDING_GAP_NS` after the newest
-        recording's last one extend it; others start a new recording.
-        """
+        """Note recorded windows (sensor clock stamps) arriving at ``wall_ns``: windows of the same activity within
+        :data:`RECORDING_GAP_NS` of the newest recording's last one extend it, others start a new one."""
         with self._lock:
             row = self._db.execute("SELECT id, label, t_last_ns FROM recordings ORDER BY id DESC LIMIT 1").fetchone()
             if row is not None and row[1] == label and 0 <= t_first_ns - row[2] <= RECORDING_GAP_NS:
@@ -376,15 +293,12 @@ class TimelineStore:
 
     def recording_notes(self) -> list[RecordingNote]:
         """Every noted recording, newest first."""
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM recordings ORDER BY id DESC").fetchall()
+        rows = self._query("SELECT * FROM recordings ORDER BY id DESC")
         return [RecordingNote(*r) for r in rows]
 
     def forget_recording(self, note_id: int) -> None:
         """Delete the note of a recording (its windows are deleted from the recorded-window log by the caller)."""
-        with self._lock:
-            self._db.execute("DELETE FROM recordings WHERE id = ?", (note_id,))
-            self._db.commit()
+        self._commit("DELETE FROM recordings WHERE id = ?", (note_id,))
 
     def usage(self) -> dict[str, float]:
         """What the timeline holds: ``bytes`` (the file with its write-ahead log), ``raw_s`` (seconds of raw samples),

@@ -1,32 +1,14 @@
 """Who sets PyTorch's intra-op thread count: the round's training keeps its own, background classification runs on one.
 
-PyTorch has one intra-op thread count per process (``torch.set_num_threads``; with its
-OpenMP build each thread also keeps the count it last applied, but the process's count is what
-``torch.get_num_threads`` reports and what a thread adopts at its first parallel operation).
-There is no per-call or per-thread setting to ask for, so a thread that wants another count
-must change the process's and put it back, and nothing else may train meanwhile.
-
-The sensing thread classifies every window for the Today timeline (a few windows every
-1.28 s). At PyTorch's default count each tiny forward pass wakes the intra-op pool, whose
-threads then spin waiting for more work: on a 2-core machine ``benchmarks/bench_device_cost.py
---small`` measured 8.9-35.9 CPU s per hour of sensing with the torch predictor at PyTorch's count
-(the busier the machine, the more) and 4.6-6.0 on one thread; the paper's CNN, whose passes keep
-both threads busy, 11.0-14.6 and 10.0-12.4 (``docs/benchmarks-client.md``, section 3). The
-probabilities are the same. So a prediction runs on :data:`INFERENCE_THREADS` inside
-:func:`inference_threads`, which changes the process's count and restores it, and a round runs
-inside :func:`training_threads`:
-
-* while any training holds the setting, a prediction changes nothing and runs at the training's
-  count (it costs more then, but the round's threads and its numbers are untouched: how a
-  kernel splits its work, and so the rounding of its sums, may depend on the count);
-* a training waits for a prediction under way to put the count back (milliseconds), then
-  applies the process's count to its own thread, so a thread whose first PyTorch operation
-  fell inside a prediction's change does not keep one thread for its rounds;
-* predictions are serialised with each other, so two never restore each other's change.
-
-The lock and the count of trainings are module state on purpose: they guard a setting that is
-itself one per process. Nothing here imports PyTorch: a device without it (the numpy backend)
-only counts trainings.
+PyTorch has one count per process (``torch.set_num_threads``), no per-call setting, so a thread
+wanting another count changes the process's and restores it. Classifying each window at
+PyTorch's count wakes the intra-op pool, whose spinning cost 8.9-35.9 CPU s per hour of sensing
+against 4.6-6.0 on one thread, same probabilities (docs/benchmarks-client.md, section 3). So a
+prediction runs inside :func:`inference_threads` and a round inside :func:`training_threads`:
+while a training holds the count a prediction changes nothing (a kernel's split, and so its
+rounding, may depend on the count); a training waits for a prediction to restore the count, then
+applies it to its own thread; predictions are serialised. The lock and the count are module state
+because the setting is one per process; nothing here imports PyTorch.
 """
 
 from __future__ import annotations
@@ -51,11 +33,9 @@ def trainings() -> int:
 
 @contextmanager
 def training_threads() -> Iterator[None]:
-    """Hold PyTorch's intra-op thread count as the process has it, for the duration of a training (a round).
+    """Hold PyTorch's intra-op thread count as the process has it for a training (a round); trainings may overlap.
 
-    Waits for a prediction under way to restore the count; then applies the process's count
-    to the calling thread (where PyTorch is imported); predictions until the block ends leave
-    the count alone. Trainings may overlap (clients hosted in one process).
+    Waits for a prediction under way to restore the count, then applies it to the calling thread.
     """
     global _trainings
     with _setting:
@@ -72,23 +52,8 @@ def training_threads() -> Iterator[None]:
 
 @contextmanager
 def inference_threads(n: int = INFERENCE_THREADS) -> Iterator[int]:
-    """Run the block's PyTorch operations on ``n`` intra-op threads, unless a training holds the count.
-
-    Parameters
-    ----------
-    n : int
-        Intra-op threads for the block (>= 1).
-
-    Yields
-    ------
-    int
-        The count the block runs at: ``n``, or the training's when one holds the count.
-
-    Raises
-    ------
-    ValueError
-        If ``n`` < 1.
-    """
+    """Run the block's PyTorch operations on ``n`` (>= 1, else ValueError) intra-op threads, unless a training holds the
+    count; yields the count the block runs at."""
     if n < 1:
         raise ValueError(f"inference_threads: n must be at least 1, got {n}")
     import torch

@@ -1,24 +1,12 @@
 """The client's part of a round, once, over any training backend: initialise, train, (guide), evaluate, package.
 
-Order (DESIGN.md section 2, step 3), each step written once here whatever the backend:
-
-1. pad the previous local model if the architecture grew (FedDist; new slots take the
-   received values, :func:`edge_client.ala.pad_like`);
-2. initialise from the received and the local model: overwrite, FedPer's local layers, or
-   FedALA's adaptive local aggregation (:func:`edge_client.ala.adaptive_local_aggregation`;
-   Zhang et al., AAAI 2023, algorithm 1 lines 6-16);
-3. E local epochs of SGD (FedProx's proximal term when asked; Li et al., MLSys 2020, eq. 2)
-   in the batch order of :func:`har_models.nn.training.train_local` for the same seed
-   (:func:`edge_client.backends.base.train`);
-4. FedDWA: one more training from the trained model for the guidance model;
-5. evaluate the received, initial and trained models on the local test windows, persist the
-   local model, and build the update envelope with its typed metadata
-   (:class:`har_models.wire.update_meta.UpdateMeta`).
-
-The arithmetic is the backend's (:mod:`edge_client.backends`): with ``"torch"`` (boards, the
-simulation) every number is that of PyTorch eager, bit for bit as ``train_local`` and FedALA's
-autograd kernel compute it; the numpy reference and ExecuTorch agree with it to float32
-rounding (``tests/test_backends.py``, ``tests/test_trainer.py``). This module imports no PyTorch.
+DESIGN.md section 2, step 3: pad the previous local model after a growth (FedDist,
+:func:`edge_client.ala.pad_like`); initialise by overwrite, FedPer's local layers or FedALA's ALA
+(Zhang et al., AAAI 2023, algorithm 1 lines 6-16); E epochs of SGD (FedProx, Li et al., MLSys 2020,
+eq. 2) in ``train_local``'s batch order; FedDWA's guidance training; evaluate the received, initial
+and trained models, persist the local model and build the update envelope
+(:class:`har_models.wire.update_meta.UpdateMeta`). With ``"torch"`` every number is PyTorch eager's,
+bit for bit; numpy and ExecuTorch agree to float32 rounding. This module imports no PyTorch.
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edge_client.ala import AlaKernel, AlaState, adaptive_local_aggregation, pad_like
-from edge_client.backends.base import BackendOptions, TrainingBackend, train
+from edge_client.backends.base import BackendOptions, TrainingBackend, TrainSummary, train
 from edge_client.backends.factory import make_backend
 from edge_client.store import ClientStore
 from edge_client.torch_threads import training_threads
@@ -61,17 +49,7 @@ ALA_STATE_NAME = "ala_state"
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    """What :meth:`ClientTrainer.run_round` produced.
-
-    Attributes
-    ----------
-    envelope : bytes
-        The update envelope to upload.
-    meta : UpdateMeta
-        Its metadata, as written into the envelope.
-    summary : dict
-        Small JSON-able summary for logs (accuracy before/after, loss, seconds, backend, bytes).
-    """
+    """What :meth:`ClientTrainer.run_round` produced: the update envelope, its metadata, and a JSON-able summary for logs."""
 
     envelope: bytes
     meta: UpdateMeta
@@ -86,9 +64,7 @@ def derive_seed(base: int, client_id: str, round_: int, stage: int, purpose: str
 def stored_local_model(store: ClientStore, run_id: str, client_id: str) -> tuple[ArchSpec, Arrays] | None:
     """The client's previous local model of run ``run_id`` and its architecture, as stored; None if there is none.
 
-    A new run forgets the old run's state first, so nothing of it leaks in. A stored model
-    that does not match its own architecture is logged and ignored (the round then starts
-    from the received model).
+    A new run forgets the old run's state first; a model inconsistent with its architecture is logged and ignored.
     """
     if store.get_meta("run_id") != run_id:
         store.forget_run_state()
@@ -109,44 +85,16 @@ def stored_local_model(store: ClientStore, run_id: str, client_id: str) -> tuple
 def encode_for_upload(
     store: ClientStore, ann: RoundAnnouncement, tensors: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray]
 ) -> tuple[Mapping[str, Any], str]:
-    """Apply the plan's update encoding to an update's tensors, keeping int8_delta's residual in ``store``.
+    """Apply the plan's update encoding to an update's tensors; return the arrays and the encoding applied.
 
-    Parameters
-    ----------
-    store : ClientStore
-        Holds the residual e under :data:`RESIDUAL_NAME`, tagged with the run id: a residual
-        of another run is ignored (and :meth:`ClientStore.forget_run_state` deletes it).
-    ann : RoundAnnouncement
-        ``ann.plan.update_encoding`` chooses the encoding.
-    tensors : mapping name -> float32 array
-        The update's tensors (trained model, ``guidance/`` tensors).
-    received : mapping name -> float32 array
-        The model received in this exchange, as decoded from its envelope.
+    int8_delta's error-feedback residual is kept in ``store`` (:data:`RESIDUAL_NAME`, tagged with the
+    run); for float32 ``tensors`` itself is returned (the envelope stays byte for byte). Raises
+    ValueError from :func:`~har_models.wire.update_encoding.encode_update` (the caller skips the round).
 
-    Returns
-    -------
-    arrays : mapping name -> array
-        For float32, ``tensors`` itself (the envelope stays byte for byte as without encodings).
-    encoding : str
-        The encoding applied (for :attr:`UpdateMeta.encoding`).
-
-    Raises
-    ------
-    ValueError
-        From :func:`har_models.wire.update_encoding.encode_update` (a value beyond float16, a
-        tensor the received model lacks); the caller skips the round as for any bad input.
-
-    Notes
-    -----
-    The residual is saved when the update is built. If the upload is then lost, the next
-    delta still carries e' (at most half a quantisation step per element): a small
-    correction the coordinator never needed, not an error that grows.
-
-    Encoding is idempotent per exchange: the residual is saved with the (run, round, stage)
-    that produced it and with the residual that exchange started from
-    (:data:`RESIDUAL_BEFORE_PREFIX`). Encoding the same exchange again (a retry, or the same
-    round after a restart) starts from that earlier residual, not from its own output, so it
-    gives the same bytes for the same tensors and leaves the residual as one encoding did.
+    The residual is saved when the update is built (a lost upload leaves at most half a quantisation
+    step per element in the next delta). Encoding is idempotent per exchange: the residual is saved
+    with the residual the exchange started from (:data:`RESIDUAL_BEFORE_PREFIX`), and encoding the
+    same exchange again starts from that one, giving the same bytes.
     """
     encoding = ann.plan.update_encoding
     if encoding == "float32":
@@ -180,20 +128,8 @@ def residual_for(store: ClientStore, ann: RoundAnnouncement) -> Arrays:
 class ClientTrainer:
     """Runs the client's part of a round against its :class:`~edge_client.store.ClientStore`, through one backend.
 
-    Parameters
-    ----------
-    store : ClientStore
-    client_id : str
-    backend : {"torch", "numpy", "executorch"}
-        The training backend (:func:`edge_client.backends.factory.make_backend`); its runtime is
-        imported at the first round, not before.
-    options : BackendOptions, optional
-        The backend's settings (e.g. the ExecuTorch program folder).
-
-    Raises
-    ------
-    ValueError
-        On an unknown backend name.
+    The backend's runtime (:func:`edge_client.backends.factory.make_backend`) is imported at the first
+    round. Raises ValueError on an unknown backend name.
     """
 
     def __init__(self, store: ClientStore, client_id: str, backend: str = "torch", options: BackendOptions | None = None):
@@ -255,26 +191,10 @@ class ClientTrainer:
         return {k: np.asarray(v, np.float32) for k, v in state.items()}
 
     def run_round(self, ann: RoundAnnouncement, received_np: Mapping[str, np.ndarray]) -> RoundOutcome:
-        """Do this client's work for ``ann`` starting from the received parameters (see the module docstring).
+        """Do this client's work for ``ann`` from theta received for this client (shapes of ``ann.arch``).
 
-        Parameters
-        ----------
-        ann : RoundAnnouncement
-            The round (architecture, plan, run id).
-        received_np : mapping name -> ndarray
-            theta received for this client (global or personalised), shapes of ``ann.arch``.
-
-        Returns
-        -------
-        RoundOutcome
-
-        Raises
-        ------
-        ValueError
-            If the received tensors do not match the announced architecture (the caller
-            logs it and skips the round; nothing is stored).
-        ImportError
-            If the backend's runtime is not installed.
+        Raises ValueError if the received tensors do not match the announced architecture (the
+        caller skips the round; nothing is stored), ImportError if the backend's runtime is missing.
         """
         # The round keeps PyTorch's thread count as the process has it, whatever the sensing thread's predictions do.
         with training_threads():
@@ -334,16 +254,17 @@ class ClientTrainer:
 
         prox_ref = received if plan.prox_mu > 0 else None
         seed = derive_seed(plan.seed, self.client_id, ann.round, ann.stage)
-        result = train(backend, train_ws.x, train_ws.y, epochs=plan.local_epochs, lr=plan.lr, batch_size=plan.batch_size,
-                       seed=seed, class_weights=cw, prox_mu=plan.prox_mu, prox_ref=prox_ref, frozen=plan.frozen)  # fmt: skip
+        def fit(seed: int) -> TrainSummary:
+            return train(backend, train_ws.x, train_ws.y, epochs=plan.local_epochs, lr=plan.lr, batch_size=plan.batch_size,
+                         seed=seed, class_weights=cw, prox_mu=plan.prox_mu, prox_ref=prox_ref, frozen=plan.frozen)  # fmt: skip
+
+        result = fit(seed)
         trained = backend.get_weights()
         cm_trained = backend.evaluate(test.x, test.y).confusion if len(test) else None
         tensors: Arrays = dict(trained)
         seconds = result.seconds
         if plan.guidance:
-            g_seed = derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance")
-            guided = train(backend, train_ws.x, train_ws.y, epochs=plan.local_epochs, lr=plan.lr, batch_size=plan.batch_size,
-                           seed=g_seed, class_weights=cw, prox_mu=plan.prox_mu, prox_ref=prox_ref, frozen=plan.frozen)  # fmt: skip
+            guided = fit(derive_seed(plan.seed, self.client_id, ann.round, ann.stage, "guidance"))
             tensors.update({GUIDANCE_PREFIX + k: v for k, v in backend.get_weights().items()})
             seconds += guided.seconds
 

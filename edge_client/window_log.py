@@ -1,25 +1,17 @@
 """An append-only, crash-safe log of labelled windows: what the device's owner recorded.
 
-SQLite survives a killed process, but a database file cut short (a full disk, a card
-pulled, a truncated backup) is lost whole. Recorded activity is the one thing on the
-device that cannot be fetched again, so it is kept in a log where every window is one
-self-checking record:
+A database file cut short is lost whole, and recorded activity cannot be fetched again, so every
+window is one self-checking record::
 
     file header   b"FHWL" | u16 version | u16 n_channels | u16 window | u16 len(name) | label-set name (UTF-8)
     each record   b"FHWR" | u32 body_len | u32 crc32(body) | body
     body          i64 t_start_ns | i64 label | float32 x[n_channels * window] (little-endian, channel-major)
 
-Appends are written and ``fsync``-ed before :meth:`WindowLog.append` returns. On open the
-log is scanned: a record cut off at the end (the process or the power died mid-append)
-or one whose checksum fails is dropped and logged, every complete record before and
-after it is kept, and the file is rewritten without it so new records follow good ones.
-
-Size is bounded (``max_windows``) with this policy: when the log holds more than
-``max_windows + slack`` windows, the oldest windows of the activity with the most windows
-are dropped, one at a time, until ``max_windows`` remain. Rare activities are never
-dropped for common ones, and the newest recordings of every activity stay. The log is
-then rewritten to a temporary file and renamed over the old one, so a crash leaves the
-old or the new log, never a mix.
+Appends are fsync-ed before :meth:`WindowLog.append` returns. On open a record cut off or failing
+its checksum is dropped and logged, the others kept, and the file rewritten. Over
+``max_windows + slack`` windows, the oldest windows of the largest activity are dropped one at a
+time until ``max_windows`` remain (rare activities and every activity's newest stay); rewrites go
+through a temporary file and a rename.
 """
 
 from __future__ import annotations
@@ -48,27 +40,11 @@ _BODY_HEAD = struct.Struct("<qq")
 
 
 class WindowLog:
-    """Append-only log of labelled windows in one file.
+    """Append-only log of labelled windows in ``path`` (created with its folder).
 
-    Parameters
-    ----------
-    path : Path
-        The log file; created (with its folder) if missing.
-    labels : LabelSet
-        Label set of the windows; must match the one the file was created with.
-    window : int
-        Samples per window T (128).
-    max_windows : int
-        Size bound in windows (default 20,000: about 7 hours of recording at one window per
-        1.28 s, 61 MB at T = 128); see the module's policy.
-    slack : int, optional
-        Windows allowed above ``max_windows`` before the log is trimmed (default 5 % of it),
-        so a full log is not rewritten on every append.
-
-    Raises
-    ------
-    ValueError
-        If the file is not a window log, or holds another label set or window length.
+    ``max_windows`` bounds it (20,000: about 7 hours of recording, 61 MB at T = 128); ``slack``
+    windows above it (default 5 %) are allowed before a trim, so a full log is not rewritten on every
+    append. Raises ValueError if the file is not a window log, or holds another label set or window length.
     """
 
     def __init__(self, path: Path, labels: LabelSet, window: int = WINDOW, max_windows: int = 20_000, slack: int | None = None):
@@ -161,17 +137,9 @@ class WindowLog:
             return np.bincount(self._y, minlength=len(self.labels)).astype(np.int64)
 
     def append(self, windows: WindowSet) -> int:
-        """Append labelled windows durably (written and fsync-ed on return); returns how many.
+        """Append windows (x ``(k, 6, T)`` float32) durably, fsync-ed on return; returns how many.
 
-        Parameters
-        ----------
-        windows : WindowSet
-            x (k, 6, T) float32, y (k,) in [0, C), t_start_ns (k,).
-
-        Raises
-        ------
-        ValueError
-            On another label set or window length (a WindowSet's labels are already in [0, C)).
+        Raises ValueError on another label set or window length.
         """
         if len(windows) == 0:
             return 0
@@ -197,12 +165,8 @@ class WindowLog:
         dropped = np.bincount(self._y[~keep], minlength=len(self.labels))
         x = self._read_x()[keep]
         self._rewrite(x, self._y[keep], self._t[keep])
-        log.info(
-            "window log %s: over %d windows; dropped the oldest of the largest activities: %s",
-            self.path,
-            self.max_windows,
-            ", ".join(f"{self.labels.names[c]} {int(n)}" for c, n in enumerate(dropped) if n),
-        )
+        log.info("window log %s: over %d windows; dropped the oldest of the largest activities: %s", self.path, self.max_windows,
+                 ", ".join(f"{self.labels.names[c]} {int(n)}" for c, n in enumerate(dropped) if n))  # fmt: skip
 
     def _read_x(self) -> np.ndarray:
         data = self.path.read_bytes()
@@ -218,19 +182,9 @@ class WindowLog:
             return self._t.copy(), self._y.copy()
 
     def remove(self, drop: np.ndarray) -> int:
-        """Delete the windows where ``drop`` is True (the person deleted a recording or undid a correction); returns how many.
+        """Delete the windows where ``drop`` (one flag per window of :meth:`index`) is True; returns how many.
 
-        The log is rewritten without them atomically (temporary file, rename), as a trim is.
-
-        Parameters
-        ----------
-        drop : ndarray of shape (N,), bool
-            One flag per window of :meth:`index`, in its order.
-
-        Raises
-        ------
-        ValueError
-            If ``drop`` does not have one flag per window (the log changed since it was read).
+        Rewritten atomically, as a trim is. Raises ValueError if the flags do not match (the log changed since).
         """
         drop = np.asarray(drop, bool)
         with self._lock:
@@ -251,22 +205,8 @@ class WindowLog:
 
 
 def keep_mask_for_limit(y: np.ndarray, max_windows: int, n_classes: int) -> np.ndarray:
-    """Which windows stay when at most ``max_windows`` may: the oldest of the largest class go first.
-
-    Repeatedly drop the oldest remaining window of the class with the most windows (ties:
-    the lower class index) until ``max_windows`` remain.
-
-    Parameters
-    ----------
-    y : array of shape (N,), int64 labels in recording order (oldest first)
-    max_windows : int >= 0
-    n_classes : int
-
-    Returns
-    -------
-    ndarray of shape (N,), bool
-        True for windows kept; the newest windows of each class are the ones kept.
-    """
+    """Which windows (labels in recording order) stay when at most ``max_windows`` may: the oldest window of the class
+    with the most windows (ties: the lower index) goes first, repeatedly; True for windows kept."""
     y = np.asarray(y, np.int64)
     counts = np.bincount(y, minlength=n_classes).astype(np.int64)
     excess = int(y.size - max_windows)

@@ -1,10 +1,8 @@
 """A device's side of the blob transport: fetch a model by its reference, upload an update to its grant.
 
-Plain HTTP(S) with the standard library (a phone or a board needs nothing more), through URLs
-the coordinator signed (:mod:`har_io.blobs`). Every fetched byte is checked against the
-reference's size and SHA-256 before anything reads it; a kept copy is named by its hash
-(:class:`BlobCache`), so a model is fetched once per device, or once per worker process for
-the clients a simulation worker hosts, and checked again whenever it is read back.
+Plain HTTP(S) with the standard library, through URLs the coordinator signed (:mod:`har_io.blobs`).
+Every fetched byte is checked against the reference's size and SHA-256; a kept copy is named by
+its hash (:class:`BlobCache`) and checked again whenever it is read back.
 """
 
 from __future__ import annotations
@@ -38,17 +36,9 @@ def _http_error(what: str, url: str, exc: Exception) -> BlobError:
 class BlobCache:
     """Kept model envelopes named by SHA-256 (shared by the clients of one process).
 
-    The newest object is held in memory (the clients a simulation worker hosts all start from
-    the same global model: it is fetched and checked once for all of them); with a ``folder``,
-    the newest ``keep`` objects are also kept on disk, so a restarted device does not fetch its
-    model again, and a kept file is checked against its hash whenever it is read back.
-
-    Parameters
-    ----------
-    folder : Path, optional
-        Created if absent; None keeps objects in memory only.
-    keep : int
-        Newest files kept in ``folder``; older ones are deleted after each store.
+    The newest is held in memory (a worker's clients all start from the same model: fetched and
+    checked once); with a ``folder`` (created; None: memory only) the newest ``keep`` are also kept
+    on disk, so a restarted device does not fetch its model again.
     """
 
     def __init__(self, folder: Path | None = None, keep: int = 4):
@@ -102,22 +92,10 @@ class BlobMismatch(BlobError):
 
 
 def fetch_model(ref: BlobRef, max_bytes: int, cache: BlobCache | None = None, timeout: float = 60.0) -> bytes:
-    """The envelope ``ref`` names: from ``cache`` if kept there, else a GET of ``ref.url``, checked byte for byte.
+    """The envelope ``ref`` names: from ``cache`` if kept there, else a GET of ``ref.url`` (``timeout`` s), checked byte for byte.
 
-    Parameters
-    ----------
-    ref : BlobRef
-    max_bytes : int
-        Largest envelope this client accepts (bytes); a larger ``ref.size`` is refused unread.
-    cache : BlobCache, optional
-    timeout : float
-        Socket timeout, s.
-
-    Raises
-    ------
-    BlobError
-        If ``ref.size`` exceeds ``max_bytes``, the server refuses or cannot be reached, or (a
-        :class:`BlobMismatch`) the bytes differ from ``ref`` in length or SHA-256 (nothing is kept then).
+    Raises BlobError if ``ref.size`` exceeds ``max_bytes`` (refused unread), the server refuses or
+    cannot be reached, or (:class:`BlobMismatch`) the bytes differ from ``ref`` (nothing kept then).
     """
     if ref.size > max_bytes:
         raise BlobError(f"model {ref.sha256[:12]} is {ref.size} bytes, over this client's limit of {max_bytes} (max_model_bytes)")
@@ -160,14 +138,8 @@ def _fetch(ref: BlobRef, timeout: float) -> bytes:
 
 
 def upload_update(grant: UploadGrant, envelope: bytes, timeout: float = 120.0) -> None:
-    """PUT ``envelope`` to the grant's signed URL.
-
-    Raises
-    ------
-    BlobError
-        If the grant expired, the envelope is over its ``max_bytes``, or the store refuses or
-        cannot be reached (the message names the URL without its signature, and the status).
-    """
+    """PUT ``envelope`` to the grant's signed URL; BlobError if the grant expired, the envelope is over its ``max_bytes``,
+    or the store refuses or cannot be reached (naming the URL without its signature, and the status)."""
     if time.time() > grant.expires_unix:
         raise BlobError("the upload grant expired with its round; the update cannot be uploaded for it")
     if len(envelope) > grant.max_bytes:

@@ -1,23 +1,13 @@
 """Model bytes as content-addressed blobs: the storage interface of the blob transport.
 
-With ``transport = "blobs"`` the broker carries only control messages; the bytes of models and
-updates go through a blob store (docs/scale.md, "Blob transport"):
-
-* a model version is one immutable object named by the SHA-256 of its envelope
-  (``objects/{sha256}``), written once and fetched by every client that needs it over HTTP(S)
-  through a URL the coordinator signs;
-* each selected client uploads its update to its own slot of the exchange
-  (``uploads/{run_id}/r{round:04d}-s{stage}/{client_id}``, see :func:`upload_slot`) through a
-  short-lived signed PUT URL handed to it on its own topic, then says ``{round, sha256, size}``
-  over MQTT; the coordinator reads the slot and checks every byte against that hash.
-
-Devices never hold storage credentials: what they get is one URL per object or slot, valid
-until the exchange's deadline. This module is the interface (:class:`BlobStore`), the values
-that travel (:mod:`har_models.wire.blob_messages`) and the HMAC signature of the folder back
-end; the back ends are :class:`coordinator.transport.folder_store.FolderBlobStore` (a folder served by
-the coordinator's web server) and :class:`coordinator.transport.s3_store.S3BlobStore` (any S3-compatible
-store, presigned URLs). Nothing here is ever unpickled: blobs are safetensors envelopes,
-decoded and checked by :mod:`har_models.wire.codec` exactly as over MQTT.
+With ``transport = "blobs"`` the broker carries only control messages (docs/scale.md, "Blob
+transport"): a model version is one immutable object ``objects/{sha256}`` fetched over HTTP(S)
+through a URL the coordinator signs; each selected client PUTs its update to its own slot
+(:func:`upload_slot`) through a short-lived signed URL and announces ``{round, sha256, size}``.
+Devices never hold storage credentials. Back ends:
+:class:`coordinator.transport.folder_store.FolderBlobStore` (HMAC-signed, :func:`sign`) and
+:class:`coordinator.transport.s3_store.S3BlobStore`; blobs are envelopes decoded by
+:mod:`har_models.wire.codec`, never unpickled.
 """
 
 from __future__ import annotations
@@ -52,16 +42,8 @@ def object_key(sha256: str) -> str:
 
 
 def upload_slot(run_id: str, round_: int, stage: int, client_id: str) -> str:
-    """The store key a client's update for one exchange is written to.
-
-    ``uploads/{run_id}/r{round:04d}-s{stage}/{client_id}``. One slot per client and exchange:
-    a second upload replaces the first (the client re-sends only its one stored update).
-
-    Raises
-    ------
-    ValueError
-        If the run id is not a plain name (letters, digits, ``._-``) or the client id is invalid.
-    """
+    """The store key of a client's update for one exchange, ``uploads/{run_id}/r{round:04d}-s{stage}/{client_id}`` (a
+    second upload replaces the first); ValueError unless the run id is a plain name and the client id valid."""
     if not re.match(r"^[A-Za-z0-9._-]{1,128}$", run_id) or run_id in (".", ".."):
         raise ValueError(f"run id {run_id!r:.80} cannot name a blob slot (letters, digits, '._-' only)")
     if round_ < 0 or stage < 0:
@@ -70,20 +52,8 @@ def upload_slot(run_id: str, round_: int, stage: int, client_id: str) -> str:
 
 
 def sign(secret: bytes, method: str, path: str, expires_unix: int, max_bytes: int) -> str:
-    """HMAC-SHA256 (hex) over method, path, expiry and size limit: the folder back end's URL signature.
-
-    Parameters
-    ----------
-    secret : bytes
-        The coordinator's signing key (never leaves the coordinator's machine).
-    method : {"GET", "PUT"}
-    path : str
-        The URL path, e.g. ``/blobs/objects/<sha256>``.
-    expires_unix : int
-        Unix time (s) after which the URL is refused.
-    max_bytes : int
-        Largest body a PUT may carry (0 for a GET).
-    """
+    """HMAC-SHA256 (hex) with the coordinator's ``secret`` over method, URL path, expiry (unix s) and the largest PUT body
+    (0 for a GET): the folder back end's URL signature."""
     msg = f"{method}\n{path}\n{expires_unix}\n{max_bytes}".encode()
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
@@ -109,10 +79,7 @@ class UploadReader(Protocol):
 
 
 class BlobStore(Protocol):
-    """Where the coordinator keeps model objects and receives update uploads (one interface, two back ends).
-
-    Every method may raise :class:`BlobError` for a store that cannot be reached or refuses.
-    """
+    """Where the coordinator keeps model objects and receives update uploads; every method may raise :class:`BlobError`."""
 
     def put_object(self, data: bytes, replace: bool = False) -> str:
         """Store ``data`` as ``objects/{sha256}`` unless that object exists already (``replace``: write it again, a

@@ -1,9 +1,7 @@
 """Where the broker is and how to log in to it: address, credentials, TLS, message size, MQTT version.
 
-:class:`BrokerConfig` is plain settings, checked when it is built, so a wrong option stops a
-program at start with the option's name instead of failing at the first connection. The
-network side (:mod:`har_io.mqtt_link`) reads them through :meth:`BrokerConfig.credentials`
-and :meth:`BrokerConfig.tls_context`; nothing here opens a socket.
+:class:`BrokerConfig` is checked when built, so a wrong option stops a program at start with the
+option's name; :mod:`har_io.mqtt_link` reads it, nothing here opens a socket.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from dataclasses import dataclass, field
 from har_models.wire.chunking import DEFAULT_MAX_MESSAGE_BYTES
 
 MIN_CHUNK_BYTES = 16 * 1024
-"""Smallest MQTT payload the link cuts chunks to after a broker refused bigger ones (bytes);
-also the smallest ``max_message_bytes`` accepted."""
+"""Smallest payload the link cuts chunks to after a broker refused bigger ones, and the smallest ``max_message_bytes`` (bytes)."""
 
 MQTT_VERSIONS = ("auto", "5", "3.1.1")
 """Values of ``BrokerConfig.mqtt_version`` (and ``--mqtt-version``)."""
@@ -26,33 +23,14 @@ MQTT_VERSIONS = ("auto", "5", "3.1.1")
 class BrokerConfig:
     """Where and how to reach the broker.
 
-    Parameters
-    ----------
-    host : str
-    port : int
-    username, password : str, optional
-        Per-device credentials (the Mosquitto ACL lets a device write only under its id).
-    tls_ca : str, optional
-        CA certificate file; enables TLS.
-    tls_cert, tls_key : str, optional
-        Client certificate and key for mutual TLS; both or neither, and only with ``tls_ca``.
-    keepalive : int
-        MQTT keep-alive, seconds.
-    max_message_bytes : int
-        Largest MQTT payload published (bytes); envelopes are chunked to fit. A smaller
-        maximum packet size stated by an MQTT 5 broker wins.
-    mqtt_version : {"auto", "5", "3.1.1"}
-        "auto" tries MQTT 5 and falls back to 3.1.1 when the broker does not speak it.
-    enrolled : bool
-        The credentials came from an enrolment bundle, not from options a person typed: a
-        refused login then says to ask the server's operator for a new bundle.
+    ``username``/``password``: per-device credentials (the ACL lets a device write only under its
+    id); ``tls_ca`` enables TLS; ``tls_cert``/``tls_key`` for mutual TLS, both or neither;
+    ``keepalive`` in s; ``max_message_bytes``: largest payload published (a smaller MQTT 5 broker
+    limit wins); ``mqtt_version`` "auto" tries 5, then 3.1.1; ``enrolled``: the credentials came
+    from an enrolment bundle (a refused login then says to ask the operator for a new bundle).
 
-    Raises
-    ------
-    ValueError
-        For TLS options without ``tls_ca``, a certificate without its key (or the reverse),
-        a TLS file that does not exist, an unknown ``mqtt_version`` or a ``max_message_bytes``
-        too small for a chunk.
+    Raises ValueError for TLS options without ``tls_ca``, a certificate without its key (or the
+    reverse), a missing TLS file, an unknown ``mqtt_version`` or a ``max_message_bytes`` too small.
     """
 
     host: str = "127.0.0.1"
@@ -85,13 +63,7 @@ class BrokerConfig:
 
     @classmethod
     def parse(cls, address: str, **kwargs: object) -> BrokerConfig:
-        """From ``HOST:PORT`` (or ``HOST``, port 1883).
-
-        Raises
-        ------
-        ValueError
-            If the port is not an integer in 1..65535, or an option is inconsistent (see the class).
-        """
+        """From ``HOST:PORT`` (or ``HOST``, port 1883); ValueError for a bad port or an inconsistent option."""
         host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
         try:
             p = int(port)
@@ -111,18 +83,8 @@ class BrokerConfig:
         return None if self.username is None else (self.username, self.password)
 
     def tls_context(self) -> ssl.SSLContext | None:
-        """The TLS settings of the connection, or None without ``tls_ca`` (plain MQTT).
-
-        The broker's certificate must be signed by ``tls_ca`` and name ``host`` (hostname
-        checking on, certificate required, TLS 1.2 or later); with ``tls_cert``/``tls_key``
-        the client shows its own certificate (mutual TLS).
-
-        Raises
-        ------
-        ssl.SSLError, OSError
-            If a certificate or key file cannot be read or parsed (the program reports this at
-            start: ``fedhar-client: cannot set up TLS: ...``).
-        """
+        """The TLS settings (None without ``tls_ca``): the broker's certificate signed by ``tls_ca`` and naming ``host``,
+        TLS 1.2 or later, our own certificate with ``tls_cert``. ssl.SSLError or OSError for an unreadable file."""
         if not self.tls_ca:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED are its defaults

@@ -1,23 +1,12 @@
 """Enrolment by certificate: the invitation a device scans, its request, and the server's reply (JSON, never pickle).
 
-The flow (docs/protocol.md, "Enrolment by certificate"):
-
-1. The operator shows the federation's *invitation* (:class:`Invitation`, ``fedhar-coordinator
-   invite``): where the broker is, the CA it is trusted by (SHA-256 fingerprint, and the
-   certificate inline when it fits a QR code), and the shared *enrolment account*, which may
-   only leave requests and read replies. It holds no device's secret.
-2. The device makes its own key pair (:mod:`har_io.device_key`), and leaves a
-   :class:`EnrolRequest` (its client id and a certificate request) retained at
-   ``fedhar/v1/<fed>/enrol/<CODE>``, where CODE is bound to its public key; it shows the code
-   and the key's fingerprint.
-3. The operator compares them with ``fedhar-coordinator pending`` and runs
-   ``fedhar-coordinator approve CODE``; the server signs a client certificate with the
-   federation's device CA and leaves an :class:`EnrolReply` retained at ``.../enrol/<CODE>/reply``.
-4. The device reads it, checks the certificate holds its own public key and its name, and from
-   then on logs in with it on the broker's device-certificate listener.
-
-Every reader checks types, sizes and names and raises :class:`EnrolmentMessageError` naming the
-defect. Standard library only.
+The flow (docs/protocol.md, "Enrolment by certificate"): the operator shows the federation's
+:class:`Invitation` (broker, pinned CA, the shared enrolment account that may only leave requests
+and read replies); the device makes its own key (:mod:`har_io.device_key`) and leaves an
+:class:`EnrolRequest` retained at ``fedhar/v1/<fed>/enrol/<CODE>``, CODE bound to its public key;
+the operator compares code and fingerprint and approves; the server leaves an :class:`EnrolReply`
+at ``.../enrol/<CODE>/reply``; the device checks the certificate holds its key and name. Every
+reader raises :class:`EnrolmentMessageError` naming the defect. Standard library only.
 """
 
 from __future__ import annotations
@@ -59,6 +48,10 @@ def _load(data: bytes | str, fmt: str) -> dict[str, Any]:
     return doc
 
 
+def _dump(fmt: str, doc: dict[str, Any]) -> str:
+    return json.dumps({"format": fmt, "version": VERSION, **doc}, separators=(",", ":"))
+
+
 def _str(doc: dict[str, Any], key: str, fmt: str, optional: bool = False) -> str | None:
     value = doc.get(key)
     if value is None and optional:
@@ -77,50 +70,27 @@ def _client_id(value: str | None, fmt: str) -> str:
 
 @dataclass(frozen=True)
 class EnrolRequest:
-    """A device's request for a client certificate.
-
-    Parameters
-    ----------
-    client_id : str
-        The name the device asks for (its client id and, once approved, its MQTT user name).
-    csr_pem : str
-        PEM certificate request for its own key (:func:`har_io.device_key.make_csr`).
-    """
+    """A device's request for a certificate for ``client_id`` (its MQTT user name once approved): a PEM request for
+    its own key (:func:`har_io.device_key.make_csr`)."""
 
     client_id: str
     csr_pem: str
 
     def to_bytes(self) -> bytes:
         """Compact JSON (UTF-8) with ``format`` and ``version``."""
-        return json.dumps({"format": REQUEST_FORMAT, "version": VERSION, **asdict(self)}, separators=(",", ":")).encode()
+        return _dump(REQUEST_FORMAT, asdict(self)).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | str) -> EnrolRequest:
-        """Read a request.
-
-        Raises
-        ------
-        EnrolmentMessageError
-            If it is too large, not JSON, of another format or version, or a field is missing or invalid.
-            (The request's signature and code are checked by the server, :mod:`har_io.device_key`.)
-        """
+        """Read a request; EnrolmentMessageError if too large, not JSON, of another format or version, or a field is
+        invalid (the signature and code are the server's to check, :mod:`har_io.device_key`)."""
         doc = _load(data, REQUEST_FORMAT)
         return cls(_client_id(_str(doc, "client_id", REQUEST_FORMAT), REQUEST_FORMAT), str(_str(doc, "csr_pem", REQUEST_FORMAT)))
 
 
 @dataclass(frozen=True)
 class EnrolReply:
-    """The server's answer to one request: a certificate, or a refusal.
-
-    Parameters
-    ----------
-    client_id : str
-        The name the certificate is for (its subject's CN).
-    certificate_pem : str, optional
-        The signed client certificate (PEM); None when refused.
-    refused : str, optional
-        One of :data:`REFUSALS` when there is no certificate.
-    """
+    """The server's answer to one request: the certificate for ``client_id`` (PEM), or ``refused`` (:data:`REFUSALS`)."""
 
     client_id: str
     certificate_pem: str | None = None
@@ -134,48 +104,24 @@ class EnrolReply:
 
     def to_bytes(self) -> bytes:
         """Compact JSON (UTF-8) with ``format`` and ``version``."""
-        doc = {k: v for k, v in asdict(self).items() if v is not None}
-        return json.dumps({"format": REPLY_FORMAT, "version": VERSION, **doc}, separators=(",", ":")).encode()
+        return _dump(REPLY_FORMAT, {k: v for k, v in asdict(self).items() if v is not None}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | str) -> EnrolReply:
-        """Read a reply.
-
-        Raises
-        ------
-        EnrolmentMessageError
-            If it is too large, not JSON, of another format or version, or its fields are invalid.
-        """
+        """Read a reply; EnrolmentMessageError if too large, not JSON, of another format or version, or a field is invalid."""
         doc = _load(data, REPLY_FORMAT)
-        return cls(
-            _client_id(_str(doc, "client_id", REPLY_FORMAT), REPLY_FORMAT),
-            _str(doc, "certificate_pem", REPLY_FORMAT, optional=True),
-            _str(doc, "refused", REPLY_FORMAT, optional=True),
-        )
+        cid = _client_id(_str(doc, "client_id", REPLY_FORMAT), REPLY_FORMAT)
+        return cls(cid, _str(doc, "certificate_pem", REPLY_FORMAT, optional=True), _str(doc, "refused", REPLY_FORMAT, optional=True))
 
 
 @dataclass(frozen=True)
 class Invitation:
     """What a device needs to ask for a certificate: the broker, the CA it is trusted by, the enrolment account.
 
-    Parameters
-    ----------
-    coordinator, federation : str
-        The server's name and the federation (topics ``fedhar/v1/<federation>``).
-    host : str
-        The broker's host name or address, as in its certificate.
-    port : int
-        Its TLS listener (password accounts; the enrolment account logs in there).
-    device_port : int
-        Its device-certificate listener (``require_certificate``), where an approved device logs in.
-    enrol_user, enrol_password : str
-        The shared enrolment account: it may only write ``.../enrol/<code>`` and read
-        ``.../enrol/<code>/reply`` (docs/protocol.md gives what its password protects and what not).
-    tls_ca_sha256 : str
-        SHA-256 of the CA certificate's DER bytes (64 hex digits): the pin.
-    tls_ca_pem : str, optional
-        The CA certificate itself, when it fits the QR code (an EC CA does); else the device
-        has it from elsewhere (``ca.crt``) and pins it by the fingerprint.
+    ``host`` as in the broker's certificate; ``port`` its TLS listener for password accounts (the
+    enrolment account's); ``device_port`` its device-certificate listener; the enrolment account may
+    only write ``.../enrol/<code>`` and read its reply (docs/protocol.md); ``tls_ca_sha256`` pins the
+    CA; ``tls_ca_pem`` is the CA itself when it fits the QR code, else the device has ``ca.crt``.
     """
 
     coordinator: str
@@ -212,24 +158,17 @@ class Invitation:
         return f"Invitation(coordinator={self.coordinator!r}, federation={self.federation!r}, host={self.host!r}, port={self.port})"
 
     def to_json(self, compact: bool = False) -> str:
-        """Compact JSON with ``format`` and ``version`` (the CA left out when None).
-
-        ``compact`` leaves out ``tls_ca_sha256`` when the CA is inline (a reader takes the CA's own), for a QR code.
-        """
+        """Compact JSON with ``format`` and ``version`` (the CA left out when None; ``compact``: the pin of an inline CA
+        too, for a QR code)."""
         doc = {k: v for k, v in asdict(self).items() if v is not None}
         if compact and self.tls_ca_pem is not None:
             del doc["tls_ca_sha256"]
-        return json.dumps({"format": INVITATION_FORMAT, "version": VERSION, **doc}, separators=(",", ":"))
+        return _dump(INVITATION_FORMAT, doc)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Invitation:
-        """Read an invitation (a scanned QR code's text or a file's).
-
-        Raises
-        ------
-        EnrolmentMessageError
-            If it is too large, not JSON, of another format or version, or a field is missing or invalid.
-        """
+        """Read an invitation (a QR code's text or a file's); EnrolmentMessageError if too large, not JSON, of another
+        format or version, or a field is missing or invalid."""
         doc = _load(data, INVITATION_FORMAT)
         keys = ("coordinator", "federation", "host", "enrol_user", "enrol_password")
         s = {k: _str(doc, k, INVITATION_FORMAT) for k in keys}

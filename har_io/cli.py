@@ -34,12 +34,8 @@ def cli_fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 
 def option_fields(cls: type) -> list[tuple[str, dataclasses.Field[Any], Any]]:
-    """``(dest, field, type)`` of every command-line option of ``cls``, nested tables flattened.
-
-    A field whose metadata has ``kind="table"`` holds a settings dataclass whose own fields
-    are the options; their ``dest`` is ``"table.field"`` and their flag their own
-    (:func:`option_flag`), e.g. ``fedprox.mu`` is ``--prox-mu``.
-    """
+    """``(dest, field, type)`` of every command-line option of ``cls``; a ``kind="table"`` field's own fields are options
+    with ``dest`` ``"table.field"`` and their own flag (``fedprox.mu`` is ``--prox-mu``)."""
     hints = typing.get_type_hints(cls)
     out: list[tuple[str, dataclasses.Field[Any], Any]] = []
     for f in cli_fields(cls):
@@ -62,10 +58,8 @@ def _default_of(f: dataclasses.Field[Any]) -> Any:
 def add_settings_arguments(group: Any, cls: type, title: str = "") -> None:
     """Add one option per field of the settings dataclass ``cls`` (metadata from :func:`har_models.settings.doc`).
 
-    The options default to "not given" so that a TOML file (:func:`settings_from`) can sit
-    between the dataclass defaults and the command line; ``--help`` still shows each
-    dataclass default, which is the only place it is written. The fields of a nested
-    ``kind="table"`` settings object are options of their own (:func:`option_fields`).
+    Options default to "not given", so a TOML file (:func:`settings_from`) sits between the dataclass
+    defaults and the command line; ``--help`` still shows each dataclass default.
     """
     for dest, f, tp in option_fields(cls):
         md = f.metadata
@@ -103,15 +97,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def read_settings_file(path: Path) -> dict[str, Any]:
-    """Read a TOML settings file (``--config FILE``).
-
-    Raises
-    ------
-    ValueError
-        If the file is not valid TOML (the message names the file and the line).
-    OSError
-        If it cannot be read.
-    """
+    """Read a TOML settings file (``--config FILE``); ValueError naming the file and line if it is not TOML, OSError."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -124,17 +110,10 @@ def settings_from(
 ) -> T:
     """Resolve a settings dataclass: its defaults, then ``file`` (a TOML mapping), then the options given, then ``fixed``.
 
-    A nested ``kind="table"`` field is a TOML table (``[cohort]``, ``goal = 3``). Keys of an
-    earlier layout are read into their tables with a warning naming the new key: those the
-    class moves itself (a ``migrate(data, what)`` classmethod, e.g.
-    :meth:`coordinator.config.CoordinatorConfig.migrate`), and any flat key that names a
-    table field by its flag (``prox_mu`` for ``--prox-mu``).
-
-    Raises
-    ------
-    ValueError
-        For an unknown key or a wrong type in the file or the options (the key is named),
-        a flat key given together with its table entry, or a value the dataclass rejects.
+    A ``kind="table"`` field is a TOML table. Keys of an earlier layout are moved into their tables
+    with a warning: by the class's ``migrate(data, what)`` classmethod, and any flat key naming a
+    table field by its flag (``prox_mu`` for ``--prox-mu``). Raises ValueError for an unknown key or a
+    wrong type (named), a flat key given with its table entry, or a value the dataclass rejects.
     """
     data = dict(file or {})
     migrate = getattr(cls, "migrate", None)
@@ -197,42 +176,23 @@ def add_broker_arguments(ap: argparse.ArgumentParser, default: str | None = "127
     g.add_argument("--tls-ca", default=None, help="CA certificate: connect with TLS")
     g.add_argument("--tls-cert", default=None, help="client certificate (mutual TLS)")
     g.add_argument("--tls-key", default=None, help="client key (mutual TLS)")
-    g.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=DEFAULT_MAX_MESSAGE_BYTES,
-        help=f"largest MQTT payload to publish; envelopes are chunked to fit. An MQTT 5 broker's stated maximum "
-        f"packet size wins when smaller (default {DEFAULT_MAX_MESSAGE_BYTES})",
-    )
-    g.add_argument(
-        "--mqtt-version",
-        choices=MQTT_VERSIONS,
-        default="auto",
-        help="MQTT protocol: auto tries 5 (the broker then states its packet limit) and falls back to 3.1.1 (default auto)",
-    )
+    g.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                   help=f"largest MQTT payload to publish; envelopes are chunked to fit. An MQTT 5 broker's stated maximum "
+                   f"packet size wins when smaller (default {DEFAULT_MAX_MESSAGE_BYTES})")  # fmt: skip
+    g.add_argument("--mqtt-version", choices=MQTT_VERSIONS, default="auto",
+                   help="MQTT protocol: auto tries 5 (the broker then states its packet limit) and falls back to 3.1.1 "
+                   "(default auto)")  # fmt: skip
 
 
 def broker_from_args(args: argparse.Namespace, address: str | None = None) -> BrokerConfig:
     """The :class:`BrokerConfig` the options of :func:`add_broker_arguments` describe.
 
-    Raises
-    ------
-    ValueError
-        For a malformed address, or inconsistent TLS options (e.g. ``--tls-cert`` without ``--tls-ca``).
-    OSError
-        If the password file cannot be read.
+    Raises ValueError for a malformed address or inconsistent TLS options, OSError if the password file cannot be read.
     """
     password = args.password_file.read_text().strip() if args.password_file else None
-    return BrokerConfig.parse(
-        address or args.broker,
-        username=args.username,
-        password=password,
-        tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        max_message_bytes=args.max_message_bytes,
-        mqtt_version=getattr(args, "mqtt_version", "auto"),
-    )
+    return BrokerConfig.parse(address or args.broker, username=args.username, password=password, tls_ca=args.tls_ca,
+                              tls_cert=args.tls_cert, tls_key=args.tls_key, max_message_bytes=args.max_message_bytes,
+                              mqtt_version=getattr(args, "mqtt_version", "auto"))  # fmt: skip
 
 
 def setup_logging(level: str) -> None:
@@ -246,19 +206,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 def add_logging_arguments(ap: argparse.ArgumentParser, progress: bool = True) -> None:
     """Add ``--log-level`` and, with ``progress``, ``--no-progress`` (the options every long-running program has)."""
-    ap.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        help="least severe log messages shown on stderr (default %(default)s; DEBUG adds every message received)",
-    )
+    ap.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                    help="least severe log messages shown on stderr (default %(default)s; DEBUG adds every message received)")  # fmt: skip
     if progress:
-        ap.add_argument(
-            "--no-progress",
-            action="store_true",
-            help="no progress bar (for logs and services: the round lines are logged either way)",
-        )
+        ap.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (for logs and services: the round lines are logged either way)")  # fmt: skip
 
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`x`, :func:`~a.b`, :data:`X`
@@ -272,10 +224,8 @@ def plain(text: str) -> str:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none or the help already names it.
-
-    Description and epilog keep their line breaks (the exit-status table of :mod:`har_io.exit_codes`).
-    """
+    """Shows each option's default, except where there is none or the help already names it; description and epilog
+    keep their line breaks (the exit-status table of :mod:`har_io.exit_codes`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""

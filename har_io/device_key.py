@@ -1,17 +1,11 @@
 """A device's own key pair for certificate enrolment: made, asked to be certified, and recognised again, with openssl.
 
-A device that enrols by certificate (docs/protocol.md, "Enrolment by certificate") makes an EC
-P-256 key that never leaves it (:func:`make_key`), a certificate signing request naming the
-client id it asks for (:func:`make_csr`), and shows its operator the *enrolment code*
-(:func:`enrolment_code`): the first 50 bits of the SHA-256 of its public key, 10 base32
-characters written ``ABCDE-FGHJK``. The code is therefore bound to the key: a request that
-carries another key under the same code is refused by the server (:func:`csr_public_key`
-checks the request's own signature, :func:`enrolment_code` recomputes the code), and the
-operator compares the full key fingerprint (:func:`key_fingerprint`) on both screens.
-
-Every key operation runs the ``openssl`` command (OpenSSL 1.1.1 or 3.x), as the broker tooling
-does: fedhar depends on no cryptography package, and a board or a desktop has openssl. The
-public keys compared here are DER ``SubjectPublicKeyInfo`` bytes (RFC 5280, section 4.1).
+The device makes an EC P-256 key that never leaves it (:func:`make_key`), a request naming its
+client id (:func:`make_csr`), and shows the *enrolment code* (:func:`enrolment_code`): the first
+50 bits of its public key's SHA-256, ``ABCDE-FGHJK``. The code is bound to the key: the server
+checks the request's signature (:func:`csr_public_key`) and recomputes the code, and the operator
+compares the key fingerprint (:func:`key_fingerprint`). Every operation runs ``openssl`` (1.1.1 or
+3.x; no cryptography package); public keys are DER ``SubjectPublicKeyInfo`` (RFC 5280, 4.1).
 """
 
 from __future__ import annotations
@@ -62,11 +56,8 @@ def _run(args: list[str], data: bytes | None = None, what: str = "openssl") -> s
 def make_key(path: Path) -> Path:
     """Make a new EC P-256 private key at ``path`` (PEM, PKCS#8, mode 0600); returns ``path``.
 
-    Raises
-    ------
-    DeviceKeyError
-        If ``path`` exists already (a key is never overwritten: the device's certificate would
-        stop matching it) or openssl is missing or fails.
+    Raises DeviceKeyError if ``path`` exists (a key is never overwritten: its certificate would stop
+    matching) or openssl is missing or fails.
     """
     path = Path(path)
     if path.exists():
@@ -87,12 +78,7 @@ def make_key(path: Path) -> Path:
 def make_csr(key: Path, client_id: str) -> str:
     """A PEM certificate signing request (PKCS#10, SHA-256) for ``key``, subject ``CN=<client_id>``.
 
-    Raises
-    ------
-    ValueError
-        If ``client_id`` is not a valid client id (:func:`~har_models.wire.topics.check_client_id`).
-    DeviceKeyError
-        If the key cannot be read or openssl fails.
+    Raises ValueError for an invalid client id, DeviceKeyError if the key cannot be read or openssl fails.
     """
     check_client_id(client_id)
     r = _run(["req", "-new", "-sha256", "-key", str(key), "-subj", f"/CN={client_id}"], what=f"request for key {key}")
@@ -116,28 +102,17 @@ def _p256(spki: bytes, what: str) -> bytes:
 
 
 def key_public_der(key: Path) -> bytes:
-    """The DER SubjectPublicKeyInfo of the private key file ``key`` (91 bytes for P-256).
-
-    Raises
-    ------
-    DeviceKeyError
-        If it cannot be read or is not an EC P-256 key.
-    """
+    """The DER SubjectPublicKeyInfo of the private key file ``key`` (91 bytes); DeviceKeyError unless EC P-256."""
     r = _run(["pkey", "-in", str(key), "-pubout", "-outform", "DER"], what=f"key {key}")
     return _p256(r.stdout, f"key {key}")
 
 
 def csr_public_key(csr_pem: str) -> bytes:
-    """The DER SubjectPublicKeyInfo of a request, after checking the request's own signature with it.
+    """The DER SubjectPublicKeyInfo of a request, after checking the request's own signature with it (PKCS#10,
+    RFC 2986, section 3: made by the key's holder, not altered on the way).
 
-    The signature proves the request was made by the holder of the private key (PKCS#10,
-    RFC 2986, section 3); a request altered on the way fails here.
-
-    Raises
-    ------
-    DeviceKeyError
-        If it is larger than :data:`MAX_CSR_BYTES`, not a PEM request, its signature does not
-        verify, or its key is not EC P-256.
+    Raises DeviceKeyError if it is larger than :data:`MAX_CSR_BYTES`, not a PEM request, its signature
+    does not verify, or its key is not EC P-256.
     """
     data = csr_pem.encode()
     if len(data) > MAX_CSR_BYTES or "-----BEGIN CERTIFICATE REQUEST-----" not in csr_pem:
@@ -151,25 +126,13 @@ def csr_public_key(csr_pem: str) -> bytes:
 
 
 def certificate_public_key(cert_pem: str) -> bytes:
-    """The DER SubjectPublicKeyInfo of a PEM certificate.
-
-    Raises
-    ------
-    DeviceKeyError
-        If it is not a PEM certificate.
-    """
+    """The DER SubjectPublicKeyInfo of a PEM certificate (DeviceKeyError if it is not one)."""
     r = _run(["x509", "-noout", "-pubkey"], data=cert_pem.encode(), what="certificate")
     return _pem_public_key(r.stdout.decode(), "certificate")
 
 
 def certificate_subject_cn(cert_pem: str) -> str:
-    """The common name (CN) of a PEM certificate's subject, e.g. the client id ``phone-anna``.
-
-    Raises
-    ------
-    DeviceKeyError
-        If it is not a PEM certificate or has no CN.
-    """
+    """The common name (CN) of a PEM certificate's subject, e.g. the client id (DeviceKeyError without one)."""
     r = _run(["x509", "-noout", "-subject", "-nameopt", "RFC2253"], data=cert_pem.encode(), what="certificate")
     text = r.stdout.decode().strip().removeprefix("subject=").strip()
     for part in text.split(","):
@@ -186,25 +149,14 @@ def key_fingerprint(spki: bytes) -> str:
 
 
 def enrolment_code(spki: bytes) -> str:
-    """The enrolment code of a public key: the first 50 bits of its SHA-256 in base32 (RFC 4648), as ``ABCDE-FGHJK``.
-
-    Parameters
-    ----------
-    spki : bytes
-        DER SubjectPublicKeyInfo (:func:`key_public_der`, :func:`csr_public_key`).
-    """
+    """The enrolment code of a DER public key: the first 50 bits of its SHA-256 in base32 (RFC 4648), as ``ABCDE-FGHJK``."""
     c = base64.b32encode(hashlib.sha256(spki).digest()).decode()[:CODE_CHARS]
     return f"{c[:5]}-{c[5:]}"
 
 
 def normalise_code(text: str) -> str:
-    """An enrolment code as typed (any case, dashes or spaces, 0/1/8 for O/I/B) in the form ``ABCDE-FGHJK``.
-
-    Raises
-    ------
-    DeviceKeyError
-        If it is not 10 base32 characters (A-Z, 2-7).
-    """
+    """An enrolment code as typed (any case, dashes or spaces, 0/1/8 for O/I/B) as ``ABCDE-FGHJK``; DeviceKeyError
+    unless 10 base32 characters."""
     c = "".join(text.split()).replace("-", "").upper().translate(str.maketrans("018", "OIB"))
     if not _CODE_RE.match(c):
         raise DeviceKeyError(
@@ -214,11 +166,5 @@ def normalise_code(text: str) -> str:
 
 
 def code_topic_level(code: str) -> str:
-    """The enrolment code as one MQTT topic level: its 10 characters without the dash (``ABCDEFGHJK``).
-
-    Raises
-    ------
-    DeviceKeyError
-        As :func:`normalise_code`.
-    """
+    """The enrolment code as one MQTT topic level, without the dash (``ABCDEFGHJK``); errors as :func:`normalise_code`."""
     return normalise_code(code).replace("-", "")

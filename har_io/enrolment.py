@@ -1,27 +1,17 @@
 """Enrolment bundles: everything a device needs to join one federation, in one small JSON document.
 
-``fedhar-coordinator enrol NAME`` writes a bundle; ``fedhar-client --enrolment FILE``, the
-app's Enrol action and ``pi_setup.sh --enrolment FILE`` read it, and then need nothing else.
-A bundle (format ``fedhar-enrolment``, version 1) looks like::
+``fedhar-coordinator enrol NAME`` writes one; ``fedhar-client --enrolment FILE``, the app and
+``pi_setup.sh --enrolment FILE`` read it. Format ``fedhar-enrolment``, version 1::
 
-    {"format": "fedhar-enrolment", "version": 1,
-     "coordinator": "fedhar-home", "federation": "home", "client_id": "phone-anna",
-     "password": "...", "host": "nuc.local", "port": 8883,
+    {"format": "fedhar-enrolment", "version": 1, "coordinator": "fedhar-home", "federation": "home",
+     "client_id": "phone-anna", "password": "...", "host": "nuc.local", "port": 8883,
      "tls_ca_pem": "-----BEGIN CERTIFICATE-----\\n...", "tls_ca_sha256": "3f5a...e1"}
 
-``tls_ca_pem`` is the CA certificate that signed the broker's certificate; ``tls_ca_sha256``
-the SHA-256 of that certificate's DER bytes (64 lowercase hex digits), given instead of the
-certificate when the device already has the CA file (or next to it, as a pin). A bundle with
-neither joins over plain MQTT. The MQTT user name is the client id. Unknown extra keys are
-ignored, so a version-1 reader accepts what a newer server adds without changing the meaning.
-
-Everything a bundle says is checked when it is read (:meth:`EnrolmentBundle.from_json`), and
-a refused bundle raises :class:`EnrolmentRefused` whose ``reason`` is one of
-:data:`REASONS` and whose message names the defect and the fix. The password is never part
-of ``repr()``/``str()``, a log line or an error message.
-
-Standard library only (plus :mod:`har_models.wire.topics` and :mod:`har_models.files`, both
-stdlib-only), so a phone or a board imports it without PyTorch.
+``tls_ca_pem`` is the CA that signed the broker's certificate, ``tls_ca_sha256`` the SHA-256 of its
+DER bytes (instead of it, or next to it as a pin); neither: plain MQTT. The MQTT user name is the
+client id; unknown extra keys are ignored. Everything is checked on reading; a refusal raises
+:class:`EnrolmentRefused`. The password never appears in ``repr()``, logs or errors. Standard
+library only (no PyTorch on a phone or board).
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from har_io.broker_config import BrokerConfig
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import update_hint
 from har_models.files import atomic_write_bytes
 from har_models.wire.topics import FEDERATION_RE, check_client_id
@@ -63,10 +53,7 @@ _MAX_NAME = 64
 
 
 class EnrolmentRefused(ValueError):
-    """A bundle that cannot be used; ``reason`` (one of :data:`REASONS`) says which kind of defect.
-
-    The message says what is wrong and what to do; it never holds the password.
-    """
+    """A bundle that cannot be used; ``reason`` is one of :data:`REASONS`; the message never holds the password."""
 
     def __init__(self, reason: str, message: str) -> None:
         if reason not in REASONS:
@@ -76,13 +63,7 @@ class EnrolmentRefused(ValueError):
 
 
 def normalise_fingerprint(text: str) -> str:
-    """A SHA-256 fingerprint as 64 lowercase hex digits; accepts ``openssl x509 -fingerprint`` output (``AB:CD:...``).
-
-    Raises
-    ------
-    EnrolmentRefused
-        ``bad_value`` if it is not 32 bytes of hex.
-    """
+    """A SHA-256 fingerprint as 64 lowercase hex digits (accepts ``AB:CD:...``); ``bad_value`` if not 32 bytes of hex."""
     t = text.strip()
     if "=" in t:  # "sha256 Fingerprint=AB:CD:..."
         t = t.rpartition("=")[2]
@@ -96,13 +77,7 @@ def normalise_fingerprint(text: str) -> str:
 
 
 def pem_certificates(pem: str, what: str = "tls_ca_pem") -> list[bytes]:
-    """The DER bytes of every certificate in PEM text (in order).
-
-    Raises
-    ------
-    EnrolmentRefused
-        ``bad_value`` if the text holds no certificate, or one whose body is not base64 DER.
-    """
+    """The DER bytes of every certificate in PEM text, in order; ``bad_value`` if none, or one not base64 DER."""
     ders = []
     for body in _PEM_RE.findall(pem):
         try:
@@ -118,13 +93,7 @@ def pem_certificates(pem: str, what: str = "tls_ca_pem") -> list[bytes]:
 
 
 def pem_fingerprints(pem: str, what: str = "tls_ca_pem") -> list[str]:
-    """SHA-256 of the DER bytes of each certificate in ``pem`` (lowercase hex), in order.
-
-    Raises
-    ------
-    EnrolmentRefused
-        ``bad_value`` as :func:`pem_certificates`.
-    """
+    """SHA-256 (lowercase hex) of each certificate in ``pem``, in order; refusals as :func:`pem_certificates`."""
     return [hashlib.sha256(der).hexdigest() for der in pem_certificates(pem, what)]
 
 
@@ -140,34 +109,16 @@ def _name(value: object, key: str) -> str:
 class EnrolmentBundle:
     """One device's enrolment in one federation.
 
-    Parameters
-    ----------
-    coordinator : str
-        The coordinator's name (the server's ``[server] name`` setting), 1-64 printable characters.
-    federation : str
-        Federation name (topic prefix ``fedhar/v1/<federation>``; the client-id rules).
-    client_id : str
-        The device's id, also its MQTT user name (:func:`~har_models.wire.topics.check_client_id`).
-    password : str
-        Its MQTT password (one line); never shown by ``repr()``.
-    host : str
-        Broker host name or address as the device reaches it (it must be named by the broker's certificate).
-    port : int
-        Broker port, 1..65535.
-    tls_ca_pem : str, optional
-        The CA certificate (PEM text) that signed the broker's certificate.
-    tls_ca_sha256 : str, optional
-        SHA-256 of the CA certificate's DER bytes (64 hex digits; colons and upper case are
-        normalised away): instead of ``tls_ca_pem`` when the device has the CA, or next to it as a pin.
-    version : int
-        Format version (:data:`BUNDLE_VERSION`).
+    ``coordinator``: the server's ``[server] name``; ``federation``: the topic prefix
+    ``fedhar/v1/<federation>``; ``client_id``: also the MQTT user name; ``password``: one line, never
+    in ``repr()``; ``host``: as the device reaches the broker (named by its certificate);
+    ``tls_ca_sha256``: normalised to lowercase hex.
 
     Raises
     ------
     EnrolmentRefused
         ``bad_value`` for a field of the wrong type or form; ``ca_mismatch`` if ``tls_ca_pem``
-        holds no certificate with the fingerprint ``tls_ca_sha256``; ``unknown_version`` for a
-        version this module does not read.
+        holds no certificate with the fingerprint ``tls_ca_sha256``; ``unknown_version``.
     """
 
     coordinator: str
@@ -256,20 +207,13 @@ class EnrolmentBundle:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> EnrolmentBundle:
-        """Read and check a bundle.
-
-        Parameters
-        ----------
-        text : str or bytes
-            The JSON document (UTF-8 when bytes), at most :data:`MAX_BUNDLE_BYTES`.
+        """Read and check a bundle (UTF-8 JSON, at most :data:`MAX_BUNDLE_BYTES`).
 
         Raises
         ------
         EnrolmentRefused
-            ``bad_json`` (not JSON, not a JSON object, not UTF-8, too large), ``unknown_version``
-            (another format, or a version this client does not read: update the app),
-            ``missing_field``, ``bad_value`` (a field of the wrong type or form: client id,
-            federation, host, port, CA), ``ca_mismatch`` (inline CA and pin disagree).
+            ``bad_json`` (not a JSON object, not UTF-8, too large), ``unknown_version`` (another
+            format or version: update the app), ``missing_field``, ``bad_value``, ``ca_mismatch``.
         """
         raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
         if len(raw) > MAX_BUNDLE_BYTES:
@@ -323,15 +267,7 @@ class EnrolmentBundle:
         return cls(version=version, **values)
 
     def check(self, *, federation: str | None = None, coordinator: str | None = None, ca_file: str | Path | None = None) -> None:
-        """Refuse a bundle for another federation or coordinator, or whose CA is not the expected one.
-
-        Parameters
-        ----------
-        federation, coordinator : str, optional
-            What the device is set up for (e.g. an explicit ``--federation``); None: not checked.
-        ca_file : path, optional
-            A CA certificate the device already has (e.g. ``--tls-ca``): the bundle's CA
-            (its pin, else its inline certificate) must be among its certificates.
+        """Refuse a bundle for another federation or coordinator, or whose CA is not in ``ca_file``; None: not checked.
 
         Raises
         ------
@@ -372,16 +308,9 @@ class EnrolmentBundle:
         return Path(ca_dir) / f"{self.federation}.{self.client_id}.ca.pem"
 
     def broker_config(self, ca_dir: Path, *, ca_file: str | Path | None = None, **options: Any) -> BrokerConfig:
-        """The broker settings of the bundle; an inline CA is written to a file first.
+        """The broker settings of the bundle; an inline CA is first written to :meth:`ca_path` (0600, atomically).
 
-        Parameters
-        ----------
-        ca_dir : Path
-            Folder for the CA file (:meth:`ca_path`; created; the file is mode 0600, written atomically).
-        ca_file : path, optional
-            The CA file to use when the bundle gives only the fingerprint (it is checked against it).
-        **options
-            Further :class:`BrokerConfig` fields (``keepalive``, ``max_message_bytes``, ``mqtt_version``).
+        ``ca_file`` is used (after :meth:`check`) when given; ``options`` are further :class:`BrokerConfig` fields.
 
         Raises
         ------
@@ -432,14 +361,9 @@ def _unknown_version(version: object) -> EnrolmentRefused:
 
 
 def read_bundle(path_or_text: str | Path) -> EnrolmentBundle:
-    """A bundle from a file, or from its JSON text (a ``str`` starting with ``{``, as pasted or scanned).
+    """A bundle from a file, or from its JSON text (a ``str`` starting with ``{``).
 
-    Raises
-    ------
-    EnrolmentRefused
-        See :meth:`EnrolmentBundle.from_json`; ``bad_json`` also for a file larger than a bundle.
-    OSError
-        If the file cannot be read (e.g. it does not exist).
+    Raises EnrolmentRefused (see :meth:`EnrolmentBundle.from_json`) or OSError if the file cannot be read.
     """
     if isinstance(path_or_text, str) and path_or_text.lstrip().startswith("{"):
         return EnrolmentBundle.from_json(path_or_text)
@@ -450,23 +374,13 @@ def read_bundle(path_or_text: str | Path) -> EnrolmentBundle:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m har_io.enrolment FILE``: check a bundle and install its parts, for scripts (firmware_scripts/pi_setup.sh).
+    """``python3 -m har_io.enrolment FILE``: check a bundle and install its parts, for firmware_scripts/pi_setup.sh.
 
-    Runs on the system's Python before any venv exists (standard library only). Options:
-    ``--federation``, ``--coordinator``, ``--tls-ca`` (what the bundle must agree with, see
-    :meth:`EnrolmentBundle.check`), ``--shell`` (print ``client_id=``, ``federation=``, ``broker=``,
-    ``coordinator=``, ``tls=inline|fingerprint|none``, ``ca_sha256=`` as shell assignments: never
-    the password), ``--write-password PATH`` (mode 0600) and ``--write-ca PATH`` (the inline CA,
-    mode 0644), both written atomically.
-
-    Returns
-    -------
-    int
-        0, or 2 (usage) for a refused or unreadable bundle, the reason on stderr.
+    Runs on the system's Python before any venv exists. ``--shell`` prints the fields as shell
+    assignments (never the password). Returns 0, or 2 (usage) for a refused or unreadable bundle.
     """
     import argparse
     import shlex
-    import sys
 
     ap = argparse.ArgumentParser(prog="python3 -m har_io.enrolment", description="check an enrolment bundle and install its parts")
     ap.add_argument("bundle", help="the bundle's .json file")
@@ -489,11 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_password is not None:
             atomic_write_bytes(args.write_password, bundle.password, mode=0o600)
     except EnrolmentRefused as exc:
-        print(f"{prog}: {args.bundle}: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {args.bundle}: {exc}")
     except OSError as exc:
-        print(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"{prog}: {args.bundle}: cannot read or install the bundle: {exc}")
     if args.shell:
         tls = "inline" if bundle.tls_ca_pem is not None else ("fingerprint" if bundle.tls_ca_sha256 is not None else "none")
         fields = {

@@ -1,14 +1,10 @@
 """The console scripts' entry points: each imports its program, so a missing extra is one clear exit.
 
-``pyproject.toml`` points every ``fedhar-*`` script here instead of at the program's module:
-a program imports its heavy dependencies (PyTorch, tqdm, Kivy) when its module loads, before
-its own ``main`` could catch anything, and an installed script without its extra would end
-in a traceback with exit 1, which systemd units restart forever. Here a missing module ends
-the script with :data:`har_io.exit_codes.Exit.MISSING_MODULE` (7, never restarted) and a
-message that names the module and the extra to install. The programs are imported by name,
-so this adapter imports none of them. ``--version`` as the only word prints the program and the
-installed release (:func:`release`) before anything is imported, so it answers on an install that
-lacks the program's extra too.
+A program imports its heavy dependencies (PyTorch, tqdm, Kivy) when its module loads, before its
+``main`` could catch anything: without its extra an installed script would end in a traceback,
+exit 1, which systemd restarts forever. Here a missing module ends it with
+:data:`har_io.exit_codes.Exit.MISSING_MODULE` (7, never restarted) and a message naming the module
+and the extra. The programs are imported by name; ``--version`` alone answers before any import.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import install_hint, torch_hint
 
 
@@ -43,9 +39,8 @@ SCRIPTS: dict[str, Script] = {
 }
 """Every ``fedhar-*`` script (the names of ``[project.scripts]``)."""
 SUBPROGRAMS: dict[tuple[str, str], str] = {("fedhar-coordinator", "broker"): "coordinator.broker.cli"}
-"""(script, first word) -> the module whose ``main(rest)`` runs it, without the script's own module: ``fedhar-coordinator
-broker`` needs only the base install (an operator's machine without the coordinator extra), while ``coordinator.cli``
-imports PyTorch."""
+"""(script, first word) -> the module whose ``main(rest)`` runs it: ``fedhar-coordinator broker`` needs only the base
+install, while ``coordinator.cli`` imports PyTorch."""
 
 
 PACKAGE = "fedhar"
@@ -53,8 +48,7 @@ PACKAGE = "fedhar"
 
 
 def release() -> str:
-    """The installed release of fedhar (``importlib.metadata``), e.g. ``"0.9.0"``; ``"unknown"`` when it is run from a
-    source tree that was never installed (``pip install -e`` installs it)."""
+    """The installed release of fedhar, e.g. ``"0.9.0"``; ``"unknown"`` in a source tree never installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -79,13 +73,8 @@ def missing_extra(program: str, exc: ModuleNotFoundError) -> str:
 def run(program: str, argv: list[str] | None = None) -> int:
     """Import ``program``'s module and run its ``main(argv)``; exit 7 with :func:`missing_extra`'s words if a module is missing.
 
-    A first word listed in :data:`SUBPROGRAMS` runs that module's ``main`` with the rest instead; ``--version``
-    alone prints :func:`version_line` and returns 0.
-
-    Raises
-    ------
-    KeyError
-        For a program not in :data:`SCRIPTS`.
+    A first word in :data:`SUBPROGRAMS` runs that module's ``main`` with the rest; ``--version`` alone
+    prints :func:`version_line`. KeyError for a program not in :data:`SCRIPTS`.
     """
     words = list(sys.argv[1:] if argv is None else argv)
     module = SCRIPTS[program].module
@@ -98,45 +87,22 @@ def run(program: str, argv: list[str] | None = None) -> int:
         main: Callable[[list[str] | None], int] = importlib.import_module(module).main
         return main(argv)
     except ModuleNotFoundError as exc:
-        print(missing_extra(program, exc), file=sys.stderr)
-        return Exit.MISSING_MODULE
+        return fail(missing_extra(program, exc), Exit.MISSING_MODULE)
 
 
-def coordinator() -> int:
-    """``fedhar-coordinator``."""
-    return run("fedhar-coordinator")
+def _entry(program: str) -> Callable[[], int]:
+    def entry() -> int:
+        return run(program)
+
+    entry.__doc__ = f"``{program}``."
+    return entry
 
 
-def client() -> int:
-    """``fedhar-client``."""
-    return run("fedhar-client")
-
-
-def record() -> int:
-    """``fedhar-record``."""
-    return run("fedhar-record")
-
-
-def app() -> int:
-    """``fedhar-app``."""
-    return run("fedhar-app")
-
-
-def simulate() -> int:
-    """``fedhar-simulate``."""
-    return run("fedhar-simulate")
-
-
-def study() -> int:
-    """``fedhar-study``."""
-    return run("fedhar-study")
-
-
-def baseline() -> int:
-    """``fedhar-baseline``."""
-    return run("fedhar-baseline")
-
-
-def compare() -> int:
-    """``fedhar-compare``."""
-    return run("fedhar-compare")
+coordinator = _entry("fedhar-coordinator")
+client = _entry("fedhar-client")
+record = _entry("fedhar-record")
+app = _entry("fedhar-app")
+simulate = _entry("fedhar-simulate")
+study = _entry("fedhar-study")
+baseline = _entry("fedhar-baseline")
+compare = _entry("fedhar-compare")

@@ -1,17 +1,11 @@
 """The one table of exit statuses of the fedhar programs and of systemd when it cannot start them.
 
-Every number means one thing for every program that returns it. The README's exit-code
-table (:func:`markdown_table`), each program's ``--help`` epilog (:func:`epilog`) and the
-systemd units' ``RestartPreventExitStatus=`` (:func:`restart_prevented`) are generated
-from, or checked against, :data:`EXIT_CODES` (tests/test_exit_codes.py).
-
-Changes against earlier releases, where one number meant two things: a client whose state
-folder another client holds exits 6 (the folder cannot be used; it was 4, which also meant
-a refused login); a client whose id another process uses exits 8 (it was 5, which is a
-failed federation for the coordinator); ``fedhar-study`` with unfinished cells exits 5 (it
-was 1, which is also Python's own status for an uncaught exception).
-
-``python -m har_io.exit_codes`` prints the README's table.
+Every number means one thing for every program that returns it. The README's table
+(:func:`markdown_table`, printed by ``python -m har_io.exit_codes``), each program's ``--help``
+epilog (:func:`epilog`) and the units' ``RestartPreventExitStatus=`` (:func:`restart_prevented`)
+come from, or are checked against, :data:`EXIT_CODES` (tests/test_exit_codes.py). Earlier releases
+used 4 for a held state folder (now 6), 5 for a duplicate client id (now 8) and 1 for a study with
+unfinished cells (now 5).
 """
 
 from __future__ import annotations
@@ -52,24 +46,9 @@ class Exit(IntEnum):
 
 @dataclass(frozen=True)
 class ExitCode:
-    """One row of the table.
-
-    Attributes
-    ----------
-    code : Exit
-        The number, by name.
-    meaning : str
-        What it means, the same for every program in ``programs``.
-    programs : tuple of str
-        The programs that exit with it (for systemd's own codes: the programs whose units can end with it).
-    restart_helps : bool
-        Whether restarting the same command can succeed; ``False`` puts the code in the units'
-        ``RestartPreventExitStatus=`` so the unit stays failed for a person to see.
-    detail : dict program -> str
-        What it means for one program in particular, where more can be said.
-    by_systemd : bool
-        A status systemd itself gives when it cannot start the program (``man systemd.exec``, "Process exit codes").
-    """
+    """One row of the table: the code, its meaning for every program in ``programs`` (for systemd's own codes, the
+    programs whose units can end with it), whether restarting the same command can succeed (``False`` puts it in the
+    units' ``RestartPreventExitStatus=``), a program's own ``detail``, and whether systemd gives it (``man systemd.exec``)."""
 
     code: Exit
     meaning: str
@@ -88,62 +67,37 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(Exit.OK, "finished", PROGRAMS, True),
     ExitCode(Exit.UNEXPECTED, "an unexpected error (a traceback); please report it", PROGRAMS, True),
     ExitCode(Exit.USAGE, "usage: a bad option, setting or certificate file", PROGRAMS, False),
-    ExitCode(
-        Exit.DATA,
-        "data: nothing to train or evaluate on, or unreadable recordings",
-        (CLIENT, COORDINATOR, SIMULATE),
-        False,
-        {CLIENT: "--source gives no labelled training window",
-         COORDINATOR: "--eval-data cannot be read; `broker`: mosquitto_passwd is missing or fails"},
-    ),
-    ExitCode(
-        Exit.BROKER_REFUSED,
-        "the broker refused the login or TLS failed (an unreachable broker is retried, not an exit)",
-        (CLIENT, COORDINATOR, SIMULATE),
-        False,
-        {SIMULATE: "also when the embedded broker, Mosquitto or the Ray cluster cannot be started or joined"},
-    ),
-    ExitCode(
-        Exit.FEDERATION_FAILED,
-        "the federation could not go on (no clients, failed rounds); a restart with --resume continues",
-        (COORDINATOR, SIMULATE, STUDY),
-        True,
-        {STUDY: "some cells have no final report; the same command runs them again",
-         COORDINATOR: "`serve`: also a database another program held for longer than the wait (a restart waits again)"},
-    ),
-    ExitCode(
-        Exit.FOLDER_UNUSABLE,
-        "the run or state folder cannot be used as asked (another run's, in use, or damaged)",
-        (CLIENT, COORDINATOR, SIMULATE),
-        False,
-        {CLIENT: "another running client holds --state-dir (it is named), or the folder cannot be written (read-only, full)",
-         COORDINATOR: "`serve`: also another serve holds the data folder, or its account may not write it (the chown is named)"},
-    ),
-    ExitCode(
-        Exit.MISSING_MODULE,
-        "a Python module the run needs is not installed; the message names it and the install step",
-        (CLIENT, COORDINATOR, APP),
-        False,
-        {CLIENT: "e.g. torch for --backend torch", COORDINATOR: "the coordinator extra", APP: "Kivy, the app extra"},
-    ),
+    ExitCode(Exit.DATA, "data: nothing to train or evaluate on, or unreadable recordings", (CLIENT, COORDINATOR, SIMULATE), False,
+             {CLIENT: "--source gives no labelled training window",
+              COORDINATOR: "--eval-data cannot be read; `broker`: mosquitto_passwd is missing or fails"}),
+    ExitCode(Exit.BROKER_REFUSED, "the broker refused the login or TLS failed (an unreachable broker is retried, not an exit)",
+             (CLIENT, COORDINATOR, SIMULATE), False,
+             {SIMULATE: "also when the embedded broker, Mosquitto or the Ray cluster cannot be started or joined"}),
+    ExitCode(Exit.FEDERATION_FAILED, "the federation could not go on (no clients, failed rounds); a restart with --resume continues",
+             (COORDINATOR, SIMULATE, STUDY), True,
+             {STUDY: "some cells have no final report; the same command runs them again",
+              COORDINATOR: "`serve`: also a database another program held for longer than the wait (a restart waits again)"}),
+    ExitCode(Exit.FOLDER_UNUSABLE, "the run or state folder cannot be used as asked (another run's, in use, or damaged)",
+             (CLIENT, COORDINATOR, SIMULATE), False,
+             {CLIENT: "another running client holds --state-dir (it is named), or the folder cannot be written (read-only, full)",
+              COORDINATOR: "`serve`: also another serve holds the data folder, or its account may not write it (the chown is named)"}),
+    ExitCode(Exit.MISSING_MODULE, "a Python module the run needs is not installed; the message names it and the install step",
+             (CLIENT, COORDINATOR, APP), False,
+             {CLIENT: "e.g. torch for --backend torch", COORDINATOR: "the coordinator extra", APP: "Kivy, the app extra"}),
     ExitCode(Exit.DUPLICATE_ID, "another process uses this client id (its retained status says so)", (CLIENT,), False),
-    ExitCode(
-        Exit.SIGINT,
-        "stopped by SIGINT (Ctrl-C); completed rounds and finished cells are kept",
-        (COORDINATOR, SIMULATE, STUDY),
-        True,
-    ),
+    ExitCode(Exit.SIGINT, "stopped by SIGINT (Ctrl-C); completed rounds and finished cells are kept", (COORDINATOR, SIMULATE, STUDY), True),
     ExitCode(Exit.SIGTERM, "stopped by SIGTERM; completed rounds and finished cells are kept", (SIMULATE, STUDY), True),
     ExitCode(Exit.SYSTEMD_EXEC, "systemd: the program is missing (no venv in /opt/fedhar)", (CLIENT, COORDINATOR), False, by_systemd=True),
     ExitCode(Exit.SYSTEMD_USER, "systemd: there is no user fedhar", (CLIENT, COORDINATOR), False, by_systemd=True),
-    ExitCode(
-        Exit.SYSTEMD_CREDENTIALS,
-        "systemd: the unit's password file in /etc/fedhar is missing",
-        (CLIENT, COORDINATOR),
-        False,
-        by_systemd=True,
-    ),
-)
+    ExitCode(Exit.SYSTEMD_CREDENTIALS, "systemd: the unit's password file in /etc/fedhar is missing", (CLIENT, COORDINATOR), False,
+             by_systemd=True),
+)  # fmt: skip
+
+
+def fail(message: str, code: int = Exit.USAGE) -> int:
+    """Print a program's one-line refusal ``message`` on stderr and return its exit status ``code``."""
+    print(message, file=sys.stderr)
+    return code
 
 
 def stopped_by(signum: int) -> int:
@@ -151,40 +105,26 @@ def stopped_by(signum: int) -> int:
     return 128 + int(signum)
 
 
-def of(program: str) -> list[ExitCode]:
-    """The rows for ``program`` that it returns itself (systemd's own codes left out), by number.
-
-    Raises
-    ------
-    ValueError
-        If ``program`` is not one of :data:`PROGRAMS`.
-    """
+def _known(program: str) -> None:
     if program not in PROGRAMS:
         raise ValueError(f"unknown program {program!r}; one of {', '.join(PROGRAMS)}")
+
+
+def of(program: str) -> list[ExitCode]:
+    """The rows for ``program`` that it returns itself (systemd's own codes left out), by number; ValueError if unknown."""
+    _known(program)
     return [c for c in EXIT_CODES if program in c.programs and not c.by_systemd]
 
 
 def restart_prevented(program: str) -> set[int]:
-    """The codes its systemd unit must list in ``RestartPreventExitStatus=``: those a restart cannot fix, systemd's included.
-
-    Raises
-    ------
-    ValueError
-        If ``program`` is not one of :data:`PROGRAMS`.
-    """
-    if program not in PROGRAMS:
-        raise ValueError(f"unknown program {program!r}; one of {', '.join(PROGRAMS)}")
+    """The codes its systemd unit must list in ``RestartPreventExitStatus=`` (a restart cannot fix them, systemd's
+    included); ValueError for an unknown program."""
+    _known(program)
     return {int(c.code) for c in EXIT_CODES if program in c.programs and not c.restart_helps}
 
 
 def epilog(program: str) -> str:
-    """The ``--help`` epilog of ``program``: its exit statuses, one a line (use with a raw-epilog formatter).
-
-    Raises
-    ------
-    ValueError
-        If ``program`` is not one of :data:`PROGRAMS`.
-    """
+    """The ``--help`` epilog of ``program``: its exit statuses, one a line (raw-epilog formatter); ValueError if unknown."""
     lines = [f"  {int(c.code):>3}  {c.meaning_for(program)}" for c in of(program)]
     return "exit status (README, 'Exit codes'):\n" + "\n".join(lines)
 
@@ -211,41 +151,24 @@ ErrorExits = Sequence[tuple["type[BaseException] | tuple[type[BaseException], ..
 """Exception kinds and the exit status each ends a program with, first match wins (:func:`exit_status_of`)."""
 
 
-def exit_status_of(
-    prog: str, body: Callable[[], int | None], errors: ErrorExits, interrupted: str | None = None
-) -> int:
-    """Run ``body`` and turn the errors a person can act on into one line on stderr and an exit status.
+def exit_status_of(prog: str, body: Callable[[], int | None], errors: ErrorExits, interrupted: str | None = None) -> int:
+    """Run ``body`` (its return value is the status, None: OK) and turn the errors a person can act on into one line on
+    stderr and an exit status.
 
-    Parameters
-    ----------
-    prog : str
-        The program (and subcommand) that starts each message: ``"fedhar-coordinator serve: ..."``.
-    body : callable
-        The work; its return value is the status (``None`` counts as :attr:`Exit.OK`).
-    errors : sequence of (exception kinds, Exit)
-        Tried in order; the first whose kinds match prints ``"{prog}: {exc}"`` and gives its
-        status. An exception that matches none propagates (a traceback, exit 1: a bug).
-    interrupted : str, optional
-        For Ctrl-C (KeyboardInterrupt): ``"{prog}: {interrupted}"`` and :attr:`Exit.SIGINT`.
-        Without it, Ctrl-C propagates.
-
-    Returns
-    -------
-    int
-        The status.
+    ``errors`` are tried in order: the first match prints ``"{prog}: {exc}"`` and gives its status;
+    an exception matching none propagates (a bug). With ``interrupted``, Ctrl-C prints
+    ``"{prog}: {interrupted}"`` and gives :attr:`Exit.SIGINT`; without it, it propagates.
     """
     try:
         status = body()
     except KeyboardInterrupt:
         if interrupted is None:
             raise
-        print(f"{prog}: {interrupted}", file=sys.stderr)
-        return Exit.SIGINT
+        return fail(f"{prog}: {interrupted}", Exit.SIGINT)
     except Exception as exc:
         for kinds, code in errors:
             if isinstance(exc, kinds):
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return code
+                return fail(f"{prog}: {exc}", code)
         raise
     return Exit.OK if status is None else status
 

@@ -1,9 +1,4 @@
-"""The state of an MQTT link's connection, and why an attempt failed, in words a person can act on.
-
-:class:`LinkStatus` is what :meth:`har_io.mqtt_link.MqttLink.status` (and the edge agent's
-``connection``) report; :func:`describe_connect_failure` and :func:`describe_refusal` turn
-what paho raised or the broker answered into the words of ``LinkStatus.error``.
-"""
+"""The state of an MQTT link's connection, and why an attempt failed, in words a person can act on."""
 
 from __future__ import annotations
 
@@ -15,22 +10,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LinkStatus:
-    """The state of a link's connection, as a screen or a log shows it.
+    """The state of a link's connection, as a screen or a log shows it (:meth:`har_io.mqtt_link.MqttLink.status`).
 
-    Parameters
-    ----------
-    connected : bool
-        A session with the broker is up.
-    error : str or None
-        Why the last connection attempt failed, in plain words (see :func:`describe_connect_failure`);
-        None once a connection succeeded, and before the first attempt ended.
-    failures : int
-        Failed attempts since the last successful connection (or since start).
-    fatal : bool
-        The broker refused for good (login, TLS): the link stopped and will not try again.
-    retry_in_s : float or None
-        Seconds paho waits before the next attempt after the last failure; None when connected,
-        fatal, or before any failure.
+    ``error``: why the last attempt failed in plain words, None once connected; ``failures`` since
+    the last connection; ``fatal``: refused for good (login, TLS); ``retry_in_s``: paho's wait before
+    the next attempt, None when connected, fatal or before any failure.
     """
 
     connected: bool
@@ -49,16 +33,8 @@ TRANSIENT_TLS_ERRORS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantRead
 
 
 def describe_refusal(reason: str) -> str:
-    """Plain words for a CONNACK refusal named ``reason`` (paho's reason code name, e.g. "Not authorized").
-
-    Returns
-    -------
-    str
-        ``"login refused: bad user name or password"``,
-        ``"login refused: not authorised (check the user name and password)"``,
-        ``"login refused: banned"`` ... for the codes of a login the broker will not take,
-        ``"broker refused the connection: server unavailable"`` ... for the others.
-    """
+    """Plain words for a CONNACK refusal named ``reason`` (paho's name): ``"login refused: ..."`` for a login the broker
+    will not take, else ``"broker refused the connection: ..."``."""
     if reason == "Not authorized":  # what Mosquitto answers to a wrong password, an unknown or a revoked user
         return "login refused: not authorised (check the user name and password)"
     if reason in AUTH_REFUSALS:
@@ -67,31 +43,9 @@ def describe_refusal(reason: str) -> str:
 
 
 def describe_connect_failure(exc: BaseException, host: str, port: int, timeout_s: float | None = None, tls: bool = False) -> str:
-    """Plain words for why opening a connection to ``host:port`` raised ``exc`` (TCP, DNS or TLS).
-
-    Parameters
-    ----------
-    exc : BaseException
-        What paho's ``reconnect`` raised (an :class:`OSError`: socket, DNS or :class:`ssl.SSLError`).
-    host, port : str, int
-        The broker's address as configured.
-    timeout_s : float, optional
-        paho's connect timeout, named in the words for a timeout (s).
-    tls : bool
-        The connection uses TLS (a reset during the handshake then hints at a plain port).
-
-    Returns
-    -------
-    str
-        One of ``"DNS: unknown host 'HOST'"``, ``"broker unreachable: connection refused at HOST:PORT"``,
-        ``"broker unreachable: no answer from HOST:PORT within N s"``,
-        ``"broker unreachable: <the system's words> (HOST:PORT)"``,
-        ``"TLS: certificate verify failed (wrong CA?)"``,
-        ``"TLS: the broker's certificate is not valid for 'HOST' (wrong host name?)"``,
-        ``"TLS: the broker at HOST:PORT reset the connection in the handshake (a plain MQTT port?)"``,
-        ``"TLS: <OpenSSL's reason>"``, ``"TLS: the broker ended the handshake (plain MQTT port, or it refused our
-        certificate?)"``; anything else as ``"connection failed: <type>: <message>"``.
-    """
+    """Plain words for why opening a connection to ``host:port`` raised ``exc`` (TCP, DNS or TLS; ``tls``: a reset in the
+    handshake hints at a plain port), e.g. ``"DNS: unknown host 'HOST'"``, ``"broker unreachable: connection refused at
+    HOST:PORT"``, ``"TLS: certificate verify failed (wrong CA?)"``; else ``"connection failed: <type>: <message>"``."""
     where = f"{host}:{port}"
     if isinstance(exc, ssl.SSLCertVerificationError):
         text = str(exc.verify_message or exc).lower()

@@ -1,11 +1,9 @@
 """Give freed heap memory back to the operating system between rounds, and keep large blocks out of the heap.
 
-A round allocates several copies of a 26 MB model; glibc keeps freed blocks in its
-arenas, so a long-running client or coordinator would hold its peak forever (the
-problem NVFlare hit on edge devices). ``malloc_trim(0)`` returns them
-(:func:`release_free_memory`), and :func:`bound_mmap_threshold` keeps blocks of 4 MiB and
-more in their own mappings, returned the moment they are freed. Both are no-ops where
-glibc is not the C library (macOS, musl, Android's bionic).
+glibc keeps freed blocks of a round's model copies in its arenas (the problem NVFlare hit on edge
+devices): ``malloc_trim(0)`` returns them (:func:`release_free_memory`), and
+:func:`bound_mmap_threshold` gives blocks of 4 MiB and more their own mappings. No-ops where glibc
+is not the C library.
 """
 
 from __future__ import annotations
@@ -38,27 +36,13 @@ MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
 def bound_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Serve every heap block of ``threshold`` bytes or more from a mapping of its own; True if glibc took the setting.
+    """Serve every heap block of ``threshold`` (> 0, else ValueError) bytes or more from its own mapping; True if glibc took it.
 
-    glibc starts with a 128 KiB threshold and raises it, each time a mapped block is freed,
-    to that block's size (up to 32 MiB): after the first model-sized array is freed, every
-    later block up to 32 MiB (1 MB transfer chunks, tensors of a model, the update's
-    arrays) comes from the arenas, which it fragments, and ``malloc_trim`` cannot give back
-    a page that still holds one live small block. Fixing the threshold (``mallopt``, which
-    also stops the raising) sends those blocks to their own mappings again, unmapped when
-    freed. The price is fresh pages (page faults) for every such block: for the paper CNN
-    a local epoch (234 windows, batch 32, one thread) took 0.44-0.46 CPU-s with 4 or 16 MiB
-    against 0.30 with glibc's default (its weight gradients, up to 24 MB, are allocated at
-    every step), and an evaluation of 2,012 windows 1.00-1.07 against 0.91-1.02. So only
-    the simulation's coordinator process, which receives, spills and aggregates models but
-    does not train, uses it (docs/benchmarks-server.md section 3).
-    The process's existing blocks stay where they are. A process started with
-    :data:`MMAP_THRESHOLD_ENV` in its environment keeps that value (False is returned).
-
-    Raises
-    ------
-    ValueError
-        If ``threshold`` is not positive.
+    glibc raises its threshold to each freed mapped block's size (up to 32 MiB), after which
+    model-sized blocks fragment the arenas where ``malloc_trim`` cannot return them; fixing it
+    costs page faults (a paper-CNN epoch 0.44-0.46 CPU-s against 0.30), so only the simulation's
+    coordinator, which does not train, uses it (docs/benchmarks-server.md section 3). A process
+    started with :data:`MMAP_THRESHOLD_ENV` keeps that value (False).
     """
     if threshold <= 0:
         raise ValueError(f"bound_mmap_threshold: threshold must be > 0 bytes, got {threshold}")
@@ -82,14 +66,10 @@ _freeze_lock = threading.Lock()
 def release_free_memory() -> bool:
     """Collect garbage and return free heap pages to the OS; True if ``malloc_trim`` ran.
 
-    A full ``gc.collect()`` walks every tracked object. After ``import torch`` and a first
-    training there are about 290,000 that live as long as the process (half of them created
-    lazily by the first training), and walking them took 0.06-0.14 s of CPU per call here,
-    holding the interpreter lock; a virtual-client worker calls this once per client per
-    round. So the first :data:`FREEZING_CALLS` calls (the end of start-up and of the first
-    rounds) move what survives their collection into the permanent generation
-    (``gc.freeze``), and later collections walk only what rounds create. Frozen objects are
-    still freed by reference counting; only a reference cycle among them is never collected.
+    After ``import torch`` and a first training about 290,000 objects live as long as the process,
+    and walking them cost 0.06-0.14 CPU-s per call; so the first :data:`FREEZING_CALLS` calls
+    ``gc.freeze`` what survives, and later collections walk only what rounds create (a cycle among
+    frozen objects is never collected).
     """
     global _freezes_left
     gc.collect()

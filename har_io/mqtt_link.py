@@ -1,38 +1,12 @@
 """Thin MQTT adapter shared by the coordinator and the edge client (paho-mqtt 2.x).
 
-Rules it enforces (paho issues #527, #875, #354, #483; see docs/protocol.md and docs/reliability.md):
-
-* callbacks never block: they only put ``(topic, payload, retained)`` on :attr:`MqttLink.inbox`;
-  all work happens in the program's own thread;
-* the network runs in paho's own thread, started and stopped with paho's public
-  ``loop_start``/``loop_stop``; that thread comes with the socket pair through which a
-  publish from the program's thread wakes the loop's select() at once, so no message waits
-  for the loop's 1 s timeout (before, the link ran ``loop_forever`` in a thread of its own
-  and had to set paho's private ``_thread``, ``_sockpairR`` and ``_sockpairW`` to get the same);
-* subscriptions and the retained "online" status are renewed on every (re)connect;
-  paho reconnects by itself with exponential back-off (:data:`RECONNECT_MIN_S` doubling up to
-  :data:`RECONNECT_MAX_S`), but only after transient failures: a refused login or a
-  certificate that does not verify stops the link (:attr:`MqttLink.fatal`) with one message
-  naming the cause and the fix. Every failed attempt is logged once with its cause in plain
-  words (:mod:`har_io.link_status`), which :attr:`MqttLink.connect_error` keeps until a
-  connection succeeds;
-* MQTT 5 is tried first so the broker can state its maximum packet size (CONNACK property);
-  a broker that speaks only 3.1.1 (the embedded amqtt one) is then used over 3.1.1, where the
-  configured ``max_message_bytes`` is the limit;
-* large payloads go out in chunks (:func:`har_models.wire.chunking.iter_chunks`) at QoS 1 that fit
-  the limit with their topic and packet header, and the publisher waits for the
-  acknowledgements, so memory stays bounded;
-* a packet the broker refused (MQTT 5 reason code, or the connection dropped while it was in
-  flight) is taken out of paho's queue, never re-sent unchanged, and the link's chunk size
-  is halved for the next attempt. The cut it belongs to is given up whole: its other chunks
-  still in paho's queue (the short last one fits any limit) are taken out too, before paho
-  could send them again after the reconnection, where they would arrive among the chunks
-  of the smaller cut and make a receiver restart the transfer
-  (:class:`har_models.wire.chunking.Reassembler` restarts a transfer whose chunks announce
-  another count), losing the chunks it already had. paho 2.x has no public call for that:
-  :meth:`MqttLink._take_out` reads and edits its ``_out_messages`` under its ``_out_message_mutex``.
-
-Where and how to log in (address, credentials, TLS) is :class:`har_io.broker_config.BrokerConfig`.
+Callbacks never block (they only fill :attr:`MqttLink.inbox`); the network runs in paho's own
+thread (``loop_start``); paho reconnects with back-off after transient failures, while a refused
+login or certificate stops the link (:attr:`MqttLink.fatal`); MQTT 5 is tried first, then 3.1.1;
+large payloads go out as QoS 1 chunks within a window; a packet the broker refused is taken out of
+paho's queue with the rest of its cut (:meth:`MqttLink._take_out` edits paho's private
+``_out_messages``, paho 2.x has no public call) and the chunk size is halved. The rules and paho
+issues behind them: docs/reliability.md. Login and TLS: :class:`har_io.broker_config.BrokerConfig`.
 """
 
 from __future__ import annotations
@@ -63,28 +37,21 @@ from har_models.wire.chunking import CHUNK_HEADER_BYTES, iter_chunks
 log = logging.getLogger("fedhar.mqtt")
 
 PUBLISH_OVERHEAD_BYTES = 16
-"""Bytes of a PUBLISH packet besides its topic and payload, rounded up: fixed header (1),
-remaining length (up to 4), topic length (2), packet id (2), MQTT 5 property length (up to 4)."""
+"""Bytes of a PUBLISH packet besides topic and payload, rounded up (header, length, topic length, id, properties)."""
 
 PUBLISH_WINDOW = 16
-"""Chunks :meth:`MqttLink.publish_chunks` lets be unacknowledged at a time (paho's own limit,
-``max_inflight_messages_set``, is :data:`PAHO_MAX_INFLIGHT`): bounds the memory a slow link
-takes for queued chunks (paho issue #483)."""
+"""Chunks :meth:`MqttLink.publish_chunks` leaves unacknowledged at a time: bounds a slow link's memory (paho #483)."""
 PAHO_MAX_INFLIGHT = 32
 """QoS 1 messages paho sends before it waits for an acknowledgement."""
 
 RECONNECT_MIN_S = 1
 """paho's first wait before connecting again after a failed attempt or a lost connection (s)."""
 RECONNECT_MAX_S = 30
-"""Longest wait between attempts (s): paho doubles the wait after each failed attempt up to this,
-and starts again from :data:`RECONNECT_MIN_S` once a connection succeeded."""
+"""Longest wait between attempts (s); the wait doubles from :data:`RECONNECT_MIN_S` after each failure."""
 
 
 class BrokerRefused(RuntimeError):
-    """The broker refused us for a reason that retrying cannot fix (credentials, certificates, identity).
-
-    ``kind`` is ``"auth"``, ``"tls"`` or ``"identity"``; the message names the cause and the fix.
-    """
+    """The broker refused us for a reason retrying cannot fix; ``kind`` is ``"auth"``, ``"tls"`` or ``"identity"``."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -96,10 +63,8 @@ class PacketRejected(RuntimeError):
 
 
 class _Cut:
-    """The chunk messages of one :meth:`MqttLink._publish_cut` call: their ids, and whether the cut was given up.
+    """The chunk ids of one :meth:`MqttLink._publish_cut` call, and whether the cut was given up (a chunk refused).
 
-    A cut is given up once the broker refused one of its messages; its messages still
-    unacknowledged then leave paho's queue (:meth:`MqttLink._give_up`) and no more are sent.
     ``mids`` changes under the link's ``_state_lock``, ``given_up`` under its ``_ack``.
     """
 
@@ -111,9 +76,7 @@ class _Cut:
 
 
 MAX_LOOP_RESUMES = 5
-"""Times within :data:`RESUME_WINDOW_S` that paho's network loop is resumed after a race in its
-outgoing queue (``RuntimeError: OrderedDict mutated during iteration``) before the link reports
-the loop stopped (``failed``)."""
+"""Resumes of paho's loop within :data:`RESUME_WINDOW_S` after "OrderedDict mutated during iteration" before ``failed``."""
 RESUME_WINDOW_S = 60.0
 
 
@@ -122,11 +85,7 @@ class PayloadTooLarge(ValueError):
 
 
 class _Client(mqtt.Client):
-    """paho's client, telling the link about each connection attempt and any error that ends its loop.
-
-    Runs in paho's own network thread (:meth:`paho.mqtt.client.Client.loop_start`, whose thread
-    calls :meth:`loop_forever`); both overrides keep paho's behaviour and only report.
-    """
+    """paho's client, telling the link about each connection attempt and any error that ends its loop (paho's thread)."""
 
     loop_timeout_s = 1.0
     """select() timeout of the network loop (paho's default; a test raises it to prove that
@@ -177,9 +136,7 @@ class _Client(mqtt.Client):
 def login_refused(cfg: BrokerConfig, reason: str) -> str:
     """The words for a broker that refused ``cfg``'s login with ``reason`` (the CONNACK reason code's name).
 
-    Credentials from an enrolment bundle (``cfg.enrolled``) were never typed by the person who
-    sees this: the bundle is revoked or out of date, and only the server's operator can issue a
-    new one. Credentials given as options are checked where they were given.
+    Credentials from an enrolment bundle were never typed by the reader: only the operator can issue new ones.
     """
     who = f"broker {cfg.host}:{cfg.port} refused the login of user {cfg.username!r}: {reason}."
     if cfg.enrolled:
@@ -194,49 +151,30 @@ class MqttLink:
 
     Parameters
     ----------
-    cfg : BrokerConfig
     client_name : str
-        MQTT client identifier (must be unique on the broker).
+        MQTT client identifier (unique on the broker).
     subscriptions : sequence of (topic filter, qos)
         (Re)subscribed on every connect.
     will : (topic, payload), optional
-        Last will, published retained at QoS 1 by the broker if this link dies.
-    on_connect : callable, optional
-        Called (in paho's thread, must not block) after each successful connect, e.g. to
-        publish a retained "online" status.
-    on_disconnect : callable (link, reason) -> str or None, optional
-        Called (in paho's thread, must not block) when the broker or the network closed a session
-        that was up, with paho's reason name ("Session taken over", "Unspecified error", ...),
-        unless a packet too large for the broker was in flight (that explains it); words it
-        returns replace the reason in the log line.
+        Last will, retained at QoS 1.
+    on_connect, on_disconnect : callable, optional
+        Called in paho's thread (must not block) after each connect, and when a session that was
+        up closed (with paho's reason name, unless an oversized packet was in flight); words
+        ``on_disconnect`` returns replace the reason in the log line.
     intern : callable (payload bytes) -> bytes, optional
-        Applied to every received payload before it is put on :attr:`inbox` (in paho's thread;
-        must be fast and must not block); it may return an equal object held elsewhere, e.g.
-        :meth:`har_models.wire.chunking.SharedTransfers.message`, so that the same model chunk
-        waiting in the inboxes of many clients of one process is held once.
+        Applied to each received payload in paho's thread, e.g. to share one model chunk between
+        the inboxes of many clients (:meth:`har_models.wire.chunking.SharedTransfers.message`).
 
     Attributes
     ----------
     fatal : BrokerRefused or None
-        Set when the broker refused us for good; the link has stopped and will not retry.
+        Set when the broker refused us for good; the link will not retry.
     broker_max_packet : int or None
-        Maximum packet size the broker stated in its MQTT 5 CONNACK (bytes), if any.
+        Maximum packet size stated in the MQTT 5 CONNACK (bytes).
     protocol : str
-        "5" or "3.1.1": what the current session speaks.
+        "5" or "3.1.1".
     connect_error : str or None
-        Why the last connection attempt failed, in plain words (:func:`describe_connect_failure`,
-        :func:`describe_refusal`), e.g. ``"login refused: bad user name or password"`` or
-        ``"broker unreachable: connection refused at 127.0.0.1:1883"``; None after a successful
-        connection. Each failed attempt is also logged once (WARNING, ``fedhar.mqtt``) with the
-        wait before the next one; paho waits :data:`RECONNECT_MIN_S`, then twice as long after
-        each failure, up to :data:`RECONNECT_MAX_S`. :meth:`status` gives all of it at once.
-
-    Notes
-    -----
-    The network runs in paho's own thread (``loop_start``/``loop_stop``). paho starts that
-    thread together with the socket pair through which a ``publish`` from the program's thread
-    wakes the loop's select() at once; a publish therefore never waits for the loop's 1 s
-    timeout (``benchmarks/bench_link.py`` measures it; ``tests/test_mqtt_link.py`` checks it).
+        Why the last attempt failed, in plain words; None after a connection. :meth:`status` gives it all.
     """
 
     def __init__(
@@ -325,11 +263,10 @@ class MqttLink:
         self._client.disconnect()  # ends paho's loop: no silent retries
 
     def _record_failure(self, words: str, fatal: bool = False, waits: int = 1) -> None:
-        """Note a failed connection attempt: its words, the count, the wait before the next; log it once.
+        """Note a failed connection attempt and log it once.
 
-        ``waits`` is how many of paho's back-off waits come before the next attempt: 2 after
-        the first attempt of a client object failed in the socket (paho 2.2's ``loop_forever``
-        waits once in its first-connection loop and once more in its reconnection loop), else 1.
+        ``waits``: paho's back-off waits before the next attempt (2 after a client object's first
+        attempt failed in the socket: paho 2.2 waits in both its connection loops), else 1.
         """
         self._attempt_open = False
         self.connect_error = words
@@ -490,11 +427,7 @@ class MqttLink:
         self.note_refused(max(mids.values()))
 
     def _take_out(self, mids: Collection[int]) -> list[int]:
-        """Take messages out of paho's queue, so paho never sends them (again); return the ids that were in it.
-
-        paho 2.x keeps every unacknowledged QoS 1 message in ``_out_messages`` and sends them all
-        again after a reconnect; it has no public call to drop one.
-        """
+        """Take messages out of paho's queue (no public call for it) so they are never sent again; return the ids found."""
         c = self._client
         gone = []
         with c._out_message_mutex:
@@ -523,11 +456,7 @@ class MqttLink:
             self._ack.notify_all()
 
     def _give_up_refused_cuts(self) -> None:
-        """Give up every cut being published that the broker refused a message of (paho's thread, on connect).
-
-        The main thread gives a cut up as soon as it sees the refusal; this catches a cut whose
-        refusal it has not seen yet when paho reconnects and would send the cut's rest again.
-        """
+        """Give up every cut of which the broker refused a message (paho's thread, on connect, before paho resends)."""
         with self._publish_lock:  # no chunk is between paho's publish() and its cut's record
             with self._state_lock:
                 cuts = [(cut, list(cut.mids)) for cut in self._cuts]
@@ -556,10 +485,7 @@ class MqttLink:
     def _watch_connack(self, wait_s: float = 3.0) -> None:
         """Until the first connection: fall back to MQTT 3.1.1 when the broker does not speak MQTT 5.
 
-        Two signs: the broker refuses the protocol version (``_on_connect`` then asks for the
-        fallback), or it takes an MQTT 5 CONNECT and never answers it (amqtt 0.12 misreads an
-        MQTT 5 CONNECT that carries a last will and waits for bytes that never come). Either
-        way this thread stops paho's loop of the MQTT 5 client and starts one over 3.1.1.
+        Either the broker refuses the version, or it never answers (amqtt 0.12 with a last will).
         """
         since: float | None = None
         while self.connects == 0 and not self._stopping and not self.failed.is_set():
@@ -595,18 +521,9 @@ class MqttLink:
         c.loop_start()
 
     def start(self, wait_s: float | None = 30.0) -> bool:
-        """Connect (in the background) and start paho's network thread (``loop_start``).
+        """Connect in the background and start paho's network thread.
 
-        Parameters
-        ----------
-        wait_s : float, optional
-            Seconds to wait for the first connection; None returns at once.
-
-        Returns
-        -------
-        bool
-            True if connected within ``wait_s`` (reconnection goes on regardless, unless
-            :attr:`fatal` is set).
+        Returns True if connected within ``wait_s`` seconds (None: return at once); reconnection goes on regardless.
         """
         with self._life_lock:
             self._connect_and_loop()
@@ -632,29 +549,16 @@ class MqttLink:
             self._client.loop_stop()  # returns at once when called from paho's own thread
 
     def clear_retained(self, topics: Sequence[str], timeout: float = 60.0) -> None:
-        """Delete the retained messages of ``topics`` (an empty retained message each, QoS 1).
-
-        Raises
-        ------
-        TimeoutError, BrokerRefused
-            As :meth:`publish`.
-        """
+        """Delete the retained messages of ``topics``; raises as :meth:`publish`."""
         deadline = time.monotonic() + timeout
         infos = [self._send(t, b"", 1, True, deadline) for t in topics]
         for info in infos:
             self._wait(info, deadline)
 
     def sweep_retained(self, filters: Sequence[str], quiet_s: float = 1.0, timeout: float = 60.0) -> list[str]:
-        """Delete every retained message under ``filters`` (e.g. the model chunks an earlier run left).
+        """Delete every retained message under ``filters``; return the topics cleared, sorted.
 
-        Subscribes to ``filters`` for as long as retained messages keep arriving (until
-        ``quiet_s`` pass without one), then unsubscribes and clears each topic found. Their
-        payloads never reach :attr:`inbox`.
-
-        Returns
-        -------
-        list of str
-            The topics cleared, sorted.
+        Subscribes until ``quiet_s`` pass without a retained message; payloads never reach :attr:`inbox`.
         """
         found: set[str] = set()
         self._sweep = (list(filters), found)
@@ -685,9 +589,7 @@ class MqttLink:
         return self._client.attempts
 
     def payload_limit(self, topic: str) -> int:
-        """Largest payload that fits one packet on ``topic`` (bytes): the configured
-        ``max_message_bytes``, the broker's stated maximum packet size less topic and header,
-        and any smaller size learned from a refusal, whichever is least."""
+        """Largest payload on ``topic`` (bytes) under the configured, the broker's and any learned limit."""
         limit = self.cfg.max_message_bytes
         if self.broker_max_packet:
             limit = min(limit, self.broker_max_packet - PUBLISH_OVERHEAD_BYTES - len(topic.encode()))
@@ -702,21 +604,18 @@ class MqttLink:
         self.bytes_sent += len(payload)
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, timeout: float = 60.0) -> None:
-        """Publish one message and (for QoS > 0) wait for the broker's acknowledgement.
-
-        Waits for a connection first; paho re-sends unacknowledged QoS 1 messages after a
-        reconnect.
+        """Publish one message and (QoS > 0) wait for its acknowledgement, first waiting for a connection.
 
         Raises
         ------
         PayloadTooLarge
-            If the message is larger than the broker accepts (the message names the limit).
+            Larger than the broker accepts.
         BrokerRefused
-            If the link stopped for good (see :attr:`fatal`).
+            The link stopped for good.
         TimeoutError
-            If not connected or not acknowledged within ``timeout`` seconds.
+            Not connected or not acknowledged within ``timeout`` s.
         RuntimeError
-            If paho rejected the message, or the broker refused it (:class:`PacketRejected`).
+            paho rejected it, or the broker refused it (:class:`PacketRejected`).
         """
         limit = self.payload_limit(topic)
         if len(payload) > limit:
@@ -746,35 +645,19 @@ class MqttLink:
         chunk_bytes: int | None = None,
         only: Collection[int] | None = None,
     ) -> int:
-        """Publish ``payload`` as chunks on ``topic_of(i)`` at QoS 1; wait for all acknowledgements.
+        """Publish ``payload`` as QoS 1 chunks on ``topic_of(i)``, at most :data:`PUBLISH_WINDOW` unacknowledged; return the count.
 
-        At most :data:`PUBLISH_WINDOW` chunks are unacknowledged at a time, so a slow link cannot make the
-        outgoing queue grow without bound (paho issue #483).
-
-        Parameters
-        ----------
-        chunk_bytes : int, optional
-            Size of each chunk message (bytes). Give the size of an earlier send to re-send some
-            of its chunks (``only``); a refusal then raises :class:`PacketRejected`. By default
-            :meth:`chunk_size` for these topics, and after a refusal everything is sent again
-            in the smaller chunks the link learned.
-        only : collection of int, optional
-            Send only these chunk indices (chunks the receiver reported missing).
-
-        Returns
-        -------
-        int
-            Number of chunks the payload is cut into.
+        ``chunk_bytes`` re-sends chunks ``only`` of an earlier send of that size (a refusal then
+        raises); by default :meth:`chunk_size`, cutting smaller after each refusal.
 
         Raises
         ------
         TimeoutError
-            If the chunks were not all acknowledged within ``timeout`` seconds.
+            Not all acknowledged within ``timeout`` s.
         PacketRejected
-            If the broker refused a chunk of the given ``chunk_bytes`` (or of the smallest
-            size); :meth:`chunk_size` is smaller afterwards.
+            The broker refused a chunk of the given (or the smallest) size.
         BrokerRefused
-            If the link stopped for good.
+            The link stopped for good.
         """
         deadline = time.monotonic() + timeout
         if chunk_bytes is not None:

@@ -1,31 +1,17 @@
 """What a device enrolled by a bundle or a certificate is told when the broker or the server refuses it, with the fix it needs.
 
-A broker answers a wrong password, a re-issued, a renamed and a revoked device alike ("Not
-authorized"), and a TLS handshake fails alike for a wrong CA file and a CA that changed. The
-device's own history tells some of them apart: a bundle the broker never accepted is not the
-current one for the device (the fix is a re-issue), while one it accepted before was re-issued,
-renamed or revoked since (the operator's ``devices`` says which, and each has its own fix). A
-device that got its CA from its bundle never gave a ``--tls-ca`` option, so the words name the
-bundle. The app (:mod:`edge_client.app.federation_words`), ``fedhar-client``
-(:func:`edge_client.cli.enrolment_refusal_hint`), the MQTT link
-(:mod:`har_io.mqtt_link`) and the certificate request (:mod:`edge_client.cert_enrol`) use these
-functions, so each case reads the same everywhere.
+A broker answers a wrong password and a re-issued, renamed or revoked device alike; the device's
+history tells some apart (a bundle never accepted is not the current one; one accepted before was
+re-issued, renamed or revoked). A CA from the bundle was never a ``--tls-ca``, so the words name the
+bundle. The app, ``fedhar-client``, the MQTT link and the certificate request all use these words.
 """
 
 from __future__ import annotations
 
 
 def bundle_login_refused(name: str, accepted_before: bool) -> str:
-    """The broker refused the password of device ``name``'s enrolment bundle.
-
-    Parameters
-    ----------
-    name : str
-        The device's client id (its broker user name).
-    accepted_before : bool
-        Whether the broker accepted this device's bundle before (it connected, or took part in
-        a round); False: refused at its first use.
-    """
+    """The broker refused the password of device ``name``'s enrolment bundle (``accepted_before``: it connected or took
+    part before; False: refused at its first use)."""
     if not accepted_before:
         return (f"the broker refused the password of {name!r}'s enrolment bundle at its first use: the bundle is not the current "
                 f"one for {name!r} (an older copy, or one written before the device was re-issued). Ask the server's operator to "

@@ -1,13 +1,9 @@
 """An ASGI app served by uvicorn in a thread of this process, and the rule for which addresses may be served.
 
-Two parts of the home server serve HTTP from inside its process: the status page with its API
-(:mod:`coordinator.server.web`) and the folder blob store (:mod:`coordinator.transport.folder_store`). Both
-start a :class:`WebServer`; neither imports the other. uvicorn is imported only when a server is
-built, so importing this module needs no web library.
-
-The bind rule (:func:`check_bind`): an address other than loopback shows what is served to the
-network, so it needs a token; an app whose every URL carries the coordinator's own signature (the
-blob store's) is exempt (``signed=True``).
+The status page (:mod:`coordinator.server.web`) and the folder blob store
+(:mod:`coordinator.transport.folder_store`) both start a :class:`WebServer`; uvicorn is imported
+only when one is built. :func:`check_bind`: a non-loopback address shows the federation to the
+network, so it needs a token, unless every URL carries the coordinator's signature (``signed``).
 """
 
 from __future__ import annotations
@@ -37,14 +33,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve ``host`` without a token unless it is a loopback address.
-
-    Raises
-    ------
-    BindRefused
-        For a non-loopback ``host`` (including 0.0.0.0 and a host name) and no token, or a
-        token shorter than :data:`MIN_TOKEN_CHARS` characters; the message names the setting and the fix.
-    """
+    """Refuse to serve ``host`` without a token unless it is a loopback address: BindRefused (naming the setting and the
+    fix) for a non-loopback host (0.0.0.0 and host names included) without a token, or a token under :data:`MIN_TOKEN_CHARS`."""
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise BindRefused(f"[server] token is shorter than {MIN_TOKEN_CHARS} characters; use a long random one "
                           "(e.g. `openssl rand -hex 24`)")  # fmt: skip
@@ -58,23 +48,9 @@ def check_bind(host: str, token: str | None) -> None:
 class WebServer:
     """uvicorn serving an ASGI app in a daemon thread of this process (what ``serve``, ``run`` and the tests use).
 
-    Parameters
-    ----------
-    app : ASGI application
-    host : str
-        Address to bind (default 127.0.0.1).
-    port : int
-        TCP port; 0 picks a free one (:attr:`port` says which after :meth:`start`).
-    token : str, optional
-        The app's token; only checked here against the address (:func:`check_bind`).
-    signed : bool
-        The app answers only requests whose URL the coordinator signed (the blob store's):
-        it may face the network without a token.
-
-    Raises
-    ------
-    BindRefused
-        From :func:`check_bind` (not for a ``signed`` app).
+    ``port`` 0 picks a free one (:attr:`port` after :meth:`start`); ``token`` is only checked against
+    the address (BindRefused from :func:`check_bind`), unless the app is ``signed`` (answers only URLs
+    the coordinator signed).
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8765, token: str | None = None, signed: bool = False):
@@ -96,13 +72,7 @@ class WebServer:
             self._refused = True
 
     def start(self, timeout: float = 10.0) -> int:
-        """Start serving; return the bound port.
-
-        Raises
-        ------
-        RuntimeError
-            If the server has not started within ``timeout`` s (e.g. the port is taken).
-        """
+        """Start serving; return the bound port (RuntimeError if not started within ``timeout`` s, e.g. a port taken)."""
         self._thread = threading.Thread(target=self._serve, name="fedhar-web", daemon=True)
         self._thread.start()
         end = time.monotonic() + timeout

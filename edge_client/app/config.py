@@ -1,7 +1,4 @@
-"""The app's settings (:class:`AppConfig`), the constants both of its processes share, and where its data lives.
-
-Nothing here imports Kivy or PyTorch: the UI, the Android sensing service and the tests read the same settings.
-"""
+"""The app's settings (:class:`AppConfig`), the constants both of its processes share, and where its data lives (no Kivy or PyTorch)."""
 
 from __future__ import annotations
 
@@ -27,49 +24,22 @@ PASSWORD_FILE = "credentials/mqtt.password"
 CREDENTIALS_DIR = "credentials"
 """The app's folder of secrets and certificates, relative to its private folder (mode 0700): the password and an enrolled CA."""
 ACCEPTED_MARK = "credentials/accepted"
-"""Present once the broker accepted the stored password (removed with each new one): a refused bundle that the broker
-accepted before was re-issued, renamed or revoked since; one it never accepted is not the device's current bundle."""
+"""Present once the broker accepted the stored password (removed with each new one): a refused bundle accepted before was
+re-issued, renamed or revoked since; one never accepted is not the device's current bundle."""
 ENROLLED_MARK = "credentials/enrolled"
-"""Present while the stored password came from an enrolment bundle (a typed password removes it): a refused login
-then asks for a new bundle, since nobody on the device typed anything to check."""
+"""Present while the stored password came from an enrolment bundle: a refused login then asks for a new bundle."""
 
 
 @dataclass
 class AppConfig:
     """Settings of the app on one device.
 
-    Parameters
-    ----------
-    state_dir : Path
-        The device's store (windows, model, recorded log); survives restarts.
-    labels : LabelSet
-        Activities the owner can record.
-    client_id : str
-        The device's id in the federation (its MQTT user name).
-    broker : str
-        ``host:port`` of the broker.
-    federation : str
-        Federation name (topic prefix).
-    max_windows : int
-        Bound of the recorded-window log (see :class:`~edge_client.window_log.WindowLog`).
-    split_seed : int
-        Seed of the 80/20 split of recorded windows.
-    username, password_file, tls_ca : optional
-        Broker credentials, as ``fedhar-client`` takes them (the password is read from its
-        file when the agent starts, never kept in the settings).
-    backend : str
-        Training backend, one of :data:`APP_BACKENDS` ("auto": the client's own choice).
-    timeline_days : float
-        Days the recognised timeline and the corrections are kept (90).
-    raw_days : float
-        Days the raw samples behind the timeline are kept: how long a stretch can be corrected
-        into training windows (2; about 100 MB a day of sensing). Both are defaults: the keep
-        periods set on the History screen are kept with the timeline and win.
-    window_size : (int, int) or None
-        The window's width and height in pixels; None: Kivy's 800x600 where it fits the
-        display, else the display's usable size (:mod:`edge_client.app.window_size`).
-    fullscreen : bool
-        Open the window full screen (the display's own resolution).
+    ``state_dir``: the device's store; ``client_id``: its id (MQTT user name); ``max_windows``: bound of
+    the recorded-window log; ``split_seed``: of the 80/20 split; ``username``, ``password_file``,
+    ``tls_ca``: as ``fedhar-client`` takes them (the password is read when the agent starts, never
+    kept here); ``backend``: :data:`APP_BACKENDS`; ``timeline_days``/``raw_days``: default keep
+    periods of the timeline and of its raw samples (about 100 MB a day), those set on the History
+    screen win; ``window_size`` (None: :mod:`edge_client.app.window_size` decides) and ``fullscreen``.
     """
 
     state_dir: Path

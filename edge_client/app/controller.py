@@ -1,14 +1,10 @@
 """What the app does, without the UI: sensing, recording, live prediction, taking part in the federation.
 
-The Kivy screens (:mod:`edge_client.app.main`) only call :class:`DeviceController` and
-show the views it reports. Everything slow runs in background threads: the sensor
-thread (source -> recorder + live pipeline -> predictor), a federation supervisor thread
-(charging state, starting and stopping the MQTT agent) and the agent's own thread.
-Reports reach the UI through the callbacks given, which the app wraps with
-``kivy.clock.Clock.schedule_once`` so widgets are touched only on the UI thread.
-
-Nothing here imports Kivy or PyTorch at module level: the same controller runs in the
-Android foreground service, on a Raspberry Pi and in tests.
+The Kivy screens only call :class:`DeviceController` and show the views it reports. The sensor
+thread (source -> recorder + live pipeline -> predictor), the federation supervisor and the agent
+run in the background; their reports reach the UI through the callbacks given (the app wraps them
+with ``Clock.schedule_once``). No Kivy or PyTorch at module level: the same controller runs in the
+Android service, on a Pi and in tests.
 """
 
 from __future__ import annotations
@@ -70,25 +66,10 @@ log = logging.getLogger("fedhar.app")
 class DeviceController(TakingPart, HistoryEdits):
     """The device's app logic.
 
-    Parameters
-    ----------
-    cfg : AppConfig
-    source : SensorSource
-        Where samples come from (Android, MPU-6050, replay).
-    on_live, on_counts, on_federation : callables, optional
-        Called from background threads with a :class:`LiveView`, the counts per activity
-        (dict), or a :class:`FederationView`.
-    predictor_loader : callable
-        Store -> predictor or None (default :func:`~edge_client.app.predictor.load_predictor`).
-    charging : callable returning bool
-        Charging state (default :func:`~edge_client.power.is_charging`).
-    supervise_s : float
-        How often the federation supervisor looks at the charging state and the agent.
-    clock : callable returning float
-        Monotonic seconds (replaceable in tests of the restart back-off).
-    battery : callable returning float or None
-        Battery level in percent, None where the platform reports none (default
-        :func:`~edge_client.power.battery_percent`); read at most every :data:`BATTERY_READ_S`.
+    ``on_live``, ``on_counts`` and ``on_federation`` are called from background threads with a
+    :class:`LiveView`, the counts per activity and a :class:`FederationView`; ``supervise_s`` is how
+    often the federation supervisor looks; ``battery`` gives the level in percent (None: not
+    reported), read at most every :data:`BATTERY_READ_S`.
     """
 
     def __init__(
@@ -193,12 +174,8 @@ class DeviceController(TakingPart, HistoryEdits):
         self._on_live(view)
 
     def _wall_ns(self, t_sensor_ns: np.ndarray) -> np.ndarray:
-        """Window starts on the wall clock: the sensor's stamps plus one offset, fixed at the first window.
-
-        One fixed offset keeps the timeline's spacing that of the sensor clock (a replay at 25x
-        shows the recording's own durations); it is taken again when a mapped time would lie
-        before the newest stored one (the sensor clock stepped back, the service restarted).
-        """
+        """Window starts on the wall clock: the sensor's stamps plus one offset, fixed at the first window (the
+        timeline keeps the sensor clock's spacing) and taken again when a time would lie before the newest stored."""
         t = np.asarray(t_sensor_ns, np.int64)
         if self._wall_offset_ns is None or int(t[0]) + self._wall_offset_ns <= self._last_wall_ns:
             self._wall_offset_ns = time.time_ns() - int(t[-1]) - 2_560_000_000  # the newest window ended just now
@@ -214,13 +191,7 @@ class DeviceController(TakingPart, HistoryEdits):
 
     # -- recording -------------------------------------------------------------------------
     def start_recording(self, activity: str) -> None:
-        """Label what follows as ``activity`` (starts sensing if needed).
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
+        """Label what follows as ``activity`` (starts sensing if needed); KeyError outside the label set."""
         self.recorder.start(activity)
         self.start_sensing()
 

@@ -1,7 +1,4 @@
-"""The Federation screen's sentences: why the device is or is not training, and each failure with its fix.
-
-Nothing here imports Kivy: the controller composes these words for its views, and the tests check them one by one.
-"""
+"""The Federation screen's sentences: why the device is or is not training, and each failure with its fix (no Kivy)."""
 
 from __future__ import annotations
 
@@ -15,16 +12,7 @@ from har_io.refusal_words import bundle_login_refused, bundle_wrong_ca
 
 
 def taking_part_words(v: FederationView) -> str:
-    """Why the device is or is not training now, in one sentence for the person holding it.
-
-    Parameters
-    ----------
-    v : FederationView
-
-    Returns
-    -------
-    str
-    """
+    """Why the device is or is not training now, in one sentence for the person holding it."""
     if v.state == "off":
         return "Not taking part: switch on \"Take part in training\" to help train the shared model"
     if v.state == "waiting for charger":
@@ -62,13 +50,8 @@ def missing_backend(backend: str, exc: ImportError) -> str:
 
 
 def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
-    """A broker's refusal (``BrokerRefused.kind`` and message) in the words the screen shows.
-
-    A password or a CA that came from an enrolment bundle was never typed on the device, so the
-    words give the operator's fix (:mod:`har_io.refusal_words`): a bundle never accepted is to be
-    re-issued; one accepted before was re-issued, renamed or revoked since. What was typed by
-    hand is for the typist to check.
-    """
+    """A broker's refusal (``BrokerRefused.kind`` and message) in the screen's words; a password or CA from an enrolment
+    bundle was never typed here, so those words give the operator's fix (:mod:`har_io.refusal_words`)."""
     user = cfg.username if cfg.username else "(none)"
     if kind == "auth":
         if enrolled(cfg.state_dir):
@@ -86,17 +69,8 @@ def describe_refusal(kind: str, text: str, cfg: AppConfig) -> str:
 def connection_cause(agent: Any, cfg: AppConfig) -> str | None:
     """Why ``agent`` is not connected, in words; None when connected or nothing is known yet.
 
-    The one place that reads the cause off the agent: a refusal the link treats as final
-    (:attr:`har_io.mqtt_link.MqttLink.fatal`: credentials, certificates) in the app's words,
-    which name the user and the CA, else the cause of the last failed attempt that the link
-    reports (:attr:`edge_client.agent.EdgeAgent.connection`: "broker unreachable: ...",
-    "DNS: unknown host ...").
-
-    Parameters
-    ----------
-    agent : EdgeAgent
-    cfg : AppConfig
-        The settings the agent runs with (for the words: user, CA, address).
+    A final refusal (the link's ``fatal``) in the app's words naming the user and the CA, else the
+    cause of the last failed attempt (:attr:`edge_client.agent.EdgeAgent.connection`).
     """
     link = getattr(agent, "_link", None)
     if link is None:

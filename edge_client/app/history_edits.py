@@ -1,13 +1,9 @@
 """A history a person can correct: relabel a stretch, undo it, delete a stretch or a recording, set how long things are kept.
 
-:class:`HistoryEdits` is the part of :class:`~edge_client.app.controller.DeviceController` that
-changes the person's history. Every change goes to the two places that hold it, the timeline
-(:class:`~edge_client.timeline_store.TimelineStore`) and the recorded-window log
-(:class:`~edge_client.window_log.WindowLog`), and then to the store's training and test windows
-(:func:`~edge_client.recorder.sync_to_store`), so the next round trains on what the person kept;
-each returns an :class:`~edge_client.history.Edit` saying what it did to the next round's windows
-(:func:`~edge_client.history.edit_words`). Rounds already taken part in keep what they learnt:
-nothing here can take an update back.
+Every change goes to the timeline and the recorded-window log, then to the store's training and
+test windows (:func:`~edge_client.recorder.sync_to_store`), so the next round trains on what the
+person kept; each returns an :class:`~edge_client.history.Edit`. Rounds already taken part in keep
+what they learnt.
 """
 
 from __future__ import annotations
@@ -40,19 +36,10 @@ RECORDINGS_SHOWN = 20
 class HistoryView:
     """What the History screen shows besides the timeline (which it reads itself).
 
-    Attributes
-    ----------
-    recordings : list of dict
-        The newest recordings, newest first: ``label`` (class), ``t_first_ns`` and ``t_last_ns``
-        (their windows' own clock: what :meth:`HistoryEdits.delete_recording` takes), ``windows``,
-        ``wall_first_ns`` and ``wall_last_ns`` (wall clock ns; 0 when the recording is older than
-        the notes of when recordings were made).
-    quality : list of dict
-        The kept rounds' confusion matrices (:data:`edge_client.app.round_notes.QUALITY_KEY`), oldest first.
-    storage : list of str
-        What the app keeps and its size (:func:`edge_client.history.storage_lines`).
-    keep_days, keep_raw_days : float
-        How long predictions and raw samples are kept (days).
+    ``recordings``: the newest first, with ``label``, ``t_first_ns``/``t_last_ns`` (their windows'
+    clock, as :meth:`HistoryEdits.delete_recording` takes them), ``windows`` and
+    ``wall_first_ns``/``wall_last_ns`` (0 when older than the notes); ``quality``: the kept rounds'
+    confusion matrices, oldest first; ``storage``: :func:`edge_client.history.storage_lines`.
     """
 
     recordings: list[dict[str, int]] = field(default_factory=list)
@@ -102,21 +89,8 @@ class HistoryEdits:
         return f"{pretty(self.cfg.labels.names[label])} {clock_words(start_ns)}-{clock_words(end_ns)}"
 
     def relabel(self, start_ns: int, end_ns: int, activity: str) -> Edit:
-        """Relabel a stretch of the timeline as ``activity``; its raw samples become training (and test) windows.
-
-        The windows join the recorded-window log and the store's windows, so the next round
-        trains on them; :meth:`undo_relabel` takes them back.
-
-        Returns
-        -------
-        Edit
-            ``windows``: windows made (0 when the raw samples are older than the keep period).
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
+        """Relabel a stretch of the timeline as ``activity`` (KeyError outside the label set); its raw samples become
+        training and test windows for the next round (``windows``: 0 once they are older than the keep period)."""
         before = self._split()
         ws = self.timeline.relabel(start_ns, end_ns, activity)
         if len(ws):
@@ -129,10 +103,7 @@ class HistoryEdits:
     def undo_relabel(self, correction_id: int | None = None) -> Edit:
         """Undo a correction (default: the newest): the stretch shows the model's own activity again, its windows are deleted.
 
-        Raises
-        ------
-        LookupError
-            If there is no such correction (none made, or older than the keep period).
+        Raises LookupError if there is no such correction (none made, or older than the keep period).
         """
         rows = self.timeline.correction_list(1) if correction_id is None else [c for c in self.timeline.correction_list(10**6)
                                                                               if c.id == correction_id]  # fmt: skip
@@ -145,14 +116,8 @@ class HistoryEdits:
         return Edit("undo", self._span_words(c.label, c.start_ns, c.end_ns), removed, before, self._split())
 
     def delete_span(self, start_ns: int, end_ns: int) -> Edit:
-        """Delete a stretch from the timeline: its recognised activity, its raw samples, and the corrections inside it
-        with their training windows.
-
-        Raises
-        ------
-        ValueError
-            If ``end_ns <= start_ns``.
-        """
+        """Delete a stretch from the timeline: its activity, raw samples, and the corrections inside it with their training
+        windows (ValueError if ``end_ns <= start_ns``)."""
         before = self._split()
         _, gone = self.timeline.delete_span(start_ns, end_ns)
         removed = sum(self._drop_correction_windows(c) for c in gone)
@@ -166,13 +131,7 @@ class HistoryEdits:
                 if not any(c.label == g.label and c.start_ns <= g.t_first_ns and g.t_last_ns < c.end_ns for c in fixes)]  # fmt: skip
 
     def delete_recording(self, t_first_ns: int, t_last_ns: int, label: int) -> Edit:
-        """Delete one recording (as :meth:`history` lists it) and its windows.
-
-        Raises
-        ------
-        LookupError
-            If the log holds no such recording any more (deleted already, or trimmed).
-        """
+        """Delete one recording (as :meth:`history` lists it) and its windows; LookupError if the log no longer holds it."""
         t, y = self.window_log.index()
         found = [g for g in recording_groups(t, y) if (g.label, g.t_first_ns, g.t_last_ns) == (label, t_first_ns, t_last_ns)]
         if not found:
@@ -196,13 +155,8 @@ class HistoryEdits:
             log.error("timeline: cannot note a recording: %s", exc)
 
     def set_keep(self, keep_days: float, keep_raw_days: float) -> None:
-        """Keep predictions ``keep_days`` and raw samples ``keep_raw_days`` (older ones are deleted at once).
-
-        Raises
-        ------
-        ValueError
-            For a period outside :data:`edge_client.timeline_store.KEEP_LIMITS`.
-        """
+        """Keep predictions ``keep_days`` and raw samples ``keep_raw_days``, deleting older ones at once (ValueError outside
+        :data:`edge_client.timeline_store.KEEP_LIMITS`)."""
         self.timeline.set_keep(keep_days, keep_raw_days)
 
     def history(self) -> HistoryView:

@@ -40,30 +40,12 @@ def accepted_before(state_dir: Path) -> bool:
 def federation_fields(state_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
     """Check the Federation settings typed or imported and turn them into :class:`AppConfig` fields.
 
-    The one entry for entering the settings by hand and, later, for an enrolment bundle:
-    both give the same keys.
-
-    Parameters
-    ----------
-    state_dir : Path
-        The app's private folder (a ``password`` is stored there, see :func:`store_password`).
-    fields : dict
-        Any of ``client_id`` (1-64 letters, digits, ``_ . -``), ``broker`` (``HOST:PORT``),
-        ``federation`` (same rules as a client id), ``username`` ("" or None: anonymous),
-        ``password`` (str; "" removes the stored one), ``enrolled`` (True: that password came
-        from an enrolment bundle, see :data:`ENROLLED_MARK`), ``password_file`` (path or None),
-        ``tls_ca`` (path of an existing CA certificate; "" or None: no TLS), ``backend``
-        (one of :data:`APP_BACKENDS`).
-
-    Returns
-    -------
-    dict
-        AppConfig field -> value (``password`` becomes ``password_file``).
-
-    Raises
-    ------
-    ValueError
-        For an unknown key or an invalid value, naming it and the fix.
+    The one entry for settings typed by hand and from an enrolment bundle. ``fields``: any of
+    ``client_id``, ``broker`` (``HOST:PORT``), ``federation`` (client-id rules), ``username`` (""
+    or None: anonymous), ``password`` ("" removes the stored one; stored by :func:`store_password`
+    and given back as ``password_file``), ``enrolled`` (that password came from a bundle),
+    ``password_file``, ``tls_ca`` (an existing CA file; "" or None: no TLS), ``backend``
+    (:data:`APP_BACKENDS`). Raises ValueError for an unknown key or an invalid value, naming the fix.
     """
     known = {"client_id", "broker", "federation", "username", "password", "password_file", "tls_ca", "backend", "enrolled"}
     unknown = sorted(set(fields) - known)
@@ -118,32 +100,11 @@ def enrol(controller: Any, source: str | Path, ca_file: str | Path | None = None
 
 
 def enrolment_fields(state_dir: Path, source: str | Path, ca_file: str | Path | None = None) -> tuple[EnrolmentBundle, dict[str, Any]]:
-    """Read an enrolment bundle and give the Federation fields it sets (the keys of :func:`federation_fields`).
+    """Read an enrolment bundle (file or JSON text) and give the bundle and the Federation fields it sets.
 
-    An inline CA certificate is written to ``<state_dir>/credentials/`` (mode 0600); a bundle
-    that names its CA by fingerprint only takes ``ca_file``, which must match it. The user
-    name is the client id; the password goes to the private folder as a typed one does.
-
-    Parameters
-    ----------
-    state_dir : Path
-        The app's private folder.
-    source : str or Path
-        The bundle's file, or its JSON text.
-    ca_file : path, optional
-        The CA certificate of a fingerprint-only bundle.
-
-    Returns
-    -------
-    (EnrolmentBundle, dict)
-        The bundle, and ``client_id``, ``broker``, ``federation``, ``username``, ``password``, ``tls_ca``, ``enrolled``.
-
-    Raises
-    ------
-    har_io.enrolment.EnrolmentRefused
-        A malformed bundle, one of an unknown version, or a CA that does not match (its reason named).
-    OSError
-        If the file cannot be read or the CA not written.
+    An inline CA is written to ``<state_dir>/credentials/`` (0600); a fingerprint-only bundle takes
+    ``ca_file``, which must match it. The user name is the client id; the password is stored as a
+    typed one. Raises ``EnrolmentRefused`` (its reason named) or OSError (file unreadable, CA unwritable).
     """
     bundle = read_bundle(source)
     if bundle.tls_ca_pem is not None:
@@ -151,34 +112,14 @@ def enrolment_fields(state_dir: Path, source: str | Path, ca_file: str | Path | 
     broker = bundle.broker_config(state_dir / CREDENTIALS_DIR, ca_file=ca_file)
     if (state_dir / CREDENTIALS_DIR).is_dir():
         os.chmod(state_dir / CREDENTIALS_DIR, 0o700)
-    fields: dict[str, Any] = {
-        "client_id": bundle.client_id,
-        "broker": broker.address,
-        "federation": bundle.federation,
-        "username": bundle.username,
-        "password": bundle.password,
-        "tls_ca": broker.tls_ca or "",
-        "enrolled": True,
-    }
+    fields: dict[str, Any] = {"client_id": bundle.client_id, "broker": broker.address, "federation": bundle.federation,
+                              "username": bundle.username, "password": bundle.password, "tls_ca": broker.tls_ca or "", "enrolled": True}
     return bundle, fields
 
 
 def store_password(state_dir: Path, password: str) -> Path | None:
-    """Keep the broker password in the app's private folder, readable by its owner only.
-
-    Written to :data:`PASSWORD_FILE` under ``state_dir`` (folder mode 0700, file 0600,
-    replaced atomically); an empty password removes the file. The password is never logged.
-
-    Returns
-    -------
-    Path or None
-        The file, or None when the password was empty.
-
-    Raises
-    ------
-    ValueError
-        If the password contains a line break (the file holds one line).
-    """
+    """Keep the broker password at :data:`PASSWORD_FILE` under ``state_dir`` (folder 0700, file 0600, atomically; never
+    logged); an empty one removes the file (None). ValueError for a line break (the file holds one line)."""
     path = state_dir / PASSWORD_FILE
     if not password:
         path.unlink(missing_ok=True)
@@ -192,13 +133,7 @@ def store_password(state_dir: Path, password: str) -> Path | None:
 
 
 def parse_broker(host_port: str) -> str:
-    """``"host:port"`` normalised.
-
-    Raises
-    ------
-    ValueError
-        If the address is not ``host:port`` with a port in 1..65535.
-    """
+    """``"host:port"`` normalised; ValueError unless ``host:port`` with a port in 1..65535."""
     host, sep, port = host_port.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"broker address {host_port!r} is not HOST:PORT (e.g. 192.168.1.10:1883)")

@@ -1,34 +1,13 @@
 """``fedhar-app``: the Kivy app on the device (Android, Raspberry Pi with a screen, desktop Linux).
 
-Five screens, each built by its own module in :mod:`edge_client.app.screens`:
-
-* **Today** — the day's timeline of recognised activity, minutes against a weekly goal,
-  relabelling or deleting a stretch, CSV export.
-* **Record** — choose an activity, start and stop; windows recorded per activity.
-* **Live** — the activity the device's current model sees, with its confidence, refreshed
-  at every window hop (64 samples = 1.28 s at 50 Hz).
-* **Federation** — client id, broker address, federation, user name, password (stored in
-  the app's private folder, shown only as "stored"), CA certificate and training backend,
-  entered by hand or filled by **Enrol** from an enrolment bundle (its file, its pasted text,
-  or on Android its QR code through a scanner app); the home server's state in words
-  (:mod:`edge_client.server_state`); connection state, current round, last local accuracy, a switch to take
-  part and one to train only while charging; every failure in words under the control that
-  caused it (refused login, wrong CA, unreachable broker, too few windows, missing backend);
-  what left the phone each round; what sensing and rounds cost it in CPU and battery
-  (:func:`edge_client.cost.cost_words`); and leaving the federation, after a confirmation
-  (:mod:`edge_client.leave`).
-* **History** — weeks and months with trends, undo of a correction, deleting a recording,
-  quality per activity and the F1 curve over rounds, storage, keep periods and the window.
-
-The screens only show what :class:`~edge_client.app.controller.DeviceController` reports
-from its background threads; every report is moved onto the UI thread with
-``Clock.schedule_once`` before a widget is touched.
-
-Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main` parses the
-options first and imports Kivy afterwards, in the environment :func:`prepare_kivy` sets
-(Kivy's documented ``KIVY_*`` variables: no argument parsing, Python's logging only, the
-SDL2 clipboard instead of probing xclip, xsel, dbus and gtk3; ``KCFG_GRAPHICS_*`` for the
-window that ``--size`` and ``--fullscreen`` ask for, :mod:`edge_client.app.window_size`).
+Five screens (:mod:`edge_client.app.screens`): **Today** (the day's recognised activity, minutes
+against a weekly goal, relabelling, CSV export), **Record**, **Live** (the current model's activity
+at every 1.28 s hop), **Federation** (how to join, entered by hand or by **Enrol** from a bundle;
+the server's state, the round, every failure in words, what left the phone, what taking part
+costs, leaving) and **History**. The screens only show what
+:class:`~edge_client.app.controller.DeviceController` reports, moved onto the UI thread with
+``Clock.schedule_once``. Kivy parses ``sys.argv`` and opens a window when imported, so :func:`main`
+parses the options first and imports Kivy in the environment :func:`prepare_kivy` sets.
 """
 
 from __future__ import annotations
@@ -48,7 +27,7 @@ from edge_client.sensors.base import SensorSource
 from edge_client.sensors.factory import make_source
 from har_io import exit_codes
 from har_io.cli import HelpFormatter, add_logging_arguments
-from har_io.exit_codes import Exit
+from har_io.exit_codes import Exit, fail
 from har_io.install_hints import install_hint
 from har_models.data.labels import LABEL_SETS
 
@@ -100,47 +79,26 @@ def _size_option(text: str) -> tuple[int, int] | str:
 
 
 def config_from_args(args: argparse.Namespace, data_dir: Path) -> AppConfig:
-    """The app's settings from parsed options (``data_dir``: the platform's folder for app data).
-
-    The window: ``--size`` and ``--fullscreen`` where given, else the choice saved on the
-    History screen (:func:`~edge_client.app.window_size.saved_window`), else "auto".
-    """
+    """The app's settings from parsed options (``data_dir``: the platform's folder for app data); the window from
+    ``--size``/``--fullscreen``, else the choice saved on the History screen, else "auto"."""
     cid = args.client_id or "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:64] or "device"
     state_dir = args.state_dir or data_dir / "fedhar"
     size, full = saved_window(state_dir)
     if args.size is not None or args.fullscreen:
         size, full = (None if args.size in (None, "auto") else args.size), bool(args.fullscreen)
-    return AppConfig(
-        state_dir=state_dir,
-        labels=LABEL_SETS[args.labels],
-        client_id=cid,
-        broker=args.broker,
-        federation=args.federation,
-        max_windows=args.max_windows,
-        username=args.username,
-        password_file=args.password_file,
-        tls_ca=args.tls_ca,
-        backend=args.backend,
-        window_size=size,
-        fullscreen=full,
-    )
+    return AppConfig(state_dir=state_dir, labels=LABEL_SETS[args.labels], client_id=cid, broker=args.broker, federation=args.federation,
+                     max_windows=args.max_windows, username=args.username, password_file=args.password_file, tls_ca=args.tls_ca,
+                     backend=args.backend, window_size=size, fullscreen=full)  # fmt: skip
 
 
 RUNTIME_PERMISSIONS = ("android.permission.POST_NOTIFICATIONS",)
-"""Permissions the app asks for when it starts: the service's notification (a runtime permission from Android 13).
-
-The sensors need none at run time: 50 Hz is below the 200 Hz limit, and
-``HIGH_SAMPLING_RATE_SENSORS`` (the health service type's prerequisite) is granted at install.
-"""
+"""Permissions asked for at start: the service's notification (runtime from Android 13); the sensors need none at
+50 Hz, and ``HIGH_SAMPLING_RATE_SENSORS`` is granted at install."""
 
 
 def request_android_permissions(then: Callable[[], None]) -> None:
-    """Ask for :data:`RUNTIME_PERMISSIONS` not yet granted, then call ``then`` (granted or not).
-
-    The service starts either way: without the notification permission Android still runs
-    the foreground service, it only hides its notification. Elsewhere than on Android
-    (no python-for-android ``android`` module) ``then`` is called at once.
-    """
+    """Ask for :data:`RUNTIME_PERMISSIONS` not yet granted, then call ``then`` (granted or not; without the notification
+    the foreground service runs hidden). Off Android ``then`` is called at once."""
     try:
         from android.permissions import check_permission, request_permissions  # python-for-android only
     except ImportError:
@@ -161,11 +119,9 @@ def request_android_permissions(then: Callable[[], None]) -> None:
 
 
 def start_android_service(on_error: Callable[[BaseException], None] | None = None) -> None:
-    """Ask for the runtime permissions, then start the foreground service "Sensing" declared in buildozer.spec.
+    """Ask for the runtime permissions, then start the foreground service "Sensing" (``Service<Name>`` in the package).
 
-    python-for-android names the service's class ``Service<Name>`` in the app's package.
-    The start may run later, from the permission dialog's answer; an exception it raises
-    there (Android 12+: ``ForegroundServiceStartNotAllowedException`` when the app is in the
+    An exception of the later start (Android 12+: ``ForegroundServiceStartNotAllowedException`` in the
     background) goes to ``on_error`` instead of crashing the app (re-raised without one).
     """
 
@@ -186,25 +142,14 @@ def start_android_service(on_error: Callable[[BaseException], None] | None = Non
 def create_app(
     cfg: AppConfig, source: SensorSource | None, controller_factory: Callable[..., Any] = DeviceController, **controller_kwargs: Any
 ) -> Any:
-    """Build the Kivy app object (imports Kivy: call after the options are parsed).
+    """Build the Kivy app object :class:`edge_client.app.window.FedHarApp` (imports Kivy: call after the options are parsed).
 
-    ``controller_factory`` is :class:`~edge_client.app.controller.DeviceController` (sensing in
-    this process) or :class:`~edge_client.app.service.RemoteController` (Android: the
-    foreground service senses, the UI shows its reports).
-
-    Each screen is built by its own module (:mod:`edge_client.app.screens`); the window that
-    holds them is :class:`edge_client.app.window.FedHarApp`.
-
-    Returns
-    -------
-    FedHarApp
-        ``app.run()`` opens the window; ``app.controller`` is created in ``build()``.
+    ``controller_factory`` is :class:`~edge_client.app.controller.DeviceController` (sensing here) or
+    :class:`~edge_client.app.service.RemoteController` (Android: the service senses).
     """
     from edge_client.app.window import FedHarApp  # imports Kivy
 
     return FedHarApp(cfg, source, controller_factory, controller_kwargs)
-
-
 
 
 KIVY_ENVIRONMENT = {"KIVY_NO_ARGS": "1", "KIVY_LOG_MODE": "PYTHON"}
@@ -217,11 +162,8 @@ xclip, xsel, dbus and gtk3 at start."""
 
 
 class _CutBufferNote(logging.Filter):
-    """Kivy's CRITICAL "Unable to find any valuable Cutbuffer provider" and its tracebacks, made one INFO line.
-
-    The cut buffer is X11's middle-click paste, optional for the app; Kivy probes it on Linux whatever the
-    clipboard setting (``kivy.core.clipboard``) and has no option to turn the probe off.
-    """
+    """Kivy's CRITICAL "Unable to find any valuable Cutbuffer provider" and its tracebacks, made one INFO line (X11's
+    optional middle-click paste; Kivy probes it whatever the clipboard setting)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR and str(record.msg).startswith("Cutbuffer: Unable to find"):
@@ -234,10 +176,8 @@ def prepare_kivy(environ: dict[str, str] | os._Environ[str] | None = None, on_an
                  size: tuple[int, int] | None = None, fullscreen: bool = False) -> None:  # fmt: skip
     """Set Kivy's environment (:data:`KIVY_ENVIRONMENT`, :data:`KIVY_CLIPBOARD`, the window) before Kivy is imported.
 
-    Values already set win (a user's ``KIVY_LOG_MODE=MIXED`` stays), except the window's size
-    and full-screen mode, which the app's options and settings decide
-    (:func:`~edge_client.app.window_size.kivy_environment`; Android's window is always the
-    screen). The cut-buffer probe's alarm is turned into a note (:class:`_CutBufferNote`).
+    Values already set win, except the window's size and full-screen mode (the app's options;
+    Android's window is always the screen).
     """
     env = os.environ if environ is None else environ
     for key, value in KIVY_ENVIRONMENT.items():
@@ -256,19 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, default_data_dir())
     except (ValueError, OSError) as exc:
-        print(f"fedhar-app: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-app: {exc}")
     prepare_kivy(on_android=args.sensor == "android", size=cfg.window_size, fullscreen=cfg.fullscreen)
     try:
         import kivy  # noqa: F401  (Kivy's logger starts here, in the environment just set)
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "kivy":
             raise
-        print(
-            f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}",
-            file=sys.stderr,
-        )
-        return Exit.MISSING_MODULE
+        return fail(f"fedhar-app: Kivy is not installed in {sys.prefix}; the app needs its extra: {install_hint('app')}",
+                    Exit.MISSING_MODULE)
     try:
         if args.sensor == "android":  # sensing lives in the foreground service, which outlives the UI
             from edge_client.app.service import RemoteController
@@ -277,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             return Exit.OK
         source = make_source(args.sensor, cfg.labels, args.replay_speed)
     except (ValueError, OSError) as exc:
-        print(f"fedhar-app: {exc}", file=sys.stderr)
-        return Exit.USAGE
+        return fail(f"fedhar-app: {exc}")
     create_app(cfg, source).run()
     return Exit.OK
 

@@ -1,15 +1,9 @@
 """The Live screen's predictor: the device's current local model, behind one function.
 
-:func:`load_predictor` returns an object with ``predict(x) -> probabilities``: PyTorch
-eager where it is installed (desktop, a board), else the numpy reference implementation of
-the same CNN (:mod:`edge_client.backends.numpy_ref`), which needs nothing but numpy (a
-phone). ``prefer=("executorch", ...)`` asks for the ExecuTorch inference program first.
-All three give the same probabilities to float32 rounding
-(``tests/test_backends.py``).
-
-The torch predictor classifies on one intra-op thread (:mod:`edge_client.torch_threads`), without
-changing the threads a round trains with: at PyTorch's default count the intra-op pool's
-spinning was most of what background classification cost.
+:func:`load_predictor` gives ``predict(x) -> probabilities``: PyTorch eager where installed, else
+the numpy reference (a phone); all agree to float32 rounding (``tests/test_backends.py``). The torch
+predictor classifies on one intra-op thread (:mod:`edge_client.torch_threads`) without changing a
+round's threads: at PyTorch's default count the pool's spinning was most of the cost.
 """
 
 from __future__ import annotations
@@ -35,26 +29,12 @@ class Predictor(Protocol):
 
 
 class TorchPredictor:
-    """The HAR CNN in PyTorch eager mode, for inference.
+    """The HAR CNN in PyTorch eager mode, for inference, from the stored ``arch_json`` and tensors.
 
-    Parameters
-    ----------
-    arch_json : str
-        :class:`~har_models.nn.model.ArchSpec` as JSON (as stored with the local model).
-    state : dict name -> ndarray
-        The model's tensors.
-    threads : int or None
-        PyTorch intra-op threads of a prediction (:data:`~edge_client.torch_threads.INFERENCE_THREADS`,
-        1): the process's count is changed for the call and restored, and left alone while a
-        round trains (:func:`~edge_client.torch_threads.inference_threads`). None: PyTorch's count
-        as it is. The probabilities are the same either way (``tests/test_torch_threads.py``); the
-        CPU is not: ``benchmarks/bench_device_cost.py --small`` measured 4.6-6.0 CPU s per hour of
-        sensing on one thread, 8.9-35.9 at PyTorch's count on a 2-core machine.
-
-    Raises
-    ------
-    ValueError
-        If the tensors do not match the architecture, or ``threads`` < 1.
+    ``threads``: intra-op threads of a prediction (1), set for the call and restored, left alone
+    while a round trains; None: PyTorch's count. Same probabilities either way; on a 2-core machine
+    ``benchmarks/bench_device_cost.py --small`` measured 4.6-6.0 CPU s per hour of sensing on one
+    thread against 8.9-35.9. Raises ValueError if the tensors do not match or ``threads`` < 1.
     """
 
     def __init__(self, arch_json: str, state: dict[str, np.ndarray], threads: int | None = INFERENCE_THREADS):
@@ -72,13 +52,7 @@ class TorchPredictor:
         self._model = build_model(spec, {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in state.items()}).eval()
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Probabilities (B, C) float32 for windows ``x`` (B, 6, T) float32, softmax of the logits.
-
-        Raises
-        ------
-        ValueError
-            If ``x`` is not (B, 6, T) with the model's T.
-        """
+        """Probabilities (B, C) float32 for windows ``x`` (B, 6, T) float32; ValueError for another shape."""
         x = np.asarray(x, np.float32)
         if x.ndim != 3 or x.shape[1:] != (self.spec.n_channels, self.spec.window):
             raise ValueError(f"predict: windows must be (B, {self.spec.n_channels}, {self.spec.window}), got {x.shape}")
@@ -93,21 +67,8 @@ class TorchPredictor:
 def load_predictor(
     store: ClientStore, prefer: tuple[str, ...] = ("torch", "numpy"), torch_threads: int | None = INFERENCE_THREADS
 ) -> Predictor | None:
-    """A predictor for the store's current local model, or None (no model yet, or an unusable one).
-
-    Parameters
-    ----------
-    store : ClientStore
-    prefer : tuple of backend names
-        Tried in order; a backend whose runtime is not installed is skipped.
-    torch_threads : int or None
-        The torch predictor's intra-op threads (:class:`TorchPredictor`'s ``threads``; 1).
-
-    Raises
-    ------
-    ValueError
-        If ``torch_threads`` < 1.
-    """
+    """A predictor for the store's current local model (backends of ``prefer`` in order, one without its runtime skipped),
+    or None (no model, or an unusable one); ValueError if ``torch_threads`` < 1."""
     if torch_threads is not None and torch_threads < 1:
         raise ValueError(f"load_predictor: torch_threads must be at least 1 (or None: PyTorch's own count), got {torch_threads}")
     loaded = store.load_local_model()

@@ -59,18 +59,9 @@ FOREGROUND_START_NOT_ALLOWED = "android.app.ForegroundServiceStartNotAllowedExce
 def service_start_error(exc: BaseException) -> str:
     """Words for the screen about a failed service start.
 
-    pyjnius raises a Java exception as ``jnius.JavaException`` whose ``classname`` attribute
-    names the Java class; a ``ForegroundServiceStartNotAllowedException`` (by that class name,
-    the exception's own type name, or its message) gives :data:`BACKGROUND_START_REFUSED`,
-    anything else "cannot start the sensing service: <type>: <message>".
-
-    Parameters
-    ----------
-    exc : BaseException
-
-    Returns
-    -------
-    str
+    Android 12+'s ``ForegroundServiceStartNotAllowedException`` (by pyjnius' ``classname``, the type's
+    name or the message) gives :data:`BACKGROUND_START_REFUSED`, anything else
+    "cannot start the sensing service: <type>: <message>".
     """
     names = (str(getattr(exc, "classname", "") or ""), type(exc).__name__, str(exc))
     short = FOREGROUND_START_NOT_ALLOWED.rsplit(".", 1)[1]
@@ -82,18 +73,9 @@ def service_start_error(exc: BaseException) -> str:
 class RemoteController:
     """The UI's side: the :class:`~edge_client.app.controller.DeviceController` methods the screens use, over the two files.
 
-    Parameters
-    ----------
-    cfg : AppConfig
-    source : SensorSource, optional
-        Unused (the service owns the sensors); accepted so both controllers build alike.
-    on_live, on_counts, on_federation : callables, optional
-        Called from the polling thread with what the service reported.
-    start_service : callable taking an error callback, optional
-        Starts the service (on Android, :func:`~edge_client.app.main.start_android_service`);
-        None: someone else does. See :meth:`start_sensing`.
-    poll_s : float
-        Seconds between looks at the status file.
+    ``source`` is unused (the service owns the sensors); the ``on_*`` callbacks run in the polling
+    thread (every ``poll_s``); ``start_service`` starts the service (on Android
+    :func:`~edge_client.app.main.start_android_service`; None: someone else does).
     """
 
     def __init__(
@@ -159,14 +141,9 @@ class RemoteController:
             self._on_federation(self.federation)
 
     def start_sensing(self) -> None:
-        """Start the service (it senses whether or not the UI is open).
-
-        ``start_service`` is called with one argument, a callable for a failure that happens
-        later (after a permission dialog); a failure raised at once is caught here too. Either
-        way nothing propagates: the Federation screen's ``error`` says what happened
-        (:func:`service_start_error`), e.g. Android 12+ refusing a foreground service started
-        from the background (``ForegroundServiceStartNotAllowedException``).
-        """
+        """Start the service (it senses whether or not the UI is open); a failure, now or later (after a permission
+        dialog, through the callback given to ``start_service``), never propagates: the Federation screen's ``error``
+        says it (:func:`service_start_error`)."""
         if self._start_service is None:
             return
         try:
@@ -184,13 +161,7 @@ class RemoteController:
         """The service keeps sensing; closing the UI does not stop it."""
 
     def start_recording(self, activity: str) -> None:
-        """Ask the service to label what follows as ``activity``.
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
+        """Ask the service to label what follows as ``activity`` (KeyError outside the label set)."""
         self.cfg.labels.index(activity)
         self.settings["recording"] = activity
         self.recorder.activity = activity
@@ -214,31 +185,15 @@ class RemoteController:
         self._save()
 
     def set_broker(self, host_port: str) -> None:
-        """Use another broker (``host:port``).
-
-        Raises
-        ------
-        ValueError
-            If the address is not ``host:port``.
-        """
+        """Use another broker (``host:port``; ValueError otherwise)."""
         self.set_federation(broker=host_port)
 
     def set_federation(self, **fields: Any) -> None:
-        """Ask the service to join with other settings (as :meth:`DeviceController.set_federation`).
-
-        A ``password`` is stored in the shared private folder here; the settings file names
-        only its file and a stamp of its modification time.
-
-        Raises
-        ------
-        ValueError
-            For a field that is not valid; nothing is changed then.
-        """
+        """Ask the service to join with other settings (as :meth:`DeviceController.set_federation`; ValueError, nothing
+        changed, for an invalid field); a ``password`` is stored in the shared private folder, the settings name its file."""
         changes = federation_fields(self.cfg.state_dir, fields)
         self.cfg = replace(self.cfg, **changes)
-        fresh = settings_of(self.cfg)
-        for key in FEDERATION_KEYS:
-            self.settings[key] = fresh[key]
+        self._take_federation_settings()
         keep = {k: getattr(self.federation, k) for k in ("state", "round", "last_accuracy", "take_part", "charge_only", "charging")}
         self.federation = replace(settings_view(self.cfg), **keep)
         self._save()
@@ -254,16 +209,9 @@ class RemoteController:
     def _ask(self, op: str, wait_s: float, **args: Any) -> Edit | None:
         """Ask the service to run ``op`` (one of :data:`~edge_client.app.service.REQUESTS`) and wait for its answer.
 
-        Returns
-        -------
-        Edit or None
-            What it did; None when the service has not answered within ``wait_s`` (it still will:
-            the screen says the request was handed on) or the method returns nothing.
-
-        Raises
-        ------
-        KeyError, LookupError, ValueError, OSError
-            As the controller's method raised it in the service, with its message.
+        Returns what it did, or None when the method returns nothing or the service has not answered
+        within ``wait_s`` (it still will). Raises KeyError, LookupError, ValueError or OSError as the
+        controller's method raised it in the service.
         """
         rid = f"{time.time_ns()}"
         reqs = list(self.settings.get("requests") or [])
@@ -283,13 +231,8 @@ class RemoteController:
         return None
 
     def relabel(self, start_ns: int, end_ns: int, activity: str, wait_s: float = 5.0) -> Edit | None:
-        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`); None if it has not answered yet.
-
-        Raises
-        ------
-        KeyError
-            For an activity outside the label set.
-        """
+        """Ask the service to relabel a stretch (as :meth:`DeviceController.relabel`; KeyError for an unknown activity);
+        None if it has not answered yet."""
         self.cfg.labels.index(activity)
         return self._ask("relabel", wait_s, start_ns=int(start_ns), end_ns=int(end_ns), activity=activity)
 
@@ -320,14 +263,9 @@ class RemoteController:
     def leave(self, forget: bool, wait_s: float = 30.0) -> LeaveOutcome:
         """Ask the service to leave the federation (as :meth:`DeviceController.leave`) and wait for what it did.
 
-        The settings are set back to a device that never joined (client id and backend kept) once
-        the service answers, so a restarted service does not join again.
-
-        Raises
-        ------
-        OSError
-            If the service could not delete a file, or did not answer within ``wait_s`` (it
-            still may: the screen says so).
+        Once it answers, the settings go back to a device that never joined, so a restarted service
+        does not join again. Raises OSError if the service could not delete a file or did not
+        answer within ``wait_s`` (it still may).
         """
         rid = f"{time.time_ns()}"
         self.settings["leave"] = {"id": rid, "forget": bool(forget)}
@@ -345,15 +283,18 @@ class RemoteController:
             raise OSError(left["error"])
         self.cfg = replace(self.cfg, broker=AppConfig.broker, federation=AppConfig.federation, username=None, password_file=None,
                            tls_ca=None)  # fmt: skip
-        fresh = settings_of(self.cfg)
-        for key in FEDERATION_KEYS:
-            self.settings[key] = fresh[key]
+        self._take_federation_settings()
         self.settings.pop("leave", None)
         self._save()
         self.federation = replace(settings_view(self.cfg), charge_only=self.federation.charge_only, charging=self.federation.charging)
         return LeaveOutcome(forget=bool(left["forget"]), told=bool(left["told"]), not_told=str(left.get("not_told", "")),
                             deleted=tuple(left.get("deleted", ())))  # fmt: skip
 
+
+    def _take_federation_settings(self) -> None:
+        fresh = settings_of(self.cfg)
+        for key in FEDERATION_KEYS:
+            self.settings[key] = fresh[key]
     def close(self) -> None:
         """Stop polling (the service goes on)."""
         self._stop.set()

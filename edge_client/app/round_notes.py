@@ -1,21 +1,10 @@
 """What the app keeps of the rounds this device took part in, for the person: quality per round, the server's model numbers.
 
-The agent keeps only its newest update (``last_update.bin``); the app keeps, in the device's
-store metadata, what a person looks at over weeks:
-
-* :data:`QUALITY_KEY` — per round, the two confusion matrices (rows: truth, columns:
-  prediction) of the update's own test windows: ``start``, the model as this device starts
-  training from it (the update's "initial" matrix, the start measure the server's quality
-  guard reads) and ``personal``, the model after training here (its "trained" matrix); the
-  newest :data:`QUALITY_KEPT` rounds (:mod:`edge_client.history` turns them into a curve and
-  per-activity words);
-* :data:`VERSIONS_KEY` — the server's number of the shared model each round started from
-  (the coordinator status's ``model_version`` while that round was open), so the app says
-  "model v18" in the server's numbering rather than the architecture's version;
-* :data:`SERVER_SEEN_KEY` — when the home server was last known alive, so a restart of the
-  app still says since when it is offline.
-
-Nothing here imports Kivy or PyTorch.
+In the store's metadata: :data:`QUALITY_KEY`, per round the confusion matrices of the update's own
+test windows, ``start`` (the model this device starts training from, the quality guard's start
+measure) and ``personal`` (after training); :data:`VERSIONS_KEY`, the server's number of the model
+each round started from ("model v18" in the server's numbering); :data:`SERVER_SEEN_KEY`, when the
+server was last known alive (kept across app restarts). No Kivy or PyTorch.
 """
 
 from __future__ import annotations
@@ -47,14 +36,8 @@ SEEN_WRITE_S = 60.0
 
 
 def note_update(store: ClientStore, envelope: bytes, t_unix: float | None = None) -> dict[str, Any] | None:
-    """Keep the confusion matrices of an update envelope under :data:`QUALITY_KEY` (one entry per run and round).
-
-    Returns
-    -------
-    dict or None
-        The entry kept (``run_id``, ``round``, ``t_unix``, ``start``, ``personal``, ``n_train``,
-        ``n_test``), None when the envelope carries no matrix.
-    """
+    """Keep the confusion matrices of an update envelope under :data:`QUALITY_KEY` (one entry per run and round); return
+    the entry, None when the envelope carries no matrix."""
     try:
         head = codec.peek_header(envelope)
     except codec.EnvelopeError as exc:
@@ -88,13 +71,7 @@ def versions_of(store: ClientStore) -> dict[tuple[str, int], int]:
 
 
 class ServerNotes:
-    """The home server's state for the app, its last sign of life kept in the store across restarts.
-
-    Parameters
-    ----------
-    store : ClientStore
-        Where :data:`SERVER_SEEN_KEY` and :data:`VERSIONS_KEY` are kept.
-    """
+    """The home server's state for the app, its last sign of life (and the rounds' model versions) kept in ``store``."""
 
     def __init__(self, store: ClientStore):
         self.store = store
@@ -103,15 +80,7 @@ class ServerNotes:
         self._written = self.watch.last_online_unix or 0.0
 
     def observe(self, agent: Any, now_unix: float) -> ServerState:
-        """The server's state as ``agent`` sees it now; notes the model version of the round it has open.
-
-        Parameters
-        ----------
-        agent : EdgeAgent
-            Read through its public ``coordinator``, ``coordinator_presence`` and ``announcement``.
-        now_unix : float
-            Wall clock, s since the epoch.
-        """
+        """The server's state as ``agent`` sees it at ``now_unix``; notes the model version of the round it has open."""
         state = self.watch.observe(agent.coordinator, agent.coordinator_presence, now_unix, agent.outlook)
         seen = self.watch.last_online_unix
         if seen is not None and seen - self._written >= SEEN_WRITE_S:

@@ -1,30 +1,14 @@
 """The app split in two processes, as on Android: a sensing service and the UI, talking through two files.
 
-On Android, sensing, recording and federated training must go on with the screen off, so
-they run in a python-for-android foreground service (``buildozer.spec``: ``services =
-Sensing:service.py:foreground:sticky``), which is a separate process from the Kivy UI.
-The two share the app's private folder, and talk through two small JSON files there,
-each written to a temporary name and renamed (so a reader sees the old or the new one):
-
-* ``app_settings.json`` — written by the UI: device id, broker, federation, user name, the
-  password's file (the password itself lives in ``credentials/mqtt.password``, mode 0600,
-  and is never written here or logged), CA certificate, training backend, label set, the
-  activity being recorded (or null), take part, train only while charging, the last
-  requests of the Today and History screens (``requests``: id, ``op`` one of
-  :data:`REQUESTS` — relabel, undo a relabel, delete a stretch or a recording, set the keep
-  periods — and its ``args``), and a request to leave the federation (``leave``: id, forget);
-* ``app_status.json`` — written by the service: counts per activity, the live prediction,
-  the federation state, what is being recorded, the answer to each request (``answers``: id
-  -> ``{"ok": ...}`` or ``{"error": ..., "kind": ...}``), the History screen's view
-  (``history``: :class:`~edge_client.app.history_edits.HistoryView`), and what the last leave
-  request did (``left``: id and :class:`~edge_client.leave.LeaveOutcome`'s fields, or ``error``).
-
-The Today and History screens read the timeline (``timeline.sqlite``, SQLite in WAL mode, so
-the UI reads while the service writes) directly; every change goes through the service, which
-owns the recorded-window log and the store the trainer reads.
-
-:func:`run_service` is the service; :class:`RemoteController` is what the UI uses instead of
-:class:`~edge_client.app.controller.DeviceController`, with the same methods.
+Sensing, recording and training go on with the screen off in a python-for-android foreground
+service (``buildozer.spec``), a process apart from the Kivy UI. They share the app's private
+folder and two JSON files, each written atomically: ``app_settings.json`` (by the UI: how to join,
+the password's file only, never the password; label set, what is recorded, take part, charge only,
+the last ``requests`` of the Today and History screens, one of :data:`REQUESTS` with its ``args``,
+and ``leave``) and ``app_status.json`` (by the service: counts, live prediction, federation state,
+``answers`` per request id, ``{"ok": ...}`` or ``{"error": ..., "kind": ...}``, the History view,
+``left``). The screens read ``timeline.sqlite`` (WAL) directly; every change goes through the
+service. :func:`run_service` is the service; the UI uses :class:`RemoteController`.
 """
 
 from __future__ import annotations
@@ -58,14 +42,8 @@ REQUESTS = ("relabel", "undo_relabel", "delete_span", "delete_recording", "set_k
 
 
 def answer_request(ctl: DeviceController, req: dict[str, Any]) -> dict[str, Any]:
-    """Do one request of the UI (``op`` one of :data:`REQUESTS`, ``args`` its keyword arguments) and say what it did.
-
-    Returns
-    -------
-    dict
-        ``{"ok": result}`` (an :class:`~edge_client.history.Edit` as a dict, or None), or
-        ``{"error": message, "kind": exception class name}`` for a refused request.
-    """
+    """Do one request of the UI (``op`` one of :data:`REQUESTS`, ``args`` its keyword arguments): ``{"ok": result}``
+    (an :class:`~edge_client.history.Edit` as a dict, or None), or ``{"error": message, "kind": class name}``."""
     op, args = req.get("op"), req.get("args")
     if op not in REQUESTS or not isinstance(args, dict):
         return {"error": f"unknown request {op!r}", "kind": "ValueError"}
@@ -102,21 +80,9 @@ def run_service(
     poll_s: float = 0.5,
     charging: Callable[[], bool] = is_charging,
 ) -> None:
-    """Run sensing, recording and the federation agent as the UI's settings say, until ``stop``.
-
-    Parameters
-    ----------
-    state_dir : Path, optional
-        The app's folder (default: the platform's app data folder + ``/fedhar``).
-    source : SensorSource, optional
-        Default: the Android sensors.
-    stop : threading.Event, optional
-        Set it to end the service (on Android the service runs until Android stops it).
-    poll_s : float
-        Seconds between looks at the settings file.
-    charging : callable returning bool
-        Charging state.
-    """
+    """Run sensing, recording and the federation agent as the UI's settings say, until ``stop`` (on Android: until
+    Android stops it). ``state_dir`` defaults to the platform's app data folder + ``/fedhar``, ``source`` to the
+    Android sensors; the settings file is read every ``poll_s``."""
     folder = state_dir or default_data_dir() / "fedhar"
     folder.mkdir(parents=True, exist_ok=True)
     settings = read_json(folder / files.SETTINGS_FILE) or {}
@@ -126,14 +92,8 @@ def run_service(
 
         source = AndroidSensorSource()
     stop = stop or threading.Event()
-    status: dict[str, Any] = {
-        "counts": {},
-        "live": asdict(LiveView()),
-        "federation": asdict(FederationView()),
-        "recording": None,
-        "answers": {},
-        "left": {},
-    }
+    status: dict[str, Any] = {"counts": {}, "live": asdict(LiveView()), "federation": asdict(FederationView()), "recording": None,
+                              "answers": {}, "left": {}}  # fmt: skip
     lock = threading.Lock()
 
     holder: dict[str, DeviceController] = {}  # the controller reports before its constructor returns
@@ -148,15 +108,8 @@ def run_service(
             files.write_json_atomic(folder / STATUS_FILE, status)
 
     wake = _android_wake_lock()
-    ctl = DeviceController(
-        cfg,
-        source,
-        on_live=lambda v: publish("live", asdict(v)),
-        on_counts=lambda c: publish("counts", c),
-        on_federation=lambda v: publish("federation", asdict(v)),
-        charging=charging,
-        supervise_s=poll_s,
-    )
+    ctl = DeviceController(cfg, source, on_live=lambda v: publish("live", asdict(v)), on_counts=lambda c: publish("counts", c),
+                           on_federation=lambda v: publish("federation", asdict(v)), charging=charging, supervise_s=poll_s)  # fmt: skip
     holder["ctl"] = ctl
     # Requests answered before a restart stay answered: a relabel or a deletion is applied once.
     status["answers"] = json.loads(ctl.timeline.get("answers", "{}"))

@@ -1,11 +1,9 @@
 """Taking part in the federation from the app: the supervisor thread that starts, watches and restarts the MQTT agent.
 
-:class:`TakingPart` is the part of :class:`~edge_client.app.controller.DeviceController` that
-decides, once a second, whether the device should train now (the switch, the charger, enough
-windows), starts the agent (:class:`edge_client.agent.EdgeAgent`) in its own thread, restarts a
-failed one with exponential back-off, and reports a :class:`~edge_client.app.views.FederationView`
-in words. The agent module is imported only when an agent starts, so the app runs without
-PyTorch and without the agent's imports until it takes part.
+Once a second it decides whether the device should train now (the switch, the charger, enough
+windows), starts :class:`edge_client.agent.EdgeAgent` in its own thread, restarts a failed one with
+exponential back-off and reports a :class:`~edge_client.app.views.FederationView` in words. The
+agent module is imported only when an agent starts (the app runs without PyTorch until then).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from edge_client.sent_log import SENT_KEY, with_versions
 from edge_client.server_state import server_words
 from edge_client.store import ClientStore
 from edge_client.window_log import WindowLog
+from har_io.broker_config import BrokerConfig
 from har_io.enrolment import EnrolmentBundle
 from har_io.exit_codes import Exit
 
@@ -96,10 +95,7 @@ class TakingPart:
         self._refresh_federation()
 
     def set_take_part(self, on: bool) -> None:
-        """Allow or forbid taking part in federated rounds (the supervisor acts within ``supervise_s``).
-
-        Switching it on tries at once, whatever the back-off of earlier failures.
-        """
+        """Allow or forbid taking part (the supervisor acts within ``supervise_s``); on tries at once, whatever the back-off."""
         with self._fed_lock:
             if on and not self.federation.take_part:
                 self._failures, self._retry_at, self._error = 0, 0.0, ""
@@ -113,31 +109,16 @@ class TakingPart:
         self._wake()
 
     def set_broker(self, host_port: str) -> None:
-        """Use another broker (``host:port``); a running agent is restarted.
-
-        Raises
-        ------
-        ValueError
-            If the address is not ``host:port`` with a port in 1..65535.
-        """
+        """Use another broker (``host:port``; ValueError otherwise); a running agent is restarted."""
         self.set_federation(broker=host_port)
 
     def set_federation(self, **fields: Any) -> None:
         """Change how the device joins its federation; a running agent is restarted with the new settings.
 
-        Parameters
-        ----------
-        **fields
-            Any of ``client_id``, ``broker``, ``federation``, ``username``, ``password``,
-            ``password_file``, ``tls_ca``, ``backend`` (see :func:`federation_fields`). A
-            ``password`` is written to the app's private folder (:func:`store_password`)
-            and only its file is kept.
-
-        Raises
-        ------
-        ValueError
-            For a field that is not valid (the message names it and the fix); nothing is
-            changed then.
+        ``fields``: any of :func:`federation_fields`' (``client_id``, ``broker``, ``federation``,
+        ``username``, ``password``, ``password_file``, ``tls_ca``, ``backend``); a ``password`` is
+        written to the app's private folder and only its file kept. Raises ValueError for an invalid
+        field (naming it and the fix); nothing is changed then.
         """
         changes = federation_fields(self.cfg.state_dir, fields)
         with self._fed_lock:
@@ -150,56 +131,23 @@ class TakingPart:
         self._wake()
 
     def enrol(self, source: str | Path, ca_file: str | Path | None = None) -> EnrolmentBundle:
-        """Join the federation an enrolment bundle names: every Federation field from the bundle.
+        """Join the federation an enrolment bundle names; return the bundle taken (for the screen).
 
-        Parameters
-        ----------
-        source : str or Path
-            The bundle's file, or its JSON text (pasted, or scanned from its QR code).
-        ca_file : path, optional
-            The CA certificate for a bundle that names its CA by fingerprint only (a scanned QR
-            code of a large CA); default: the CA already set, if any.
-
-        Returns
-        -------
-        EnrolmentBundle
-            The bundle taken (for the screen: coordinator, federation, client id).
-
-        Raises
-        ------
-        har_io.enrolment.EnrolmentRefused
-            For a refused bundle, its ``reason`` named in the message; nothing is changed then.
-        OSError
-            If the bundle's file cannot be read.
+        ``source``: the bundle's file or JSON text (pasted or scanned); ``ca_file``: the CA for a bundle
+        naming it by fingerprint only (default: the one set). Raises ``EnrolmentRefused`` (nothing
+        changed) or OSError if the file cannot be read.
         """
         return enrol(self, source, ca_file)
 
     def leave(self, forget: bool) -> LeaveOutcome:
         """Leave the federation: stop taking part, tell the server, delete what joined this device to it.
 
-        The agent is stopped first; then the device's own broker account publishes its leaving
-        status (:func:`edge_client.leave.announce_leaving`, "forget" when ``forget``); then the
-        broker password, the enrolled CA and the local model with its training state are
-        deleted (:func:`edge_client.leave.delete_federation_state`) and the settings go back to
-        a device that never joined (the client id and backend stay). Recorded windows and the
-        timeline stay. Blocks while the broker is asked (at most twice
-        :data:`edge_client.leave.CONNECT_WAIT_S` seconds: the login, then the acknowledgement): call
-        it off the UI thread.
-
-        Parameters
-        ----------
-        forget : bool
-            Also ask the server's operator to delete what the server holds of this device.
-
-        Returns
-        -------
-        LeaveOutcome
-            Whether the server was told (and why not), and what was deleted.
-
-        Raises
-        ------
-        OSError
-            If the credentials or the model cannot be deleted (the agent is stopped already).
+        The agent stops; the device's own account publishes its leaving status ("forget": ask the
+        operator to delete what the server holds of it); credentials, the enrolled CA and the local
+        model with its training state are deleted and the settings go back to a device that never
+        joined (client id, backend, windows and timeline stay). Blocks up to twice
+        :data:`edge_client.leave.CONNECT_WAIT_S` while the broker is asked: call it off the UI thread.
+        Raises OSError if the credentials or the model cannot be deleted.
         """
         with self._fed_lock:
             self.federation.take_part = False
@@ -208,12 +156,7 @@ class TakingPart:
         told, why = False, "no broker account is set"
         if cfg.username or cfg.password_file or cfg.tls_ca:
             try:
-                from har_io.broker_config import BrokerConfig
-
-                host, _, port = cfg.broker.rpartition(":")
-                password = cfg.password_file.read_text().strip() if cfg.password_file and cfg.password_file.is_file() else None
-                broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password,
-                                      tls_ca=str(cfg.tls_ca) if cfg.tls_ca else None, enrolled=enrolled(cfg.state_dir))  # fmt: skip
+                broker = _broker_config(cfg, missing_ok=True)
             except (OSError, ValueError) as exc:
                 why = f"the server was not told: {exc}"
             else:
@@ -312,7 +255,6 @@ class TakingPart:
         try:
             from edge_client.agent import ClientConfig, EdgeAgent
             from edge_client.backends.factory import choose_backend, missing_runtimes
-            from har_io.broker_config import BrokerConfig
 
             missing = () if cfg.backend == "auto" else missing_runtimes(cfg.backend)
             if missing:
@@ -321,11 +263,7 @@ class TakingPart:
             backend, why = choose_backend(None if cfg.backend == "auto" else cfg.backend)
             log.info("training backend: %s (%s)", backend, why)
 
-            host, _, port = cfg.broker.rpartition(":")
-            password = cfg.password_file.read_text().strip() if cfg.password_file else None
-            tls_ca = str(cfg.tls_ca) if cfg.tls_ca else None
-            broker = BrokerConfig(host=host, port=int(port), username=cfg.username, password=password, tls_ca=tls_ca,
-                                  enrolled=enrolled(cfg.state_dir))  # fmt: skip
+            broker = _broker_config(cfg)
             agent = EdgeAgent(ClientConfig(client_id=cfg.client_id, broker=broker, federation=cfg.federation, backend=backend), self.store,
                               cost=self.cost)  # sensing's CPU and the battery measured here, the rounds there: one set of figures
         except ImportError as exc:
@@ -415,10 +353,8 @@ class TakingPart:
             self._on_live(self.live)
 
     def _last_update_info(self) -> tuple[int | None, float | None, int | None]:
-        """Round, local accuracy and the server's model version of the last update sent (re-read when its file changes).
-
-        A new update's confusion matrices are kept for the History screen (:func:`~edge_client.app.round_notes.note_update`).
-        """
+        """Round, local accuracy and server model version of the last update sent (re-read, and its confusion matrices
+        kept for the History screen, when its file changes)."""
         path = self.store.folder / "last_update.bin"
         try:
             st = path.stat()
@@ -437,3 +373,15 @@ class TakingPart:
             version = versions_of(self.store).get((run_id, round_)) if round_ is not None else None
             self._last_update = (ident_, round_, acc, run_id, version)
         return round_, acc, version
+
+
+def _broker_config(cfg: AppConfig, missing_ok: bool = False) -> BrokerConfig:
+    """The agent's :class:`~har_io.broker_config.BrokerConfig` from the app's settings (``missing_ok``: no password file).
+
+    Raises OSError if the password file cannot be read, ValueError for a bad address.
+    """
+    host, _, port = cfg.broker.rpartition(":")
+    pw = cfg.password_file
+    password = pw.read_text().strip() if pw and (not missing_ok or pw.is_file()) else None
+    return BrokerConfig(host=host, port=int(port), username=cfg.username, password=password,
+                        tls_ca=str(cfg.tls_ca) if cfg.tls_ca else None, enrolled=enrolled(cfg.state_dir))  # fmt: skip

@@ -1,16 +1,10 @@
 """The app window's size: a command-line option (``--size 480x800``, ``--fullscreen``), a saved setting, or the display's.
 
-Kivy sizes its window from its configuration when the window is created, which happens when
-``kivy.core.window`` is first imported; its own ``--size`` option is off in the app (Kivy does
-not parse our command line). So the size chosen is handed to Kivy through its documented
-configuration environment (``KCFG_GRAPHICS_WIDTH``, ``KCFG_GRAPHICS_HEIGHT``,
-``KCFG_GRAPHICS_FULLSCREEN``: :func:`kivy_environment`) before Kivy is imported. With no size
-chosen ("auto"), the window opens at Kivy's 800x600 where that fits the display, and at the
-display's usable size where it does not (a 480x800 phone-shaped screen): :func:`fit`, with the
-display measured through SDL2, the library Kivy's window runs on (:func:`display_size`).
-
-The choice made on the History screen is kept in :data:`WINDOW_FILE` in the app's folder and
-used at the next start when the command line names none. Nothing here imports Kivy.
+Kivy sizes its window when ``kivy.core.window`` is first imported, so the size goes through its
+configuration environment (``KCFG_GRAPHICS_*``, :func:`kivy_environment`) before Kivy is imported.
+"auto" opens Kivy's 800x600 where it fits the display, else the display's usable size (:func:`fit`,
+measured through SDL2: :func:`display_size`). The History screen's choice is kept in
+:data:`WINDOW_FILE`. No Kivy imported here.
 """
 
 from __future__ import annotations
@@ -36,13 +30,7 @@ _SDL2 = re.compile(r"/libSDL2-2[.-][^/]*$")
 
 
 def parse_size(text: str) -> tuple[int, int] | None:
-    """``"480x800"`` -> (480, 800); ``"auto"`` or "" -> None.
-
-    Raises
-    ------
-    ValueError
-        If the text is not WIDTHxHEIGHT with both between 200 and 10000 pixels.
-    """
+    """``"480x800"`` -> (480, 800); ``"auto"`` or "" -> None; ValueError unless WIDTHxHEIGHT, each 200 to 10000 pixels."""
     text = text.strip().lower()
     if text in ("", "auto"):
         return None
@@ -74,12 +62,8 @@ class _Rect(ctypes.Structure):
 
 
 def display_size() -> tuple[int, int] | None:
-    """The usable size (pixels) of the first display as SDL2 sees it, once Kivy's window exists; None where unknown.
-
-    The SDL2 library Kivy's window loaded is found in ``/proc/self/maps`` (Linux) and asked
-    ``SDL_GetDisplayUsableBounds`` (the display less its panels). Elsewhere, or before the
-    window exists, None.
-    """
+    """The usable size (pixels) of the first display, asked of the SDL2 library Kivy's window loaded
+    (``SDL_GetDisplayUsableBounds``, found in ``/proc/self/maps``); None elsewhere or before the window exists."""
     try:
         with open("/proc/self/maps") as maps:
             path = next((line.split()[-1] for line in maps if _SDL2.search(line.strip())), None)
@@ -104,13 +88,7 @@ def saved_window(folder: Path) -> tuple[tuple[int, int] | None, bool]:
 
 
 def save_window(folder: Path, choice: str) -> tuple[tuple[int, int] | None, bool]:
-    """Keep ``choice`` (one of :data:`CHOICES`, or WIDTHxHEIGHT) for the next start; returns it parsed.
-
-    Raises
-    ------
-    ValueError
-        For a choice that is not a size, "auto" or "full screen".
-    """
+    """Keep ``choice`` (one of :data:`CHOICES`, or WIDTHxHEIGHT; ValueError otherwise) for the next start; return it parsed."""
     full = choice == "full screen"
     size = None if full else parse_size(choice)
     Path(folder).mkdir(parents=True, exist_ok=True)

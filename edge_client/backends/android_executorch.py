@@ -1,49 +1,19 @@
 """The ExecuTorch backend on Android: the same programs through ExecuTorch's Java API, called with pyjnius.
 
-UNTESTED ON A PHONE. This adapter has run only on Linux against a stand-in of the Java classes
-built on ExecuTorch's Python runtime (``tests/test_backends.py``), which checks the adapter's own
-logic (names, shapes, SGD, FedProx, frozen tensors, weights in and out), not the Java bindings.
-Everything it calls is marked ``@Experimental`` by ExecuTorch.
+UNTESTED ON A PHONE: it has run only against a stand-in of the Java classes built on ExecuTorch's
+Python runtime (``tests/test_backends.py``), which checks the adapter's logic, not the Java bindings.
+It uses the ``@Experimental`` ``org.pytorch.executorch`` classes ``training.TrainingModule``
+(``executeForwardBackward``, ``namedParameters``, ``namedGradients``), ``training.SGD`` (momentum 0;
+FedProx's gradient is added in numpy, frozen tensors get zero gradients), ``Module`` for the XNNPACK
+inference program, ``Tensor`` and ``EValue``. Weights are written through the parameters' direct
+``FloatBuffer`` (``getRawDataBuffer``, package-private, reachable through JNI), else by one SGD step
+of learning rate 1 towards them (whether ``namedParameters`` aliases the module's memory is unchecked).
 
-Java classes used (``org.pytorch.executorch``; training classes in ``.training`` since 2025):
-
-* ``training.TrainingModule.load(pte)``; ``executeForwardBackward("forward", EValue...)`` returns
-  ``[loss, logits, grads..., params...]``; ``namedParameters("forward")`` and
-  ``namedGradients("forward")`` give ``Map<String, Tensor>`` keyed by the program's parameter
-  names (:func:`har_models.nn.export.param_fqn`);
-* ``training.SGD.create(namedParameters, lr, momentum, dampening, weightDecay, nesterov)`` and
-  ``step(namedGradients)``: plain SGD (momentum 0) on the module's parameters. FedProx's gradient
-  ``mu (w - w_ref)`` is added in numpy and passed as new gradient tensors; frozen tensors get zero
-  gradients;
-* ``Module.load(pte)`` and ``forward(EValue...)`` for the XNNPACK inference program, with the
-  training module's parameter tensors passed as its weight inputs;
-* ``Tensor.fromBlob(float[] | long[], long[] shape)``, ``EValue.from(Tensor)``,
-  ``Tensor.getDataAsFloatArray()``.
-
-Weights are written into the module's parameter tensors through their direct ``FloatBuffer``
-(``Tensor.getRawDataBuffer()``, package-private in Java, reachable through JNI, which pyjnius uses
-without access checks). If that fails, the adapter falls back to one SGD step with learning rate 1
-and gradient ``w_current - w_new``, which lands on ``w_new`` up to one float32 rounding per entry.
-Whether ``namedParameters`` aliases the module's memory (so that SGD trains the module and not a
-copy) is what ExecuTorch's Android training demo relies on; it has not been checked here.
-
-Build requirements (buildozer, ``firmware_scripts``):
-
-* ``requirements = python3,kivy,numpy,pyjnius,...`` -- no torch and no executorch Python package
-  (neither has a python-for-android recipe); this module imports neither. It does import
-  :mod:`har_models.wire.codec` (through :mod:`edge_client.backends.base`), which reads safetensors
-  through :mod:`har_models.wire.safetensors_np` where the ``safetensors`` wheel is missing;
-* ``android.gradle_dependencies = org.pytorch:executorch-android:<version>`` with a version whose
-  AAR contains ``org/pytorch/executorch/training/TrainingModule`` (the training JNI came in July
-  2025; check the AAR's ``classes.jar``; otherwise build the AAR from source with
-  ``EXECUTORCH_BUILD_EXTENSION_TRAINING=ON``), and the XNNPACK backend for the inference program;
-* ``android.archs = arm64-v8a`` (the prebuilt AAR's main ABI);
-* the two ``.pte`` files and their ``.json`` for the current architecture version, exported on a
-  host by :func:`har_models.nn.export.ensure_programs` (the coordinator publishes them when the
-  version changes) and stored on the device; their batch limits bound ``batch_size``.
-
-Costs to expect: pyjnius converts Python lists to Java arrays element by element, so loading the
-paper CNN's 6.4 M weights takes seconds (once per round); a batch's inputs are small.
+Build (buildozer): no torch or executorch Python package (this module imports neither; safetensors
+falls back to :mod:`har_models.wire.safetensors_np`); ``org.pytorch:executorch-android`` whose AAR
+has ``training/TrainingModule`` (else build it with ``EXECUTORCH_BUILD_EXTENSION_TRAINING=ON``) and
+XNNPACK; ``android.archs = arm64-v8a``; the programs of the current architecture, delivered by the
+coordinator. pyjnius converts lists element by element: loading the paper CNN's 6.4 M weights takes seconds.
 """
 
 from __future__ import annotations
@@ -58,7 +28,7 @@ import numpy as np
 from har_models.nn.arch import PARAM_NAMES, ArchSpec
 from har_models.wire.pte_delivery import ANDROID_RUNTIME, RuntimeInfo, check_program_set, find_programs
 
-from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
+from .base import ArchitectureMismatch, BackendBase, EpochArgs
 
 METHOD = "forward"
 
@@ -66,27 +36,18 @@ METHOD = "forward"
 class AndroidExecuTorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` over ExecuTorch's Java training API (pyjnius).
 
-    Parameters
-    ----------
-    spec : ArchSpec
-    train_pte, infer_pte, meta_json : path
-        The programs and metadata of :func:`har_models.nn.export.ensure_programs` for ``spec``.
-    weights : name -> ndarray, optional
-        Parameters to load (default: those stored in the program).
-    autoclass : callable, optional
-        ``jnius.autoclass`` (imported lazily when None); tests pass a stand-in.
-    runtime : RuntimeInfo
-        The AAR's runtime (:data:`~har_models.wire.pte_delivery.ANDROID_RUNTIME`); the programs are checked
-        against it before the Java runtime loads them.
+    ``train_pte``, ``infer_pte``, ``meta_json``: the programs of :func:`har_models.nn.export.ensure_programs`
+    for ``spec``; ``weights`` default to those stored in the program; ``autoclass`` is ``jnius.autoclass``
+    unless a test passes a stand-in; the programs are checked against ``runtime`` before loading.
 
     Raises
     ------
     ArchitectureMismatch
         If ``meta_json`` records another architecture than ``spec``.
     ProgramRefused
-        ``pte_corrupt`` or ``pte_incompatible`` (:func:`har_models.wire.pte_delivery.check_program_set`).
+        ``pte_corrupt`` or ``pte_incompatible``.
     ImportError
-        If pyjnius is not available (not on Android, or not in the build's requirements).
+        If pyjnius is not available.
     """
 
     def __init__(
@@ -139,16 +100,10 @@ class AndroidExecuTorchBackend(BackendBase):
         cache_dir: str | Path | None = None,
         autoclass: Callable[[str], Any] | None = None,
     ) -> AndroidExecuTorchBackend:
-        """The backend on the stored programs of exactly ``spec`` in ``cache_dir`` (what ``make_backend("executorch-android")`` builds).
+        """The backend on the stored programs of ``spec`` in ``cache_dir`` (``make_backend("executorch-android")``).
 
-        Raises
-        ------
-        ValueError
-            If ``cache_dir`` is not given.
-        FileNotFoundError
-            If no complete program set for ``spec`` is stored there (names the version and the folder).
-        ImportError
-            If pyjnius is not available and no ``autoclass`` is given.
+        Raises ValueError without ``cache_dir``, FileNotFoundError if no complete program set for ``spec``
+        is stored there, ImportError without pyjnius or ``autoclass``.
         """
         if cache_dir is None:
             raise ValueError("AndroidExecuTorchBackend.from_cache: give cache_dir, the folder of the delivered programs")
@@ -210,39 +165,17 @@ class AndroidExecuTorchBackend(BackendBase):
 
     # -- training ----------------------------------------------------------------------------------
 
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One epoch of SGD with ExecuTorch's Java ``SGD``; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = self._windows(x, y, "train_epoch")
-        assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
-        if batch_size > self.train_batch:
-            raise ValueError(f"AndroidExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's {self.train_batch}")
-        ref = {n: np.asarray(prox_ref[n], np.float32) for n in PARAM_NAMES} if prox_mu > 0 and prox_ref is not None else {}
-        plain = not ref and not frozen  # the module's own gradient map goes to SGD unchanged
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
-        sgd = self._SGD.create(self._params, float(lr), 0.0, 0.0, 0.0, False)
+    def _epoch(self, xa: np.ndarray, ya: np.ndarray, o: np.ndarray, a: EpochArgs) -> list[float]:
+        """One epoch with ExecuTorch's Java ``SGD``."""
+        if a.batch_size > self.train_batch:
+            raise ValueError(f"AndroidExecuTorchBackend.train_epoch: batch_size {a.batch_size} exceeds the program's {self.train_batch}")
+        ref = a.refs(PARAM_NAMES)
+        plain = not ref and not a.frozen  # the module's own gradient map goes to SGD unchanged
+        self._reseed(a.dropout_seed)
+        sgd = self._SGD.create(self._params, float(a.lr), 0.0, 0.0, 0.0, False)
         losses = []
-        for i, s in enumerate(range(0, len(xa), batch_size)):
-            idx = o[s : s + batch_size]
-            mask = batch_dropout_mask(
-                self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
-            )
-            loss = self._step_inputs(xa[idx], ya[idx], class_weights, mask)
+        for idx, mask in self._batches(o, a):
+            loss = self._step_inputs(xa[idx], ya[idx], a.class_weights, mask)
             jgrads = self._train.namedGradients(METHOD)
             if plain:
                 sgd.step(jgrads)
@@ -251,39 +184,24 @@ class AndroidExecuTorchBackend(BackendBase):
                 grads = self._HashMap()
                 for n in PARAM_NAMES:
                     g = self._array(jgrads.get(self._fqn[n]), n)
-                    if n in frozen:
+                    if n in a.frozen:
                         g = np.zeros_like(g)
                     elif ref:
-                        g = g + np.float32(prox_mu) * (w[n] - ref[n])
+                        g = g + np.float32(a.prox_mu) * (w[n] - ref[n])
                     grads.put(self._fqn[n], self._tensor(g))
                 sgd.step(grads)
                 if ref:
-                    trained = [n for n in PARAM_NAMES if n not in frozen]
-                    prox = sum(float(np.sum((w[n] - ref[n]) ** 2, dtype=np.float32)) for n in trained)
-                    loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+                    trained = [n for n in PARAM_NAMES if n not in a.frozen]
+                    loss = a.prox_loss(loss, sum(float(np.sum((w[n] - ref[n]) ** 2, dtype=np.float32)) for n in trained))
             losses.append(loss)
-        return np.asarray(losses, dtype=np.float64)
+        return losses
 
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = self._windows(x, y, "top_layer_grads")
-        assert ya is not None
-        unknown = set(names) - set(PARAM_NAMES)
-        if unknown:
-            raise ValueError(f"AndroidExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters")
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
-        loss = self._step_inputs(xa, ya, class_weights, batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout))
+    def _grads(
+        self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
+        dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
+    ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
+        mask = self._grads_mask(names, PARAM_NAMES, len(xa), dropout, dropout_seed, dropout_mask, say_known=False)
+        loss = self._step_inputs(xa, ya, class_weights, mask)
         jgrads = self._train.namedGradients(METHOD)
         return loss, {n: self._array(jgrads.get(self._fqn[n]), n) for n in names}
 

@@ -1,41 +1,20 @@
 """The training-backend interface: one way to train, evaluate and run the HAR CNN on any device.
 
-Three implementations share it (DESIGN.md section 5):
-
-* ``"torch"`` (:mod:`edge_client.backends.torch_eager`): PyTorch eager, today's path
-  (:mod:`har_models.nn.training`), for boards, desktops and CI;
-* ``"numpy"`` (:mod:`edge_client.backends.numpy_ref`): a numpy-only reference of the same
-  network, forward, backward and SGD; the oracle for the others and the phone-side path when
-  PyTorch is absent;
-* ``"executorch"`` (:mod:`edge_client.backends.executorch_rt`): ExecuTorch programs exported by
-  :mod:`har_models.nn.export`, run through the runtime's Python bindings.
-
-A backend holds one model of one :class:`~har_models.nn.arch.ArchSpec`; weights go in and out by
-parameter name (:data:`~har_models.nn.arch.PARAM_NAMES`) as float32 numpy arrays.
-
-Batch order. :func:`epoch_orders` reproduces, without PyTorch, the permutations that
-:func:`har_models.nn.training.train_local` draws (``torch.randperm`` from a generator seeded with
-``seed``, one call per epoch), so that every backend sees the same batches for the same seed and
-:func:`train` is a drop-in for ``train_local``.
-
-Dropout. In training mode each backend draws its own dropout masks (PyTorch: the global torch RNG
-seeded with ``dropout_seed``, as ``train_local`` does; numpy: ``numpy.random.default_rng``;
-ExecuTorch: numpy masks passed into the program). These streams differ, so trajectories with
-dropout agree only in distribution. For comparisons every backend accepts explicit
-``dropout_masks`` (see :func:`draw_dropout_masks`): one ``(B_b, H)`` array per batch, each entry
-0 or ``1 / (1 - p)``, multiplied into the hidden activations where dropout would act. With the
-same masks (or ``ArchSpec.dropout = 0``) the backends compute the same function.
-
+``"torch"`` (:mod:`.torch_eager`), ``"numpy"`` (:mod:`.numpy_ref`, the torch-free reference) and
+``"executorch"`` (:mod:`.executorch_rt`) implement it; weights go in and out by parameter name as
+float32 arrays. :func:`epoch_orders` reproduces ``train_local``'s batch order without PyTorch, so
+:func:`train` is a drop-in for it. Each backend draws its own dropout masks (the streams differ);
+explicit ``dropout_masks`` make the backends compute the same function. Details: docs/backends.md.
 This module imports no PyTorch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import numpy as np
 
@@ -53,19 +32,9 @@ BACKEND_NAMES = ("torch", "executorch", "executorch-android", "numpy")
 class BackendOptions:
     """Settings of a backend's construction (:func:`edge_client.backends.factory.make_backend`).
 
-    Only the ExecuTorch backend reads the program fields; the others ignore them.
-
-    Attributes
-    ----------
-    program_cache : str or Path, optional
-        Folder of the exported ExecuTorch programs (default: the backend's own,
-        :data:`edge_client.backends.executorch_rt.DEFAULT_CACHE`).
-    train_batch, infer_batch : int
-        Batch sizes the ExecuTorch programs are exported for (32 and 64).
-    programs : har_models.nn.export.ProgramFiles, optional
-        Programs already exported (overrides ``program_cache``).
-    inference : {"static", "inputs"}
-        How the ExecuTorch inference program receives the weights.
+    Only the ExecuTorch backend reads them: ``program_cache`` (default
+    :data:`edge_client.backends.executorch_rt.DEFAULT_CACHE`), the programs' batch sizes, ``programs``
+    already exported (override the cache), and how inference receives the weights.
 
     Raises
     ------
@@ -94,15 +63,8 @@ class ArchitectureMismatch(ValueError):
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Outcome of :meth:`TrainingBackend.evaluate`.
-
-    Attributes
-    ----------
-    confusion : ndarray of shape (C, C), int64
-        Rows: true class, columns: predicted class.
-    loss : float
-        Mean over windows of ``w_y * CE`` (plain CE without class weights), dropout off.
-    """
+    """Outcome of :meth:`TrainingBackend.evaluate`: ``confusion`` ``(C, C)`` int64 (rows true, columns predicted)
+    and ``loss``, the mean of ``w_y * CE`` over windows with dropout off."""
 
     confusion: np.ndarray
     loss: float
@@ -118,132 +80,16 @@ class TrainSummary:
     seconds: float
 
 
-@runtime_checkable
-class TrainingBackend(Protocol):
+class BackendBase:
     """What the client needs from a model runtime: weights by name, train, evaluate, predict, ALA gradients.
 
-    Every array crosses this interface as numpy: windows ``x`` of shape ``(N, 6, T)`` float32 in raw
-    units (acc m/s^2, gyro rad/s; the model normalises), labels ``y`` of shape ``(N,)`` int64.
-    """
-
-    @property
-    def spec(self) -> ArchSpec:
-        """The architecture this backend runs (its ``version`` is checked on :meth:`set_weights`)."""
-        ...
-
-    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
-        """Load parameters by name: exactly the tensors of ``spec.shapes()``, or with ``partial`` any subset of them.
-
-        Raises
-        ------
-        ArchitectureMismatch
-            If ``arch_version`` is given and differs from ``spec.version``.
-        har_models.wire.codec.WrongTensors, har_models.wire.codec.NonFinite
-            On missing, extra, mis-shaped or non-finite tensors.
-        """
-        ...
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """Copies of the current parameters by name, float32, shapes of ``spec.shapes()``."""
-        ...
-
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One pass of plain SGD over ``x[order]`` in batches of ``batch_size`` (the last one partial).
-
-        Per batch b: ``L_b = mean_i(w_{y_i} CE_i) + (prox_mu / 2) ||w - prox_ref||^2`` (FedProx, Li et
-        al., MLSys 2020, eq. 2; the sum over the trained tensors), then ``w <- w - lr * grad L_b`` for
-        every tensor not in ``frozen``.
-
-        Parameters
-        ----------
-        x : ndarray (N, 6, T) float32;  y : ndarray (N,) int64
-        order : ndarray (N,) int64, a permutation of ``range(N)`` (see :func:`epoch_orders`)
-        lr : float, learning rate;  batch_size : int >= 1
-        class_weights : ndarray (C,) float32, optional (None: plain mean CE)
-        prox_mu : float >= 0;  prox_ref : name -> ndarray, required when ``prox_mu > 0``
-        frozen : names of tensors not updated
-        dropout_seed : int, optional
-            Reseeds the backend's dropout stream before the first batch; None continues it.
-        dropout_masks : sequence of ndarray (B_b, H), optional
-            Explicit dropout multipliers per batch (overrides the backend's stream).
-
-        Returns
-        -------
-        ndarray of shape (n_batches,), float64: the loss L_b of each batch before its step.
-
-        Raises
-        ------
-        ValueError
-            On bad shapes, a non-permutation ``order``, ``prox_mu > 0`` without ``prox_ref``, unknown
-            frozen names, or masks that do not match the batches.
-        """
-        ...
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None = None) -> EvalResult:
-        """Confusion matrix and mean loss on ``(x, y)`` with dropout off."""
-        ...
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities (softmax of the logits) of shape ``(B, C)`` float32 for ``x`` ``(B, 6, T)``, dropout off."""
-        ...
-
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The loss ``mean_i(w_{y_i} CE_i)`` on one batch and its gradient w.r.t. the named tensors, at the current weights.
-
-        What FedALA needs to update its blend weights W (Zhang et al., AAAI 2023, eq. 6:
-        ``W <- clip(W - eta * grad_thetahat L ⊙ (theta - theta_i), 0, 1)``). The weights are not changed.
-
-        Parameters
-        ----------
-        x : (B, 6, T) float32;  y : (B,) int64;  names : tensor names, e.g. ``("out.weight", "out.bias")``
-        dropout : bool
-            Whether dropout is active (FedALA's reference learns W in train mode).
-        dropout_seed : int, optional, reseeds the dropout stream;  dropout_mask : (B, H), optional explicit mask
-
-        Returns
-        -------
-        (loss, dict name -> ndarray of that tensor's shape, float32)
-        """
-        ...
-
-
-
-class BackendBase:
-    """The preamble the four backends shared, written once: the spec, checked inputs, evaluate and predict.
-
-    A backend sets ``self._spec`` and implements ``logits(x)`` (``(N, C)`` float32, dropout off);
-    it inherits :attr:`spec`, :meth:`evaluate` (confusion matrix and mean weighted CE of those
-    logits) and :meth:`predict` (their softmax), and checks its inputs with :meth:`_windows` and
-    :meth:`_weights_in`, whose errors name the backend class and method (``"NumpyBackend.evaluate"``).
-    A backend whose loss or probabilities are computed otherwise overrides :meth:`_mean_loss` or
-    :meth:`predict` (the PyTorch backend uses PyTorch's, as ``train_local`` does).
+    Windows ``x`` are ``(N, 6, T)`` float32 in raw units (m/s^2, rad/s), labels ``y`` ``(N,)`` int64. A
+    backend sets ``self._spec`` and implements the weights, ``logits(x)``, ``_epoch`` and ``_grads``;
+    errors of the input checks name the class and method (``"NumpyBackend.evaluate"``).
     """
 
     _spec: ArchSpec
+    _rng: np.random.Generator
 
     @property
     def spec(self) -> ArchSpec:
@@ -262,9 +108,108 @@ class BackendBase:
         """:func:`check_weights` for ``set_weights``, errors naming ``Class.set_weights``."""
         return check_weights(self._spec, weights, arch_version, self._who("set_weights"), partial)
 
+    def set_weights(self, weights: Mapping[str, np.ndarray], arch_version: int | None = None, *, partial: bool = False) -> None:
+        """Load parameters by name: exactly the tensors of ``spec.shapes()``, or with ``partial`` any subset.
+
+        Raises ArchitectureMismatch if ``arch_version`` differs from ``spec.version``, and
+        ``codec.WrongTensors`` / ``codec.NonFinite`` on missing, extra, mis-shaped or non-finite tensors.
+        """
+        raise NotImplementedError(f"{self._who('set_weights')}: a backend must implement set_weights")
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameters by name, float32, shapes of ``spec.shapes()``."""
+        raise NotImplementedError(f"{self._who('get_weights')}: a backend must implement get_weights")
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 of windows ``(N, 6, T)``, dropout off (each backend's own)."""
         raise NotImplementedError(f"{self._who('logits')}: a backend must implement logits")
+
+    def _reseed(self, seed: int | None) -> None:
+        """Restart the numpy dropout stream from ``seed``; None continues it."""
+        if seed is not None:
+            self._rng = np.random.default_rng(int(seed))
+
+    def train_epoch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        order: np.ndarray,
+        *,
+        lr: float,
+        batch_size: int,
+        class_weights: np.ndarray | None = None,
+        prox_mu: float = 0.0,
+        prox_ref: Mapping[str, np.ndarray] | None = None,
+        frozen: Sequence[str] = (),
+        dropout_seed: int | None = None,
+        dropout_masks: Sequence[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """One pass of plain SGD over ``x[order]`` in batches of ``batch_size`` (the last one partial).
+
+        Per batch: ``L_b = mean_i(w_{y_i} CE_i) + (prox_mu / 2) ||w - prox_ref||^2`` (FedProx, Li et al.,
+        MLSys 2020, eq. 2), then ``w <- w - lr * grad L_b`` for every tensor not in ``frozen``.
+        ``order`` is a permutation of ``range(N)`` (:func:`epoch_orders`); ``dropout_seed`` reseeds the
+        dropout stream (None continues it); ``dropout_masks`` holds one ``(B_b, H)`` multiplier per batch.
+        Returns each batch's loss before its step, float64 ``(n_batches,)``.
+
+        Raises
+        ------
+        ValueError
+            On bad shapes, a non-permutation ``order``, ``prox_mu > 0`` without ``prox_ref``, unknown
+            frozen names, or masks that do not match the batches.
+        """
+        xa, ya = self._windows(x, y, "train_epoch")
+        assert ya is not None
+        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
+        args = EpochArgs(lr, batch_size, class_weights, prox_mu, prox_ref, frozen, dropout_seed, dropout_masks)
+        return np.asarray(self._epoch(xa, ya, o, args), dtype=np.float64)
+
+    def _epoch(self, x: np.ndarray, y: np.ndarray, order: np.ndarray, a: EpochArgs) -> list[float]:
+        """The losses of one epoch over checked windows ``x[order]`` (each backend's own)."""
+        raise NotImplementedError(f"{self._who('train_epoch')}: a backend must implement _epoch")
+
+    def _batches(self, order: np.ndarray, a: EpochArgs) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Each batch's window indices and dropout mask (given, else drawn from ``self._rng``), in order."""
+        for i, s in enumerate(range(0, len(order), a.batch_size)):
+            idx = order[s : s + a.batch_size]
+            yield idx, batch_dropout_mask(self._spec, self._rng, len(idx), a.mask(i), train=True)
+
+    def top_layer_grads(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        names: Sequence[str],
+        *,
+        class_weights: np.ndarray | None = None,
+        dropout: bool = False,
+        dropout_seed: int | None = None,
+        dropout_mask: np.ndarray | None = None,
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """The loss ``mean_i(w_{y_i} CE_i)`` on one batch and its gradient w.r.t. ``names``, weights unchanged.
+
+        What FedALA needs to learn W (Zhang et al., AAAI 2023, eq. 6). ``dropout``: train mode, as
+        FedALA's reference learns W. Returns ``(loss, name -> float32 gradient)``.
+        """
+        xa, ya = self._windows(x, y, "top_layer_grads")
+        assert ya is not None
+        return self._grads(xa, ya, names, class_weights, dropout, dropout_seed, dropout_mask)
+
+    def _grads(
+        self, x: np.ndarray, y: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
+        dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
+    ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
+        """:meth:`top_layer_grads` on checked windows (each backend's own)."""
+        raise NotImplementedError(f"{self._who('top_layer_grads')}: a backend must implement _grads")
+
+    def _grads_mask(self, names: Sequence[str], known: Sequence[str], n: int, dropout: bool, dropout_seed: int | None,
+                    dropout_mask: np.ndarray | None, say_known: bool = True) -> np.ndarray | None:  # fmt: skip
+        """For :meth:`_grads` on the numpy dropout stream: check ``names`` against ``known``, reseed, the batch's mask."""
+        unknown = set(names) - set(known)
+        if unknown:
+            known_words = f"; known {list(known)}" if say_known else ""
+            raise ValueError(f"{self._who('top_layer_grads')}: {sorted(unknown)} are not parameters{known_words}")
+        self._reseed(dropout_seed)
+        return batch_dropout_mask(self._spec, self._rng, n, dropout_mask, train=dropout)
 
     def _mean_loss(self, z: np.ndarray, y: np.ndarray, class_weights: np.ndarray | None) -> float:
         """``mean_b(w_{y_b} * CE_b)`` of logits ``z`` ``(N, C)`` and labels ``y`` ``(N,)``, N >= 1."""
@@ -283,19 +228,43 @@ class BackendBase:
         return softmax(self.logits(x))
 
 
+TrainingBackend = BackendBase
+"""The interface every backend implements (the name the client and the docs use)."""
+
+
+@dataclass(frozen=True)
+class EpochArgs:
+    """The settings of one :meth:`TrainingBackend.train_epoch` call, as given (checked by :func:`check_train_args`)."""
+
+    lr: float
+    batch_size: int
+    class_weights: np.ndarray | None
+    prox_mu: float
+    prox_ref: Mapping[str, np.ndarray] | None
+    frozen: Sequence[str]
+    dropout_seed: int | None
+    dropout_masks: Sequence[np.ndarray] | None
+
+    def mask(self, i: int) -> np.ndarray | None:
+        """The given dropout mask of batch ``i``, if any."""
+        return self.dropout_masks[i] if self.dropout_masks is not None else None
+
+    def refs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """FedProx's reference tensors of ``names`` as float32, or {} without the proximal term."""
+        return {n: np.asarray(self.prox_ref[n], np.float32) for n in names} if self.prox_mu > 0 and self.prox_ref is not None else {}
+
+    def prox_loss(self, loss: float, prox: float) -> float:
+        """``loss + (prox_mu / 2) * prox`` in float32 arithmetic, ``prox`` the squared distance to ``prox_ref``."""
+        return float(np.float32(loss) + np.float32(0.5 * self.prox_mu) * np.float32(prox))
+
+
 def check_weights(
     spec: ArchSpec, weights: Mapping[str, np.ndarray], arch_version: int | None, who: str, partial: bool = False
 ) -> dict[str, np.ndarray]:
-    """Validate weights for ``spec`` and return float32 C-contiguous copies.
+    """Validate weights for ``spec`` (with ``partial`` any subset of the tensors); return float32 C-contiguous copies.
 
-    With ``partial``, ``weights`` may hold any subset of the tensors (each still checked by name and shape).
-
-    Raises
-    ------
-    ArchitectureMismatch
-        If ``arch_version`` is not None and differs from ``spec.version``.
-    har_models.wire.codec.WrongTensors, har_models.wire.codec.NonFinite
-        Naming the wrong tensor (see :func:`har_models.wire.codec.check_tensors`).
+    Raises ArchitectureMismatch if ``arch_version`` is not None and differs from ``spec.version``, and
+    ``codec.WrongTensors`` / ``codec.NonFinite`` naming the wrong tensor.
     """
     if arch_version is not None and int(arch_version) != spec.version:
         raise ArchitectureMismatch(
@@ -316,10 +285,7 @@ def check_weights(
 def check_windows(spec: ArchSpec, x: np.ndarray, y: np.ndarray | None, who: str) -> tuple[np.ndarray, np.ndarray | None]:
     """Validate windows ``(N, n_channels, window)`` and labels ``(N,)`` in ``[0, C)``; return float32 / int64 arrays.
 
-    Raises
-    ------
-    ValueError
-        Naming the argument, its shape and the expected shape.
+    Raises ValueError naming the argument, its shape and the expected shape.
     """
     xa = np.asarray(x)
     want = (spec.n_channels, spec.window)
@@ -348,13 +314,7 @@ def check_train_args(
     dropout_masks: Sequence[np.ndarray] | None,
     who: str,
 ) -> np.ndarray:
-    """Validate the arguments of :meth:`TrainingBackend.train_epoch`; return ``order`` as int64.
-
-    Raises
-    ------
-    ValueError
-        With the argument's name and the expected value.
-    """
+    """Validate the arguments of :meth:`TrainingBackend.train_epoch`; return ``order`` as int64 (ValueError otherwise)."""
     o = np.asarray(order, dtype=np.int64)
     if o.shape != (n,) or not np.array_equal(np.sort(o), np.arange(n)):
         raise ValueError(f"{who}: order must be a permutation of range({n}); see epoch_orders()")
@@ -384,22 +344,12 @@ def batch_sizes(n: int, batch_size: int) -> list[int]:
 
 
 class TorchRandperm:
-    """``torch.randperm(n, generator=g)`` for a generator ``g = torch.Generator().manual_seed(seed)``, in numpy.
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` in numpy; successive calls continue the stream.
 
-    PyTorch's CPU generator is MT19937 initialised with ``init_genrand(seed mod 2^32)`` (numpy's legacy
-    seeding), and its CPU ``randperm`` (``aten/src/ATen/native/TensorFactories.cpp``, the path for
-    ``n < 2^32 / 20``) is a forward Fisher-Yates shuffle of ``0..n-1`` that swaps ``r[i]`` with
-    ``r[i + u_i mod (n - i)]``, ``u_i`` the next raw 32-bit output. Successive calls continue the stream,
-    as successive ``randperm`` calls on one generator do. ``tests/test_backends.py`` checks the equality.
-
-    Parameters
-    ----------
-    seed : int >= 0
-
-    Raises
-    ------
-    ValueError
-        If ``seed`` is negative.
+    PyTorch's CPU generator is MT19937 with ``init_genrand(seed mod 2^32)`` (numpy's legacy seeding);
+    its CPU ``randperm`` (``aten/src/ATen/native/TensorFactories.cpp``, ``n < 2^32 / 20``) is a forward
+    Fisher-Yates shuffle swapping ``r[i]`` with ``r[i + u_i mod (n - i)]``, ``u_i`` the next raw 32-bit
+    output. Raises ValueError for a negative ``seed``.
     """
 
     def __init__(self, seed: int):
@@ -409,13 +359,7 @@ class TorchRandperm:
         self._bitgen._legacy_seeding(int(seed) & 0xFFFFFFFF)
 
     def __call__(self, n: int) -> np.ndarray:
-        """The next permutation of ``range(n)``, int64 of shape (n,).
-
-        Raises
-        ------
-        ValueError
-            If ``n`` is negative or beyond the reproduced path (>= 2^32 / 20).
-        """
+        """The next permutation of ``range(n)``, int64 ``(n,)``; ValueError if ``n`` < 0 or >= 2^32 / 20."""
         if not 0 <= n < (2**32 - 1) // 20:
             raise ValueError(f"TorchRandperm: n = {n} is outside the reproduced randperm path [0, {(2**32 - 1) // 20})")
         if n < 2:
@@ -429,20 +373,9 @@ class TorchRandperm:
 
 
 def epoch_orders(n: int, epochs: int, seed: int) -> list[np.ndarray]:
-    """The batch orders ``train_local`` uses: one ``torch.randperm(n)`` per epoch from a generator seeded with ``seed``.
+    """The batch orders ``train_local`` uses: ``epochs`` int64 ``(n,)`` permutations (:class:`TorchRandperm` of ``seed``).
 
-    Parameters
-    ----------
-    n : int >= 0, windows;  epochs : int >= 0;  seed : int >= 0
-
-    Returns
-    -------
-    list of ``epochs`` int64 arrays of shape (n,) (see :class:`TorchRandperm`).
-
-    Raises
-    ------
-    ValueError
-        If an argument is negative or ``n`` is too large for the reproduced path.
+    Raises ValueError if an argument is negative or ``n`` is too large for the reproduced path.
     """
     if n < 0 or epochs < 0 or seed < 0:
         raise ValueError(f"epoch_orders: n, epochs and seed must be >= 0, got {n}, {epochs}, {seed}")
@@ -451,58 +384,33 @@ def epoch_orders(n: int, epochs: int, seed: int) -> list[np.ndarray]:
 
 
 def draw_dropout_masks(rng: np.random.Generator, sizes: Sequence[int], units: int, p: float) -> list[np.ndarray]:
-    """Inverted-dropout multipliers: one ``(B_b, units)`` float32 array per batch, entries 0 (prob. ``p``) or ``1/(1-p)``.
-
-    Srivastava et al., JMLR 2014, with the train-time scaling PyTorch's ``F.dropout`` uses.
-    ``p = 0`` gives all ones.
-    """
+    """Inverted-dropout multipliers (Srivastava et al., JMLR 2014, scaled as ``F.dropout``): one ``(B_b, units)``
+    float32 array per batch, entries 0 (probability ``p``) or ``1/(1-p)``; all ones for ``p = 0``."""
     if p <= 0:
         return [np.ones((b, units), np.float32) for b in sizes]
     scale = np.float32(1.0 / (1.0 - p))
     return [((rng.random((b, units)) >= p).astype(np.float32) * scale) for b in sizes]
 
 
-
 def batch_dropout_mask(
     spec: ArchSpec, rng: np.random.Generator, b: int, given: np.ndarray | None, train: bool
 ) -> np.ndarray | None:
-    """The dropout mask ``(b, H)`` float32 of one batch: ``given`` if any, else drawn from ``rng`` when training.
-
-    None when not training or the architecture has no dropout (p = 0). Masks are drawn as
-    :func:`draw_dropout_masks` draws them (inverted dropout, values 0 or 1 / (1 - p)).
-    """
+    """The dropout mask ``(b, H)`` float32 of one batch: ``given`` if any, else drawn as :func:`draw_dropout_masks`
+    when training with p > 0; otherwise None."""
     if given is not None:
         return np.asarray(given, np.float32)
     if not train or spec.dropout <= 0:
         return None
     return draw_dropout_masks(rng, [b], spec.dense_units, spec.dropout)[0]
 
-def train(
-    backend: TrainingBackend,
-    x: np.ndarray,
-    y: np.ndarray,
-    *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    class_weights: np.ndarray | None = None,
-    prox_mu: float = 0.0,
-    prox_ref: Mapping[str, np.ndarray] | None = None,
-    frozen: Sequence[str] = (),
-) -> TrainSummary:
-    """``epochs`` passes of SGD through ``backend``, in the batch order and loss bookkeeping of ``train_local``.
 
-    With the ``"torch"`` backend the resulting weights equal those of
-    :func:`har_models.nn.training.train_local` with ``TrainConfig(epochs, lr, batch_size, prox_mu, frozen, seed)``
-    bit for bit (the dropout stream is seeded once with ``seed``, as there).
+def train(backend: TrainingBackend, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int, seed: int,
+          class_weights: np.ndarray | None = None, prox_mu: float = 0.0, prox_ref: Mapping[str, np.ndarray] | None = None,
+          frozen: Sequence[str] = ()) -> TrainSummary:  # fmt: skip
+    """``epochs`` passes of SGD through ``backend`` in ``train_local``'s batch order and loss bookkeeping.
 
-    Returns
-    -------
-    TrainSummary
-        Epoch loss = sum over batches of ``L_b * B_b`` / N, summed in batch order (as ``train_local``).
-        Nothing is trained when N = 0, epochs = 0 or
-        every tensor is frozen.
+    With the ``"torch"`` backend the weights equal ``train_local``'s with the same ``TrainConfig``, bit for bit.
+    Epoch loss: sum of ``L_b * B_b`` / N in batch order; nothing is trained for N = 0, epochs = 0 or all frozen.
     """
     t0 = time.perf_counter()
     n = int(np.shape(x)[0])

@@ -1,29 +1,13 @@
 """The ExecuTorch backend: the HAR CNN's exported programs run through the runtime's Python bindings.
 
-Programs come from :func:`har_models.nn.export.ensure_programs` (cached per architecture). Training
-runs the training program's ``forward`` (forward, loss and backward in one call) and updates the
-program's own parameter tensors in place with plain SGD, ``p <- p - lr * (g + mu (p - p_ref))``
-(FedProx, Li et al., MLSys 2020, eq. 2); the update is written with torch's in-place
-``add_`` on the tensors the runtime hands out uncloned, which alias the program's memory, so the
-next call computes with the new values. (On Android the same program is driven by ExecuTorch's
-Java ``TrainingModule`` and ``SGD``; see :mod:`edge_client.backends.android_executorch`.)
-
-Inference (:meth:`ExecuTorchBackend.predict`, :meth:`ExecuTorchBackend.evaluate`) runs an
-XNNPACK-delegated inference program, in one of two forms (``inference=``):
-
-* ``"static"`` (default): the program whose weights live in a ``.ptd`` file. When the parameters
-  have changed since the last prediction (new weights, a training step), the current parameters
-  are written over the template file's bytes at the offsets recorded at export
-  (:func:`patch_weights`) into a private temporary file and the program is reloaded from it;
-  XNNPACK packs the weights once per load, so repeated predictions cost only the computation;
-* ``"inputs"``: the program that takes the weights as inputs on every call (no reload, but
-  XNNPACK repacks the weights on every call).
-
-Dropout masks come from ``numpy.random.default_rng(dropout_seed)`` exactly as in
-:mod:`edge_client.backends.numpy_ref` (one ``rng.random((B, H)) >= p`` draw per batch), so the
-ExecuTorch and numpy backends follow the same trajectory even with dropout active.
-
-The Python runtime imports torch; a torch-free phone uses the Java runtime instead.
+Programs come from :func:`har_models.nn.export.ensure_programs`. Training runs the training
+program's ``forward`` (forward, loss and backward in one call) and updates the program's own
+parameter tensors in place, ``p <- p - lr * (g + mu (p - p_ref))`` (FedProx, Li et al., MLSys 2020,
+eq. 2), through the uncloned tensors that alias its memory. Inference runs an XNNPACK program:
+``"static"`` (default) with the weights patched into a ``.ptd`` copy (:func:`patch_weights`) and
+reloaded when they changed, or ``"inputs"`` with the weights passed on every call (repacked each
+time). Dropout masks are drawn as in :mod:`edge_client.backends.numpy_ref`, so both follow the same
+trajectory. The Python runtime imports torch; a phone uses the Java runtime (:mod:`.android_executorch`).
 """
 
 from __future__ import annotations
@@ -43,7 +27,7 @@ from har_models.nn.export import STATIC_METHODS, ProgramFiles, ensure_programs, 
 from har_models.nn.model import init_state
 from har_models.wire.pte_delivery import PTE_IDENTIFIER, RuntimeInfo, check_program_set, exporter_differs
 
-from .base import ArchitectureMismatch, BackendBase, batch_dropout_mask, check_train_args
+from .base import ArchitectureMismatch, BackendBase, EpochArgs
 
 log = logging.getLogger("fedhar.client.executorch")
 
@@ -57,16 +41,9 @@ InferenceMode = Literal["static", "inputs"]
 
 
 def python_runtime() -> RuntimeInfo:
-    """The installed Python runtime: its executorch release, the schema version it reads and its file identifier.
+    """The installed Python runtime: executorch release, schema version and file identifier (of its ``schema/program.fbs``).
 
-    The schema version is ``executorch.exir.version.EXECUTORCH_SCHEMA_VERSION`` and the identifier the
-    ``file_identifier`` of the package's own ``schema/program.fbs`` (the runtime and the schema come
-    from one wheel).
-
-    Raises
-    ------
-    ImportError
-        If executorch is not installed.
+    Raises ImportError if executorch is not installed.
     """
     import importlib.resources
     import re
@@ -85,19 +62,11 @@ def python_runtime() -> RuntimeInfo:
 
 
 def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights: Mapping[str, np.ndarray]) -> bytes:
-    """A copy of the weights template with every named tensor's bytes replaced.
+    """A copy of the ``.ptd`` weights ``template`` with every named tensor's bytes replaced.
 
-    Parameters
-    ----------
-    template : bytes of the ``.ptd`` written by :func:`har_models.nn.export.export_static_inference_program`
-    offsets : name -> (byte offset, byte length, *axis order), as recorded in the program metadata: the
-        tensor is stored as ``weights[name].transpose(axis order)``, float32 little-endian, C order
-    weights : name -> ndarray of the spec's shape
-
-    Raises
-    ------
-    ValueError
-        If a tensor's size differs from its slot or a name has no slot.
+    ``offsets``: name -> (byte offset, byte length, *axis order) from the program metadata; the tensor
+    is stored as ``weights[name].transpose(axis order)``, float32 little-endian, C order. Raises
+    ValueError if a tensor's size differs from its slot or a name has no slot.
     """
     out = bytearray(template)
     for name, (at, length, *axes) in offsets.items():
@@ -114,30 +83,16 @@ def patch_weights(template: bytes, offsets: Mapping[str, Sequence[int]], weights
 class ExecuTorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` on ExecuTorch programs (Python runtime).
 
-    Parameters
-    ----------
-    spec : ArchSpec
-    weights : name -> ndarray, optional
-        Initial parameters (default :func:`har_models.nn.model.init_state` with seed 0).
-    cache_dir : folder, optional
-        Program cache (default :data:`DEFAULT_CACHE`); programs are exported there if absent.
-    train_batch : int
-        Largest training batch the training program accepts (32); ``train_epoch``'s batch size must not exceed it.
-    infer_batch : int
-        Inference batch (64): larger inputs are split; the static program pads a partial chunk to it
-        (except a single window, which has its own method).
-    programs : ProgramFiles, optional
-        Use these program files instead of the cache (their recorded spec must equal ``spec``).
-    inference : {"static", "inputs"}
-        Which inference program to run (see the module docstring).
+    Programs are exported to ``cache_dir`` (default :data:`DEFAULT_CACHE`) if absent, unless ``programs``
+    are given; ``train_batch`` bounds ``train_epoch``'s batch size; larger inference inputs are split
+    into ``infer_batch`` windows (the static program pads a partial chunk; one window has its own method).
 
     Raises
     ------
     ArchitectureMismatch
-        If ``programs`` were exported for another architecture (version or widths) than ``spec``.
+        If ``programs`` were exported for another architecture than ``spec``.
     ProgramRefused
-        ``pte_corrupt`` or ``pte_incompatible``: a program this runtime must not load (checked before
-        loading, :func:`har_models.wire.pte_delivery.check_program_set`).
+        ``pte_corrupt`` or ``pte_incompatible``, checked before loading.
     ValueError
         If ``weights`` do not match ``spec``.
     ImportError
@@ -229,55 +184,26 @@ class ExecuTorchBackend(BackendBase):
         grads = {n: outs[self._gi + i] for n, i in self._grad_pos.items()}
         return float(outs[0]), grads
 
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One epoch of SGD on the program's parameters; see :meth:`TrainingBackend.train_epoch`.
-
-        Raises
-        ------
-        ValueError
-            Also when ``batch_size`` exceeds the program's ``train_batch``.
-        """
-        xa, ya = self._windows(x, y, "train_epoch")
-        assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
-        if batch_size > self.train_batch:
-            raise ValueError(f"ExecuTorchBackend.train_epoch: batch_size {batch_size} exceeds the program's train_batch "
-                             f"{self.train_batch}; construct the backend with train_batch >= {batch_size}")
-        trained = [n for n in PARAM_NAMES if n not in frozen]
-        ref = {n: torch.from_numpy(np.asarray(prox_ref[n], np.float32)) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
+    def _epoch(self, xa: np.ndarray, ya: np.ndarray, o: np.ndarray, a: EpochArgs) -> list[float]:
+        """One epoch on the program's parameters; ValueError when ``batch_size`` exceeds ``train_batch``."""
+        if a.batch_size > self.train_batch:
+            raise ValueError(f"ExecuTorchBackend.train_epoch: batch_size {a.batch_size} exceeds the program's train_batch "
+                             f"{self.train_batch}; construct the backend with train_batch >= {a.batch_size}")
+        trained = [n for n in PARAM_NAMES if n not in a.frozen]
+        ref = {n: torch.from_numpy(v) for n, v in a.refs(trained).items()}
+        self._reseed(a.dropout_seed)
         losses = []
         with torch.no_grad():
-            for i, s in enumerate(range(0, len(xa), batch_size)):
-                idx = o[s : s + batch_size]
-                mask = batch_dropout_mask(
-                    self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
-                )
-                loss, grads = self._forward_backward(xa[idx], ya[idx], class_weights, mask)
+            for idx, mask in self._batches(o, a):
+                loss, grads = self._forward_backward(xa[idx], ya[idx], a.class_weights, mask)
                 if ref:
-                    prox = sum(float(((self._params[n] - ref[n]) ** 2).sum()) for n in trained)
-                    loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+                    loss = a.prox_loss(loss, sum(float(((self._params[n] - ref[n]) ** 2).sum()) for n in trained))
                 for n in trained:
-                    g = grads[n] + prox_mu * (self._params[n] - ref[n]) if ref else grads[n]
-                    self._params[n].add_(g, alpha=-lr)  # torch.optim.SGD's update, in the program's memory
+                    g = grads[n] + a.prox_mu * (self._params[n] - ref[n]) if ref else grads[n]
+                    self._params[n].add_(g, alpha=-a.lr)  # torch.optim.SGD's update, in the program's memory
                 self._static = None
                 losses.append(loss)
-        return np.asarray(losses, dtype=np.float64)
+        return losses
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 from the inference program, in chunks of ``infer_batch``."""
@@ -312,25 +238,10 @@ class ExecuTorchBackend(BackendBase):
             Path(path).unlink()  # the runtime has read and packed the weights
         return self._static
 
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The batch loss and its gradient w.r.t. ``names`` from the training program; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = self._windows(x, y, "top_layer_grads")
-        assert ya is not None
-        unknown = set(names) - set(PARAM_NAMES)
-        if unknown:
-            raise ValueError(f"ExecuTorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(PARAM_NAMES)}")
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
-        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
+    def _grads(
+        self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
+        dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
+    ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
+        mask = self._grads_mask(names, PARAM_NAMES, len(xa), dropout, dropout_seed, dropout_mask)
         loss, grads = self._forward_backward(xa, ya, class_weights, mask)
         return loss, {n: grads[n].numpy().copy() for n in names}

@@ -1,11 +1,8 @@
-"""Choose a training backend by name: the one place that knows the three implementations and what each needs.
+"""Choose a training backend by name: the one place that knows the implementations and what each needs.
 
-Kept apart from :mod:`edge_client.backends.base` (the interface and the helpers every
-implementation uses), so the implementations depend on the interface and not the reverse.
-Each implementation is imported only when asked for, so a device needs only its own
-runtime (numpy; PyTorch; ExecuTorch). :func:`choose_backend` is the backend choice of
-``fedhar-client`` and the app: the best backend whose runtime is installed, found without
-importing it.
+Apart from :mod:`edge_client.backends.base`, so the implementations depend on the interface only.
+Each is imported only when asked for, so a device needs only its own runtime; :func:`choose_backend`
+(``fedhar-client`` and the app) takes the best backend installed, found without importing it.
 """
 
 from __future__ import annotations
@@ -33,11 +30,8 @@ BACKEND_RUNTIMES: dict[str, tuple[str, ...]] = {
 
 
 def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without importing it.
-
-    A module already imported counts as present (whatever put it in :data:`sys.modules`); one
-    blocked as ``sys.modules[m] = None`` counts as absent.
-    """
+    """Whether ``module`` can be imported, found without importing it (already imported: present; blocked as
+    ``sys.modules[m] = None``: absent)."""
     if module in sys.modules:
         return sys.modules[module] is not None
     try:
@@ -47,21 +41,12 @@ def _installed(module: str) -> bool:
 
 
 class BackendUnavailable(ModuleNotFoundError):
-    """A requested backend needs a module that is not installed (``name`` is the module).
-
-    A :class:`ModuleNotFoundError`, so ``fedhar-client`` ends with the exit of a missing
-    module (7), which its systemd unit does not restart: the install has to change, not the run.
-    """
+    """A requested backend needs a module that is not installed (``name``); a ModuleNotFoundError, so ``fedhar-client``
+    exits 7, which its systemd unit does not restart."""
 
 
 def missing_runtimes(name: str) -> tuple[str, ...]:
-    """The modules backend ``name`` needs that are not installed (empty when it can run).
-
-    Raises
-    ------
-    ValueError
-        On an unknown backend name.
-    """
+    """The modules backend ``name`` needs that are not installed (empty when it can run); ValueError if unknown."""
     if name not in BACKEND_RUNTIMES:
         raise ValueError(f"unknown backend {name!r}; choose one of {BACKEND_NAMES}")
     return tuple(m for m in BACKEND_RUNTIMES[name] if not _installed(m))
@@ -73,25 +58,17 @@ def available_backends() -> tuple[str, ...]:
 
 
 def choose_backend(requested: str | None = None) -> tuple[str, str]:
-    """The backend to train with, and why, in words for the start-up log line.
+    """The backend to train with and why, in words for the start-up log line.
 
-    Parameters
-    ----------
-    requested : str, optional
-        A backend name (``--backend``), or None / ``"auto"`` for the best one installed:
-        torch, else ExecuTorch (its Python runtime, else the Java module on Android), else numpy.
-
-    Returns
-    -------
-    (name, reason), e.g. ``("numpy", "best installed; torch: torch not installed, executorch: torch not installed")``.
+    ``requested`` None or ``"auto"``: the best one installed (torch, else ExecuTorch's Python then
+    Java runtime, else numpy), e.g. ``("numpy", "best installed; torch: torch not installed, ...")``.
 
     Raises
     ------
     ValueError
         On an unknown name.
     BackendUnavailable
-        For a requested backend whose runtime is missing (naming the module and the
-        backends that would run here).
+        For a requested backend whose runtime is missing (naming the module and the backends that would run).
     """
     if requested in (None, "auto"):
         skipped: list[str] = []
@@ -116,23 +93,11 @@ def choose_backend(requested: str | None = None) -> tuple[str, str]:
 def make_backend(
     name: str, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, options: BackendOptions | None = None
 ) -> TrainingBackend:
-    """The backend called ``name`` for ``spec``, loaded with ``weights`` if given.
+    """The backend called ``name`` for ``spec``, loaded with ``weights`` if given (else its deterministic init, seed 0).
 
-    Parameters
-    ----------
-    name : {"torch", "executorch", "executorch-android", "numpy"}
-    spec : ArchSpec
-    weights : name -> ndarray, optional (default: the backend's deterministic init, seed 0)
-    options : BackendOptions, optional
-        ExecuTorch's program folder and batch sizes (ignored by the other backends;
-        ``executorch-android`` reads only the program folder, where delivered programs are).
-
-    Raises
-    ------
-    ValueError
-        On an unknown name (listing the known ones), or weights that do not fit ``spec``.
-    ImportError
-        If the backend's runtime (torch, executorch) is not installed.
+    ``options``: ExecuTorch's program folder and batch sizes (``executorch-android`` reads the folder
+    only). Raises ValueError on an unknown name or weights that do not fit ``spec``, ImportError if
+    the backend's runtime is not installed.
     """
     opts = options or BackendOptions()
     if name == "numpy":

@@ -1,30 +1,12 @@
 """A numpy-only reference of the HAR CNN: forward, backward and SGD, with no PyTorch.
 
-The network of :mod:`har_models.nn.model` (Ek et al., PerCom 2021, REALWORLD configuration), layer by
-layer in the same order and float32 arithmetic:
-
-1. normalise ``(x - mean_c) / std_c`` per channel (``ArchSpec.input_mean/std``);
-2. zero-pad time by ``(k - 1) // 2`` before and the rest after (7 and 8 for k = 16, Keras 'same'),
-   exactly as ``HarCNN.forward`` pads before its unpadded ``Conv2d``;
-3. convolution with the ``(F, C, k, 1)`` kernel as one matrix product over the im2col matrix
-   ``(B*T, C*k)`` (a sliding-window view), plus bias; ReLU;
-4. max-pool by ``pool`` along time (the gradient goes to the first maximum, as PyTorch's);
-5. flatten channel-first ``(B, F, T')`` -> ``(B, F*T')``;
-6. dense ``F*T' -> H`` + ReLU; dropout (multiplier 0 or ``1/(1-p)``); dense ``H -> C``;
-7. loss ``mean_b(w_{y_b} * CE_b)`` (the Keras reduction of :func:`har_models.nn.training.make_loss`),
-   plus FedProx's ``(mu/2) ||w - w_ref||^2`` (Li et al., MLSys 2020, eq. 2) when training.
-
-Backward is the chain rule through the same steps; ReLU passes gradient only where its output is
-> 0 (as PyTorch's ``threshold_backward``). SGD is ``w <- w - lr * grad`` without momentum.
-
-Dropout masks in training mode come from ``numpy.random.default_rng(dropout_seed)``: per batch one
-``rng.random((B, H)) >= p`` draw (see :func:`edge_client.backends.base.draw_dropout_masks`). This
-is a different stream from PyTorch's, so with dropout active the numpy and PyTorch trajectories
-agree only in distribution; exact comparisons pass explicit ``dropout_masks`` (or use
-``dropout = 0``).
-
-This module and everything it imports are free of PyTorch, so the phone-side client can train
-where no PyTorch exists (``tests/test_backends.py`` runs it with ``torch`` blocked).
+The network of :mod:`har_models.nn.model` (Ek et al., PerCom 2021) layer by layer in float32:
+normalise per channel; zero-pad time 'same' (``(k - 1) // 2`` before); convolution as one matrix
+product over the im2col matrix ``(B*T, C*k)``, ReLU; max-pool along time (gradient to the first
+maximum, as PyTorch); flatten channel-first; dense + ReLU, dropout, dense; loss
+``mean_b(w_{y_b} CE_b)`` plus FedProx's ``(mu/2) ||w - w_ref||^2`` (Li et al., MLSys 2020, eq. 2).
+SGD without momentum. Dropout masks come from ``numpy.random.default_rng(dropout_seed)``, not
+PyTorch's stream. Free of PyTorch (``tests/test_backends.py`` runs it with ``torch`` blocked).
 """
 
 from __future__ import annotations
@@ -37,22 +19,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from har_models.nn.arch import ArchSpec
 
-from .base import BackendBase, batch_dropout_mask, batch_sizes, check_train_args, check_weights
+from .base import BackendBase, EpochArgs, batch_sizes, check_weights
 from .numpy_loss import softmax, weighted_cross_entropy
 
 Params = dict[str, np.ndarray]
 
 
 def init_weights(spec: ArchSpec, seed: int) -> Params:
-    """Glorot-uniform weights and zero biases (the Keras defaults), drawn with numpy.
-
-    The same distribution as :func:`har_models.nn.model.init_state` but another random stream, so the
-    values differ from PyTorch's for the same seed.
-
-    Returns
-    -------
-    dict name -> float32 array with the shapes of ``spec.shapes()``.
-    """
+    """Glorot-uniform weights and zero biases (the Keras defaults) by name, drawn with numpy (not PyTorch's values)."""
     rng = np.random.default_rng(int(seed))
     out: Params = {}
     for name, shape in spec.shapes().items():
@@ -79,10 +53,7 @@ class _Cache:
 
 
 def forward(spec: ArchSpec, w: Mapping[str, np.ndarray], x: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, _Cache]:
-    """Logits ``(B, C)`` float32 of raw windows ``x`` ``(B, 6, T)``; ``mask`` ``(B, H)`` applies dropout.
-
-    Returns the logits and the cache :func:`backward` needs.
-    """
+    """Logits ``(B, C)`` float32 of raw windows ``x`` ``(B, 6, T)`` and the cache for :func:`backward`; ``mask`` ``(B, H)``."""
     b, c, t = x.shape
     f, k, pool = spec.conv_filters, spec.kernel, spec.pool
     mean = np.asarray(spec.input_mean, np.float32).reshape(1, c, 1)
@@ -103,14 +74,7 @@ def forward(spec: ArchSpec, w: Mapping[str, np.ndarray], x: np.ndarray, mask: np
 
 
 def backward(spec: ArchSpec, w: Mapping[str, np.ndarray], cache: _Cache, dlogits: np.ndarray, names: Sequence[str] | None = None) -> Params:
-    """Gradients of the loss w.r.t. the parameters, from ``dlogits`` ``(B, C)`` and a forward ``cache``.
-
-    ``names`` limits the result to those tensors (the pass stops as early as it can).
-
-    Returns
-    -------
-    dict name -> float32 gradient of that tensor's shape.
-    """
+    """Float32 gradients by name from ``dlogits`` ``(B, C)`` and a forward ``cache``; ``names`` limits them (stops early)."""
     want = set(spec.shapes()) if names is None else set(names)
     g: Params = {}
     g["out.weight"] = dlogits.T @ cache.dropped
@@ -136,20 +100,9 @@ def backward(spec: ArchSpec, w: Mapping[str, np.ndarray], cache: _Cache, dlogits
 
 
 class NumpyBackend(BackendBase):
-    """:class:`~edge_client.backends.base.TrainingBackend` in plain numpy (the reference and the torch-free path).
+    """:class:`~edge_client.backends.base.TrainingBackend` in plain numpy; ``eval_batch`` bounds inference memory.
 
-    Parameters
-    ----------
-    spec : ArchSpec
-    weights : name -> ndarray, optional
-        Initial parameters (default :func:`init_weights` with seed 0).
-    eval_batch : int
-        Windows per forward pass in :meth:`evaluate` and :meth:`predict` (bounds memory).
-
-    Raises
-    ------
-    ValueError
-        If ``weights`` do not match ``spec``.
+    Default weights: :func:`init_weights` with seed 0. Raises ValueError if ``weights`` do not match ``spec``.
     """
 
     def __init__(self, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, eval_batch: int = 512):
@@ -166,47 +119,23 @@ class NumpyBackend(BackendBase):
         """Copies of the parameters by name (float32)."""
         return {n: v.copy() for n, v in self._w.items()}
 
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One epoch of SGD; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = self._windows(x, y, "train_epoch")
-        assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
-        trained = [n for n in self._spec.shapes() if n not in frozen]
-        ref = {n: np.asarray(prox_ref[n], np.float32) for n in trained} if prox_mu > 0 and prox_ref is not None else {}
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
-        lr32, mu32 = np.float32(lr), np.float32(prox_mu)
+    def _epoch(self, xa: np.ndarray, ya: np.ndarray, o: np.ndarray, a: EpochArgs) -> list[float]:
+        trained = [n for n in self._spec.shapes() if n not in a.frozen]
+        ref = a.refs(trained)
+        self._reseed(a.dropout_seed)
+        lr32, mu32 = np.float32(a.lr), np.float32(a.prox_mu)
         losses = []
-        for i, s in enumerate(range(0, len(xa), batch_size)):
-            idx = o[s : s + batch_size]
-            mask = batch_dropout_mask(
-                self._spec, self._rng, len(idx), dropout_masks[i] if dropout_masks is not None else None, train=True
-            )
+        for idx, mask in self._batches(o, a):
             logits, cache = forward(self._spec, self._w, xa[idx], mask)
-            loss, dlogits = weighted_cross_entropy(logits, ya[idx], class_weights)
+            loss, dlogits = weighted_cross_entropy(logits, ya[idx], a.class_weights)
             grads = backward(self._spec, self._w, cache, dlogits, trained)
             if ref:
-                prox = sum(float(np.sum((self._w[n] - ref[n]) ** 2, dtype=np.float32)) for n in trained)
-                loss = float(np.float32(loss) + np.float32(0.5 * prox_mu) * np.float32(prox))
+                loss = a.prox_loss(loss, sum(float(np.sum((self._w[n] - ref[n]) ** 2, dtype=np.float32)) for n in trained))
             for n in trained:
                 gn = grads[n] + mu32 * (self._w[n] - ref[n]) if ref else grads[n]
                 self._w[n] = self._w[n] - lr32 * gn
             losses.append(loss)
-        return np.asarray(losses, dtype=np.float64)
+        return losses
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Logits ``(N, C)`` float32 of windows ``(N, 6, T)`` with dropout off, in chunks of ``eval_batch``."""
@@ -214,26 +143,11 @@ class NumpyBackend(BackendBase):
         out = [forward(self._spec, self._w, xa[s : s + self.eval_batch])[0] for s in range(0, len(xa), self.eval_batch)]
         return np.concatenate(out) if out else np.empty((0, self._spec.n_classes), np.float32)
 
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = self._windows(x, y, "top_layer_grads")
-        assert ya is not None
-        unknown = set(names) - set(self._spec.shapes())
-        if unknown:
-            raise ValueError(f"NumpyBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(self._spec.shapes())}")
-        if dropout_seed is not None:
-            self._rng = np.random.default_rng(int(dropout_seed))
-        mask = batch_dropout_mask(self._spec, self._rng, len(xa), dropout_mask, train=dropout)
+    def _grads(
+        self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
+        dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
+    ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
+        mask = self._grads_mask(names, list(self._spec.shapes()), len(xa), dropout, dropout_seed, dropout_mask)
         logits, cache = forward(self._spec, self._w, xa, mask)
         loss, dlogits = weighted_cross_entropy(logits, ya, class_weights)
         return loss, backward(self._spec, self._w, cache, dlogits, list(names))

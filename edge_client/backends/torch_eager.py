@@ -1,19 +1,11 @@
-"""The PyTorch eager backend: today's training path (:mod:`har_models.nn.training`) behind the backend interface.
+"""The PyTorch eager backend: :mod:`har_models.nn.training`'s path behind the backend interface.
 
-Each batch runs exactly the operations of :func:`har_models.nn.training.train_local` (the same
-:class:`~har_models.nn.model.HarCNN`, loss from :func:`~har_models.nn.training.make_loss`, FedProx term
-``0.5 * mu * sum ||p - ref||^2``, ``torch.optim.SGD`` without momentum), so
-:func:`edge_client.backends.base.train` through this backend reproduces ``train_local`` bit for bit.
-Dropout draws from the global torch RNG (seeded by ``dropout_seed``), as ``train_local`` does.
-
-Explicit dropout masks are applied by a forward pre-hook on the output layer with the model in
-eval mode (where ``F.dropout`` is the identity): the hook multiplies the hidden activations by the
-mask, which is where dropout acts in ``HarCNN.forward``.
-
-FedALA's kernel (:meth:`TorchBackend.learn_ala`) learns W with autograd on a temporary model and,
-when only the head is blended (the default p = 2), computes the lower layers' output on the
-sample once per round instead of once per pass: the client round's fast path
-(:func:`edge_client.ala.adaptive_local_aggregation` dispatches to it).
+Each batch runs exactly ``train_local``'s operations (same model, loss, FedProx term, SGD without
+momentum; dropout from the global torch RNG), so :func:`edge_client.backends.base.train` through
+this backend reproduces ``train_local`` bit for bit. Explicit dropout masks are applied by a
+forward pre-hook on the output layer with the model in eval mode. FedALA's kernel
+(:meth:`TorchBackend.learn_ala`) learns W with autograd, computing the lower layers' output on the
+sample once per round when only the head is blended.
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ from har_models.nn.model import HarCNN, build_model, init_state
 from har_models.nn.training import make_loss
 from har_models.settings import AlaConfig
 
-from .base import BackendBase, EvalResult, check_train_args, check_weights
+from .base import BackendBase, EpochArgs, EvalResult, check_weights
 
 if TYPE_CHECKING:
     from edge_client.backends.ala_kernel import AlaLearned
@@ -45,18 +37,8 @@ State = dict[str, torch.Tensor]
 class TorchBackend(BackendBase):
     """:class:`~edge_client.backends.base.TrainingBackend` on a PyTorch :class:`~har_models.nn.model.HarCNN` (CPU, float32).
 
-    Parameters
-    ----------
-    spec : ArchSpec
-    weights : name -> ndarray, optional
-        Initial parameters (default :func:`har_models.nn.model.init_state` with seed 0).
-    eval_batch : int
-        Windows per forward pass in :meth:`evaluate` and :meth:`predict` (512, as ``har_models.nn.training.predict``).
-
-    Raises
-    ------
-    ValueError
-        If ``weights`` do not match ``spec``.
+    Default weights: ``init_state`` with seed 0; ``eval_batch`` windows per inference pass (512, as
+    ``har_models.nn.training.predict``). Raises ValueError if ``weights`` do not match ``spec``.
     """
 
     def __init__(self, spec: ArchSpec, weights: Mapping[str, np.ndarray] | None = None, eval_batch: int = 512):
@@ -93,52 +75,39 @@ class TorchBackend(BackendBase):
             handle.remove()
             self.model.train(was_training)
 
-    def train_epoch(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        order: np.ndarray,
-        *,
-        lr: float,
-        batch_size: int,
-        class_weights: np.ndarray | None = None,
-        prox_mu: float = 0.0,
-        prox_ref: Mapping[str, np.ndarray] | None = None,
-        frozen: Sequence[str] = (),
-        dropout_seed: int | None = None,
-        dropout_masks: Sequence[np.ndarray] | None = None,
-    ) -> np.ndarray:
-        """One epoch of SGD, operation for operation as ``train_local``; see :meth:`TrainingBackend.train_epoch`."""
-        xa, ya = self._windows(x, y, "train_epoch")
-        assert ya is not None
-        o = check_train_args(self._spec, len(xa), order, batch_size, prox_mu, prox_ref, frozen, dropout_masks, self._who())
+    def _reseed(self, seed: int | None) -> None:
+        """Reseed the global torch RNG, dropout's stream as in ``train_local``; None continues it."""
+        if seed is not None:
+            torch.manual_seed(int(seed))
+
+    def _epoch(self, xa: np.ndarray, ya: np.ndarray, o: np.ndarray, a: EpochArgs) -> list[float]:
+        """One epoch operation for operation as ``train_local``."""
         model = self.model
         model.train()
         params = []
         for name, p in model.named_parameters():
-            p.requires_grad_(name not in frozen)
-            if name not in frozen:
+            p.requires_grad_(name not in a.frozen)
+            if name not in a.frozen:
                 params.append((name, p))
-        ref = {n: torch.as_tensor(np.asarray(prox_ref[n], np.float32)) for n, _ in params} if prox_mu > 0 and prox_ref else {}
-        loss_fn = make_loss(class_weights)
-        opt = torch.optim.SGD([p for _, p in params], lr=lr, momentum=0.0)
+        ref = {n: torch.as_tensor(np.asarray(a.prox_ref[n], np.float32)) for n, _ in params} if a.prox_mu > 0 and a.prox_ref else {}
+        loss_fn = make_loss(a.class_weights)
+        opt = torch.optim.SGD([p for _, p in params], lr=a.lr, momentum=0.0)
         xt, yt, ot = torch.from_numpy(xa), torch.from_numpy(ya), torch.from_numpy(o)
-        if dropout_seed is not None:
-            torch.manual_seed(int(dropout_seed))
+        self._reseed(a.dropout_seed)
         losses = []
-        for i, s in enumerate(range(0, len(xa), batch_size)):
-            idx = ot[s : s + batch_size]
+        for i, s in enumerate(range(0, len(xa), a.batch_size)):
+            idx = ot[s : s + a.batch_size]
             opt.zero_grad(set_to_none=True)
-            with self._masked(dropout_masks[i] if dropout_masks is not None else None):
+            with self._masked(a.mask(i)):
                 loss = loss_fn(model(xt[idx]), yt[idx])
             if ref:
-                loss = loss + 0.5 * prox_mu * sum(((p - ref[name]) ** 2).sum() for name, p in params)
+                loss = loss + 0.5 * a.prox_mu * sum(((p - ref[name]) ** 2).sum() for name, p in params)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
         for _, p in model.named_parameters():
             p.requires_grad_(True)
-        return np.asarray(losses, dtype=np.float64)
+        return losses
 
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -156,29 +125,12 @@ class TorchBackend(BackendBase):
     """The output layer's tensors, the only ones :meth:`evaluate_pair` may swap."""
 
     def evaluate_pair(self, x: np.ndarray, y: np.ndarray, head: Mapping[str, np.ndarray]) -> tuple[EvalResult, EvalResult] | None:
-        """:meth:`evaluate` of the model held and of the same model with another output layer, the lower layers run once.
+        """:meth:`evaluate` of the model held and of the same model with output layer ``head``, lower layers run once.
 
-        For FedALA's round, whose initial model is the received one with a blended output layer
-        (the default p = 2; the lower tensors take the received values): the hidden activations
-        of ``x`` are computed once (:func:`fast_features`, in chunks of ``eval_batch`` as
-        :meth:`logits`) and both output layers run on them, so the results equal two
-        :meth:`evaluate` calls (same batches, same operations) while the convolution and the
-        hidden layer run once instead of twice. The held model is not changed.
-
-        Parameters
-        ----------
-        x : (N, 6, T) float32;  y : (N,) int64
-        head : name -> array, the other model's tensors of :attr:`head_params` (all of them or some)
-
-        Returns
-        -------
-        (EvalResult of the held model, EvalResult with ``head``), or None when ``head`` names a
-        tensor outside :attr:`head_params` (the caller evaluates the two models one by one then).
-
-        Raises
-        ------
-        ValueError
-            If x/y or the head's shapes do not fit the architecture.
+        For FedALA's round (p = 2): the hidden activations are computed once (:func:`fast_features`, in
+        chunks of ``eval_batch``) and both heads run on them; the results equal two :meth:`evaluate`
+        calls. Returns None when ``head`` names a tensor outside :attr:`head_params` (evaluate one by
+        one then). Raises ValueError if x/y or the head's shapes do not fit. The held model is unchanged.
         """
         xa, ya = self._windows(x, y, "evaluate_pair")
         assert ya is not None
@@ -207,28 +159,17 @@ class TorchBackend(BackendBase):
         """Class probabilities ``(B, C)`` float32, dropout off."""
         return torch.softmax(torch.from_numpy(self.logits(x)), dim=1).numpy()
 
-    def top_layer_grads(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        names: Sequence[str],
-        *,
-        class_weights: np.ndarray | None = None,
-        dropout: bool = False,
-        dropout_seed: int | None = None,
-        dropout_mask: np.ndarray | None = None,
-    ) -> tuple[float, dict[str, np.ndarray]]:
-        """The batch loss and its gradient w.r.t. ``names``; see :meth:`TrainingBackend.top_layer_grads`."""
-        xa, ya = self._windows(x, y, "top_layer_grads")
-        assert ya is not None
+    def _grads(
+        self, xa: np.ndarray, ya: np.ndarray, names: Sequence[str], class_weights: np.ndarray | None,
+        dropout: bool, dropout_seed: int | None, dropout_mask: np.ndarray | None,
+    ) -> tuple[float, dict[str, np.ndarray]]:  # fmt: skip
         params = dict(self.model.named_parameters())
         unknown = set(names) - set(params)
         if unknown:
             raise ValueError(f"TorchBackend.top_layer_grads: {sorted(unknown)} are not parameters; known {list(params)}")
         for p in params.values():
             p.grad = None
-        if dropout_seed is not None:
-            torch.manual_seed(int(dropout_seed))
+        self._reseed(dropout_seed)
         self.model.train(dropout)
         with torch.enable_grad(), self._masked(dropout_mask):
             loss = make_loss(class_weights)(self.model(torch.from_numpy(xa)), torch.from_numpy(ya))
@@ -236,43 +177,17 @@ class TorchBackend(BackendBase):
         return float(loss.detach()), {n: g.detach().numpy().copy() for n, g in zip(names, grads, strict=True)}
 
     def learn_ala(
-        self,
-        received: Mapping[str, np.ndarray],
-        local: Mapping[str, np.ndarray],
-        weights: Mapping[str, np.ndarray],
-        x: np.ndarray,
-        y: np.ndarray,
-        *,
-        config: AlaConfig,
-        batch_size: int,
-        seed: int,
-        start_phase: bool,
+        self, received: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+        x: np.ndarray, y: np.ndarray, *, config: AlaConfig, batch_size: int, seed: int, start_phase: bool,
         class_weights: np.ndarray | None = None,
-    ) -> AlaLearned:
+    ) -> AlaLearned:  # fmt: skip
         """FedALA's W learning (steps 3-5 of :func:`edge_client.ala.adaptive_local_aggregation`) with PyTorch autograd.
 
-        Zhang et al., AAAI 2023, Algorithm 1 lines 6-16; the contract of
-        :func:`edge_client.ala.learn_ala_weights` (the generic kernel), computed on a temporary
-        :class:`~har_models.nn.model.HarCNN` built from ``received`` after seeding the torch RNG with
-        ``seed``, so its dropout masks are those of that seed. The blend is ``torch.lerp``. The
-        global torch RNG state is left as it was; this backend's own model is not touched.
-
-        Parameters
-        ----------
-        received, local : name -> float32 array of the received shapes (``local`` already padded)
-        weights : name -> float32 array in [0, 1], W of the higher tensors (its keys define them)
-        x : (N, 6, T) float32;  y : (N,) int64
-        config : AlaConfig;  batch_size : int >= 1;  seed : int;  start_phase : bool
-        class_weights : (C,) float32, optional
-
-        Returns
-        -------
-        edge_client.backends.ala_kernel.AlaLearned
-
-        Raises
-        ------
-        ValueError
-            If the tensors do not match this backend's architecture.
+        Zhang et al., AAAI 2023, Algorithm 1 lines 6-16, with the contract of
+        :func:`edge_client.ala.learn_ala_weights`, on a temporary model built from ``received`` after
+        seeding the torch RNG with ``seed``; the blend is ``torch.lerp``. The global torch RNG state
+        and this backend's model are left as they were. ``weights``: W of the higher tensors (its
+        keys define them). Raises ValueError if the tensors do not match the architecture.
         """
         from edge_client.backends.ala_kernel import AlaLearned, stop_after_pass
 
@@ -342,12 +257,8 @@ class TorchBackend(BackendBase):
 
 
 def _blend(local: State, received: State, weights: State) -> State:
-    """thetahat = ``torch.lerp(theta_i, theta, W)`` on the tensors of ``weights``; theta elsewhere.
-
-    The tensors outside ``weights`` are the received ones themselves, not copies (the caller
-    only reads them: it loads them into its model, which copies): a copy of the lower layers
-    (25.8 MB for the paper CNN) per round saved.
-    """
+    """thetahat = ``torch.lerp(theta_i, theta, W)`` on the tensors of ``weights``; the received tensors
+    themselves (no copy, 25.8 MB saved per round for the paper CNN) elsewhere."""
     return {n: torch.lerp(local[n], theta, weights[n]) if n in weights else theta.detach() for n, theta in received.items()}
 
 
@@ -356,15 +267,10 @@ def _head_on_cached_features(
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """Window indices ``(b,)`` -> logits ``(b, C)`` from features computed once, or None where that does not apply.
 
-    When only tensors of the model's head are blended (:attr:`HarCNN.HEAD_PARAMS`, the
-    default p = 2), the layers below hold theta for the whole of W's learning, so their output
-    on the sample never changes: it is computed once here (without gradients, in batches of
-    ``batch_size``) and every pass runs only the head (dropout + output layer). The head draws
-    the same dropout masks in the same order as the whole model would, so W, the losses and
-    thetahat equal those of running the whole model each batch (to float rounding of the
-    features, which are the same sums in another batch composition). Costs n_sample x H
-    floats of memory; saves (passes - 1) forward passes of the lower layers in the first ALA
-    round and the autograd bookkeeping of the one pass in later rounds.
+    When only head tensors are blended (p = 2), the lower layers hold theta throughout, so their
+    output on the sample is computed once (in batches of ``batch_size``) and each pass runs only the
+    head, with the same dropout draws: W, losses and thetahat equal the whole model's to float
+    rounding. Costs n_sample x H floats.
     """
     if not isinstance(model, HarCNN) or not set(higher) <= set(HarCNN.HEAD_PARAMS):
         return None
@@ -376,26 +282,12 @@ def _head_on_cached_features(
 
 
 def fast_features(model: HarCNN, x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """:meth:`HarCNN.features` without autograd, about twice as fast on CPU: raw windows ``(N, 6, T)`` -> ``(N, H)``.
+    """:meth:`HarCNN.features` without autograd, about twice as fast on CPU: raw windows ``(N, 6, T)`` or
+    ``(N, 6, T, 1)`` -> hidden activations ``(N, H)`` after ReLU, ``chunk`` windows per pass.
 
-    The same operations on the same numbers, laid out for speed: the (k, 1) convolution over
-    one column runs as the 1-D convolution it is (20 ms against 32 ms for 215 windows of the
-    paper CNN here; equal bit for bit at every batch size from 1 to 64 on this machine, where
-    a channels-last ``conv2d``, faster still, differed at batch 1), and the max-pool over
-    ``pool`` consecutive steps is a max over a reshaped axis (exact, like ``max_pool2d``; 9
-    against 24 ms). Only for inference and FedALA's cached features: training keeps
-    :meth:`HarCNN.features`, whose backward the main job's numbers depend on.
-    ``tests/test_backends.py`` checks it against :meth:`HarCNN.features`.
-
-    Parameters
-    ----------
-    model : HarCNN
-    x : Tensor ``(N, 6, T)`` or ``(N, 6, T, 1)`` float32, raw units (the model normalises)
-    chunk : int >= 1, windows per forward pass
-
-    Returns
-    -------
-    Tensor ``(N, H)`` float32, the hidden activations after ReLU (before dropout).
+    The (k, 1) convolution runs as a 1-D convolution and the max-pool as a max over a reshaped axis:
+    the same numbers (timings in docs/benchmarks-client.md). Only for inference and FedALA's cached features;
+    training keeps :meth:`HarCNN.features`. ``tests/test_backends.py`` checks it.
     """
     spec = model.spec
     mean, std = model.get_buffer("input_mean"), model.get_buffer("input_std")

@@ -1,22 +1,13 @@
 """Android accelerometer and gyroscope through ``SensorManager``, reached with pyjnius.
 
-A ``SensorEventListener`` is registered for ``Sensor.TYPE_ACCELEROMETER`` (m/s^2, gravity
-included) and ``Sensor.TYPE_GYROSCOPE`` (rad/s) with a sampling period of 20,000 µs
-(50 Hz asked; Android treats it as a hint and may deliver faster, slower or in batches).
-Each sample keeps its ``SensorEvent.timestamp``, documented as nanoseconds on the boot clock
-(``SystemClock.elapsedRealtimeNanos()``), not the time the callback ran. The callback
-only appends ``(type, timestamp, x, y, z)`` to a list; a Python loop drains the list
-every ``drain_s`` seconds and converts it with :func:`events_to_chunks`, a pure function
-tested off the phone. Not every phone keeps to the documented clock (some stamp with the wall
-clock, or with a clock that paused in deep sleep, and not always the same for both sensors),
-so each sensor's time base is established from when its events arrive and its stamps are
-mapped to the boot clock before the pair is windowed (:mod:`har_models.data.timebase`).
-
-Sources: Android developer reference, ``SensorManager.registerListener(SensorEventListener,
-Sensor, int samplingPeriodUs, int maxReportLatencyUs)``, ``SensorEvent.timestamp``,
-``Sensor.TYPE_ACCELEROMETER`` (1) and ``Sensor.TYPE_GYROSCOPE`` (4).
-
-``jnius`` is imported only when the source starts, so this module imports anywhere.
+A ``SensorEventListener`` for ``TYPE_ACCELEROMETER`` (m/s^2, gravity included) and
+``TYPE_GYROSCOPE`` (rad/s) at 20,000 µs (a hint to Android) only appends ``(type, timestamp, x,
+y, z)``; a Python loop drains them every ``drain_s`` (:func:`events_to_chunks`, tested off the
+phone). ``SensorEvent.timestamp`` is documented as the boot clock, but not every phone keeps to
+it, so each sensor's time base is established from when its events arrive and mapped to the boot
+clock (:mod:`har_models.data.timebase`). Source: Android developer reference
+(``SensorManager.registerListener``, ``SensorEvent.timestamp``). ``jnius`` is imported only when
+the source starts.
 """
 
 from __future__ import annotations
@@ -49,26 +40,11 @@ AndroidEvent = tuple[int, int, float, float, float]
 
 
 def events_to_chunks(events: Sequence[AndroidEvent]) -> list[SensorChunk]:
-    """Convert listener events, in arrival order, into one :data:`SensorChunk` per sensor.
+    """Listener events ``(type, timestamp_ns, x, y, z)`` in arrival order as one :data:`SensorChunk` per sensor.
 
-    Parameters
-    ----------
-    events : sequence of (type, timestamp_ns, x, y, z)
-        ``type`` is the Android sensor type; ``timestamp_ns`` the event's own timestamp
-        (boot clock, ns); x, y, z in m/s^2 (accelerometer) or rad/s (gyroscope). Events of
-        other sensor types are ignored.
-
-    Returns
-    -------
-    list of (sensor, t_ns (n,) int64, xyz (n, 3) float64)
-        At most one chunk per sensor, the sensor whose first event came first leading;
-        within a sensor the arrival order is kept (duplicates and out-of-order stamps are
-        the resampler's business, so nothing is sorted or dropped here).
-
-    Raises
-    ------
-    ValueError
-        If an event does not have five fields.
+    Other sensor types are ignored; the sensor whose first event came first leads; arrival order is
+    kept (nothing sorted or dropped: that is the resampler's business). Raises ValueError if an
+    event does not have five fields.
     """
     if not events:
         return []
@@ -92,30 +68,17 @@ def events_to_chunks(events: Sequence[AndroidEvent]) -> list[SensorChunk]:
 class AndroidSensorSource(SensorSource):
     """Accelerometer and gyroscope of the Android device this runs on.
 
-    Parameters
-    ----------
-    sampling_period_us : int
-        Period asked of Android (default 20,000 µs = 50 Hz).
-    max_report_latency_us : int
-        Batching latency allowed (0 = deliver each event at once). Batched events are
-        only delivered while the CPU is awake: the foreground service holds a wake lock.
-    drain_s : float
-        How often the Python loop collects the buffered events (seconds).
-    boot_clock_ns, wall_clock_ns : callables returning int, optional
-        The boot clock (default :meth:`clock_ns`, ``elapsedRealtimeNanos``) and the wall clock
-        (default ``time.time_ns``), read at each drain: each sensor's time base is established
-        from them (:class:`~har_models.data.timebase.StreamTimeBase`) and its stamps are mapped to
-        the boot clock before the two sensors are paired; a sensor whose base cannot be
-        established stops the source with a :class:`SensorUnavailable` that says so.
+    ``max_report_latency_us``: batching allowed (0: each event at once; batches arrive only while
+    the CPU is awake, so the foreground service holds a wake lock). At each drain the boot and wall
+    clocks (``boot_clock_ns``, default :meth:`clock_ns`) establish each sensor's
+    :class:`~har_models.data.timebase.StreamTimeBase`; one that cannot be established stops the source.
 
     Raises
     ------
     RuntimeError
-        From :meth:`chunks` when not running on Android (no ``jnius``) or when the device
-        lacks one of the two sensors.
+        From :meth:`chunks` off Android (no ``jnius``) or without both sensors.
     SensorUnavailable
-        From :meth:`chunks` when Android refuses to register a listener (``registerListener``
-        returns false); kept in :attr:`error` and said by :meth:`fault`.
+        From :meth:`chunks` when Android refuses a listener (kept in :attr:`error`, said by :meth:`fault`).
     """
 
     def __init__(
@@ -144,11 +107,7 @@ class AndroidSensorSource(SensorSource):
 
     @staticmethod
     def clock_ns() -> int:
-        """The clock the events are stamped with, now: ``SystemClock.elapsedRealtimeNanos()`` (ns since boot).
-
-        Lets the app tell a silent sensor (Doze, screen off) from a quiet one
-        (:class:`~edge_client.freshness.SensingFreshness`). Needs pyjnius (on the phone).
-        """
+        """``SystemClock.elapsedRealtimeNanos()`` now (pyjnius): the events' clock, to tell a silent sensor from a quiet one."""
         from jnius import autoclass
 
         return int(autoclass("android.os.SystemClock").elapsedRealtimeNanos())
@@ -163,24 +122,14 @@ class AndroidSensorSource(SensorSource):
         return events
 
     def new_time_bases(self) -> dict[str, StreamTimeBase]:
-        """Fresh time bases of both sensors for a new listener (:class:`~har_models.data.timebase.StreamTimeBase`).
-
-        They allow for the batching latency asked of Android; not for the drain period, which
-        does not delay the newest event a drain collects (it was delivered just before the drain).
-        """
+        """Fresh time bases of both sensors for a new listener, allowing for the batching latency (not the drain period)."""
         batching_ns = 1000 * self.max_report_latency_us
         return {name: StreamTimeBase(name, batching_ns=batching_ns) for name in ("acc", "gyro")}
 
     def on_boot_clock(self, events: Sequence[AndroidEvent]) -> list[SensorChunk]:
         """One drain's events as chunks with every sensor's stamps mapped to the boot clock (held while its base is established).
 
-        The drain's arrival is the boot clock read now, its wall clock offset the wall clock read
-        next; :attr:`time_bases` are the listener's (:meth:`new_time_bases`).
-
-        Raises
-        ------
-        SensorUnavailable
-            When a sensor's time base cannot be established (the message names the sensor).
+        Raises SensorUnavailable when a sensor's time base cannot be established (naming the sensor).
         """
         arrival = int(self.boot_clock_ns())
         wall_minus_boot = int(self.wall_clock_ns()) - arrival
@@ -231,16 +180,8 @@ class AndroidSensorSource(SensorSource):
 
 
 def android_context(autoclass: Any) -> Any:
-    """The Android context to reach system services with: the running service's, else the activity's, else None.
-
-    In the foreground service's process (sensing, training) ``PythonService.mService`` is
-    set and ``PythonActivity.mActivity`` is null; in the UI process it is the other way round.
-
-    Parameters
-    ----------
-    autoclass : callable
-        ``jnius.autoclass``.
-    """
+    """The Android context for system services (``autoclass``: ``jnius.autoclass``): the running service's (in the
+    service's process), else the activity's (in the UI's), else None."""
     try:
         service = autoclass("org.kivy.android.PythonService").mService
         if service is not None:

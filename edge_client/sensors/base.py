@@ -1,16 +1,10 @@
 """The one sensor-source interface: timestamped 3-axis samples per sensor, start and stop.
 
-Every source (Android ``SensorManager``, an MPU-6050 on I2C, a replayed recording)
-delivers :data:`~edge_client.sensors.replay.SensorChunk` tuples ``(sensor, t_ns, xyz)``:
-
-* ``sensor`` is ``"acc"`` (m/s^2, gravity included) or ``"gyro"`` (rad/s);
-* ``t_ns`` (n,) int64 are the sensor's own timestamps in nanoseconds, in arrival order
-  (they may repeat or go backwards a little: the resampler copes);
-* ``xyz`` (n, 3) float64.
-
-These chunks go into :class:`~har_models.data.pipeline.SensorPipeline`, the same resampler and
-windower the replay and the dataset readers use, so a live device and a replay produce
-windows by one code path.
+Every source (Android, an MPU-6050 on I2C, a replay) delivers
+:data:`~edge_client.sensors.replay.SensorChunk` tuples ``(sensor, t_ns, xyz)``: ``"acc"`` (m/s^2,
+gravity included) or ``"gyro"`` (rad/s), the sensor's own stamps in arrival order (they may
+repeat or step back a little), ``(n, 3)`` float64. They go into
+:class:`~har_models.data.pipeline.SensorPipeline`, so live devices and replays share one path.
 """
 
 from __future__ import annotations
@@ -22,9 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from edge_client.sensors.replay import ReplaySource, SensorChunk
-from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import Recording
-from har_models.data.windowing import WindowSet
 
 log = logging.getLogger("fedhar.client.sensors")
 
@@ -39,24 +31,15 @@ longest gap the pipeline bridges, and far above any batching latency the sources
 
 
 class SensorUnavailable(RuntimeError):
-    """A sensor that cannot be used here, for a reason one sentence says (no bus device, no driver, refused).
-
-    Raised by :meth:`SensorSource.open` or from a source's thread; the thread keeps it in
-    :attr:`SensorSource.error` without a traceback in the log, since the sentence is the whole story.
-    """
+    """A sensor that cannot be used here, for a reason one sentence says (no bus device, no driver, refused); kept in
+    :attr:`SensorSource.error` without a traceback."""
 
 
 class SensorSource(ABC):
-    """A source of timestamped accelerometer and gyroscope samples.
+    """A source of timestamped accelerometer and gyroscope samples, ``name`` for logs and the app.
 
-    Subclasses implement :meth:`chunks`, a blocking generator that ends when its stop
-    event is set (or the source runs dry). :meth:`start` runs it in a background thread
-    and hands every chunk to a callback; :meth:`stop` ends that thread.
-
-    Attributes
-    ----------
-    name : str
-        Short description for logs and the app ("android", "mpu6050@1:0x68", "replay ...").
+    Subclasses implement :meth:`chunks`, a blocking generator ending when its stop event is set (or
+    the source runs dry); :meth:`start` runs it in a background thread.
     """
 
     name: str = "sensor"
@@ -72,41 +55,16 @@ class SensorSource(ABC):
 
     @abstractmethod
     def chunks(self, stop_event: threading.Event) -> Iterator[SensorChunk]:
-        """Yield :data:`SensorChunk` batches until ``stop_event`` is set or the source ends.
-
-        Yields
-        ------
-        (sensor, t_ns (n,) int64, xyz (n, 3) float64)
-        """
+        """Yield :data:`SensorChunk` batches until ``stop_event`` is set or the source ends."""
 
     def open(self) -> None:
-        """Acquire the sensor now, so that a missing device is a :class:`SensorUnavailable` here and not in the thread.
-
-        The default does nothing; a source whose device can be missing (an I2C bus) overrides it.
-        :meth:`start` works without it.
-
-        Raises
-        ------
-        SensorUnavailable
-            With the reason and the fix in one sentence.
-        """
+        """Acquire the sensor now, so a missing device is a :class:`SensorUnavailable` here, not in the thread (default:
+        nothing; :meth:`start` works without it)."""
         return None
 
     def start(self, on_chunk: Callable[[SensorChunk], object], on_end: Callable[[], object] | None = None) -> None:
-        """Deliver chunks to ``on_chunk`` from a background thread until :meth:`stop`.
-
-        Parameters
-        ----------
-        on_chunk : callable taking a SensorChunk
-            Called in the source's thread; keep it short (no UI work).
-        on_end : callable, optional
-            Called in the source's thread once the source ended or was stopped.
-
-        Raises
-        ------
-        RuntimeError
-            If the source is already running.
-        """
+        """Deliver chunks to ``on_chunk`` (keep it short) from a background thread until :meth:`stop`; ``on_end`` runs
+        there once the source ended or was stopped. RuntimeError if already running."""
         if self.running:
             raise RuntimeError(f"{self.name}: already running; stop() it first")
         self._stop = threading.Event()
@@ -141,14 +99,11 @@ class SensorSource(ABC):
         self._thread = None
 
     def fault(self) -> str:
-        """Why this source delivers no usable samples, in words for the screen and the device's status; "" when it does.
+        """Why this source delivers no usable samples, in words for the screen and the status; "" when it does.
 
-        A fault is: the source failed or the platform refused it (:attr:`error`, e.g. a refused
-        registration); it has delivered no sample in :attr:`stall_s` seconds since it started;
-        or one sensor has been silent for :attr:`stall_s` while the other goes on (a listener
-        that stopped). Both sensors silent after delivering is not a fault here: the OS withholds
-        them (Doze, screen off), which :class:`~edge_client.freshness.SensingFreshness` reports as
-        paused sensing. A source stopped on purpose, or a replay that ended, has no fault.
+        A fault: the source failed or was refused (:attr:`error`); no sample in :attr:`stall_s` since it
+        started; or one sensor silent for :attr:`stall_s` while the other goes on. Both silent after
+        delivering is the OS withholding them (paused sensing, :class:`~edge_client.freshness.SensingFreshness`).
         """
         if self.error is not None:
             return f"sensor {self.name} failed: {self.error}"
@@ -179,18 +134,8 @@ class SensorSource(ABC):
 
 
 class ReplaySensor(SensorSource):
-    """A recorded session replayed through the sensor interface (REALWORLD, HAPT, a saved session).
-
-    Parameters
-    ----------
-    recording : Recording
-    speed : float or None
-        Recording seconds per wall-clock second (1.0 = real time); None = as fast as possible.
-    loop : bool
-        Start again from the beginning when the recording ends (a demo device that never runs
-        dry). Timestamps of each pass are shifted past the previous one, so the pipeline sees
-        a gap, never time going backwards.
-    """
+    """A recorded session replayed through the sensor interface; ``speed`` as :class:`ReplaySource`; with ``loop`` it
+    starts again when it ends, each pass's stamps shifted past the previous one (the pipeline sees a gap)."""
 
     def __init__(self, recording: Recording, speed: float | None = 1.0, loop: bool = False):
         super().__init__()
@@ -211,15 +156,3 @@ class ReplaySensor(SensorSource):
             if not self.loop:
                 return
             shift += t_hi - t_lo + 1_000_000_000  # one second of silence between passes
-
-
-def feed(pipeline: SensorPipeline, chunk: SensorChunk) -> WindowSet:
-    """Push one chunk into ``pipeline`` and return the windows it completed, (k, 6, T).
-
-    Raises
-    ------
-    ValueError
-        For an unknown sensor name or mis-shaped arrays (from the pipeline).
-    """
-    sensor, t, xyz = chunk
-    return pipeline.push(sensor, t, xyz)

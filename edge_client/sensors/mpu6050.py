@@ -1,30 +1,15 @@
 """InvenSense MPU-6050 accelerometer + gyroscope over I2C (Raspberry Pi), read through its FIFO at 50 Hz.
 
-The registers, the configuration written and the conversion of counts are in
-:mod:`edge_client.sensors.mpu6050_registers` (re-exported here).
-
-The chip's sample clock, not the Pi's read time, spaces the samples: sample ``k`` after
-the FIFO was (re)started at host time ``t0`` is stamped ``t0 + (k + 1) * period``. The chip's
-oscillator is a few percent off 50 Hz, so the stamps are disciplined against the host clock
-from the first read (each read bounds its newest sample), follow a fit of the rate from the
-first second of reads, and once the reads span 30 s that fit is the measured rate
-(:class:`~har_models.data.sample_clock.SampleClock`; :attr:`Mpu6050Stats.measured_rate_hz`): they
-stay within 100 ms of the host clock from the start and do not drift from it. Data that
-cannot be read back in order (a failed I2C transfer in the middle of the FIFO, an
-overflow) is a *gap*: it is logged and counted, the FIFO is reset and the timestamps
-restart from the host clock, so the pipeline sees a jump in time and no window spans it.
-A failed read never produces a zero sample. Busy buses fail now and then with
-errno 121 (EREMOTEIO); that is retried. Each fault has its own kind and counter: I/O errors,
-timeouts (errno 110, ETIMEDOUT: the chip did not answer within the bus's time, a stretched
-clock or a loose wire; counted in :attr:`Mpu6050Stats.timeouts`, and after
-:data:`TIMEOUTS_BEFORE_RECONFIGURE` in a row the chip is configured again, as one that lost
-power answers), and partial frames (a FIFO count that stays off a whole number of 12-byte
-frames: a byte was lost and every later frame would be misread, so it is a gap).
-
-``smbus2`` is imported only by :func:`open_bus`, so the driver runs against any object
-with the same methods (``read_byte_data``, ``write_byte_data``, ``read_i2c_block_data``).
+Registers and conversions: :mod:`edge_client.sensors.mpu6050_registers` (re-exported here). The
+chip's sample clock spaces the samples; the stamps are disciplined against the host clock
+(:class:`~har_models.data.sample_clock.SampleClock`: within 100 ms of it, following the measured
+rate once 30 s of reads span it). Data that cannot be read back in order (a failed transfer
+mid-FIFO, an overflow, a partial frame that stays) is a *gap*: logged, counted, the FIFO reset and
+the stamps restarted, so no window spans it; a failed read never produces a zero sample. Busy-bus
+errors (errno 121) are retried; timeouts (errno 110) are counted apart, and after
+:data:`TIMEOUTS_BEFORE_RECONFIGURE` in a row the chip is configured again. ``smbus2`` is imported
+only by :func:`open_bus`, so the driver runs against any object with its methods.
 """
-
 
 from __future__ import annotations
 
@@ -70,8 +55,7 @@ from har_models.data.sample_clock import SampleClock
 log = logging.getLogger("fedhar.client.sensors.mpu6050")
 
 PLAUSIBLE_G = (9.81 - 1.5, 9.81 + 1.5)
-"""Median |a| over the first seconds outside this range (m/s^2) raises a health warning: a
-wrong scale (a chip that ignored its range write), a bad chip, or a device shaken from the start."""
+"""Median |a| (m/s^2) over the first seconds outside this range raises a health warning (wrong scale, bad chip, moving)."""
 PLAUSIBILITY_WINDOW_S = 2.0
 """Seconds of samples after the start that the plausibility check looks at."""
 TIMEOUTS_BEFORE_RECONFIGURE = 3
@@ -80,30 +64,9 @@ TIMEOUTS_BEFORE_RECONFIGURE = 3
 
 @dataclass
 class Mpu6050Stats:
-    """What the driver has read and lost.
-
-    Attributes
-    ----------
-    samples : int
-        Samples delivered.
-    gaps : int
-        Times data was lost (overflow, a failed FIFO read): each restarts the timestamps.
-    io_errors : int
-        Failed I2C transfers (errno 121 and others), retried.
-    overflows : int
-        FIFO overflows (the reader fell more than 1024 bytes, about 1.7 s, behind).
-    timeouts : int
-        Transfers that timed out (errno 110), counted apart from the other I/O errors.
-    partial_frames : int
-        Times the FIFO held a partial frame that did not complete (lost bytes): each is a gap.
-    measured_rate_hz : float or None
-        The chip's real sample rate by the host clock, once measured (30 s of reads); None before.
-    last_error : str
-        The latest I/O error, for the app and logs.
-    health : list of str
-        Health warnings in words: a chip that is not an MPU-6050, a range it did not take,
-        an implausible gravity at rest. Also logged.
-    """
+    """What the driver has read and lost: samples delivered, gaps (each restarts the stamps), retried I/O errors,
+    FIFO overflows (over 1024 bytes, about 1.7 s, behind), timeouts (errno 110), partial frames, the chip's
+    rate measured by the host clock (None before 30 s), the latest error, and health warnings in words."""
 
     samples: int = 0
     gaps: int = 0
@@ -118,18 +81,7 @@ class Mpu6050Stats:
 
 @dataclass
 class Mpu6050:
-    """Driver of one MPU-6050 on an SMBus.
-
-    Parameters
-    ----------
-    bus : SMBusLike
-        An open ``smbus2.SMBus`` (or anything with its methods).
-    config : Mpu6050Config
-    clock_ns : callable returning int
-        Host clock for anchoring the sample timestamps (default :func:`time.monotonic_ns`).
-    sleep : callable taking seconds
-        Used to wait after the reset (100 ms, register map 4.28).
-    """
+    """Driver of one MPU-6050 on an SMBus; ``clock_ns`` anchors the stamps, ``sleep`` waits after the reset."""
 
     bus: SMBusLike
     config: Mpu6050Config = field(default_factory=Mpu6050Config)
@@ -157,18 +109,15 @@ class Mpu6050:
     def configure(self) -> None:
         """Reset the chip, start 50 Hz sampling into the FIFO, and read the ranges back.
 
-        ``WHO_AM_I`` 0x68 is an MPU-6050; the values of :data:`COMPATIBLE_WHO_AM_I` and
-        ``config.extra_who_am_i`` are accepted with a health warning; any other is refused.
-        After writing ``ACCEL_CONFIG`` and ``GYRO_CONFIG`` the driver reads them back and
-        decodes counts with the ranges the chip reports (bits 4:3, register map 4.4-4.5), so a
-        chip that ignores a range write gives right units, with a health warning, instead of
-        values off by a power of 2 (ElectronicCats/mpu6050 #87, #93; jrowberg/i2cdevlib #151).
+        ``WHO_AM_I`` 0x68 is an MPU-6050; :data:`COMPATIBLE_WHO_AM_I` and ``config.extra_who_am_i``
+        are accepted with a health warning. Counts are decoded with the ranges the chip reports
+        (register map 4.4-4.5), so one that ignores a range write still gives right units
+        (ElectronicCats/mpu6050 #87, #93; jrowberg/i2cdevlib #151).
 
         Raises
         ------
         RuntimeError
-            If ``WHO_AM_I`` is not a known-compatible value (another chip or a wrong address):
-            the message names the value read and ``Mpu6050Config.extra_who_am_i``.
+            If ``WHO_AM_I`` is not a known-compatible value (another chip or a wrong address).
         OSError
             If the bus fails (the caller retries).
         """
@@ -270,15 +219,8 @@ class Mpu6050:
         self._reset_fifo()
 
     def read(self) -> list[SensorChunk]:
-        """Read every complete sample waiting in the FIFO.
-
-        Returns
-        -------
-        list of SensorChunk
-            ``[("acc", t_ns, xyz m/s^2), ("gyro", t_ns, xyz rad/s)]`` with equal timestamps,
-            or ``[]`` when nothing is waiting or the bus failed (logged, counted, retried on
-            the next call).
-        """
+        """Read every complete sample waiting in the FIFO: ``[("acc", t_ns, m/s^2), ("gyro", t_ns, rad/s)]``, or ``[]``
+        when nothing is waiting or the bus failed (logged, counted, retried on the next call)."""
         addr = self.config.address
         if self._needs_reset:
             self._reset_fifo()
@@ -343,12 +285,8 @@ class Mpu6050:
 def open_bus(bus_number: int = 1) -> Any:
     """Open ``/dev/i2c-<bus_number>`` with smbus2 (bus 1 on a Raspberry Pi's header pins 3 and 5).
 
-    Raises
-    ------
-    SensorUnavailable
-        If smbus2 is not installed (the ``[pi]`` extra), if the bus device does not exist
-        (enable I2C: ``raspi-config nonint do_i2c 0``, then reboot) or is not readable (add the
-        user to group ``i2c``); one sentence each, with the fix.
+    Raises SensorUnavailable, with the fix, without smbus2 (the ``[pi]`` extra), without the bus
+    device (enable I2C) or without read access (group ``i2c``).
     """
     try:
         from smbus2 import SMBus
@@ -370,19 +308,8 @@ def open_bus(bus_number: int = 1) -> Any:
 class Mpu6050Source(SensorSource):
     """An MPU-6050 as a :class:`~edge_client.sensors.base.SensorSource`, polled every ``poll_s``.
 
-    Parameters
-    ----------
-    bus : SMBusLike, optional
-        Default: :func:`open_bus` of ``bus_number`` when the source starts.
-    config : Mpu6050Config
-    bus_number : int
-        I2C bus (1 on a Raspberry Pi).
-    poll_s : float
-        Seconds between FIFO reads (0.2 s = 10 samples; the FIFO holds about 1.7 s).
-    retry_s : float
-        Wait before configuring again after the chip could not be set up.
-    clock_ns : callable returning int
-        Host clock for the timestamps.
+    ``bus`` defaults to :func:`open_bus` of ``bus_number`` at start; ``poll_s`` 0.2 s is 10 samples
+    (the FIFO holds about 1.7 s); ``retry_s`` is the wait before configuring again after a failure.
     """
 
     def __init__(
@@ -405,13 +332,7 @@ class Mpu6050Source(SensorSource):
         self.driver: Mpu6050 | None = None
 
     def open(self) -> None:
-        """Open the I2C bus now (:func:`open_bus`); :meth:`chunks` opens it itself if this was not called.
-
-        Raises
-        ------
-        SensorUnavailable
-            If the bus cannot be opened (see :func:`open_bus`).
-        """
+        """Open the I2C bus now (:func:`open_bus`, SensorUnavailable); :meth:`chunks` opens it itself otherwise."""
         if self._bus is None:
             self._bus = open_bus(self.bus_number)
 

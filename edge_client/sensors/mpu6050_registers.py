@@ -91,29 +91,12 @@ class SMBusLike(Protocol):
 
 @dataclass(frozen=True)
 class Mpu6050Config:
-    """Settings of the MPU-6050.
+    """Settings of the MPU-6050: I2C ``address`` (0x68 with AD0 low, 0x69 high), full-scale ranges (±g, ±°/s),
+    ``dlpf_cfg`` (4: 21 Hz accel, 20 Hz gyro bandwidth), ``sample_rate_hz`` (a divisor of 1 kHz), and
+    ``extra_who_am_i`` values to accept for a register-compatible chip this driver does not know (with a warning).
 
-    Parameters
-    ----------
-    address : int
-        I2C address (0x68 with AD0 low, 0x69 high).
-    accel_range_g : {2, 4, 8, 16}
-        Accelerometer full scale, ±g.
-    gyro_range_dps : {250, 500, 1000, 2000}
-        Gyroscope full scale, ±°/s.
-    dlpf_cfg : int in 1..6
-        Digital low-pass setting (4: 21 Hz accel, 20 Hz gyro bandwidth).
-    sample_rate_hz : int
-        Output rate; must divide 1 kHz (50 by default: SMPLRT_DIV = 19).
-    extra_who_am_i : tuple of int
-        ``WHO_AM_I`` values to accept besides 0x68 and :data:`COMPATIBLE_WHO_AM_I`, for a
-        register-compatible chip this driver does not know (accepted with a warning).
-
-    Raises
-    ------
-    ValueError
-        On a range the chip does not have, a DLPF setting outside 1..6 (0 and 7 run the
-        gyroscope at 8 kHz), or a rate that 1 kHz is not a whole multiple of.
+    Raises ValueError on a range the chip does not have, a DLPF setting outside 1..6 (0 and 7 run the
+    gyroscope at 8 kHz), or a rate that 1 kHz is not a whole multiple of.
     """
 
     address: int = DEFAULT_ADDRESS
@@ -147,40 +130,14 @@ class Mpu6050Config:
         """``(register, value)`` writes that configure the chip, in order (after the reset write)."""
         afs = sorted(ACCEL_LSB_PER_G).index(self.accel_range_g)
         fs = sorted(GYRO_LSB_PER_DPS).index(self.gyro_range_dps)
-        return [
-            (PWR_MGMT_1, PWR_MGMT_1_WAKE_PLL_X),
-            (SMPLRT_DIV, self.smplrt_div),
-            (CONFIG, self.dlpf_cfg),
-            (GYRO_CONFIG, fs << 3),
-            (ACCEL_CONFIG, afs << 3),
-            (INT_ENABLE, INT_FIFO_OFLOW),
-            (FIFO_EN, 0x00),
-            (USER_CTRL, USER_CTRL_FIFO_RESET),
-            (USER_CTRL, USER_CTRL_FIFO_EN),
-            (FIFO_EN, FIFO_EN_ACCEL_GYRO),
-        ]
+        return [(PWR_MGMT_1, PWR_MGMT_1_WAKE_PLL_X), (SMPLRT_DIV, self.smplrt_div), (CONFIG, self.dlpf_cfg), (GYRO_CONFIG, fs << 3),
+                (ACCEL_CONFIG, afs << 3), (INT_ENABLE, INT_FIFO_OFLOW), (FIFO_EN, 0x00), (USER_CTRL, USER_CTRL_FIFO_RESET),
+                (USER_CTRL, USER_CTRL_FIFO_EN), (FIFO_EN, FIFO_EN_ACCEL_GYRO)]  # fmt: skip
 
 
 def counts_to_si(raw: np.ndarray, accel_range_g: int, gyro_range_dps: int) -> tuple[np.ndarray, np.ndarray]:
-    """Raw FIFO counts to SI units.
-
-    Parameters
-    ----------
-    raw : array of shape (n, 6), int16 counts
-        accel X, Y, Z then gyro X, Y, Z, as read from the FIFO.
-    accel_range_g, gyro_range_dps : int
-        The configured full-scale ranges (see :class:`Mpu6050Config`).
-
-    Returns
-    -------
-    acc : ndarray of shape (n, 3), float64, m/s^2 (counts / LSB-per-g * 9.80665)
-    gyro : ndarray of shape (n, 3), float64, rad/s (counts / LSB-per-°/s * pi / 180)
-
-    Raises
-    ------
-    ValueError
-        On a mis-shaped array or an unknown range.
-    """
+    """Raw FIFO counts ``(n, 6)`` (accel X, Y, Z then gyro X, Y, Z) to acc ``(n, 3)`` m/s^2 and gyro ``(n, 3)`` rad/s
+    at the given full-scale ranges; ValueError on a mis-shaped array or an unknown range."""
     r = np.asarray(raw)
     if r.ndim != 2 or r.shape[1] != 6:
         raise ValueError(f"counts_to_si: raw counts must have shape (n, 6), got {r.shape}")

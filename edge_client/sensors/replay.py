@@ -1,25 +1,12 @@
 """Replay of a recorded session as if it came from a live sensor driver.
 
-A :class:`ReplaySource` turns any :class:`~har_models.data.recording.Recording` (REALWORLD,
-HAPT, a session the app recorded) back into what a sensor driver delivers: small batches
-of ``(sensor, t_ns, xyz)`` events, accelerometer and gyroscope interleaved in the order the
-phone produced them, paced against the wall clock. Three modes, one code path:
-
-* real time (``speed=1.0``): event k is delivered at ``start + (a_k - a_0) / speed`` on
-  :func:`time.monotonic`, where ``a_k`` is the event's arrival stamp (below). Every due
-  time is computed from the start, never from the previous sleep, so sleep overshoot
-  does not accumulate into drift;
-* accelerated (``speed=10.0``): the same schedule, compressed;
-* as fast as possible (``speed=None``): no sleeping; batches of ``fast_batch_s`` of
-  recording time.
-
-The arrival stamp of an event is the newest timestamp its sensor had produced up to and
-including it (a running maximum): an out-of-order event arrives right after the newer
-one it followed in the file, as it did on the phone. A lone stamp far in the future (the
-resampler's clock outlier, :func:`arrival_stamps`) does not count, or a paced replay would
-stall until the wall clock reached it. Each sensor's events keep their
-file order, so the resampler sees exactly the sequence an offline pass sees, and every
-mode yields the same windows as :func:`~har_models.data.pipeline.windows_from_recording`.
+:class:`ReplaySource` turns any :class:`~har_models.data.recording.Recording` into what a driver
+delivers: small batches of ``(sensor, t_ns, xyz)`` events, acc and gyro interleaved as the phone
+produced them, paced against the wall clock: real time (``speed=1.0``; every due time from the
+start, so sleep overshoot never accumulates), accelerated, or as fast as possible (``speed=None``,
+batches of ``fast_batch_s``). An event arrives at its sensor's running maximum stamp (lone clock
+outliers left out, :func:`arrival_stamps`); each sensor keeps its file order, so every mode yields
+the windows of :func:`~har_models.data.pipeline.windows_from_recording`.
 """
 
 from __future__ import annotations
@@ -47,27 +34,13 @@ _SENSORS = ("acc", "gyro")
 
 
 def arrival_stamps(t_ns: np.ndarray, jump_ns: int = CLOCK_JUMP_NS, confirm: int = CONFIRM_SAMPLES) -> np.ndarray:
-    """Arrival stamp of each event of one sensor: the running maximum of its stamps, outliers left out, backward steps bridged.
+    """Arrival stamp of each event of one sensor (``(n,)`` int64, file order): the running maximum of its stamps,
+    outliers left out, backward steps bridged; non-decreasing.
 
-    A stamp more than ``jump_ns`` ahead of the running maximum counts only if at least
-    ``confirm - 1`` of the next ``confirm - 1`` stamps lie within ``jump_ns`` of it (a real
-    forward step of the clock, as :mod:`har_models.data.clock` decides it); otherwise it
-    is a lone outlier and arrives with the running maximum before it (the first events, with
-    the first stamp that counts). A stamp more than ``jump_ns`` behind it with the same
-    support is a backward step: no time passes at the step, and the events after it arrive
-    at their own spacing from there (a replay of a clock that stepped back 120 s does not
-    hand out 120 s of recording at once). Other stamps behind arrive with the running
-    maximum. Input without such jumps gives exactly the running maximum.
-
-    Parameters
-    ----------
-    t_ns : ndarray of shape (n,), int64, file order
-    jump_ns, confirm : int
-        As :class:`~har_models.data.resample.Resampler`.
-
-    Returns
-    -------
-    ndarray of shape (n,), int64, non-decreasing
+    A stamp over ``jump_ns`` ahead counts only with the support of ``confirm - 1`` of the next
+    stamps (a real clock step, as :mod:`har_models.data.clock` decides); otherwise it arrives with
+    the running maximum. A supported step back passes no time: the events after it keep their own
+    spacing. Input without jumps gives exactly the running maximum.
     """
     t = np.asarray(t_ns, np.int64)
     if t.size == 0:
@@ -106,33 +79,10 @@ _INT64_MIN = int(np.iinfo(np.int64).min)
 class ReplayProgress:
     """Counters of one replay, updated as it runs (readable from another thread).
 
-    Attributes
-    ----------
-    samples_delivered : int
-        Raw events (acc + gyro) handed out so far.
-    chunks_delivered : int
-        :data:`SensorChunk` tuples handed out (one per sensor per batch).
-    batches_delivered : int
-        Wake-ups that delivered events (paced) or recording slices (unpaced).
-    windows_emitted : int
-        Windows the pipeline produced (counted by :meth:`ReplaySource.run` only).
-    recording_s : float
-        Recording time reached: arrival stamp of the newest delivered event minus the
-        first one, seconds.
-    lag_s : float
-        Paced modes: wall-clock time at delivery of the latest batch minus the due time of
-        its oldest event, seconds (>= 0): how far behind schedule the replay is, from
-        oversleeping or a slow consumer. 0 when unpaced.
-    max_lag_s : float
-        Largest ``lag_s`` so far.
-    mean_lag_s : float
-        Mean ``lag_s`` over the batches delivered.
-    elapsed_s : float
-        Wall-clock seconds since the replay started.
-    finished : bool
-        All events were delivered.
-    stopped : bool
-        The replay ended early (stop event or ``max_wall_s``).
+    ``chunks_delivered``: one per sensor per batch; ``recording_s``: newest minus first arrival
+    stamp delivered; ``lag_s``: paced modes only, wall clock at the latest batch minus its oldest
+    event's due time (s, >= 0), with its max and mean; ``stopped``: ended early (stop event or
+    ``max_wall_s``).
     """
 
     samples_delivered: int = 0
@@ -149,34 +99,13 @@ class ReplayProgress:
 
 
 class ReplaySource:
-    """A recording replayed as a sensor driver: paced batches of timestamped events.
+    """A recording replayed as a sensor driver: paced batches of :data:`SensorChunk` events.
 
-    Parameters
-    ----------
-    recording : Recording
-        Acc (m/s^2) and gyro (rad/s) streams with ns timestamps, in arrival order.
-    speed : float or None
-        Recording seconds per wall-clock second (1.0 = real time, 50 Hz stays 50 Hz);
-        None = as fast as possible.
-    fast_batch_s : float
-        Unpaced mode only: recording seconds per batch (default 1.0 s, i.e. about 50 events
-        per sensor at 50 Hz).
-    clock : callable returning float seconds
-        Monotonic clock (default :func:`time.monotonic`); replaceable in tests.
-    sleep : callable taking float seconds, optional
-        How to wait when no stop event is given (default :func:`time.sleep`). With a stop
-        event the wait is ``stop_event.wait(timeout)``, so a stop is seen at once.
-
-    Raises
-    ------
-    ValueError
-        If ``speed`` or ``fast_batch_s`` is not a positive finite number.
-
-    Notes
-    -----
-    Iterating yields :data:`SensorChunk` tuples. Each batch holds every event due by the
-    time the scheduler woke, split into one chunk per sensor, the sensor with the earlier
-    event first; within a sensor, events keep their recorded order.
+    ``speed``: recording seconds per wall-clock second (None: as fast as possible); ``fast_batch_s``:
+    recording seconds per unpaced batch; ``sleep`` is used without a stop event (else
+    ``stop_event.wait``, so a stop is seen at once). Each batch holds the events due when the
+    scheduler woke, one chunk per sensor, the earlier sensor first. Raises ValueError if ``speed``
+    or ``fast_batch_s`` is not a positive finite number.
     """
 
     def __init__(
@@ -223,25 +152,10 @@ class ReplaySource:
         return self.chunks()
 
     def chunks(self, stop_event: threading.Event | None = None, max_wall_s: float | None = None) -> Iterator[SensorChunk]:
-        """Yield the recording as :data:`SensorChunk` batches, paced by ``speed``.
+        """Yield the recording as :data:`SensorChunk` batches (m/s^2 or rad/s), paced by ``speed``; :attr:`progress` restarts.
 
-        Parameters
-        ----------
-        stop_event : threading.Event, optional
-            Set it (from any thread) to end the replay at the next batch boundary.
-        max_wall_s : float, optional
-            End the replay after this many wall-clock seconds; events due by then are
-            still delivered.
-
-        Yields
-        ------
-        (sensor, t_ns, xyz)
-            ``sensor`` in {"acc", "gyro"}; t_ns (n,) int64 ns; xyz (n, 3) float64 in
-            m/s^2 (acc) or rad/s (gyro).
-
-        Notes
-        -----
-        :attr:`progress` is reset at the start and updated after every batch.
+        ``stop_event`` ends it at the next batch boundary; after ``max_wall_s`` wall-clock seconds the
+        events due by then are still delivered.
         """
         self.progress = prog = ReplayProgress()
         key, n = self._key, self._key.size
@@ -293,26 +207,10 @@ class ReplaySource:
         max_wall_s: float | None = None,
         close: bool = True,
     ) -> ReplayProgress:
-        """Feed the replay into ``pipeline`` and hand every non-empty window batch to ``on_windows``.
+        """Feed the replay into ``pipeline`` and hand every non-empty window batch ``(k, 6, T)`` to ``on_windows``.
 
-        Bounded: it returns when the recording ends, when ``stop_event`` is set, or after
-        ``max_wall_s`` seconds, whichever comes first.
-
-        Parameters
-        ----------
-        pipeline : SensorPipeline
-            A fresh pipeline for this session.
-        on_windows : callable taking a WindowSet, optional
-            Called in this thread with each batch of windows, shape (k, 6, T).
-        stop_event : threading.Event, optional
-        max_wall_s : float, optional
-        close : bool
-            Close the pipeline at the end (also after a stop), flushing its last windows.
-
-        Returns
-        -------
-        ReplayProgress
-            A snapshot of the final counters.
+        Returns a snapshot of the final counters when the recording ends, ``stop_event`` is set or
+        ``max_wall_s`` pass; ``close`` flushes the pipeline's last windows.
         """
         for sensor, t, xyz in self.chunks(stop_event, max_wall_s):
             self._deliver(pipeline.push(sensor, t, xyz), on_windows)
@@ -362,25 +260,9 @@ class ReplaySource:
 
 
 def replay_windows(recording: Recording, labels: LabelSet, speed: float | None = None, **pipeline_kwargs: int) -> WindowSet:
-    """All windows of ``recording`` replayed through a fresh :class:`SensorPipeline`.
-
-    Equal (bit for bit) to :func:`~har_models.data.pipeline.windows_from_recording` in every
-    mode; a convenience for simulations and tests.
-
-    Parameters
-    ----------
-    recording : Recording
-    labels : LabelSet
-    speed : float or None
-        As :class:`ReplaySource` (default as fast as possible).
-    **pipeline_kwargs
-        ``window``, ``step``, ``period_ns``, ``max_gap_ns``, ``reorder_ns``.
-
-    Returns
-    -------
-    WindowSet
-        x (N, 6, T) float32, y (N,), t_start_ns (N,).
-    """
+    """All windows of ``recording`` replayed through a fresh :class:`SensorPipeline`, equal bit for bit to
+    :func:`~har_models.data.pipeline.windows_from_recording` in every mode (``pipeline_kwargs``: ``window``, ``step``,
+    ``period_ns``, ``max_gap_ns``, ``reorder_ns``)."""
     parts: list[WindowSet] = []
     pipe = SensorPipeline(labels, recording.labels, **pipeline_kwargs)
     ReplaySource(recording, speed).run(pipe, parts.append)
