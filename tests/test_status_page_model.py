@@ -109,7 +109,26 @@ def test_harm_counts_per_device_and_the_newest_quarantine_event_decides() -> Non
     assert got == {"b": DeviceHarm(2, {"bad_shape": 3}, None, None), "c": DeviceHarm(0, {}, "rejected 3 rounds", 5),
                    "d": DeviceHarm(0, {"not_selected": 1})}  # fmt: skip
     assert got["c"].to_json() == {"clipped": 0, "rejected": 0, "rejected_by_reason": {}, "quarantined": True,
-                                  "quarantine_reason": "rejected 3 rounds", "quarantine_round": 5}  # fmt: skip
+                                  "quarantine_reason": "rejected 3 rounds", "quarantine_round": 5, "bad_objects": 0}  # fmt: skip
+
+
+def test_damaged_objects_devices_report_are_counted_per_device_and_per_object_on_the_page_api_and_metrics(view: ServerView) -> None:
+    sha1, sha2 = "1" * 64, "2" * 64
+    assert view.run_state is not None
+    for cid, sha, what in (("a", sha1, "written again"), ("b", sha1, "written again"), ("a", sha2, "not held by this exchange")):
+        view.run_state.event(None, cid, "bad_object", f"{sha} {what}")
+    assert view.damaged_objects() == {sha1: 2, sha2: 1}
+    c = TestClient(make_app(view))
+    devs = {d["name"]: d for d in c.get("/api/devices").json()}
+    assert (devs["a"]["bad_objects"], devs["b"]["bad_objects"]) == (2, 1)
+    page = c.get("/").text
+    assert '<tr class="harm" data-name="a"><td>a</td><td>0</td><td>0</td><td>2</td><td>—</td></tr>' in page
+    assert f"stored object {sha1[:12]} reached devices damaged (2 reports)" in page
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(c.get("/metrics").text)
+           for s in f.samples}  # fmt: skip
+    assert got[("fedhar_device_bad_object_reports_total", (("device", "a"),))] == 2
+    assert got[("fedhar_store_object_damaged_reports_total", (("object", sha1),))] == 2
+    assert got[("fedhar_store_object_damaged_reports_total", (("object", sha2),))] == 1
 
 
 def test_the_api_page_and_metrics_show_quality_marks_guard_and_harm(view: ServerView) -> None:

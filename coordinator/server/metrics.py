@@ -21,6 +21,8 @@ Exported (prefix ``fedhar_``)::
     devices{state}                               gauge: enrolled, online, revoked, forgotten
     last_macro_f1{measure}, last_accuracy{measure}   gauge: global, personalisation, start (latest round with it)
     device_updates_clipped_total{device}         counter: a device's updates the quality guard clipped
+    device_bad_object_reports_total{device}      counter: damaged stored objects a device reported
+    store_object_damaged_reports_total{object}   counter: devices' reports that a stored object (SHA-256) was damaged
     device_messages_rejected_total{device}       counter: a device's messages the coordinator rejected
     device_quarantined{device}                   gauge: 1 while the device is quarantined
     build_info{version}                          gauge: 1, labelled with the release
@@ -153,6 +155,7 @@ class FederationCollector(Collector):
     harm: Callable[[], Mapping[str, Any]] | None = None
     release: str | None = None
     disk: Callable[[], tuple[int, int] | None] | None = None
+    damaged: Callable[[], Mapping[str, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.release is None:
@@ -203,6 +206,9 @@ class FederationCollector(Collector):
                       [(str(self.release), 1)])  # fmt: skip
         if self.harm is not None:
             yield from _harm_families(self.harm())
+        if self.damaged is not None:
+            yield _family(CounterMetricFamily, "fedhar_store_object_damaged_reports", "Devices' reports that a stored object "
+                          "(by SHA-256) reached them damaged", "object", sorted(self.damaged().items()))  # fmt: skip
         if self.disk is not None and (disk := self.disk()) is not None:
             yield GaugeMetricFamily("fedhar_disk_free_bytes", "Free bytes on the data folder's filesystem", value=disk[0])
             yield GaugeMetricFamily("fedhar_disk_next_round_bytes", "Bytes the next round writes before anything is deleted",
@@ -223,11 +229,13 @@ def _harm_families(harm: Mapping[str, Any]) -> Iterator[Metric]:
     rejected = CounterMetricFamily("fedhar_device_messages_rejected", "A device's messages the coordinator rejected", labels=["device"])
     held = GaugeMetricFamily("fedhar_device_quarantined", "1 while the device is quarantined (left out of aggregation)",
                              labels=["device"])  # fmt: skip
+    bad = CounterMetricFamily("fedhar_device_bad_object_reports", "Damaged stored objects a device reported", labels=["device"])
     for name, h in sorted(harm.items()):
         clipped.add_metric([name], h.clipped)
         rejected.add_metric([name], h.rejected_total)
         held.add_metric([name], int(h.quarantine is not None))
-    yield from (clipped, rejected, held)
+        bad.add_metric([name], h.bad_objects)
+    yield from (clipped, rejected, held, bad)
 
 
 def make_registry(totals: Callable[[], RoundTotals | Sequence[RoundRecord]], *args: Any, **more: Any) -> CollectorRegistry:

@@ -120,8 +120,8 @@ def device_cells(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def harm_rows(devs: Sequence[Mapping[str, Any]], shown: int = HARM_SHOWN) -> tuple[list[Mapping[str, Any]], int]:
-    """The devices with clipped, rejected or quarantined counts, quarantined first, then by counts; and how many there are."""
-    harmed = [d for d in devs if d["clipped"] or d["rejected"] or d["quarantined"]]
+    """The devices with clipped, rejected, damaged-object or quarantined counts, quarantined first, then by counts; and how many."""
+    harmed = [d for d in devs if d["clipped"] or d["rejected"] or d["quarantined"] or d["bad_objects"]]
     harmed.sort(key=lambda d: (not d["quarantined"], -(d["clipped"] + d["rejected"]), d["name"]))
     return harmed[:shown], len(harmed)
 

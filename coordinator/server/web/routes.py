@@ -156,7 +156,8 @@ def make_app(view: ServerView, token: str | None = None, blob_routes: Sequence[B
         return (d.free, d.need_next_round) if d is not None else None
 
     registry = make_registry(view.totals, view.device_counts, view.malformed_counts, view.broker_link, view.seconds_since_last_round,
-                             view.certificate_seconds_left, harm=view.harm, release=view.release, disk=disk)  # fmt: skip
+                             view.certificate_seconds_left, harm=view.harm, release=view.release, disk=disk,
+                             damaged=view.damaged_objects)  # fmt: skip
 
     def page(request: Request) -> Response:
         try:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from coordinator.record import RecordError, RoundRecord
 from coordinator.server.figures import read_figures
-from coordinator.server.harm import EVENT_KINDS, DeviceHarm, harm_by_device, harm_events
+from coordinator.server.harm import BAD_OBJECT, EVENT_KINDS, DeviceHarm, damaged_objects, harm_by_device, harm_events
 from coordinator.server.metrics import RoundTotals, release_version
 from coordinator.server.monitor import Monitor, MonitorSnapshot
 from coordinator.server.settings import ServerSettings
@@ -247,6 +247,12 @@ class ServerView:
         shown -= {str(r.name) for r in rows if str(r.state) == "forgotten"}
         return {name: h for name, h in every.items() if name in shown}
 
+    def damaged_objects(self) -> dict[str, int]:
+        """Stored object (SHA-256 hex) -> devices' reports that its bytes were damaged ({} when none; one count first)."""
+        if self.run_state is None or not self.run_state.count_events(BAD_OBJECT):
+            return {}
+        return damaged_objects(self.run_state.events(BAD_OBJECT))
+
     def disk(self) -> rules.DiskBudget | None:
         """What the federation needs on disk and has free; None without a data folder. Raises OSError."""
         if self.data_dir is None or self.registry is None:
@@ -296,12 +302,17 @@ class ServerView:
         return out
 
     def warnings(self) -> list[str]:
-        """What the page warns of before it stops progress (the disk running short of the next rounds' need)."""
+        """What the page warns of before it stops progress: the disk running short of the next rounds' need, and
+        stored objects devices downloaded damaged (the store's disk or a proxy spoils bytes)."""
         try:
             disk = self.disk()
+            damaged = self.damaged_objects()
         except (OSError, StateDamaged, sqlite3.Error):
             return []
-        return [w] if disk is not None and disk.problem() is None and (w := disk.warning()) else []
+        out = [w] if disk is not None and disk.problem() is None and (w := disk.warning()) else []
+        out += [f"stored object {sha[:12]} reached devices damaged ({n} {'report' if n == 1 else 'reports'}); "
+                "the coordinator writes an object it still holds again" for sha, n in sorted(damaged.items())]  # fmt: skip
+        return out
 
     # ------------------------------------------------------------------ devices, rounds, versions
     def devices_registered(self) -> list[Any]:
