@@ -1,6 +1,7 @@
 """Helpers the tests share (not tests themselves): import them as ``from support.<module> import ...``.
 
 * :mod:`support.inmemory_grid`: the federation runner's grid without a broker.
+* :mod:`support.hapt_devices`: HAPT devices that train with the client's own code, for that grid.
 * :mod:`support.server_step_support`: tensors, updates and a federation for the server-step tests.
 * :mod:`support.mpu6050_emulator`: an emulated MPU-6050 on an I2C bus (register map, FIFO).
 * :mod:`support.ala_golden`: FedALA's golden figures (``python tests/support/ala_golden.py`` rewrites them).

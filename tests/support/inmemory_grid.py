@@ -3,7 +3,8 @@
 Each device "trains" by a fixed, known step: its update is the model it was sent plus
 ``step(cid) * ones`` on every float tensor (so a FedAvg of the updates is known in closed
 form), a ``guidance`` model one more step on when the plan asks for it, and a confusion
-matrix on its own test split with ``hits(cid)`` of ``n_test`` windows right. Devices in
+matrix on its own test split with ``hits(cid)`` of ``n_test`` windows right; with ``trainer`` each
+device's update is what that callable returns instead (devices that really train). Devices in
 ``silent`` are selected but never answer (a frozen phone); ``log`` records what the runner
 asked of the grid, in order. Each exchange's steering (from the round policy) is kept in
 ``steering``: the main exchange stops taking updates once it is full (the selected devices answer
@@ -25,10 +26,14 @@ from coordinator.rounds import NO_STEERING, Steering
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate
 from har_models.data.windowing import ChannelStats
+from har_models.nn.model import ArchSpec
 from har_models.wire.messages import ClientStatus, TrainingPlan
 from har_models.wire.pace import Pace
 
 N_CLASSES = 6  # hapt6
+
+Trainer = Callable[[str, ArchSpec, Mapping[str, torch.Tensor], int, int, TrainingPlan], ClientUpdate]
+"""``trainer(cid, spec, received, round_, stage, plan)``: device ``cid``'s update from the model it was sent."""
 
 
 def device_status(cid: str, n_train: int, seed: int = 0) -> ClientStatus:
@@ -48,10 +53,14 @@ class InMemoryGrid:
         ``step(cid)``: what the device adds to every float tensor it trains (default 0.01 x (index + 1)).
     n_test : int
         Test windows of each device.
+    trainer : Trainer, optional
+        Each device's update, in place of the fixed step (:meth:`train`).
     """
 
-    def __init__(self, devices: Mapping[str, ClientStatus], step: Callable[[str], float] | None = None, n_test: int = 20):
+    def __init__(self, devices: Mapping[str, ClientStatus], step: Callable[[str], float] | None = None, n_test: int = 20,
+                 trainer: Trainer | None = None):  # fmt: skip
         self.devices = dict(devices)
+        self.trainer = trainer
         order = sorted(self.devices)
         self.step = step or (lambda cid: 0.01 * (order.index(cid) + 1))
         self.n_test = n_test
@@ -111,8 +120,13 @@ class InMemoryGrid:
         for cid in selected:
             if ex.complete():
                 break
-            if cid not in self.silent:
-                ex.add(self.train(cid, fed.personal.get(cid, fed.global_state), round_, stage, plan))
+            if cid in self.silent:
+                continue
+            start = fed.personal.get(cid, fed.global_state)
+            if self.trainer is not None:
+                ex.add(self.trainer(cid, fed.spec, start, round_, stage, plan))
+            else:
+                ex.add(self.train(cid, start, round_, stage, plan))
         return ex
 
     def new_attempt(self, round_: int, same_model: bool) -> None:
