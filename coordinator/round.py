@@ -18,7 +18,7 @@ persists them; a round, in the order it happens:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -158,6 +158,7 @@ def evaluate_round(
     results: Sequence[ClientUpdate],
     evaluator: Evaluator | None,
     cfg: EvaluationPlan,
+    left_out: Collection[str] = (),
 ) -> Evaluation:
     """The FedDist evaluation protocol for one round (Ek et al., PerCom 2021, section V-A; DESIGN.md section 6).
 
@@ -174,6 +175,9 @@ def evaluate_round(
         The union test set; without it there are no global or generalisation figures.
     cfg : EvaluationPlan
         ``[evaluation] generalisation_every`` and ``rounds`` decide when generalisation is measured.
+    left_out : collection of str
+        Devices whose measure of the shared model is not trusted (quarantined): left out of ``start`` and
+        ``received_union``; their own models still count in personalisation.
 
     Returns
     -------
@@ -186,8 +190,8 @@ def evaluate_round(
     """
     ev = Evaluation()
     trained = {u.client_id: u.confusion["trained"] for u in results if "trained" in u.confusion}
-    received = {u.client_id: u.confusion["received"] for u in results if "received" in u.confusion}
-    initial = {u.client_id: u.confusion["initial"] for u in results if "initial" in u.confusion}
+    received = {u.client_id: u.confusion["received"] for u in results if "received" in u.confusion and u.client_id not in left_out}
+    initial = {u.client_id: u.confusion["initial"] for u in results if "initial" in u.confusion and u.client_id not in left_out}
     if trained:
         mean, per = personalisation(trained)
         ev = replace(ev, personalisation=Metrics.from_json(mean), personalisation_clients=_metrics_of(per))

@@ -642,7 +642,7 @@ class FederationRunner:
             feddwa_weights=FedDwaWeights(
                 tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
             ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg),
+            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out()),
         )  # fmt: skip
 
     def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:

@@ -5,7 +5,7 @@ the validators directly; here the same four mutation kinds (flip bytes, cut, spl
 bytes) of the same baselines are published on every topic the coordinator or the clients
 subscribe to (client updates, statuses and program requests; the coordinator's status, the
 round announcement, global and per-client models, receipts and delivered programs; chunked
-transfers on the model and update topics), a bounded number per topic and time-bounded,
+transfers on the model and update topics), a bounded number per topic,
 while a two-client federation of two rounds runs. Then: both rounds closed with both
 updates, every process exited 0, the coordinator logged its refusals with a reason, and
 the logs stayed bounded.
@@ -24,10 +24,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from har_models.nn.model import ArchSpec, init_state
 from har_models.wire import codec
@@ -95,30 +97,72 @@ def _targets(t: Topics) -> dict[str, list[bytes]]:
 
 
 class Fuzzer(threading.Thread):
-    """Publishes :data:`PER_TOPIC` mutated messages on each target topic, round robin, until done or time is up."""
+    """Publishes :data:`PER_TOPIC` mutated messages on each target topic, round robin, once the coordinator and both
+    clients are on the broker; then an intruder's update into each round it sees open.
 
-    def __init__(self, port: int, targets: dict[str, list[bytes]]) -> None:
+    Each step waits for what the federation published (the retained statuses, the round announcements), never for a
+    time, so a loaded machine changes when the messages go out, not whether they land while someone listens.
+    """
+
+    def __init__(self, port: int, topics: Topics, targets: dict[str, list[bytes]]) -> None:
         super().__init__(daemon=True)
-        self.port, self.targets, self.sent = port, targets, 0
+        self.port, self.t, self.targets, self.sent = port, topics, targets, 0
         self.stop = threading.Event()
+        self.seen: dict[str, bytes] = {}  # topic -> newest payload of the watched topics
+        self.rounds_hit: set[int] = set()
+
+    def _on_message(self, _c: object, _u: object, msg: mqtt.MQTTMessage) -> None:
+        self.seen[msg.topic] = bytes(msg.payload)
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        end = time.monotonic() + FUZZ_SECONDS * 4  # a bound only for a federation that never comes up
+        while not self.stop.is_set() and time.monotonic() < end:
+            if ready():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _online(self) -> bool:
+        st = [self.seen.get(self.t.coordinator_status, b""), *(self.seen.get(self.t.client_status(c), b"") for c in CLIENTS)]
+        return all(b'"online"' in p or b'"idle"' in p for p in st)
 
     def run(self) -> None:
         rng = random.Random(20261201)
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fuzzer")
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fuzzer", protocol=mqtt.MQTTv5)
+        c.on_message = self._on_message
         c.connect("127.0.0.1", self.port)
         c.loop_start()
-        end = time.monotonic() + FUZZ_SECONDS
         try:
+            own = SubscribeOptions(qos=1, noLocal=True)  # what the federation published, not this fuzzer's mutations
+            c.subscribe([(self.t.coordinator_status, own), (self.t.round, own), *((self.t.client_status(x), own) for x in CLIENTS)])
+            if not self._wait(self._online):
+                return
             for _ in range(PER_TOPIC):
                 for topic, bases in self.targets.items():
-                    if self.stop.is_set() or time.monotonic() > end:
+                    if self.stop.is_set():
                         return
                     c.publish(topic, mutate(rng.choice(bases), rng), qos=1, retain=False).wait_for_publish(5)
                     self.sent += 1
                 time.sleep(0.2)  # spread over the rounds
+            plain = _envelope("update", INTRUDERS[0])
+            while not self.stop.is_set() and len(self.rounds_hit) < 2:  # an intruder's whole update into each open round
+                if not self._wait(lambda: self._open_round() not in (None, *self.rounds_hit)):
+                    return
+                r = self._open_round()
+                c.publish(self.t.client_update(INTRUDERS[0], 0), plain, qos=1).wait_for_publish(5)
+                self.sent += 1
+                if r is not None:
+                    self.rounds_hit.add(r)
         finally:
             c.loop_stop()
             c.disconnect()
+
+    def _open_round(self) -> int | None:
+        try:
+            ann = json.loads(self.seen.get(self.t.round, b"") or b"{}")
+        except ValueError:
+            return None
+        return ann.get("round") if ann.get("state") == "training" and ann.get("run_id") == RUN else None
 
 
 def test_mutated_messages_on_every_topic_leave_the_federation_whole(tmp_path: Path, mosquitto: int) -> None:
@@ -131,11 +175,11 @@ def test_mutated_messages_on_every_topic_leave_the_federation_whole(tmp_path: Pa
                  "--no-progress"]  # fmt: skip
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {name: tmp_path / f"{name}.log" for name in ("coordinator", *CLIENTS)}
-    fuzzer = Fuzzer(mosquitto, targets)
+    fuzzer = Fuzzer(mosquitto, t, targets)
     try:
         with open(logs["coordinator"], "wb") as fh:
             procs["coordinator"] = subprocess.Popen(coord_cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
-        fuzzer.start()  # from before the clients join until the second round
+        fuzzer.start()  # from when the clients are on the broker until the second round
         for k, cid in enumerate(CLIENTS, start=1):
             cmd = [sys.executable, "-m", "edge_client.cli", "--client-id", cid, *broker, "--backend", "numpy",
                    "--source", f"hapt:{ROOT / 'datasets' / 'hapt' / f'user{k:02d}.npz'}", "--state-dir", str(tmp_path / cid),

@@ -104,6 +104,9 @@ def test_a_x1000_device_is_clipped_then_quarantined_and_the_shared_model_stays_w
     assert isinstance(runner.strategy, GuardedStrategy) and set(runner.strategy.quarantined) == {BAD}
     q = quarantine[0]
     assert all(rec.participation.updates == 4 for rec in bad[q + 1 :])  # still served a model, its update received
+    for rec in bad[q:]:  # a suspect's measure of the shared model is no part of its figure (nor of the guard's judgement)
+        assert rec.evaluation.start is not None and rec.evaluation.start.macro_f1 == pytest.approx(_honest_start(rec))
+        assert BAD in rec.evaluation.personalisation_clients  # its own model is still measured as its own
 
     margin = guard.DEFAULT_MARGIN / 100
     worst = min(_honest_start(b) - _honest_start(a) for a, b in zip(clean[q:], bad[q:], strict=True))

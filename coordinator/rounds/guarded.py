@@ -222,6 +222,10 @@ class GuardedStrategy(Strategy):
                 out.pop(cid, None)
         return out
 
+    def left_out(self) -> frozenset[str]:
+        """The quarantined devices: left out of aggregation, of the guard's judgement and of the shared model's start measure."""
+        return frozenset(self.quarantined)
+
     def release(self, cid: str) -> bool:
         """Release device ``cid`` from quarantine (its strikes forgotten); True if it was quarantined."""
         if self.quarantined.pop(cid, None) is None:
@@ -240,7 +244,7 @@ class GuardedStrategy(Strategy):
         step shrinks (x :data:`coordinator.guard.STEP_FACTOR`, momentum reset) and the event is logged;
         personalised models are kept. None when no client sent a start measure (nothing to judge).
         """
-        figures = guard.client_figures(results)
+        figures = guard.client_figures([u for u in results if u.client_id not in self.quarantined])  # no say for a suspect
         if not figures:
             return None
         s = self.settings

@@ -170,6 +170,10 @@ class Strategy:
         """Release device ``cid`` from a quality guard's quarantine; False here (no quarantine)."""
         return False
 
+    def left_out(self) -> frozenset[str]:
+        """Devices whose updates and measures are not trusted now (a quality guard's quarantine); none here."""
+        return frozenset()
+
     @property
     def keeps_state(self) -> bool:
         """True when the strategy carries state between rounds (its class overrides :meth:`state_dict`)."""
