@@ -109,7 +109,9 @@ def test_each_documented_fedhar_coordinator_line_runs(tmp_path: Path, tls_mosqui
     with contextlib.suppress(EnrolmentNotApproved):  # the request stays, retained, until the documented approve
         request_certificate(asked, inv, wait_s=0.5)
     mapping = {"/var/lib/fedhar": str(data), "/etc/mosquitto/fedhar": str(b.out), "/srv/backup": str(backups),
-               "fedhar-$(date +%F)": "fedhar-bk", "fedhar-2026-12-01": "fedhar-bk", "ca.key": str(b.ca.with_name("ca.key")),
+               "fedhar-$(date +%F)": "fedhar-bk", "fedhar-2026-12-01": "fedhar-bk",
+               "fedhar/fedhar-20261201-031500": "fedhar-bk",  # the timer's folder the restore names: the backup made above
+               "ca.key": str(b.ca.with_name("ca.key")),
                "ABCDE-FGHJK": asked.code}  # fmt: skip
     lines = [x for x in _command_lines(_home_server_section()) if x.startswith(f"sudo {VENV_PROG} ")]
     ran = []

@@ -41,7 +41,7 @@ def test_serve_tells_the_page_why_it_waits_after_a_failed_quorum_and_while_a_dev
     try:
         failed = until(lambda: (w := server.page_waiting()) and "closed without quorum" in w and w, 20, "a failed attempt")
         assert failed.startswith("round 0's last attempt closed without quorum at ")
-        assert "(1 update(s) with training windows, below the quorum of 2 (min_clients in server.toml)" in failed
+        assert "(1 update(s) with training windows, below the quorum of 2 (the min_clients setting)" in failed
         assert "waiting: 2 eligible devices, 2 needed" in failed
         # The page shows it under "no round open"; /api/round gives it while no round is open, and none while one is.
         mon = Monitor(Topics("home"))
