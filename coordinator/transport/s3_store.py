@@ -219,24 +219,13 @@ class S3BlobStore:
             If the slot holds more than ``max_bytes`` bytes (the message names the slot, the size
             and the limit), or the store cannot be reached or refuses.
         """
-        _check_max_bytes(max_bytes)
-        key = self.prefix + _check_slot(slot)
-        head = self._head(key)
-        if head is None:
+        reader = self.open_upload(slot, max_bytes)
+        if reader is None:
             return None
-        size = int(head.get("ContentLength", 0))
-        if size > max_bytes:
-            raise BlobError(f"upload slot {slot} in {self._where()} holds {size} bytes, more than the limit of {max_bytes} "
-                            "(max_update_bytes); the update is refused without being downloaded")  # fmt: skip
         try:
-            resp = self._call("read upload", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key))
-        except _Missing:
-            return None  # deleted between the two requests
-        body = resp["Body"]
-        try:
-            data = bytes(self._call("read upload", key, lambda: body.read(max_bytes + 1)))
+            data = reader.read(max_bytes + 1)
         finally:
-            body.close()
+            reader.close()
         if len(data) > max_bytes:
             raise BlobError(f"upload slot {slot} in {self._where()} grew past the limit of {max_bytes} bytes while it was read; "
                             "the update is refused")  # fmt: skip
@@ -258,8 +247,8 @@ class S3BlobStore:
             return None
         size = int(head.get("ContentLength", 0))
         if size > max_bytes:
-            raise BlobError(f"upload slot {slot} in {self._where()} holds {size} bytes, more than the limit of {max_bytes}; "
-                            "the update is refused without being downloaded")  # fmt: skip
+            raise BlobError(f"upload slot {slot} in {self._where()} holds {size} bytes, more than the limit of {max_bytes} "
+                            "(max_update_bytes); the update is refused without being downloaded")  # fmt: skip
         try:
             resp = self._call("read upload", key, lambda: self.client.get_object(Bucket=self.bucket, Key=key))
         except _Missing:
