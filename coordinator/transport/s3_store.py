@@ -15,8 +15,11 @@ Limits
   URL (only POST policies have ``content-length-range``). A device can therefore store more
   than ``max_bytes`` in its slot; :meth:`S3BlobStore.read_upload` asks for the size first
   (``HeadObject``) and refuses an oversized slot without downloading it, and reads at most
-  ``max_bytes + 1`` bytes in case the slot grew between the two requests. The bucket's own
-  quotas and lifecycle rules are the operator's guard against a full disk.
+  ``max_bytes + 1`` bytes in case the slot grew between the two requests; the sweep deletes every
+  slot of a closed exchange, oversized ones included. A presigned POST with ``content-length-range``
+  would let the store refuse the body itself, but devices of the previous release upload with PUT to
+  the URL of their grant, so the grant stays a PUT. The bucket's own quotas and lifecycle rules are
+  the operator's guard against a full disk.
 * A SigV4 presigned URL lives at most 7 days (604800 s) and its lifetime is counted in whole
   seconds from the second it was signed in, so it may lapse up to one second early or late
   against ``expires_unix``.
