@@ -8,10 +8,11 @@ docs/reliability.md) and :mod:`.identity`. Stopped in a round (SIGTERM), it send
 awaits the receipt (``stop_flush_s``) before it says it is offline.
 
 A served coordinator counts its starts in an epoch: a client seeing a higher epoch drops the older
-one's work and republishes its status at once (public report BR-46); an announcement of an older
-epoch is ignored (epoch 0, a coordinator of ``run``, is always taken). Two processes with one client
-id both stop (:data:`EXIT_DUPLICATE_ID`); another device or federation using the id is named in the
-log, the status and :attr:`EdgeAgent.connection`.
+one's round, sends an update still awaiting its receipt to the new one and republishes its status
+at once (public report BR-46); an announcement of an older epoch is ignored (epoch 0, a
+coordinator of ``run``, is always taken). Two processes with one client id both stop
+(:data:`EXIT_DUPLICATE_ID`); another device or federation using the id is named in the log, the
+status and :attr:`EdgeAgent.connection`.
 """
 
 from __future__ import annotations
@@ -376,9 +377,9 @@ class EdgeAgent:
     def _note_epoch(self, epoch: int) -> None:
         """React to a coordinator epoch seen in a status or an announcement (see the module docstring).
 
-        A higher epoch means the served coordinator restarted: the older epoch's announcement and an
-        upload awaiting its receipt are dropped (a stored update goes again when the round is
-        announced anew) and the status is published now. The first epoch seen only sets it.
+        A higher epoch means the served coordinator restarted: the older epoch's announcement is
+        dropped, an upload awaiting its receipt goes to the new coordinator once
+        (:meth:`Delivery.after_restart`), and the status is published now. The first epoch seen only sets it.
         """
         if epoch <= self.epoch:
             return
@@ -388,8 +389,8 @@ class EdgeAgent:
         ann = self.announcement
         if ann is not None and ann.epoch < epoch:
             self.announcement = None
-        self.delivery.pending = None
-        log.info("[%s] the coordinator restarted (epoch %d -> %d): dropped the work of epoch %d and announced myself again",
+        self.delivery.after_restart()
+        log.info("[%s] the coordinator restarted (epoch %d -> %d): dropped epoch %d's round and announced myself again",
                  self.cfg.client_id, old, epoch, old)  # fmt: skip
         self._set_state(self._state)
 

@@ -90,7 +90,8 @@ class PendingUpdate:
     ``envelope``: its bytes while first sent, then None (read back from the store); ``transfer``: the
     id receipts name; ``deadline_unix``: no send after it; ``chunk_bytes``, ``count``: of the last
     whole send; ``unanswered``: whole sends with neither receipt nor request; ``next_try``: monotonic
-    time of the next whole send; ``resent``: chunk index -> re-sends since the last whole send.
+    time of the next whole send; ``resent``: chunk index -> re-sends since the last whole send;
+    ``restarted``: the coordinator restarted since the last send, so the next one goes whatever round is open.
     """
 
     exchange: Exchange
@@ -103,6 +104,7 @@ class PendingUpdate:
     unanswered: int = 0
     next_try: float = 0.0
     resent: Counter[int] = field(default_factory=Counter)
+    restarted: bool = False
 
     @property
     def key(self) -> Key:
@@ -151,11 +153,26 @@ class Delivery:
         self._send_full()
         p.envelope = None  # sent; a re-send reads it back from the store
 
+    def after_restart(self) -> None:
+        """The coordinator restarted: send the followed update once more, at the next :meth:`poll`, whatever round is
+        open and past its deadline. It may have gone to the broker while no coordinator listened; the new one counts it
+        (a buffered round still waiting for that version, a round opened again) or refuses it with a reason in its
+        records (``stale_round``): never lost unnamed (issue 37, the life-cycle matrix)."""
+        p = self.pending
+        if p is not None:
+            p.restarted, p.next_try, p.unanswered = True, self._clock(), 0
+
     def poll(self, open_key: Key | None) -> None:
         """Send the followed update whole again if its wait is over; drop it if ``open_key`` (the exchange open for
-        training now) is another, or its deadline passed."""
+        training now) is another, or its deadline passed (unless the coordinator restarted since: :meth:`after_restart`)."""
         p = self.pending
         if p is None or self._clock() < p.next_try:
+            return
+        if p.restarted:
+            if self._link.connected.is_set():
+                log.info("[%s] round %d: the coordinator restarted before its receipt; sending the update to it", self._cid, p.key[1])
+                p.restarted = False
+                self._send_full()
             return
         if open_key != p.key:
             log.warning("[%s] round %d closed before the coordinator's receipt for this update arrived", self._cid, p.key[1])

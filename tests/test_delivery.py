@@ -198,6 +198,28 @@ def test_delivery_is_bounded_by_the_round_and_its_deadline() -> None:
     assert d.pending is not None and len(link.sent) == 15
 
 
+def test_after_a_coordinator_restart_the_update_goes_once_more_whatever_round_is_open() -> None:
+    """Sent while no coordinator listened (it was restarting), the update would wait for a receipt that never comes and
+    be dropped when another round opens: it goes to the new coordinator once, at the next poll, even past its deadline
+    and with another round open; then the usual bounds hold again."""
+    link = RecordingLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(EXCHANGE, ENVELOPE, deadline_unix=100.0)
+    d.after_restart()
+    link.connected.clear()
+    clock.t = 150.0
+    d.poll(("run-a", 5, 0))  # not connected yet: kept for later, not sent
+    assert d.pending is not None and len(link.sent) == 5
+    link.connected.set()
+    d.poll(("run-a", 5, 0))  # round 5 open and the deadline passed: sent whole all the same
+    assert link.indices() == [0, 1, 2, 3, 4] * 2 and d.pending is not None and not d.pending.restarted
+    clock.t = 10_000.0
+    d.poll(("run-a", 5, 0))  # once: then another open round ends it as before
+    assert d.pending is None and len(link.sent) == 10
+    d.after_restart()  # nothing followed: nothing to send
+    assert d.pending is None
+
+
 def test_an_update_that_changed_in_the_store_is_not_sent_again() -> None:
     link = RecordingLink()
     store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]

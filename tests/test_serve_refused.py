@@ -107,7 +107,7 @@ def test_the_epoch_is_in_the_status_and_left_out_when_zero(tmp_path: Path) -> No
     assert b"charging" not in ClientStatus("a", "online").to_bytes()
 
 
-def test_a_client_drops_the_old_epochs_work_and_announces_itself(tmp_path: Path) -> None:
+def test_a_client_drops_the_old_epochs_round_and_announces_itself(tmp_path: Path) -> None:
     from edge_client.agent import ClientConfig, EdgeAgent
     from edge_client.coordinator_watch import CoordinatorWatch
     from edge_client.delivery import PendingUpdate
@@ -123,6 +123,10 @@ def test_a_client_drops_the_old_epochs_work_and_announces_itself(tmp_path: Path)
 
     class _Delivery:
         pending: PendingUpdate | None = None
+        restarts = 0
+
+        def after_restart(self) -> None:
+            self.restarts += 1
 
     agent.delivery = _Delivery()  # type: ignore[assignment]
     agent.topics = Topics("f")
@@ -131,9 +135,9 @@ def test_a_client_drops_the_old_epochs_work_and_announces_itself(tmp_path: Path)
     old = RoundAnnouncement("r1", 4, "training", SPEC.to_dict(), "hapt6", selected=("a",), epoch=1)
     agent._handle(agent.topics.round, old.to_bytes())
     assert agent.epoch == 1 and agent.announcement == old and published == []  # the first epoch seen only sets it
-    agent.delivery.pending = object()
     agent._handle(agent.topics.coordinator_status, CoordinatorStatus("online", "r1", "x2", epoch=2).to_bytes())
-    assert agent.epoch == 2 and agent.announcement is None and agent.delivery.pending is None and published == ["idle"]
+    assert agent.epoch == 2 and agent.announcement is None and published == ["idle"]
+    assert agent.delivery.restarts == 1  # an upload awaiting its receipt goes to the new coordinator (test_delivery)
     agent._handle(agent.topics.round, old.to_bytes())  # the old epoch's retained round, delivered again
     assert agent.announcement is None
     agent._handle(agent.topics.coordinator_status, CoordinatorStatus("offline", "r1", "x1", epoch=1).to_bytes())  # a late will

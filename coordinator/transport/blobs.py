@@ -12,13 +12,18 @@ A round owns its slots: a grant allows the exchange's update bound (the model's 
 constant) and lives until the exchange closes (or, for buffered rounds, its staleness bound); the
 folder store refuses a write to a closed slot or from a refused device (:meth:`FolderBlobStore.accept`),
 and every slot the carrier did not count is deleted when an exchange closes and when the carrier
-opens (a sweep over the store), so the store's size is bounded by the open rounds.
+opens (a sweep over the store), so the store's size is bounded by the open rounds. Likewise the
+objects: the carrier notes the ones it keeps in the store (``blob_objects.json`` in the run folder)
+and the next process of the run (a restart of ``serve``, a restore from backup) removes them at
+open, so a restart leaves no model or program object behind.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import struct
 import time
 from collections.abc import Callable, Collection
@@ -48,6 +53,9 @@ after its exchange closed is deleted by the next sweep."""
 
 PROGRAM_URL_TTL_S = 3600.0
 """How long a program object's URL stays valid (s): a device fetches it right after it asked."""
+
+OBJECTS_NOTE = "blob_objects.json"
+"""The run folder's note of the objects a carrier keeps in the store (a JSON list of SHA-256 digests)."""
 
 _FIXED = struct.Struct("<4sHI")  # the envelope's magic, version and header length (har_models.wire.codec)
 
@@ -195,6 +203,34 @@ class BlobCarrier:
             except BlobError as exc:
                 raise CoordinatorError(f"cannot open the blob store: {exc}") from None
         self._sweep()
+        self._drop_left()
+
+    def _drop_left(self) -> None:
+        """Remove the objects an earlier process of this run noted (:data:`OBJECTS_NOTE`): none of its URLs is used
+        any more, since devices drop an earlier epoch's announcement; what this process needs it writes again."""
+        note = self.run_dir / OBJECTS_NOTE
+        try:
+            left = [str(sha) for sha in json.loads(note.read_text())]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("the note of the objects an earlier process left (%s) is unreadable (%s): they stay in the store", note, exc)
+            left = []
+        for sha in left:
+            self._drop_object(sha, -1)
+        self._note_objects()
+        if left:
+            log.info("blob transport: removed %d object(s) an earlier process of this run left in the store", len(left))
+
+    def _note_objects(self) -> None:
+        """Write :data:`OBJECTS_NOTE`: the objects this process keeps in the store now (models and programs)."""
+        note = self.run_dir / OBJECTS_NOTE
+        try:
+            tmp = note.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sorted(set(self._objects) | set(self._programs.values()))))
+            os.replace(tmp, note)
+        except OSError as exc:  # a full disk: the objects stay in the store after a restart, nothing else is lost
+            log.warning("the note of the blob store's objects was not written (%s)", exc)
 
     def close(self) -> None:
         moved = [int(getattr(self.store, k, -1)) for k in ("served", "served_bytes", "taken", "taken_bytes")]
@@ -232,6 +268,7 @@ class BlobCarrier:
         for sha in sorted(self._objects.keys() - objects.keys()):
             self._drop_object(sha, opening.round)
         self._objects = objects
+        self._note_objects()
         self._limit = opening.update_bytes or self.settings.max_update_bytes
         prefix = exchange_prefix(self.run_id, opening.round, opening.stage)
         self._open_slots[prefix] = opening.round + opening.late_rounds
@@ -306,6 +343,7 @@ class BlobCarrier:
         program = self._programs.pop(cid, None)
         if program is not None:
             self._drop_object(program, -1)
+            self._note_objects()
 
     def bad_object(self, sha256: str) -> bool:
         env = self._objects.get(sha256)
@@ -336,4 +374,5 @@ class BlobCarrier:
         self._programs[cid] = ref.sha256
         if old is not None and old != ref.sha256 and old not in self._programs.values():
             self._drop_object(old, -1)
+        self._note_objects()
         return f"{len(envelope)} bytes through the blob store, object {ref.sha256[:12]}"

@@ -24,8 +24,8 @@ Limits
   seconds from the second it was signed in, so it may lapse up to one second early or late
   against ``expires_unix``.
 * Objects are written once: :meth:`S3BlobStore.put_object` skips the upload when the object
-  exists. Upload slots of a closed exchange are deleted by :meth:`S3BlobStore.drop_uploads`;
-  objects are never deleted here (a lifecycle rule on ``{prefix}objects/`` can expire old ones).
+  exists. Upload slots of a closed exchange are deleted by :meth:`S3BlobStore.drop_uploads`, and
+  objects no exchange needs by :meth:`S3BlobStore.drop_object` (the blob carrier decides which).
 * boto3 is imported when a store is built, not when this module is, so the coordinator runs
   without it until ``transport = "blobs"`` with S3 is chosen; the extra is ``fedhar[s3]``.
 """
