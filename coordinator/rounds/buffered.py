@@ -259,10 +259,11 @@ class BufferedRounds(RoundPolicy):
         self.held: list[Stale] = []  # valid updates of earlier versions, for the next round's buffer
 
     def select(self, eligible: Sequence[str], round_: int) -> list[str]:
-        """Eligible devices not training an earlier version, ``fraction`` of them, at most ``concurrency`` minus those
-        training (FedBuff's bound on concurrent clients). May be empty while some train."""
+        """Eligible devices not training an earlier version and without an update waiting in the buffer, ``fraction`` of
+        them, at most ``concurrency`` minus those training (FedBuff's bound on concurrent clients). May be empty while some train."""
         training = self.in_flight.training()
-        free = sorted(set(eligible) - training)
+        # A device whose update waits in the buffer gave this version its part: a fresh update would leave that one out unnamed.
+        free = sorted(set(eligible) - training - self._held_ids())
         room = self.settings.concurrency - len(training) if self.settings.concurrency else len(free)
         if room <= 0 or not free:
             return []
