@@ -29,6 +29,10 @@ def _none_awaited(present: Callable[[str], bool]) -> int:
     return 0
 
 
+def _no_earlier() -> Mapping[int, int]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Steering:
     """What the grid applies to a round's main exchange beyond the plan (from :meth:`RoundPolicy.steering`).
@@ -52,6 +56,9 @@ class Steering:
     late_rounds : int
         For how many rounds after the exchange closes its devices may still deliver (FedBuff's staleness
         bound): their upload slots stay open that long.
+    earlier : callable () -> mapping of int to int
+        The earlier exchanges (stage 0) whose devices may still deliver: round -> the last round that may take
+        their update (FedBuff's versions still training, also after a restart of the coordinator).
     """
 
     close_at: int | None = None
@@ -60,6 +67,7 @@ class Steering:
     held: Callable[[], Set[str]] = _nobody
     awaiting: Callable[[Callable[[str], bool]], int] = _none_awaited
     late_rounds: int = 0
+    earlier: Callable[[], Mapping[int, int]] = _no_earlier
 
 
 NO_STEERING = Steering()

@@ -456,7 +456,7 @@ class MqttGrid:
         wait_s = device_deadline(self.cfg.timing, self.clients, selected)
         deadline = time.time() + wait_s
         limit = min(self.cfg.transport.max_update_bytes, update_bound(spec, plan.guidance))
-        opening = Opening(round_, stage, self.attempt, tuple(selected), deadline, steering.late_rounds, limit)
+        opening = Opening(round_, stage, self.attempt, tuple(selected), deadline, steering.late_rounds, limit, steering.earlier())
         c = Exchange(round_, stage, spec, frozenset(selected), plan.guidance, steering, reference=published_models(fed))
         try:
             published = self.carrier.publish(fed, opening)

@@ -94,6 +94,20 @@ def test_in_flight_forgets_a_device_once_its_update_arrived_it_vanished_or_its_v
         fedbuff.InFlight(0)
 
 
+def test_the_versions_still_training_after_a_restart_keep_their_upload_slots_open_to_their_staleness_bound(tmp_path: Path) -> None:
+    """A restarted coordinator takes back the versions devices still train (BufferedRounds.restore); each opening names
+    them with their last round (Steering.earlier), so the blob carrier keeps those devices' slots open."""
+    policy = fedbuff.BufferedRounds(CoordinatorConfig(run_dir=tmp_path, buffer=BufferSettings(size=2, max_staleness=2)))
+    policy.restore({"in_flight": {"3": ["c"], "4": ["d", "e"], "1": ["gone"]}},
+                   lambda r: (SPEC, {}) if r >= 3 else None)  # version 1 is no longer kept: dropped  # fmt: skip
+    assert policy.training() == {"c", "d", "e"}
+    steering = policy.steering(0.0, 60.0, 3, 3)
+    assert steering.earlier() == {3: 5, 4: 6} and steering.late_rounds == 2
+    policy.in_flight.arrived("c", 3)
+    assert steering.earlier() == {4: 6}  # read at each opening: a version nobody trains any more closes its slots
+    assert Steering().earlier() == {}
+
+
 # ---------------------------------------------------------------- settings
 @pytest.mark.parametrize(
     ("kw", "what"),

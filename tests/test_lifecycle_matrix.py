@@ -54,20 +54,6 @@ LATE = {"synchronous": 0, "cohort": 0, "buffered": 2}  # rounds a closed exchang
 BUCKET = "fedhar-matrix"
 Record = dict[str, Any]
 
-LOST_ACROSS_A_RESTART = (
-    "buffered rounds keep a device in flight across a restart of serve (BufferedRounds.restore) and wait for its update "
-    "of the earlier version, but that update was sent while no coordinator was connected, and on the new epoch the "
-    "device drops an upload awaiting its receipt (EdgeAgent._note_epoch) and never sends it again: it is neither counted "
-    "nor named. With every device in flight at the restart, no round selects anyone again: a stall, tried again at "
-    "once with min_round_interval_s = 0"
-)
-OBJECTS_LEFT_BY_A_RESTART = (
-    "the blob carrier drops only its own process's previous exchange's objects (BlobCarrier._objects in "
-    "coordinator/transport/blobs.py) and its sweep at open covers upload slots, not objects: each start of serve "
-    "leaves the last model object of the one before in the store for good (a restore brings back the backup's too)"
-)
-
-
 @pytest.fixture(autouse=True)
 def no_report_plot(monkeypatch: pytest.MonkeyPatch) -> None:
     """serve redraws the run's metrics.png after every round: half of this module's CPU, and nothing it checks."""
@@ -123,7 +109,6 @@ class Column:
         self.barred: dict[str, tuple[int, float]] = {}  # name -> (the last round that may count it, since when)
         self.forgotten: set[str] = set()
         self.excused: list[tuple[int, float]] = []  # (restored round, when): updates of later rounds sent before, undone
-        self.starts = 1  # of serve
 
     def start(self, folder: str, name: str | None = None) -> Device:
         """Start the device of state folder ``folder`` as ``name`` (default: the folder's name) with its bundle's password."""
@@ -270,7 +255,6 @@ def _two_of_three(r: Record) -> bool:
 def coordinator_restart(col: Column) -> None:  # serve stops and starts again on its folder, in a new epoch
     col.served.stop()
     assert len(col.store_keys("objects")) <= 1, f"objects left with serve stopped: {col.store_keys('objects')}"
-    col.starts += 1
     col.served.start()
     col.served.round_after("a round after the coordinator restart", _two_of_three)
 
@@ -283,7 +267,6 @@ def restore_backup(col: Column) -> None:  # a backup taken while serving; the de
     fed.stop()
     restore(fed.tmp / "backup", fed.data, force=True)
     col.excused.append((fed.last_round(), time.time()))
-    col.starts += 1
     fed.start()
     fed.round_after("a round after the restore", _two_of_three)
 
@@ -316,7 +299,6 @@ def forget(col: Column) -> None:  # the operator answers dev-b's request: gone f
 
 ROWS: list[Callable[[Column], None]] = [enrol, restart, freeze, reissue, rename, coordinator_restart, restore_backup, revoke,
                                         leave, forget]  # fmt: skip
-KNOWN = {("buffered", coordinator_restart), ("buffered", restore_backup)}  # test_a_buffered_update_sent_while_serve_restarts...
 
 
 def _serving(col: Column, names: tuple[str, ...]) -> None:
@@ -345,14 +327,13 @@ def test_every_life_cycle_event_keeps_the_invariants(transport: str, policy: str
     try:
         _serving(col, ("dev-a", "dev-b"))
         for row in ROWS:
-            if (policy, row) not in KNOWN:
-                row(col)
-                col.check(row.__name__)
+            row(col)
+            col.check(row.__name__)
         for folder in ("dev-a", "dev-e"):
             col.devices[folder].stop()
         col.served.stop()
-        # One exchange's object at a time; a start of serve leaves its predecessor's last one (the xfail test below).
-        assert len(col.store_keys("objects")) <= col.starts, f"objects left with serve stopped: {col.store_keys('objects')}"
+        # One exchange's object at a time, whatever the restarts and the restore (each start removes what the one before left).
+        assert len(col.store_keys("objects")) <= 1, f"objects left with serve stopped: {col.store_keys('objects')}"
     finally:
         _stop_all(col)
 
@@ -379,8 +360,9 @@ def test_a_device_whose_update_waits_in_the_buffer_is_not_selected_for_that_vers
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=LOST_ACROSS_A_RESTART)
 def test_a_buffered_update_sent_while_serve_restarts_is_counted_or_named(tmp_path: Path, mosquitto: int) -> None:
+    """dev-c's update of an earlier version goes to the broker while serve is down: the restarted serve waits for it
+    (BufferedRounds.restore) and the device sends it again on the new epoch (Delivery.after_restart), so it counts."""
     col = Column(tmp_path, mosquitto, "mqtt", "buffered")
     try:
         _serving(col, ("dev-a", "dev-b", "dev-c"))
@@ -399,8 +381,8 @@ def test_a_buffered_update_sent_while_serve_restarts_is_counted_or_named(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=OBJECTS_LEFT_BY_A_RESTART)
 def test_a_restarted_server_leaves_no_model_object_behind(tmp_path: Path, mosquitto: int) -> None:
+    """Each start of serve removes the objects the one before noted (coordinator/transport/blobs.py, OBJECTS_NOTE)."""
     col = Column(tmp_path, mosquitto, "folder", "synchronous")
     try:
         _serving(col, ("dev-a", "dev-b"))

@@ -282,7 +282,11 @@ class BufferedRounds(RoundPolicy):
 
     def steering(self, now_unix: float, period_s: float, present: int, selected: int) -> Steering:
         return Steering(close_at=self.settings.size, unanswered="still_training", held=self._held_ids, awaiting=self._awaiting,
-                        late_rounds=self.settings.max_staleness)  # fmt: skip
+                        late_rounds=self.settings.max_staleness, earlier=self._earlier)  # fmt: skip
+
+    def _earlier(self) -> dict[int, int]:
+        """The versions devices still train, each with the last round that takes its update (its staleness bound)."""
+        return {r: r + self.settings.max_staleness for r, ids in self.in_flight.by_round().items() if ids}
 
     def _held_ids(self) -> Set[str]:
         return {s.update.client_id for s in self.held}

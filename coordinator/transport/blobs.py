@@ -272,6 +272,8 @@ class BlobCarrier:
         self._limit = opening.update_bytes or self.settings.max_update_bytes
         prefix = exchange_prefix(self.run_id, opening.round, opening.stage)
         self._open_slots[prefix] = opening.round + opening.late_rounds
+        for r, last in opening.earlier.items():  # after a restart of serve, its devices' grants work again
+            self._open_slots.setdefault(exchange_prefix(self.run_id, r, 0), last)
         self._accepting()
         grant_expiry = expires + opening.late_rounds * max(0.0, opening.deadline_unix - time.time())
         self._grants = {}

@@ -10,7 +10,7 @@ intake, whichever carrier brought them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,6 +73,8 @@ class Opening:
         For how many rounds after it closes its devices may still deliver (FedBuff's staleness bound; 0).
     update_bytes : int
         The largest update envelope it accepts (the upload size a grant allows).
+    earlier : mapping of int to int
+        Earlier exchanges (stage 0) whose devices may still deliver: round -> the last round that may take their update.
     """
 
     round: int
@@ -82,6 +84,7 @@ class Opening:
     deadline_unix: float
     late_rounds: int = 0
     update_bytes: int = 0
+    earlier: Mapping[int, int] = field(default_factory=dict)
 
 
 class Carrier(Protocol):
