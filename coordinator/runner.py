@@ -15,6 +15,7 @@ run`` (N rounds) and ``serve`` (for months) are two short loops over the same ru
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,11 @@ OPERATOR_SHRINKS = "operator_step_shrinks"
 
 POLICY_STATE = "round_policy_state"
 """Key in the run's database: what the round policy keeps across a restart (:meth:`coordinator.rounds.base.RoundPolicy.record`)."""
+
+PLOT_EVERY_S = 60.0
+"""After a round, ``metrics.png`` is drawn again only if the last drawing is this old (s): drawing it costs about 0.2 s
+of CPU, more than a served round's own bookkeeping. The report's JSON and table follow every round, and a report with
+run facts (the end of a run, :meth:`FederationRunner.report` with ``extra``) always draws it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,7 @@ class FederationRunner:
         self._fed: Federation | None = None
         self._label_set = ""
         self._extra: dict[str, Any] = {}
+        self._plotted = -math.inf  # monotonic time of the last metrics.png (s)
         self._tried_round: int | None = None  # the round the last attempt was of
         self._tried_model: tuple[ArchSpec, int] | None = None  # the version it published (spec, identity of the global model)
         self._failed_quorums = 0  # exchanges of that round that closed without quorum (its record's attempts - 1)
@@ -538,7 +545,7 @@ class FederationRunner:
         except StateDamaged as exc:
             raise StateError(str(exc)) from None
         if record is not None:
-            self.report()
+            self.report(plot=time.monotonic() - self._plotted >= PLOT_EVERY_S)
             self.grid.publish_progress(record)
         return record
 
@@ -673,8 +680,9 @@ class FederationRunner:
         """Add run facts to the report's header (kept for every later report) without writing it."""
         self._extra.update(extra)
 
-    def report(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Rewrite ``report.json`` and ``report.md`` from the completed rounds; return the report document.
+    def report(self, extra: Mapping[str, Any] | None = None, plot: bool = True) -> dict[str, Any]:
+        """Rewrite ``report.json`` and ``report.md`` (and ``metrics.png`` if ``plot``) from the completed rounds; return
+        the report document.
 
         ``extra``: run facts added to the header and kept for later reports (wall time, peak
         memory, the served epoch).
@@ -694,4 +702,6 @@ class FederationRunner:
             "label_set": self._label_set,
             **self._extra,
         }
-        return write_report(self.cfg.run_dir, header, self.records())
+        if plot:
+            self._plotted = time.monotonic()
+        return write_report(self.cfg.run_dir, header, self.records(), plot=plot)

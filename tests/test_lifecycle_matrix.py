@@ -15,9 +15,8 @@ waiting, a device leaving from its app (and one more enrolled), and forget. Afte
 * the page's JSON (``/api/rounds``, ``/api/devices``) and ``/metrics`` say what the records and the registry say.
 
 The fast loop runs the MQTT x synchronous column: one cell of each row. The other columns are slow; the S3 ones share
-one SeaweedFS and skip without it unless FEDHAR_REQUIRE_S3=1. Two cells fail on today's code: they are the two xfail
-tests at the end (buffered rounds across a restart of serve; model objects across restarts), and the buffered columns
-leave the restart rows to them.
+one SeaweedFS and skip without it unless FEDHAR_REQUIRE_S3=1. Two faults this matrix found have their own tests at the
+end: a buffered update sent while serve restarts, and the model objects a restart of serve left in the store.
 """
 
 from __future__ import annotations

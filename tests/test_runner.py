@@ -40,6 +40,8 @@ def test_a_round_is_the_weighted_mean_of_known_steps_and_is_persisted_and_publis
     assert g0.keys() == init_state(spec, cfg.seed).keys()
     record = runner.run_round(0)
     assert record is not None and grid.progress == [0]
+    png = tmp_path / "run" / "metrics.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the first round's report draws the plot
     # FedAvg of steps 0.01, 0.02, 0.03 weighted by 30, 10, 60 windows: (0.3 + 0.2 + 1.8) / 100 = 0.023
     _, g1 = runner.model()
     name = next(k for k, v in g0.items() if v.is_floating_point())
@@ -50,8 +52,13 @@ def test_a_round_is_the_weighted_mean_of_known_steps_and_is_persisted_and_publis
     ev = record.evaluation.personalisation
     assert ev is not None and ev.accuracy == pytest.approx((10 + 11 + 12) / 60)
     assert [r.round for r in runner.records()] == [0]
-    doc = runner.report({"wall_seconds": 1.5})
-    assert doc["wall_seconds"] == 1.5 and doc["label_set"] == "hapt6" and len(doc["rounds"]) == 1
+    png.write_bytes(b"stale")
+    runner._plotted = time.monotonic()  # drawn just now, as far as the runner knows: the next round leaves the plot
+    assert runner.run_round(1) is not None and png.read_bytes() == b"stale"
+    assert len(runner.report(plot=False)["rounds"]) == 2 and png.read_bytes() == b"stale"
+    doc = runner.report({"wall_seconds": 1.5})  # a report with run facts (the end of a run) always draws it
+    assert doc["wall_seconds"] == 1.5 and doc["label_set"] == "hapt6" and len(doc["rounds"]) == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_round_without_quorum_is_closed_at_once_and_run_again_as_a_new_attempt(tmp_path: Path) -> None:
