@@ -108,6 +108,7 @@ class Column:
         self.barred: dict[str, tuple[int, float]] = {}  # name -> (the last round that may count it, since when)
         self.forgotten: set[str] = set()
         self.excused: list[tuple[int, float]] = []  # (restored round, when): updates of later rounds sent before, undone
+        self.undone: set[tuple[str, int]] = set()  # (device, round) of stale updates counted in rounds a restore took back
 
     def start(self, folder: str, name: str | None = None) -> Device:
         """Start the device of state folder ``folder`` as ``name`` (default: the folder's name) with its bundle's password."""
@@ -155,6 +156,8 @@ class Column:
             for (name, run, rnd, _), t in dict(dev.sent).items():
                 if run != run_id or name in self.forgotten or any(rnd > b and t < at for b, at in self.excused):
                     continue  # forgotten on request; or a round the restore took back
+                if (name, rnd) in self.undone:
+                    continue  # an earlier version's update a round the restore took back had counted
                 if sum(c > t for c in completed) < 2 or (name in self.barred and t > self.barred[name][1]):
                     continue  # on its way to a record still; or sent when it could not (checked above)
                 rec = done.get(rnd, {})
@@ -264,8 +267,10 @@ def restore_backup(col: Column) -> None:  # a backup taken while serving; the de
     fed.round_after("a round after the backup")
     fed.round_after("a second round after the backup")
     fed.stop()
+    before = fed.records()
     restore(fed.tmp / "backup", fed.data, force=True)
     col.excused.append((fed.last_round(), time.time()))
+    col.undone |= {(name, r["round"] - tau) for r in before if r["round"] > fed.last_round() for name, tau in r.get("stale", {}).items()}
     fed.start()
     fed.round_after("a round after the restore", _two_of_three)
 

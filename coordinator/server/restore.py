@@ -21,6 +21,7 @@ from typing import Any
 from coordinator.server.audit import audit
 from coordinator.server.backup import BackupError, check_backup
 from coordinator.server.data_lock import holder_now
+from coordinator.transport.blobs import note_objects_also, noted_objects
 
 
 def _names(uid: int, gid: int) -> str:
@@ -106,7 +107,11 @@ def restore(src: Path, data: Path | None = None, force: bool = False) -> list[st
     holder = holder_now(target)
     if holder is not None:
         raise BackupError(f"{target} is in use by {holder}: stop it first (sudo systemctl stop fedhar-coordinator); nothing was restored")
+    written_since = noted_objects(target / "run")  # an S3 store outside the folder keeps what was written since the backup
     done = _put(src / "data", target, force, _recorded(manifest, "data"))
+    if written_since and (target / "run").is_dir():
+        note_objects_also(target / "run", written_since)
+        done.append(f"{len(written_since)} blob object(s) written since the backup are removed from the store at the next start")
     settings = Path(parts["settings"]) if parts.get("settings") and (src / "server.toml").is_file() else None
     if settings is not None and settings.parent != Path(parts["data"]):  # one inside the data folder came back with it
         if settings.exists() and not force:

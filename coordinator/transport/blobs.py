@@ -27,6 +27,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.transport.carrier import Arrival, Opening, Published, Refused
@@ -39,8 +40,6 @@ from har_models.wire.messages import MessageError
 from har_models.wire.topics import Topics
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from coordinator.strategies import Federation
     from coordinator.transport.intake import UpdateIntake
 
@@ -148,6 +147,30 @@ def read_noticed(store: BlobStore, cid: str, notice: BlobNotice, max_bytes: int)
     return Arrival(sha, data)
 
 
+def noted_objects(run_dir: Path) -> list[str]:
+    """The objects (SHA-256 hex) the run in ``run_dir`` noted as kept in its blob store ([]: no note, or unreadable,
+    which is logged: those objects then stay in the store)."""
+    note = run_dir / OBJECTS_NOTE
+    try:
+        return [str(sha) for sha in json.loads(note.read_text())]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("the note of the objects an earlier process left (%s) is unreadable (%s): they stay in the store", note, exc)
+        return []
+
+
+def note_objects_also(run_dir: Path, shas: Collection[str]) -> None:
+    """Add ``shas`` to the run's note, so its next process removes them too: a restore from backup brings back the
+    note of the backup's time, while a store outside the data folder (S3) still holds what was written since.
+
+    Raises OSError if the note cannot be written."""
+    note = run_dir / OBJECTS_NOTE
+    tmp = note.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(set(noted_objects(run_dir)) | set(shas))))
+    os.replace(tmp, note)
+
+
 class BlobCarrier:
     """The blob carrier (see the module docstring).
 
@@ -208,14 +231,9 @@ class BlobCarrier:
     def _drop_left(self) -> None:
         """Remove the objects an earlier process of this run noted (:data:`OBJECTS_NOTE`): none of its URLs is used
         any more, since devices drop an earlier epoch's announcement; what this process needs it writes again."""
-        note = self.run_dir / OBJECTS_NOTE
-        try:
-            left = [str(sha) for sha in json.loads(note.read_text())]
-        except FileNotFoundError:
+        if not (self.run_dir / OBJECTS_NOTE).exists():
             return
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("the note of the objects an earlier process left (%s) is unreadable (%s): they stay in the store", note, exc)
-            left = []
+        left = noted_objects(self.run_dir)
         for sha in left:
             self._drop_object(sha, -1)
         self._note_objects()
