@@ -29,6 +29,10 @@ log = logging.getLogger("fedhar.client")
 MAX_RECEIPT_WAIT_S = 60.0
 """Longest wait for a receipt before the update is sent whole again (s)."""
 
+RESTART_TRIES = 5
+"""Whole sends an update awaiting its receipt gets after the coordinator restarted, whatever round is open, until one
+goes out (the restarted coordinator's blob store may not be up yet when its status arrives)."""
+
 Key = tuple[str, int, int]
 """An exchange: (run id, round, stage)."""
 
@@ -91,7 +95,8 @@ class PendingUpdate:
     id receipts name; ``deadline_unix``: no send after it; ``chunk_bytes``, ``count``: of the last
     whole send; ``unanswered``: whole sends with neither receipt nor request; ``next_try``: monotonic
     time of the next whole send; ``resent``: chunk index -> re-sends since the last whole send;
-    ``restarted``: the coordinator restarted since the last send, so the next one goes whatever round is open.
+    ``restarted``: the coordinator restarted since the last send, so the next one goes whatever round is open
+    (``restart_sends``: whole sends before the restart).
     """
 
     exchange: Exchange
@@ -105,6 +110,7 @@ class PendingUpdate:
     next_try: float = 0.0
     resent: Counter[int] = field(default_factory=Counter)
     restarted: bool = False
+    restart_sends: int = 0
 
     @property
     def key(self) -> Key:
@@ -155,12 +161,13 @@ class Delivery:
 
     def after_restart(self) -> None:
         """The coordinator restarted: send the followed update once more, at the next :meth:`poll`, whatever round is
-        open and past its deadline. It may have gone to the broker while no coordinator listened; the new one counts it
-        (a buffered round still waiting for that version, a round opened again) or refuses it with a reason in its
-        records (``stale_round``): never lost unnamed (issue 37, the life-cycle matrix)."""
+        open and past its deadline (tried again if it could not go out, :data:`RESTART_TRIES` sends at most). It may
+        have gone to the broker while no coordinator listened; the new one counts it (a buffered round still waiting
+        for that version, a round opened again) or refuses it with a reason in its records (``stale_round``): never
+        lost unnamed (the life-cycle matrix, tests/test_lifecycle_matrix.py)."""
         p = self.pending
         if p is not None:
-            p.restarted, p.next_try, p.unanswered = True, self._clock(), 0
+            p.restarted, p.next_try, p.unanswered, p.restart_sends = True, self._clock(), 0, p.sends
 
     def poll(self, open_key: Key | None) -> None:
         """Send the followed update whole again if its wait is over; drop it if ``open_key`` (the exchange open for
@@ -171,8 +178,8 @@ class Delivery:
         if p.restarted:
             if self._link.connected.is_set():
                 log.info("[%s] round %d: the coordinator restarted before its receipt; sending the update to it", self._cid, p.key[1])
-                p.restarted = False
-                self._send_full()
+                p.restarted = not self._send_full() and p.sends < p.restart_sends + RESTART_TRIES
+                # not sent (its blob store not up yet): tried again at the next wait, RESTART_TRIES times at most
             return
         if open_key != p.key:
             log.warning("[%s] round %d closed before the coordinator's receipt for this update arrived", self._cid, p.key[1])
@@ -244,12 +251,13 @@ class Delivery:
         self.pending = None
         return None
 
-    def _send_full(self) -> None:
+    def _send_full(self) -> bool:
+        """Send the followed update whole; whether it went out (False: not now, tried again later, or dropped)."""
         p = self.pending
         assert p is not None
         envelope = self._envelope(p)
         if envelope is None:
-            return
+            return False
         size = self._link.chunk_size(p.exchange)
         if p.unanswered >= 2 and p.chunk_bytes and size >= p.chunk_bytes:
             # Twice sent whole without a word back: the broker may drop messages of this size
@@ -269,8 +277,9 @@ class Delivery:
             log.warning("[%s] round %d: %s; sending again in smaller chunks", self._cid, p.key[1], exc)
             p.unanswered -= 1
             p.next_try = self._clock()
-            return
+            return False
         except TimeoutError as exc:
             log.warning("[%s] round %d: upload not finished (%s); trying again while the round is open", self._cid, p.key[1], exc)
-            return
+            return False
         log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", self._cid, p.key[1], p.sends, len(envelope), p.count)
+        return True

@@ -16,7 +16,7 @@ from collections.abc import Collection
 import pytest
 
 from edge_client.blob_upload import TransportLink
-from edge_client.delivery import MAX_RECEIPT_WAIT_S, Delivery, Exchange, Key
+from edge_client.delivery import MAX_RECEIPT_WAIT_S, RESTART_TRIES, Delivery, Exchange, Key
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PacketRejected
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, iter_chunks, transfer_id
@@ -218,6 +218,40 @@ def test_after_a_coordinator_restart_the_update_goes_once_more_whatever_round_is
     assert d.pending is None and len(link.sent) == 10
     d.after_restart()  # nothing followed: nothing to send
     assert d.pending is None
+
+
+def test_after_a_coordinator_restart_a_send_that_could_not_go_out_is_tried_again_a_bounded_number_of_times() -> None:
+    """The restarted coordinator's status can arrive before its blob store listens: the send fails (TimeoutError, as
+    the blob link raises for a refused connection) and goes again at the next wait, RESTART_TRIES sends at most."""
+
+    class DownLink(RecordingLink):
+        down = True
+
+        def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
+            if self.down:
+                raise TimeoutError("connection refused")
+            return super().send(exchange, payload, chunk_bytes, only)
+
+    link = DownLink()
+    link.down = False
+    d, clock = make(link, ENVELOPE)
+    d.start(EXCHANGE, ENVELOPE, deadline_unix=100.0)
+    link.down = True
+    d.after_restart()
+    clock.t = 150.0
+    d.poll(("run-a", 5, 0))  # refused: kept, still to go whatever round is open
+    assert d.pending is not None and d.pending.restarted and len(link.sent) == 5
+    link.down = False
+    clock.t = d.pending.next_try
+    d.poll(("run-a", 5, 0))  # the store is up: sent whole
+    assert link.indices() == [0, 1, 2, 3, 4] * 2 and d.pending is not None and not d.pending.restarted
+    link.down = True  # a store that never comes back: RESTART_TRIES sends, then the usual bounds drop it
+    d.after_restart()
+    for _ in range(RESTART_TRIES + 1):
+        assert d.pending is not None
+        clock.t = d.pending.next_try
+        d.poll(("run-a", 5, 0))
+    assert d.pending is None and len(link.sent) == 10
 
 
 def test_an_update_that_changed_in_the_store_is_not_sent_again() -> None:
