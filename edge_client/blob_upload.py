@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Collection
 
 from edge_client.delivery import Exchange, Key
-from har_io.blob_http import upload_update
+from har_io.blob_http import UploadClosed, upload_update
 from har_io.blobs import BlobError
 from har_io.mqtt_link import MqttLink
 from har_models.wire.blob_messages import BlobGrant, BlobNotice
@@ -51,7 +51,8 @@ class TransportLink:
         """Send ``payload`` for ``exchange``: in chunks over MQTT, or whole to its blob grant; return the chunk count (1).
 
         Raises TimeoutError for a blob exchange without its grant yet or whose upload failed (delivery
-        sends it whole again later), and PacketRejected or TimeoutError from the MQTT link.
+        sends it whole again later), and PacketRejected or TimeoutError from the MQTT link. An upload the store
+        refuses because its exchange is over (:class:`~har_io.blob_http.UploadClosed`) still sends its notice.
         """
         if exchange.transport != "blobs":
             return self._link.publish_chunks(self._topic_of, payload, timeout=timeout, chunk_bytes=chunk_bytes, only=only)
@@ -60,6 +61,10 @@ class TransportLink:
             raise TimeoutError(f"no upload grant yet for round {exchange.round}")
         try:
             upload_update(grant.upload, payload)
+        except UploadClosed as exc:
+            # The exchange is over at the store: the notice still goes, so the coordinator names the late update in its
+            # records (a stale_round rejection, as over MQTT) instead of it vanishing in this device's log.
+            log.warning("round %d: the blob store no longer takes this update (%s); telling the coordinator", exchange.round, exc)
         except BlobError as exc:
             raise TimeoutError(str(exc)) from None
         notice = BlobNotice(exchange.run_id, exchange.round, exchange.stage, transfer_id(payload), len(payload))

@@ -23,13 +23,18 @@ from har_models.wire.blob_messages import BlobRef, UploadGrant
 READ_PIECE_BYTES = 1 << 20
 
 
+class UploadClosed(BlobError):
+    """The upload's exchange is over: its grant expired, or the store refuses its slot as closed (HTTP 410)."""
+
+
 def _http_error(what: str, url: str, exc: Exception) -> BlobError:
     where = url.split("?", 1)[0]
     if isinstance(exc, urllib.error.HTTPError):
         body = b""
         with contextlib.suppress(Exception):
             body = exc.read(300)
-        return BlobError(f"{what} {where}: HTTP {exc.code} {exc.reason} {body.decode('utf-8', 'replace')}".rstrip())
+        kind = UploadClosed if exc.code == 410 else BlobError
+        return kind(f"{what} {where}: HTTP {exc.code} {exc.reason} {body.decode('utf-8', 'replace')}".rstrip())
     return BlobError(f"{what} {where}: {type(exc).__name__}: {exc} (is the coordinator's blob store reachable from here?)")
 
 
@@ -138,10 +143,11 @@ def _fetch(ref: BlobRef, timeout: float) -> bytes:
 
 
 def upload_update(grant: UploadGrant, envelope: bytes, timeout: float = 120.0) -> None:
-    """PUT ``envelope`` to the grant's signed URL; BlobError if the grant expired, the envelope is over its ``max_bytes``,
-    or the store refuses or cannot be reached (naming the URL without its signature, and the status)."""
+    """PUT ``envelope`` to the grant's signed URL; :class:`UploadClosed` if the grant expired or the store refuses the
+    slot as closed (410), BlobError if the envelope is over its ``max_bytes`` or the store refuses otherwise or cannot
+    be reached (naming the URL without its signature, and the status)."""
     if time.time() > grant.expires_unix:
-        raise BlobError("the upload grant expired with its round; the update cannot be uploaded for it")
+        raise UploadClosed("the upload grant expired with its round; the update cannot be uploaded for it")
     if len(envelope) > grant.max_bytes:
         raise BlobError(f"the update is {len(envelope)} bytes, over the coordinator's limit of {grant.max_bytes}")
     req = urllib.request.Request(grant.url, data=envelope, method="PUT",

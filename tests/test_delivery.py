@@ -294,3 +294,33 @@ def test_delivery_over_mosquitto_sends_what_the_coordinator_asks_for(mosquitto: 
     finally:
         dev.stop()
         spy.stop()
+
+
+def test_an_upload_the_store_refuses_as_closed_still_sends_its_notice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device thawed after its exchange closed at the store (410, or its grant expired): the notice still goes, so the
+    coordinator names the late update (stale_round) instead of it vanishing in the device's log; any other refusal is
+    tried again later (TimeoutError), as before."""
+    from edge_client import blob_upload
+    from har_io.blob_http import UploadClosed
+    from har_io.blobs import BlobError
+    from har_models.wire.blob_messages import BlobGrant, BlobNotice, UploadGrant
+
+    published: list[tuple[str, bytes]] = []
+    link = type("L", (), {"connected": threading.Event(),
+                          "publish": lambda self, topic, payload, timeout=0.0: published.append((topic, payload))})()  # fmt: skip
+    grant = BlobGrant("run-a", 3, 0, "a1", UploadGrant("http://127.0.0.1:9/u", 4e9, 10_000))
+    uplink = TransportLink(link, lambda i: f"up/{i}", "up/blob", lambda key: grant if key == KEY else None)
+    blob_exchange = Exchange(*KEY, attempt="a1", transport="blobs")
+    refusal: list[Exception] = [UploadClosed("HTTP 410 Gone")]
+
+    def refuse(upload: UploadGrant, payload: bytes) -> None:
+        raise refusal[0]
+
+    monkeypatch.setattr(blob_upload, "upload_update", refuse)
+    assert uplink.send(blob_exchange, ENVELOPE, 0) == 1
+    notice = BlobNotice.from_bytes(published[0][1])
+    assert published[0][0] == "up/blob" and (notice.round, notice.sha256, notice.size) == (3, transfer_id(ENVELOPE), len(ENVELOPE))
+    refusal[0] = BlobError("HTTP 500")
+    with pytest.raises(TimeoutError, match="HTTP 500"):
+        uplink.send(blob_exchange, ENVELOPE, 0)
+    assert len(published) == 1
