@@ -33,6 +33,9 @@ RESTART_TRIES = 5
 """Whole sends an update awaiting its receipt gets after the coordinator restarted, whatever round is open, until one
 goes out (the restarted coordinator's blob store may not be up yet when its status arrives)."""
 
+RESTART_RETRY_S = 1.0
+"""First wait before such a send is tried again (s), doubled after each (1, 2, 4, 8 s): the store starts with serve."""
+
 Key = tuple[str, int, int]
 """An exchange: (run id, round, stage)."""
 
@@ -96,7 +99,7 @@ class PendingUpdate:
     whole send; ``unanswered``: whole sends with neither receipt nor request; ``next_try``: monotonic
     time of the next whole send; ``resent``: chunk index -> re-sends since the last whole send;
     ``restarted``: the coordinator restarted since the last send, so the next one goes whatever round is open
-    (``restart_sends``: whole sends before the restart).
+    (``restart_sends``: whole sends before the restart); ``went_out``: a whole send reached the broker or the store.
     """
 
     exchange: Exchange
@@ -111,6 +114,7 @@ class PendingUpdate:
     resent: Counter[int] = field(default_factory=Counter)
     restarted: bool = False
     restart_sends: int = 0
+    went_out: bool = False
 
     @property
     def key(self) -> Key:
@@ -177,11 +181,19 @@ class Delivery:
             return
         if p.restarted:
             if self._link.connected.is_set():
-                log.info("[%s] round %d: the coordinator restarted before its receipt; sending the update to it", self._cid, p.key[1])
-                p.restarted = not self._send_full() and p.sends < p.restart_sends + RESTART_TRIES
-                # not sent (its blob store not up yet): tried again at the next wait, RESTART_TRIES times at most
+                log.info("[%s] round %d: sending the update whatever round is open (the coordinator restarted before its "
+                         "receipt, or the update never went out)", self._cid, p.key[1])  # fmt: skip
+                sent = self._send_full()
+                p.restarted = not sent and p.sends < p.restart_sends + RESTART_TRIES
+                if p.restarted:  # not sent (its blob store not up yet): again soon, RESTART_TRIES sends at most
+                    p.next_try = self._clock() + RESTART_RETRY_S * 2 ** (p.sends - p.restart_sends - 1)
             return
         if open_key != p.key:
+            if not p.went_out and p.restart_sends == 0:  # never reached the broker or the store: it goes as after a
+                # restart, RESTART_TRIES sends at most, so the coordinator counts it or names it
+                self.after_restart()
+                self.poll(open_key)
+                return
             log.warning("[%s] round %d closed before the coordinator's receipt for this update arrived", self._cid, p.key[1])
             self.pending = None
             return
@@ -282,4 +294,5 @@ class Delivery:
             log.warning("[%s] round %d: upload not finished (%s); trying again while the round is open", self._cid, p.key[1], exc)
             return False
         log.debug("[%s] round %d: update sent (attempt %d), %d bytes in %d chunks", self._cid, p.key[1], p.sends, len(envelope), p.count)
+        p.went_out = True
         return True

@@ -16,7 +16,7 @@ from collections.abc import Collection
 import pytest
 
 from edge_client.blob_upload import TransportLink
-from edge_client.delivery import MAX_RECEIPT_WAIT_S, RESTART_TRIES, Delivery, Exchange, Key
+from edge_client.delivery import MAX_RECEIPT_WAIT_S, RESTART_RETRY_S, RESTART_TRIES, Delivery, Exchange, Key
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink, PacketRejected
 from har_models.wire.chunking import CHUNK_HEADER_BYTES, Reassembler, iter_chunks, transfer_id
@@ -63,6 +63,17 @@ class RecordingLink:
     def indices(self) -> list[int]:
         """Chunk indices sent so far, in order."""
         return [int(t.rsplit("/", 1)[1]) for t, _ in self.sent]
+
+
+class DownLink(RecordingLink):
+    """A link whose sends fail as a refused connection fails (TimeoutError) while ``down``."""
+
+    down = True
+
+    def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
+        if self.down:
+            raise TimeoutError("connection refused")
+        return super().send(exchange, payload, chunk_bytes, only)
 
 
 class Clock:
@@ -224,14 +235,6 @@ def test_after_a_coordinator_restart_a_send_that_could_not_go_out_is_tried_again
     """The restarted coordinator's status can arrive before its blob store listens: the send fails (TimeoutError, as
     the blob link raises for a refused connection) and goes again at the next wait, RESTART_TRIES sends at most."""
 
-    class DownLink(RecordingLink):
-        down = True
-
-        def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
-            if self.down:
-                raise TimeoutError("connection refused")
-            return super().send(exchange, payload, chunk_bytes, only)
-
     link = DownLink()
     link.down = False
     d, clock = make(link, ENVELOPE)
@@ -239,8 +242,8 @@ def test_after_a_coordinator_restart_a_send_that_could_not_go_out_is_tried_again
     link.down = True
     d.after_restart()
     clock.t = 150.0
-    d.poll(("run-a", 5, 0))  # refused: kept, still to go whatever round is open
-    assert d.pending is not None and d.pending.restarted and len(link.sent) == 5
+    d.poll(("run-a", 5, 0))  # refused: kept, still to go whatever round is open, again in a second
+    assert d.pending is not None and d.pending.restarted and len(link.sent) == 5 and d.pending.next_try == 150.0 + RESTART_RETRY_S
     link.down = False
     clock.t = d.pending.next_try
     d.poll(("run-a", 5, 0))  # the store is up: sent whole
@@ -324,3 +327,28 @@ def test_an_upload_the_store_refuses_as_closed_still_sends_its_notice(monkeypatc
     with pytest.raises(TimeoutError, match="HTTP 500"):
         uplink.send(blob_exchange, ENVELOPE, 0)
     assert len(published) == 1
+
+
+def test_an_update_that_never_went_out_is_not_dropped_when_its_round_closes() -> None:
+    """Its upload failed while the coordinator stopped (connection refused), and the round closed meanwhile: instead of
+    vanishing from the device's log only, it goes out like after a restart, RESTART_TRIES sends at most, then is dropped."""
+
+    link = DownLink()
+    d, clock = make(link, ENVELOPE)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
+    assert d.pending is not None and not d.pending.went_out and link.sent == []
+    clock.t = d.pending.next_try
+    d.poll(None)  # the round closed (serve stopped) with the update never out: tried again, not dropped
+    assert d.pending is not None and d.pending.restarted
+    link.down = False
+    clock.t = d.pending.next_try
+    d.poll(("run-a", 4, 0))
+    assert link.indices() == [0, 1, 2, 3, 4] and d.pending is not None and d.pending.went_out
+    link.down = True
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)  # another one that never goes out: bounded, then dropped for good
+    for _ in range(RESTART_TRIES + 2):
+        if d.pending is None:
+            break
+        clock.t = d.pending.next_try
+        d.poll(None)
+    assert d.pending is None and len(link.sent) == 5

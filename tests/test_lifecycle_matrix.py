@@ -134,11 +134,20 @@ class Column:
 
     def check(self, event: str) -> None:
         """Every invariant of the module docstring, after ``event``."""
-        recs, events = self.served.records(), self.served.events()
+        recs = self.served.records()
         for name, (last, _) in self.barred.items():
             late = [r["round"] for r in recs if r["round"] > last and counted(r, name)]
             assert not late, f"after {event}: rounds {late} counted {name}, which may not send since round {last}"
-        self.no_loss(event, recs, events)
+        give_up = time.time() + 20.0  # an update on its way (a device's re-send after a restart) gets there meanwhile
+        while True:
+            try:
+                self.no_loss(event, self.served.records(), self.served.events())
+                break
+            except AssertionError:
+                if time.time() > give_up:
+                    raise
+                time.sleep(0.2)
+        recs = self.served.records()
         slots = {key.split("/")[1] for key in self.store_keys("uploads")}  # {run}/r0007-s0/{client}
         closed = sorted(s for s in slots if recs and int(s[1:5]) < recs[-1]["round"] - LATE[self.policy])
         assert not closed, f"after {event}: upload slots of closed exchanges are left in the blob store: {closed}"
