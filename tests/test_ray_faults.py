@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -280,4 +281,8 @@ def test_object_store_stays_flat_over_fifty_rounds(cluster_2_8: str, tmp_path: P
         assert all(within(s["nodes"][ip][0], base_bytes) for s in after.values()), (ip, series[ip])
         assert all(within(s["nodes"][ip][1], base_objects) for s in after.values()), (ip, series[ip])
     assert r10["refs"] > 0  # the sampler read the run's own driver
-    assert all(within(s["refs"], r10["refs"]) for s in after.values()), after
+    # The driver's references are a small count (4 here), and a sample can fall while one more is in flight (a 5 among 4s
+    # at round 17, once in CI): flat means the same median early and late and no sample more than 2 apart; a leak of one
+    # reference per round would be 40 apart by round 50.
+    refs = [s["refs"] for _, s in sorted(after.items())]
+    assert statistics.median(refs[:10]) == statistics.median(refs[-10:]) and max(refs) - min(refs) <= 2, after
