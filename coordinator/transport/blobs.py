@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import struct
 import time
 from collections.abc import Callable, Collection
@@ -34,6 +33,7 @@ from coordinator.transport.carrier import Arrival, Opening, Published, Refused
 from coordinator.transport.settings import TransportSettings
 from har_io.blobs import BlobError, BlobStore, upload_slot
 from har_io.mqtt_link import MqttLink
+from har_models.files import atomic_write_bytes
 from har_models.wire import codec
 from har_models.wire.blob_messages import BLOB_NOTICE_INDEX, PROGRAM_BLOB_INDEX, BlobGrant, BlobNotice, BlobRef, ProgramBlob, UploadGrant
 from har_models.wire.messages import MessageError
@@ -165,10 +165,7 @@ def note_objects_also(run_dir: Path, shas: Collection[str]) -> None:
     note of the backup's time, while a store outside the data folder (S3) still holds what was written since.
 
     Raises OSError if the note cannot be written."""
-    note = run_dir / OBJECTS_NOTE
-    tmp = note.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(set(noted_objects(run_dir)) | set(shas))))
-    os.replace(tmp, note)
+    atomic_write_bytes(run_dir / OBJECTS_NOTE, json.dumps(sorted(set(noted_objects(run_dir)) | set(shas))))
 
 
 class BlobCarrier:
@@ -242,11 +239,8 @@ class BlobCarrier:
 
     def _note_objects(self) -> None:
         """Write :data:`OBJECTS_NOTE`: the objects this process keeps in the store now (models and programs)."""
-        note = self.run_dir / OBJECTS_NOTE
         try:
-            tmp = note.with_suffix(".tmp")
-            tmp.write_text(json.dumps(sorted(set(self._objects) | set(self._programs.values()))))
-            os.replace(tmp, note)
+            atomic_write_bytes(self.run_dir / OBJECTS_NOTE, json.dumps(sorted(set(self._objects) | set(self._programs.values()))))
         except OSError as exc:  # a full disk: the objects stay in the store after a restart, nothing else is lost
             log.warning("the note of the blob store's objects was not written (%s)", exc)
 
