@@ -24,6 +24,7 @@ from pathlib import Path
 
 from har_io.install_hints import install_hint
 from har_io.mqtt_link import MqttLink
+from har_io.threads import join_started
 from har_models.nn.arch import ArchSpec
 from har_models.wire.pte_delivery import PROGRAM_FILES, ProgramError, ProgramRequest, ProgramSet, encode_programs
 from har_models.wire.topics import Topics
@@ -168,4 +169,4 @@ class ProgramDesk:
         """Stop the worker thread after the answer it is sending (waits at most ``timeout_s``)."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join(timeout_s)
+            join_started(self._thread, timeout_s)

@@ -507,7 +507,7 @@ class MqttLink:
                 return
             old = self._client
             old.disconnect()
-            old.loop_stop()  # joins paho's thread of the MQTT 5 client (this is not that thread)
+            _stop_loop(old)  # joins paho's thread of the MQTT 5 client (this is not that thread)
             self.protocol = "3.1.1"
             with self._publish_lock:
                 self._client = self._make_client()
@@ -546,7 +546,7 @@ class MqttLink:
         self._stopping = True
         with self._life_lock:
             self._client.disconnect()
-            self._client.loop_stop()  # returns at once when called from paho's own thread
+            _stop_loop(self._client)  # returns at once when called from paho's own thread
 
     def clear_retained(self, topics: Sequence[str], timeout: float = 60.0) -> None:
         """Delete the retained messages of ``topics``; raises as :meth:`publish`."""
@@ -779,3 +779,17 @@ class MqttLink:
                 if left <= 0:
                     raise TimeoutError(f"{self.client_name}: message not acknowledged before the deadline")
                 self._ack.wait(min(0.2, left))
+
+
+def _stop_loop(client: Any) -> None:
+    """paho's ``loop_stop``: it sets its network thread's terminate flag, then joins the thread.
+
+    A SIGINT inside ``loop_start`` (KeyboardInterrupt in ``Thread.start()``) leaves paho a thread that
+    ``join`` refuses with RuntimeError; the flag is set by then, so the thread ends as it comes up, and
+    the stop goes on instead of hiding the interrupt behind an error of its own.
+    """
+    try:
+        client.loop_stop()
+    except RuntimeError as exc:
+        if "before it is started" not in str(exc):
+            raise

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from har_io.threads import join_started
+
 
 class BindRefused(ValueError):
     """An HTTP address that must not be served as asked (a non-loopback address without a token)."""
@@ -74,10 +76,14 @@ class WebServer:
     def start(self, timeout: float = 10.0) -> int:
         """Start serving; return the bound port (RuntimeError if not started within ``timeout`` s, e.g. a port taken)."""
         self._thread = threading.Thread(target=self._serve, name="fedhar-web", daemon=True)
-        self._thread.start()
-        end = time.monotonic() + timeout
-        while not self._server.started and time.monotonic() < end and self._thread.is_alive():
-            time.sleep(0.02)
+        try:
+            self._thread.start()
+            end = time.monotonic() + timeout
+            while not self._server.started and time.monotonic() < end and self._thread.is_alive():
+                time.sleep(0.02)
+        except BaseException:  # interrupted (SIGINT) while starting: nothing is left serving
+            self.stop()
+            raise
         if not self._server.started:
             self.stop()
             why = "it could not bind" if self._refused else f"not within {timeout} s"
@@ -92,5 +98,4 @@ class WebServer:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and wait for the thread."""
         self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout)
+        join_started(self._thread, timeout)

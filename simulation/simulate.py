@@ -46,6 +46,7 @@ from har_io.broker_config import BrokerConfig
 from har_io.cli import HelpFormatter, add_broker_arguments, add_logging_arguments, broker_from_args, plain, setup_logging
 from har_io.exit_codes import Exit
 from har_io.memory import bound_mmap_threshold
+from har_io.threads import join_started
 from har_models.data.splits import DEFAULT_SPLIT, SplitSpec
 from har_models.data.subjects import DEFAULT_HAPT, drop_empty_sources, subject_sources, union_test_set
 from simulation.broker import LOCAL_BROKERS
@@ -162,8 +163,7 @@ class MemoryMonitor:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        join_started(self._thread, 10)
 
     def _loop(self) -> None:
         try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from coordinator.client_table import ClientTable
 from har_io.broker_config import BrokerConfig
 from har_io.mqtt_link import MqttLink
+from har_io.threads import join_started
 from har_models.wire.blob_messages import BlobGrant
 from har_models.wire.messages import (
     ClientStatus,
@@ -137,8 +138,7 @@ class Monitor:
         self._stop.set()
         if self.link is not None:
             self.link.stop()
-        if self._thread is not None:
-            self._thread.join(5.0)
+        join_started(self._thread, 5.0)
 
     def _drain(self) -> None:
         assert self.link is not None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from coordinator.server.audit import who
+from har_io.threads import join_started
 
 log = logging.getLogger("fedhar.server.operator")
 
@@ -113,8 +114,7 @@ class OperatorChannel:
     def stop(self) -> None:
         """Stop listening and delete the socket."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        join_started(self._thread, 5)
         if self._sock is not None:
             self._sock.close()
         self.path.unlink(missing_ok=True)

@@ -255,11 +255,6 @@ class Server:
                 log.info("operator's release of %s (asked while no server ran): %s", name,
                          "released" if self.runner.release(name) else "it was not quarantined")  # fmt: skip
             clear_releases(self.data_dir)
-            log.info(
-                "serving federation %r: epoch %d, run %s, %s; data folder %s", self.cfg.federation, self.epoch, self.cfg.run_id,
-                f"continuing after round {last} (model version {newest.version if newest else '-'})" if last >= 0 else "no round yet",
-                self.data_dir,
-            )  # fmt: skip
             self.upkeep.start()
             self.desk.start()
             try:
@@ -268,6 +263,12 @@ class Server:
                 page, monitor = start_status_page(self.server, self.cfg, self.data_dir, stall_after_s, feeds, self._blob_store)
             except RuntimeError as exc:  # the port is taken: the message names the setting
                 raise CoordinatorError(str(exc)) from None
+            # the line that says it serves comes once every part is up: the operator socket, the page, the monitor
+            log.info(
+                "serving federation %r: epoch %d, run %s, %s; data folder %s", self.cfg.federation, self.epoch, self.cfg.run_id,
+                f"continuing after round {last} (model version {newest.version if newest else '-'})" if last >= 0 else "no round yet",
+                self.data_dir,
+            )  # fmt: skip
             next_look = 0.0
             while not stop.is_set():
                 if self.reloader.asked.is_set():

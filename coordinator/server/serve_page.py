@@ -105,15 +105,16 @@ def start_status_page(server: ServerSettings, cfg: CoordinatorConfig, data_dir: 
     from har_models.wire.topics import Topics
 
     broker = monitor_broker(server, cfg.broker, os.environ.get("CREDENTIALS_DIRECTORY"))
-    monitor = None
-    if broker is not None:
-        monitor = Monitor(Topics(cfg.federation), broker, client_name=f"fedhar-monitor-{cfg.federation}")
-        monitor.start(wait_s=None)
-    view = ServerView(name=server.name, run_state=RunState(cfg.run_dir), registry=Registry(data_dir), monitor=monitor,
-                      next_start=feeds.next_start, waiting=feeds.waiting, stall_after_s=stall_after_s,
-                      broker_dir=Path(server.broker_dir) if server.broker_dir else None, problems=feeds.problems,
-                      keep_versions=server.keep_versions)  # fmt: skip
+    monitor: Any = None
+    page: Any = None
     try:
+        if broker is not None:
+            monitor = Monitor(Topics(cfg.federation), broker, client_name=f"fedhar-monitor-{cfg.federation}")
+            monitor.start(wait_s=None)
+        view = ServerView(name=server.name, run_state=RunState(cfg.run_dir), registry=Registry(data_dir), monitor=monitor,
+                          next_start=feeds.next_start, waiting=feeds.waiting, stall_after_s=stall_after_s,
+                          broker_dir=Path(server.broker_dir) if server.broker_dir else None, problems=feeds.problems,
+                          keep_versions=server.keep_versions)  # fmt: skip
         blob_routes: list[Any] = []
         if blob_store is not None:
             from coordinator.transport.folder_store import blob_app
@@ -125,7 +126,9 @@ def start_status_page(server: ServerSettings, cfg: CoordinatorConfig, data_dir: 
             blob_store.base_url = f"http://{f'[{host}]' if ':' in host else host}:{page.port}"
         if blob_store is not None:
             log.info("blob transport: models and uploads in %s, served at %s/blobs/", blob_store.folder, blob_store.base_url)
-    except BaseException:
+    except BaseException:  # the port taken, or interrupted (SIGINT) while starting: nothing started is left running
+        if page is not None:
+            page.stop()
         if monitor is not None:
             monitor.stop()
         raise

@@ -57,6 +57,7 @@ from edge_client.store import ClientStore
 from edge_client.timeline import guidance
 from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
 from edge_client.window_log import WindowLog
+from har_io.threads import join_started
 from har_models.data.pipeline import SensorPipeline
 from har_models.data.recording import LabelTrack
 
@@ -211,6 +212,6 @@ class DeviceController(TakingPart, HistoryEdits):
         self._wake_event.set()
         self.stop_sensing()
         self._stop_agent()
-        self._supervisor.join(10)
+        join_started(self._supervisor, 10)
         self.store.close()
         self.timeline.close()

@@ -33,6 +33,7 @@ from edge_client.sensors.base import SensorSource
 from edge_client.timeline import guidance
 from edge_client.timeline_store import TIMELINE_FILE, TimelineStore
 from har_io.enrolment import EnrolmentBundle
+from har_io.threads import join_started
 
 log = logging.getLogger("fedhar.app.service")
 
@@ -298,7 +299,7 @@ class RemoteController:
     def close(self) -> None:
         """Stop polling (the service goes on)."""
         self._stop.set()
-        self._thread.join(5)
+        join_started(self._thread, 5)
         self.timeline.close()
 
 

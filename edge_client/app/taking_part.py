@@ -33,6 +33,7 @@ from edge_client.window_log import WindowLog
 from har_io.broker_config import BrokerConfig
 from har_io.enrolment import EnrolmentBundle
 from har_io.exit_codes import Exit
+from har_io.threads import join_started
 
 log = logging.getLogger("fedhar.app")
 
@@ -297,9 +298,7 @@ class TakingPart:
 
     def _stop_agent(self) -> None:
         self._agent_stop.set()
-        t = self._agent_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(30)
+        join_started(self._agent_thread, 30)
         self._agent_thread = None
         self._agent = None
         self._agent_exc = None

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from edge_client.sensors.replay import ReplaySource, SensorChunk
+from har_io.threads import join_started
 from har_models.data.recording import Recording
 
 log = logging.getLogger("fedhar.client.sensors")
@@ -93,9 +94,7 @@ class SensorSource(ABC):
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the source to stop and wait up to ``timeout_s`` seconds for its thread."""
         self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout_s)
+        join_started(self._thread, timeout_s)
         self._thread = None
 
     def fault(self) -> str:

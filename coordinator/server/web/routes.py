@@ -220,7 +220,11 @@ def start_status_page(view: ServerView, host: str = "127.0.0.1", port: int = 876
     """
     server = WebServer(make_app(view, token=token, blob_routes=blob_routes), host=host, port=port, token=token)
     server.start()
-    threading.Thread(target=view.warm, name="status-page-warm", daemon=True).start()
+    try:
+        threading.Thread(target=view.warm, name="status-page-warm", daemon=True).start()
+    except BaseException:  # interrupted right after the start: the page does not go on without an owner
+        server.stop()
+        raise
     return server
 
 
