@@ -282,7 +282,8 @@ def run_main(words: list[str], argv: list[str] | None = None) -> int:
         kind, _, path = args.eval_data.partition(":")
         try:
             split = SplitSpec.parse(args.eval_split, seed=cfg.evaluation.split_seed)
-            evaluator = Evaluator(union_test_set(subject_sources(kind, Path(path)), split=split))
+            sources = subject_sources(kind, Path(path))
+            evaluator = Evaluator(union_test_set(sources, split=split), clients=sources)
         except (ValueError, OSError) as exc:
             print(f"fedhar-coordinator: --eval-data {args.eval_data}: {exc}", file=sys.stderr)
             return Exit.DATA

@@ -10,7 +10,7 @@ summed confusion matrices, which equal those on the union of the test sets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,15 +32,29 @@ class EvaluationSettings:
     generalisation_every: int = field(
         default=5, metadata=doc("rounds between generalisation evaluations (0 = last only)", "rounds")
     )
+    global_from: str = field(
+        default="clients",
+        metadata=doc("the global model's figures: from the next round's client start measures where they are exact "
+                     "(else the union test set), or always 'central'", choices=("clients", "central")),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.global_from not in ("clients", "central"):
+            raise ValueError(f"[evaluation] global_from = {self.global_from!r}: must be 'clients' or 'central'")
 
 
 class Evaluator:
-    """Evaluates models on a held-out union test set (windows ``(N, 6, T)``); ValueError if it is empty."""
+    """Evaluates models on a held-out union test set (windows ``(N, 6, T)``); ValueError if it is empty.
 
-    def __init__(self, union_test: WindowSet):
+    ``clients``: the client ids whose test splits make up the union (None: not known), which lets
+    :mod:`coordinator.global_measure` take G's figures from those clients' own measures.
+    """
+
+    def __init__(self, union_test: WindowSet, clients: Collection[str] | None = None):
         if len(union_test) == 0:
             raise ValueError("Evaluator: the union test set is empty; check the dataset path and split")
         self.union_test = union_test
+        self.clients = frozenset(clients) if clients is not None else None
 
     def global_metrics(self, spec: ArchSpec, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Accuracy, macro-F1, weighted-F1 of one model on the union test set."""

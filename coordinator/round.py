@@ -159,6 +159,7 @@ def evaluate_round(
     evaluator: Evaluator | None,
     cfg: EvaluationPlan,
     left_out: Collection[str] = (),
+    global_figures: Mapping[str, Any] | None = None,
 ) -> Evaluation:
     """The FedDist evaluation protocol for one round (Ek et al., PerCom 2021, section V-A; DESIGN.md section 6).
 
@@ -178,6 +179,9 @@ def evaluate_round(
     left_out : collection of str
         Devices whose measure of the shared model is not trusted (quarantined): left out of ``start`` and
         ``received_union``; their own models still count in personalisation.
+    global_figures : mapping, optional
+        G's figures on the union test set when already known this round (:class:`coordinator.global_measure.GlobalMeasure`);
+        None leaves ``global_`` to be added when they are (the next round's clients measure G).
 
     Returns
     -------
@@ -185,8 +189,8 @@ def evaluate_round(
         ``personalisation`` (mean over clients of each w_i on its own test split) and its
         per-client values, ``start`` (the same for each model as it starts local training,
         from the clients' "initial" matrices), ``received_union`` (the received models on
-        the clients' test splits, pooled), and with an evaluator ``global_`` (G on the union test set) and, in
-        the rounds due, ``generalisation`` (each w_i on the union test set, mean over clients).
+        the clients' test splits, pooled), ``global_`` (G on the union test set) when ``global_figures`` are given, and
+        with an evaluator, in the rounds due, ``generalisation`` (each w_i on the union test set, mean over clients).
     """
     ev = Evaluation()
     trained = {u.client_id: u.confusion["trained"] for u in results if "trained" in u.confusion}
@@ -200,8 +204,9 @@ def evaluate_round(
         ev = replace(ev, start=Metrics.from_json(mean), start_clients=_metrics_of(per))
     pooled = union_of_clients(received)
     ev = replace(ev, received_union=Metrics.from_json(pooled) if pooled is not None else None)
+    if global_figures is not None:
+        ev = replace(ev, global_=Metrics.from_json(global_figures))
     if evaluator is not None:
-        ev = replace(ev, global_=Metrics.from_json(evaluator.global_metrics(fed.spec, fed.global_state)))
         every = cfg.evaluation.generalisation_every
         last = round_ == cfg.rounds - 1
         if last or (every > 0 and (round_ + 1) % every == 0):

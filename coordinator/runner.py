@@ -26,6 +26,7 @@ from coordinator import feddist_steps, guard, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
 from coordinator.exchange import Exchange
+from coordinator.global_measure import GlobalMeasure
 from coordinator.grid import CoordinatorError, Grid, StateError
 from coordinator.record import (
     Architecture,
@@ -130,6 +131,7 @@ class FederationRunner:
         self.cfg = cfg
         self.grid = grid
         self.evaluator = evaluator
+        self.measure = GlobalMeasure(evaluator, cfg.evaluation.global_from == "clients", cfg.rounds - 1)
         self.report_header = dict(report_header or {})
         self.state = state if state is not None else open_state(cfg)
         parts = parts if parts is not None else compose(cfg, self.state)
@@ -308,6 +310,7 @@ class FederationRunner:
         log.info("resuming run %s after round %d (architecture v%d)", self.cfg.run_id, last, spec.version)
         self._resume_parts()
         self._resume_strategy(last, spec)
+        self.measure.resume(last, spec, self._fed.global_state, "global" in self.state.rounds(after=last - 1, limit=1)[0])
         return last
 
     def _resume_parts(self) -> None:
@@ -600,15 +603,19 @@ class FederationRunner:
             growth_log, growth_exchanges = self._grow(round_, agg, batch.results)
             tallies += growth_exchanges
         guard_note = self.strategy.judge(round_, fed, spec0, received, ex.results())  # start measures of spec0's version
+        waiting = self.measure.pending  # G of the round before, measured by this round's clients: put back if not kept
+        amend = self.measure.settle(round_, received, before[2], batch.trained, self.strategy.left_out())
         record = self._record(round_, ex, batch, agg, tallies, failures, growth_log, spec0)
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=1 + self._failed_quorums)
         self.last_failure = ""
         summary = record.to_json()
         try:
             self.state.complete_round(round_, fed.spec, fed.global_state, fed.personal, summary,
-                                      strategy_state=(self.strategy.persisted_name, self.strategy.state_dict()))  # fmt: skip
+                                      strategy_state=(self.strategy.persisted_name, self.strategy.state_dict()),
+                                      amend=amend)  # fmt: skip
         except OSError:  # a full disk: the round did not happen; its next attempt starts from the same model and state
             fed.spec, fed.global_state, fed.personal = before[0], before[1], before[2]
+            self.measure.pending = waiting
             if before[3]:
                 self.strategy.load_state_dict(before[3], before[0])
             raise
@@ -649,7 +656,8 @@ class FederationRunner:
             feddwa_weights=FedDwaWeights(
                 tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
             ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out()),
+            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out(),
+                                      self.measure.of_round(round_, fed.spec, fed.global_state)),
         )  # fmt: skip
 
     def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
@@ -674,6 +682,11 @@ class FederationRunner:
         for layer, info in out["layers"].items():
             self.state.event(round_, None, "growth", f"{layer} +{info['added']} -> v{info.pop('version')}")
         return out, exchanges
+
+    def measure_last(self) -> None:
+        """At the end of a run: the global figures still waiting for a next round's clients, taken on the union test set."""
+        for round_, keys in self.measure.flush().items():
+            self.state.amend_round(round_, keys)
 
     # ------------------------------------------------------------------ the report
     def note(self, extra: Mapping[str, Any]) -> None:

@@ -100,6 +100,7 @@ class Coordinator:
                     bar.update(1)
                     r += 1
             grid.bar = None
+            runner.measure_last()  # a figure still waiting for a next round's clients
             assert runner.spec is not None  # ensure_federation made it
             grid.finish(runner.spec, runner.label_set)
             return runner.report({"wall_seconds": round(time.monotonic() - t_start, 1)})

@@ -233,6 +233,18 @@ class RunState:
         with self._guard():
             return int(self._db.execute("SELECT COUNT(*) FROM events WHERE kind = ?", (kind,)).fetchone()[0])
 
+    def amend_round(self, round_: int, keys: Mapping[str, Any]) -> None:
+        """Add ``keys`` to the summary of completed round ``round_`` (KeyError if it has none). Raises :class:`StateDamaged`."""
+        with self._guard(), self._db:
+            self._amend(round_, keys)
+
+    def _amend(self, round_: int, keys: Mapping[str, Any]) -> None:
+        row = self._db.execute("SELECT summary FROM rounds WHERE round = ?", (round_,)).fetchone()
+        if row is None:
+            raise KeyError(f"round {round_} has no record to amend")
+        self._db.execute("UPDATE rounds SET summary = ? WHERE round = ?", (json.dumps({**json.loads(row[0]), **keys}), round_))
+        self._count_rewrite()
+
     def rounds(self, after: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
         """Summaries of completed rounds above ``after``, in order, at most ``limit``. Raises :class:`StateDamaged`."""
         with self._guard():
@@ -303,10 +315,12 @@ class RunState:
         summary: dict[str, Any],
         extra_meta: Mapping[str, Any] | None = None,
         strategy_state: tuple[str, Mapping[str, torch.Tensor]] | None = None,
+        amend: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         """Persist a completed round: models first, then the SQLite row (one transaction), so a crash keeps the last round.
 
         ``strategy_state`` is ``(name, Strategy.state_dict())``, saved as :data:`STRATEGY_STATE_FILE` when not empty.
+        ``amend``: keys added to earlier rounds' summaries in the same transaction (a figure measured a round later).
         """
         folder = self.folder / "models" / f"r{round_:04d}"
         if folder.exists():
@@ -329,6 +343,8 @@ class RunState:
             )
             for key, value in (extra_meta or {}).items():
                 self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            for earlier, keys in (amend or {}).items():
+                self._amend(earlier, keys)
         done = sorted(p for p in (self.folder / "models").glob("r[0-9][0-9][0-9][0-9]") if p.is_dir())
         for old in done[: max(0, len(done) - self.keep_rounds)]:
             if old != folder:

@@ -498,7 +498,7 @@ def _federate(p: SimulationPlan, stack: contextlib.ExitStack, stops: StopSignals
     fleet.start()
     stops.check()
     log.info("building the union test set for evaluation")
-    evaluator = Evaluator(union_test_set(sources, split=p.split))
+    evaluator = Evaluator(union_test_set(sources, split=p.split), clients=sources)
     stops.check()
     cfg = replace(
         settings,
