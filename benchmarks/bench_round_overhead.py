@@ -69,7 +69,9 @@ def compute_baseline(run_dir: Path, rounds: list[dict]) -> dict[int, tuple[int, 
     from har_models.wire.messages import TrainingPlan
 
     torch.set_num_threads(1)
-    cfg = from_mapping(CoordinatorConfig, CoordinatorConfig.migrate(json.loads((run_dir / "report.json").read_text())["config"]))
+    saved = json.loads((run_dir / "report.json").read_text())["config"]
+    saved.pop("feddist_mode_in_force", None)  # a fact the report adds beside the settings, not one of them
+    cfg = from_mapping(CoordinatorConfig, CoordinatorConfig.migrate(saved))
     t = cfg.training
     # The clients' proximal weight as the run's strategy set it (0 unless the strategy asks for one).
     prox_mu = make_strategy(cfg.aggregation, cfg.strategies).configure_fit(0, TrainingPlan()).prox_mu
