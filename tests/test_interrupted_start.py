@@ -9,6 +9,7 @@ broker address has nothing listening, so its session keeps trying, as it would w
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from pathlib import Path
@@ -33,6 +34,11 @@ def _data(tmp_path: Path, http_port: int) -> Path:
         "[schedule]\nmin_clients = 4\nmin_round_interval_s = 3600\n"
     )
     return d
+
+
+def _none_left(before: set[threading.Thread]) -> bool:
+    """No thread alive that was not there before the serve's run."""
+    return not {t for t in threading.enumerate() if t.is_alive()} - before
 
 
 def _port_free(port: int) -> bool:
@@ -96,8 +102,7 @@ def test_an_interrupt_in_any_thread_start_of_serve_ends_it_cleanly(tmp_path: Pat
             assert calls[0] <= n, f"thread start {n} was interrupted, yet serve went on"
         finally:
             monkeypatch.setattr(threading.Thread, "start", real_start)
-        until(lambda: not {t for t in threading.enumerate() if t.is_alive()} - before, 20,
-              f"every thread of serve's parts to end after interrupt {n}: "
+        until(functools.partial(_none_left, before), 20, f"every thread of serve's parts to end after interrupt {n}: "
               f"{sorted(t.name for t in set(threading.enumerate()) - before)}")  # fmt: skip
         assert not (data / operator_channel.SOCKET_NAME).exists()
         until(lambda: _port_free(http_port), 10, f"the status page port {http_port} let go after interrupt {n}")
