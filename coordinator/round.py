@@ -20,16 +20,31 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coordinator.evaluation import Evaluator, personalisation, union_of_clients
-from coordinator.record import Evaluation, Metrics, RoundRecord, Traffic
+from coordinator.record import (
+    Architecture,
+    Evaluation,
+    FedDwaWeights,
+    GrowthLog,
+    Metrics,
+    Participation,
+    Rejection,
+    RoundRecord,
+    Traffic,
+)
 from coordinator.strategies import Federation
 from coordinator.updates import ClientUpdate, Failure
 from har_models.nn.metrics import pct
 from har_models.nn.model import ArchSpec
 from har_models.settings import LocalTraining, LrSchedule, doc
-from har_models.wire.messages import UPDATE_ENCODINGS, TrainingPlan
+from har_models.wire.messages import DEFAULT_UPDATE_ENCODING, UPDATE_ENCODINGS, TrainingPlan
+
+if TYPE_CHECKING:  # types only: the exchange and the round policies come after this module
+    from coordinator.exchange import Exchange
+    from coordinator.rounds.base import Batch
+    from coordinator.strategies import Aggregate
 
 _LT = {f.name: f for f in fields(LocalTraining)}
 
@@ -234,6 +249,62 @@ def device_summary(record: RoundRecord) -> str:
         why = failures.get(cid)
         parts[cid] = f"{cid} missed ({why})" if why else f"{cid} missed"
     return ", ".join(parts[c] for c in sorted(parts))
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a round's record needs of one exchange, without holding its updates.
+
+    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
+    none is float32); ``rejected``: invalid messages by (client id, reason).
+    """
+
+    bytes_up: int
+    bytes_down: int
+    up_by_encoding: Counter[str]
+    rejected: Counter[tuple[str, str]]
+    duplicates: int = 0
+
+    @classmethod
+    def of(cls, ex: Exchange, extra: Sequence[ClientUpdate] = ()) -> Tally:
+        """The tally of ``ex`` and of ``extra`` updates the round aggregates from elsewhere (a buffer's)."""
+        by_enc: Counter[str] = Counter()
+        for u in [*ex.updates.values(), *extra]:
+            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
+        return cls(ex.bytes_up + sum(u.size for u in extra), ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
+
+
+def round_record(round_: int, ex: Exchange, batch: Batch, agg: Aggregate, tallies: Sequence[Tally], failures: Sequence[Failure],
+                 growth_log: dict[str, Any] | None, spec: ArchSpec, evaluation: Evaluation) -> RoundRecord:  # fmt: skip
+    """The record of round ``round_``: who took part (``ex``, ``batch``, ``failures``), its traffic over every exchange
+    (``tallies``), the architecture ``spec`` after growth, growth, FedDWA's p_ij (``agg``) and ``evaluation`` (the guard's
+    note and the timing are added by the caller)."""
+    rejections: Counter[tuple[str, str]] = Counter()
+    by_encoding: Counter[str] = Counter()
+    for t in tallies:
+        rejections.update(t.rejected)
+        by_encoding.update(t.up_by_encoding)
+    return RoundRecord(
+        round=round_,
+        participation=Participation(
+            selected=len(ex.selected),
+            updates=len(batch.results),
+            rejected=sum(t.rejected.total() for t in tallies),
+            missing=tuple(sorted(ex.selected - set(ex.updates))),
+            failures={f.client_id: f.reason for f in failures},
+            rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
+            duplicates=sum(t.duplicates for t in tallies),
+            stale=batch.stale,
+        ),
+        arch=Architecture(spec.version, spec.conv_filters, spec.dense_units),
+        traffic=Traffic(sum(t.bytes_up for t in tallies), sum(t.bytes_down for t in tallies), dict(sorted(by_encoding.items()))),
+        growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
+        # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
+        feddwa_weights=FedDwaWeights(
+            tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
+        ) if agg.mixing is not None else None,
+        evaluation=evaluation,
+    )  # fmt: skip
 
 
 def summary_line(record: RoundRecord) -> str:

@@ -17,30 +17,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from coordinator import feddist_steps, guard, spill
 from coordinator.config import CoordinatorConfig
 from coordinator.evaluation import Evaluator
-from coordinator.exchange import Exchange
 from coordinator.global_measure import GlobalMeasure
 from coordinator.grid import CoordinatorError, Grid, StateError
 from coordinator.record import (
-    Architecture,
-    FedDwaWeights,
-    GrowthLog,
-    Participation,
-    Rejection,
     RoundRecord,
-    Traffic,
     records,
 )
 from coordinator.report import write_report
-from coordinator.round import base_plan, check_quorum, evaluate_round, summary_line
-from coordinator.rounds import NO_STEERING, Batch, Parts, compose
+from coordinator.round import Tally, base_plan, check_quorum, evaluate_round, round_record, summary_line
+from coordinator.rounds import NO_STEERING, Parts, compose
 from coordinator.state import RunState, StateDamaged
 from coordinator.strategies import Aggregate, Federation
 from coordinator.updates import ClientUpdate
@@ -49,7 +41,6 @@ from har_io.memory import release_free_memory
 from har_models.data.labels import LABEL_SETS
 from har_models.data.windowing import ChannelStats
 from har_models.nn.model import ArchSpec, init_state
-from har_models.wire.messages import DEFAULT_UPDATE_ENCODING
 
 log = logging.getLogger("fedhar.coordinator")
 
@@ -64,29 +55,6 @@ PLOT_EVERY_S = 60.0
 """After a round, ``metrics.png`` is drawn again only if the last drawing is this old (s): drawing it costs about 0.2 s
 of CPU, more than a served round's own bookkeeping. The report's JSON and table follow every round, and a report with
 run facts (the end of a run, :meth:`FederationRunner.report` with ``extra``) always draws it."""
-
-
-@dataclass(frozen=True)
-class _Tally:
-    """What a round's record needs of one exchange, without holding its updates.
-
-    ``up_by_encoding``: bytes of the valid updates by their encoding (an envelope that names
-    none is float32); ``rejected``: invalid messages by (client id, reason).
-    """
-
-    bytes_up: int
-    bytes_down: int
-    up_by_encoding: Counter[str]
-    rejected: Counter[tuple[str, str]]
-    duplicates: int = 0
-
-    @classmethod
-    def of(cls, ex: Exchange, extra: Sequence[ClientUpdate] = ()) -> _Tally:
-        """The tally of ``ex`` and of ``extra`` updates the round aggregates from elsewhere (a buffer's)."""
-        by_enc: Counter[str] = Counter()
-        for u in [*ex.updates.values(), *extra]:
-            by_enc[str(u.meta.get("encoding", DEFAULT_UPDATE_ENCODING))] += u.size
-        return cls(ex.bytes_up + sum(u.size for u in extra), ex.bytes_down, by_enc, Counter(ex.rejected), ex.n_duplicates)
 
 
 def open_state(cfg: CoordinatorConfig) -> RunState:
@@ -597,7 +565,7 @@ class FederationRunner:
         self.policy.completed()
         fed.global_state = agg.global_state
         fed.personal.update(agg.personal)
-        tallies = [_Tally.of(ex, batch.extra)]
+        tallies = [Tally.of(ex, batch.extra)]
         growth_log = None
         if self.cfg.growth == "feddist":
             growth_log, growth_exchanges = self._grow(round_, agg, batch.results)
@@ -605,7 +573,9 @@ class FederationRunner:
         guard_note = self.strategy.judge(round_, fed, spec0, received, ex.results())  # start measures of spec0's version
         waiting = self.measure.pending  # G of the round before, measured by this round's clients: put back if not kept
         amend = self.measure.settle(round_, received, before[2], batch.trained, self.strategy.left_out())
-        record = self._record(round_, ex, batch, agg, tallies, failures, growth_log, spec0)
+        evaluation = evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out(),
+                                    self.measure.of_round(round_, fed.spec, fed.global_state))  # fmt: skip
+        record = round_record(round_, ex, batch, agg, tallies, failures, growth_log, fed.spec, evaluation)
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=1 + self._failed_quorums)
         self.last_failure = ""
         summary = record.to_json()
@@ -626,41 +596,7 @@ class FederationRunner:
         release_free_memory()
         return record
 
-    def _record(self, round_: int, ex: Exchange, batch: Batch, agg: Aggregate, tallies: Sequence[_Tally],
-                failures: Sequence[Any], growth_log: dict[str, Any] | None, spec0: ArchSpec) -> RoundRecord:  # fmt: skip
-        """The record of round ``round_``: who took part, its traffic over every exchange, growth, FedDWA's p_ij and the
-        evaluation (the guard's note and the timing are added by the caller)."""
-        assert self._fed is not None
-        fed = self._fed
-        rejections: Counter[tuple[str, str]] = Counter()
-        by_encoding: Counter[str] = Counter()
-        for t in tallies:
-            rejections.update(t.rejected)
-            by_encoding.update(t.up_by_encoding)
-        return RoundRecord(
-            round=round_,
-            participation=Participation(
-                selected=len(ex.selected),
-                updates=len(batch.results),
-                rejected=sum(t.rejected.total() for t in tallies),
-                missing=tuple(sorted(ex.selected - set(ex.updates))),
-                failures={f.client_id: f.reason for f in failures},
-                rejections=tuple(Rejection(cid, why, n) for (cid, why), n in sorted(rejections.items())),
-                duplicates=sum(t.duplicates for t in tallies),
-                stale=batch.stale,
-            ),
-            arch=Architecture(fed.spec.version, fed.spec.conv_filters, fed.spec.dense_units),
-            traffic=Traffic(sum(t.bytes_up for t in tallies), sum(t.bytes_down for t in tallies), dict(sorted(by_encoding.items()))),
-            growth=GrowthLog.from_json(growth_log) if growth_log is not None else None,
-            # FedDWA p_ij (Liu et al., IJCAI 2023, Eq. 17), row i = target, for the study's heat map
-            feddwa_weights=FedDwaWeights(
-                tuple(agg.participants), tuple(tuple(round(float(x), 6) for x in row) for row in agg.mixing.t().tolist())
-            ) if agg.mixing is not None else None,
-            evaluation=evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out(),
-                                      self.measure.of_round(round_, fed.spec, fed.global_state)),
-        )  # fmt: skip
-
-    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[_Tally]]:
+    def _grow(self, round_: int, agg: Aggregate, results: list[ClientUpdate]) -> tuple[dict[str, Any], list[Tally]]:
         """Drive FedDist's growth steps (:mod:`coordinator.feddist_steps`): run each intermediate exchange they ask for.
 
         Returns the growth log and the traffic and rejections of each intermediate exchange.
@@ -670,12 +606,12 @@ class FederationRunner:
         steps = feddist_steps.grow(
             round_, fed, agg, results, self.strategy, base_plan(self.cfg, round_), self.cfg.feddist.config(), self.cfg.growth_mode
         )
-        exchanges: list[_Tally] = []
+        exchanges: list[Tally] = []
         try:
             ask = next(steps)
             while True:
                 ex = self.grid.exchange(fed, self._label_set, round_, ask.stage, list(ask.selected), ask.plan, NO_STEERING)
-                exchanges.append(_Tally.of(ex))
+                exchanges.append(Tally.of(ex))
                 ask = steps.send(ex.results())
         except StopIteration as done:
             out: dict[str, Any] = done.value
