@@ -61,6 +61,9 @@ from coordinator.strategies.feddwa import FedDWASettings
 from coordinator.updates import ClientUpdate
 from har_models.nn.model import ArchSpec, init_state
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks' own helpers
+from benchmarks.machine_load import LoadLog
+
 SPEC = ArchSpec(n_classes=6)
 """The paper CNN for HAPT's 6 classes: 196 filters, 1024 units, 6,448,714 parameters."""
 
@@ -258,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     rows: list[dict[str, Any]] = []
+    load = LoadLog()
     with tempfile.TemporaryDirectory(prefix="bench-aggregation-", dir=args.spill_dir) as tmp:
         folder = Path(tmp)
         t0 = time.perf_counter()
@@ -267,7 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in sizes:
             row: dict[str, Any] = {"clients": n}
             for strategy in ("fedavg", "feddwa"):
-                r = run_in_subprocess(folder, strategy, n, args.reps, args.threads, args.dwa_gram)
+                with load.around(f"{strategy} at {n} clients"):
+                    r = run_in_subprocess(folder, strategy, n, args.reps, args.threads, args.dwa_gram)
                 row[strategy] = r
                 log(f"  {strategy} at {n} clients: median {r['seconds']:.2f} s of {[round(t, 2) for t in r['all_seconds']]}, "
                     f"peak RSS {_gb(r['peak_rss_bytes'])} GB")  # fmt: skip
@@ -297,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ph = [float(d["phases"].get(p, 0.0)) for p in PHASES]
             total = float(d["seconds"])
             print(f"{row['clients']:>7} " + " ".join(f"{x:>13.2f}" for x in ph) + f" {total - sum(ph):>7.2f} {total:>7.2f}")
+    for line in load.lines():
+        print(line)
     print(f"feddwa_vs_fedavg={rows[-1]['ratio']:.2f} feddwa_vs_fedavg_cpu={rows[-1]['cpu_ratio']:.2f}")
     return 0
 

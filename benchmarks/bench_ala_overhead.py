@@ -60,6 +60,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import edge_client.trainer as trainer_mod  # noqa: E402
+from benchmarks.machine_load import LoadLog  # noqa: E402
 from edge_client.ala import AlaResult, adaptive_local_aggregation  # noqa: E402
 from edge_client.store import ClientStore  # noqa: E402
 from edge_client.trainer import ClientTrainer  # noqa: E402
@@ -194,9 +195,12 @@ def main(argv: list[str] | None = None) -> float:
     print(f"{'subject':>7} {'train':>6} {'no ALA s':>9} {'first s':>8} {'ala s':>6} {'passes':>6} {'first %':>8} "
           f"{'later s':>8} {'ala s':>6} {'later %':>8}")
     results = []
+    load = LoadLog()
     with tempfile.TemporaryDirectory(prefix="bench-ala-") as tmp:
         for i, sid in enumerate(subjects):
-            r = bench_subject(sid, subjects[(i + 1) % len(subjects)], spec, ala_cfg, args.repeats, args.data_dir, Path(tmp), timed)
+            with load.around(f"subject {sid} (no ALA, first and later rounds alternated)"):
+                r = bench_subject(sid, subjects[(i + 1) % len(subjects)], spec, ala_cfg, args.repeats, args.data_dir, Path(tmp),
+                                  timed)  # fmt: skip
             results.append(r)
             print(f"{r['subject']:>7} {r['n_train']:>6} {r['none']:>9.2f} {r['first']:>8.2f} {r['first_ala']:>6.2f} "
                   f"{r['first_passes']:>6} {100 * (r['first'] / r['none'] - 1):>+7.1f}% {r['later']:>8.2f} "
@@ -205,6 +209,8 @@ def main(argv: list[str] | None = None) -> float:
     first = statistics.median(r["first"] / r["none"] for r in results)
     print(f"\nlater rounds: median ratio {ratio:.3f} (goal <= 1.10; FedALA paper: ~1.21 per iteration); "
           f"first ALA round: median ratio {first:.2f}")
+    for line in load.lines():
+        print(line)
     print(f"ala_overhead={ratio:.2f}")
     return ratio
 

@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.machine_load import LoadLog  # noqa: E402
+
 
 def run_simulation(args: argparse.Namespace, run_dir: Path) -> None:
     """The main job with the benchmark's settings (a subprocess, exactly as the command runs)."""
@@ -131,14 +133,17 @@ def main() -> None:
     if args.rounds < 2 and args.reuse is None:
         sys.exit("bench_round_overhead: --rounds must be >= 2 (round 0 is not measured)")
     tmp = None
+    load = LoadLog()
     if args.reuse is not None:
         run_dir = args.reuse.resolve()
     else:
         run_dir = (args.run_dir or Path(tmp := tempfile.mkdtemp(prefix="bench-overhead-"))).resolve()
-        run_simulation(args, run_dir)
+        with load.around("the federation (fedhar-simulate)"):
+            run_simulation(args, run_dir)
     doc = json.loads((run_dir / "report.json").read_text())
     rounds = doc["rounds"]
-    base = compute_baseline(run_dir, rounds)
+    with load.around("the baseline (train_local calls)"):
+        base = compute_baseline(run_dir, rounds)
     print(f"\nround overhead: {doc.get('clients')} HAPT clients, {doc.get('engine')}, "
           f"CNN F={rounds[0].get('conv_filters')} H={rounds[0].get('dense_units')}, E={doc['config']['training']['local_epochs']}; "
           f"peak memory {doc.get('peak_memory')}")
@@ -164,6 +169,8 @@ def main() -> None:
     print(f"{'all':>5} {'':>8} {all_wall:>8.1f} {all_comp:>10.1f} {all_wall / all_comp:>6.2f}  every measured round")
     print(f"{'quiet':>5} {'':>8} {wall_sum:>8.1f} {comp_sum:>10.1f} {wall_sum / comp_sum:>6.2f}  rounds without the generalisation "
           f"evaluation (cores here: {os.cpu_count()})")
+    for line in load.lines():
+        print(line)
     print(f"round_wall_vs_compute={wall_sum / comp_sum:.2f}")
 
 

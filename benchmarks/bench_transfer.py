@@ -73,6 +73,9 @@ from har_models.wire.topics import Topics
 from har_models.wire.update_encoding import encode_update
 from simulation.broker import EmbeddedBroker, LocalMosquitto, find_mosquitto
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks' own helpers
+from benchmarks.machine_load import LoadLog
+
 SPEC = ArchSpec(n_classes=6)
 """The paper CNN for HAPT's 6 classes: 196 filters, 1024 units, 6,448,714 parameters."""
 
@@ -415,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     starters = {"amqtt": amqtt, "mosquitto": mosquitto}
+    load = LoadLog()
     for name in [b.strip() for b in args.brokers.split(",") if b.strip()]:
         if name not in starters:
             ap.error(f"unknown broker {name!r}; choose amqtt and/or mosquitto")
@@ -423,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 notes.append(f"{name}: not installed (apt-get install mosquitto); skipped")
                 continue
             print(f"{name} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
-            results.append(measure_broker(name, port, state, args.reps, args.max_message_bytes))
+            with load.around(f"{name} (raw and project transfers alternated)"):
+                results.append(measure_broker(name, port, state, args.reps, args.max_message_bytes))
     traffic = bytes_per_round()
     steps = components(state, args.reps, results[0]["message_bytes"] if results else args.max_message_bytes)
 
@@ -469,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("transfer_vs_raw=nan")
         return 1
     per = " ".join(f"transfer_vs_raw_{r['broker']}={r['ratio']:.2f}" for r in results)
+    for line in load.lines():
+        print(line)
     print(f"transfer_vs_raw={min(r['ratio'] for r in results):.2f} {per}")
     return 0
 

@@ -41,8 +41,10 @@ of any round's global accuracy and macro-F1. 0 means the two did the same arithm
 Flower runs use Flower's own averaging (float32, in reply order), whose final figure is shown
 against fedhar's too.
 
-The last two lines are ``fedhar_vs_flower_wall=<ratio>`` (fedhar's mean wall time over Flower's)
-and ``fedhar_vs_flower_peak_memory=<ratio>`` (mean peak PSS, fedhar over Flower); with
+The last two lines are ``fedhar_vs_flower_wall=<ratio>`` (fedhar's wall time over Flower's in each
+alternated pair, the median over the pairs) and ``fedhar_vs_flower_peak_memory=<ratio>`` (peak PSS,
+the same way); the lines before them give the load average around each run and whether the ratios
+count for a goal (not when it exceeded the core count); with
 ``--transport blobs`` they are ``fedhar_blobs_vs_flower_wall=`` and ``fedhar_blobs_vs_flower_peak_memory=``.
 
     python benchmarks/bench_vs_flower.py [--repeats 1] [--transport mqtt|blobs] [--flower-python PATH] [--no-check] [--keep DIR]
@@ -55,6 +57,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +71,10 @@ from coordinator.strategies.fedavgm import FEDAVGM_ETA
 from simulation.simulate import MemoryMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.machine_load import LoadLog  # noqa: E402
+
 FLOWER_JOB = ROOT / "benchmarks" / "flower_job.py"
 DEFAULT_VENV = Path.home() / ".cache" / "fedhar" / "bench-flower-venv"
 """Where the Flower venv is made when neither ``--flower-python`` nor ``--flower-venv`` says otherwise."""
@@ -282,7 +289,8 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, float]:
 
 
 def ratio_lines(transport: str, fedhar: list[RunResult], flower: list[RunResult]) -> list[str]:
-    """The benchmark's last two lines: mean wall time and mean peak PSS, fedhar's over Flower's.
+    """The benchmark's last two lines: wall time and peak PSS, fedhar's over Flower's, each the median over the repeats of
+    the ratio within one alternated pair (the two runs of the same repeat).
 
     ``fedhar_vs_flower_wall=<ratio>`` and ``fedhar_vs_flower_peak_memory=<ratio>`` for ``mqtt``;
     for another transport the keys start with ``fedhar_<transport>_`` (``fedhar_blobs_vs_flower_wall=``).
@@ -291,14 +299,18 @@ def ratio_lines(transport: str, fedhar: list[RunResult], flower: list[RunResult]
     Raises
     ------
     BenchError
-        If either list is empty or ``transport`` is not one of :data:`TRANSPORTS`.
+        If either list is empty, a repeat has no run of the other side, or ``transport`` is not one of :data:`TRANSPORTS`.
     """
     if transport not in TRANSPORTS:
         raise BenchError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     if not fedhar or not flower:
         raise BenchError(f"ratios need runs of both sides (fedhar: {len(fedhar)}, Flower: {len(flower)})")
-    wall = (sum(r.wall_s for r in fedhar) / len(fedhar)) / (sum(r.wall_s for r in flower) / len(flower))
-    mem = (sum(r.peak_pss_mb for r in fedhar) / len(fedhar)) / (sum(r.peak_pss_mb for r in flower) / len(flower))
+    other = {r.repeat: r for r in flower}
+    if {r.repeat for r in fedhar} != set(other):
+        raise BenchError(f"ratios need both sides of each repeat (fedhar: {sorted(r.repeat for r in fedhar)}, "
+                         f"Flower: {sorted(other)})")  # fmt: skip
+    wall = statistics.median(r.wall_s / other[r.repeat].wall_s for r in fedhar)
+    mem = statistics.median(r.peak_pss_mb / other[r.repeat].peak_pss_mb for r in fedhar)
     key = "fedhar" if transport == "mqtt" else f"fedhar_{transport}"
     return [f"{key}_vs_flower_wall={wall:.2f}", f"{key}_vs_flower_peak_memory={mem:.2f}"]
 
@@ -340,10 +352,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.transport}; {args.repeats} repeat(s); "
               f"cores {os.cpu_count()}; files in {work}", flush=True)  # fmt: skip
         results: list[RunResult] = []
+        load = LoadLog()
         for i in range(args.repeats):
             sides = ("flower", "fedhar") if i % 2 == 0 else ("fedhar", "flower")
             for side in sides:
-                r = run_flower(py, job, "flower", i, args, work) if side == "flower" else run_fedhar(job, i, args, work)
+                with load.around(f"{side} run {i}"):
+                    r = run_flower(py, job, "flower", i, args, work) if side == "flower" else run_fedhar(job, i, args, work)
                 print(f"  {side} run {i}: {r.wall_s:.0f} s, peak {r.peak_pss_mb:.0f} MB PSS", flush=True)
                 results.append(r)
         check = None if args.no_check else run_flower(py, job, "project", 0, args, work)
@@ -373,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per ordinary round: fedhar ({args.transport}) {rnd_h:.2f} s, Flower {rnd_f:.2f} s, ratio {rnd_h / rnd_f:.2f}")
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
-    for line in ratio_lines(args.transport, fedhar, flower):
+    for line in [*load.lines(), *ratio_lines(args.transport, fedhar, flower)]:
         print(line)
     return 0
 
