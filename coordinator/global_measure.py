@@ -69,12 +69,16 @@ class GlobalMeasure:
         self.from_clients_rounds = 0  # rounds whose figures came from the clients (this process)
         self.central_rounds = 0  # rounds evaluated on the union test set (this process)
 
-    def of_round(self, round_: int, spec: ArchSpec, state: Mapping[str, Any]) -> dict[str, float] | None:
-        """G_r's figures now, or None when round r + 1's clients are to give them (G_r is kept as :attr:`pending`)."""
+    def of_round(self, round_: int, spec: ArchSpec, state: Mapping[str, Any], personalised: bool = False) -> dict[str, float] | None:
+        """G_r's figures now, or None when round r + 1's clients are to give them (G_r is kept as :attr:`pending`).
+
+        ``personalised``: the next round sends personalised models (FedDWA, FedPer), so its clients will not measure
+        G_r: it is evaluated now.
+        """
         if self.evaluator is None:
             return None
         self.pending = None
-        if self.from_clients and round_ < self.last_round:
+        if self.from_clients and round_ < self.last_round and not personalised:
             self.pending = Pending(round_, spec, state)
             return None
         self.central_rounds += 1

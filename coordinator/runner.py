@@ -118,6 +118,7 @@ class FederationRunner:
         self._restarts_waited: dict[str, float] = {}  # device -> the restart (its time) already waited for
         self._opened: float | None = None  # when the last round attempt opened (monotonic s), for the pace's period
         self._period_s = cfg.timing.round_timeout_s  # expected time between round openings (s): the deadline until one is seen
+        self._amended: list[int] = []  # earlier rounds whose records the last completed round added a figure to
 
     # ------------------------------------------------------------------ what others may read
     @property
@@ -517,6 +518,8 @@ class FederationRunner:
             raise StateError(str(exc)) from None
         if record is not None:
             self.report(plot=time.monotonic() - self._plotted >= PLOT_EVERY_S)
+            for earlier in self._amended:  # a figure this round's clients measured: observers get that round again
+                self.grid.publish_progress(records(self.state.rounds(after=earlier - 1, limit=1))[0])
             self.grid.publish_progress(record)
         return record
 
@@ -573,8 +576,9 @@ class FederationRunner:
         guard_note = self.strategy.judge(round_, fed, spec0, received, ex.results())  # start measures of spec0's version
         waiting = self.measure.pending  # G of the round before, measured by this round's clients: put back if not kept
         amend = self.measure.settle(round_, received, before[2], batch.trained, self.strategy.left_out())
+        self._amended = sorted(amend)
         evaluation = evaluate_round(round_, fed, spec0, batch.trained, self.evaluator, self.cfg, self.strategy.left_out(),
-                                    self.measure.of_round(round_, fed.spec, fed.global_state))  # fmt: skip
+                                    self.measure.of_round(round_, fed.spec, fed.global_state, bool(fed.personal)))  # fmt: skip
         record = round_record(round_, ex, batch, agg, tallies, failures, growth_log, fed.spec, evaluation)
         record = replace(record, seconds=time.monotonic() - t0, guard=guard_note, attempts=1 + self._failed_quorums)
         self.last_failure = ""

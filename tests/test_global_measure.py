@@ -64,8 +64,9 @@ def _runner(folder: Path, evaluator: Evaluator, global_from: str, devices: HaptD
 
 
 def _federation(folder: Path, evaluator: Evaluator, global_from: str, twist: Twist | None = None, **kw: Any
-                ) -> tuple[list[dict[str, Any]], GlobalMeasure]:  # fmt: skip
-    """The records of ROUNDS rounds (as report.json holds them, :func:`_figures`) and the run's measure."""
+                ) -> tuple[list[dict[str, Any]], GlobalMeasure, list[int]]:  # fmt: skip
+    """The records of ROUNDS rounds (as report.json holds them, :func:`_figures`), the run's measure, and the rounds of
+    the progress messages the grid published, in order."""
     devices = HaptDevices(folder / "devices", SUBJECTS, run_id="gm")
     try:
         runner, grid = _runner(folder, evaluator, global_from, devices, **kw)
@@ -76,7 +77,7 @@ def _federation(folder: Path, evaluator: Evaluator, global_from: str, twist: Twi
             assert runner.run_round(r) is not None, f"round {r}: {runner.last_failure}"
             grid.silent.clear()
         runner.measure_last()
-        return [_figures(rec.to_json()) for rec in runner.records()], runner.measure
+        return [_figures(rec.to_json()) for rec in runner.records()], runner.measure, grid.progress
     finally:
         devices.close()
 
@@ -88,13 +89,15 @@ def _figures(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_clients_measures_give_the_union_evaluation_to_the_last_digit(tmp_path: Path, evaluator: Evaluator) -> None:
-    central, by_union = _federation(tmp_path / "central", evaluator, "central")
-    clients, by_clients = _federation(tmp_path / "clients", evaluator, "clients")
+    central, by_union, progress_central = _federation(tmp_path / "central", evaluator, "central")
+    clients, by_clients, progress = _federation(tmp_path / "clients", evaluator, "clients")
     assert all("global" in rec for rec in clients)
     assert json.dumps(clients) == json.dumps(central)  # every figure of every round, global included
     # G_0..G_3 measured by the clients of rounds 1..4; only the last round's G was evaluated by the coordinator
     assert (by_clients.from_clients_rounds, by_clients.central_rounds) == (ROUNDS - 1, 1)
     assert (by_union.from_clients_rounds, by_union.central_rounds) == (0, ROUNDS)
+    # observers get each round when it completes and again when the next round's clients added its global figure
+    assert progress_central == [0, 1, 2, 3, 4] and progress == [0, 0, 1, 1, 2, 2, 3, 3, 4]
     # and the figures are not a constant: the federation learns
     assert clients[-1]["global"]["macro_f1"] > clients[0]["global"]["macro_f1"] + 0.1
 
@@ -126,8 +129,8 @@ def _executorch(u: ClientUpdate) -> ClientUpdate:
 def test_where_the_clients_measures_are_not_exact_the_coordinator_evaluates(
     tmp_path: Path, evaluator: Evaluator, twist: Twist | None, kw: dict[str, Any], from_clients: int
 ) -> None:
-    central, _ = _federation(tmp_path / "central", evaluator, "central", twist, **kw)
-    clients, measure = _federation(tmp_path / "clients", evaluator, "clients", twist, **kw)
+    central, _, _ = _federation(tmp_path / "central", evaluator, "central", twist, **kw)
+    clients, measure, _ = _federation(tmp_path / "clients", evaluator, "clients", twist, **kw)
     assert all("global" in rec for rec in clients)
     assert [rec["global"] for rec in clients] == [rec["global"] for rec in central]
     assert (measure.from_clients_rounds, measure.central_rounds) == (from_clients, ROUNDS - from_clients)
