@@ -38,7 +38,7 @@ from edge_client.blob_upload import TransportLink
 from edge_client.client_config import BACKENDS, CheckIn, ClientConfig
 from edge_client.coordinator_watch import CoordinatorWatch
 from edge_client.cost import CostMeter
-from edge_client.delivery import Delivery, PendingUpdate
+from edge_client.delivery import MAX_EARLIER, Delivery, PendingUpdate
 from edge_client.identity import IdCollision, TwinWatch
 from edge_client.model_intake import ModelIntake
 from edge_client.pte_fetch import make_fetcher
@@ -108,6 +108,7 @@ class EdgeAgent:
         self.announcement: RoundAnnouncement | None = None
         self.watch = CoordinatorWatch(cid)
         self.grant: BlobGrant | None = None  # the upload grant of the newest blob exchange
+        self._earlier_grants: dict[Key, BlobGrant] = {}  # a few earlier ones: an update still owed a send uses its own
         self.outlook: RoundOutlook | None = None  # what the coordinator says it is doing about rounds (for people)
         self.exit_code = 0
         self.instance = uuid.uuid4().hex[:12]  # this process; see docs/reliability.md (identity)
@@ -368,6 +369,10 @@ class EdgeAgent:
         elif topic == self.topics.client_grant(cid):
             grant = self._parse(BlobGrant.from_bytes, payload, "upload grant")
             if grant is not None:
+                if self.grant is not None and self.grant.key() != grant.key():
+                    self._earlier_grants[self.grant.key()] = self.grant
+                    while len(self._earlier_grants) > MAX_EARLIER:
+                        del self._earlier_grants[next(iter(self._earlier_grants))]
                 self.grant = grant
         elif self.programs is not None and self.programs.owns(topic):
             self.programs.on_message(payload)
@@ -422,7 +427,7 @@ class EdgeAgent:
     def _grant_of(self, key: Key) -> BlobGrant | None:
         """This client's upload grant for exchange ``key``, if it arrived."""
         g = self.grant
-        return g if g is not None and g.key() == key else None
+        return g if g is not None and g.key() == key else self._earlier_grants.get(key)
 
     def _open_key(self) -> Key | None:
         """The exchange whose round is open for training now, or None."""

@@ -7,7 +7,12 @@ one size: the link cuts smaller and sends it whole again); no word back: sent wh
 ``receipt_wait_s``, doubling up to :data:`MAX_RECEIPT_WAIT_S`, while its round is open and before
 its deadline (two unanswered whole sends at one size also cut smaller: Mosquitto's
 ``message_size_limit`` over MQTT 3.1.1 drops silently). The envelope is held in memory only while
-first sent; later sends read it back from the store.
+first sent (until a send went out); later sends read it back from the store.
+
+An update still owed a send when the next one starts (it never went out, or a send after a coordinator restart is
+still due) is not replaced: it is kept beside it (:attr:`Delivery.earlier`, its bytes in memory, since the store now
+holds the next update) and goes like after a restart, :data:`RESTART_TRIES` sends at most, so the coordinator counts
+it or names it (a buffered round still waiting for that version, or a ``stale_round`` refusal).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ goes out (the restarted coordinator's blob store may not be up yet when its stat
 
 RESTART_RETRY_S = 1.0
 """First wait before such a send is tried again (s), doubled after each (1, 2, 4, 8 s): the store starts with serve."""
+
+MAX_EARLIER = 2
+"""Updates still owed a send kept beside the followed one (:attr:`Delivery.earlier`); a third drops the oldest, logged."""
 
 Key = tuple[str, int, int]
 """An exchange: (run id, round, stage)."""
@@ -121,6 +129,10 @@ class PendingUpdate:
         """(run id, round, stage) of its exchange."""
         return self.exchange.key
 
+    def owed(self) -> bool:
+        """Whether a send is still owed: none went out yet, or one after a coordinator restart is due."""
+        return not self.went_out or self.restarted
+
 
 class Delivery:
     """Sends one client's updates and follows each until the coordinator's receipt (see the module).
@@ -149,6 +161,8 @@ class Delivery:
         self._wall = wall
         self.pending: PendingUpdate | None = None
         """The update being followed, or None (delivered, given up, or none sent)."""
+        self.earlier: list[PendingUpdate] = []
+        """Updates of earlier exchanges still owed a send when the followed one started, oldest first (see the module)."""
         self.upload_s: float | None = None
         """Seconds the last whole send that finished took (monotonic clock); None before one did."""
         self.on_accepted: Callable[[PendingUpdate], None] = lambda _p: None
@@ -159,9 +173,23 @@ class Delivery:
 
         Never raises for the network: a send that does not finish is tried again by :meth:`poll`.
         """
+        old = self.pending
+        if old is not None and old.key != exchange.key and old.owed() and old.envelope is not None:
+            self._keep_earlier(old)
         self.pending = p = PendingUpdate(exchange, envelope, transfer_id(envelope), deadline_unix)
         self._send_full()
-        p.envelope = None  # sent; a re-send reads it back from the store
+        if p.went_out:
+            p.envelope = None  # sent; a re-send reads it back from the store (until then it stays in memory)
+
+    def _keep_earlier(self, p: PendingUpdate) -> None:
+        """Keep ``p`` (its bytes in memory) to be sent like after a restart beside the next update."""
+        if not p.restarted:
+            p.restarted, p.next_try, p.unanswered, p.restart_sends = True, self._clock(), 0, p.sends
+        self.earlier.append(p)
+        while len(self.earlier) > MAX_EARLIER:
+            gone = self.earlier.pop(0)
+            log.warning("[%s] round %d: the update still owed a send is given up for a newer one (%d kept at most)", self._cid,
+                        gone.key[1], MAX_EARLIER)  # fmt: skip
 
     def after_restart(self) -> None:
         """The coordinator restarted: send the followed update once more, at the next :meth:`poll`, whatever round is
@@ -172,10 +200,13 @@ class Delivery:
         p = self.pending
         if p is not None:
             p.restarted, p.next_try, p.unanswered, p.restart_sends = True, self._clock(), 0, p.sends
+            if p.envelope is None:  # into memory now: the next round's update may take its place in the store
+                p.envelope = self._envelope(p)
 
     def poll(self, open_key: Key | None) -> None:
         """Send the followed update whole again if its wait is over; drop it if ``open_key`` (the exchange open for
         training now) is another, or its deadline passed (unless the coordinator restarted since: :meth:`after_restart`)."""
+        self._send_earlier()
         p = self.pending
         if p is None or self._clock() < p.next_try:
             return
@@ -215,6 +246,21 @@ class Delivery:
         log.info("[%s] round %d: no receipt from the coordinator yet; sending the update again", self._cid, p.key[1])
         self._send_full()
 
+    def _send_earlier(self) -> None:
+        """Send each kept earlier update whose wait is over; one that went out, or had its RESTART_TRIES, is done."""
+        for p in list(self.earlier):
+            if self._clock() < p.next_try or not self._link.connected.is_set():
+                continue
+            log.info("[%s] round %d: sending the earlier update still owed a send", self._cid, p.key[1])
+            sent = self._send_full(p)
+            if sent or p.sends >= p.restart_sends + RESTART_TRIES:
+                self.earlier.remove(p)  # out: the coordinator counts it or names it (no receipt is waited for)
+                if not sent:
+                    log.warning("[%s] round %d: the earlier update could not go out in %d tries; given up", self._cid,
+                                p.key[1], RESTART_TRIES)  # fmt: skip
+            else:
+                p.next_try = self._clock() + RESTART_RETRY_S * 2 ** (p.sends - p.restart_sends - 1)
+
     def on_receipt(self, r: Receipt) -> None:
         """Act on the coordinator's receipt: done if accepted, the named chunks again if missing; a receipt about another
         update or an earlier cut of this one is ignored."""
@@ -253,19 +299,23 @@ class Delivery:
 
     def _envelope(self, p: PendingUpdate) -> bytes | None:
         """The bytes of ``p``: in memory while first sent, else the stored update (checked against its transfer
-        id); None, with the pending update dropped, if the store no longer has it."""
+        id); None, with ``p`` dropped, if the store no longer has it."""
         if p.envelope is not None:
             return p.envelope
         stored = self._load_stored()
         if stored is not None and stored[0] == p.key and transfer_id(stored[1]) == p.transfer:
             return stored[1]
         log.error("[%s] round %d: the stored update to send again is gone or changed; not sending it", self._cid, p.key[1])
-        self.pending = None
+        if p is self.pending:
+            self.pending = None
+        elif p in self.earlier:
+            self.earlier.remove(p)
         return None
 
-    def _send_full(self) -> bool:
-        """Send the followed update whole; whether it went out (False: not now, tried again later, or dropped)."""
-        p = self.pending
+    def _send_full(self, p: PendingUpdate | None = None) -> bool:
+        """Send ``p`` (default: the followed update) whole; whether it went out (False: not now, tried again later, or
+        dropped)."""
+        p = p if p is not None else self.pending
         assert p is not None
         envelope = self._envelope(p)
         if envelope is None:

@@ -352,3 +352,78 @@ def test_an_update_that_never_went_out_is_not_dropped_when_its_round_closes() ->
         clock.t = d.pending.next_try
         d.poll(None)
     assert d.pending is None and len(link.sent) == 5
+
+
+class KeyedLink(DownLink):
+    """A link that takes any exchange and records ``(round, whole payload)`` per send; refuses all while ``down``."""
+
+    down = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.updates: list[tuple[int, bytes]] = []
+
+    def send(self, exchange: Exchange, payload: bytes, chunk_bytes: int, only: Collection[int] | None = None) -> int:
+        if self.down:
+            raise TimeoutError("connection refused")
+        self.updates.append((exchange.round, payload))
+        return 1
+
+
+NEXT_KEY: Key = ("run-a", 4, 0)
+NEXT = os.urandom(3000)
+
+
+def test_an_update_still_owed_a_send_when_the_next_one_starts_goes_beside_it() -> None:
+    """Its upload was refused (serve restarting) and the next round's update took its place in the store before a retry:
+    it is kept, with its bytes, and goes at the next poll instead of vanishing; the next one is still followed."""
+    link = KeyedLink()
+    link.down = True
+    store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
+    d, clock = make(link, ENVELOPE, store)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)
+    assert d.pending is not None and not d.pending.went_out and d.pending.envelope == ENVELOPE  # kept in memory until out
+    store[0] = (NEXT_KEY, NEXT)
+    link.down = False
+    d.start(Exchange(*NEXT_KEY, attempt="a2"), NEXT, DEADLINE)
+    assert link.updates == [(4, NEXT)] and [p.key for p in d.earlier] == [KEY]
+    d.poll(NEXT_KEY)
+    assert link.updates == [(4, NEXT), (3, ENVELOPE)] and d.earlier == []  # from memory: the store holds round 4's
+    assert d.pending is not None and d.pending.key == NEXT_KEY and d.pending.envelope is None
+    clock.t = 10 * WAIT_S
+    d.poll(NEXT_KEY)  # round 4's update is re-sent as usual; the earlier one is not sent again
+    assert [r for r, _ in link.updates] == [4, 3, 4]
+
+
+def test_an_update_owed_a_send_after_a_restart_keeps_its_bytes_when_the_next_one_is_stored() -> None:
+    link = KeyedLink()
+    store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
+    d, _ = make(link, ENVELOPE, store)
+    d.start(EXCHANGE, ENVELOPE, DEADLINE)  # went out, then the coordinator restarted before its receipt
+    d.after_restart()
+    store[0] = (NEXT_KEY, NEXT)  # the next round's update before the restart send
+    d.start(Exchange(*NEXT_KEY, attempt="a2"), NEXT, DEADLINE)
+    d.poll(NEXT_KEY)
+    assert link.updates == [(3, ENVELOPE), (4, NEXT), (3, ENVELOPE)] and d.earlier == []
+
+
+def test_an_earlier_update_that_cannot_go_out_is_tried_a_bounded_number_of_times_and_at_most_two_are_kept() -> None:
+    link = KeyedLink()
+    link.down = True
+    store: list[tuple[Key, bytes] | None] = [(KEY, ENVELOPE)]
+    d, clock = make(link, ENVELOPE, store)
+    for r in range(3, 7):  # four rounds' updates, none of which can go out
+        key = ("run-a", r, 0)
+        env = bytes([r]) * 100
+        store[0] = (key, env)
+        d.start(Exchange(*key, attempt=f"a{r}"), env, DEADLINE)
+    assert [p.key[1] for p in d.earlier] == [4, 5]  # MAX_EARLIER: round 3's was given up for newer ones
+    waits = []
+    for _ in range(20):
+        if not d.earlier:
+            break
+        clock.t = min(p.next_try for p in d.earlier)
+        waits.append(clock.t)
+        d.poll(("run-a", 6, 0))
+    assert d.earlier == [] and link.updates == []
+    assert waits == [0.0, 1.0, 3.0, 7.0, 15.0]  # RESTART_TRIES sends each, 1, 2, 4, 8 s apart
