@@ -370,9 +370,7 @@ class EdgeAgent:
             grant = self._parse(BlobGrant.from_bytes, payload, "upload grant")
             if grant is not None:
                 if self.grant is not None and self.grant.key() != grant.key():
-                    self._earlier_grants[self.grant.key()] = self.grant
-                    while len(self._earlier_grants) > MAX_EARLIER:
-                        del self._earlier_grants[next(iter(self._earlier_grants))]
+                    self._keep_grant(self.grant)
                 self.grant = grant
         elif self.programs is not None and self.programs.owns(topic):
             self.programs.on_message(payload)
@@ -423,6 +421,15 @@ class EdgeAgent:
             return True
         g = self._grant_of((ann.run_id, ann.round, ann.stage))
         return ann.transport == "blobs" and g is not None and g.attempt == ann.attempt
+
+    def _keep_grant(self, grant: BlobGrant) -> None:
+        """Keep an earlier exchange's grant while an update for it may still go: those of the updates delivery still
+        owes a send, and at most MAX_EARLIER others (the newest)."""
+        self._earlier_grants[grant.key()] = grant
+        owed = {p.key for p in (self.delivery.pending, *self.delivery.earlier) if p is not None}
+        spare = [k for k in self._earlier_grants if k not in owed]
+        for key in spare[: max(0, len(spare) - MAX_EARLIER)]:
+            del self._earlier_grants[key]
 
     def _grant_of(self, key: Key) -> BlobGrant | None:
         """This client's upload grant for exchange ``key``, if it arrived."""
