@@ -101,16 +101,20 @@ class GlobalMeasure:
             mats = [np.asarray(u.confusion["received"]) for u in trained]
             self.from_clients_rounds += 1
             return _amend(p.round, summarise(sum(mats[1:], mats[0])), f"the clients' start measures of round {round_}")
-        self.central_rounds += 1
-        return _amend(p.round, self.evaluator.global_metrics(p.spec, p.state), f"the union test set: {why}")
+        return self._central(p, why)
 
     def flush(self) -> dict[int, dict[str, Any]]:
         """The pending round evaluated on the union test set (the run ends with it), as :meth:`settle` gives it."""
         p, self.pending = self.pending, None
         if p is None or self.evaluator is None:
             return {}
+        return self._central(p, "the run ends")
+
+    def _central(self, p: Pending, why: str) -> dict[int, dict[str, Any]]:
+        """``p`` evaluated on the union test set, as :meth:`settle` gives it; ``why`` in the log."""
+        assert self.evaluator is not None
         self.central_rounds += 1
-        return _amend(p.round, self.evaluator.global_metrics(p.spec, p.state), "the union test set: the run ends")
+        return _amend(p.round, self.evaluator.global_metrics(p.spec, p.state), f"the union test set: {why}")
 
     def resume(self, last: int, spec: ArchSpec, state: Mapping[str, Any], measured: bool) -> None:
         """After ``--resume``: the last completed round's G, pending unless its record already has the figures."""

@@ -133,6 +133,17 @@ class PendingUpdate:
         """Whether a send is still owed: none went out yet, or one after a coordinator restart is due."""
         return not self.went_out or self.restarted
 
+    def owe_restart_send(self, now: float) -> None:
+        """A send is owed whatever round is open, from ``now`` (monotonic s), :data:`RESTART_TRIES` at most."""
+        self.restarted, self.next_try, self.unanswered, self.restart_sends = True, now, 0, self.sends
+
+    def retry_restart_send(self, now: float) -> bool:
+        """After a restart send that did not go out: schedule the next (1, 2, 4, 8 s on); False once the tries are spent."""
+        if self.sends >= self.restart_sends + RESTART_TRIES:
+            return False
+        self.next_try = now + RESTART_RETRY_S * 2 ** (self.sends - self.restart_sends - 1)
+        return True
+
 
 class Delivery:
     """Sends one client's updates and follows each until the coordinator's receipt (see the module).
@@ -184,7 +195,7 @@ class Delivery:
     def _keep_earlier(self, p: PendingUpdate) -> None:
         """Keep ``p`` (its bytes in memory) to be sent like after a restart beside the next update."""
         if not p.restarted:
-            p.restarted, p.next_try, p.unanswered, p.restart_sends = True, self._clock(), 0, p.sends
+            p.owe_restart_send(self._clock())
         self.earlier.append(p)
         while len(self.earlier) > MAX_EARLIER:
             gone = self.earlier.pop(0)
@@ -199,7 +210,7 @@ class Delivery:
         lost unnamed (the life-cycle matrix, tests/test_lifecycle_matrix.py)."""
         p = self.pending
         if p is not None:
-            p.restarted, p.next_try, p.unanswered, p.restart_sends = True, self._clock(), 0, p.sends
+            p.owe_restart_send(self._clock())
             if p.envelope is None:  # into memory now: the next round's update may take its place in the store
                 p.envelope = self._envelope(p)
 
@@ -215,9 +226,8 @@ class Delivery:
                 log.info("[%s] round %d: sending the update whatever round is open (the coordinator restarted before its "
                          "receipt, or the update never went out)", self._cid, p.key[1])  # fmt: skip
                 sent = self._send_full()
-                p.restarted = not sent and p.sends < p.restart_sends + RESTART_TRIES
-                if p.restarted:  # not sent (its blob store not up yet): again soon, RESTART_TRIES sends at most
-                    p.next_try = self._clock() + RESTART_RETRY_S * 2 ** (p.sends - p.restart_sends - 1)
+                # not sent (its blob store not up yet): again soon, RESTART_TRIES sends at most
+                p.restarted = not sent and p.retry_restart_send(self._clock())
             return
         if open_key != p.key:
             if not p.went_out and p.restart_sends == 0:  # never reached the broker or the store: it goes as after a
@@ -253,13 +263,11 @@ class Delivery:
                 continue
             log.info("[%s] round %d: sending the earlier update still owed a send", self._cid, p.key[1])
             sent = self._send_full(p)
-            if sent or p.sends >= p.restart_sends + RESTART_TRIES:
+            if sent or not p.retry_restart_send(self._clock()):
                 self.earlier.remove(p)  # out: the coordinator counts it or names it (no receipt is waited for)
                 if not sent:
                     log.warning("[%s] round %d: the earlier update could not go out in %d tries; given up", self._cid,
                                 p.key[1], RESTART_TRIES)  # fmt: skip
-            else:
-                p.next_try = self._clock() + RESTART_RETRY_S * 2 ** (p.sends - p.restart_sends - 1)
 
     def on_receipt(self, r: Receipt) -> None:
         """Act on the coordinator's receipt: done if accepted, the named chunks again if missing; a receipt about another
